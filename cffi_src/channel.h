@@ -1,0 +1,35 @@
+/* Completion channel: where workers report finished jobs to the event loop.
+ *
+ * One channel per runtime. Workers append records under a mutex and signal an
+ * eventfd (Linux) or a pipe (macOS) only when the list goes from empty to
+ * non-empty, so a burst of completions costs the loop one wake-up. */
+
+typedef struct emlx_channel emlx_channel;
+
+/* Record status values. */
+#define EMLX_DONE 0          /* the job finished */
+#define EMLX_FAILED 1        /* a native error; see error_kind and message */
+#define EMLX_DROPPED 2       /* the job was dropped before it started */
+#define EMLX_PY_FAILED 3     /* a Python job raised; the exception is kept in Python */
+#define EMLX_STOPPED 4       /* the worker reached its stop marker and left this channel */
+
+/* error_kind values for EMLX_FAILED. */
+#define EMLX_ERR_RUNTIME 0
+#define EMLX_ERR_INVALID_ARGUMENT 1
+#define EMLX_ERR_OUT_OF_RANGE 2
+#define EMLX_ERR_OTHER 3
+
+typedef struct {
+    uint64_t job_id;
+    int32_t status;
+    int32_t error_kind;
+    char *message; /* malloc'd, or NULL; release with emlx_message_free */
+} emlx_completion;
+
+emlx_channel *emlx_channel_new(void);
+void emlx_channel_free(emlx_channel *channel);
+/* The fd the event loop watches for readability. */
+int emlx_channel_fd(emlx_channel *channel);
+/* Move up to `capacity` records into `out`; returns how many. */
+size_t emlx_channel_drain(emlx_channel *channel, emlx_completion *out, size_t capacity);
+void emlx_message_free(char *message);

@@ -1,0 +1,61 @@
+#include <cxxabi.h>
+
+#include "mlx/version.h"
+#include "shim.hpp"
+
+namespace emlx {
+
+namespace {
+thread_local std::string last_error;
+}
+
+void set_last_error(const std::string& message) { last_error = message; }
+
+CaughtError classify(std::exception_ptr error) {
+  CaughtError out;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::invalid_argument& e) {
+    out = {EMLX_ERR_INVALID_ARGUMENT, e.what()};
+  } catch (const std::out_of_range& e) {
+    out = {EMLX_ERR_OUT_OF_RANGE, e.what()};
+  } catch (const std::exception& e) {
+    out = {EMLX_ERR_RUNTIME, e.what()};
+  } catch (...) {
+    out = {EMLX_ERR_OTHER, "unknown C++ exception"};
+  }
+  return out;
+}
+
+char* copy_message(const std::string& message) {
+  char* out = static_cast<char*>(std::malloc(message.size() + 1));
+  if (out) std::memcpy(out, message.c_str(), message.size() + 1);
+  return out;
+}
+
+mlx::core::array& array_of(void* obj) {
+  // nanobind instance: PyObject header, then an int32 offset to the C++ object.
+  char* base = static_cast<char*>(obj);
+  int32_t offset;
+  std::memcpy(&offset, base + sizeof(PyObject), sizeof(offset));
+  return *reinterpret_cast<mlx::core::array*>(base + offset);
+}
+
+}  // namespace emlx
+
+extern "C" {
+
+const char* emlx_version(void) { return EMLX_SHIM_VERSION; }
+
+const char* emlx_mlx_version(void) {
+  // The headers we compiled against; Python compares with mlx.core.__version__.
+#define EMLX_STR2(x) #x
+#define EMLX_STR(x) EMLX_STR2(x)
+  return EMLX_STR(MLX_VERSION_MAJOR) "." EMLX_STR(MLX_VERSION_MINOR) "." EMLX_STR(MLX_VERSION_PATCH);
+}
+
+const char* emlx_last_error(void) { return emlx::last_error.c_str(); }
+
+void emlx_message_free(char* message) { std::free(message); }
+
+}  // extern "C"

@@ -1,0 +1,48 @@
+#include "mlx/primitives.h"
+#include "mlx/stream.h"
+#include "shim.hpp"
+
+using mlx::core::array;
+
+extern "C" {
+
+int emlx_probe_array(void* obj, int64_t* shape, int shape_capacity, int* ndim, int* itemsize,
+                     int64_t* size) {
+  emlx::GilGuard gil;
+  int32_t offset;
+  std::memcpy(&offset, static_cast<char*>(obj) + sizeof(PyObject), sizeof(offset));
+  // Sanity bounds before dereferencing: the object lies right after the header.
+  if (offset < static_cast<int32_t>(sizeof(PyObject)) || offset > 256) return -1;
+  const array& a = emlx::array_of(obj);
+  *ndim = static_cast<int>(a.ndim());
+  for (int i = 0; i < *ndim && i < shape_capacity; ++i) shape[i] = a.shape(i);
+  *itemsize = static_cast<int>(a.itemsize());
+  *size = static_cast<int64_t>(a.size());
+  return 0;
+}
+
+int emlx_array_state(void* obj, int* device_type, int* stream_index) {
+  emlx::GilGuard gil;
+  array& a = emlx::array_of(obj);
+  switch (a.status()) {
+    case array::Status::unscheduled: {
+      if (!a.has_primitive()) return EMLX_ARRAY_AVAILABLE;
+      const auto& s = a.primitive().stream();
+      *device_type = s.device.type == mlx::core::Device::gpu ? EMLX_DEVICE_GPU : EMLX_DEVICE_CPU;
+      *stream_index = s.index;
+      return EMLX_ARRAY_LAZY;
+    }
+    case array::Status::evaluated:
+      return a.is_available() ? EMLX_ARRAY_AVAILABLE : EMLX_ARRAY_SCHEDULED;
+    default:
+      return EMLX_ARRAY_AVAILABLE;
+  }
+}
+
+}  // extern "C"
+
+extern "C" int emlx_thread_stream_index(int device_type) {
+  auto stream = mlx::core::peek_default_stream(
+      device_type == EMLX_DEVICE_GPU ? mlx::core::Device::gpu : mlx::core::Device::cpu);
+  return stream ? stream->index : -1;
+}

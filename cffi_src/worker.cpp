@@ -1,0 +1,312 @@
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <thread>
+
+#include "channel.hpp"
+#include "mlx/device.h"
+#include "mlx/stream.h"
+#include "mlx/transforms.h"
+
+namespace mx = mlx::core;
+
+// emlx_python_job (declared in emlx_abi.h) is defined by the cffi module.
+
+namespace {
+
+enum class JobKind { Eval, Python, Synchronize, Stop };
+
+struct Job {
+  uint64_t id;
+  JobKind kind;
+  std::vector<mx::array> arrays;
+  void* context = nullptr;
+};
+
+// Set by emlx_shutdown: from then on Python jobs are dropped, never called,
+// because the interpreter may be finalizing.
+std::atomic<bool> finalizing{false};
+
+}  // namespace
+
+struct emlx_worker {
+  explicit emlx_worker(int device_type)
+      : device_type(device_type),
+        device(device_type == EMLX_DEVICE_GPU ? mx::Device::gpu : mx::Device::cpu) {}
+
+  void start();
+  void main();
+  void run(Job& job);
+  int submit(Job&& job);
+  void post(uint64_t id, int32_t status, int32_t kind = 0, char* message = nullptr);
+
+  const int device_type;
+  const mx::Device device;
+  std::thread thread;
+  int tid = 0;
+  int stream_index = -1;
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<Job> jobs;
+  emlx_channel* channel = nullptr;  // the runtime this worker is leased to
+  bool stopping = false;            // a stop marker is queued: refuse new jobs
+  bool exit = false;                // process shutdown: leave the loop
+  bool started = false;
+  bool finished = false;
+  std::string start_error;
+};
+
+namespace {
+
+std::mutex registry_mutex;
+std::vector<emlx_worker*> all_workers;  // never shrinks: MLX never frees a stream
+std::vector<emlx_worker*> parked;
+
+}  // namespace
+
+void emlx_worker::post(uint64_t id, int32_t status, int32_t kind, char* message) {
+  emlx_channel* target;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    target = channel;
+  }
+  if (target) target->post({id, status, kind, message});
+  else std::free(message);
+}
+
+void emlx_worker::start() {
+  thread = std::thread([this] { main(); });
+  std::unique_lock<std::mutex> lock(mutex);
+  cv.wait(lock, [this] { return started || finished; });
+}
+
+void emlx_worker::main() {
+  pthread_setname_np(pthread_self(), "emlx-worker");
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    tid = static_cast<int>(syscall(SYS_gettid));
+    try {
+      // The stream must be made on this thread: MLX streams are thread-local.
+      mx::Stream stream = mx::new_stream(device);
+      mx::set_default_stream(stream);
+      stream_index = stream.index;
+      started = true;
+    } catch (...) {
+      start_error = emlx::classify(std::current_exception()).message;
+      finished = true;
+    }
+  }
+  cv.notify_all();
+  if (!started) return;
+
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      cv.wait(lock, [this] { return exit || !jobs.empty(); });
+      if (exit) break;
+      job = std::move(jobs.front());
+      jobs.pop_front();
+    }
+    run(job);
+  }
+  mx::clear_streams();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    finished = true;
+  }
+  cv.notify_all();
+}
+
+void emlx_worker::run(Job& job) {
+  switch (job.kind) {
+    case JobKind::Eval:
+    case JobKind::Synchronize:
+      try {
+        if (job.kind == JobKind::Eval) mx::eval(job.arrays);
+        else mx::synchronize(mx::default_stream(device));
+        job.arrays.clear();  // drop graph references here, not on the loop
+        post(job.id, EMLX_DONE);
+      } catch (...) {
+        job.arrays.clear();
+        auto error = emlx::classify(std::current_exception());
+        post(job.id, EMLX_FAILED, error.kind, emlx::copy_message(error.message));
+      }
+      break;
+    case JobKind::Python:
+      if (finalizing.load()) {
+        post(job.id, EMLX_DROPPED);
+      } else {
+        post(job.id, emlx_python_job(job.context, job.id));
+      }
+      break;
+    case JobKind::Stop: {
+      emlx_channel* target;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        target = channel;
+        channel = nullptr;
+        stopping = false;
+      }
+      // Post while no longer leased; the channel signals under its own lock,
+      // so the loop cannot free it before this call returns.
+      if (target) target->post({job.id, EMLX_STOPPED, 0, nullptr});
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      parked.push_back(this);
+      break;
+    }
+  }
+}
+
+int emlx_worker::submit(Job&& job) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (stopping || exit || channel == nullptr) return -1;
+    jobs.push_back(std::move(job));
+  }
+  cv.notify_one();
+  return 0;
+}
+
+extern "C" {
+
+emlx_worker* emlx_worker_acquire(emlx_channel* channel, int device_type) {
+  emlx_worker* worker = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    auto it = std::find_if(parked.begin(), parked.end(),
+                           [&](emlx_worker* w) { return w->device_type == device_type; });
+    if (it != parked.end()) {
+      worker = *it;
+      parked.erase(it);
+    }
+  }
+  if (worker == nullptr) {
+    try {
+      worker = new emlx_worker(device_type);
+      worker->start();
+    } catch (...) {
+      emlx::set_last_error(emlx::classify(std::current_exception()).message);
+      delete worker;
+      return nullptr;
+    }
+    if (!worker->started) {
+      emlx::set_last_error(worker->start_error);
+      worker->thread.join();
+      delete worker;
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    all_workers.push_back(worker);
+  }
+  std::lock_guard<std::mutex> lock(worker->mutex);
+  worker->channel = channel;
+  return worker;
+}
+
+int emlx_worker_release(emlx_worker* worker, uint64_t job_id, int drop_pending) {
+  std::deque<Job> dropped;
+  emlx_channel* target;
+  {
+    std::lock_guard<std::mutex> lock(worker->mutex);
+    if (worker->stopping || worker->channel == nullptr) return -1;
+    if (drop_pending) dropped.swap(worker->jobs);
+    worker->jobs.push_back(Job{job_id, JobKind::Stop, {}, nullptr});
+    worker->stopping = true;
+    target = worker->channel;
+  }
+  worker->cv.notify_one();
+  for (auto& job : dropped) target->post({job.id, EMLX_DROPPED, 0, nullptr});
+  return 0;
+}
+
+int emlx_worker_stream_index(emlx_worker* worker) { return worker->stream_index; }
+int emlx_worker_thread_id(emlx_worker* worker) { return worker->tid; }
+
+int emlx_submit_eval(emlx_worker* worker, uint64_t job_id, void** arrays, size_t count) {
+  Job job{job_id, JobKind::Eval, {}, nullptr};
+  job.arrays.reserve(count);
+  {
+    emlx::GilGuard gil;  // handles can be swapped by in-place ops on other threads
+    for (size_t i = 0; i < count; ++i) job.arrays.push_back(emlx::array_of(arrays[i]));
+  }
+  return worker->submit(std::move(job));
+}
+
+int emlx_submit_python(emlx_worker* worker, uint64_t job_id, void* context) {
+  return worker->submit(Job{job_id, JobKind::Python, {}, context});
+}
+
+int emlx_submit_synchronize(emlx_worker* worker, uint64_t job_id) {
+  return worker->submit(Job{job_id, JobKind::Synchronize, {}, nullptr});
+}
+
+int emlx_cancel(emlx_worker* worker, uint64_t job_id) {
+  Job removed{0, JobKind::Stop, {}, nullptr};
+  {
+    std::lock_guard<std::mutex> lock(worker->mutex);
+    auto it = std::find_if(worker->jobs.begin(), worker->jobs.end(), [&](const Job& j) {
+      return j.id == job_id && j.kind != JobKind::Stop;
+    });
+    if (it == worker->jobs.end()) return 0;
+    removed = std::move(*it);
+    worker->jobs.erase(it);
+  }
+  // `removed` (and its graph references) is destroyed here, outside the lock.
+  return 1;
+}
+
+int emlx_workers_active(void) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  return static_cast<int>(all_workers.size() - parked.size());
+}
+
+int emlx_workers_parked(void) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  return static_cast<int>(parked.size());
+}
+
+int emlx_shutdown(int timeout_ms) {
+  finalizing.store(true);
+  std::vector<emlx_worker*> workers;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    workers.swap(all_workers);
+    parked.clear();
+  }
+  for (auto* w : workers) {
+    {
+      std::lock_guard<std::mutex> lock(w->mutex);
+      w->exit = true;
+    }
+    w->cv.notify_all();
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  int left_behind = 0;
+  for (auto* w : workers) {
+    bool done;
+    {
+      std::unique_lock<std::mutex> lock(w->mutex);
+      done = w->cv.wait_until(lock, deadline, [w] { return w->finished; });
+    }
+    if (done) {
+      w->thread.join();
+      delete w;
+    } else {
+      // Stuck in a long native job: leave it so exit never hangs. The object
+      // is leaked on purpose; the thread still uses it.
+      w->thread.detach();
+      ++left_behind;
+    }
+  }
+  return left_behind;
+}
+
+}  // extern "C"

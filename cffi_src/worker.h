@@ -1,0 +1,42 @@
+/* Workers: OS threads that each own one MLX stream and run a FIFO job loop.
+ *
+ * MLX never frees a stream's scheduler thread, so workers are never destroyed
+ * while the process runs: a released worker parks, keeping its stream, and the
+ * next acquire on the same device reuses it. */
+
+typedef struct emlx_worker emlx_worker;
+
+#define EMLX_DEVICE_CPU 0
+#define EMLX_DEVICE_GPU 1
+
+/* Returns a worker reporting to `channel`, or NULL (see emlx_last_error). */
+emlx_worker *emlx_worker_acquire(emlx_channel *channel, int device_type);
+/* Queue a stop marker. Jobs before it run (drop_pending=0) or are reported
+ * EMLX_DROPPED (drop_pending=1). When the marker is reached the worker posts
+ * EMLX_STOPPED with `job_id`, leaves the channel and parks. */
+int emlx_worker_release(emlx_worker *worker, uint64_t job_id, int drop_pending);
+int emlx_worker_stream_index(emlx_worker *worker);
+int emlx_worker_thread_id(emlx_worker *worker);
+
+/* Jobs. Each returns 0, or -1 when the worker is stopping. */
+/* Evaluate the given mx.array objects (PyObject*) on the worker's stream. */
+int emlx_submit_eval(emlx_worker *worker, uint64_t job_id, void **arrays, size_t count);
+/* Call emlx_python_job(context, job_id) on the worker thread. */
+int emlx_submit_python(emlx_worker *worker, uint64_t job_id, void *context);
+/* Wait for all work on the worker's stream. */
+int emlx_submit_synchronize(emlx_worker *worker, uint64_t job_id);
+/* Drop a queued job: 1 if it was dropped (it will never run and no record is
+ * posted), 0 if it already started or finished. */
+int emlx_cancel(emlx_worker *worker, uint64_t job_id);
+
+/* Counts for leak checks. */
+int emlx_workers_active(void);
+int emlx_workers_parked(void);
+/* Stop and join every worker (interpreter exit). Workers stuck in a job for
+ * longer than timeout_ms are left detached so exit never hangs. Returns the
+ * number left behind. */
+int emlx_shutdown(int timeout_ms);
+
+/* Implemented in Python (extern "Python"): runs job `job_id` for the queue
+ * whose cffi handle is `context`. Returns EMLX_DONE or EMLX_PY_FAILED. */
+extern "Python+C" int emlx_python_job(void *context, uint64_t job_id);

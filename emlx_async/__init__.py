@@ -1,0 +1,36 @@
+"""emlx_async: an asyncio actor runtime for MLX.
+
+Native worker threads own MLX streams; every op is an awaitable; command
+queues are actors you bind to tasks. See the README for the tour.
+"""
+
+from ._api import eval as eval  # noqa: A004 - MLX's name
+from ._api import item as item
+from ._api import run as run
+from ._api import synchronize as synchronize
+from ._api import to_numpy as to_numpy
+from ._binding import bind as bind
+from ._binding import bound_queue as bound_queue
+from ._binding import current_queue as current_queue
+from ._errors import DeviceUnavailable as DeviceUnavailable
+from ._errors import EMLXError as EMLXError
+from ._errors import ForeignLazyArrayError as ForeignLazyArrayError
+from ._errors import ForkedProcessError as ForkedProcessError
+from ._errors import MLXIndexError as MLXIndexError
+from ._errors import MLXRuntimeError as MLXRuntimeError
+from ._errors import MLXValueError as MLXValueError
+from ._errors import QueueClosed as QueueClosed
+from ._errors import QueueFull as QueueFull
+from ._errors import RuntimeClosed as RuntimeClosed
+from ._queue import CommandQueue as CommandQueue
+from ._queue import cancelled as cancelled
+from ._runtime import Runtime as Runtime
+from ._runtime import get_runtime as get_runtime
+from ._version import __version__ as __version__
+
+__all__ = [
+    "CommandQueue", "DeviceUnavailable", "EMLXError", "ForeignLazyArrayError", "ForkedProcessError",
+    "MLXIndexError", "MLXRuntimeError", "MLXValueError", "QueueClosed", "QueueFull", "Runtime",
+    "RuntimeClosed", "__version__", "bind", "bound_queue", "cancelled", "current_queue", "eval",
+    "get_runtime", "item", "run", "synchronize", "to_numpy",
+]

@@ -1,0 +1,68 @@
+"""Top-level awaitables: eval, item, to_numpy, synchronize."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from ._binding import current_queue, route
+from ._devices import DeviceLike
+from ._queue import CommandQueue
+from ._runtime import get_runtime
+from ._trees import iter_arrays
+
+
+async def eval(*arrays: Any, queue: CommandQueue | None = None) -> Any:  # noqa: A001 - MLX's name
+    """Evaluate arrays (or trees of them) without blocking the event loop.
+
+    Each lazy array is evaluated natively, without the GIL, on the queue that
+    owns it (or on `queue`); lazy graphs built on the loop thread are
+    evaluated there. Returns the argument, or a tuple of the arguments.
+
+    Example:
+        >>> y = await ea.eval(lazy_y)
+    """
+    runtime = get_runtime()
+    flat = list(iter_arrays(arrays))
+    if queue is not None:
+        await queue.eval(*flat)
+    else:
+        groups: dict[CommandQueue, list[mx.array]] = {}
+        unowned = []
+        for array in flat:
+            owner = runtime.queue_of(array)
+            if owner is None:
+                unowned.append(array)
+            else:
+                groups.setdefault(owner, []).append(array)
+        # Unowned lazy arrays are the loop thread's own (or foreign: a clear error).
+        runtime._prepare_inputs(unowned, current_queue())
+        if groups:
+            await asyncio.gather(*(q.eval(*group) for q, group in groups.items()))
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+async def item(array: mx.array, /, *, queue: CommandQueue | None = None) -> Any:
+    """The value of a one-element array as a Python scalar, evaluating it first."""
+    await eval(array, queue=queue)
+    return array.item()
+
+
+async def to_numpy(array: mx.array, /, *, queue: CommandQueue | None = None) -> np.ndarray:
+    """A NumPy copy of `array`, evaluating it first."""
+    await eval(array, queue=queue)
+    return np.array(array, copy=True)
+
+
+async def synchronize(device: DeviceLike = None, *, queue: CommandQueue | None = None) -> None:
+    """Wait for the work queued on `queue` (default: the current queue for `device`)."""
+    await (queue or current_queue(device)).synchronize()
+
+
+async def run(fn: Any, /, *args: Any, queue: CommandQueue | None = None, **kwargs: Any) -> Any:
+    """``queue.run`` on the routed queue: explicit, owner of a lazy input, bound, default."""
+    target = route(iter_arrays((args, kwargs)), queue)
+    return await target.run(fn, *args, **kwargs)

@@ -1,0 +1,44 @@
+"""Device names and availability."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import mlx.core as mx
+
+from ._errors import DeviceUnavailable
+from ._native import lib
+
+DeviceLike = Union[str, mx.Device, mx.DeviceType, None]
+
+_NATIVE = {mx.DeviceType.cpu: lib.EMLX_DEVICE_CPU, mx.DeviceType.gpu: lib.EMLX_DEVICE_GPU}
+_FROM_NATIVE = {v: k for k, v in _NATIVE.items()}
+
+
+def device_type(device: DeviceLike) -> mx.DeviceType:
+    """Normalise "cpu"/"gpu"/mx.cpu/mx.Device(...) to a DeviceType; None means MLX's default."""
+    if device is None:
+        return mx.default_device().type
+    if isinstance(device, mx.Device):
+        return device.type
+    if isinstance(device, mx.DeviceType):
+        return device
+    if isinstance(device, str) and device.lower() in ("cpu", "gpu"):
+        return getattr(mx.DeviceType, device.lower())
+    raise ValueError(f"unknown device {device!r}; expected 'cpu', 'gpu' or an mx.Device")
+
+
+def require_available(kind: mx.DeviceType) -> None:
+    if not mx.is_available(mx.Device(kind)):
+        raise DeviceUnavailable(
+            f"device {kind.name} is not available in this MLX build "
+            f"(mlx {mx.__version__}); use 'cpu' or install an MLX build with a {kind.name} backend"
+        )
+
+
+def native_device(kind: mx.DeviceType) -> int:
+    return _NATIVE[kind]
+
+
+def from_native_device(value: int) -> mx.DeviceType:
+    return _FROM_NATIVE[value]

@@ -1,0 +1,60 @@
+"""Exception classes. Each also inherits the builtin a user would catch."""
+
+from __future__ import annotations
+
+
+class EMLXError(Exception):
+    """Base class of every error raised by emlx_async."""
+
+
+class MLXRuntimeError(EMLXError, RuntimeError):
+    """MLX raised a runtime error on a worker; the message is MLX's own."""
+
+
+class MLXValueError(EMLXError, ValueError):
+    """MLX rejected an argument (``std::invalid_argument``); MLX's message."""
+
+
+class MLXIndexError(EMLXError, IndexError):
+    """MLX raised ``std::out_of_range``; MLX's message."""
+
+
+class QueueFull(EMLXError):
+    """A queue is at ``max_pending`` and the caller asked not to wait."""
+
+
+class QueueClosed(EMLXError, RuntimeError):
+    """The queue was closed; it takes no new jobs."""
+
+
+class RuntimeClosed(EMLXError, RuntimeError):
+    """The runtime was closed, or belongs to another event loop."""
+
+
+class DeviceUnavailable(EMLXError, ValueError):
+    """The requested device has no backend in this MLX build."""
+
+
+class ForkedProcessError(EMLXError, RuntimeError):
+    """A runtime was used in a child process after ``fork``.
+
+    Worker threads do not survive ``fork``; the child must make its own Runtime.
+    """
+
+
+class ForeignLazyArrayError(EMLXError, ValueError):
+    """A lazy array whose graph belongs to a thread that no queue owns.
+
+    MLX streams are thread-local: such an array can only be evaluated on the
+    thread that built it. Evaluate it there (``mx.eval``) before passing it in.
+    """
+
+
+# error_kind values from cffi_src/channel.h, in order.
+_NATIVE_ERROR_CLASSES = (MLXRuntimeError, MLXValueError, MLXIndexError, MLXRuntimeError)
+
+
+def native_error(kind: int, message: str) -> EMLXError:
+    """The exception for a native error record: MLX's message, kept verbatim."""
+    cls = _NATIVE_ERROR_CLASSES[kind] if 0 <= kind < len(_NATIVE_ERROR_CLASSES) else MLXRuntimeError
+    return cls(message)

@@ -1,0 +1,73 @@
+"""Every async test runs under asyncio and uvloop; every test is leak-checked.
+
+After each test: no worker is still leased to a queue, no fd is left open,
+and nothing called the loop's exception handler. pytest-timeout and
+faulthandler (pyproject.toml) turn a deadlock into a failure with stacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+import uvloop
+
+import emlx_async as ea
+from emlx_async import testing
+
+
+def pytest_asyncio_loop_factories(config, item):
+    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _warm_up_loops():
+    # uvloop keeps a process-wide pipe from its first loop on; open it before
+    # the per-test fd baselines so it is not reported as a leak.
+    for factory in (asyncio.new_event_loop, uvloop.new_event_loop):
+        loop = factory()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(_warm_up_loops):
+    fds_before = testing.open_fds()
+    yield
+    gc.collect()
+    assert testing.active_workers() == 0, "a worker is still leased after the test"
+    leaked = testing.open_fds() - fds_before
+    assert not leaked, f"fds left open: {_describe(leaked)}"
+
+
+def _describe(fds):
+    import os
+
+    out = []
+    for fd in sorted(fds):
+        try:
+            out.append(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            out.append(str(fd))
+    return out
+
+
+@pytest.fixture
+async def loop_errors():
+    """Fails the test if anything reaches the loop's exception handler."""
+    loop = asyncio.get_running_loop()
+    errors: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    yield errors
+    await asyncio.sleep(0)
+    assert not errors, f"loop exception handler called: {errors}"
+
+
+@pytest.fixture
+async def rt(loop_errors):
+    runtime = ea.Runtime(pool_size=4)
+    yield runtime
+    await runtime.close()
+    assert not runtime._jobs, f"pending jobs after close: {runtime._jobs}"
+    assert not runtime._owners

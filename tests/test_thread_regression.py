@@ -1,0 +1,78 @@
+"""The bug that motivates the project, and the same program through the runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import emlx_async as ea
+
+
+def _in_thread(fn):
+    errors: list[BaseException] = []
+
+    def target():
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted on
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    return errors
+
+
+def test_plain_threading_lazy_input_from_another_thread_crashes():
+    x = mx.ones((4, 4)) + 1  # lazy, built on this thread
+    errors = _in_thread(lambda: mx.eval(x * 2))
+    assert len(errors) == 1
+    assert "There is no Stream" in str(errors[0]) and "current thread" in str(errors[0])
+
+
+def test_plain_threading_lazy_result_read_on_loop_thread_crashes():
+    box = {}
+    assert not _in_thread(lambda: box.setdefault("y", mx.ones((4, 4)) @ mx.ones((4, 4))))
+    with pytest.raises(RuntimeError, match="There is no Stream"):
+        mx.eval(box["y"])
+
+
+async def test_same_program_through_the_runtime_works(rt):
+    x = mx.ones((4, 4)) + 1  # lazy on the loop thread: evaluated before submission
+    async with rt.queue() as q:
+        doubled = await q.run(lambda a: a * 2, x)
+        lazy = await q.run(lambda: mx.ones((4, 4)) @ mx.ones((4, 4)), lazy=True)
+        await ea.eval(lazy)
+    np.testing.assert_array_equal(np.array(doubled), np.full((4, 4), 4.0))
+    np.testing.assert_array_equal(np.array(lazy), np.full((4, 4), 4.0))  # readable on the loop thread
+
+
+async def test_the_event_loop_keeps_running_during_a_long_job(rt):
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    task = asyncio.create_task(ticker())
+    a = mx.random.normal((512, 512), key=mx.random.key(0))
+    await ea.eval(a)
+
+    def heavy(m):
+        out = m
+        for _ in range(40):
+            out = (out @ m) / 512.0
+        return out
+
+    async with rt.queue() as q:
+        await q.run(heavy, a)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ticks > 3, "the loop did not run while the job computed"
