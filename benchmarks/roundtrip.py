@@ -1,0 +1,99 @@
+"""Round-trip latency of one job, against the executor baselines, in one run.
+
+For each loop (asyncio, uvloop) it measures p50/p99 of:
+  * an empty job through a queue: native (`q.eval` of an evaluated array) and
+    Python (`q.run(noop)`), against `asyncio.to_thread(noop)` and
+    `loop.run_in_executor(None, noop)`;
+  * a small MLX op + eval through `q.run`, against the same op run
+    synchronously on the loop thread.
+Prints a table of ratios to the baseline of the same run (machines are
+noisy; absolute times mean little).
+
+    python benchmarks/roundtrip.py [--iterations 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+import mlx.core as mx
+import uvloop
+
+import emlx_async as ea
+
+
+def noop() -> None:
+    return None
+
+
+def small_op(a: mx.array, b: mx.array) -> mx.array:
+    out = a + b
+    mx.eval(out)
+    return out
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def measure(fn, iterations: int) -> list[float]:
+    for _ in range(min(200, iterations)):  # warm up threads and caches
+        await fn()
+    samples = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        await fn()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+async def suite(iterations: int) -> dict[str, list[float]]:
+    loop = asyncio.get_running_loop()
+    a, b = mx.ones((4, 4)), mx.ones((4, 4))
+    mx.eval(a, b)
+    results = {}
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+
+        async def sync_op():
+            small_op(a, b)
+
+        cases = {
+            "empty: asyncio.to_thread": lambda: asyncio.to_thread(noop),
+            "empty: run_in_executor": lambda: loop.run_in_executor(None, noop),
+            "empty: q.eval (native job)": lambda: q.eval(a),
+            "empty: q.run (Python job)": lambda: q.run(noop),
+            "4x4 add+eval: sync on loop": sync_op,
+            "4x4 add+eval: q.run": lambda: q.run(small_op, a, b),
+        }
+        for name, fn in cases.items():
+            results[name] = await measure(fn, iterations)
+    return results
+
+
+def report(loop_name: str, results: dict[str, list[float]]) -> None:
+    base_empty = statistics.median(results["empty: asyncio.to_thread"])
+    base_op = statistics.median(results["4x4 add+eval: sync on loop"])
+    print(f"\n[{loop_name}]")
+    print(f"{'case':34} {'p50 us':>9} {'p99 us':>9} {'p50 ratio':>10}  baseline")
+    for name, samples in results.items():
+        base, base_name = (base_empty, "to_thread") if name.startswith("empty") else (base_op, "sync on loop")
+        p50 = statistics.median(samples)
+        print(f"{name:34} {p50 * 1e6:9.1f} {percentile(samples, 0.99) * 1e6:9.1f} {p50 / base:10.2f}  {base_name}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="emlx_async round-trip benchmark")
+    parser.add_argument("--iterations", type=int, default=2000)
+    args = parser.parse_args()
+    print(f"mlx {mx.__version__}, emlx_async {ea.__version__}, {args.iterations} iterations per case")
+    report("asyncio", asyncio.run(suite(args.iterations)))
+    report("uvloop", uvloop.run(suite(args.iterations)))
+
+
+if __name__ == "__main__":
+    main()

