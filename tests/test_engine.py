@@ -85,20 +85,11 @@ async def test_stop_strings_and_max_tokens(engine):
 
 
 async def test_loop_keeps_running_while_decoding(engine):
-    ticks = 0
+    from helpers import Ticker
 
-    async def ticker():
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0.001)
-
-    task = asyncio.create_task(ticker())
-    await collect(engine, messages=FRANCE, max_tokens=4)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert ticks > 10
+    async with Ticker() as ticker:
+        await collect(engine, messages=FRANCE, max_tokens=4)
+    assert ticker.ticks > 10
 
 
 MALFORMED = [
