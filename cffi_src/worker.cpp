@@ -88,10 +88,17 @@ void emlx_worker::start() {
 }
 
 void emlx_worker::main() {
-  pthread_setname_np(pthread_self(), "emlx-worker");
   {
     std::lock_guard<std::mutex> lock(mutex);
+#ifdef __APPLE__
+    pthread_setname_np("emlx-worker");
+    uint64_t thread_id = 0;
+    pthread_threadid_np(nullptr, &thread_id);
+    tid = static_cast<int>(thread_id);
+#else
+    pthread_setname_np(pthread_self(), "emlx-worker");
     tid = static_cast<int>(syscall(SYS_gettid));
+#endif
     try {
       // The stream must be made on this thread: MLX streams are thread-local.
       mx::Stream stream = mx::new_stream(device);
