@@ -122,3 +122,14 @@ async def test_engine_busy_when_not_waiting(engine):
     for g in gens:
         await g.aclose()
     assert isinstance(EngineBusy("x"), ea.QueueFull)
+
+
+async def test_streaming_detokenizer_never_splits_a_character(engine):
+    from emlx_async.llm.engine import _Detokenizer, _encode
+
+    text = "Café 🎉 naïve — 東京 ok"
+    ids = _encode(engine.tokenizer, text)
+    detok = _Detokenizer(engine.tokenizer)
+    pieces = [detok.add(t) for t in ids]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == engine.tokenizer.decode(ids) == text

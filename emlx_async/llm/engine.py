@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
-from .._errors import EMLXError, QueueFull
+from .._errors import QueueFull
 from .._runtime import Runtime, get_runtime
 
 _SAMPLER_OPTIONS = {"temperature", "top_p", "top_k"}
@@ -62,21 +63,36 @@ class RequestStats:
         return (self.generated_tokens - 1) / max(end - self.first_token_at, 1e-9)
 
 
+def _encode(tokenizer, text: str) -> list[int]:
+    """Token ids from a `tokenizers.Tokenizer` (an Encoding) or a Hugging Face one (a list)."""
+    out = tokenizer.encode(text, add_special_tokens=False)
+    return list(getattr(out, "ids", out))
+
+
 class _Detokenizer:
-    """Streaming detokenization that never splits a multi-byte character."""
+    """Streaming detokenization that never splits a multi-byte character.
+
+    Decodes a short window of recent tokens rather than the whole text each
+    step: the text of tokens[prefix:read] is already out, tokens[read:] not yet.
+    """
 
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
         self.tokens: list[int] = []
-        self._emitted = 0  # characters of the decoded text already handed out
+        self._prefix = 0
+        self._read = 0
+
+    def _decode(self, start: int, end: int | None = None) -> str:
+        return self._tokenizer.decode(self.tokens[start:end], skip_special_tokens=True)
 
     def add(self, token: int) -> str:
         self.tokens.append(token)
-        text = self._tokenizer.decode(self.tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for more bytes
+        done = self._decode(self._prefix, self._read)
+        text = self._decode(self._prefix)
+        if len(text) <= len(done) or text.endswith("\ufffd"):  # incomplete UTF-8: wait
             return ""
-        new, self._emitted = text[self._emitted:], len(text)
-        return new
+        self._prefix, self._read = self._read, len(self.tokens)
+        return text[len(done):]
 
 
 class _Sampler:
@@ -90,8 +106,6 @@ class _Sampler:
     def __call__(self, logits: mx.array) -> mx.array:
         if self.temperature == 0:
             return mx.argmax(logits, axis=-1)
-        from mlx_lm.sample_utils import apply_top_k, apply_top_p
-
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         if self.top_k > 0:
             logprobs = apply_top_k(logprobs, self.top_k)
@@ -125,6 +139,7 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self._slots = asyncio.Semaphore(self.max_concurrent)
         self._active = 0
+        self._template = None  # the compiled chat template
 
     @classmethod
     async def load(cls, path: str | None = None, *, runtime: Runtime | None = None,
@@ -140,10 +155,9 @@ class Engine:
                 from mlx_lm import load as mlx_lm_load
 
                 model, wrapper = mlx_lm_load(path)
-                tokenizer = wrapper._tokenizer
+                tokenizer = wrapper._tokenizer  # the Hugging Face tokenizer inside
                 eos = set(getattr(wrapper, "eos_token_ids", [])) or {wrapper.eos_token_id}
-                template = getattr(wrapper, "chat_template", None)
-                extra = {"eos_ids": eos, "chat_template": template, "hf_tokenizer": wrapper}
+                extra = {"eos_ids": eos, "chat_template": getattr(tokenizer, "chat_template", None)}
             else:
                 model, meta = _gguf.load_gguf_model(path)
                 tokenizer = _gguf.gguf_tokenizer(meta)
@@ -154,10 +168,7 @@ class Engine:
 
         async with runtime.queue() as q:
             model, tokenizer, extra = await q.run(load)
-        hf = extra.pop("hf_tokenizer", None)
-        engine = cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, **extra)
-        engine._hf_tokenizer = hf
-        return engine
+        return cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, **extra)
 
     # ---- prompts ---------------------------------------------------------------
 
@@ -169,9 +180,7 @@ class Engine:
             prompt = self.render_chat(messages)
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
-        hf = getattr(self, "_hf_tokenizer", None)
-        ids = hf.encode(prompt, add_special_tokens=False) if hf is not None else \
-            self.tokenizer.encode(prompt, add_special_tokens=False).ids
+        ids = _encode(self.tokenizer, prompt)
         if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
         if not ids:
@@ -187,10 +196,11 @@ class Engine:
                 raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content', got {message!r}")
         if not self.chat_template:
             raise ValueError("this model has no chat template; pass prompt= instead")
-        import jinja2
+        if self._template is None:
+            import jinja2
 
-        template = jinja2.Environment(loader=jinja2.BaseLoader()).from_string(self.chat_template)
-        return template.render(messages=list(messages), add_generation_prompt=True)
+            self._template = jinja2.Environment(loader=jinja2.BaseLoader()).from_string(self.chat_template)
+        return self._template.render(messages=list(messages), add_generation_prompt=True)
 
     # ---- generation ------------------------------------------------------------
 
@@ -318,4 +328,4 @@ def _stop_prefix_len(text: str, stop: list[str]) -> int:
     return best
 
 
-__all__ = ["Delta", "Engine", "EngineBusy", "EMLXError", "RequestStats"]
+__all__ = ["Delta", "Engine", "EngineBusy", "RequestStats"]
