@@ -29,6 +29,7 @@ test: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/roundtrip.py
+	$(PY) benchmarks/decode.py
 
 clean:
 	rm -rf $(VENV) build emlx_async/_emlx_native*.so emlx_async/_emlx_native.cpp

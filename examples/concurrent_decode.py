@@ -5,7 +5,7 @@ and redraws one line per stream as tokens arrive, with per-stream and
 aggregate tokens/s, time to first token, and the event loop's lag measured
 by a 1 ms ticker task. Ends with a summary.
 
-    python examples/concurrent_decode.py [-n 4] [--max-tokens 64] [--temperature 0]
+    python examples/concurrent_decode.py [-n 4] [--max-tokens 48] [--temperature 0] [--mode parallel|batch]
 """
 
 from __future__ import annotations
@@ -88,11 +88,13 @@ async def main() -> None:
     parser.add_argument("-n", "--streams", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--mode", choices=["parallel", "batch"], default="parallel",
+                        help="one queue per stream, or continuous batching on one queue")
     args = parser.parse_args()
 
     async with ea.Runtime(pool_size=max(2, args.streams)) as runtime:
         print(f"loading SmolLM2-135M-Instruct (Q4_1 GGUF) on a worker queue ...", flush=True)
-        engine = await Engine.load(runtime=runtime, max_concurrent=args.streams)
+        engine = await Engine.load(runtime=runtime, max_concurrent=args.streams, mode=args.mode)
         board = Board(args.streams, live=sys.stdout.isatty())
         lag = LoopLag()
         ticker = asyncio.create_task(lag.run())

@@ -22,11 +22,20 @@ pytestmark = [
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture
-async def engine(rt):
+@pytest.fixture(params=["parallel", "batch"])
+async def engine(rt, request):
     from emlx_async.llm import Engine
 
-    return await Engine.load(runtime=rt, max_concurrent=3)
+    engine = await Engine.load(runtime=rt, max_concurrent=3, mode=request.param)
+    yield engine
+    await settle(engine)
+
+
+async def settle(engine):
+    """Wait until the batch driver (if any) has gone idle and handed its queue back."""
+    driver = engine._batcher._driver
+    if driver is not None:
+        await asyncio.wait_for(driver, 30)
 
 
 async def collect(engine, **kwargs):
@@ -74,6 +83,8 @@ async def test_cancel_mid_stream_frees_queue_and_others_are_unaffected(engine, r
     survivor, count = await asyncio.gather(collect(engine, messages=FRANCE, max_tokens=8), broken_off())
     assert count == 2 and survivor == reference
     assert engine.active_requests == 0
+    await settle(engine)
+    assert not engine._batcher.running and not engine._batcher.waiting
     assert len(rt._pools[rt.default_queue().device]._idle) >= idle_before
 
 
@@ -100,6 +111,24 @@ MALFORMED = [
     (dict(prompt="hi", top_p=0.0, temperature=1.0), "invalid sampling"),
     (dict(prompt="hi", messages=FRANCE), "exactly one of"),
 ]
+
+
+async def test_late_joiner_in_a_running_batch_gets_its_own_tokens(engine):
+    alone = await collect(engine, messages=FRANCE, max_tokens=10)
+
+    async def late():
+        await asyncio.sleep(0.5)  # joins while the first stream decodes
+        return await collect(engine, messages=FRANCE, max_tokens=10)
+
+    first, second = await asyncio.gather(collect(engine, messages=FRANCE, max_tokens=10), late())
+    assert first == alone and second == alone
+
+
+async def test_unknown_mode_is_rejected(rt):
+    from emlx_async.llm import Engine
+
+    with pytest.raises(ValueError, match="mode must be 'parallel' or 'batch'"):
+        Engine(None, None, eos_ids={0}, chat_template=None, runtime=rt, mode="turbo")
 
 
 async def test_malformed_requests_get_clear_errors_and_disturb_nothing(engine):

@@ -1,14 +1,17 @@
-"""Concurrent LLM decode streams on pooled command queues.
+"""Concurrent LLM decode streams on emlx_async command queues. Two modes:
 
-Each request borrows a queue from the runtime's pool for its whole life: its
-KV cache is built and kept on that queue's thread, every decode step is one
-job on it, and the loop stays free between steps. Streams therefore run in
-parallel on separate OS threads and MLX streams, without GIL contention in
-the native parts.
+* "parallel": each request borrows a pooled queue for its whole life; its KV
+  cache lives on that queue's thread, every decode step is one job, and the
+  loop is free between steps. Streams run in parallel on separate OS threads
+  and MLX streams.
+* "batch": continuous batching with mlx-lm's BatchGenerator on one queue;
+  requests join and leave at step boundaries and long prompts are prefilled
+  in chunks (see _Batcher).
 
 Cancellation: leaving the ``async for`` early (break, ``aclose()``, task
-cancellation) drops the request's KV cache and hands its queue back at once;
-a step already running finishes (at most one decode step) and is discarded.
+cancellation) drops the request's KV cache and hands its queue (or batch row)
+back at once, or at the next step boundary; a step already running finishes
+(at most one decode step) and its token is discarded.
 """
 
 from __future__ import annotations
@@ -128,7 +131,10 @@ class Engine:
 
     def __init__(self, model, tokenizer, *, eos_ids: set[int], chat_template: str | None,
                  bos_id: int | None = None, runtime: Runtime | None = None,
-                 max_concurrent: int | None = None, prefill_chunk: int = 256):
+                 max_concurrent: int | None = None, prefill_chunk: int = 256, mode: str = "parallel"):
+        if mode not in ("parallel", "batch"):
+            raise ValueError(f"mode must be 'parallel' or 'batch', got {mode!r}")
+        self.mode = mode
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = set(eos_ids)
@@ -140,11 +146,16 @@ class Engine:
         self._slots = asyncio.Semaphore(self.max_concurrent)
         self._active = 0
         self._template = None  # the compiled chat template
+        self._batcher = _Batcher(self)
 
     @classmethod
     async def load(cls, path: str | None = None, *, runtime: Runtime | None = None,
-                   max_concurrent: int | None = None) -> Engine:
-        """Load SmolLM2 (path None), a GGUF file, or an mlx-lm model folder."""
+                   max_concurrent: int | None = None, mode: str = "parallel") -> Engine:
+        """Load SmolLM2 (path None), a GGUF file, or an mlx-lm model folder.
+
+        `mode` "parallel" runs each request on its own pooled queue; "batch"
+        runs all requests on one queue with continuous batching.
+        """
         from . import _gguf
 
         runtime = runtime or get_runtime()
@@ -168,19 +179,22 @@ class Engine:
 
         async with runtime.queue() as q:
             model, tokenizer, extra = await q.run(load)
-        return cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, **extra)
+        return cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=mode, **extra)
 
     # ---- prompts ---------------------------------------------------------------
 
     def encode(self, prompt: str | None = None, messages: Sequence[dict] | None = None) -> list[int]:
-        """Token ids for a raw prompt or chat messages (rendered with the chat template)."""
+        """Token ids for a raw prompt (text or ids) or chat messages (rendered with the chat template)."""
         if (prompt is None) == (messages is None):
             raise ValueError("give exactly one of prompt= or messages=")
         if messages is not None:
             prompt = self.render_chat(messages)
-        if not isinstance(prompt, str):
-            raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
-        ids = _encode(self.tokenizer, prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)  # already token ids
+        elif isinstance(prompt, str):
+            ids = _encode(self.tokenizer, prompt)
+        else:
+            raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
         if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
         if not ids:
@@ -244,49 +258,64 @@ class Engine:
 
     async def _stream(self, prompt: list[int], max_tokens: int, stop: list[str],
                       sampler: _Sampler, stats: RequestStats) -> AsyncIterator[Delta]:
+        """Turn a token source (either mode) into text deltas."""
         stats.prompt_tokens = len(prompt)
         async with self._slots:
-            queue = await self.runtime.acquire_queue()
             self._active += 1
-            state: dict[str, Any] = {}
-            upcoming = None
+            source = (self._batched_tokens if self.mode == "batch" else self._parallel_tokens)(
+                prompt, max_tokens, sampler)
             try:
-                token = await queue.run(self._prefill, state, prompt, sampler)
                 detok = _Detokenizer(self.tokenizer)
                 held = ""  # text that may be the start of a stop string
-                for step in range(max_tokens):
-                    if token in self.eos_ids:
-                        yield Delta(held, None, "stop")
+                async for item in source:
+                    if isinstance(item, str):  # the source's finish reason
+                        yield Delta(held, None, item)
                         return
                     if stats.first_token_at is None:
                         stats.first_token_at = time.perf_counter()
                     stats.generated_tokens += 1
-                    # Submit the next step before handing this one out: the
-                    # worker computes while the consumer handles the delta.
-                    upcoming = queue.run(self._step, state, token, sampler) if step + 1 < max_tokens else None
-                    text = held + detok.add(token)
+                    text = held + detok.add(item)
                     cut = _find_stop(text, stop)
                     if cut is not None:
-                        if upcoming is not None:
-                            upcoming.cancel()
-                        yield Delta(text[:cut], token, "stop")
+                        yield Delta(text[:cut], item, "stop")
                         return
                     held_len = _stop_prefix_len(text, stop)
                     text, held = text[:len(text) - held_len], text[len(text) - held_len:]
-                    yield Delta(text, token)
-                    if upcoming is None:
-                        break
-                    token = await upcoming
-                yield Delta(held, None, "length")
+                    yield Delta(text, item)
             finally:
-                if upcoming is not None and not upcoming.done():
-                    upcoming.cancel()  # dropped if queued; discarded if running
+                await source.aclose()  # frees the KV cache and the queue or batch row
                 stats.finished_at = time.perf_counter()
                 self._active -= 1
-                state.clear()  # drops the KV cache
-                self.runtime.release_queue(queue)
 
-    # The two jobs below run on the request's queue thread.
+    # ---- mode "parallel": one pooled queue per request ----------------------------
+
+    async def _parallel_tokens(self, prompt: list[int], max_tokens: int,
+                               sampler: _Sampler) -> AsyncIterator[int | str]:
+        """Token ids, then a finish reason ("stop" or "length")."""
+        queue = await self.runtime.acquire_queue()
+        state: dict[str, Any] = {}
+        upcoming = None
+        try:
+            token = await queue.run(self._prefill, state, prompt, sampler)
+            for step in range(max_tokens):
+                if token in self.eos_ids:
+                    yield "stop"
+                    return
+                # Submit the next step before handing this token out: the
+                # worker computes while the consumer handles the text.
+                upcoming = queue.run(self._step, state, token, sampler) if step + 1 < max_tokens else None
+                yield token
+                if upcoming is None:
+                    break
+                token = await upcoming
+            yield "length"
+        finally:
+            if upcoming is not None and not upcoming.done():
+                upcoming.cancel()  # dropped if queued; discarded if running
+            state.clear()  # drops the KV cache
+            self.runtime.release_queue(queue)
+
+    # These jobs run on the request's queue thread.
 
     def _prefill(self, state: dict, prompt: list[int], sampler: _Sampler) -> int:
         from mlx_lm.models.cache import make_prompt_cache
@@ -307,9 +336,129 @@ class Engine:
         logits = self.model(tokens[None], cache=state["cache"])[:, -1, :]
         return sampler(logits).item()  # .item() evaluates, releasing the GIL
 
+    # ---- mode "batch": continuous batching on one queue ---------------------------
+
+    def _batch_start(self, state: dict) -> None:
+        from mlx_lm.generate import BatchGenerator
+
+        # The queue's stream: mlx-lm's default is a thread-local stream, which
+        # would make another MLX thread for this worker.
+        state["generator"] = BatchGenerator(
+            self.model, stop_tokens=[[e] for e in self.eos_ids], prefill_step_size=self.prefill_chunk,
+            completion_batch_size=max(self.max_concurrent, 1), prefill_batch_size=max(self.max_concurrent, 1),
+            stream=mx.default_stream(mx.default_device()))
+
+    def _batch_step(self, state: dict, joining: list[_BatchRequest], leaving: list[int]):
+        generator = state["generator"]
+        if leaving:
+            generator.remove(leaving)
+        uids = []
+        if joining:
+            uids = generator.insert([r.prompt for r in joining], max_tokens=[r.max_tokens for r in joining],
+                                    samplers=[r.sampler for r in joining])
+        _, responses = generator.next()
+        return uids, [(r.uid, r.token, r.finish_reason) for r in responses]
+
+    async def _batched_tokens(self, prompt: list[int], max_tokens: int,
+                              sampler: _Sampler) -> AsyncIterator[int | str]:
+        request = _BatchRequest(prompt, max_tokens, sampler)
+        self._batcher.submit(request)
+        try:
+            while True:
+                item = await request.inbox.get()
+                if isinstance(item, BaseException):
+                    raise item
+                token, finish = item
+                if token in self.eos_ids:
+                    yield "stop"
+                    return
+                yield token
+                if finish is not None:
+                    yield finish
+                    return
+        finally:
+            self._batcher.forget(request)
+
     @property
     def active_requests(self) -> int:
         return self._active
+
+
+class _BatchRequest:
+    __slots__ = ("prompt", "max_tokens", "sampler", "uid", "inbox", "done")
+
+    def __init__(self, prompt: list[int], max_tokens: int, sampler: _Sampler):
+        self.prompt, self.max_tokens, self.sampler = prompt, max_tokens, sampler
+        self.uid: int | None = None  # the batch row, once inserted
+        self.inbox: asyncio.Queue = asyncio.Queue()  # (token, finish reason) or an exception
+        self.done = False
+
+
+class _Batcher:
+    """Continuous batching: one queue, one mlx-lm BatchGenerator, one driver task.
+
+    Requests join and leave at step boundaries. Each step job decodes one
+    token for every running row and prefills at most one chunk
+    (`prefill_chunk` tokens) of waiting prompts, so running streams stall for
+    at most one chunk. The driver exits when idle and restarts on demand.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.waiting: list[_BatchRequest] = []
+        self.running: dict[int, _BatchRequest] = {}
+        self.leaving: list[int] = []
+        self._wakeup = asyncio.Event()
+        self._driver: asyncio.Task | None = None
+
+    def submit(self, request: _BatchRequest) -> None:
+        self.waiting.append(request)
+        self._wakeup.set()
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.get_running_loop().create_task(self._drive())
+
+    def forget(self, request: _BatchRequest) -> None:
+        """The consumer is gone: drop the request now or at the next step."""
+        request.done = True
+        if request in self.waiting:
+            self.waiting.remove(request)
+        elif request.uid is not None and self.running.pop(request.uid, None) is not None:
+            self.leaving.append(request.uid)
+
+    async def _drive(self) -> None:
+        engine = self.engine
+        queue = await engine.runtime.acquire_queue()
+        state: dict[str, Any] = {}
+        try:
+            await queue.run(engine._batch_start, state)
+            while self.waiting or self.running or self.leaving:
+                joining, self.waiting = self.waiting, []
+                leaving, self.leaving = self.leaving, []
+                try:
+                    uids, responses = await queue.run(engine._batch_step, state, joining, leaving)
+                except Exception as exc:  # noqa: BLE001 - handed to every affected request
+                    for request in [*joining, *self.running.values()]:
+                        request.inbox.put_nowait(exc)
+                    self.running.clear()
+                    state.clear()
+                    await queue.run(engine._batch_start, state)
+                    continue
+                for request, uid in zip(joining, uids):
+                    if request.done:
+                        self.leaving.append(uid)  # left while it was being inserted
+                    else:
+                        request.uid = uid
+                        self.running[uid] = request
+                for uid, token, finish in responses:
+                    request = self.running.get(uid)
+                    if request is None:
+                        continue
+                    request.inbox.put_nowait((token, finish))
+                    if finish is not None:
+                        del self.running[uid]
+        finally:
+            state.clear()
+            engine.runtime.release_queue(queue)
 
 
 def _find_stop(text: str, stop: list[str]) -> int | None:

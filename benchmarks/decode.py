@@ -1,0 +1,173 @@
+"""Concurrent decode on SmolLM2-135M: emlx_async against the common recipes.
+
+All in one run, for N = 1, 2, 4, 8 concurrent requests with the same raw
+prompts and the same token budget (greedy):
+  (a) plain mlx-lm-style decode loop, synchronous on the loop thread, one
+      request after another (the raw limit of one stream; blocks the loop);
+  (b) asyncio.to_thread, one thread per request (each thread gets its own
+      MLX stream): the usual workaround;
+  (c) mlx-lm's own continuous batching (BatchGenerator) on one thread;
+  (d) emlx_async, one pooled queue per stream (mode "parallel");
+  (e) emlx_async, continuous batching on one queue (mode "batch").
+Reports aggregate tokens/s, time to first token, p50/p99 inter-token latency
+and the p99 lag of a 1 ms ticker on the event loop; throughput as a ratio
+to (a) of the same N.
+
+    python benchmarks/decode.py [--tokens 16] [--streams 1,2,4,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+import emlx_async as ea
+from emlx_async.llm import Engine
+
+PROMPTS = [
+    "Once upon a time, in a small village by the sea,",
+    "The three most important inventions in history are",
+    "Here is a short recipe for pancakes:",
+    "The planets of the solar system, in order, are",
+    "A good way to start learning to program is",
+    "The history of the bicycle begins",
+    "My favourite thing about autumn is",
+    "In the year 2050, cities will",
+]
+
+
+@dataclass
+class Trace:
+    start: float
+    stamps: list[float] = field(default_factory=list)  # when each token became available
+
+
+class Ticker:
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+
+    async def run(self) -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.001)
+            self.lags.append(max(0.0, time.perf_counter() - t - 0.001))
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def sync_decode(model, prompt: list[int], tokens: int, trace: Trace) -> None:
+    """A plain mlx-lm decode loop: prefill, then one token per forward pass."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    x = mx.array(prompt)[None]
+    for _ in range(tokens):
+        y = mx.argmax(model(x, cache=cache)[:, -1, :], axis=-1)
+        y.item()
+        trace.stamps.append(time.perf_counter())
+        x = y[None]
+
+
+async def run_plain(engine, prompts, tokens):
+    traces = [Trace(time.perf_counter()) for _ in prompts]  # all requests arrive now
+    for p, trace in zip(prompts, traces):
+        sync_decode(engine.model, p, tokens, trace)
+        await asyncio.sleep(0)
+    return traces
+
+
+async def run_to_thread(engine, prompts, tokens):
+    traces = [Trace(time.perf_counter()) for _ in prompts]
+    await asyncio.gather(*(asyncio.to_thread(sync_decode, engine.model, p, tokens, t)
+                           for p, t in zip(prompts, traces)))
+    return traces
+
+
+async def run_mlx_lm_batch(engine, prompts, tokens):
+    from mlx_lm.generate import BatchGenerator
+
+    traces = [Trace(time.perf_counter()) for _ in prompts]
+
+    def work():
+        gen = BatchGenerator(engine.model, stop_tokens=None, completion_batch_size=len(prompts),
+                             prefill_batch_size=len(prompts))
+        uids = gen.insert(prompts, max_tokens=[tokens] * len(prompts))
+        index = {uid: i for i, uid in enumerate(uids)}
+        while responses := gen.next_generated():
+            now = time.perf_counter()
+            for r in responses:
+                traces[index[r.uid]].stamps.append(now)
+
+    await asyncio.to_thread(work)
+    return traces
+
+
+def run_engine(mode):
+    async def run(engine, prompts, tokens):
+        engine.mode = mode
+        traces = [Trace(time.perf_counter()) for _ in prompts]
+
+        async def one(p, trace):
+            async for delta in engine.generate(p, max_tokens=tokens):
+                if delta.token is not None:
+                    trace.stamps.append(time.perf_counter())
+
+        await asyncio.gather(*(one(p, t) for p, t in zip(prompts, traces)))
+        return traces
+    return run
+
+
+SCENARIOS = {
+    "(a) sync on loop, sequential": run_plain,
+    "(b) asyncio.to_thread": run_to_thread,
+    "(c) mlx-lm BatchGenerator": run_mlx_lm_batch,
+    "(d) emlx_async parallel": run_engine("parallel"),
+    "(e) emlx_async batch": run_engine("batch"),
+}
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description="concurrent decode benchmark")
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--streams", default="1,2,4,8")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.streams.split(",")]
+    async with ea.Runtime(pool_size=max(counts)) as runtime:
+        engine = await Engine.load(runtime=runtime, max_concurrent=max(counts))
+        prompts = [engine.encode(p) for p in PROMPTS]
+        await run_engine("parallel")(engine, prompts[:1], 2)  # warm up
+        print(f"mlx {mx.__version__}, device {mx.default_device()}, {args.tokens} tokens per request, greedy")
+        print(f"{'N':>2} {'scenario':30} {'agg tok/s':>9} {'ratio':>6} {'ttft s':>7} "
+              f"{'itl p50 ms':>10} {'itl p99 ms':>10} {'lag p99 ms':>10}")
+        for n in counts:
+            base = None
+            for name, scenario in SCENARIOS.items():
+                ticker = Ticker()
+                tick_task = asyncio.create_task(ticker.run())
+                await asyncio.sleep(0.01)
+                start = time.perf_counter()
+                traces = await scenario(engine, [prompts[i % len(prompts)] for i in range(n)], args.tokens)
+                wall = time.perf_counter() - start
+                tick_task.cancel()
+                total = sum(len(t.stamps) for t in traces)
+                rate = total / wall
+                base = base or rate
+                ttft = statistics.mean(t.stamps[0] - t.start for t in traces if t.stamps)
+                gaps = [b - a for t in traces for a, b in zip(t.stamps, t.stamps[1:])]
+                print(f"{n:>2} {name:30} {rate:9.2f} {rate / base:6.2f} {ttft:7.2f} "
+                      f"{1000 * pct(gaps, 0.5):10.1f} {1000 * pct(gaps, 0.99):10.1f} "
+                      f"{1000 * pct(ticker.lags, 0.99):10.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
