@@ -17,8 +17,8 @@ from cffi import FFI
 
 ROOT = pathlib.Path(__file__).resolve().parent
 SRC = ROOT / "cffi_src"
-AREAS = ["channel.h", "worker.h", "interop.h"]
-SOURCES = ["common.cpp", "channel.cpp", "worker.cpp", "interop.cpp"]
+AREAS = ["channel.h", "worker.h", "interop.h", "host_call.h"]
+SOURCES = ["common.cpp", "channel.cpp", "worker.cpp", "interop.cpp", "host_call.cpp"]
 
 
 def _package_version() -> str:

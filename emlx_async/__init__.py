@@ -22,6 +22,9 @@ from ._errors import MLXValueError as MLXValueError
 from ._errors import QueueClosed as QueueClosed
 from ._errors import QueueFull as QueueFull
 from ._errors import RuntimeClosed as RuntimeClosed
+from ._host_call import HostCallDeadlock as HostCallDeadlock
+from ._host_call import HostCallError as HostCallError
+from ._host_call import host_call as host_call
 from ._queue import CommandQueue as CommandQueue
 from ._queue import cancelled as cancelled
 from ._runtime import Runtime as Runtime
@@ -32,5 +35,5 @@ __all__ = [
     "CommandQueue", "DeviceUnavailable", "EMLXError", "ForeignLazyArrayError", "ForkedProcessError",
     "MLXIndexError", "MLXRuntimeError", "MLXValueError", "QueueClosed", "QueueFull", "Runtime",
     "RuntimeClosed", "__version__", "bind", "bound_queue", "cancelled", "current_queue", "eval",
-    "get_runtime", "item", "run", "synchronize", "to_numpy",
+    "get_runtime", "item", "run", "synchronize", "to_numpy", "host_call", "HostCallDeadlock", "HostCallError",
 ]

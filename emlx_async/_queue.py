@@ -113,6 +113,11 @@ def emlx_python_job(context, job_id):
     return job.run_python()
 
 
+def current_job() -> _Job | None:
+    """The queue job running on this thread, if this is a worker thread inside one."""
+    return getattr(_running, "job", None)
+
+
 def cancelled() -> bool:
     """True inside a ``queue.run`` job whose awaiting task was cancelled.
 
@@ -263,6 +268,7 @@ class CommandQueue:
 
     def _submit(self, job: _Job, start: Callable[[], int], nowait: bool,
                 inputs: list[mx.array]) -> asyncio.Future:
+        self._runtime._host_server.check_not_blocking(self)
         foreign = self._runtime._prepare_inputs(inputs, self)
         if foreign or self._slot_waiters or self._pending >= self.max_pending:
             if nowait and not foreign:
@@ -317,6 +323,7 @@ class CommandQueue:
             self._release_slot()
         else:
             job.cancelled = True  # running: its record arrives later and is discarded
+            self._runtime._host_server.cancel_for(self)  # unblock a worker waiting on a callback
 
     def _release_slot(self) -> None:
         while self._slot_waiters:
@@ -341,11 +348,20 @@ class CommandQueue:
             future.set_result(job.result)
         elif status == lib.EMLX_PY_FAILED:
             exc, job.exception = job.exception, None
-            future.set_exception(exc if exc is not None else EMLXError("Python job failed"))
+            exc = exc if exc is not None else EMLXError("Python job failed")
+            future.set_exception(self._with_host_cause(exc, str(exc)))
         elif status == lib.EMLX_DROPPED:
             future.set_exception(QueueClosed("the queue was closed before this job ran; it never ran"))
         else:
-            future.set_exception(native_error(error_kind, message or "unknown MLX error"))
+            exc = native_error(error_kind, message or "unknown MLX error")
+            future.set_exception(self._with_host_cause(exc, message))
+
+    def _with_host_cause(self, exc: BaseException, message: str | None) -> BaseException:
+        """Chain the host callback's own exception onto the graph error it caused."""
+        cause = self._runtime._host_server.cause_for(message)
+        if cause is not None and exc.__cause__ is None:
+            exc.__cause__ = cause
+        return exc
 
     def _detach(self) -> None:
         self._worker = None

@@ -20,6 +20,7 @@ import mlx.core as mx
 from . import _interop
 from ._devices import DeviceLike, device_type, from_native_device, native_device, require_available
 from ._errors import EMLXError, ForeignLazyArrayError, ForkedProcessError, RuntimeClosed
+from ._host_call import HostCallServer
 from ._native import check_pointer, ffi, lib
 from ._queue import CommandQueue
 
@@ -130,7 +131,8 @@ class Runtime:
     garbage-collected while open emits a ResourceWarning.
     """
 
-    def __init__(self, *, pool_size: int | None = None, max_pending: int = DEFAULT_MAX_PENDING):
+    def __init__(self, *, pool_size: int | None = None, max_pending: int = DEFAULT_MAX_PENDING,
+                 host_call_timeout: float | None = 30.0):
         try:
             self._loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -147,6 +149,10 @@ class Runtime:
         self._jobs: dict[int, Any] = {}  # job id -> _Job, for every job in flight
         self._owners: dict[tuple[int, int], CommandQueue] = {}  # (device, stream) -> queue
         self._defaults: dict[mx.DeviceType, CommandQueue] = {}
+        self._callback_queues: dict[mx.DeviceType, CommandQueue] = {}
+        self.host_call_timeout = host_call_timeout
+        self._host_calls: dict[int, Any] = {}  # call id -> _host_call._Call
+        self._host_server = HostCallServer(self)
         self._pools: dict[mx.DeviceType, _Pool] = {}
         self._closed = False
         self._close_task: asyncio.Task | None = None
@@ -202,6 +208,15 @@ class Runtime:
         queue = self._defaults.get(kind)
         if queue is None or queue._closing:
             queue = self._defaults[kind] = self._new_queue(kind)
+        return queue
+
+    def callback_queue(self, device: DeviceLike = None) -> CommandQueue:
+        """The queue host callbacks' own MLX work runs on (never a blocked worker)."""
+        self._check_open()
+        kind = device_type(device)
+        queue = self._callback_queues.get(kind)
+        if queue is None or queue._closing:
+            queue = self._callback_queues[kind] = self._new_queue(kind)
         return queue
 
     def queue_of(self, array: mx.array) -> CommandQueue | None:
@@ -273,6 +288,9 @@ class Runtime:
                 if record.message != ffi.NULL:
                     message = ffi.string(record.message).decode(errors="replace")
                     lib.emlx_message_free(record.message)
+                if record.status == lib.EMLX_HOST_REQUEST:
+                    self._host_server.request(record.job_id)
+                    continue
                 job = self._jobs.pop(record.job_id, None)
                 if job is not None:
                     job.queue._finish(job, record.status, record.error_kind, message)

@@ -1,0 +1,229 @@
+// Host calls: a custom MLX primitive whose CPU task blocks on the event loop.
+//
+// MLX 0.32 facts: eval_cpu runs before the inputs are computed, so the work
+// is dispatched through the stream's command encoder; an exception thrown in
+// a dispatched task comes back out of mx::eval on the worker.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <iterator>
+#include <memory>
+#include <sstream>
+
+#include "channel.hpp"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlx/stream.h"
+
+namespace mx = mlx::core;
+
+namespace {
+
+struct HostRequest {
+  uint64_t id;
+  uint64_t call_id;
+  std::vector<mx::array> inputs;         // available copies, safe on any thread
+  std::vector<mx::Shape> out_shapes;
+  std::vector<mx::Dtype> out_dtypes;
+  std::vector<mx::array> results;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool answered = false;
+  std::string error;
+};
+
+std::mutex requests_mutex;
+std::map<uint64_t, std::shared_ptr<HostRequest>> requests;
+std::atomic<uint64_t> next_request{1};
+
+std::shared_ptr<HostRequest> find_request(uint64_t id) {
+  std::lock_guard<std::mutex> lock(requests_mutex);
+  auto it = requests.find(id);
+  return it == requests.end() ? nullptr : it->second;
+}
+
+mx::array available_copy(const mx::array& in) {
+  mx::array out(mx::allocator::malloc(in.nbytes()), in.shape(), in.dtype());
+  if (in.nbytes()) std::memcpy(out.data<char>(), in.data<char>(), in.nbytes());
+  return out;
+}
+
+class HostCall : public mx::Primitive {
+ public:
+  HostCall(mx::Stream stream, emlx_channel* channel, uint64_t call_id, int backstop_ms)
+      : mx::Primitive(stream), channel_(channel), call_id_(call_id), backstop_ms_(backstop_ms) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (auto& in : inputs) encoder.set_input_array(in);
+    for (auto& out : outputs) encoder.set_output_array(out);
+    encoder.dispatch([channel = channel_, call_id = call_id_, backstop = backstop_ms_, inputs,
+                      outputs]() mutable { run(channel, call_id, backstop, inputs, outputs); });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("[host_call] host calls run on CPU streams only");
+  }
+
+  const char* name() const override { return "HostCall"; }
+
+ private:
+  // Runs on MLX's stream thread with the inputs computed.
+  static void run(emlx_channel* channel, uint64_t call_id, int backstop_ms,
+                  const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+    auto request = std::make_shared<HostRequest>();
+    request->id = next_request.fetch_add(1);
+    request->call_id = call_id;
+    for (const auto& in : inputs) request->inputs.push_back(available_copy(in));
+    for (const auto& out : outputs) {
+      request->out_shapes.push_back(out.shape());
+      request->out_dtypes.push_back(out.dtype());
+    }
+    {
+      std::lock_guard<std::mutex> lock(requests_mutex);
+      requests[request->id] = request;
+    }
+    channel->post({request->id, EMLX_HOST_REQUEST, 0, nullptr});
+    bool answered;
+    {
+      std::unique_lock<std::mutex> lock(request->mutex);
+      auto ready = [&] { return request->answered; };
+      if (backstop_ms > 0) {
+        answered = request->cv.wait_for(lock, std::chrono::milliseconds(backstop_ms), ready);
+      } else {
+        request->cv.wait(lock, ready);
+        answered = true;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(requests_mutex);
+      requests.erase(request->id);
+    }
+    if (!answered) {
+      throw std::runtime_error("[host_call] the event loop never answered request " +
+                               std::to_string(request->id));
+    }
+    if (!request->error.empty()) throw std::runtime_error(request->error);
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].nbytes())
+        std::memcpy(outputs[i].data<char>(), request->results[i].data<char>(), outputs[i].nbytes());
+    }
+  }
+
+  emlx_channel* channel_;
+  uint64_t call_id_;
+  int backstop_ms_;
+};
+
+// In mlx::core::Dtype::Val order; emlx_async/_host_call.py uses the same.
+mx::Dtype dtype_of(int code) {
+  static const mx::Dtype table[] = {mx::bool_,   mx::uint8,   mx::uint16,  mx::uint32, mx::uint64,
+                                    mx::int8,    mx::int16,   mx::int32,   mx::int64,  mx::float16,
+                                    mx::float32, mx::float64, mx::bfloat16, mx::complex64};
+  if (code < 0 || code >= static_cast<int>(std::size(table)))
+    throw std::invalid_argument("[host_call] unknown dtype code " + std::to_string(code));
+  return table[code];
+}
+
+std::string describe(const mx::Shape& shape, mx::Dtype dtype) {
+  std::string out = "(";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  if (shape.size() == 1) out += ",";
+  std::ostringstream name;
+  name << dtype;
+  return out + ") " + name.str();
+}
+
+}  // namespace
+
+extern "C" {
+
+int emlx_host_call_build(emlx_channel* channel, uint64_t call_id, void** inputs, size_t n_inputs,
+                         const int64_t* shapes, const int* ndims, const int* dtypes, size_t n_outputs,
+                         void** out_placeholders, int backstop_ms) {
+  try {
+    emlx::GilGuard gil;
+    // The node lives on this thread's CPU stream; inputs are made
+    // row-contiguous in the graph so the task can copy them flat.
+    mx::Stream stream = mx::default_stream(mx::Device::cpu);
+    std::vector<mx::array> in;
+    for (size_t i = 0; i < n_inputs; ++i) in.push_back(mx::contiguous(emlx::array_of(inputs[i]), false, stream));
+    std::vector<mx::Shape> out_shapes;
+    std::vector<mx::Dtype> out_dtypes;
+    for (size_t i = 0, at = 0; i < n_outputs; at += ndims[i], ++i) {
+      out_shapes.emplace_back(shapes + at, shapes + at + ndims[i]);
+      out_dtypes.push_back(dtype_of(dtypes[i]));
+    }
+    auto outputs = mx::array::make_arrays(
+        out_shapes, out_dtypes, std::make_shared<HostCall>(stream, channel, call_id, backstop_ms), in);
+    for (size_t i = 0; i < n_outputs; ++i) emlx::array_of(out_placeholders[i]) = outputs[i];
+    return 0;
+  } catch (...) {
+    emlx::set_last_error(emlx::classify(std::current_exception()).message);
+    return -1;
+  }
+}
+
+uint64_t emlx_host_request_call(uint64_t request_id) {
+  auto request = find_request(request_id);
+  return request ? request->call_id : 0;
+}
+
+size_t emlx_host_request_inputs(uint64_t request_id) {
+  auto request = find_request(request_id);
+  return request ? request->inputs.size() : 0;
+}
+
+int emlx_host_request_input(uint64_t request_id, size_t index, void* placeholder) {
+  auto request = find_request(request_id);
+  if (!request || index >= request->inputs.size()) return -1;
+  emlx::GilGuard gil;
+  emlx::array_of(placeholder) = request->inputs[index];
+  return 0;
+}
+
+int emlx_host_request_reply(uint64_t request_id, void** outputs, size_t n_outputs, const char* error) {
+  auto request = find_request(request_id);
+  if (!request) {
+    emlx::set_last_error("[host_call] request " + std::to_string(request_id) + " is no longer waiting");
+    return -1;
+  }
+  std::vector<mx::array> results;
+  if (error == nullptr) {
+    if (n_outputs != request->out_shapes.size()) {
+      emlx::set_last_error("[host_call] expected " + std::to_string(request->out_shapes.size()) +
+                           " outputs, got " + std::to_string(n_outputs));
+      return -1;
+    }
+    emlx::GilGuard gil;
+    for (size_t i = 0; i < n_outputs; ++i) {
+      const mx::array& a = emlx::array_of(outputs[i]);
+      if (a.shape() != request->out_shapes[i] || a.dtype() != request->out_dtypes[i]) {
+        emlx::set_last_error("[host_call] output " + std::to_string(i) + " must be " +
+                             describe(request->out_shapes[i], request->out_dtypes[i]) + ", got " +
+                             describe(a.shape(), a.dtype()));
+        return -1;
+      }
+      if (!a.is_available() || !a.flags().row_contiguous || a.data_size() != a.size()) {
+        emlx::set_last_error("[host_call] output " + std::to_string(i) +
+                             " must be evaluated and row-contiguous");
+        return -1;
+      }
+      results.push_back(a);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(request->mutex);
+    request->results = std::move(results);
+    if (error != nullptr) request->error = *error ? error : "[host_call] failed";
+    request->answered = true;
+  }
+  request->cv.notify_all();
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,249 @@
+"""Host calls: MLX graph nodes whose evaluation runs a callback on the event loop.
+
+``ea.host_call(fn, *inputs, outputs=[(shape, dtype), ...])`` puts a node in
+the graph of a queue. When a worker evaluates it, MLX's stream thread posts a
+request on the runtime's completion channel and blocks; the loop runs
+``fn(*inputs)`` (a plain or ``async`` function) as a task and hands the
+results back, and the evaluation goes on.
+
+Deadlock freedom: while a callback runs, ops it starts through emlx_async go
+to the runtime's callback queue for the device (never behind the blocked
+worker), and awaiting the blocked queue itself raises ``HostCallDeadlock``
+at once. Several queues can wait on callbacks at the same time; each request
+is independent.
+
+Failure: a raising callback, a wrong output shape or dtype, a timeout
+(``timeout=`` per call, else the runtime's ``host_call_timeout``) or a
+cancelled awaiter answers the request with an error; the graph's evaluation
+fails with ``MLXRuntimeError`` whose ``__cause__`` is the callback's
+exception, and the queue keeps working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+
+from ._errors import EMLXError
+from ._native import ffi, lib
+from ._trees import iter_arrays
+
+if TYPE_CHECKING:
+    from ._queue import CommandQueue
+    from ._runtime import Runtime
+
+
+class HostCallDeadlock(EMLXError, RuntimeError):
+    """A host callback awaited the very queue whose worker is waiting for it."""
+
+
+class HostCallError(EMLXError, RuntimeError):
+    """A host call failed (raised, timed out, was cancelled or returned bad outputs)."""
+
+
+# In mlx::core::Dtype::Val order (cffi_src/host_call.cpp: dtype_of).
+_DTYPES = [mx.bool_, mx.uint8, mx.uint16, mx.uint32, mx.uint64, mx.int8, mx.int16, mx.int32,
+           mx.int64, mx.float16, mx.float32, mx.float64, mx.bfloat16, mx.complex64]
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(_DTYPES)}
+
+# Set inside a callback's task: the queue whose worker waits for it.
+blocking_queue: contextvars.ContextVar[CommandQueue | None] = contextvars.ContextVar(
+    "emlx_async_host_call_blocking", default=None)
+
+_call_ids = itertools.count(1)
+_REQUEST_TAG = re.compile(r"\(host call request (\d+)\)")
+
+
+@dataclass
+class _Call:
+    fn: Callable[..., Any]
+    queue: CommandQueue
+    outputs: list[tuple[tuple[int, ...], mx.Dtype]]
+    timeout: float | None
+
+
+def _check_outputs(outputs: Sequence[tuple[Sequence[int], mx.Dtype]]) -> list[tuple[tuple[int, ...], mx.Dtype]]:
+    if not outputs:
+        raise ValueError("host_call needs outputs=[(shape, dtype), ...] with at least one entry")
+    checked = []
+    for i, spec in enumerate(outputs):
+        try:
+            shape, dtype = spec
+            shape = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):
+            raise ValueError(f"host_call outputs[{i}] must be a (shape, dtype) pair, got {spec!r}") from None
+        if any(d < 0 for d in shape):
+            raise ValueError(f"host_call outputs[{i}] has a negative dimension: {shape}")
+        if dtype not in _DTYPE_CODES:
+            raise ValueError(f"host_call outputs[{i}] has unsupported dtype {dtype!r}")
+        checked.append((shape, dtype))
+    return checked
+
+
+def host_call(fn: Callable[..., Any], /, *inputs: mx.array,
+              outputs: Sequence[tuple[Sequence[int], mx.Dtype]],
+              queue: CommandQueue | None = None, timeout: float | None = None):
+    """Arrays whose evaluation calls ``fn(*inputs)`` on the event loop.
+
+    Inside a queue job (``q.run(...)``) it returns the lazy output arrays at
+    once, for the graph being built there. On the event loop it returns an
+    awaitable resolving to those arrays, lazy and owned by the queue (routed
+    like any op: ``queue=``, owner of a lazy input, bound, default).
+
+    ``fn`` receives evaluated mx.arrays, whatever the inputs' layout, and
+    returns one array (or anything ``mx.array`` accepts, such as a NumPy
+    array) per declared output, as a single value or a tuple/list.
+
+    Example:
+        >>> masked, = await ea.host_call(keep_allowed, logits, outputs=[(logits.shape, mx.float32)])
+        >>> await ea.eval(masked)
+    """
+    from ._queue import current_job
+
+    if not callable(fn):
+        raise TypeError(f"host_call needs a callable, got {type(fn).__name__}")
+    specs = _check_outputs(outputs)
+    for i, x in enumerate(inputs):
+        if not isinstance(x, mx.array):
+            raise TypeError(f"host_call inputs must be mx.arrays; input {i} is {type(x).__name__}")
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    job = current_job()
+    if job is not None:  # on a worker thread, inside a queue job
+        return _build(job.queue, fn, inputs, specs, timeout)
+    from ._binding import route
+
+    target = route(inputs, queue)
+    return target.run(_build, target, fn, inputs, specs, timeout, lazy=True)
+
+
+def _build(queue: CommandQueue, fn, inputs, specs, timeout) -> list[mx.array]:
+    """On the worker thread: put the node in this thread's graph."""
+    runtime = queue._runtime
+    call_id = next(_call_ids)
+    runtime._host_calls[call_id] = _Call(fn, queue, specs, timeout)
+    effective = timeout if timeout is not None else runtime.host_call_timeout
+    # The worker's own bound on the wait, in case the loop never answers.
+    backstop_ms = int((effective * 2 + 10) * 1000) if effective else 0
+    placeholders = [mx.array(0) for _ in specs]
+    shapes = [d for shape, _ in specs for d in shape]
+    status = lib.emlx_host_call_build(
+        runtime._channel, call_id, [ffi.cast("void*", id(x)) for x in inputs], len(inputs),
+        ffi.new("int64_t[]", shapes), ffi.new("int[]", [len(s) for s, _ in specs]),
+        ffi.new("int[]", [_DTYPE_CODES[d] for _, d in specs]), len(specs),
+        [ffi.cast("void*", id(p)) for p in placeholders], backstop_ms)
+    if status != 0:
+        runtime._host_calls.pop(call_id, None)
+        raise HostCallError(ffi.string(lib.emlx_last_error()).decode(errors="replace"))
+    return placeholders
+
+
+class HostCallServer:
+    """The loop side: runs callbacks for requests posted on the channel."""
+
+    def __init__(self, runtime: Runtime):
+        self._runtime = runtime
+        self.errors: dict[int, BaseException] = {}  # request id -> the callback's exception
+        self._tasks: dict[int, tuple[asyncio.Task, CommandQueue]] = {}
+
+    def request(self, request_id: int) -> None:
+        """A worker is waiting for request `request_id` (called from Runtime._drain)."""
+        # A node is evaluated once, so its record is done with after this.
+        call = self._runtime._host_calls.pop(lib.emlx_host_request_call(request_id), None)
+        if call is None:
+            self._reply_error(request_id, "[host_call] unknown call (its runtime state is gone)")
+            return
+        inputs = []
+        for i in range(lib.emlx_host_request_inputs(request_id)):
+            placeholder = mx.array(0)
+            lib.emlx_host_request_input(request_id, i, ffi.cast("void*", id(placeholder)))
+            inputs.append(placeholder)
+        context = contextvars.copy_context()
+        context.run(blocking_queue.set, call.queue)
+        task = self._runtime._loop.create_task(self._serve(request_id, call, inputs), context=context)
+        self._tasks[request_id] = (task, call.queue)
+
+    async def _serve(self, request_id: int, call: _Call, inputs: list[mx.array]) -> None:
+        from ._binding import _bound
+
+        name = getattr(call.fn, "__qualname__", repr(call.fn))
+        tag = f"(host call request {request_id})"
+        _bound.set(self._runtime.callback_queue(call.queue.device))  # its own MLX work goes here
+        timeout = call.timeout if call.timeout is not None else self._runtime.host_call_timeout
+        try:
+            try:
+                result = call.fn(*inputs)
+                if asyncio.iscoroutine(result):
+                    result = await asyncio.wait_for(result, timeout)
+            except asyncio.TimeoutError as exc:
+                self.errors[request_id] = exc
+                self._reply_error(request_id, f"[host_call] {name} timed out after {timeout}s {tag}")
+                return
+            except asyncio.CancelledError:
+                self._reply_error(request_id, f"[host_call] {name} was cancelled {tag}")
+                raise
+            except Exception as exc:  # noqa: BLE001 - chained onto the graph's error
+                self.errors[request_id] = exc
+                self._reply_error(request_id, f"[host_call] {name} raised {type(exc).__name__}: {exc} {tag}")
+                return
+            try:
+                arrays = await self._as_outputs(result, call)
+            except Exception as exc:  # noqa: BLE001
+                self.errors[request_id] = exc
+                self._reply_error(request_id, f"{exc} {tag}")
+                return
+            keep = arrays  # alive until the worker has copied them
+            if lib.emlx_host_request_reply(request_id, [ffi.cast("void*", id(a)) for a in keep],
+                                           len(keep), ffi.NULL) != 0:
+                message = ffi.string(lib.emlx_last_error()).decode(errors="replace")
+                self.errors[request_id] = HostCallError(f"{name}: {message}")
+                self._reply_error(request_id, f"{message} from {name} {tag}")
+        finally:
+            self._tasks.pop(request_id, None)
+
+    async def _as_outputs(self, result: Any, call: _Call) -> list[mx.array]:
+        values = list(result) if isinstance(result, (tuple, list)) else [result]
+        if len(values) != len(call.outputs):
+            raise HostCallError(f"[host_call] expected {len(call.outputs)} outputs, got {len(values)}")
+        arrays = []
+        for i, (value, (shape, dtype)) in enumerate(zip(values, call.outputs)):
+            array = value if isinstance(value, mx.array) else mx.array(value)
+            if tuple(array.shape) != shape or array.dtype != dtype:
+                raise HostCallError(f"[host_call] output {i} must be {shape} {dtype}, "
+                                    f"got {tuple(array.shape)} {array.dtype}")
+            arrays.append(array)
+        # Evaluate lazy results where they live (their owner queue, or here),
+        # then make them row-contiguous here: the worker copies them flat.
+        from ._api import eval as ea_eval
+
+        await ea_eval(*arrays)
+        arrays = [mx.contiguous(a) for a in arrays]
+        mx.eval(arrays)
+        return arrays
+
+    def _reply_error(self, request_id: int, message: str) -> None:
+        lib.emlx_host_request_reply(request_id, ffi.NULL, 0, message.encode())
+
+    def cancel_for(self, queue: CommandQueue) -> None:
+        """The awaiter of `queue`'s running job gave up: stop its callbacks."""
+        for task, blocked in list(self._tasks.values()):
+            if blocked is queue:
+                task.cancel()
+
+    def cause_for(self, message: str | None) -> BaseException | None:
+        """The callback exception a graph error message refers to, if any."""
+        match = _REQUEST_TAG.search(message or "")
+        return self.errors.pop(int(match.group(1)), None) if match else None
+
+    def check_not_blocking(self, queue: CommandQueue) -> None:
+        if blocking_queue.get() is queue:
+            raise HostCallDeadlock(
+                f"a host callback awaited {queue!r}, whose worker is waiting for that same callback; "
+                "do the callback's MLX work through ea.* ops (they use the callback queue) or another queue")
