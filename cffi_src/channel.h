@@ -24,6 +24,7 @@ typedef struct {
     int32_t status;
     int32_t error_kind;
     char *message; /* malloc'd, or NULL; release with emlx_message_free */
+    void *payload; /* an op job's results, or NULL; see emlx_publish_results */
 } emlx_completion;
 
 emlx_channel *emlx_channel_new(void);

@@ -1,5 +1,7 @@
 #include <cxxabi.h>
 
+#include <iterator>
+
 #include "mlx/version.h"
 #include "shim.hpp"
 
@@ -31,6 +33,17 @@ char* copy_message(const std::string& message) {
   char* out = static_cast<char*>(std::malloc(message.size() + 1));
   if (out) std::memcpy(out, message.c_str(), message.size() + 1);
   return out;
+}
+
+mlx::core::Dtype dtype_of(int code) {
+  namespace mx = mlx::core;
+  // In mlx::core::Dtype::Val order; emlx_async/_host_call.py uses the same.
+  static const mx::Dtype table[] = {mx::bool_,   mx::uint8,   mx::uint16,   mx::uint32, mx::uint64,
+                                    mx::int8,    mx::int16,   mx::int32,    mx::int64,  mx::float16,
+                                    mx::float32, mx::float64, mx::bfloat16, mx::complex64};
+  if (code < 0 || code >= static_cast<int>(std::size(table)))
+    throw std::invalid_argument("[emlx] unknown dtype code " + std::to_string(code));
+  return table[code];
 }
 
 mlx::core::array& array_of(void* obj) {

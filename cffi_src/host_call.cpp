@@ -119,16 +119,6 @@ class HostCall : public mx::Primitive {
   int backstop_ms_;
 };
 
-// In mlx::core::Dtype::Val order; emlx_async/_host_call.py uses the same.
-mx::Dtype dtype_of(int code) {
-  static const mx::Dtype table[] = {mx::bool_,   mx::uint8,   mx::uint16,  mx::uint32, mx::uint64,
-                                    mx::int8,    mx::int16,   mx::int32,   mx::int64,  mx::float16,
-                                    mx::float32, mx::float64, mx::bfloat16, mx::complex64};
-  if (code < 0 || code >= static_cast<int>(std::size(table)))
-    throw std::invalid_argument("[host_call] unknown dtype code " + std::to_string(code));
-  return table[code];
-}
-
 std::string describe(const mx::Shape& shape, mx::Dtype dtype) {
   std::string out = "(";
   for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
@@ -156,7 +146,7 @@ int emlx_host_call_build(emlx_channel* channel, uint64_t call_id, void** inputs,
     std::vector<mx::Dtype> out_dtypes;
     for (size_t i = 0, at = 0; i < n_outputs; at += ndims[i], ++i) {
       out_shapes.emplace_back(shapes + at, shapes + at + ndims[i]);
-      out_dtypes.push_back(dtype_of(dtypes[i]));
+      out_dtypes.push_back(emlx::dtype_of(dtypes[i]));
     }
     auto outputs = mx::array::make_arrays(
         out_shapes, out_dtypes, std::make_shared<HostCall>(stream, channel, call_id, backstop_ms), in);

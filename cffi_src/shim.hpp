@@ -30,6 +30,9 @@ char* copy_message(const std::string& message);
 // holds the GIL (an in-place op such as `a += b` swaps the handle).
 mlx::core::array& array_of(void* obj);
 
+// mlx::core::Dtype from its Dtype::Val position (the code Python sends).
+mlx::core::Dtype dtype_of(int code);
+
 // RAII GIL acquisition for code called from cffi, which releases the GIL
 // around every C call.
 struct GilGuard {

@@ -7,9 +7,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <memory>
 #include <thread>
 
 #include "channel.hpp"
+#include "ops.hpp"
 #include "mlx/device.h"
 #include "mlx/stream.h"
 #include "mlx/transforms.h"
@@ -20,13 +22,23 @@ namespace mx = mlx::core;
 
 namespace {
 
-enum class JobKind { Eval, Python, Synchronize, Stop };
+enum class JobKind { Eval, Python, Synchronize, Stop, Op };
+
+struct OpCall {
+  int op = 0;
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+  std::string text;
+  bool evaluate = true;
+  bool check_finite = false;
+};
 
 struct Job {
   uint64_t id;
   JobKind kind;
   std::vector<mx::array> arrays;
   void* context = nullptr;
+  std::shared_ptr<OpCall> op;  // JobKind::Op only
 };
 
 // Set by emlx_shutdown: from then on Python jobs are dropped, never called,
@@ -44,7 +56,8 @@ struct emlx_worker {
   void main();
   void run(Job& job);
   int submit(Job&& job);
-  void post(uint64_t id, int32_t status, int32_t kind = 0, char* message = nullptr);
+  void post(uint64_t id, int32_t status, int32_t kind = 0, char* message = nullptr,
+            void* payload = nullptr);
 
   const int device_type;
   const mx::Device device;
@@ -71,14 +84,18 @@ std::vector<emlx_worker*> parked;
 
 }  // namespace
 
-void emlx_worker::post(uint64_t id, int32_t status, int32_t kind, char* message) {
+void emlx_worker::post(uint64_t id, int32_t status, int32_t kind, char* message, void* payload) {
   emlx_channel* target;
   {
     std::lock_guard<std::mutex> lock(mutex);
     target = channel;
   }
-  if (target) target->post({id, status, kind, message});
-  else std::free(message);
+  if (target) {
+    target->post({id, status, kind, message, payload});
+  } else {
+    std::free(message);
+    delete static_cast<std::vector<mx::array>*>(payload);
+  }
 }
 
 void emlx_worker::start() {
@@ -141,6 +158,21 @@ void emlx_worker::run(Job& job) {
         else mx::synchronize(mx::default_stream(device));
         job.arrays.clear();  // drop graph references here, not on the loop
         post(job.id, EMLX_DONE);
+      } catch (...) {
+        job.arrays.clear();
+        auto error = emlx::classify(std::current_exception());
+        post(job.id, EMLX_FAILED, error.kind, emlx::copy_message(error.message));
+      }
+      break;
+    case JobKind::Op:
+      try {
+        const OpCall& call = *job.op;
+        auto outputs = emlx::run_op(call.op, device, job.arrays, call.ints.data(), call.ints.size(),
+                                    call.floats.data(), call.floats.size(), call.text);
+        job.arrays.clear();
+        if (call.evaluate) mx::eval(outputs);
+        if (call.check_finite) emlx::check_finite(outputs, "emlx op");
+        post(job.id, EMLX_DONE, 0, nullptr, new std::vector<mx::array>(std::move(outputs)));
       } catch (...) {
         job.arrays.clear();
         auto error = emlx::classify(std::current_exception());
@@ -247,6 +279,42 @@ int emlx_submit_eval(emlx_worker* worker, uint64_t job_id, void** arrays, size_t
   return worker->submit(std::move(job));
 }
 
+int emlx_submit_op(emlx_worker* worker, uint64_t job_id, int op, void** arrays, size_t n_arrays,
+                   const int64_t* ints, size_t n_ints, const double* floats, size_t n_floats,
+                   const char* text, int evaluate, int check_finite) {
+  Job job{job_id, JobKind::Op, {}, nullptr, std::make_shared<OpCall>()};
+  OpCall& call = *job.op;
+  call.op = op;
+  call.ints.assign(ints, ints + n_ints);
+  call.floats.assign(floats, floats + n_floats);
+  call.text = text ? text : "";
+  call.evaluate = evaluate != 0;
+  call.check_finite = check_finite != 0;
+  job.arrays.reserve(n_arrays);
+  {
+    emlx::GilGuard gil;
+    for (size_t i = 0; i < n_arrays; ++i) job.arrays.push_back(emlx::array_of(arrays[i]));
+  }
+  return worker->submit(std::move(job));
+}
+
+size_t emlx_payload_size(void* payload) {
+  return static_cast<std::vector<mx::array>*>(payload)->size();
+}
+
+void emlx_publish_results(void* payload, void** placeholders, size_t count) {
+  auto* results = static_cast<std::vector<mx::array>*>(payload);
+  {
+    emlx::GilGuard gil;
+    for (size_t i = 0; i < count && i < results->size(); ++i) emlx::array_of(placeholders[i]) = (*results)[i];
+  }
+  delete results;
+}
+
+void emlx_payload_free(void* payload) { delete static_cast<std::vector<mx::array>*>(payload); }
+
+int emlx_op_count(void) { return emlx::op_count(); }
+
 int emlx_submit_python(emlx_worker* worker, uint64_t job_id, void* context) {
   return worker->submit(Job{job_id, JobKind::Python, {}, context});
 }
@@ -256,7 +324,7 @@ int emlx_submit_synchronize(emlx_worker* worker, uint64_t job_id) {
 }
 
 int emlx_cancel(emlx_worker* worker, uint64_t job_id) {
-  Job removed{0, JobKind::Stop, {}, nullptr};
+  Job removed{0, JobKind::Stop, {}, nullptr, nullptr};
   {
     std::lock_guard<std::mutex> lock(worker->mutex);
     auto it = std::find_if(worker->jobs.begin(), worker->jobs.end(), [&](const Job& j) {

@@ -63,7 +63,8 @@ class JobFuture(asyncio.Future):
 
 
 class _Job:
-    __slots__ = ("id", "queue", "future", "fn", "args", "kwargs", "lazy", "result", "exception", "cancelled")
+    __slots__ = ("id", "queue", "future", "fn", "args", "kwargs", "lazy", "result", "exception", "cancelled",
+                 "op_name")
 
     def __init__(self, queue: CommandQueue, future: JobFuture, fn: Callable | None = None,
                  args: tuple = (), kwargs: dict | None = None, lazy: bool = False, result: Any = None):
@@ -78,6 +79,7 @@ class _Job:
         self.result = result  # what the future resolves to on success
         self.exception: BaseException | None = None
         self.cancelled = False  # set on the loop when the awaiting task gave up
+        self.op_name: str | None = None  # native op jobs: their results arrive as a payload
 
     def run_python(self) -> int:
         """Body of a Python job, on the worker thread (holding the GIL)."""
@@ -111,6 +113,20 @@ def emlx_python_job(context, job_id):
     if job is None:
         return lib.EMLX_DONE
     return job.run_python()
+
+
+# Ops whose results are a tuple (split: a list), as in mlx.core.
+_MULTI_OUTPUT = {"split", "linalg_qr", "linalg_svd", "linalg_lu", "linalg_eigh", "quantize"}
+
+
+def _published(op_name: str | None, payload) -> Any:
+    """Fresh mx.arrays holding an op job's results (done here, on the loop thread)."""
+    count = lib.emlx_payload_size(payload)
+    arrays = [mx.array(0) for _ in range(count)]
+    lib.emlx_publish_results(payload, [ffi.cast("void*", id(a)) for a in arrays], count)
+    if op_name not in _MULTI_OUTPUT or (op_name == "linalg_svd" and count == 1):
+        return arrays[0]
+    return arrays if op_name == "split" else tuple(arrays)
 
 
 def current_job() -> _Job | None:
@@ -221,6 +237,23 @@ class CommandQueue:
             return lib.emlx_submit_eval(self._worker, job.id, _interop.handles(flat), len(flat))
 
         return self._submit(job, start, nowait, flat)
+
+    def _submit_op(self, code: int, name: str, inputs: list[mx.array], ints: list[int], floats: list[float],
+                   text: str, lazy: bool, nowait: bool, check_finite: bool) -> asyncio.Future:
+        """Submit native op `code` (see emlx_async/ops.py, which validates the arguments)."""
+        self._check_open()
+        if not _interop.ZERO_COPY:  # pragma: no cover - layout fallback
+            raise EMLXError("native ops need the zero-copy interop layer, which failed validation")
+        job = _Job(self, JobFuture(loop=self._loop), lazy=lazy)
+        job.op_name = name
+
+        def start() -> int:
+            return lib.emlx_submit_op(
+                self._worker, job.id, code, _interop.handles(inputs), len(inputs),
+                ffi.new("int64_t[]", ints), len(ints), ffi.new("double[]", floats), len(floats),
+                text.encode(), int(not lazy), int(check_finite))
+
+        return self._submit(job, start, nowait, inputs)
 
     def synchronize(self, *, nowait: bool = False) -> asyncio.Future:
         """Wait until all work queued on this queue's stream has finished."""
@@ -333,7 +366,7 @@ class CommandQueue:
                 return
         self._pending -= 1
 
-    def _finish(self, job: _Job, status: int, error_kind: int, message: str | None) -> None:
+    def _finish(self, job: _Job, status: int, error_kind: int, message: str | None, payload=ffi.NULL) -> None:
         """Called by Runtime._drain on the loop thread for this queue's record."""
         if status == lib.EMLX_STOPPED:
             self._detach()
@@ -343,9 +376,11 @@ class CommandQueue:
         self._release_slot()
         future = job.future
         if future.done():
+            if payload != ffi.NULL:
+                lib.emlx_payload_free(payload)
             return  # abandoned by a cancelled awaiter
         if status == lib.EMLX_DONE:
-            future.set_result(job.result)
+            future.set_result(_published(job.op_name, payload) if payload != ffi.NULL else job.result)
         elif status == lib.EMLX_PY_FAILED:
             exc, job.exception = job.exception, None
             exc = exc if exc is not None else EMLXError("Python job failed")

@@ -293,7 +293,9 @@ class Runtime:
                     continue
                 job = self._jobs.pop(record.job_id, None)
                 if job is not None:
-                    job.queue._finish(job, record.status, record.error_kind, message)
+                    job.queue._finish(job, record.status, record.error_kind, message, record.payload)
+                elif record.payload != ffi.NULL:
+                    lib.emlx_payload_free(record.payload)
             if count < _DRAIN_BATCH:
                 break
 
@@ -363,6 +365,8 @@ def _sweep_orphans() -> None:
             for i in range(count):
                 if records[i].message != ffi.NULL:
                     lib.emlx_message_free(records[i].message)
+                if records[i].payload != ffi.NULL:
+                    lib.emlx_payload_free(records[i].payload)
                 if records[i].status == lib.EMLX_STOPPED:
                     stops.discard(records[i].job_id)
         if not stops:

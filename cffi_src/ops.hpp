@@ -1,0 +1,23 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "mlx/device.h"
+#include "shim.hpp"
+
+namespace mx = mlx::core;
+
+namespace emlx {
+
+// Builds op `op` (a position in emlx_async/_op_table.py) on this thread's
+// stream for `device`; throws MLX's exceptions unchanged.
+std::vector<mx::array> run_op(int op, mx::Device device, const std::vector<mx::array>& xs,
+                              const int64_t* ints, size_t n_ints, const double* floats, size_t n_floats,
+                              const std::string& text);
+int op_count();
+
+// Throws if a floating-point output holds a NaN or an infinity.
+void check_finite(const std::vector<mx::array>& outputs, const char* op);
+
+}  // namespace emlx

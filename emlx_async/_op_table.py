@@ -1,0 +1,190 @@
+"""The op table: one line per native op, read by both sides.
+
+build_ffi.py generates the C++ dispatch (a switch over op codes) from it, and
+emlx_async/ops.py generates the Python awaitables. Plain data only: the
+builder loads this file on its own, before the package can be imported.
+
+An entry is (name, arrays, params, C++ expression):
+* arrays: how many array inputs, or VARIADIC for a list (then named `xs`);
+  inputs are `x0, x1, ...` in the expression;
+* params: (name, kind, default) keyword-only options, decoded in order into
+  `p0, p1, ...`; kinds: "int", "bool", "float", "axis" (optional int), "axes"
+  (optional int list; `all_axes(p, x)` turns None into every axis), "shape"
+  (int list), "dtype" (optional dtype), "str";
+* the expression builds the result on stream `s` (the worker's default
+  stream for its device) or `sc` (the worker thread's CPU stream, for ops
+  MLX runs on the CPU only). It returns an array, a pair or a vector.
+"""
+
+VARIADIC = -1
+
+_UNARY = [
+    "abs", "negative", "sign", "floor", "ceil", "exp", "expm1", "log", "log2", "log10", "log1p",
+    "sqrt", "rsqrt", "square", "reciprocal", "sin", "cos", "tan", "arcsin", "arccos", "arctan",
+    "sinh", "cosh", "tanh", "arcsinh", "arccosh", "arctanh", "erf", "erfinv", "sigmoid", "real",
+    "imag", "conjugate", "isnan", "isinf", "isfinite", "logical_not", "bitwise_invert",
+    "stop_gradient", "copy", "degrees", "radians",
+]
+
+_BINARY = [
+    "add", "subtract", "multiply", "divide", "floor_divide", "remainder", "power", "maximum",
+    "minimum", "arctan2", "logaddexp", "equal", "not_equal", "greater", "greater_equal", "less",
+    "less_equal", "logical_and", "logical_or", "bitwise_and", "bitwise_or", "bitwise_xor",
+    "left_shift", "right_shift", "matmul", "outer", "inner", "kron",
+]
+
+_REDUCE = ["sum", "prod", "max", "min", "mean", "all", "any", "logsumexp"]
+
+KEEPDIMS = ("keepdims", "bool", False)
+AXES = ("axis", "axes", None)
+
+OPS = (
+    [(name, 1, [], f"mx::{name}(x0, s)") for name in _UNARY]
+    + [(name, 2, [], f"mx::{name}(x0, x1, s)") for name in _BINARY]
+    + [(name, 1, [AXES, KEEPDIMS], f"mx::{name}(x0, all_axes(p0, x0), p1, s)") for name in _REDUCE]
+    + [
+        # creation
+        ("zeros", 0, [("shape", "shape", ()), ("dtype", "dtype", None)],
+         "mx::zeros(p0, p1.value_or(mx::float32), s)"),
+        ("ones", 0, [("shape", "shape", ()), ("dtype", "dtype", None)],
+         "mx::ones(p0, p1.value_or(mx::float32), s)"),
+        ("full", 1, [("shape", "shape", ()), ("dtype", "dtype", None)],
+         "p1 ? mx::full(p0, x0, *p1, s) : mx::full(p0, x0, s)"),
+        ("eye", 0, [("n", "int", 1), ("m", "axis", None), ("k", "int", 0), ("dtype", "dtype", None)],
+         "mx::eye(p0, p1.value_or(p0), p2, p3.value_or(mx::float32), s)"),
+        ("arange", 0, [("start", "float", 0.0), ("stop", "float", 0.0), ("step", "float", 1.0),
+                       ("dtype", "dtype", None)],
+         "mx::arange(p0, p1, p2, p3.value_or(mx::float32), s)"),
+        ("linspace", 0, [("start", "float", 0.0), ("stop", "float", 1.0), ("num", "int", 50),
+                         ("dtype", "dtype", None)],
+         "mx::linspace(p0, p1, p2, p3.value_or(mx::float32), s)"),
+        ("tri", 0, [("n", "int", 1), ("m", "axis", None), ("k", "int", 0), ("dtype", "dtype", None)],
+         "mx::tri(p0, p1.value_or(p0), p2, p3.value_or(mx::float32), s)"),
+        ("tril", 1, [("k", "int", 0)], "mx::tril(x0, p0, s)"),
+        ("triu", 1, [("k", "int", 0)], "mx::triu(x0, p0, s)"),
+        # conversion and shape
+        ("astype", 1, [("dtype", "dtype", None)], "mx::astype(x0, need(p0, \"astype\", \"dtype\"), s)"),
+        ("view", 1, [("dtype", "dtype", None)], "mx::view(x0, need(p0, \"view\", \"dtype\"), s)"),
+        ("reshape", 1, [("shape", "shape", ())], "mx::reshape(x0, p0, s)"),
+        ("flatten", 1, [("start_axis", "int", 0), ("end_axis", "int", -1)], "mx::flatten(x0, p0, p1, s)"),
+        ("transpose", 1, [("axes", "axes", None)],
+         "p0 ? mx::transpose(x0, *p0, s) : mx::transpose(x0, s)"),
+        ("swapaxes", 1, [("axis1", "int", 0), ("axis2", "int", 1)], "mx::swapaxes(x0, p0, p1, s)"),
+        ("moveaxis", 1, [("source", "int", 0), ("destination", "int", 0)], "mx::moveaxis(x0, p0, p1, s)"),
+        ("squeeze", 1, [("axis", "axes", None)], "p0 ? mx::squeeze(x0, *p0, s) : mx::squeeze(x0, s)"),
+        ("expand_dims", 1, [("axis", "axes", None)], "mx::expand_dims(x0, need(p0, \"expand_dims\", \"axis\"), s)"),
+        ("broadcast_to", 1, [("shape", "shape", ())], "mx::broadcast_to(x0, p0, s)"),
+        ("flip", 1, [("axis", "axes", None)], "mx::flip(x0, all_axes(p0, x0), s)"),
+        ("tile", 1, [("reps", "shape", ())], "mx::tile(x0, std::vector<int>(p0.begin(), p0.end()), s)"),
+        ("repeat", 1, [("repeats", "int", 1), ("axis", "axis", None)],
+         "p1 ? mx::repeat(x0, p0, *p1, s) : mx::repeat(x0, p0, s)"),
+        ("roll", 1, [("shift", "int", 0), ("axis", "axis", None)],
+         "p1 ? mx::roll(x0, p0, *p1, s) : mx::roll(x0, p0, s)"),
+        ("pad", 1, [("pad_width", "shape", ()), ("constant_value", "float", 0.0)],
+         "pad_pairs(x0, p0, p1, s)"),
+        ("concatenate", VARIADIC, [("axis", "int", 0)], "mx::concatenate(xs, p0, s)"),
+        ("stack", VARIADIC, [("axis", "int", 0)], "mx::stack(xs, p0, s)"),
+        ("split", 1, [("sections", "int", 0), ("indices", "shape", ()), ("axis", "int", 0)],
+         "p0 > 0 ? mx::split(x0, p0, p2, s) : mx::split(x0, p1, p2, s)"),
+        ("as_strided", 1, [("shape", "shape", ()), ("strides", "shape", ()), ("offset", "int", 0)],
+         "mx::as_strided(x0, p0, mx::Strides(p1.begin(), p1.end()), p2, s)"),
+        ("slice", 1, [("start", "shape", ()), ("stop", "shape", ()), ("strides", "shape", ())],
+         "p2.empty() ? mx::slice(x0, p0, p1, s) : mx::slice(x0, p0, p1, p2, s)"),
+        ("slice_update", 2, [("start", "shape", ()), ("stop", "shape", ()), ("strides", "shape", ())],
+         "p2.empty() ? mx::slice_update(x0, x1, p0, p1, s) : mx::slice_update(x0, x1, p0, p1, p2, s)"),
+        # elementwise with options
+        ("where", 3, [], "mx::where(x0, x1, x2, s)"),
+        ("clip", 3, [], "mx::clip(x0, x1, x2, s)"),
+        ("round", 1, [("decimals", "int", 0)], "mx::round(x0, p0, s)"),
+        ("isclose", 2, [("rtol", "float", 1e-5), ("atol", "float", 1e-8), ("equal_nan", "bool", False)],
+         "mx::isclose(x0, x1, p0, p1, p2, s)"),
+        ("allclose", 2, [("rtol", "float", 1e-5), ("atol", "float", 1e-8), ("equal_nan", "bool", False)],
+         "mx::allclose(x0, x1, p0, p1, p2, s)"),
+        ("array_equal", 2, [("equal_nan", "bool", False)], "mx::array_equal(x0, x1, p0, s)"),
+        ("nan_to_num", 1, [("nan", "float", 0.0)], "mx::nan_to_num(x0, p0, std::nullopt, std::nullopt, s)"),
+        # reductions and scans with an axis
+        ("var", 1, [AXES, KEEPDIMS, ("ddof", "int", 0)], "mx::var(x0, all_axes(p0, x0), p1, p2, s)"),
+        ("std", 1, [AXES, KEEPDIMS, ("ddof", "int", 0)], "mx::std(x0, all_axes(p0, x0), p1, p2, s)"),
+        ("argmax", 1, [("axis", "axis", None), KEEPDIMS],
+         "p0 ? mx::argmax(x0, *p0, p1, s) : mx::argmax(x0, p1, s)"),
+        ("argmin", 1, [("axis", "axis", None), KEEPDIMS],
+         "p0 ? mx::argmin(x0, *p0, p1, s) : mx::argmin(x0, p1, s)"),
+        ("cumsum", 1, [("axis", "axis", None), ("reverse", "bool", False), ("inclusive", "bool", True)],
+         "p0 ? mx::cumsum(x0, *p0, p1, p2, std::nullopt, s) : mx::cumsum(x0, p1, p2, std::nullopt, s)"),
+        ("cumprod", 1, [("axis", "axis", None), ("reverse", "bool", False), ("inclusive", "bool", True)],
+         "p0 ? mx::cumprod(x0, *p0, p1, p2, std::nullopt, s) : mx::cumprod(x0, p1, p2, std::nullopt, s)"),
+        ("cummax", 1, [("axis", "axis", None), ("reverse", "bool", False), ("inclusive", "bool", True)],
+         "p0 ? mx::cummax(x0, *p0, p1, p2, s) : mx::cummax(x0, p1, p2, s)"),
+        ("cummin", 1, [("axis", "axis", None), ("reverse", "bool", False), ("inclusive", "bool", True)],
+         "p0 ? mx::cummin(x0, *p0, p1, p2, s) : mx::cummin(x0, p1, p2, s)"),
+        ("softmax", 1, [AXES, ("precise", "bool", False)], "mx::softmax(x0, all_axes(p0, x0), p1, s)"),
+        ("sort", 1, [("axis", "axis", -1)], "p0 ? mx::sort(x0, *p0, s) : mx::sort(x0, s)"),
+        ("argsort", 1, [("axis", "axis", -1)], "p0 ? mx::argsort(x0, *p0, s) : mx::argsort(x0, s)"),
+        ("topk", 1, [("k", "int", 1), ("axis", "axis", -1)],
+         "p1 ? mx::topk(x0, p0, *p1, s) : mx::topk(x0, p0, s)"),
+        # indexing
+        ("take", 2, [("axis", "axis", None)], "p0 ? mx::take(x0, x1, *p0, s) : mx::take(x0, x1, s)"),
+        ("take_along_axis", 2, [("axis", "axis", None)],
+         "p0 ? mx::take_along_axis(x0, x1, *p0, s) : mx::take_along_axis(mx::flatten(x0, s), x1, 0, s)"),
+        ("put_along_axis", 3, [("axis", "int", 0)], "mx::put_along_axis(x0, x1, x2, p0, s)"),
+        ("scatter", VARIADIC, [("axes", "axes", None)], "scatter_like(xs, p0, ScatterKind::assign, s)"),
+        ("scatter_add", VARIADIC, [("axes", "axes", None)], "scatter_like(xs, p0, ScatterKind::add, s)"),
+        ("gather", VARIADIC, [("axes", "axes", None), ("slice_sizes", "shape", ())],
+         "mx::gather(xs[0], std::vector<mx::array>(xs.begin() + 1, xs.end()), need(p0, \"gather\", \"axes\"), p1, s)"),
+        # linear algebra and contractions
+        ("tensordot", 2, [("axes", "int", 2)], "mx::tensordot(x0, x1, p0, s)"),
+        ("einsum", VARIADIC, [("subscripts", "str", "")], "mx::einsum(p0, xs, s)"),
+        ("addmm", 3, [("alpha", "float", 1.0), ("beta", "float", 1.0)], "mx::addmm(x0, x1, x2, p0, p1, s)"),
+        ("conv_general", 2, [("stride", "shape", ()), ("padding_lo", "shape", ()), ("padding_hi", "shape", ()),
+                             ("kernel_dilation", "shape", ()), ("input_dilation", "shape", ()),
+                             ("groups", "int", 1), ("flip", "bool", False)],
+         "conv_general(x0, x1, p0, p1, p2, p3, p4, p5, p6, s)"),
+        ("linalg_inv", 1, [], "mx::linalg::inv(x0, sc)"),
+        ("linalg_tri_inv", 1, [("upper", "bool", False)], "mx::linalg::tri_inv(x0, p0, sc)"),
+        ("linalg_pinv", 1, [], "mx::linalg::pinv(x0, sc)"),
+        ("linalg_cholesky", 1, [("upper", "bool", False)], "mx::linalg::cholesky(x0, p0, sc)"),
+        ("linalg_qr", 1, [], "mx::linalg::qr(x0, sc)"),
+        ("linalg_svd", 1, [("compute_uv", "bool", True)], "mx::linalg::svd(x0, p0, sc)"),
+        ("linalg_lu", 1, [], "mx::linalg::lu(x0, sc)"),
+        ("linalg_eigh", 1, [("UPLO", "str", "L")], "mx::linalg::eigh(x0, p0, sc)"),
+        ("linalg_eigvalsh", 1, [("UPLO", "str", "L")], "mx::linalg::eigvalsh(x0, p0, sc)"),
+        ("linalg_solve", 2, [], "mx::linalg::solve(x0, x1, sc)"),
+        ("linalg_solve_triangular", 2, [("upper", "bool", False)], "mx::linalg::solve_triangular(x0, x1, p0, sc)"),
+        ("linalg_norm", 1, [AXES, KEEPDIMS],
+         "p0 ? mx::linalg::norm(x0, *p0, p1, s) : mx::linalg::norm(x0, std::nullopt, p1, s)"),
+        ("fft_fft", 1, [("axis", "int", -1)], "mx::fft::fft(x0, p0, kBackward, sc)"),
+        ("fft_ifft", 1, [("axis", "int", -1)], "mx::fft::ifft(x0, p0, kBackward, sc)"),
+        ("fft_fft2", 1, [("axes", "axes", None)], "mx::fft::fft2(x0, p0.value_or(std::vector<int>{-2, -1}), kBackward, sc)"),
+        ("fft_ifft2", 1, [("axes", "axes", None)], "mx::fft::ifft2(x0, p0.value_or(std::vector<int>{-2, -1}), kBackward, sc)"),
+        ("fft_rfft", 1, [("axis", "int", -1)], "mx::fft::rfft(x0, p0, kBackward, sc)"),
+        ("fft_irfft", 1, [("axis", "int", -1)], "mx::fft::irfft(x0, p0, kBackward, sc)"),
+        # mlx::core::fast
+        ("fast_rms_norm", 2, [("eps", "float", 1e-5)], "mx::fast::rms_norm(x0, x1, p0, s)"),
+        ("fast_layer_norm", 3, [("eps", "float", 1e-5)], "mx::fast::layer_norm(x0, x1, x2, p0, s)"),
+        ("fast_layer_norm_no_bias", 2, [("eps", "float", 1e-5)],
+         "mx::fast::layer_norm(x0, x1, std::nullopt, p0, s)"),
+        ("fast_rope", 1, [("dims", "int", 0), ("traditional", "bool", False), ("base", "float", 10000.0),
+                          ("scale", "float", 1.0), ("offset", "int", 0)],
+         "mx::fast::rope(x0, p0, p1, static_cast<float>(p2), p3, p4, std::nullopt, s)"),
+        ("fast_rope_offsets", 2, [("dims", "int", 0), ("traditional", "bool", False), ("base", "float", 10000.0),
+                                  ("scale", "float", 1.0)],
+         "mx::fast::rope(x0, p0, p1, static_cast<float>(p2), p3, x1, std::nullopt, s)"),
+        ("fast_rope_freqs", 2, [("dims", "int", 0), ("traditional", "bool", False), ("scale", "float", 1.0),
+                                ("offset", "int", 0)],
+         "mx::fast::rope(x0, p0, p1, std::nullopt, p2, p3, x1, s)"),
+        ("fast_sdpa", 3, [("scale", "float", 1.0), ("mask", "str", "")],
+         "mx::fast::scaled_dot_product_attention(x0, x1, x2, p0, p1, std::nullopt, std::nullopt, false, s)"),
+        ("fast_sdpa_masked", 4, [("scale", "float", 1.0)],
+         "mx::fast::scaled_dot_product_attention(x0, x1, x2, p0, \"array\", x3, std::nullopt, false, s)"),
+        ("fast_sdpa_sinks", 4, [("scale", "float", 1.0), ("mask", "str", "")],
+         "mx::fast::scaled_dot_product_attention(x0, x1, x2, p0, p1, std::nullopt, x3, false, s)"),
+        # quantization
+        ("quantize", 1, [("group_size", "axis", None), ("bits", "axis", None), ("mode", "str", "affine")],
+         "mx::quantize(x0, p0, p1, p2, std::nullopt, s)"),
+        ("dequantize", VARIADIC, [("group_size", "axis", None), ("bits", "axis", None), ("mode", "str", "affine")],
+         "mx::dequantize(xs[0], xs[1], optional_at(xs, 2), p0, p1, p2, std::nullopt, std::nullopt, s)"),
+        ("quantized_matmul", VARIADIC, [("transpose", "bool", True), ("group_size", "axis", None),
+                                        ("bits", "axis", None), ("mode", "str", "affine")],
+         "mx::quantized_matmul(xs[0], xs[1], xs[2], optional_at(xs, 3), p0, p1, p2, p3, s)"),
+    ]
+)

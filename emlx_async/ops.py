@@ -1,0 +1,219 @@
+"""MLX ops as awaitables, built and run natively on the owning queue's thread.
+
+Every function here is generated from emlx_async/_op_table.py (the same
+table build_ffi.py turns into the C++ dispatch). Names and options follow
+``mlx.core``: arrays are positional, options keyword-only, plus
+
+* ``queue=``: where to run (else the routing rule: owner of a lazy input,
+  the bound queue, the default queue);
+* ``lazy=True``: return the unevaluated result, owned by its queue, so
+  chains fuse into one graph (``await ea.eval(x)`` materialises it);
+* ``nowait=True``: raise ``QueueFull`` instead of waiting for a slot;
+* ``check_finite=True``: fail if a floating-point result holds NaN or inf.
+
+Calling an op submits it at once and returns a JobFuture, so many ops can
+be in flight on one queue, in order. Graph building and evaluation happen in
+C++ on the worker, without the GIL.
+
+Example:
+    >>> y = await ea.ops.matmul(a, b)
+    >>> z = await ea.ops.sum(y, axis=1, keepdims=True)
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from . import _interop
+from ._host_call import _DTYPE_CODES
+from ._op_table import OPS, VARIADIC
+
+_CODES = {name: code for code, (name, *_rest) in enumerate(OPS)}
+_SPECS = {name: (arrays, params) for name, arrays, params, _ in OPS}
+
+
+def _as_array(value: Any, like: mx.array | None) -> mx.array:
+    """Inputs: mx.arrays as they are; scalars typed like their array operand (MLX's weak typing)."""
+    if isinstance(value, mx.array):
+        return value
+    if isinstance(value, np.ndarray):
+        return mx.array(value)
+    if isinstance(value, (bool, int, float, complex)) and like is not None and not isinstance(value, bool):
+        if mx.issubdtype(like.dtype, mx.inexact) or isinstance(value, int):
+            return mx.array(value, dtype=like.dtype)
+    return mx.array(value)
+
+
+def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], str]:
+    ints: list[int] = []
+    floats: list[float] = []
+    text = ""
+    for pname, kind, default in params:
+        value = options.pop(pname, default)
+        try:
+            if kind == "int":
+                ints.append(operator.index(value))
+            elif kind == "bool":
+                ints.append(1 if value else 0)
+            elif kind == "float":
+                floats.append(float(value))
+            elif kind == "axis":
+                ints += [0, 0] if value is None else [1, operator.index(value)]
+            elif kind in ("axes", "shape"):
+                if value is None and kind == "axes":
+                    ints.append(-1)
+                else:
+                    values = [value] if isinstance(value, int) else list(value)
+                    ints += [len(values), *(operator.index(v) for v in values)]
+            elif kind == "dtype":
+                if value is not None and value not in _DTYPE_CODES:
+                    raise TypeError
+                ints.append(-1 if value is None else _DTYPE_CODES[value])
+            elif kind == "str":
+                if not isinstance(value, str):
+                    raise TypeError
+                text = value
+        except (TypeError, ValueError):
+            raise TypeError(f"[{name}] option {pname!r} must be {_KIND_WORDS[kind]}, got {value!r}") from None
+    if options:
+        raise TypeError(f"[{name}] got unexpected option(s) {sorted(options)}; "
+                        f"it takes {[p[0] for p in params] or 'no options'}")
+    return ints, floats, text
+
+
+_KIND_WORDS = {"int": "an int", "bool": "a bool", "float": "a number", "axis": "an int or None",
+               "axes": "an int, a sequence of ints or None", "shape": "a sequence of ints",
+               "dtype": "an mlx dtype or None", "str": "a str"}
+
+
+def submit(name: str, arrays: Sequence[Any], *, queue=None, lazy: bool = False, nowait: bool = False,
+           check_finite: bool = False, **options: Any):
+    """Submit op `name` of the table; returns its JobFuture."""
+    from ._binding import route
+
+    expected, params = _SPECS[name]
+    if expected != VARIADIC and len(arrays) != expected:
+        raise TypeError(f"[{name}] takes {expected} array argument(s), got {len(arrays)}")
+    like = next((a for a in arrays if isinstance(a, mx.array)), None)
+    inputs = [_as_array(a, like) for a in arrays]
+    ints, floats, text = _encode(name, params, dict(options))
+    target = route(inputs, queue)
+    return target._submit_op(_CODES[name], name, inputs, ints, floats, text, lazy, nowait, check_finite)
+
+
+def _make(name: str, arrays: int, params) -> Any:
+    option_names = ", ".join(f"{p}={d!r}" for p, _, d in params)
+
+    def op(*inputs: Any, queue=None, lazy: bool = False, nowait: bool = False,
+           check_finite: bool = False, **options: Any):
+        return submit(name, inputs, queue=queue, lazy=lazy, nowait=nowait, check_finite=check_finite,
+                      **options)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = (f"``mx.{name}`` run natively on the owning queue; returns a JobFuture.\n\n"
+                  f"Arrays: {arrays if arrays != VARIADIC else 'a list'}. Options: {option_names or 'none'}, "
+                  "plus queue=, lazy=, nowait=, check_finite=.")
+    return op
+
+
+_SPECIAL = {"split", "concatenate", "stack", "einsum", "scatter", "scatter_add", "gather", "dequantize",
+            "quantized_matmul", "quantize"}
+
+for _name, _arrays, _params, _ in OPS:
+    if "_" in _name and _name.split("_", 1)[0] in ("linalg", "fft", "fast"):
+        continue  # exposed through ea.linalg, ea.fft and ea.fast
+    if _name not in _SPECIAL:
+        globals()[_name] = _make(_name, _arrays, _params)
+
+
+def concatenate(arrays: Sequence[mx.array], /, *, axis: int = 0, **kwargs: Any):
+    """``mx.concatenate`` on the owning queue."""
+    return submit("concatenate", list(arrays), axis=axis, **kwargs)
+
+
+def stack(arrays: Sequence[mx.array], /, *, axis: int = 0, **kwargs: Any):
+    """``mx.stack`` on the owning queue."""
+    return submit("stack", list(arrays), axis=axis, **kwargs)
+
+
+def split(a, indices_or_sections, /, *, axis: int = 0, **kwargs: Any):
+    """``mx.split``: an int splits into that many equal parts, a sequence at those indices."""
+    if isinstance(indices_or_sections, int):
+        if indices_or_sections < 1:
+            raise ValueError(f"[split] the number of sections must be positive, got {indices_or_sections}")
+        return submit("split", [a], sections=indices_or_sections, axis=axis, **kwargs)
+    return submit("split", [a], indices=list(indices_or_sections), axis=axis, **kwargs)
+
+
+def einsum(subscripts: str, /, *operands: mx.array, **kwargs: Any):
+    """``mx.einsum`` on the owning queue."""
+    return submit("einsum", list(operands), subscripts=subscripts, **kwargs)
+
+
+def _index_list(indices) -> list:
+    return list(indices) if isinstance(indices, (list, tuple)) else [indices]
+
+
+def scatter(a, indices, updates, /, *, axes, **kwargs: Any):
+    """Write `updates` into `a` at `indices` along `axes` (``mlx::core::scatter``)."""
+    return submit("scatter", [a, *_index_list(indices), updates], axes=axes, **kwargs)
+
+
+def scatter_add(a, indices, updates, /, *, axes, **kwargs: Any):
+    """Add `updates` into `a` at `indices` along `axes` (``mlx::core::scatter_add``)."""
+    return submit("scatter_add", [a, *_index_list(indices), updates], axes=axes, **kwargs)
+
+
+def gather(a, indices, /, *, axes, slice_sizes, **kwargs: Any):
+    """``mlx::core::gather``: slices of `slice_sizes` from `a` at `indices` along `axes`."""
+    return submit("gather", [a, *_index_list(indices)], axes=axes, slice_sizes=slice_sizes, **kwargs)
+
+
+# Each quantization mode's pinned (group_size, bits); affine's are defaults.
+QUANTIZATION_MODES = {"affine": None, "mxfp4": (32, 4), "mxfp8": (32, 8), "nvfp4": (16, 4)}
+
+
+def _check_mode(name: str, mode: str, group_size, bits) -> None:
+    if mode not in QUANTIZATION_MODES:
+        raise ValueError(f"[{name}] unknown mode {mode!r}; expected one of {sorted(QUANTIZATION_MODES)}")
+    pinned = QUANTIZATION_MODES[mode]
+    if pinned is None:
+        return
+    if (group_size is not None and group_size != pinned[0]) or (bits is not None and bits != pinned[1]):
+        raise ValueError(f"[{name}] mode {mode!r} needs group_size={pinned[0]} and bits={pinned[1]}, "
+                         f"got group_size={group_size} and bits={bits}")
+
+
+def quantize(w, /, *, group_size=None, bits=None, mode: str = "affine", **kwargs: Any):
+    """``mx.quantize``: (w_q, scales[, biases]); each mode's group size and bits are checked."""
+    _check_mode("quantize", mode, group_size, bits)
+    return submit("quantize", [w], group_size=group_size, bits=bits, mode=mode, **kwargs)
+
+
+def dequantize(w, scales, biases=None, /, *, group_size=None, bits=None, mode: str = "affine", **kwargs: Any):
+    """``mx.dequantize``."""
+    _check_mode("dequantize", mode, group_size, bits)
+    arrays = [w, scales] + ([biases] if biases is not None else [])
+    return submit("dequantize", arrays, group_size=group_size, bits=bits, mode=mode, **kwargs)
+
+
+def quantized_matmul(x, w, scales, biases=None, /, *, transpose: bool = True, group_size=None, bits=None,
+                     mode: str = "affine", **kwargs: Any):
+    """``mx.quantized_matmul``."""
+    _check_mode("quantized_matmul", mode, group_size, bits)
+    arrays = [x, w, scales] + ([biases] if biases is not None else [])
+    return submit("quantized_matmul", arrays, transpose=transpose, group_size=group_size, bits=bits,
+                  mode=mode, **kwargs)
+
+
+def names() -> list[str]:
+    """Every op this module exposes (the linalg, fft and fast namespaces aside)."""
+    return sorted(n for n in globals() if n in _CODES)
+
+
+assert _interop  # the interop layer is validated at import, before any op runs

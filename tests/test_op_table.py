@@ -1,0 +1,42 @@
+"""The op table itself: every entry exposed, and broadcasting against mlx.core."""
+
+from __future__ import annotations
+
+import asyncio
+
+import mlx.core as mx
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import emlx_async as ea
+from test_ops import check
+
+
+def test_every_table_op_is_exposed():
+    from emlx_async._op_table import OPS
+
+    exposed = set(ea.ops.names()) | {f"linalg_{n}" for n in dir(ea.linalg)} | {f"fft_{n}" for n in dir(ea.fft)}
+    fast = {"fast_rms_norm", "fast_layer_norm", "fast_layer_norm_no_bias", "fast_rope", "fast_rope_offsets",
+            "fast_rope_freqs", "fast_sdpa", "fast_sdpa_masked", "fast_sdpa_sinks"}
+    missing = {name for name, *_ in OPS} - exposed - fast
+    assert not missing
+    assert ea._native.lib.emlx_op_count() == len(OPS)
+
+
+shapes = st.lists(st.integers(1, 4), min_size=0, max_size=3)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape_a=shapes, shape_b=shapes, name=st.sampled_from(["add", "multiply", "maximum", "greater", "subtract"]))
+def test_binary_broadcasting_matches_mlx(shape_a, shape_b, name):
+    a = mx.arange(int(np.prod(shape_a)), dtype=mx.float32).reshape(shape_a)
+    b = mx.ones(shape_b) * 2
+    mx.eval(a, b)
+
+    async def run():
+        async with ea.Runtime() as runtime:
+            await check(lambda: getattr(ea.ops, name)(a, b, queue=runtime.default_queue()),
+                        lambda: getattr(mx, name)(a, b))
+
+    asyncio.run(run())

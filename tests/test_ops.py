@@ -1,0 +1,296 @@
+"""Every native op against plain mlx.core on the same inputs, and its errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import emlx_async as ea
+from emlx_async import _interop
+from emlx_async._op_table import _BINARY, _REDUCE, _UNARY
+
+pytestmark = pytest.mark.asyncio(loop_factories=["asyncio"])  # the loop flavours are covered elsewhere
+
+DTYPES = [mx.float32, mx.float16, mx.bfloat16, mx.int32, mx.bool_]
+
+
+def as_np(x):
+    if isinstance(x, (list, tuple)):
+        return [as_np(v) for v in x]
+    return np.array(x.astype(mx.float32) if x.dtype == mx.bfloat16 else x)
+
+
+def assert_same(got, want):
+    if isinstance(want, (list, tuple)):
+        assert isinstance(got, (list, tuple)) and len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_same(g, w)
+        return
+    assert _interop.array_state(got).state == _interop.AVAILABLE
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(as_np(got), as_np(want))
+
+
+async def check(ours, reference):
+    """Same result as plain MLX, or the same kind of error with MLX's message."""
+    try:
+        want = reference()
+        mx.eval(want)
+    except (ValueError, RuntimeError, TypeError) as exc:
+        with pytest.raises(type(exc) if not isinstance(exc, TypeError) else (TypeError, ValueError)) as info:
+            await ours()
+        assert str(exc).split("]")[0] in str(info.value)
+        return
+    assert_same(await ours(), want)
+
+
+def sample(dtype, shape=(3, 4), seed=0):
+    x = mx.random.normal(shape, key=mx.random.key(seed)) * 2
+    if dtype == mx.bool_:
+        x = x > 0
+    elif dtype == mx.int32:
+        x = mx.round(x * 3)
+    x = x.astype(dtype)
+    mx.eval(x)
+    return x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", _UNARY)
+async def test_unary(rt, name, dtype):
+    x = sample(dtype)
+    reference = getattr(mx, name, None) or (lambda v: mx.array(v))  # mlx.core has no copy()
+    await check(lambda: getattr(ea.ops, name)(x), lambda: reference(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", _BINARY)
+async def test_binary(rt, name, dtype):
+    a, b = sample(dtype, (4, 4), 1), sample(dtype, (4, 4), 2)
+    await check(lambda: getattr(ea.ops, name)(a, b), lambda: getattr(mx, name)(a, b))
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.int32, mx.bool_])
+@pytest.mark.parametrize("name", _REDUCE + ["var", "std"])
+@pytest.mark.parametrize("axis, keepdims", [(None, False), (1, True), ((0, 1), False), (-1, False)])
+async def test_reductions(rt, name, dtype, axis, keepdims):
+    x = sample(dtype, (3, 4, 5))
+    await check(lambda: getattr(ea.ops, name)(x, axis=axis, keepdims=keepdims),
+                lambda: getattr(mx, name)(x, axis=axis, keepdims=keepdims))
+
+
+X = sample(mx.float32, (3, 4, 5))
+M = sample(mx.float32, (4, 4), 3)
+IDX = mx.array([[0, 2], [1, 3]])
+SPD = M @ M.T + 4 * mx.eye(4)
+mx.eval(SPD)
+
+CASES = [
+    ("zeros", lambda ops: ops.zeros(shape=(2, 3), dtype=mx.int32), lambda: mx.zeros((2, 3), mx.int32)),
+    ("ones", lambda ops: ops.ones(shape=(4,)), lambda: mx.ones((4,))),
+    ("full", lambda ops: ops.full(mx.array(2.5), shape=(2, 2)), lambda: mx.full((2, 2), mx.array(2.5))),
+    ("eye", lambda ops: ops.eye(n=3, m=4, k=1), lambda: mx.eye(3, 4, 1)),
+    ("arange", lambda ops: ops.arange(start=1, stop=7, step=2), lambda: mx.arange(1.0, 7.0, 2.0)),
+    ("linspace", lambda ops: ops.linspace(start=0, stop=1, num=5), lambda: mx.linspace(0, 1, 5)),
+    ("tril", lambda ops: ops.tril(M, k=-1), lambda: mx.tril(M, k=-1)),
+    ("astype", lambda ops: ops.astype(X, dtype=mx.float16), lambda: X.astype(mx.float16)),
+    ("view", lambda ops: ops.view(X, dtype=mx.int32), lambda: X.view(mx.int32)),
+    ("reshape", lambda ops: ops.reshape(X, shape=(12, 5)), lambda: X.reshape(12, 5)),
+    ("flatten", lambda ops: ops.flatten(X, start_axis=1), lambda: mx.flatten(X, start_axis=1)),
+    ("transpose", lambda ops: ops.transpose(X, axes=(2, 0, 1)), lambda: mx.transpose(X, (2, 0, 1))),
+    ("transpose all", lambda ops: ops.transpose(X), lambda: mx.transpose(X)),
+    ("swapaxes", lambda ops: ops.swapaxes(X, axis1=0, axis2=2), lambda: mx.swapaxes(X, 0, 2)),
+    ("moveaxis", lambda ops: ops.moveaxis(X, source=0, destination=2), lambda: mx.moveaxis(X, 0, 2)),
+    ("squeeze", lambda ops: ops.squeeze(X[:1]), lambda: mx.squeeze(X[:1])),
+    ("expand_dims", lambda ops: ops.expand_dims(X, axis=(0, 2)), lambda: mx.expand_dims(X, (0, 2))),
+    ("broadcast_to", lambda ops: ops.broadcast_to(X[:1], shape=(2, 4, 5)), lambda: mx.broadcast_to(X[:1], (2, 4, 5))),
+    ("flip", lambda ops: ops.flip(M, axis=0), lambda: M[::-1]),
+    ("tile", lambda ops: ops.tile(M, reps=(2, 1)), lambda: mx.tile(M, (2, 1))),
+    ("repeat", lambda ops: ops.repeat(M, repeats=2, axis=1), lambda: mx.repeat(M, 2, axis=1)),
+    ("roll", lambda ops: ops.roll(M, shift=1, axis=0), lambda: mx.roll(M, 1, axis=0)),
+    ("pad", lambda ops: ops.pad(M, pad_width=(1, 0, 0, 2), constant_value=3.0),
+     lambda: mx.pad(M, ((1, 0), (0, 2)), constant_values=3.0)),
+    ("concatenate", lambda ops: ops.concatenate([M, M * 2], axis=1), lambda: mx.concatenate([M, M * 2], axis=1)),
+    ("stack", lambda ops: ops.stack([M, M], axis=0), lambda: mx.stack([M, M])),
+    ("split", lambda ops: ops.split(X, (1, 3), axis=1), lambda: mx.split(X, [1, 3], axis=1)),
+    ("split sections", lambda ops: ops.split(M, 2), lambda: mx.split(M, 2)),
+    ("slice", lambda ops: ops.slice(X, start=(0, 1, 0), stop=(2, 3, 5)), lambda: X[0:2, 1:3, 0:5]),
+    ("slice_update", lambda ops: ops.slice_update(M, mx.zeros((2, 2)), start=(1, 1), stop=(3, 3)),
+     lambda: _slice_update_reference()),
+    ("where", lambda ops: ops.where(M > 0, M, -M), lambda: mx.where(M > 0, M, -M)),
+    ("clip", lambda ops: ops.clip(M, mx.array(-0.5), mx.array(0.5)), lambda: mx.clip(M, -0.5, 0.5)),
+    ("round", lambda ops: ops.round(M, decimals=1), lambda: mx.round(M, 1)),
+    ("isclose", lambda ops: ops.isclose(M, M + 1e-6), lambda: mx.isclose(M, M + 1e-6)),
+    ("allclose", lambda ops: ops.allclose(M, M * 1.01, rtol=0.1), lambda: mx.allclose(M, M * 1.01, rtol=0.1)),
+    ("argmax", lambda ops: ops.argmax(X, axis=1, keepdims=True), lambda: mx.argmax(X, axis=1, keepdims=True)),
+    ("argmin all", lambda ops: ops.argmin(X), lambda: mx.argmin(X)),
+    ("cumsum", lambda ops: ops.cumsum(X, axis=2, reverse=True), lambda: mx.cumsum(X, axis=2, reverse=True)),
+    ("cumprod", lambda ops: ops.cumprod(M, axis=0, inclusive=False), lambda: mx.cumprod(M, axis=0, inclusive=False)),
+    ("cummax", lambda ops: ops.cummax(M, axis=1), lambda: mx.cummax(M, axis=1)),
+    ("cummin", lambda ops: ops.cummin(M), lambda: mx.cummin(M)),
+    ("softmax", lambda ops: ops.softmax(X, axis=-1), lambda: mx.softmax(X, axis=-1)),
+    ("sort", lambda ops: ops.sort(X, axis=1), lambda: mx.sort(X, axis=1)),
+    ("argsort", lambda ops: ops.argsort(X), lambda: mx.argsort(X)),
+    ("topk", lambda ops: ops.topk(M, k=2), lambda: mx.topk(M, 2)),
+    ("take", lambda ops: ops.take(M, IDX, axis=1), lambda: mx.take(M, IDX, axis=1)),
+    ("take flat", lambda ops: ops.take(M, IDX), lambda: mx.take(M, IDX)),
+    ("take_along_axis", lambda ops: ops.take_along_axis(M, IDX, axis=1), lambda: mx.take_along_axis(M, IDX, axis=1)),
+    ("put_along_axis", lambda ops: ops.put_along_axis(M, IDX, mx.zeros((2, 2)), axis=1),
+     lambda: mx.put_along_axis(M, IDX, mx.zeros((2, 2)), axis=1)),
+    ("tensordot", lambda ops: ops.tensordot(M, M, axes=1), lambda: mx.tensordot(M, M, axes=1)),
+    ("einsum", lambda ops: ops.einsum("ij,jk->ik", M, M), lambda: mx.einsum("ij,jk->ik", M, M)),
+    ("addmm", lambda ops: ops.addmm(M, M, M, alpha=0.5, beta=2.0), lambda: mx.addmm(M, M, M, alpha=0.5, beta=2.0)),
+    ("conv_general", lambda ops: ops.conv_general(X, mx.ones((2, 3, 5)), stride=(1,), padding_lo=(1,),
+                                                   padding_hi=(1,), kernel_dilation=(1,), input_dilation=(1,)),
+     lambda: mx.conv_general(X, mx.ones((2, 3, 5)), stride=1, padding=1)),
+    ("scatter_add", lambda ops: ops.scatter_add(mx.zeros((4,)), mx.array([0, 0, 3]), mx.ones((3, 1)), axes=(0,)),
+     lambda: mx.zeros((4,)).at[mx.array([0, 0, 3])].add(mx.ones(3))),
+    ("linalg.inv", lambda ops: ea.linalg.inv(SPD), lambda: mx.linalg.inv(SPD, stream=mx.cpu)),
+    ("linalg.cholesky", lambda ops: ea.linalg.cholesky(SPD), lambda: mx.linalg.cholesky(SPD, stream=mx.cpu)),
+    ("linalg.qr", lambda ops: ea.linalg.qr(M), lambda: mx.linalg.qr(M, stream=mx.cpu)),
+    ("linalg.svd", lambda ops: ea.linalg.svd(M), lambda: mx.linalg.svd(M, stream=mx.cpu)),
+    ("linalg.lu", lambda ops: ea.linalg.lu(M), lambda: mx.linalg.lu(M, stream=mx.cpu)),
+    ("linalg.eigh", lambda ops: ea.linalg.eigh(SPD), lambda: mx.linalg.eigh(SPD, stream=mx.cpu)),
+    ("linalg.pinv", lambda ops: ea.linalg.pinv(M), lambda: mx.linalg.pinv(M, stream=mx.cpu)),
+    ("linalg.solve", lambda ops: ea.linalg.solve(SPD, M), lambda: mx.linalg.solve(SPD, M, stream=mx.cpu)),
+    ("linalg.solve_triangular", lambda ops: ea.linalg.solve_triangular(mx.tril(SPD), M),
+     lambda: mx.linalg.solve_triangular(mx.tril(SPD), M, stream=mx.cpu)),
+    ("linalg.tri_inv", lambda ops: ea.linalg.tri_inv(mx.tril(SPD)), lambda: mx.linalg.tri_inv(mx.tril(SPD), stream=mx.cpu)),
+    ("linalg.norm", lambda ops: ea.linalg.norm(M), lambda: mx.linalg.norm(M)),
+    ("fft.fft", lambda ops: ea.fft.fft(M), lambda: mx.fft.fft(M, stream=mx.cpu)),
+    ("fft.ifft", lambda ops: ea.fft.ifft(M, axis=0), lambda: mx.fft.ifft(M, axis=0, stream=mx.cpu)),
+    ("fft.fft2", lambda ops: ea.fft.fft2(M), lambda: mx.fft.fft2(M, stream=mx.cpu)),
+    ("fft.ifft2", lambda ops: ea.fft.ifft2(M), lambda: mx.fft.ifft2(M, stream=mx.cpu)),
+    ("fft.rfft", lambda ops: ea.fft.rfft(M), lambda: mx.fft.rfft(M, stream=mx.cpu)),
+]
+
+
+def _slice_update_reference():
+    out = mx.array(M)
+    out[1:3, 1:3] = mx.zeros((2, 2))
+    return out
+
+
+@pytest.mark.parametrize("label, ours, reference", CASES, ids=[c[0] for c in CASES])
+async def test_ops_with_options(rt, label, ours, reference):
+    await check(lambda: ours(ea.ops), reference)
+
+
+B, H, T, D = 2, 4, 6, 8
+Q = sample(mx.float32, (B, H, T, D), 5)
+K = sample(mx.float32, (B, 2, T, D), 6)  # grouped-query: 2 kv heads
+V = sample(mx.float32, (B, 2, T, D), 7)
+W = sample(mx.float32, (D,), 8)
+
+FAST = [
+    ("rms_norm", lambda: ea.fast.rms_norm(Q, W, eps=1e-5), lambda: mx.fast.rms_norm(Q, W, eps=1e-5)),
+    ("rms_norm no weight", lambda: ea.fast.rms_norm(Q, None), lambda: mx.fast.rms_norm(Q, None, eps=1e-5)),
+    ("layer_norm", lambda: ea.fast.layer_norm(Q, W, W, eps=1e-5), lambda: mx.fast.layer_norm(Q, W, W, eps=1e-5)),
+    ("layer_norm no bias", lambda: ea.fast.layer_norm(Q, W, None), lambda: mx.fast.layer_norm(Q, W, None, eps=1e-5)),
+    ("rope", lambda: ea.fast.rope(Q, D, traditional=False, base=10000.0, scale=1.0, offset=3),
+     lambda: mx.fast.rope(Q, D, traditional=False, base=10000.0, scale=1.0, offset=3)),
+    ("rope traditional", lambda: ea.fast.rope(Q, D, traditional=True, base=500.0, scale=0.5, offset=0),
+     lambda: mx.fast.rope(Q, D, traditional=True, base=500.0, scale=0.5, offset=0)),
+    ("rope per-batch offsets", lambda: ea.fast.rope(Q, D, traditional=False, base=10000.0, scale=1.0,
+                                                    offset=mx.array([0, 5])),
+     lambda: mx.fast.rope(Q, D, traditional=False, base=10000.0, scale=1.0, offset=mx.array([0, 5]))),
+    ("rope freqs", lambda: ea.fast.rope(Q, D, traditional=False, base=None, scale=1.0, offset=2,
+                                        freqs=mx.arange(1, D // 2 + 1, dtype=mx.float32)),
+     lambda: mx.fast.rope(Q, D, traditional=False, base=None, scale=1.0, offset=2,
+                          freqs=mx.arange(1, D // 2 + 1, dtype=mx.float32))),
+    ("sdpa", lambda: ea.fast.scaled_dot_product_attention(Q, K, V, scale=0.3),
+     lambda: mx.fast.scaled_dot_product_attention(Q, K, V, scale=0.3)),
+    ("sdpa causal", lambda: ea.fast.scaled_dot_product_attention(Q, K, V, scale=0.3, mask="causal"),
+     lambda: mx.fast.scaled_dot_product_attention(Q, K, V, scale=0.3, mask="causal")),
+    ("sdpa additive mask", lambda: ea.fast.scaled_dot_product_attention(Q, K, V, scale=0.3, mask=mx.zeros((T, T))),
+     lambda: mx.fast.scaled_dot_product_attention(Q, K, V, scale=0.3, mask=mx.zeros((T, T)))),
+    ("sdpa bool mask", lambda: ea.fast.scaled_dot_product_attention(Q, K, V, scale=0.3, mask=mx.tri(T, T) > 0),
+     lambda: mx.fast.scaled_dot_product_attention(Q, K, V, scale=0.3, mask=mx.tri(T, T) > 0)),
+    ("sdpa sinks", lambda: ea.fast.scaled_dot_product_attention(Q, K, V, scale=0.3, sinks=mx.zeros((H,))),
+     lambda: mx.fast.scaled_dot_product_attention(Q, K, V, scale=0.3, sinks=mx.zeros((H,)))),
+]
+
+
+@pytest.mark.parametrize("label, ours, reference", FAST, ids=[c[0] for c in FAST])
+async def test_fast_kernels(rt, label, ours, reference):
+    await check(ours, reference)
+
+
+@pytest.mark.parametrize("mode, group_size, bits", [("affine", 64, 4), ("affine", 32, 8), ("mxfp4", 32, 4),
+                                                     ("mxfp8", 32, 8), ("nvfp4", 16, 4)])
+async def test_quantize_round_trip_and_matmul(rt, mode, group_size, bits):
+    w = sample(mx.float32, (32, 128), 9)
+    x = sample(mx.float32, (4, 128), 10)
+    try:
+        want = mx.quantize(w, group_size=group_size, bits=bits, mode=mode)
+        mx.eval(want)
+    except (ValueError, RuntimeError) as exc:
+        pytest.skip(f"MLX has no {mode} on this backend: {exc}")
+    got = await ea.ops.quantize(w, group_size=group_size, bits=bits, mode=mode)
+    assert_same(got, tuple(want))
+    back = await ea.ops.dequantize(*got, group_size=group_size, bits=bits, mode=mode)
+    assert_same(back, mx.dequantize(*want, group_size=group_size, bits=bits, mode=mode))
+    scale = float(mx.abs(w).max())
+    assert float(mx.abs(back - w).max()) < scale * (0.2 if bits == 4 else 0.05)
+    product = await ea.ops.quantized_matmul(x, *got, transpose=True, group_size=group_size, bits=bits, mode=mode)
+    assert_same(product, mx.quantized_matmul(x, *want, transpose=True, group_size=group_size, bits=bits, mode=mode))
+
+
+async def test_quantization_modes_pin_group_size_and_bits(rt):
+    with pytest.raises(ValueError, match="mode 'mxfp4' needs group_size=32 and bits=4"):
+        ea.ops.quantize(mx.ones((4, 64)), group_size=64, bits=4, mode="mxfp4")
+    with pytest.raises(ValueError, match="unknown mode 'int3'"):
+        ea.ops.quantize(mx.ones((4, 64)), mode="int3")
+
+
+async def test_errors_are_clear_and_the_queue_keeps_working(rt):
+    with pytest.raises(ea.MLXValueError, match=r"^\[matmul\] Last dimension"):
+        await ea.ops.matmul(mx.ones((2, 3)), mx.ones((2, 3)))
+    with pytest.raises(IndexError, match=r"Invalid axis 5 for array with 2 dimensions"):
+        await ea.ops.sum(mx.ones((2, 3)), axis=5)
+    with pytest.raises(ValueError, match=r"\[reshape\]"):
+        await ea.ops.reshape(mx.ones((2, 3)), shape=(4, 4))
+    with pytest.raises(TypeError, match=r"\[add\] takes 2 array argument\(s\), got 1"):
+        ea.ops.add(mx.ones(2))
+    with pytest.raises(TypeError, match=r"\[sum\] got unexpected option\(s\) \['axes'\]"):
+        ea.ops.sum(mx.ones(2), axes=0)
+    with pytest.raises(TypeError, match=r"\[astype\] option 'dtype' must be an mlx dtype"):
+        ea.ops.astype(mx.ones(2), dtype="float32")
+    with pytest.raises(ValueError, match=r"\[astype\] the option 'dtype' is required"):
+        await ea.ops.astype(mx.ones(2))
+    assert (await ea.ops.add(mx.ones(2), 1)).tolist() == [2.0, 2.0]
+
+
+async def test_check_finite_flag(rt):
+    with pytest.raises(ea.MLXRuntimeError, match="non-finite"):
+        await ea.ops.log(mx.array([-1.0, 1.0]), check_finite=True)
+    assert (await ea.ops.log(mx.array([1.0]), check_finite=True)).item() == 0.0
+    assert np.isnan((await ea.ops.log(mx.array([-1.0]))).item())  # off by default
+
+
+async def test_lazy_chains_fuse_on_their_queue_and_cross_queues(rt):
+    q1, q2 = await rt.acquire_queue(), await rt.acquire_queue()
+    try:
+        a = await ea.ops.add(M, 1.0, queue=q1, lazy=True)
+        assert rt.queue_of(a) is q1
+        b = await ea.ops.multiply(a, a, lazy=True)  # routed to a's owner
+        assert rt.queue_of(b) is q1
+        c = await ea.ops.sum(b, axis=0, queue=q2)  # crosses: evaluated on q1 first
+        assert_same(c, mx.sum((M + 1) * (M + 1), axis=0))
+    finally:
+        rt.release_queue(q1)
+        rt.release_queue(q2)
+
+
+async def test_pipelining_256_ops_in_flight_in_order(rt):
+    q = rt.default_queue()
+    futures = [ea.ops.add(M, float(i), queue=q) for i in range(256)]
+    assert q.pending > 1
+    results = await asyncio.gather(*futures)
+    for i, r in enumerate(results):
+        assert_same(r, M + float(i))
+
+
