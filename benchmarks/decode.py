@@ -28,6 +28,7 @@ import mlx.core as mx
 
 import emlx_async as ea
 from emlx_async.llm import Engine
+from emlx_async.testing import LoopLag
 
 PROMPTS = [
     "Once upon a time, in a small village by the sea,",
@@ -45,17 +46,6 @@ PROMPTS = [
 class Trace:
     start: float
     stamps: list[float] = field(default_factory=list)  # when each token became available
-
-
-class Ticker:
-    def __init__(self) -> None:
-        self.lags: list[float] = []
-
-    async def run(self) -> None:
-        while True:
-            t = time.perf_counter()
-            await asyncio.sleep(0.001)
-            self.lags.append(max(0.0, time.perf_counter() - t - 0.001))
 
 
 def pct(values: list[float], q: float) -> float:
@@ -152,13 +142,11 @@ async def main() -> None:
         for n in counts:
             base = None
             for name, scenario in SCENARIOS.items():
-                ticker = Ticker()
-                tick_task = asyncio.create_task(ticker.run())
-                await asyncio.sleep(0.01)
-                start = time.perf_counter()
-                traces = await scenario(engine, [prompts[i % len(prompts)] for i in range(n)], args.tokens)
-                wall = time.perf_counter() - start
-                tick_task.cancel()
+                async with LoopLag() as lag:
+                    await asyncio.sleep(0.01)
+                    start = time.perf_counter()
+                    traces = await scenario(engine, [prompts[i % len(prompts)] for i in range(n)], args.tokens)
+                    wall = time.perf_counter() - start
                 total = sum(len(t.stamps) for t in traces)
                 rate = total / wall
                 base = base or rate
@@ -166,7 +154,7 @@ async def main() -> None:
                 gaps = [b - a for t in traces for a, b in zip(t.stamps, t.stamps[1:])]
                 print(f"{n:>2} {name:30} {rate:9.2f} {rate / base:6.2f} {ttft:7.2f} "
                       f"{1000 * pct(gaps, 0.5):10.1f} {1000 * pct(gaps, 0.99):10.1f} "
-                      f"{1000 * pct(ticker.lags, 0.99):10.2f}", flush=True)
+                      f"{1000 * lag.p99():10.2f}", flush=True)
 
 
 if __name__ == "__main__":

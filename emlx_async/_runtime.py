@@ -203,20 +203,18 @@ class Runtime:
 
     def default_queue(self, device: DeviceLike = None) -> CommandQueue:
         """The queue unbound work on `device` runs on (made on first use)."""
-        self._check_open()
-        kind = device_type(device)
-        queue = self._defaults.get(kind)
-        if queue is None or queue._closing:
-            queue = self._defaults[kind] = self._new_queue(kind)
-        return queue
+        return self._dedicated_queue(self._defaults, device)
 
     def callback_queue(self, device: DeviceLike = None) -> CommandQueue:
         """The queue host callbacks' own MLX work runs on (never a blocked worker)."""
+        return self._dedicated_queue(self._callback_queues, device)
+
+    def _dedicated_queue(self, registry: dict[mx.DeviceType, CommandQueue], device: DeviceLike) -> CommandQueue:
         self._check_open()
         kind = device_type(device)
-        queue = self._callback_queues.get(kind)
+        queue = registry.get(kind)
         if queue is None or queue._closing:
-            queue = self._callback_queues[kind] = self._new_queue(kind)
+            queue = registry[kind] = self._new_queue(kind)
         return queue
 
     def queue_of(self, array: mx.array) -> CommandQueue | None:

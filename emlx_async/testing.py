@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 
 from ._native import lib
 
@@ -32,3 +34,49 @@ def thread_count() -> int:
 def open_fds() -> set[int]:
     """This process's open file descriptors (Linux: /proc/self/fd)."""
     return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+class LoopLag:
+    """Measures how late the event loop wakes a ticker that sleeps `interval` seconds.
+
+    ``async with LoopLag() as lag: ...`` runs the ticker for the block;
+    ``lag.samples`` holds each wake-up's delay in seconds, ``lag.p99()`` the
+    99th percentile. A loop blocked by MLX work shows up here at once.
+    """
+
+    def __init__(self, interval: float = 0.001) -> None:
+        self.interval = interval
+        self.samples: list[float] = []
+        self._task: asyncio.Task | None = None
+
+    async def _run(self) -> None:
+        while True:
+            start = time.perf_counter()
+            await asyncio.sleep(self.interval)
+            self.samples.append(max(0.0, time.perf_counter() - start - self.interval))
+
+    def start(self) -> LoopLag:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def __aenter__(self) -> LoopLag:
+        return self.start()
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.stop()
+
+    def p99(self) -> float:
+        """99th percentile lag in seconds (0.0 before any sample)."""
+        if not self.samples:
+            return 0.0
+        ordered = sorted(self.samples)
+        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]

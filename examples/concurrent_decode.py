@@ -18,6 +18,7 @@ import time
 
 import emlx_async as ea
 from emlx_async.llm import Engine, RequestStats
+from emlx_async.testing import LoopLag
 
 PROMPTS = [
     "What is the capital of France?",
@@ -29,25 +30,6 @@ PROMPTS = [
     "Why is the sky blue? Answer briefly.",
     "Suggest a name for a friendly robot.",
 ]
-
-
-class LoopLag:
-    """A 1 ms ticker: how late does the loop wake it? (p99 over the run)."""
-
-    def __init__(self) -> None:
-        self.samples: list[float] = []
-
-    async def run(self) -> None:
-        while True:
-            start = time.perf_counter()
-            await asyncio.sleep(0.001)
-            self.samples.append(max(0.0, time.perf_counter() - start - 0.001))
-
-    def p99_ms(self) -> float:
-        if not self.samples:
-            return 0.0
-        ordered = sorted(self.samples)
-        return 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 class Board:
@@ -75,7 +57,7 @@ class Board:
         elapsed = time.perf_counter() - started
         total = sum(s.generated_tokens for s in self.stats)
         lines = [self.line(i, width)[:width] for i in range(len(self.texts))]
-        lines.append(f"aggregate {total / max(elapsed, 1e-9):5.1f} tok/s | loop lag p99 {lag.p99_ms():5.2f} ms | {elapsed:5.1f}s")
+        lines.append(f"aggregate {total / max(elapsed, 1e-9):5.1f} tok/s | loop lag p99 {1000 * lag.p99():5.2f} ms | {elapsed:5.1f}s")
         if self._drawn:
             sys.stdout.write(f"\x1b[{len(lines)}F")
         sys.stdout.write("".join(f"\x1b[2K{line}\n" for line in lines))
@@ -96,8 +78,7 @@ async def main() -> None:
         print(f"loading SmolLM2-135M-Instruct (Q4_1 GGUF) on a worker queue ...", flush=True)
         engine = await Engine.load(runtime=runtime, max_concurrent=args.streams, mode=args.mode)
         board = Board(args.streams, live=sys.stdout.isatty())
-        lag = LoopLag()
-        ticker = asyncio.create_task(lag.run())
+        lag = LoopLag().start()
         started = time.perf_counter()
 
         async def stream(i: int) -> None:
@@ -119,7 +100,7 @@ async def main() -> None:
         await asyncio.gather(*(stream(i) for i in range(args.streams)))
         elapsed = time.perf_counter() - started
         painter.cancel()
-        ticker.cancel()
+        await lag.stop()
         board.draw(lag, started)
 
         total = sum(s.generated_tokens for s in board.stats)
@@ -129,7 +110,7 @@ async def main() -> None:
             print(f"  [{i}] {prompt}\n      -> {board.texts[i].strip()}")
         print(f"  streams {args.streams}, tokens {total}, wall {elapsed:.1f}s, "
               f"aggregate {total / elapsed:.1f} tok/s, mean ttft {sum(ttfts) / max(len(ttfts), 1):.2f}s, "
-              f"loop lag p99 {lag.p99_ms():.2f} ms")
+              f"loop lag p99 {1000 * lag.p99():.2f} ms")
 
 
 if __name__ == "__main__":

@@ -48,32 +48,3 @@ def cancellable_spin(log: list) -> str:
     log.append("timeout")
     return "timeout"
 
-
-class Ticker:
-    """``async with Ticker() as t``: counts 1 ms ticks while the block runs."""
-
-    def __init__(self) -> None:
-        self.ticks = 0
-        self._task = None
-
-    async def _run(self) -> None:
-        import asyncio
-
-        while True:
-            self.ticks += 1
-            await asyncio.sleep(0.001)
-
-    async def __aenter__(self) -> "Ticker":
-        import asyncio
-
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        import asyncio
-
-        self._task.cancel()
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
