@@ -30,6 +30,7 @@ test: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) benchmarks/roundtrip.py
 	$(PY) benchmarks/host_call.py
+	$(PY) benchmarks/ops.py
 	$(PY) benchmarks/decode.py
 
 clean:

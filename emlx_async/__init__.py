@@ -33,11 +33,12 @@ from ._version import __version__ as __version__
 from . import fast as fast  # noqa: E402 - after the core names they use
 from . import fft as fft  # noqa: E402
 from . import linalg as linalg  # noqa: E402
+from . import memory as memory  # noqa: E402
 from . import ops as ops  # noqa: E402
 
 __all__ = [
     "CommandQueue", "DeviceUnavailable", "EMLXError", "ForeignLazyArrayError", "ForkedProcessError",
     "MLXIndexError", "MLXRuntimeError", "MLXValueError", "QueueClosed", "QueueFull", "Runtime",
     "RuntimeClosed", "__version__", "bind", "bound_queue", "cancelled", "current_queue", "eval",
-    "fast", "fft", "linalg", "ops", "get_runtime", "item", "run", "synchronize", "to_numpy", "host_call", "HostCallDeadlock", "HostCallError",
+    "fast", "fft", "linalg", "memory", "ops", "get_runtime", "item", "run", "synchronize", "to_numpy", "host_call", "HostCallDeadlock", "HostCallError",
 ]

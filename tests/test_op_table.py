@@ -40,3 +40,18 @@ def test_binary_broadcasting_matches_mlx(shape_a, shape_b, name):
                         lambda: getattr(mx, name)(a, b))
 
     asyncio.run(run())
+
+
+def test_memory_controls_return_previous_values():
+    info = ea.memory.memory_info()
+    assert set(info) == {"active", "peak", "cache"} and all(v >= 0 for v in info.values())
+    previous = ea.memory.set_cache_limit(1 << 20)
+    assert ea.memory.set_cache_limit(previous) == 1 << 20
+    previous = ea.memory.set_memory_limit(1 << 34)
+    assert ea.memory.set_memory_limit(previous) == 1 << 34
+    ea.memory.reset_peak_memory()
+    ea.memory.clear_cache()
+    import pytest
+
+    with pytest.raises(ValueError, match="non-negative"):
+        ea.memory.set_cache_limit(-1)
