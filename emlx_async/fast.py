@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import mlx.core as mx
@@ -24,14 +25,20 @@ def layer_norm(x, weight=None, bias=None, /, eps: float = 1e-5, **kwargs: Any):
 
 
 def rope(x, dims: int, /, *, traditional: bool, base: float | None, scale: float, offset=0,
-         freqs=None, **kwargs: Any):
+         freqs=None, layout: str = "BHTD", **kwargs: Any):
     """``mx.fast.rope``: `offset` an int, or an array of per-batch offsets; or precomputed `freqs`.
 
-    MLX rotates along the second-to-last axis (the sequence axis of a
-    {B, H, T, D} input). A {B, T, H, D} input must be transposed first,
-    otherwise heads are rotated as if they were positions; ``x.ndim == 4``
-    inputs are taken as {B, H, T, D}, as MLX does.
+    MLX rotates along the second-to-last axis, the sequence axis of a
+    {B, H, T, D} input. Given a {B, T, H, D} input it would silently rotate
+    heads as if they were positions; say ``layout="BTHD"`` and the sequence
+    axis is moved into place and back (three fused lazy jobs on one queue).
     """
+    if layout not in ("BHTD", "BTHD"):
+        raise ValueError(f"[rope] layout must be 'BHTD' or 'BTHD', got {layout!r}")
+    if layout == "BTHD":
+        if x.ndim != 4:
+            raise ValueError(f"[rope] layout 'BTHD' needs a 4-D input, got shape {tuple(x.shape)}")
+        return asyncio.ensure_future(_rope_bthd(x, dims, traditional, base, scale, offset, freqs, kwargs))
     if freqs is not None:
         if base is not None:
             raise ValueError("[rope] give either base or freqs, not both")
@@ -46,6 +53,15 @@ def rope(x, dims: int, /, *, traditional: bool, base: float | None, scale: float
                       offset=offset, **kwargs)
     return submit("fast_rope_offsets", [x, offset], dims=dims, traditional=traditional, base=base,
                   scale=scale, **kwargs)
+
+
+async def _rope_bthd(x, dims, traditional, base, scale, offset, freqs, kwargs):
+    lazy = kwargs.pop("lazy", False)
+    moved = await submit("swapaxes", [x], axis1=1, axis2=2, lazy=True, **kwargs)
+    kwargs.pop("queue", None)  # the rest follows the lazy array's owner
+    rotated = await rope(moved, dims, traditional=traditional, base=base, scale=scale, offset=offset,
+                         freqs=freqs, lazy=True, **kwargs)
+    return await submit("swapaxes", [rotated], axis1=1, axis2=2, lazy=lazy, **kwargs)
 
 
 def scaled_dot_product_attention(q, k, v, /, *, scale: float, mask=None, sinks=None, **kwargs: Any):

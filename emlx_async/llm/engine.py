@@ -17,6 +17,7 @@ back at once, or at the next step boundary; a step already running finishes
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -27,6 +28,9 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 from .._errors import QueueFull
+
+# Decode steps queued ahead of the consumer in "parallel" mode.
+_STEPS_AHEAD = 2
 from .._runtime import Runtime, get_runtime
 
 _SAMPLER_OPTIONS = {"temperature", "top_p", "top_k"}
@@ -291,27 +295,35 @@ class Engine:
 
     async def _parallel_tokens(self, prompt: list[int], max_tokens: int,
                                sampler: _Sampler) -> AsyncIterator[int | str]:
-        """Token ids, then a finish reason ("stop" or "length")."""
+        """Token ids, then a finish reason ("stop" or "length").
+
+        Steps read their input token from the request's state on the worker,
+        so the next steps are queued before this token reaches the loop: the
+        worker never waits for a round trip through the event loop. A step
+        queued past an end-of-sequence token is dropped (or, if it already
+        started, discarded).
+        """
         queue = await self.runtime.acquire_queue()
         state: dict[str, Any] = {}
-        upcoming = None
+        ahead: collections.deque[asyncio.Future] = collections.deque()
+        steps_left = max_tokens - 1  # the prefill produces the first token
         try:
             token = await queue.run(self._prefill, state, prompt, sampler)
-            for step in range(max_tokens):
+            while True:
                 if token in self.eos_ids:
                     yield "stop"
                     return
-                # Submit the next step before handing this token out: the
-                # worker computes while the consumer handles the text.
-                upcoming = queue.run(self._step, state, token, sampler) if step + 1 < max_tokens else None
+                while len(ahead) < _STEPS_AHEAD and steps_left > 0:
+                    ahead.append(queue.run(self._step, state, sampler))
+                    steps_left -= 1
                 yield token
-                if upcoming is None:
+                if not ahead:
                     break
-                token = await upcoming
+                token = await ahead.popleft()
             yield "length"
         finally:
-            if upcoming is not None and not upcoming.done():
-                upcoming.cancel()  # dropped if queued; discarded if running
+            for future in ahead:
+                future.cancel()  # dropped if queued; discarded if running
             state.clear()  # drops the KV cache
             self.runtime.release_queue(queue)
 
@@ -321,6 +333,7 @@ class Engine:
         from mlx_lm.models.cache import make_prompt_cache
 
         cache = state["cache"] = make_prompt_cache(self.model)
+        state["token"] = None
         tokens = mx.array(prompt)
         # Chunked prefill bounds the memory of one forward pass.
         while tokens.size > self.prefill_chunk:
@@ -329,12 +342,13 @@ class Engine:
             tokens = tokens[self.prefill_chunk:]
         return self._sample(state, tokens, sampler)
 
-    def _step(self, state: dict, token: int, sampler: _Sampler) -> int:
-        return self._sample(state, mx.array([token]), sampler)
+    def _step(self, state: dict, sampler: _Sampler) -> int:
+        return self._sample(state, mx.array([state["token"]]), sampler)
 
     def _sample(self, state: dict, tokens: mx.array, sampler: _Sampler) -> int:
         logits = self.model(tokens[None], cache=state["cache"])[:, -1, :]
-        return sampler(logits).item()  # .item() evaluates, releasing the GIL
+        token = state["token"] = sampler(logits).item()  # .item() evaluates, releasing the GIL
+        return token
 
     # ---- mode "batch": continuous batching on one queue ---------------------------
 
