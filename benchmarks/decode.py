@@ -7,7 +7,8 @@ prompts and the same token budget (greedy):
   (b) asyncio.to_thread, one thread per request (each thread gets its own
       MLX stream): the usual workaround;
   (c) mlx-lm's own continuous batching (BatchGenerator) on one thread;
-  (d) emlx_async, one pooled queue per stream (mode "parallel");
+  (d) emlx_async, one pooled queue per stream (mode "parallel"; with the
+      default pool, requests beyond the pool wait for a queue);
   (e) emlx_async, continuous batching on one queue (mode "batch").
 Reports aggregate tokens/s, time to first token, p50/p99 inter-token latency
 and the p99 lag of a 1 ms ticker on the event loop; throughput as a ratio
@@ -132,7 +133,10 @@ async def main() -> None:
     parser.add_argument("--streams", default="1,2,4,8")
     args = parser.parse_args()
     counts = [int(n) for n in args.streams.split(",")]
-    async with ea.Runtime(pool_size=max(counts)) as runtime:
+    # Defaults on both sides, as a user gets them: the runtime's pool is one
+    # queue per core (at least 2), asyncio's executor min(32, cores + 4)
+    # threads. More streams than cores only thrash a small CPU.
+    async with ea.Runtime() as runtime:
         engine = await Engine.load(runtime=runtime, max_concurrent=max(counts))
         prompts = [engine.encode(p) for p in PROMPTS]
         await run_engine("parallel")(engine, prompts[:1], 2)  # warm up

@@ -107,6 +107,51 @@ mx::array conv_general(const mx::array& x, const mx::array& w, const mx::Shape& 
                           ints_of(input_dilation), groups, flip, s);
 }
 
+// Writes k/v ({B, T, N_kv, D}) into preallocated caches ({B, T_max, N_kv, D})
+// at `offset`, then runs causal attention of q ({B, T, N_q, D}) over the
+// first offset + T cache rows; an optional key mask ({B, T_max} bool) hides
+// padded keys. Returns {out ({B, T, N_q, D}), k_cache', v_cache'}; when the
+// caches were donated (their only reference is this graph) MLX updates them
+// in place.
+std::vector<mx::array> kv_attention(const std::vector<mx::array>& xs, int offset, float scale, mx::Stream s) {
+  if (xs.size() != 5 && xs.size() != 6)
+    throw std::invalid_argument("[kv_cache_attention] expects q, k, v, k_cache, v_cache and an optional key mask");
+  const auto &q = xs[0], &k = xs[1], &v = xs[2], &k_cache = xs[3], &v_cache = xs[4];
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || k_cache.ndim() != 4 || v_cache.ndim() != 4)
+    throw std::invalid_argument("[kv_cache_attention] q, k, v and the caches must be {B, T, N, D}");
+  int B = k_cache.shape(0), t_max = k_cache.shape(1), heads_kv = k_cache.shape(2), dim = k_cache.shape(3);
+  int T = k.shape(1);
+  if (offset < 0 || offset + T > t_max)
+    throw std::invalid_argument("[kv_cache_attention] offset " + std::to_string(offset) + " + " +
+                                std::to_string(T) + " new positions exceed the cache length " +
+                                std::to_string(t_max));
+  if (k.shape() != mx::Shape{B, T, heads_kv, dim} || v.shape() != k.shape() || v_cache.shape() != k_cache.shape())
+    throw std::invalid_argument("[kv_cache_attention] k, v must be {B, T, N_kv, D} matching the caches");
+  mx::Shape start{0, offset, 0, 0}, stop{B, offset + T, heads_kv, dim};
+  auto k_new = mx::slice_update(k_cache, mx::astype(k, k_cache.dtype(), s), start, stop, s);
+  auto v_new = mx::slice_update(v_cache, mx::astype(v, v_cache.dtype(), s), start, stop, s);
+  int length = offset + T;
+  mx::Shape from{0, 0, 0, 0}, to{B, length, heads_kv, dim};
+  auto keys = mx::transpose(mx::slice(k_new, from, to, s), {0, 2, 1, 3}, s);
+  auto values = mx::transpose(mx::slice(v_new, from, to, s), {0, 2, 1, 3}, s);
+  auto queries = mx::transpose(q, {0, 2, 1, 3}, s);
+  mx::array out = [&] {
+    if (xs.size() == 5)
+      return mx::fast::scaled_dot_product_attention(queries, keys, values, scale, "causal", std::nullopt,
+                                                    std::nullopt, false, s);
+    // Causal (query i sees keys up to offset + i) and not masked out.
+    auto q_pos = mx::reshape(mx::arange(offset, length, s), {T, 1}, s);
+    auto k_pos = mx::reshape(mx::arange(0, length, s), {1, length}, s);
+    auto causal = mx::less_equal(k_pos, q_pos, s);
+    auto keep = mx::slice(mx::astype(xs[5], mx::bool_, s), {0, 0}, {B, length}, s);
+    auto mask = mx::logical_and(mx::reshape(causal, {1, 1, T, length}, s),
+                                mx::reshape(keep, {B, 1, 1, length}, s), s);
+    return mx::fast::scaled_dot_product_attention(queries, keys, values, scale, "array", mask, std::nullopt,
+                                                  false, s);
+  }();
+  return {mx::transpose(out, {0, 2, 1, 3}, s), k_new, v_new};
+}
+
 std::vector<mx::array> results(mx::array a) { return {std::move(a)}; }
 std::vector<mx::array> results(std::vector<mx::array> v) { return v; }
 std::vector<mx::array> results(std::pair<mx::array, mx::array> p) { return {p.first, p.second}; }

@@ -1,14 +1,17 @@
 /* Native ops: one job builds an op's graph on the worker's stream, natively,
  * from emlx_async/_op_table.py (op codes are table positions). */
 
-/* Parameters are decoded in table order from `ints` (flags, counts and
+/* Inputs whose bit is set in donate_mask are donated: the job takes the
+ * only reference (the mx.array object is left holding a scalar until the
+ * results are published into it), so MLX may update their buffers in place.
+ * Parameters are decoded in table order from `ints` (flags, counts and
  * values), `floats` and one string. With evaluate=1 the outputs are
  * evaluated on the worker; with check_finite=1 as well, a NaN or infinity
  * in a floating-point output fails the job. The record's payload carries
  * the outputs. */
 int emlx_submit_op(emlx_worker *worker, uint64_t job_id, int op, void **arrays, size_t n_arrays,
                    const int64_t *ints, size_t n_ints, const double *floats, size_t n_floats,
-                   const char *text, int evaluate, int check_finite);
+                   const char *text, int evaluate, int check_finite, uint64_t donate_mask);
 int emlx_op_count(void);
 /* Number of arrays in a payload. */
 size_t emlx_payload_size(void *payload);

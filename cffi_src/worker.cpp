@@ -281,7 +281,7 @@ int emlx_submit_eval(emlx_worker* worker, uint64_t job_id, void** arrays, size_t
 
 int emlx_submit_op(emlx_worker* worker, uint64_t job_id, int op, void** arrays, size_t n_arrays,
                    const int64_t* ints, size_t n_ints, const double* floats, size_t n_floats,
-                   const char* text, int evaluate, int check_finite) {
+                   const char* text, int evaluate, int check_finite, uint64_t donate_mask) {
   Job job{job_id, JobKind::Op, {}, nullptr, std::make_shared<OpCall>()};
   OpCall& call = *job.op;
   call.op = op;
@@ -293,7 +293,11 @@ int emlx_submit_op(emlx_worker* worker, uint64_t job_id, int op, void** arrays, 
   job.arrays.reserve(n_arrays);
   {
     emlx::GilGuard gil;
-    for (size_t i = 0; i < n_arrays; ++i) job.arrays.push_back(emlx::array_of(arrays[i]));
+    for (size_t i = 0; i < n_arrays; ++i) {
+      mx::array& held = emlx::array_of(arrays[i]);
+      job.arrays.push_back(held);
+      if (i < 64 && (donate_mask >> i) & 1) held = mx::array(0.0f);  // the job's is now the only reference
+    }
   }
   return worker->submit(std::move(job));
 }

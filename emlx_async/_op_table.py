@@ -178,6 +178,10 @@ OPS = (
          "mx::fast::scaled_dot_product_attention(x0, x1, x2, p0, \"array\", x3, std::nullopt, false, s)"),
         ("fast_sdpa_sinks", 4, [("scale", "float", 1.0), ("mask", "str", "")],
          "mx::fast::scaled_dot_product_attention(x0, x1, x2, p0, p1, std::nullopt, x3, false, s)"),
+        # fused KV-cache update + causal attention (see ops.cpp: kv_attention);
+        # xs = [q, k, v, k_cache, v_cache(, key_mask)]; returns (out, k_cache', v_cache')
+        ("kv_cache_attention", VARIADIC, [("offset", "int", 0), ("scale", "float", 1.0)],
+         "kv_attention(xs, p0, static_cast<float>(p1), s)"),
         # quantization
         ("quantize", 1, [("group_size", "axis", None), ("bits", "axis", None), ("mode", "str", "affine")],
          "mx::quantize(x0, p0, p1, p2, std::nullopt, s)"),

@@ -116,17 +116,21 @@ def emlx_python_job(context, job_id):
 
 
 # Ops whose results are a tuple (split: a list), as in mlx.core.
-_MULTI_OUTPUT = {"split", "linalg_qr", "linalg_svd", "linalg_lu", "linalg_eigh", "quantize"}
+_MULTI_OUTPUT = {"split", "kv_cache_attention", "linalg_qr", "linalg_svd", "linalg_lu", "linalg_eigh", "quantize"}
 
 
-def _published(op_name: str | None, payload) -> Any:
-    """Fresh mx.arrays holding an op job's results (done here, on the loop thread)."""
+def _published(job: _Job, payload) -> Any:
+    """An op job's results in mx.arrays, set here on the loop thread: fresh
+    placeholders, or the donated input objects the job returns into."""
     count = lib.emlx_payload_size(payload)
-    arrays = [mx.array(0) for _ in range(count)]
+    into = job.result or {}
+    arrays = [into.get(i) if i in into else mx.array(0) for i in range(count)]
     lib.emlx_publish_results(payload, [ffi.cast("void*", id(a)) for a in arrays], count)
-    if op_name not in _MULTI_OUTPUT or (op_name == "linalg_svd" and count == 1):
+    if into:
         return arrays[0]
-    return arrays if op_name == "split" else tuple(arrays)
+    if job.op_name not in _MULTI_OUTPUT or (job.op_name == "linalg_svd" and count == 1):
+        return arrays[0]
+    return arrays if job.op_name == "split" else tuple(arrays)
 
 
 def current_job() -> _Job | None:
@@ -239,19 +243,26 @@ class CommandQueue:
         return self._submit(job, start, nowait, flat)
 
     def _submit_op(self, code: int, name: str, inputs: list[mx.array], ints: list[int], floats: list[float],
-                   text: str, lazy: bool, nowait: bool, check_finite: bool) -> asyncio.Future:
+                   text: str, lazy: bool, nowait: bool, check_finite: bool,
+                   donate: dict[int, int] | None = None) -> asyncio.Future:
         """Submit native op `code` (see emlx_async/ops.py, which validates the arguments)."""
         self._check_open()
         if not _interop.ZERO_COPY:  # pragma: no cover - layout fallback
             raise EMLXError("native ops need the zero-copy interop layer, which failed validation")
         job = _Job(self, JobFuture(loop=self._loop), lazy=lazy)
         job.op_name = name
+        # donate: input index -> result index that is published back into that input object
+        mask = 0
+        if donate:
+            job.result = {result: inputs[index] for index, result in donate.items()}
+            for index in donate:
+                mask |= 1 << index
 
         def start() -> int:
             return lib.emlx_submit_op(
                 self._worker, job.id, code, _interop.handles(inputs), len(inputs),
                 ffi.new("int64_t[]", ints), len(ints), ffi.new("double[]", floats), len(floats),
-                text.encode(), int(not lazy), int(check_finite))
+                text.encode(), int(not lazy), int(check_finite), mask)
 
         return self._submit(job, start, nowait, inputs)
 
@@ -380,7 +391,7 @@ class CommandQueue:
                 lib.emlx_payload_free(payload)
             return  # abandoned by a cancelled awaiter
         if status == lib.EMLX_DONE:
-            future.set_result(_published(job.op_name, payload) if payload != ffi.NULL else job.result)
+            future.set_result(_published(job, payload) if payload != ffi.NULL else job.result)
         elif status == lib.EMLX_PY_FAILED:
             exc, job.exception = job.exception, None
             exc = exc if exc is not None else EMLXError("Python job failed")

@@ -92,7 +92,7 @@ _KIND_WORDS = {"int": "an int", "bool": "a bool", "float": "a number", "axis": "
 
 
 def submit(name: str, arrays: Sequence[Any], *, queue=None, lazy: bool = False, nowait: bool = False,
-           check_finite: bool = False, **options: Any):
+           check_finite: bool = False, donate: dict[int, int] | None = None, **options: Any):
     """Submit op `name` of the table; returns its JobFuture."""
     from ._binding import route
 
@@ -103,7 +103,7 @@ def submit(name: str, arrays: Sequence[Any], *, queue=None, lazy: bool = False, 
     inputs = [_as_array(a, like) for a in arrays]
     ints, floats, text = _encode(name, params, dict(options))
     target = route(inputs, queue)
-    return target._submit_op(_CODES[name], name, inputs, ints, floats, text, lazy, nowait, check_finite)
+    return target._submit_op(_CODES[name], name, inputs, ints, floats, text, lazy, nowait, check_finite, donate)
 
 
 def _make(name: str, arrays: int, params) -> Any:
@@ -121,7 +121,7 @@ def _make(name: str, arrays: int, params) -> Any:
     return op
 
 
-_SPECIAL = {"split", "concatenate", "stack", "einsum", "scatter", "scatter_add", "gather", "dequantize",
+_SPECIAL = {"kv_cache_attention", "split", "concatenate", "stack", "einsum", "scatter", "scatter_add", "gather", "dequantize",
             "quantized_matmul", "quantize"}
 
 for _name, _arrays, _params, _ in OPS:

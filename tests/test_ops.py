@@ -297,3 +297,55 @@ async def test_pipelining_256_ops_in_flight_in_order(rt):
         assert_same(r, M + float(i))
 
 
+
+
+def reference_kv_step(q, k, v, k_cache, v_cache, offset, scale, key_mask=None):
+    """The same step written with plain MLX ops."""
+    T = k.shape[1]
+    k_cache = mx.array(k_cache)
+    v_cache = mx.array(v_cache)
+    k_cache[:, offset:offset + T] = k
+    v_cache[:, offset:offset + T] = v
+    length = offset + T
+    keys = k_cache[:, :length].transpose(0, 2, 1, 3)
+    values = v_cache[:, :length].transpose(0, 2, 1, 3)
+    causal = mx.arange(length)[None, :] <= mx.arange(offset, length)[:, None]
+    mask = causal[None, None]
+    if key_mask is not None:
+        mask = mask & key_mask[:, None, None, :length]
+    out = mx.fast.scaled_dot_product_attention(q.transpose(0, 2, 1, 3), keys, values, scale=scale, mask=mask)
+    return out.transpose(0, 2, 1, 3), k_cache, v_cache
+
+
+@pytest.mark.parametrize("donate", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+async def test_kv_cache_attention_over_a_multi_step_decode(rt, donate, masked):
+    Bt, Tmax, Hq, Hkv, Dh = 2, 12, 4, 2, 8
+    k_cache, v_cache = mx.zeros((Bt, Tmax, Hkv, Dh)), mx.zeros((Bt, Tmax, Hkv, Dh))
+    ref_k, ref_v = mx.array(k_cache), mx.array(v_cache)
+    key_mask = mx.array([[True] * Tmax, [False] + [True] * (Tmax - 1)]) if masked else None
+    mx.eval(k_cache, v_cache, ref_k, ref_v)
+    offset, step_lengths = 0, [5, 1, 1, 1, 2]  # a prompt, then decode steps
+    for i, T in enumerate(step_lengths):
+        q = sample(mx.float32, (Bt, T, Hq, Dh), 20 + i)
+        k = sample(mx.float32, (Bt, T, Hkv, Dh), 40 + i)
+        v = sample(mx.float32, (Bt, T, Hkv, Dh), 60 + i)
+        want, ref_k, ref_v = reference_kv_step(q, k, v, ref_k, ref_v, offset, 0.35, key_mask)
+        mx.eval(want, ref_k, ref_v)
+        if donate:
+            out = await ea.attention.kv_cache_attention(q, k, v, k_cache, v_cache, offset=offset, scale=0.35,
+                                                        key_mask=key_mask, donate=True)
+        else:
+            out, k_cache, v_cache = await ea.attention.kv_cache_attention(
+                q, k, v, k_cache, v_cache, offset=offset, scale=0.35, key_mask=key_mask)
+        np.testing.assert_allclose(np.array(out), np.array(want), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(np.array(k_cache), np.array(ref_k))
+        np.testing.assert_array_equal(np.array(v_cache), np.array(ref_v))
+        offset += T
+
+
+async def test_kv_cache_attention_rejects_overflow(rt):
+    cache = mx.zeros((1, 4, 1, 8))
+    x = mx.ones((1, 2, 1, 8))
+    with pytest.raises(ValueError, match=r"offset 3 \+ 2 new positions exceed the cache length 4"):
+        await ea.attention.kv_cache_attention(x, x, x, cache, cache, offset=3, scale=1.0)
