@@ -33,6 +33,7 @@ from ._version import __version__ as __version__
 from . import attention as attention  # noqa: E402 - after the core names they use
 from . import fast as fast  # noqa: E402
 from . import fft as fft  # noqa: E402
+from . import ipc as ipc  # noqa: E402
 from . import linalg as linalg  # noqa: E402
 from . import memory as memory  # noqa: E402
 from . import ops as ops  # noqa: E402
@@ -41,5 +42,5 @@ __all__ = [
     "CommandQueue", "DeviceUnavailable", "EMLXError", "ForeignLazyArrayError", "ForkedProcessError",
     "MLXIndexError", "MLXRuntimeError", "MLXValueError", "QueueClosed", "QueueFull", "Runtime",
     "RuntimeClosed", "__version__", "bind", "bound_queue", "cancelled", "current_queue", "eval",
-    "attention", "fast", "fft", "linalg", "memory", "ops", "get_runtime", "item", "run", "synchronize", "to_numpy", "host_call", "HostCallDeadlock", "HostCallError",
+    "attention", "fast", "fft", "ipc", "linalg", "memory", "ops", "get_runtime", "item", "run", "synchronize", "to_numpy", "host_call", "HostCallDeadlock", "HostCallError",
 ]

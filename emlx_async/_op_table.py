@@ -63,6 +63,7 @@ OPS = (
         ("tril", 1, [("k", "int", 0)], "mx::tril(x0, p0, s)"),
         ("triu", 1, [("k", "int", 0)], "mx::triu(x0, p0, s)"),
         # conversion and shape
+        ("contiguous", 1, [], "mx::contiguous(x0, false, s)"),
         ("astype", 1, [("dtype", "dtype", None)], "mx::astype(x0, need(p0, \"astype\", \"dtype\"), s)"),
         ("view", 1, [("dtype", "dtype", None)], "mx::view(x0, need(p0, \"view\", \"dtype\"), s)"),
         ("reshape", 1, [("shape", "shape", ())], "mx::reshape(x0, p0, s)"),

@@ -105,9 +105,14 @@ class _QueueLease:
 _runtimes: "weakref.WeakValueDictionary[int, Runtime]" = weakref.WeakValueDictionary()  # id(loop) -> runtime
 
 
+_exiting = False  # set once emlx_shutdown has run: worker pointers are gone
+
+
 def _close_all_at_exit() -> None:
     # Stop every worker (parked ones included). Workers stuck in a long native
     # job are left detached, so interpreter exit never hangs on them.
+    global _exiting
+    _exiting = True
     lib.emlx_shutdown(2000)
 
 
@@ -330,6 +335,8 @@ class Runtime:
 
     def __del__(self, _warn=warnings.warn) -> None:
         if getattr(self, "_closed", True) and getattr(self, "_channel", None) is None:
+            return
+        if _exiting:  # after emlx_shutdown the workers no longer exist; nothing to release
             return
         if not getattr(self, "_closed", True):
             where = "".join(self._created_at) if self._created_at else ""

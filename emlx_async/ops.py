@@ -33,6 +33,12 @@ from . import _interop
 from ._host_call import _DTYPE_CODES
 from ._op_table import OPS, VARIADIC
 
+from ._native import lib
+
+if lib.emlx_op_count() != len(OPS):  # op codes are table positions: both sides must agree
+    raise ImportError("emlx_async's shim was built from a different op table; reinstall the package "
+                      "so build_ffi.py regenerates the dispatch")
+
 _CODES = {name: code for code, (name, *_rest) in enumerate(OPS)}
 _SPECS = {name: (arrays, params) for name, arrays, params, _ in OPS}
 

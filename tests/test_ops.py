@@ -96,6 +96,7 @@ CASES = [
     ("arange", lambda ops: ops.arange(start=1, stop=7, step=2), lambda: mx.arange(1.0, 7.0, 2.0)),
     ("linspace", lambda ops: ops.linspace(start=0, stop=1, num=5), lambda: mx.linspace(0, 1, 5)),
     ("tril", lambda ops: ops.tril(M, k=-1), lambda: mx.tril(M, k=-1)),
+    ("contiguous", lambda ops: ops.contiguous(M.T), lambda: mx.contiguous(M.T)),
     ("astype", lambda ops: ops.astype(X, dtype=mx.float16), lambda: X.astype(mx.float16)),
     ("view", lambda ops: ops.view(X, dtype=mx.int32), lambda: X.view(mx.int32)),
     ("reshape", lambda ops: ops.reshape(X, shape=(12, 5)), lambda: X.reshape(12, 5)),

@@ -1,0 +1,13 @@
+/* Shared-memory export and import of arrays (POSIX shm), and raw pointers. */
+
+/* Copy an evaluated, row-contiguous array into a new shm object `name`
+ * created with `permissions` (e.g. 0600). Returns 0 and the byte count, or -1. */
+int emlx_to_shm(void *array, const char *name, int permissions, size_t *nbytes);
+/* Map shm object `name` as an array of the given shape and dtype code into
+ * the mx.array `placeholder`, without copying, and unlink the name (the
+ * mapping stays valid until the array is freed). Returns 0 or -1. */
+int emlx_from_shm(const char *name, const int64_t *shape, int ndim, int dtype, void *placeholder);
+/* Remove shm object `name`; 0 also when it no longer exists. */
+int emlx_shm_unlink(const char *name);
+/* Address of an evaluated array's data (its offset included). */
+uintptr_t emlx_data_ptr(void *array);
