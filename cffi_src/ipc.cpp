@@ -1,4 +1,5 @@
-// POSIX shared memory for arrays: export copies once, import maps without a copy.
+// POSIX shared memory for arrays: export copies once; import maps the object and
+// hands it to MLX's no-copy constructor (the Linux CPU backend copies it once).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -104,3 +105,23 @@ uintptr_t emlx_data_ptr(void* array) {
 }
 
 }  // extern "C"
+
+extern "C" int emlx_wrap_buffer(void* data, const int64_t* shape, int ndim, int dtype, void* owner,
+                                void* placeholder) {
+  try {
+    mx::Shape dims(shape, shape + ndim);
+    mx::Dtype type = emlx::dtype_of(dtype);
+    emlx::GilGuard gil;
+    PyObject* keep = static_cast<PyObject*>(owner);
+    Py_INCREF(keep);
+    mx::array out(data, dims, type, [keep](void*) {
+      if (!Py_IsInitialized()) return;  // interpreter gone: nothing left to release
+      emlx::GilGuard release_gil;
+      Py_DECREF(keep);
+    });
+    emlx::array_of(placeholder) = out;
+    return 0;
+  } catch (...) {
+    return fail(emlx::classify(std::current_exception()).message);
+  }
+}

@@ -9,6 +9,7 @@
 #include "mlx/fft.h"
 #include "mlx/linalg.h"
 #include "mlx/ops.h"
+#include "mlx/transforms.h"
 #include "ops.hpp"
 
 namespace emlx {
@@ -150,6 +151,23 @@ std::vector<mx::array> kv_attention(const std::vector<mx::array>& xs, int offset
                                                   false, s);
   }();
   return {mx::transpose(out, {0, 2, 1, 3}, s), k_new, v_new};
+}
+
+// Debug bounds check for indexing ops: evaluates the indices on this worker
+// and raises if any lies outside [-size, size).
+mx::array check_bounds(const mx::array& indices, int size, const std::string& op, mx::Stream s) {
+  if (!mx::issubdtype(indices.dtype(), mx::integer)) return indices;
+  auto low = mx::min(indices, false, s);
+  auto high = mx::max(indices, false, s);
+  mx::eval({low, high});
+  int64_t lo = mx::astype(low, mx::int64, s).item<int64_t>();
+  int64_t hi = mx::astype(high, mx::int64, s).item<int64_t>();
+  if (indices.size() > 0 && (lo < -size || hi >= size)) {
+    int64_t bad = lo < -size ? lo : hi;
+    throw std::out_of_range("[" + op + "] index " + std::to_string(bad) +
+                            " is out of bounds for an axis of size " + std::to_string(size));
+  }
+  return indices;
 }
 
 std::vector<mx::array> results(mx::array a) { return {std::move(a)}; }

@@ -132,6 +132,7 @@ OPS = (
         ("scatter_add", VARIADIC, [("axes", "axes", None)], "scatter_like(xs, p0, ScatterKind::add, s)"),
         ("gather", VARIADIC, [("axes", "axes", None), ("slice_sizes", "shape", ())],
          "mx::gather(xs[0], std::vector<mx::array>(xs.begin() + 1, xs.end()), need(p0, \"gather\", \"axes\"), p1, s)"),
+        ("check_bounds", 1, [("size", "int", 0), ("op", "str", "")], "check_bounds(x0, p0, p1, s)"),
         # linear algebra and contractions
         ("tensordot", 2, [("axes", "int", 2)], "mx::tensordot(x0, x1, p0, s)"),
         ("einsum", VARIADIC, [("subscripts", "str", "")], "mx::einsum(p0, xs, s)"),

@@ -127,7 +127,7 @@ def _make(name: str, arrays: int, params) -> Any:
     return op
 
 
-_SPECIAL = {"kv_cache_attention", "split", "concatenate", "stack", "einsum", "scatter", "scatter_add", "gather", "dequantize",
+_SPECIAL = {"check_bounds", "take", "take_along_axis", "put_along_axis", "kv_cache_attention", "split", "concatenate", "stack", "einsum", "scatter", "scatter_add", "gather", "dequantize",
             "quantized_matmul", "quantize"}
 
 for _name, _arrays, _params, _ in OPS:
@@ -135,6 +135,62 @@ for _name, _arrays, _params, _ in OPS:
         continue  # exposed through ea.linalg, ea.fft and ea.fast
     if _name not in _SPECIAL:
         globals()[_name] = _make(_name, _arrays, _params)
+
+
+# ---- indexing, with optional bounds checks -------------------------------------
+
+_bounds_checks = False
+
+
+def set_bounds_checks(enabled: bool) -> bool:
+    """Turn bounds checks of take/take_along_axis/put_along_axis/gather/scatter indices on or off.
+
+    When on, indices are checked on the worker before the op and an
+    out-of-range index raises ``MLXIndexError`` (MLX itself would read or
+    write out of bounds). When off (the default) they cost nothing.
+    Returns the previous setting.
+    """
+    global _bounds_checks
+    previous, _bounds_checks = _bounds_checks, bool(enabled)
+    return previous
+
+
+def _axis_size(a, axis) -> int:
+    if axis is None:
+        return int(np.prod(a.shape)) if a.ndim else 1
+    return a.shape[axis]
+
+
+def _checked(name: str, arrays: list, checks: list[tuple[Any, int]], kwargs: dict):
+    """Submit op `name`, after bounds checks of (indices, axis size) pairs when enabled."""
+    if not _bounds_checks:
+        return submit(name, arrays, **kwargs)
+
+    async def run():
+        queue = kwargs.get("queue")
+        for indices, size in checks:
+            await submit("check_bounds", [indices], size=size, op=name, queue=queue)
+        return await submit(name, arrays, **kwargs)
+
+    import asyncio
+
+    return asyncio.ensure_future(run())
+
+
+def take(a, indices, /, *, axis=None, **kwargs: Any):
+    """``mx.take``."""
+    return _checked("take", [a, indices], [(indices, _axis_size(a, axis))], dict(axis=axis, **kwargs))
+
+
+def take_along_axis(a, indices, /, *, axis=None, **kwargs: Any):
+    """``mx.take_along_axis``."""
+    return _checked("take_along_axis", [a, indices], [(indices, _axis_size(a, axis))], dict(axis=axis, **kwargs))
+
+
+def put_along_axis(a, indices, values, /, *, axis: int, **kwargs: Any):
+    """``mx.put_along_axis``."""
+    return _checked("put_along_axis", [a, indices, values], [(indices, _axis_size(a, axis))],
+                    dict(axis=axis, **kwargs))
 
 
 def concatenate(arrays: Sequence[mx.array], /, *, axis: int = 0, **kwargs: Any):
@@ -165,19 +221,29 @@ def _index_list(indices) -> list:
     return list(indices) if isinstance(indices, (list, tuple)) else [indices]
 
 
+def _index_checks(a, indices: list, axes) -> list[tuple[Any, int]]:
+    axes = [axes] if isinstance(axes, int) else list(axes)
+    return [(idx, a.shape[ax]) for idx, ax in zip(indices, axes)]
+
+
 def scatter(a, indices, updates, /, *, axes, **kwargs: Any):
     """Write `updates` into `a` at `indices` along `axes` (``mlx::core::scatter``)."""
-    return submit("scatter", [a, *_index_list(indices), updates], axes=axes, **kwargs)
+    indices = _index_list(indices)
+    return _checked("scatter", [a, *indices, updates], _index_checks(a, indices, axes), dict(axes=axes, **kwargs))
 
 
 def scatter_add(a, indices, updates, /, *, axes, **kwargs: Any):
     """Add `updates` into `a` at `indices` along `axes` (``mlx::core::scatter_add``)."""
-    return submit("scatter_add", [a, *_index_list(indices), updates], axes=axes, **kwargs)
+    indices = _index_list(indices)
+    return _checked("scatter_add", [a, *indices, updates], _index_checks(a, indices, axes),
+                    dict(axes=axes, **kwargs))
 
 
 def gather(a, indices, /, *, axes, slice_sizes, **kwargs: Any):
     """``mlx::core::gather``: slices of `slice_sizes` from `a` at `indices` along `axes`."""
-    return submit("gather", [a, *_index_list(indices)], axes=axes, slice_sizes=slice_sizes, **kwargs)
+    indices = _index_list(indices)
+    return _checked("gather", [a, *indices], _index_checks(a, indices, axes),
+                    dict(axes=axes, slice_sizes=slice_sizes, **kwargs))
 
 
 # Each quantization mode's pinned (group_size, bits); affine's are defaults.

@@ -56,3 +56,27 @@ async def test_data_ptr_and_to_device(rt):
     assert pointer == np.asarray(memoryview(x)).__array_interface__["data"][0]  # the same bytes
     y = await ea.ipc.to_device(x, "cpu")
     np.testing.assert_array_equal(np.array(y), np.ones(4))
+
+
+async def test_from_numpy_shares_or_copies(rt):
+    import sys
+
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    refs = sys.getrefcount(base)
+    shared = ea.ipc.from_numpy(base, copy=False)
+    copied = ea.ipc.from_numpy(base)
+    assert await ea.ipc.data_ptr(copied) != base.ctypes.data
+    # Whether MLX wraps the memory or copies it is the backend's choice
+    # (this CPU build copies); either way the values and lifetimes are right.
+    if await ea.ipc.data_ptr(shared) == base.ctypes.data:
+        base[0, 0] = 100.0
+        assert shared[0, 0].item() == 100.0
+    total = await ea.ops.sum(shared, queue=rt.default_queue())  # usable on a worker thread
+    assert total.item() == base.sum()
+    strided = ea.ipc.from_numpy(base[:, ::2], copy=False)  # not contiguous: copied
+    np.testing.assert_array_equal(np.array(strided), base[:, ::2])
+    del shared, total
+    import gc
+
+    gc.collect()
+    assert sys.getrefcount(base) == refs  # the owner reference is released with (or after copying) the array

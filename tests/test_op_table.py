@@ -19,7 +19,8 @@ def test_every_table_op_is_exposed():
     exposed = set(ea.ops.names()) | {f"linalg_{n}" for n in dir(ea.linalg)} | {f"fft_{n}" for n in dir(ea.fft)}
     fast = {"fast_rms_norm", "fast_layer_norm", "fast_layer_norm_no_bias", "fast_rope", "fast_rope_offsets",
             "fast_rope_freqs", "fast_sdpa", "fast_sdpa_masked", "fast_sdpa_sinks",
-            "kv_cache_attention"}  # ea.attention
+            "kv_cache_attention",  # ea.attention
+            "check_bounds"}  # internal: ea.ops.set_bounds_checks
     missing = {name for name, *_ in OPS} - exposed - fast
     assert not missing
     assert ea._native.lib.emlx_op_count() == len(OPS)

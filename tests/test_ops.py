@@ -350,3 +350,21 @@ async def test_kv_cache_attention_rejects_overflow(rt):
     x = mx.ones((1, 2, 1, 8))
     with pytest.raises(ValueError, match=r"offset 3 \+ 2 new positions exceed the cache length 4"):
         await ea.attention.kv_cache_attention(x, x, x, cache, cache, offset=3, scale=1.0)
+
+
+async def test_bounds_checks_are_opt_in(rt):
+    a = mx.arange(8).reshape(2, 4)
+    bad = mx.array([0, 4])
+    assert ea.ops.set_bounds_checks(True) is False
+    try:
+        with pytest.raises(ea.MLXIndexError, match=r"\[take\] index 4 is out of bounds for an axis of size 4"):
+            await ea.ops.take(a, bad, axis=1)
+        with pytest.raises(ea.MLXIndexError, match=r"\[take_along_axis\] index -5"):
+            await ea.ops.take_along_axis(a, mx.array([[0, -5]]), axis=1)
+        with pytest.raises(ea.MLXIndexError, match=r"\[scatter_add\] index 2"):
+            await ea.ops.scatter_add(mx.zeros((2,)), mx.array([2]), mx.ones((1, 1)), axes=(0,))
+        good = await ea.ops.take(a, mx.array([0, 3, -1]), axis=1)
+        assert good.tolist() == [[0, 3, 3], [4, 7, 7]]
+    finally:
+        assert ea.ops.set_bounds_checks(False) is True
+    await ea.ops.take(a, bad, axis=1)  # unchecked: MLX's own behaviour, no error raised
