@@ -2,6 +2,7 @@
 // emlx_async/_op_table.py into ops_table.inc; this file holds the parameter
 // decoder and the helpers the table's expressions use.
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "mlx/einsum.h"
@@ -151,6 +152,70 @@ std::vector<mx::array> kv_attention(const std::vector<mx::array>& xs, int offset
                                                   false, s);
   }();
   return {mx::transpose(out, {0, 2, 1, 3}, s), k_new, v_new};
+}
+
+// Select-and-scatter (the gradient of max/min pooling): for every window of
+// `operand` (window dims, strides, and (low, high) padding pairs per axis),
+// add the matching `source` element at the window's max (or min) position;
+// other positions get 0. Ties go to the first position in the window.
+mx::array window_scatter(const mx::array& operand, const mx::array& source, const mx::Shape& window,
+                         const mx::Shape& strides, const mx::Shape& padding, bool take_max, mx::Stream s) {
+  const int nd = static_cast<int>(operand.ndim());
+  const char* op = take_max ? "[window_scatter_max]" : "[window_scatter_min]";
+  if (static_cast<int>(window.size()) != nd || static_cast<int>(strides.size()) != nd ||
+      static_cast<int>(padding.size()) != 2 * nd)
+    throw std::invalid_argument(std::string(op) + " needs window and strides per axis and a (low, high) "
+                                "padding pair per axis of the " + std::to_string(nd) + "-D operand");
+  std::vector<std::pair<int, int>> pads;
+  mx::Shape padded_shape, out_shape;
+  for (int i = 0; i < nd; ++i) {
+    pads.emplace_back(padding[2 * i], padding[2 * i + 1]);
+    int size = operand.shape(i) + padding[2 * i] + padding[2 * i + 1];
+    if (strides[i] < 1 || window[i] < 1 || window[i] > size)
+      throw std::invalid_argument(std::string(op) + " window or stride does not fit axis " + std::to_string(i));
+    padded_shape.push_back(size);
+    out_shape.push_back((size - window[i]) / strides[i] + 1);
+  }
+  if (source.shape() != out_shape)
+    throw std::invalid_argument(std::string(op) + " source must have the windows' shape");
+  float fill = take_max ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
+  auto padded = mx::contiguous(mx::pad(operand, pads, mx::array(fill, operand.dtype()), "constant", s), false, s);
+  // Element strides of the padded, row-contiguous array.
+  std::vector<int64_t> elem(nd, 1);
+  for (int i = nd - 2; i >= 0; --i) elem[i] = elem[i + 1] * padded_shape[i + 1];
+  mx::Shape view_shape = out_shape;
+  mx::Strides view_strides;
+  for (int i = 0; i < nd; ++i) view_strides.push_back(elem[i] * strides[i]);
+  int64_t window_size = 1;
+  for (int i = 0; i < nd; ++i) {
+    view_shape.push_back(window[i]);
+    view_strides.push_back(elem[i]);
+    window_size *= window[i];
+  }
+  auto windows = mx::reshape(mx::as_strided(padded, view_shape, view_strides, 0, s),
+                             {-1, static_cast<int>(window_size)}, s);
+  auto pick = take_max ? mx::argmax(windows, 1, false, s) : mx::argmin(windows, 1, false, s);
+  // Flat offset of every window's first element, and of every in-window position.
+  auto base = mx::zeros({1}, mx::int64, s);
+  auto local = mx::zeros({1}, mx::int64, s);
+  for (int i = 0; i < nd; ++i) {
+    auto b = mx::multiply(mx::arange(0, out_shape[i], mx::int64, s), mx::array(elem[i] * strides[i], mx::int64), s);
+    base = mx::reshape(mx::add(mx::reshape(base, {-1, 1}, s), mx::reshape(b, {1, -1}, s), s), {-1}, s);
+    auto l = mx::multiply(mx::arange(0, window[i], mx::int64, s), mx::array(elem[i], mx::int64), s);
+    local = mx::reshape(mx::add(mx::reshape(local, {-1, 1}, s), mx::reshape(l, {1, -1}, s), s), {-1}, s);
+  }
+  auto target = mx::add(base, mx::take(local, pick, 0, s), s);
+  int64_t total = 1;
+  for (auto d : padded_shape) total *= d;
+  auto flat = mx::zeros({static_cast<int>(total)}, source.dtype(), s);
+  auto updates = mx::reshape(source, {-1, 1}, s);
+  auto scattered = mx::reshape(mx::scatter_add(flat, {target}, updates, {0}, s), padded_shape, s);
+  mx::Shape start, stop;
+  for (int i = 0; i < nd; ++i) {
+    start.push_back(padding[2 * i]);
+    stop.push_back(padding[2 * i] + operand.shape(i));
+  }
+  return mx::slice(scattered, start, stop, s);
 }
 
 // Debug bounds check for indexing ops: evaluates the indices on this worker

@@ -132,6 +132,11 @@ OPS = (
         ("scatter_add", VARIADIC, [("axes", "axes", None)], "scatter_like(xs, p0, ScatterKind::add, s)"),
         ("gather", VARIADIC, [("axes", "axes", None), ("slice_sizes", "shape", ())],
          "mx::gather(xs[0], std::vector<mx::array>(xs.begin() + 1, xs.end()), need(p0, \"gather\", \"axes\"), p1, s)"),
+        # select-and-scatter for pooling gradients: xs = [operand, source]
+        ("window_scatter_max", 2, [("window", "shape", ()), ("strides", "shape", ()), ("padding", "shape", ())],
+         "window_scatter(x0, x1, p0, p1, p2, true, s)"),
+        ("window_scatter_min", 2, [("window", "shape", ()), ("strides", "shape", ()), ("padding", "shape", ())],
+         "window_scatter(x0, x1, p0, p1, p2, false, s)"),
         ("check_bounds", 1, [("size", "int", 0), ("op", "str", "")], "check_bounds(x0, p0, p1, s)"),
         # linear algebra and contractions
         ("tensordot", 2, [("axes", "int", 2)], "mx::tensordot(x0, x1, p0, s)"),

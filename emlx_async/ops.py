@@ -127,7 +127,7 @@ def _make(name: str, arrays: int, params) -> Any:
     return op
 
 
-_SPECIAL = {"check_bounds", "take", "take_along_axis", "put_along_axis", "kv_cache_attention", "split", "concatenate", "stack", "einsum", "scatter", "scatter_add", "gather", "dequantize",
+_SPECIAL = {"window_scatter_max", "window_scatter_min", "check_bounds", "take", "take_along_axis", "put_along_axis", "kv_cache_attention", "split", "concatenate", "stack", "einsum", "scatter", "scatter_add", "gather", "dequantize",
             "quantized_matmul", "quantize"}
 
 for _name, _arrays, _params, _ in OPS:
@@ -135,6 +135,25 @@ for _name, _arrays, _params, _ in OPS:
         continue  # exposed through ea.linalg, ea.fft and ea.fast
     if _name not in _SPECIAL:
         globals()[_name] = _make(_name, _arrays, _params)
+
+
+def _window_scatter(name, operand, source, window, strides, padding, kwargs):
+    padding = [0, 0] * operand.ndim if padding is None else [int(v) for pair in padding for v in pair]
+    return submit(name, [operand, source], window=window, strides=strides or window, padding=padding, **kwargs)
+
+
+def window_scatter_max(operand, source, /, *, window, strides=None, padding=None, **kwargs: Any):
+    """Scatter `source` to the max position of each window of `operand` (max-pooling's gradient).
+
+    `window` and `strides` (default: `window`) per axis; `padding` a (low, high)
+    pair per axis. Ties go to the first position in a window.
+    """
+    return _window_scatter("window_scatter_max", operand, source, window, strides, padding, kwargs)
+
+
+def window_scatter_min(operand, source, /, *, window, strides=None, padding=None, **kwargs: Any):
+    """Like `window_scatter_max`, at each window's min position."""
+    return _window_scatter("window_scatter_min", operand, source, window, strides, padding, kwargs)
 
 
 # ---- indexing, with optional bounds checks -------------------------------------

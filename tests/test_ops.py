@@ -368,3 +368,37 @@ async def test_bounds_checks_are_opt_in(rt):
     finally:
         assert ea.ops.set_bounds_checks(False) is True
     await ea.ops.take(a, bad, axis=1)  # unchecked: MLX's own behaviour, no error raised
+
+
+def reference_window_scatter(operand, source, window, strides, padding, take_max):
+    x = np.array(operand, dtype=np.float64)
+    fill = -np.inf if take_max else np.inf
+    padded = np.pad(x, padding, constant_values=fill)
+    out = np.zeros(padded.shape)
+    src = np.array(source)
+    for index in np.ndindex(*src.shape):
+        corner = [i * s for i, s in zip(index, strides)]
+        region = padded[tuple(slice(c, c + w) for c, w in zip(corner, window))]
+        k = np.argmax(region) if take_max else np.argmin(region)
+        local = np.unravel_index(k, region.shape)
+        out[tuple(c + l for c, l in zip(corner, local))] += src[index]
+    return out[tuple(slice(lo, lo + n) for (lo, _), n in zip(padding, x.shape))]
+
+
+@pytest.mark.parametrize("take_max", [True, False])
+@pytest.mark.parametrize("window, strides, padding", [((2, 2), (2, 2), ((0, 0), (0, 0))),
+                                                      ((3, 3), (1, 1), ((1, 1), (1, 1))),
+                                                      ((2, 3), (1, 2), ((0, 1), (1, 0)))])
+async def test_window_scatter_against_a_reference(rt, take_max, window, strides, padding):
+    operand = sample(mx.float32, (6, 7), 30)
+    out_shape = tuple((n + lo + hi - w) // s + 1 for n, (lo, hi), w, s in zip(operand.shape, padding, window, strides))
+    source = sample(mx.float32, out_shape, 31)
+    fn = ea.ops.window_scatter_max if take_max else ea.ops.window_scatter_min
+    got = await fn(operand, source, window=window, strides=strides, padding=padding)
+    want = reference_window_scatter(operand, source, window, strides, padding, take_max)
+    np.testing.assert_allclose(np.array(got), want, rtol=1e-6, atol=1e-6)
+
+
+async def test_window_scatter_rejects_mismatched_source(rt):
+    with pytest.raises(ValueError, match=r"\[window_scatter_max\] source must have the windows' shape"):
+        await ea.ops.window_scatter_max(mx.ones((4, 4)), mx.ones((3, 3)), window=(2, 2))
