@@ -105,7 +105,7 @@ def _make_ffi() -> FFI:
         extra_compile_args=["-std=c++20", "-O2", "-fvisibility=hidden", "-fvisibility-inlines-hidden"],
         # $ORIGIN finds the mlx wheel beside us in site-packages; the absolute
         # path serves editable installs. Importing mlx.core first also works.
-        extra_link_args=[f"-Wl,-rpath,$ORIGIN/../mlx/lib", f"-Wl,-rpath,{lib}"],
+        extra_link_args=["-Wl,-rpath,$ORIGIN/../mlx/lib", f"-Wl,-rpath,{lib}"],
     )
     return ffi
 

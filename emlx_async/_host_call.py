@@ -33,7 +33,6 @@ import mlx.core as mx
 
 from ._errors import EMLXError
 from ._native import ffi, lib
-from ._trees import iter_arrays
 
 if TYPE_CHECKING:
     from ._queue import CommandQueue

@@ -75,7 +75,7 @@ async def main() -> None:
     args = parser.parse_args()
 
     async with ea.Runtime(pool_size=max(2, args.streams)) as runtime:
-        print(f"loading SmolLM2-135M-Instruct (Q4_1 GGUF) on a worker queue ...", flush=True)
+        print("loading SmolLM2-135M-Instruct (Q4_1 GGUF) on a worker queue ...", flush=True)
         engine = await Engine.load(runtime=runtime, max_concurrent=args.streams, mode=args.mode)
         board = Board(args.streams, live=sys.stdout.isatty())
         lag = LoopLag().start()
