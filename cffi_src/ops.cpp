@@ -218,6 +218,57 @@ mx::array window_scatter(const mx::array& operand, const mx::array& source, cons
   return mx::slice(scattered, start, stop, s);
 }
 
+// RoPE with a position per token: x {B, H, T, D}, positions {B, T} (ints).
+// mx::fast::rope takes one offset per batch row at most, so this spells out
+// the rotation: angle = position * scale * base^(-2i/dims) over the first
+// `dims` features, pairs interleaved (traditional) or split in halves.
+mx::array rope_positions(const mx::array& x, const mx::array& positions, int dims, bool traditional, float base,
+                         float scale, mx::Stream s) {
+  if (x.ndim() != 4 || positions.ndim() != 2 || positions.shape(0) != x.shape(0) || positions.shape(1) != x.shape(2))
+    throw std::invalid_argument("[rope] positions must be {B, T} for an input of {B, H, T, D}");
+  if (dims <= 0 || dims % 2 || dims > x.shape(3))
+    throw std::invalid_argument("[rope] dims must be even, positive and at most the feature size");
+  int half = dims / 2;
+  auto exponent = mx::divide(mx::arange(0.0, static_cast<double>(dims), 2.0, mx::float32, s),
+                             mx::array(static_cast<float>(dims)), s);
+  auto inv_freq = mx::power(mx::array(base), mx::negative(exponent, s), s);  // {half}
+  auto pos = mx::multiply(mx::astype(positions, mx::float32, s), mx::array(scale), s);
+  auto angles = mx::multiply(mx::reshape(pos, {x.shape(0), 1, x.shape(2), 1}, s),
+                             mx::reshape(inv_freq, {1, 1, 1, half}, s), s);
+  auto cos = mx::cos(angles, s), sin = mx::sin(angles, s);
+  auto xf = mx::astype(x, mx::float32, s);
+  auto rotated = mx::slice(xf, {0, 0, 0, 0}, {x.shape(0), x.shape(1), x.shape(2), dims}, s);
+  mx::array x1 = rotated, x2 = rotated;
+  if (traditional) {
+    x1 = mx::slice(rotated, {0, 0, 0, 0}, rotated.shape(), {1, 1, 1, 2}, s);
+    x2 = mx::slice(rotated, {0, 0, 0, 1}, rotated.shape(), {1, 1, 1, 2}, s);
+  } else {
+    x1 = mx::slice(rotated, {0, 0, 0, 0}, {x.shape(0), x.shape(1), x.shape(2), half}, s);
+    x2 = mx::slice(rotated, {0, 0, 0, half}, rotated.shape(), s);
+  }
+  auto o1 = mx::subtract(mx::multiply(x1, cos, s), mx::multiply(x2, sin, s), s);
+  auto o2 = mx::add(mx::multiply(x1, sin, s), mx::multiply(x2, cos, s), s);
+  auto out = traditional ? mx::reshape(mx::stack({o1, o2}, -1, s), rotated.shape(), s)
+                         : mx::concatenate({o1, o2}, -1, s);
+  if (dims < x.shape(3))
+    out = mx::concatenate({out, mx::slice(xf, {0, 0, 0, dims}, xf.shape(), s)}, -1, s);
+  return mx::astype(out, x.dtype(), s);
+}
+
+// Causal attention that also hides padded keys: key_mask {B, L} (true = attend).
+mx::array causal_key_mask_sdpa(const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& key_mask,
+                               float scale, mx::Stream s) {
+  int T = q.shape(2), L = k.shape(2), B = q.shape(0);
+  if (key_mask.ndim() != 2 || key_mask.shape(0) != B || key_mask.shape(1) != L)
+    throw std::invalid_argument("[scaled_dot_product_attention] key_mask must be {B, L}");
+  // Queries are the last T of the L positions (MLX's causal convention).
+  auto q_pos = mx::reshape(mx::arange(L - T, L, s), {T, 1}, s);
+  auto k_pos = mx::reshape(mx::arange(0, L, s), {1, L}, s);
+  auto mask = mx::logical_and(mx::reshape(mx::less_equal(k_pos, q_pos, s), {1, 1, T, L}, s),
+                              mx::reshape(mx::astype(key_mask, mx::bool_, s), {B, 1, 1, L}, s), s);
+  return mx::fast::scaled_dot_product_attention(q, k, v, scale, "array", mask, std::nullopt, false, s);
+}
+
 // Debug bounds check for indexing ops: evaluates the indices on this worker
 // and raises if any lies outside [-size, size).
 mx::array check_bounds(const mx::array& indices, int size, const std::string& op, mx::Stream s) {

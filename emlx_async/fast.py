@@ -26,7 +26,7 @@ def layer_norm(x, weight=None, bias=None, /, eps: float = 1e-5, **kwargs: Any):
 
 def rope(x, dims: int, /, *, traditional: bool, base: float | None, scale: float, offset=0,
          freqs=None, layout: str = "BHTD", **kwargs: Any):
-    """``mx.fast.rope``: `offset` an int, or an array of per-batch offsets; or precomputed `freqs`.
+    """``mx.fast.rope``: `offset` an int, per-batch offsets {B}, per-token positions {B, T}; or `freqs`.
 
     MLX rotates along the second-to-last axis, the sequence axis of a
     {B, H, T, D} input. Given a {B, T, H, D} input it would silently rotate
@@ -48,6 +48,9 @@ def rope(x, dims: int, /, *, traditional: bool, base: float | None, scale: float
                       offset=offset, **kwargs)
     if base is None:
         raise ValueError("[rope] base is required when freqs is not given")
+    if isinstance(offset, mx.array) and offset.ndim == 2:  # a position per token, {B, T}
+        return submit("fast_rope_positions", [x, offset], dims=dims, traditional=traditional, base=base,
+                      scale=scale, **kwargs)
     if isinstance(offset, int):
         return submit("fast_rope", [x], dims=dims, traditional=traditional, base=base, scale=scale,
                       offset=offset, **kwargs)
@@ -64,9 +67,20 @@ async def _rope_bthd(x, dims, traditional, base, scale, offset, freqs, kwargs):
     return await submit("swapaxes", [rotated], axis1=1, axis2=2, lazy=lazy, **kwargs)
 
 
-def scaled_dot_product_attention(q, k, v, /, *, scale: float, mask=None, sinks=None, **kwargs: Any):
+def swiglu(gate, up, /, **kwargs: Any):
+    """``silu(gate) * up`` in one job (the gated MLP activation)."""
+    return submit("fast_swiglu", [gate, up], **kwargs)
+
+
+def scaled_dot_product_attention(q, k, v, /, *, scale: float, mask=None, sinks=None, key_mask=None,
+                                 **kwargs: Any):
     """``mx.fast.scaled_dot_product_attention``: `mask` None, "causal" or an additive/boolean array;
-    `sinks` optional attention sinks. Grouped-query attention works as in MLX."""
+    `sinks` optional attention sinks; ``mask="causal"`` with `key_mask` {B, L} (True = attend)
+    also hides padded keys. Grouped-query attention works as in MLX."""
+    if key_mask is not None:
+        if mask != "causal" or sinks is not None:
+            raise ValueError("[scaled_dot_product_attention] key_mask goes with mask='causal' and no sinks")
+        return submit("fast_sdpa_causal_key_mask", [q, k, v, key_mask], scale=scale, **kwargs)
     if mask is not None and not isinstance(mask, (str, mx.array)):
         raise TypeError(f"[scaled_dot_product_attention] mask must be None, 'causal' or an array, got {mask!r}")
     if isinstance(mask, mx.array):

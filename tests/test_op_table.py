@@ -19,6 +19,7 @@ def test_every_table_op_is_exposed():
     exposed = set(ea.ops.names()) | {f"linalg_{n}" for n in dir(ea.linalg)} | {f"fft_{n}" for n in dir(ea.fft)}
     fast = {"fast_rms_norm", "fast_layer_norm", "fast_layer_norm_no_bias", "fast_rope", "fast_rope_offsets",
             "fast_rope_freqs", "fast_sdpa", "fast_sdpa_masked", "fast_sdpa_sinks",
+            "fast_rope_positions", "fast_swiglu", "fast_sdpa_causal_key_mask",
             "kv_cache_attention",  # ea.attention
             "check_bounds"}  # internal: ea.ops.set_bounds_checks
     missing = {name for name, *_ in OPS} - exposed - fast

@@ -402,3 +402,33 @@ async def test_window_scatter_against_a_reference(rt, take_max, window, strides,
 async def test_window_scatter_rejects_mismatched_source(rt):
     with pytest.raises(ValueError, match=r"\[window_scatter_max\] source must have the windows' shape"):
         await ea.ops.window_scatter_max(mx.ones((4, 4)), mx.ones((3, 3)), window=(2, 2))
+
+
+async def test_swiglu(rt):
+    import mlx.nn as nn
+
+    gate, up = sample(mx.float32, (3, 8), 50), sample(mx.float32, (3, 8), 51)
+    np.testing.assert_allclose(np.array(await ea.fast.swiglu(gate, up)), np.array(nn.silu(gate) * up),
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+@pytest.mark.parametrize("dims", [D, D // 2])
+async def test_rope_with_per_token_positions(rt, traditional, dims):
+    positions = mx.array([[0, 3, 4, 9, 10, 11], [5, 5, 2, 0, 1, 7]])
+    got = await ea.fast.rope(Q, dims, traditional=traditional, base=10000.0, scale=0.5, offset=positions)
+    want = mx.concatenate([
+        mx.concatenate([mx.fast.rope(Q[b:b + 1, :, t:t + 1], dims, traditional=traditional, base=10000.0,
+                                     scale=0.5, offset=positions[b, t].item()) for t in range(T)], axis=2)
+        for b in range(B)], axis=0)
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-5)
+
+
+async def test_sdpa_causal_with_key_padding_mask(rt):
+    key_mask = mx.array([[True] * T, [False, False] + [True] * (T - 2)])
+    got = await ea.fast.scaled_dot_product_attention(Q, K, V, scale=0.3, mask="causal", key_mask=key_mask)
+    causal = mx.arange(T)[None, :] <= mx.arange(T)[:, None]
+    want = mx.fast.scaled_dot_product_attention(Q, K, V, scale=0.3, mask=causal[None, None] & key_mask[:, None, None])
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="key_mask goes with mask='causal'"):
+        ea.fast.scaled_dot_product_attention(Q, K, V, scale=0.3, key_mask=key_mask)
