@@ -64,7 +64,7 @@ class JobFuture(asyncio.Future):
 
 class _Job:
     __slots__ = ("id", "queue", "future", "fn", "args", "kwargs", "lazy", "result", "exception", "cancelled",
-                 "op_name")
+                 "op_name", "publish_into")
 
     def __init__(self, queue: CommandQueue, future: JobFuture, fn: Callable | None = None,
                  args: tuple = (), kwargs: dict | None = None, lazy: bool = False, result: Any = None):
@@ -80,6 +80,7 @@ class _Job:
         self.exception: BaseException | None = None
         self.cancelled = False  # set on the loop when the awaiting task gave up
         self.op_name: str | None = None  # native op jobs: their results arrive as a payload
+        self.publish_into: dict[int, mx.array] | None = None  # result index -> donated input object
 
     def run_python(self) -> int:
         """Body of a Python job, on the worker thread (holding the GIL)."""
@@ -123,7 +124,7 @@ def _published(job: _Job, payload) -> Any:
     """An op job's results in mx.arrays, set here on the loop thread: fresh
     placeholders, or the donated input objects the job returns into."""
     count = lib.emlx_payload_size(payload)
-    into = job.result or {}
+    into = job.publish_into or {}
     arrays = [into.get(i) if i in into else mx.array(0) for i in range(count)]
     lib.emlx_publish_results(payload, [ffi.cast("void*", id(a)) for a in arrays], count)
     if into:
@@ -254,7 +255,7 @@ class CommandQueue:
         # donate: input index -> result index that is published back into that input object
         mask = 0
         if donate:
-            job.result = {result: inputs[index] for index, result in donate.items()}
+            job.publish_into = {result: inputs[index] for index, result in donate.items()}
             for index in donate:
                 mask |= 1 << index
 
