@@ -139,7 +139,10 @@ async def main() -> None:
     async with ea.Runtime() as runtime:
         engine = await Engine.load(runtime=runtime, max_concurrent=max(counts))
         prompts = [engine.encode(p) for p in PROMPTS]
-        await run_engine("parallel")(engine, prompts[:1], 2)  # warm up
+        # Warm up every thread each scenario will use: MLX re-traces compiled
+        # functions on each new thread, which should not count against one side.
+        await run_engine("parallel")(engine, prompts[:runtime.pool_size], 2)
+        await run_to_thread(engine, prompts[:6], 2)
         print(f"mlx {mx.__version__}, device {mx.default_device()}, {args.tokens} tokens per request, greedy")
         print(f"{'N':>2} {'scenario':30} {'agg tok/s':>9} {'ratio':>6} {'ttft s':>7} "
               f"{'itl p50 ms':>10} {'itl p99 ms':>10} {'lag p99 ms':>10}")
