@@ -10,7 +10,8 @@ prompts and the same token budget (greedy):
   (d) emlx_async, one pooled queue per stream (mode "parallel"; with the
       default pool, requests beyond the pool wait for a queue);
   (e) emlx_async, continuous batching on one queue (mode "batch").
-Reports aggregate tokens/s, time to first token, p50/p99 inter-token latency
+Every scenario stops a request at end-of-sequence, so all produce the same
+tokens. Reports aggregate tokens/s, time to first token, p50/p99 inter-token latency
 and the p99 lag of a 1 ms ticker on the event loop; throughput as a ratio
 to (a) of the same N.
 
@@ -56,15 +57,16 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def sync_decode(model, prompt: list[int], tokens: int, trace: Trace) -> None:
-    """A plain mlx-lm decode loop: prefill, then one token per forward pass."""
+def sync_decode(engine, prompt: list[int], tokens: int, trace: Trace) -> None:
+    """A plain mlx-lm decode loop: prefill, then one token per forward pass, until EOS."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    cache = make_prompt_cache(model)
+    cache = make_prompt_cache(engine.model)
     x = mx.array(prompt)[None]
     for _ in range(tokens):
-        y = mx.argmax(model(x, cache=cache)[:, -1, :], axis=-1)
-        y.item()
+        y = mx.argmax(engine.model(x, cache=cache)[:, -1, :], axis=-1)
+        if y.item() in engine.eos_ids:
+            break
         trace.stamps.append(time.perf_counter())
         x = y[None]
 
@@ -72,14 +74,14 @@ def sync_decode(model, prompt: list[int], tokens: int, trace: Trace) -> None:
 async def run_plain(engine, prompts, tokens):
     traces = [Trace(time.perf_counter()) for _ in prompts]  # all requests arrive now
     for p, trace in zip(prompts, traces):
-        sync_decode(engine.model, p, tokens, trace)
+        sync_decode(engine, p, tokens, trace)
         await asyncio.sleep(0)
     return traces
 
 
 async def run_to_thread(engine, prompts, tokens):
     traces = [Trace(time.perf_counter()) for _ in prompts]
-    await asyncio.gather(*(asyncio.to_thread(sync_decode, engine.model, p, tokens, t)
+    await asyncio.gather(*(asyncio.to_thread(sync_decode, engine, p, tokens, t)
                            for p, t in zip(prompts, traces)))
     return traces
 
@@ -90,14 +92,16 @@ async def run_mlx_lm_batch(engine, prompts, tokens):
     traces = [Trace(time.perf_counter()) for _ in prompts]
 
     def work():
-        gen = BatchGenerator(engine.model, stop_tokens=None, completion_batch_size=len(prompts),
+        gen = BatchGenerator(engine.model, stop_tokens=[[e] for e in engine.eos_ids],
+                             completion_batch_size=len(prompts),
                              prefill_batch_size=len(prompts))
         uids = gen.insert(prompts, max_tokens=[tokens] * len(prompts))
         index = {uid: i for i, uid in enumerate(uids)}
         while responses := gen.next_generated():
             now = time.perf_counter()
             for r in responses:
-                traces[index[r.uid]].stamps.append(now)
+                if r.token not in engine.eos_ids:
+                    traces[index[r.uid]].stamps.append(now)
 
     await asyncio.to_thread(work)
     return traces
@@ -144,7 +148,7 @@ async def main() -> None:
         await run_engine("parallel")(engine, prompts[:runtime.pool_size], 2)
         await run_to_thread(engine, prompts[:6], 2)
         print(f"mlx {mx.__version__}, device {mx.default_device()}, {args.tokens} tokens per request, greedy")
-        print(f"{'N':>2} {'scenario':30} {'agg tok/s':>9} {'ratio':>6} {'ttft s':>7} "
+        print(f"{'N':>2} {'scenario':30} {'tokens':>6} {'agg tok/s':>9} {'ratio':>6} {'ttft s':>7} "
               f"{'itl p50 ms':>10} {'itl p99 ms':>10} {'lag p99 ms':>10}")
         for n in counts:
             base = None
@@ -159,7 +163,7 @@ async def main() -> None:
                 base = base or rate
                 ttft = statistics.mean(t.stamps[0] - t.start for t in traces if t.stamps)
                 gaps = [b - a for t in traces for a, b in zip(t.stamps, t.stamps[1:])]
-                print(f"{n:>2} {name:30} {rate:9.2f} {rate / base:6.2f} {ttft:7.2f} "
+                print(f"{n:>2} {name:30} {total:6d} {rate:9.2f} {rate / base:6.2f} {ttft:7.2f} "
                       f"{1000 * pct(gaps, 0.5):10.1f} {1000 * pct(gaps, 0.99):10.1f} "
                       f"{1000 * lag.p99():10.2f}", flush=True)
 
