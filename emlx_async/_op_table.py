@@ -29,7 +29,7 @@ _UNARY = [
 _BINARY = [
     "add", "subtract", "multiply", "divide", "floor_divide", "remainder", "power", "maximum",
     "minimum", "arctan2", "logaddexp", "equal", "not_equal", "greater", "greater_equal", "less",
-    "less_equal", "logical_and", "logical_or", "bitwise_and", "bitwise_or", "bitwise_xor",
+    "less_equal", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
     "left_shift", "right_shift", "matmul", "outer", "inner", "kron",
 ]
 

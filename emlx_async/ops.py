@@ -5,7 +5,8 @@ table build_ffi.py turns into the C++ dispatch). Names and options follow
 ``mlx.core``: arrays are positional, options keyword-only, plus
 
 * ``queue=``: where to run (else the routing rule: owner of a lazy input,
-  the bound queue, the default queue);
+  the bound queue, the default queue); ``device=`` picks a queue of that
+  device instead, whatever device the inputs came from (promotion);
 * ``lazy=True``: return the unevaluated result, owned by its queue, so
   chains fuse into one graph (``await ea.eval(x)`` materialises it);
 * ``nowait=True``: raise ``QueueFull`` instead of waiting for a slot;
@@ -96,10 +97,16 @@ _KIND_WORDS = {"int": "an int", "bool": "a bool", "float": "a number", "axis": "
                "dtype": "an mlx dtype or None", "str": "a str"}
 
 
-def submit(name: str, arrays: Sequence[Any], *, queue=None, lazy: bool = False, nowait: bool = False,
-           check_finite: bool = False, donate: dict[int, int] | None = None, **options: Any):
-    """Submit op `name` of the table; returns its JobFuture."""
-    from ._binding import route
+def submit(name: str, arrays: Sequence[Any], *, queue=None, device=None, lazy: bool = False,
+           nowait: bool = False, check_finite: bool = False, donate: dict[int, int] | None = None,
+           **options: Any):
+    """Submit op `name` of the table; returns its JobFuture.
+
+    ``device=`` promotes: the op runs on a queue of that device (the bound one
+    if it matches, else the default) whatever device its inputs came from;
+    lazy inputs owned by other queues are evaluated there first.
+    """
+    from ._binding import current_queue, route
 
     expected, params = _SPECS[name]
     if expected != VARIADIC and len(arrays) != expected:
@@ -107,22 +114,22 @@ def submit(name: str, arrays: Sequence[Any], *, queue=None, lazy: bool = False, 
     like = next((a for a in arrays if isinstance(a, mx.array)), None)
     inputs = [_as_array(a, like) for a in arrays]
     ints, floats, text = _encode(name, params, dict(options))
-    target = route(inputs, queue)
+    target = route(inputs, queue) if device is None or queue is not None else current_queue(device)
     return target._submit_op(_CODES[name], name, inputs, ints, floats, text, lazy, nowait, check_finite, donate)
 
 
 def _make(name: str, arrays: int, params) -> Any:
     option_names = ", ".join(f"{p}={d!r}" for p, _, d in params)
 
-    def op(*inputs: Any, queue=None, lazy: bool = False, nowait: bool = False,
+    def op(*inputs: Any, queue=None, device=None, lazy: bool = False, nowait: bool = False,
            check_finite: bool = False, **options: Any):
-        return submit(name, inputs, queue=queue, lazy=lazy, nowait=nowait, check_finite=check_finite,
-                      **options)
+        return submit(name, inputs, queue=queue, device=device, lazy=lazy, nowait=nowait,
+                      check_finite=check_finite, **options)
 
     op.__name__ = op.__qualname__ = name
     op.__doc__ = (f"``mx.{name}`` run natively on the owning queue; returns a JobFuture.\n\n"
                   f"Arrays: {arrays if arrays != VARIADIC else 'a list'}. Options: {option_names or 'none'}, "
-                  "plus queue=, lazy=, nowait=, check_finite=.")
+                  "plus queue=, device=, lazy=, nowait=, check_finite=.")
     return op
 
 

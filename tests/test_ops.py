@@ -432,3 +432,16 @@ async def test_sdpa_causal_with_key_padding_mask(rt):
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="key_mask goes with mask='causal'"):
         ea.fast.scaled_dot_product_attention(Q, K, V, scale=0.3, key_mask=key_mask)
+
+
+async def test_device_promotion_runs_on_a_queue_of_that_device(rt):
+    q1 = await rt.acquire_queue()
+    try:
+        lazy = await ea.ops.add(M, 1.0, queue=q1, lazy=True)
+        out = await ea.ops.multiply(lazy, 2.0, device="cpu")  # not q1: the cpu default queue
+        assert_same(out, (M + 1) * 2)
+        if not mx.is_available(mx.gpu):
+            with pytest.raises(ea.DeviceUnavailable):
+                ea.ops.multiply(M, 2.0, device="gpu")
+    finally:
+        rt.release_queue(q1)
