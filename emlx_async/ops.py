@@ -10,7 +10,8 @@ table build_ffi.py turns into the C++ dispatch). Names and options follow
 * ``lazy=True``: return the unevaluated result, owned by its queue, so
   chains fuse into one graph (``await ea.eval(x)`` materialises it);
 * ``nowait=True``: raise ``QueueFull`` instead of waiting for a slot;
-* ``check_finite=True``: fail if a floating-point result holds NaN or inf.
+* ``check_finite=True``: fail if a floating-point result holds NaN or inf
+  (``set_check_finite(True)`` makes that the default for every op).
 
 Calling an op submits it at once and returns a JobFuture, so many ops can
 be in flight on one queue, in order. Graph building and evaluation happen in
@@ -97,8 +98,21 @@ _KIND_WORDS = {"int": "an int", "bool": "a bool", "float": "a number", "axis": "
                "dtype": "an mlx dtype or None", "str": "a str"}
 
 
+_check_finite_default = False
+
+
+def set_check_finite(enabled: bool) -> bool:
+    """Debug flag: make every op fail when a floating-point result holds NaN or inf.
+
+    Ops can also ask per call with ``check_finite=True``. Returns the previous setting.
+    """
+    global _check_finite_default
+    previous, _check_finite_default = _check_finite_default, bool(enabled)
+    return previous
+
+
 def submit(name: str, arrays: Sequence[Any], *, queue=None, device=None, lazy: bool = False,
-           nowait: bool = False, check_finite: bool = False, donate: dict[int, int] | None = None,
+           nowait: bool = False, check_finite: bool | None = None, donate: dict[int, int] | None = None,
            **options: Any):
     """Submit op `name` of the table; returns its JobFuture.
 
@@ -115,6 +129,8 @@ def submit(name: str, arrays: Sequence[Any], *, queue=None, device=None, lazy: b
     inputs = [_as_array(a, like) for a in arrays]
     ints, floats, text = _encode(name, params, dict(options))
     target = route(inputs, queue) if device is None or queue is not None else current_queue(device)
+    if check_finite is None:
+        check_finite = _check_finite_default
     return target._submit_op(_CODES[name], name, inputs, ints, floats, text, lazy, nowait, check_finite, donate)
 
 
@@ -122,7 +138,7 @@ def _make(name: str, arrays: int, params) -> Any:
     option_names = ", ".join(f"{p}={d!r}" for p, _, d in params)
 
     def op(*inputs: Any, queue=None, device=None, lazy: bool = False, nowait: bool = False,
-           check_finite: bool = False, **options: Any):
+           check_finite: bool | None = None, **options: Any):
         return submit(name, inputs, queue=queue, device=device, lazy=lazy, nowait=nowait,
                       check_finite=check_finite, **options)
 

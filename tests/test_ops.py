@@ -273,6 +273,13 @@ async def test_check_finite_flag(rt):
         await ea.ops.log(mx.array([-1.0, 1.0]), check_finite=True)
     assert (await ea.ops.log(mx.array([1.0]), check_finite=True)).item() == 0.0
     assert np.isnan((await ea.ops.log(mx.array([-1.0]))).item())  # off by default
+    assert ea.ops.set_check_finite(True) is False
+    try:
+        with pytest.raises(ea.MLXRuntimeError, match="non-finite"):
+            await ea.fast.rms_norm(mx.array([[float("nan"), 1.0]]))
+        assert np.isnan((await ea.ops.log(mx.array([-1.0]), check_finite=False)).item())  # per call wins
+    finally:
+        assert ea.ops.set_check_finite(False) is True
 
 
 async def test_lazy_chains_fuse_on_their_queue_and_cross_queues(rt):
