@@ -18,16 +18,26 @@ typedef struct emlx_channel emlx_channel;
 #define EMLX_ERR_INVALID_ARGUMENT 1
 #define EMLX_ERR_OUT_OF_RANGE 2
 #define EMLX_ERR_OTHER 3
+#define EMLX_ERR_OVERFLOW 4  /* std::overflow_error: a value does not fit its C++ type */
+#define EMLX_ERR_CLOSED 5    /* the runtime the work reports to was closed */
+
+/* payload_kind values. */
+#define EMLX_PAYLOAD_RESULTS 0  /* an op job's outputs */
+#define EMLX_PAYLOAD_RESTORE 1  /* a failed or dropped op job's donated inputs, in input order */
 
 typedef struct {
     uint64_t job_id;
     int32_t status;
     int32_t error_kind;
     char *message; /* malloc'd, or NULL; release with emlx_message_free */
-    void *payload; /* an op job's results, or NULL; see emlx_publish_results */
+    void *payload; /* an op job's arrays, or NULL; see emlx_publish_results */
+    int32_t payload_kind;
 } emlx_completion;
 
 emlx_channel *emlx_channel_new(void);
+/* Closes the channel: records posted later (a worker finishing, a host-call
+ * node evaluated after its runtime closed) are refused, never written to
+ * freed memory. Workers and nodes keep the closed object alive. */
 void emlx_channel_free(emlx_channel *channel);
 /* The fd the event loop watches for readability. */
 int emlx_channel_fd(emlx_channel *channel);

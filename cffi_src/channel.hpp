@@ -1,22 +1,43 @@
 #pragma once
 
+#include <memory>
 #include <mutex>
 #include <vector>
 
 #include "shim.hpp"
 
-struct emlx_channel {
-  emlx_channel();
-  ~emlx_channel();
-  void post(const emlx_completion& record);
-  size_t drain(emlx_completion* out, size_t capacity);
+namespace emlx {
 
-  int read_fd = -1;
-  int write_fd = -1;
+// The completion channel proper. Workers and host-call nodes hold it through
+// a shared_ptr, so a record posted after the runtime closed its end lands on
+// a live object that refuses it, never on freed memory.
+class Channel {
+ public:
+  Channel();
+  ~Channel();
+  // Takes ownership of the record's message and payload. Returns false (and
+  // frees them) when the channel is closed.
+  bool post(const emlx_completion& record);
+  size_t drain(emlx_completion* out, size_t capacity);
+  // No more records are accepted; pending ones are freed and the fds closed.
+  void close();
+  int fd() const { return read_fd_; }
 
  private:
   void signal();
   void clear_signal();
-  std::mutex mutex;
-  std::vector<emlx_completion> records;
+  static void release(emlx_completion& record);
+
+  int read_fd_ = -1;
+  int write_fd_ = -1;
+  bool closed_ = false;
+  std::mutex mutex_;
+  std::vector<emlx_completion> records_;
+};
+
+}  // namespace emlx
+
+// The opaque handle Python holds: its reference to the shared channel.
+struct emlx_channel {
+  std::shared_ptr<emlx::Channel> impl;
 };

@@ -17,6 +17,10 @@ CaughtError classify(std::exception_ptr error) {
   CaughtError out;
   try {
     std::rethrow_exception(error);
+  } catch (const ClosedError& e) {
+    out = {EMLX_ERR_CLOSED, e.what()};
+  } catch (const std::overflow_error& e) {
+    out = {EMLX_ERR_OVERFLOW, e.what()};
   } catch (const std::invalid_argument& e) {
     out = {EMLX_ERR_INVALID_ARGUMENT, e.what()};
   } catch (const std::out_of_range& e) {

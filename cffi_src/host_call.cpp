@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <map>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <sstream>
 
@@ -53,8 +54,8 @@ mx::array available_copy(const mx::array& in) {
 
 class HostCall : public mx::Primitive {
  public:
-  HostCall(mx::Stream stream, emlx_channel* channel, uint64_t call_id, int backstop_ms)
-      : mx::Primitive(stream), channel_(channel), call_id_(call_id), backstop_ms_(backstop_ms) {}
+  HostCall(mx::Stream stream, std::shared_ptr<emlx::Channel> channel, uint64_t call_id, int backstop_ms)
+      : mx::Primitive(stream), channel_(std::move(channel)), call_id_(call_id), backstop_ms_(backstop_ms) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -73,7 +74,7 @@ class HostCall : public mx::Primitive {
 
  private:
   // Runs on MLX's stream thread with the inputs computed.
-  static void run(emlx_channel* channel, uint64_t call_id, int backstop_ms,
+  static void run(const std::shared_ptr<emlx::Channel>& channel, uint64_t call_id, int backstop_ms,
                   const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
     auto request = std::make_shared<HostRequest>();
     request->id = next_request.fetch_add(1);
@@ -87,7 +88,12 @@ class HostCall : public mx::Primitive {
       std::lock_guard<std::mutex> lock(requests_mutex);
       requests[request->id] = request;
     }
-    channel->post({request->id, EMLX_HOST_REQUEST, 0, nullptr});
+    if (!channel->post({request->id, EMLX_HOST_REQUEST, 0, nullptr, nullptr, 0})) {
+      std::lock_guard<std::mutex> lock(requests_mutex);
+      requests.erase(request->id);
+      throw emlx::ClosedError("[host_call] the runtime that built this host call is closed; "
+                              "build the graph again on an open runtime");
+    }
     bool answered;
     {
       std::unique_lock<std::mutex> lock(request->mutex);
@@ -114,7 +120,8 @@ class HostCall : public mx::Primitive {
     }
   }
 
-  emlx_channel* channel_;
+  // Shared: the node may outlive its runtime (a lazy output kept after close).
+  std::shared_ptr<emlx::Channel> channel_;
   uint64_t call_id_;
   int backstop_ms_;
 };
@@ -127,6 +134,8 @@ std::string describe(const mx::Shape& shape, mx::Dtype dtype) {
   name << dtype;
   return out + ") " + name.str();
 }
+
+int reply(uint64_t request_id, void** outputs, size_t n_outputs, const char* error);
 
 }  // namespace
 
@@ -145,17 +154,27 @@ int emlx_host_call_build(emlx_channel* channel, uint64_t call_id, void** inputs,
     std::vector<mx::Shape> out_shapes;
     std::vector<mx::Dtype> out_dtypes;
     for (size_t i = 0, at = 0; i < n_outputs; at += ndims[i], ++i) {
+      for (int k = 0; k < ndims[i]; ++k) {
+        // MLX shapes hold int32 entries: a larger one would be truncated.
+        if (shapes[at + k] < 0 || shapes[at + k] > std::numeric_limits<int32_t>::max())
+          throw std::overflow_error("[host_call] output " + std::to_string(i) + " dimension " +
+                                    std::to_string(shapes[at + k]) + " does not fit MLX's int32 shape");
+      }
       out_shapes.emplace_back(shapes + at, shapes + at + ndims[i]);
       out_dtypes.push_back(emlx::dtype_of(dtypes[i]));
     }
     auto outputs = mx::array::make_arrays(
-        out_shapes, out_dtypes, std::make_shared<HostCall>(stream, channel, call_id, backstop_ms), in);
+        out_shapes, out_dtypes, std::make_shared<HostCall>(stream, channel->impl, call_id, backstop_ms), in);
     for (size_t i = 0; i < n_outputs; ++i) emlx::array_of(out_placeholders[i]) = outputs[i];
     return 0;
   } catch (...) {
     emlx::set_last_error(emlx::classify(std::current_exception()).message);
     return -1;
   }
+}
+
+int emlx_host_request_reply(uint64_t request_id, void** outputs, size_t n_outputs, const char* error) {
+  return emlx::guarded([&] { return reply(request_id, outputs, n_outputs, error); });
 }
 
 uint64_t emlx_host_request_call(uint64_t request_id) {
@@ -169,14 +188,24 @@ size_t emlx_host_request_inputs(uint64_t request_id) {
 }
 
 int emlx_host_request_input(uint64_t request_id, size_t index, void* placeholder) {
-  auto request = find_request(request_id);
-  if (!request || index >= request->inputs.size()) return -1;
-  emlx::GilGuard gil;
-  emlx::array_of(placeholder) = request->inputs[index];
-  return 0;
+  return emlx::guarded([&] {
+    auto request = find_request(request_id);
+    if (!request || index >= request->inputs.size()) {
+      emlx::set_last_error("[host_call] no input " + std::to_string(index) + " in request " +
+                           std::to_string(request_id));
+      return -1;
+    }
+    emlx::GilGuard gil;
+    emlx::array_of(placeholder) = request->inputs[index];
+    return 0;
+  });
 }
 
-int emlx_host_request_reply(uint64_t request_id, void** outputs, size_t n_outputs, const char* error) {
+}  // extern "C"
+
+namespace {
+
+int reply(uint64_t request_id, void** outputs, size_t n_outputs, const char* error) {
   auto request = find_request(request_id);
   if (!request) {
     emlx::set_last_error("[host_call] request " + std::to_string(request_id) + " is no longer waiting");
@@ -216,4 +245,4 @@ int emlx_host_request_reply(uint64_t request_id, void** outputs, size_t n_output
   return 0;
 }
 
-}  // extern "C"
+}  // namespace

@@ -1,9 +1,11 @@
 /* Native ops: one job builds an op's graph on the worker's stream, natively,
  * from emlx_async/_op_table.py (op codes are table positions). */
 
-/* Inputs whose bit is set in donate_mask are donated: the job takes the
- * only reference (the mx.array object is left holding a scalar until the
- * results are published into it), so MLX may update their buffers in place.
+/* Inputs whose bit is set in donate_mask are donated: once the job is queued
+ * it takes the only reference (the mx.array object is left holding a scalar
+ * until the results are published into it), so MLX may update their buffers
+ * in place. A job that is dropped, cancelled while queued or fails before its
+ * graph is built hands them back (EMLX_PAYLOAD_RESTORE).
  * Parameters are decoded in table order from `ints` (flags, counts and
  * values), `floats` and one string. With evaluate=1 the outputs are
  * evaluated on the worker; with check_finite=1 as well, a NaN or infinity
@@ -15,6 +17,7 @@ int emlx_submit_op(emlx_worker *worker, uint64_t job_id, int op, void **arrays, 
 int emlx_op_count(void);
 /* Number of arrays in a payload. */
 size_t emlx_payload_size(void *payload);
-/* Move the payload's arrays into mx.array placeholders (loop thread) and free it. */
-void emlx_publish_results(void *payload, void **placeholders, size_t count);
+/* Move the payload's arrays into mx.array placeholders (loop thread; NULL
+ * entries are skipped) and free it. Returns 0 or -1. */
+int emlx_publish_results(void *payload, void **placeholders, size_t count);
 void emlx_payload_free(void *payload);

@@ -26,6 +26,27 @@ CaughtError classify(std::exception_ptr error);
 
 char* copy_message(const std::string& message);
 
+// Thrown where work meets a closed runtime (EMLX_ERR_CLOSED).
+struct ClosedError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Runs `body` (returning an int status) so that no C++ exception crosses the
+// C ABI: one escaping would call std::terminate. A caught one becomes -1
+// with its message kept for emlx_last_error on this thread.
+template <class F>
+int guarded(F&& body) noexcept {
+  try {
+    return body();
+  } catch (...) {
+    try {
+      set_last_error(classify(std::current_exception()).message);
+    } catch (...) {
+    }
+    return -1;
+  }
+}
+
 // Reads the mlx::core::array handle inside an mx.array PyObject. The caller
 // holds the GIL (an in-place op such as `a += b` swaps the handle).
 mlx::core::array& array_of(void* obj);

@@ -33,12 +33,30 @@ struct OpCall {
   bool check_finite = false;
 };
 
+// Records for the channel; payloads are std::vector<mx::array>*.
+emlx_completion record(uint64_t id, int32_t status, int32_t kind = 0, char* message = nullptr,
+                       std::vector<mx::array>* payload = nullptr,
+                       int32_t payload_kind = EMLX_PAYLOAD_RESULTS) {
+  return {id, status, kind, message, payload, payload_kind};
+}
+
 struct Job {
   uint64_t id;
   JobKind kind;
   std::vector<mx::array> arrays;
   void* context = nullptr;
   std::shared_ptr<OpCall> op;  // JobKind::Op only
+  // Op jobs: the caller's donated inputs (positions in `arrays`). Until the
+  // graph has consumed them they are handed back on every path that does not
+  // succeed, so the caller's arrays stay intact.
+  std::vector<size_t> donated;
+
+  std::vector<mx::array>* restore_payload() const {
+    if (donated.empty() || arrays.empty()) return nullptr;
+    auto* out = new std::vector<mx::array>();
+    for (size_t i : donated) out->push_back(arrays[i]);
+    return out;
+  }
 };
 
 // Set by emlx_shutdown: from then on Python jobs are dropped, never called,
@@ -55,9 +73,9 @@ struct emlx_worker {
   void start();
   void main();
   void run(Job& job);
+  void run_op_job(Job& job);
   int submit(Job&& job);
-  void post(uint64_t id, int32_t status, int32_t kind = 0, char* message = nullptr,
-            void* payload = nullptr);
+  void post(const emlx_completion& r);
 
   const int device_type;
   const mx::Device device;
@@ -68,7 +86,8 @@ struct emlx_worker {
   std::mutex mutex;
   std::condition_variable cv;
   std::deque<Job> jobs;
-  emlx_channel* channel = nullptr;  // the runtime this worker is leased to
+  // The runtime this worker is leased to (shared: it may close first).
+  std::shared_ptr<emlx::Channel> channel;
   bool stopping = false;            // a stop marker is queued: refuse new jobs
   bool exit = false;                // process shutdown: leave the loop
   bool started = false;
@@ -84,19 +103,29 @@ std::vector<emlx_worker*> parked;
 
 }  // namespace
 
-void emlx_worker::post(uint64_t id, int32_t status, int32_t kind, char* message, void* payload) {
-  emlx_channel* target;
+void emlx_worker::post(const emlx_completion& r) {
+  std::shared_ptr<emlx::Channel> target;
   {
     std::lock_guard<std::mutex> lock(mutex);
     target = channel;
   }
   if (target) {
-    target->post({id, status, kind, message, payload});
+    target->post(r);  // a closed channel frees the record
   } else {
-    std::free(message);
-    delete static_cast<std::vector<mx::array>*>(payload);
+    std::free(r.message);
+    delete static_cast<std::vector<mx::array>*>(r.payload);
   }
 }
+
+namespace {
+
+emlx_completion failure(uint64_t id, std::exception_ptr error, std::vector<mx::array>* payload = nullptr,
+                        int32_t payload_kind = EMLX_PAYLOAD_RESTORE) {
+  auto caught = emlx::classify(error);
+  return record(id, EMLX_FAILED, caught.kind, emlx::copy_message(caught.message), payload, payload_kind);
+}
+
+}  // namespace
 
 void emlx_worker::start() {
   thread = std::thread([this] { main(); });
@@ -139,7 +168,12 @@ void emlx_worker::main() {
       job = std::move(jobs.front());
       jobs.pop_front();
     }
-    run(job);
+    try {
+      run(job);
+    } catch (...) {
+      // Only a failure to post (out of memory) gets here; an exception must
+      // never end this thread, which std::terminate would turn into a crash.
+    }
   }
   mx::clear_streams();
   {
@@ -157,46 +191,31 @@ void emlx_worker::run(Job& job) {
         if (job.kind == JobKind::Eval) mx::eval(job.arrays);
         else mx::synchronize(mx::default_stream(device));
         job.arrays.clear();  // drop graph references here, not on the loop
-        post(job.id, EMLX_DONE);
+        post(record(job.id, EMLX_DONE));
       } catch (...) {
         job.arrays.clear();
-        auto error = emlx::classify(std::current_exception());
-        post(job.id, EMLX_FAILED, error.kind, emlx::copy_message(error.message));
+        post(failure(job.id, std::current_exception()));
       }
       break;
     case JobKind::Op:
-      try {
-        const OpCall& call = *job.op;
-        auto outputs = emlx::run_op(call.op, device, job.arrays, call.ints.data(), call.ints.size(),
-                                    call.floats.data(), call.floats.size(), call.text);
-        job.arrays.clear();
-        if (call.evaluate) mx::eval(outputs);
-        if (call.check_finite) emlx::check_finite(outputs, "emlx op");
-        post(job.id, EMLX_DONE, 0, nullptr, new std::vector<mx::array>(std::move(outputs)));
-      } catch (...) {
-        job.arrays.clear();
-        auto error = emlx::classify(std::current_exception());
-        post(job.id, EMLX_FAILED, error.kind, emlx::copy_message(error.message));
-      }
+      run_op_job(job);
       break;
     case JobKind::Python:
       if (finalizing.load()) {
-        post(job.id, EMLX_DROPPED);
+        post(record(job.id, EMLX_DROPPED));
       } else {
-        post(job.id, emlx_python_job(job.context, job.id));
+        int status = emlx_python_job(job.context, job.id);
+        post(record(job.id, status));
       }
       break;
     case JobKind::Stop: {
-      emlx_channel* target;
+      std::shared_ptr<emlx::Channel> target;
       {
         std::lock_guard<std::mutex> lock(mutex);
-        target = channel;
-        channel = nullptr;
+        target.swap(channel);
         stopping = false;
       }
-      // Post while no longer leased; the channel signals under its own lock,
-      // so the loop cannot free it before this call returns.
-      if (target) target->post({job.id, EMLX_STOPPED, 0, nullptr});
+      if (target) target->post(record(job.id, EMLX_STOPPED));
       std::lock_guard<std::mutex> lock(registry_mutex);
       parked.push_back(this);
       break;
@@ -204,10 +223,44 @@ void emlx_worker::run(Job& job) {
   }
 }
 
+void emlx_worker::run_op_job(Job& job) {
+  const OpCall& call = *job.op;
+  std::vector<mx::array> outputs;
+  try {
+    outputs = emlx::run_op(call.op, device, job.arrays, call.ints.data(), call.ints.size(), call.floats.data(),
+                           call.floats.size(), call.text);
+  } catch (...) {
+    // The graph was never built: the donated inputs go back to the caller.
+    post(failure(job.id, std::current_exception(), job.restore_payload()));
+    job.arrays.clear();
+    return;
+  }
+  job.arrays.clear();  // from here the graph holds the only references
+  try {
+    if (call.evaluate) mx::eval(outputs);
+  } catch (...) {
+    post(failure(job.id, std::current_exception()));
+    return;
+  }
+  auto* results = new std::vector<mx::array>(std::move(outputs));
+  try {
+    if (call.check_finite) emlx::check_finite(*results, "emlx op");
+  } catch (...) {
+    // Computed, but refused: the results still go back, so donated inputs
+    // updated in place are published into the caller's arrays.
+    post(failure(job.id, std::current_exception(), results, EMLX_PAYLOAD_RESULTS));
+    return;
+  }
+  post(record(job.id, EMLX_DONE, 0, nullptr, results));
+}
+
 int emlx_worker::submit(Job&& job) {
   {
     std::lock_guard<std::mutex> lock(mutex);
-    if (stopping || exit || channel == nullptr) return -1;
+    if (stopping || exit || channel == nullptr) {
+      emlx::set_last_error("[emlx] the queue's worker is stopping");
+      return -1;
+    }
     jobs.push_back(std::move(job));
   }
   cv.notify_one();
@@ -242,77 +295,103 @@ emlx_worker* emlx_worker_acquire(emlx_channel* channel, int device_type) {
       delete worker;
       return nullptr;
     }
-    std::lock_guard<std::mutex> lock(registry_mutex);
-    all_workers.push_back(worker);
+    try {
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      all_workers.push_back(worker);
+    } catch (...) {
+      emlx::set_last_error("[emlx] out of memory registering a worker");
+      return nullptr;  // the thread stays alive but unreachable; nothing is freed twice
+    }
   }
   std::lock_guard<std::mutex> lock(worker->mutex);
-  worker->channel = channel;
+  worker->channel = channel->impl;
   return worker;
 }
 
 int emlx_worker_release(emlx_worker* worker, uint64_t job_id, int drop_pending) {
-  std::deque<Job> dropped;
-  emlx_channel* target;
-  {
-    std::lock_guard<std::mutex> lock(worker->mutex);
-    if (worker->stopping || worker->channel == nullptr) return -1;
-    if (drop_pending) dropped.swap(worker->jobs);
-    worker->jobs.push_back(Job{job_id, JobKind::Stop, {}, nullptr});
-    worker->stopping = true;
-    target = worker->channel;
-  }
-  worker->cv.notify_one();
-  for (auto& job : dropped) target->post({job.id, EMLX_DROPPED, 0, nullptr});
-  return 0;
+  return emlx::guarded([&] {
+    std::deque<Job> dropped;
+    std::shared_ptr<emlx::Channel> target;
+    {
+      std::lock_guard<std::mutex> lock(worker->mutex);
+      if (worker->stopping || worker->channel == nullptr) {
+        emlx::set_last_error("[emlx] the worker is already released");
+        return -1;
+      }
+      worker->jobs.push_back(Job{job_id, JobKind::Stop, {}, nullptr});
+      if (drop_pending) {
+        dropped.swap(worker->jobs);
+        worker->jobs.push_back(std::move(dropped.back()));  // keep the stop marker
+        dropped.pop_back();
+      }
+      worker->stopping = true;
+      target = worker->channel;
+    }
+    worker->cv.notify_one();
+    for (auto& job : dropped) target->post(record(job.id, EMLX_DROPPED, 0, nullptr, job.restore_payload(),
+                                                  EMLX_PAYLOAD_RESTORE));
+    return 0;
+  });
 }
 
 int emlx_worker_stream_index(emlx_worker* worker) { return worker->stream_index; }
 int emlx_worker_thread_id(emlx_worker* worker) { return worker->tid; }
 
 int emlx_submit_eval(emlx_worker* worker, uint64_t job_id, void** arrays, size_t count) {
-  Job job{job_id, JobKind::Eval, {}, nullptr};
-  job.arrays.reserve(count);
-  {
-    emlx::GilGuard gil;  // handles can be swapped by in-place ops on other threads
-    for (size_t i = 0; i < count; ++i) job.arrays.push_back(emlx::array_of(arrays[i]));
-  }
-  return worker->submit(std::move(job));
+  return emlx::guarded([&] {
+    Job job{job_id, JobKind::Eval, {}, nullptr};
+    job.arrays.reserve(count);
+    {
+      emlx::GilGuard gil;  // handles can be swapped by in-place ops on other threads
+      for (size_t i = 0; i < count; ++i) job.arrays.push_back(emlx::array_of(arrays[i]));
+    }
+    return worker->submit(std::move(job));
+  });
 }
 
 int emlx_submit_op(emlx_worker* worker, uint64_t job_id, int op, void** arrays, size_t n_arrays,
                    const int64_t* ints, size_t n_ints, const double* floats, size_t n_floats,
                    const char* text, int evaluate, int check_finite, uint64_t donate_mask) {
-  Job job{job_id, JobKind::Op, {}, nullptr, std::make_shared<OpCall>()};
-  OpCall& call = *job.op;
-  call.op = op;
-  call.ints.assign(ints, ints + n_ints);
-  call.floats.assign(floats, floats + n_floats);
-  call.text = text ? text : "";
-  call.evaluate = evaluate != 0;
-  call.check_finite = check_finite != 0;
-  job.arrays.reserve(n_arrays);
-  {
+  return emlx::guarded([&] {
+    Job job{job_id, JobKind::Op, {}, nullptr, std::make_shared<OpCall>()};
+    OpCall& call = *job.op;
+    call.op = op;
+    call.ints.assign(ints, ints + n_ints);
+    call.floats.assign(floats, floats + n_floats);
+    call.text = text ? text : "";
+    call.evaluate = evaluate != 0;
+    call.check_finite = check_finite != 0;
+    job.arrays.reserve(n_arrays);
+    for (size_t i = 0; i < n_arrays && i < 64; ++i)
+      if ((donate_mask >> i) & 1) job.donated.push_back(i);
     emlx::GilGuard gil;
-    for (size_t i = 0; i < n_arrays; ++i) {
-      mx::array& held = emlx::array_of(arrays[i]);
-      job.arrays.push_back(held);
-      if (i < 64 && (donate_mask >> i) & 1) held = mx::array(0.0f);  // the job's is now the only reference
+    for (size_t i = 0; i < n_arrays; ++i) job.arrays.push_back(emlx::array_of(arrays[i]));
+    // Everything that can fail is done: only now take the only reference of
+    // donated inputs (their objects hold a scalar until results come back).
+    int status = worker->submit(std::move(job));
+    if (status == 0) {
+      for (size_t i = 0; i < n_arrays && i < 64; ++i)
+        if ((donate_mask >> i) & 1) emlx::array_of(arrays[i]) = mx::array(0.0f);
     }
-  }
-  return worker->submit(std::move(job));
+    return status;
+  });
 }
 
 size_t emlx_payload_size(void* payload) {
   return static_cast<std::vector<mx::array>*>(payload)->size();
 }
 
-void emlx_publish_results(void* payload, void** placeholders, size_t count) {
+int emlx_publish_results(void* payload, void** placeholders, size_t count) {
   auto* results = static_cast<std::vector<mx::array>*>(payload);
-  {
+  int status = emlx::guarded([&] {
     emlx::GilGuard gil;
-    for (size_t i = 0; i < count && i < results->size(); ++i) emlx::array_of(placeholders[i]) = (*results)[i];
-  }
+    for (size_t i = 0; i < count && i < results->size(); ++i) {
+      if (placeholders[i] != nullptr) emlx::array_of(placeholders[i]) = (*results)[i];
+    }
+    return 0;
+  });
   delete results;
+  return status;
 }
 
 void emlx_payload_free(void* payload) { delete static_cast<std::vector<mx::array>*>(payload); }
@@ -320,26 +399,30 @@ void emlx_payload_free(void* payload) { delete static_cast<std::vector<mx::array
 int emlx_op_count(void) { return emlx::op_count(); }
 
 int emlx_submit_python(emlx_worker* worker, uint64_t job_id, void* context) {
-  return worker->submit(Job{job_id, JobKind::Python, {}, context});
+  return emlx::guarded([&] { return worker->submit(Job{job_id, JobKind::Python, {}, context}); });
 }
 
 int emlx_submit_synchronize(emlx_worker* worker, uint64_t job_id) {
-  return worker->submit(Job{job_id, JobKind::Synchronize, {}, nullptr});
+  return emlx::guarded([&] { return worker->submit(Job{job_id, JobKind::Synchronize, {}, nullptr}); });
 }
 
-int emlx_cancel(emlx_worker* worker, uint64_t job_id) {
-  Job removed{0, JobKind::Stop, {}, nullptr, nullptr};
-  {
-    std::lock_guard<std::mutex> lock(worker->mutex);
-    auto it = std::find_if(worker->jobs.begin(), worker->jobs.end(), [&](const Job& j) {
-      return j.id == job_id && j.kind != JobKind::Stop;
-    });
-    if (it == worker->jobs.end()) return 0;
-    removed = std::move(*it);
-    worker->jobs.erase(it);
-  }
-  // `removed` (and its graph references) is destroyed here, outside the lock.
-  return 1;
+int emlx_cancel(emlx_worker* worker, uint64_t job_id, void** restored) {
+  *restored = nullptr;
+  return emlx::guarded([&] {
+    Job removed{0, JobKind::Stop, {}, nullptr, nullptr};
+    {
+      std::lock_guard<std::mutex> lock(worker->mutex);
+      auto it = std::find_if(worker->jobs.begin(), worker->jobs.end(), [&](const Job& j) {
+        return j.id == job_id && j.kind != JobKind::Stop;
+      });
+      if (it == worker->jobs.end()) return 0;
+      removed = std::move(*it);
+      worker->jobs.erase(it);
+    }
+    *restored = removed.restore_payload();
+    // `removed` (and its graph references) is destroyed here, outside the lock.
+    return 1;
+  });
 }
 
 int emlx_workers_active(void) {

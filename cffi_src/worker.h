@@ -18,7 +18,8 @@ int emlx_worker_release(emlx_worker *worker, uint64_t job_id, int drop_pending);
 int emlx_worker_stream_index(emlx_worker *worker);
 int emlx_worker_thread_id(emlx_worker *worker);
 
-/* Jobs. Each returns 0, or -1 when the worker is stopping. */
+/* Jobs. Each returns 0, or -1 (emlx_last_error) when the worker is stopping
+ * or the job could not be made. No C++ exception crosses this ABI. */
 /* Evaluate the given mx.array objects (PyObject*) on the worker's stream. */
 int emlx_submit_eval(emlx_worker *worker, uint64_t job_id, void **arrays, size_t count);
 /* Call emlx_python_job(context, job_id) on the worker thread. */
@@ -26,8 +27,10 @@ int emlx_submit_python(emlx_worker *worker, uint64_t job_id, void *context);
 /* Wait for all work on the worker's stream. */
 int emlx_submit_synchronize(emlx_worker *worker, uint64_t job_id);
 /* Drop a queued job: 1 if it was dropped (it will never run and no record is
- * posted), 0 if it already started or finished. */
-int emlx_cancel(emlx_worker *worker, uint64_t job_id);
+ * posted), 0 if it already started or finished, -1 on error. For a dropped op
+ * job with donated inputs, *restored receives them (a payload, in input
+ * order) to publish back into the caller's arrays; otherwise NULL. */
+int emlx_cancel(emlx_worker *worker, uint64_t job_id, void **restored);
 
 /* Counts for leak checks. */
 int emlx_workers_active(void);

@@ -9,23 +9,26 @@ from ._api import item as item
 from ._api import run as run
 from ._api import synchronize as synchronize
 from ._api import to_numpy as to_numpy
-from ._binding import bind as bind
-from ._binding import bound_queue as bound_queue
-from ._binding import current_queue as current_queue
+from ._context import bind as bind
+from ._context import bound_queue as bound_queue
+from ._routing import current_queue as current_queue
 from ._errors import DeviceUnavailable as DeviceUnavailable
 from ._errors import EMLXError as EMLXError
 from ._errors import ForeignLazyArrayError as ForeignLazyArrayError
 from ._errors import ForkedProcessError as ForkedProcessError
+from ._errors import HostCallDeadlock as HostCallDeadlock
 from ._errors import MLXIndexError as MLXIndexError
+from ._errors import MLXOverflowError as MLXOverflowError
 from ._errors import MLXRuntimeError as MLXRuntimeError
 from ._errors import MLXValueError as MLXValueError
 from ._errors import QueueClosed as QueueClosed
 from ._errors import QueueFull as QueueFull
+from ._errors import QueueReleaseError as QueueReleaseError
 from ._errors import RuntimeClosed as RuntimeClosed
-from ._host_call import HostCallDeadlock as HostCallDeadlock
 from ._host_call import HostCallError as HostCallError
 from ._host_call import host_call as host_call
 from ._queue import CommandQueue as CommandQueue
+from ._queue import JobFuture as JobFuture
 from ._queue import cancelled as cancelled
 from ._runtime import Runtime as Runtime
 from ._runtime import get_runtime as get_runtime
@@ -40,7 +43,8 @@ from . import ops as ops  # noqa: E402
 
 __all__ = [
     "CommandQueue", "DeviceUnavailable", "EMLXError", "ForeignLazyArrayError", "ForkedProcessError",
-    "MLXIndexError", "MLXRuntimeError", "MLXValueError", "QueueClosed", "QueueFull", "Runtime",
-    "RuntimeClosed", "__version__", "bind", "bound_queue", "cancelled", "current_queue", "eval",
-    "attention", "fast", "fft", "ipc", "linalg", "memory", "ops", "get_runtime", "item", "run", "synchronize", "to_numpy", "host_call", "HostCallDeadlock", "HostCallError",
+    "HostCallDeadlock", "HostCallError", "JobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
+    "MLXValueError", "QueueClosed", "QueueFull", "QueueReleaseError", "Runtime", "RuntimeClosed",
+    "__version__", "attention", "bind", "bound_queue", "cancelled", "current_queue", "eval", "fast", "fft",
+    "get_runtime", "host_call", "ipc", "item", "linalg", "memory", "ops", "run", "synchronize", "to_numpy",
 ]

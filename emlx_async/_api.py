@@ -8,9 +8,9 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ._binding import current_queue, route
 from ._devices import DeviceLike
 from ._queue import CommandQueue
+from ._routing import current_queue, route
 from ._runtime import get_runtime
 from ._trees import iter_arrays
 
@@ -25,23 +25,15 @@ async def eval(*arrays: Any, queue: CommandQueue | None = None) -> Any:  # noqa:
     Example:
         >>> y = await ea.eval(lazy_y)
     """
-    runtime = get_runtime()
     flat = list(iter_arrays(arrays))
     if queue is not None:
         await queue.eval(*flat)
     else:
-        groups: dict[CommandQueue, list[mx.array]] = {}
-        unowned = []
-        for array in flat:
-            owner = runtime.queue_of(array)
-            if owner is None:
-                unowned.append(array)
-            else:
-                groups.setdefault(owner, []).append(array)
-        # Unowned lazy arrays are the loop thread's own (or foreign: a clear error).
-        runtime._prepare_inputs(unowned, current_queue())
-        if groups:
-            await asyncio.gather(*(q.eval(*group) for q, group in groups.items()))
+        # Owned lazy arrays are evaluated on their owners; the loop thread's
+        # own here (a foreign one is a clear error).
+        pending = get_runtime().prepare_inputs(flat, None)
+        if pending:
+            await asyncio.gather(*pending)
     return arrays[0] if len(arrays) == 1 else arrays
 
 

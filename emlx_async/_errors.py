@@ -19,6 +19,10 @@ class MLXIndexError(EMLXError, IndexError):
     """MLX raised ``std::out_of_range``; MLX's message."""
 
 
+class MLXOverflowError(EMLXError, OverflowError):
+    """A value does not fit the C++ type MLX stores it in (``std::overflow_error``)."""
+
+
 class QueueFull(EMLXError):
     """A queue is at ``max_pending`` and the caller asked not to wait."""
 
@@ -29,6 +33,14 @@ class QueueClosed(EMLXError, RuntimeError):
 
 class RuntimeClosed(EMLXError, RuntimeError):
     """The runtime was closed, or belongs to another event loop."""
+
+
+class QueueReleaseError(EMLXError, RuntimeError):
+    """A queue was given back to a pool that did not lend it, or given back twice."""
+
+
+class HostCallDeadlock(EMLXError, RuntimeError):
+    """A host callback awaited the very queue whose worker is waiting for it."""
 
 
 class DeviceUnavailable(EMLXError, ValueError):
@@ -51,7 +63,8 @@ class ForeignLazyArrayError(EMLXError, ValueError):
 
 
 # error_kind values from cffi_src/channel.h, in order.
-_NATIVE_ERROR_CLASSES = (MLXRuntimeError, MLXValueError, MLXIndexError, MLXRuntimeError)
+_NATIVE_ERROR_CLASSES = (MLXRuntimeError, MLXValueError, MLXIndexError, MLXRuntimeError, MLXOverflowError,
+                         RuntimeClosed)
 
 
 def native_error(kind: int, message: str) -> EMLXError:

@@ -16,7 +16,12 @@ Failure: a raising callback, a wrong output shape or dtype, a timeout
 (``timeout=`` per call, else the runtime's ``host_call_timeout``) or a
 cancelled awaiter answers the request with an error; the graph's evaluation
 fails with ``MLXRuntimeError`` whose ``__cause__`` is the callback's
-exception, and the queue keeps working.
+exception (carried by identity on the job the worker was running), and the
+queue keeps working. Evaluating a host-call output after its runtime closed
+raises ``RuntimeClosed``.
+
+Layer: above the runtime and routing; the server attaches itself to the
+runtime's completion channel on first use.
 """
 
 from __future__ import annotations
@@ -24,40 +29,29 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
-import re
+import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 
-from ._errors import EMLXError
-from ._native import ffi, lib
-
-if TYPE_CHECKING:
-    from ._queue import CommandQueue
-    from ._runtime import Runtime
-
-
-class HostCallDeadlock(EMLXError, RuntimeError):
-    """A host callback awaited the very queue whose worker is waiting for it."""
+from ._context import set_bound
+from ._dtypes import DTYPE_CODES
+from ._errors import EMLXError, HostCallDeadlock
+from ._native import ffi, last_error, lib
+from ._queue import CommandQueue, current_job, host_call_blocking
+from ._routing import route
+from ._runtime import Runtime
 
 
 class HostCallError(EMLXError, RuntimeError):
     """A host call failed (raised, timed out, was cancelled or returned bad outputs)."""
 
 
-# In mlx::core::Dtype::Val order (cffi_src/host_call.cpp: dtype_of).
-_DTYPES = [mx.bool_, mx.uint8, mx.uint16, mx.uint32, mx.uint64, mx.int8, mx.int16, mx.int32,
-           mx.int64, mx.float16, mx.float32, mx.float64, mx.bfloat16, mx.complex64]
-_DTYPE_CODES = {dtype: code for code, dtype in enumerate(_DTYPES)}
-
-# Set inside a callback's task: the queue whose worker waits for it.
-blocking_queue: contextvars.ContextVar[CommandQueue | None] = contextvars.ContextVar(
-    "emlx_async_host_call_blocking", default=None)
-
 _call_ids = itertools.count(1)
-_REQUEST_TAG = re.compile(r"\(host call request (\d+)\)")
+_MAX_DIM = 2**31 - 1  # MLX shapes hold int32 entries
 
 
 @dataclass
@@ -75,12 +69,14 @@ def _check_outputs(outputs: Sequence[tuple[Sequence[int], mx.Dtype]]) -> list[tu
     for i, spec in enumerate(outputs):
         try:
             shape, dtype = spec
-            shape = tuple(int(d) for d in shape)
+            shape = tuple(operator.index(d) for d in shape)
         except (TypeError, ValueError):
             raise ValueError(f"host_call outputs[{i}] must be a (shape, dtype) pair, got {spec!r}") from None
         if any(d < 0 for d in shape):
             raise ValueError(f"host_call outputs[{i}] has a negative dimension: {shape}")
-        if dtype not in _DTYPE_CODES:
+        if any(d > _MAX_DIM for d in shape) or math.prod(shape) > 2**62:
+            raise OverflowError(f"host_call outputs[{i}] shape {shape} does not fit MLX's int32 dimensions")
+        if dtype not in DTYPE_CODES:
             raise ValueError(f"host_call outputs[{i}] has unsupported dtype {dtype!r}")
         checked.append((shape, dtype))
     return checked
@@ -104,8 +100,6 @@ def host_call(fn: Callable[..., Any], /, *inputs: mx.array,
         >>> masked, = await ea.host_call(keep_allowed, logits, outputs=[(logits.shape, mx.float32)])
         >>> await ea.eval(masked)
     """
-    from ._queue import current_job
-
     if not callable(fn):
         raise TypeError(f"host_call needs a callable, got {type(fn).__name__}")
     specs = _check_outputs(outputs)
@@ -117,93 +111,98 @@ def host_call(fn: Callable[..., Any], /, *inputs: mx.array,
     job = current_job()
     if job is not None:  # on a worker thread, inside a queue job
         return _build(job.queue, fn, inputs, specs, timeout)
-    from ._binding import route
-
     target = route(inputs, queue)
     return target.run(_build, target, fn, inputs, specs, timeout, lazy=True)
 
 
 def _build(queue: CommandQueue, fn, inputs, specs, timeout) -> list[mx.array]:
     """On the worker thread: put the node in this thread's graph."""
-    runtime = queue._runtime
+    server = _server_of(queue)
+    runtime = server.runtime
     call_id = next(_call_ids)
-    runtime._host_calls[call_id] = _Call(fn, queue, specs, timeout)
+    server.calls[call_id] = _Call(fn, queue, specs, timeout)
     effective = timeout if timeout is not None else runtime.host_call_timeout
     # The worker's own bound on the wait, in case the loop never answers.
     backstop_ms = int((effective * 2 + 10) * 1000) if effective else 0
     placeholders = [mx.array(0) for _ in specs]
     shapes = [d for shape, _ in specs for d in shape]
     status = lib.emlx_host_call_build(
-        runtime._channel, call_id, [ffi.cast("void*", id(x)) for x in inputs], len(inputs),
+        queue._channel.native, call_id, [ffi.cast("void*", id(x)) for x in inputs], len(inputs),
         ffi.new("int64_t[]", shapes), ffi.new("int[]", [len(s) for s, _ in specs]),
-        ffi.new("int[]", [_DTYPE_CODES[d] for _, d in specs]), len(specs),
+        ffi.new("int[]", [DTYPE_CODES[d] for _, d in specs]), len(specs),
         [ffi.cast("void*", id(p)) for p in placeholders], backstop_ms)
     if status != 0:
-        runtime._host_calls.pop(call_id, None)
-        raise HostCallError(ffi.string(lib.emlx_last_error()).decode(errors="replace"))
+        server.calls.pop(call_id, None)
+        raise HostCallError(last_error())
     return placeholders
+
+
+def _server_of(queue: CommandQueue) -> HostCallServer:
+    """The host-call server of `queue`'s runtime, attached to its channel on first use."""
+    channel = queue._channel
+    if channel.host_server is None:
+        runtime = channel.owner() if channel.owner is not None else None
+        if runtime is None:
+            raise HostCallError("host calls need the queue's runtime to be open")
+        channel.host_server = HostCallServer(runtime)
+    return channel.host_server
 
 
 class HostCallServer:
     """The loop side: runs callbacks for requests posted on the channel."""
 
     def __init__(self, runtime: Runtime):
-        self._runtime = runtime
-        self.errors: dict[int, BaseException] = {}  # request id -> the callback's exception
+        self.runtime = runtime
+        self.calls: dict[int, _Call] = {}  # call id -> the node's callback, until it is evaluated
         self._tasks: dict[int, tuple[asyncio.Task, CommandQueue]] = {}
 
     def request(self, request_id: int) -> None:
-        """A worker is waiting for request `request_id` (called from Runtime._drain)."""
+        """A worker is waiting for request `request_id` (called from the channel's drain)."""
         # A node is evaluated once, so its record is done with after this.
-        call = self._runtime._host_calls.pop(lib.emlx_host_request_call(request_id), None)
+        call = self.calls.pop(lib.emlx_host_request_call(request_id), None)
         if call is None:
             self._reply_error(request_id, "[host_call] unknown call (its runtime state is gone)")
             return
         inputs = []
         for i in range(lib.emlx_host_request_inputs(request_id)):
             placeholder = mx.array(0)
-            lib.emlx_host_request_input(request_id, i, ffi.cast("void*", id(placeholder)))
+            if lib.emlx_host_request_input(request_id, i, ffi.cast("void*", id(placeholder))) != 0:
+                self._reply_error(request_id, f"[host_call] cannot read input {i}: {last_error()}")
+                return
             inputs.append(placeholder)
         context = contextvars.copy_context()
-        context.run(blocking_queue.set, call.queue)
-        task = self._runtime._loop.create_task(self._serve(request_id, call, inputs), context=context)
+        context.run(host_call_blocking.set, call.queue)
+        task = self.runtime._loop.create_task(self._serve(request_id, call, inputs), context=context)
         self._tasks[request_id] = (task, call.queue)
 
     async def _serve(self, request_id: int, call: _Call, inputs: list[mx.array]) -> None:
-        from ._binding import _bound
-
         name = getattr(call.fn, "__qualname__", repr(call.fn))
-        tag = f"(host call request {request_id})"
-        _bound.set(self._runtime.callback_queue(call.queue.device))  # its own MLX work goes here
-        timeout = call.timeout if call.timeout is not None else self._runtime.host_call_timeout
+        set_bound(self.runtime.callback_queue(call.queue.device))  # its own MLX work goes here
+        timeout = call.timeout if call.timeout is not None else self.runtime.host_call_timeout
         try:
             try:
                 result = call.fn(*inputs)
                 if asyncio.iscoroutine(result):
                     result = await asyncio.wait_for(result, timeout)
             except asyncio.TimeoutError as exc:
-                self.errors[request_id] = exc
-                self._reply_error(request_id, f"[host_call] {name} timed out after {timeout}s {tag}")
+                self._fail(request_id, call, exc, f"[host_call] {name} timed out after {timeout}s")
                 return
             except asyncio.CancelledError:
-                self._reply_error(request_id, f"[host_call] {name} was cancelled {tag}")
+                self._reply_error(request_id, f"[host_call] {name} was cancelled")
                 raise
             except Exception as exc:  # noqa: BLE001 - chained onto the graph's error
-                self.errors[request_id] = exc
-                self._reply_error(request_id, f"[host_call] {name} raised {type(exc).__name__}: {exc} {tag}")
+                self._fail(request_id, call, exc, f"[host_call] {name} raised {type(exc).__name__}: {exc}")
                 return
             try:
                 arrays = await self._as_outputs(result, call)
             except Exception as exc:  # noqa: BLE001
-                self.errors[request_id] = exc
-                self._reply_error(request_id, f"{exc} {tag}")
+                self._fail(request_id, call, exc, str(exc))
                 return
             keep = arrays  # alive until the worker has copied them
             if lib.emlx_host_request_reply(request_id, [ffi.cast("void*", id(a)) for a in keep],
                                            len(keep), ffi.NULL) != 0:
-                message = ffi.string(lib.emlx_last_error()).decode(errors="replace")
-                self.errors[request_id] = HostCallError(f"{name}: {message}")
-                self._reply_error(request_id, f"{message} from {name} {tag}")
+                message = last_error()
+                self._fail(request_id, call, HostCallError(f"{name}: {message}"), f"{message} from {name}")
         finally:
             self._tasks.pop(request_id, None)
 
@@ -220,12 +219,17 @@ class HostCallServer:
             arrays.append(array)
         # Evaluate lazy results where they live (their owner queue, or here),
         # then make them row-contiguous here: the worker copies them flat.
-        from ._api import eval as ea_eval
-
-        await ea_eval(*arrays)
+        await asyncio.gather(*self.runtime.prepare_inputs(arrays, None))
         arrays = [mx.contiguous(a) for a in arrays]
         mx.eval(arrays)
         return arrays
+
+    def _fail(self, request_id: int, call: _Call, exc: BaseException, message: str) -> None:
+        """Fail the graph; the job the blocked worker runs carries `exc` as its cause."""
+        job = call.queue.running_job()
+        if job is not None:
+            job.host_cause = exc
+        self._reply_error(request_id, message)
 
     def _reply_error(self, request_id: int, message: str) -> None:
         lib.emlx_host_request_reply(request_id, ffi.NULL, 0, message.encode())
@@ -235,14 +239,3 @@ class HostCallServer:
         for task, blocked in list(self._tasks.values()):
             if blocked is queue:
                 task.cancel()
-
-    def cause_for(self, message: str | None) -> BaseException | None:
-        """The callback exception a graph error message refers to, if any."""
-        match = _REQUEST_TAG.search(message or "")
-        return self.errors.pop(int(match.group(1)), None) if match else None
-
-    def check_not_blocking(self, queue: CommandQueue) -> None:
-        if blocking_queue.get() is queue:
-            raise HostCallDeadlock(
-                f"a host callback awaited {queue!r}, whose worker is waiting for that same callback; "
-                "do the callback's MLX work through ea.* ops (they use the callback queue) or another queue")

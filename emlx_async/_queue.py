@@ -1,44 +1,60 @@
 """CommandQueue: an actor over one native worker thread and its MLX stream.
 
-Every job goes through ``_submit``: it takes a slot (backpressure), registers
-the job with the runtime, and hands it to the worker. The worker reports on
-the runtime's completion channel; ``Runtime._drain`` calls ``_finish``.
+A queue takes a completion channel, never a runtime. Every job goes through
+``_submit``: it takes its place in the queue's FIFO at once and returns a
+``JobFuture``, whatever it waits on. A job starts on the worker when every
+job before it has started, a backpressure slot is free and its lazy inputs
+owned by other queues are evaluated (they are evaluated there first); until
+then it waits in the queue's backlog, in order. The worker reports on the
+channel; ``CompletionChannel._drain`` calls ``_finish``.
 
 Cancellation contract (the same for every kind of job):
 
-* A job still queued when its awaiting task is cancelled is removed from the
-  worker's queue and never runs.
-* A job already running cannot be interrupted. The awaiting task is released
-  at once with ``CancelledError``; the job runs to the end, in queue order,
+* A job not yet running when its awaiter is cancelled (in the backlog or
+  queued on the worker) is removed and never runs.
+* A job already running cannot be interrupted. The awaiter is released at
+  once with ``CancelledError``; the job runs to the end, in queue order,
   and its result is discarded. Its backpressure slot is held until then,
   because the worker really is busy. Python jobs can poll ``ea.cancelled()``
   to stop early.
+
+Donation (``donate=`` on op jobs): the job takes the only reference to the
+donated inputs when it reaches the worker. On every path that does not
+succeed before the graph is built (dropped, cancelled while queued, invalid
+arguments) the caller's arrays get their original contents back. A job that
+ran (even one whose awaiter gave up, or whose non-finite check failed)
+publishes its updated arrays into them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import itertools
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 
 from . import _interop
-from ._errors import EMLXError, ForkedProcessError, QueueClosed, QueueFull, native_error
-from ._native import ffi, lib
+from ._channel import CompletionChannel
+from ._devices import from_native_device
+from ._errors import EMLXError, ForeignLazyArrayError, HostCallDeadlock, QueueClosed, QueueFull, native_error
+from ._native import ffi, last_error, lib
 from ._trees import iter_arrays
-
-if TYPE_CHECKING:
-    from ._runtime import Runtime
 
 _job_ids = itertools.count(1)
 
 # The job a worker thread is running now, for ea.cancelled().
 _running = threading.local()
+
+# Set inside a host callback's task: the queue whose worker waits for it.
+# Submitting to that queue from there would deadlock, so it raises instead.
+host_call_blocking: contextvars.ContextVar[CommandQueue | None] = contextvars.ContextVar(
+    "emlx_async_host_call_blocking", default=None)
 
 
 class JobFuture(asyncio.Future):
@@ -64,7 +80,7 @@ class JobFuture(asyncio.Future):
 
 class _Job:
     __slots__ = ("id", "queue", "future", "fn", "args", "kwargs", "lazy", "result", "exception", "cancelled",
-                 "op_name", "publish_into")
+                 "op_name", "publish_into", "donated", "start", "deps", "host_cause")
 
     def __init__(self, queue: CommandQueue, future: JobFuture, fn: Callable | None = None,
                  args: tuple = (), kwargs: dict | None = None, lazy: bool = False, result: Any = None):
@@ -81,6 +97,10 @@ class _Job:
         self.cancelled = False  # set on the loop when the awaiting task gave up
         self.op_name: str | None = None  # native op jobs: their results arrive as a payload
         self.publish_into: dict[int, mx.array] | None = None  # result index -> donated input object
+        self.donated: list[mx.array] = []  # donated input objects, in input order
+        self.start: Callable[[], int] | None = None  # hands the job to the worker; 0 on success
+        self.deps: list[asyncio.Future] = []  # evaluations on other queues it waits for
+        self.host_cause: BaseException | None = None  # a host callback's exception that failed it
 
     def run_python(self) -> int:
         """Body of a Python job, on the worker thread (holding the GIL)."""
@@ -110,7 +130,7 @@ class _Job:
 @ffi.def_extern()
 def emlx_python_job(context, job_id):
     queue: CommandQueue = ffi.from_handle(context)
-    job = queue._runtime._jobs.get(job_id)
+    job = queue._channel.jobs.get(job_id)
     if job is None:
         return lib.EMLX_DONE
     return job.run_python()
@@ -120,18 +140,37 @@ def emlx_python_job(context, job_id):
 _MULTI_OUTPUT = {"split", "kv_cache_attention", "linalg_qr", "linalg_svd", "linalg_lu", "linalg_eigh", "quantize"}
 
 
+def _publish(payload, targets: list[mx.array | None]) -> None:
+    """Move a payload's arrays into mx.array objects (None: skip); on the loop thread."""
+    handles = [ffi.cast("void*", id(a)) if a is not None else ffi.NULL for a in targets]
+    if lib.emlx_publish_results(payload, handles, len(targets)) != 0:
+        raise EMLXError(f"cannot publish results: {last_error()}")
+
+
 def _published(job: _Job, payload) -> Any:
-    """An op job's results in mx.arrays, set here on the loop thread: fresh
-    placeholders, or the donated input objects the job returns into."""
+    """An op job's results in mx.arrays: fresh ones, or the donated input objects."""
     count = lib.emlx_payload_size(payload)
     into = job.publish_into or {}
-    arrays = [into.get(i) if i in into else mx.array(0) for i in range(count)]
-    lib.emlx_publish_results(payload, [ffi.cast("void*", id(a)) for a in arrays], count)
+    arrays = [into[i] if i in into else mx.array(0) for i in range(count)]
+    _publish(payload, arrays)
     if into:
         return arrays[0]
     if job.op_name not in _MULTI_OUTPUT or (job.op_name == "linalg_svd" and count == 1):
         return arrays[0]
     return arrays if job.op_name == "split" else tuple(arrays)
+
+
+def _settle_payload(job: _Job, payload, payload_kind: int) -> None:
+    """A job that did not succeed: put donated arrays back into the caller's objects."""
+    if payload == ffi.NULL:
+        return
+    if payload_kind == lib.EMLX_PAYLOAD_RESTORE:
+        _publish(payload, list(job.donated))
+    elif job.publish_into:  # it ran: the updated arrays go where the caller expects them
+        count = lib.emlx_payload_size(payload)
+        _publish(payload, [job.publish_into.get(i) for i in range(count)])
+    else:
+        lib.emlx_payload_free(payload)
 
 
 def current_job() -> _Job | None:
@@ -149,37 +188,75 @@ def cancelled() -> bool:
     return bool(job is not None and job.cancelled)
 
 
+def _is_this_threads_stream(state: _interop.ArrayState) -> bool:
+    return lib.emlx_thread_stream_index(state.device_type) == state.stream_index
+
+
+def prepare_inputs(channel: CompletionChannel, arrays: list[mx.array],
+                   target: CommandQueue | None) -> list[asyncio.Future]:
+    """Make lazy inputs usable on `target`'s thread.
+
+    Graphs built on the loop thread are evaluated here (cheap for inputs;
+    big graphs belong on a queue). Graphs owned by another queue are
+    submitted for evaluation there: the returned futures must finish first.
+    """
+    if not arrays:
+        return []
+    on_loop: list[mx.array] = []
+    elsewhere: dict[CommandQueue, list[mx.array]] = {}
+    for array in arrays:
+        state = _interop.array_state(array)
+        if state.state != _interop.LAZY:
+            continue
+        owner = channel.owners.get((state.device_type, state.stream_index))
+        if owner is not None and owner is target:
+            continue
+        if owner is not None:
+            elsewhere.setdefault(owner, []).append(array)
+        elif _is_this_threads_stream(state):
+            on_loop.append(array)
+        else:
+            raise ForeignLazyArrayError(
+                f"a lazy array built on Stream({from_native_device(state.device_type).name}, "
+                f"{state.stream_index}) belongs to a thread that no queue of this runtime owns; "
+                "evaluate it on that thread (mx.eval) before passing it in")
+    if on_loop:
+        mx.eval(on_loop)
+    return [owner.eval(*group) for owner, group in elsewhere.items()]
+
+
 class CommandQueue:
     """A FIFO of jobs run on one OS thread that owns one MLX stream.
 
     Get queues from a Runtime (``rt.queue()``, ``rt.default_queue()``); they
     are pooled because MLX never frees a stream's thread.
 
-    Jobs are submitted when the method is called and run in submission order;
-    the returned awaitable gives the result. Many jobs may be in flight at
-    once, up to ``max_pending``; past it, callers wait for a slot or, with
-    ``nowait=True``, get ``QueueFull`` at once.
+    Jobs take their place in the FIFO when the method is called and run in
+    that order; the returned awaitable gives the result. Many jobs may be in
+    flight at once, up to ``max_pending`` on the worker; past it, jobs wait
+    in order for a slot or, with ``nowait=True``, raise ``QueueFull`` at once.
     """
 
-    def __init__(self, runtime: Runtime, device: mx.DeviceType, worker, *, max_pending: int):
-        self._runtime = runtime
-        self._loop = runtime._loop
-        self._pid = runtime._pid
+    def __init__(self, channel: CompletionChannel, device: mx.DeviceType, worker, *, max_pending: int):
+        self._channel = channel
+        self._loop = channel.loop
         self.device = device
         self._worker = worker
         self.stream_index: int = lib.emlx_worker_stream_index(worker)
         self.thread_id: int = lib.emlx_worker_thread_id(worker)
         self.max_pending = max_pending
-        self._pending = 0  # slots held: submitted jobs not yet reported
-        self._slot_waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._pending = 0  # slots held: jobs handed to the worker, not yet reported
+        self._backlog: collections.deque[_Job] = collections.deque()  # submitted, not yet on the worker
+        self._started: dict[int, _Job] = {}  # on the worker, in start (= run) order
         self._closing = False
         self._closed_future: asyncio.Future | None = None
+        self._backlog_empty: asyncio.Event | None = None
         self._handle = ffi.new_handle(self)  # context for emlx_python_job
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "closing" if self._closing else "open"
         return (f"<CommandQueue {self.device.name} stream={self.stream_index} "
-                f"pending={self._pending} {state}>")
+                f"pending={self.pending} {state}>")
 
     @property
     def closed(self) -> bool:
@@ -187,13 +264,13 @@ class CommandQueue:
 
     @property
     def pending(self) -> int:
-        """Jobs submitted and not yet finished (running ones included)."""
-        return self._pending
+        """Jobs submitted and not yet finished (running and waiting ones included)."""
+        return self._pending + len(self._backlog)
 
     # ---- public jobs -------------------------------------------------------
 
     def run(self, fn: Callable[..., Any], /, *args: Any, lazy: bool = False,
-            nowait: bool = False, **kwargs: Any) -> asyncio.Future:
+            nowait: bool = False, **kwargs: Any) -> JobFuture:
         """Run ``fn(*args, **kwargs)`` on this queue's thread; await the result.
 
         MLX code in ``fn`` uses this queue's stream (it is the thread's default).
@@ -205,8 +282,9 @@ class CommandQueue:
 
         Lazy array arguments are made usable first: graphs built on the event
         loop thread are evaluated there, graphs owned by another queue are
-        evaluated on that queue. An exception raised by ``fn`` is re-raised
-        with its own type and traceback; the queue keeps working.
+        evaluated on that queue (this job keeps its place in the FIFO and
+        waits for them). An exception raised by ``fn`` is re-raised with its
+        own type and traceback; the queue keeps working.
 
         Cancellation: see the module docstring; ``fn`` may poll ``ea.cancelled()``.
 
@@ -216,13 +294,11 @@ class CommandQueue:
         if not callable(fn):
             raise TypeError(f"queue.run() needs a callable, got {type(fn).__name__}")
         self._check_open()
-        future = JobFuture(loop=self._loop)
-        job = _Job(self, future, fn, args, kwargs, lazy)
-        inputs = list(iter_arrays((args, kwargs)))
-        return self._submit(job, lambda: lib.emlx_submit_python(self._worker, job.id, self._handle),
-                            nowait, inputs)
+        job = _Job(self, JobFuture(loop=self._loop), fn, args, kwargs, lazy)
+        job.start = lambda: lib.emlx_submit_python(self._worker, job.id, self._handle)
+        return self._submit(job, nowait, list(iter_arrays((args, kwargs))))
 
-    def eval(self, *arrays: mx.array, nowait: bool = False) -> asyncio.Future:
+    def eval(self, *arrays: mx.array, nowait: bool = False) -> JobFuture:
         """Evaluate arrays on this queue's thread, natively and without the GIL.
 
         The arrays must be evaluated already or lazy graphs owned by this queue
@@ -230,187 +306,249 @@ class CommandQueue:
         single array, or a tuple of them.
         """
         self._check_open()
-        future = JobFuture(loop=self._loop)
         flat = list(iter_arrays(arrays))
-        job = _Job(self, future, result=arrays[0] if len(arrays) == 1 else arrays)
+        job = _Job(self, JobFuture(loop=self._loop), result=arrays[0] if len(arrays) == 1 else arrays)
         if not _interop.ZERO_COPY:  # pragma: no cover - layout fallback
             job.fn, job.args = (lambda *xs: mx.eval(list(xs))), tuple(flat)
-            return self._submit(job, lambda: lib.emlx_submit_python(self._worker, job.id, self._handle),
-                                nowait, flat)
-
-        def start() -> int:
-            return lib.emlx_submit_eval(self._worker, job.id, _interop.handles(flat), len(flat))
-
-        return self._submit(job, start, nowait, flat)
+            job.start = lambda: lib.emlx_submit_python(self._worker, job.id, self._handle)
+        else:
+            job.start = lambda: lib.emlx_submit_eval(self._worker, job.id, _interop.handles(flat), len(flat))
+        return self._submit(job, nowait, flat)
 
     def _submit_op(self, code: int, name: str, inputs: list[mx.array], ints: list[int], floats: list[float],
                    text: str, lazy: bool, nowait: bool, check_finite: bool,
-                   donate: dict[int, int] | None = None) -> asyncio.Future:
-        """Submit native op `code` (see emlx_async/ops.py, which validates the arguments)."""
+                   donate: dict[int, int] | None = None, deps: list[asyncio.Future] | None = None) -> JobFuture:
+        """Submit native op `code` (see emlx_async/ops.py, which validates the arguments).
+
+        `donate` maps an input index to the result index published back into
+        that input object; `deps` are futures (on this or other queues) that
+        must succeed before the op starts.
+        """
         self._check_open()
         if not _interop.ZERO_COPY:  # pragma: no cover - layout fallback
             raise EMLXError("native ops need the zero-copy interop layer, which failed validation")
         job = _Job(self, JobFuture(loop=self._loop), lazy=lazy)
         job.op_name = name
-        # donate: input index -> result index that is published back into that input object
         mask = 0
         if donate:
             job.publish_into = {result: inputs[index] for index, result in donate.items()}
+            job.donated = [inputs[index] for index in sorted(donate)]
             for index in donate:
                 mask |= 1 << index
+        ints_c, floats_c = ffi.new("int64_t[]", ints), ffi.new("double[]", floats)
+        text_c = text.encode()
 
         def start() -> int:
-            return lib.emlx_submit_op(
-                self._worker, job.id, code, _interop.handles(inputs), len(inputs),
-                ffi.new("int64_t[]", ints), len(ints), ffi.new("double[]", floats), len(floats),
-                text.encode(), int(not lazy), int(check_finite), mask)
+            return lib.emlx_submit_op(self._worker, job.id, code, _interop.handles(inputs), len(inputs),
+                                      ints_c, len(ints), floats_c, len(floats), text_c, int(not lazy),
+                                      int(check_finite), mask)
 
-        return self._submit(job, start, nowait, inputs)
+        job.start = start
+        return self._submit(job, nowait, inputs, deps)
 
-    def synchronize(self, *, nowait: bool = False) -> asyncio.Future:
+    def synchronize(self, *, nowait: bool = False) -> JobFuture:
         """Wait until all work queued on this queue's stream has finished."""
         self._check_open()
         job = _Job(self, JobFuture(loop=self._loop))
-        return self._submit(job, lambda: lib.emlx_submit_synchronize(self._worker, job.id), nowait, [])
+        job.start = lambda: lib.emlx_submit_synchronize(self._worker, job.id)
+        return self._submit(job, nowait, [])
 
     async def close(self, *, cancel_pending: bool = False) -> None:
         """Stop taking jobs, finish (or drop) the queued ones, release the thread.
 
         With ``cancel_pending=False`` queued jobs run first. With
-        ``cancel_pending=True`` queued jobs are dropped (their awaiters get
-        ``QueueClosed``) and only the running one finishes. The worker thread
-        is handed back without blocking the loop; it parks with its stream for
-        reuse, since MLX never frees a stream. Closing twice is harmless.
+        ``cancel_pending=True`` jobs not yet running are dropped (their
+        awaiters get ``QueueClosed``) and only the running one finishes. The
+        worker thread is handed back without blocking the loop; it parks with
+        its stream for reuse, since MLX never frees a stream. Closing twice is
+        harmless.
         """
         if self._closed_future is None:
             if self.closed:
                 return
             self._closing = True
-            for waiter in self._slot_waiters:
-                if not waiter.done():
-                    waiter.set_exception(QueueClosed("queue closed while waiting for a free slot"))
-            self._slot_waiters.clear()
-            stop = _Job(self, JobFuture(loop=self._loop))
-            self._closed_future = stop.future
-            self._runtime._jobs[stop.id] = stop
-            if lib.emlx_worker_release(self._worker, stop.id, int(cancel_pending)) != 0:
-                self._runtime._jobs.pop(stop.id, None)
-                self._closed_future.set_result(None)
-                self._detach()
+            self._closed_future = self._loop.create_future()
+            if cancel_pending:
+                self._drop_backlog()
+            while self._backlog:  # drain: waiting jobs keep their place before the stop
+                self._backlog_empty = self._backlog_empty or asyncio.Event()
+                await asyncio.shield(self._backlog_empty.wait())
+                self._backlog_empty = None
+            self._release_worker(cancel_pending)
         await asyncio.shield(self._closed_future)
 
     # ---- machinery -----------------------------------------------------------
 
+    def _release_worker(self, drop_pending: bool) -> None:
+        stop = _Job(self, JobFuture(loop=self._loop))
+        stop.future.add_done_callback(self._stopped)
+        try:
+            self._channel.ensure_alive()
+            alive = True
+        except EMLXError:
+            alive = False
+        if alive:
+            self._channel.jobs[stop.id] = stop
+            if lib.emlx_worker_release(self._worker, stop.id, int(drop_pending)) == 0:
+                return
+            self._channel.jobs.pop(stop.id, None)
+        self._detach()
+        stop.future.set_result(None)
+
+    def _stopped(self, _future: asyncio.Future) -> None:
+        if not self._closed_future.done():
+            self._closed_future.set_result(None)
+
+    def _drop_backlog(self) -> None:
+        while self._backlog:
+            job = self._backlog.popleft()
+            if not job.future.done():
+                job.future.set_exception(QueueClosed("the queue was closed before this job ran; it never ran"))
+
     def _check_open(self) -> None:
-        if os.getpid() != self._pid:
-            raise ForkedProcessError(
-                "this queue's runtime was created in another process; worker threads do not "
-                "survive fork(), so create a new Runtime in the child")
-        if self._closing or self._worker is None:
+        if os.getpid() == self._channel.pid and (self._closing or self._worker is None):
             raise QueueClosed(f"{self!r} is closed")
-        if self._runtime._loop_is_not_running_here():
+        self._channel.ensure_alive()  # fork, interpreter exit, closed runtime
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not self._loop:
             raise EMLXError("CommandQueue used outside its runtime's event loop thread")
 
-    def _submit(self, job: _Job, start: Callable[[], int], nowait: bool,
-                inputs: list[mx.array]) -> asyncio.Future:
-        self._runtime._host_server.check_not_blocking(self)
-        foreign = self._runtime._prepare_inputs(inputs, self)
-        if foreign or self._slot_waiters or self._pending >= self.max_pending:
-            if nowait and not foreign:
-                raise QueueFull(f"{self!r} has {self._pending} jobs in flight (max_pending="
-                                f"{self.max_pending}); retry later or submit without nowait")
-            return self._loop.create_task(self._submit_later(job, start, foreign))
-        self._pending += 1
-        return self._start(job, start)
-
-    async def _submit_later(self, job: _Job, start: Callable[[], int],
-                            foreign: list[asyncio.Future]) -> Any:
-        if foreign:  # lazy inputs owned by other queues: materialise them there
-            await asyncio.gather(*foreign)
-        if self._slot_waiters or self._pending >= self.max_pending:
-            waiter = self._loop.create_future()
-            self._slot_waiters.append(waiter)
-            try:
-                await waiter  # resolves holding a slot handed over by _release_slot
-            except asyncio.CancelledError:
-                if waiter in self._slot_waiters:
-                    self._slot_waiters.remove(waiter)
-                elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                    self._release_slot()  # we were handed a slot; pass it on
-                raise
-        else:
-            self._pending += 1
-        self._check_open_or_release()
-        return await self._start(job, start)
-
-    def _check_open_or_release(self) -> None:
-        try:
-            self._check_open()
-        except BaseException:
-            self._release_slot()
-            raise
-
-    def _start(self, job: _Job, start: Callable[[], int]) -> asyncio.Future:
-        jobs = self._runtime._jobs
-        jobs[job.id] = job
-        if start() != 0:
-            del jobs[job.id]
-            self._release_slot()
-            raise QueueClosed(f"{self!r} is closing")
+    def _submit(self, job: _Job, nowait: bool, inputs: list[mx.array],
+                deps: list[asyncio.Future] | None = None) -> JobFuture:
+        """Give `job` its place in the FIFO; start it now if nothing is ahead of it."""
+        if host_call_blocking.get() is self:
+            raise HostCallDeadlock(
+                f"a host callback awaited {self!r}, whose worker is waiting for that same callback; "
+                "do the callback's MLX work through ea.* ops (they use the callback queue) or another queue")
+        full = self._pending >= self.max_pending
+        if nowait and (full or self._backlog):
+            raise QueueFull(f"{self!r} has {self.pending} jobs in flight (max_pending="
+                            f"{self.max_pending}); retry later or submit without nowait")
+        job.deps = list(deps or ()) + prepare_inputs(self._channel, inputs, self)
+        if self._backlog or full or any(not d.done() for d in job.deps):
+            self._backlog.append(job)
+            for dep in job.deps:
+                if not dep.done():
+                    dep.add_done_callback(self._pump_soon)
+            return job.future
+        self._start(job)
         return job.future
+
+    def _pump_soon(self, _future: asyncio.Future | None = None) -> None:
+        self._pump()
+
+    def _pump(self) -> None:
+        """Start backlog jobs from the head while they are ready and slots are free."""
+        while self._backlog and self._pending < self.max_pending:
+            job = self._backlog[0]
+            if job.future.done():  # cancelled while waiting
+                self._backlog.popleft()
+                continue
+            if any(not d.done() for d in job.deps):
+                break
+            self._backlog.popleft()
+            self._start(job)
+        if not self._backlog and self._backlog_empty is not None:
+            self._backlog_empty.set()
+
+    def _start(self, job: _Job) -> None:
+        """Hand `job` to the worker (its dependencies are done)."""
+        for dep in job.deps:
+            error = QueueClosed("a lazy input's evaluation was cancelled") if dep.cancelled() else dep.exception()
+            if error is not None:
+                job.future.set_exception(error)
+                return
+        job.deps = []
+        if self._worker is None:
+            job.future.set_exception(QueueClosed(f"{self!r} is closed; the job never ran"))
+            return
+        self._channel.jobs[job.id] = job
+        self._pending += 1
+        if job.start() != 0:
+            message = last_error()
+            del self._channel.jobs[job.id]
+            self._pending -= 1
+            job.future.set_exception(QueueClosed(f"{self!r} refused the job: {message}"))
+            return
+        self._started[job.id] = job
 
     def _on_cancel(self, job: _Job) -> None:
         """The job's future was cancelled (on the loop thread)."""
-        if job.id not in self._runtime._jobs:
-            return  # not submitted yet (waiting for a slot), or already finished
-        if self._worker is not None and lib.emlx_cancel(self._worker, job.id):
-            del self._runtime._jobs[job.id]  # dropped before it started
+        if job.id not in self._channel.jobs:  # still in the backlog, or finished
+            if job in self._backlog:
+                self._backlog.remove(job)
+                self._pump()
+            return
+        restored = ffi.new("void**")
+        dropped = False
+        if self._worker is not None and not self._channel.closed:
+            self._channel.ensure_alive()
+            dropped = lib.emlx_cancel(self._worker, job.id, restored) == 1
+        if dropped:
+            del self._channel.jobs[job.id]  # dropped before it started
+            self._started.pop(job.id, None)
+            _settle_payload(job, restored[0], lib.EMLX_PAYLOAD_RESTORE)
             self._release_slot()
         else:
             job.cancelled = True  # running: its record arrives later and is discarded
-            self._runtime._host_server.cancel_for(self)  # unblock a worker waiting on a callback
+            server = self._channel.host_server
+            if server is not None:
+                server.cancel_for(self)  # unblock a worker waiting on a callback
 
     def _release_slot(self) -> None:
-        while self._slot_waiters:
-            waiter = self._slot_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # hand the slot over; _pending is unchanged
-                return
         self._pending -= 1
+        self._pump()
 
-    def _finish(self, job: _Job, status: int, error_kind: int, message: str | None, payload=ffi.NULL) -> None:
-        """Called by Runtime._drain on the loop thread for this queue's record."""
+    def running_job(self) -> _Job | None:
+        """The job the worker runs now (the oldest one started), if any."""
+        return next(iter(self._started.values()), None)
+
+    def _finish(self, job: _Job, status: int, error_kind: int, message: str | None, payload=ffi.NULL,
+                payload_kind: int = 0) -> None:
+        """Called by the channel's drain on the loop thread for this queue's record."""
         if status == lib.EMLX_STOPPED:
             self._detach()
             if not job.future.done():
                 job.future.set_result(None)
             return
+        self._started.pop(job.id, None)
         self._release_slot()
         future = job.future
+        if status == lib.EMLX_DONE and payload != ffi.NULL:
+            result = _published(job, payload)  # also when abandoned: donated arrays get their update
+        else:
+            result = job.result
+            _settle_payload(job, payload, payload_kind)
         if future.done():
-            if payload != ffi.NULL:
-                lib.emlx_payload_free(payload)
             return  # abandoned by a cancelled awaiter
         if status == lib.EMLX_DONE:
-            future.set_result(_published(job, payload) if payload != ffi.NULL else job.result)
+            future.set_result(result)
         elif status == lib.EMLX_PY_FAILED:
             exc, job.exception = job.exception, None
             exc = exc if exc is not None else EMLXError("Python job failed")
-            future.set_exception(self._with_host_cause(exc, str(exc)))
+            future.set_exception(self._with_host_cause(job, exc))
         elif status == lib.EMLX_DROPPED:
             future.set_exception(QueueClosed("the queue was closed before this job ran; it never ran"))
         else:
             exc = native_error(error_kind, message or "unknown MLX error")
-            future.set_exception(self._with_host_cause(exc, message))
+            future.set_exception(self._with_host_cause(job, exc))
 
-    def _with_host_cause(self, exc: BaseException, message: str | None) -> BaseException:
-        """Chain the host callback's own exception onto the graph error it caused."""
-        cause = self._runtime._host_server.cause_for(message)
-        if cause is not None and exc.__cause__ is None:
-            exc.__cause__ = cause
+    @staticmethod
+    def _with_host_cause(job: _Job, exc: BaseException) -> BaseException:
+        """Chain the host callback's own exception (carried by identity) onto the error it caused."""
+        if job.host_cause is not None and exc.__cause__ is None and exc is not job.host_cause:
+            exc.__cause__ = job.host_cause
+        job.host_cause = None
         return exc
 
     def _detach(self) -> None:
         self._worker = None
         self._closing = True
-        self._runtime._forget_queue(self)
+        self._channel.owners.pop((self._native_device, self.stream_index), None)
+
+    @property
+    def _native_device(self) -> int:
+        return lib.EMLX_DEVICE_GPU if self.device == mx.DeviceType.gpu else lib.EMLX_DEVICE_CPU

@@ -20,9 +20,9 @@ import mlx.core as mx
 import numpy as np
 
 from . import ops
-from ._binding import current_queue
+from ._routing import current_queue
 from ._errors import EMLXError
-from ._host_call import _DTYPE_CODES
+from ._dtypes import DTYPE_CODES as _DTYPE_CODES
 from ._native import ffi, lib, last_error
 
 _names = itertools.count()

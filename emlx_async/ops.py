@@ -31,10 +31,11 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ._host_call import _DTYPE_CODES
+from ._dtypes import DTYPE_CODES as _DTYPE_CODES
 from ._op_table import OPS, VARIADIC
 
 from ._native import lib
+from ._routing import current_queue, route
 
 if lib.emlx_op_count() != len(OPS):  # op codes are table positions: both sides must agree
     raise ImportError("emlx_async's shim was built from a different op table; reinstall the package "
@@ -111,27 +112,30 @@ def set_check_finite(enabled: bool) -> bool:
     return previous
 
 
+def _target(inputs: list[mx.array], queue, device):
+    return route(inputs, queue) if device is None or queue is not None else current_queue(device)
+
+
 def submit(name: str, arrays: Sequence[Any], *, queue=None, device=None, lazy: bool = False,
            nowait: bool = False, check_finite: bool | None = None, donate: dict[int, int] | None = None,
-           **options: Any):
+           _deps: list | None = None, **options: Any):
     """Submit op `name` of the table; returns its JobFuture.
 
     ``device=`` promotes: the op runs on a queue of that device (the bound one
     if it matches, else the default) whatever device its inputs came from;
     lazy inputs owned by other queues are evaluated there first.
     """
-    from ._binding import current_queue, route
-
     expected, params = _SPECS[name]
     if expected != VARIADIC and len(arrays) != expected:
         raise TypeError(f"[{name}] takes {expected} array argument(s), got {len(arrays)}")
     like = next((a for a in arrays if isinstance(a, mx.array)), None)
     inputs = [_as_array(a, like) for a in arrays]
     ints, floats, text = _encode(name, params, dict(options))
-    target = route(inputs, queue) if device is None or queue is not None else current_queue(device)
+    target = _target(inputs, queue, device)
     if check_finite is None:
         check_finite = _check_finite_default
-    return target._submit_op(_CODES[name], name, inputs, ints, floats, text, lazy, nowait, check_finite, donate)
+    return target._submit_op(_CODES[name], name, inputs, ints, floats, text, lazy, nowait, check_finite, donate,
+                             _deps)
 
 
 def _make(name: str, arrays: int, params) -> Any:
@@ -203,19 +207,19 @@ def _axis_size(a, axis) -> int:
 
 
 def _checked(name: str, arrays: list, checks: list[tuple[Any, int]], kwargs: dict):
-    """Submit op `name`, after bounds checks of (indices, axis size) pairs when enabled."""
+    """Submit op `name`, after bounds checks of (indices, axis size) pairs when enabled.
+
+    The checks go to the op's own queue just ahead of it, and the op depends
+    on them: it keeps its place in the FIFO and never starts if one fails.
+    """
     if not _bounds_checks:
         return submit(name, arrays, **kwargs)
-
-    async def run():
-        queue = kwargs.get("queue")
-        for indices, size in checks:
-            await submit("check_bounds", [indices], size=size, op=name, queue=queue)
-        return await submit(name, arrays, **kwargs)
-
-    import asyncio
-
-    return asyncio.ensure_future(run())
+    options = dict(kwargs)
+    queue = options.pop("queue", None)
+    device = options.pop("device", None)
+    target = _target([_as_array(a, None) if not isinstance(a, mx.array) else a for a in arrays], queue, device)
+    checks_done = [submit("check_bounds", [indices], size=size, op=name, queue=target) for indices, size in checks]
+    return submit(name, arrays, queue=target, _deps=checks_done, **options)
 
 
 def take(a, indices, /, *, axis=None, **kwargs: Any):

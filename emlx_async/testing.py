@@ -19,13 +19,6 @@ def parked_workers() -> int:
     return lib.emlx_workers_parked()
 
 
-def sweep_orphans() -> None:
-    """Free what runtimes collected while open left behind (done by every new Runtime too)."""
-    from ._runtime import _sweep_orphans
-
-    _sweep_orphans()
-
-
 def thread_count() -> int:
     """OS threads in this process (Linux: /proc/self/task)."""
     return len(os.listdir("/proc/self/task"))

@@ -177,7 +177,7 @@ async def test_awaiting_the_blocked_queue_is_a_clear_error(rt):
 
     with pytest.raises(RuntimeError, match=r"HostCallDeadlock: a host callback awaited") as info:
         await q.run(lambda x: ea.host_call(awaits_own_queue, x, outputs=[((1,), mx.float32)]), mx.ones(1))
-    assert isinstance(info.value.__cause__, _host_call.HostCallDeadlock)
+    assert isinstance(info.value.__cause__, ea.HostCallDeadlock)
     assert await q.run(lambda: 2) == 2
 
 

@@ -173,7 +173,7 @@ async def test_routing_order(rt):
     q_explicit = await rt.acquire_queue()
     try:
         lazy = await q_owner.run(lambda: mx.ones(2) * 5, lazy=True)
-        from emlx_async._binding import route
+        from emlx_async._routing import route
 
         with ea.bind(q_bound):
             assert route([lazy], queue=q_explicit) is q_explicit

@@ -1,0 +1,110 @@
+"""The completion channel: where workers report finished jobs to the loop.
+
+One channel per runtime. It owns the native channel (an eventfd on Linux, a
+pipe on macOS), the loop's reader on its fd, and the registries every queue
+of the runtime shares: jobs in flight (job id -> job) and queue owners
+((device, stream index) -> queue, to route lazy arrays to their owner).
+
+Layer: above the native binding; below queues. It never imports a queue: a
+job record is handed to ``job.queue._finish``, and a host-call request to the
+``host_server`` that the host-call layer attaches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from ._errors import ForkedProcessError, RuntimeClosed
+from ._native import check_pointer, ensure_not_exiting, exiting, ffi, lib
+
+_DRAIN_BATCH = 256
+
+
+class CompletionChannel:
+    """The native completion channel of one runtime, watched by one event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.pid = os.getpid()
+        self._native = check_pointer(lib.emlx_channel_new(), "cannot create the completion channel")
+        self._records = ffi.new("emlx_completion[]", _DRAIN_BATCH)
+        self._fd = lib.emlx_channel_fd(self._native)
+        self.jobs: dict[int, Any] = {}  # job id -> _queue._Job, every job the workers hold
+        self.owners: dict[tuple[int, int], Any] = {}  # (device, stream index) -> CommandQueue
+        self.host_server: Any = None  # set by the host-call layer on first use
+        self.owner: Any = None  # a weak reference to the runtime, set by it
+        loop.add_reader(self._fd, self._drain)
+
+    @property
+    def native(self):
+        """The ``emlx_channel*`` (raises once the channel is closed)."""
+        self.ensure_alive()
+        return self._native
+
+    @property
+    def closed(self) -> bool:
+        return self._native is None
+
+    def ensure_alive(self) -> None:
+        """The check before every native call that reports here (uvloop's ``_ensure_alive``)."""
+        if os.getpid() != self.pid:
+            raise ForkedProcessError("this runtime was created in another process; worker threads "
+                                     "do not survive fork(), so create a new Runtime in the child")
+        ensure_not_exiting()
+        if self._native is None:
+            raise RuntimeClosed("the emlx_async runtime is closed")
+
+    def close(self) -> None:
+        """Stop watching and close the native channel.
+
+        Workers and host-call nodes that still hold it find it closed: their
+        records are refused, never written to freed memory.
+        """
+        if self._native is None:
+            return
+        if not self.loop.is_closed():
+            self.loop.remove_reader(self._fd)
+        if not exiting() and os.getpid() == self.pid:
+            lib.emlx_channel_free(self._native)
+        self._native = None
+
+    def close_from_any_thread(self) -> None:
+        """``close`` for finalizers, which may run off the loop thread."""
+        if self._native is None:
+            return
+        if self.loop.is_closed() or not self.loop.is_running():
+            self.close()
+        else:
+            try:
+                self.loop.call_soon_threadsafe(self.close)
+            except RuntimeError:  # the loop closed meanwhile
+                self.close()
+
+    def _drain(self) -> None:
+        """Resolve finished jobs (the fd is readable); runs on the loop thread."""
+        records = self._records
+        while self._native is not None:
+            count = lib.emlx_channel_drain(self._native, records, _DRAIN_BATCH)
+            for i in range(count):
+                record = records[i]
+                message = None
+                if record.message != ffi.NULL:
+                    message = ffi.string(record.message).decode(errors="replace")
+                    lib.emlx_message_free(record.message)
+                if record.status == lib.EMLX_HOST_REQUEST:
+                    if self.host_server is not None:
+                        self.host_server.request(record.job_id)
+                    else:  # no host call was ever built here: answer so the worker moves on
+                        lib.emlx_host_request_reply(record.job_id, ffi.NULL, 0,
+                                                    b"[host_call] this runtime serves no host calls")
+                    continue
+                job = self.jobs.pop(record.job_id, None)
+                if job is not None:
+                    job.queue._finish(job, record.status, record.error_kind, message, record.payload,
+                                      record.payload_kind)
+                elif record.payload != ffi.NULL:
+                    lib.emlx_payload_free(record.payload)
+            if count < _DRAIN_BATCH:
+                break
