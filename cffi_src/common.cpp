@@ -17,8 +17,6 @@ CaughtError classify(std::exception_ptr error) {
   CaughtError out;
   try {
     std::rethrow_exception(error);
-  } catch (const ClosedError& e) {
-    out = {EMLX_ERR_CLOSED, e.what()};
   } catch (const std::overflow_error& e) {
     out = {EMLX_ERR_OVERFLOW, e.what()};
   } catch (const std::invalid_argument& e) {
@@ -26,7 +24,8 @@ CaughtError classify(std::exception_ptr error) {
   } catch (const std::out_of_range& e) {
     out = {EMLX_ERR_OUT_OF_RANGE, e.what()};
   } catch (const std::exception& e) {
-    out = {EMLX_ERR_RUNTIME, e.what()};
+    bool closed = std::strncmp(e.what(), kClosedTag, std::strlen(kClosedTag)) == 0;
+    out = {closed ? EMLX_ERR_CLOSED : EMLX_ERR_RUNTIME, e.what()};
   } catch (...) {
     out = {EMLX_ERR_OTHER, "unknown C++ exception"};
   }

@@ -26,9 +26,12 @@ CaughtError classify(std::exception_ptr error);
 
 char* copy_message(const std::string& message);
 
-// Thrown where work meets a closed runtime (EMLX_ERR_CLOSED).
+// Thrown where work meets a closed runtime (EMLX_ERR_CLOSED). Its message
+// starts with kClosedTag: MLX's scheduler re-throws exceptions from its
+// tasks as plain runtime_errors, so classify() also recognises the tag.
+inline constexpr const char* kClosedTag = "[emlx closed] ";
 struct ClosedError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  explicit ClosedError(const std::string& message) : std::runtime_error(kClosedTag + message) {}
 };
 
 // Runs `body` (returning an int status) so that no C++ exception crosses the

@@ -17,8 +17,23 @@ import emlx_async as ea
 from emlx_async import testing
 
 
+# Whatever reaches a test loop's exception handler (an unretrieved task
+# exception, a failing callback), asyncpg's test-base habit: every async test
+# fails on it, not only those that ask for the `loop_errors` fixture.
+_handler_calls: list[dict] = []
+
+
+def _recording(factory):
+    def make():
+        loop = factory()
+        loop.set_exception_handler(lambda _loop, context: _handler_calls.append(context))
+        return loop
+
+    return make
+
+
 def pytest_asyncio_loop_factories(config, item):
-    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return {"asyncio": _recording(asyncio.new_event_loop), "uvloop": _recording(uvloop.new_event_loop)}
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -34,8 +49,11 @@ def _warm_up_loops():
 @pytest.fixture(autouse=True)
 def no_leaks(_warm_up_loops):
     fds_before = testing.open_fds()
+    _handler_calls.clear()
     yield
     gc.collect()
+    calls, _handler_calls[:] = list(_handler_calls), []
+    assert not calls, f"the loop's exception handler was called: {calls}"
     assert testing.active_workers() == 0, "a worker is still leased after the test"
     leaked = testing.open_fds() - fds_before
     assert not leaked, f"fds left open: {_describe(leaked)}"

@@ -69,16 +69,30 @@ async def test_running_python_job_can_poll_cancelled(rt):
 
 async def test_cancelled_native_eval_is_dropped(rt):
     q = rt.default_queue()
+    calls: list[str] = []
+
+    def record(a):
+        calls.append("evaluated")
+        return a
+
+    x = mx.ones(2)
+    mx.eval(x)
+    # A lazy graph on q whose evaluation is observable: it calls back to the loop.
+    y, = await ea.host_call(record, x, outputs=[((2,), mx.float32)], queue=q)
     gate = Gate()
     q.run(gate)
     await wait_started(gate)
-    eval_future = q.eval(mx.ones(2))
+    eval_future = q.eval(y)
     eval_future.cancel()
     await asyncio.sleep(0)
     gate.open()
     await q.synchronize()
+    await asyncio.sleep(0.05)
     assert eval_future.cancelled()
+    assert calls == []  # the eval job was removed before it ran
     assert q.pending == 0
+    await q.eval(y)  # evaluating it now does call back
+    assert calls == ["evaluated"]
 
 
 # ---- backpressure ----------------------------------------------------------------

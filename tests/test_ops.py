@@ -300,7 +300,11 @@ async def test_pipelining_256_ops_in_flight_in_order(rt):
     q = rt.default_queue()
     futures = [ea.ops.add(M, float(i), queue=q) for i in range(256)]
     assert q.pending > 1
+    finished: list[int] = []
+    for i, future in enumerate(futures):
+        future.add_done_callback(lambda _f, i=i: finished.append(i))
     results = await asyncio.gather(*futures)
+    assert finished == list(range(256))  # one worker, one FIFO: they ran and completed in order
     for i, r in enumerate(results):
         assert_same(r, M + float(i))
 
@@ -447,6 +451,11 @@ async def test_device_promotion_runs_on_a_queue_of_that_device(rt):
         lazy = await ea.ops.add(M, 1.0, queue=q1, lazy=True)
         out = await ea.ops.multiply(lazy, 2.0, device="cpu")  # not q1: the cpu default queue
         assert_same(out, (M + 1) * 2)
+        lazy = await ea.ops.add(M, 1.0, queue=q1, lazy=True)
+        promoted = await ea.ops.multiply(lazy, 2.0, device="cpu", lazy=True)
+        assert rt.queue_of(promoted) is rt.default_queue("cpu")  # it ran there, not on the input's owner
+        assert rt.queue_of(promoted) is not q1
+        assert_same(await ea.eval(promoted), (M + 1) * 2)
         if not mx.is_available(mx.gpu):
             with pytest.raises(ea.DeviceUnavailable):
                 ea.ops.multiply(M, 2.0, device="gpu")
