@@ -1,10 +1,11 @@
 """Sharing arrays between processes through POSIX shared memory, and raw pointers.
 
 ``name, nbytes = await ea.ipc.to_shm(x)`` copies an array into a new shared
-memory object (on a worker thread, not the loop). Another process reads it
-with ``await ea.ipc.from_shm(name, shape, dtype)`` into a new array and
-unlinks the name. ``shm_unlink(name)`` removes an object nobody read (it is
-harmless when the object is already gone).
+memory object. Another process reads it with ``await ea.ipc.from_shm(name,
+shape, dtype)`` into a new array and unlinks the name. Both copy on a worker
+thread (the current queue), not on the event loop. ``shm_unlink(name)``
+removes an object nobody read (it is harmless when the object is already
+gone).
 
 What callers can rely on:
 
@@ -22,7 +23,9 @@ What callers can rely on:
 * No leaks: ``to_shm`` leaves nothing behind when it fails or when the
   awaiting task is cancelled; a cancelled export stops writing early and
   removes its object. Once ``to_shm`` has returned, the object is the
-  caller's: ``from_shm`` or ``shm_unlink`` removes it.
+  caller's: ``from_shm`` or ``shm_unlink`` removes it. A ``from_shm`` cancelled
+  before its job starts leaves the object for another try; once started, it
+  consumes the object.
 * Sizes: every dimension passed to ``from_shm`` must be a non-negative int
   that fits MLX's int32 shape entries, and the byte size must not overflow
   (``OverflowError``; ``ValueError`` for negative dimensions). The object
@@ -143,10 +146,16 @@ async def from_shm(name: str, shape: Sequence[int], dtype: mx.Dtype) -> mx.array
     encoded = _check_name(name, "from_shm")
     dims = _checked_shape(shape, dtype)
     out = mx.array(0)
-    status = lib.emlx_from_shm(encoded, ffi.new("int64_t[]", dims), len(dims), _DTYPE_CODES[dtype],
-                               ffi.cast("void*", id(out)))
+    shape_buffer = ffi.new("int64_t[]", dims)
+
+    def read() -> tuple[int, str]:
+        status = lib.emlx_from_shm(encoded, shape_buffer, len(dims), _DTYPE_CODES[dtype], ffi.cast("void*", id(out)))
+        return status, (last_error() if status != 0 else "")  # the error is this worker thread's
+
+    # On a worker: reading a large object would otherwise block the loop.
+    status, message = await current_queue().run(read)
     if status != 0:
-        _raise(status, last_error())  # same thread: the call ran here
+        _raise(status, message)
     return out
 
 

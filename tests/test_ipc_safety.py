@@ -359,3 +359,27 @@ async def test_round_trip_keeps_values_of_every_layout(rt):
         np.testing.assert_array_equal(np.array(y.astype(mx.float32) if x.dtype == mx.bfloat16 else y),
                                       np.array(x.astype(mx.float32) if x.dtype == mx.bfloat16 else x))
         assert not segment_exists(name)
+
+
+async def test_from_shm_reads_on_a_worker_while_the_loop_runs(rt):
+    x = mx.ones((32 * 1024 * 1024,), dtype=mx.float32)  # 128 MiB
+    name, _ = await ea.ipc.to_shm(x)
+    ticks = 0
+
+    async def heartbeat():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    beat = asyncio.ensure_future(heartbeat())
+    await asyncio.sleep(0)
+    before = ticks
+    y = await ea.ipc.from_shm(name, x.shape, mx.float32)
+    during = ticks - before
+    beat.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await beat
+    assert during > 1  # the loop kept running while the worker read
+    values = np.array(y)
+    assert values.shape == x.shape and values.min() == values.max() == 1.0
