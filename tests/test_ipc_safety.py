@@ -383,3 +383,35 @@ async def test_from_shm_reads_on_a_worker_while_the_loop_runs(rt):
     assert during > 1  # the loop kept running while the worker read
     values = np.array(y)
     assert values.shape == x.shape and values.min() == values.max() == 1.0
+
+
+async def test_the_shim_checks_names_shapes_and_permissions_itself(rt):
+    # The C ABI refuses what the Python layer already refuses, without touching any segment.
+    from emlx_async._native import ffi, lib, last_error
+
+    out = mx.array(0)
+    placeholder = ffi.cast("void*", id(out))
+    for shape, code, message in [
+        ([1235045764, 1867010176, 8], lib.EMLX_SHM_OVERFLOW, "byte size overflows"),
+        ([2**32 + 4], lib.EMLX_SHM_OVERFLOW, "dimension 0 is 4294967300"),
+        ([3, -1], lib.EMLX_SHM_BAD_VALUE, "negative dimension"),
+    ]:
+        status = lib.emlx_from_shm(b"/emlx-missing", ffi.new("int64_t[]", shape), len(shape), 0, placeholder)
+        assert (status, message in last_error()) == (code, True), last_error()
+    for name in [b"/psm_1", b"/emlx-", b"/emlx-a/b", b"/emlx-" + b"a" * 250]:
+        status = lib.emlx_from_shm(name, ffi.new("int64_t[]", [1]), 1, 0, placeholder)
+        assert status == lib.EMLX_SHM_BAD_VALUE and "not an emlx_async shared-memory name" in last_error()
+        assert lib.emlx_shm_unlink(name) == lib.EMLX_SHM_BAD_VALUE
+    x = mx.ones(4)
+    await ea.eval(x)
+    state, size = ffi.new("int*", lib.EMLX_SHM_RUNNING), ffi.new("size_t*")
+    for permissions in [0o666, 0o700, 0o400, 0o1600]:
+        name = f"/emlx-{os.getpid()}-{secrets.token_hex(16)}"
+        status = lib.emlx_to_shm(ffi.cast("void*", id(x)), name.encode(), permissions, state, size)
+        assert status == lib.EMLX_SHM_BAD_VALUE and "permissions" in last_error()
+        assert not segment_exists(name)
+    # An export whose caller already gave up creates nothing.
+    assert lib.emlx_shm_give_up(state) == lib.EMLX_SHM_RUNNING
+    name = f"/emlx-{os.getpid()}-{secrets.token_hex(16)}"
+    assert lib.emlx_to_shm(ffi.cast("void*", id(x)), name.encode(), 0o600, state, size) == lib.EMLX_SHM_ABANDONED
+    assert not segment_exists(name)
