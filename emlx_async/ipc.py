@@ -1,18 +1,47 @@
 """Sharing arrays between processes through POSIX shared memory, and raw pointers.
 
 ``name, nbytes = await ea.ipc.to_shm(x)`` copies an array into a new shared
-memory object (on a worker thread, not the loop). Another process maps it
-with ``await ea.ipc.from_shm(name, shape, dtype)`` and hands the mapping to
-MLX's no-copy constructor (backends that cannot wrap external memory, such
-as the Linux CPU build, copy it once); the name is unlinked as it is opened,
-so it cannot leak. ``shm_unlink(name)`` removes an object nobody opened (it is
-harmless when the object is already gone).
+memory object. Another process reads it with ``await ea.ipc.from_shm(name,
+shape, dtype)`` into a new array and unlinks the name. Both copy on a worker
+thread (the current queue), not on the event loop. ``shm_unlink(name)``
+removes an object nobody read (it is harmless when the object is already
+gone).
+
+What callers can rely on:
+
+* Names: ``to_shm`` names objects ``/emlx-<pid>-<32 random hex digits>``; a
+  caller-chosen ``name=`` must also start with ``/emlx-`` and use only
+  ``[A-Za-z0-9._-]``. ``from_shm`` and ``shm_unlink`` refuse any other name
+  with ``ValueError``, so they never open or remove another program's
+  segments (multiprocessing's, say).
+* Permissions: objects are created with ``O_EXCL`` (an existing name is an
+  error, never reused) and owner-only, mode 0600, whatever the umask.
+  ``permissions`` may add read access for group or others (0640, 0604, 0644),
+  never write access or anything else (``ValueError``). ``from_shm`` reads only
+  objects owned by this user and not writable by group or others
+  (``SharedMemoryError`` otherwise), opening them read-only.
+* No leaks: ``to_shm`` leaves nothing behind when it fails or when the
+  awaiting task is cancelled; a cancelled export stops writing early and
+  removes its object. Once ``to_shm`` has returned, the object is the
+  caller's: ``from_shm`` or ``shm_unlink`` removes it. A ``from_shm`` cancelled
+  before its job starts leaves the object for another try; once started, it
+  consumes the object.
+* Sizes: every dimension passed to ``from_shm`` must be a non-negative int
+  that fits MLX's int32 shape entries, and the byte size must not overflow
+  (``OverflowError``; ``ValueError`` for negative dimensions). The object
+  must hold exactly that many bytes (``SharedMemoryError``); a shape or size
+  refused this way leaves the object in place for another try.
+* Crash safety: data moves with ``pwrite``/``pread``, never through a
+  mapping, so a full shared-memory filesystem or a sender that shrinks the
+  object while it is read gives ``SharedMemoryError``, not a signal. OS
+  errors carry the message of the thread where they happened.
 """
 
 from __future__ import annotations
 
-import itertools
+import operator
 import os
+import re
 import secrets
 from collections.abc import Sequence
 
@@ -25,48 +54,116 @@ from ._errors import EMLXError
 from ._dtypes import DTYPE_CODES as _DTYPE_CODES
 from ._native import ffi, lib, last_error
 
-_names = itertools.count()
+PREFIX = "/emlx-"
+_NAME = re.compile(r"/emlx-[A-Za-z0-9._-]{1,249}")
+_INT32_MAX = 2**31 - 1
+_OFF_T_MAX = 2**63 - 1
 
 
 class SharedMemoryError(EMLXError, OSError):
-    """A shared-memory object could not be created, opened or removed."""
+    """A shared-memory object could not be created, opened, read or removed."""
 
 
 def _shm_name() -> str:
-    return f"/emlx-{os.getpid()}-{next(_names)}-{secrets.token_hex(4)}"
+    return f"{PREFIX}{os.getpid()}-{secrets.token_hex(16)}"
+
+
+def _check_name(name: str, where: str) -> bytes:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"[{where}] {name!r} is not an emlx_async shared-memory name "
+                         f"(\"{PREFIX}\" and 1 to 249 of [A-Za-z0-9._-])")
+    return name.encode()
+
+
+def _raise(status: int, message: str) -> None:
+    if status == lib.EMLX_SHM_BAD_VALUE:
+        raise ValueError(message)
+    if status == lib.EMLX_SHM_OVERFLOW:
+        raise OverflowError(message)
+    raise SharedMemoryError(message or "[shm] unknown error")
 
 
 async def to_shm(x: mx.array, /, permissions: int = 0o600, *, name: str | None = None) -> tuple[str, int]:
-    """Copy `x` into a new shared-memory object; returns (name, nbytes)."""
-    name = name or _shm_name()
+    """Copy `x` into a new shared-memory object; returns (name, nbytes).
+
+    `permissions` is 0600 plus optional read bits for group or others. If the
+    awaiting task is cancelled, or anything fails, no object is left behind.
+    """
+    permissions = operator.index(permissions)
+    if permissions & ~0o644 or permissions & 0o600 != 0o600:
+        raise ValueError(f"[to_shm] permissions must be 0o600 plus read bits for group or others "
+                         f"(0o640, 0o604, 0o644), got {permissions:#o}")
+    name = name if name is not None else _shm_name()
+    encoded = _check_name(name, "to_shm")
     contiguous = await ops.contiguous(x)
     size = ffi.new("size_t*")
+    state = ffi.new("int*", lib.EMLX_SHM_RUNNING)
 
-    def export() -> int:
-        return lib.emlx_to_shm(ffi.cast("void*", id(contiguous)), name.encode(), permissions, size)
+    def export() -> tuple[int, str]:
+        status = lib.emlx_to_shm(ffi.cast("void*", id(contiguous)), encoded, permissions, state, size)
+        return status, (last_error() if status < 0 else "")  # the error is this worker thread's
 
-    if await current_queue().run(export) != 0:
-        raise SharedMemoryError(last_error())
+    try:
+        status, message = await current_queue().run(export)
+    except BaseException:
+        # Cancelled (or the job never ran): the export removes its object, or,
+        # if it already handed it over, the caller that will never see the name does.
+        if lib.emlx_shm_give_up(state) == lib.EMLX_SHM_HANDED_OVER:
+            lib.emlx_shm_unlink(encoded)
+        raise
+    if status != 0:
+        if status == lib.EMLX_SHM_ABANDONED:  # pragma: no cover - only after give_up
+            raise SharedMemoryError(f"[to_shm] the export of {name!r} was abandoned")
+        _raise(status, message)
     return name, size[0]
 
 
+def _checked_shape(shape: Sequence[int], dtype: mx.Dtype) -> list[int]:
+    dims = [operator.index(d) for d in shape]
+    for i, d in enumerate(dims):
+        if d < 0:
+            raise ValueError(f"[from_shm] negative dimension in the shape: dimension {i} is {d}")
+        if d > _INT32_MAX:
+            raise OverflowError(f"[from_shm] dimension {i} is {d}, more than an int32 shape entry "
+                                f"holds ({_INT32_MAX})")
+    count = 1
+    for d in dims:
+        count *= d
+    if count * dtype.size > _OFF_T_MAX:
+        raise OverflowError(f"[from_shm] shape {tuple(dims)} has {count} elements of {dtype.size} bytes, "
+                            f"more bytes than a shared-memory object can hold")
+    return dims
+
+
 async def from_shm(name: str, shape: Sequence[int], dtype: mx.Dtype) -> mx.array:
-    """Map the shared-memory object `name` as an array and unlink the name."""
+    """Read the shared-memory object `name` into a new array and unlink the name.
+
+    The object must be one of ours (see the module docstring) and hold exactly
+    the bytes `shape` and `dtype` need; otherwise it is left in place.
+    """
     if dtype not in _DTYPE_CODES:
         raise ValueError(f"[from_shm] unsupported dtype {dtype!r}")
-    dims = [int(d) for d in shape]
+    encoded = _check_name(name, "from_shm")
+    dims = _checked_shape(shape, dtype)
     out = mx.array(0)
-    status = lib.emlx_from_shm(name.encode(), ffi.new("int64_t[]", dims), len(dims), _DTYPE_CODES[dtype],
-                               ffi.cast("void*", id(out)))
+    shape_buffer = ffi.new("int64_t[]", dims)
+
+    def read() -> tuple[int, str]:
+        status = lib.emlx_from_shm(encoded, shape_buffer, len(dims), _DTYPE_CODES[dtype], ffi.cast("void*", id(out)))
+        return status, (last_error() if status != 0 else "")  # the error is this worker thread's
+
+    # On a worker: reading a large object would otherwise block the loop.
+    status, message = await current_queue().run(read)
     if status != 0:
-        raise SharedMemoryError(last_error())
+        _raise(status, message)
     return out
 
 
 def shm_unlink(name: str) -> None:
-    """Remove a shared-memory object; nothing happens if it is already gone."""
-    if lib.emlx_shm_unlink(name.encode()) != 0:
-        raise SharedMemoryError(last_error())
+    """Remove a shared-memory object of ours; nothing happens if it is already gone."""
+    status = lib.emlx_shm_unlink(_check_name(name, "shm_unlink"))
+    if status != 0:
+        _raise(status, last_error())
 
 
 async def data_ptr(x: mx.array, /) -> int:
