@@ -47,6 +47,9 @@ class CompletionChannel:
     def closed(self) -> bool:
         return self._native is None
 
+    def is_alive(self) -> bool:
+        return self._native is not None and not exiting() and os.getpid() == self.pid
+
     def ensure_alive(self) -> None:
         """The check before every native call that reports here (uvloop's ``_ensure_alive``)."""
         if os.getpid() != self.pid:

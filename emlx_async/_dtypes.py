@@ -13,11 +13,12 @@ DTYPES = [mx.bool_, mx.uint8, mx.uint16, mx.uint32, mx.uint64, mx.int8, mx.int16
           mx.int64, mx.float16, mx.float32, mx.float64, mx.bfloat16, mx.complex64]
 DTYPE_CODES = {dtype: code for code, dtype in enumerate(DTYPES)}
 
+# NumPy dtypes MLX can wrap without conversion (float64 stays a copy: CPU-only in MLX).
 NUMPY_DTYPES = {np.dtype(np.bool_): mx.bool_, np.dtype(np.uint8): mx.uint8, np.dtype(np.uint16): mx.uint16,
                 np.dtype(np.uint32): mx.uint32, np.dtype(np.uint64): mx.uint64, np.dtype(np.int8): mx.int8,
                 np.dtype(np.int16): mx.int16, np.dtype(np.int32): mx.int32, np.dtype(np.int64): mx.int64,
                 np.dtype(np.float16): mx.float16, np.dtype(np.float32): mx.float32,
-                np.dtype(np.float64): mx.float64, np.dtype(np.complex64): mx.complex64}
+                np.dtype(np.complex64): mx.complex64}
 
 
 def dtype_code(dtype: mx.Dtype, what: str) -> int:

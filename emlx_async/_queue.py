@@ -484,8 +484,7 @@ class CommandQueue:
             return
         restored = ffi.new("void**")
         dropped = False
-        if self._worker is not None and not self._channel.closed:
-            self._channel.ensure_alive()
+        if self._worker is not None and self._channel.is_alive():  # never raise from cancel()
             dropped = lib.emlx_cancel(self._worker, job.id, restored) == 1
         if dropped:
             del self._channel.jobs[job.id]  # dropped before it started

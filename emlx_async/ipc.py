@@ -49,10 +49,11 @@ import mlx.core as mx
 import numpy as np
 
 from . import ops
-from ._routing import current_queue
-from ._errors import EMLXError
 from ._dtypes import DTYPE_CODES as _DTYPE_CODES
-from ._native import ffi, lib, last_error
+from ._dtypes import NUMPY_DTYPES
+from ._errors import EMLXError
+from ._native import ffi, last_error, lib
+from ._routing import current_queue
 
 PREFIX = "/emlx-"
 _NAME = re.compile(r"/emlx-[A-Za-z0-9._-]{1,249}")
@@ -174,11 +175,6 @@ async def data_ptr(x: mx.array, /) -> int:
     return lib.emlx_data_ptr(ffi.cast("void*", id(x)))
 
 
-_NUMPY_DTYPES = {np.dtype(np.bool_): mx.bool_, np.dtype(np.uint8): mx.uint8, np.dtype(np.uint16): mx.uint16,
-                 np.dtype(np.uint32): mx.uint32, np.dtype(np.uint64): mx.uint64, np.dtype(np.int8): mx.int8,
-                 np.dtype(np.int16): mx.int16, np.dtype(np.int32): mx.int32, np.dtype(np.int64): mx.int64,
-                 np.dtype(np.float16): mx.float16, np.dtype(np.float32): mx.float32,
-                 np.dtype(np.complex64): mx.complex64}
 
 
 def from_numpy(a: np.ndarray, /, *, copy: bool = True) -> mx.array:
@@ -191,7 +187,7 @@ def from_numpy(a: np.ndarray, /, *, copy: bool = True) -> mx.array:
     one copy. Anything else is copied here.
     """
     a = np.asarray(a)
-    dtype = _NUMPY_DTYPES.get(a.dtype)
+    dtype = NUMPY_DTYPES.get(a.dtype)
     if copy or dtype is None or not a.flags.c_contiguous or not a.flags.aligned or a.size == 0:
         return mx.array(a)
     out = mx.array(0)
