@@ -28,7 +28,8 @@ from ._errors import RuntimeClosed as RuntimeClosed
 from ._host_call import HostCallError as HostCallError
 from ._host_call import host_call as host_call
 from ._queue import CommandQueue as CommandQueue
-from ._queue import JobFuture as JobFuture
+from ._backend import JobFuture as JobFuture
+from ._backend import TrioJobFuture as TrioJobFuture
 from ._queue import cancelled as cancelled
 from ._runtime import Runtime as Runtime
 from ._runtime import get_runtime as get_runtime
@@ -43,7 +44,7 @@ from . import ops as ops  # noqa: E402
 
 __all__ = [
     "CommandQueue", "DeviceUnavailable", "EMLXError", "ForeignLazyArrayError", "ForkedProcessError",
-    "HostCallDeadlock", "HostCallError", "JobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
+    "HostCallDeadlock", "HostCallError", "JobFuture", "TrioJobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
     "MLXValueError", "QueueClosed", "QueueFull", "QueueReleaseError", "Runtime", "RuntimeClosed",
     "__version__", "attention", "bind", "bound_queue", "cancelled", "current_queue", "eval", "fast", "fft",
     "get_runtime", "host_call", "ipc", "item", "linalg", "memory", "ops", "run", "synchronize", "to_numpy",

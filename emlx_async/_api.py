@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
+from ._backend import wait_all
 from ._devices import DeviceLike
 from ._queue import CommandQueue
 from ._routing import current_queue, route
@@ -33,7 +33,7 @@ async def eval(*arrays: Any, queue: CommandQueue | None = None) -> Any:  # noqa:
         # own here (a foreign one is a clear error).
         pending = get_runtime().prepare_inputs(flat, None)
         if pending:
-            await asyncio.gather(*pending)
+            await wait_all(pending)
     return arrays[0] if len(arrays) == 1 else arrays
 
 

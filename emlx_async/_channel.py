@@ -12,10 +12,10 @@ job record is handed to ``job.queue._finish``, and a host-call request to the
 
 from __future__ import annotations
 
-import asyncio
 import os
 from typing import Any
 
+from ._backend import AsyncioBackend, TrioBackend
 from ._errors import ForkedProcessError, RuntimeClosed
 from ._native import check_pointer, ensure_not_exiting, exiting, ffi, lib
 
@@ -25,8 +25,8 @@ _DRAIN_BATCH = 256
 class CompletionChannel:
     """The native completion channel of one runtime, watched by one event loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
+    def __init__(self, backend: AsyncioBackend | TrioBackend):
+        self.backend = backend
         self.pid = os.getpid()
         self._native = check_pointer(lib.emlx_channel_new(), "cannot create the completion channel")
         self._records = ffi.new("emlx_completion[]", _DRAIN_BATCH)
@@ -35,7 +35,7 @@ class CompletionChannel:
         self.owners: dict[tuple[int, int], Any] = {}  # (device, stream index) -> CommandQueue
         self.host_server: Any = None  # set by the host-call layer on first use
         self.owner: Any = None  # a weak reference to the runtime, set by it
-        loop.add_reader(self._fd, self._drain)
+        self._stop_watching = backend.watch(self._fd, self._drain)
 
     @property
     def native(self):
@@ -67,8 +67,7 @@ class CompletionChannel:
         """
         if self._native is None:
             return
-        if not self.loop.is_closed():
-            self.loop.remove_reader(self._fd)
+        self._stop_watching()
         if not exiting() and os.getpid() == self.pid:
             lib.emlx_channel_free(self._native)
         self._native = None
@@ -77,13 +76,8 @@ class CompletionChannel:
         """``close`` for finalizers, which may run off the loop thread."""
         if self._native is None:
             return
-        if self.loop.is_closed() or not self.loop.is_running():
+        if not self.backend.call_soon_threadsafe(self.close):  # the loop is gone: close here
             self.close()
-        else:
-            try:
-                self.loop.call_soon_threadsafe(self.close)
-            except RuntimeError:  # the loop closed meanwhile
-                self.close()
 
     def _drain(self) -> None:
         """Resolve finished jobs (the fd is readable); runs on the loop thread."""

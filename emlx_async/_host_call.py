@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+
+import anyio
 import itertools
 import math
 import operator
@@ -37,6 +39,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ._backend import wait_all
 from ._context import set_bound
 from ._dtypes import DTYPE_CODES
 from ._errors import EMLXError, HostCallDeadlock
@@ -154,7 +157,7 @@ class HostCallServer:
     def __init__(self, runtime: Runtime):
         self.runtime = runtime
         self.calls: dict[int, _Call] = {}  # call id -> the node's callback, until it is evaluated
-        self._tasks: dict[int, tuple[asyncio.Task, CommandQueue]] = {}
+        self._tasks: dict[int, tuple[Any, CommandQueue]] = {}  # request id -> (task handle, blocked queue)
 
     def request(self, request_id: int) -> None:
         """A worker is waiting for request `request_id` (called from the channel's drain)."""
@@ -172,8 +175,8 @@ class HostCallServer:
             inputs.append(placeholder)
         context = contextvars.copy_context()
         context.run(host_call_blocking.set, call.queue)
-        task = self.runtime._loop.create_task(self._serve(request_id, call, inputs), context=context)
-        self._tasks[request_id] = (task, call.queue)
+        handle = self.runtime._backend.spawn(lambda: self._serve(request_id, call, inputs), context=context)
+        self._tasks[request_id] = (handle, call.queue)  # both backends start the task later, never inline
 
     async def _serve(self, request_id: int, call: _Call, inputs: list[mx.array]) -> None:
         name = getattr(call.fn, "__qualname__", repr(call.fn))
@@ -182,12 +185,13 @@ class HostCallServer:
         try:
             try:
                 result = call.fn(*inputs)
-                if asyncio.iscoroutine(result):
-                    result = await asyncio.wait_for(result, timeout)
-            except asyncio.TimeoutError as exc:
+                if asyncio.iscoroutine(result) or hasattr(result, "__await__"):
+                    with anyio.fail_after(timeout):
+                        result = await result
+            except TimeoutError as exc:
                 self._fail(request_id, call, exc, f"[host_call] {name} timed out after {timeout}s")
                 return
-            except asyncio.CancelledError:
+            except anyio.get_cancelled_exc_class():
                 self._reply_error(request_id, f"[host_call] {name} was cancelled")
                 raise
             except Exception as exc:  # noqa: BLE001 - chained onto the graph's error
@@ -219,7 +223,7 @@ class HostCallServer:
             arrays.append(array)
         # Evaluate lazy results where they live (their owner queue, or here),
         # then make them row-contiguous here: the worker copies them flat.
-        await asyncio.gather(*self.runtime.prepare_inputs(arrays, None))
+        await wait_all(self.runtime.prepare_inputs(arrays, None))
         arrays = [mx.contiguous(a) for a in arrays]
         mx.eval(arrays)
         return arrays
@@ -236,6 +240,6 @@ class HostCallServer:
 
     def cancel_for(self, queue: CommandQueue) -> None:
         """The awaiter of `queue`'s running job gave up: stop its callbacks."""
-        for task, blocked in list(self._tasks.values()):
+        for handle, blocked in list(self._tasks.values()):
             if blocked is queue:
-                task.cancel()
+                handle.cancel()

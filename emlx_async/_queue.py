@@ -40,6 +40,7 @@ from typing import Any
 import mlx.core as mx
 
 from . import _interop
+from ._backend import JobFuture, TrioJobFuture, shielded
 from ._channel import CompletionChannel
 from ._devices import from_native_device
 from ._errors import EMLXError, ForeignLazyArrayError, HostCallDeadlock, QueueClosed, QueueFull, native_error
@@ -57,32 +58,11 @@ host_call_blocking: contextvars.ContextVar[CommandQueue | None] = contextvars.Co
     "emlx_async_host_call_blocking", default=None)
 
 
-class JobFuture(asyncio.Future):
-    """The awaitable a job returns: an asyncio.Future whose ``cancel()`` acts at once.
-
-    A plain future runs its done-callbacks on a later loop iteration, by which
-    time the worker may have started the job; cancelling here removes a queued
-    job from the worker before ``cancel()`` returns. Like ``run_in_executor``,
-    it is a Future, not a coroutine: use ``asyncio.ensure_future`` (not
-    ``create_task``) to hold it as a task.
-    """
-
-    _job: _Job | None = None
-
-    def cancel(self, msg: Any = None) -> bool:
-        if not super().cancel(msg):
-            return False
-        job, self._job = self._job, None
-        if job is not None:
-            job.queue._on_cancel(job)
-        return True
-
-
 class _Job:
     __slots__ = ("id", "queue", "future", "fn", "args", "kwargs", "lazy", "result", "exception", "cancelled",
                  "op_name", "publish_into", "donated", "start", "deps", "host_cause")
 
-    def __init__(self, queue: CommandQueue, future: JobFuture, fn: Callable | None = None,
+    def __init__(self, queue: CommandQueue, future: JobFuture | TrioJobFuture, fn: Callable | None = None,
                  args: tuple = (), kwargs: dict | None = None, lazy: bool = False, result: Any = None):
         self.id = next(_job_ids)
         self.queue = queue
@@ -99,7 +79,7 @@ class _Job:
         self.publish_into: dict[int, mx.array] | None = None  # result index -> donated input object
         self.donated: list[mx.array] = []  # donated input objects, in input order
         self.start: Callable[[], int] | None = None  # hands the job to the worker; 0 on success
-        self.deps: list[asyncio.Future] = []  # evaluations on other queues it waits for
+        self.deps: list = []  # evaluations on other queues it waits for
         self.host_cause: BaseException | None = None  # a host callback's exception that failed it
 
     def run_python(self) -> int:
@@ -193,7 +173,7 @@ def _is_this_threads_stream(state: _interop.ArrayState) -> bool:
 
 
 def prepare_inputs(channel: CompletionChannel, arrays: list[mx.array],
-                   target: CommandQueue | None) -> list[asyncio.Future]:
+                   target: CommandQueue | None) -> list:
     """Make lazy inputs usable on `target`'s thread.
 
     Graphs built on the loop thread are evaluated here (cheap for inputs;
@@ -239,7 +219,7 @@ class CommandQueue:
 
     def __init__(self, channel: CompletionChannel, device: mx.DeviceType, worker, *, max_pending: int):
         self._channel = channel
-        self._loop = channel.loop
+        self._backend = channel.backend
         self.device = device
         self._worker = worker
         self.stream_index: int = lib.emlx_worker_stream_index(worker)
@@ -250,7 +230,7 @@ class CommandQueue:
         self._started: dict[int, _Job] = {}  # on the worker, in start (= run) order
         self._closing = False
         self._closed_future: asyncio.Future | None = None
-        self._backlog_empty: asyncio.Event | None = None
+        self._backlog_empty = None  # a future while close() waits for the backlog
         self._handle = ffi.new_handle(self)  # context for emlx_python_job
 
     def __repr__(self) -> str:
@@ -294,7 +274,7 @@ class CommandQueue:
         if not callable(fn):
             raise TypeError(f"queue.run() needs a callable, got {type(fn).__name__}")
         self._check_open()
-        job = _Job(self, JobFuture(loop=self._loop), fn, args, kwargs, lazy)
+        job = _Job(self, self._backend.new_future(), fn, args, kwargs, lazy)
         job.start = lambda: lib.emlx_submit_python(self._worker, job.id, self._handle)
         return self._submit(job, nowait, list(iter_arrays((args, kwargs))))
 
@@ -307,7 +287,7 @@ class CommandQueue:
         """
         self._check_open()
         flat = list(iter_arrays(arrays))
-        job = _Job(self, JobFuture(loop=self._loop), result=arrays[0] if len(arrays) == 1 else arrays)
+        job = _Job(self, self._backend.new_future(), result=arrays[0] if len(arrays) == 1 else arrays)
         if not _interop.ZERO_COPY:  # pragma: no cover - layout fallback
             job.fn, job.args = (lambda *xs: mx.eval(list(xs))), tuple(flat)
             job.start = lambda: lib.emlx_submit_python(self._worker, job.id, self._handle)
@@ -317,7 +297,7 @@ class CommandQueue:
 
     def _submit_op(self, code: int, name: str, inputs: list[mx.array], ints: list[int], floats: list[float],
                    text: str, lazy: bool, nowait: bool, check_finite: bool,
-                   donate: dict[int, int] | None = None, deps: list[asyncio.Future] | None = None) -> JobFuture:
+                   donate: dict[int, int] | None = None, deps: list | None = None) -> JobFuture:
         """Submit native op `code` (see emlx_async/ops.py, which validates the arguments).
 
         `donate` maps an input index to the result index published back into
@@ -327,7 +307,7 @@ class CommandQueue:
         self._check_open()
         if not _interop.ZERO_COPY:  # pragma: no cover - layout fallback
             raise EMLXError("native ops need the zero-copy interop layer, which failed validation")
-        job = _Job(self, JobFuture(loop=self._loop), lazy=lazy)
+        job = _Job(self, self._backend.new_future(), lazy=lazy)
         job.op_name = name
         mask = 0
         if donate:
@@ -349,7 +329,7 @@ class CommandQueue:
     def synchronize(self, *, nowait: bool = False) -> JobFuture:
         """Wait until all work queued on this queue's stream has finished."""
         self._check_open()
-        job = _Job(self, JobFuture(loop=self._loop))
+        job = _Job(self, self._backend.new_future())
         job.start = lambda: lib.emlx_submit_synchronize(self._worker, job.id)
         return self._submit(job, nowait, [])
 
@@ -367,20 +347,20 @@ class CommandQueue:
             if self.closed:
                 return
             self._closing = True
-            self._closed_future = self._loop.create_future()
+            self._closed_future = self._backend.new_future()
             if cancel_pending:
                 self._drop_backlog()
             while self._backlog:  # drain: waiting jobs keep their place before the stop
-                self._backlog_empty = self._backlog_empty or asyncio.Event()
-                await asyncio.shield(self._backlog_empty.wait())
+                self._backlog_empty = self._backend.new_future()
+                await shielded(lambda: self._backlog_empty)
                 self._backlog_empty = None
             self._release_worker(cancel_pending)
-        await asyncio.shield(self._closed_future)
+        await shielded(lambda: self._closed_future)
 
     # ---- machinery -----------------------------------------------------------
 
     def _release_worker(self, drop_pending: bool) -> None:
-        stop = _Job(self, JobFuture(loop=self._loop))
+        stop = _Job(self, self._backend.new_future())
         stop.future.add_done_callback(self._stopped)
         try:
             self._channel.ensure_alive()
@@ -395,7 +375,7 @@ class CommandQueue:
         self._detach()
         stop.future.set_result(None)
 
-    def _stopped(self, _future: asyncio.Future) -> None:
+    def _stopped(self, _future) -> None:
         if not self._closed_future.done():
             self._closed_future.set_result(None)
 
@@ -409,15 +389,11 @@ class CommandQueue:
         if os.getpid() == self._channel.pid and (self._closing or self._worker is None):
             raise QueueClosed(f"{self!r} is closed")
         self._channel.ensure_alive()  # fork, interpreter exit, closed runtime
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is not self._loop:
+        if not self._backend.is_current():
             raise EMLXError("CommandQueue used outside its runtime's event loop thread")
 
     def _submit(self, job: _Job, nowait: bool, inputs: list[mx.array],
-                deps: list[asyncio.Future] | None = None) -> JobFuture:
+                deps: list | None = None) -> JobFuture:
         """Give `job` its place in the FIFO; start it now if nothing is ahead of it."""
         if host_call_blocking.get() is self:
             raise HostCallDeadlock(
@@ -437,7 +413,7 @@ class CommandQueue:
         self._start(job)
         return job.future
 
-    def _pump_soon(self, _future: asyncio.Future | None = None) -> None:
+    def _pump_soon(self, _future=None) -> None:
         self._pump()
 
     def _pump(self) -> None:
@@ -451,8 +427,8 @@ class CommandQueue:
                 break
             self._backlog.popleft()
             self._start(job)
-        if not self._backlog and self._backlog_empty is not None:
-            self._backlog_empty.set()
+        if not self._backlog and self._backlog_empty is not None and not self._backlog_empty.done():
+            self._backlog_empty.set_result(None)
 
     def _start(self, job: _Job) -> None:
         """Hand `job` to the worker (its dependencies are done)."""

@@ -7,7 +7,6 @@ and the public API sit on top of it.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import os
 import traceback
@@ -18,6 +17,7 @@ from typing import Any
 import mlx.core as mx
 
 from . import _interop
+from . import _backend
 from ._channel import CompletionChannel
 from ._context import reset_bound, set_bound
 from ._devices import DeviceLike, device_type, native_device, require_available
@@ -41,7 +41,7 @@ class _Pool:
         self.queues: list[CommandQueue] = []
         self._idle: collections.deque[CommandQueue] = collections.deque()
         self._lent: set[CommandQueue] = set()
-        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._waiters: collections.deque = collections.deque()  # backend futures
 
     async def acquire(self) -> CommandQueue:
         while True:
@@ -56,7 +56,7 @@ class _Pool:
                 self.queues.append(queue)
                 self._lent.add(queue)
                 return queue
-            waiter = self._runtime._loop.create_future()
+            waiter = self._runtime._backend.new_future()
             self._waiters.append(waiter)
             try:
                 await waiter
@@ -97,7 +97,13 @@ class _QueueLease:
         self._runtime.release_queue(self._queue)
 
 
-_runtimes: "weakref.WeakValueDictionary[int, Runtime]" = weakref.WeakValueDictionary()  # id(loop) -> runtime
+# The runtime of each running loop, by id() of the asyncio loop or trio's run token.
+_runtimes: "weakref.WeakValueDictionary[int, Runtime]" = weakref.WeakValueDictionary()
+
+
+def _registered(key: Any) -> Runtime | None:
+    runtime = _runtimes.get(id(key))
+    return runtime if runtime is not None and runtime._backend.key is key and not runtime.closed else None
 os.register_at_fork(after_in_child=lambda: _runtimes.clear())
 
 
@@ -120,10 +126,10 @@ class Runtime:
     def __init__(self, *, pool_size: int | None = None, max_pending: int = DEFAULT_MAX_PENDING,
                  host_call_timeout: float | None = 30.0):
         try:
-            self._loop = asyncio.get_running_loop()
+            self._backend = _backend.current()
         except RuntimeError:
             raise RuntimeError("ea.Runtime() must be created inside a running event loop "
-                               "(for example in `async def main()` run by asyncio.run)") from None
+                               "(for example in `async def main()` run by asyncio.run or trio.run)") from None
         if max_pending < 1:
             raise ValueError(f"max_pending must be at least 1, got {max_pending}")
         if pool_size is not None and pool_size < 1:
@@ -133,15 +139,18 @@ class Runtime:
         self.pool_size = max(2, pool_size if pool_size is not None else (os.cpu_count() or 2))
         self.max_pending = max_pending
         self.host_call_timeout = host_call_timeout
-        self._channel = CompletionChannel(self._loop)
+        self._channel = CompletionChannel(self._backend)
         self._channel.owner = weakref.ref(self)
         self._defaults: dict[mx.DeviceType, CommandQueue] = {}
         self._callback_queues: dict[mx.DeviceType, CommandQueue] = {}
         self._pools: dict[mx.DeviceType, _Pool] = {}
         self._closed = False
-        self._close_task: asyncio.Task | None = None
-        self._created_at = traceback.format_stack() if self._loop.get_debug() else None
-        _runtimes.setdefault(id(self._loop), self)
+        self._close_future = None
+        self._created_at = traceback.format_stack() if self._backend.debug() else None
+        if _registered(self._backend.key) is None:
+            _runtimes[id(self._backend.key)] = self  # the loop's runtime, for ea.* calls
+        if self._backend.name == "trio":
+            _close_at_the_end_of_trio_run(self)
 
     # ---- public --------------------------------------------------------------
 
@@ -234,21 +243,25 @@ class Runtime:
 
         Never blocks the loop: worker threads are handed back as they finish.
         """
-        if self._close_task is None:
+        if self._close_future is None:
             self._closed = True
-            self._close_task = self._loop.create_task(self._close(cancel_pending))
-        await asyncio.shield(self._close_task)
+            self._close_future = self._backend.new_future()
+            self._backend.spawn(lambda: self._close(cancel_pending))
+        await _backend.shielded(lambda: self._close_future)
 
     # ---- machinery -------------------------------------------------------------
 
     async def _close(self, cancel_pending: bool) -> None:
         try:
-            queues = list(self._channel.owners.values())
-            await asyncio.gather(*(q.close(cancel_pending=cancel_pending) for q in queues))
+            # Each queue's close only hands its worker back and waits for the
+            # stop record; awaiting them one by one costs no more than at once.
+            for queue in list(self._channel.owners.values()):
+                await queue.close(cancel_pending=cancel_pending)
         finally:
             self._channel.close()
-            if _runtimes.get(id(self._loop)) is self:
-                del _runtimes[id(self._loop)]
+            if _runtimes.get(id(self._backend.key)) is self:
+                del _runtimes[id(self._backend.key)]
+            self._close_future.set_result(None)
 
     def _check_open(self) -> None:
         self._channel.ensure_alive()
@@ -263,7 +276,7 @@ class Runtime:
         self._channel.owners[(native_device(kind), queue.stream_index)] = queue
         return queue
 
-    def prepare_inputs(self, arrays: list[mx.array], target: CommandQueue | None) -> list[asyncio.Future]:
+    def prepare_inputs(self, arrays: list[mx.array], target: CommandQueue | None) -> list:
         return prepare_inputs(self._channel, arrays, target)
 
     def __del__(self, _warn=warnings.warn) -> None:
@@ -298,32 +311,53 @@ async def _close_when_loop_shuts_down(runtime: Runtime):
         await runtime.close()
 
 
+def _close_at_the_end_of_trio_run(runtime: Runtime) -> None:
+    # trio cancels system tasks when the main task returns: close then,
+    # shielded so the close can finish. Held weakly, so an unreferenced
+    # runtime can still be collected (and warn).
+    import trio
+
+    ref = weakref.ref(runtime)
+    del runtime
+
+    async def closer() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            runtime = ref()
+            if runtime is not None and not runtime.closed:
+                with trio.CancelScope(shield=True):
+                    await runtime.close()
+
+    trio.lowlevel.spawn_system_task(closer, name="emlx_async implicit runtime closer")
+
+
 def get_runtime() -> Runtime:
     """The running loop's runtime, made on first use.
 
-    The implicit runtime closes itself when the loop shuts down its async
-    generators (``asyncio.run`` and ``asyncio.Runner`` do).
+    The implicit runtime closes itself at the end of the run: when asyncio
+    shuts down its async generators (``asyncio.run`` and ``asyncio.Runner``
+    do), or when ``trio.run``'s main task returns.
     """
-    loop = asyncio.get_running_loop()
-    runtime = _runtimes.get(id(loop))
-    if runtime is not None and runtime._loop is loop and not runtime.closed:
+    key = _backend.current_key()
+    if key is None:
+        raise RuntimeError("ea.get_runtime() needs a running event loop (asyncio, uvloop or trio)")
+    runtime = _registered(key)
+    if runtime is not None:
         return runtime
     runtime = Runtime()
-    _runtimes[id(loop)] = runtime
-    closer = _close_when_loop_shuts_down(runtime)
-    runtime._shutdown_hook = closer  # the loop holds async generators weakly
-    loop.create_task(closer.__anext__())
+    _runtimes[id(key)] = runtime
+    if runtime._backend.name != "trio":  # trio runtimes always close at the end of the run
+        closer = _close_when_loop_shuts_down(runtime)
+        runtime._shutdown_hook = closer  # the loop holds async generators weakly
+        runtime._backend.loop.create_task(closer.__anext__())
     return runtime
 
 
 def runtime_of_loop() -> Runtime | None:
     """The running loop's runtime if it has one (never creates it)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-    runtime = _runtimes.get(id(loop))
-    return runtime if runtime is not None and runtime._loop is loop and not runtime.closed else None
+    key = _backend.current_key()
+    return _registered(key) if key is not None else None
 
 
 __all__ = ["Runtime", "get_runtime", "runtime_of_loop"]

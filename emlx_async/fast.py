@@ -38,7 +38,7 @@ def rope(x, dims: int, /, *, traditional: bool, base: float | None, scale: float
     if layout == "BTHD":
         if x.ndim != 4:
             raise ValueError(f"[rope] layout 'BTHD' needs a 4-D input, got shape {tuple(x.shape)}")
-        return asyncio.ensure_future(_rope_bthd(x, dims, traditional, base, scale, offset, freqs, kwargs))
+        return _rope_bthd(x, dims, traditional, base, scale, offset, freqs, kwargs)  # a coroutine: any backend
     if freqs is not None:
         if base is not None:
             raise ValueError("[rope] give either base or freqs, not both")

@@ -1,0 +1,356 @@
+"""The event-loop backends: asyncio (and uvloop) or trio, behind one small face.
+
+Everything the runtime needs from a loop lives here: watching the completion
+fd, the future a job returns, starting a background task, and telling which
+loop is running. ``current()`` picks the backend of the running async
+library (sniffio, as anyio does). Everything above this module is
+backend-neutral.
+
+Cancellation follows each library's semantics:
+
+* asyncio: ``JobFuture`` is an ``asyncio.Future``; a task awaiting it that is
+  cancelled cancels it (asyncio's own rule), and ``cancel()`` acts on the job
+  at once.
+* trio: ``TrioJobFuture.__await__`` parks the task with
+  ``wait_task_rescheduled``; when the task's cancel scope fires, the abort
+  callback cancels the job (a queued job is dropped, a running one is
+  abandoned), exactly the asyncio contract, level-triggered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import traceback
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import sniffio
+
+from ._errors import RuntimeClosed
+
+
+class JobFuture(asyncio.Future):
+    """The awaitable a job returns under asyncio: an asyncio.Future whose ``cancel()`` acts at once.
+
+    A plain future runs its done-callbacks on a later loop iteration, by which
+    time the worker may have started the job; cancelling here removes a queued
+    job from the worker before ``cancel()`` returns. Like ``run_in_executor``,
+    it is a Future, not a coroutine: use ``asyncio.ensure_future`` (not
+    ``create_task``) to hold it as a task.
+    """
+
+    _job: Any = None
+
+    def cancel(self, msg: Any = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        job, self._job = self._job, None
+        if job is not None:
+            job.queue._on_cancel(job)
+        return True
+
+
+_PENDING, _DONE, _CANCELLED = 0, 1, 2
+
+_trio: Any = None  # the trio module, imported by the first TrioBackend (trio is optional)
+
+
+class TrioJobFuture:
+    """The awaitable a job returns under trio: a one-shot result with asyncio.Future's surface.
+
+    Await it from any number of trio tasks. Done-callbacks run when it
+    settles. A waiting task that is cancelled cancels the job (see the module
+    docstring); awaiting after that raises ``trio.Cancelled`` in the usual
+    way for that task, or ``CancelledJob`` for one that was not cancelled.
+    """
+
+    _job: Any = None
+
+    def __init__(self) -> None:
+        self._state = _PENDING
+        self._result: Any = None
+        self._exception: BaseException | None = None
+        self._callbacks: list[Callable[[Any], None]] = []
+        self._waiters: list[Any] = []  # parked trio tasks
+        self._retrieved = False
+
+    # -- the asyncio.Future surface the runtime uses --------------------------
+    def done(self) -> bool:
+        return self._state != _PENDING
+
+    def cancelled(self) -> bool:
+        return self._state == _CANCELLED
+
+    def result(self) -> Any:
+        if self._state == _CANCELLED:
+            raise asyncio.CancelledError()
+        if self._state == _PENDING:
+            raise asyncio.InvalidStateError("result is not set")
+        self._retrieved = True
+        if self._exception is not None:
+            raise self._exception
+        return self._result
+
+    def exception(self) -> BaseException | None:
+        if self._state == _CANCELLED:
+            raise asyncio.CancelledError()
+        if self._state == _PENDING:
+            raise asyncio.InvalidStateError("exception is not set")
+        self._retrieved = True
+        return self._exception
+
+    def set_result(self, value: Any) -> None:
+        self._settle(_DONE, value, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._settle(_DONE, None, exc)
+
+    def add_done_callback(self, fn: Callable[[Any], None], *, context: Any = None) -> None:
+        if self.done():
+            fn(self)
+        else:
+            self._callbacks.append(fn)
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self.done():
+            return False
+        self._settle(_CANCELLED, None, None)
+        job, self._job = self._job, None
+        if job is not None:
+            job.queue._on_cancel(job)
+        return True
+
+    def _settle(self, state: int, value: Any, exc: BaseException | None) -> None:
+        if self.done():
+            raise asyncio.InvalidStateError("the future is already done")
+        self._state, self._result, self._exception = state, value, exc
+        waiters, self._waiters = self._waiters, []
+        for task in waiters:
+            _trio.lowlevel.reschedule(task)
+        callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+    def __await__(self):
+        if not self.done():
+            trio = _trio
+            task = trio.lowlevel.current_task()
+            self._waiters.append(task)
+
+            def abort(_raise_cancel):
+                if task in self._waiters:
+                    self._waiters.remove(task)
+                self.cancel()  # the job follows its awaiter: dropped if queued, abandoned if running
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            yield from trio.lowlevel.wait_task_rescheduled(abort).__await__()
+        return self.result()
+
+
+class _Handle:
+    """A started background task: ``cancel()`` stops it."""
+
+    def __init__(self, cancel: Callable[[], None]):
+        self.cancel = cancel
+
+
+class AsyncioBackend:
+    name = "asyncio"
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.key: Any = loop
+
+    def debug(self) -> bool:
+        return self.loop.get_debug()
+
+    def is_current(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            return False
+
+    def is_closed(self) -> bool:
+        return self.loop.is_closed()
+
+    def new_future(self) -> JobFuture:
+        return JobFuture(loop=self.loop)
+
+    def watch(self, fd: int, on_ready: Callable[[], None]) -> Callable[[], None]:
+        """Call `on_ready` on the loop thread whenever `fd` is readable; returns the stop function."""
+        self.loop.add_reader(fd, on_ready)
+
+        def stop() -> None:
+            if not self.loop.is_closed():
+                self.loop.remove_reader(fd)
+
+        return stop
+
+    def spawn(self, fn: Callable[[], Coroutine], context: contextvars.Context | None = None) -> _Handle:
+        task = self.loop.create_task(fn(), context=context)
+        return _Handle(task.cancel)
+
+    def call_soon_threadsafe(self, fn: Callable[[], None]) -> bool:
+        """Run `fn` on the loop (from any thread); False if the loop is gone."""
+        if self.loop.is_closed() or not self.loop.is_running():
+            return False
+        try:
+            self.loop.call_soon_threadsafe(fn)
+            return True
+        except RuntimeError:
+            return False
+
+
+class TrioBackend:
+    name = "trio"
+
+    def __init__(self) -> None:
+        global _trio
+        import trio
+
+        _trio = self._trio = trio
+        self.token = trio.lowlevel.current_trio_token()
+        self.key: Any = self.token
+        self._closed = False
+
+    def debug(self) -> bool:
+        return False
+
+    def is_current(self) -> bool:
+        try:
+            return self._trio.lowlevel.current_trio_token() is self.token
+        except RuntimeError:
+            return False
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def new_future(self) -> TrioJobFuture:
+        return TrioJobFuture()
+
+    def watch(self, fd: int, on_ready: Callable[[], None]) -> Callable[[], None]:
+        trio = self._trio
+        # Shielded: trio cancels system tasks when the main task returns, but
+        # the runtimes still open then are closed in that cancellation and
+        # need their completions; stop() ends the watcher.
+        scope = trio.CancelScope(shield=True)
+
+        async def watcher() -> None:
+            with scope:
+                while True:
+                    await trio.lowlevel.wait_readable(fd)
+                    _report_errors(on_ready)
+
+        trio.lowlevel.spawn_system_task(watcher, name="emlx_async completion watcher")
+
+        def stop() -> None:
+            scope.cancel()
+            try:
+                trio.lowlevel.notify_closing(fd)  # wake the watcher before the fd closes
+            except RuntimeError:
+                pass
+
+        return stop
+
+    def spawn(self, fn: Callable[[], Coroutine], context: contextvars.Context | None = None) -> _Handle:
+        trio = self._trio
+        scope = trio.CancelScope()
+
+        async def body() -> None:
+            with scope:
+                try:
+                    await fn()
+                except Exception:  # noqa: BLE001 - a system task must not crash trio.run
+                    traceback.print_exc()
+
+        trio.lowlevel.spawn_system_task(body, context=context)
+        return _Handle(scope.cancel)
+
+    def call_soon_threadsafe(self, fn: Callable[[], None]) -> bool:
+        if self._closed:
+            return False
+        try:
+            self.token.run_sync_soon(fn)
+            return True
+        except self._trio.RunFinishedError:
+            self._closed = True
+            return False
+
+
+def _report_errors(fn: Callable[[], None]) -> None:
+    # What asyncio's exception handler does for a failing reader callback.
+    try:
+        fn()
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+
+
+def current() -> AsyncioBackend | TrioBackend:
+    """The backend of the running async library (asyncio, uvloop or trio)."""
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        raise RuntimeError("emlx_async needs a running event loop (asyncio, uvloop or trio); "
+                           "call it from async code") from None
+    if library == "trio":
+        return TrioBackend()
+    if library == "asyncio":
+        return AsyncioBackend(asyncio.get_running_loop())
+    raise RuntimeError(f"emlx_async runs on asyncio, uvloop or trio, not {library}")
+
+
+def current_key() -> Any:
+    """An identity for the running loop (the asyncio loop, or trio's run token); None outside one."""
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return None
+    if library == "trio":
+        import trio
+
+        return trio.lowlevel.current_trio_token()
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+async def wait_all(futures: list) -> list:
+    """Await every future (backend-neutral ``gather``); raise the first failure.
+
+    Exceptions of the others are marked retrieved, so none is reported as
+    "never retrieved".
+    """
+    results = []
+    for i, future in enumerate(futures):
+        try:
+            results.append(await future)
+        except BaseException:
+            for rest in futures[i + 1:]:
+                rest.add_done_callback(_retrieve)
+            raise
+    return results
+
+
+def _retrieve(future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def shielded(awaitable_fn: Callable[[], Any]) -> Any:
+    """Await `awaitable_fn()` so that cancelling the caller does not stop it.
+
+    asyncio: the caller is released at once and the work goes on (asyncio.shield).
+    trio: the caller waits for it inside a shielded cancel scope.
+    """
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        with trio.CancelScope(shield=True):
+            return await awaitable_fn()
+    return await asyncio.shield(awaitable_fn())
+
+
+__all__ = ["AsyncioBackend", "JobFuture", "RuntimeClosed", "TrioBackend", "TrioJobFuture", "current",
+           "current_key", "shielded", "wait_all"]
