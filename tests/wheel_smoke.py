@@ -48,7 +48,7 @@ def check_installed(source: pathlib.Path) -> pathlib.Path:
     if spec is None or spec.origin is None:
         fail("emlx_async is not installed")
     where = pathlib.Path(spec.origin).resolve().parent
-    if where.is_relative_to(source.resolve()) or not where.is_relative_to(pathlib.Path(sys.prefix).resolve()):
+    if where == (source / "emlx_async").resolve() or not where.is_relative_to(pathlib.Path(sys.prefix).resolve()):
         fail(f"emlx_async imports from {where}, not from this environment ({sys.prefix})")
     shims = list(where.glob("_emlx_native*"))
     if len(shims) != 1:
