@@ -53,8 +53,8 @@ async def measure(fn, iterations: int) -> list[float]:
     return samples
 
 
-async def suite(iterations: int) -> dict[str, list[float]]:
-    loop = asyncio.get_running_loop()
+async def suite(iterations: int, baselines: dict) -> dict[str, list[float]]:
+    """Every case on the running loop; `baselines` are the thread-pool rows of this async library."""
     a, b = mx.ones((4, 4)), mx.ones((4, 4))
     mx.eval(a, b)
     results = {}
@@ -65,8 +65,7 @@ async def suite(iterations: int) -> dict[str, list[float]]:
             small_op(a, b)
 
         cases = {
-            "empty: asyncio.to_thread": lambda: asyncio.to_thread(noop),
-            "empty: run_in_executor": lambda: loop.run_in_executor(None, noop),
+            **baselines,
             "empty: q.eval (native job)": lambda: q.eval(a),
             "empty: q.run (Python job)": lambda: q.run(noop),
             "4x4 add+eval: sync on loop": sync_op,
@@ -75,28 +74,19 @@ async def suite(iterations: int) -> dict[str, list[float]]:
         for name, fn in cases.items():
             results[name] = await measure(fn, iterations)
     return results
+
+
+async def asyncio_suite(iterations: int) -> dict[str, list[float]]:
+    loop = asyncio.get_running_loop()
+    return await suite(iterations, {
+        "empty: asyncio.to_thread": lambda: asyncio.to_thread(noop),
+        "empty: run_in_executor": lambda: loop.run_in_executor(None, noop),
+    })
 
 
 async def trio_suite(iterations: int) -> dict[str, list[float]]:
-    a, b = mx.ones((4, 4)), mx.ones((4, 4))
-    mx.eval(a, b)
-    results = {}
-    async with ea.Runtime() as rt:
-        q = rt.default_queue()
-
-        async def sync_op():
-            small_op(a, b)
-
-        cases = {
-            "empty: asyncio.to_thread": lambda: trio.to_thread.run_sync(noop),  # the baseline row's name
-            "empty: q.eval (native job)": lambda: q.eval(a),
-            "empty: q.run (Python job)": lambda: q.run(noop),
-            "4x4 add+eval: sync on loop": sync_op,
-            "4x4 add+eval: q.run": lambda: q.run(small_op, a, b),
-        }
-        for name, fn in cases.items():
-            results[name] = await measure(fn, iterations)
-    return results
+    # Under the baseline row's name, so report() finds it.
+    return await suite(iterations, {"empty: asyncio.to_thread": lambda: trio.to_thread.run_sync(noop)})
 
 
 def report(loop_name: str, results: dict[str, list[float]]) -> None:
@@ -115,9 +105,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=2000)
     args = parser.parse_args()
     print(f"mlx {mx.__version__}, emlx_async {ea.__version__}, {args.iterations} iterations per case")
-    on_asyncio = asyncio.run(suite(args.iterations))
+    on_asyncio = asyncio.run(asyncio_suite(args.iterations))
     report("asyncio", on_asyncio)
-    report("uvloop", uvloop.run(suite(args.iterations)))
+    report("uvloop", uvloop.run(asyncio_suite(args.iterations)))
     on_trio = trio.run(trio_suite, args.iterations)
     report("trio (baseline row: trio.to_thread.run_sync)", on_trio)
     native = "empty: q.eval (native job)"
