@@ -115,15 +115,28 @@ MALFORMED = [
 ]
 
 
-async def test_late_joiner_in_a_running_batch_gets_its_own_tokens(engine):
-    alone = await collect(engine, messages=FRANCE, max_tokens=10)
+async def test_late_joiner_joins_a_running_batch_and_gets_its_own_tokens(rt):
+    from emlx_async.llm import Engine
 
-    async def late():
-        await asyncio.sleep(0.5)  # joins while the first stream decodes
-        return await collect(engine, messages=FRANCE, max_tokens=10)
+    engine = await Engine.load(runtime=rt, max_concurrent=3, mode="batch")
+    alone = await collect(engine, messages=FRANCE, max_tokens=6)
+    running_at_join = []  # batch rows already decoding whenever a request is inserted
+    real_step = engine._batch_step
 
-    first, second = await asyncio.gather(collect(engine, messages=FRANCE, max_tokens=10), late())
-    assert first == alone and second == alone
+    def spy(state, joining, leaving):
+        if joining:
+            running_at_join.append(len(engine._batcher.running))
+        return real_step(state, joining, leaving)
+
+    engine._batch_step = spy
+    first_stream = engine.generate(messages=FRANCE, max_tokens=6)
+    first = await first_stream.__anext__()  # the first request is decoding now
+    second = asyncio.ensure_future(collect(engine, messages=FRANCE, max_tokens=6))
+    first_tokens = [first.token] + [d.token async for d in first_stream if d.token is not None]
+    # The first request was still in the batch (unfinished) when the second was inserted.
+    assert running_at_join == [0, 1]
+    assert first_tokens == alone[1] and await second == alone
+    await settle(engine)
 
 
 async def test_unknown_mode_is_rejected(rt):
