@@ -253,7 +253,9 @@ class Engine:
                 raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content', got {message!r}")
         if not self.chat_template:
             raise ValueError("this model has no chat template; pass prompt= instead")
-        return list(messages)
+        # Only role and content reach the template: any other key would be
+        # rendered as template text, special tokens and all.
+        return [{"role": m["role"], "content": m["content"]} for m in messages]
 
     def _render(self, messages: list[dict]) -> str:
         if self._template is None:
