@@ -19,12 +19,12 @@ pytestmark = [
     pytest.mark.asyncio(loop_factories=["asyncio"]),
 ]
 
-from test_engine import FRANCE, collect, settle  # noqa: E402 - after the skip marks
+from test_engine import PARIS, collect, settle  # noqa: E402 - after the skip marks
 
 
-async def collect_until_error(engine, **kwargs):
-    """(tokens, the exception that ended the stream or None)."""
-    tokens = []
+async def collect_until_error(engine, seen=None, **kwargs):
+    """(tokens, the exception that ended the stream or None); `seen` counts tokens as they come."""
+    tokens = seen if seen is not None else []
     try:
         async for delta in engine.generate(**kwargs):
             if delta.token is not None:
@@ -45,18 +45,19 @@ async def test_batch_step_failure_fails_every_request_and_the_next_one_starts_a_
     from emlx_async.llm import BatchDriverError, Engine
 
     engine = await Engine.load(runtime=rt, max_concurrent=3, mode="batch")
-    reference = await collect(engine, messages=FRANCE, max_tokens=3)
+    reference = await collect(engine, prompt=PARIS, max_tokens=3)
     await settle(engine)
 
     boom = RuntimeError("injected step failure")
     real_step = engine._batch_step
     step_threads, close_threads = [], []
+    seen = [[], []]  # tokens each request has received so far (appended on the loop)
 
     def failing_step(state, joining, leaving):
         step_threads.append(threading.get_ident())
-        # Call 1 prefills both prompts, 2 starts decoding, 3 hands out the first
-        # tokens: call 4 fails with both requests running in the batch.
-        if len(step_threads) == 4:
+        # Fail once, as soon as both requests are decoding in the batch.
+        if all(seen) and not close_threads and "failed" not in state:
+            state["failed"] = True
             generator = state["generator"]
             real_close = generator.close
 
@@ -71,8 +72,8 @@ async def test_batch_step_failure_fails_every_request_and_the_next_one_starts_a_
     engine._batch_step = failing_step
     started = time.perf_counter()
     results = await asyncio.wait_for(asyncio.gather(
-        collect_until_error(engine, messages=FRANCE, max_tokens=20),
-        collect_until_error(engine, prompt="Once upon a time", max_tokens=20)), 60)
+        collect_until_error(engine, seen[0], prompt=PARIS, max_tokens=20),
+        collect_until_error(engine, seen[1], prompt="Once upon a time", max_tokens=20)), 60)
     failed_after = time.perf_counter() - started
     for tokens, error in results:
         assert tokens, "the failure came before the request was decoding"
@@ -82,7 +83,7 @@ async def test_batch_step_failure_fails_every_request_and_the_next_one_starts_a_
     assert close_threads == [step_threads[0]], "the generator is closed once, on its queue's thread"
 
     engine._batch_step = real_step
-    assert await asyncio.wait_for(collect(engine, messages=FRANCE, max_tokens=3), 60) == reference
+    assert await asyncio.wait_for(collect(engine, prompt=PARIS, max_tokens=3), 60) == reference
     await settle(engine)
     assert not engine._batcher.running and not engine._batcher.waiting
 

@@ -137,6 +137,8 @@ async def test_context_check_counts_prompt_and_max_tokens(make_engine):
         engine.generate(prompt=ids, max_tokens=8193 - len(ids))
     with pytest.raises(ValueError, match="exceeds the model's context"):
         engine.generate(prompt=[0] * 8192, max_tokens=1)
+    with pytest.raises(ValueError, match="prefill_chunk must be a positive int"):
+        make_engine(prefill_chunk=0)
 
 
 @needs_mlx_lm

@@ -36,6 +36,8 @@ from .. import QueueFull, Runtime, cancelled, get_runtime
 # Decode steps queued ahead of the consumer in "parallel" mode.
 _STEPS_AHEAD = 2
 _SAMPLER_OPTIONS = {"temperature", "top_p", "top_k"}
+_CPU_PREFILL_CHUNK = 32
+_GPU_PREFILL_CHUNK = 512
 # Seeds of any size are folded into the range mx.random.key takes.
 _SEED_RANGE = 2**64
 
@@ -151,7 +153,7 @@ class Engine:
 
     def __init__(self, model, tokenizer, *, eos_ids: set[int], chat_template: str | None,
                  bos_id: int | None = None, runtime: Runtime | None = None,
-                 max_concurrent: int | None = None, prefill_chunk: int = 256, mode: str = "parallel",
+                 max_concurrent: int | None = None, prefill_chunk: int | None = None, mode: str = "parallel",
                  vocab_size: int | None = None, context_length: int | None = None):
         if mode not in ("parallel", "batch"):
             raise ValueError(f"mode must be 'parallel' or 'batch', got {mode!r}")
@@ -167,7 +169,14 @@ class Engine:
         self.chat_template = chat_template
         self.runtime = runtime or get_runtime()
         self.max_concurrent = max_concurrent or self.runtime.pool_size
-        self.prefill_chunk = prefill_chunk
+        if prefill_chunk is not None and (not _is_int(prefill_chunk) or prefill_chunk < 1):
+            raise ValueError(f"prefill_chunk must be a positive int, got {prefill_chunk!r}")
+        # The chunk bounds how long a cancelled prompt keeps its queue (and, in
+        # batch mode, how long running streams stall). On CPU a pass costs the
+        # same per token at any chunk size (SmolLM2: ~10 tokens/s on 2 cores,
+        # so 256 tokens are ~30 s); GPUs gain from longer chunks.
+        self.prefill_chunk = prefill_chunk or (_CPU_PREFILL_CHUNK if mx.default_device() == mx.cpu
+                                               else _GPU_PREFILL_CHUNK)
         self._slots = asyncio.Semaphore(self.max_concurrent)
         self._active = 0
         self._template = None  # the compiled chat template
