@@ -134,18 +134,14 @@ async def test_cancelled_long_prompt_frees_its_queue_within_a_chunk(mode, loop_e
     chunk, chunks_in_prompt = 16, 40
     # One pooled queue: the short request needs the one the long prompt holds.
     async with ea.Runtime(pool_size=1) as rt:
-        engine = await Engine.load(runtime=rt, max_concurrent=2, mode=mode)
-        engine.prefill_chunk = chunk
+        engine = await Engine.load(runtime=rt, max_concurrent=2, mode=mode, prefill_chunk=chunk)
         counter = engine.model = _PrefillCounter(engine.model, chunk)
         long_prompt = list(range(1000, 1000 + chunk * chunks_in_prompt))
         long_request = asyncio.ensure_future(collect(engine, prompt=long_prompt, max_tokens=2))
         await wait_until(lambda: counter.chunks >= 1)
         long_request.cancel()
-        started = time.perf_counter()
         _, tokens = await asyncio.wait_for(collect(engine, prompt="Hello", max_tokens=2), 60)
-        waited = time.perf_counter() - started
         assert len(tokens) == 2
-        # Today's cost of a cancelled prompt is at most the chunk that was running.
-        assert counter.chunks <= 3, f"{counter.chunks} of {chunks_in_prompt} chunks ran after cancelling"
-        print(f"{mode}: {counter.chunks} chunks, short request done in {waited:.2f}s")
+        # A cancelled prompt costs at most the chunk that was running (and one more by a race).
+        assert counter.chunks <= 3, f"{counter.chunks} of {chunks_in_prompt} chunks ran; a cancel should stop it within one"
         await settle(engine)

@@ -184,11 +184,15 @@ class Engine:
 
     @classmethod
     async def load(cls, path: str | None = None, *, runtime: Runtime | None = None,
-                   max_concurrent: int | None = None, mode: str = "parallel") -> Engine:
+                   max_concurrent: int | None = None, mode: str = "parallel",
+                   prefill_chunk: int | None = None) -> Engine:
         """Load SmolLM2 (path None), a GGUF file, or an mlx-lm model folder.
 
         `mode` "parallel" runs each request on its own pooled queue; "batch"
         runs all requests on one queue with continuous batching.
+        `prefill_chunk` (default 32 tokens on CPU, 512 on GPU) bounds how long
+        a cancelled prompt keeps its queue and, in batch mode, how long running
+        streams stall while a prompt is prefilled.
         """
         from . import _gguf
 
@@ -213,7 +217,8 @@ class Engine:
 
         async with runtime.queue() as q:
             model, tokenizer, extra = await q.run(load)
-        return cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=mode, **extra)
+        return cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=mode,
+                   prefill_chunk=prefill_chunk, **extra)
 
     # ---- prompts ---------------------------------------------------------------
 
