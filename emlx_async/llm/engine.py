@@ -11,7 +11,13 @@
 Cancellation: leaving the ``async for`` early (break, ``aclose()``, task
 cancellation) drops the request's KV cache and hands its queue (or batch row)
 back at once, or at the next step boundary; a step already running finishes
-(at most one decode step) and its token is discarded.
+(at most one decode step or one prefill chunk) and its result is discarded.
+
+Hostile input is refused with ValueError before anything reaches MLX (token
+ids outside the embedding crash it): ids out of the vocabulary, prompt plus
+max_tokens past the model's context, bad sampling options. In chat messages
+only the template makes control tokens; special-token text a user types stays
+text.
 """
 
 from __future__ import annotations
