@@ -34,11 +34,7 @@ async def engine(rt, request):
 
 async def settle(engine):
     """Wait until the batch driver (if any) has gone idle and handed its queue back."""
-    driver = None
-    while engine._batcher._driver is not driver:  # a failed driver may have started a new one
-        driver = engine._batcher._driver
-        if driver is not None:
-            await asyncio.wait_for(asyncio.shield(driver), 30)
+    await engine._batcher.wait_idle()  # a failed driver may have started a new one: it waits for that too
 
 
 async def collect(engine, **kwargs):

@@ -84,8 +84,7 @@ HOSTILE_SCRIPT = """
                            chat_template=parallel.chat_template, bos_id=parallel.bos_id, mode="batch")
             await run(parallel)
             await run(batch)
-            while batch._batcher._driver is not None and not batch._batcher._driver.done():
-                await asyncio.sleep(0.01)
+            await batch._batcher.wait_idle()
 
     asyncio.run(main())
 """

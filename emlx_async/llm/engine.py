@@ -22,7 +22,6 @@ text.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import math
 import numbers
@@ -34,6 +33,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
@@ -183,7 +183,7 @@ class Engine:
         # so 256 tokens are ~30 s); GPUs gain from longer chunks.
         self.prefill_chunk = prefill_chunk or (_CPU_PREFILL_CHUNK if mx.default_device() == mx.cpu
                                                else _GPU_PREFILL_CHUNK)
-        self._slots = asyncio.Semaphore(self.max_concurrent)
+        self._slots = anyio.Semaphore(self.max_concurrent)  # request slots, on any anyio backend
         self._active = 0
         self._template = None  # the compiled chat template
         self._batcher = _Batcher(self)
@@ -363,7 +363,7 @@ class Engine:
         if self.context_length is not None and len(tokens) + max_tokens > self.context_length:
             raise ValueError(f"the prompt ({len(tokens)} tokens) plus max_tokens ({max_tokens}) exceeds "
                              f"the model's context of {self.context_length} tokens")
-        if not wait and self._slots.locked():
+        if not wait and self._slots.value == 0:
             raise EngineBusy(f"all {self.max_concurrent} request slots are busy")
         seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed)
         sampler = _Sampler(temperature, top_p, top_k, seed)
@@ -414,7 +414,7 @@ class Engine:
         """
         queue = await self.runtime.acquire_queue()
         state: dict[str, Any] = {}
-        ahead: collections.deque[asyncio.Future] = collections.deque()
+        ahead: collections.deque = collections.deque()  # job futures of the steps queued ahead
         steps_left = max_tokens - 1  # the prefill produces the first token
         try:
             token = await queue.run(self._prefill, state, prompt, sampler)
@@ -498,7 +498,7 @@ class Engine:
         self._batcher.submit(request)
         try:
             while True:
-                item = await request.inbox.get()
+                item = await request.inbox.receive()
                 if isinstance(item, BaseException):
                     raise item
                 token, finish = item
@@ -511,6 +511,7 @@ class Engine:
                     return
         finally:
             self._batcher.forget(request)
+            request.close()
 
     @property
     def active_requests(self) -> int:
@@ -518,13 +519,19 @@ class Engine:
 
 
 class _BatchRequest:
-    __slots__ = ("prompt", "max_tokens", "sampler", "uid", "inbox", "done")
+    __slots__ = ("prompt", "max_tokens", "sampler", "uid", "inbox", "outbox", "done")
 
     def __init__(self, prompt: list[int], max_tokens: int, sampler: _Sampler):
         self.prompt, self.max_tokens, self.sampler = prompt, max_tokens, sampler
         self.uid: int | None = None  # the batch row, once inserted
-        self.inbox: asyncio.Queue = asyncio.Queue()  # (token, finish reason) or an exception
+        # (token, finish reason) or an exception, from the driver to the consumer;
+        # unbounded: the driver must never wait on a slow consumer.
+        self.outbox, self.inbox = anyio.create_memory_object_stream(math.inf)
         self.done = False
+
+    def close(self) -> None:
+        self.outbox.close()
+        self.inbox.close()
 
 
 class _Batcher:
@@ -541,14 +548,22 @@ class _Batcher:
         self.waiting: list[_BatchRequest] = []
         self.running: dict[int, _BatchRequest] = {}
         self.leaving: list[int] = []
-        self._wakeup = asyncio.Event()
-        self._driver: asyncio.Task | None = None
+        self._driving = False  # a driver task runs (it exits when idle)
 
     def submit(self, request: _BatchRequest) -> None:
         self.waiting.append(request)
-        self._wakeup.set()
-        if self._driver is None or self._driver.done():
-            self._driver = asyncio.get_running_loop().create_task(self._drive())
+        if not self._driving:
+            self._start_driver()
+
+    async def wait_idle(self, timeout: float = 30.0) -> None:
+        """Wait until no driver runs (its queue is handed back); for tests and shutdown."""
+        with anyio.fail_after(timeout):
+            while self._driving:
+                await anyio.sleep(0.005)
+
+    def _start_driver(self) -> None:
+        self._driving = True
+        self.engine.runtime.start_soon(self._drive)
 
     def forget(self, request: _BatchRequest) -> None:
         """The consumer is gone: drop the request now or at the next step."""
@@ -585,7 +600,7 @@ class _Batcher:
                     request = self.running.get(uid)
                     if request is None:
                         continue
-                    request.inbox.put_nowait((token, finish))
+                    request.outbox.send_nowait((token, finish))
                     if finish is not None:
                         del self.running[uid]
         except BaseException as exc:
@@ -595,7 +610,8 @@ class _Batcher:
             for request in carried:
                 error = BatchDriverError(f"the batch driver failed: {exc!r}")
                 error.__cause__ = exc
-                request.inbox.put_nowait(error)
+                if not request.done:
+                    request.outbox.send_nowait(error)
             if not isinstance(exc, Exception):
                 raise  # cancellation and exits go on; errors went to the requests
         finally:
@@ -607,8 +623,9 @@ class _Batcher:
                     pass
                 finally:
                     engine.runtime.release_queue(queue)
+            self._driving = False
             if self.waiting:  # arrived while this driver was winding down
-                self._driver = asyncio.get_running_loop().create_task(self._drive())
+                self._start_driver()
 
 
 def _is_int(value: Any) -> bool:
