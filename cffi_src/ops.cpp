@@ -155,6 +155,20 @@ mx::array conv_general(const mx::array& x, const mx::array& w, const mx::Shape& 
                           ints_of(input_dilation), groups, flip, s);
 }
 
+// The most negative int32/int64 divided by -1 overflows, and x86's idiv
+// traps on it (SIGFPE) inside MLX's CPU floor_divide and remainder kernels.
+// Dividing by 1 there instead gives numpy's answers: x // -1 == -x (wrapping
+// for the minimum) and x % -1 == 0. Other dtypes go to MLX unchanged.
+mx::array int_division(const mx::array& a, const mx::array& b, bool floor, mx::Stream s) {
+  auto t = mx::promote_types(a.dtype(), b.dtype());
+  if (t != mx::int32 && t != mx::int64) return floor ? mx::floor_divide(a, b, s) : mx::remainder(a, b, s);
+  auto bt = mx::astype(b, t, s);
+  auto minus_one = mx::equal(bt, mx::array(-1, t), s);
+  auto safe = mx::where(minus_one, mx::array(1, t), bt, s);
+  if (floor) return mx::where(minus_one, mx::negative(mx::astype(a, t, s), s), mx::floor_divide(a, safe, s), s);
+  return mx::where(minus_one, mx::array(0, t), mx::remainder(a, safe, s), s);
+}
+
 // MLX's quantized_matmul does not check that scales (and biases) match w for
 // the group size and bits: smaller ones make its kernel read past their end
 // (garbage results, or a crash); an empty w makes it divide by zero (SIGFPE).

@@ -47,6 +47,20 @@ const Arity kArity[] = {
     {"concatenate", 1, SIZE_MAX}, {"stack", 1, SIZE_MAX},
 };
 
+// scaled_dot_product_attention {B, N, T, D}: MLX takes the query heads
+// modulo the key heads; keys with no heads are a SIGFPE.
+void attention_heads(const char* op, const std::vector<mx::array>& xs) {
+  if (xs.size() >= 2 && xs[1].ndim() == 4 && xs[1].shape(1) == 0)
+    refuse(op, "keys have no heads (shape " + shape_text(xs[1].shape()) + ")");
+}
+
+// kv_cache_attention: q, k, v and the caches are {B, T, N, D}; the same
+// division by the key heads, after its transposes.
+void cache_heads(const char* op, const std::vector<mx::array>& xs) {
+  if (xs.size() >= 4 && xs[3].ndim() == 4 && xs[3].shape(2) == 0)
+    refuse(op, "the key cache has no heads (shape " + shape_text(xs[3].shape()) + ")");
+}
+
 struct Guard {
   const char* op;
   void (*check)(const char* op, const std::vector<mx::array>& xs);
@@ -59,6 +73,11 @@ struct Guard {
 // handled for every op by inputs() and outputs().
 const Guard kGuards[] = {
     {"conv_general", conv_kernel},
+    {"fast_sdpa", attention_heads},
+    {"fast_sdpa_masked", attention_heads},
+    {"fast_sdpa_sinks", attention_heads},
+    {"fast_sdpa_causal_key_mask", attention_heads},
+    {"kv_cache_attention", cache_heads},
 };
 
 // Empty inputs: MLX's CPU reduction of an empty, non-row-contiguous array

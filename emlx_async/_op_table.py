@@ -37,6 +37,10 @@ _BINARY = [
     "left_shift", "right_shift", "matmul", "outer", "inner", "kron",
 ]
 
+# Integer division guarded against INT_MIN / -1 (see ops.cpp: int_division).
+_BINARY_EXPRESSIONS = {"floor_divide": "int_division(x0, x1, true, s)",
+                       "remainder": "int_division(x0, x1, false, s)"}
+
 _REDUCE = ["sum", "prod", "max", "min", "mean", "all", "any", "logsumexp"]
 
 KEEPDIMS = ("keepdims", "bool", False)
@@ -44,7 +48,7 @@ AXES = ("axis", "axes", None)
 
 OPS = (
     [(name, 1, [], f"mx::{name}(x0, s)") for name in _UNARY]
-    + [(name, 2, [], f"mx::{name}(x0, x1, s)") for name in _BINARY]
+    + [(name, 2, [], _BINARY_EXPRESSIONS.get(name, f"mx::{name}(x0, x1, s)")) for name in _BINARY]
     + [(name, 1, [AXES, KEEPDIMS], f"mx::{name}(x0, all_axes(p0, x0), p1, s)") for name in _REDUCE]
     + [
         # creation

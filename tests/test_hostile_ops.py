@@ -145,6 +145,16 @@ CASES = [
      "MLXValueError", "out of bounds"),
     ("as-strided-offset-negative", "ea.ops.as_strided(mx.ones((4,)), shape=(1,), strides=(1,), offset=-1)",
      "ValueError", "'offset' must be non-negative"),
+    # Keys without heads: MLX takes the query heads modulo the key heads (SIGFPE).
+    ("sdpa-keys-without-heads",
+     "ea.fast.scaled_dot_product_attention(mx.ones((1, 2, 2, 4)), mx.ones((1, 0, 2, 4)), mx.ones((1, 0, 2, 4)), "
+     "scale=1.0)", "MLXValueError", "no heads"),
+    ("sdpa-masked-keys-without-heads",
+     "ea.ops.submit('fast_sdpa_masked', [mx.ones((1, 2, 2, 4)), mx.ones((1, 0, 2, 4)), mx.ones((1, 0, 2, 4)), "
+     "mx.ones((2, 2), dtype=mx.bool_)], scale=1.0)", "MLXValueError", "no heads"),
+    ("kv-cache-without-heads",
+     "ea.attention.kv_cache_attention(mx.ones((1, 1, 2, 4)), mx.ones((1, 1, 0, 4)), mx.ones((1, 1, 0, 4)), "
+     "mx.zeros((1, 8, 0, 4)), mx.zeros((1, 8, 0, 4)), offset=0, scale=1.0)", "MLXValueError", "no heads"),
     ("dequantize-one-array", f"ea.ops.submit('dequantize', [{QW}])", "MLXValueError", "expects 2 to 3"),
     ("quantized-matmul-two-arrays", f"ea.ops.submit('quantized_matmul', [mx.ones((2, 64)), {QW}])",
      "MLXValueError", "expects 3 to 4"),
@@ -179,6 +189,19 @@ RESULTS = [
      "lambda r: r.tolist() == [9, 0]"),
     ("take-negative-in-bounds", "ea.ops.take(mx.arange(10), mx.array([-1, -10]))",
      "lambda r: r.tolist() == [9, 0]"),
+    # The most negative int divided by -1: x86's idiv traps (SIGFPE); numpy's answers.
+    ("floor-divide-int32-min-by-minus-one",
+     "ea.ops.floor_divide(mx.array([-2**31, 7, -7, 5]), mx.array([-1, -1, 2, 0]))",
+     "lambda r: r.dtype == mx.int32 and r.tolist() == [-2**31, -7, -4, 0]"),
+    ("floor-divide-int64-min-by-minus-one",
+     "ea.ops.floor_divide(mx.array(np.array([-2**63, 9], dtype=np.int64)), mx.array(np.array([-1, -2], dtype=np.int64)))",
+     "lambda r: r.dtype == mx.int64 and r.tolist() == [-2**63, -5]"),
+    ("remainder-int32-min-by-minus-one",
+     "ea.ops.remainder(mx.array([-2**31, 7, -7]), mx.array([-1, -1, 3]))",
+     "lambda r: r.dtype == mx.int32 and r.tolist() == [0, 0, 2]"),
+    ("floor-divide-by-uint32-max-is-not-minus-one",
+     "ea.ops.floor_divide(mx.array([-5]), mx.array(np.array([2**32 - 1], dtype=np.uint32)))",
+     "lambda r: r.dtype == mx.int64 and r.tolist() == [-1]"),
     ("conv-empty-output-channels", "ea.ops.conv_general(mx.ones((1, 8, 4)), mx.ones((0, 3, 4)))",
      "lambda r: r.shape == (1, 6, 0)"),
 ]
