@@ -408,7 +408,14 @@ std::vector<mx::array> run_op(int op, mx::Device device, const std::vector<mx::a
   // hang plain MLX are refused (or made safe) before it sees them.
   const char* name = kOpNames[op];
   auto inputs = validate::inputs(name, xs, s);
-  auto outputs = dispatch(op, inputs, p, s, sc);
+  std::vector<mx::array> outputs;
+  try {
+    outputs = dispatch(op, inputs, p, s, sc);
+  } catch (const char* message) {
+    // A few MLX checks throw a bare string (scatter's "Boolean indices not
+    // supported"), which would reach Python as "unknown C++ exception".
+    throw std::invalid_argument(message);
+  }
   if (p.i != n_ints || p.f != n_floats)
     throw std::invalid_argument(std::string("[") + name + "] got more parameters than the op table declares");
   return validate::outputs(name, std::move(outputs), inputs, s);
