@@ -171,7 +171,8 @@ mx::array int_division(const mx::array& a, const mx::array& b, bool floor, mx::S
 
 // MLX's quantized_matmul does not check that scales (and biases) match w for
 // the group size and bits: smaller ones make its kernel read past their end
-// (garbage results, or a crash); an empty w makes it divide by zero (SIGFPE).
+// (garbage results, or a crash); an empty inner dimension makes it divide by
+// zero (SIGFPE).
 mx::array quantized_matmul(const std::vector<mx::array>& xs, bool transpose, std::optional<int> group_size,
                            std::optional<int> bits, const std::string& mode, mx::Stream s) {
   if (xs.size() != 3 && xs.size() != 4)
@@ -182,8 +183,8 @@ mx::array quantized_matmul(const std::vector<mx::array>& xs, bool transpose, std
   auto mode_defaults = defaults.find(mode);
   if (mode_defaults != defaults.end() && w.ndim() >= 2 && scales.ndim() == w.ndim()) {
     int64_t gs = group_size.value_or(mode_defaults->second.first), b = bits.value_or(mode_defaults->second.second);
-    if (w.shape(-1) == 0 || w.shape(-2) == 0)
-      throw std::invalid_argument("[quantized_matmul] the quantized matrix w is empty");
+    if (w.shape(-1) == 0 || (xs[0].ndim() > 0 && xs[0].shape(-1) == 0))
+      throw std::invalid_argument("[quantized_matmul] the inner (contracted) dimension is empty");
     int64_t groups = static_cast<int64_t>(w.shape(-1)) * 32 / b / gs;
     auto want = w.shape();
     want.back() = static_cast<int>(groups);

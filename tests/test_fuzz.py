@@ -202,15 +202,18 @@ index_dtype = st.sampled_from(["int32", "int32", "uint32", "int64", "uint64", "i
 
 @st.composite
 def structured(draw, name):
-    """Arrays shaped the way op `name` wants them, so cases reach MLX's kernels."""
+    """Arrays shaped the way op `name` wants them, and fitting options, so cases reach MLX's kernels.
+
+    Returns (array specs, option hints), or (None, {}) for ops the generic cases serve well.
+    """
     dt = draw(float_dtype)
     n, m, b = draw(dim), draw(dim), draw(dim)
     if name.startswith("linalg_"):
         batch = draw(st.sampled_from([[], [b]]))
         a = spec(batch + [n, n], dt)
         if name in ("linalg_solve", "linalg_solve_triangular"):
-            return [a, spec(batch + [n] + draw(st.sampled_from([[], [m]])), dt)]
-        return [a]
+            return [a, spec(batch + [n] + draw(st.sampled_from([[], [m]])), dt)], {}
+        return [a], {}
     if name.startswith("fast_sdpa") or name == "kv_cache_attention":
         heads_kv = draw(st.integers(0, 2))
         heads_q = heads_kv * draw(st.integers(1, 2))
@@ -218,44 +221,52 @@ def structured(draw, name):
         if name == "kv_cache_attention":
             arrays = [spec([b, t, heads_q, d], dt), spec([b, t, heads_kv, d], dt), spec([b, t, heads_kv, d], dt),
                       spec([b, length, heads_kv, d], dt), spec([b, length, heads_kv, d], dt)]
-            return arrays + draw(st.sampled_from([[], [spec([b, length], "bool_")]]))
+            mask = draw(st.sampled_from([[], [spec([b, length], "bool_")]]))
+            return arrays + mask, {"offset": draw(st.integers(-1, length))}
         q, kv = spec([b, heads_q, t, d], dt), spec([b, heads_kv, length, d], dt)
         extra = {"fast_sdpa_masked": [spec(draw(st.sampled_from([[t, length], [b, 1, t, length]])),
                                            draw(st.sampled_from(["bool_", dt])))],
                  "fast_sdpa_sinks": [spec([heads_q], dt)],
                  "fast_sdpa_causal_key_mask": [spec([b, length], "bool_")]}.get(name, [])
-        return [q, kv, dict(kv)] + extra
+        return [q, kv, dict(kv)] + extra, {}
     if name.startswith("fast_rope"):
         d = draw(st.sampled_from([0, 1, 2, 4, 8]))
         x = spec([b, n, m, d], dt)
         extra = {"fast_rope_offsets": [spec([b], draw(index_dtype), "small")],
                  "fast_rope_freqs": [spec([d // 2], "float32")],
                  "fast_rope_positions": [spec([b, m], draw(index_dtype), "small")]}.get(name, [])
-        return [x] + extra
+        return [x] + extra, {"dims": draw(st.sampled_from([d, d, d - 1, d // 2, 2 * d]))}
     if name in ("fast_rms_norm", "fast_layer_norm", "fast_layer_norm_no_bias"):
         d = draw(dim)
-        return [spec([n, d], dt)] + [spec([d], dt)] * (1 if name != "fast_layer_norm" else 2)
+        return [spec([n, d], dt)] + [spec([d], dt)] * (2 if name == "fast_layer_norm" else 1), {}
     if name in ("quantize", "dequantize", "quantized_matmul"):
         k = draw(st.sampled_from([0, 32, 64, 128]))
-        if name == "quantize":
-            return [spec([n, k], dt)]
         bits, group = draw(st.sampled_from([2, 4, 8])), draw(st.sampled_from([32, 64]))
-        cols, groups = max(k * bits // 32, 0), k // group
+        hints = {"bits": bits, "group_size": group, "mode": "affine"}
+        if name == "quantize":
+            return [spec([n, k], dt)], hints
+        cols, groups = k * bits // 32, k // group
         w = [spec([n, cols], "uint32", "edge"), spec([n, groups], dt), spec([n, groups], dt)]
-        return ([spec([m, k], dt)] if name == "quantized_matmul" else []) + w
+        return ([spec([m, k], dt)] if name == "quantized_matmul" else []) + w, hints
     if name == "conv_general":
         cin, groups = draw(st.integers(0, 4)), draw(st.integers(1, 2))
-        return [spec([b, draw(dim) + 2, cin * groups], dt), spec([m * groups, draw(dim), cin], dt)]
+        x, w = spec([b, draw(dim) + 2, cin * groups], dt), spec([m * groups, draw(dim), cin], dt)
+        return [x, w], {"groups": groups}
+    if name == "einsum":
+        return [spec([n, m], dt), spec([m, b], dt)], {"subscripts": "ij,jk->ik"}
     if name in ("take", "take_along_axis", "put_along_axis", "gather", "scatter", "scatter_add"):
         a = spec([n + 1, m + 1], draw(st.sampled_from(["float32", "int32", "bool_"])))
         idx = spec(draw(st.sampled_from([[2], [n + 1, m + 1], [1, 1]])), draw(index_dtype),
                    draw(st.sampled_from(["small", "small", "edge"])))
+        axis = draw(st.sampled_from([0, 1, -1]))
         if name == "put_along_axis":
-            return [a, idx, spec(idx["shape"], a["dtype"])]
+            return [a, idx, spec(idx["shape"], a["dtype"])], {"axis": axis}
         if name in ("scatter", "scatter_add"):
-            return [a, idx, spec(idx["shape"] + [1, m + 1], a["dtype"])]
-        return [a, idx]
-    return None
+            return [a, idx, spec(idx["shape"] + [1, m + 1], a["dtype"])], {"axes": [0]}
+        if name == "gather":
+            return [a, idx], {"axes": [0], "slice_sizes": [1, draw(st.integers(0, m + 2))]}
+        return [a, idx], {"axis": axis}
+    return None, {}
 
 
 REQUIRED = {"take_along_axis": "axis", "put_along_axis": "axis", "scatter": "axes", "scatter_add": "axes",
@@ -268,7 +279,7 @@ SPECS = {name: (arrays, params) for name, arrays, params, _ in OPS}
 @st.composite
 def cases(draw, name):
     arrays, params = SPECS[name]
-    specs = draw(structured(name)) if draw(st.booleans()) else None
+    specs, hints = draw(structured(name)) if draw(st.booleans()) else (None, {})
     if specs is None:
         count = draw(st.integers(0, 6)) if arrays == VARIADIC else arrays
         specs = draw(st.lists(array_spec, min_size=count, max_size=count))
@@ -283,7 +294,9 @@ def cases(draw, name):
         specs[0]["layout"] = "transposed"
     options = {}
     for pname, kind, _default in params:
-        if REQUIRED.get(name) == pname or draw(st.integers(0, 3)) > 0:
+        if pname in hints and draw(st.integers(0, 3)) > 0:
+            options[pname] = hints[pname]
+        elif REQUIRED.get(name) == pname or draw(st.integers(0, 3)) > 0:
             options[pname] = draw(option(pname, kind))
     if name == "gather" and "slice_sizes" not in options:
         options["slice_sizes"] = draw(st.lists(st.integers(0, 3), min_size=2, max_size=2))

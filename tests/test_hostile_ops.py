@@ -129,7 +129,10 @@ CASES = [
      "no channels"),
     ("quantized-matmul-empty-w",
      "ea.ops.quantized_matmul(mx.ones((2, 0)), mx.ones((4, 0), dtype=mx.uint32), mx.ones((4, 0)), "
-     "mx.ones((4, 0)), group_size=64, bits=4)", "MLXValueError", "empty"),
+     "mx.ones((4, 0)), group_size=64, bits=4)", "MLXValueError", "inner (contracted) dimension is empty"),
+    ("quantized-matmul-empty-inner-untransposed",
+     "ea.ops.quantized_matmul(mx.ones((2, 0)), mx.ones((0, 8), dtype=mx.uint32), mx.ones((0, 1)), "
+     "mx.ones((0, 1)), transpose=False, group_size=64, bits=4)", "MLXValueError", "inner (contracted)"),
     # A zero-sized conv kernel reaches BLAS, whose error handler exits the process (status 0).
     ("conv-zero-sized-kernel", "ea.ops.conv_general(mx.ones((1, 8, 4)), mx.ones((4, 0, 4)))", "MLXValueError",
      "zero-sized kernel"),
@@ -205,6 +208,9 @@ RESULTS = [
     ("floor-divide-by-uint32-max-is-not-minus-one",
      "ea.ops.floor_divide(mx.array([-5]), mx.array(np.array([2**32 - 1], dtype=np.uint32)))",
      "lambda r: r.dtype == mx.int64 and r.tolist() == [-1]"),
+    ("quantized-matmul-no-output-columns",
+     "ea.ops.quantized_matmul(mx.ones((2, 64)), mx.ones((0, 8), dtype=mx.uint32), mx.ones((0, 1)), "
+     "mx.ones((0, 1)), group_size=64, bits=4)", "lambda r: r.shape == (2, 0)"),
     ("conv-empty-output-channels", "ea.ops.conv_general(mx.ones((1, 8, 4)), mx.ones((0, 3, 4)))",
      "lambda r: r.shape == (1, 6, 0)"),
 ]
