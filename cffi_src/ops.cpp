@@ -363,27 +363,39 @@ mx::array causal_key_mask_sdpa(const mx::array& q, const mx::array& k, const mx:
 }
 
 // Debug bounds check for indexing ops: evaluates the indices on this worker
-// and raises if any lies outside [-size, size). The extremes are compared in
-// the indices' own signedness: an unsigned index is never negative (a cast
-// to int64 would make 2**64 - k look like a legal -k).
-mx::array check_bounds(const mx::array& indices, int64_t size, const std::string& op, mx::Stream s) {
+// and raises if any lies outside [-size, size), or, with an extent (gather's
+// slice size), if a slice of `extent` elements from it would run past the
+// axis. The extremes are compared in the indices' own signedness: an
+// unsigned index is never negative (a cast to int64 would make 2**64 - k
+// look like a legal -k).
+mx::array check_bounds(const mx::array& indices, int64_t size, const std::string& op, int64_t extent,
+                       mx::Stream s) {
   if (!mx::issubdtype(indices.dtype(), mx::integer) || indices.size() == 0) return indices;
-  auto low = mx::min(indices, false, s);
-  auto high = mx::max(indices, false, s);
-  mx::eval({low, high});
   auto fail = [&](const std::string& bad) {
     throw std::out_of_range("[" + op + "] index " + bad + " is out of bounds for an axis of size " +
-                            std::to_string(size));
+                            std::to_string(size) + (extent > 1 ? " with slices of " + std::to_string(extent) : ""));
   };
   if (mx::issubdtype(indices.dtype(), mx::unsignedinteger)) {
+    auto high = mx::max(indices, false, s);
+    mx::eval({high});
     uint64_t hi = mx::astype(high, mx::uint64, s).item<uint64_t>();
-    if (size <= 0 || hi >= static_cast<uint64_t>(size)) fail(std::to_string(hi));
-  } else {
-    int64_t lo = mx::astype(low, mx::int64, s).item<int64_t>();
-    int64_t hi = mx::astype(high, mx::int64, s).item<int64_t>();
-    if (lo < -size) fail(std::to_string(lo));
-    if (hi >= size) fail(std::to_string(hi));
+    if (size <= 0 || hi >= static_cast<uint64_t>(size) || hi > static_cast<uint64_t>(size - extent))
+      fail(std::to_string(hi));
+    return indices;
   }
+  auto wide = mx::astype(indices, mx::int64, s);
+  auto low = mx::min(wide, false, s), high = mx::max(wide, false, s);
+  // MLX wraps a negative index once (i + size): check where it lands.
+  auto start = mx::where(mx::less(wide, mx::array(int64_t{0}), s), mx::add(wide, mx::array(size), s), wide, s);
+  auto last = mx::max(start, false, s);
+  mx::eval({low, high, last});
+  int64_t lo = low.item<int64_t>(), hi = high.item<int64_t>();
+  if (lo < -size) fail(std::to_string(lo));
+  if (hi >= size) fail(std::to_string(hi));
+  if (last.item<int64_t>() > size - extent)
+    throw std::out_of_range("[" + op + "] a slice of " + std::to_string(extent) + " from position " +
+                            std::to_string(last.item<int64_t>()) + " runs past an axis of size " +
+                            std::to_string(size));
   return indices;
 }
 

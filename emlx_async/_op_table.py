@@ -145,7 +145,9 @@ OPS = (
          "window_scatter(x0, x1, p0, p1, p2, true, s)"),
         ("window_scatter_min", 2, [("window", "shape", ()), ("strides", "shape", ()), ("padding", "shape", ())],
          "window_scatter(x0, x1, p0, p1, p2, false, s)"),
-        ("check_bounds", 1, [("size", "int64", 0), ("op", "str", "")], "check_bounds(x0, p0, p1, s)"),
+        # extent: how many elements from each index on are read (gather's slice size along the axis)
+        ("check_bounds", 1, [("size", "int64", 0), ("op", "str", ""), ("extent", "int64:positive", 1)],
+         "check_bounds(x0, p0, p1, p2, s)"),
         # linear algebra and contractions
         ("tensordot", 2, [("axes", "int", 2)], "mx::tensordot(x0, x1, p0, s)"),
         ("einsum", VARIADIC, [("subscripts", "str", "")], "mx::einsum(p0, xs, s)"),

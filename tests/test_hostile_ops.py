@@ -96,6 +96,16 @@ CASES = [
     ("scatter-uint64-index",
      "ea.ops.scatter(mx.arange(10), [mx.array(np.array([2**64 - 2], dtype=np.uint64))], "
      "mx.ones((1, 1), dtype=mx.int32), axes=[0])", "MLXIndexError", "out of bounds"),
+    # A gather slice that starts in bounds but runs past the axis reads past the array.
+    ("check-bounds-slice-past-the-end",
+     "ea.ops.submit('check_bounds', [mx.array([0, 3])], size=4, op='gather', extent=2)", "MLXIndexError",
+     "a slice of 2 from position 3"),
+    ("check-bounds-negative-slice-past-the-end",
+     "ea.ops.submit('check_bounds', [mx.array([-1])], size=4, op='gather', extent=2)", "MLXIndexError",
+     "from position 3"),
+    ("check-bounds-unsigned-slice-past-the-end",
+     "ea.ops.submit('check_bounds', [mx.array([3], dtype=mx.uint8)], size=4, op='gather', extent=2)",
+     "MLXIndexError", "out of bounds"),
     ("take-axis-none-size-over-int32",
      "ea.ops.take(mx.zeros((1,), dtype=mx.uint8), mx.array([3], dtype=mx.uint32))", "MLXIndexError", "size 1"),
     # Allocation failure is SIGSEGV in MLX, even under set_memory_limit.
@@ -211,6 +221,9 @@ RESULTS = [
     ("quantized-matmul-no-output-columns",
      "ea.ops.quantized_matmul(mx.ones((2, 64)), mx.ones((0, 8), dtype=mx.uint32), mx.ones((0, 1)), "
      "mx.ones((0, 1)), group_size=64, bits=4)", "lambda r: r.shape == (2, 0)"),
+    ("check-bounds-slices-in-bounds",
+     "ea.ops.submit('check_bounds', [mx.array([0, 2, -2, -4])], size=4, op='gather', extent=2)",
+     "lambda r: r.tolist() == [0, 2, -2, -4]"),
     ("conv-empty-output-channels", "ea.ops.conv_general(mx.ones((1, 8, 4)), mx.ones((0, 3, 4)))",
      "lambda r: r.shape == (1, 6, 0)"),
 ]
@@ -255,3 +268,11 @@ def test_lazy_inputs_are_checked_at_their_own_sizes():
     assert (await ea.ops.sum(lazy, queue=q)).item() == 64
     """
     run_case("ea.ops.tile(lazy, reps=(2**14, 2**14))", "MLXRuntimeError", "allocation limit", setup=setup)
+
+
+@pytest.mark.xfail(strict=True, reason="ops.gather checks each index against the axis size, not index + slice "
+                   "size; it should pass extent=slice_sizes[axis] to check_bounds")
+def test_gather_slice_past_the_end_is_refused_with_bounds_checks():
+    # In bounds index 3, slice of 2 rows of a 4-row array: MLX reads past the end (heap garbage).
+    run_case("ea.ops.gather(mx.arange(16).reshape(4, 4), [mx.array([3])], axes=[0], slice_sizes=[2, 4])",
+             "MLXIndexError", setup="ea.ops.set_bounds_checks(True)")
