@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -162,15 +163,25 @@ std::vector<mx::array> outputs(const char* op, std::vector<mx::array> outs, cons
   std::unordered_set<std::uintptr_t> seen;
   for (const auto& x : xs) seen.insert(x.id());
   std::vector<mx::array> stack(outs.begin(), outs.end());
+  size_t largest = 0;
   while (!stack.empty()) {
     mx::array a = stack.back();
     stack.pop_back();
     if (!seen.insert(a.id()).second) continue;
-    checked_nbytes(op, a.shape(), a.itemsize());
-    if (a.status() != mx::array::Status::unscheduled || !a.has_primitive()) continue;
+    if (a.status() != mx::array::Status::unscheduled || !a.has_primitive()) continue;  // allocated already
+    largest = std::max(largest, checked_nbytes(op, a.shape(), a.itemsize()));
     for (const auto& in : a.inputs()) stack.push_back(in);
     for (const auto& sib : a.siblings()) stack.push_back(sib);
   }
+  // The limit counts this process's live arrays too: MLX's CPU allocator
+  // neither waits nor fails cleanly past it (two 16 GB results on a 23 GB
+  // machine end the process). Cached buffers are released to make room.
+  size_t limit = allocation_limit(), active = mx::get_active_memory();
+  if (largest > 0 && (active > limit || largest > limit - active))
+    throw std::runtime_error(std::string("[") + op + "] needs " + std::to_string(largest) + " bytes at once, but " +
+                             std::to_string(active) + " of the allocation limit of " + std::to_string(limit) +
+                             " bytes are held by live arrays");
+  if (largest > 0 && largest + active + mx::get_cache_memory() > limit) mx::clear_cache();
   // Results that are all empty need no kernel, and some MLX kernels crash
   // on them (linalg.inv, lu and solve of 0x0 matrices: SIGFPE in LAPACK
   // set-up): zeros of the same shapes and dtypes are the exact answer.

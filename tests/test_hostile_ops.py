@@ -276,3 +276,12 @@ def test_gather_slice_past_the_end_is_refused_with_bounds_checks():
     # In bounds index 3, slice of 2 rows of a 4-row array: MLX reads past the end (heap garbage).
     run_case("ea.ops.gather(mx.arange(16).reshape(4, 4), [mx.array([3])], axes=[0], slice_sizes=[2, 4])",
              "MLXIndexError", setup="ea.ops.set_bounds_checks(True)")
+
+
+def test_live_arrays_count_against_the_allocation_limit():
+    # Two 16 GB results on a 23 GB machine ended the process: live arrays count too.
+    setup = """
+    ea.memory.set_memory_limit(1 << 30)
+    held = await ea.ops.ones(shape=(150, 2**20), queue=q)  # 600 MB, kept alive
+    """
+    run_case("ea.ops.ones(shape=(150, 2**20), queue=q)", "MLXRuntimeError", "held by live arrays", setup=setup)
