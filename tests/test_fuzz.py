@@ -32,7 +32,8 @@ CASE_TIMEOUT = 45  # seconds: a case that runs longer counts as a hang (generous
 
 DTYPES = ["bool_", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16",
           "float32", "float64", "bfloat16", "complex64"]
-HOSTILE_INTS = [0, -1, 2**31 - 1, -2**31, 2**31, -2**31 - 1, 2**32 + 1, 2**63 - 1, -2**63, 2**64, 10**30]
+HOSTILE_INTS = [0, -1, 2**10, 2**16, 2**20, 2**30, -2**30, 2**31 - 1, -2**31, 2**31, -2**31 - 1, 2**32 + 1, 2**63 - 1,
+                -2**63, 2**64, 10**30]
 FLOATS = [0.0, 1.0, -1.0, 0.5, 2.0, 1e-5, 1e30, -1e30, math.nan, math.inf, -math.inf]
 STRINGS = {
     "mode": ["affine", "mxfp4", "mxfp8", "nvfp4", "", "bogus"],
