@@ -57,27 +57,52 @@ def _as_array(value: Any, like: mx.array | None) -> mx.array:
     return mx.array(value)
 
 
+# The C++ type each integer kind lands in (cffi_src/ops.cpp: Params): values
+# outside it are refused here, as mlx.core does, never truncated.
+_INT_RANGES = {"int": ("a 32-bit int", -2**31, 2**31 - 1), "axis": ("a 32-bit int", -2**31, 2**31 - 1),
+               "axes": ("a 32-bit int", -2**31, 2**31 - 1), "shape": ("a 32-bit int", -2**31, 2**31 - 1),
+               "int64": ("a 64-bit int", -2**63, 2**63 - 1), "strides": ("a 64-bit int", -2**63, 2**63 - 1)}
+# Rules a kind may add after a colon ("int:positive"); MLX divides by such options.
+_RULES = {"positive": ("positive", lambda v: v > 0), "nonneg": ("non-negative", lambda v: v >= 0),
+          "nonzero": ("nonzero", lambda v: v != 0)}
+
+
+def _int_option(name: str, pname: str, kind: str, rule: str, value: Any) -> int:
+    value = operator.index(value)
+    words, low, high = _INT_RANGES[kind]
+    if not low <= value <= high:
+        raise OverflowError(f"[{name}] option {pname!r} = {value} is out of range for {words} "
+                            f"[{low}, {high}]")
+    if rule and not _RULES[rule][1](value):
+        raise ValueError(f"[{name}] option {pname!r} must be {_RULES[rule][0]}, got {value}")
+    return value
+
+
 def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], str]:
     ints: list[int] = []
     floats: list[float] = []
     text = ""
-    for pname, kind, default in params:
+    for pname, full_kind, default in params:
+        kind, _, rule = full_kind.partition(":")
         value = options.pop(pname, default)
         try:
-            if kind == "int":
-                ints.append(operator.index(value))
+            if kind in ("int", "int64"):
+                ints.append(_int_option(name, pname, kind, rule, value))
             elif kind == "bool":
                 ints.append(1 if value else 0)
             elif kind == "float":
-                floats.append(float(value))
+                try:
+                    floats.append(float(value))
+                except OverflowError:
+                    raise OverflowError(f"[{name}] option {pname!r} = {value!r} is too large for a float") from None
             elif kind == "axis":
-                ints += [0, 0] if value is None else [1, operator.index(value)]
-            elif kind in ("axes", "shape"):
+                ints += [0, 0] if value is None else [1, _int_option(name, pname, kind, rule, value)]
+            elif kind in ("axes", "shape", "strides"):
                 if value is None and kind == "axes":
                     ints.append(-1)
                 else:
-                    values = [value] if isinstance(value, int) else list(value)
-                    ints += [len(values), *(operator.index(v) for v in values)]
+                    values = [value] if _is_int(value) else list(value)
+                    ints += [len(values), *(_int_option(name, pname, kind, rule, v) for v in values)]
             elif kind == "dtype":
                 if value is not None and value not in _DTYPE_CODES:
                     raise TypeError
@@ -86,7 +111,9 @@ def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], s
                 if not isinstance(value, str):
                     raise TypeError
                 text = value
-        except (TypeError, ValueError):
+        except (TypeError, ValueError) as exc:
+            if str(exc).startswith(f"[{name}]"):
+                raise
             raise TypeError(f"[{name}] option {pname!r} must be {_KIND_WORDS[kind]}, got {value!r}") from None
     if options:
         raise TypeError(f"[{name}] got unexpected option(s) {sorted(options)}; "
@@ -94,9 +121,18 @@ def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], s
     return ints, floats, text
 
 
-_KIND_WORDS = {"int": "an int", "bool": "a bool", "float": "a number", "axis": "an int or None",
-               "axes": "an int, a sequence of ints or None", "shape": "a sequence of ints",
-               "dtype": "an mlx dtype or None", "str": "a str"}
+def _is_int(value: Any) -> bool:
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+_KIND_WORDS = {"int": "an int", "int64": "an int", "bool": "a bool", "float": "a number",
+               "axis": "an int or None", "axes": "an int, a sequence of ints or None",
+               "shape": "a sequence of ints", "strides": "a sequence of ints", "dtype": "an mlx dtype or None",
+               "str": "a str"}
 
 
 _check_finite_default = False
