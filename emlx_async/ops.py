@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import builtins
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -242,8 +243,11 @@ def _axis_size(a, axis) -> int:
     return a.shape[axis]
 
 
-def _checked(name: str, arrays: list, checks: list[tuple[Any, int]], kwargs: dict):
-    """Submit op `name`, after bounds checks of (indices, axis size) pairs when enabled.
+def _checked(name: str, arrays: list, checks: list[tuple], kwargs: dict):
+    """Submit op `name`, after bounds checks of (indices, axis size[, extent]) when enabled.
+
+    `extent` is how many elements from each index the op reads (a gather's
+    slice size along that axis); the index plus it must stay in the axis.
 
     The checks go to the op's own queue just ahead of it, and the op depends
     on them: it keeps its place in the FIFO and never starts if one fails.
@@ -254,7 +258,8 @@ def _checked(name: str, arrays: list, checks: list[tuple[Any, int]], kwargs: dic
     queue = options.pop("queue", None)
     device = options.pop("device", None)
     target = _target([_as_array(a, None) if not isinstance(a, mx.array) else a for a in arrays], queue, device)
-    checks_done = [submit("check_bounds", [indices], size=size, op=name, queue=target) for indices, size in checks]
+    checks_done = [submit("check_bounds", [check[0]], size=check[1], extent=check[2] if len(check) > 2 else 1,
+                          op=name, queue=target) for check in checks]
     return submit(name, arrays, queue=target, _deps=checks_done, **options)
 
 
@@ -302,9 +307,14 @@ def _index_list(indices) -> list:
     return list(indices) if isinstance(indices, (list, tuple)) else [indices]
 
 
-def _index_checks(a, indices: list, axes) -> list[tuple[Any, int]]:
+def _index_checks(a, indices: list, axes, slice_sizes=None) -> list[tuple]:
+    if axes is None:
+        raise TypeError("the option 'axes' is required (an int or a sequence of ints)")
     axes = [axes] if isinstance(axes, int) else list(axes)
-    return [(idx, a.shape[ax]) for idx, ax in zip(indices, axes)]
+    if slice_sizes is None:
+        return [(idx, a.shape[ax]) for idx, ax in zip(indices, axes)]
+    # A gather reads slice_sizes[axis] elements from each index along that axis.
+    return [(idx, a.shape[ax], builtins.max(int(slice_sizes[ax]), 1)) for idx, ax in zip(indices, axes)]
 
 
 def scatter(a, indices, updates, /, *, axes, **kwargs: Any):
@@ -323,8 +333,8 @@ def scatter_add(a, indices, updates, /, *, axes, **kwargs: Any):
 def gather(a, indices, /, *, axes, slice_sizes, **kwargs: Any):
     """``mlx::core::gather``: slices of `slice_sizes` from `a` at `indices` along `axes`."""
     indices = _index_list(indices)
-    return _checked("gather", [a, *indices], _index_checks(a, indices, axes),
-                    dict(axes=axes, slice_sizes=slice_sizes, **kwargs))
+    checks = _index_checks(a, indices, axes, slice_sizes) if _bounds_checks else []
+    return _checked("gather", [a, *indices], checks, dict(axes=axes, slice_sizes=slice_sizes, **kwargs))
 
 
 # Each quantization mode's pinned (group_size, bits); affine's are defaults.

@@ -270,8 +270,6 @@ def test_lazy_inputs_are_checked_at_their_own_sizes():
     run_case("ea.ops.tile(lazy, reps=(2**14, 2**14))", "MLXRuntimeError", "allocation limit", setup=setup)
 
 
-@pytest.mark.xfail(strict=True, reason="ops.gather checks each index against the axis size, not index + slice "
-                   "size; it should pass extent=slice_sizes[axis] to check_bounds")
 def test_gather_slice_past_the_end_is_refused_with_bounds_checks():
     # In bounds index 3, slice of 2 rows of a 4-row array: MLX reads past the end (heap garbage).
     run_case("ea.ops.gather(mx.arange(16).reshape(4, 4), [mx.array([3])], axes=[0], slice_sizes=[2, 4])",
