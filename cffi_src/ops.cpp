@@ -13,6 +13,7 @@
 #include "mlx/ops.h"
 #include "mlx/transforms.h"
 #include "ops.hpp"
+#include "replay.hpp"
 #include "validate.hpp"
 
 namespace emlx {

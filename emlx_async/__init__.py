@@ -41,11 +41,18 @@ from . import ipc as ipc  # noqa: E402
 from . import linalg as linalg  # noqa: E402
 from . import memory as memory  # noqa: E402
 from . import ops as ops  # noqa: E402
+from . import replay as replay  # noqa: E402
+from .replay import CompiledFunction as CompiledFunction  # noqa: E402
+from .replay import TracedFunction as TracedFunction  # noqa: E402
+from .replay import compile as compile  # noqa: E402, A004 - MLX's name
+from .replay import load_traced as load_traced  # noqa: E402
+from .replay import trace as trace  # noqa: E402
 
 __all__ = [
-    "CommandQueue", "DeviceUnavailable", "EMLXError", "ForeignLazyArrayError", "ForkedProcessError",
+    "CommandQueue", "CompiledFunction", "TracedFunction", "compile", "load_traced", "trace",
+    "DeviceUnavailable", "EMLXError", "ForeignLazyArrayError", "ForkedProcessError",
     "HostCallDeadlock", "HostCallError", "JobFuture", "TrioJobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
     "MLXValueError", "QueueClosed", "QueueFull", "QueueReleaseError", "Runtime", "RuntimeClosed",
     "__version__", "attention", "bind", "bound_queue", "cancelled", "current_queue", "eval", "fast", "fft",
-    "get_runtime", "host_call", "ipc", "item", "linalg", "memory", "ops", "run", "synchronize", "to_numpy",
+    "get_runtime", "host_call", "ipc", "item", "linalg", "memory", "ops", "replay", "run", "synchronize", "to_numpy",
 ]

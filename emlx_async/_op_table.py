@@ -215,4 +215,11 @@ OPS = (
                                         ("bits", "axis:positive", None), ("mode", "str", "affine")],
          "quantized_matmul(xs, p0, p1, p2, p3, s)"),
     ]
+    # Replay of a traced function (cffi_src/replay.cpp; emlx_async/replay.py):
+    # xs are its inputs, `function` the id emlx_replay_register gave it.
+    + [
+        ("replay", VARIADIC, [("function", "int64", 0)], "replay_call(xs, p0, s, sc)"),
+        # the same for a function of several outputs (they come back as a tuple)
+        ("replay_multi", VARIADIC, [("function", "int64", 0)], "replay_call(xs, p0, s, sc)"),
+    ]
 )

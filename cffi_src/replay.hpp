@@ -1,0 +1,19 @@
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "mlx/array.h"
+#include "mlx/stream.h"
+
+namespace mx = mlx::core;
+
+namespace emlx {
+
+// Calls registered function `id` (cffi_src/replay.h) on this worker thread:
+// inputs are checked against the traced specs, the thread's own import of
+// the graph is bound to stream `s` (CPU-recorded nodes to `sc`), and the
+// lazy outputs are returned for the op job to evaluate.
+std::vector<mx::array> replay_call(const std::vector<mx::array>& xs, int64_t id, mx::Stream s, mx::Stream sc);
+
+}  // namespace emlx

@@ -1,0 +1,244 @@
+"""Trace once, replay natively: MLX functions that run without the GIL.
+
+``f = await ea.trace(fn, *examples)`` traces ``fn`` once with
+``mx.export_function`` and registers the graph in the shim. ``await f(*arrays)``
+then runs it as ONE native op job (the table's ``replay`` op): the graph is
+rebuilt and evaluated in C++ on the queue's worker, so a busy event loop (or
+any thread holding the GIL) cannot slow it down, unlike ``q.run(fn, ...)``,
+whose Python needs the GIL at every op. Ordering, cancellation, errors and
+backpressure are the op path's.
+
+``ea.compile(fn)`` is ``mx.compile`` made safe across queues: one compiled
+function per worker thread, made lazily inside the queue job.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+import threading
+import weakref
+from typing import Any, Callable
+
+import mlx.core as mx
+
+from . import _queue
+from . import ops as _ops
+from ._dtypes import DTYPE_CODES, DTYPES
+from ._errors import MLXValueError
+from ._native import ffi, last_error, lib
+from ._routing import route
+from ._trees import iter_arrays
+
+__all__ = ["TracedFunction", "CompiledFunction", "trace", "load_traced", "compile"]
+
+# Results of this op come back as a tuple (the queue keeps the list of ops
+# with several outputs); "replay" is for functions of one output.
+_queue._MULTI_OUTPUT.add("replay_multi")
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        raise MLXValueError(last_error())
+
+
+def _read_specs(path: str) -> tuple[bool, list[tuple[tuple[int, ...], mx.Dtype]] | None]:
+    """(shapeless, input specs) from an export file's header, or specs None when unknown.
+
+    The layout is MLX's (mlx/export.cpp): version, count, shapeless, metadata,
+    then the first function's keyword names and traced inputs. A file with
+    several traces keeps MLX's own matching only (specs None).
+    """
+    with open(path, "rb") as f:
+        data = f.read(1 << 20)
+    at = 0
+
+    def take(fmt: str):
+        nonlocal at
+        values = struct.unpack_from("<" + fmt, data, at)
+        at += struct.calcsize("<" + fmt)
+        return values if len(values) > 1 else values[0]
+
+    def string() -> bytes:
+        nonlocal at
+        n = take("Q")
+        at += n
+        return data[at - n:at]
+
+    try:
+        string()  # MLX version
+        count = take("i")
+        shapeless = bool(take("?"))
+        string()  # metadata
+        if count != 1:
+            return shapeless, None
+        for _ in range(take("Q")):  # keyword names
+            string()
+        at += 8 * take("Q")  # traced input ids
+        specs = []
+        for _ in range(take("Q")):
+            shape = tuple(take("i") for _ in range(take("Q")))
+            code, _size = take("i"), take("B")
+            if not 0 <= code < len(DTYPES):
+                return shapeless, None
+            specs.append((shape, DTYPES[code]))
+        return shapeless, specs
+    except struct.error:
+        return False, None
+
+
+class TracedFunction:
+    """A registered traced graph; call it to replay it natively on a queue.
+
+    ``await f(*arrays, queue=None, lazy=False, nowait=False)`` gives the
+    outputs: one array, or a tuple for several. Inputs must match the traced
+    ones in count and dtype, and in shape unless traced ``shapeless=True``
+    (then in number of axes); otherwise ``MLXValueError`` names what was
+    expected. The graph is freed when the handle is collected (``release()``
+    frees it at once); a job already submitted keeps it alive until it ran.
+    """
+
+    def __init__(self, function_id: int, shapeless: bool, specs, n_outputs: int, path: str | None = None):
+        self._id = function_id
+        self.n_outputs = n_outputs
+        self._op = "replay" if n_outputs == 1 else "replay_multi"
+        self.shapeless = shapeless
+        self.input_specs = specs
+        self.path = path
+        self._finalizer = weakref.finalize(self, lib.emlx_replay_release, function_id)
+
+    def __call__(self, *arrays: Any, queue=None, device=None, lazy: bool = False, nowait: bool = False,
+                 check_finite: bool | None = None):
+        if not self._finalizer.alive:
+            raise ValueError("[replay] this traced function was released")
+        future = _ops.submit(self._op, list(arrays), queue=queue, device=device, lazy=lazy, nowait=nowait,
+                             check_finite=check_finite, function=self._id)
+        # The job names the graph by id: keep the handle (and so the graph)
+        # alive until the job is over.
+        future.add_done_callback(lambda _f, _keep=self: None)
+        return future
+
+    def release(self) -> None:
+        """Free the graph now (every worker's copy); later calls raise."""
+        self._finalizer()
+
+    def __repr__(self) -> str:
+        specs = "unknown inputs" if self.input_specs is None else ", ".join(
+            f"{shape}:{dtype}" for shape, dtype in self.input_specs)
+        return f"<TracedFunction {self._id} ({specs}){' shapeless' if self.shapeless else ''}>"
+
+
+def _register(path: str, shapeless: bool, specs, n_outputs: int) -> TracedFunction:
+    out = ffi.new("int64_t *")
+    if specs is None:
+        _check(lib.emlx_replay_register(path.encode(), int(shapeless), -1, ffi.NULL, ffi.NULL, ffi.NULL, out))
+    else:
+        ndims = [len(shape) for shape, _ in specs]
+        flat = [d for shape, _ in specs for d in shape]
+        codes = [DTYPE_CODES[dtype] for _, dtype in specs]
+        _check(lib.emlx_replay_register(path.encode(), int(shapeless), len(specs), ffi.new("int[]", ndims),
+                                        ffi.new("int64_t[]", flat), ffi.new("int[]", codes), out))
+    return TracedFunction(out[0], shapeless, specs, n_outputs)
+
+
+def load_traced(path: str | os.PathLike) -> TracedFunction:
+    """Register an ``mx.export_function`` file (one trace: inputs checked; several: MLX matches)."""
+    path = os.fspath(path)
+    shapeless, specs = _read_specs(path)
+    n_outputs = 0  # unknown: a tuple whatever the count
+    if specs is not None:
+        # Count the outputs on a lazy graph (built here, never evaluated).
+        n_outputs = len(mx.import_function(path)(*(mx.zeros(s, dtype=d) for s, d in specs)))
+    f = _register(path, shapeless, specs, n_outputs)
+    f.path = path
+    return f
+
+
+def _outputs(result: Any) -> list:
+    return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = False, queue=None,
+                save: str | os.PathLike | None = None) -> TracedFunction:
+    """Trace ``fn`` on `examples` (on a queue: routed like an op) and register it for replay.
+
+    ``fn`` takes arrays and returns an array or a tuple/list of arrays;
+    arrays it closes over (weights) are baked in as constants. ``save=``
+    also keeps the export file there (``load_traced`` reads it back).
+    """
+    for k, x in enumerate(examples):
+        if not isinstance(x, mx.array):
+            raise TypeError(f"[trace] example {k} must be an mx.array, got {type(x).__name__}")
+        if x.dtype not in DTYPE_CODES:
+            raise ValueError(f"[trace] example {k}: unsupported dtype {x.dtype}")
+    target = route(list(examples), queue)
+    specs = [(tuple(x.shape), x.dtype) for x in examples]
+    with tempfile.TemporaryDirectory(prefix="emlx-trace-") as tmp:
+        path = os.fspath(save) if save is not None else os.path.join(tmp, "function.mlxfn")
+
+        counted = []
+
+        def traced(*a):
+            out = _outputs(fn(*a))
+            counted.append(len(out))
+            return out
+
+        def export(*xs):
+            mx.export_function(path, traced, *xs, shapeless=shapeless)
+
+        # On the worker: the tracer's nodes (and constants it evaluates) use its stream.
+        await target.run(export, *examples)
+        f = _register(path, shapeless, specs, counted[0])
+    if save is not None:
+        f.path = path
+    return f
+
+
+trace.load = load_traced  # type: ignore[attr-defined]
+
+
+class CompiledFunction:
+    """``mx.compile(fn)`` once per worker thread, run as a queue job.
+
+    ``await cfn(*args, queue=None, lazy=False, **kwargs)`` runs the compiled
+    function on the routed queue's thread. MLX's compiled graphs belong to the
+    thread that traced them, so each worker gets its own compiled function,
+    made lazily the first time that worker runs it.
+    """
+
+    def __init__(self, fn: Callable[..., Any], *, shapeless: bool = False):
+        self.fn = fn
+        self.shapeless = shapeless
+        self._per_thread: dict[int, Callable[..., Any]] = {}
+        self._lock = threading.Lock()
+        self.__wrapped__ = fn
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def compiled_here(self) -> Callable[..., Any]:
+        """This thread's compiled function (made on first use)."""
+        key = threading.get_ident()
+        compiled = self._per_thread.get(key)
+        if compiled is None:
+            fn = self.fn
+            # A fresh callable per thread: mx.compile's cache is keyed by the
+            # function's identity, so threads must not share one.
+            compiled = mx.compile(lambda *a, **k: fn(*a, **k), shapeless=self.shapeless)
+            with self._lock:
+                compiled = self._per_thread.setdefault(key, compiled)
+        return compiled
+
+    def __call__(self, *args: Any, queue=None, lazy: bool = False, nowait: bool = False, **kwargs: Any):
+        target = route(iter_arrays((args, kwargs)), queue)
+
+        def job(*a, **k):
+            return self.compiled_here()(*a, **k)
+
+        return target.run(job, *args, lazy=lazy, nowait=nowait, **kwargs)
+
+
+def compile(fn: Callable[..., Any] | None = None, *, shapeless: bool = False):  # noqa: A001 - MLX's name
+    """``ea.compile(fn)`` (or ``@ea.compile``): see CompiledFunction."""
+    if fn is None:
+        return lambda f: CompiledFunction(f, shapeless=shapeless)
+    return CompiledFunction(fn, shapeless=shapeless)
