@@ -75,7 +75,8 @@ def _read_specs(path: str) -> tuple[bool, list[tuple[tuple[int, ...], mx.Dtype]]
             return shapeless, None
         for _ in range(take("Q")):  # keyword names
             string()
-        at += 8 * take("Q")  # traced input ids
+        n_ids = take("Q")  # traced input ids (take moves `at` first)
+        at += 8 * n_ids
         specs = []
         for _ in range(take("Q")):
             shape = tuple(take("i") for _ in range(take("Q")))

@@ -1,0 +1,290 @@
+"""Traced functions replayed natively (ea.trace) and compiled per worker (ea.compile)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import emlx_async as ea
+from emlx_async._native import lib
+from helpers import Gate, wait_started
+
+pytestmark = pytest.mark.asyncio(loop_factories=["asyncio"])
+
+
+def rand(*shape, seed=0):
+    x = mx.random.normal(shape, key=mx.random.key(seed))
+    mx.eval(x)
+    return x
+
+
+def close(got, want):
+    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    want = list(want) if isinstance(want, (list, tuple)) else [want]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(np.array(g), np.array(w), rtol=1e-5, atol=1e-6)
+
+
+def elementwise(x, y):
+    return mx.sin(x) * 2.0 + mx.exp(-y * y)
+
+
+def matmul_reduce(x, y):
+    return (x @ y).sum(axis=1)
+
+
+def several(x, y):
+    z = x @ y
+    return z, mx.max(z, axis=0), (z > 0).astype(mx.int32)
+
+
+def mlp(x, w1, b1, w2, b2):
+    h = mx.maximum(x @ w1 + b1, 0.0)
+    return mx.softmax(h @ w2 + b2, axis=-1)
+
+
+CASES = {
+    "elementwise": (elementwise, lambda: (rand(3, 5), rand(3, 5, seed=1))),
+    "matmul_reduce": (matmul_reduce, lambda: (rand(4, 8), rand(8, 6, seed=1))),
+    "several": (several, lambda: (rand(4, 8), rand(8, 6, seed=1))),
+    "mlp": (mlp, lambda: (rand(2, 16), rand(16, 32, seed=1), rand(32, seed=2), rand(32, 10, seed=3),
+                          rand(10, seed=4))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+async def test_replay_matches_plain_mlx(case):
+    fn, inputs = CASES[case]
+    xs = inputs()
+    async with ea.Runtime() as rt:
+        f = await ea.trace(fn, *xs, queue=rt.default_queue())
+        close(await f(*xs, queue=rt.default_queue()), fn(*xs))
+        # New inputs of the same shapes: the graph is rebuilt on them.
+        ys = [x + 0.5 for x in xs]
+        mx.eval(ys)
+        close(await f(*ys, queue=rt.default_queue()), fn(*ys))
+        f.release()
+
+
+async def test_one_output_is_an_array_several_a_tuple():
+    x, y = rand(4, 8), rand(8, 6)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        one = await ea.trace(matmul_reduce, x, y, queue=q)
+        many = await ea.trace(several, x, y, queue=q)
+        assert isinstance(await one(x, y, queue=q), mx.array)
+        out = await many(x, y, queue=q)
+        assert isinstance(out, tuple) and len(out) == 3
+        assert (one.n_outputs, many.n_outputs) == (1, 3)
+
+
+async def test_each_queue_replays_on_its_own_thread():
+    x, y = rand(4, 8), rand(8, 6)
+    want = several(x, y)
+    async with ea.Runtime(pool_size=3) as rt:
+        f = await ea.trace(several, x, y, queue=rt.default_queue())
+        queues = [await rt.acquire_queue() for _ in range(3)]
+        try:
+            results = await asyncio.gather(*(f(x, y, queue=q) for q in queues * 2))
+            for got in results:
+                close(got, want)
+        finally:
+            for q in queues:
+                rt.release_queue(q)
+
+
+async def test_lazy_replay_stays_on_its_queue():
+    x, y = rand(3, 5), rand(3, 5)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(elementwise, x, y, queue=q)
+        lazy = await f(x, y, queue=q, lazy=True)
+        assert rt.queue_of(lazy) is q
+        close(await ea.eval(lazy), elementwise(x, y))
+        # A lazy input owned by the queue feeds the next replay there.
+        close(await f(lazy, y), elementwise(elementwise(x, y), y))
+
+
+async def test_shapeless_replay_on_other_shapes():
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(elementwise, rand(2, 3), rand(2, 3), shapeless=True, queue=q)
+        x, y = rand(7, 4), rand(7, 4, seed=1)
+        close(await f(x, y, queue=q), elementwise(x, y))
+        g = await ea.trace(matmul_reduce, rand(2, 3), rand(3, 4), shapeless=True, queue=q)
+        x, y = rand(5, 6), rand(6, 2, seed=1)
+        close(await g(x, y, queue=q), matmul_reduce(x, y))
+        # Other shapes the graph cannot take are refused before anything runs.
+        with pytest.raises(ea.MLXValueError, match="Matmul"):
+            await g(rand(5, 6), rand(7, 2), queue=q)
+        with pytest.raises(ea.MLXValueError, match="same number of axes"):
+            await g(rand(5), rand(5, 2), queue=q)
+        with pytest.raises(ea.MLXValueError):
+            await f(rand(5, 3), rand(4, 3), queue=q)
+        close(await g(x, y, queue=q), matmul_reduce(x, y))
+
+
+async def test_bad_inputs_raise_and_the_queue_keeps_working():
+    x, y = rand(4, 8), rand(8, 6)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(matmul_reduce, x, y, queue=q)
+        with pytest.raises(ea.MLXValueError, match=r"takes 2 input\(s\), got 1"):
+            await f(x, queue=q)
+        with pytest.raises(ea.MLXValueError, match=r"takes 2 input\(s\), got 3"):
+            await f(x, y, y, queue=q)
+        with pytest.raises(ea.MLXValueError, match=r"input 1: expected shape \(8, 6\), got \(8, 5\)"):
+            await f(x, rand(8, 5), queue=q)
+        with pytest.raises(ea.MLXValueError, match="input 0: expected dtype float32, got int32"):
+            await f(x.astype(mx.int32), y, queue=q)
+        assert await q.run(lambda: "still works") == "still works"
+        close(await f(x, y, queue=q), matmul_reduce(x, y))
+
+
+async def test_cancelled_queued_replay_is_dropped():
+    x, y = rand(4, 8), rand(8, 6)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(matmul_reduce, x, y, queue=q)
+        gate, ran = Gate(), []
+        first = q.run(gate)
+        await wait_started(gate)
+        dropped = f(x, y, queue=q)
+        after = q.run(ran.append, "after")
+        assert dropped.cancel()
+        gate.open()
+        await first
+        await after
+        assert ran == ["after"] and dropped.cancelled()
+        assert q.pending == 0
+        close(await f(x, y, queue=q), matmul_reduce(x, y))
+
+
+async def test_replays_keep_their_place_in_the_queue():
+    x, y = rand(4, 8), rand(8, 6)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(matmul_reduce, x, y, queue=q)
+        done, futures = [], []
+        for k in range(6):
+            fut = f(x, y, queue=q) if k % 2 else q.run(lambda k=k: k)
+            fut.add_done_callback(lambda _f, k=k: done.append(k))
+            futures.append(fut)
+        await asyncio.gather(*futures)
+        assert done == list(range(6))
+
+
+async def test_released_function_is_freed():
+    x, y = rand(3, 5), rand(3, 5)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        before = lib.emlx_replay_count()
+        f = await ea.trace(elementwise, x, y, queue=q)
+        pending = f(x, y, queue=q)
+        assert lib.emlx_replay_count() == before + 1
+        del f
+        gc.collect()
+        # The submitted job holds the function until it is over.
+        close(await pending, elementwise(x, y))
+        del pending
+        gc.collect()
+        assert lib.emlx_replay_count() == before
+        g = await ea.trace(elementwise, x, y, queue=q)
+        g.release()
+        with pytest.raises(ValueError, match="released"):
+            g(x, y, queue=q)
+
+
+async def test_load_traced_from_a_file(tmp_path):
+    path = tmp_path / "mlp.mlxfn"
+    _, inputs = CASES["mlp"]
+    xs = inputs()
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        traced = await ea.trace(mlp, *xs, queue=q, save=path)
+        loaded = ea.load_traced(path)
+        assert loaded.input_specs == traced.input_specs and not loaded.shapeless
+        assert loaded.n_outputs == 1
+        close(await loaded(*xs, queue=q), mlp(*xs))
+        # A file written by plain MLX (shapeless, two outputs) loads too.
+        other = tmp_path / "plain.mlxfn"
+        mx.export_function(str(other), several, rand(2, 3), rand(3, 4), shapeless=True)
+        plain = ea.trace.load(other)
+        assert plain.shapeless and plain.n_outputs == 3
+        x, y = rand(5, 3), rand(3, 2)
+        close(await plain(x, y, queue=q), several(x, y))
+        with pytest.raises(FileNotFoundError):
+            ea.load_traced(tmp_path / "missing.mlxfn")
+
+
+async def test_replay_progresses_while_the_loop_is_busy():
+    """A busy loop (Python work between sleep(0)s) does not stop replays, which need no GIL."""
+    x, w = rand(64, 256), rand(256, 256)
+
+    def step(x, w):
+        for _ in range(4):
+            x = mx.tanh(x @ w) * 0.5
+        return x.sum(axis=-1)
+
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(step, x, w, queue=q)
+        stop = False
+        spins = 0
+
+        async def busy():
+            nonlocal spins
+            while not stop:
+                end = time.perf_counter() + 0.002
+                while time.perf_counter() < end:
+                    spins += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.ensure_future(busy())
+        try:
+            results = [await f(x, w, queue=q) for _ in range(10)]
+        finally:
+            stop = True
+            await task
+        assert spins > 0
+        for got in results:
+            close(got, step(x, w))
+
+
+async def test_compile_once_per_queue_matches_mx_compile():
+    def fn(x, y):
+        return mx.tanh(x @ y) * 2.0 + 1.0
+
+    x, y = rand(4, 8), rand(8, 6)
+    want = mx.compile(fn)(x, y)
+    cfn = ea.compile(fn)
+    async with ea.Runtime(pool_size=2) as rt:
+        queues = [await rt.acquire_queue() for _ in range(2)]
+        try:
+            for q in queues * 2:
+                close(await cfn(x, y, queue=q), want)
+            assert len(cfn._per_thread) == 2  # one compiled function per worker thread
+            lazy = await cfn(x, y, queue=queues[0], lazy=True)
+            close(await ea.eval(lazy), want)
+        finally:
+            for q in queues:
+                rt.release_queue(q)
+
+
+async def test_compile_as_a_decorator_with_shapeless():
+    @ea.compile(shapeless=True)
+    def fn(x):
+        return mx.exp(x) - 1.0
+
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        for shape in [(2, 3), (5, 7)]:
+            x = rand(*shape)
+            close(await fn(x, queue=q), mx.exp(x) - 1.0)
