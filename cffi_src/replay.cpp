@@ -39,6 +39,7 @@ struct Spec {
 // One thread's import, and the graphs (by their first output's primitive)
 // whose nodes are already bound to this thread's streams.
 struct Instance {
+  int stream_index;  // a thread id can be reused by a later thread; its stream cannot
   std::optional<mx::ImportedFunction> fn;
   std::unordered_set<const mx::Primitive*> bound;
 };
@@ -95,11 +96,12 @@ mx::ImportedFunction import_bytes(const std::string& bytes) {
   return mx::import_function(name.data());
 }
 
-std::shared_ptr<Instance> instance_for(Entry& entry) {
+std::shared_ptr<Instance> instance_for(Entry& entry, const mx::Stream& s) {
   std::lock_guard lock(entry.mutex);
   auto& slot = entry.instances[std::this_thread::get_id()];
-  if (!slot) {
+  if (!slot || slot->stream_index != s.index) {
     auto made = std::make_shared<Instance>();
+    made->stream_index = s.index;
     made->fn.emplace(import_bytes(entry.bytes));
     slot = made;
   }
@@ -194,7 +196,7 @@ void bind_graph(Instance& inst, const std::vector<mx::array>& outputs, const std
 std::vector<mx::array> replay_call(const std::vector<mx::array>& xs, int64_t id, mx::Stream s, mx::Stream sc) {
   auto entry = find_entry(id);
   check_inputs(*entry, xs);
-  auto inst = instance_for(*entry);
+  auto inst = instance_for(*entry, s);
   auto outputs = (*inst->fn)(xs);
   bind_graph(*inst, outputs, xs, entry->shapeless, s, sc);
   return outputs;
