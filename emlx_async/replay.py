@@ -110,11 +110,22 @@ class TracedFunction:
         self._finalizer = weakref.finalize(self, lib.emlx_replay_release, function_id)
 
     def __call__(self, *arrays: Any, queue=None, device=None, lazy: bool = False, nowait: bool = False,
-                 check_finite: bool | None = None):
+                 check_finite: bool | None = None, donate: dict[int, int] | None = None):
+        """Replay on the routed queue; returns a JobFuture.
+
+        ``donate={input index: output index}`` hands those inputs to the job
+        (MLX may then update their buffers in place, a KV cache say) and
+        publishes the outputs into the caller's input objects; the future
+        then gives output 0 only (the op path's donation contract).
+        """
         if not self._finalizer.alive:
             raise ValueError("[replay] this traced function was released")
+        if donate:
+            for index, result in donate.items():
+                if not 0 <= index < len(arrays) or (self.n_outputs and not 0 <= result < self.n_outputs):
+                    raise ValueError(f"[replay] donate={donate!r} names an input or output that does not exist")
         future = _ops.submit(self._op, list(arrays), queue=queue, device=device, lazy=lazy, nowait=nowait,
-                             check_finite=check_finite, function=self._id)
+                             check_finite=check_finite, donate=donate, function=self._id)
         # The job names the graph by id: keep the handle (and so the graph)
         # alive until the job is over.
         future.add_done_callback(lambda _f, _keep=self: None)

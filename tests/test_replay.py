@@ -182,10 +182,39 @@ async def test_replays_keep_their_place_in_the_queue():
         assert done == list(range(6))
 
 
+def write_row(x, cache, position):
+    y = mx.tanh(x)
+    return y.sum(), mx.slice_update(cache, y[None], mx.reshape(position, (1,)), axes=(0,))
+
+
+async def test_donated_cache_is_updated_in_place():
+    x, cache = rand(4), mx.zeros((256, 4))
+    mx.eval(cache)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(write_row, x, cache, mx.array(0, dtype=mx.int32), queue=q)
+        before = None
+        for position in range(3):
+            total = await f(x * position, cache, mx.array(position, dtype=mx.int32), queue=q, donate={1: 1})
+            close(total, mx.tanh(x * position).sum())
+            # From the second call on MLX writes into the donated buffer (the
+            # first one is mx.zeros' broadcast scalar, which it cannot reuse).
+            now = await ea.ipc.data_ptr(cache)
+            assert before is None or now == before
+            before = now
+        want = np.zeros((256, 4), np.float32)
+        for position in range(3):
+            want[position] = np.tanh(np.array(x) * position)
+        np.testing.assert_allclose(np.array(cache), want, rtol=1e-6)
+        with pytest.raises(ValueError, match="does not exist"):
+            f(x, cache, mx.array(0, dtype=mx.int32), queue=q, donate={1: 5})
+
+
 async def test_released_function_is_freed():
     x, y = rand(3, 5), rand(3, 5)
     async with ea.Runtime() as rt:
         q = rt.default_queue()
+        gc.collect()  # functions of earlier tests
         before = lib.emlx_replay_count()
         f = await ea.trace(elementwise, x, y, queue=q)
         pending = f(x, y, queue=q)
