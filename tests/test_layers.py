@@ -17,7 +17,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "emlx_async"
 ORDER = [
     "_version", "_errors", "_emlx_native", "_native", "_backend", "_dtypes", "_devices", "_trees", "_interop", "_op_table",
     "_channel", "_queue", "_context", "_runtime", "_routing", "_host_call",
-    "_api", "memory", "ops", "attention", "fast", "fft", "linalg", "ipc", "testing",
+    "_api", "memory", "ops", "attention", "fast", "fft", "linalg", "ipc", "testing", "replay",
     "__init__", "llm",
 ]
 

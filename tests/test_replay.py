@@ -132,6 +132,17 @@ async def test_shapeless_replay_on_other_shapes():
         close(await g(x, y, queue=q), matmul_reduce(x, y))
 
 
+async def test_what_cannot_be_traced_raises_at_trace_time():
+    x = rand(4)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        with pytest.raises(ValueError, match="eval"):  # a value read back mid-graph
+            await ea.trace(lambda a: a + a.sum().item(), x, queue=q)
+        with pytest.raises(TypeError, match="must be an mx.array"):
+            await ea.trace(lambda a: a, 1.0, queue=q)
+        assert await q.run(lambda: "still works") == "still works"
+
+
 async def test_bad_inputs_raise_and_the_queue_keeps_working():
     x, y = rand(4, 8), rand(8, 6)
     async with ea.Runtime() as rt:

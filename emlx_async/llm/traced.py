@@ -8,6 +8,10 @@ slice_update), attends over the positions up to it (a mask), and returns the
 greedy next token with the updated caches. Every shape is fixed, so
 ``await ea.trace(step, *decode_inputs(...))`` captures it, weights included
 as constants, and each replay is one native job: no Python, no GIL.
+Donating the caches (``donate={2: 1, 3: 2, ...}``: input 2 + i to output
+1 + i) lets MLX write the new position into them in place.
+
+Each worker that replays the step imports its own copy, weights included.
 """
 
 from __future__ import annotations
