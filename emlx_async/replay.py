@@ -155,7 +155,11 @@ def _register(path: str, shapeless: bool, specs, n_outputs: int) -> TracedFuncti
 
 
 def load_traced(path: str | os.PathLike) -> TracedFunction:
-    """Register an ``mx.export_function`` file (one trace: inputs checked; several: MLX matches)."""
+    """Register an ``mx.export_function`` file (one trace: inputs checked; several: MLX matches).
+
+    Reads the file on the calling thread (from a loop, a large one is better
+    loaded with ``await q.run(ea.load_traced, path)``).
+    """
     path = os.fspath(path)
     shapeless, specs = _read_specs(path)
     n_outputs = 0  # unknown: a tuple whatever the count
@@ -198,10 +202,11 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
 
         def export(*xs):
             mx.export_function(path, traced, *xs, shapeless=shapeless)
+            return _register(path, shapeless, specs, counted[0])
 
-        # On the worker: the tracer's nodes (and constants it evaluates) use its stream.
-        await target.run(export, *examples)
-        f = _register(path, shapeless, specs, counted[0])
+        # On the worker: the tracer's nodes (and constants it evaluates) use
+        # its stream, and reading a large export back does not block the loop.
+        f = await target.run(export, *examples)
     if save is not None:
         f.path = path
     return f

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mlx.core as mx
 
 import emlx_async as ea
 from helpers import on_every_loop
