@@ -339,7 +339,7 @@ async def test_replayed_decode_step_gives_mlx_lms_greedy_tokens():
     from mlx_lm.models.cache import make_prompt_cache
 
     from emlx_async.llm import _gguf
-    from emlx_async.llm.traced import decode_inputs, make_decode_step
+    from emlx_async.llm.traced import decode_inputs, make_decode_step, model_weights
 
     prompt, steps, max_len = [1, 504, 3458, 282, 4649, 314, 2], 6, 32
     async with ea.Runtime() as rt:
@@ -366,12 +366,25 @@ async def test_replayed_decode_step_gives_mlx_lms_greedy_tokens():
         mx.eval(example)
         step = await ea.trace(make_decode_step(model), *example, queue=q)
         assert step.n_outputs == 1 + 2 * len(model.model.layers)
-        caches, tokens, got = example[2:], list(prompt), []
-        for position in range(len(prompt) + steps - 1):  # the prompt token by token, then greedy
-            token = mx.array([[tokens[position]]], dtype=mx.int32)
-            next_token, *caches = await step(token, mx.array(position, dtype=mx.int32), *caches, queue=q)
-            if position >= len(prompt) - 1:
-                got.append(next_token.item())
-                tokens.append(got[-1])
-        assert got == want
+
+        async def greedy(run) -> list[int]:
+            caches, tokens, got = example[2:], list(prompt), []
+            for position in range(len(prompt) + steps - 1):  # the prompt token by token, then greedy
+                token = mx.array([[tokens[position]]], dtype=mx.int32)
+                next_token, *caches = await run(token, mx.array(position, dtype=mx.int32), *caches)
+                if position >= len(prompt) - 1:
+                    got.append(next_token.item())
+                    tokens.append(got[-1])
+            return got
+
+        assert await greedy(lambda *xs: step(*xs, queue=q)) == want
+        # Weights as inputs: one copy of the model shared by every queue.
+        weights = model_weights(model)
+        shared = await ea.trace(make_decode_step(model, weights_as_inputs=True), *example, *weights, queue=q)
+        other = await rt.acquire_queue()
+        try:
+            assert await greedy(lambda *xs: shared(*xs, *weights, queue=other)) == want
+        finally:
+            rt.release_queue(other)
+        shared.release()
         step.release()

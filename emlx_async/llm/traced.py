@@ -11,7 +11,10 @@ as constants, and each replay is one native job: no Python, no GIL.
 Donating the caches (``donate={2: 1, 3: 2, ...}``: input 2 + i to output
 1 + i) lets MLX write the new position into them in place.
 
-Each worker that replays the step imports its own copy, weights included.
+Each worker that replays the step imports its own copy of the graph and of
+its constants. With ``weights_as_inputs=True`` the weights are inputs
+instead (``model_weights(model)``, passed after the caches), so every queue
+shares the model's one copy.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
 
 
 def _layout(model) -> tuple[int, int, int]:
@@ -38,11 +42,33 @@ def decode_inputs(model, max_len: int, token: int = 0, position: int = 0, dtype=
             *empty_caches(model, max_len, dtype)]
 
 
-def make_decode_step(model) -> Callable[..., Any]:
-    """step(token, position, k0, v0, ...) -> (next_token {1}, k0', v0', ...) for an mlx-lm llama model."""
-    inner = model.model
+def model_weights(model) -> list[mx.array]:
+    """The model's parameters in the order a ``weights_as_inputs`` step takes them."""
+    return [value for _, value in tree_flatten(model.parameters())]
 
-    def step(token: mx.array, position: mx.array, *caches: mx.array):
+
+def make_decode_step(model, *, weights_as_inputs: bool = False) -> Callable[..., Any]:
+    """step(token, position, k0, v0, ...[, *weights]) -> (next_token {1}, k0', v0', ...) for an mlx-lm llama model."""
+    inner = model.model
+    layers = len(inner.layers)
+    names = [name for name, _ in tree_flatten(model.parameters())]
+
+    def step(token: mx.array, position: mx.array, *rest: mx.array):
+        if not weights_as_inputs:
+            return decode(token, position, *rest)
+        caches, weights = rest[:2 * layers], rest[2 * layers:]
+        if len(weights) != len(names):
+            raise ValueError(f"the step takes the model's {len(names)} weights after the caches, got {len(weights)}")
+        # Swap the given arrays in for the parameters while the graph is
+        # built (traced: they become inputs), then put the model back.
+        saved = model.parameters()
+        model.update(tree_unflatten(list(zip(names, weights))))
+        try:
+            return decode(token, position, *caches)
+        finally:
+            model.update(saved)
+
+    def decode(token: mx.array, position: mx.array, *caches: mx.array):
         h = inner.embed_tokens(token)
         max_len = caches[0].shape[2]
         # Keys at positions after `position` are still zeros: hide them.
