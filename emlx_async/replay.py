@@ -96,8 +96,9 @@ class TracedFunction:
     outputs: one array, or a tuple for several. Inputs must match the traced
     ones in count and dtype, and in shape unless traced ``shapeless=True``
     (then in number of axes); otherwise ``MLXValueError`` names what was
-    expected. The graph is freed when the handle is collected (``release()``
-    frees it at once); a job already submitted keeps it alive until it ran.
+    expected. The graph is freed when the handle is collected, which a
+    submitted job delays until it is over; ``release()`` frees it at once
+    (jobs still queued then fail with ``MLXValueError``).
     """
 
     def __init__(self, function_id: int, shapeless: bool, specs, n_outputs: int, path: str | None = None):
