@@ -39,6 +39,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/host_call.py
 	$(PY) benchmarks/ops.py
 	$(PY) benchmarks/decode.py
+	$(PY) benchmarks/replay.py
 
 # The wheel as users get it: pip's default build isolation (the build installs
 # its own setuptools, cffi and MLX from pyproject's [build-system]), the sdist
