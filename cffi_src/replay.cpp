@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +22,8 @@
 #include <unordered_set>
 
 #include "mlx/export.h"
+#include "mlx/ops.h"
+#include "mlx/transforms.h"
 #include "mlx/primitives.h"
 #include "mlx/utils.h"
 #include "replay.hpp"
@@ -140,7 +143,7 @@ const std::unordered_set<std::string>& elementwise_names() {
   return names;
 }
 
-void check_node(const mx::array& a) {
+void check_node(const mx::array& a, mx::Stream sc) {
   std::string name = a.primitive().name();
   name = name.substr(0, name.find(' '));
   const auto& ins = a.inputs();
@@ -160,6 +163,33 @@ void check_node(const mx::array& a) {
     for (int k = 0; k + 2 < static_cast<int>(x.ndim()); ++k)
       if (x.shape(k) != w.shape(k)) fail("needs equal batch dimensions");
     if (name == "AddMM" && ins.size() > 2 && ins[2].shape() != a.shape()) fail("needs c of the output's shape");
+  } else if (name == "Gather" && !ins.empty()) {
+    // Slices and constant indices (take(x, [2]) traced on a bigger x) must
+    // stay inside the operand's new shape; indices that are inputs are the
+    // caller's, unchecked as in plain MLX.
+    auto [axes, slice_sizes] = static_cast<const mx::Gather&>(a.primitive()).state();
+    const auto& operand = ins[0];
+    if (slice_sizes.size() != operand.ndim()) fail("needs a slice size per axis of its operand");
+    // MLX keeps the traced slice sizes: along an axis that is not indexed a
+    // take's slice was the whole axis, and a different size now would give
+    // a silently cropped (or overlong) result.
+    for (size_t k = 0; k < slice_sizes.size(); ++k) {
+      bool indexed = std::find(axes.begin(), axes.end(), static_cast<int>(k)) != axes.end();
+      if (slice_sizes[k] > operand.shape(k) || (!indexed && slice_sizes[k] != operand.shape(k)))
+        fail("was traced for slices of " + validate::shape_text(slice_sizes) + " along axes it does not index");
+    }
+    for (size_t j = 0; j + 1 < ins.size() && j < axes.size(); ++j) {
+      const auto& idx = ins[j + 1];
+      // A constant of the trace is available, or a Load node read once from the export.
+      bool constant = idx.is_available() || (idx.has_primitive() && std::string(idx.primitive().name()) == "Load");
+      if (!constant || idx.size() == 0 || !mx::issubdtype(idx.dtype(), mx::integer)) continue;
+      int64_t size = operand.shape(axes[j]), extent = slice_sizes[axes[j]];
+      auto wide = mx::astype(idx, mx::int64, sc);
+      auto low = mx::min(wide, false, sc), high = mx::max(wide, false, sc);
+      mx::eval({low, high});
+      if (low.item<int64_t>() < -size || high.item<int64_t>() > size - extent)
+        fail("reads a constant index outside its operand");
+    }
   }
 }
 
@@ -185,7 +215,7 @@ void bind_graph(Instance& inst, const std::vector<mx::array>& outputs, const std
       auto& stream = const_cast<mx::Stream&>(p.stream());
       stream = stream.device == mx::Device::cpu ? sc : s;
     }
-    if (shapeless) check_node(a);
+    if (shapeless) check_node(a, sc);
     for (const auto& in : a.inputs()) stack.push_back(in);
   }
   if (key) inst.bound.insert(key);

@@ -130,6 +130,19 @@ async def test_shapeless_replay_on_other_shapes():
         with pytest.raises(ea.MLXValueError):
             await f(rand(5, 3), rand(4, 3), queue=q)
         close(await g(x, y, queue=q), matmul_reduce(x, y))
+        # A constant index valid for the traced shape must fit the new one.
+        def take(a):
+            return mx.take(a, mx.array([2]), axis=1)
+
+        h = await ea.trace(take, rand(2, 3), shapeless=True, queue=q)
+        x = rand(2, 5)
+        close(await h(x, queue=q), take(x))
+        with pytest.raises(ea.MLXValueError, match="constant index outside"):
+            await h(rand(2, 1), queue=q)
+        # MLX keeps a gather's traced slice sizes: other sizes on the axes it
+        # does not index would give a cropped result, so they are refused.
+        with pytest.raises(ea.MLXValueError, match="traced for slices"):
+            await h(rand(4, 5), queue=q)
 
 
 async def test_what_cannot_be_traced_raises_at_trace_time():
