@@ -18,7 +18,7 @@ from cffi import FFI
 ROOT = pathlib.Path(__file__).resolve().parent
 SRC = ROOT / "cffi_src"
 AREAS = ["channel.h", "worker.h", "interop.h", "host_call.h", "ops.h", "ipc.h"]
-SOURCES = ["common.cpp", "channel.cpp", "worker.cpp", "interop.cpp", "host_call.cpp", "ops.cpp", "ipc.cpp"]
+SOURCES = ["common.cpp", "channel.cpp", "worker.cpp", "interop.cpp", "host_call.cpp", "ops.cpp", "ipc.cpp", "ops_extra.cpp"]
 
 # How each parameter kind of the op table is decoded (cffi_src/ops.cpp: Params).
 _DECODERS = {"int": "integer", "bool": "boolean", "float": "real", "axis": "axis", "axes": "axes",

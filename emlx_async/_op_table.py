@@ -204,3 +204,81 @@ OPS = (
          "mx::quantized_matmul(xs[0], xs[1], xs[2], optional_at(xs, 3), p0, p1, p2, p3, s)"),
     ]
 )
+
+# ---- mlx-signature variants and additions (helpers in cffi_src/ops_extra.cpp) ----
+# The variants carry options the entries above lack (pad modes, dynamic
+# slices, fft sizes and norms, ...); emlx_async/_adapters.py picks an entry
+# per call. random_* ops always get a key: without one, the Python side
+# draws it from MLX's global random state, as mx.random does.
+_SHAPE = ("shape", "shape", ())
+_DTYPE = ("dtype", "dtype", None)
+_SCAN = [("axis", "axis", None), ("reverse", "bool", False), ("inclusive", "bool", True)]
+
+OPS += [
+    ("pad_mode", 2, [("pad_width", "shape", ()), ("mode", "str", "constant")], "extra::pad_mode(x0, x1, p0, p1, s)"),
+    ("slice_dynamic", 2, [("axes", "shape", ()), ("slice_size", "shape", ())],
+     "mx::slice(x0, x1, extra::ints(p0), p1, s)"),
+    ("slice_update_dynamic", 3, [("axes", "shape", ())], "mx::slice_update(x0, x1, x2, extra::ints(p0), s)"),
+    ("tensordot_axes", 2, [("axes_a", "shape", ()), ("axes_b", "shape", ())],
+     "mx::tensordot(x0, x1, extra::ints(p0), extra::ints(p1), s)"),
+    ("linspace_endpoint", 0, [("start", "float", 0.0), ("stop", "float", 1.0), ("num", "int", 50),
+                              ("endpoint", "bool", True), _DTYPE],
+     "mx::linspace(p0, p1, p2, p3, p4.value_or(mx::float32), s)"),
+    ("nan_to_num_inf", 1, [("nan", "float", 0.0), ("has_posinf", "bool", False), ("posinf", "float", 0.0),
+                           ("has_neginf", "bool", False), ("neginf", "float", 0.0)],
+     "mx::nan_to_num(x0, static_cast<float>(p0), extra::opt_float(p1, p2), extra::opt_float(p3, p4), s)"),
+    ("cumsum_dtype", 1, _SCAN + [_DTYPE],
+     "p0 ? mx::cumsum(x0, *p0, p1, p2, p3, s) : mx::cumsum(x0, p1, p2, p3, s)"),
+    ("cumprod_dtype", 1, _SCAN + [_DTYPE],
+     "p0 ? mx::cumprod(x0, *p0, p1, p2, p3, s) : mx::cumprod(x0, p1, p2, p3, s)"),
+    ("contiguous_col_major", 1, [("allow_col_major", "bool", False)], "mx::contiguous(x0, p0, s)"),
+    ("fft_any", 1, [("kind", "int", 0), ("n", "axes", None), ("axes", "shape", ()), ("norm", "str", "backward")],
+     "extra::fft_any(x0, p0, p1, p2, p3, sc)"),
+    ("norm_ord", 1, [("ord", "float", 2.0), AXES, KEEPDIMS], "extra::norm_ord(x0, p0, p1, p2, s)"),
+    ("norm_str", 1, [AXES, KEEPDIMS, ("ord", "str", "fro")], "extra::norm_str(x0, p2, p0, p1, s)"),
+    # mx.random
+    ("random_key", 0, [("seed", "str", "0")], "mx::random::key(std::stoull(p0))"),
+    ("random_split", 1, [("num", "int", 2)], "mx::random::split(x0, p0, s)"),
+    ("random_uniform", 3, [_SHAPE, _DTYPE], "mx::random::uniform(x0, x1, p0, p1.value_or(mx::float32), x2, s)"),
+    ("random_normal", VARIADIC, [_SHAPE, _DTYPE, ("has_loc", "bool", False), ("has_scale", "bool", False)],
+     "extra::random_normal(xs, p0, p1.value_or(mx::float32), p2, p3, s)"),
+    ("random_randint", 3, [_SHAPE, _DTYPE], "mx::random::randint(x0, x1, p0, p1.value_or(mx::int32), x2, s)"),
+    ("random_bernoulli", 2, [("shape", "axes", None)],
+     "p0 ? mx::random::bernoulli(x0, *extra::opt_shape(p0), x1, s) : mx::random::bernoulli(x0, x1, s)"),
+    ("random_truncated_normal", 3, [("shape", "axes", None), _DTYPE],
+     "p0 ? mx::random::truncated_normal(x0, x1, *extra::opt_shape(p0), p1.value_or(mx::float32), x2, s)"
+     " : mx::random::truncated_normal(x0, x1, p1.value_or(mx::float32), x2, s)"),
+    ("random_gumbel", 1, [_SHAPE, _DTYPE], "mx::random::gumbel(p0, p1.value_or(mx::float32), x0, s)"),
+    ("random_categorical", 2, [("axis", "int", -1), ("shape", "axes", None), ("num_samples", "axis", None)],
+     "extra::categorical(x0, x1, p0, p1, p2, s)"),
+    ("random_permutation", 2, [("axis", "int", 0)], "mx::random::permutation(x0, p0, x1, s)"),
+    ("random_permutation_n", 1, [("n", "int", 0)], "mx::random::permutation(p0, x0, s)"),
+    ("random_laplace", 1, [_SHAPE, _DTYPE, ("loc", "float", 0.0), ("scale", "float", 1.0)],
+     "mx::random::laplace(p0, p1.value_or(mx::float32), static_cast<float>(p2), static_cast<float>(p3), x0, s)"),
+    # convolutions
+    ("conv_nd", 2, [("stride", "shape", ()), ("padding", "shape", ()), ("dilation", "shape", ()),
+                    ("groups", "int", 1)], "extra::conv_nd(x0, x1, p0, p1, p2, p3, s)"),
+    ("conv_transpose_nd", 2, [("stride", "shape", ()), ("padding", "shape", ()), ("dilation", "shape", ()),
+                              ("output_padding", "shape", ()), ("groups", "int", 1)],
+     "extra::conv_transpose_nd(x0, x1, p0, p1, p2, p3, p4, s)"),
+    # more of mlx.core
+    ("zeros_like", 1, [], "mx::zeros_like(x0, s)"),
+    ("ones_like", 1, [], "mx::ones_like(x0, s)"),
+    ("isposinf", 1, [], "mx::isposinf(x0, s)"),
+    ("isneginf", 1, [], "mx::isneginf(x0, s)"),
+    ("searchsorted", 2, [("side", "str", "left")], "mx::searchsorted(x0, x1, p0, s)"),
+    ("median", 1, [AXES, KEEPDIMS], "mx::median(x0, all_axes(p0, x0), p1, s)"),
+    ("partition", 1, [("kth", "int", 0), ("axis", "axis", -1)],
+     "p1 ? mx::partition(x0, p0, *p1, s) : mx::partition(x0, p0, s)"),
+    ("argpartition", 1, [("kth", "int", 0), ("axis", "axis", -1)],
+     "p1 ? mx::argpartition(x0, p0, *p1, s) : mx::argpartition(x0, p0, s)"),
+    ("diff", 1, [("n", "int", 1), ("axis", "int", -1)], "mx::diff(x0, p0, p1, s)"),
+    ("trace", 1, [("offset", "int", 0), ("axis1", "int", 0), ("axis2", "int", 1), _DTYPE],
+     "p3 ? mx::trace(x0, p0, p1, p2, *p3, s) : mx::trace(x0, p0, p1, p2, s)"),
+    ("diagonal", 1, [("offset", "int", 0), ("axis1", "int", 0), ("axis2", "int", 1)],
+     "mx::diagonal(x0, p0, p1, p2, s)"),
+    ("diag", 1, [("k", "int", 0)], "mx::diag(x0, p0, s)"),
+    ("logcumsumexp", 1, _SCAN, "p0 ? mx::logcumsumexp(x0, *p0, p1, p2, s) : mx::logcumsumexp(x0, p1, p2, s)"),
+    ("hadamard_transform", 1, [("has_scale", "bool", False), ("scale", "float", 1.0)],
+     "mx::hadamard_transform(x0, extra::opt_float(p0, p1), s)"),
+]

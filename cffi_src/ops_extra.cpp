@@ -1,0 +1,120 @@
+// Helpers for the mlx-signature ops at the end of emlx_async/_op_table.py
+// (the dispatch itself is generated into ops.cpp).
+#include "ops_extra.hpp"
+
+#include <stdexcept>
+
+#include "mlx/fft.h"
+#include "mlx/linalg.h"
+#include "mlx/ops.h"
+#include "mlx/random.h"
+
+namespace emlx::extra {
+
+std::vector<int> ints(const mx::Shape& shape) { return std::vector<int>(shape.begin(), shape.end()); }
+
+std::optional<mx::Shape> opt_shape(const std::optional<std::vector<int>>& values) {
+  if (!values) return std::nullopt;
+  return mx::Shape(values->begin(), values->end());
+}
+
+std::optional<float> opt_float(bool present, double value) {
+  return present ? std::optional<float>(static_cast<float>(value)) : std::nullopt;
+}
+
+mx::array pad_mode(const mx::array& x, const mx::array& value, const mx::Shape& flat, const std::string& mode,
+                   mx::Stream s) {
+  if (flat.size() != 2 * x.ndim())
+    throw std::invalid_argument("[pad] pad_width needs a (before, after) pair for each of the " +
+                                std::to_string(x.ndim()) + " axes");
+  std::vector<std::pair<int, int>> pairs;
+  for (size_t k = 0; k < x.ndim(); ++k) pairs.emplace_back(flat[2 * k], flat[2 * k + 1]);
+  return mx::pad(x, pairs, value, mode, s);
+}
+
+static mx::fft::FFTNorm fft_norm(const std::string& norm) {
+  if (norm == "backward") return mx::fft::FFTNorm::Backward;
+  if (norm == "ortho") return mx::fft::FFTNorm::Ortho;
+  if (norm == "forward") return mx::fft::FFTNorm::Forward;
+  throw std::invalid_argument("[fft] Invalid norm '" + norm + "'; expected backward, ortho or forward");
+}
+
+mx::array fft_any(const mx::array& x, int kind, const std::optional<std::vector<int>>& n, const mx::Shape& axes,
+                  const std::string& norm, mx::Stream s) {
+  auto ax = ints(axes);
+  auto nm = fft_norm(norm);
+  if (n) {
+    mx::Shape sizes(n->begin(), n->end());
+    switch (kind) {
+      case 0: return mx::fft::fftn(x, sizes, ax, nm, s);
+      case 1: return mx::fft::ifftn(x, sizes, ax, nm, s);
+      case 2: return mx::fft::rfftn(x, sizes, ax, nm, s);
+      default: return mx::fft::irfftn(x, sizes, ax, nm, s);
+    }
+  }
+  switch (kind) {
+    case 0: return mx::fft::fftn(x, ax, nm, s);
+    case 1: return mx::fft::ifftn(x, ax, nm, s);
+    case 2: return mx::fft::rfftn(x, ax, nm, s);
+    default: return mx::fft::irfftn(x, ax, nm, s);
+  }
+}
+
+mx::array norm_ord(const mx::array& x, double ord, const std::optional<std::vector<int>>& axes, bool keepdims,
+                   mx::Stream s) {
+  return mx::linalg::norm(x, ord, axes, keepdims, s);
+}
+
+mx::array norm_str(const mx::array& x, const std::string& ord, const std::optional<std::vector<int>>& axes,
+                   bool keepdims, mx::Stream s) {
+  return mx::linalg::norm(x, ord, axes, keepdims, s);
+}
+
+mx::array random_normal(const std::vector<mx::array>& xs, const mx::Shape& shape, mx::Dtype dtype, bool has_loc,
+                        bool has_scale, mx::Stream s) {
+  if (xs.size() != 1u + has_loc + has_scale) throw std::invalid_argument("[normal] expects key, loc?, scale?");
+  std::optional<mx::array> loc, scale;
+  if (has_loc) loc = xs[1];
+  if (has_scale) scale = xs[1 + has_loc];
+  return mx::random::normal(shape, dtype, loc, scale, xs[0], s);
+}
+
+mx::array categorical(const mx::array& logits, const mx::array& key, int axis,
+                      const std::optional<std::vector<int>>& shape, std::optional<int> num_samples, mx::Stream s) {
+  if (shape && num_samples)
+    throw std::invalid_argument("[categorical] At most one of shape or num_samples can be specified.");
+  if (shape) return mx::random::categorical(logits, axis, mx::Shape(shape->begin(), shape->end()), key, s);
+  if (num_samples) return mx::random::categorical(logits, axis, *num_samples, key, s);
+  return mx::random::categorical(logits, axis, key, s);
+}
+
+static void check_spatial(const char* op, size_t n, const std::vector<const mx::Shape*>& params) {
+  for (auto* p : params)
+    if (p->size() != n) throw std::invalid_argument(std::string("[") + op + "] expects one value per spatial axis");
+}
+
+mx::array conv_nd(const mx::array& x, const mx::array& w, const mx::Shape& st, const mx::Shape& pd,
+                  const mx::Shape& dl, int groups, mx::Stream s) {
+  size_t n = st.size();
+  check_spatial("conv", n, {&pd, &dl});
+  if (n == 1) return mx::conv1d(x, w, st[0], pd[0], dl[0], groups, s);
+  if (n == 2) return mx::conv2d(x, w, {st[0], st[1]}, {pd[0], pd[1]}, {dl[0], dl[1]}, groups, s);
+  if (n == 3)
+    return mx::conv3d(x, w, {st[0], st[1], st[2]}, {pd[0], pd[1], pd[2]}, {dl[0], dl[1], dl[2]}, groups, s);
+  throw std::invalid_argument("[conv] expects 1, 2 or 3 spatial axes");
+}
+
+mx::array conv_transpose_nd(const mx::array& x, const mx::array& w, const mx::Shape& st, const mx::Shape& pd,
+                            const mx::Shape& dl, const mx::Shape& op, int groups, mx::Stream s) {
+  size_t n = st.size();
+  check_spatial("conv_transpose", n, {&pd, &dl, &op});
+  if (n == 1) return mx::conv_transpose1d(x, w, st[0], pd[0], dl[0], op[0], groups, s);
+  if (n == 2)
+    return mx::conv_transpose2d(x, w, {st[0], st[1]}, {pd[0], pd[1]}, {dl[0], dl[1]}, {op[0], op[1]}, groups, s);
+  if (n == 3)
+    return mx::conv_transpose3d(x, w, {st[0], st[1], st[2]}, {pd[0], pd[1], pd[2]}, {dl[0], dl[1], dl[2]},
+                                {op[0], op[1], op[2]}, groups, s);
+  throw std::invalid_argument("[conv_transpose] expects 1, 2 or 3 spatial axes");
+}
+
+}  // namespace emlx::extra

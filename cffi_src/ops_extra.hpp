@@ -1,0 +1,44 @@
+#pragma once
+// Helpers for the mlx-signature ops at the end of emlx_async/_op_table.py.
+// Declared in namespace emlx so the generated dispatch (inside ops.cpp) finds them.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mlx/array.h"
+#include "mlx/device.h"
+#include "mlx/random.h"  // the random_* entries call mlx::core::random directly
+#include "mlx/stream.h"
+
+namespace emlx::extra {
+
+namespace mx = mlx::core;
+
+std::vector<int> ints(const mx::Shape& shape);
+std::optional<mx::Shape> opt_shape(const std::optional<std::vector<int>>& values);
+std::optional<float> opt_float(bool present, double value);
+
+// mx.pad: `flat` holds a (before, after) pair per axis; `value` is the constant.
+mx::array pad_mode(const mx::array& x, const mx::array& value, const mx::Shape& flat, const std::string& mode,
+                   mx::Stream s);
+// kind: 0 fftn, 1 ifftn, 2 rfftn, 3 irfftn; `n` the sizes per axis (None: the input's).
+mx::array fft_any(const mx::array& x, int kind, const std::optional<std::vector<int>>& n, const mx::Shape& axes,
+                  const std::string& norm, mx::Stream s);
+mx::array norm_ord(const mx::array& x, double ord, const std::optional<std::vector<int>>& axes, bool keepdims,
+                   mx::Stream s);
+mx::array norm_str(const mx::array& x, const std::string& ord, const std::optional<std::vector<int>>& axes,
+                   bool keepdims, mx::Stream s);
+// xs = [key, loc?, scale?]
+mx::array random_normal(const std::vector<mx::array>& xs, const mx::Shape& shape, mx::Dtype dtype, bool has_loc,
+                        bool has_scale, mx::Stream s);
+mx::array categorical(const mx::array& logits, const mx::array& key, int axis,
+                      const std::optional<std::vector<int>>& shape, std::optional<int> num_samples, mx::Stream s);
+// Stride, padding and dilation per spatial axis (1, 2 or 3 of them).
+mx::array conv_nd(const mx::array& x, const mx::array& w, const mx::Shape& stride, const mx::Shape& padding,
+                  const mx::Shape& dilation, int groups, mx::Stream s);
+mx::array conv_transpose_nd(const mx::array& x, const mx::array& w, const mx::Shape& stride,
+                            const mx::Shape& padding, const mx::Shape& dilation, const mx::Shape& output_padding,
+                            int groups, mx::Stream s);
+
+}  // namespace emlx::extra
