@@ -41,11 +41,12 @@ from . import ipc as ipc  # noqa: E402
 from . import linalg as linalg  # noqa: E402
 from . import memory as memory  # noqa: E402
 from . import ops as ops  # noqa: E402
+from . import random as random  # noqa: E402
 
 __all__ = [
     "CommandQueue", "DeviceUnavailable", "EMLXError", "ForeignLazyArrayError", "ForkedProcessError",
     "HostCallDeadlock", "HostCallError", "JobFuture", "TrioJobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
     "MLXValueError", "QueueClosed", "QueueFull", "QueueReleaseError", "Runtime", "RuntimeClosed",
     "__version__", "attention", "bind", "bound_queue", "cancelled", "current_queue", "eval", "fast", "fft",
-    "get_runtime", "host_call", "ipc", "item", "linalg", "memory", "ops", "run", "synchronize", "to_numpy",
+    "get_runtime", "host_call", "ipc", "item", "linalg", "memory", "ops", "random", "run", "synchronize", "to_numpy",
 ]
