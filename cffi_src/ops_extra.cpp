@@ -118,3 +118,28 @@ mx::array conv_transpose_nd(const mx::array& x, const mx::array& w, const mx::Sh
 }
 
 }  // namespace emlx::extra
+
+namespace emlx::extra {
+
+mx::array convolve(mx::array a, mx::array v, const std::string& mode, mx::Stream s) {
+  if (a.ndim() != 1 || v.ndim() != 1) throw std::invalid_argument("[convolve] Inputs must be 1D.");
+  if (a.size() < v.size()) std::swap(a, v);
+  int n = static_cast<int>(a.size()), k = static_cast<int>(v.size());
+  int lo, hi;
+  if (mode == "full") {
+    lo = hi = k - 1;
+  } else if (mode == "same") {  // numpy's: the centre of the full result, one more on the left for even k
+    hi = (k - 1) / 2;
+    lo = k - 1 - hi;
+  } else if (mode == "valid") {
+    lo = hi = 0;
+  } else {
+    throw std::invalid_argument("[convolve] Invalid mode: must be 'full', 'same' or 'valid'.");
+  }
+  // flip=true makes conv_general a convolution rather than a correlation.
+  auto out = mx::conv_general(mx::reshape(a, {1, n, 1}, s), mx::reshape(v, {1, k, 1}, s), {1}, {lo}, {hi}, {1},
+                              {1}, 1, true, s);
+  return mx::reshape(out, {-1}, s);
+}
+
+}  // namespace emlx::extra

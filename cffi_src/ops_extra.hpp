@@ -41,4 +41,7 @@ mx::array conv_transpose_nd(const mx::array& x, const mx::array& w, const mx::Sh
                             const mx::Shape& padding, const mx::Shape& dilation, const mx::Shape& output_padding,
                             int groups, mx::Stream s);
 
+// mx.convolve: numpy's 1-D convolution ("full", "same" or "valid").
+mx::array convolve(mx::array a, mx::array v, const std::string& mode, mx::Stream s);
+
 }  // namespace emlx::extra

@@ -279,24 +279,6 @@ def conv_transpose3d(input, weight, stride, padding, dilation, output_padding, g
     return _conv(3, "conv_transpose3d", input, weight, stride, padding, dilation, groups, rt, output_padding)
 
 
-def convolve(a, v, mode, rt):
-    """mlx's 1-D convolution of two vectors, as one conv1d job (numpy's convention)."""
-    if a.ndim != 1 or v.ndim != 1:
-        raise ValueError("[convolve] Inputs must be 1D.")
-    if mode not in ("full", "same", "valid"):
-        raise ValueError("[convolve] Invalid mode: must be 'full', 'same' or 'valid'.")
-    if a.size < v.size:
-        a, v = v, a
-    n, k = a.size, v.size
-    padding = {"full": k - 1, "same": k // 2 if k % 2 else (k - 1) // 2, "valid": 0}[mode]
-    # conv_general with flip=True is a true convolution; "same" with an even
-    # kernel pads one less on the left, as numpy and mlx do.
-    lo = padding
-    hi = (k - 1 - padding) if mode == "same" else padding
-    return op("conv_general", [a.reshape(1, n, 1), v.reshape(1, k, 1)], rt, stride=[1], padding_lo=[lo],
-              padding_hi=[hi], kernel_dilation=[1], input_dilation=[1], groups=1, flip=True)
-
-
 # ---- quantization -----------------------------------------------------------------------
 
 def quantize(w, group_size, bits, mode, global_scale, rt):
@@ -338,8 +320,10 @@ def fft1(kind: str, a, n, axis, norm, rt):
 
 
 def fftn(kind: str, a, s, axes, norm, rt):
-    if axes is None:  # mlx: every axis, or the last len(s) when sizes are given
-        axes = list(range(a.ndim)) if s is None else list(range(-len(s), 0))
+    if axes is None:  # mlx: every axis; sizes need their axes
+        if s is not None:
+            raise ValueError(f"[{kind}n] `axes` should not be `None` if `s` is not `None`.")
+        axes = list(range(a.ndim))
     return op("fft_any", [a], rt, kind=_FFT_KINDS[kind], n=None if s is None else _ints(s), axes=_ints(axes),
               norm=norm)
 

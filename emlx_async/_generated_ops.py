@@ -451,7 +451,7 @@ def convolve(a: array, v: array, /, mode: str = 'full', *, stream: StreamOrDevic
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.convolve(a, v, mode, _rt)
+    return _ad.op('convolve', [a, v], _rt, mode=mode)
 
 
 def copy(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:

@@ -58,7 +58,7 @@ def gumbel(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, key: arr
     return _ad.random_gumbel(shape, dtype, key, _rt)
 
 
-def key(seed: int, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+def key(seed: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """Get a PRNG key from a seed.
 
     Awaitable ``mx.random.key``, built and run natively on a queue: returns a JobFuture. Also takes

@@ -281,4 +281,5 @@ OPS += [
     ("logcumsumexp", 1, _SCAN, "p0 ? mx::logcumsumexp(x0, *p0, p1, p2, s) : mx::logcumsumexp(x0, p1, p2, s)"),
     ("hadamard_transform", 1, [("has_scale", "bool", False), ("scale", "float", 1.0)],
      "mx::hadamard_transform(x0, extra::opt_float(p0, p1), s)"),
+    ("convolve", 2, [("mode", "str", "full")], "extra::convolve(x0, x1, p0, s)"),
 ]

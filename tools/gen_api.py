@@ -64,7 +64,8 @@ OPS.update({
     "put_along_axis": adapter("put_along_axis"), "tensordot": adapter("tensordot"), "einsum": adapter("einsum"),
     "addmm": table(), "conv_general": adapter("conv_general"),
     **{n: adapter(n) for n in ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-                               "conv_transpose3d", "convolve")},
+                               "conv_transpose3d")},
+    "convolve": table(),
     "quantize": adapter("quantize"), "dequantize": adapter("dequantize"),
     "quantized_matmul": adapter("quantized_matmul"),
     "isposinf": table(), "isneginf": table(), "searchsorted": table(), "median": table(), "diff": table(),
@@ -161,6 +162,8 @@ def render(fn: ast.FunctionDef) -> tuple[str, list[str]]:
         parts.append("*")
     for arg, default in zip(args.kwonlyargs, args.kw_defaults):
         parts.append(one(arg, default))
+    if "stream" not in names:  # mx.random.key has none; every op here takes one
+        parts.append("stream: StreamOrDevice = None")
     parts.append(RUNTIME_PARAMS)
     returns = ast.unparse(fn.returns) if fn.returns else "array"
     names = [n for n in names if n != "stream"]
