@@ -343,3 +343,13 @@ def test_generated_files_are_current():
     for namespace in GEN["NAMESPACES"]:
         path = GEN["target"](namespace)
         assert path.read_text() == GEN["generate"](namespace), f"{path.name} is stale: run python tools/gen_api.py"
+
+
+def test_ops_are_typed_module_functions():
+    """Real functions with annotations (not injected into globals()), so type checkers see them."""
+    for namespace, names in _ALL.items():
+        for name in names:
+            fn = getattr(_EA[namespace], name)
+            assert fn.__module__ == f"emlx_async._generated_{namespace}", f"{namespace}.{name}"
+            assert fn.__annotations__["return"].startswith("JobFuture["), f"{namespace}.{name}"
+            assert fn.__doc__ and f"``mx.{'' if namespace == 'ops' else namespace + '.'}{name}``" in fn.__doc__
