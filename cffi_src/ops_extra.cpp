@@ -143,3 +143,52 @@ mx::array convolve(mx::array a, mx::array v, const std::string& mode, mx::Stream
 }
 
 }  // namespace emlx::extra
+
+namespace emlx::extra {
+
+std::vector<mx::array> minmax(const mx::array& a, const std::vector<int>& axes, bool keepdims, mx::Stream s) {
+  auto [lo, hi] = mx::minmax(a, axes, keepdims, s);
+  return {lo, hi};
+}
+
+std::vector<mx::array> atleast(const std::vector<mx::array>& xs, int ndim, mx::Stream s) {
+  if (ndim == 1) return mx::atleast_1d(xs, s);
+  if (ndim == 2) return mx::atleast_2d(xs, s);
+  return mx::atleast_3d(xs, s);
+}
+
+mx::array window(int kind, int m, mx::Stream s) {
+  switch (kind) {
+    case 0: return mx::hanning(m, s);
+    case 1: return mx::hamming(m, s);
+    case 2: return mx::bartlett(m, s);
+    default: return mx::blackman(m, s);
+  }
+}
+
+mx::array gather_mm(const std::vector<mx::array>& xs, bool has_lhs, bool has_rhs, bool sorted, mx::Stream s) {
+  if (xs.size() != 2u + has_lhs + has_rhs) throw std::invalid_argument("[gather_mm] expects a, b, lhs?, rhs?");
+  std::optional<mx::array> lhs, rhs;
+  if (has_lhs) lhs = xs[2];
+  if (has_rhs) rhs = xs[2 + has_lhs];
+  return mx::gather_mm(xs[0], xs[1], lhs, rhs, sorted, s);
+}
+
+mx::array block_masked_mm(const std::vector<mx::array>& xs, int block_size, bool has_out, bool has_lhs,
+                          bool has_rhs, mx::Stream s) {
+  if (xs.size() != 2u + has_out + has_lhs + has_rhs)
+    throw std::invalid_argument("[block_masked_mm] expects a, b and the masks given");
+  std::optional<mx::array> out, lhs, rhs;
+  size_t k = 2;
+  if (has_out) out = xs[k++];
+  if (has_lhs) lhs = xs[k++];
+  if (has_rhs) rhs = xs[k++];
+  return mx::block_masked_mm(xs[0], xs[1], block_size, out, lhs, rhs, s);
+}
+
+mx::array fftshift(const mx::array& a, bool inverse, const std::optional<std::vector<int>>& axes, mx::Stream s) {
+  if (axes) return inverse ? mx::fft::ifftshift(a, *axes, s) : mx::fft::fftshift(a, *axes, s);
+  return inverse ? mx::fft::ifftshift(a, s) : mx::fft::fftshift(a, s);
+}
+
+}  // namespace emlx::extra

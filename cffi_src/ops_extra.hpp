@@ -43,5 +43,15 @@ mx::array conv_transpose_nd(const mx::array& x, const mx::array& w, const mx::Sh
 
 // mx.convolve: numpy's 1-D convolution ("full", "same" or "valid").
 mx::array convolve(mx::array a, mx::array v, const std::string& mode, mx::Stream s);
+std::vector<mx::array> minmax(const mx::array& a, const std::vector<int>& axes, bool keepdims, mx::Stream s);
+std::vector<mx::array> atleast(const std::vector<mx::array>& xs, int ndim, mx::Stream s);
+// kind: 0 hanning, 1 hamming, 2 bartlett, 3 blackman
+mx::array window(int kind, int m, mx::Stream s);
+// xs = [a, b, lhs_indices?, rhs_indices?]
+mx::array gather_mm(const std::vector<mx::array>& xs, bool has_lhs, bool has_rhs, bool sorted, mx::Stream s);
+// xs = [a, b, mask_out?, mask_lhs?, mask_rhs?]
+mx::array block_masked_mm(const std::vector<mx::array>& xs, int block_size, bool has_out, bool has_lhs,
+                          bool has_rhs, mx::Stream s);
+mx::array fftshift(const mx::array& a, bool inverse, const std::optional<std::vector<int>>& axes, mx::Stream s);
 
 }  // namespace emlx::extra

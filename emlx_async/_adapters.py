@@ -405,3 +405,61 @@ def random_permutation(x, axis, key, rt):
 
 def random_laplace(shape, dtype, loc, scale, key, rt):
     return op("random_laplace", [_key(key)], rt, shape=_ints(shape), dtype=dtype, loc=loc, scale=scale)
+
+
+# ---- more of mlx.core ---------------------------------------------------------------------
+
+def full_like(a, vals, dtype, rt):
+    return op("full", [vals], rt, shape=tuple(a.shape), dtype=a.dtype if dtype is None else dtype)
+
+
+def matrix_transpose(a, rt):
+    return op("swapaxes", [a], rt, axis1=-1, axis2=-2)
+
+
+def meshgrid(arrays, sparse, indexing, rt):
+    return op("meshgrid", list(arrays), rt, sparse=bool(sparse), indexing="xy" if indexing is None else indexing)
+
+
+def broadcast_arrays(arrays, rt):
+    return op("broadcast_arrays", list(arrays), rt)
+
+
+def atleast_1d(arys, rt, ndim=1):
+    return op("atleast_nd", list(arys), rt, ndim=ndim)
+
+
+def atleast_2d(arys, rt):
+    return atleast_1d(arys, rt, 2)
+
+
+def atleast_3d(arys, rt):
+    return atleast_1d(arys, rt, 3)
+
+
+_WINDOWS = {"hanning": 0, "hamming": 1, "bartlett": 2, "blackman": 3}
+
+
+def window(kind: str, M, rt):  # noqa: N803 - mlx's name
+    return op("window", [], rt, kind=_WINDOWS[kind], M=M)
+
+
+def gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices, rt):
+    arrays = [a, b] + [i for i in (lhs_indices, rhs_indices) if i is not None]
+    return op("gather_mm", arrays, rt, has_lhs=lhs_indices is not None, has_rhs=rhs_indices is not None,
+              sorted_indices=sorted_indices)
+
+
+def block_masked_mm(a, b, block_size, mask_out, mask_lhs, mask_rhs, rt):
+    masks = (mask_out, mask_lhs, mask_rhs)
+    return op("block_masked_mm", [a, b] + [m for m in masks if m is not None], rt, block_size=block_size,
+              has_out=mask_out is not None, has_lhs=mask_lhs is not None, has_rhs=mask_rhs is not None)
+
+
+def fftshift(inverse: bool, a, axes, rt):
+    axes = [axes] if isinstance(axes, int) else axes
+    return op("fft_shift", [a], rt, inverse=inverse, axes=axes)
+
+
+def fftfreq(real: bool, n, d, rt):
+    return op("fft_freq", [], rt, n=n, d=d, real=real)

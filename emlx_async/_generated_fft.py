@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ._devices import DeviceLike
     from ._queue import CommandQueue
 
-__all__ = ['fft', 'fft2', 'fftn', 'ifft', 'ifft2', 'ifftn', 'irfft', 'irfft2', 'irfftn', 'rfft', 'rfft2', 'rfftn']
+__all__ = ['fft', 'fft2', 'fftfreq', 'fftn', 'fftshift', 'ifft', 'ifft2', 'ifftn', 'ifftshift', 'irfft', 'irfft2', 'irfftn', 'rfft', 'rfft2', 'rfftfreq', 'rfftn']
 _keep = (Sequence, Literal, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
 
 
@@ -47,6 +47,17 @@ def fft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None 
     return _ad.fftn('fft', a, s, axes, norm, _rt)
 
 
+def fftfreq(n: int, d: float = 1.0, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the discrete Fourier Transform sample frequencies.
+
+    Awaitable ``mx.fft.fftfreq``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftfreq(False, n, d, _rt)
+
+
 def fftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """n-dimensional discrete Fourier Transform.
 
@@ -56,6 +67,17 @@ def fftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None 
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.fftn('fft', a, s, axes, norm, _rt)
+
+
+def fftshift(a: array, axes: int | Sequence[int] | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Shift the zero-frequency component to the center of the spectrum.
+
+    Awaitable ``mx.fft.fftshift``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftshift(False, a, axes, _rt)
 
 
 def ifft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -89,6 +111,18 @@ def ifftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.fftn('ifft', a, s, axes, norm, _rt)
+
+
+def ifftshift(a: array, axes: int | Sequence[int] | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """The inverse of :func:`fftshift`. While identical to :func:`fftshift` for even-length axes, the
+    behavior differs for odd-length axes.
+
+    Awaitable ``mx.fft.ifftshift``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftshift(True, a, axes, _rt)
 
 
 def irfft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -144,6 +178,18 @@ def rfft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.fftn('rfft', a, s, axes, norm, _rt)
+
+
+def rfftfreq(n: int, d: float = 1.0, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the discrete Fourier Transform sample frequencies for use with :func:`rfft` and
+    :func:`irfft`.
+
+    Awaitable ``mx.fft.rfftfreq``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftfreq(True, n, d, _rt)
 
 
 def rfftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ._devices import DeviceLike
     from ._queue import CommandQueue
 
-__all__ = ['cholesky', 'eigh', 'eigvalsh', 'inv', 'lu', 'norm', 'pinv', 'qr', 'solve', 'solve_triangular', 'svd', 'tri_inv']
+__all__ = ['cholesky', 'cholesky_inv', 'cross', 'det', 'eig', 'eigh', 'eigvals', 'eigvalsh', 'inv', 'lu', 'lu_factor', 'norm', 'pinv', 'qr', 'slogdet', 'solve', 'solve_triangular', 'svd', 'tri_inv']
 _keep = (Sequence, Literal, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
 
 
@@ -36,6 +36,51 @@ def cholesky(a: array, upper: bool = False, *, stream: StreamOrDevice = None, qu
     return _ad.op('linalg_cholesky', [a], _rt, upper=upper)
 
 
+def cholesky_inv(a: array, upper: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Compute the inverse of a real symmetric positive semi-definite matrix using it's Cholesky
+    decomposition.
+
+    Awaitable ``mx.linalg.cholesky_inv``, built and run natively on a queue: returns a JobFuture.
+    Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('linalg_cholesky_inv', [a], _rt, upper=upper)
+
+
+def cross(a: array, b: array, axis: int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Compute the cross product of two arrays along a specified axis.
+
+    Awaitable ``mx.linalg.cross``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('linalg_cross', [a, b], _rt, axis=axis)
+
+
+def det(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Compute the determinant of a square matrix.
+
+    Awaitable ``mx.linalg.det``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('linalg_det', [a], _rt)
+
+
+def eig(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
+    """Compute the eigenvalues and eigenvectors of a square matrix.
+
+    Awaitable ``mx.linalg.eig``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('linalg_eig', [a], _rt)
+
+
 def eigh(a: array, UPLO: str = 'L', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
     """Compute the eigenvalues and eigenvectors of a complex Hermitian or real symmetric matrix.
 
@@ -45,6 +90,17 @@ def eigh(a: array, UPLO: str = 'L', *, stream: StreamOrDevice = None, queue: Com
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.op('linalg_eigh', [a], _rt, UPLO=UPLO)
+
+
+def eigvals(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Compute the eigenvalues of a square matrix.
+
+    Awaitable ``mx.linalg.eigvals``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('linalg_eigvals', [a], _rt)
 
 
 def eigvalsh(a: array, UPLO: str = 'L', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -80,6 +136,17 @@ def lu(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = 
     return _ad.op('linalg_lu', [a], _rt)
 
 
+def lu_factor(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
+    """Computes a compact representation of the LU factorization.
+
+    Awaitable ``mx.linalg.lu_factor``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('linalg_lu_factor', [a], _rt)
+
+
 def norm(a: array, /, ord: None | int | float | str = None, axis: None | int | list[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """Matrix or vector norm.
 
@@ -111,6 +178,17 @@ def qr(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = 
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.op('linalg_qr', [a], _rt)
+
+
+def slogdet(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
+    """Compute the sign and natural log of the absolute value of the determinant of a square matrix.
+
+    Awaitable ``mx.linalg.slogdet``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('linalg_slogdet', [a], _rt)
 
 
 def solve(a: array, b: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:

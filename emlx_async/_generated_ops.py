@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ._devices import DeviceLike
     from ._queue import CommandQueue
 
-__all__ = ['abs', 'add', 'addmm', 'all', 'allclose', 'any', 'arange', 'arccos', 'arccosh', 'arcsin', 'arcsinh', 'arctan', 'arctan2', 'arctanh', 'argmax', 'argmin', 'argpartition', 'argsort', 'array_equal', 'as_strided', 'astype', 'bitwise_and', 'bitwise_invert', 'bitwise_or', 'bitwise_xor', 'broadcast_to', 'ceil', 'clip', 'concatenate', 'conjugate', 'contiguous', 'conv1d', 'conv2d', 'conv3d', 'conv_general', 'conv_transpose1d', 'conv_transpose2d', 'conv_transpose3d', 'convolve', 'copy', 'cos', 'cosh', 'cummax', 'cummin', 'cumprod', 'cumsum', 'degrees', 'dequantize', 'diag', 'diagonal', 'diff', 'divide', 'einsum', 'equal', 'erf', 'erfinv', 'exp', 'expand_dims', 'expm1', 'eye', 'flatten', 'flip', 'floor', 'floor_divide', 'full', 'greater', 'greater_equal', 'hadamard_transform', 'imag', 'inner', 'isclose', 'isfinite', 'isinf', 'isnan', 'isneginf', 'isposinf', 'kron', 'left_shift', 'less', 'less_equal', 'linspace', 'log', 'log10', 'log1p', 'log2', 'logaddexp', 'logcumsumexp', 'logical_and', 'logical_not', 'logical_or', 'logical_xor', 'logsumexp', 'matmul', 'max', 'maximum', 'mean', 'median', 'min', 'minimum', 'moveaxis', 'multiply', 'nan_to_num', 'negative', 'not_equal', 'ones', 'ones_like', 'outer', 'pad', 'partition', 'power', 'prod', 'put_along_axis', 'quantize', 'quantized_matmul', 'radians', 'real', 'reciprocal', 'remainder', 'repeat', 'reshape', 'right_shift', 'roll', 'round', 'rsqrt', 'searchsorted', 'sigmoid', 'sign', 'sin', 'sinh', 'slice', 'slice_update', 'softmax', 'sort', 'split', 'sqrt', 'square', 'squeeze', 'stack', 'std', 'stop_gradient', 'subtract', 'sum', 'swapaxes', 'take', 'take_along_axis', 'tan', 'tanh', 'tensordot', 'tile', 'topk', 'trace', 'transpose', 'tri', 'tril', 'triu', 'var', 'view', 'where', 'zeros', 'zeros_like']
+__all__ = ['abs', 'acos', 'acosh', 'add', 'addmm', 'all', 'allclose', 'any', 'arange', 'arccos', 'arccosh', 'arcsin', 'arcsinh', 'arctan', 'arctan2', 'arctanh', 'argmax', 'argmin', 'argpartition', 'argsort', 'array_equal', 'as_strided', 'asin', 'asinh', 'astype', 'atan', 'atan2', 'atanh', 'atleast_1d', 'atleast_2d', 'atleast_3d', 'bartlett', 'bitwise_and', 'bitwise_invert', 'bitwise_left_shift', 'bitwise_or', 'bitwise_right_shift', 'bitwise_xor', 'blackman', 'block_masked_mm', 'broadcast_arrays', 'broadcast_to', 'ceil', 'clip', 'concat', 'concatenate', 'conj', 'conjugate', 'contiguous', 'conv1d', 'conv2d', 'conv3d', 'conv_general', 'conv_transpose1d', 'conv_transpose2d', 'conv_transpose3d', 'convolve', 'copy', 'cos', 'cosh', 'count_nonzero', 'cummax', 'cummin', 'cumprod', 'cumsum', 'cumulative_prod', 'cumulative_sum', 'degrees', 'dequantize', 'diag', 'diagonal', 'diff', 'divide', 'divmod', 'einsum', 'empty', 'empty_like', 'equal', 'erf', 'erfinv', 'exp', 'expand_dims', 'expm1', 'eye', 'flatten', 'flip', 'floor', 'floor_divide', 'full', 'full_like', 'gather_mm', 'greater', 'greater_equal', 'hadamard_transform', 'hamming', 'hanning', 'identity', 'imag', 'inner', 'isclose', 'isfinite', 'isinf', 'isnan', 'isneginf', 'isposinf', 'kron', 'left_shift', 'less', 'less_equal', 'linspace', 'log', 'log10', 'log1p', 'log2', 'logaddexp', 'logcumsumexp', 'logical_and', 'logical_not', 'logical_or', 'logical_xor', 'logsumexp', 'matmul', 'matrix_transpose', 'max', 'maximum', 'mean', 'median', 'meshgrid', 'min', 'minimum', 'minmax', 'moveaxis', 'multiply', 'nan_to_num', 'negative', 'not_equal', 'ones', 'ones_like', 'outer', 'pad', 'partition', 'permute_dims', 'positive', 'pow', 'power', 'prod', 'put_along_axis', 'quantize', 'quantized_matmul', 'radians', 'real', 'reciprocal', 'remainder', 'repeat', 'reshape', 'right_shift', 'roll', 'round', 'rsqrt', 'searchsorted', 'segmented_mm', 'sigmoid', 'sign', 'sin', 'sinh', 'slice', 'slice_update', 'softmax', 'sort', 'split', 'sqrt', 'square', 'squeeze', 'stack', 'std', 'stop_gradient', 'subtract', 'sum', 'swapaxes', 'take', 'take_along_axis', 'tan', 'tanh', 'tensordot', 'tile', 'topk', 'trace', 'transpose', 'tri', 'tril', 'triu', 'trunc', 'unflatten', 'unstack', 'var', 'vecdot', 'view', 'where', 'zeros', 'zeros_like']
 _keep = (Sequence, Literal, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
 
 
@@ -34,6 +34,28 @@ def abs(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.op('abs', [a], _rt)
+
+
+def acos(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse cosine.
+
+    Awaitable ``mx.acos``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arccos', [a], _rt)
+
+
+def acosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse hyperbolic cosine.
+
+    Awaitable ``mx.acosh``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arccosh', [a], _rt)
 
 
 def add(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -245,6 +267,28 @@ def as_strided(a: array, /, shape: Sequence[int] | None = None, strides: Sequenc
     return _ad.as_strided(a, shape, strides, offset, _rt)
 
 
+def asin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse sine.
+
+    Awaitable ``mx.asin``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arcsin', [a], _rt)
+
+
+def asinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse hyperbolic sine.
+
+    Awaitable ``mx.asinh``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arcsinh', [a], _rt)
+
+
 def astype(a: array, dtype: Dtype, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """Cast the array to a specified type.
 
@@ -254,6 +298,83 @@ def astype(a: array, dtype: Dtype, /, *, stream: StreamOrDevice = None, queue: C
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.op('astype', [a], _rt, dtype=dtype)
+
+
+def atan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse tangent.
+
+    Awaitable ``mx.atan``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arctan', [a], _rt)
+
+
+def atan2(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse tangent of the ratio of two arrays.
+
+    Awaitable ``mx.atan2``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arctan2', [a, b], _rt)
+
+
+def atanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse hyperbolic tangent.
+
+    Awaitable ``mx.atanh``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arctanh', [a], _rt)
+
+
+def atleast_1d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | list[array]]:
+    """Convert all arrays to have at least one dimension.
+
+    Awaitable ``mx.atleast_1d``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.atleast_1d(arys, _rt)
+
+
+def atleast_2d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | list[array]]:
+    """Convert all arrays to have at least two dimensions.
+
+    Awaitable ``mx.atleast_2d``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.atleast_2d(arys, _rt)
+
+
+def atleast_3d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | list[array]]:
+    """Convert all arrays to have at least three dimensions.
+
+    Awaitable ``mx.atleast_3d``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.atleast_3d(arys, _rt)
+
+
+def bartlett(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the Bartlett window.
+
+    Awaitable ``mx.bartlett``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.window('bartlett', M, _rt)
 
 
 def bitwise_and(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -278,6 +399,17 @@ def bitwise_invert(a: scalar | array, stream: StreamOrDevice = None, *, queue: C
     return _ad.op('bitwise_invert', [a], _rt)
 
 
+def bitwise_left_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise left shift.
+
+    Awaitable ``mx.bitwise_left_shift``, built and run natively on a queue: returns a JobFuture.
+    Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('left_shift', [a, b], _rt)
+
+
 def bitwise_or(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """Element-wise bitwise or.
 
@@ -289,6 +421,17 @@ def bitwise_or(a: scalar | array, b: scalar | array, stream: StreamOrDevice = No
     return _ad.op('bitwise_or', [a, b], _rt)
 
 
+def bitwise_right_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise right shift.
+
+    Awaitable ``mx.bitwise_right_shift``, built and run natively on a queue: returns a JobFuture.
+    Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('right_shift', [a, b], _rt)
+
+
 def bitwise_xor(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """Element-wise bitwise xor.
 
@@ -298,6 +441,39 @@ def bitwise_xor(a: scalar | array, b: scalar | array, stream: StreamOrDevice = N
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.op('bitwise_xor', [a, b], _rt)
+
+
+def blackman(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the Blackman window.
+
+    Awaitable ``mx.blackman``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.window('blackman', M, _rt)
+
+
+def block_masked_mm(a: array, b: array, /, block_size: int = 64, mask_out: array | None = None, mask_lhs: array | None = None, mask_rhs: array | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Matrix multiplication with block masking.
+
+    Awaitable ``mx.block_masked_mm``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.block_masked_mm(a, b, block_size, mask_out, mask_lhs, mask_rhs, _rt)
+
+
+def broadcast_arrays(*arrays: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, ...]]:
+    """Broadcast arrays against one another.
+
+    Awaitable ``mx.broadcast_arrays``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.broadcast_arrays(arrays, _rt)
 
 
 def broadcast_to(a: scalar | array, /, shape: Sequence[int], *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -333,6 +509,17 @@ def clip(a: array, /, a_min: scalar | array | None, a_max: scalar | array | None
     return _ad.clip(a, a_min, a_max, _rt)
 
 
+def concat(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """See :func:`concatenate`.
+
+    Awaitable ``mx.concat``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.concatenate(arrays, axis, _rt)
+
+
 def concatenate(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """Concatenate the arrays along the given axis.
 
@@ -342,6 +529,17 @@ def concatenate(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDe
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.concatenate(arrays, axis, _rt)
+
+
+def conj(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the elementwise complex conjugate of the input. Alias for `mx.conjugate`.
+
+    Awaitable ``mx.conj``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('conjugate', [a], _rt)
 
 
 def conjugate(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -487,6 +685,17 @@ def cosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     return _ad.op('cosh', [a], _rt)
 
 
+def count_nonzero(a: array, /, *, axis: None | int | Sequence[int] = None, keepdims: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Count the number of non-zero elements along the given axis.
+
+    Awaitable ``mx.count_nonzero``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('count_nonzero', [a], _rt, axis=axis, keepdims=keepdims)
+
+
 def cummax(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """Return the cumulative maximum of the elements along the given axis.
 
@@ -526,6 +735,28 @@ def cumsum(a: array, /, axis: int | None = None, *, reverse: bool = False, inclu
     Awaitable ``mx.cumsum``, built and run natively on a queue: returns a JobFuture. Also takes
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.cumsum(a, axis, reverse, inclusive, dtype, _rt)
+
+
+def cumulative_prod(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, dtype: Dtype | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the cumulative product of the elements along the given axis.
+
+    Awaitable ``mx.cumulative_prod``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.cumprod(a, axis, reverse, inclusive, dtype, _rt)
+
+
+def cumulative_sum(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, dtype: Dtype | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the cumulative sum of the elements along the given axis.
+
+    Awaitable ``mx.cumulative_sum``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.cumsum(a, axis, reverse, inclusive, dtype, _rt)
@@ -599,6 +830,17 @@ def divide(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, 
     return _ad.op('divide', [a, b], _rt)
 
 
+def divmod(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise quotient and remainder.
+
+    Awaitable ``mx.divmod``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('divmod', [a, b], _rt)
+
+
 def einsum(subscripts: str, *operands, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """Perform the Einstein summation convention on the operands.
 
@@ -608,6 +850,28 @@ def einsum(subscripts: str, *operands, stream: StreamOrDevice = None, queue: Com
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.einsum(subscripts, operands, _rt)
+
+
+def empty(shape: int | Sequence[int], dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Construct an array of zeros.
+
+    Awaitable ``mx.empty``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('zeros', [], _rt, shape=shape, dtype=dtype)
+
+
+def empty_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """An array of zeros like the input.
+
+    Awaitable ``mx.empty_like``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.zeros_like(a, dtype, _rt)
 
 
 def equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -742,6 +1006,28 @@ def full(shape: int | Sequence[int], vals: scalar | array, dtype: Dtype | None =
     return _ad.op('full', [vals], _rt, shape=shape, dtype=dtype)
 
 
+def full_like(a: array, vals: scalar | array, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """An array filled with ``vals`` with the same shape as the input.
+
+    Awaitable ``mx.full_like``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.full_like(a, vals, dtype, _rt)
+
+
+def gather_mm(a: array, b: array, /, lhs_indices: array | None = None, rhs_indices: array | None = None, *, sorted_indices: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Matrix multiplication with matrix-level gather.
+
+    Awaitable ``mx.gather_mm``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices, _rt)
+
+
 def greater(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """Element-wise greater than.
 
@@ -773,6 +1059,39 @@ def hadamard_transform(a: array, scale: float | None = None, stream: StreamOrDev
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.hadamard_transform(a, scale, _rt)
+
+
+def hamming(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the Hamming window.
+
+    Awaitable ``mx.hamming``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.window('hamming', M, _rt)
+
+
+def hanning(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the Hanning window.
+
+    Awaitable ``mx.hanning``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.window('hanning', M, _rt)
+
+
+def identity(n: int, dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Create a square identity matrix.
+
+    Awaitable ``mx.identity``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('eye', [], _rt, n=n, dtype=dtype)
 
 
 def imag(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1051,6 +1370,17 @@ def matmul(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: Comma
     return _ad.op('matmul', [a, b], _rt)
 
 
+def matrix_transpose(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Transpose the last two dimensions of the array.
+
+    Awaitable ``mx.matrix_transpose``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.matrix_transpose(a, _rt)
+
+
 def max(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """A `max` reduction over the given axes.
 
@@ -1095,6 +1425,17 @@ def median(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool 
     return _ad.op('median', [a], _rt, axis=axis, keepdims=keepdims)
 
 
+def meshgrid(*arrays: array, sparse: bool | None = False, indexing: str | None = 'xy', stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, ...]]:
+    """Generate multidimensional coordinate grids from 1-D coordinate arrays
+
+    Awaitable ``mx.meshgrid``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.meshgrid(arrays, sparse, indexing, _rt)
+
+
 def min(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """A `min` reduction over the given axes.
 
@@ -1115,6 +1456,17 @@ def minimum(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice =
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.op('minimum', [a, b], _rt)
+
+
+def minmax(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
+    """Return the minimum and maximum over the given axes.
+
+    Awaitable ``mx.minmax``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('minmax', [a], _rt, axis=axis, keepdims=keepdims)
 
 
 def moveaxis(a: array, /, source: int, destination: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1226,6 +1578,39 @@ def partition(a: array, /, kth: int, axis: None | int = -1, *, stream: StreamOrD
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.op('partition', [a], _rt, kth=kth, axis=axis)
+
+
+def permute_dims(a: array, /, axes: Sequence[int] | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """See :func:`transpose`.
+
+    Awaitable ``mx.permute_dims``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('transpose', [a], _rt, axes=axes)
+
+
+def positive(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise unary plus. Returns a copy of the input.
+
+    Awaitable ``mx.positive``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('copy', [a], _rt)
+
+
+def pow(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise power operation.
+
+    Awaitable ``mx.pow``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('power', [a, b], _rt)
 
 
 def power(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1404,6 +1789,18 @@ def searchsorted(sorted_sequence: array, values: array, /, side: str = 'left', *
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.op('searchsorted', [sorted_sequence, values], _rt, side=side)
+
+
+def segmented_mm(a: array, b: array, /, segments: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Perform a matrix multiplication but segment the inner dimension and save the result for each
+    segment separately.
+
+    Awaitable ``mx.segmented_mm``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('segmented_mm', [a, b, segments], _rt)
 
 
 def sigmoid(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1736,6 +2133,39 @@ def triu(x: array, k: int = 0, *, stream: StreamOrDevice = None, queue: CommandQ
     return _ad.op('triu', [x], _rt, k=k)
 
 
+def trunc(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise truncation towards zero.
+
+    Awaitable ``mx.trunc``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('trunc', [a], _rt)
+
+
+def unflatten(a: array, /, axis: int, shape: Sequence[int], *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Unflatten an axis of an array to a shape.
+
+    Awaitable ``mx.unflatten``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('unflatten', [a], _rt, axis=axis, shape=shape)
+
+
+def unstack(x: array, /, *, axis: int = 0, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, ...]]:
+    """Split an array into a sequence of arrays along the given axis.
+
+    Awaitable ``mx.unstack``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('unstack', [x], _rt, axis=axis)
+
+
 def var(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, ddof: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """Compute the variance(s) over the given axes.
 
@@ -1745,6 +2175,17 @@ def var(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.op('var', [a], _rt, axis=axis, keepdims=keepdims, ddof=ddof)
+
+
+def vecdot(a: array, b: array, /, *, axis: int = -1, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Compute the vector dot product of two arrays along an axis.
+
+    Awaitable ``mx.vecdot``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('vecdot', [a, b], _rt, axis=axis)
 
 
 def view(a: scalar | array, dtype: Dtype, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:

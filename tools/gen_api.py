@@ -70,14 +70,33 @@ OPS.update({
     "quantized_matmul": adapter("quantized_matmul"),
     "isposinf": table(), "isneginf": table(), "searchsorted": table(), "median": table(), "diff": table(),
     "trace": table(), "diagonal": table(), "diag": table(), "hadamard_transform": adapter("hadamard_transform"),
+    "trunc": table(), "count_nonzero": table(), "divmod": table(), "vecdot": table(), "minmax": table(),
+    "unflatten": table(), "unstack": table(), "segmented_mm": table(), "full_like": adapter("full_like"),
+    "matrix_transpose": adapter("matrix_transpose"), "meshgrid": adapter("meshgrid"),
+    "broadcast_arrays": adapter("broadcast_arrays"), "atleast_1d": adapter("atleast_1d"),
+    "atleast_2d": adapter("atleast_2d"), "atleast_3d": adapter("atleast_3d"),
+    **{n: adapter("window", n) for n in ("hanning", "hamming", "bartlett", "blackman")},
+    "gather_mm": adapter("gather_mm"), "block_masked_mm": adapter("block_masked_mm"),
+    # mlx's aliases, under their own names and signatures
+    **{alias: table(name) for alias, name in (
+        ("acos", "arccos"), ("acosh", "arccosh"), ("asin", "arcsin"), ("asinh", "arcsinh"), ("atan", "arctan"),
+        ("atan2", "arctan2"), ("atanh", "arctanh"), ("bitwise_left_shift", "left_shift"),
+        ("bitwise_right_shift", "right_shift"), ("conj", "conjugate"), ("pow", "power"),
+        ("permute_dims", "transpose"), ("empty", "zeros"), ("identity", "eye"), ("positive", "copy"))},
+    "cumulative_sum": adapter("cumsum"), "cumulative_prod": adapter("cumprod"), "concat": adapter("concatenate"),
+    "empty_like": adapter("zeros_like"),
 })
 
 LINALG = {n: table(f"linalg_{n}") for n in ("inv", "tri_inv", "pinv", "cholesky", "qr", "svd", "lu", "eigh",
                                              "eigvalsh", "solve", "solve_triangular")}
 LINALG["norm"] = adapter("norm")
+LINALG.update({n: table(f"linalg_{n}") for n in ("cholesky_inv", "cross", "det", "slogdet", "eig", "eigvals",
+                                                 "lu_factor")})
 
 FFT = {**{n: adapter("fft1", n) for n in ("fft", "ifft", "rfft", "irfft")},
-       **{f"{n}{d}": adapter("fftn", n) for n in ("fft", "ifft", "rfft", "irfft") for d in ("2", "n")}}
+       **{f"{n}{d}": adapter("fftn", n) for n in ("fft", "ifft", "rfft", "irfft") for d in ("2", "n")},
+       "fftshift": adapter("fftshift", False), "ifftshift": adapter("fftshift", True),
+       "fftfreq": adapter("fftfreq", False), "rfftfreq": adapter("fftfreq", True)}
 
 RANDOM = {n: adapter(f"random_{n}") for n in ("key", "split", "uniform", "normal", "randint", "bernoulli",
                                                "truncated_normal", "gumbel", "categorical", "permutation",
@@ -156,7 +175,8 @@ def render(fn: ast.FunctionDef) -> tuple[str, list[str]]:
         if k == len(args.posonlyargs) - 1:
             parts.append("/")
     if args.vararg:
-        parts.append(f"*{args.vararg.arg}")
+        annotation = f": {ast.unparse(args.vararg.annotation)}" if args.vararg.annotation else ""
+        parts.append(f"*{args.vararg.arg}{annotation}")
         names.append("*" + args.vararg.arg)
     else:
         parts.append("*")
@@ -167,7 +187,7 @@ def render(fn: ast.FunctionDef) -> tuple[str, list[str]]:
     parts.append(RUNTIME_PARAMS)
     returns = ast.unparse(fn.returns) if fn.returns else "array"
     names = [n for n in names if n != "stream"]
-    return f"def {fn.name}({', '.join(parts)}) -> JobFuture[{returns}]:", names
+    return f"def {{name}}({', '.join(parts)}) -> JobFuture[{returns}]:", names
 
 
 def body(namespace: str, name: str, how, params: list[str], arrays_count: dict) -> list[str]:
@@ -259,6 +279,7 @@ def generate(namespace: str) -> str:
         fn = parse(text)
         DEFAULTS[(namespace, name)] = literal_defaults(fn)
         signature, params = render(fn)
+        signature = signature.replace("{name}", name, 1)  # aliases: mlx's text names the original
         summary = first_paragraph(doc) if doc else ""
         docstring = textwrap.fill(summary, 100, initial_indent="    ", subsequent_indent="    ").strip()
         runtime_doc = textwrap.fill(RUNTIME_DOC.format(path=path + name), 100, initial_indent="    ",
