@@ -192,3 +192,35 @@ mx::array fftshift(const mx::array& a, bool inverse, const std::optional<std::ve
 }
 
 }  // namespace emlx::extra
+
+namespace emlx::extra {
+
+mx::array roll(const mx::array& a, const mx::Shape& shift, bool scalar_shift,
+               const std::optional<std::vector<int>>& axes, mx::Stream s) {
+  if (scalar_shift) return axes ? mx::roll(a, shift.at(0), *axes, s) : mx::roll(a, shift.at(0), s);
+  return axes ? mx::roll(a, shift, *axes, s) : mx::roll(a, shift, s);
+}
+
+mx::array put_along_flat(const mx::array& a, const mx::array& indices, const mx::array& values, mx::Stream s) {
+  auto flat = mx::put_along_axis(mx::flatten(a, s), mx::flatten(indices, s), mx::flatten(values, s), 0, s);
+  return mx::reshape(flat, a.shape(), s);
+}
+
+std::vector<mx::array> quantize_scaled(const mx::array& w, const mx::array& global_scale,
+                                       std::optional<int> group_size, std::optional<int> bits,
+                                       const std::string& mode, mx::Stream s) {
+  return mx::quantize(w, group_size, bits, mode, global_scale, s);
+}
+
+mx::array dequantize_full(const std::vector<mx::array>& xs, std::optional<int> group_size, std::optional<int> bits,
+                          const std::string& mode, bool has_biases, bool has_global_scale,
+                          std::optional<mx::Dtype> dtype, mx::Stream s) {
+  if (xs.size() != 2u + has_biases + has_global_scale)
+    throw std::invalid_argument("[dequantize] expects w, scales, biases?, global_scale?");
+  std::optional<mx::array> biases, global_scale;
+  if (has_biases) biases = xs[2];
+  if (has_global_scale) global_scale = xs[2 + has_biases];
+  return mx::dequantize(xs[0], xs[1], biases, group_size, bits, mode, global_scale, dtype, s);
+}
+
+}  // namespace emlx::extra

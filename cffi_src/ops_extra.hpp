@@ -53,5 +53,17 @@ mx::array gather_mm(const std::vector<mx::array>& xs, bool has_lhs, bool has_rhs
 mx::array block_masked_mm(const std::vector<mx::array>& xs, int block_size, bool has_out, bool has_lhs,
                           bool has_rhs, mx::Stream s);
 mx::array fftshift(const mx::array& a, bool inverse, const std::optional<std::vector<int>>& axes, mx::Stream s);
+// mx.roll with a tuple shift and/or axes (scalar_shift: shift holds one int, applied as mlx applies an int).
+mx::array roll(const mx::array& a, const mx::Shape& shift, bool scalar_shift,
+               const std::optional<std::vector<int>>& axes, mx::Stream s);
+// mx.put_along_axis with axis=None: on the flattened array, reshaped back.
+mx::array put_along_flat(const mx::array& a, const mx::array& indices, const mx::array& values, mx::Stream s);
+std::vector<mx::array> quantize_scaled(const mx::array& w, const mx::array& global_scale,
+                                       std::optional<int> group_size, std::optional<int> bits,
+                                       const std::string& mode, mx::Stream s);
+// xs = [w, scales, biases?, global_scale?]
+mx::array dequantize_full(const std::vector<mx::array>& xs, std::optional<int> group_size, std::optional<int> bits,
+                          const std::string& mode, bool has_biases, bool has_global_scale,
+                          std::optional<mx::Dtype> dtype, mx::Stream s);
 
 }  // namespace emlx::extra

@@ -134,13 +134,21 @@ def as_strided(a, shape, strides, offset, rt):
     return op("as_strided", [a], rt, shape=shape, strides=_ints(strides), offset=offset)
 
 
-def concatenate(arrays, axis, rt, name="concatenate"):
-    require_default(name, "axis", axis is None, False)  # mlx's axis=None (flatten first) is not routed yet
-    return op(name, list(arrays), rt, axis=axis)
+def concatenate(arrays, axis, rt):
+    if axis is None:  # mlx: the arrays flattened, end to end
+        return op("concatenate_flat", list(arrays), rt)
+    return op("concatenate", list(arrays), rt, axis=axis)
 
 
 def stack(arrays, axis, rt):
-    return concatenate(arrays, axis, rt, name="stack")
+    return op("stack", list(arrays), rt, axis=0 if axis is None else axis)
+
+
+def roll(a, shift, axis, rt):
+    if isinstance(shift, int) and (axis is None or isinstance(axis, int)):
+        return op("roll", [a], rt, shift=shift, axis=axis)
+    axes = [axis] if isinstance(axis, int) else axis
+    return op("roll_axes", [a], rt, shift=shift, scalar_shift=isinstance(shift, int), axis=axes)
 
 
 def split(a, indices_or_sections, axis, rt):
@@ -213,8 +221,9 @@ def take_along_axis(a, indices, axis, rt):
 
 
 def put_along_axis(a, indices, values, axis, rt):
-    if axis is None:
-        raise NotImplementedError("[put_along_axis] axis=None is not supported by emlx_async yet")
+    if axis is None:  # mlx: along the flattened array
+        return _ops._checked("put_along_axis_flat", [a, indices, values], [(indices, _ops._axis_size(a, None))],
+                             dict(rt))
     return _ops._checked("put_along_axis", [a, indices, values], [(indices, _ops._axis_size(a, axis))],
                          dict(axis=axis, **rt))
 
@@ -282,17 +291,19 @@ def conv_transpose3d(input, weight, stride, padding, dilation, output_padding, g
 # ---- quantization -----------------------------------------------------------------------
 
 def quantize(w, group_size, bits, mode, global_scale, rt):
-    require_default("quantize", "global_scale", global_scale, None)
     _ops._check_mode("quantize", mode, group_size, bits)
+    if global_scale is not None:
+        return op("quantize_scaled", [w, global_scale], rt, group_size=group_size, bits=bits, mode=mode)
     return op("quantize", [w], rt, group_size=group_size, bits=bits, mode=mode)
 
 
 def dequantize(w, scales, biases, group_size, bits, mode, global_scale, dtype, rt):
-    require_default("dequantize", "global_scale", global_scale, None)
-    require_default("dequantize", "dtype", dtype, None)
     _ops._check_mode("dequantize", mode, group_size, bits)
-    arrays = [w, scales] + ([biases] if biases is not None else [])
-    return op("dequantize", arrays, rt, group_size=group_size, bits=bits, mode=mode)
+    arrays = [w, scales] + [x for x in (biases, global_scale) if x is not None]
+    if global_scale is None and dtype is None:
+        return op("dequantize", arrays, rt, group_size=group_size, bits=bits, mode=mode)
+    return op("dequantize_full", arrays, rt, group_size=group_size, bits=bits, mode=mode,
+              has_biases=biases is not None, has_global_scale=global_scale is not None, dtype=dtype)
 
 
 def quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode, rt):

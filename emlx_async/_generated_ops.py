@@ -1755,7 +1755,7 @@ def roll(a: array, shift: int | tuple[int], axis: None | int | tuple[int] = None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('roll', [a], _rt, shift=shift, axis=axis)
+    return _ad.roll(a, shift, axis, _rt)
 
 
 def round(a: array, /, decimals: int = 0, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:

@@ -309,4 +309,13 @@ OPS += [
     ("fft_shift", 1, [("inverse", "bool", False), ("axes", "axes", None)], "extra::fftshift(x0, p0, p1, sc)"),
     ("fft_freq", 0, [("n", "int", 1), ("d", "float", 1.0), ("real", "bool", False)],
      "p2 ? mx::fft::rfftfreq(p0, p1, sc) : mx::fft::fftfreq(p0, p1, sc)"),
+    ("concatenate_flat", VARIADIC, [], "mx::concatenate(xs, s)"),
+    ("roll_axes", 1, [("shift", "shape", ()), ("scalar_shift", "bool", False), ("axis", "axes", None)],
+     "extra::roll(x0, p0, p1, p2, s)"),
+    ("put_along_axis_flat", 3, [], "extra::put_along_flat(x0, x1, x2, s)"),
+    ("quantize_scaled", 2, [("group_size", "axis", None), ("bits", "axis", None), ("mode", "str", "affine")],
+     "extra::quantize_scaled(x0, x1, p0, p1, p2, s)"),
+    ("dequantize_full", VARIADIC, [("group_size", "axis", None), ("bits", "axis", None), ("mode", "str", "affine"),
+                                   ("has_biases", "bool", False), ("has_global_scale", "bool", False), _DTYPE],
+     "extra::dequantize_full(xs, p0, p1, p2, p3, p4, p5, s)"),
 ]

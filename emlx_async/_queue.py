@@ -119,8 +119,8 @@ def emlx_python_job(context, job_id):
 # Ops whose results are a tuple or a list, as in mlx.core.
 _MULTI_OUTPUT = {"split", "kv_cache_attention", "linalg_qr", "linalg_svd", "linalg_lu", "linalg_eigh", "quantize",
                  "divmod", "minmax", "unstack", "meshgrid", "broadcast_arrays", "atleast_nd", "linalg_slogdet",
-                 "linalg_eig", "linalg_lu_factor"}
-_LIST_OUTPUT = {"split", "divmod", "broadcast_arrays", "atleast_nd", "quantize"}
+                 "linalg_eig", "linalg_lu_factor", "quantize_scaled"}
+_LIST_OUTPUT = {"split", "divmod", "broadcast_arrays", "atleast_nd", "quantize", "quantize_scaled"}
 
 
 def _publish(payload, targets: list[mx.array | None]) -> None:

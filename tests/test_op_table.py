@@ -22,7 +22,8 @@ def test_every_table_op_is_exposed():
     variants = {"pad", "pad_mode", "slice_dynamic", "slice_update_dynamic", "tensordot_axes", "linspace_endpoint",
                 "nan_to_num_inf", "cumsum_dtype", "cumprod_dtype", "contiguous_col_major", "fft_any", "norm_ord",
                 "norm_str", "random_permutation_n", "conv_nd", "conv_transpose_nd", "window", "atleast_nd",
-                "fft_shift", "fft_freq"}
+                "fft_shift", "fft_freq", "concatenate_flat", "roll_axes", "put_along_axis_flat",
+                "quantize_scaled", "dequantize_full"}
     fast = {"fast_rms_norm", "fast_layer_norm", "fast_layer_norm_no_bias", "fast_rope", "fast_rope_offsets",
             "fast_rope_freqs", "fast_sdpa", "fast_sdpa_masked", "fast_sdpa_sinks",
             "fast_rope_positions", "fast_swiglu", "fast_sdpa_causal_key_mask",

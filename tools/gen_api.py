@@ -52,7 +52,7 @@ OPS.update({
     "contiguous": adapter("contiguous"), "astype": table(), "view": table(), "reshape": table(),
     "flatten": table(), "transpose": table(), "swapaxes": table(), "moveaxis": table(), "squeeze": table(),
     "expand_dims": table(), "broadcast_to": table(), "flip": table(), "tile": table(),
-    "repeat": table(arrays=["array"]), "roll": table(), "pad": adapter("pad"),
+    "repeat": table(arrays=["array"]), "roll": adapter("roll"), "pad": adapter("pad"),
     "concatenate": adapter("concatenate"), "stack": adapter("stack"), "split": adapter("split"),
     "as_strided": adapter("as_strided"), "slice": adapter("slice"), "slice_update": adapter("slice_update"),
     "where": table(), "clip": adapter("clip"), "round": table(), "isclose": table(), "allclose": table(),
