@@ -14,7 +14,27 @@ from typing import Any, Union
 
 import mlx.core as mx
 
-from . import ops as _ops
+
+class _Core:
+    """What the adapters submit through: emlx_async.ops binds its functions here (`bind`).
+
+    ops sits above this module (it re-exports the generated functions), so
+    it hands its submit and bounds-checking helpers down instead of being
+    imported from here.
+    """
+
+    submit: Any = None
+    _checked: Any = None
+    _axis_size: Any = None
+    _check_mode: Any = None
+
+
+_ops = _Core()
+
+
+def bind(**functions: Any) -> None:
+    for name, function in functions.items():
+        setattr(_ops, name, function)
 
 scalar = Union[bool, int, float, complex]
 # mlx's own `stream=`: a stream, a device or a device name; it picks a queue of that device.

@@ -247,6 +247,10 @@ def _check_mode(name: str, mode: str, group_size, bits) -> None:
 
 _EXTRAS = ["gather", "scatter", "scatter_add", "window_scatter_max", "window_scatter_min"]
 
+from . import _adapters  # noqa: E402
+
+_adapters.bind(submit=submit, _checked=_checked, _axis_size=_axis_size, _check_mode=_check_mode)
+
 from ._generated_ops import *  # noqa: E402, F401, F403 - the mlx-signature ops, after submit they call
 from ._generated_ops import __all__ as _GENERATED  # noqa: E402
 
