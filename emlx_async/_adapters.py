@@ -368,7 +368,7 @@ def next_key() -> mx.array:
     key-less call that is never evaluated advances the state exactly the way
     the caller's call would have, and the key is the second half of the split.
     """
-    previous = mx.random.state[0]
+    previous = mx.random.state[0]  # type: ignore[index]  # mlx types the state as a plain object
     mx.random.uniform(shape=(0,))  # advances mx.random.state by one split; never evaluated
     return mx.random.split(previous)[1]
 
