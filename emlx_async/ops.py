@@ -142,23 +142,32 @@ def submit(name: str, arrays: Sequence[Any], *, queue=None, device=None, lazy: b
                              _deps)
 
 
+def _with_stream(stream, kwargs: dict) -> dict:
+    """mlx's ``stream=`` for the hand-written ops: a queue of that stream's device, like ``device=``."""
+    if stream is not None and kwargs.get("device") is None:
+        kwargs["device"] = getattr(stream, "device", stream)
+    return kwargs
+
+
 def _window_scatter(name, operand, source, window, strides, padding, kwargs):
     padding = [0, 0] * operand.ndim if padding is None else [int(v) for pair in padding for v in pair]
     return submit(name, [operand, source], window=window, strides=strides or window, padding=padding, **kwargs)
 
 
-def window_scatter_max(operand, source, /, *, window, strides=None, padding=None, **kwargs: Any):
+def window_scatter_max(operand, source, /, *, window, strides=None, padding=None, stream=None, **kwargs: Any):
     """Scatter `source` to the max position of each window of `operand` (max-pooling's gradient).
 
     `window` and `strides` (default: `window`) per axis; `padding` a (low, high)
     pair per axis. Ties go to the first position in a window.
     """
-    return _window_scatter("window_scatter_max", operand, source, window, strides, padding, kwargs)
+    return _window_scatter("window_scatter_max", operand, source, window, strides, padding,
+                           _with_stream(stream, kwargs))
 
 
-def window_scatter_min(operand, source, /, *, window, strides=None, padding=None, **kwargs: Any):
+def window_scatter_min(operand, source, /, *, window, strides=None, padding=None, stream=None, **kwargs: Any):
     """Like `window_scatter_max`, at each window's min position."""
-    return _window_scatter("window_scatter_min", operand, source, window, strides, padding, kwargs)
+    return _window_scatter("window_scatter_min", operand, source, window, strides, padding,
+                           _with_stream(stream, kwargs))
 
 
 # ---- indexing, with optional bounds checks -------------------------------------
@@ -210,21 +219,24 @@ def _index_checks(a, indices: list, axes) -> list[tuple[Any, int]]:
     return [(idx, a.shape[ax]) for idx, ax in zip(indices, axes)]
 
 
-def scatter(a, indices, updates, /, *, axes, **kwargs: Any):
+def scatter(a, indices, updates, /, *, axes, stream=None, **kwargs: Any):
     """Write `updates` into `a` at `indices` along `axes` (``mlx::core::scatter``)."""
+    kwargs = _with_stream(stream, kwargs)
     indices = _index_list(indices)
     return _checked("scatter", [a, *indices, updates], _index_checks(a, indices, axes), dict(axes=axes, **kwargs))
 
 
-def scatter_add(a, indices, updates, /, *, axes, **kwargs: Any):
+def scatter_add(a, indices, updates, /, *, axes, stream=None, **kwargs: Any):
     """Add `updates` into `a` at `indices` along `axes` (``mlx::core::scatter_add``)."""
+    kwargs = _with_stream(stream, kwargs)
     indices = _index_list(indices)
     return _checked("scatter_add", [a, *indices, updates], _index_checks(a, indices, axes),
                     dict(axes=axes, **kwargs))
 
 
-def gather(a, indices, /, *, axes, slice_sizes, **kwargs: Any):
+def gather(a, indices, /, *, axes, slice_sizes, stream=None, **kwargs: Any):
     """``mlx::core::gather``: slices of `slice_sizes` from `a` at `indices` along `axes`."""
+    kwargs = _with_stream(stream, kwargs)
     indices = _index_list(indices)
     return _checked("gather", [a, *indices], _index_checks(a, indices, axes),
                     dict(axes=axes, slice_sizes=slice_sizes, **kwargs))

@@ -410,3 +410,13 @@ def test_ops_are_typed_module_functions():
             assert fn.__module__ == f"emlx_async._generated_{namespace}", f"{namespace}.{name}"
             assert fn.__annotations__["return"].startswith("JobFuture["), f"{namespace}.{name}"
             assert fn.__doc__ and f"``mx.{'' if namespace == 'ops' else namespace + '.'}{name}``" in fn.__doc__
+
+
+@async_test
+async def test_hand_written_ops_take_stream_too(rt):
+    got = await ea.ops.scatter_add(mx.zeros((4,)), mx.array([0, 0, 3]), mx.ones((3, 1)), axes=(0,), stream=mx.cpu)
+    assert got.tolist() == [2.0, 0.0, 0.0, 1.0]
+    got = await ea.ops.window_scatter_max(mx.array([[1.0, 3.0], [2.0, 0.0]]), mx.ones((1, 1)), window=(2, 2),
+                                          stream="cpu")
+    assert got.tolist() == [[0.0, 1.0], [0.0, 0.0]]
+    assert (await ea.fast.rms_norm(M, None, 1e-5, stream=mx.cpu)).shape == M.shape
