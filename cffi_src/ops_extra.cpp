@@ -224,3 +224,49 @@ mx::array dequantize_full(const std::vector<mx::array>& xs, std::optional<int> g
 }
 
 }  // namespace emlx::extra
+
+namespace emlx::extra {
+
+std::vector<mx::array> unique(const std::vector<mx::array>& xs, int size, bool return_index, bool return_inverse,
+                              bool return_counts, mx::Stream s) {
+  std::optional<mx::array> fill;
+  if (xs.size() > 1) fill = xs[1];
+  return mx::unique(xs.at(0), size, return_index, return_inverse, return_counts, fill, s);
+}
+
+mx::array gather_qmm(const std::vector<mx::array>& xs, bool has_biases, bool has_lhs, bool has_rhs, bool has_gs,
+                     bool transpose, std::optional<int> group_size, std::optional<int> bits, const std::string& mode,
+                     bool sorted, mx::Stream s) {
+  if (xs.size() != 3u + has_biases + has_lhs + has_rhs + has_gs)
+    throw std::invalid_argument("[gather_qmm] expects x, w, scales and the optional arrays given");
+  std::optional<mx::array> biases, lhs, rhs, gs;
+  size_t k = 3;
+  if (has_biases) biases = xs[k++];
+  if (has_lhs) lhs = xs[k++];
+  if (has_rhs) rhs = xs[k++];
+  if (has_gs) gs = xs[k++];
+  return mx::gather_qmm(xs[0], xs[1], xs[2], biases, lhs, rhs, transpose, group_size, bits, mode, gs, sorted, s);
+}
+
+static mx::fft::FFTNorm norm_code(int code) {
+  return code == 1 ? mx::fft::FFTNorm::Ortho : code == 2 ? mx::fft::FFTNorm::Forward : mx::fft::FFTNorm::Backward;
+}
+
+mx::array stft(const std::vector<mx::array>& xs, int n_fft, std::optional<int> hop, std::optional<int> win,
+               bool center, int norm, bool has_onesided, bool onesided, const std::string& pad_mode, mx::Stream s) {
+  std::optional<mx::array> window;
+  if (xs.size() > 1) window = xs[1];
+  std::optional<bool> side = has_onesided ? std::optional<bool>(onesided) : std::nullopt;
+  return mx::fft::stft(xs.at(0), n_fft, hop, win, window, center, pad_mode, norm_code(norm), side, s);
+}
+
+mx::array istft(const std::vector<mx::array>& xs, std::optional<int> n_fft, std::optional<int> hop,
+                std::optional<int> win, bool center, int norm, bool has_onesided, bool onesided,
+                std::optional<int> length, mx::Stream s) {
+  std::optional<mx::array> window;
+  if (xs.size() > 1) window = xs[1];
+  std::optional<bool> side = has_onesided ? std::optional<bool>(onesided) : std::nullopt;
+  return mx::fft::istft(xs.at(0), n_fft, hop, win, window, center, norm_code(norm), side, length, s);
+}
+
+}  // namespace emlx::extra

@@ -65,5 +65,18 @@ std::vector<mx::array> quantize_scaled(const mx::array& w, const mx::array& glob
 mx::array dequantize_full(const std::vector<mx::array>& xs, std::optional<int> group_size, std::optional<int> bits,
                           const std::string& mode, bool has_biases, bool has_global_scale,
                           std::optional<mx::Dtype> dtype, mx::Stream s);
+// xs = [a, fill_value?]
+std::vector<mx::array> unique(const std::vector<mx::array>& xs, int size, bool return_index, bool return_inverse,
+                              bool return_counts, mx::Stream s);
+// xs = [x, w, scales, biases?, lhs_indices?, rhs_indices?, global_scale?]
+mx::array gather_qmm(const std::vector<mx::array>& xs, bool has_biases, bool has_lhs, bool has_rhs, bool has_gs,
+                     bool transpose, std::optional<int> group_size, std::optional<int> bits, const std::string& mode,
+                     bool sorted, mx::Stream s);
+// xs = [x, window?]; norm: 0 backward, 1 ortho, 2 forward
+mx::array stft(const std::vector<mx::array>& xs, int n_fft, std::optional<int> hop, std::optional<int> win,
+               bool center, int norm, bool has_onesided, bool onesided, const std::string& pad_mode, mx::Stream s);
+mx::array istft(const std::vector<mx::array>& xs, std::optional<int> n_fft, std::optional<int> hop,
+                std::optional<int> win, bool center, int norm, bool has_onesided, bool onesided,
+                std::optional<int> length, mx::Stream s);
 
 }  // namespace emlx::extra

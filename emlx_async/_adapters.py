@@ -494,3 +494,44 @@ def fftshift(inverse: bool, a, axes, rt):
 
 def fftfreq(real: bool, n, d, rt):
     return op("fft_freq", [], rt, n=n, d=d, real=real)
+
+
+def unique(a, size, return_index, return_inverse, return_counts, fill_value, rt):
+    arrays = [a] + ([_as_array(fill_value, a.dtype)] if fill_value is not None else [])
+    return op("unique", arrays, rt, size=size, return_index=return_index, return_inverse=return_inverse,
+              return_counts=return_counts)
+
+
+def gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_size, bits, mode, global_scale,
+               sorted_indices, rt):
+    _ops._check_mode("gather_qmm", mode, group_size, bits)
+    optional = (biases, lhs_indices, rhs_indices, global_scale)
+    return op("gather_qmm", [x, w, scales] + [v for v in optional if v is not None], rt,
+              has_biases=biases is not None, has_lhs=lhs_indices is not None, has_rhs=rhs_indices is not None,
+              has_global_scale=global_scale is not None, transpose=transpose, group_size=group_size, bits=bits,
+              mode=mode, sorted_indices=sorted_indices)
+
+
+def random_multivariate_normal(mean, cov, shape, dtype, key, rt):
+    return op("random_multivariate_normal", [mean, cov, _key(key)], rt, shape=_ints(shape), dtype=dtype)
+
+
+_NORMS = {"backward": 0, "ortho": 1, "forward": 2}
+
+
+def _norm_code(norm: str) -> int:
+    if norm not in _NORMS:
+        raise ValueError(f"[stft] Invalid norm '{norm}'; expected backward, ortho or forward")
+    return _NORMS[norm]
+
+
+def stft(x, n_fft, hop_length, win_length, window, center, pad_mode, norm, onesided, rt):
+    return op("fft_stft", [x] + ([window] if window is not None else []), rt, n_fft=n_fft, hop_length=hop_length,
+              win_length=win_length, center=center, norm=_norm_code(norm), has_onesided=onesided is not None,
+              onesided=bool(onesided), pad_mode=pad_mode)
+
+
+def istft(stft_matrix, n_fft, hop_length, win_length, window, center, norm, onesided, length, rt):
+    return op("fft_istft", [stft_matrix] + ([window] if window is not None else []), rt, n_fft=n_fft,
+              hop_length=hop_length, win_length=win_length, center=center, norm=_norm_code(norm),
+              has_onesided=onesided is not None, onesided=bool(onesided), length=length)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ._devices import DeviceLike
     from ._queue import CommandQueue
 
-__all__ = ['fft', 'fft2', 'fftfreq', 'fftn', 'fftshift', 'ifft', 'ifft2', 'ifftn', 'ifftshift', 'irfft', 'irfft2', 'irfftn', 'rfft', 'rfft2', 'rfftfreq', 'rfftn']
+__all__ = ['fft', 'fft2', 'fftfreq', 'fftn', 'fftshift', 'ifft', 'ifft2', 'ifftn', 'ifftshift', 'irfft', 'irfft2', 'irfftn', 'istft', 'rfft', 'rfft2', 'rfftfreq', 'rfftn', 'stft']
 _keep = (Sequence, Literal, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
 
 
@@ -158,6 +158,17 @@ def irfftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | Non
     return _ad.fftn('irfft', a, s, axes, norm, _rt)
 
 
+def istft(stft_matrix: array, n_fft: int | None = None, hop_length: int | None = None, win_length: int | None = None, window: array | None = None, center: bool = True, norm: str = 'backward', onesided: bool | None = None, length: int | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Inverse Short-Time Fourier Transform.
+
+    Awaitable ``mx.fft.istft``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.istft(stft_matrix, n_fft, hop_length, win_length, window, center, norm, onesided, length, _rt)
+
+
 def rfft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """One dimensional discrete Fourier Transform on a real input.
 
@@ -201,3 +212,14 @@ def rfftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.fftn('rfft', a, s, axes, norm, _rt)
+
+
+def stft(x: array, n_fft: int = 2048, hop_length: int | None = None, win_length: int | None = None, window: array | None = None, center: bool = True, pad_mode: str = 'reflect', norm: str = 'backward', onesided: bool | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Short-Time Fourier Transform.
+
+    Awaitable ``mx.fft.stft``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.stft(x, n_fft, hop_length, win_length, window, center, pad_mode, norm, onesided, _rt)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ._devices import DeviceLike
     from ._queue import CommandQueue
 
-__all__ = ['abs', 'acos', 'acosh', 'add', 'addmm', 'all', 'allclose', 'any', 'arange', 'arccos', 'arccosh', 'arcsin', 'arcsinh', 'arctan', 'arctan2', 'arctanh', 'argmax', 'argmin', 'argpartition', 'argsort', 'array_equal', 'as_strided', 'asin', 'asinh', 'astype', 'atan', 'atan2', 'atanh', 'atleast_1d', 'atleast_2d', 'atleast_3d', 'bartlett', 'bitwise_and', 'bitwise_invert', 'bitwise_left_shift', 'bitwise_or', 'bitwise_right_shift', 'bitwise_xor', 'blackman', 'block_masked_mm', 'broadcast_arrays', 'broadcast_to', 'ceil', 'clip', 'concat', 'concatenate', 'conj', 'conjugate', 'contiguous', 'conv1d', 'conv2d', 'conv3d', 'conv_general', 'conv_transpose1d', 'conv_transpose2d', 'conv_transpose3d', 'convolve', 'copy', 'cos', 'cosh', 'count_nonzero', 'cummax', 'cummin', 'cumprod', 'cumsum', 'cumulative_prod', 'cumulative_sum', 'degrees', 'dequantize', 'diag', 'diagonal', 'diff', 'divide', 'divmod', 'einsum', 'empty', 'empty_like', 'equal', 'erf', 'erfinv', 'exp', 'expand_dims', 'expm1', 'eye', 'flatten', 'flip', 'floor', 'floor_divide', 'full', 'full_like', 'gather_mm', 'greater', 'greater_equal', 'hadamard_transform', 'hamming', 'hanning', 'identity', 'imag', 'inner', 'isclose', 'isfinite', 'isinf', 'isnan', 'isneginf', 'isposinf', 'kron', 'left_shift', 'less', 'less_equal', 'linspace', 'log', 'log10', 'log1p', 'log2', 'logaddexp', 'logcumsumexp', 'logical_and', 'logical_not', 'logical_or', 'logical_xor', 'logsumexp', 'matmul', 'matrix_transpose', 'max', 'maximum', 'mean', 'median', 'meshgrid', 'min', 'minimum', 'minmax', 'moveaxis', 'multiply', 'nan_to_num', 'negative', 'not_equal', 'ones', 'ones_like', 'outer', 'pad', 'partition', 'permute_dims', 'positive', 'pow', 'power', 'prod', 'put_along_axis', 'quantize', 'quantized_matmul', 'radians', 'real', 'reciprocal', 'remainder', 'repeat', 'reshape', 'right_shift', 'roll', 'round', 'rsqrt', 'searchsorted', 'segmented_mm', 'sigmoid', 'sign', 'sin', 'sinh', 'slice', 'slice_update', 'softmax', 'sort', 'split', 'sqrt', 'square', 'squeeze', 'stack', 'std', 'stop_gradient', 'subtract', 'sum', 'swapaxes', 'take', 'take_along_axis', 'tan', 'tanh', 'tensordot', 'tile', 'topk', 'trace', 'transpose', 'tri', 'tril', 'triu', 'trunc', 'unflatten', 'unstack', 'var', 'vecdot', 'view', 'where', 'zeros', 'zeros_like']
+__all__ = ['abs', 'acos', 'acosh', 'add', 'addmm', 'all', 'allclose', 'any', 'arange', 'arccos', 'arccosh', 'arcsin', 'arcsinh', 'arctan', 'arctan2', 'arctanh', 'argmax', 'argmin', 'argpartition', 'argsort', 'array_equal', 'as_strided', 'asin', 'asinh', 'astype', 'atan', 'atan2', 'atanh', 'atleast_1d', 'atleast_2d', 'atleast_3d', 'bartlett', 'bitwise_and', 'bitwise_invert', 'bitwise_left_shift', 'bitwise_or', 'bitwise_right_shift', 'bitwise_xor', 'blackman', 'block_masked_mm', 'broadcast_arrays', 'broadcast_to', 'ceil', 'clip', 'concat', 'concatenate', 'conj', 'conjugate', 'contiguous', 'conv1d', 'conv2d', 'conv3d', 'conv_general', 'conv_transpose1d', 'conv_transpose2d', 'conv_transpose3d', 'convolve', 'copy', 'cos', 'cosh', 'count_nonzero', 'cummax', 'cummin', 'cumprod', 'cumsum', 'cumulative_prod', 'cumulative_sum', 'degrees', 'dequantize', 'diag', 'diagonal', 'diff', 'divide', 'divmod', 'einsum', 'empty', 'empty_like', 'equal', 'erf', 'erfinv', 'exp', 'expand_dims', 'expm1', 'eye', 'flatten', 'flip', 'floor', 'floor_divide', 'from_fp8', 'full', 'full_like', 'gather_mm', 'gather_qmm', 'greater', 'greater_equal', 'hadamard_transform', 'hamming', 'hanning', 'identity', 'imag', 'inner', 'isclose', 'isfinite', 'isinf', 'isnan', 'isneginf', 'isposinf', 'kron', 'left_shift', 'less', 'less_equal', 'linspace', 'log', 'log10', 'log1p', 'log2', 'logaddexp', 'logcumsumexp', 'logical_and', 'logical_not', 'logical_or', 'logical_xor', 'logsumexp', 'matmul', 'matrix_transpose', 'max', 'maximum', 'mean', 'median', 'meshgrid', 'min', 'minimum', 'minmax', 'moveaxis', 'multiply', 'nan_to_num', 'negative', 'not_equal', 'ones', 'ones_like', 'outer', 'pad', 'partition', 'permute_dims', 'positive', 'pow', 'power', 'prod', 'put_along_axis', 'quantize', 'quantized_matmul', 'radians', 'real', 'reciprocal', 'remainder', 'repeat', 'reshape', 'right_shift', 'roll', 'round', 'rsqrt', 'searchsorted', 'segmented_mm', 'sigmoid', 'sign', 'sin', 'sinh', 'slice', 'slice_update', 'softmax', 'sort', 'split', 'sqrt', 'square', 'squeeze', 'stack', 'std', 'stop_gradient', 'subtract', 'sum', 'swapaxes', 'take', 'take_along_axis', 'tan', 'tanh', 'tensordot', 'tile', 'to_fp8', 'topk', 'trace', 'transpose', 'tri', 'tril', 'triu', 'trunc', 'unflatten', 'unique', 'unstack', 'var', 'vecdot', 'view', 'where', 'zeros', 'zeros_like']
 _keep = (Sequence, Literal, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
 
 
@@ -995,6 +995,17 @@ def floor_divide(a: scalar | array, b: scalar | array, stream: StreamOrDevice = 
     return _ad.op('floor_divide', [a, b], _rt)
 
 
+def from_fp8(x: array, dtype: Dtype = mx.bfloat16, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Convert the array from fp8 (e4m3) to another floating-point type.
+
+    Awaitable ``mx.from_fp8``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('from_fp8', [x], _rt, dtype=dtype)
+
+
 def full(shape: int | Sequence[int], vals: scalar | array, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """Construct an array with the given value.
 
@@ -1026,6 +1037,17 @@ def gather_mm(a: array, b: array, /, lhs_indices: array | None = None, rhs_indic
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices, _rt)
+
+
+def gather_qmm(x: array, w: array, /, scales: array, biases: array | None = None, lhs_indices: array | None = None, rhs_indices: array | None = None, transpose: bool = True, group_size: int | None = None, bits: int | None = None, mode: str = 'affine', global_scale: array | None = None, *, sorted_indices: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Perform quantized matrix multiplication with matrix-level gather.
+
+    Awaitable ``mx.gather_qmm``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_size, bits, mode, global_scale, sorted_indices, _rt)
 
 
 def greater(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2067,6 +2089,17 @@ def tile(a: array, reps: int | Sequence[int], /, *, stream: StreamOrDevice = Non
     return _ad.op('tile', [a], _rt, reps=reps)
 
 
+def to_fp8(x: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Convert the array to fp8 (e4m3) from another floating-point type.
+
+    Awaitable ``mx.to_fp8``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('to_fp8', [x], _rt)
+
+
 def topk(a: array, /, k: int, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
     """Returns the ``k`` largest elements from the input along a given axis.
 
@@ -2153,6 +2186,17 @@ def unflatten(a: array, /, axis: int, shape: Sequence[int], *, stream: StreamOrD
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.op('unflatten', [a], _rt, axis=axis, shape=shape)
+
+
+def unique(a: array, /, size: int, return_index: bool = False, return_inverse: bool = False, return_counts: bool = False, fill_value: scalar | array | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | tuple[array, ...]]:
+    """Returns the sorted unique elements of the flattened array.
+
+    Awaitable ``mx.unique``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.unique(a, size, return_index, return_inverse, return_counts, fill_value, _rt)
 
 
 def unstack(x: array, /, *, axis: int = 0, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, ...]]:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ._devices import DeviceLike
     from ._queue import CommandQueue
 
-__all__ = ['bernoulli', 'categorical', 'gumbel', 'key', 'laplace', 'normal', 'permutation', 'randint', 'split', 'truncated_normal', 'uniform']
+__all__ = ['bernoulli', 'categorical', 'gumbel', 'key', 'laplace', 'multivariate_normal', 'normal', 'permutation', 'randint', 'split', 'truncated_normal', 'uniform']
 _keep = (Sequence, Literal, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
 
 
@@ -78,6 +78,17 @@ def laplace(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, loc: fl
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     return _ad.random_laplace(shape, dtype, loc, scale, key, _rt)
+
+
+def multivariate_normal(mean: array, cov: array, shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Generate jointly-normal random samples given a mean and covariance.
+
+    Awaitable ``mx.random.multivariate_normal``, built and run natively on a queue: returns a
+    JobFuture. Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.random_multivariate_normal(mean, cov, shape, dtype, key, _rt)
 
 
 def normal(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, loc: scalar | array | None = None, scale: scalar | array | None = None, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:

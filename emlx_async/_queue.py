@@ -119,7 +119,7 @@ def emlx_python_job(context, job_id):
 # Ops whose results are a tuple or a list, as in mlx.core.
 _MULTI_OUTPUT = {"split", "kv_cache_attention", "linalg_qr", "linalg_svd", "linalg_lu", "linalg_eigh", "quantize",
                  "divmod", "minmax", "unstack", "meshgrid", "broadcast_arrays", "atleast_nd", "linalg_slogdet",
-                 "linalg_eig", "linalg_lu_factor", "quantize_scaled"}
+                 "linalg_eig", "linalg_lu_factor", "quantize_scaled", "unique"}
 _LIST_OUTPUT = {"split", "divmod", "broadcast_arrays", "atleast_nd", "quantize", "quantize_scaled"}
 
 
@@ -138,7 +138,7 @@ def _published(job: _Job, payload) -> Any:
     _publish(payload, arrays)
     if into:
         return arrays[0]
-    if job.op_name not in _MULTI_OUTPUT or (job.op_name in ("linalg_svd", "atleast_nd") and count == 1):
+    if job.op_name not in _MULTI_OUTPUT or (job.op_name in ("linalg_svd", "atleast_nd", "unique") and count == 1):
         return arrays[0]
     return arrays if job.op_name in _LIST_OUTPUT else tuple(arrays)
 

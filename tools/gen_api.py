@@ -85,6 +85,7 @@ OPS.update({
         ("permute_dims", "transpose"), ("empty", "zeros"), ("identity", "eye"), ("positive", "copy"))},
     "cumulative_sum": adapter("cumsum"), "cumulative_prod": adapter("cumprod"), "concat": adapter("concatenate"),
     "empty_like": adapter("zeros_like"),
+    "unique": adapter("unique"), "to_fp8": table(), "from_fp8": table(), "gather_qmm": adapter("gather_qmm"),
 })
 
 LINALG = {n: table(f"linalg_{n}") for n in ("inv", "tri_inv", "pinv", "cholesky", "qr", "svd", "lu", "eigh",
@@ -96,11 +97,12 @@ LINALG.update({n: table(f"linalg_{n}") for n in ("cholesky_inv", "cross", "det",
 FFT = {**{n: adapter("fft1", n) for n in ("fft", "ifft", "rfft", "irfft")},
        **{f"{n}{d}": adapter("fftn", n) for n in ("fft", "ifft", "rfft", "irfft") for d in ("2", "n")},
        "fftshift": adapter("fftshift", False), "ifftshift": adapter("fftshift", True),
-       "fftfreq": adapter("fftfreq", False), "rfftfreq": adapter("fftfreq", True)}
+       "fftfreq": adapter("fftfreq", False), "rfftfreq": adapter("fftfreq", True),
+       "stft": adapter("stft"), "istft": adapter("istft")}
 
 RANDOM = {n: adapter(f"random_{n}") for n in ("key", "split", "uniform", "normal", "randint", "bernoulli",
                                                "truncated_normal", "gumbel", "categorical", "permutation",
-                                               "laplace")}
+                                               "laplace", "multivariate_normal")}
 
 NAMESPACES = {"ops": (mx, OPS), "linalg": (mx.linalg, LINALG), "fft": (mx.fft, FFT), "random": (mx.random, RANDOM)}
 
@@ -130,7 +132,8 @@ RUNTIME_DOC = ("Awaitable ``{path}``, built and run natively on a queue: returns
                "``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops); "
                "``stream=`` picks a queue of that stream's device.")
 
-_DEFAULT_NAMES = {"float32": "mx.float32", "int32": "mx.int32"}
+# Bare dtype names in mlx's defaults (float32, bfloat16, ...) are mx attributes here.
+_DEFAULT_NAMES = {name: f"mx.{name}" for name in dir(mx) if isinstance(getattr(mx, name), mx.Dtype)}
 
 
 def mlx_signature(module, name: str) -> tuple[str, str]:
