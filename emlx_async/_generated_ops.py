@@ -1870,7 +1870,8 @@ def sinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
 
 
 def slice(a: array, start_indices: array | Sequence[int] | None = None, axes: Sequence[int] | None = None, slice_size: Sequence[int] | None = None, *, start: Sequence[int] | None = None, stop: Sequence[int] | None = None, strides: Sequence[int] | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
-    """Extract a sub-array from the input array.
+    """Extract a sub-array: mlx's form (start_indices, axes, slice_size), or the static form start=,
+    stop= and strides= (Python slice bounds, one per axis).
 
     Awaitable ``mx.slice``, built and run natively on a queue: returns a JobFuture. Also takes
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
@@ -1881,7 +1882,8 @@ def slice(a: array, start_indices: array | Sequence[int] | None = None, axes: Se
 
 
 def slice_update(a: array, update: array, start_indices: array | Sequence[int] | None = None, axes: Sequence[int] | None = None, *, start: Sequence[int] | None = None, stop: Sequence[int] | None = None, strides: Sequence[int] | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
-    """Update a sub-array of the input array.
+    """Update a sub-array: mlx's form (start_indices, axes), or the static form start=, stop= and
+    strides= (Python slice bounds, one per axis).
 
     Awaitable ``mx.slice_update``, built and run natively on a queue: returns a JobFuture. Also
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see

@@ -118,12 +118,16 @@ OVERRIDES = {
     ("ops", "slice"): ("def slice(a: array, start_indices: array | Sequence[int] | None = None, "
                        "axes: Sequence[int] | None = None, slice_size: Sequence[int] | None = None, *, "
                        "start: Sequence[int] | None = None, stop: Sequence[int] | None = None, "
-                       "strides: Sequence[int] | None = None, stream: StreamOrDevice = None) -> array", None),
+                       "strides: Sequence[int] | None = None, stream: StreamOrDevice = None) -> array",
+                      "Extract a sub-array: mlx's form (start_indices, axes, slice_size), or the static form "
+                      "start=, stop= and strides= (Python slice bounds, one per axis)."),
     ("ops", "slice_update"): ("def slice_update(a: array, update: array, "
                               "start_indices: array | Sequence[int] | None = None, "
                               "axes: Sequence[int] | None = None, *, start: Sequence[int] | None = None, "
                               "stop: Sequence[int] | None = None, strides: Sequence[int] | None = None, "
-                              "stream: StreamOrDevice = None) -> array", None),
+                              "stream: StreamOrDevice = None) -> array",
+                              "Update a sub-array: mlx's form (start_indices, axes), or the static form start=, "
+                              "stop= and strides= (Python slice bounds, one per axis)."),
 }
 
 RUNTIME_PARAMS = ("queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, "
