@@ -1,13 +1,14 @@
 """Round-trip latency of one job, against the executor baselines, in one run.
 
-For each loop (asyncio, uvloop) it measures p50/p99 of:
+For each loop (asyncio, uvloop, trio) it measures p50/p99 of:
   * an empty job through a queue: native (`q.eval` of an evaluated array) and
     Python (`q.run(noop)`), against `asyncio.to_thread(noop)` and
-    `loop.run_in_executor(None, noop)`;
+    `loop.run_in_executor(None, noop)` (under trio: `trio.to_thread.run_sync`);
   * a small MLX op + eval through `q.run`, against the same op run
     synchronously on the loop thread.
 Prints a table of ratios to the baseline of the same run (machines are
-noisy; absolute times mean little).
+noisy; absolute times mean little), and the trio/asyncio ratio of the
+native empty job (target: at most 1.5x).
 
     python benchmarks/roundtrip.py [--iterations 2000]
 """
@@ -20,6 +21,7 @@ import statistics
 import time
 
 import mlx.core as mx
+import trio
 import uvloop
 
 import emlx_async as ea
@@ -51,8 +53,8 @@ async def measure(fn, iterations: int) -> list[float]:
     return samples
 
 
-async def suite(iterations: int) -> dict[str, list[float]]:
-    loop = asyncio.get_running_loop()
+async def suite(iterations: int, baselines: dict) -> dict[str, list[float]]:
+    """Every case on the running loop; `baselines` are the thread-pool rows of this async library."""
     a, b = mx.ones((4, 4)), mx.ones((4, 4))
     mx.eval(a, b)
     results = {}
@@ -63,8 +65,7 @@ async def suite(iterations: int) -> dict[str, list[float]]:
             small_op(a, b)
 
         cases = {
-            "empty: asyncio.to_thread": lambda: asyncio.to_thread(noop),
-            "empty: run_in_executor": lambda: loop.run_in_executor(None, noop),
+            **baselines,
             "empty: q.eval (native job)": lambda: q.eval(a),
             "empty: q.run (Python job)": lambda: q.run(noop),
             "4x4 add+eval: sync on loop": sync_op,
@@ -73,6 +74,19 @@ async def suite(iterations: int) -> dict[str, list[float]]:
         for name, fn in cases.items():
             results[name] = await measure(fn, iterations)
     return results
+
+
+async def asyncio_suite(iterations: int) -> dict[str, list[float]]:
+    loop = asyncio.get_running_loop()
+    return await suite(iterations, {
+        "empty: asyncio.to_thread": lambda: asyncio.to_thread(noop),
+        "empty: run_in_executor": lambda: loop.run_in_executor(None, noop),
+    })
+
+
+async def trio_suite(iterations: int) -> dict[str, list[float]]:
+    # Under the baseline row's name, so report() finds it.
+    return await suite(iterations, {"empty: asyncio.to_thread": lambda: trio.to_thread.run_sync(noop)})
 
 
 def report(loop_name: str, results: dict[str, list[float]]) -> None:
@@ -91,8 +105,14 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=2000)
     args = parser.parse_args()
     print(f"mlx {mx.__version__}, emlx_async {ea.__version__}, {args.iterations} iterations per case")
-    report("asyncio", asyncio.run(suite(args.iterations)))
-    report("uvloop", uvloop.run(suite(args.iterations)))
+    on_asyncio = asyncio.run(asyncio_suite(args.iterations))
+    report("asyncio", on_asyncio)
+    report("uvloop", uvloop.run(asyncio_suite(args.iterations)))
+    on_trio = trio.run(trio_suite, args.iterations)
+    report("trio (baseline row: trio.to_thread.run_sync)", on_trio)
+    native = "empty: q.eval (native job)"
+    ratio = statistics.median(on_trio[native]) / statistics.median(on_asyncio[native])
+    print(f"\ntrio / asyncio, native empty job p50: {ratio:.2f}x (target <= 1.5x)")
 
 
 if __name__ == "__main__":

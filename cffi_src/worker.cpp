@@ -215,9 +215,14 @@ void emlx_worker::run(Job& job) {
         target.swap(channel);
         stopping = false;
       }
+      {
+        // Parked before the record goes out: whoever reads EMLX_STOPPED sees
+        // the worker counted as parked (the leak checks rely on it). A new
+        // lease may take it at once; this post still goes to the old channel.
+        std::lock_guard<std::mutex> lock(registry_mutex);
+        parked.push_back(this);
+      }
       if (target) target->post(record(job.id, EMLX_STOPPED));
-      std::lock_guard<std::mutex> lock(registry_mutex);
-      parked.push_back(this);
       break;
     }
   }

@@ -231,6 +231,15 @@ class Runtime:
             queue = registry[kind] = self._new_queue(kind)
         return queue
 
+    def start_soon(self, fn, *, context=None) -> None:
+        """Start ``await fn()`` as a background task on this runtime's loop.
+
+        An asyncio task, or a trio system task (it must not raise: an error
+        is printed, as asyncio's handler would). It is not awaited by anyone,
+        so it handles its own errors.
+        """
+        self._backend.spawn(fn, context)
+
     def queue_of(self, array: mx.array) -> CommandQueue | None:
         """The queue owning a lazy `array`, or None if it is evaluated or unowned."""
         state = _interop.array_state(array)

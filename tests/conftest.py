@@ -23,7 +23,8 @@ from emlx_async import testing
 _handler_calls: list[dict] = []
 
 
-def _recording(factory):
+def recording_loop(factory):
+    """A loop factory whose loops record every exception-handler call for the leak check."""
     def make():
         loop = factory()
         loop.set_exception_handler(lambda _loop, context: _handler_calls.append(context))
@@ -33,7 +34,7 @@ def _recording(factory):
 
 
 def pytest_asyncio_loop_factories(config, item):
-    return {"asyncio": _recording(asyncio.new_event_loop), "uvloop": _recording(uvloop.new_event_loop)}
+    return {"asyncio": recording_loop(asyncio.new_event_loop), "uvloop": recording_loop(uvloop.new_event_loop)}
 
 
 @pytest.fixture(autouse=True, scope="session")

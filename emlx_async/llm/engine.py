@@ -11,33 +11,49 @@
 Cancellation: leaving the ``async for`` early (break, ``aclose()``, task
 cancellation) drops the request's KV cache and hands its queue (or batch row)
 back at once, or at the next step boundary; a step already running finishes
-(at most one decode step) and its token is discarded.
+(at most one decode step or one prefill chunk) and its result is discarded.
+
+Hostile input is refused with ValueError before anything reaches MLX (token
+ids outside the embedding crash it): ids out of the vocabulary, prompt plus
+max_tokens past the model's context, bad sampling options. In chat messages
+only the template makes control tokens; special-token text a user types stays
+text.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
+import math
+import numbers
 import os
+import re
+import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
-from .._errors import QueueFull
+from .. import QueueFull, Runtime, cancelled, get_runtime
 
 # Decode steps queued ahead of the consumer in "parallel" mode.
 _STEPS_AHEAD = 2
-from .._runtime import Runtime, get_runtime
-
 _SAMPLER_OPTIONS = {"temperature", "top_p", "top_k"}
+_CPU_PREFILL_CHUNK = 32
+_GPU_PREFILL_CHUNK = 512
+# Seeds of any size are folded into the range mx.random.key takes.
+_SEED_RANGE = 2**64
 
 
 class EngineBusy(QueueFull):
     """Every request slot is taken and the caller asked not to wait."""
+
+
+class BatchDriverError(RuntimeError):
+    """The batch driver failed; each request it carried gets one, chained to the cause."""
 
 
 @dataclass(frozen=True)
@@ -103,21 +119,29 @@ class _Detokenizer:
 
 
 class _Sampler:
-    """Greedy, temperature, top-k and top-p sampling with a private random key."""
+    """Greedy, or top-p then top-k then temperature (mlx-lm's order), with a private random key.
+
+    mlx-lm's make_sampler draws from the global random state, so the filters
+    are applied here with a key of the request's own.
+    """
 
     def __init__(self, temperature: float, top_p: float, top_k: int, seed: int):
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
-        self.seed = seed
+        self.seed = seed % _SEED_RANGE
         self.key: mx.array | None = None  # made on the worker: arrays built on the loop are lazy
+
+    def filter(self, logprobs: mx.array) -> mx.array:
+        """The log-probabilities left to sample from (the rest are -inf)."""
+        if 0 < self.top_p < 1:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        if 0 < self.top_k < logprobs.shape[-1]:  # k >= vocabulary keeps everything
+            logprobs = apply_top_k(logprobs, self.top_k)
+        return logprobs
 
     def __call__(self, logits: mx.array) -> mx.array:
         if self.temperature == 0:
             return mx.argmax(logits, axis=-1)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        if self.top_k > 0:
-            logprobs = apply_top_k(logprobs, self.top_k)
-        if 0 < self.top_p < 1:
-            logprobs = apply_top_p(logprobs, self.top_p)
+        logprobs = self.filter(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
         # Split per step: each request's stream of numbers is its own.
         if self.key is None:
             self.key = mx.random.key(self.seed)
@@ -135,30 +159,46 @@ class Engine:
 
     def __init__(self, model, tokenizer, *, eos_ids: set[int], chat_template: str | None,
                  bos_id: int | None = None, runtime: Runtime | None = None,
-                 max_concurrent: int | None = None, prefill_chunk: int = 256, mode: str = "parallel"):
+                 max_concurrent: int | None = None, prefill_chunk: int | None = None, mode: str = "parallel",
+                 vocab_size: int | None = None, context_length: int | None = None):
         if mode not in ("parallel", "batch"):
             raise ValueError(f"mode must be 'parallel' or 'batch', got {mode!r}")
         self.mode = mode
         self.model = model
         self.tokenizer = tokenizer
+        # Ids past the embedding crash MLX's gather (SIGSEGV), so every prompt is checked.
+        self.vocab_size = vocab_size or _embedding_rows(model)
+        self.context_length = context_length or _context_length(model)
+        self._plain_tokenizer = None  # encodes special-token text as plain text
         self.eos_ids = set(eos_ids)
         self.bos_id = bos_id
         self.chat_template = chat_template
         self.runtime = runtime or get_runtime()
         self.max_concurrent = max_concurrent or self.runtime.pool_size
-        self.prefill_chunk = prefill_chunk
-        self._slots = asyncio.Semaphore(self.max_concurrent)
+        if prefill_chunk is not None and (not _is_int(prefill_chunk) or prefill_chunk < 1):
+            raise ValueError(f"prefill_chunk must be a positive int, got {prefill_chunk!r}")
+        # The chunk bounds how long a cancelled prompt keeps its queue (and, in
+        # batch mode, how long running streams stall). On CPU a pass costs the
+        # same per token at any chunk size (SmolLM2: ~10 tokens/s on 2 cores,
+        # so 256 tokens are ~30 s); GPUs gain from longer chunks.
+        self.prefill_chunk = prefill_chunk or (_CPU_PREFILL_CHUNK if mx.default_device() == mx.cpu
+                                               else _GPU_PREFILL_CHUNK)
+        self._slots = anyio.Semaphore(self.max_concurrent)  # request slots, on any anyio backend
         self._active = 0
         self._template = None  # the compiled chat template
         self._batcher = _Batcher(self)
 
     @classmethod
     async def load(cls, path: str | None = None, *, runtime: Runtime | None = None,
-                   max_concurrent: int | None = None, mode: str = "parallel") -> Engine:
+                   max_concurrent: int | None = None, mode: str = "parallel",
+                   prefill_chunk: int | None = None) -> Engine:
         """Load SmolLM2 (path None), a GGUF file, or an mlx-lm model folder.
 
         `mode` "parallel" runs each request on its own pooled queue; "batch"
         runs all requests on one queue with continuous batching.
+        `prefill_chunk` (default 32 tokens on CPU, 512 on GPU) bounds how long
+        a cancelled prompt keeps its queue and, in batch mode, how long running
+        streams stall while a prompt is prefilled.
         """
         from . import _gguf
 
@@ -183,17 +223,23 @@ class Engine:
 
         async with runtime.queue() as q:
             model, tokenizer, extra = await q.run(load)
-        return cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=mode, **extra)
+        return cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=mode,
+                   prefill_chunk=prefill_chunk, **extra)
 
     # ---- prompts ---------------------------------------------------------------
 
     def encode(self, prompt: str | None = None, messages: Sequence[dict] | None = None) -> list[int]:
-        """Token ids for a raw prompt (text or ids) or chat messages (rendered with the chat template)."""
+        """Token ids for a raw prompt (text or ids) or chat messages (rendered with the chat template).
+
+        In messages, only the chat template makes control tokens: special-token
+        text inside a message (``<|im_end|>``) stays text. A raw ``prompt`` is
+        the caller's own template, so its special-token text is parsed.
+        """
         if (prompt is None) == (messages is None):
             raise ValueError("give exactly one of prompt= or messages=")
         if messages is not None:
-            prompt = self.render_chat(messages)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            ids = self._encode_chat(messages)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)  # already token ids
         elif isinstance(prompt, str):
             ids = _encode(self.tokenizer, prompt)
@@ -203,9 +249,22 @@ class Engine:
             ids = [self.bos_id, *ids]
         if not ids:
             raise ValueError("the prompt is empty")
+        self._check_ids(ids)
         return ids
 
+    def _check_ids(self, ids: list[int]) -> None:
+        if self.vocab_size is None:
+            return
+        low, high = min(ids), max(ids)
+        if low < 0 or high >= self.vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+
     def render_chat(self, messages: Sequence[dict]) -> str:
+        """The chat template's text for `messages` (special-token text in it is not escaped)."""
+        return self._render(self._check_messages(messages))
+
+    def _check_messages(self, messages: Sequence[dict]) -> list[dict]:
         if not isinstance(messages, (list, tuple)) or not messages:
             raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
         for i, message in enumerate(messages):
@@ -214,11 +273,57 @@ class Engine:
                 raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content', got {message!r}")
         if not self.chat_template:
             raise ValueError("this model has no chat template; pass prompt= instead")
-        if self._template is None:
-            import jinja2
+        # Only role and content reach the template: any other key would be
+        # rendered as template text, special tokens and all.
+        return [{"role": m["role"], "content": m["content"]} for m in messages]
 
-            self._template = jinja2.Environment(loader=jinja2.BaseLoader()).from_string(self.chat_template)
-        return self._template.render(messages=list(messages), add_generation_prompt=True)
+    def _render(self, messages: list[dict]) -> str:
+        if self._template is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            # Sandboxed like Hugging Face's: the template comes with the model file.
+            self._template = ImmutableSandboxedEnvironment().from_string(self.chat_template)
+        return self._template.render(messages=messages, add_generation_prompt=True)
+
+    def _encode_plain(self, text: str) -> list[int]:
+        """Token ids of `text` with special-token text encoded as ordinary text."""
+        if self._plain_tokenizer is None:
+            from tokenizers import Tokenizer
+
+            backend = getattr(self.tokenizer, "backend_tokenizer", self.tokenizer)
+            plain = Tokenizer.from_str(backend.to_str())  # a copy: the flag is per tokenizer
+            plain.encode_special_tokens = True
+            self._plain_tokenizer = plain
+        return _encode(self._plain_tokenizer, text)
+
+    def _has_special_text(self, text: str) -> bool:
+        return _encode(self.tokenizer, text) != self._encode_plain(text)
+
+    def _encode_chat(self, messages: Sequence[dict]) -> list[int]:
+        """Render with a unique marker for each content, then encode the template's
+        parts with special tokens and each content as plain text."""
+        messages = self._check_messages(messages)
+        for i, message in enumerate(messages):
+            if self._has_special_text(message["role"]):
+                raise ValueError(f"messages[{i}]['role'] contains special-token text: {message['role']!r}")
+        nonce = secrets.token_hex(8)
+        markers = {f"[[content:{nonce}:{i}]]": m["content"] for i, m in enumerate(messages)}
+        marked = self._render([{**m, "content": k} for k, m in zip(markers, messages)])
+        rendered = self._render(messages)
+        pattern = re.compile("|".join(re.escape(k) for k in markers))
+        if pattern.sub(lambda hit: markers[hit.group(0)], marked) != rendered:
+            # The template transforms the content (trims it, say): no safe split.
+            for i, message in enumerate(messages):
+                if self._has_special_text(message["content"]):
+                    raise ValueError(f"messages[{i}]['content'] contains special-token text, which this "
+                                     "chat template does not let the engine keep as text")
+            return _encode(self.tokenizer, rendered)
+        ids, last = [], 0
+        for hit in pattern.finditer(marked):
+            ids += _encode(self.tokenizer, marked[last:hit.start()])
+            ids += self._encode_plain(markers[hit.group(0)])
+            last = hit.end()
+        return ids + _encode(self.tokenizer, marked[last:])
 
     # ---- generation ------------------------------------------------------------
 
@@ -229,10 +334,14 @@ class Engine:
         """Stream one request's text as `Delta`s.
 
         Options: ``max_tokens``; ``stop`` strings (not included in the text);
-        sampling ``temperature`` (0 = greedy, the default), ``top_p``,
-        ``top_k``; ``seed`` for a random stream private to this request;
-        ``wait=False`` raises EngineBusy instead of waiting for a free slot.
-        Bad options raise ValueError before anything runs.
+        sampling ``temperature`` (0 = greedy, the default; finite, >= 0),
+        ``top_p`` (in (0, 1]), ``top_k`` (an int >= 0; 0 keeps every token),
+        applied in mlx-lm's order: top-p, top-k, temperature; ``seed``, any
+        int (folded modulo 2**64), for a random stream private to this
+        request; ``wait=False`` raises EngineBusy instead of waiting for a
+        free slot. Bad options, token ids outside the vocabulary and prompts
+        that with ``max_tokens`` exceed the model's context raise ValueError
+        before anything runs.
 
         Example:
             >>> async for delta in engine.generate(messages=[{"role": "user", "content": "Hi"}]):
@@ -241,20 +350,20 @@ class Engine:
         unknown = set(sampling) - _SAMPLER_OPTIONS
         if unknown:
             raise ValueError(f"unknown sampling option(s) {sorted(unknown)}; expected {sorted(_SAMPLER_OPTIONS)}")
-        if not isinstance(max_tokens, int) or max_tokens < 1:
+        if not _is_int(max_tokens) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
-        temperature = float(sampling.get("temperature", 0.0))
-        top_p = float(sampling.get("top_p", 1.0))
-        top_k = int(sampling.get("top_k", 0))
-        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-            raise ValueError(f"invalid sampling: temperature={temperature} (>= 0), top_p={top_p} "
-                             f"(in (0, 1]), top_k={top_k} (>= 0)")
+        temperature, top_p, top_k = _check_sampling(**sampling)
         if isinstance(stop, str):
             stop = [stop]
         if any(not isinstance(s, str) or not s for s in stop):
             raise ValueError("stop must be a list of non-empty strings")
+        if seed is not None and not _is_int(seed):
+            raise ValueError(f"seed must be an int, got {seed!r}")
         tokens = self.encode(prompt, messages)
-        if not wait and self._slots.locked():
+        if self.context_length is not None and len(tokens) + max_tokens > self.context_length:
+            raise ValueError(f"the prompt ({len(tokens)} tokens) plus max_tokens ({max_tokens}) exceeds "
+                             f"the model's context of {self.context_length} tokens")
+        if not wait and self._slots.value == 0:
             raise EngineBusy(f"all {self.max_concurrent} request slots are busy")
         seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed)
         sampler = _Sampler(temperature, top_p, top_k, seed)
@@ -305,7 +414,7 @@ class Engine:
         """
         queue = await self.runtime.acquire_queue()
         state: dict[str, Any] = {}
-        ahead: collections.deque[asyncio.Future] = collections.deque()
+        ahead: collections.deque = collections.deque()  # job futures of the steps queued ahead
         steps_left = max_tokens - 1  # the prefill produces the first token
         try:
             token = await queue.run(self._prefill, state, prompt, sampler)
@@ -329,17 +438,20 @@ class Engine:
 
     # These jobs run on the request's queue thread.
 
-    def _prefill(self, state: dict, prompt: list[int], sampler: _Sampler) -> int:
+    def _prefill(self, state: dict, prompt: list[int], sampler: _Sampler) -> int | None:
         from mlx_lm.models.cache import make_prompt_cache
 
         cache = state["cache"] = make_prompt_cache(self.model)
         state["token"] = None
         tokens = mx.array(prompt)
-        # Chunked prefill bounds the memory of one forward pass.
+        # Chunked prefill bounds the memory of one forward pass, and a request
+        # cancelled mid-prompt frees its queue within one chunk.
         while tokens.size > self.prefill_chunk:
             self.model(tokens[None, : self.prefill_chunk], cache=cache)
             mx.eval([c.state for c in cache])
             tokens = tokens[self.prefill_chunk:]
+            if cancelled():
+                return None  # nobody reads the result
         return self._sample(state, tokens, sampler)
 
     def _step(self, state: dict, sampler: _Sampler) -> int:
@@ -362,6 +474,13 @@ class Engine:
             completion_batch_size=max(self.max_concurrent, 1), prefill_batch_size=max(self.max_concurrent, 1),
             stream=mx.default_stream(mx.default_device()))
 
+    def _batch_close(self, state: dict) -> None:
+        # On the queue's thread: close() synchronizes the generator's stream.
+        generator = state.pop("generator", None)
+        state.clear()
+        if generator is not None:
+            generator.close()
+
     def _batch_step(self, state: dict, joining: list[_BatchRequest], leaving: list[int]):
         generator = state["generator"]
         if leaving:
@@ -379,7 +498,7 @@ class Engine:
         self._batcher.submit(request)
         try:
             while True:
-                item = await request.inbox.get()
+                item = await request.inbox.receive()
                 if isinstance(item, BaseException):
                     raise item
                 token, finish = item
@@ -392,6 +511,7 @@ class Engine:
                     return
         finally:
             self._batcher.forget(request)
+            request.close()
 
     @property
     def active_requests(self) -> int:
@@ -399,13 +519,19 @@ class Engine:
 
 
 class _BatchRequest:
-    __slots__ = ("prompt", "max_tokens", "sampler", "uid", "inbox", "done")
+    __slots__ = ("prompt", "max_tokens", "sampler", "uid", "inbox", "outbox", "done")
 
     def __init__(self, prompt: list[int], max_tokens: int, sampler: _Sampler):
         self.prompt, self.max_tokens, self.sampler = prompt, max_tokens, sampler
         self.uid: int | None = None  # the batch row, once inserted
-        self.inbox: asyncio.Queue = asyncio.Queue()  # (token, finish reason) or an exception
+        # (token, finish reason) or an exception, from the driver to the consumer;
+        # unbounded: the driver must never wait on a slow consumer.
+        self.outbox, self.inbox = anyio.create_memory_object_stream(math.inf)
         self.done = False
+
+    def close(self) -> None:
+        self.outbox.close()
+        self.inbox.close()
 
 
 class _Batcher:
@@ -422,14 +548,22 @@ class _Batcher:
         self.waiting: list[_BatchRequest] = []
         self.running: dict[int, _BatchRequest] = {}
         self.leaving: list[int] = []
-        self._wakeup = asyncio.Event()
-        self._driver: asyncio.Task | None = None
+        self._driving = False  # a driver task runs (it exits when idle)
 
     def submit(self, request: _BatchRequest) -> None:
         self.waiting.append(request)
-        self._wakeup.set()
-        if self._driver is None or self._driver.done():
-            self._driver = asyncio.get_running_loop().create_task(self._drive())
+        if not self._driving:
+            self._start_driver()
+
+    async def wait_idle(self, timeout: float = 30.0) -> None:
+        """Wait until no driver runs (its queue is handed back); for tests and shutdown."""
+        with anyio.fail_after(timeout):
+            while self._driving:
+                await anyio.sleep(0.005)
+
+    def _start_driver(self) -> None:
+        self._driving = True
+        self.engine.runtime.start_soon(self._drive)
 
     def forget(self, request: _BatchRequest) -> None:
         """The consumer is gone: drop the request now or at the next step."""
@@ -440,39 +574,91 @@ class _Batcher:
             self.leaving.append(request.uid)
 
     async def _drive(self) -> None:
+        """Runs until no request is left. If anything fails (a step, the
+        generator's start, the queue, cancellation), every request it carries
+        gets a BatchDriverError chained to the cause, the generator is closed
+        and the next request starts a new driver."""
         engine = self.engine
-        queue = await engine.runtime.acquire_queue()
+        queue = None
         state: dict[str, Any] = {}
+        joining: list[_BatchRequest] = []
         try:
+            queue = await engine.runtime.acquire_queue()
             await queue.run(engine._batch_start, state)
             while self.waiting or self.running or self.leaving:
                 joining, self.waiting = self.waiting, []
                 leaving, self.leaving = self.leaving, []
-                try:
-                    uids, responses = await queue.run(engine._batch_step, state, joining, leaving)
-                except Exception as exc:  # noqa: BLE001 - handed to every affected request
-                    for request in [*joining, *self.running.values()]:
-                        request.inbox.put_nowait(exc)
-                    self.running.clear()
-                    state.clear()
-                    await queue.run(engine._batch_start, state)
-                    continue
+                uids, responses = await queue.run(engine._batch_step, state, joining, leaving)
                 for request, uid in zip(joining, uids):
                     if request.done:
                         self.leaving.append(uid)  # left while it was being inserted
                     else:
                         request.uid = uid
                         self.running[uid] = request
+                joining = []
                 for uid, token, finish in responses:
                     request = self.running.get(uid)
                     if request is None:
                         continue
-                    request.inbox.put_nowait((token, finish))
+                    request.outbox.send_nowait((token, finish))
                     if finish is not None:
                         del self.running[uid]
+        except BaseException as exc:
+            carried = [*joining, *self.running.values(), *self.waiting]
+            self.running.clear()
+            self.waiting, self.leaving = [], []
+            for request in carried:
+                error = BatchDriverError(f"the batch driver failed: {exc!r}")
+                error.__cause__ = exc
+                if not request.done:
+                    request.outbox.send_nowait(error)
+            if not isinstance(exc, Exception):
+                raise  # cancellation and exits go on; errors went to the requests
         finally:
-            state.clear()
-            engine.runtime.release_queue(queue)
+            if queue is not None:
+                try:
+                    if state:
+                        await queue.run(engine._batch_close, state)
+                except Exception:  # noqa: BLE001 - a closed runtime: the generator is dropped anyway
+                    pass
+                finally:
+                    engine.runtime.release_queue(queue)
+            self._driving = False
+            if self.waiting:  # arrived while this driver was winding down
+                self._start_driver()
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_sampling(temperature: Any = 0.0, top_p: Any = 1.0, top_k: Any = 0) -> tuple[float, float, int]:
+    def real(value: Any) -> float | None:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            return None
+        return float(value)
+
+    t, p = real(temperature), real(top_p)
+    if t is None or t < 0 or p is None or not 0 < p <= 1 or not _is_int(top_k) or top_k < 0:
+        raise ValueError(f"invalid sampling: temperature={temperature!r} (finite, >= 0), "
+                         f"top_p={top_p!r} (in (0, 1]), top_k={top_k!r} (an int >= 0)")
+    return t, p, int(top_k)
+
+
+def _embedding_rows(model) -> int | None:
+    """The vocabulary size the model can embed: the token embedding's rows."""
+    inner = getattr(model, "model", model)
+    embedding = getattr(inner, "embed_tokens", None)
+    weight = getattr(embedding, "weight", None)
+    if weight is not None:
+        return int(weight.shape[0])
+    return getattr(getattr(model, "args", None), "vocab_size", None)
+
+
+def _context_length(model) -> int | None:
+    """The model's context (max_position_embeddings; a GGUF's llama.context_length)."""
+    value = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+    return int(value) if _is_int(value) and value > 0 else None
 
 
 def _find_stop(text: str, stop: list[str]) -> int | None:
@@ -491,4 +677,4 @@ def _stop_prefix_len(text: str, stop: list[str]) -> int:
     return best
 
 
-__all__ = ["Delta", "Engine", "EngineBusy", "RequestStats"]
+__all__ = ["BatchDriverError", "Delta", "Engine", "EngineBusy", "RequestStats"]
