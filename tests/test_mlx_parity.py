@@ -345,7 +345,7 @@ async def test_random_follows_the_global_state(rt):
         futures = [ea.random.normal((3,), queue=q1), ea.random.uniform(shape=(2,), queue=q2),
                    ea.random.randint(0, 9, (4,), queue=q1)]
         interleaved = mx.random.categorical(M)  # plain mlx draws from the same state in between
-        futures += [ea.random.permutation(6, queue=q2), ea.random.normal((2,), stream=mx.cpu)]
+        futures += [ea.random.permutation(6, queue=q2), ea.random.normal((2,), stream=mx.default_device())]
         got = [await f for f in futures]
     finally:
         rt.release_queue(q1)
