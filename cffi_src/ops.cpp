@@ -3,6 +3,7 @@
 // decoder and the helpers the table's expressions use.
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "mlx/einsum.h"
@@ -12,11 +13,19 @@
 #include "mlx/ops.h"
 #include "mlx/transforms.h"
 #include "ops.hpp"
+#include "validate.hpp"
 
 namespace emlx {
 
 namespace {
 
+// What a decoded integer option must also satisfy (a kind's ":rule" in the
+// op table); the rules guard MLX code paths that divide by the option.
+enum class Rule { any, positive, nonneg, nonzero };
+
+// Decodes the op's options in table order. Every integer is range-checked
+// against the C++ type it lands in (MLX's shapes and axes are 32-bit ints):
+// a silent truncation would run the op with a different value.
 struct Params {
   const int64_t* ints;
   size_t n_ints;
@@ -24,40 +33,73 @@ struct Params {
   size_t n_floats;
   std::string text;
   size_t i = 0, f = 0;
+  const char* op = "emlx";
 
-  int64_t next() {
-    if (i >= n_ints) throw std::invalid_argument("[emlx] missing op parameter");
+  [[noreturn]] void fail(const char* name, const std::string& why) const {
+    throw std::invalid_argument(std::string("[") + op + "] option '" + name + "' " + why);
+  }
+  int64_t next(const char* name) {
+    if (i >= n_ints) fail(name, "is missing from the op's parameters");
     return ints[i++];
   }
-  int integer() { return static_cast<int>(next()); }
-  bool boolean() { return next() != 0; }
-  double real() {
-    if (f >= n_floats) throw std::invalid_argument("[emlx] missing op parameter");
+  int64_t checked(const char* name, int64_t v, int64_t lo, int64_t hi, const char* type, Rule rule) const {
+    if (v < lo || v > hi)
+      fail(name, "= " + std::to_string(v) + " is out of range for " + type + " [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "]");
+    if (rule == Rule::positive && v <= 0) fail(name, "must be positive, got " + std::to_string(v));
+    if (rule == Rule::nonneg && v < 0) fail(name, "must be non-negative, got " + std::to_string(v));
+    if (rule == Rule::nonzero && v == 0) fail(name, "must be nonzero");
+    return v;
+  }
+  int int32(const char* name, int64_t v, Rule rule) const {
+    return static_cast<int>(checked(name, v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(),
+                                    "a 32-bit int", rule));
+  }
+  int integer(const char* name, Rule rule = Rule::any) { return int32(name, next(name), rule); }
+  int64_t int64(const char* name, Rule rule = Rule::any) {
+    return checked(name, next(name), std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+                   "a 64-bit int", rule);
+  }
+  bool boolean(const char* name) { return next(name) != 0; }
+  double real(const char* name) {
+    if (f >= n_floats) fail(name, "is missing from the op's parameters");
     return floats[f++];
   }
-  std::optional<int> axis() {
-    bool present = next() != 0;
-    int value = integer();
-    return present ? std::optional<int>(value) : std::nullopt;
+  std::optional<int> axis(const char* name, Rule rule = Rule::any) {
+    bool present = next(name) != 0;
+    int64_t value = next(name);
+    return present ? std::optional<int>(int32(name, value, rule)) : std::nullopt;
   }
-  std::optional<std::vector<int>> axes() {
-    int64_t n = next();
+  // A list's length comes first; it cannot exceed what is left to decode.
+  int64_t count(const char* name) {
+    int64_t n = next(name);
+    if (n > static_cast<int64_t>(n_ints - i)) fail(name, "is missing from the op's parameters");
+    return n;
+  }
+  std::optional<std::vector<int>> axes(const char* name, Rule rule = Rule::any) {
+    int64_t n = count(name);
     if (n < 0) return std::nullopt;
     std::vector<int> out;
-    for (int64_t k = 0; k < n; ++k) out.push_back(integer());
+    for (int64_t k = 0; k < n; ++k) out.push_back(integer(name, rule));
     return out;
   }
-  mx::Shape shape() {
-    int64_t n = next();
+  mx::Shape shape(const char* name, Rule rule = Rule::any) {
+    int64_t n = count(name);
     mx::Shape out;
-    for (int64_t k = 0; k < n; ++k) out.push_back(integer());
+    for (int64_t k = 0; k < n; ++k) out.push_back(integer(name, rule));
     return out;
   }
-  std::optional<mx::Dtype> dtype() {
-    int code = integer();
-    return code < 0 ? std::nullopt : std::optional<mx::Dtype>(dtype_of(code));
+  mx::Strides strides(const char* name, Rule rule = Rule::any) {
+    int64_t n = count(name);
+    mx::Strides out;
+    for (int64_t k = 0; k < n; ++k) out.push_back(int64(name, rule));
+    return out;
   }
-  std::string str() { return text; }
+  std::optional<mx::Dtype> dtype(const char* name) {
+    int64_t code = next(name);
+    return code < 0 ? std::nullopt : std::optional<mx::Dtype>(dtype_of(int32(name, code, Rule::any)));
+  }
+  std::string str(const char*) { return text; }
 };
 
 std::vector<int> all_axes(const std::optional<std::vector<int>>& axes, const mx::array& x) {
@@ -78,7 +120,11 @@ mx::array pad_pairs(const mx::array& x, const mx::Shape& flat, double value, mx:
     throw std::invalid_argument("[pad] pad_width needs a (before, after) pair for each of the " +
                                 std::to_string(x.ndim()) + " axes");
   std::vector<std::pair<int, int>> pairs;
-  for (size_t k = 0; k < x.ndim(); ++k) pairs.emplace_back(flat[2 * k], flat[2 * k + 1]);
+  for (size_t k = 0; k < x.ndim(); ++k) {
+    // MLX sums the padded size in 32 bits: check it here first.
+    validate::dim_add("pad", validate::dim_add("pad", x.shape(k), flat[2 * k]), flat[2 * k + 1]);
+    pairs.emplace_back(flat[2 * k], flat[2 * k + 1]);
+  }
   return mx::pad(x, pairs, mx::array(value, x.dtype()), "constant", s);
 }
 
@@ -109,6 +155,49 @@ mx::array conv_general(const mx::array& x, const mx::array& w, const mx::Shape& 
                           ints_of(input_dilation), groups, flip, s);
 }
 
+// The most negative int32/int64 divided by -1 overflows, and x86's idiv
+// traps on it (SIGFPE) inside MLX's CPU floor_divide and remainder kernels.
+// Dividing by 1 there instead gives numpy's answers: x // -1 == -x (wrapping
+// for the minimum) and x % -1 == 0. Other dtypes go to MLX unchanged.
+mx::array int_division(const mx::array& a, const mx::array& b, bool floor, mx::Stream s) {
+  auto t = mx::promote_types(a.dtype(), b.dtype());
+  if (t != mx::int32 && t != mx::int64) return floor ? mx::floor_divide(a, b, s) : mx::remainder(a, b, s);
+  auto bt = mx::astype(b, t, s);
+  auto minus_one = mx::equal(bt, mx::array(-1, t), s);
+  auto safe = mx::where(minus_one, mx::array(1, t), bt, s);
+  if (floor) return mx::where(minus_one, mx::negative(mx::astype(a, t, s), s), mx::floor_divide(a, safe, s), s);
+  return mx::where(minus_one, mx::array(0, t), mx::remainder(a, safe, s), s);
+}
+
+// MLX's quantized_matmul does not check that scales (and biases) match w for
+// the group size and bits: smaller ones make its kernel read past their end
+// (garbage results, or a crash); an empty inner dimension makes it divide by
+// zero (SIGFPE).
+mx::array quantized_matmul(const std::vector<mx::array>& xs, bool transpose, std::optional<int> group_size,
+                           std::optional<int> bits, const std::string& mode, mx::Stream s) {
+  if (xs.size() != 3 && xs.size() != 4)
+    throw std::invalid_argument("[quantized_matmul] expects x, w, scales and optional biases");
+  const auto &w = xs[1], &scales = xs[2];
+  static const std::map<std::string, std::pair<int, int>> defaults = {
+      {"affine", {64, 4}}, {"mxfp4", {32, 4}}, {"mxfp8", {32, 8}}, {"nvfp4", {16, 4}}};
+  auto mode_defaults = defaults.find(mode);
+  if (mode_defaults != defaults.end() && w.ndim() >= 2 && scales.ndim() == w.ndim()) {
+    int64_t gs = group_size.value_or(mode_defaults->second.first), b = bits.value_or(mode_defaults->second.second);
+    if (w.shape(-1) == 0 || (xs[0].ndim() > 0 && xs[0].shape(-1) == 0))
+      throw std::invalid_argument("[quantized_matmul] the inner (contracted) dimension is empty");
+    int64_t groups = static_cast<int64_t>(w.shape(-1)) * 32 / b / gs;
+    auto want = w.shape();
+    want.back() = static_cast<int>(groups);
+    for (size_t k = 2; k < xs.size(); ++k)
+      if (xs[k].shape() != want)
+        throw std::invalid_argument(std::string("[quantized_matmul] ") + (k == 2 ? "scales" : "biases") +
+                                    " have shape " + validate::shape_text(xs[k].shape()) + "; w of shape " +
+                                    validate::shape_text(w.shape()) + " with group_size " + std::to_string(gs) +
+                                    " and bits " + std::to_string(b) + " needs " + validate::shape_text(want));
+  }
+  return mx::quantized_matmul(xs[0], w, scales, optional_at(xs, 3), transpose, group_size, bits, mode, s);
+}
+
 // Writes k/v ({B, T, N_kv, D}) into preallocated caches ({B, T_max, N_kv, D})
 // at `offset`, then runs causal attention of q ({B, T, N_q, D}) over the
 // first offset + T cache rows; an optional key mask ({B, T_max} bool) hides
@@ -123,7 +212,7 @@ std::vector<mx::array> kv_attention(const std::vector<mx::array>& xs, int offset
     throw std::invalid_argument("[kv_cache_attention] q, k, v and the caches must be {B, T, N, D}");
   int B = k_cache.shape(0), t_max = k_cache.shape(1), heads_kv = k_cache.shape(2), dim = k_cache.shape(3);
   int T = k.shape(1);
-  if (offset < 0 || offset + T > t_max)
+  if (offset < 0 || static_cast<int64_t>(offset) + T > t_max)  // 64-bit: offset + T must not wrap
     throw std::invalid_argument("[kv_cache_attention] offset " + std::to_string(offset) + " + " +
                                 std::to_string(T) + " new positions exceed the cache length " +
                                 std::to_string(t_max));
@@ -169,8 +258,10 @@ mx::array window_scatter(const mx::array& operand, const mx::array& source, cons
   std::vector<std::pair<int, int>> pads;
   mx::Shape padded_shape, out_shape;
   for (int i = 0; i < nd; ++i) {
+    if (padding[2 * i] < 0 || padding[2 * i + 1] < 0)
+      throw std::invalid_argument(std::string(op) + " padding must be non-negative");
     pads.emplace_back(padding[2 * i], padding[2 * i + 1]);
-    int size = operand.shape(i) + padding[2 * i] + padding[2 * i + 1];
+    int size = validate::dim_add(op, validate::dim_add(op, operand.shape(i), padding[2 * i]), padding[2 * i + 1]);
     if (strides[i] < 1 || window[i] < 1 || window[i] > size)
       throw std::invalid_argument(std::string(op) + " window or stride does not fit axis " + std::to_string(i));
     padded_shape.push_back(size);
@@ -186,14 +277,14 @@ mx::array window_scatter(const mx::array& operand, const mx::array& source, cons
   mx::Shape view_shape = out_shape;
   mx::Strides view_strides;
   for (int i = 0; i < nd; ++i) view_strides.push_back(elem[i] * strides[i]);
-  int64_t window_size = 1;
+  int window_size = 1;
   for (int i = 0; i < nd; ++i) {
     view_shape.push_back(window[i]);
     view_strides.push_back(elem[i]);
-    window_size *= window[i];
+    window_size = validate::dim_mul(op, window_size, window[i]);
   }
   auto windows = mx::reshape(mx::as_strided(padded, view_shape, view_strides, 0, s),
-                             {-1, static_cast<int>(window_size)}, s);
+                             {-1, window_size}, s);
   auto pick = take_max ? mx::argmax(windows, 1, false, s) : mx::argmin(windows, 1, false, s);
   // Flat offset of every window's first element, and of every in-window position.
   auto base = mx::zeros({1}, mx::int64, s);
@@ -205,9 +296,9 @@ mx::array window_scatter(const mx::array& operand, const mx::array& source, cons
     local = mx::reshape(mx::add(mx::reshape(local, {-1, 1}, s), mx::reshape(l, {1, -1}, s), s), {-1}, s);
   }
   auto target = mx::add(base, mx::take(local, pick, 0, s), s);
-  int64_t total = 1;
-  for (auto d : padded_shape) total *= d;
-  auto flat = mx::zeros({static_cast<int>(total)}, source.dtype(), s);
+  int total = 1;  // the flat scatter target is one MLX dimension: it must fit 32 bits
+  for (auto d : padded_shape) total = validate::dim_mul(op, total, d);
+  auto flat = mx::zeros({total}, source.dtype(), s);
   auto updates = mx::reshape(source, {-1, 1}, s);
   auto scattered = mx::reshape(mx::scatter_add(flat, {target}, updates, {0}, s), padded_shape, s);
   mx::Shape start, stop;
@@ -258,6 +349,8 @@ mx::array rope_positions(const mx::array& x, const mx::array& positions, int dim
 // Causal attention that also hides padded keys: key_mask {B, L} (true = attend).
 mx::array causal_key_mask_sdpa(const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& key_mask,
                                float scale, mx::Stream s) {
+  if (q.ndim() != 4 || k.ndim() != 4)
+    throw std::invalid_argument("[scaled_dot_product_attention] q and k must be {B, N, T, D}");
   int T = q.shape(2), L = k.shape(2), B = q.shape(0);
   if (key_mask.ndim() != 2 || key_mask.shape(0) != B || key_mask.shape(1) != L)
     throw std::invalid_argument("[scaled_dot_product_attention] key_mask must be {B, L}");
@@ -270,19 +363,39 @@ mx::array causal_key_mask_sdpa(const mx::array& q, const mx::array& k, const mx:
 }
 
 // Debug bounds check for indexing ops: evaluates the indices on this worker
-// and raises if any lies outside [-size, size).
-mx::array check_bounds(const mx::array& indices, int size, const std::string& op, mx::Stream s) {
-  if (!mx::issubdtype(indices.dtype(), mx::integer)) return indices;
-  auto low = mx::min(indices, false, s);
-  auto high = mx::max(indices, false, s);
-  mx::eval({low, high});
-  int64_t lo = mx::astype(low, mx::int64, s).item<int64_t>();
-  int64_t hi = mx::astype(high, mx::int64, s).item<int64_t>();
-  if (indices.size() > 0 && (lo < -size || hi >= size)) {
-    int64_t bad = lo < -size ? lo : hi;
-    throw std::out_of_range("[" + op + "] index " + std::to_string(bad) +
-                            " is out of bounds for an axis of size " + std::to_string(size));
+// and raises if any lies outside [-size, size), or, with an extent (gather's
+// slice size), if a slice of `extent` elements from it would run past the
+// axis. The extremes are compared in the indices' own signedness: an
+// unsigned index is never negative (a cast to int64 would make 2**64 - k
+// look like a legal -k).
+mx::array check_bounds(const mx::array& indices, int64_t size, const std::string& op, int64_t extent,
+                       mx::Stream s) {
+  if (!mx::issubdtype(indices.dtype(), mx::integer) || indices.size() == 0) return indices;
+  auto fail = [&](const std::string& bad) {
+    throw std::out_of_range("[" + op + "] index " + bad + " is out of bounds for an axis of size " +
+                            std::to_string(size) + (extent > 1 ? " with slices of " + std::to_string(extent) : ""));
+  };
+  if (mx::issubdtype(indices.dtype(), mx::unsignedinteger)) {
+    auto high = mx::max(indices, false, s);
+    mx::eval({high});
+    uint64_t hi = mx::astype(high, mx::uint64, s).item<uint64_t>();
+    if (size <= 0 || hi >= static_cast<uint64_t>(size) || hi > static_cast<uint64_t>(size - extent))
+      fail(std::to_string(hi));
+    return indices;
   }
+  auto wide = mx::astype(indices, mx::int64, s);
+  auto low = mx::min(wide, false, s), high = mx::max(wide, false, s);
+  // MLX wraps a negative index once (i + size): check where it lands.
+  auto start = mx::where(mx::less(wide, mx::array(int64_t{0}), s), mx::add(wide, mx::array(size), s), wide, s);
+  auto last = mx::max(start, false, s);
+  mx::eval({low, high, last});
+  int64_t lo = low.item<int64_t>(), hi = high.item<int64_t>();
+  if (lo < -size) fail(std::to_string(lo));
+  if (hi >= size) fail(std::to_string(hi));
+  if (last.item<int64_t>() > size - extent)
+    throw std::out_of_range("[" + op + "] a slice of " + std::to_string(extent) + " from position " +
+                            std::to_string(last.item<int64_t>()) + " runs past an axis of size " +
+                            std::to_string(size));
   return indices;
 }
 
@@ -303,7 +416,22 @@ std::vector<mx::array> run_op(int op, mx::Device device, const std::vector<mx::a
   // This thread's streams: the worker's own, and its CPU one for CPU-only ops.
   mx::Stream s = mx::default_stream(device);
   mx::Stream sc = mx::default_stream(mx::Device::cpu);
-  return dispatch(op, xs, p, s, sc);
+  if (op < 0 || op >= kOpCount) throw std::invalid_argument("[emlx] unknown op code " + std::to_string(op));
+  // Validation around MLX (validate.hpp): inputs and options that crash or
+  // hang plain MLX are refused (or made safe) before it sees them.
+  const char* name = kOpNames[op];
+  auto inputs = validate::inputs(name, xs, s);
+  std::vector<mx::array> outputs;
+  try {
+    outputs = dispatch(op, inputs, p, s, sc);
+  } catch (const char* message) {
+    // A few MLX checks throw a bare string (scatter's "Boolean indices not
+    // supported"), which would reach Python as "unknown C++ exception".
+    throw std::invalid_argument(message);
+  }
+  if (p.i != n_ints || p.f != n_floats)
+    throw std::invalid_argument(std::string("[") + name + "] got more parameters than the op table declares");
+  return validate::outputs(name, std::move(outputs), inputs, s);
 }
 
 void check_finite(const std::vector<mx::array>& outputs, const char* op) {

@@ -239,15 +239,23 @@ class TrioBackend:
         # need their completions; stop() ends the watcher.
         scope = trio.CancelScope(shield=True)
 
+        stopped = False
+
         async def watcher() -> None:
             with scope:
-                while True:
-                    await trio.lowlevel.wait_readable(fd)
-                    _report_errors(on_ready)
+                while not stopped:
+                    try:
+                        await trio.lowlevel.wait_readable(fd)
+                    except (OSError, trio.ClosedResourceError):
+                        return  # the channel closed its fd (notify_closing, or already gone)
+                    if not stopped:
+                        _report_errors(on_ready)
 
         trio.lowlevel.spawn_system_task(watcher, name="emlx_async completion watcher")
 
         def stop() -> None:
+            nonlocal stopped
+            stopped = True
             scope.cancel()
             try:
                 trio.lowlevel.notify_closing(fd)  # wake the watcher before the fd closes

@@ -8,9 +8,13 @@ An entry is (name, arrays, params, C++ expression):
 * arrays: how many array inputs, or VARIADIC for a list (then named `xs`);
   inputs are `x0, x1, ...` in the expression;
 * params: (name, kind, default) keyword-only options, decoded in order into
-  `p0, p1, ...`; kinds: "int", "bool", "float", "axis" (optional int), "axes"
-  (optional int list; `all_axes(p, x)` turns None into every axis), "shape"
-  (int list), "dtype" (optional dtype), "str";
+  `p0, p1, ...`; kinds: "int" (32-bit), "int64", "bool", "float", "axis"
+  (optional int), "axes" (optional int list; `all_axes(p, x)` turns None into
+  every axis), "shape" (32-bit int list), "strides" (64-bit int list), "dtype"
+  (optional dtype), "str". An integer kind may add a rule, "int:positive",
+  "int:nonneg" or "axis:nonzero" (for a list, each element): both sides refuse
+  a value that breaks it (MLX divides by zero group sizes, groups and strides);
+  every integer is range-checked against the C++ type it lands in;
 * the expression builds the result on stream `s` (the worker's default
   stream for its device) or `sc` (the worker thread's CPU stream, for ops
   MLX runs on the CPU only). It returns an array, a pair or a vector.
@@ -33,6 +37,10 @@ _BINARY = [
     "left_shift", "right_shift", "matmul", "outer", "inner", "kron",
 ]
 
+# Integer division guarded against INT_MIN / -1 (see ops.cpp: int_division).
+_BINARY_EXPRESSIONS = {"floor_divide": "int_division(x0, x1, true, s)",
+                       "remainder": "int_division(x0, x1, false, s)"}
+
 _REDUCE = ["sum", "prod", "max", "min", "mean", "all", "any", "logsumexp"]
 
 KEEPDIMS = ("keepdims", "bool", False)
@@ -40,7 +48,7 @@ AXES = ("axis", "axes", None)
 
 OPS = (
     [(name, 1, [], f"mx::{name}(x0, s)") for name in _UNARY]
-    + [(name, 2, [], f"mx::{name}(x0, x1, s)") for name in _BINARY]
+    + [(name, 2, [], _BINARY_EXPRESSIONS.get(name, f"mx::{name}(x0, x1, s)")) for name in _BINARY]
     + [(name, 1, [AXES, KEEPDIMS], f"mx::{name}(x0, all_axes(p0, x0), p1, s)") for name in _REDUCE]
     + [
         # creation
@@ -87,11 +95,11 @@ OPS = (
         ("stack", VARIADIC, [("axis", "int", 0)], "mx::stack(xs, p0, s)"),
         ("split", 1, [("sections", "int", 0), ("indices", "shape", ()), ("axis", "int", 0)],
          "p0 > 0 ? mx::split(x0, p0, p2, s) : mx::split(x0, p1, p2, s)"),
-        ("as_strided", 1, [("shape", "shape", ()), ("strides", "shape", ()), ("offset", "int", 0)],
-         "mx::as_strided(x0, p0, mx::Strides(p1.begin(), p1.end()), p2, s)"),
-        ("slice", 1, [("start", "shape", ()), ("stop", "shape", ()), ("strides", "shape", ())],
+        ("as_strided", 1, [("shape", "shape", ()), ("strides", "strides", ()), ("offset", "int64:nonneg", 0)],
+         "validate::as_strided(x0, p0, p1, p2, s)"),
+        ("slice", 1, [("start", "shape", ()), ("stop", "shape", ()), ("strides", "shape:nonzero", ())],
          "p2.empty() ? mx::slice(x0, p0, p1, s) : mx::slice(x0, p0, p1, p2, s)"),
-        ("slice_update", 2, [("start", "shape", ()), ("stop", "shape", ()), ("strides", "shape", ())],
+        ("slice_update", 2, [("start", "shape", ()), ("stop", "shape", ()), ("strides", "shape:nonzero", ())],
          "p2.empty() ? mx::slice_update(x0, x1, p0, p1, s) : mx::slice_update(x0, x1, p0, p1, p2, s)"),
         # elementwise with options
         ("where", 3, [], "mx::where(x0, x1, x2, s)"),
@@ -137,14 +145,16 @@ OPS = (
          "window_scatter(x0, x1, p0, p1, p2, true, s)"),
         ("window_scatter_min", 2, [("window", "shape", ()), ("strides", "shape", ()), ("padding", "shape", ())],
          "window_scatter(x0, x1, p0, p1, p2, false, s)"),
-        ("check_bounds", 1, [("size", "int", 0), ("op", "str", "")], "check_bounds(x0, p0, p1, s)"),
+        # extent: how many elements from each index on are read (gather's slice size along the axis)
+        ("check_bounds", 1, [("size", "int64", 0), ("op", "str", ""), ("extent", "int64:positive", 1)],
+         "check_bounds(x0, p0, p1, p2, s)"),
         # linear algebra and contractions
         ("tensordot", 2, [("axes", "int", 2)], "mx::tensordot(x0, x1, p0, s)"),
         ("einsum", VARIADIC, [("subscripts", "str", "")], "mx::einsum(p0, xs, s)"),
         ("addmm", 3, [("alpha", "float", 1.0), ("beta", "float", 1.0)], "mx::addmm(x0, x1, x2, p0, p1, s)"),
         ("conv_general", 2, [("stride", "shape", ()), ("padding_lo", "shape", ()), ("padding_hi", "shape", ()),
                              ("kernel_dilation", "shape", ()), ("input_dilation", "shape", ()),
-                             ("groups", "int", 1), ("flip", "bool", False)],
+                             ("groups", "int:positive", 1), ("flip", "bool", False)],
          "conv_general(x0, x1, p0, p1, p2, p3, p4, p5, p6, s)"),
         ("linalg_inv", 1, [], "mx::linalg::inv(x0, sc)"),
         ("linalg_tri_inv", 1, [("upper", "bool", False)], "mx::linalg::tri_inv(x0, p0, sc)"),
@@ -195,13 +205,15 @@ OPS = (
         ("kv_cache_attention", VARIADIC, [("offset", "int", 0), ("scale", "float", 1.0)],
          "kv_attention(xs, p0, static_cast<float>(p1), s)"),
         # quantization
-        ("quantize", 1, [("group_size", "axis", None), ("bits", "axis", None), ("mode", "str", "affine")],
+        ("quantize", 1, [("group_size", "axis:positive", None), ("bits", "axis:positive", None),
+                         ("mode", "str", "affine")],
          "mx::quantize(x0, p0, p1, p2, std::nullopt, s)"),
-        ("dequantize", VARIADIC, [("group_size", "axis", None), ("bits", "axis", None), ("mode", "str", "affine")],
+        ("dequantize", VARIADIC, [("group_size", "axis:positive", None), ("bits", "axis:positive", None),
+                                  ("mode", "str", "affine")],
          "mx::dequantize(xs[0], xs[1], optional_at(xs, 2), p0, p1, p2, std::nullopt, std::nullopt, s)"),
-        ("quantized_matmul", VARIADIC, [("transpose", "bool", True), ("group_size", "axis", None),
-                                        ("bits", "axis", None), ("mode", "str", "affine")],
-         "mx::quantized_matmul(xs[0], xs[1], xs[2], optional_at(xs, 3), p0, p1, p2, p3, s)"),
+        ("quantized_matmul", VARIADIC, [("transpose", "bool", True), ("group_size", "axis:positive", None),
+                                        ("bits", "axis:positive", None), ("mode", "str", "affine")],
+         "quantized_matmul(xs, p0, p1, p2, p3, s)"),
     ]
 )
 

@@ -101,6 +101,9 @@ class _QueueLease:
 _runtimes: "weakref.WeakValueDictionary[int, Runtime]" = weakref.WeakValueDictionary()
 
 
+_making_implicit = False  # get_runtime() is making the loop's implicit runtime
+
+
 def _registered(key: Any) -> Runtime | None:
     runtime = _runtimes.get(id(key))
     return runtime if runtime is not None and runtime._backend.key is key and not runtime.closed else None
@@ -149,7 +152,7 @@ class Runtime:
         self._created_at = traceback.format_stack() if self._backend.debug() else None
         if _registered(self._backend.key) is None:
             _runtimes[id(self._backend.key)] = self  # the loop's runtime, for ea.* calls
-        if self._backend.name == "trio":
+        if self._backend.name == "trio" and not _making_implicit:
             _close_at_the_end_of_trio_run(self)
 
     # ---- public --------------------------------------------------------------
@@ -320,13 +323,14 @@ async def _close_when_loop_shuts_down(runtime: Runtime):
         await runtime.close()
 
 
-def _close_at_the_end_of_trio_run(runtime: Runtime) -> None:
+def _close_at_the_end_of_trio_run(runtime: Runtime, *, keep_alive: bool = False) -> None:
     # trio cancels system tasks when the main task returns: close then,
-    # shielded so the close can finish. Held weakly, so an unreferenced
-    # runtime can still be collected (and warn).
+    # shielded so the close can finish. An explicit runtime is held weakly,
+    # so one nobody references can still be collected (and warn); the
+    # implicit one is kept alive here until the run ends.
     import trio
 
-    ref = weakref.ref(runtime)
+    ref = (lambda kept=runtime: kept) if keep_alive else weakref.ref(runtime)
     del runtime
 
     async def closer() -> None:
@@ -354,9 +358,16 @@ def get_runtime() -> Runtime:
     runtime = _registered(key)
     if runtime is not None:
         return runtime
-    runtime = Runtime()
+    global _making_implicit
+    _making_implicit = True
+    try:
+        runtime = Runtime()
+    finally:
+        _making_implicit = False
     _runtimes[id(key)] = runtime
-    if runtime._backend.name != "trio":  # trio runtimes always close at the end of the run
+    if runtime._backend.name == "trio":
+        _close_at_the_end_of_trio_run(runtime, keep_alive=True)
+    else:
         closer = _close_when_loop_shuts_down(runtime)
         runtime._shutdown_hook = closer  # the loop holds async generators weakly
         runtime._backend.loop.create_task(closer.__anext__())

@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import builtins
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -61,27 +62,52 @@ def _as_array(value: Any, like: mx.array | None) -> mx.array:
     return mx.array(value)
 
 
+# The C++ type each integer kind lands in (cffi_src/ops.cpp: Params): values
+# outside it are refused here, as mlx.core does, never truncated.
+_INT_RANGES = {"int": ("a 32-bit int", -2**31, 2**31 - 1), "axis": ("a 32-bit int", -2**31, 2**31 - 1),
+               "axes": ("a 32-bit int", -2**31, 2**31 - 1), "shape": ("a 32-bit int", -2**31, 2**31 - 1),
+               "int64": ("a 64-bit int", -2**63, 2**63 - 1), "strides": ("a 64-bit int", -2**63, 2**63 - 1)}
+# Rules a kind may add after a colon ("int:positive"); MLX divides by such options.
+_RULES = {"positive": ("positive", lambda v: v > 0), "nonneg": ("non-negative", lambda v: v >= 0),
+          "nonzero": ("nonzero", lambda v: v != 0)}
+
+
+def _int_option(name: str, pname: str, kind: str, rule: str, value: Any) -> int:
+    value = operator.index(value)
+    words, low, high = _INT_RANGES[kind]
+    if not low <= value <= high:
+        raise OverflowError(f"[{name}] option {pname!r} = {value} is out of range for {words} "
+                            f"[{low}, {high}]")
+    if rule and not _RULES[rule][1](value):
+        raise ValueError(f"[{name}] option {pname!r} must be {_RULES[rule][0]}, got {value}")
+    return value
+
+
 def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], str]:
     ints: list[int] = []
     floats: list[float] = []
     text = ""
-    for pname, kind, default in params:
+    for pname, full_kind, default in params:
+        kind, _, rule = full_kind.partition(":")
         value = options.pop(pname, default)
         try:
-            if kind == "int":
-                ints.append(operator.index(value))
+            if kind in ("int", "int64"):
+                ints.append(_int_option(name, pname, kind, rule, value))
             elif kind == "bool":
                 ints.append(1 if value else 0)
             elif kind == "float":
-                floats.append(float(value))
+                try:
+                    floats.append(float(value))
+                except OverflowError:
+                    raise OverflowError(f"[{name}] option {pname!r} = {value!r} is too large for a float") from None
             elif kind == "axis":
-                ints += [0, 0] if value is None else [1, operator.index(value)]
-            elif kind in ("axes", "shape"):
+                ints += [0, 0] if value is None else [1, _int_option(name, pname, kind, rule, value)]
+            elif kind in ("axes", "shape", "strides"):
                 if value is None and kind == "axes":
                     ints.append(-1)
                 else:
-                    values = [value] if isinstance(value, int) else list(value)
-                    ints += [len(values), *(operator.index(v) for v in values)]
+                    values = [value] if _is_int(value) else list(value)
+                    ints += [len(values), *(_int_option(name, pname, kind, rule, v) for v in values)]
             elif kind == "dtype":
                 if value is not None and value not in _DTYPE_CODES:
                     raise TypeError
@@ -90,7 +116,9 @@ def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], s
                 if not isinstance(value, str):
                     raise TypeError
                 text = value
-        except (TypeError, ValueError):
+        except (TypeError, ValueError) as exc:
+            if str(exc).startswith(f"[{name}]"):
+                raise
             raise TypeError(f"[{name}] option {pname!r} must be {_KIND_WORDS[kind]}, got {value!r}") from None
     if options:
         raise TypeError(f"[{name}] got unexpected option(s) {sorted(options)}; "
@@ -98,9 +126,18 @@ def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], s
     return ints, floats, text
 
 
-_KIND_WORDS = {"int": "an int", "bool": "a bool", "float": "a number", "axis": "an int or None",
-               "axes": "an int, a sequence of ints or None", "shape": "a sequence of ints",
-               "dtype": "an mlx dtype or None", "str": "a str"}
+def _is_int(value: Any) -> bool:
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+_KIND_WORDS = {"int": "an int", "int64": "an int", "bool": "a bool", "float": "a number",
+               "axis": "an int or None", "axes": "an int, a sequence of ints or None",
+               "shape": "a sequence of ints", "strides": "a sequence of ints", "dtype": "an mlx dtype or None",
+               "str": "a str"}
 
 
 _check_finite_default = False
@@ -194,8 +231,11 @@ def _axis_size(a, axis) -> int:
     return a.shape[axis]
 
 
-def _checked(name: str, arrays: list, checks: list[tuple[Any, int]], kwargs: dict):
-    """Submit op `name`, after bounds checks of (indices, axis size) pairs when enabled.
+def _checked(name: str, arrays: list, checks: list[tuple], kwargs: dict):
+    """Submit op `name`, after bounds checks of (indices, axis size[, extent]) when enabled.
+
+    `extent` is how many elements from each index the op reads (a gather's
+    slice size along that axis); the index plus it must stay in the axis.
 
     The checks go to the op's own queue just ahead of it, and the op depends
     on them: it keeps its place in the FIFO and never starts if one fails.
@@ -206,7 +246,8 @@ def _checked(name: str, arrays: list, checks: list[tuple[Any, int]], kwargs: dic
     queue = options.pop("queue", None)
     device = options.pop("device", None)
     target = _target([_as_array(a, None) if not isinstance(a, mx.array) else a for a in arrays], queue, device)
-    checks_done = [submit("check_bounds", [indices], size=size, op=name, queue=target) for indices, size in checks]
+    checks_done = [submit("check_bounds", [check[0]], size=check[1], extent=check[2] if len(check) > 2 else 1,
+                          op=name, queue=target) for check in checks]
     return submit(name, arrays, queue=target, _deps=checks_done, **options)
 
 
@@ -214,9 +255,14 @@ def _index_list(indices) -> list:
     return list(indices) if isinstance(indices, (list, tuple)) else [indices]
 
 
-def _index_checks(a, indices: list, axes) -> list[tuple[Any, int]]:
+def _index_checks(a, indices: list, axes, slice_sizes=None) -> list[tuple]:
+    if axes is None:
+        raise TypeError("the option 'axes' is required (an int or a sequence of ints)")
     axes = [axes] if isinstance(axes, int) else list(axes)
-    return [(idx, a.shape[ax]) for idx, ax in zip(indices, axes)]
+    if slice_sizes is None:
+        return [(idx, a.shape[ax]) for idx, ax in zip(indices, axes)]
+    # A gather reads slice_sizes[axis] elements from each index along that axis.
+    return [(idx, a.shape[ax], builtins.max(int(slice_sizes[ax]), 1)) for idx, ax in zip(indices, axes)]
 
 
 def scatter(a, indices, updates, /, *, axes, stream=None, **kwargs: Any):
@@ -238,8 +284,8 @@ def gather(a, indices, /, *, axes, slice_sizes, stream=None, **kwargs: Any):
     """``mlx::core::gather``: slices of `slice_sizes` from `a` at `indices` along `axes`."""
     kwargs = _with_stream(stream, kwargs)
     indices = _index_list(indices)
-    return _checked("gather", [a, *indices], _index_checks(a, indices, axes),
-                    dict(axes=axes, slice_sizes=slice_sizes, **kwargs))
+    checks = _index_checks(a, indices, axes, slice_sizes) if _bounds_checks else []
+    return _checked("gather", [a, *indices], checks, dict(axes=axes, slice_sizes=slice_sizes, **kwargs))
 
 
 # Each quantization mode's pinned (group_size, bits); affine's are defaults.
