@@ -296,7 +296,8 @@ OPS += [
     ("convolve", 2, [("mode", "str", "full")], "extra::convolve(x0, x1, p0, s)"),
     ("trunc", 1, [], "mx::trunc(x0, s)"),
     ("count_nonzero", 1, [AXES, KEEPDIMS], "mx::count_nonzero(x0, all_axes(p0, x0), p1, s)"),
-    ("divmod", 2, [], "mx::divmod(x0, x1, s)"),
+    # MLX's own divmod kernel traps on an integer zero divisor (SIGFPE); its two halves do not.
+    ("divmod", 2, [], "std::vector<mx::array>{int_division(x0, x1, true, s), int_division(x0, x1, false, s)}"),
     ("vecdot", 2, [("axis", "int", -1)], "mx::vecdot(x0, x1, p0, s)"),
     ("minmax", 1, [AXES, KEEPDIMS], "extra::minmax(x0, all_axes(p0, x0), p1, s)"),
     ("unflatten", 1, [("axis", "int", 0), _SHAPE], "mx::unflatten(x0, p0, p1, s)"),

@@ -178,6 +178,7 @@ CALLS.update({
     "trunc": ("ops", lambda m: m.trunc(M * 3)),
     "count_nonzero": ("ops", lambda m: m.count_nonzero(I, axis=1)),
     "divmod": ("ops", lambda m: m.divmod(I, 2)),
+    "divmod float": ("ops", lambda m: m.divmod(M, P)),
     "vecdot": ("ops", lambda m: m.vecdot(M, P, axis=0)),
     "minmax": ("ops", lambda m: m.minmax(X, 1)),
     "unflatten": ("ops", lambda m: m.unflatten(X, 2, (5, 1))),
