@@ -434,3 +434,13 @@ async def test_hand_written_ops_take_stream_too(rt):
                                           stream="cpu")
     assert got.tolist() == [[0.0, 1.0], [0.0, 0.0]]
     assert (await ea.fast.rms_norm(M, None, 1e-5, stream=mx.cpu)).shape == M.shape
+
+
+@async_test
+async def test_stream_picks_a_queue_of_its_device(rt):
+    lazy = await ea.ops.add(M, 1.0, lazy=True, stream=mx.cpu)
+    assert rt.queue_of(lazy) is rt.default_queue("cpu")
+    _same(await ea.eval(lazy), M + 1.0, "stream=mx.cpu")
+    if not mx.is_available(mx.gpu):
+        with pytest.raises(ea.DeviceUnavailable):
+            ea.ops.add(M, 1.0, stream=mx.gpu)
