@@ -2,12 +2,14 @@
 // (the dispatch itself is generated into ops.cpp).
 #include "ops_extra.hpp"
 
+#include <map>
 #include <stdexcept>
 
 #include "mlx/fft.h"
 #include "mlx/linalg.h"
 #include "mlx/ops.h"
 #include "mlx/random.h"
+#include "validate.hpp"
 
 namespace emlx::extra {
 
@@ -28,7 +30,11 @@ mx::array pad_mode(const mx::array& x, const mx::array& value, const mx::Shape& 
     throw std::invalid_argument("[pad] pad_width needs a (before, after) pair for each of the " +
                                 std::to_string(x.ndim()) + " axes");
   std::vector<std::pair<int, int>> pairs;
-  for (size_t k = 0; k < x.ndim(); ++k) pairs.emplace_back(flat[2 * k], flat[2 * k + 1]);
+  for (size_t k = 0; k < x.ndim(); ++k) {
+    // MLX sums the padded size in 32 bits: check it here first (as ops.cpp's pad_pairs).
+    validate::dim_add("pad", validate::dim_add("pad", x.shape(k), flat[2 * k]), flat[2 * k + 1]);
+    pairs.emplace_back(flat[2 * k], flat[2 * k + 1]);
+  }
   return mx::pad(x, pairs, value, mode, s);
 }
 
@@ -239,6 +245,25 @@ mx::array gather_qmm(const std::vector<mx::array>& xs, bool has_biases, bool has
                      bool sorted, mx::Stream s) {
   if (xs.size() != 3u + has_biases + has_lhs + has_rhs + has_gs)
     throw std::invalid_argument("[gather_qmm] expects x, w, scales and the optional arrays given");
+  // MLX does not check scales and biases against w (its kernel reads past
+  // smaller ones), nor an empty inner dimension (SIGFPE): as ops.cpp's
+  // quantized_matmul, refuse those first.
+  const auto &w = xs[1];
+  static const std::map<std::string, std::pair<int, int>> defaults = {
+      {"affine", {64, 4}}, {"mxfp4", {32, 4}}, {"mxfp8", {32, 8}}, {"nvfp4", {16, 4}}};
+  auto mode_defaults = defaults.find(mode);
+  if (mode_defaults != defaults.end() && w.ndim() >= 2) {
+    if (w.shape(-1) == 0 || (xs[0].ndim() > 0 && xs[0].shape(-1) == 0))
+      throw std::invalid_argument("[gather_qmm] the inner (contracted) dimension is empty");
+    int64_t g = group_size.value_or(mode_defaults->second.first), b = bits.value_or(mode_defaults->second.second);
+    auto want = w.shape();
+    want.back() = static_cast<int>(static_cast<int64_t>(w.shape(-1)) * 32 / b / g);
+    for (size_t k = 2; k < 3u + has_biases; ++k)
+      if (xs[k].shape() != want)
+        throw std::invalid_argument(std::string("[gather_qmm] ") + (k == 2 ? "scales" : "biases") + " have shape " +
+                                    validate::shape_text(xs[k].shape()) + "; w of shape " +
+                                    validate::shape_text(w.shape()) + " needs " + validate::shape_text(want));
+  }
   std::optional<mx::array> biases, lhs, rhs, gs;
   size_t k = 3;
   if (has_biases) biases = xs[k++];

@@ -475,10 +475,29 @@ def window(kind: str, M, rt):  # noqa: N803 - mlx's name
     return op("window", [], rt, kind=_WINDOWS[kind], M=M)
 
 
+def _batch_size(x) -> int:
+    """How many matrices a {..., M, N} operand holds: the range its gather indices index."""
+    size = 1
+    for n in x.shape[:-2]:
+        size *= n
+    return size
+
+
+def _matrix_checks(lhs, lhs_of, rhs, rhs_of) -> list:
+    return [(i, _batch_size(of)) for i, of in ((lhs, lhs_of), (rhs, rhs_of)) if i is not None]
+
+
 def gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices, rt):
     arrays = [a, b] + [i for i in (lhs_indices, rhs_indices) if i is not None]
-    return op("gather_mm", arrays, rt, has_lhs=lhs_indices is not None, has_rhs=rhs_indices is not None,
-              sorted_indices=sorted_indices)
+    return _ops._checked("gather_mm", arrays, _matrix_checks(lhs_indices, a, rhs_indices, b),
+                         dict(has_lhs=lhs_indices is not None, has_rhs=rhs_indices is not None,
+                              sorted_indices=sorted_indices, **rt))
+
+
+def segmented_mm(a, b, segments, rt):
+    # segments hold [start, end) ranges of a's last axis: an end may equal its size
+    return _ops._checked("segmented_mm", [a, b, segments], [(segments, a.shape[-1] + 1)] if a.ndim else [],
+                         dict(rt))
 
 
 def block_masked_mm(a, b, block_size, mask_out, mask_lhs, mask_rhs, rt):
@@ -506,10 +525,12 @@ def gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_
                sorted_indices, rt):
     _ops._check_mode("gather_qmm", mode, group_size, bits)
     optional = (biases, lhs_indices, rhs_indices, global_scale)
-    return op("gather_qmm", [x, w, scales] + [v for v in optional if v is not None], rt,
-              has_biases=biases is not None, has_lhs=lhs_indices is not None, has_rhs=rhs_indices is not None,
-              has_global_scale=global_scale is not None, transpose=transpose, group_size=group_size, bits=bits,
-              mode=mode, sorted_indices=sorted_indices)
+    return _ops._checked("gather_qmm", [x, w, scales] + [v for v in optional if v is not None],
+                         _matrix_checks(lhs_indices, x, rhs_indices, w),
+                         dict(has_biases=biases is not None, has_lhs=lhs_indices is not None,
+                              has_rhs=rhs_indices is not None, has_global_scale=global_scale is not None,
+                              transpose=transpose, group_size=group_size, bits=bits, mode=mode,
+                              sorted_indices=sorted_indices, **rt))
 
 
 def random_multivariate_normal(mean, cov, shape, dtype, key, rt):

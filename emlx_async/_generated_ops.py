@@ -1822,7 +1822,7 @@ def segmented_mm(a: array, b: array, /, segments: array, *, stream: StreamOrDevi
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('segmented_mm', [a, b, segments], _rt)
+    return _ad.segmented_mm(a, b, segments, _rt)
 
 
 def sigmoid(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:

@@ -215,6 +215,8 @@ _bounds_checks = False
 def set_bounds_checks(enabled: bool) -> bool:
     """Turn bounds checks of take/take_along_axis/put_along_axis/gather/scatter indices on or off.
 
+    The matrix gathers (gather_mm, gather_qmm) and segmented_mm's segments are checked too.
+
     When on, indices are checked on the worker before the op and an
     out-of-range index raises ``MLXIndexError`` (MLX itself would read or
     write out of bounds). When off (the default) they cost nothing.

@@ -444,3 +444,18 @@ async def test_stream_picks_a_queue_of_its_device(rt):
     if not mx.is_available(mx.gpu):
         with pytest.raises(ea.DeviceUnavailable):
             ea.ops.add(M, 1.0, stream=mx.gpu)
+
+
+@async_test
+async def test_bounds_checks_cover_the_new_index_taking_ops(rt):
+    assert ea.ops.set_bounds_checks(True) is False
+    try:
+        with pytest.raises(ea.MLXIndexError, match=r"\[gather_mm\] index 2"):
+            await ea.ops.gather_mm(M, mx.stack([M, M]), None, mx.array([2]))
+        with pytest.raises(ea.MLXIndexError, match=r"\[segmented_mm\] index 5"):
+            await ea.ops.segmented_mm(M, M, mx.array([[0, 5]]))
+        with pytest.raises(ea.MLXIndexError, match=r"\[put_along_axis_flat\] index 16"):
+            await ea.ops.put_along_axis(M, mx.array([16]), mx.array([1.0]), None)
+        _same(await ea.ops.segmented_mm(M, M, mx.array([[0, 4]])), mx.segmented_mm(M, M, mx.array([[0, 4]])), "ok")
+    finally:
+        ea.ops.set_bounds_checks(False)

@@ -71,7 +71,7 @@ OPS.update({
     "isposinf": table(), "isneginf": table(), "searchsorted": table(), "median": table(), "diff": table(),
     "trace": table(), "diagonal": table(), "diag": table(), "hadamard_transform": adapter("hadamard_transform"),
     "trunc": table(), "count_nonzero": table(), "divmod": table(), "vecdot": table(), "minmax": table(),
-    "unflatten": table(), "unstack": table(), "segmented_mm": table(), "full_like": adapter("full_like"),
+    "unflatten": table(), "unstack": table(), "segmented_mm": adapter("segmented_mm"), "full_like": adapter("full_like"),
     "matrix_transpose": adapter("matrix_transpose"), "meshgrid": adapter("meshgrid"),
     "broadcast_arrays": adapter("broadcast_arrays"), "atleast_1d": adapter("atleast_1d"),
     "atleast_2d": adapter("atleast_2d"), "atleast_3d": adapter("atleast_3d"),
