@@ -9,7 +9,9 @@ prompts and the same token budget (greedy):
   (c) mlx-lm's own continuous batching (BatchGenerator) on one thread;
   (d) emlx_async, one pooled queue per stream (mode "parallel"; with the
       default pool, requests beyond the pool wait for a queue);
-  (e) emlx_async, continuous batching on one queue (mode "batch").
+  (e) emlx_async, continuous batching on one queue (mode "batch");
+  then (d) and (e) again under trio (`trio.run`), as a ratio to the asyncio
+  row of the same N (target: within 3%).
 Every scenario stops a request at end-of-sequence, so all produce the same
 tokens. Reports aggregate tokens/s, time to first token, p50/p99 inter-token latency
 and the p99 lag of a 1 ms ticker on the event loop; throughput as a ratio
@@ -26,7 +28,9 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+import anyio
 import mlx.core as mx
+import trio
 
 import emlx_async as ea
 from emlx_async.llm import Engine
@@ -117,7 +121,9 @@ def run_engine(mode):
                 if delta.token is not None:
                     trace.stamps.append(time.perf_counter())
 
-        await asyncio.gather(*(one(p, t) for p, t in zip(prompts, traces)))
+        async with anyio.create_task_group() as tg:  # asyncio or trio
+            for p, t in zip(prompts, traces):
+                tg.start_soon(one, p, t)
         return traces
     return run
 
@@ -131,12 +137,14 @@ SCENARIOS = {
 }
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description="concurrent decode benchmark")
-    parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument("--streams", default="1,2,4,8")
-    args = parser.parse_args()
-    counts = [int(n) for n in args.streams.split(",")]
+def summarize(traces: list[Trace], wall: float) -> tuple[int, float, float, list[float]]:
+    total = sum(len(t.stamps) for t in traces)
+    ttft = statistics.mean(t.stamps[0] - t.start for t in traces if t.stamps)
+    gaps = [b - a for t in traces for a, b in zip(t.stamps, t.stamps[1:])]
+    return total, total / wall, ttft, gaps
+
+
+async def main(args, counts: list[int], rates: dict) -> None:
     # Defaults on both sides, as a user gets them: the runtime's pool is one
     # queue per core (at least 2), asyncio's executor min(32, cores + 4)
     # threads. More streams than cores only thrash a small CPU.
@@ -158,15 +166,41 @@ async def main() -> None:
                     start = time.perf_counter()
                     traces = await scenario(engine, [prompts[i % len(prompts)] for i in range(n)], args.tokens)
                     wall = time.perf_counter() - start
-                total = sum(len(t.stamps) for t in traces)
-                rate = total / wall
+                total, rate, ttft, gaps = summarize(traces, wall)
                 base = base or rate
-                ttft = statistics.mean(t.stamps[0] - t.start for t in traces if t.stamps)
-                gaps = [b - a for t in traces for a, b in zip(t.stamps, t.stamps[1:])]
+                rates[(n, name)] = rate
                 print(f"{n:>2} {name:30} {total:6d} {rate:9.2f} {rate / base:6.2f} {ttft:7.2f} "
                       f"{1000 * pct(gaps, 0.5):10.1f} {1000 * pct(gaps, 0.99):10.1f} "
                       f"{1000 * lag.p99():10.2f}", flush=True)
 
 
+async def trio_main(args, counts: list[int], rates: dict) -> None:
+    """The engine's scenarios again under trio, against the asyncio rows."""
+    async with ea.Runtime() as runtime:
+        engine = await Engine.load(runtime=runtime, max_concurrent=max(counts))
+        prompts = [engine.encode(p) for p in PROMPTS]
+        await run_engine("parallel")(engine, prompts[:runtime.pool_size], 2)
+        print(f"\nunder trio (ratio: to the asyncio row of the same N and mode)")
+        print(f"{'N':>2} {'scenario':30} {'tokens':>6} {'agg tok/s':>9} {'ratio':>6} {'ttft s':>7} "
+              f"{'itl p50 ms':>10} {'itl p99 ms':>10}")
+        for n in counts:
+            for name in ("(d) emlx_async parallel", "(e) emlx_async batch"):
+                await trio.sleep(0.01)
+                start = time.perf_counter()
+                traces = await SCENARIOS[name](engine, [prompts[i % len(prompts)] for i in range(n)], args.tokens)
+                total, rate, ttft, gaps = summarize(traces, time.perf_counter() - start)
+                print(f"{n:>2} {name + ', trio':30} {total:6d} {rate:9.2f} {rate / rates[(n, name)]:6.2f} "
+                      f"{ttft:7.2f} {1000 * pct(gaps, 0.5):10.1f} {1000 * pct(gaps, 0.99):10.1f}", flush=True)
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser(description="concurrent decode benchmark")
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--streams", default="1,2,4,8")
+    parser.add_argument("--no-trio", action="store_true", help="skip the trio rows")
+    cli = parser.parse_args()
+    streams = [int(n) for n in cli.streams.split(",")]
+    measured: dict = {}
+    asyncio.run(main(cli, streams, measured))
+    if not cli.no_trio:
+        trio.run(trio_main, cli, streams, measured)

@@ -446,7 +446,8 @@ class CommandQueue:
             return
         self._channel.jobs[job.id] = job
         self._pending += 1
-        if job.start() != 0:
+        start, job.start = job.start, None  # the closure refers to the job: no cycle left behind
+        if start() != 0:
             message = last_error()
             del self._channel.jobs[job.id]
             self._pending -= 1
@@ -495,11 +496,14 @@ class CommandQueue:
         self._started.pop(job.id, None)
         self._release_slot()
         future = job.future
+        future._job = None  # break the future <-> job cycle: a dropped result is freed at once
         if status == lib.EMLX_DONE and payload != ffi.NULL:
             result = _published(job, payload)  # also when abandoned: donated arrays get their update
         else:
             result = job.result
             _settle_payload(job, payload, payload_kind)
+        job.result = job.publish_into = None
+        job.donated = []
         if future.done():
             return  # abandoned by a cancelled awaiter
         if status == lib.EMLX_DONE:
