@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 MLX_BACKEND ?= cpu
 MLX_VERSION := 0.32.4
 
-.PHONY: demo test fuzz bench install wheel-check clean
+.PHONY: demo test fuzz bench install wheel-check clean generate
 
 $(VENV)/.installed: pyproject.toml setup.py build_ffi.py $(wildcard cffi_src/*) emlx_async/_op_table.py emlx_async/_version.py
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+# The mlx-signature modules (emlx_async/_generated_*.py), from the installed mlx; checked in.
+generate: $(VENV)/.installed
+	$(PY) tools/gen_api.py
 
 # The op fuzz test (tests/test_fuzz.py) with many more cases per op than `make test` runs.
 FUZZ_EXAMPLES ?= 300

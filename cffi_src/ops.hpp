@@ -21,3 +21,5 @@ int op_count();
 void check_finite(const std::vector<mx::array>& outputs, const char* op);
 
 }  // namespace emlx
+
+#include "ops_extra.hpp"  // helpers the generated op dispatch uses

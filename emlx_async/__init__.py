@@ -41,6 +41,7 @@ from . import ipc as ipc  # noqa: E402
 from . import linalg as linalg  # noqa: E402
 from . import memory as memory  # noqa: E402
 from . import ops as ops  # noqa: E402
+from . import random as random  # noqa: E402
 from . import replay as replay  # noqa: E402
 from .replay import CompiledFunction as CompiledFunction  # noqa: E402
 from .replay import TracedFunction as TracedFunction  # noqa: E402
@@ -54,5 +55,6 @@ __all__ = [
     "HostCallDeadlock", "HostCallError", "JobFuture", "TrioJobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
     "MLXValueError", "QueueClosed", "QueueFull", "QueueReleaseError", "Runtime", "RuntimeClosed",
     "__version__", "attention", "bind", "bound_queue", "cancelled", "current_queue", "eval", "fast", "fft",
-    "get_runtime", "host_call", "ipc", "item", "linalg", "memory", "ops", "replay", "run", "synchronize", "to_numpy",
+    "get_runtime", "host_call", "ipc", "item", "linalg", "memory", "ops", "random", "replay", "run", "synchronize",
+    "to_numpy",
 ]

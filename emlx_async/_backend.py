@@ -23,14 +23,17 @@ import asyncio
 import contextvars
 import traceback
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import sniffio
 
 from ._errors import RuntimeClosed
 
 
-class JobFuture(asyncio.Future):
+_T = TypeVar("_T")
+
+
+class JobFuture(asyncio.Future[_T]):  # generic, so ops can say JobFuture[mx.array]
     """The awaitable a job returns under asyncio: an asyncio.Future whose ``cancel()`` acts at once.
 
     A plain future runs its done-callbacks on a later loop iteration, by which

@@ -215,11 +215,147 @@ OPS = (
                                         ("bits", "axis:positive", None), ("mode", "str", "affine")],
          "quantized_matmul(xs, p0, p1, p2, p3, s)"),
     ]
-    # Replay of a traced function (cffi_src/replay.cpp; emlx_async/replay.py):
-    # xs are its inputs, `function` the id emlx_replay_register gave it.
-    + [
-        ("replay", VARIADIC, [("function", "int64", 0)], "replay_call(xs, p0, s, sc)"),
-        # the same for a function of several outputs (they come back as a tuple)
-        ("replay_multi", VARIADIC, [("function", "int64", 0)], "replay_call(xs, p0, s, sc)"),
-    ]
 )
+
+# ---- mlx-signature variants and additions (helpers in cffi_src/ops_extra.cpp) ----
+# The variants carry options the entries above lack (pad modes, dynamic
+# slices, fft sizes and norms, ...); emlx_async/_adapters.py picks an entry
+# per call. random_* ops always get a key: without one, the Python side
+# draws it from MLX's global random state, as mx.random does.
+_SHAPE = ("shape", "shape", ())
+_DTYPE = ("dtype", "dtype", None)
+_SCAN = [("axis", "axis", None), ("reverse", "bool", False), ("inclusive", "bool", True)]
+
+OPS += [
+    ("pad_mode", 2, [("pad_width", "shape", ()), ("mode", "str", "constant")], "extra::pad_mode(x0, x1, p0, p1, s)"),
+    ("slice_dynamic", 2, [("axes", "shape", ()), ("slice_size", "shape", ())],
+     "mx::slice(x0, x1, extra::ints(p0), p1, s)"),
+    ("slice_update_dynamic", 3, [("axes", "shape", ())], "mx::slice_update(x0, x1, x2, extra::ints(p0), s)"),
+    ("tensordot_axes", 2, [("axes_a", "shape", ()), ("axes_b", "shape", ())],
+     "mx::tensordot(x0, x1, extra::ints(p0), extra::ints(p1), s)"),
+    ("linspace_endpoint", 0, [("start", "float", 0.0), ("stop", "float", 1.0), ("num", "int", 50),
+                              ("endpoint", "bool", True), _DTYPE],
+     "mx::linspace(p0, p1, p2, p3, p4.value_or(mx::float32), s)"),
+    ("nan_to_num_inf", 1, [("nan", "float", 0.0), ("has_posinf", "bool", False), ("posinf", "float", 0.0),
+                           ("has_neginf", "bool", False), ("neginf", "float", 0.0)],
+     "mx::nan_to_num(x0, static_cast<float>(p0), extra::opt_float(p1, p2), extra::opt_float(p3, p4), s)"),
+    ("cumsum_dtype", 1, _SCAN + [_DTYPE],
+     "p0 ? mx::cumsum(x0, *p0, p1, p2, p3, s) : mx::cumsum(x0, p1, p2, p3, s)"),
+    ("cumprod_dtype", 1, _SCAN + [_DTYPE],
+     "p0 ? mx::cumprod(x0, *p0, p1, p2, p3, s) : mx::cumprod(x0, p1, p2, p3, s)"),
+    ("contiguous_col_major", 1, [("allow_col_major", "bool", False)], "mx::contiguous(x0, p0, s)"),
+    ("fft_any", 1, [("kind", "int", 0), ("n", "axes", None), ("axes", "shape", ()), ("norm", "str", "backward")],
+     "extra::fft_any(x0, p0, p1, p2, p3, sc)"),
+    ("norm_ord", 1, [("ord", "float", 2.0), AXES, KEEPDIMS], "extra::norm_ord(x0, p0, p1, p2, s)"),
+    ("norm_str", 1, [AXES, KEEPDIMS, ("ord", "str", "fro")], "extra::norm_str(x0, p2, p0, p1, s)"),
+    # mx.random
+    ("random_key", 0, [("seed", "str", "0")], "mx::random::key(std::stoull(p0))"),
+    ("random_split", 1, [("num", "int", 2)], "mx::random::split(x0, p0, s)"),
+    ("random_uniform", 3, [_SHAPE, _DTYPE], "mx::random::uniform(x0, x1, p0, p1.value_or(mx::float32), x2, s)"),
+    ("random_normal", VARIADIC, [_SHAPE, _DTYPE, ("has_loc", "bool", False), ("has_scale", "bool", False)],
+     "extra::random_normal(xs, p0, p1.value_or(mx::float32), p2, p3, s)"),
+    ("random_randint", 3, [_SHAPE, _DTYPE], "mx::random::randint(x0, x1, p0, p1.value_or(mx::int32), x2, s)"),
+    ("random_bernoulli", 2, [("shape", "axes", None)],
+     "p0 ? mx::random::bernoulli(x0, *extra::opt_shape(p0), x1, s) : mx::random::bernoulli(x0, x1, s)"),
+    ("random_truncated_normal", 3, [("shape", "axes", None), _DTYPE],
+     "p0 ? mx::random::truncated_normal(x0, x1, *extra::opt_shape(p0), p1.value_or(mx::float32), x2, s)"
+     " : mx::random::truncated_normal(x0, x1, p1.value_or(mx::float32), x2, s)"),
+    ("random_gumbel", 1, [_SHAPE, _DTYPE], "mx::random::gumbel(p0, p1.value_or(mx::float32), x0, s)"),
+    ("random_categorical", 2, [("axis", "int", -1), ("shape", "axes", None), ("num_samples", "axis", None)],
+     "extra::categorical(x0, x1, p0, p1, p2, s)"),
+    ("random_permutation", 2, [("axis", "int", 0)], "mx::random::permutation(x0, p0, x1, s)"),
+    ("random_permutation_n", 1, [("n", "int", 0)], "mx::random::permutation(p0, x0, s)"),
+    ("random_laplace", 1, [_SHAPE, _DTYPE, ("loc", "float", 0.0), ("scale", "float", 1.0)],
+     "mx::random::laplace(p0, p1.value_or(mx::float32), static_cast<float>(p2), static_cast<float>(p3), x0, s)"),
+    # convolutions
+    ("conv_nd", 2, [("stride", "shape", ()), ("padding", "shape", ()), ("dilation", "shape", ()),
+                    ("groups", "int:positive", 1)], "extra::conv_nd(x0, x1, p0, p1, p2, p3, s)"),
+    ("conv_transpose_nd", 2, [("stride", "shape", ()), ("padding", "shape", ()), ("dilation", "shape", ()),
+                              ("output_padding", "shape", ()), ("groups", "int:positive", 1)],
+     "extra::conv_transpose_nd(x0, x1, p0, p1, p2, p3, p4, s)"),
+    # more of mlx.core
+    ("zeros_like", 1, [], "mx::zeros_like(x0, s)"),
+    ("ones_like", 1, [], "mx::ones_like(x0, s)"),
+    ("isposinf", 1, [], "mx::isposinf(x0, s)"),
+    ("isneginf", 1, [], "mx::isneginf(x0, s)"),
+    ("searchsorted", 2, [("side", "str", "left")], "mx::searchsorted(x0, x1, p0, s)"),
+    ("median", 1, [AXES, KEEPDIMS], "mx::median(x0, all_axes(p0, x0), p1, s)"),
+    ("partition", 1, [("kth", "int", 0), ("axis", "axis", -1)],
+     "p1 ? mx::partition(x0, p0, *p1, s) : mx::partition(x0, p0, s)"),
+    ("argpartition", 1, [("kth", "int", 0), ("axis", "axis", -1)],
+     "p1 ? mx::argpartition(x0, p0, *p1, s) : mx::argpartition(x0, p0, s)"),
+    ("diff", 1, [("n", "int", 1), ("axis", "int", -1)], "mx::diff(x0, p0, p1, s)"),
+    ("trace", 1, [("offset", "int", 0), ("axis1", "int", 0), ("axis2", "int", 1), _DTYPE],
+     "p3 ? mx::trace(x0, p0, p1, p2, *p3, s) : mx::trace(x0, p0, p1, p2, s)"),
+    ("diagonal", 1, [("offset", "int", 0), ("axis1", "int", 0), ("axis2", "int", 1)],
+     "mx::diagonal(x0, p0, p1, p2, s)"),
+    ("diag", 1, [("k", "int", 0)], "mx::diag(x0, p0, s)"),
+    ("logcumsumexp", 1, _SCAN, "p0 ? mx::logcumsumexp(x0, *p0, p1, p2, s) : mx::logcumsumexp(x0, p1, p2, s)"),
+    ("hadamard_transform", 1, [("has_scale", "bool", False), ("scale", "float", 1.0)],
+     "mx::hadamard_transform(x0, extra::opt_float(p0, p1), s)"),
+    ("convolve", 2, [("mode", "str", "full")], "extra::convolve(x0, x1, p0, s)"),
+    ("trunc", 1, [], "mx::trunc(x0, s)"),
+    ("count_nonzero", 1, [AXES, KEEPDIMS], "mx::count_nonzero(x0, all_axes(p0, x0), p1, s)"),
+    # MLX's own divmod kernel traps on an integer zero divisor (SIGFPE); its two halves do not.
+    ("divmod", 2, [], "std::vector<mx::array>{int_division(x0, x1, true, s), int_division(x0, x1, false, s)}"),
+    ("vecdot", 2, [("axis", "int", -1)], "mx::vecdot(x0, x1, p0, s)"),
+    ("minmax", 1, [AXES, KEEPDIMS], "extra::minmax(x0, all_axes(p0, x0), p1, s)"),
+    ("unflatten", 1, [("axis", "int", 0), _SHAPE], "mx::unflatten(x0, p0, p1, s)"),
+    ("unstack", 1, [("axis", "int", 0)], "mx::unstack(x0, p0, s)"),
+    ("meshgrid", VARIADIC, [("sparse", "bool", False), ("indexing", "str", "xy")], "mx::meshgrid(xs, p0, p1, s)"),
+    ("atleast_nd", VARIADIC, [("ndim", "int", 1)], "extra::atleast(xs, p0, s)"),
+    ("broadcast_arrays", VARIADIC, [], "mx::broadcast_arrays(xs, s)"),
+    ("window", 0, [("kind", "int", 0), ("M", "int", 1)], "extra::window(p0, p1, s)"),
+    ("gather_mm", VARIADIC, [("has_lhs", "bool", False), ("has_rhs", "bool", False),
+                             ("sorted_indices", "bool", False)], "extra::gather_mm(xs, p0, p1, p2, s)"),
+    ("block_masked_mm", VARIADIC, [("block_size", "int", 64), ("has_out", "bool", False),
+                                   ("has_lhs", "bool", False), ("has_rhs", "bool", False)],
+     "extra::block_masked_mm(xs, p0, p1, p2, p3, s)"),
+    ("segmented_mm", 3, [], "mx::segmented_mm(x0, x1, x2, s)"),
+    ("linalg_cholesky_inv", 1, [("upper", "bool", False)], "mx::linalg::cholesky_inv(x0, p0, sc)"),
+    ("linalg_cross", 2, [("axis", "int", -1)], "mx::linalg::cross(x0, x1, p0, s)"),
+    ("linalg_det", 1, [], "mx::linalg::det(x0, sc)"),
+    ("linalg_slogdet", 1, [], "mx::linalg::slogdet(x0, sc)"),
+    ("linalg_eig", 1, [], "mx::linalg::eig(x0, sc)"),
+    ("linalg_eigvals", 1, [], "mx::linalg::eigvals(x0, sc)"),
+    ("linalg_lu_factor", 1, [], "mx::linalg::lu_factor(x0, sc)"),
+    ("fft_shift", 1, [("inverse", "bool", False), ("axes", "axes", None)], "extra::fftshift(x0, p0, p1, sc)"),
+    ("fft_freq", 0, [("n", "int", 1), ("d", "float", 1.0), ("real", "bool", False)],
+     "p2 ? mx::fft::rfftfreq(p0, p1, sc) : mx::fft::fftfreq(p0, p1, sc)"),
+    ("concatenate_flat", VARIADIC, [], "mx::concatenate(xs, s)"),
+    ("roll_axes", 1, [("shift", "shape", ()), ("scalar_shift", "bool", False), ("axis", "axes", None)],
+     "extra::roll(x0, p0, p1, p2, s)"),
+    ("put_along_axis_flat", 3, [], "extra::put_along_flat(x0, x1, x2, s)"),
+    ("quantize_scaled", 2, [("group_size", "axis:positive", None), ("bits", "axis:positive", None), ("mode", "str", "affine")],
+     "extra::quantize_scaled(x0, x1, p0, p1, p2, s)"),
+    ("dequantize_full", VARIADIC, [("group_size", "axis:positive", None), ("bits", "axis:positive", None), ("mode", "str", "affine"),
+                                   ("has_biases", "bool", False), ("has_global_scale", "bool", False), _DTYPE],
+     "extra::dequantize_full(xs, p0, p1, p2, p3, p4, p5, s)"),
+    ("unique", VARIADIC, [("size", "int", 0), ("return_index", "bool", False), ("return_inverse", "bool", False),
+                          ("return_counts", "bool", False)], "extra::unique(xs, p0, p1, p2, p3, s)"),
+    ("to_fp8", 1, [], "mx::to_fp8(x0, s)"),
+    ("from_fp8", 1, [_DTYPE], "mx::from_fp8(x0, p0.value_or(mx::bfloat16), s)"),
+    ("gather_qmm", VARIADIC, [("has_biases", "bool", False), ("has_lhs", "bool", False), ("has_rhs", "bool", False),
+                              ("has_global_scale", "bool", False), ("transpose", "bool", True),
+                              ("group_size", "axis:positive", None), ("bits", "axis:positive", None), ("mode", "str", "affine"),
+                              ("sorted_indices", "bool", False)],
+     "extra::gather_qmm(xs, p0, p1, p2, p3, p4, p5, p6, p7, p8, s)"),
+    ("random_multivariate_normal", 3, [_SHAPE, _DTYPE],
+     "mx::random::multivariate_normal(x0, x1, p0, p1.value_or(mx::float32), x2, sc)"),
+    ("fft_stft", VARIADIC, [("n_fft", "int", 2048), ("hop_length", "axis", None), ("win_length", "axis", None),
+                            ("center", "bool", True), ("norm", "int", 0), ("has_onesided", "bool", False),
+                            ("onesided", "bool", False), ("pad_mode", "str", "reflect")],
+     "extra::stft(xs, p0, p1, p2, p3, p4, p5, p6, p7, sc)"),
+    ("fft_istft", VARIADIC, [("n_fft", "axis", None), ("hop_length", "axis", None), ("win_length", "axis", None),
+                             ("center", "bool", True), ("norm", "int", 0), ("has_onesided", "bool", False),
+                             ("onesided", "bool", False), ("length", "axis", None)],
+     "extra::istft(xs, p0, p1, p2, p3, p4, p5, p6, p7, sc)"),
+]
+
+# Replay of a traced function (cffi_src/replay.cpp; emlx_async/replay.py):
+# xs are its inputs, `function` the id emlx_replay_register gave it.
+OPS += [
+    ("replay", VARIADIC, [("function", "int64", 0)], "replay_call(xs, p0, s, sc)"),
+    # the same for a function of several outputs (they come back as a tuple)
+    ("replay_multi", VARIADIC, [("function", "int64", 0)], "replay_call(xs, p0, s, sc)"),
+]

@@ -116,8 +116,11 @@ def emlx_python_job(context, job_id):
     return job.run_python()
 
 
-# Ops whose results are a tuple (split: a list), as in mlx.core.
-_MULTI_OUTPUT = {"split", "kv_cache_attention", "linalg_qr", "linalg_svd", "linalg_lu", "linalg_eigh", "quantize"}
+# Ops whose results are a tuple or a list, as in mlx.core.
+_MULTI_OUTPUT = {"split", "kv_cache_attention", "linalg_qr", "linalg_svd", "linalg_lu", "linalg_eigh", "quantize",
+                 "divmod", "minmax", "unstack", "meshgrid", "broadcast_arrays", "atleast_nd", "linalg_slogdet",
+                 "linalg_eig", "linalg_lu_factor", "quantize_scaled", "unique"}
+_LIST_OUTPUT = {"split", "divmod", "broadcast_arrays", "atleast_nd", "quantize", "quantize_scaled"}
 
 
 def _publish(payload, targets: list[mx.array | None]) -> None:
@@ -135,9 +138,9 @@ def _published(job: _Job, payload) -> Any:
     _publish(payload, arrays)
     if into:
         return arrays[0]
-    if job.op_name not in _MULTI_OUTPUT or (job.op_name == "linalg_svd" and count == 1):
+    if job.op_name not in _MULTI_OUTPUT or (job.op_name in ("linalg_svd", "atleast_nd", "unique") and count == 1):
         return arrays[0]
-    return arrays if job.op_name == "split" else tuple(arrays)
+    return arrays if job.op_name in _LIST_OUTPUT else tuple(arrays)
 
 
 def _settle_payload(job: _Job, payload, payload_kind: int) -> None:
@@ -443,7 +446,8 @@ class CommandQueue:
             return
         self._channel.jobs[job.id] = job
         self._pending += 1
-        if job.start() != 0:
+        start, job.start = job.start, None  # the closure refers to the job: no cycle left behind
+        if start() != 0:
             message = last_error()
             del self._channel.jobs[job.id]
             self._pending -= 1
@@ -492,11 +496,14 @@ class CommandQueue:
         self._started.pop(job.id, None)
         self._release_slot()
         future = job.future
+        future._job = None  # break the future <-> job cycle: a dropped result is freed at once
         if status == lib.EMLX_DONE and payload != ffi.NULL:
             result = _published(job, payload)  # also when abandoned: donated arrays get their update
         else:
             result = job.result
             _settle_payload(job, payload, payload_kind)
+        job.result = job.publish_into = None
+        job.donated = []
         if future.done():
             return  # abandoned by a cancelled awaiter
         if status == lib.EMLX_DONE:

@@ -1,4 +1,12 @@
-"""``mx.fast`` kernels as awaitables on the owning queue."""
+"""``mx.fast`` kernels as awaitables on the owning queue.
+
+Written by hand (several table ops behind one mlx function); the signatures
+follow mlx's, with these documented extras: `eps` and `weight` have
+defaults; rope takes ``layout=`` and per-token positions as `offset`;
+scaled_dot_product_attention takes ``key_mask=``. Every function takes mlx's
+``stream=`` and the runtime keywords (queue=, device=, lazy=, nowait=,
+check_finite=).
+"""
 
 from __future__ import annotations
 
@@ -10,22 +18,31 @@ import mlx.core as mx
 from .ops import submit
 
 
-def rms_norm(x, weight=None, /, eps: float = 1e-5, **kwargs: Any):
+def _stream(stream, kwargs: dict) -> dict:
+    """mlx's ``stream=`` picks a queue of that stream's device, like ``device=``."""
+    if stream is not None and kwargs.get("device") is None:
+        kwargs["device"] = getattr(stream, "device", stream)
+    return kwargs
+
+
+def rms_norm(x, weight=None, eps: float = 1e-5, *, stream=None, **kwargs: Any):
     """``mx.fast.rms_norm``; `weight` None means no scaling."""
+    kwargs = _stream(stream, kwargs)
     weight = mx.ones((x.shape[-1],), dtype=x.dtype) if weight is None else weight
     return submit("fast_rms_norm", [x, weight], eps=eps, **kwargs)
 
 
-def layer_norm(x, weight=None, bias=None, /, eps: float = 1e-5, **kwargs: Any):
+def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, *, stream=None, **kwargs: Any):
     """``mx.fast.layer_norm``, with or without bias."""
+    kwargs = _stream(stream, kwargs)
     weight = mx.ones((x.shape[-1],), dtype=x.dtype) if weight is None else weight
     if bias is None:
         return submit("fast_layer_norm_no_bias", [x, weight], eps=eps, **kwargs)
     return submit("fast_layer_norm", [x, weight, bias], eps=eps, **kwargs)
 
 
-def rope(x, dims: int, /, *, traditional: bool, base: float | None, scale: float, offset=0,
-         freqs=None, layout: str = "BHTD", **kwargs: Any):
+def rope(a, dims: int, *, traditional: bool, base: float | None, scale: float, offset=0,
+         freqs=None, stream=None, layout: str = "BHTD", **kwargs: Any):
     """``mx.fast.rope``: `offset` an int, per-batch offsets {B}, per-token positions {B, T}; or `freqs`.
 
     MLX rotates along the second-to-last axis, the sequence axis of a
@@ -33,6 +50,8 @@ def rope(x, dims: int, /, *, traditional: bool, base: float | None, scale: float
     heads as if they were positions; say ``layout="BTHD"`` and the sequence
     axis is moved into place and back (three fused lazy jobs on one queue).
     """
+    x = a
+    kwargs = _stream(stream, kwargs)
     if layout not in ("BHTD", "BTHD"):
         raise ValueError(f"[rope] layout must be 'BHTD' or 'BTHD', got {layout!r}")
     if layout == "BTHD":
@@ -67,16 +86,20 @@ async def _rope_bthd(x, dims, traditional, base, scale, offset, freqs, kwargs):
     return await submit("swapaxes", [rotated], axis1=1, axis2=2, lazy=lazy, **kwargs)
 
 
-def swiglu(gate, up, /, **kwargs: Any):
+def swiglu(gate, up, /, *, stream=None, **kwargs: Any):
     """``silu(gate) * up`` in one job (the gated MLP activation)."""
+    kwargs = _stream(stream, kwargs)
     return submit("fast_swiglu", [gate, up], **kwargs)
 
 
-def scaled_dot_product_attention(q, k, v, /, *, scale: float, mask=None, sinks=None, key_mask=None,
-                                 **kwargs: Any):
+def scaled_dot_product_attention(q, k, v, *, scale: float, mask=None, sinks=None, force_fused: bool = False,
+                                 stream=None, key_mask=None, **kwargs: Any):
     """``mx.fast.scaled_dot_product_attention``: `mask` None, "causal" or an additive/boolean array;
     `sinks` optional attention sinks; ``mask="causal"`` with `key_mask` {B, L} (True = attend)
-    also hides padded keys. Grouped-query attention works as in MLX."""
+    also hides padded keys. Grouped-query attention works as in MLX. `force_fused` is accepted
+    for mlx's signature; MLX picks the kernel either way here."""
+    kwargs = _stream(stream, kwargs)
+    del force_fused
     if key_mask is not None:
         if mask != "causal" or sinks is not None:
             raise ValueError("[scaled_dot_product_attention] key_mask goes with mask='causal' and no sinks")

@@ -1,8 +1,8 @@
-"""``mx.fft`` as awaitables on the owning queue (on the worker thread's CPU stream)."""
+"""``mx.fft`` as awaitables on the owning queue (on the worker thread's CPU stream), with mlx's signatures.
 
-from .ops import _make
-from ._op_table import OPS
+Generated: emlx_async/_generated_fft.py, by tools/gen_api.py.
+"""
 
-for _name, _arrays, _params, _ in OPS:
-    if _name.startswith("fft_"):
-        globals()[_name[len("fft_"):]] = _make(_name, _arrays, _params)
+from . import ops as _ops  # noqa: F401 - binds the submit path the generated functions use
+from ._generated_fft import *  # noqa: F401, F403
+from ._generated_fft import __all__ as __all__  # noqa: F401

@@ -1,12 +1,10 @@
-"""``mx.linalg`` as awaitables on the owning queue.
+"""``mx.linalg`` as awaitables on the owning queue, with mlx's signatures.
 
 MLX runs these on the CPU only; the shim puts them on the worker thread's
-CPU stream, so they work from GPU queues too.
+CPU stream, so they work from GPU queues too. The functions are generated
+(emlx_async/_generated_linalg.py, by tools/gen_api.py).
 """
 
-from .ops import _make
-from ._op_table import OPS
-
-for _name, _arrays, _params, _ in OPS:
-    if _name.startswith("linalg_"):
-        globals()[_name[len("linalg_"):]] = _make(_name, _arrays, _params)
+from . import ops as _ops  # noqa: F401 - binds the submit path the generated functions use
+from ._generated_linalg import *  # noqa: F401, F403
+from ._generated_linalg import __all__ as __all__  # noqa: F401

@@ -310,3 +310,21 @@ async def test_workers_are_all_handed_back():
     async with ea.Runtime() as runtime:
         await runtime.default_queue().run(lambda: 1)
     assert testing.active_workers() == 0
+
+
+@on_every_loop
+async def test_a_dropped_result_is_freed_at_once():
+    import weakref
+
+    async with ea.Runtime() as rt:
+        out = await ea.ops.add(mx.ones(3), 1.0, queue=rt.default_queue())
+        ref = weakref.ref(out)
+        import gc
+
+        gc.disable()  # freed by reference counting, not by a collector pass
+        try:
+            del out
+            await anyio.sleep(0)  # asyncio holds the step's handle (and its future) until the step ends
+            assert ref() is None  # no future <-> job cycle keeps it alive
+        finally:
+            gc.enable()

@@ -100,6 +100,13 @@ def call(q, name, arrays, options):
         return ea.ops.gather(arrays[0], arrays[1:], **o)
     if name in ("quantize", "dequantize", "quantized_matmul"):
         return getattr(ea.ops, name)(*arrays, **o)
+    # Index-taking variants, through the mlx-signature functions that check their indices.
+    if name == "put_along_axis_flat":
+        return ea.ops.put_along_axis(*arrays, None, queue=q)
+    if name in ("gather_mm", "segmented_mm"):
+        return getattr(ea.ops, name)(*arrays[:4 if name == "gather_mm" else 3], queue=q)
+    if name == "gather_qmm":
+        return ea.ops.gather_qmm(*arrays[:6], queue=q)
     return ea.ops.submit(name, arrays, **o)
 
 

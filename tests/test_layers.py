@@ -17,7 +17,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "emlx_async"
 ORDER = [
     "_version", "_errors", "_emlx_native", "_native", "_backend", "_dtypes", "_devices", "_trees", "_interop", "_op_table",
     "_channel", "_queue", "_context", "_runtime", "_routing", "_host_call",
-    "_api", "memory", "ops", "attention", "fast", "fft", "linalg", "ipc", "testing", "replay",
+    "_api", "memory", "_adapters", "_generated_ops", "_generated_linalg", "_generated_fft", "_generated_random",
+    "ops", "attention", "fast", "fft", "linalg", "random", "ipc", "testing", "replay",
     "__init__", "llm",
 ]
 

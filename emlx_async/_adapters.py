@@ -1,0 +1,558 @@
+"""From mlx.core's signatures to op-table submissions.
+
+The generated modules (``_generated_*.py``) hold the public functions with
+mlx's own signatures; each calls `op` with its table options, or one of the
+adapters here where mlx's parameters need translating (int-or-pair paddings,
+``None`` meaning "the input's shape", a key drawn from MLX's random state,
+...). Every function takes the runtime keywords as a dict made by `runtime`.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Union
+
+import mlx.core as mx
+
+
+class _Core:
+    """What the adapters submit through: emlx_async.ops binds its functions here (`bind`).
+
+    ops sits above this module (it re-exports the generated functions), so
+    it hands its submit and bounds-checking helpers down instead of being
+    imported from here.
+    """
+
+    submit: Any = None
+    _checked: Any = None
+    _axis_size: Any = None
+    _check_mode: Any = None
+
+
+_ops = _Core()
+
+
+def bind(**functions: Any) -> None:
+    for name, function in functions.items():
+        setattr(_ops, name, function)
+
+scalar = Union[bool, int, float, complex]
+# mlx's own `stream=`: a stream, a device or a device name; it picks a queue of that device.
+StreamOrDevice = Union[mx.Stream, mx.Device, mx.DeviceType, str, None]
+
+
+def runtime(stream, queue, device, lazy, nowait, check_finite) -> dict[str, Any]:
+    """The runtime keywords of a call; ``stream=`` acts like ``device=`` (its device)."""
+    if stream is not None and device is None:
+        device = getattr(stream, "device", stream)
+    return dict(queue=queue, device=device, lazy=lazy, nowait=nowait, check_finite=check_finite)
+
+
+def op(name: str, arrays: list, rt: dict, **options: Any):
+    return _ops.submit(name, arrays, **rt, **options)
+
+
+def require_default(name: str, param: str, value: Any, default: Any) -> None:
+    """Options mlx has and the runtime cannot honour yet raise, instead of being ignored."""
+    same = value is default if default is None or isinstance(default, bool) else value == default
+    if not same:
+        raise NotImplementedError(f"[{name}] {param}={value!r} is not supported by emlx_async yet "
+                                  f"(only the default, {default!r})")
+
+
+def _ints(values) -> list[int]:
+    return [operator.index(v) for v in values]
+
+
+def _per_axis(name: str, param: str, value, n: int) -> list[int]:
+    """An int for every spatial axis, or one per axis."""
+    if isinstance(value, int):
+        return [value] * n
+    values = _ints(value)
+    if len(values) != n:
+        raise ValueError(f"[{name}] {param} needs {n} values, got {len(values)}")
+    return values
+
+
+def _index_array(value) -> mx.array:
+    """Indices stay integers (a plain int would otherwise be typed like the data)."""
+    if isinstance(value, mx.array):
+        return value
+    return mx.array(value) if not isinstance(value, (list, tuple)) else mx.array(list(value))
+
+
+# ---- creation ----------------------------------------------------------------
+
+def arange(start, stop, step, dtype, rt):
+    if start is None and stop is None:
+        raise TypeError("[arange] needs at least stop")
+    if stop is None:
+        start, stop = 0, start
+    if start is None:
+        start = 0
+    if step is None:
+        step = 1
+    if dtype is None:  # mlx: int32 when every bound is an int (int64 past its range), else float32
+        bounds = (start, stop, step)
+        if all(isinstance(v, int) for v in bounds):
+            dtype = mx.int32 if all(-2**31 <= v < 2**31 for v in bounds) else mx.int64
+        else:
+            dtype = mx.float32
+    return op("arange", [], rt, start=start, stop=stop, step=step, dtype=dtype)
+
+
+def linspace(start, stop, num, endpoint, dtype, rt):
+    return op("linspace_endpoint", [], rt, start=start, stop=stop, num=50 if num is None else num,
+              endpoint=endpoint, dtype=dtype)
+
+
+def zeros_like(a, dtype, rt):
+    if dtype is None:
+        return op("zeros_like", [a], rt)
+    return op("zeros", [], rt, shape=tuple(a.shape), dtype=dtype)
+
+
+def ones_like(a, dtype, rt):
+    if dtype is None:
+        return op("ones_like", [a], rt)
+    return op("ones", [], rt, shape=tuple(a.shape), dtype=dtype)
+
+
+# ---- shapes ----------------------------------------------------------------------
+
+def _pad_pairs(ndim: int, pad_width) -> list[int]:
+    if isinstance(pad_width, int):
+        pairs = [(pad_width, pad_width)] * ndim
+    else:
+        items = list(pad_width)
+        if all(isinstance(v, int) for v in items):
+            if len(items) == 1:
+                pairs = [(items[0], items[0])] * ndim
+            elif len(items) == 2:
+                pairs = [(items[0], items[1])] * ndim
+            else:
+                raise ValueError("[pad] pad_width must be an int, a pair or one (before, after) pair per axis")
+        else:
+            pairs = [(p[0], p[0]) if len(p) == 1 else (p[0], p[1]) for p in map(tuple, items)]
+            if len(pairs) == 1:
+                pairs = pairs * ndim
+    return [operator.index(v) for pair in pairs for v in pair]
+
+
+def pad(a, pad_width, mode, constant_values, rt):
+    value = constant_values if isinstance(constant_values, mx.array) else mx.array(constant_values, dtype=a.dtype)
+    return op("pad_mode", [a, value], rt, pad_width=_pad_pairs(a.ndim, pad_width), mode=mode)
+
+
+def as_strided(a, shape, strides, offset, rt):
+    shape = list(a.shape) if shape is None else _ints(shape)
+    if strides is None:  # row-contiguous strides of `shape`
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.insert(0, step)
+            step *= n
+    return op("as_strided", [a], rt, shape=shape, strides=_ints(strides), offset=offset)
+
+
+def concatenate(arrays, axis, rt):
+    if axis is None:  # mlx: the arrays flattened, end to end
+        return op("concatenate_flat", list(arrays), rt)
+    return op("concatenate", list(arrays), rt, axis=axis)
+
+
+def stack(arrays, axis, rt):
+    return op("stack", list(arrays), rt, axis=0 if axis is None else axis)
+
+
+def roll(a, shift, axis, rt):
+    if isinstance(shift, int) and (axis is None or isinstance(axis, int)):
+        return op("roll", [a], rt, shift=shift, axis=axis)
+    axes = [axis] if isinstance(axis, int) else axis
+    return op("roll_axes", [a], rt, shift=shift, scalar_shift=isinstance(shift, int), axis=axes)
+
+
+def split(a, indices_or_sections, axis, rt):
+    if isinstance(indices_or_sections, int):
+        if indices_or_sections < 1:
+            raise ValueError(f"[split] the number of sections must be positive, got {indices_or_sections}")
+        return op("split", [a], rt, sections=indices_or_sections, axis=axis)
+    return op("split", [a], rt, indices=list(indices_or_sections), axis=axis)
+
+
+def slice(a, start_indices, axes, slice_size, start, stop, strides, rt):  # noqa: A001 - mlx's name
+    if start is not None or stop is not None:  # the static form: Python slice bounds per axis
+        if start_indices is not None:
+            raise TypeError("[slice] give start_indices/axes/slice_size (mlx) or start/stop[/strides], not both")
+        return op("slice", [a], rt, start=start, stop=stop, strides=strides or ())
+    return op("slice_dynamic", [a, _index_array(start_indices)], rt, axes=_ints(axes), slice_size=_ints(slice_size))
+
+
+def slice_update(a, update, start_indices, axes, start, stop, strides, rt):
+    if start is not None or stop is not None:
+        if start_indices is not None:
+            raise TypeError("[slice_update] give start_indices/axes (mlx) or start/stop[/strides], not both")
+        return op("slice_update", [a, update], rt, start=start, stop=stop, strides=strides or ())
+    return op("slice_update_dynamic", [a, update, _index_array(start_indices)], rt, axes=_ints(axes))
+
+
+def contiguous(a, allow_col_major, rt):
+    return op("contiguous_col_major", [a], rt, allow_col_major=allow_col_major)
+
+
+# ---- elementwise and scans -------------------------------------------------------------
+
+def clip(a, a_min, a_max, rt):
+    if a_min is None and a_max is None:
+        raise ValueError("[clip] At most one of a_min and a_max may be None")
+    if a_min is None:
+        return op("minimum", [a, a_max], rt)
+    if a_max is None:
+        return op("maximum", [a, a_min], rt)
+    return op("clip", [a, a_min, a_max], rt)
+
+
+def nan_to_num(a, nan, posinf, neginf, rt):
+    return op("nan_to_num_inf", [a], rt, nan=nan, has_posinf=posinf is not None, posinf=posinf or 0.0,
+              has_neginf=neginf is not None, neginf=neginf or 0.0)
+
+
+def cumsum(a, axis, reverse, inclusive, dtype, rt, name="cumsum_dtype"):
+    return op(name, [a], rt, axis=axis, reverse=reverse, inclusive=inclusive, dtype=dtype)
+
+
+def cumprod(a, axis, reverse, inclusive, dtype, rt):
+    return cumsum(a, axis, reverse, inclusive, dtype, rt, name="cumprod_dtype")
+
+
+def hadamard_transform(a, scale, rt):
+    return op("hadamard_transform", [a], rt, has_scale=scale is not None, scale=1.0 if scale is None else scale)
+
+
+# ---- indexing, with the optional bounds checks of ops.set_bounds_checks -----------------
+
+def take(a, indices, axis, rt):
+    indices = _index_array(indices)
+    return _ops._checked("take", [a, indices], [(indices, _ops._axis_size(a, axis))], dict(axis=axis, **rt))
+
+
+def take_along_axis(a, indices, axis, rt):
+    return _ops._checked("take_along_axis", [a, indices], [(indices, _ops._axis_size(a, axis))],
+                         dict(axis=axis, **rt))
+
+
+def put_along_axis(a, indices, values, axis, rt):
+    if axis is None:  # mlx: along the flattened array
+        return _ops._checked("put_along_axis_flat", [a, indices, values], [(indices, _ops._axis_size(a, None))],
+                             dict(rt))
+    return _ops._checked("put_along_axis", [a, indices, values], [(indices, _ops._axis_size(a, axis))],
+                         dict(axis=axis, **rt))
+
+
+# ---- contractions and convolutions --------------------------------------------------------
+
+def einsum(subscripts, operands, rt):
+    return op("einsum", list(operands), rt, subscripts=subscripts)
+
+
+def tensordot(a, b, axes, rt):
+    if isinstance(axes, int):
+        return op("tensordot", [a, b], rt, axes=axes)
+    first, second = axes
+    first = [first] if isinstance(first, int) else first
+    second = [second] if isinstance(second, int) else second
+    return op("tensordot_axes", [a, b], rt, axes_a=_ints(first), axes_b=_ints(second))
+
+
+def conv_general(input, weight, stride, padding, kernel_dilation, input_dilation, groups, flip, rt):  # noqa: A002
+    n = input.ndim - 2
+    if isinstance(padding, int) or all(isinstance(p, int) for p in padding):
+        lo = hi = _per_axis("conv_general", "padding", padding, n)
+    else:
+        lo, hi = (_per_axis("conv_general", "padding", p, n) for p in padding)
+    return op("conv_general", [input, weight], rt, stride=_per_axis("conv_general", "stride", stride, n),
+              padding_lo=lo, padding_hi=hi,
+              kernel_dilation=_per_axis("conv_general", "kernel_dilation", kernel_dilation, n),
+              input_dilation=_per_axis("conv_general", "input_dilation", input_dilation, n), groups=groups, flip=flip)
+
+
+def _conv(n: int, name: str, input, weight, stride, padding, dilation, groups, rt, output_padding=None):  # noqa: A002
+    options = dict(stride=_per_axis(name, "stride", stride, n), padding=_per_axis(name, "padding", padding, n),
+                   dilation=_per_axis(name, "dilation", dilation, n), groups=groups)
+    if output_padding is None:
+        return op("conv_nd", [input, weight], rt, **options)
+    return op("conv_transpose_nd", [input, weight], rt,
+              output_padding=_per_axis(name, "output_padding", output_padding, n), **options)
+
+
+def conv1d(input, weight, stride, padding, dilation, groups, rt):  # noqa: A002
+    return _conv(1, "conv1d", input, weight, stride, padding, dilation, groups, rt)
+
+
+def conv2d(input, weight, stride, padding, dilation, groups, rt):  # noqa: A002
+    return _conv(2, "conv2d", input, weight, stride, padding, dilation, groups, rt)
+
+
+def conv3d(input, weight, stride, padding, dilation, groups, rt):  # noqa: A002
+    return _conv(3, "conv3d", input, weight, stride, padding, dilation, groups, rt)
+
+
+def conv_transpose1d(input, weight, stride, padding, dilation, output_padding, groups, rt):  # noqa: A002
+    return _conv(1, "conv_transpose1d", input, weight, stride, padding, dilation, groups, rt, output_padding)
+
+
+def conv_transpose2d(input, weight, stride, padding, dilation, output_padding, groups, rt):  # noqa: A002
+    return _conv(2, "conv_transpose2d", input, weight, stride, padding, dilation, groups, rt, output_padding)
+
+
+def conv_transpose3d(input, weight, stride, padding, dilation, output_padding, groups, rt):  # noqa: A002
+    return _conv(3, "conv_transpose3d", input, weight, stride, padding, dilation, groups, rt, output_padding)
+
+
+# ---- quantization -----------------------------------------------------------------------
+
+def quantize(w, group_size, bits, mode, global_scale, rt):
+    _ops._check_mode("quantize", mode, group_size, bits)
+    if global_scale is not None:
+        return op("quantize_scaled", [w, global_scale], rt, group_size=group_size, bits=bits, mode=mode)
+    return op("quantize", [w], rt, group_size=group_size, bits=bits, mode=mode)
+
+
+def dequantize(w, scales, biases, group_size, bits, mode, global_scale, dtype, rt):
+    _ops._check_mode("dequantize", mode, group_size, bits)
+    arrays = [w, scales] + [x for x in (biases, global_scale) if x is not None]
+    if global_scale is None and dtype is None:
+        return op("dequantize", arrays, rt, group_size=group_size, bits=bits, mode=mode)
+    return op("dequantize_full", arrays, rt, group_size=group_size, bits=bits, mode=mode,
+              has_biases=biases is not None, has_global_scale=global_scale is not None, dtype=dtype)
+
+
+def quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode, rt):
+    _ops._check_mode("quantized_matmul", mode, group_size, bits)
+    arrays = [x, w, scales] + ([biases] if biases is not None else [])
+    return op("quantized_matmul", arrays, rt, transpose=transpose, group_size=group_size, bits=bits, mode=mode)
+
+
+# ---- linalg and fft -------------------------------------------------------------------------
+
+def norm(a, ord, axis, keepdims, rt):  # noqa: A002 - mlx's name
+    axis = [axis] if isinstance(axis, int) else axis
+    if ord is None:
+        return op("linalg_norm", [a], rt, axis=axis, keepdims=keepdims)
+    if isinstance(ord, str):
+        return op("norm_str", [a], rt, ord=ord, axis=axis, keepdims=keepdims)
+    return op("norm_ord", [a], rt, ord=ord, axis=axis, keepdims=keepdims)
+
+
+_FFT_KINDS = {"fft": 0, "ifft": 1, "rfft": 2, "irfft": 3}
+
+
+def fft1(kind: str, a, n, axis, norm, rt):
+    return op("fft_any", [a], rt, kind=_FFT_KINDS[kind], n=None if n is None else [n], axes=[axis], norm=norm)
+
+
+def fftn(kind: str, a, s, axes, norm, rt):
+    if axes is None:  # mlx: every axis; sizes need their axes
+        if s is not None:
+            raise ValueError(f"[{kind}n] `axes` should not be `None` if `s` is not `None`.")
+        axes = list(range(a.ndim))
+    return op("fft_any", [a], rt, kind=_FFT_KINDS[kind], n=None if s is None else _ints(s), axes=_ints(axes),
+              norm=norm)
+
+
+# ---- random: the key is explicit, or drawn from MLX's global random state -----------------
+
+def next_key() -> mx.array:
+    """The key a key-less ``mx.random`` call would use now, taken from the same global state.
+
+    A key-less mlx call splits the global key into (new state, key). A cheap
+    key-less call that is never evaluated advances the state exactly the way
+    the caller's call would have, and the key is the second half of the split.
+    """
+    previous = mx.random.state[0]  # type: ignore[index]  # mlx types the state as a plain object
+    mx.random.uniform(shape=(0,))  # advances mx.random.state by one split; never evaluated
+    return mx.random.split(previous)[1]
+
+
+def _key(key) -> mx.array:
+    return next_key() if key is None else key
+
+
+def random_key(seed, rt):
+    return op("random_key", [], rt, seed=str(operator.index(seed)))
+
+
+def random_split(key, num, rt):
+    return op("random_split", [key], rt, num=num)
+
+
+def _as_array(value, dtype=None) -> mx.array:
+    if isinstance(value, mx.array):
+        return value
+    return mx.array(value) if dtype is None else mx.array(value, dtype=dtype)
+
+
+def random_uniform(low, high, shape, dtype, key, rt):
+    return op("random_uniform", [_as_array(low), _as_array(high), _key(key)], rt, shape=_ints(shape), dtype=dtype)
+
+
+def random_normal(shape, dtype, loc, scale, key, rt):
+    dtype = mx.float32 if dtype is None else dtype
+    arrays = [_key(key)]
+    if loc is not None:
+        arrays.append(_as_array(loc, dtype))
+    if scale is not None:
+        arrays.append(_as_array(scale, dtype))
+    return op("random_normal", arrays, rt, shape=_ints(shape), dtype=dtype, has_loc=loc is not None,
+              has_scale=scale is not None)
+
+
+def random_randint(low, high, shape, dtype, key, rt):
+    return op("random_randint", [_as_array(low), _as_array(high), _key(key)], rt, shape=_ints(shape), dtype=dtype)
+
+
+def random_bernoulli(p, shape, key, rt):
+    return op("random_bernoulli", [_as_array(p), _key(key)], rt, shape=None if shape is None else _ints(shape))
+
+
+def random_truncated_normal(lower, upper, shape, dtype, key, rt):
+    return op("random_truncated_normal", [_as_array(lower), _as_array(upper), _key(key)], rt,
+              shape=None if shape is None else _ints(shape), dtype=dtype)
+
+
+def random_gumbel(shape, dtype, key, rt):
+    return op("random_gumbel", [_key(key)], rt, shape=_ints(shape), dtype=dtype)
+
+
+def random_categorical(logits, axis, shape, num_samples, key, rt):
+    return op("random_categorical", [logits, _key(key)], rt, axis=axis,
+              shape=None if shape is None else _ints(shape), num_samples=num_samples)
+
+
+def random_permutation(x, axis, key, rt):
+    if isinstance(x, int):
+        return op("random_permutation_n", [_key(key)], rt, n=x)
+    return op("random_permutation", [x, _key(key)], rt, axis=axis)
+
+
+def random_laplace(shape, dtype, loc, scale, key, rt):
+    return op("random_laplace", [_key(key)], rt, shape=_ints(shape), dtype=dtype, loc=loc, scale=scale)
+
+
+# ---- more of mlx.core ---------------------------------------------------------------------
+
+def full_like(a, vals, dtype, rt):
+    return op("full", [vals], rt, shape=tuple(a.shape), dtype=a.dtype if dtype is None else dtype)
+
+
+def matrix_transpose(a, rt):
+    return op("swapaxes", [a], rt, axis1=-1, axis2=-2)
+
+
+def meshgrid(arrays, sparse, indexing, rt):
+    return op("meshgrid", list(arrays), rt, sparse=bool(sparse), indexing="xy" if indexing is None else indexing)
+
+
+def broadcast_arrays(arrays, rt):
+    return op("broadcast_arrays", list(arrays), rt)
+
+
+def atleast_1d(arys, rt, ndim=1):
+    return op("atleast_nd", list(arys), rt, ndim=ndim)
+
+
+def atleast_2d(arys, rt):
+    return atleast_1d(arys, rt, 2)
+
+
+def atleast_3d(arys, rt):
+    return atleast_1d(arys, rt, 3)
+
+
+_WINDOWS = {"hanning": 0, "hamming": 1, "bartlett": 2, "blackman": 3}
+
+
+def window(kind: str, M, rt):  # noqa: N803 - mlx's name
+    return op("window", [], rt, kind=_WINDOWS[kind], M=M)
+
+
+def _batch_size(x) -> int:
+    """How many matrices a {..., M, N} operand holds: the range its gather indices index."""
+    size = 1
+    for n in x.shape[:-2]:
+        size *= n
+    return size
+
+
+def _matrix_checks(lhs, lhs_of, rhs, rhs_of) -> list:
+    return [(i, _batch_size(of)) for i, of in ((lhs, lhs_of), (rhs, rhs_of)) if i is not None]
+
+
+def gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices, rt):
+    arrays = [a, b] + [i for i in (lhs_indices, rhs_indices) if i is not None]
+    return _ops._checked("gather_mm", arrays, _matrix_checks(lhs_indices, a, rhs_indices, b),
+                         dict(has_lhs=lhs_indices is not None, has_rhs=rhs_indices is not None,
+                              sorted_indices=sorted_indices, **rt))
+
+
+def segmented_mm(a, b, segments, rt):
+    # segments hold [start, end) ranges of a's last axis: an end may equal its size
+    return _ops._checked("segmented_mm", [a, b, segments], [(segments, a.shape[-1] + 1)] if a.ndim else [],
+                         dict(rt))
+
+
+def block_masked_mm(a, b, block_size, mask_out, mask_lhs, mask_rhs, rt):
+    masks = (mask_out, mask_lhs, mask_rhs)
+    return op("block_masked_mm", [a, b] + [m for m in masks if m is not None], rt, block_size=block_size,
+              has_out=mask_out is not None, has_lhs=mask_lhs is not None, has_rhs=mask_rhs is not None)
+
+
+def fftshift(inverse: bool, a, axes, rt):
+    axes = [axes] if isinstance(axes, int) else axes
+    return op("fft_shift", [a], rt, inverse=inverse, axes=axes)
+
+
+def fftfreq(real: bool, n, d, rt):
+    return op("fft_freq", [], rt, n=n, d=d, real=real)
+
+
+def unique(a, size, return_index, return_inverse, return_counts, fill_value, rt):
+    arrays = [a] + ([_as_array(fill_value, a.dtype)] if fill_value is not None else [])
+    return op("unique", arrays, rt, size=size, return_index=return_index, return_inverse=return_inverse,
+              return_counts=return_counts)
+
+
+def gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_size, bits, mode, global_scale,
+               sorted_indices, rt):
+    _ops._check_mode("gather_qmm", mode, group_size, bits)
+    optional = (biases, lhs_indices, rhs_indices, global_scale)
+    return _ops._checked("gather_qmm", [x, w, scales] + [v for v in optional if v is not None],
+                         _matrix_checks(lhs_indices, x, rhs_indices, w),
+                         dict(has_biases=biases is not None, has_lhs=lhs_indices is not None,
+                              has_rhs=rhs_indices is not None, has_global_scale=global_scale is not None,
+                              transpose=transpose, group_size=group_size, bits=bits, mode=mode,
+                              sorted_indices=sorted_indices, **rt))
+
+
+def random_multivariate_normal(mean, cov, shape, dtype, key, rt):
+    return op("random_multivariate_normal", [mean, cov, _key(key)], rt, shape=_ints(shape), dtype=dtype)
+
+
+_NORMS = {"backward": 0, "ortho": 1, "forward": 2}
+
+
+def _norm_code(norm: str) -> int:
+    if norm not in _NORMS:
+        raise ValueError(f"[stft] Invalid norm '{norm}'; expected backward, ortho or forward")
+    return _NORMS[norm]
+
+
+def stft(x, n_fft, hop_length, win_length, window, center, pad_mode, norm, onesided, rt):
+    return op("fft_stft", [x] + ([window] if window is not None else []), rt, n_fft=n_fft, hop_length=hop_length,
+              win_length=win_length, center=center, norm=_norm_code(norm), has_onesided=onesided is not None,
+              onesided=bool(onesided), pad_mode=pad_mode)
+
+
+def istft(stft_matrix, n_fft, hop_length, win_length, window, center, norm, onesided, length, rt):
+    return op("fft_istft", [stft_matrix] + ([window] if window is not None else []), rt, n_fft=n_fft,
+              hop_length=hop_length, win_length=win_length, center=center, norm=_norm_code(norm),
+              has_onesided=onesided is not None, onesided=bool(onesided), length=length)

@@ -1,0 +1,225 @@
+"""``mx.fft`` with mlx's own signatures, as awaitables. GENERATED, do not edit.
+
+Regenerate with ``python tools/gen_api.py`` (from mlx 0.32.4's signatures and emlx_async/_op_table.py);
+tests/test_api_generated.py checks this file is current.
+"""
+
+# ruff: noqa: A001, A002, E501
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+import mlx.core as mx
+from mlx.core import Dtype, array
+
+from . import _adapters as _ad
+from ._adapters import StreamOrDevice, scalar
+
+if TYPE_CHECKING:
+    from ._backend import JobFuture
+    from ._devices import DeviceLike
+    from ._queue import CommandQueue
+
+__all__ = ['fft', 'fft2', 'fftfreq', 'fftn', 'fftshift', 'ifft', 'ifft2', 'ifftn', 'ifftshift', 'irfft', 'irfft2', 'irfftn', 'istft', 'rfft', 'rfft2', 'rfftfreq', 'rfftn', 'stft']
+_keep = (Sequence, Literal, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
+
+
+def fft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """One dimensional discrete Fourier Transform.
+
+    Awaitable ``mx.fft.fft``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fft1('fft', a, n, axis, norm, _rt)
+
+
+def fft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = [-2, -1], norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Two dimensional discrete Fourier Transform.
+
+    Awaitable ``mx.fft.fft2``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftn('fft', a, s, axes, norm, _rt)
+
+
+def fftfreq(n: int, d: float = 1.0, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the discrete Fourier Transform sample frequencies.
+
+    Awaitable ``mx.fft.fftfreq``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftfreq(False, n, d, _rt)
+
+
+def fftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """n-dimensional discrete Fourier Transform.
+
+    Awaitable ``mx.fft.fftn``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftn('fft', a, s, axes, norm, _rt)
+
+
+def fftshift(a: array, axes: int | Sequence[int] | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Shift the zero-frequency component to the center of the spectrum.
+
+    Awaitable ``mx.fft.fftshift``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftshift(False, a, axes, _rt)
+
+
+def ifft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """One dimensional inverse discrete Fourier Transform.
+
+    Awaitable ``mx.fft.ifft``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fft1('ifft', a, n, axis, norm, _rt)
+
+
+def ifft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = [-2, -1], norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Two dimensional inverse discrete Fourier Transform.
+
+    Awaitable ``mx.fft.ifft2``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftn('ifft', a, s, axes, norm, _rt)
+
+
+def ifftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """n-dimensional inverse discrete Fourier Transform.
+
+    Awaitable ``mx.fft.ifftn``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftn('ifft', a, s, axes, norm, _rt)
+
+
+def ifftshift(a: array, axes: int | Sequence[int] | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """The inverse of :func:`fftshift`. While identical to :func:`fftshift` for even-length axes, the
+    behavior differs for odd-length axes.
+
+    Awaitable ``mx.fft.ifftshift``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftshift(True, a, axes, _rt)
+
+
+def irfft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """The inverse of :func:`rfft`.
+
+    Awaitable ``mx.fft.irfft``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fft1('irfft', a, n, axis, norm, _rt)
+
+
+def irfft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = [-2, -1], norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """The inverse of :func:`rfft2`.
+
+    Awaitable ``mx.fft.irfft2``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftn('irfft', a, s, axes, norm, _rt)
+
+
+def irfftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """The inverse of :func:`rfftn`.
+
+    Awaitable ``mx.fft.irfftn``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftn('irfft', a, s, axes, norm, _rt)
+
+
+def istft(stft_matrix: array, n_fft: int | None = None, hop_length: int | None = None, win_length: int | None = None, window: array | None = None, center: bool = True, norm: str = 'backward', onesided: bool | None = None, length: int | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Inverse Short-Time Fourier Transform.
+
+    Awaitable ``mx.fft.istft``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.istft(stft_matrix, n_fft, hop_length, win_length, window, center, norm, onesided, length, _rt)
+
+
+def rfft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """One dimensional discrete Fourier Transform on a real input.
+
+    Awaitable ``mx.fft.rfft``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fft1('rfft', a, n, axis, norm, _rt)
+
+
+def rfft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = [-2, -1], norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Two dimensional real discrete Fourier Transform.
+
+    Awaitable ``mx.fft.rfft2``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftn('rfft', a, s, axes, norm, _rt)
+
+
+def rfftfreq(n: int, d: float = 1.0, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the discrete Fourier Transform sample frequencies for use with :func:`rfft` and
+    :func:`irfft`.
+
+    Awaitable ``mx.fft.rfftfreq``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftfreq(True, n, d, _rt)
+
+
+def rfftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """n-dimensional real discrete Fourier Transform.
+
+    Awaitable ``mx.fft.rfftn``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.fftn('rfft', a, s, axes, norm, _rt)
+
+
+def stft(x: array, n_fft: int = 2048, hop_length: int | None = None, win_length: int | None = None, window: array | None = None, center: bool = True, pad_mode: str = 'reflect', norm: str = 'backward', onesided: bool | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Short-Time Fourier Transform.
+
+    Awaitable ``mx.fft.stft``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.stft(x, n_fft, hop_length, win_length, window, center, pad_mode, norm, onesided, _rt)

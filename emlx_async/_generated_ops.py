@@ -1,0 +1,2278 @@
+"""``mx`` with mlx's own signatures, as awaitables. GENERATED, do not edit.
+
+Regenerate with ``python tools/gen_api.py`` (from mlx 0.32.4's signatures and emlx_async/_op_table.py);
+tests/test_api_generated.py checks this file is current.
+"""
+
+# ruff: noqa: A001, A002, E501
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+import mlx.core as mx
+from mlx.core import Dtype, array
+
+from . import _adapters as _ad
+from ._adapters import StreamOrDevice, scalar
+
+if TYPE_CHECKING:
+    from ._backend import JobFuture
+    from ._devices import DeviceLike
+    from ._queue import CommandQueue
+
+__all__ = ['abs', 'acos', 'acosh', 'add', 'addmm', 'all', 'allclose', 'any', 'arange', 'arccos', 'arccosh', 'arcsin', 'arcsinh', 'arctan', 'arctan2', 'arctanh', 'argmax', 'argmin', 'argpartition', 'argsort', 'array_equal', 'as_strided', 'asin', 'asinh', 'astype', 'atan', 'atan2', 'atanh', 'atleast_1d', 'atleast_2d', 'atleast_3d', 'bartlett', 'bitwise_and', 'bitwise_invert', 'bitwise_left_shift', 'bitwise_or', 'bitwise_right_shift', 'bitwise_xor', 'blackman', 'block_masked_mm', 'broadcast_arrays', 'broadcast_to', 'ceil', 'clip', 'concat', 'concatenate', 'conj', 'conjugate', 'contiguous', 'conv1d', 'conv2d', 'conv3d', 'conv_general', 'conv_transpose1d', 'conv_transpose2d', 'conv_transpose3d', 'convolve', 'copy', 'cos', 'cosh', 'count_nonzero', 'cummax', 'cummin', 'cumprod', 'cumsum', 'cumulative_prod', 'cumulative_sum', 'degrees', 'dequantize', 'diag', 'diagonal', 'diff', 'divide', 'divmod', 'einsum', 'empty', 'empty_like', 'equal', 'erf', 'erfinv', 'exp', 'expand_dims', 'expm1', 'eye', 'flatten', 'flip', 'floor', 'floor_divide', 'from_fp8', 'full', 'full_like', 'gather_mm', 'gather_qmm', 'greater', 'greater_equal', 'hadamard_transform', 'hamming', 'hanning', 'identity', 'imag', 'inner', 'isclose', 'isfinite', 'isinf', 'isnan', 'isneginf', 'isposinf', 'kron', 'left_shift', 'less', 'less_equal', 'linspace', 'log', 'log10', 'log1p', 'log2', 'logaddexp', 'logcumsumexp', 'logical_and', 'logical_not', 'logical_or', 'logical_xor', 'logsumexp', 'matmul', 'matrix_transpose', 'max', 'maximum', 'mean', 'median', 'meshgrid', 'min', 'minimum', 'minmax', 'moveaxis', 'multiply', 'nan_to_num', 'negative', 'not_equal', 'ones', 'ones_like', 'outer', 'pad', 'partition', 'permute_dims', 'positive', 'pow', 'power', 'prod', 'put_along_axis', 'quantize', 'quantized_matmul', 'radians', 'real', 'reciprocal', 'remainder', 'repeat', 'reshape', 'right_shift', 'roll', 'round', 'rsqrt', 'searchsorted', 'segmented_mm', 'sigmoid', 'sign', 'sin', 'sinh', 'slice', 'slice_update', 'softmax', 'sort', 'split', 'sqrt', 'square', 'squeeze', 'stack', 'std', 'stop_gradient', 'subtract', 'sum', 'swapaxes', 'take', 'take_along_axis', 'tan', 'tanh', 'tensordot', 'tile', 'to_fp8', 'topk', 'trace', 'transpose', 'tri', 'tril', 'triu', 'trunc', 'unflatten', 'unique', 'unstack', 'var', 'vecdot', 'view', 'where', 'zeros', 'zeros_like']
+_keep = (Sequence, Literal, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
+
+
+def abs(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise absolute value.
+
+    Awaitable ``mx.abs``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('abs', [a], _rt)
+
+
+def acos(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse cosine.
+
+    Awaitable ``mx.acos``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arccos', [a], _rt)
+
+
+def acosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse hyperbolic cosine.
+
+    Awaitable ``mx.acosh``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arccosh', [a], _rt)
+
+
+def add(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise addition.
+
+    Awaitable ``mx.add``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('add', [a, b], _rt)
+
+
+def addmm(c: array, a: array, b: array, /, alpha: float = 1.0, beta: float = 1.0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Matrix multiplication with addition and optional scaling.
+
+    Awaitable ``mx.addmm``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('addmm', [c, a, b], _rt, alpha=alpha, beta=beta)
+
+
+def all(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """An `and` reduction over the given axes.
+
+    Awaitable ``mx.all``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('all', [a], _rt, axis=axis, keepdims=keepdims)
+
+
+def allclose(a: array, b: array, /, rtol: float = 1e-05, atol: float = 1e-08, *, equal_nan: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Approximate comparison of two arrays.
+
+    Awaitable ``mx.allclose``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('allclose', [a, b], _rt, rtol=rtol, atol=atol, equal_nan=equal_nan)
+
+
+def any(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """An `or` reduction over the given axes.
+
+    Awaitable ``mx.any``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('any', [a], _rt, axis=axis, keepdims=keepdims)
+
+
+def arange(start: int | float | None = None, stop: int | float | None = None, step: int | float | None = None, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Generates ranges of numbers.
+
+    Awaitable ``mx.arange``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.arange(start, stop, step, dtype, _rt)
+
+
+def arccos(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse cosine.
+
+    Awaitable ``mx.arccos``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arccos', [a], _rt)
+
+
+def arccosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse hyperbolic cosine.
+
+    Awaitable ``mx.arccosh``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arccosh', [a], _rt)
+
+
+def arcsin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse sine.
+
+    Awaitable ``mx.arcsin``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arcsin', [a], _rt)
+
+
+def arcsinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse hyperbolic sine.
+
+    Awaitable ``mx.arcsinh``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arcsinh', [a], _rt)
+
+
+def arctan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse tangent.
+
+    Awaitable ``mx.arctan``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arctan', [a], _rt)
+
+
+def arctan2(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse tangent of the ratio of two arrays.
+
+    Awaitable ``mx.arctan2``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arctan2', [a, b], _rt)
+
+
+def arctanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse hyperbolic tangent.
+
+    Awaitable ``mx.arctanh``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arctanh', [a], _rt)
+
+
+def argmax(a: array, /, axis: None | int = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Indices of the maximum values along the axis.
+
+    Awaitable ``mx.argmax``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('argmax', [a], _rt, axis=axis, keepdims=keepdims)
+
+
+def argmin(a: array, /, axis: None | int = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Indices of the minimum values along the axis.
+
+    Awaitable ``mx.argmin``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('argmin', [a], _rt, axis=axis, keepdims=keepdims)
+
+
+def argpartition(a: array, /, kth: int, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Returns the indices that partition the array.
+
+    Awaitable ``mx.argpartition``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('argpartition', [a], _rt, kth=kth, axis=axis)
+
+
+def argsort(a: array, /, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Returns the indices that sort the array.
+
+    Awaitable ``mx.argsort``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('argsort', [a], _rt, axis=axis)
+
+
+def array_equal(a: scalar | array, b: scalar | array, equal_nan: bool = False, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Array equality check.
+
+    Awaitable ``mx.array_equal``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('array_equal', [a, b], _rt, equal_nan=equal_nan)
+
+
+def as_strided(a: array, /, shape: Sequence[int] | None = None, strides: Sequence[int] | None = None, offset: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Create a view into the array with the given shape and strides.
+
+    Awaitable ``mx.as_strided``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.as_strided(a, shape, strides, offset, _rt)
+
+
+def asin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse sine.
+
+    Awaitable ``mx.asin``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arcsin', [a], _rt)
+
+
+def asinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse hyperbolic sine.
+
+    Awaitable ``mx.asinh``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arcsinh', [a], _rt)
+
+
+def astype(a: array, dtype: Dtype, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Cast the array to a specified type.
+
+    Awaitable ``mx.astype``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('astype', [a], _rt, dtype=dtype)
+
+
+def atan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse tangent.
+
+    Awaitable ``mx.atan``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arctan', [a], _rt)
+
+
+def atan2(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse tangent of the ratio of two arrays.
+
+    Awaitable ``mx.atan2``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arctan2', [a, b], _rt)
+
+
+def atanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse hyperbolic tangent.
+
+    Awaitable ``mx.atanh``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('arctanh', [a], _rt)
+
+
+def atleast_1d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | list[array]]:
+    """Convert all arrays to have at least one dimension.
+
+    Awaitable ``mx.atleast_1d``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.atleast_1d(arys, _rt)
+
+
+def atleast_2d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | list[array]]:
+    """Convert all arrays to have at least two dimensions.
+
+    Awaitable ``mx.atleast_2d``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.atleast_2d(arys, _rt)
+
+
+def atleast_3d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | list[array]]:
+    """Convert all arrays to have at least three dimensions.
+
+    Awaitable ``mx.atleast_3d``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.atleast_3d(arys, _rt)
+
+
+def bartlett(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the Bartlett window.
+
+    Awaitable ``mx.bartlett``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.window('bartlett', M, _rt)
+
+
+def bitwise_and(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise bitwise and.
+
+    Awaitable ``mx.bitwise_and``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('bitwise_and', [a, b], _rt)
+
+
+def bitwise_invert(a: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise bitwise inverse.
+
+    Awaitable ``mx.bitwise_invert``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('bitwise_invert', [a], _rt)
+
+
+def bitwise_left_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise left shift.
+
+    Awaitable ``mx.bitwise_left_shift``, built and run natively on a queue: returns a JobFuture.
+    Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('left_shift', [a, b], _rt)
+
+
+def bitwise_or(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise bitwise or.
+
+    Awaitable ``mx.bitwise_or``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('bitwise_or', [a, b], _rt)
+
+
+def bitwise_right_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise right shift.
+
+    Awaitable ``mx.bitwise_right_shift``, built and run natively on a queue: returns a JobFuture.
+    Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('right_shift', [a, b], _rt)
+
+
+def bitwise_xor(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise bitwise xor.
+
+    Awaitable ``mx.bitwise_xor``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('bitwise_xor', [a, b], _rt)
+
+
+def blackman(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the Blackman window.
+
+    Awaitable ``mx.blackman``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.window('blackman', M, _rt)
+
+
+def block_masked_mm(a: array, b: array, /, block_size: int = 64, mask_out: array | None = None, mask_lhs: array | None = None, mask_rhs: array | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Matrix multiplication with block masking.
+
+    Awaitable ``mx.block_masked_mm``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.block_masked_mm(a, b, block_size, mask_out, mask_lhs, mask_rhs, _rt)
+
+
+def broadcast_arrays(*arrays: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, ...]]:
+    """Broadcast arrays against one another.
+
+    Awaitable ``mx.broadcast_arrays``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.broadcast_arrays(arrays, _rt)
+
+
+def broadcast_to(a: scalar | array, /, shape: Sequence[int], *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Broadcast an array to the given shape.
+
+    Awaitable ``mx.broadcast_to``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('broadcast_to', [a], _rt, shape=shape)
+
+
+def ceil(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise ceil.
+
+    Awaitable ``mx.ceil``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('ceil', [a], _rt)
+
+
+def clip(a: array, /, a_min: scalar | array | None, a_max: scalar | array | None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Clip the values of the array between the given minimum and maximum.
+
+    Awaitable ``mx.clip``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.clip(a, a_min, a_max, _rt)
+
+
+def concat(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """See :func:`concatenate`.
+
+    Awaitable ``mx.concat``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.concatenate(arrays, axis, _rt)
+
+
+def concatenate(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Concatenate the arrays along the given axis.
+
+    Awaitable ``mx.concatenate``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.concatenate(arrays, axis, _rt)
+
+
+def conj(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the elementwise complex conjugate of the input. Alias for `mx.conjugate`.
+
+    Awaitable ``mx.conj``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('conjugate', [a], _rt)
+
+
+def conjugate(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the elementwise complex conjugate of the input. Alias for `mx.conj`.
+
+    Awaitable ``mx.conjugate``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('conjugate', [a], _rt)
+
+
+def contiguous(a: array, /, allow_col_major: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Force an array to be row contiguous. Copy if necessary.
+
+    Awaitable ``mx.contiguous``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.contiguous(a, allow_col_major, _rt)
+
+
+def conv1d(input: array, weight: array, /, stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """1D convolution over an input with several channels
+
+    Awaitable ``mx.conv1d``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.conv1d(input, weight, stride, padding, dilation, groups, _rt)
+
+
+def conv2d(input: array, weight: array, /, stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """2D convolution over an input with several channels
+
+    Awaitable ``mx.conv2d``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.conv2d(input, weight, stride, padding, dilation, groups, _rt)
+
+
+def conv3d(input: array, weight: array, /, stride: int | tuple[int, int, int] = 1, padding: int | tuple[int, int, int] = 0, dilation: int | tuple[int, int, int] = 1, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """3D convolution over an input with several channels
+
+    Awaitable ``mx.conv3d``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.conv3d(input, weight, stride, padding, dilation, groups, _rt)
+
+
+def conv_general(input: array, weight: array, /, stride: int | Sequence[int] = 1, padding: int | Sequence[int] | tuple[Sequence[int], Sequence[int]] = 0, kernel_dilation: int | Sequence[int] = 1, input_dilation: int | Sequence[int] = 1, groups: int = 1, flip: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """General convolution over an input with several channels
+
+    Awaitable ``mx.conv_general``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.conv_general(input, weight, stride, padding, kernel_dilation, input_dilation, groups, flip, _rt)
+
+
+def conv_transpose1d(input: array, weight: array, /, stride: int = 1, padding: int = 0, dilation: int = 1, output_padding: int = 0, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """1D transposed convolution over an input with several channels
+
+    Awaitable ``mx.conv_transpose1d``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.conv_transpose1d(input, weight, stride, padding, dilation, output_padding, groups, _rt)
+
+
+def conv_transpose2d(input: array, weight: array, /, stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1, output_padding: int | tuple[int, int] = 0, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """2D transposed convolution over an input with several channels
+
+    Awaitable ``mx.conv_transpose2d``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.conv_transpose2d(input, weight, stride, padding, dilation, output_padding, groups, _rt)
+
+
+def conv_transpose3d(input: array, weight: array, /, stride: int | tuple[int, int, int] = 1, padding: int | tuple[int, int, int] = 0, dilation: int | tuple[int, int, int] = 1, output_padding: int | tuple[int, int, int] = 0, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """3D transposed convolution over an input with several channels
+
+    Awaitable ``mx.conv_transpose3d``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.conv_transpose3d(input, weight, stride, padding, dilation, output_padding, groups, _rt)
+
+
+def convolve(a: array, v: array, /, mode: str = 'full', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """The discrete convolution of 1D arrays.
+
+    Awaitable ``mx.convolve``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('convolve', [a, v], _rt, mode=mode)
+
+
+def copy(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """A copy of the array (``mx.array(a)`` in mlx.core).
+
+    Awaitable ``mx.copy``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('copy', [a], _rt)
+
+
+def cos(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise cosine.
+
+    Awaitable ``mx.cos``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('cos', [a], _rt)
+
+
+def cosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise hyperbolic cosine.
+
+    Awaitable ``mx.cosh``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('cosh', [a], _rt)
+
+
+def count_nonzero(a: array, /, *, axis: None | int | Sequence[int] = None, keepdims: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Count the number of non-zero elements along the given axis.
+
+    Awaitable ``mx.count_nonzero``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('count_nonzero', [a], _rt, axis=axis, keepdims=keepdims)
+
+
+def cummax(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the cumulative maximum of the elements along the given axis.
+
+    Awaitable ``mx.cummax``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('cummax', [a], _rt, axis=axis, reverse=reverse, inclusive=inclusive)
+
+
+def cummin(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the cumulative minimum of the elements along the given axis.
+
+    Awaitable ``mx.cummin``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('cummin', [a], _rt, axis=axis, reverse=reverse, inclusive=inclusive)
+
+
+def cumprod(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, dtype: Dtype | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the cumulative product of the elements along the given axis.
+
+    Awaitable ``mx.cumprod``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.cumprod(a, axis, reverse, inclusive, dtype, _rt)
+
+
+def cumsum(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, dtype: Dtype | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the cumulative sum of the elements along the given axis.
+
+    Awaitable ``mx.cumsum``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.cumsum(a, axis, reverse, inclusive, dtype, _rt)
+
+
+def cumulative_prod(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, dtype: Dtype | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the cumulative product of the elements along the given axis.
+
+    Awaitable ``mx.cumulative_prod``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.cumprod(a, axis, reverse, inclusive, dtype, _rt)
+
+
+def cumulative_sum(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, dtype: Dtype | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the cumulative sum of the elements along the given axis.
+
+    Awaitable ``mx.cumulative_sum``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.cumsum(a, axis, reverse, inclusive, dtype, _rt)
+
+
+def degrees(a: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Convert angles from radians to degrees.
+
+    Awaitable ``mx.degrees``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('degrees', [a], _rt)
+
+
+def dequantize(w: array, /, scales: array, biases: array | None = None, group_size: int | None = None, bits: int | None = None, mode: str = 'affine', global_scale: array | None = None, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Dequantize the matrix ``w`` using quantization parameters.
+
+    Awaitable ``mx.dequantize``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.dequantize(w, scales, biases, group_size, bits, mode, global_scale, dtype, _rt)
+
+
+def diag(a: array, /, k: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Extract a diagonal or construct a diagonal matrix. If ``a`` is 1-D then a diagonal matrix is
+    constructed with ``a`` on the :math:`k`-th diagonal. If ``a`` is 2-D then the :math:`k`-th
+    diagonal is returned.
+
+    Awaitable ``mx.diag``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('diag', [a], _rt, k=k)
+
+
+def diagonal(a: array, offset: int = 0, axis1: int = 0, axis2: int = 1, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return specified diagonals.
+
+    Awaitable ``mx.diagonal``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('diagonal', [a], _rt, offset=offset, axis1=axis1, axis2=axis2)
+
+
+def diff(a: array, /, n: int = 1, axis: int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """The n-th discrete difference along the given axis.
+
+    Awaitable ``mx.diff``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('diff', [a], _rt, n=n, axis=axis)
+
+
+def divide(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise division.
+
+    Awaitable ``mx.divide``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('divide', [a, b], _rt)
+
+
+def divmod(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise quotient and remainder.
+
+    Awaitable ``mx.divmod``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('divmod', [a, b], _rt)
+
+
+def einsum(subscripts: str, *operands, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Perform the Einstein summation convention on the operands.
+
+    Awaitable ``mx.einsum``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.einsum(subscripts, operands, _rt)
+
+
+def empty(shape: int | Sequence[int], dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Construct an array of zeros.
+
+    Awaitable ``mx.empty``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('zeros', [], _rt, shape=shape, dtype=dtype)
+
+
+def empty_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """An array of zeros like the input.
+
+    Awaitable ``mx.empty_like``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.zeros_like(a, dtype, _rt)
+
+
+def equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise equality.
+
+    Awaitable ``mx.equal``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('equal', [a, b], _rt)
+
+
+def erf(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise error function.
+
+    Awaitable ``mx.erf``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('erf', [a], _rt)
+
+
+def erfinv(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise inverse of :func:`erf`.
+
+    Awaitable ``mx.erfinv``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('erfinv', [a], _rt)
+
+
+def exp(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise exponential.
+
+    Awaitable ``mx.exp``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('exp', [a], _rt)
+
+
+def expand_dims(a: array, /, axis: int | Sequence[int], *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Add a size one dimension at the given axis.
+
+    Awaitable ``mx.expand_dims``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('expand_dims', [a], _rt, axis=axis)
+
+
+def expm1(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise exponential minus 1.
+
+    Awaitable ``mx.expm1``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('expm1', [a], _rt)
+
+
+def eye(n: int, m: int | None = None, k: int = 0, dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Create an identity matrix or a general diagonal matrix.
+
+    Awaitable ``mx.eye``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('eye', [], _rt, n=n, m=m, k=k, dtype=dtype)
+
+
+def flatten(a: array, /, start_axis: int = 0, end_axis: int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Flatten an array.
+
+    Awaitable ``mx.flatten``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('flatten', [a], _rt, start_axis=start_axis, end_axis=end_axis)
+
+
+def flip(a: array, /, axis: None | int | Sequence[int] = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Reverse the order of elements along the given axis.
+
+    Awaitable ``mx.flip``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('flip', [a], _rt, axis=axis)
+
+
+def floor(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise floor.
+
+    Awaitable ``mx.floor``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('floor', [a], _rt)
+
+
+def floor_divide(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise integer division.
+
+    Awaitable ``mx.floor_divide``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('floor_divide', [a, b], _rt)
+
+
+def from_fp8(x: array, dtype: Dtype = mx.bfloat16, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Convert the array from fp8 (e4m3) to another floating-point type.
+
+    Awaitable ``mx.from_fp8``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('from_fp8', [x], _rt, dtype=dtype)
+
+
+def full(shape: int | Sequence[int], vals: scalar | array, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Construct an array with the given value.
+
+    Awaitable ``mx.full``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('full', [vals], _rt, shape=shape, dtype=dtype)
+
+
+def full_like(a: array, vals: scalar | array, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """An array filled with ``vals`` with the same shape as the input.
+
+    Awaitable ``mx.full_like``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.full_like(a, vals, dtype, _rt)
+
+
+def gather_mm(a: array, b: array, /, lhs_indices: array | None = None, rhs_indices: array | None = None, *, sorted_indices: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Matrix multiplication with matrix-level gather.
+
+    Awaitable ``mx.gather_mm``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices, _rt)
+
+
+def gather_qmm(x: array, w: array, /, scales: array, biases: array | None = None, lhs_indices: array | None = None, rhs_indices: array | None = None, transpose: bool = True, group_size: int | None = None, bits: int | None = None, mode: str = 'affine', global_scale: array | None = None, *, sorted_indices: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Perform quantized matrix multiplication with matrix-level gather.
+
+    Awaitable ``mx.gather_qmm``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_size, bits, mode, global_scale, sorted_indices, _rt)
+
+
+def greater(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise greater than.
+
+    Awaitable ``mx.greater``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('greater', [a, b], _rt)
+
+
+def greater_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise greater or equal.
+
+    Awaitable ``mx.greater_equal``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('greater_equal', [a, b], _rt)
+
+
+def hadamard_transform(a: array, scale: float | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Perform the Walsh-Hadamard transform along the final axis.
+
+    Awaitable ``mx.hadamard_transform``, built and run natively on a queue: returns a JobFuture.
+    Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.hadamard_transform(a, scale, _rt)
+
+
+def hamming(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the Hamming window.
+
+    Awaitable ``mx.hamming``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.window('hamming', M, _rt)
+
+
+def hanning(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the Hanning window.
+
+    Awaitable ``mx.hanning``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.window('hanning', M, _rt)
+
+
+def identity(n: int, dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Create a square identity matrix.
+
+    Awaitable ``mx.identity``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('eye', [], _rt, n=n, dtype=dtype)
+
+
+def imag(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Returns the imaginary part of a complex array.
+
+    Awaitable ``mx.imag``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('imag', [a], _rt)
+
+
+def inner(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Ordinary inner product of vectors for 1-D arrays, in higher dimensions a sum product over the
+    last axes.
+
+    Awaitable ``mx.inner``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('inner', [a, b], _rt)
+
+
+def isclose(a: array, b: array, /, rtol: float = 1e-05, atol: float = 1e-08, *, equal_nan: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Returns a boolean array where two arrays are element-wise equal within a tolerance.
+
+    Awaitable ``mx.isclose``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('isclose', [a, b], _rt, rtol=rtol, atol=atol, equal_nan=equal_nan)
+
+
+def isfinite(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return a boolean array indicating which elements are finite.
+
+    Awaitable ``mx.isfinite``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('isfinite', [a], _rt)
+
+
+def isinf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return a boolean array indicating which elements are +/- inifnity.
+
+    Awaitable ``mx.isinf``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('isinf', [a], _rt)
+
+
+def isnan(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return a boolean array indicating which elements are NaN.
+
+    Awaitable ``mx.isnan``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('isnan', [a], _rt)
+
+
+def isneginf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return a boolean array indicating which elements are negative infinity.
+
+    Awaitable ``mx.isneginf``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('isneginf', [a], _rt)
+
+
+def isposinf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return a boolean array indicating which elements are positive infinity.
+
+    Awaitable ``mx.isposinf``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('isposinf', [a], _rt)
+
+
+def kron(a: array, b: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Compute the Kronecker product of two arrays ``a`` and ``b``.
+
+    Awaitable ``mx.kron``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('kron', [a, b], _rt)
+
+
+def left_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise left shift.
+
+    Awaitable ``mx.left_shift``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('left_shift', [a, b], _rt)
+
+
+def less(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise less than.
+
+    Awaitable ``mx.less``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('less', [a, b], _rt)
+
+
+def less_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise less than or equal.
+
+    Awaitable ``mx.less_equal``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('less_equal', [a, b], _rt)
+
+
+def linspace(start: scalar, stop: scalar, num: int | None = 50, endpoint: bool = True, dtype: Dtype | None = mx.float32, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Generate ``num`` evenly spaced numbers over interval ``[start, stop]``.
+
+    Awaitable ``mx.linspace``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.linspace(start, stop, num, endpoint, dtype, _rt)
+
+
+def log(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise natural logarithm.
+
+    Awaitable ``mx.log``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('log', [a], _rt)
+
+
+def log10(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise base-10 logarithm.
+
+    Awaitable ``mx.log10``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('log10', [a], _rt)
+
+
+def log1p(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise natural log of one plus the array.
+
+    Awaitable ``mx.log1p``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('log1p', [a], _rt)
+
+
+def log2(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise base-2 logarithm.
+
+    Awaitable ``mx.log2``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('log2', [a], _rt)
+
+
+def logaddexp(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise log-add-exp.
+
+    Awaitable ``mx.logaddexp``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('logaddexp', [a, b], _rt)
+
+
+def logcumsumexp(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the cumulative logsumexp of the elements along the given axis.
+
+    Awaitable ``mx.logcumsumexp``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('logcumsumexp', [a], _rt, axis=axis, reverse=reverse, inclusive=inclusive)
+
+
+def logical_and(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise logical and.
+
+    Awaitable ``mx.logical_and``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('logical_and', [a, b], _rt)
+
+
+def logical_not(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise logical not.
+
+    Awaitable ``mx.logical_not``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('logical_not', [a], _rt)
+
+
+def logical_or(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise logical or.
+
+    Awaitable ``mx.logical_or``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('logical_or', [a, b], _rt)
+
+
+def logical_xor(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise logical exclusive or.
+
+    Awaitable ``mx.logical_xor``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('logical_xor', [a, b], _rt)
+
+
+def logsumexp(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """A `log-sum-exp` reduction over the given axes.
+
+    Awaitable ``mx.logsumexp``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('logsumexp', [a], _rt, axis=axis, keepdims=keepdims)
+
+
+def matmul(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Matrix multiplication.
+
+    Awaitable ``mx.matmul``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('matmul', [a, b], _rt)
+
+
+def matrix_transpose(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Transpose the last two dimensions of the array.
+
+    Awaitable ``mx.matrix_transpose``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.matrix_transpose(a, _rt)
+
+
+def max(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """A `max` reduction over the given axes.
+
+    Awaitable ``mx.max``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('max', [a], _rt, axis=axis, keepdims=keepdims)
+
+
+def maximum(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise maximum.
+
+    Awaitable ``mx.maximum``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('maximum', [a, b], _rt)
+
+
+def mean(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Compute the mean(s) over the given axes.
+
+    Awaitable ``mx.mean``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('mean', [a], _rt, axis=axis, keepdims=keepdims)
+
+
+def median(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Compute the median(s) over the given axes.
+
+    Awaitable ``mx.median``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('median', [a], _rt, axis=axis, keepdims=keepdims)
+
+
+def meshgrid(*arrays: array, sparse: bool | None = False, indexing: str | None = 'xy', stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, ...]]:
+    """Generate multidimensional coordinate grids from 1-D coordinate arrays
+
+    Awaitable ``mx.meshgrid``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.meshgrid(arrays, sparse, indexing, _rt)
+
+
+def min(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """A `min` reduction over the given axes.
+
+    Awaitable ``mx.min``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('min', [a], _rt, axis=axis, keepdims=keepdims)
+
+
+def minimum(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise minimum.
+
+    Awaitable ``mx.minimum``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('minimum', [a, b], _rt)
+
+
+def minmax(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
+    """Return the minimum and maximum over the given axes.
+
+    Awaitable ``mx.minmax``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('minmax', [a], _rt, axis=axis, keepdims=keepdims)
+
+
+def moveaxis(a: array, /, source: int, destination: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Move an axis to a new position.
+
+    Awaitable ``mx.moveaxis``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('moveaxis', [a], _rt, source=source, destination=destination)
+
+
+def multiply(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise multiplication.
+
+    Awaitable ``mx.multiply``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('multiply', [a, b], _rt)
+
+
+def nan_to_num(a: scalar | array, nan: float = 0, posinf: float | None = None, neginf: float | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Replace NaN and Inf values with finite numbers.
+
+    Awaitable ``mx.nan_to_num``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.nan_to_num(a, nan, posinf, neginf, _rt)
+
+
+def negative(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise negation.
+
+    Awaitable ``mx.negative``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('negative', [a], _rt)
+
+
+def not_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise not equal.
+
+    Awaitable ``mx.not_equal``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('not_equal', [a, b], _rt)
+
+
+def ones(shape: int | Sequence[int], dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Construct an array of ones.
+
+    Awaitable ``mx.ones``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('ones', [], _rt, shape=shape, dtype=dtype)
+
+
+def ones_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """An array of ones like the input.
+
+    Awaitable ``mx.ones_like``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.ones_like(a, dtype, _rt)
+
+
+def outer(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Compute the outer product of two 1-D arrays, if the array's passed are not 1-D a flatten op will
+    be run beforehand.
+
+    Awaitable ``mx.outer``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('outer', [a, b], _rt)
+
+
+def pad(a: array, pad_width: int | tuple[int] | tuple[int, int] | list[tuple[int, int]], mode: Literal['constant', 'edge', 'reflect', 'symmetric'] = 'constant', constant_values: scalar | array = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Pad an array with a constant value
+
+    Awaitable ``mx.pad``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.pad(a, pad_width, mode, constant_values, _rt)
+
+
+def partition(a: array, /, kth: int, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Returns a partitioned copy of the array such that the smaller ``kth`` elements are first.
+
+    Awaitable ``mx.partition``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('partition', [a], _rt, kth=kth, axis=axis)
+
+
+def permute_dims(a: array, /, axes: Sequence[int] | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """See :func:`transpose`.
+
+    Awaitable ``mx.permute_dims``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('transpose', [a], _rt, axes=axes)
+
+
+def positive(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise unary plus. Returns a copy of the input.
+
+    Awaitable ``mx.positive``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('copy', [a], _rt)
+
+
+def pow(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise power operation.
+
+    Awaitable ``mx.pow``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('power', [a, b], _rt)
+
+
+def power(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise power operation.
+
+    Awaitable ``mx.power``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('power', [a, b], _rt)
+
+
+def prod(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """An product reduction over the given axes.
+
+    Awaitable ``mx.prod``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('prod', [a], _rt, axis=axis, keepdims=keepdims)
+
+
+def put_along_axis(a: array, /, indices: array, values: array, axis: int | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Put values along an axis at the specified indices.
+
+    Awaitable ``mx.put_along_axis``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.put_along_axis(a, indices, values, axis, _rt)
+
+
+def quantize(w: array, /, group_size: int | None = None, bits: int | None = None, mode: str = 'affine', *, global_scale: array | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array, array]]:
+    """Quantize the array ``w``.
+
+    Awaitable ``mx.quantize``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.quantize(w, group_size, bits, mode, global_scale, _rt)
+
+
+def quantized_matmul(x: array, w: array, /, scales: array, biases: array | None = None, transpose: bool = True, group_size: int | None = None, bits: int | None = None, mode: str = 'affine', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Perform the matrix multiplication with the quantized matrix ``w``. The quantization uses one
+    floating point scale and bias per ``group_size`` of elements. Each element in ``w`` takes
+    ``bits`` bits and is packed in an unsigned 32 bit integer.
+
+    Awaitable ``mx.quantized_matmul``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode, _rt)
+
+
+def radians(a: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Convert angles from degrees to radians.
+
+    Awaitable ``mx.radians``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('radians', [a], _rt)
+
+
+def real(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Returns the real part of a complex array.
+
+    Awaitable ``mx.real``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('real', [a], _rt)
+
+
+def reciprocal(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise reciprocal.
+
+    Awaitable ``mx.reciprocal``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('reciprocal', [a], _rt)
+
+
+def remainder(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise remainder of division.
+
+    Awaitable ``mx.remainder``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('remainder', [a, b], _rt)
+
+
+def repeat(array: array, repeats: int, axis: int | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Repeat an array along a specified axis.
+
+    Awaitable ``mx.repeat``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('repeat', [array], _rt, repeats=repeats, axis=axis)
+
+
+def reshape(a: array, /, shape: Sequence[int], *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Reshape an array while preserving the size.
+
+    Awaitable ``mx.reshape``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('reshape', [a], _rt, shape=shape)
+
+
+def right_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise right shift.
+
+    Awaitable ``mx.right_shift``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('right_shift', [a, b], _rt)
+
+
+def roll(a: array, shift: int | tuple[int], axis: None | int | tuple[int] = None, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Roll array elements along a given axis.
+
+    Awaitable ``mx.roll``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.roll(a, shift, axis, _rt)
+
+
+def round(a: array, /, decimals: int = 0, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Round to the given number of decimals.
+
+    Awaitable ``mx.round``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('round', [a], _rt, decimals=decimals)
+
+
+def rsqrt(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise reciprocal and square root.
+
+    Awaitable ``mx.rsqrt``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('rsqrt', [a], _rt)
+
+
+def searchsorted(sorted_sequence: array, values: array, /, side: str = 'left', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Find the indices that keep ``sorted_sequence`` sorted when inserting ``values``.
+
+    Awaitable ``mx.searchsorted``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('searchsorted', [sorted_sequence, values], _rt, side=side)
+
+
+def segmented_mm(a: array, b: array, /, segments: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Perform a matrix multiplication but segment the inner dimension and save the result for each
+    segment separately.
+
+    Awaitable ``mx.segmented_mm``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.segmented_mm(a, b, segments, _rt)
+
+
+def sigmoid(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise logistic sigmoid.
+
+    Awaitable ``mx.sigmoid``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('sigmoid', [a], _rt)
+
+
+def sign(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise sign.
+
+    Awaitable ``mx.sign``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('sign', [a], _rt)
+
+
+def sin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise sine.
+
+    Awaitable ``mx.sin``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('sin', [a], _rt)
+
+
+def sinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise hyperbolic sine.
+
+    Awaitable ``mx.sinh``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('sinh', [a], _rt)
+
+
+def slice(a: array, start_indices: array | Sequence[int] | None = None, axes: Sequence[int] | None = None, slice_size: Sequence[int] | None = None, *, start: Sequence[int] | None = None, stop: Sequence[int] | None = None, strides: Sequence[int] | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Extract a sub-array: mlx's form (start_indices, axes, slice_size), or the static form start=,
+    stop= and strides= (Python slice bounds, one per axis).
+
+    Awaitable ``mx.slice``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.slice(a, start_indices, axes, slice_size, start, stop, strides, _rt)
+
+
+def slice_update(a: array, update: array, start_indices: array | Sequence[int] | None = None, axes: Sequence[int] | None = None, *, start: Sequence[int] | None = None, stop: Sequence[int] | None = None, strides: Sequence[int] | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Update a sub-array: mlx's form (start_indices, axes), or the static form start=, stop= and
+    strides= (Python slice bounds, one per axis).
+
+    Awaitable ``mx.slice_update``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.slice_update(a, update, start_indices, axes, start, stop, strides, _rt)
+
+
+def softmax(a: array, /, axis: None | int | Sequence[int] = None, *, precise: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Perform the softmax along the given axis.
+
+    Awaitable ``mx.softmax``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('softmax', [a], _rt, axis=axis, precise=precise)
+
+
+def sort(a: array, /, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Returns a sorted copy of the array.
+
+    Awaitable ``mx.sort``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('sort', [a], _rt, axis=axis)
+
+
+def split(a: array, /, indices_or_sections: int | Sequence[int], axis: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Split an array along a given axis.
+
+    Awaitable ``mx.split``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.split(a, indices_or_sections, axis, _rt)
+
+
+def sqrt(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise square root.
+
+    Awaitable ``mx.sqrt``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('sqrt', [a], _rt)
+
+
+def square(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise square.
+
+    Awaitable ``mx.square``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('square', [a], _rt)
+
+
+def squeeze(a: array, /, axis: None | int | Sequence[int] = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Remove length one axes from an array.
+
+    Awaitable ``mx.squeeze``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('squeeze', [a], _rt, axis=axis)
+
+
+def stack(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Stacks the arrays along a new axis.
+
+    Awaitable ``mx.stack``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.stack(arrays, axis, _rt)
+
+
+def std(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, ddof: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Compute the standard deviation(s) over the given axes.
+
+    Awaitable ``mx.std``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('std', [a], _rt, axis=axis, keepdims=keepdims, ddof=ddof)
+
+
+def stop_gradient(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Stop gradients from being computed.
+
+    Awaitable ``mx.stop_gradient``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('stop_gradient', [a], _rt)
+
+
+def subtract(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise subtraction.
+
+    Awaitable ``mx.subtract``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('subtract', [a, b], _rt)
+
+
+def sum(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Sum reduce the array over the given axes.
+
+    Awaitable ``mx.sum``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('sum', [a], _rt, axis=axis, keepdims=keepdims)
+
+
+def swapaxes(a: array, /, axis1: int, axis2: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Swap two axes of an array.
+
+    Awaitable ``mx.swapaxes``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('swapaxes', [a], _rt, axis1=axis1, axis2=axis2)
+
+
+def take(a: array, /, indices: int | array, axis: int | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Take elements along an axis.
+
+    Awaitable ``mx.take``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.take(a, indices, axis, _rt)
+
+
+def take_along_axis(a: array, /, indices: array, axis: int | None = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Take values along an axis at the specified indices.
+
+    Awaitable ``mx.take_along_axis``, built and run natively on a queue: returns a JobFuture. Also
+    takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
+    emlx_async.ops); ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.take_along_axis(a, indices, axis, _rt)
+
+
+def tan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise tangent.
+
+    Awaitable ``mx.tan``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('tan', [a], _rt)
+
+
+def tanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise hyperbolic tangent.
+
+    Awaitable ``mx.tanh``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('tanh', [a], _rt)
+
+
+def tensordot(a: array, b: array, /, axes: int | list[Sequence[int]] = 2, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Compute the tensor dot product along the specified axes.
+
+    Awaitable ``mx.tensordot``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.tensordot(a, b, axes, _rt)
+
+
+def tile(a: array, reps: int | Sequence[int], /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Construct an array by repeating ``a`` the number of times given by ``reps``.
+
+    Awaitable ``mx.tile``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('tile', [a], _rt, reps=reps)
+
+
+def to_fp8(x: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Convert the array to fp8 (e4m3) from another floating-point type.
+
+    Awaitable ``mx.to_fp8``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('to_fp8', [x], _rt)
+
+
+def topk(a: array, /, k: int, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Returns the ``k`` largest elements from the input along a given axis.
+
+    Awaitable ``mx.topk``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('topk', [a], _rt, k=k, axis=axis)
+
+
+def trace(a: array, /, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Return the sum along a specified diagonal in the given array.
+
+    Awaitable ``mx.trace``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('trace', [a], _rt, offset=offset, axis1=axis1, axis2=axis2, dtype=dtype)
+
+
+def transpose(a: array, /, axes: Sequence[int] | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Transpose the dimensions of the array.
+
+    Awaitable ``mx.transpose``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('transpose', [a], _rt, axes=axes)
+
+
+def tri(n: int, m: int | None = None, k: int = 0, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """An array with ones at and below the given diagonal and zeros elsewhere.
+
+    Awaitable ``mx.tri``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('tri', [], _rt, n=n, m=m, k=k, dtype=dtype)
+
+
+def tril(x: array, k: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Zeros the array above the given diagonal.
+
+    Awaitable ``mx.tril``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('tril', [x], _rt, k=k)
+
+
+def triu(x: array, k: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Zeros the array below the given diagonal.
+
+    Awaitable ``mx.triu``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('triu', [x], _rt, k=k)
+
+
+def trunc(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Element-wise truncation towards zero.
+
+    Awaitable ``mx.trunc``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('trunc', [a], _rt)
+
+
+def unflatten(a: array, /, axis: int, shape: Sequence[int], *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Unflatten an axis of an array to a shape.
+
+    Awaitable ``mx.unflatten``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('unflatten', [a], _rt, axis=axis, shape=shape)
+
+
+def unique(a: array, /, size: int, return_index: bool = False, return_inverse: bool = False, return_counts: bool = False, fill_value: scalar | array | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | tuple[array, ...]]:
+    """Returns the sorted unique elements of the flattened array.
+
+    Awaitable ``mx.unique``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.unique(a, size, return_index, return_inverse, return_counts, fill_value, _rt)
+
+
+def unstack(x: array, /, *, axis: int = 0, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, ...]]:
+    """Split an array into a sequence of arrays along the given axis.
+
+    Awaitable ``mx.unstack``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('unstack', [x], _rt, axis=axis)
+
+
+def var(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, ddof: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Compute the variance(s) over the given axes.
+
+    Awaitable ``mx.var``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('var', [a], _rt, axis=axis, keepdims=keepdims, ddof=ddof)
+
+
+def vecdot(a: array, b: array, /, *, axis: int = -1, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Compute the vector dot product of two arrays along an axis.
+
+    Awaitable ``mx.vecdot``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('vecdot', [a, b], _rt, axis=axis)
+
+
+def view(a: scalar | array, dtype: Dtype, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """View the array as a different type.
+
+    Awaitable ``mx.view``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('view', [a], _rt, dtype=dtype)
+
+
+def where(condition: scalar | array, x: scalar | array, y: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Select from ``x`` or ``y`` according to ``condition``.
+
+    Awaitable ``mx.where``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('where', [condition, x, y], _rt)
+
+
+def zeros(shape: int | Sequence[int], dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """Construct an array of zeros.
+
+    Awaitable ``mx.zeros``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.op('zeros', [], _rt, shape=shape, dtype=dtype)
+
+
+def zeros_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+    """An array of zeros like the input.
+
+    Awaitable ``mx.zeros_like``, built and run natively on a queue: returns a JobFuture. Also takes
+    ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
+    ``stream=`` picks a queue of that stream's device.
+    """
+    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+    return _ad.zeros_like(a, dtype, _rt)

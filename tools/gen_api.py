@@ -1,0 +1,319 @@
+"""Generate emlx_async/_generated_{ops,linalg,fft,random}.py from mlx's own signatures.
+
+    python tools/gen_api.py           # rewrite the files
+    python tools/gen_api.py --check   # exit 1 if a checked-in file differs
+
+Each public function gets mlx's signature (names, order, kinds, defaults,
+annotations), read from the installed mlx (``__nb_signature__``), plus the
+runtime's keyword-only ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and
+``check_finite=``; mlx's ``stream=`` stays where mlx has it. The body calls
+the op table (emlx_async/_op_table.py) directly when mlx's parameters are
+table options of the same name, or an adapter in emlx_async/_adapters.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+import runpy
+import sys
+import textwrap
+
+import mlx.core as mx
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "emlx_async"
+
+# ---- what each namespace exposes ------------------------------------------------
+# table(name, arrays=...): mlx's first parameters (or the ones named) are the
+# op's arrays, the others table options of the same name; `guard` lists mlx
+# options the table lacks: only their default is accepted.
+# adapter(fn, *leading): the body calls _adapters.fn(leading..., params..., rt).
+
+
+def table(name=None, arrays=None, guard=()):
+    return ("table", name, arrays, tuple(guard))
+
+
+def adapter(fn, *leading):
+    return ("adapter", fn, leading)
+
+
+_UNARY_BINARY_REDUCE = [n for key in ("_UNARY", "_BINARY", "_REDUCE")
+                        for n in runpy.run_path(str(PACKAGE / "_op_table.py"))[key]]
+
+OPS = {name: table() for name in _UNARY_BINARY_REDUCE}
+OPS.update({
+    "copy": table(),
+    "zeros": table(), "ones": table(), "full": table(arrays=["vals"]), "eye": table(), "tri": table(),
+    "tril": table(), "triu": table(), "arange": adapter("arange"), "linspace": adapter("linspace"),
+    "zeros_like": adapter("zeros_like"), "ones_like": adapter("ones_like"),
+    "contiguous": adapter("contiguous"), "astype": table(), "view": table(), "reshape": table(),
+    "flatten": table(), "transpose": table(), "swapaxes": table(), "moveaxis": table(), "squeeze": table(),
+    "expand_dims": table(), "broadcast_to": table(), "flip": table(), "tile": table(),
+    "repeat": table(arrays=["array"]), "roll": adapter("roll"), "pad": adapter("pad"),
+    "concatenate": adapter("concatenate"), "stack": adapter("stack"), "split": adapter("split"),
+    "as_strided": adapter("as_strided"), "slice": adapter("slice"), "slice_update": adapter("slice_update"),
+    "where": table(), "clip": adapter("clip"), "round": table(), "isclose": table(), "allclose": table(),
+    "array_equal": table(), "nan_to_num": adapter("nan_to_num"), "var": table(), "std": table(),
+    "argmax": table(), "argmin": table(), "cumsum": adapter("cumsum"), "cumprod": adapter("cumprod"),
+    "cummax": table(), "cummin": table(), "logcumsumexp": table(), "softmax": table(), "sort": table(),
+    "argsort": table(), "topk": table(), "partition": table(), "argpartition": table(),
+    "take": adapter("take"), "take_along_axis": adapter("take_along_axis"),
+    "put_along_axis": adapter("put_along_axis"), "tensordot": adapter("tensordot"), "einsum": adapter("einsum"),
+    "addmm": table(), "conv_general": adapter("conv_general"),
+    **{n: adapter(n) for n in ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                               "conv_transpose3d")},
+    "convolve": table(),
+    "quantize": adapter("quantize"), "dequantize": adapter("dequantize"),
+    "quantized_matmul": adapter("quantized_matmul"),
+    "isposinf": table(), "isneginf": table(), "searchsorted": table(), "median": table(), "diff": table(),
+    "trace": table(), "diagonal": table(), "diag": table(), "hadamard_transform": adapter("hadamard_transform"),
+    "trunc": table(), "count_nonzero": table(), "divmod": table(), "vecdot": table(), "minmax": table(),
+    "unflatten": table(), "unstack": table(), "segmented_mm": adapter("segmented_mm"), "full_like": adapter("full_like"),
+    "matrix_transpose": adapter("matrix_transpose"), "meshgrid": adapter("meshgrid"),
+    "broadcast_arrays": adapter("broadcast_arrays"), "atleast_1d": adapter("atleast_1d"),
+    "atleast_2d": adapter("atleast_2d"), "atleast_3d": adapter("atleast_3d"),
+    **{n: adapter("window", n) for n in ("hanning", "hamming", "bartlett", "blackman")},
+    "gather_mm": adapter("gather_mm"), "block_masked_mm": adapter("block_masked_mm"),
+    # mlx's aliases, under their own names and signatures
+    **{alias: table(name) for alias, name in (
+        ("acos", "arccos"), ("acosh", "arccosh"), ("asin", "arcsin"), ("asinh", "arcsinh"), ("atan", "arctan"),
+        ("atan2", "arctan2"), ("atanh", "arctanh"), ("bitwise_left_shift", "left_shift"),
+        ("bitwise_right_shift", "right_shift"), ("conj", "conjugate"), ("pow", "power"),
+        ("permute_dims", "transpose"), ("empty", "zeros"), ("identity", "eye"), ("positive", "copy"))},
+    "cumulative_sum": adapter("cumsum"), "cumulative_prod": adapter("cumprod"), "concat": adapter("concatenate"),
+    "empty_like": adapter("zeros_like"),
+    "unique": adapter("unique"), "to_fp8": table(), "from_fp8": table(), "gather_qmm": adapter("gather_qmm"),
+})
+
+LINALG = {n: table(f"linalg_{n}") for n in ("inv", "tri_inv", "pinv", "cholesky", "qr", "svd", "lu", "eigh",
+                                             "eigvalsh", "solve", "solve_triangular")}
+LINALG["norm"] = adapter("norm")
+LINALG.update({n: table(f"linalg_{n}") for n in ("cholesky_inv", "cross", "det", "slogdet", "eig", "eigvals",
+                                                 "lu_factor")})
+
+FFT = {**{n: adapter("fft1", n) for n in ("fft", "ifft", "rfft", "irfft")},
+       **{f"{n}{d}": adapter("fftn", n) for n in ("fft", "ifft", "rfft", "irfft") for d in ("2", "n")},
+       "fftshift": adapter("fftshift", False), "ifftshift": adapter("fftshift", True),
+       "fftfreq": adapter("fftfreq", False), "rfftfreq": adapter("fftfreq", True),
+       "stft": adapter("stft"), "istft": adapter("istft")}
+
+RANDOM = {n: adapter(f"random_{n}") for n in ("key", "split", "uniform", "normal", "randint", "bernoulli",
+                                               "truncated_normal", "gumbel", "categorical", "permutation",
+                                               "laplace", "multivariate_normal")}
+
+NAMESPACES = {"ops": (mx, OPS), "linalg": (mx.linalg, LINALG), "fft": (mx.fft, FFT), "random": (mx.random, RANDOM)}
+
+# Signatures mlx does not give in one piece: `copy` is not in mlx.core (it is
+# `mx.array(a)`); `arange` has two overloads, merged; `slice`/`slice_update`
+# also keep the runtime's static form (start=, stop=, strides=).
+OVERRIDES = {
+    ("ops", "copy"): ("def copy(a: array, /, *, stream: StreamOrDevice = None) -> array",
+                      "A copy of the array (``mx.array(a)`` in mlx.core)."),
+    ("ops", "arange"): ("def arange(start: int | float | None = None, stop: int | float | None = None, "
+                        "step: int | float | None = None, dtype: Dtype | None = None, *, "
+                        "stream: StreamOrDevice = None) -> array", None),
+    ("ops", "slice"): ("def slice(a: array, start_indices: array | Sequence[int] | None = None, "
+                       "axes: Sequence[int] | None = None, slice_size: Sequence[int] | None = None, *, "
+                       "start: Sequence[int] | None = None, stop: Sequence[int] | None = None, "
+                       "strides: Sequence[int] | None = None, stream: StreamOrDevice = None) -> array",
+                      "Extract a sub-array: mlx's form (start_indices, axes, slice_size), or the static form "
+                      "start=, stop= and strides= (Python slice bounds, one per axis)."),
+    ("ops", "slice_update"): ("def slice_update(a: array, update: array, "
+                              "start_indices: array | Sequence[int] | None = None, "
+                              "axes: Sequence[int] | None = None, *, start: Sequence[int] | None = None, "
+                              "stop: Sequence[int] | None = None, strides: Sequence[int] | None = None, "
+                              "stream: StreamOrDevice = None) -> array",
+                              "Update a sub-array: mlx's form (start_indices, axes), or the static form start=, "
+                              "stop= and strides= (Python slice bounds, one per axis)."),
+}
+
+RUNTIME_PARAMS = ("queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, "
+                  "nowait: bool = False, check_finite: bool | None = None")
+RUNTIME_DOC = ("Awaitable ``{path}``, built and run natively on a queue: returns a JobFuture. Also takes "
+               "``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops); "
+               "``stream=`` picks a queue of that stream's device.")
+
+# Bare dtype names in mlx's defaults (float32, bfloat16, ...) are mx attributes here.
+_DEFAULT_NAMES = {name: f"mx.{name}" for name in dir(mx) if isinstance(getattr(mx, name), mx.Dtype)}
+
+
+def mlx_signature(module, name: str) -> tuple[str, str]:
+    """(signature text with defaults filled in, docstring) of mlx's function `name`."""
+    text, doc, defaults = getattr(module, name).__nb_signature__[0]
+    if defaults:
+        text = re.sub(r"\\(\d+)", lambda m: repr(defaults[int(m.group(1))]), text)
+    text = text.replace("mlx.core.", "").replace("collections.abc.", "")
+    text = re.sub(r"stream: [^=]*= None", "stream: StreamOrDevice = None", text)
+    return text, doc or ""
+
+
+def parse(text: str) -> ast.FunctionDef:
+    fn = ast.parse(text + ": ...").body[0]
+    assert isinstance(fn, ast.FunctionDef)
+    return fn
+
+
+def first_paragraph(doc: str) -> str:
+    paragraph = textwrap.dedent(doc).strip().split("\n\n")[0]
+    return " ".join(line.strip() for line in paragraph.splitlines())
+
+
+def render(fn: ast.FunctionDef) -> tuple[str, list[str]]:
+    """The signature with the runtime keywords added, and mlx's parameter names (stream aside)."""
+    args = fn.args
+    parts: list[str] = []
+    names: list[str] = []
+
+    def one(arg: ast.arg, default) -> str:
+        names.append(arg.arg)
+        out = arg.arg + (f": {ast.unparse(arg.annotation)}" if arg.annotation else "")
+        if default is not None:
+            value = ast.unparse(default)
+            out += f" = {_DEFAULT_NAMES.get(value, value)}"
+        return out
+
+    positional = args.posonlyargs + args.args
+    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    for k, (arg, default) in enumerate(zip(positional, defaults)):
+        parts.append(one(arg, default))
+        if k == len(args.posonlyargs) - 1:
+            parts.append("/")
+    if args.vararg:
+        annotation = f": {ast.unparse(args.vararg.annotation)}" if args.vararg.annotation else ""
+        parts.append(f"*{args.vararg.arg}{annotation}")
+        names.append("*" + args.vararg.arg)
+    else:
+        parts.append("*")
+    for arg, default in zip(args.kwonlyargs, args.kw_defaults):
+        parts.append(one(arg, default))
+    if "stream" not in names:  # mx.random.key has none; every op here takes one
+        parts.append("stream: StreamOrDevice = None")
+    parts.append(RUNTIME_PARAMS)
+    returns = ast.unparse(fn.returns) if fn.returns else "array"
+    names = [n for n in names if n != "stream"]
+    return f"def {{name}}({', '.join(parts)}) -> JobFuture[{returns}]:", names
+
+
+def body(namespace: str, name: str, how, params: list[str], arrays_count: dict) -> list[str]:
+    lines = ["    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)"]
+    plain = [p.lstrip("*") for p in params]
+    if how[0] == "adapter":
+        _, fn, leading = how
+        args = [repr(v) for v in leading] + plain + ["_rt"]
+        lines.append(f"    return _ad.{fn}({', '.join(args)})")
+        return lines
+    _, table_name, arrays, guard = how
+    table_name = table_name or name
+    count, table_params = arrays_count[table_name]
+    if count < 0:
+        raise SystemExit(f"{namespace}.{name}: a variadic table op needs an adapter")
+    arrays = list(arrays) if arrays is not None else plain[:count]
+    if len(arrays) != count:
+        raise SystemExit(f"{namespace}.{name}: {count} arrays in the table, mlx has {arrays}")
+    options = [p for p in plain if p not in arrays]
+    for p in options:
+        if p not in table_params and p not in guard:
+            raise SystemExit(f"{namespace}.{name}: mlx option {p!r} is not in the table entry {table_name!r}")
+    for p in guard:
+        lines.append(f"    _ad.require_default({name!r}, {p!r}, {p}, {DEFAULTS[(namespace, name)][p]!r})")
+    passed = ", ".join(f"{p}={p}" for p in options if p not in guard)
+    lines.append(f"    return _ad.op({table_name!r}, [{', '.join(arrays)}], _rt{', ' + passed if passed else ''})")
+    return lines
+
+
+DEFAULTS: dict = {}
+
+
+def literal_defaults(fn: ast.FunctionDef) -> dict:
+    args = fn.args
+    positional = args.posonlyargs + args.args
+    pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+    pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+    out = {}
+    for arg, node in pairs:
+        try:
+            out[arg.arg] = ast.literal_eval(node)
+        except ValueError:
+            pass  # a name (a dtype): never a guarded option
+    return out
+
+
+def generate(namespace: str) -> str:
+    module, entries = NAMESPACES[namespace]
+    table = runpy.run_path(str(PACKAGE / "_op_table.py"))
+    arrays_count = {n: (a, {p[0] for p in ps}) for n, a, ps, _ in table["OPS"]}
+    path = "mx." + (namespace + "." if namespace != "ops" else "")
+    out = [
+        f'"""``{path.rstrip(".")}`` with mlx\'s own signatures, as awaitables. GENERATED, do not edit.',
+        "",
+        "Regenerate with ``python tools/gen_api.py`` (from mlx "
+        f"{mx.__version__}'s signatures and emlx_async/_op_table.py);",
+        "tests/test_api_generated.py checks this file is current.",
+        '"""',
+        "",
+        "# ruff: noqa: A001, A002, E501",
+        "from __future__ import annotations",
+        "",
+        "from collections.abc import Sequence",
+        "from typing import TYPE_CHECKING, Literal",
+        "",
+        "import mlx.core as mx",
+        "from mlx.core import Dtype, array",
+        "",
+        "from . import _adapters as _ad",
+        "from ._adapters import StreamOrDevice, scalar",
+        "",
+        "if TYPE_CHECKING:",
+        "    from ._backend import JobFuture",
+        "    from ._devices import DeviceLike",
+        "    from ._queue import CommandQueue",
+        "",
+        "__all__ = [" + ", ".join(repr(n) for n in sorted(entries)) + "]",
+        "_keep = (Sequence, Literal, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use",
+    ]
+    for name in sorted(entries):
+        how = entries[name]
+        override = OVERRIDES.get((namespace, name))
+        if override:
+            text, doc = override
+            if doc is None:
+                doc = mlx_signature(module, name)[1]
+        else:
+            text, doc = mlx_signature(module, name)
+        fn = parse(text)
+        DEFAULTS[(namespace, name)] = literal_defaults(fn)
+        signature, params = render(fn)
+        signature = signature.replace("{name}", name, 1)  # aliases: mlx's text names the original
+        summary = first_paragraph(doc) if doc else ""
+        docstring = textwrap.fill(summary, 100, initial_indent="    ", subsequent_indent="    ").strip()
+        runtime_doc = textwrap.fill(RUNTIME_DOC.format(path=path + name), 100, initial_indent="    ",
+                                    subsequent_indent="    ")
+        out += ["", "", signature, f'    """{docstring}', "", runtime_doc, '    """']
+        out += body(namespace, name, how, params, arrays_count)
+    return "\n".join(out) + "\n"
+
+
+def target(namespace: str) -> pathlib.Path:
+    return PACKAGE / f"_generated_{namespace}.py"
+
+
+def main(argv: list[str]) -> int:
+    stale = []
+    for namespace in NAMESPACES:
+        text = generate(namespace)
+        if "--check" in argv:
+            if not target(namespace).exists() or target(namespace).read_text() != text:
+                stale.append(target(namespace).name)
+        else:
+            target(namespace).write_text(text)
+    if stale:
+        print("out of date (run python tools/gen_api.py):", ", ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
