@@ -228,14 +228,15 @@ class CompiledFunction:
     def __init__(self, fn: Callable[..., Any], *, shapeless: bool = False):
         self.fn = fn
         self.shapeless = shapeless
-        self._per_thread: dict[int, Callable[..., Any]] = {}
+        self._per_thread: dict[tuple[int, str], Callable[..., Any]] = {}
         self._lock = threading.Lock()
         self.__wrapped__ = fn
         self.__doc__ = getattr(fn, "__doc__", None)
 
     def compiled_here(self) -> Callable[..., Any]:
         """This thread's compiled function (made on first use)."""
-        key = threading.get_ident()
+        # A thread id can be reused by a later thread; its CPU stream cannot.
+        key = (threading.get_ident(), repr(mx.default_stream(mx.cpu)))
         compiled = self._per_thread.get(key)
         if compiled is None:
             fn = self.fn
