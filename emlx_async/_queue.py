@@ -117,7 +117,7 @@ def emlx_python_job(context, job_id):
 
 
 # Ops whose results are a tuple or a list, as in mlx.core.
-_MULTI_OUTPUT = {"split", "kv_cache_attention", "linalg_qr", "linalg_svd", "linalg_lu", "linalg_eigh", "quantize",
+_MULTI_OUTPUT = {"split", "kv_cache_attention", "replay_multi", "linalg_qr", "linalg_svd", "linalg_lu", "linalg_eigh", "quantize",
                  "divmod", "minmax", "unstack", "meshgrid", "broadcast_arrays", "atleast_nd", "linalg_slogdet",
                  "linalg_eig", "linalg_lu_factor", "quantize_scaled", "unique"}
 _LIST_OUTPUT = {"split", "divmod", "broadcast_arrays", "atleast_nd", "quantize", "quantize_scaled"}

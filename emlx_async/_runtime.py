@@ -102,6 +102,10 @@ _runtimes: "weakref.WeakValueDictionary[int, Runtime]" = weakref.WeakValueDictio
 
 
 _making_implicit = False  # get_runtime() is making the loop's implicit runtime
+# The implicit runtimes, held strongly until they close: the loop holds its
+# async generators (the asyncio closer) only weakly, so a gc pass would
+# otherwise collect the runtime and its closer together mid-run.
+_implicit: set[Runtime] = set()
 
 
 def _registered(key: Any) -> Runtime | None:
@@ -273,6 +277,7 @@ class Runtime:
             self._channel.close()
             if _runtimes.get(id(self._backend.key)) is self:
                 del _runtimes[id(self._backend.key)]
+            _implicit.discard(self)
             self._close_future.set_result(None)
 
     def _check_open(self) -> None:
@@ -365,6 +370,7 @@ def get_runtime() -> Runtime:
     finally:
         _making_implicit = False
     _runtimes[id(key)] = runtime
+    _implicit.add(runtime)
     if runtime._backend.name == "trio":
         _close_at_the_end_of_trio_run(runtime, keep_alive=True)
     else:

@@ -23,7 +23,6 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from . import _queue
 from . import ops as _ops
 from ._dtypes import DTYPE_CODES, DTYPES
 from ._errors import MLXValueError
@@ -33,9 +32,8 @@ from ._trees import iter_arrays
 
 __all__ = ["TracedFunction", "CompiledFunction", "trace", "load_traced", "compile"]
 
-# Results of this op come back as a tuple (the queue keeps the list of ops
+# "replay_multi" results come back as a tuple (it is in _queue's list of ops
 # with several outputs); "replay" is for functions of one output.
-_queue._MULTI_OUTPUT.add("replay_multi")
 
 
 def _check(status: int) -> None:
