@@ -157,7 +157,7 @@ class Service:
                        headers={"Retry-After": str(self.config.retry_after_s)})
 
     def start_generation(self, request: GenerationRequest):
-        """Validate against the model, admit, and return (prompt token count, max_tokens, stats, deltas).
+        """Validate against the model and admit: a Generation, which the caller must aclose().
 
         Raises APIError (400, 429); nothing is admitted when it does.
         """
@@ -197,33 +197,51 @@ class Service:
             raise invalid(None, str(exc)) from None
         self.admitted += 1
         self.metrics.prompt_tokens.inc(len(ids))
-        return len(ids), stats, self._observed(deltas, stats)
+        return Generation(self, deltas, stats, len(ids))
 
-    async def _observed(self, deltas: AsyncIterator, stats) -> AsyncIterator:
-        """The engine's deltas, timed for the metrics; releases the admission on exit."""
+
+class Generation:
+    """One admitted request. `deltas()` streams the engine's deltas, timed
+    for the metrics; `aclose()` (idempotent, also run when `deltas()` ends)
+    gives the admission back and closes the engine's generator, which frees
+    the KV cache and the slot. It must run even when `deltas()` never
+    started (a client gone before the first byte), hence not only a finally."""
+
+    def __init__(self, service: Service, deltas: AsyncIterator, stats, prompt_tokens: int):
+        self.service, self._engine_deltas, self.stats, self.prompt_tokens = service, deltas, stats, prompt_tokens
+        self.finish_reason: str | None = None
+        self._closed = False
+
+    async def deltas(self) -> AsyncIterator:
+        metrics, stats = self.service.metrics, self.stats
         last = None
-        finished = False
         try:
-            async for delta in deltas:
+            async for delta in self._engine_deltas:
                 if delta.token is not None:
                     now = time.perf_counter()
                     if last is None:
-                        self.metrics.ttft.observe(now - stats.started)
+                        metrics.ttft.observe(now - stats.started)
                     else:
-                        self.metrics.itl.observe(now - last)
+                        metrics.itl.observe(now - last)
                     last = now
-                    self.metrics.generated_tokens.inc()
+                    metrics.generated_tokens.inc()
                 if delta.finish_reason is not None:
-                    finished = True
+                    self.finish_reason = delta.finish_reason
                 yield delta
         finally:
-            self.admitted -= 1
-            self.metrics.duration.observe(time.perf_counter() - stats.started)
-            if not finished:
-                self.metrics.cancelled.inc()
-            # Closing the engine's generator frees the KV cache and the slot now.
-            with anyio.CancelScope(shield=True):
-                await deltas.aclose()
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.service.admitted -= 1
+        self.service.metrics.duration.observe(time.perf_counter() - self.stats.started)
+        if self.finish_reason is None:
+            self.service.metrics.cancelled.inc()
+        with anyio.CancelScope(shield=True):
+            await self._engine_deltas.aclose()
+
 
 
 # ---- HTTP -------------------------------------------------------------------------
@@ -267,8 +285,8 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[bytes], service: Service):
-        self.service = service
+    def __init__(self, events: AsyncIterator[bytes], service: Service, generation: Generation):
+        self.service, self.generation = service, generation
         # Not Response.__init__: it would declare a content-length of 0.
         self.status_code = 200
         self.background = None
@@ -293,6 +311,7 @@ class EventStream(Response):
                 finally:
                     with anyio.CancelScope(shield=True):
                         await self.events.aclose()
+                        await self.generation.aclose()  # the events may never have started
                 group.cancel_scope.cancel()
         if shutdown_scope.cancel_called:  # the client is still there: end the stream properly
             body = sse(shutdown_error().body()) + sse("[DONE]")
@@ -317,50 +336,51 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         service.metrics.requests.labels(endpoint, str(response.status_code)).inc()
         return response
 
-    async def generation(request: Request, chat: bool) -> Response:
+    async def generate(request: Request, chat: bool) -> Response:
         endpoint = "/v1/chat/completions" if chat else "/v1/completions"
         try:
             service.check_ready()
             parsed = parse_request(await read_json(request, config.max_body_bytes), chat=chat)
-            prompt_tokens, stats, deltas = service.start_generation(parsed)
+            generation = service.start_generation(parsed)
         except APIError as error:
             return count(endpoint, error_response(error))
         id_ = new_id(chat)
         if parsed.stream:
-            return count(endpoint, EventStream(_stream_events(parsed, id_, prompt_tokens, stats, deltas), service))
+            return count(endpoint, EventStream(_stream_events(parsed, id_, generation), service,
+                                                   generation))
 
         # Not streamed: still cancel the generation if the client leaves or the shutdown deadline passes.
-        text, finish_reason = [], None
+        text = []
         shutdown_scope = anyio.CancelScope()
-        with service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
-            async with anyio.create_task_group() as group:
-                async def collect() -> None:
-                    nonlocal finish_reason
-                    async for delta in deltas:
-                        text.append(delta.text)
-                        finish_reason = delta.finish_reason or finish_reason
-                    group.cancel_scope.cancel()
+        try:
+            with service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
+                async with anyio.create_task_group() as group:
+                    async def collect() -> None:
+                        async for delta in generation.deltas():
+                            text.append(delta.text)
+                        group.cancel_scope.cancel()
 
-                async def watch() -> None:
-                    await until_disconnected(request.receive)
-                    group.cancel_scope.cancel()
+                    async def watch() -> None:
+                        await until_disconnected(request.receive)
+                        group.cancel_scope.cancel()
 
-                group.start_soon(collect)
-                group.start_soon(watch)
-        if finish_reason is None:
-            await deltas.aclose()
+                    group.start_soon(collect)
+                    group.start_soon(watch)
+        finally:
+            await generation.aclose()
+        if generation.finish_reason is None:
             if shutdown_scope.cancel_called:
                 return count(endpoint, error_response(shutdown_error()))
             return count(endpoint, Response(status_code=499))  # the client is gone: nobody reads this
         body = completion_body(parsed, id=id_, model=service.model_name, text="".join(text),
-                               finish_reason=finish_reason, prompt_tokens=prompt_tokens,
-                               completion_tokens=stats.generated_tokens)
+                               finish_reason=generation.finish_reason, prompt_tokens=generation.prompt_tokens,
+                               completion_tokens=generation.stats.generated_tokens)
         return count(endpoint, JSONResponse(body))
 
-    async def _stream_events(parsed: GenerationRequest, id_: str, prompt_tokens: int, stats,
-                             deltas) -> AsyncIterator[bytes]:
+    async def _stream_events(parsed: GenerationRequest, id_: str, generation: Generation) -> AsyncIterator[bytes]:
         created = int(time.time())
         fields = {"id": id_, "model": service.model_name, "created": created}
+        deltas = generation.deltas()
         try:
             if parsed.chat:  # OpenAI opens a chat stream with the role
                 yield sse(chunk_body(parsed, **fields, text="", finish_reason=None, first=True))
@@ -371,8 +391,8 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                     yield sse(chunk_body(parsed, **fields, text=None if parsed.chat else "",
                                          finish_reason=delta.finish_reason))
             if parsed.include_usage:
-                yield sse(usage_chunk_body(parsed, **fields, prompt_tokens=prompt_tokens,
-                                           completion_tokens=stats.generated_tokens))
+                yield sse(usage_chunk_body(parsed, **fields, prompt_tokens=generation.prompt_tokens,
+                                           completion_tokens=generation.stats.generated_tokens))
         except Exception as exc:  # noqa: BLE001 - the status line is gone; the error goes in the stream
             logger.exception("generation %s failed", id_)
             yield sse(APIError(500, f"generation failed: {type(exc).__name__}: {exc}",
@@ -380,13 +400,14 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         finally:
             with anyio.CancelScope(shield=True):
                 await deltas.aclose()
+                await generation.aclose()
         yield sse("[DONE]")
 
     async def chat_completions(request: Request) -> Response:
-        return await generation(request, chat=True)
+        return await generate(request, chat=True)
 
     async def completions(request: Request) -> Response:
-        return await generation(request, chat=False)
+        return await generate(request, chat=False)
 
     async def models(request: Request) -> Response:
         body = {"object": "list", "data": [{"id": service.model_name, "object": "model",
