@@ -2,7 +2,7 @@
 
 Layers (DESIGN and STYLE): native binding, errors and dtypes -> completion
 channel -> queue -> context -> runtime and pools -> routing -> host-call
-server -> the public API and ops -> llm. A module-level or function-level
+server -> the public API and ops -> llm -> serve. A module-level or function-level
 import of a later module fails this test, so the order stays true.
 """
 
@@ -18,7 +18,7 @@ ORDER = [
     "_version", "_errors", "_emlx_native", "_native", "_backend", "_dtypes", "_devices", "_trees", "_interop", "_op_table",
     "_channel", "_queue", "_context", "_runtime", "_routing", "_host_call",
     "_api", "memory", "ops", "attention", "fast", "fft", "linalg", "ipc", "testing",
-    "__init__", "llm",
+    "__init__", "llm", "serve",
 ]
 
 
