@@ -1,9 +1,9 @@
 """The OpenAI-compatible service (emlx_async.serve) against one live server.
 
 The module starts one `python -m emlx_async.serve` on a free loopback port
-(parallel mode, 4 slots, 1 waiting) and stops it in its last test with
-SIGTERM, which checks the graceful shutdown; the fixture kills it only if
-that test did not run. Generations are greedy and short: the model is slow
+(parallel mode, or EMLX_SERVE_TEST_MODE=batch; 4 slots, 1 waiting) and
+stops it in its last test with SIGTERM, which checks the graceful shutdown;
+the fixture kills it only if that test did not run. Generations are greedy and short: the model is slow
 on a shared CPU.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import importlib.util
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -37,6 +38,7 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 PARIS = "The capital of France is"
 MAX_CONCURRENT, MAX_WAITING = 4, 1
 SHUTDOWN_TIMEOUT = 3.0
+MODE = os.environ.get("EMLX_SERVE_TEST_MODE", "parallel")
 
 
 def _free_port() -> int:
@@ -51,7 +53,7 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "emlx_async.serve", "--host", "127.0.0.1", "--port", str(self.port),
+            [sys.executable, "-m", "emlx_async.serve", "--mode", MODE, "--host", "127.0.0.1", "--port", str(self.port),
              "--max-concurrent", str(MAX_CONCURRENT), "--max-waiting", str(MAX_WAITING),
              "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), "--log-level", "warning"],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
