@@ -308,6 +308,15 @@ def test_disconnect_mid_stream_frees_the_slot(http, server):
     assert metric(http, "emlx_requests_cancelled_total") == cancelled + 1
 
 
+def test_a_client_leaving_a_non_streamed_request_frees_the_slot(http, server):
+    cancelled = metric(http, "emlx_requests_cancelled_total")
+    with httpx.Client(base_url=server.url, timeout=1.5) as impatient:
+        with pytest.raises(httpx.ReadTimeout):  # httpx closes the connection on a timeout
+            impatient.post(COMPLETIONS, json={"prompt": "Once upon a time", "max_tokens": 500, "temperature": 0})
+    wait_for(lambda: metric(http, "emlx_requests_active") == 0, timeout=10)
+    assert metric(http, "emlx_requests_cancelled_total") == cancelled + 1
+
+
 def test_429_when_the_waiting_room_is_full(http, server):
     long = {"prompt": "Once upon a time", "max_tokens": 500, "temperature": 0, "stream": True}
     with httpx.Client(base_url=server.url, timeout=60,
