@@ -148,6 +148,8 @@ def test_health_and_models(http):
     assert http.get("/health").json()["status"] == "ready"
     models = http.get("/v1/models").json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == [MODEL]
+    assert http.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
+    check_error(http.get("/v1/models/gpt-4o"), 404, "model")
 
 
 def test_openai_client_gets_paris(openai_client, alone):

@@ -414,6 +414,15 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                                             "created": service.created, "owned_by": "emlx_async"}]}
         return count("/v1/models", JSONResponse(body))
 
+    async def model(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name != service.model_name:
+            error = APIError(404, f"the model '{name}' does not exist", type="not_found_error", param="model",
+                             code="model_not_found")
+            return count("/v1/models/{name}", error_response(error))
+        return count("/v1/models/{name}", JSONResponse({"id": name, "object": "model", "created": service.created,
+                                                         "owned_by": "emlx_async"}))
+
     async def health(request: Request) -> Response:
         body = {"status": service.status, "model": service.model_name, "mode": config.mode}
         if service.load_error:
@@ -445,6 +454,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ], lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error})
