@@ -17,7 +17,8 @@ from .app import ServeConfig, create_app
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="emlx-async", description="emlx_async: an OpenAI-compatible HTTP service on the engine")
+    parser = argparse.ArgumentParser(prog="emlx-async",
+                                     description="emlx_async: an OpenAI-compatible HTTP service on the engine")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the OpenAI-compatible HTTP service")
     serve.add_argument("--model", default=None,
