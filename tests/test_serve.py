@@ -350,6 +350,8 @@ def test_metrics(http):
     assert metric(http, "emlx_generated_tokens_total") > 0
     assert metric(http, "emlx_time_to_first_token_seconds_count") > 0
     assert metric(http, "emlx_event_loop_lag_seconds_count") > 0
+    if MODE == "parallel":  # FRANCE was asked many times: later prefills reused its keys and values
+        assert metric(http, "emlx_prompt_cache_hits") > 0 and metric(http, "emlx_prompt_cache_reused_tokens") > 0
 
 
 def test_sigterm_drains_and_exits_0(server):

@@ -46,6 +46,9 @@ class ServeConfig:
     default_max_tokens: int = 256
     prefill_chunk: int | None = None
     retry_after_s: int = 1
+    # Tokens of prompt keys and values kept for reuse by prompts sharing a prefix
+    # ("parallel" mode; 0 turns it off). SmolLM2 in float32: ~46 KB a token.
+    prompt_cache_tokens: int = 4096
 
     def served_name(self) -> str:
         if self.model_name:
@@ -72,7 +75,10 @@ class Service:
         self.load_error: str | None = None
         self.admitted = 0                # running plus waiting for a slot
         self.created = int(time.time())
-        self.metrics = Metrics(active=self.active, waiting=self.waiting)
+        self.prefix_cache = None
+        self.metrics = Metrics(active=self.active, waiting=self.waiting,
+                               prefix_hits=lambda: self.prefix_cache.hits if self.prefix_cache else 0,
+                               prefix_tokens=lambda: self.prefix_cache.reused_tokens if self.prefix_cache else 0)
         self._tasks: list[asyncio.Task] = []
         self._cut_off_callbacks: set = set()
 
@@ -91,13 +97,19 @@ class Service:
         from emlx_async import Runtime
         from emlx_async.llm import Engine
 
+        from .prefix_cache import PrefixCache, PrefixCachingEngine
+
         started = time.perf_counter()
         try:
             # Parallel mode lends one pooled queue per running request.
             self.runtime = Runtime(pool_size=max(self.config.max_concurrent, 2))
-            self.engine = await Engine.load(self.config.model, runtime=self.runtime, mode=self.config.mode,
-                                            max_concurrent=self.config.max_concurrent,
-                                            prefill_chunk=self.config.prefill_chunk)
+            caching = self.config.mode == "parallel" and self.config.prompt_cache_tokens > 0
+            engine_class = PrefixCachingEngine if caching else Engine
+            self.engine = await engine_class.load(self.config.model, runtime=self.runtime, mode=self.config.mode,
+                                                  max_concurrent=self.config.max_concurrent,
+                                                  prefill_chunk=self.config.prefill_chunk)
+            if caching:
+                self.engine.prefix_cache = self.prefix_cache = PrefixCache(self.config.prompt_cache_tokens)
         except Exception as exc:  # noqa: BLE001 - reported by /health and the log
             self.status, self.load_error = "failed", f"{type(exc).__name__}: {exc}"
             logger.error("loading the model failed: %s", self.load_error)

@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--default-max-tokens", type=int, default=256,
                        help="max_tokens for requests that give none")
     serve.add_argument("--prefill-chunk", type=int, default=None)
+    serve.add_argument("--prompt-cache-tokens", type=int, default=4096,
+                       help="prompt tokens whose keys and values are kept for reuse by prompts sharing a prefix "
+                            "(parallel mode; 0: off)")
     serve.add_argument("--shutdown-timeout", type=float, default=10.0,
                        help="seconds running streams get to finish on SIGTERM before they are cancelled")
     serve.add_argument("--log-level", default="info")
@@ -52,7 +55,7 @@ def serve(args: argparse.Namespace) -> int:
     config = ServeConfig(model=args.model, model_name=args.model_name, mode=args.mode,
                          max_concurrent=args.max_concurrent, max_waiting=args.max_waiting,
                          max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
-                         prefill_chunk=args.prefill_chunk)
+                         prefill_chunk=args.prefill_chunk, prompt_cache_tokens=args.prompt_cache_tokens)
     app = create_app(config)
     service = app.state.service
 

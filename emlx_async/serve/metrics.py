@@ -18,7 +18,8 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class Metrics:
-    def __init__(self, active: Callable[[], float], waiting: Callable[[], float]):
+    def __init__(self, active: Callable[[], float], waiting: Callable[[], float],
+                 prefix_hits: Callable[[], float], prefix_tokens: Callable[[], float]):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("emlx_requests", "HTTP requests by endpoint and status code",
@@ -37,6 +38,11 @@ class Metrics:
         self.waiting.set_function(waiting)
         self.loop_lag = Histogram("emlx_event_loop_lag_seconds",
                                   "How late the event loop wakes a periodic ticker", buckets=_LAG_BUCKETS, registry=r)
+        self.prefix_hits = Gauge("emlx_prompt_cache_hits", "Prompts that started from a cached prefix", registry=r)
+        self.prefix_hits.set_function(prefix_hits)
+        self.prefix_tokens = Gauge("emlx_prompt_cache_reused_tokens", "Prompt tokens not prefilled thanks to the "
+                                   "prompt cache", registry=r)
+        self.prefix_tokens.set_function(prefix_tokens)
         self.cancelled = Counter("emlx_requests_cancelled", "Generations cancelled (client gone or shutdown)",
                                  registry=r)
 
