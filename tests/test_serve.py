@@ -193,6 +193,27 @@ def test_concurrent_clients_get_the_text_they_get_alone(server, alone):
     assert texts == [alone["choices"][0]["message"]["content"]] * 4
 
 
+@one_loop
+async def test_a_cached_prefix_gives_the_engines_own_text(rt, server, alone):
+    """GERMANY shares the chat template's prefix with FRANCE (cached by now):
+    the server's answer must be what an engine without the cache decodes."""
+    from emlx_async.llm import Engine
+
+    germany = [{"role": "user", "content": "What is the capital of Germany?"}]
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        before = await client.get("/metrics")
+        body = (await client.post(CHAT, json={"messages": germany, "max_tokens": 8, "temperature": 0})).json()
+        after = await client.get("/metrics")
+    engine = await Engine.load(runtime=rt)
+    reference = "".join([d.text async for d in engine.generate(messages=germany, max_tokens=8)])
+    assert body["choices"][0]["message"]["content"] == reference
+    assert "Berlin" in reference
+    if MODE == "parallel":
+        hits = [float(line.split()[-1]) for r in (before, after) for line in r.text.splitlines()
+                if line.startswith("emlx_prompt_cache_hits ")]
+        assert hits[1] == hits[0] + 1
+
+
 def test_sse_framing_usage_and_done(http):
     request = {"model": MODEL, "prompt": PARIS, "max_tokens": 4, "temperature": 0}
     plain = http.post("/v1/completions", json=request).json()
