@@ -81,6 +81,7 @@ class Service:
                                prefix_tokens=lambda: self.prefix_cache.reused_tokens if self.prefix_cache else 0)
         self._tasks: list[asyncio.Task] = []
         self._cut_off_callbacks: set = set()
+        self.on_load_failed = None  # the CLI stops the server: a service without its model is no use
 
     def active(self) -> int:
         return self.engine.active_requests if self.engine is not None else 0
@@ -113,6 +114,8 @@ class Service:
         except Exception as exc:  # noqa: BLE001 - reported by /health and the log
             self.status, self.load_error = "failed", f"{type(exc).__name__}: {exc}"
             logger.error("loading the model failed: %s", self.load_error)
+            if self.on_load_failed is not None:
+                self.on_load_failed()
             return
         if self.status == "loading":
             self.status = "ready"

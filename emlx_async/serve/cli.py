@@ -73,5 +73,6 @@ def serve(args: argparse.Namespace) -> int:
     server = Server(uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", http="httptools",
                                    lifespan="on", log_level=args.log_level, access_log=False,
                                    timeout_graceful_shutdown=args.shutdown_timeout))
+    service.on_load_failed = lambda: setattr(server, "should_exit", True)
     server.run()
-    return 0 if server.started else 1
+    return 0 if server.started and service.status != "failed" else 1
