@@ -36,16 +36,7 @@ import emlx_async as ea
 from emlx_async.llm import Engine
 from emlx_async.testing import LoopLag
 
-PROMPTS = [
-    "Once upon a time, in a small village by the sea,",
-    "The three most important inventions in history are",
-    "Here is a short recipe for pancakes:",
-    "The planets of the solar system, in order, are",
-    "A good way to start learning to program is",
-    "The history of the bicycle begins",
-    "My favourite thing about autumn is",
-    "In the year 2050, cities will",
-]
+from _prompts import PROMPTS  # noqa: E402 - benchmarks/ is the script's directory
 
 
 @dataclass

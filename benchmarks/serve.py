@@ -22,16 +22,7 @@ import time
 
 import httpx
 
-PROMPTS = [
-    "Once upon a time, in a small village by the sea,",
-    "The three most important inventions in history are",
-    "Here is a short recipe for pancakes:",
-    "The planets of the solar system, in order, are",
-    "A good way to start learning to program is",
-    "The history of the bicycle begins",
-    "My favourite thing about autumn is",
-    "In the year 2050, cities will",
-]
+from _prompts import PROMPTS  # noqa: E402 - benchmarks/ is the script's directory
 
 
 def pct(values: list[float], q: float) -> float:
