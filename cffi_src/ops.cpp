@@ -117,16 +117,7 @@ T need(const std::optional<T>& value, const char* op, const char* name) {
 }
 
 mx::array pad_pairs(const mx::array& x, const mx::Shape& flat, double value, mx::Stream s) {
-  if (flat.size() != 2 * x.ndim())
-    throw std::invalid_argument("[pad] pad_width needs a (before, after) pair for each of the " +
-                                std::to_string(x.ndim()) + " axes");
-  std::vector<std::pair<int, int>> pairs;
-  for (size_t k = 0; k < x.ndim(); ++k) {
-    // MLX sums the padded size in 32 bits: check it here first.
-    validate::dim_add("pad", validate::dim_add("pad", x.shape(k), flat[2 * k]), flat[2 * k + 1]);
-    pairs.emplace_back(flat[2 * k], flat[2 * k + 1]);
-  }
-  return mx::pad(x, pairs, mx::array(value, x.dtype()), "constant", s);
+  return extra::pad_mode(x, mx::array(value, x.dtype()), flat, "constant", s);
 }
 
 constexpr auto kBackward = mx::fft::FFTNorm::Backward;

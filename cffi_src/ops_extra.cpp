@@ -31,7 +31,7 @@ mx::array pad_mode(const mx::array& x, const mx::array& value, const mx::Shape& 
                                 std::to_string(x.ndim()) + " axes");
   std::vector<std::pair<int, int>> pairs;
   for (size_t k = 0; k < x.ndim(); ++k) {
-    // MLX sums the padded size in 32 bits: check it here first (as ops.cpp's pad_pairs).
+    // MLX sums the padded size in 32 bits: check it here first.
     validate::dim_add("pad", validate::dim_add("pad", x.shape(k), flat[2 * k]), flat[2 * k + 1]);
     pairs.emplace_back(flat[2 * k], flat[2 * k + 1]);
   }
