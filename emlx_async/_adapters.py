@@ -52,14 +52,6 @@ def op(name: str, arrays: list, rt: dict, **options: Any):
     return _ops.submit(name, arrays, **rt, **options)
 
 
-def require_default(name: str, param: str, value: Any, default: Any) -> None:
-    """Options mlx has and the runtime cannot honour yet raise, instead of being ignored."""
-    same = value is default if default is None or isinstance(default, bool) else value == default
-    if not same:
-        raise NotImplementedError(f"[{name}] {param}={value!r} is not supported by emlx_async yet "
-                                  f"(only the default, {default!r})")
-
-
 def _ints(values) -> list[int]:
     return [operator.index(v) for v in values]
 

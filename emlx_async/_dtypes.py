@@ -20,10 +20,3 @@ NUMPY_DTYPES = {np.dtype(np.bool_): mx.bool_, np.dtype(np.uint8): mx.uint8, np.d
                 np.dtype(np.float16): mx.float16, np.dtype(np.float32): mx.float32,
                 np.dtype(np.complex64): mx.complex64}
 
-
-def dtype_code(dtype: mx.Dtype, what: str) -> int:
-    """The shim's code for `dtype`, or a ValueError naming `what`."""
-    try:
-        return DTYPE_CODES[dtype]
-    except (KeyError, TypeError):
-        raise ValueError(f"{what}: unsupported dtype {dtype!r}") from None

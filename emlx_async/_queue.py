@@ -365,12 +365,7 @@ class CommandQueue:
     def _release_worker(self, drop_pending: bool) -> None:
         stop = _Job(self, self._backend.new_future())
         stop.future.add_done_callback(self._stopped)
-        try:
-            self._channel.ensure_alive()
-            alive = True
-        except EMLXError:
-            alive = False
-        if alive:
+        if self._channel.is_alive():
             self._channel.jobs[stop.id] = stop
             if lib.emlx_worker_release(self._worker, stop.id, int(drop_pending)) == 0:
                 return
@@ -411,16 +406,16 @@ class CommandQueue:
             self._backlog.append(job)
             for dep in job.deps:
                 if not dep.done():
-                    dep.add_done_callback(self._pump_soon)
+                    dep.add_done_callback(self._pump)
             return job.future
         self._start(job)
         return job.future
 
-    def _pump_soon(self, _future=None) -> None:
-        self._pump()
+    def _pump(self, _done_dependency=None) -> None:
+        """Start backlog jobs from the head while they are ready and slots are free.
 
-    def _pump(self) -> None:
-        """Start backlog jobs from the head while they are ready and slots are free."""
+        Also a done-callback of the futures backlog jobs depend on.
+        """
         while self._backlog and self._pending < self.max_pending:
             job = self._backlog[0]
             if job.future.done():  # cancelled while waiting

