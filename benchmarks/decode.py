@@ -171,7 +171,7 @@ async def trio_main(args, counts: list[int], rates: dict) -> None:
         engine = await Engine.load(runtime=runtime, max_concurrent=max(counts))
         prompts = [engine.encode(p) for p in PROMPTS]
         await run_engine("parallel")(engine, prompts[:runtime.pool_size], 2)
-        print(f"\nunder trio (ratio: to the asyncio row of the same N and mode)")
+        print("\nunder trio (ratio: to the asyncio row of the same N and mode)")
         print(f"{'N':>2} {'scenario':30} {'tokens':>6} {'agg tok/s':>9} {'ratio':>6} {'ttft s':>7} "
               f"{'itl p50 ms':>10} {'itl p99 ms':>10}")
         for n in counts:

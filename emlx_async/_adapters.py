@@ -14,6 +14,8 @@ from typing import Any, Union
 
 import mlx.core as mx
 
+from ._devices import stream_device
+
 
 class _Core:
     """What the adapters submit through: emlx_async.ops binds its functions here (`bind`).
@@ -43,9 +45,7 @@ StreamOrDevice = Union[mx.Stream, mx.Device, mx.DeviceType, str, None]
 
 def runtime(stream, queue, device, lazy, nowait, check_finite) -> dict[str, Any]:
     """The runtime keywords of a call; ``stream=`` acts like ``device=`` (its device)."""
-    if stream is not None and device is None:
-        device = getattr(stream, "device", stream)
-    return dict(queue=queue, device=device, lazy=lazy, nowait=nowait, check_finite=check_finite)
+    return dict(queue=queue, device=stream_device(stream, device), lazy=lazy, nowait=nowait, check_finite=check_finite)
 
 
 def op(name: str, arrays: list, rt: dict, **options: Any):

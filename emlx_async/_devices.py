@@ -42,3 +42,10 @@ def native_device(kind: mx.DeviceType) -> int:
 
 def from_native_device(value: int) -> mx.DeviceType:
     return _FROM_NATIVE[value]
+
+
+def stream_device(stream, device: DeviceLike = None) -> DeviceLike:
+    """mlx's ``stream=`` (a Stream, Device or device name) as the ``device=`` of an op; an explicit device wins."""
+    if stream is None or device is not None:
+        return device
+    return getattr(stream, "device", stream)

@@ -42,7 +42,7 @@ import mlx.core as mx
 from ._backend import wait_all
 from ._context import set_bound
 from ._dtypes import DTYPE_CODES
-from ._errors import EMLXError, HostCallDeadlock
+from ._errors import EMLXError
 from ._native import ffi, last_error, lib
 from ._queue import CommandQueue, current_job, host_call_blocking
 from ._routing import route

@@ -10,18 +10,17 @@ check_finite=).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import mlx.core as mx
 
+from ._devices import stream_device
 from .ops import submit
 
 
 def _stream(stream, kwargs: dict) -> dict:
     """mlx's ``stream=`` picks a queue of that stream's device, like ``device=``."""
-    if stream is not None and kwargs.get("device") is None:
-        kwargs["device"] = getattr(stream, "device", stream)
+    kwargs["device"] = stream_device(stream, kwargs.get("device"))
     return kwargs
 
 

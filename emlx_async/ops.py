@@ -36,6 +36,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from ._devices import stream_device
 from ._dtypes import DTYPE_CODES as _DTYPE_CODES
 from ._op_table import OPS, VARIADIC
 
@@ -181,8 +182,7 @@ def submit(name: str, arrays: Sequence[Any], *, queue=None, device=None, lazy: b
 
 def _with_stream(stream, kwargs: dict) -> dict:
     """mlx's ``stream=`` for the hand-written ops: a queue of that stream's device, like ``device=``."""
-    if stream is not None and kwargs.get("device") is None:
-        kwargs["device"] = getattr(stream, "device", stream)
+    kwargs["device"] = stream_device(stream, kwargs.get("device"))
     return kwargs
 
 

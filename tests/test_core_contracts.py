@@ -16,7 +16,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async import _native, testing
-from helpers import Awaiter, Gate, on_every_loop, started
+from helpers import Gate, on_every_loop, started
 from test_process import run_python
 
 
@@ -190,7 +190,7 @@ def _kv_inputs():
 
 @on_every_loop
 async def test_failed_donated_job_leaves_the_callers_arrays_intact():
-    async with ea.Runtime(pool_size=4) as rt:
+    async with ea.Runtime(pool_size=4):
         q, k, v, k_cache, v_cache = _kv_inputs()
         before_k, before_v = np.array(k_cache), np.array(v_cache)
         with pytest.raises(ea.MLXValueError, match="exceed the cache length"):
