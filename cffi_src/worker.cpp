@@ -10,6 +10,7 @@
 #include <deque>
 #include <memory>
 #include <thread>
+#include <time.h>
 
 #include "channel.hpp"
 #include "ops.hpp"
@@ -38,7 +39,15 @@ struct OpCall {
 emlx_completion record(uint64_t id, int32_t status, int32_t kind = 0, char* message = nullptr,
                        std::vector<mx::array>* payload = nullptr,
                        int32_t payload_kind = EMLX_PAYLOAD_RESULTS) {
-  return {id, status, kind, message, payload, payload_kind};
+  return {id, status, kind, message, payload, payload_kind, 0, 0};
+}
+
+// The clock the Python side reads with time.clock_gettime_ns(CLOCK_MONOTONIC),
+// so submit (Python) and start (here) timestamps can be subtracted.
+uint64_t monotonic_ns() noexcept {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<uint64_t>(now.tv_sec) * 1000000000ull + static_cast<uint64_t>(now.tv_nsec);
 }
 
 struct Job {
@@ -96,6 +105,7 @@ struct emlx_worker {
   bool started = false;
   bool finished = false;
   std::string start_error;
+  uint64_t job_started_ns = 0;      // the running job's start, stamped on its records (worker thread only)
 };
 
 namespace {
@@ -106,7 +116,12 @@ std::vector<emlx_worker*> parked;
 
 }  // namespace
 
-void emlx_worker::post(const emlx_completion& r) {
+void emlx_worker::post(const emlx_completion& finished) {
+  // Every record a worker posts for a job it ran carries the job's run time
+  // (the runtime's per-queue counters; rt.stats()).
+  emlx_completion r = finished;
+  r.started_ns = job_started_ns;
+  r.finished_ns = monotonic_ns();
   std::shared_ptr<emlx::Channel> target;
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -173,6 +188,7 @@ void emlx_worker::main() {
       jobs.pop_front();
       queued.store(jobs.size(), std::memory_order_relaxed);
     }
+    job_started_ns = monotonic_ns();
     try {
       run(job);
     } catch (...) {
