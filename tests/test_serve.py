@@ -364,13 +364,18 @@ def test_metrics(http):
     families = {f.name: f for f in text_string_to_metric_families(http.get("/metrics").text)}
     for name in ("emlx_requests", "emlx_prompt_tokens", "emlx_generated_tokens", "emlx_time_to_first_token_seconds",
                  "emlx_inter_token_latency_seconds", "emlx_requests_active", "emlx_requests_waiting",
-                 "emlx_event_loop_lag_seconds"):
+                 "emlx_event_loop_lag_seconds", "emlx_queue_busy_seconds", "emlx_queue_wait_seconds",
+                 "emlx_queue_jobs", "emlx_queue_busy_fraction"):
         assert name in families, name
     statuses = {s.labels.get("status") for s in families["emlx_requests"].samples if s.name == "emlx_requests_total"}
     assert {"200", "400", "413", "429"} <= statuses
     assert metric(http, "emlx_generated_tokens_total") > 0
     assert metric(http, "emlx_time_to_first_token_seconds_count") > 0
     assert metric(http, "emlx_event_loop_lag_seconds_count") > 0
+    # The decode steps ran as queue jobs: some queue was busy, and its jobs completed.
+    assert sum(s.value for s in families["emlx_queue_busy_seconds"].samples) > 0
+    completed = [s.value for s in families["emlx_queue_jobs"].samples if s.labels["outcome"] == "completed"]
+    assert sum(completed) > 0
     if MODE == "parallel":  # FRANCE was asked many times: later prefills reused its keys and values
         assert metric(http, "emlx_prompt_cache_hits") > 0 and metric(http, "emlx_prompt_cache_reused_tokens") > 0
 

@@ -128,3 +128,27 @@ async def test_total_keeps_closed_queues_and_outlives_the_runtime():
     after = rt.stats()
     assert after.total.completed == 6
     assert after.total.uptime == rt.stats().total.uptime  # frozen at close
+
+
+@on_every_loop
+async def test_metrics_export_the_queue_counters():
+    parser = pytest.importorskip("prometheus_client.parser")
+    from emlx_async.serve.metrics import Metrics
+
+    async with ea.Runtime() as rt:
+        metrics = Metrics(active=lambda: 0, waiting=lambda: 0, prefix_hits=lambda: 0, prefix_tokens=lambda: 0,
+                          runtime_stats=rt.stats)
+        q = rt.default_queue()
+        await q.run(time.sleep, 0.05)
+        with pytest.raises(KeyError):
+            await q.run(_fail)
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in parser.text_string_to_metric_families(metrics.render().decode())
+                   for s in family.samples}
+    key = (("queue", q.name), ("role", "default"))
+    assert samples[("emlx_queue_busy_seconds_total", key)] >= 0.05
+    assert samples[("emlx_queue_wait_seconds_total", key)] >= 0.0
+    assert 0 < samples[("emlx_queue_busy_fraction", key)] <= 1
+    jobs = {outcome: samples[("emlx_queue_jobs_total", (("outcome", outcome), *key))]
+            for outcome in ("submitted", "started", "completed", "failed", "cancelled")}
+    assert jobs == {"submitted": 2, "started": 2, "completed": 1, "failed": 1, "cancelled": 0}

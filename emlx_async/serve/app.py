@@ -78,7 +78,8 @@ class Service:
         self.prefix_cache = None
         self.metrics = Metrics(active=self.active, waiting=self.waiting,
                                prefix_hits=lambda: self.prefix_cache.hits if self.prefix_cache else 0,
-                               prefix_tokens=lambda: self.prefix_cache.reused_tokens if self.prefix_cache else 0)
+                               prefix_tokens=lambda: self.prefix_cache.reused_tokens if self.prefix_cache else 0,
+                               runtime_stats=lambda: self.runtime.stats() if self.runtime is not None else None)
         self._tasks: list[asyncio.Task] = []
         self._cut_off_callbacks: set = set()
         self.on_load_failed = None  # the CLI stops the server: a service without its model is no use
