@@ -42,12 +42,17 @@ emlx_completion record(uint64_t id, int32_t status, int32_t kind = 0, char* mess
   return {id, status, kind, message, payload, payload_kind, 0, 0};
 }
 
-// The clock the Python side reads with time.clock_gettime_ns(CLOCK_MONOTONIC),
-// so submit (Python) and start (here) timestamps can be subtracted.
+// The clock Python's time.monotonic_ns() reads (CLOCK_MONOTONIC on Linux,
+// mach_absolute_time on macOS), so a job's submit time (taken in Python) and
+// its start (taken here) can be subtracted.
 uint64_t monotonic_ns() noexcept {
+#ifdef __APPLE__
+  return clock_gettime_nsec_np(CLOCK_UPTIME_RAW);
+#else
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);
   return static_cast<uint64_t>(now.tv_sec) * 1000000000ull + static_cast<uint64_t>(now.tv_nsec);
+#endif
 }
 
 struct Job {

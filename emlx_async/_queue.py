@@ -36,7 +36,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from time import CLOCK_MONOTONIC, clock_gettime_ns
+from time import monotonic_ns
 from typing import Any
 
 import mlx.core as mx
@@ -83,7 +83,7 @@ class _Job:
         self.start: Callable[[], int] | None = None  # hands the job to the worker; 0 on success
         self.deps: list = []  # evaluations on other queues it waits for
         self.host_cause: BaseException | None = None  # a host callback's exception that failed it
-        self.submitted_ns = 0  # CLOCK_MONOTONIC when it took its place in the FIFO (the worker stamps its start)
+        self.submitted_ns = 0  # time.monotonic_ns() when it took its place in the FIFO (the worker stamps its start)
 
     def run_python(self) -> int:
         """Body of a Python job, on the worker thread (holding the GIL)."""
@@ -249,7 +249,7 @@ class _Counters:
     def __init__(self) -> None:
         self.submitted = self.started = self.completed = self.failed = self.cancelled = 0
         self.wait_ns = self.run_ns = 0
-        self.opened_ns = clock_gettime_ns(CLOCK_MONOTONIC)
+        self.opened_ns = monotonic_ns()
         self.closed_ns = 0  # set when the queue hands its worker back
 
     def uptime_ns(self, now_ns: int) -> int:
@@ -316,7 +316,7 @@ class CommandQueue:
 
     def stats(self) -> QueueStats:
         """This queue's counters now (see ``QueueStats``); cheap, no job is run."""
-        return self._counters.snapshot(self.name, self.role, clock_gettime_ns(CLOCK_MONOTONIC))
+        return self._counters.snapshot(self.name, self.role, monotonic_ns())
 
     # ---- public jobs -------------------------------------------------------
 
@@ -472,7 +472,7 @@ class CommandQueue:
                             f"{self.max_pending}); retry later or submit without nowait")
         job.deps = list(deps or ()) + prepare_inputs(self._channel, inputs, self)
         self._counters.submitted += 1
-        job.submitted_ns = clock_gettime_ns(CLOCK_MONOTONIC)
+        job.submitted_ns = monotonic_ns()
         if self._backlog or full or any(not d.done() for d in job.deps):
             self._backlog.append(job)
             for dep in job.deps:
@@ -567,7 +567,7 @@ class CommandQueue:
         counters = self._counters
         if started_ns:  # 0: dropped before it started
             counters.started += 1
-            counters.wait_ns += max(0, started_ns - job.submitted_ns)
+            counters.wait_ns += started_ns - job.submitted_ns
             counters.run_ns += finished_ns - started_ns
         self._release_slot()
         future = job.future
@@ -606,7 +606,7 @@ class CommandQueue:
 
     def _detach(self) -> None:
         if not self._counters.closed_ns:
-            self._counters.closed_ns = clock_gettime_ns(CLOCK_MONOTONIC)
+            self._counters.closed_ns = monotonic_ns()
         self._worker = None
         self._closing = True
         self._channel.owners.pop((self._native_device, self.stream_index), None)

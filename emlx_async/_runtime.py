@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-from time import CLOCK_MONOTONIC, clock_gettime_ns
+from time import monotonic_ns
 import traceback
 import warnings
 import weakref
@@ -220,7 +220,7 @@ class Runtime:
             >>> s = rt.stats()
             >>> s.total.completed, s.total.busy_fraction
         """
-        now = clock_gettime_ns(CLOCK_MONOTONIC)
+        now = monotonic_ns()
         self._fold_closed_queues()
         queues = {q.name: q.stats() for q in self._made_queues}
         total = _Counters()
@@ -344,7 +344,7 @@ class Runtime:
             for queue in list(self._channel.owners.values()):
                 await queue.close(cancel_pending=cancel_pending)
         finally:
-            self._retired.closed_ns = clock_gettime_ns(CLOCK_MONOTONIC)  # the total's uptime stops here
+            self._retired.closed_ns = monotonic_ns()  # the total's uptime stops here
             self._channel.close()
             if _runtimes.get(id(self._backend.key)) is self:
                 del _runtimes[id(self._backend.key)]
