@@ -242,3 +242,22 @@ async def test_prompt_cache_reuses_prefixes_and_keeps_greedy_output(rt, mode):
     assert followed == (await collect(reference, messages=next_turn, max_tokens=6))[0]
     await settle(cached)
     await settle(reference)
+
+
+async def test_token_bytes_rebuild_text_split_inside_characters(rt):
+    from emlx_async.llm import Engine
+
+    engine = await Engine.load(runtime=rt)
+    text = "naïve café 😀 日本"
+    ids = engine.encode(prompt=text)
+    pieces = [engine.token_bytes(t) for t in ids]
+    assert b"".join(pieces) == text.encode()
+    assert any(not _decodes(p) for p in pieces), "the text should split some character across tokens"
+
+
+def _decodes(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True

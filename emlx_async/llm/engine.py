@@ -385,9 +385,10 @@ class Engine:
         request; ``wait=False`` raises EngineBusy instead of waiting for a
         free slot. ``logprobs=True`` gives each token's delta its
         log-probability and, with ``top_logprobs`` (0 to 20), that many
-        most likely alternatives; requests without it pay nothing. Bad options, token ids outside the vocabulary and prompts
-        that with ``max_tokens`` exceed the model's context raise ValueError
-        before anything runs.
+        most likely alternatives; requests without it pay nothing. Bad
+        options, token ids outside the vocabulary and prompts that with
+        ``max_tokens`` exceed the model's context raise ValueError before
+        anything runs.
 
         Example:
             >>> async for delta in engine.generate(messages=[{"role": "user", "content": "Hi"}]):
