@@ -115,12 +115,72 @@ async def die(group: dist.Group) -> None:
         report(rank=rank, error=str(exc), elapsed=time.monotonic() - start, exiting_at=time.time())
 
 
-SCENARIOS = {"collectives": collectives, "stall": stall, "die": die}
+PROMPTS = ["The capital of France is", "Water boils at", "My favourite colour is", "Once upon a time"]
+MAX_TOKENS = 10
+
+
+async def tokens_of(engine, prompt: str) -> list[int]:
+    return [d.token async for d in engine.generate(prompt, max_tokens=MAX_TOKENS) if d.token is not None]
+
+
+async def engine(group: dist.Group) -> None:
+    """Rank 0: greedy tokens of the sharded engine, each prompt alone and all 4 at once."""
+    import anyio
+
+    from emlx_async.llm.sharded import ShardedEngine
+
+    rank = group.rank()
+    sharded = await ShardedEngine.load(group=group)
+    if rank != 0:
+        await sharded.follow()
+        report(rank=rank, followed=True)
+        return
+    alone = [await tokens_of(sharded, p) for p in PROMPTS]
+    together: list = [None] * len(PROMPTS)
+
+    async def one(i: int) -> None:
+        together[i] = await tokens_of(sharded, PROMPTS[i])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(PROMPTS)):
+            tg.start_soon(one, i)
+    await sharded.close()
+    report(rank=rank, alone=alone, together=together)
+
+
+async def kill_follower(group: dist.Group) -> None:
+    """Rank 0 generates until the test kills a follower; it must end with a clear error."""
+    from emlx_async.llm.sharded import ShardedEngine
+
+    rank = group.rank()
+    sharded = await ShardedEngine.load(group=group)
+    if rank != 0:
+        await sharded.follow()
+        return
+    count = 0
+    try:
+        async for delta in sharded.generate("Tell me a long story.", max_tokens=400):
+            count += 1
+            if count == 3:
+                print("GENERATING", flush=True)
+                killed_at = time.monotonic()
+        report(rank=rank, error=None, tokens=count)
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        cause = exc.__cause__
+        report(rank=rank, error=f"{type(exc).__name__}: {exc}", cause=type(cause).__name__,
+               after_kill_s=time.monotonic() - killed_at, tokens=count, broken=sharded.broken is not None)
+    try:
+        sharded.generate("again", max_tokens=2)
+    except ea.DistributedError as exc:
+        report(rank=rank, refused=str(exc))
+
+
+SCENARIOS = {"engine": engine, "kill_follower": kill_follower, "collectives": collectives, "stall": stall, "die": die}
 
 
 def main() -> None:
     scenario, loop = sys.argv[1], sys.argv[2]
-    group = dist.init(strict=True, backend="ring", timeout=30)
+    group = dist.init(strict=True, backend="ring", timeout=float(os.environ.get("RANK_TIMEOUT", "30")))
 
     async def run() -> None:
         await SCENARIOS[scenario](group)
