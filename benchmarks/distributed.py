@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 
-PROMPT = "Write a short story about a lighthouse keeper."
+CHAT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 
 
 def step_times(deltas_at: list[float]) -> list[float]:
@@ -34,7 +34,7 @@ def step_times(deltas_at: list[float]) -> list[float]:
 async def decode(engine, tokens: int) -> tuple[float, list[float]]:
     start = time.perf_counter()
     stamps = []
-    async for delta in engine.generate(PROMPT, max_tokens=tokens):
+    async for delta in engine.generate(messages=CHAT, max_tokens=tokens):
         if delta.token is not None:
             stamps.append(time.perf_counter())
     return stamps[0] - start, step_times(stamps)
@@ -57,16 +57,11 @@ async def rank_main(tokens: int) -> None:
     from emlx_async.llm.sharded import ShardedEngine, _broadcast_bytes
 
     group = dist.init(strict=True, backend="ring", timeout=120)
-    engine = await ShardedEngine.load(group=group)
-    if group.rank() != 0:
-        await engine.follow()
-        return
-    await decode(engine, 4)  # warm-up
-    ttft, steps = await decode(engine, tokens)
-    await engine._batcher.wait_idle()
-    layers = len(engine.model.layers)
-    hidden = engine.model.args.hidden_size
-    plan = b"x" * 200
+    # The collectives of one decode step, on every rank before the engine
+    # starts (its plans would not match): the plan broadcast, then two
+    # all_sums of one token's activations per layer. SmolLM2: 30 layers, 576 wide.
+    layers, hidden = 30, 576
+    plan = b'{"op": "step", "join": [], "leave": []}' if group.rank() == 0 else None
 
     def collectives_of_a_step() -> None:
         _broadcast_bytes(group, plan)
@@ -74,14 +69,27 @@ async def rank_main(tokens: int) -> None:
             mx.eval(mx.distributed.all_sum(mx.zeros((1, 1, hidden)), group=group.mlx_group))
 
     collective = []
-    for _ in range(5):
+    for _ in range(7):
         start = time.perf_counter()
         await group.run(collectives_of_a_step)
         collective.append(time.perf_counter() - start)
+    engine = await ShardedEngine.load(group=group)
+    if group.rank() != 0:
+        await engine.follow()
+        await dist.all_sum(mx.ones(1))  # the naive idle follower: parked inside a collective
+        return
+    assert len(engine.model.layers) == layers and engine.model.args.hidden_size == hidden
+    await decode(engine, 4)  # warm-up
+    ttft, steps = await decode(engine, tokens)
+    await engine._batcher.wait_idle()
     print("IDLE-START", flush=True)
     await asyncio.sleep(3)
     print("IDLE-END", flush=True)
     await engine.close()
+    print("SPIN-START", flush=True)  # the followers now wait inside an all_sum
+    await asyncio.sleep(3)
+    print("SPIN-END", flush=True)
+    await dist.all_sum(mx.ones(1))
     print("RESULT " + json.dumps({"ttft": ttft, "step": statistics.median(steps), "steps": len(steps),
                                   "collective": statistics.median(collective), "layers": layers}), flush=True)
 
@@ -90,6 +98,20 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_between(ring, start_mark: str, end_mark: str) -> list[float]:
+    """CPU seconds per second of each rank between two lines rank 0 prints."""
+    deadline = time.monotonic() + 900
+    while start_mark not in ring.output(0):
+        assert time.monotonic() < deadline and ring.ranks[0].poll() is None, ring.errors(0)[-3000:]
+        time.sleep(0.02)
+    before, start = [cpu_seconds(p.pid) for p in ring.ranks], time.monotonic()
+    while end_mark not in ring.output(0):
+        assert ring.ranks[0].poll() is None, ring.errors(0)[-3000:]
+        time.sleep(0.02)
+    wall = time.monotonic() - start
+    return [(cpu_seconds(p.pid) - b) / wall for p, b in zip(ring.ranks, before)]
 
 
 def main() -> None:
@@ -110,16 +132,8 @@ def main() -> None:
     base = asyncio.run(one_process(args.tokens))
     with LocalRing(args.ranks, [sys.executable, os.path.abspath(__file__), "--rank", "--tokens",
                                 str(args.tokens)]) as ring:
-        deadline = time.monotonic() + 900
-        while "IDLE-START" not in ring.output(0):
-            assert time.monotonic() < deadline and ring.ranks[0].poll() is None, ring.errors(0)[-3000:]
-            time.sleep(0.05)
-        before = [cpu_seconds(p.pid) for p in ring.ranks]
-        start = time.monotonic()
-        while "IDLE-END" not in ring.output(0):
-            time.sleep(0.05)
-        after = [cpu_seconds(p.pid) for p in ring.ranks]
-        idle_wall = time.monotonic() - start
+        idle = cpu_between(ring, "IDLE-START", "IDLE-END")
+        spin = cpu_between(ring, "SPIN-START", "SPIN-END")
         codes = ring.wait(timeout=120)
         assert codes == [0] * args.ranks, [ring.errors(r)[-3000:] for r in range(args.ranks)]
         sharded = json.loads(ring.output(0).split("RESULT ", 1)[1])
@@ -136,8 +150,8 @@ def main() -> None:
     for label, seconds, ratio, note in rows:
         print(f"{label:52} {seconds * 1e3:12.1f} {ratio:7.2f}{note}")
     print(f"time to first token: one process {base['ttft'] * 1e3:.0f} ms, sharded {sharded['ttft'] * 1e3:.0f} ms")
-    print("CPU per rank while idle (s of CPU per s): "
-          + ", ".join(f"rank {r} {(a - b) / idle_wall:.2f}" for r, (b, a) in enumerate(zip(before, after))))
+    print("CPU per rank while idle, s per s: with idle plans " + ", ".join(f"{c:.2f}" for c in idle)
+          + "; followers parked in a collective " + ", ".join(f"{c:.2f}" for c in spin))
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ class Group:
         if self.broken is not None:
             raise DistributedError(str(self.broken)) from self.broken
 
-    def break_(self, error: DistributedError) -> None:
+    def declare_broken(self, error: DistributedError) -> None:
         """Declare the group broken: its queues are abandoned and their tasks get `error`."""
         if self.broken is None:
             self.broken = error
@@ -148,13 +148,13 @@ class Group:
                 f"[{what}] rank {self.rank()} of {self.size()}: the group did not complete it within "
                 f"{limit} s (a peer stalled or died); the group is broken")
             error.__cause__ = exc
-            self.break_(error)
+            self.declare_broken(error)
             raise error from exc
         except _PeerFailure as exc:
             error = DistributedError(f"[{what}] rank {self.rank()} of {self.size()} failed while it ran "
                                      f"({exc.cause}); the ranks may be out of step, so the group is broken")
             error.__cause__ = exc.cause
-            self.break_(error)
+            self.declare_broken(error)
             raise error from exc.cause
         except DistributedError:
             raise  # released by a break on another collective of the group
