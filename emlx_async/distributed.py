@@ -17,9 +17,12 @@ and the caller then owns the ordering.
 How it runs. There is no native op for a collective (the C ABI cannot take
 MLX's Python ``Group``), so each one is a Python job on the group's worker:
 it builds ``mx.distributed.<op>(x, group=..., stream=...)`` and evaluates it
-with ``mx.eval``, which releases the GIL while the bytes travel. The cost over
-a native op is the job's GIL hand-offs (a few microseconds each), small next
-to a network round trip.
+with ``mx.eval``, which releases the GIL while the bytes travel. Each awaited
+collective costs a Python job's round trip: about 38 us at the median on a
+loaded 2-core machine against 28 us for a bare ``q.run`` (benchmarks/RESULTS.md),
+small next to a network round trip. Code that issues many collectives (a
+sharded forward pass) runs them inside one ``group.run`` job instead, where
+they cost what they cost in MLX.
 
 Failure. A collective cannot be interrupted once MLX runs it. A peer that
 dies makes the ring backend fail the pending collective ("connection to a

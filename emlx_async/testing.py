@@ -137,12 +137,14 @@ class LocalRing:
 
     def wait(self, timeout: float) -> list[int | None]:
         """Wait up to `timeout` seconds in all for every rank; their exit codes (None: still running)."""
+        import subprocess
+
         deadline = time.monotonic() + timeout
         codes: list[int | None] = []
         for process in self.ranks:
             try:
                 codes.append(process.wait(max(0.0, deadline - time.monotonic())))
-            except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
+            except subprocess.TimeoutExpired:
                 codes.append(None)
         return codes
 

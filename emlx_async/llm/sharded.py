@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -210,9 +211,14 @@ class ShardedEngine(Engine):
         if not self.leader or self._stopped or self.group.broken is not None:
             return
         self._stopped = True
-        await self._batcher.wait_idle()
-        if self._ticker_done is not None:
-            await self._ticker_done.wait()
+        limit = timeout if timeout is not None else self.group.timeout
+        with anyio.move_on_after(limit if limit is not None else math.inf) as waiting:
+            await self._batcher.wait_idle()
+            if self._ticker_done is not None:
+                await self._ticker_done.wait()  # its last idle plan
+        if waiting.cancelled_caught:  # a rank is gone (all of them got SIGTERM, say): do not wait on
+            self.group.declare_broken(DistributedError(
+                f"[sharded close] the ranks did not finish their last step within {limit} s"))
         if self.group.broken is not None:
             return
         stop = json.dumps({"op": "stop"}).encode()
