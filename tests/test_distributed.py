@@ -187,3 +187,19 @@ def test_a_stuck_collective_does_not_block_interpreter_exit(tmp_path):
     assert process.returncode == 0
     broken_at = float(out.split()[1])
     assert exited_at - broken_at < 1.8  # no 2 s native shutdown wait, no hang in the runtime's close
+
+
+def test_a_model_that_does_not_split_evenly_is_refused_before_sharding():
+    from mlx_lm.models import llama
+
+    from emlx_async.llm.sharded import check_shardable
+
+    # SmolLM2's head counts: 9 query and 3 key-value heads divide by 3, not by 2.
+    args = llama.ModelArgs(model_type="llama", hidden_size=72, num_hidden_layers=2, intermediate_size=96,
+                           num_attention_heads=9, num_key_value_heads=3, rms_norm_eps=1e-5, vocab_size=32)
+    model = llama.Model(args)
+    check_shardable(model, 3)
+    with pytest.raises(ValueError, match="9 query and 3 key-value heads .* 2 ranks"):
+        check_shardable(model, 2)
+    with pytest.raises(ValueError, match="no shard"):
+        check_shardable(object(), 3)

@@ -66,8 +66,12 @@ def follow(args: argparse.Namespace, group) -> int:
     log = logging.getLogger("emlx_async.serve")
 
     async def main() -> int:
-        engine = await ShardedEngine.load(args.model, group=group, max_concurrent=args.max_concurrent,
-                                          prefill_chunk=args.prefill_chunk)
+        try:
+            engine = await ShardedEngine.load(args.model, group=group, max_concurrent=args.max_concurrent,
+                                              prefill_chunk=args.prefill_chunk)
+        except Exception as exc:  # noqa: BLE001 - rank 0 fails the same way and reports it
+            log.error("rank %d: loading the model failed: %s: %s", group.rank(), type(exc).__name__, exc)
+            return 1
         log.info("rank %d of %d: following rank 0", group.rank(), group.size())
         try:
             await engine.follow()
