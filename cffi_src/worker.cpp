@@ -416,6 +416,32 @@ int emlx_worker_release(emlx_worker* worker, uint64_t job_id, int drop_pending) 
   });
 }
 
+int emlx_worker_abandon(emlx_worker* worker) {
+  return emlx::guarded([&] {
+    std::deque<Job> discarded;
+    {
+      std::lock_guard<std::mutex> lock(worker->mutex);
+      if (worker->stopping || worker->channel == nullptr) {
+        emlx::set_last_error("[emlx] the worker is already released");
+        return -1;
+      }
+      discarded.swap(worker->jobs);
+      worker->queued.store(0, std::memory_order_release);
+      worker->stopping = true;
+      worker->exit = true;       // leave the loop once the running job returns
+      worker->channel.reset();   // its record is freed, never posted
+    }
+    {
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      all_workers.erase(std::remove(all_workers.begin(), all_workers.end(), worker), all_workers.end());
+    }
+    worker->thread.detach();
+    worker->cv.notify_all();
+    return 0;
+    // `discarded` (graph references of jobs that never ran) is destroyed here, outside the locks.
+  });
+}
+
 int emlx_worker_stream_index(emlx_worker* worker) { return worker->stream_index; }
 int emlx_worker_thread_id(emlx_worker* worker) { return worker->tid; }
 

@@ -51,6 +51,10 @@ from ._trees import iter_arrays
 
 _job_ids = itertools.count(1)
 
+# Abandoned queues, kept alive for good: the job their worker may still be
+# running holds their cffi handle.
+_abandoned: list[CommandQueue] = []
+
 # The job a worker thread is running now, for ea.cancelled().
 _running = threading.local()
 
@@ -428,12 +432,41 @@ class CommandQueue:
             self._release_worker(cancel_pending)
         await shielded(lambda: self._closed_future)
 
+    def abandon(self, error: BaseException) -> None:
+        """Give up on a worker stuck in a job that may never end; on the loop thread.
+
+        For a job blocked in native code that nothing can interrupt (a
+        collective whose peer stalled). Every job of this queue, the running
+        one included, fails with `error` at once; the queue closes without
+        waiting; the worker takes no more jobs, is neither reused nor waited
+        for by the runtime's close or the interpreter's exit, and its thread
+        ends when its job returns (its result is discarded). Donated inputs of
+        jobs that never ran are not given back. Abandoning twice does nothing.
+        """
+        jobs = [*self._started.values(), *self._backlog]
+        self._started.clear()
+        self._backlog.clear()
+        if self._worker is not None:
+            if self._channel.is_alive():
+                lib.emlx_worker_abandon(self._worker)
+            _abandoned.append(self)
+            self._detach()
+        for job in jobs:
+            self._channel.jobs.pop(job.id, None)
+            job.cancelled = True  # a queued Python job that still starts returns at once
+            if not job.future.done():
+                job.future.set_exception(error)
+        self._pending = 0
+        for waiter in (self._backlog_empty, self._closed_future):
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
     # ---- machinery -----------------------------------------------------------
 
     def _release_worker(self, drop_pending: bool) -> None:
         stop = _Job(self, self._backend.new_future())
         stop.future.add_done_callback(self._stopped)
-        if self._channel.is_alive():
+        if self._channel.is_alive() and self._worker is not None:  # None: abandoned meanwhile
             self._channel.jobs[stop.id] = stop
             if lib.emlx_worker_release(self._worker, stop.id, int(drop_pending)) == 0:
                 return

@@ -591,6 +591,11 @@ class Engine:
             cached_tokens.append(request.prompt[:reused])
         return prompts, caches, cached_tokens
 
+    async def _run_batch_job(self, queue, job, *args):
+        """Run a batch job (start, step or close) on the batch queue; the sharded engine
+        (llm/sharded.py) sends each one to every rank instead."""
+        return await queue.run(job, *args)
+
     async def _batched_tokens(self, prompt: list[int], max_tokens: int,
                               sampler: _Sampler) -> AsyncIterator[int | str]:
         request = _BatchRequest(prompt, max_tokens, sampler)
@@ -683,11 +688,11 @@ class _Batcher:
         joining: list[_BatchRequest] = []
         try:
             queue = await engine.runtime.acquire_queue()
-            await queue.run(engine._batch_start, state)
+            await engine._run_batch_job(queue, engine._batch_start, state)
             while self.waiting or self.running or self.leaving:
                 joining, self.waiting = self.waiting, []
                 leaving, self.leaving = self.leaving, []
-                uids, responses = await queue.run(engine._batch_step, state, joining, leaving)
+                uids, responses = await engine._run_batch_job(queue, engine._batch_step, state, joining, leaving)
                 for request, uid in zip(joining, uids):
                     if request.done:
                         self.leaving.append(uid)  # left while it was being inserted
@@ -717,7 +722,7 @@ class _Batcher:
             if queue is not None:
                 try:
                     if state:
-                        await queue.run(engine._batch_close, state)
+                        await engine._run_batch_job(queue, engine._batch_close, state)
                 except Exception:  # noqa: BLE001 - a closed runtime: the generator is dropped anyway
                     pass
                 finally:
