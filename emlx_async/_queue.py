@@ -231,7 +231,7 @@ class QueueStats:
     """
 
     name: str            # "cpu:3": device and stream index; "total" for the runtime's sum
-    role: str            # "default", "callback", "pool" (or "total")
+    role: str            # "default", "callback", "pool", "distributed" (or "total")
     submitted: int
     started: int
     completed: int

@@ -101,7 +101,7 @@ class Group:
         self.check()
         runtime = runtime or get_runtime()
         registry = self._queues.setdefault(runtime, {})
-        return runtime._dedicated_queue(registry, self.device)
+        return runtime._dedicated_queue(registry, self.device, "distributed")
 
     def check(self) -> None:
         """Raise the group's ``DistributedError`` if it is broken."""
