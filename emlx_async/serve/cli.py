@@ -17,7 +17,6 @@ import signal
 import sys
 
 
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="emlx-async",
                                      description="emlx_async: an OpenAI-compatible HTTP service on the engine")
