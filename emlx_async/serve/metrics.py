@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anyio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -95,5 +95,5 @@ class Metrics:
         """Runs until cancelled: a ticker whose lateness is the loop's lag."""
         while True:
             start = time.perf_counter()
-            await asyncio.sleep(interval)
+            await anyio.sleep(interval)
             self.loop_lag.observe(max(0.0, time.perf_counter() - start - interval))
