@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -314,6 +315,7 @@ async def test_pipelining_256_ops_in_flight_in_order(rt):
     for i, future in enumerate(futures):
         future.add_done_callback(lambda _f, i=i: finished.append(i))
     results = await wait_all(*futures)
+    await anyio.sleep(0)  # asyncio runs done-callbacks one loop iteration after the result is set
     assert finished == list(range(256))  # one worker, one FIFO: they ran and completed in order
     for i, r in enumerate(results):
         assert_same(r, M + float(i))
