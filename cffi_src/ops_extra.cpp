@@ -273,6 +273,54 @@ mx::array gather_qmm(const std::vector<mx::array>& xs, bool has_biases, bool has
   return mx::gather_qmm(xs[0], xs[1], xs[2], biases, lhs, rhs, transpose, group_size, bits, mode, gs, sorted, s);
 }
 
+// qqmm and gather_qqmm: the optional arrays in xs, in mlx's order, after x and w.
+// An empty contracted dimension is refused before MLX sees it, as for
+// quantized_matmul (ops.cpp) and gather_qmm, whose kernels trap on it; MLX's
+// CPU backend does not run qqmm at all (it raises "NYI"), so its GPU kernels
+// could not be tried here.
+namespace {
+struct OptionalArrays {
+  const std::vector<mx::array>& xs;
+  size_t next = 2;
+  std::optional<mx::array> take(bool present) {
+    if (!present) return std::nullopt;
+    return xs.at(next++);
+  }
+};
+
+void check_inner_dimension(const char* op, const mx::array& x, const mx::array& w) {
+  if ((x.ndim() > 0 && x.shape(-1) == 0) || (w.ndim() > 0 && w.shape(-1) == 0))
+    throw std::invalid_argument(std::string("[") + op + "] the inner (contracted) dimension is empty");
+}
+}  // namespace
+
+mx::array qqmm(const std::vector<mx::array>& xs, bool has_scales, std::optional<int> group_size,
+               std::optional<int> bits, const std::string& mode, bool has_gs_x, bool has_gs_w, mx::Stream s) {
+  if (xs.size() != 2u + has_scales + has_gs_x + has_gs_w)
+    throw std::invalid_argument("[qqmm] expects x, w and the optional arrays given");
+  check_inner_dimension("qqmm", xs[0], xs[1]);
+  OptionalArrays rest{xs};
+  auto scales = rest.take(has_scales);
+  auto gs_x = rest.take(has_gs_x);
+  auto gs_w = rest.take(has_gs_w);
+  return mx::qqmm(xs[0], xs[1], scales, group_size, bits, mode, gs_x, gs_w, s);
+}
+
+mx::array gather_qqmm(const std::vector<mx::array>& xs, bool has_scales, bool has_lhs, bool has_rhs,
+                      std::optional<int> group_size, std::optional<int> bits, const std::string& mode, bool has_gs_x,
+                      bool has_gs_w, bool sorted, mx::Stream s) {
+  if (xs.size() != 2u + has_scales + has_lhs + has_rhs + has_gs_x + has_gs_w)
+    throw std::invalid_argument("[gather_qqmm] expects x, w and the optional arrays given");
+  check_inner_dimension("gather_qqmm", xs[0], xs[1]);
+  OptionalArrays rest{xs};
+  auto scales = rest.take(has_scales);
+  auto lhs = rest.take(has_lhs);
+  auto rhs = rest.take(has_rhs);
+  auto gs_x = rest.take(has_gs_x);
+  auto gs_w = rest.take(has_gs_w);
+  return mx::gather_qqmm(xs[0], xs[1], scales, lhs, rhs, group_size, bits, mode, gs_x, gs_w, sorted, s);
+}
+
 static mx::fft::FFTNorm norm_code(int code) {
   return code == 1 ? mx::fft::FFTNorm::Ortho : code == 2 ? mx::fft::FFTNorm::Forward : mx::fft::FFTNorm::Backward;
 }

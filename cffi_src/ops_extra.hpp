@@ -72,6 +72,13 @@ std::vector<mx::array> unique(const std::vector<mx::array>& xs, int size, bool r
 mx::array gather_qmm(const std::vector<mx::array>& xs, bool has_biases, bool has_lhs, bool has_rhs, bool has_gs,
                      bool transpose, std::optional<int> group_size, std::optional<int> bits, const std::string& mode,
                      bool sorted, mx::Stream s);
+// xs = [x, w, scales?, global_scale_x?, global_scale_w?]
+mx::array qqmm(const std::vector<mx::array>& xs, bool has_scales, std::optional<int> group_size,
+               std::optional<int> bits, const std::string& mode, bool has_gs_x, bool has_gs_w, mx::Stream s);
+// xs = [x, w, scales?, lhs_indices?, rhs_indices?, global_scale_x?, global_scale_w?]
+mx::array gather_qqmm(const std::vector<mx::array>& xs, bool has_scales, bool has_lhs, bool has_rhs,
+                      std::optional<int> group_size, std::optional<int> bits, const std::string& mode, bool has_gs_x,
+                      bool has_gs_w, bool sorted, mx::Stream s);
 // xs = [x, window?]; norm: 0 backward, 1 ortho, 2 forward
 mx::array stft(const std::vector<mx::array>& xs, int n_fft, std::optional<int> hop, std::optional<int> win,
                bool center, int norm, bool has_onesided, bool onesided, const std::string& pad_mode, mx::Stream s);

@@ -10,6 +10,7 @@
 #include <deque>
 #include <memory>
 #include <thread>
+#include <time.h>
 
 #include "channel.hpp"
 #include "ops.hpp"
@@ -38,7 +39,20 @@ struct OpCall {
 emlx_completion record(uint64_t id, int32_t status, int32_t kind = 0, char* message = nullptr,
                        std::vector<mx::array>* payload = nullptr,
                        int32_t payload_kind = EMLX_PAYLOAD_RESULTS) {
-  return {id, status, kind, message, payload, payload_kind};
+  return {id, status, kind, message, payload, payload_kind, 0, 0};
+}
+
+// The clock Python's time.monotonic_ns() reads (CLOCK_MONOTONIC on Linux,
+// mach_absolute_time on macOS), so a job's submit time (taken in Python) and
+// its start (taken here) can be subtracted.
+uint64_t monotonic_ns() noexcept {
+#ifdef __APPLE__
+  return clock_gettime_nsec_np(CLOCK_UPTIME_RAW);
+#else
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<uint64_t>(now.tv_sec) * 1000000000ull + static_cast<uint64_t>(now.tv_nsec);
+#endif
 }
 
 struct Job {
@@ -91,11 +105,14 @@ struct emlx_worker {
   // The runtime this worker is leased to (shared: it may close first).
   std::shared_ptr<emlx::Channel> channel;
   std::atomic<size_t> queued{0};    // jobs.size(), readable without the mutex while spinning
+  unsigned spin_backoff = 0;        // parks to go without spinning (worker thread only)
+  unsigned spin_backoff_next = 0;   // the next backoff: doubles while spins keep being preempted
   bool stopping = false;            // a stop marker is queued: refuse new jobs
   bool exit = false;                // process shutdown: leave the loop
   bool started = false;
   bool finished = false;
   std::string start_error;
+  uint64_t job_started_ns = 0;      // the running job's start, stamped on its records (worker thread only)
 };
 
 namespace {
@@ -106,7 +123,12 @@ std::vector<emlx_worker*> parked;
 
 }  // namespace
 
-void emlx_worker::post(const emlx_completion& r) {
+void emlx_worker::post(const emlx_completion& finished) {
+  // Every record a worker posts for a job it ran carries the job's run time
+  // (the runtime's per-queue counters; rt.stats()).
+  emlx_completion r = finished;
+  r.started_ns = job_started_ns;
+  r.finished_ns = monotonic_ns();
   std::shared_ptr<emlx::Channel> target;
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -173,6 +195,7 @@ void emlx_worker::main() {
       jobs.pop_front();
       queued.store(jobs.size(), std::memory_order_relaxed);
     }
+    job_started_ns = monotonic_ns();
     try {
       run(job);
     } catch (...) {
@@ -268,21 +291,47 @@ void emlx_worker::run_op_job(Job& job) {
 // while: the loop's next submission often follows within tens of
 // microseconds, and waking a parked thread costs 40-70 us on small VMs
 // (DESIGN §7). EMLX_SPIN_US sets the window (0 turns it off).
+//
+// Spinning only pays while this thread has a CPU to itself. When the CPUs
+// are oversubscribed (other processes runnable), a spinner is preempted
+// mid-spin, and the scheduler's fairness then makes it, and the loop thread
+// competing with it, wait longer for their next turn than a parked thread
+// that is woken: measured with load average 10 on 2 cores, the empty job's
+// round trip was 24-79 us with the spin against 18-29 us without it. A gap
+// between two clock reads of the spin loop means the thread was descheduled;
+// then the worker parks at once for the next 256 jobs, twice as many each time
+// the next try is preempted too (up to 65536), half as many after a clean one.
 void emlx_worker::spin_for_work() {
   static const long spin_us = [] {
     const char* text = std::getenv("EMLX_SPIN_US");
     long value = text ? std::strtol(text, nullptr, 10) : 50;
     return value < 0 ? 0 : std::min(value, 10000L);
   }();
+  constexpr unsigned kMinBackoff = 256, kMaxBackoff = 65536;
+  constexpr auto kPreempted = std::chrono::microseconds(20);
   if (spin_us == 0 || queued.load(std::memory_order_acquire) != 0) return;
-  auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
-  while (queued.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < until) {
+  if (spin_backoff > 0) {
+    --spin_backoff;
+    return;
+  }
+  auto now = std::chrono::steady_clock::now();
+  const auto until = now + std::chrono::microseconds(spin_us);
+  while (queued.load(std::memory_order_acquire) == 0) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #elif defined(__aarch64__)
     asm volatile("yield");
 #endif
+    const auto previous = now;
+    now = std::chrono::steady_clock::now();
+    if (now - previous > kPreempted) {
+      spin_backoff = std::max(spin_backoff_next, kMinBackoff);
+      spin_backoff_next = std::min(spin_backoff * 2, kMaxBackoff);
+      return;
+    }
+    if (now >= until) break;
   }
+  spin_backoff_next /= 2;  // a spin that kept its CPU
 }
 
 int emlx_worker::submit(Job&& job) {

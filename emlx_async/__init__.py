@@ -28,10 +28,12 @@ from ._errors import RuntimeClosed as RuntimeClosed
 from ._host_call import HostCallError as HostCallError
 from ._host_call import host_call as host_call
 from ._queue import CommandQueue as CommandQueue
+from ._queue import QueueStats as QueueStats
 from ._backend import JobFuture as JobFuture
 from ._backend import TrioJobFuture as TrioJobFuture
 from ._queue import cancelled as cancelled
 from ._runtime import Runtime as Runtime
+from ._runtime import RuntimeStats as RuntimeStats
 from ._runtime import get_runtime as get_runtime
 from ._version import __version__ as __version__
 from . import attention as attention  # noqa: E402 - after the core names they use
@@ -53,7 +55,8 @@ __all__ = [
     "CommandQueue", "CompiledFunction", "TracedFunction", "compile", "load_traced", "trace",
     "DeviceUnavailable", "EMLXError", "ForeignLazyArrayError", "ForkedProcessError",
     "HostCallDeadlock", "HostCallError", "JobFuture", "TrioJobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
-    "MLXValueError", "QueueClosed", "QueueFull", "QueueReleaseError", "Runtime", "RuntimeClosed",
+    "MLXValueError", "QueueClosed", "QueueFull", "QueueReleaseError", "QueueStats", "Runtime", "RuntimeClosed",
+    "RuntimeStats",
     "__version__", "attention", "bind", "bound_queue", "cancelled", "current_queue", "eval", "fast", "fft",
     "get_runtime", "host_call", "ipc", "item", "linalg", "memory", "ops", "random", "replay", "run", "synchronize",
     "to_numpy",

@@ -14,6 +14,7 @@ from typing import Any, Union
 
 import mlx.core as mx
 
+from . import _backend
 from ._devices import stream_device
 
 
@@ -523,6 +524,40 @@ def gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_
                               has_rhs=rhs_indices is not None, has_global_scale=global_scale is not None,
                               transpose=transpose, group_size=group_size, bits=bits, mode=mode,
                               sorted_indices=sorted_indices, **rt))
+
+
+def qqmm(x, w, scales, group_size, bits, mode, global_scale_x, global_scale_w, rt):
+    _ops._check_mode("qqmm", mode, group_size, bits)
+    optional = (scales, global_scale_x, global_scale_w)
+    return op("qqmm", [x, w] + [v for v in optional if v is not None], rt, has_scales=scales is not None,
+              group_size=group_size, bits=bits, mode=mode, has_global_scale_x=global_scale_x is not None,
+              has_global_scale_w=global_scale_w is not None)
+
+
+def gather_qqmm(x, w, scales, lhs_indices, rhs_indices, group_size, bits, mode, global_scale_x, global_scale_w,
+                sorted_indices, rt):
+    _ops._check_mode("gather_qqmm", mode, group_size, bits)
+    optional = (scales, lhs_indices, rhs_indices, global_scale_x, global_scale_w)
+    return _ops._checked("gather_qqmm", [x, w] + [v for v in optional if v is not None],
+                         _matrix_checks(lhs_indices, x, rhs_indices, w),
+                         dict(has_scales=scales is not None, has_lhs=lhs_indices is not None,
+                              has_rhs=rhs_indices is not None, group_size=group_size, bits=bits, mode=mode,
+                              has_global_scale_x=global_scale_x is not None,
+                              has_global_scale_w=global_scale_w is not None, sorted_indices=sorted_indices, **rt))
+
+
+def einsum_path(subscripts, operands) -> Any:
+    """mx.einsum_path, whose answer is already known when it is called.
+
+    It reads only the operands' shapes (never their data, so lazy operands
+    owned by a queue are fine) and returns a path and a text, not arrays: there
+    is nothing to run on a worker, and a round trip would only add a wake-up.
+    mlx's own errors (bad subscripts) raise here, at the call, as in mlx.
+    """
+    path = mx.einsum_path(subscripts, *operands)
+    future = _backend.current().new_future()
+    future.set_result(path)
+    return future
 
 
 def random_multivariate_normal(mean, cov, shape, dtype, key, rt):

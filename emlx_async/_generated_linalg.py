@@ -213,7 +213,7 @@ def solve_triangular(a: array, b: array, *, upper: bool = False, stream: StreamO
     return _ad.op('linalg_solve_triangular', [a, b], _rt, upper=upper)
 
 
-def svd(a: array, compute_uv: bool = True, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array, array]]:
+def svd(a: array, compute_uv: bool = True, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array, array] | array]:
     """The Singular Value Decomposition (SVD) of the input matrix.
 
     Awaitable ``mx.linalg.svd``, built and run natively on a queue: returns a JobFuture. Also takes

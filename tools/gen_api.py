@@ -27,17 +27,23 @@ PACKAGE = ROOT / "emlx_async"
 
 # ---- what each namespace exposes ------------------------------------------------
 # table(name, arrays=...): mlx's first parameters (or the ones named) are the
-# op's arrays, the others table options of the same name; `guard` lists mlx
-# options the table lacks: only their default is accepted.
+# op's arrays, the others table options of the same name.
 # adapter(fn, *leading): the body calls _adapters.fn(leading..., params..., rt).
+# at_call(fn): no job at all: mlx's exact signature (no runtime keywords), the
+# body returns _adapters.fn(params...), an already resolved JobFuture (for
+# functions whose answer is not arrays and needs no queue, as einsum_path).
 
 
-def table(name=None, arrays=None, guard=()):
-    return ("table", name, arrays, tuple(guard))
+def table(name=None, arrays=None):
+    return ("table", name, arrays)
 
 
 def adapter(fn, *leading):
     return ("adapter", fn, leading)
+
+
+def at_call(fn):
+    return ("at_call", fn)
 
 
 _UNARY_BINARY_REDUCE = [n for key in ("_UNARY", "_BINARY", "_REDUCE")
@@ -86,6 +92,8 @@ OPS.update({
     "cumulative_sum": adapter("cumsum"), "cumulative_prod": adapter("cumprod"), "concat": adapter("concatenate"),
     "empty_like": adapter("zeros_like"),
     "unique": adapter("unique"), "to_fp8": table(), "from_fp8": table(), "gather_qmm": adapter("gather_qmm"),
+    "qqmm": adapter("qqmm"), "gather_qqmm": adapter("gather_qqmm"), "einsum_path": at_call("einsum_path"),
+    "matrix_norm": adapter("norm"),  # mlx.core's alias of mx.linalg.norm
 })
 
 LINALG = {n: table(f"linalg_{n}") for n in ("inv", "tri_inv", "pinv", "cholesky", "qr", "svd", "lu", "eigh",
@@ -112,6 +120,9 @@ NAMESPACES = {"ops": (mx, OPS), "linalg": (mx.linalg, LINALG), "fft": (mx.fft, F
 OVERRIDES = {
     ("ops", "copy"): ("def copy(a: array, /, *, stream: StreamOrDevice = None) -> array",
                       "A copy of the array (``mx.array(a)`` in mlx.core)."),
+    # mlx's text leaves the operands and the result unannotated; its docstring gives them.
+    ("ops", "einsum_path"): ("def einsum_path(subscripts: str, *operands: array) -> tuple[list[tuple[int, int]], str]",
+                             None),
     ("ops", "arange"): ("def arange(start: int | float | None = None, stop: int | float | None = None, "
                         "step: int | float | None = None, dtype: Dtype | None = None, *, "
                         "stream: StreamOrDevice = None) -> array", None),
@@ -130,11 +141,22 @@ OVERRIDES = {
                               "stop= and strides= (Python slice bounds, one per axis)."),
 }
 
+# Return annotations where mlx's own text says otherwise than what mlx returns
+# (and so these do): lists, not one array or a tuple; svd's one array when
+# compute_uv=False (an array unpacks too, so `u, s, vt = ...` still checks).
+# tests/test_mlx_parity.py checks every call's result against its annotation.
+RETURNS = {("ops", "split"): "list[array]", ("ops", "divmod"): "list[array]",
+           ("ops", "broadcast_arrays"): "list[array]", ("ops", "quantize"): "list[array]",
+           ("linalg", "svd"): "tuple[array, array, array] | array"}
+
 RUNTIME_PARAMS = ("queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, "
                   "nowait: bool = False, check_finite: bool | None = None")
 RUNTIME_DOC = ("Awaitable ``{path}``, built and run natively on a queue: returns a JobFuture. Also takes "
                "``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops); "
                "``stream=`` picks a queue of that stream's device.")
+
+AT_CALL_DOC = ("Awaitable ``{path}``, answered at the call: it reads only the operands' shapes and returns no "
+               "arrays, so no job runs; the JobFuture is already resolved and mlx's errors raise at the call.")
 
 # Bare dtype names in mlx's defaults (float32, bfloat16, ...) are mx attributes here.
 _DEFAULT_NAMES = {name: f"mx.{name}" for name in dir(mx) if isinstance(getattr(mx, name), mx.Dtype)}
@@ -161,7 +183,7 @@ def first_paragraph(doc: str) -> str:
     return " ".join(line.strip() for line in paragraph.splitlines())
 
 
-def render(fn: ast.FunctionDef) -> tuple[str, list[str]]:
+def render(fn: ast.FunctionDef, runtime_keywords: bool = True) -> tuple[str, list[str]]:
     """The signature with the runtime keywords added, and mlx's parameter names (stream aside)."""
     args = fn.args
     parts: list[str] = []
@@ -185,27 +207,30 @@ def render(fn: ast.FunctionDef) -> tuple[str, list[str]]:
         annotation = f": {ast.unparse(args.vararg.annotation)}" if args.vararg.annotation else ""
         parts.append(f"*{args.vararg.arg}{annotation}")
         names.append("*" + args.vararg.arg)
-    else:
+    elif runtime_keywords or args.kwonlyargs:
         parts.append("*")
     for arg, default in zip(args.kwonlyargs, args.kw_defaults):
         parts.append(one(arg, default))
-    if "stream" not in names:  # mx.random.key has none; every op here takes one
-        parts.append("stream: StreamOrDevice = None")
-    parts.append(RUNTIME_PARAMS)
+    if runtime_keywords:
+        if "stream" not in names:  # mx.random.key has none; every op here takes one
+            parts.append("stream: StreamOrDevice = None")
+        parts.append(RUNTIME_PARAMS)
     returns = ast.unparse(fn.returns) if fn.returns else "array"
     names = [n for n in names if n != "stream"]
     return f"def {{name}}({', '.join(parts)}) -> JobFuture[{returns}]:", names
 
 
 def body(namespace: str, name: str, how, params: list[str], arrays_count: dict) -> list[str]:
-    lines = ["    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)"]
     plain = [p.lstrip("*") for p in params]
+    if how[0] == "at_call":
+        return [f"    return _ad.{how[1]}({', '.join(plain)})"]
+    lines = ["    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)"]
     if how[0] == "adapter":
         _, fn, leading = how
         args = [repr(v) for v in leading] + plain + ["_rt"]
         lines.append(f"    return _ad.{fn}({', '.join(args)})")
         return lines
-    _, table_name, arrays, guard = how
+    _, table_name, arrays = how
     table_name = table_name or name
     count, table_params = arrays_count[table_name]
     if count < 0:
@@ -215,30 +240,11 @@ def body(namespace: str, name: str, how, params: list[str], arrays_count: dict) 
         raise SystemExit(f"{namespace}.{name}: {count} arrays in the table, mlx has {arrays}")
     options = [p for p in plain if p not in arrays]
     for p in options:
-        if p not in table_params and p not in guard:
+        if p not in table_params:
             raise SystemExit(f"{namespace}.{name}: mlx option {p!r} is not in the table entry {table_name!r}")
-    for p in guard:
-        lines.append(f"    _ad.require_default({name!r}, {p!r}, {p}, {DEFAULTS[(namespace, name)][p]!r})")
-    passed = ", ".join(f"{p}={p}" for p in options if p not in guard)
+    passed = ", ".join(f"{p}={p}" for p in options)
     lines.append(f"    return _ad.op({table_name!r}, [{', '.join(arrays)}], _rt{', ' + passed if passed else ''})")
     return lines
-
-
-DEFAULTS: dict = {}
-
-
-def literal_defaults(fn: ast.FunctionDef) -> dict:
-    args = fn.args
-    positional = args.posonlyargs + args.args
-    pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
-    pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
-    out = {}
-    for arg, node in pairs:
-        try:
-            out[arg.arg] = ast.literal_eval(node)
-        except ValueError:
-            pass  # a name (a dtype): never a guarded option
-    return out
 
 
 def generate(namespace: str) -> str:
@@ -284,13 +290,14 @@ def generate(namespace: str) -> str:
         else:
             text, doc = mlx_signature(module, name)
         fn = parse(text)
-        DEFAULTS[(namespace, name)] = literal_defaults(fn)
-        signature, params = render(fn)
+        if (namespace, name) in RETURNS:
+            fn.returns = ast.parse(RETURNS[(namespace, name)], mode="eval").body
+        signature, params = render(fn, runtime_keywords=how[0] != "at_call")
         signature = signature.replace("{name}", name, 1)  # aliases: mlx's text names the original
         summary = first_paragraph(doc) if doc else ""
         docstring = textwrap.fill(summary, 100, initial_indent="    ", subsequent_indent="    ").strip()
-        runtime_doc = textwrap.fill(RUNTIME_DOC.format(path=path + name), 100, initial_indent="    ",
-                                    subsequent_indent="    ")
+        runtime_doc = textwrap.fill((AT_CALL_DOC if how[0] == "at_call" else RUNTIME_DOC).format(path=path + name),
+                                    100, initial_indent="    ", subsequent_indent="    ")
         out += ["", "", signature, f'    """{docstring}', "", runtime_doc, '    """']
         out += body(namespace, name, how, params, arrays_count)
     return "\n".join(out) + "\n"

@@ -26,8 +26,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import (APIError, GenerationRequest, chunk_body, completion_body, invalid, new_id, parse_request,
-                       usage_chunk_body)
+from .protocol import (APIError, GenerationRequest, chunk_body, completion_body, invalid, logprob_entry, new_id,
+                       parse_request, usage_chunk_body)
 
 logger = logging.getLogger("emlx_async.serve")
 
@@ -46,8 +46,8 @@ class ServeConfig:
     default_max_tokens: int = 256
     prefill_chunk: int | None = None
     retry_after_s: int = 1
-    # Tokens of prompt keys and values kept for reuse by prompts sharing a prefix
-    # ("parallel" mode; 0 turns it off). SmolLM2 in float32: ~46 KB a token.
+    # Tokens of keys and values kept for reuse by prompts sharing a prefix
+    # (both modes; 0 turns it off). SmolLM2 in float32: ~46 KB a token.
     prompt_cache_tokens: int = 4096
 
     def served_name(self) -> str:
@@ -78,7 +78,8 @@ class Service:
         self.prefix_cache = None
         self.metrics = Metrics(active=self.active, waiting=self.waiting,
                                prefix_hits=lambda: self.prefix_cache.hits if self.prefix_cache else 0,
-                               prefix_tokens=lambda: self.prefix_cache.reused_tokens if self.prefix_cache else 0)
+                               prefix_tokens=lambda: self.prefix_cache.reused_tokens if self.prefix_cache else 0,
+                               runtime_stats=lambda: self.runtime.stats() if self.runtime is not None else None)
         self._tasks: list[asyncio.Task] = []
         self._cut_off_callbacks: set = set()
         self.on_load_failed = None  # the CLI stops the server: a service without its model is no use
@@ -96,21 +97,17 @@ class Service:
 
     async def _load(self) -> None:
         from emlx_async import Runtime
-        from emlx_async.llm import Engine
-
-        from .prefix_cache import PrefixCache, PrefixCachingEngine
+        from emlx_async.llm import Engine, PrefixCache
 
         started = time.perf_counter()
         try:
             # Parallel mode lends one pooled queue per running request.
             self.runtime = Runtime(pool_size=max(self.config.max_concurrent, 2))
-            caching = self.config.mode == "parallel" and self.config.prompt_cache_tokens > 0
-            engine_class = PrefixCachingEngine if caching else Engine
-            self.engine = await engine_class.load(self.config.model, runtime=self.runtime, mode=self.config.mode,
-                                                  max_concurrent=self.config.max_concurrent,
-                                                  prefill_chunk=self.config.prefill_chunk)
-            if caching:
-                self.engine.prefix_cache = self.prefix_cache = PrefixCache(self.config.prompt_cache_tokens)
+            tokens = self.config.prompt_cache_tokens
+            self.prefix_cache = PrefixCache(tokens) if tokens > 0 else None
+            self.engine = await Engine.load(self.config.model, runtime=self.runtime, mode=self.config.mode,
+                                            max_concurrent=self.config.max_concurrent,
+                                            prefill_chunk=self.config.prefill_chunk, prompt_cache=self.prefix_cache)
         except Exception as exc:  # noqa: BLE001 - reported by /health and the log
             self.status, self.load_error = "failed", f"{type(exc).__name__}: {exc}"
             logger.error("loading the model failed: %s", self.load_error)
@@ -207,7 +204,8 @@ class Service:
         stats = RequestStats()
         try:
             deltas = engine.generate(prompt=ids, max_tokens=max_tokens, stop=request.stop, seed=request.seed,
-                                     stats=stats, **request.sampling())
+                                     stats=stats, logprobs=request.logprobs, top_logprobs=request.top_logprobs,
+                                     **request.sampling())
         except ValueError as exc:
             raise invalid(None, str(exc)) from None
         self.admitted += 1
@@ -226,6 +224,14 @@ class Generation:
         self.service, self._engine_deltas, self.stats, self.prompt_tokens = service, deltas, stats, prompt_tokens
         self.finish_reason: str | None = None
         self._closed = False
+
+    def logprob_entry(self, delta) -> dict | None:
+        """The delta's token in a choice's ``logprobs.content`` (None if it has none)."""
+        if delta.token is None or delta.logprob is None:
+            return None
+        token_bytes = self.service.engine.token_bytes
+        return logprob_entry(token_bytes(delta.token), delta.logprob,
+                             [(token_bytes(t), value) for t, value in delta.top_logprobs or ()])
 
     async def deltas(self) -> AsyncIterator:
         metrics, stats = self.service.metrics, self.stats
@@ -366,6 +372,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
 
         # Not streamed: still cancel the generation if the client leaves or the shutdown deadline passes.
         text = []
+        entries: list[dict] | None = [] if parsed.logprobs else None
         shutdown_scope = anyio.CancelScope()
         try:
             with service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
@@ -373,6 +380,8 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                     async def collect() -> None:
                         async for delta in generation.deltas():
                             text.append(delta.text)
+                            if entries is not None and (entry := generation.logprob_entry(delta)) is not None:
+                                entries.append(entry)
                         group.cancel_scope.cancel()
 
                     async def watch() -> None:
@@ -389,7 +398,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             return count(endpoint, Response(status_code=499))  # the client is gone: nobody reads this
         body = completion_body(parsed, id=id_, model=service.model_name, text="".join(text),
                                finish_reason=generation.finish_reason, prompt_tokens=generation.prompt_tokens,
-                               completion_tokens=generation.stats.generated_tokens)
+                               completion_tokens=generation.stats.generated_tokens, logprobs=entries)
         return count(endpoint, JSONResponse(body))
 
     async def _stream_events(parsed: GenerationRequest, id_: str, generation: Generation) -> AsyncIterator[bytes]:
@@ -399,12 +408,19 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         try:
             if parsed.chat:  # OpenAI opens a chat stream with the role
                 yield sse(chunk_body(parsed, **fields, text="", finish_reason=None, first=True))
+            # Logprob entries of tokens not sent yet: a token whose text is
+            # held back (part of a character, maybe a stop string) goes out
+            # with the next chunk that has text, or with the last one.
+            pending: list[dict] | None = [] if parsed.logprobs else None
             async for delta in deltas:
+                if pending is not None and (entry := generation.logprob_entry(delta)) is not None:
+                    pending.append(entry)
                 if delta.text:
-                    yield sse(chunk_body(parsed, **fields, text=delta.text, finish_reason=None))
+                    yield sse(chunk_body(parsed, **fields, text=delta.text, finish_reason=None, logprobs=pending))
+                    pending = [] if parsed.logprobs else None
                 if delta.finish_reason is not None:
                     yield sse(chunk_body(parsed, **fields, text=None if parsed.chat else "",
-                                         finish_reason=delta.finish_reason))
+                                         finish_reason=delta.finish_reason, logprobs=pending or None))
             if parsed.include_usage:
                 yield sse(usage_chunk_body(parsed, **fields, prompt_tokens=generation.prompt_tokens,
                                            completion_tokens=generation.stats.generated_tokens))

@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefill-chunk", type=int, default=None)
     serve.add_argument("--prompt-cache-tokens", type=int, default=4096,
                        help="prompt tokens whose keys and values are kept for reuse by prompts sharing a prefix "
-                            "(parallel mode; 0: off)")
+                            "(0: off)")
     serve.add_argument("--shutdown-timeout", type=float, default=10.0,
                        help="seconds running streams get to finish on SIGTERM before they are cancelled")
     serve.add_argument("--log-level", default="info")
