@@ -188,13 +188,16 @@ async def engine_rates(args, counts: list[int]) -> dict:
 def compare_loops(args, counts: list[int]) -> None:
     """The engine under trio against asyncio: rounds of one asyncio.run and one trio.run each.
 
-    Interleaved, so drift on a shared machine (other processes starting or
-    stopping) falls on both loops alike; the ratio is of the medians.
+    Interleaved, and in alternating order, so drift on a shared machine
+    (other processes starting or stopping) and whatever the first run of a
+    round pays fall on both loops alike; the ratio is of the medians.
     """
     runs: dict[str, list[dict]] = {"asyncio": [], "trio": []}
-    for _ in range(args.loop_rounds):
-        runs["asyncio"].append(asyncio.run(engine_rates(args, counts)))
-        runs["trio"].append(trio.run(engine_rates, args, counts))
+    for round_ in range(args.loop_rounds):
+        order = ["asyncio", "trio"] if round_ % 2 == 0 else ["trio", "asyncio"]  # neither always goes first
+        for loop in order:
+            runs[loop].append(asyncio.run(engine_rates(args, counts)) if loop == "asyncio"
+                              else trio.run(engine_rates, args, counts))
     print(f"\ntrio against asyncio ({args.loop_rounds} interleaved rounds, median tok/s; target: ratio >= 0.97)")
     print(f"{'N':>2} {'scenario':30} {'asyncio':>8} {'trio':>8} {'ratio':>6}  per round")
     for n in counts:
