@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
+from typing import Any
 
+import anyio
+
+from . import _backend
 from ._native import lib
 
 
@@ -32,34 +35,42 @@ def open_fds() -> set[int]:
 class LoopLag:
     """Measures how late the event loop wakes a ticker that sleeps `interval` seconds.
 
-    ``async with LoopLag() as lag: ...`` runs the ticker for the block;
-    ``lag.samples`` holds each wake-up's delay in seconds, ``lag.p99()`` the
-    99th percentile. A loop blocked by MLX work shows up here at once.
+    ``async with LoopLag() as lag: ...`` runs the ticker for the block (or
+    ``lag = LoopLag().start()`` ... ``await lag.stop()``), on asyncio, uvloop
+    or trio; ``lag.samples`` holds each wake-up's delay in seconds,
+    ``lag.p99()`` the 99th percentile. A loop blocked by MLX work shows up
+    here at once.
     """
 
     def __init__(self, interval: float = 0.001) -> None:
         self.interval = interval
         self.samples: list[float] = []
-        self._task: asyncio.Task | None = None
+        self._ticker: Any = None
+        self._finished: anyio.Event | None = None
 
     async def _run(self) -> None:
-        while True:
-            start = time.perf_counter()
-            await asyncio.sleep(self.interval)
-            self.samples.append(max(0.0, time.perf_counter() - start - self.interval))
+        try:
+            while True:
+                start = time.perf_counter()
+                await anyio.sleep(self.interval)
+                self.samples.append(max(0.0, time.perf_counter() - start - self.interval))
+        finally:
+            self._finished.set()
 
     def start(self) -> LoopLag:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        """Start the ticker as a background task of the running loop (sync, so a plain function can call it)."""
+        if self._ticker is not None:
+            raise RuntimeError("this LoopLag is already running")
+        self._finished = anyio.Event()
+        self._ticker = _backend.current().spawn(self._run)
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        """Stop the ticker and wait until it has ended."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await self._finished.wait()
+            self._ticker = None
 
     async def __aenter__(self) -> LoopLag:
         return self.start()

@@ -88,14 +88,41 @@ def run_on(backend: str, fn, *args):
 
 
 def on_every_loop(fn):
-    """Decorator: a sync test that runs the async `fn` under asyncio, uvloop and trio."""
+    """Decorator: a sync test that runs the async `fn` under asyncio, uvloop and trio.
+
+    `fn` keeps its other arguments: pytest parametrize values and sync
+    fixtures pass through. An ``rt`` argument is a ``Runtime(pool_size=4)``
+    opened on the test's loop and closed after it (conftest's async ``rt``
+    fixture is asyncio-only), with the same no-pending-jobs check.
+    """
+    import inspect
+
     import pytest
 
-    def test(backend):
-        run_on(backend, fn)
+    signature = inspect.signature(fn)
+    wants_runtime = "rt" in signature.parameters
+    passed_through = [p for name, p in signature.parameters.items() if name != "rt"]
+
+    async def body(kwargs):
+        if not wants_runtime:
+            return await fn(**kwargs)
+        runtime = ea.Runtime(pool_size=4)
+        try:
+            return await fn(rt=runtime, **kwargs)
+        finally:
+            await runtime.close()
+            assert not runtime._jobs, f"pending jobs after close: {runtime._jobs}"
+            assert not runtime._owners
+
+    def test(backend, **kwargs):
+        run_on(backend, body, kwargs)
 
     test.__name__, test.__qualname__, test.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
     test.__module__ = fn.__module__
+    backend_parameter = inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY)
+    test.__signature__ = signature.replace(  # pytest reads fixture and parameter names from it
+        parameters=[backend_parameter] + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in passed_through])
+    test.pytestmark = list(getattr(fn, "pytestmark", []))  # marks applied below the decorator
     return pytest.mark.parametrize("backend", BACKENDS)(test)
 
 

@@ -13,7 +13,8 @@ pytestmark = [
     pytest.mark.model,
     needs_model,
     # One event-loop flavour is enough here: the runtime's loop behaviour is
-    # covered under both in the other files, and the model is slow on CPU.
+    # covered under every loop in the other files (test_engine_loops.py runs
+    # the engine itself on each), and the model is slow on CPU.
     pytest.mark.asyncio(loop_factories=["asyncio"]),
 ]
 

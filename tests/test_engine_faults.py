@@ -6,16 +6,15 @@ import asyncio
 import threading
 import time
 
+import anyio
 import pytest
 
 import emlx_async as ea
-from helpers import needs_model
+from helpers import Awaiter, needs_model, on_every_loop
 
-pytestmark = [
-    pytest.mark.model,
-    needs_model,
-    pytest.mark.asyncio(loop_factories=["asyncio"]),
-]
+pytestmark = [pytest.mark.model, needs_model]
+# The injected driver failures are engine logic: one loop flavour is enough (the model is slow on CPU).
+asyncio_only = pytest.mark.asyncio(loop_factories=["asyncio"])
 
 from test_engine import PARIS, collect, settle  # noqa: E402 - after the skip marks
 
@@ -36,9 +35,10 @@ async def wait_until(predicate, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition never became true"
-        await asyncio.sleep(0.002)
+        await anyio.sleep(0.002)
 
 
+@asyncio_only
 async def test_batch_step_failure_fails_every_request_and_the_next_one_starts_a_new_driver(rt):
     from emlx_async.llm import BatchDriverError, Engine
 
@@ -86,6 +86,7 @@ async def test_batch_step_failure_fails_every_request_and_the_next_one_starts_a_
     assert not engine._batcher.running and not engine._batcher.waiting
 
 
+@asyncio_only
 async def test_batch_start_failure_fails_waiting_requests_promptly(rt):
     from emlx_async.llm import BatchDriverError, Engine
 
@@ -126,7 +127,8 @@ class _PrefillCounter:
 
 
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
-async def test_cancelled_long_prompt_frees_its_queue_within_a_chunk(mode, loop_errors):
+@on_every_loop
+async def test_cancelled_long_prompt_frees_its_queue_within_a_chunk(mode):
     from emlx_async.llm import Engine
 
     chunk, chunks_in_prompt = 16, 40
@@ -135,10 +137,13 @@ async def test_cancelled_long_prompt_frees_its_queue_within_a_chunk(mode, loop_e
         engine = await Engine.load(runtime=rt, max_concurrent=2, mode=mode, prefill_chunk=chunk)
         counter = engine.model = _PrefillCounter(engine.model, chunk)
         long_prompt = list(range(1000, 1000 + chunk * chunks_in_prompt))
-        long_request = asyncio.ensure_future(collect(engine, prompt=long_prompt, max_tokens=2))
-        await wait_until(lambda: counter.chunks >= 1)
-        long_request.cancel()
-        _, tokens = await asyncio.wait_for(collect(engine, prompt="Hello", max_tokens=2), 60)
+        async with anyio.create_task_group() as tg:
+            long_request = Awaiter(tg, collect(engine, prompt=long_prompt, max_tokens=2))
+            await wait_until(lambda: counter.chunks >= 1)
+            long_request.cancel()
+        assert long_request.outcome == "cancelled"
+        with anyio.fail_after(60):
+            _, tokens = await collect(engine, prompt="Hello", max_tokens=2)
         assert len(tokens) == 2
         # A cancelled prompt costs at most the chunk that was running (and one more by a race).
         assert counter.chunks <= 3, f"{counter.chunks} of {chunks_in_prompt} chunks ran; a cancel should stop it within one"

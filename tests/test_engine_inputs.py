@@ -15,12 +15,13 @@ import textwrap
 import pytest
 
 from helpers import needs_model as model_available
+from helpers import on_every_loop
 
 needs_mlx_lm = pytest.mark.skipif(importlib.util.find_spec("mlx_lm") is None, reason="needs mlx-lm")
 
 
 def needs_model(test):
-    return pytest.mark.model(model_available(pytest.mark.asyncio(loop_factories=["asyncio"])(test)))
+    return pytest.mark.model(model_available(test))
 
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -39,11 +40,11 @@ def smollm2_parts():
 
 
 @pytest.fixture
-def make_engine(smollm2_parts, rt):
-    """Engines for checks that run nothing on a queue (encoding, validation)."""
+def make_engine(smollm2_parts):
+    """Engines for checks that run nothing on a queue (encoding, validation), on the loop's implicit runtime."""
     from emlx_async.llm import Engine
 
-    return lambda **overrides: Engine(runtime=rt, **{**smollm2_parts, **overrides})
+    return lambda **overrides: Engine(**{**smollm2_parts, **overrides})
 
 
 HOSTILE_SCRIPT = """
@@ -120,6 +121,7 @@ def test_hostile_requests_raise_value_error_and_the_engine_keeps_working_in_both
     (dict(seed="7"), "seed must be an int"),
 ])
 @needs_model
+@on_every_loop
 async def test_bad_options_raise_value_error(make_engine, kwargs, message):
     engine = make_engine()
     with pytest.raises(ValueError, match=message):
@@ -127,6 +129,7 @@ async def test_bad_options_raise_value_error(make_engine, kwargs, message):
 
 
 @needs_model
+@on_every_loop
 async def test_context_check_counts_prompt_and_max_tokens(make_engine):
     engine = make_engine()
     assert engine.context_length == 8192 and engine.vocab_size == 49152
@@ -167,6 +170,7 @@ def test_any_int_seed_is_folded_into_the_key_range():
 
 
 @needs_model
+@on_every_loop
 async def test_special_token_text_in_a_message_stays_text(make_engine):
     engine = make_engine()
     tokenizer = engine.tokenizer
@@ -194,6 +198,7 @@ async def test_special_token_text_in_a_message_stays_text(make_engine):
 
 
 @needs_model
+@on_every_loop
 async def test_template_that_transforms_content_refuses_special_token_text(make_engine):
     trimming = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n"
                 "{% endfor %}<|im_start|>assistant\n")
@@ -205,6 +210,7 @@ async def test_template_that_transforms_content_refuses_special_token_text(make_
 
 
 @needs_model
+@on_every_loop
 async def test_chat_template_runs_sandboxed(make_engine):
     nosy = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
     engine = make_engine(chat_template=nosy)

@@ -7,6 +7,9 @@ op returns, or raises an ordinary exception with a message, and the queue
 then still runs a job. Any crash found here becomes a case in
 tests/test_hostile_ops.py.
 
+There is one child per event loop (asyncio, uvloop, trio); the ops take
+them in turn.
+
 Without `EMLX_FUZZ_EXAMPLES` the suite runs a fixed, short set of cases per
 op; with it (`make fuzz` sets 300) each op gets that many fresh random cases.
 """
@@ -24,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from emlx_async._op_table import OPS, VARIADIC
+from helpers import BACKENDS
 
 EXAMPLES = int(os.environ.get("EMLX_FUZZ_EXAMPLES", "8"))  # per op
 # The short run in the normal suite draws the same cases every time; `make fuzz` explores.
@@ -45,7 +49,7 @@ STRINGS = {
 }
 
 CHILD = r"""
-import asyncio, faulthandler, json, sys
+import faulthandler, json, sys
 import mlx.core as mx
 import numpy as np
 import emlx_async as ea
@@ -133,18 +137,27 @@ async def main():
             faulthandler.cancel_dump_traceback_later()
             print(json.dumps(out), flush=True)
 
-asyncio.run(main())
+if sys.argv[1] == "trio":
+    import trio
+    trio.run(main)
+elif sys.argv[1] == "uvloop":
+    import uvloop
+    uvloop.run(main())
+else:
+    import asyncio
+    asyncio.run(main())
 """.replace("CASE_TIMEOUT", str(CASE_TIMEOUT))
 
 
 class Child:
-    """The interpreter that runs cases; restarted after it dies."""
+    """The interpreter that runs cases on one event loop (`backend`); restarted after it dies."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, self.backend], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, bufsize=1)
         line = self.proc.stdout.readline()
         assert line and json.loads(line) == {"ready": True}, self.proc.stderr.read()
@@ -320,15 +333,21 @@ def cases(draw, name):
 
 
 @pytest.fixture(scope="module")
-def child():
-    runner = Child()
-    runner.start()  # before the per-test fd baselines (conftest.py: no_leaks)
-    yield runner
-    runner.close()
+def children():
+    runners = {backend: Child(backend) for backend in BACKENDS}
+    for runner in runners.values():
+        runner.start()  # before the per-test fd baselines (conftest.py: no_leaks)
+    yield runners
+    for runner in runners.values():
+        runner.close()
 
 
-@pytest.mark.parametrize("name", list(SPECS))
-def test_fuzz_op_survives_hostile_arguments(child, name):
+@pytest.mark.parametrize("name, backend", [pytest.param(name, BACKENDS[i % len(BACKENDS)],
+                                                         id=f"{name}-{BACKENDS[i % len(BACKENDS)]}")
+                                           for i, name in enumerate(SPECS)])
+def test_fuzz_op_survives_hostile_arguments(children, name, backend):
+    child = children[backend]
+
     @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                      HealthCheck.filter_too_much])

@@ -4,6 +4,10 @@ Each case would crash, hang or corrupt plain MLX (or did so through the op
 table before validation), so each runs in a fresh interpreter: a crash or a
 hang fails the case with its output instead of ending the test run. After
 the op, the same queue must still run a job.
+
+Each case's interpreter runs one event loop; the cases take asyncio, uvloop
+and trio in turn (a fresh interpreter per case and loop would triple the
+cost for checks that happen before any loop is involved).
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import textwrap
 
 import pytest
 
+from helpers import BACKENDS
+
 PROGRAM = """
-import asyncio, faulthandler
+import faulthandler
 faulthandler.dump_traceback_later({timeout}, exit=True)  # a hang becomes a failure with stacks
 import mlx.core as mx
 import numpy as np
@@ -46,13 +52,22 @@ async def main():
         assert (await ea.ops.add(mx.array(1), 2, queue=q)).item() == 3
         print("QUEUE OK", flush=True)
 
-asyncio.run(main())
+{run}
 """
+
+RUN = {"asyncio": "import asyncio\nasyncio.run(main())", "uvloop": "import uvloop\nuvloop.run(main())",
+       "trio": "import trio\ntrio.run(main)"}
+
+
+def in_turn(cases):
+    """pytest params for `cases` (id first), each with the next loop of BACKENDS appended."""
+    return [pytest.param(*case[1:], BACKENDS[i % len(BACKENDS)], id=f"{case[0]}-{BACKENDS[i % len(BACKENDS)]}")
+            for i, case in enumerate(cases)]
 
 
 def run_case(expr: str, expected: str, match: str = "", setup: str = "", check: str = "lambda r: True",
-             timeout: float = 30):
-    code = PROGRAM.format(expr=expr, expected=expected, check=check, timeout=timeout,
+             timeout: float = 30, backend: str = "asyncio"):
+    code = PROGRAM.format(expr=expr, expected=expected, check=check, timeout=timeout, run=RUN[backend],
                           setup=textwrap.indent(textwrap.dedent(setup), " " * 8))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout + 30)
     output = result.stdout + result.stderr
@@ -180,10 +195,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("expr, expected, match", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_hostile_option_is_refused_and_queue_survives(expr, expected, match):
+@pytest.mark.parametrize("expr, expected, match, backend", in_turn(CASES))
+def test_hostile_option_is_refused_and_queue_survives(expr, expected, match, backend):
     # A 4 GiB memory limit keeps the allocation cases machine-independent.
-    run_case(expr, expected, match, setup="ea.ops.set_bounds_checks(True)\nea.memory.set_memory_limit(1 << 32)")
+    run_case(expr, expected, match, setup="ea.ops.set_bounds_checks(True)\nea.memory.set_memory_limit(1 << 32)",
+             backend=backend)
 
 
 # Right answers where plain MLX crashes or hangs.
@@ -229,9 +245,9 @@ RESULTS = [
 ]
 
 
-@pytest.mark.parametrize("expr, check", [c[1:] for c in RESULTS], ids=[c[0] for c in RESULTS])
-def test_hostile_input_gets_the_right_answer(expr, check):
-    run_case(expr, "None", check=check, setup="ea.ops.set_bounds_checks(True)")
+@pytest.mark.parametrize("expr, check, backend", in_turn(RESULTS))
+def test_hostile_input_gets_the_right_answer(expr, check, backend):
+    run_case(expr, "None", check=check, setup="ea.ops.set_bounds_checks(True)", backend=backend)
 
 
 def test_second_sum_of_empty_transposed_array_does_not_hang():
@@ -249,7 +265,7 @@ def test_second_sum_of_empty_transposed_array_does_not_hang():
         assert (await ea.ops.sum(x, axis=0, keepdims=True, queue=q)).sum().item() == 0
     """
     run_case("ea.ops.prod(x, axis=0, keepdims=True)", "None", setup=setup,
-             check="lambda r: r.shape == (1, 5, 2, 3) and bool(mx.all(r == 1))", timeout=20)
+             check="lambda r: r.shape == (1, 5, 2, 3) and bool(mx.all(r == 1))", timeout=20, backend="trio")
 
 
 def test_memory_limit_lowers_the_allocation_limit():
@@ -258,7 +274,8 @@ def test_memory_limit_lowers_the_allocation_limit():
     assert (await ea.ops.ones(shape=(1024, 1024), queue=q)).shape == (1024, 1024)
     """
     # 4 GiB of float32 under a 1 GiB limit: refused instead of a SIGSEGV.
-    run_case("ea.ops.ones(shape=(2**16, 2**14))", "MLXRuntimeError", "allocation limit", setup=setup)
+    run_case("ea.ops.ones(shape=(2**16, 2**14))", "MLXRuntimeError", "allocation limit", setup=setup,
+             backend="uvloop")
 
 
 def test_lazy_inputs_are_checked_at_their_own_sizes():
@@ -267,13 +284,14 @@ def test_lazy_inputs_are_checked_at_their_own_sizes():
     lazy = await ea.ops.ones(shape=(8, 8), lazy=True, queue=q)
     assert (await ea.ops.sum(lazy, queue=q)).item() == 64
     """
-    run_case("ea.ops.tile(lazy, (2**14, 2**14))", "MLXRuntimeError", "allocation limit", setup=setup)
+    run_case("ea.ops.tile(lazy, (2**14, 2**14))", "MLXRuntimeError", "allocation limit", setup=setup,
+             backend="trio")
 
 
 def test_gather_slice_past_the_end_is_refused_with_bounds_checks():
     # In bounds index 3, slice of 2 rows of a 4-row array: MLX reads past the end (heap garbage).
     run_case("ea.ops.gather(mx.arange(16).reshape(4, 4), [mx.array([3])], axes=[0], slice_sizes=[2, 4])",
-             "MLXIndexError", setup="ea.ops.set_bounds_checks(True)")
+             "MLXIndexError", setup="ea.ops.set_bounds_checks(True)", backend="uvloop")
 
 
 def test_live_arrays_count_against_the_allocation_limit():
@@ -282,4 +300,5 @@ def test_live_arrays_count_against_the_allocation_limit():
     ea.memory.set_memory_limit(1 << 30)
     held = await ea.ops.ones(shape=(150, 2**20), queue=q)  # 600 MB, kept alive
     """
-    run_case("ea.ops.ones(shape=(150, 2**20), queue=q)", "MLXRuntimeError", "held by live arrays", setup=setup)
+    run_case("ea.ops.ones(shape=(150, 2**20), queue=q)", "MLXRuntimeError", "held by live arrays", setup=setup,
+             backend="trio")

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import emlx_async as ea
+from helpers import on_every_loop
 
 
+@on_every_loop
 async def test_shm_round_trip_between_two_processes(rt):
     x = mx.arange(12, dtype=mx.float32).reshape(3, 4).T * 1.5  # a transposed view
     name, nbytes = await ea.ipc.to_shm(x)
@@ -39,6 +41,7 @@ async def test_shm_round_trip_between_two_processes(rt):
     ea.ipc.shm_unlink(name)  # idempotent
 
 
+@on_every_loop
 async def test_from_shm_checks_size_and_in_process_round_trip(rt):
     x = mx.ones((2, 3), dtype=mx.bfloat16)
     name, _ = await ea.ipc.to_shm(x)
@@ -50,6 +53,7 @@ async def test_from_shm_checks_size_and_in_process_round_trip(rt):
     assert n == 0 and (await ea.ipc.from_shm(empty_name, (0, 3), mx.float32)).shape == (0, 3)
 
 
+@on_every_loop
 async def test_data_ptr_and_to_device(rt):
     x = await ea.ops.add(mx.zeros(4), 1.0, lazy=True)
     pointer = await ea.ipc.data_ptr(x)
@@ -58,6 +62,7 @@ async def test_data_ptr_and_to_device(rt):
     np.testing.assert_array_equal(np.array(y), np.ones(4))
 
 
+@on_every_loop
 async def test_from_numpy_shares_or_copies(rt):
     import sys
 

@@ -7,7 +7,6 @@ checks that a normal job on the queue still works after the error.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import secrets
@@ -19,11 +18,13 @@ import textwrap
 import time
 
 import _posixshmem
+import anyio
 import mlx.core as mx
 import numpy as np
 import pytest
 
 import emlx_async as ea
+from helpers import Awaiter, on_every_loop
 
 SHM_DIR = "/dev/shm"  # where Linux lists POSIX shared memory objects
 
@@ -138,6 +139,7 @@ def test_from_shm_survives_a_sender_that_shrinks_the_segment():
     assert all("shrank while being read" in o or o == "read" for o in outcomes), outcomes
 
 
+@on_every_loop
 async def test_from_shm_refuses_segments_that_are_not_ours(rt):
     # Another program's segment, named as multiprocessing names its own (its
     # SharedMemory class would start a resource tracker, so it is made here).
@@ -181,6 +183,7 @@ def _mode(name: str) -> int:
         os.close(fd)
 
 
+@on_every_loop
 async def test_to_shm_creates_owner_only_segments_with_random_names(rt):
     x = mx.arange(6, dtype=mx.float32)
     old_umask = os.umask(0)  # the mode must not depend on the umask
@@ -219,6 +222,7 @@ async def test_to_shm_creates_owner_only_segments_with_random_names(rt):
     assert (await ea.ops.add(mx.ones(2), 1.0)).tolist() == [2.0, 2.0]
 
 
+@on_every_loop
 async def test_cancelled_exports_leave_no_segment(rt):
     pid = os.getpid()
     assert our_segments(pid) == []
@@ -228,22 +232,25 @@ async def test_cancelled_exports_leave_no_segment(rt):
     kept = []
 
     async def cancel_when(delay=None):
-        task = asyncio.ensure_future(ea.ipc.to_shm(x))
-        if delay is None:  # as soon as the export has created its segment
-            while not our_segments(pid) and not task.done():
-                await asyncio.sleep(0.0005)
-        else:
-            await asyncio.sleep(delay)
-        task.cancel()
-        try:
-            kept.append((await task)[0])  # finished before the cancel landed: the caller owns it
-        except asyncio.CancelledError:
-            pass
+        async with anyio.create_task_group() as tg:
+            export = Awaiter(tg, ea.ipc.to_shm(x))
+            if delay is None:  # as soon as the export has created its segment
+                while not our_segments(pid) and not export.done.is_set():
+                    await anyio.sleep(0.0005)
+            else:
+                await anyio.sleep(delay)
+            export.cancel()
+        if export.outcome != "cancelled":  # finished before the cancel landed: the caller owns it
+            kind, value = export.outcome
+            assert kind == "ok", value
+            kept.append(value[0])
 
     async with ea.bind(q):
         for _ in range(4):
             await cancel_when()
-        await asyncio.gather(*(cancel_when(delay) for delay in [0, 0, 0.001, 0.01, 0.05, 0.1]))
+        async with anyio.create_task_group() as tg:
+            for delay in [0, 0, 0.001, 0.01, 0.05, 0.1]:
+                tg.start_soon(cancel_when, delay)
         for delay in [0.02, 0.05, 0.1, 0.2]:
             await cancel_when(delay)
     await q.synchronize()
@@ -254,25 +261,26 @@ async def test_cancelled_exports_leave_no_segment(rt):
     assert (await q.run(lambda: 1 + 1)) == 2
 
 
+@on_every_loop
 async def test_export_finished_but_caller_cancelled_leaves_no_segment(rt):
     # The loop is blocked while the export finishes, then the caller is
     # cancelled before it sees the result: the name it never got is removed.
     pid = os.getpid()
     x = mx.ones((16 * 1024 * 1024,), dtype=mx.float32)  # 64 MiB: the export is seen running
     await ea.eval(x)
-    task = asyncio.ensure_future(ea.ipc.to_shm(x))
-    while not our_segments(pid):
-        assert not task.done()
-        await asyncio.sleep(0.0005)
-    (segment,) = our_segments(pid)
-    deadline = time.monotonic() + 30
-    while _size("/" + segment) < x.nbytes:  # blocks the loop: the worker writes and hands over
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    time.sleep(0.1)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    async with anyio.create_task_group() as tg:
+        export = Awaiter(tg, ea.ipc.to_shm(x))
+        while not our_segments(pid):
+            assert not export.done.is_set()
+            await anyio.sleep(0.0005)
+        (segment,) = our_segments(pid)
+        deadline = time.monotonic() + 30
+        while _size("/" + segment) < x.nbytes:  # blocks the loop: the worker writes and hands over
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.1)
+        export.cancel()
+    assert export.outcome == "cancelled"
     assert our_segments(pid) == []
     assert (await rt.default_queue().run(lambda: 3)) == 3
 
@@ -347,6 +355,7 @@ def test_to_shm_reports_a_full_shm_filesystem():
     assert last == "next job [2.0, 2.0, 2.0]"
 
 
+@on_every_loop
 async def test_round_trip_keeps_values_of_every_layout(rt):
     # Views, offsets and many dtypes still arrive intact through the read path.
     base = mx.arange(2 * 3 * 5, dtype=mx.float32).reshape(2, 3, 5)
@@ -361,6 +370,7 @@ async def test_round_trip_keeps_values_of_every_layout(rt):
         assert not segment_exists(name)
 
 
+@on_every_loop
 async def test_from_shm_reads_on_a_worker_while_the_loop_runs(rt):
     x = mx.ones((32 * 1024 * 1024,), dtype=mx.float32)  # 128 MiB
     name, _ = await ea.ipc.to_shm(x)
@@ -370,21 +380,21 @@ async def test_from_shm_reads_on_a_worker_while_the_loop_runs(rt):
         nonlocal ticks
         while True:
             ticks += 1
-            await asyncio.sleep(0)
+            await anyio.sleep(0)
 
-    beat = asyncio.ensure_future(heartbeat())
-    await asyncio.sleep(0)
-    before = ticks
-    y = await ea.ipc.from_shm(name, x.shape, mx.float32)
-    during = ticks - before
-    beat.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await beat
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(heartbeat)
+        await anyio.sleep(0)
+        before = ticks
+        y = await ea.ipc.from_shm(name, x.shape, mx.float32)
+        during = ticks - before
+        tg.cancel_scope.cancel()
     assert during > 1  # the loop kept running while the worker read
     values = np.array(y)
     assert values.shape == x.shape and values.min() == values.max() == 1.0
 
 
+@on_every_loop
 async def test_the_shim_checks_names_shapes_and_permissions_itself(rt):
     # The C ABI refuses what the Python layer already refuses, without touching any segment.
     from emlx_async._native import ffi, lib, last_error

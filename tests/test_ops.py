@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-
+import anyio
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -11,8 +10,8 @@ import pytest
 import emlx_async as ea
 from emlx_async import _interop
 from emlx_async._op_table import _BINARY, _REDUCE, _UNARY
+from helpers import on_every_loop, wait_all
 
-pytestmark = pytest.mark.asyncio(loop_factories=["asyncio"])  # the loop flavours are covered elsewhere
 
 DTYPES = [mx.float32, mx.float16, mx.bfloat16, mx.int32, mx.bool_]
 
@@ -60,6 +59,7 @@ def sample(dtype, shape=(3, 4), seed=0):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", _UNARY)
+@on_every_loop
 async def test_unary(rt, name, dtype):
     x = sample(dtype)
     reference = getattr(mx, name, None) or (lambda v: mx.array(v))  # mlx.core has no copy()
@@ -68,6 +68,7 @@ async def test_unary(rt, name, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", _BINARY)
+@on_every_loop
 async def test_binary(rt, name, dtype):
     a, b = sample(dtype, (4, 4), 1), sample(dtype, (4, 4), 2)
     await check(lambda: getattr(ea.ops, name)(a, b), lambda: getattr(mx, name)(a, b))
@@ -76,6 +77,7 @@ async def test_binary(rt, name, dtype):
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.int32, mx.bool_])
 @pytest.mark.parametrize("name", _REDUCE + ["var", "std"])
 @pytest.mark.parametrize("axis, keepdims", [(None, False), (1, True), ((0, 1), False), (-1, False)])
+@on_every_loop
 async def test_reductions(rt, name, dtype, axis, keepdims):
     x = sample(dtype, (3, 4, 5))
     await check(lambda: getattr(ea.ops, name)(x, axis=axis, keepdims=keepdims),
@@ -175,6 +177,7 @@ def _slice_update_reference():
 
 
 @pytest.mark.parametrize("label, ours, reference", CASES, ids=[c[0] for c in CASES])
+@on_every_loop
 async def test_ops_with_options(rt, label, ours, reference):
     await check(lambda: ours(ea.ops), reference)
 
@@ -218,12 +221,14 @@ FAST = [
 
 
 @pytest.mark.parametrize("label, ours, reference", FAST, ids=[c[0] for c in FAST])
+@on_every_loop
 async def test_fast_kernels(rt, label, ours, reference):
     await check(ours, reference)
 
 
 @pytest.mark.parametrize("mode, group_size, bits", [("affine", 64, 4), ("affine", 32, 8), ("mxfp4", 32, 4),
                                                      ("mxfp8", 32, 8), ("nvfp4", 16, 4)])
+@on_every_loop
 async def test_quantize_round_trip_and_matmul(rt, mode, group_size, bits):
     w = sample(mx.float32, (32, 128), 9)
     x = sample(mx.float32, (4, 128), 10)
@@ -242,6 +247,7 @@ async def test_quantize_round_trip_and_matmul(rt, mode, group_size, bits):
     assert_same(product, mx.quantized_matmul(x, *want, transpose=True, group_size=group_size, bits=bits, mode=mode))
 
 
+@on_every_loop
 async def test_quantization_modes_pin_group_size_and_bits(rt):
     with pytest.raises(ValueError, match="mode 'mxfp4' needs group_size=32 and bits=4"):
         ea.ops.quantize(mx.ones((4, 64)), group_size=64, bits=4, mode="mxfp4")
@@ -249,6 +255,7 @@ async def test_quantization_modes_pin_group_size_and_bits(rt):
         ea.ops.quantize(mx.ones((4, 64)), mode="int3")
 
 
+@on_every_loop
 async def test_errors_are_clear_and_the_queue_keeps_working(rt):
     with pytest.raises(ea.MLXValueError, match=r"^\[matmul\] Last dimension"):
         await ea.ops.matmul(mx.ones((2, 3)), mx.ones((2, 3)))
@@ -269,6 +276,7 @@ async def test_errors_are_clear_and_the_queue_keeps_working(rt):
     assert (await ea.ops.add(mx.ones(2), 1)).tolist() == [2.0, 2.0]
 
 
+@on_every_loop
 async def test_check_finite_flag(rt):
     with pytest.raises(ea.MLXRuntimeError, match="non-finite"):
         await ea.ops.log(mx.array([-1.0, 1.0]), check_finite=True)
@@ -283,6 +291,7 @@ async def test_check_finite_flag(rt):
         assert ea.ops.set_check_finite(False) is True
 
 
+@on_every_loop
 async def test_lazy_chains_fuse_on_their_queue_and_cross_queues(rt):
     q1, q2 = await rt.acquire_queue(), await rt.acquire_queue()
     try:
@@ -297,6 +306,7 @@ async def test_lazy_chains_fuse_on_their_queue_and_cross_queues(rt):
         rt.release_queue(q2)
 
 
+@on_every_loop
 async def test_pipelining_256_ops_in_flight_in_order(rt):
     q = rt.default_queue()
     futures = [ea.ops.add(M, float(i), queue=q) for i in range(256)]
@@ -304,7 +314,8 @@ async def test_pipelining_256_ops_in_flight_in_order(rt):
     finished: list[int] = []
     for i, future in enumerate(futures):
         future.add_done_callback(lambda _f, i=i: finished.append(i))
-    results = await asyncio.gather(*futures)
+    results = await wait_all(*futures)
+    await anyio.sleep(0)  # asyncio runs done-callbacks one loop iteration after the result is set
     assert finished == list(range(256))  # one worker, one FIFO: they ran and completed in order
     for i, r in enumerate(results):
         assert_same(r, M + float(i))
@@ -332,6 +343,7 @@ def reference_kv_step(q, k, v, k_cache, v_cache, offset, scale, key_mask=None):
 
 @pytest.mark.parametrize("donate", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
+@on_every_loop
 async def test_kv_cache_attention_over_a_multi_step_decode(rt, donate, masked):
     Bt, Tmax, Hq, Hkv, Dh = 2, 12, 4, 2, 8
     k_cache, v_cache = mx.zeros((Bt, Tmax, Hkv, Dh)), mx.zeros((Bt, Tmax, Hkv, Dh))
@@ -357,6 +369,7 @@ async def test_kv_cache_attention_over_a_multi_step_decode(rt, donate, masked):
         offset += T
 
 
+@on_every_loop
 async def test_kv_cache_attention_rejects_overflow(rt):
     cache = mx.zeros((1, 4, 1, 8))
     x = mx.ones((1, 2, 1, 8))
@@ -364,6 +377,7 @@ async def test_kv_cache_attention_rejects_overflow(rt):
         await ea.attention.kv_cache_attention(x, x, x, cache, cache, offset=3, scale=1.0)
 
 
+@on_every_loop
 async def test_bounds_checks_are_opt_in(rt):
     a = mx.arange(8).reshape(2, 4)
     bad = mx.array([0, 4])
@@ -401,6 +415,7 @@ def reference_window_scatter(operand, source, window, strides, padding, take_max
 @pytest.mark.parametrize("window, strides, padding", [((2, 2), (2, 2), ((0, 0), (0, 0))),
                                                       ((3, 3), (1, 1), ((1, 1), (1, 1))),
                                                       ((2, 3), (1, 2), ((0, 1), (1, 0)))])
+@on_every_loop
 async def test_window_scatter_against_a_reference(rt, take_max, window, strides, padding):
     operand = sample(mx.float32, (6, 7), 30)
     out_shape = tuple((n + lo + hi - w) // s + 1 for n, (lo, hi), w, s in zip(operand.shape, padding, window, strides))
@@ -411,11 +426,13 @@ async def test_window_scatter_against_a_reference(rt, take_max, window, strides,
     np.testing.assert_allclose(np.array(got), want, rtol=1e-6, atol=1e-6)
 
 
+@on_every_loop
 async def test_window_scatter_rejects_mismatched_source(rt):
     with pytest.raises(ValueError, match=r"\[window_scatter_max\] source must have the windows' shape"):
         await ea.ops.window_scatter_max(mx.ones((4, 4)), mx.ones((3, 3)), window=(2, 2))
 
 
+@on_every_loop
 async def test_swiglu(rt):
     import mlx.nn as nn
 
@@ -426,6 +443,7 @@ async def test_swiglu(rt):
 
 @pytest.mark.parametrize("traditional", [False, True])
 @pytest.mark.parametrize("dims", [D, D // 2])
+@on_every_loop
 async def test_rope_with_per_token_positions(rt, traditional, dims):
     positions = mx.array([[0, 3, 4, 9, 10, 11], [5, 5, 2, 0, 1, 7]])
     got = await ea.fast.rope(Q, dims, traditional=traditional, base=10000.0, scale=0.5, offset=positions)
@@ -436,6 +454,7 @@ async def test_rope_with_per_token_positions(rt, traditional, dims):
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-5)
 
 
+@on_every_loop
 async def test_sdpa_causal_with_key_padding_mask(rt):
     key_mask = mx.array([[True] * T, [False, False] + [True] * (T - 2)])
     got = await ea.fast.scaled_dot_product_attention(Q, K, V, scale=0.3, mask="causal", key_mask=key_mask)
@@ -446,6 +465,7 @@ async def test_sdpa_causal_with_key_padding_mask(rt):
         ea.fast.scaled_dot_product_attention(Q, K, V, scale=0.3, key_mask=key_mask)
 
 
+@on_every_loop
 async def test_device_promotion_runs_on_a_queue_of_that_device(rt):
     q1 = await rt.acquire_queue()
     try:

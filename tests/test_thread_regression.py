@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import emlx_async as ea
+from helpers import on_every_loop
 from emlx_async.testing import LoopLag
 
 
@@ -41,6 +42,7 @@ def test_plain_threading_lazy_result_read_on_loop_thread_crashes():
         mx.eval(box["y"])
 
 
+@on_every_loop
 async def test_same_program_through_the_runtime_works(rt):
     x = mx.ones((4, 4)) + 1  # lazy on the loop thread: evaluated before submission
     async with rt.queue() as q:
@@ -51,6 +53,7 @@ async def test_same_program_through_the_runtime_works(rt):
     np.testing.assert_array_equal(np.array(lazy), np.full((4, 4), 4.0))  # readable on the loop thread
 
 
+@on_every_loop
 async def test_the_event_loop_keeps_running_during_a_long_job(rt):
     a = mx.random.normal((512, 512), key=mx.random.key(0))
     await ea.eval(a)
@@ -64,3 +67,25 @@ async def test_the_event_loop_keeps_running_during_a_long_job(rt):
     async with LoopLag() as lag, rt.queue() as q:
         await q.run(heavy, a)
     assert len(lag.samples) > 3, "the loop did not run while the job computed"
+
+
+@on_every_loop
+async def test_loop_lag_sees_a_blocked_loop_and_stops_cleanly():
+    import time
+
+    import anyio
+
+    async with LoopLag(interval=0.001) as lag:
+        await anyio.sleep(0.02)
+        time.sleep(0.1)  # blocks the loop: the ticker wakes about 0.1 s late
+        await anyio.sleep(0.02)
+    assert max(lag.samples) >= 0.08
+    count = len(lag.samples)
+    await anyio.sleep(0.01)
+    assert len(lag.samples) == count, "the ticker kept running after the block"
+    plain = LoopLag().start()  # the start()/stop() form, as examples/concurrent_decode.py uses it
+    with pytest.raises(RuntimeError, match="already running"):
+        plain.start()
+    await anyio.sleep(0.02)
+    await plain.stop()
+    assert plain.samples and plain.p99() < 1.0

@@ -6,6 +6,8 @@ Each test drives its own ``trio.run``; the leak checks of conftest apply.
 
 from __future__ import annotations
 
+import pathlib
+import re
 import time
 
 import anyio
@@ -28,21 +30,28 @@ async def _wait_started(gate: Gate) -> None:
         await trio.sleep(0.001)
 
 
-async def tour():
-    """The README's tour, unchanged."""
-    async with ea.Runtime() as rt:
-        async with rt.queue("cpu") as q:
-            y = await q.run(lambda a: (a @ a.T).sum(), mx.ones((64, 64)))
-            lazy = await q.run(lambda: mx.arange(10) * 2, lazy=True)
-            x = await ea.eval(lazy)
-            v = await ea.item(y)
-            return v, np.array(x).tolist()
+README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 
 
-def test_the_tour_runs_under_trio_run_and_anyio_trio():
-    expected = (64.0 * 64 * 64, list(range(0, 20, 2)))
-    assert trio.run(tour) == expected
-    assert anyio.run(tour, backend="trio") == expected
+def readme_tour_blocks() -> list[str]:
+    """The README's Tour code blocks, as written: the example, then the lines that run it under trio."""
+    tour = README.read_text().split("\n## Tour\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", tour, re.S)[:2]
+
+
+def test_the_readme_tour_runs_unchanged_under_asyncio_trio_run_and_anyio_trio(capsys):
+    example, under_trio = readme_tour_blocks()
+    assert "asyncio.run(main())" in example and "trio.run(main)" in under_trio
+    assert 'anyio.run(main, backend="trio")' in under_trio
+    namespace: dict = {}
+    exec(compile(example, "README.md (Tour)", "exec"), namespace)  # runs it with asyncio.run
+    exec(compile(under_trio, "README.md (Tour, trio)", "exec"), namespace)  # trio.run, then anyio.run on trio
+    printed = capsys.readouterr().out.splitlines()
+    # print(v, x): the sum of (ones @ ones.T) and arange(10) * 2, once per run.
+    assert len(printed) == 3 and len(set(printed)) == 1, printed
+    total, array = printed[0].split(" ", 1)
+    assert float(total) == 64.0 * 64 * 64
+    assert array == "array([0, 2, 4, ..., 14, 16, 18], dtype=int32)", array  # MLX elides ten elements
     assert testing.active_workers() == 0
 
 
