@@ -30,9 +30,13 @@ class IdsTokenizer:
 def tiny_model(kind: str):
     from mlx_lm.models import gpt2, llama
 
+    class OddLlama(llama.Model):
+        def __call__(self, *args, **kwargs):
+            return 2 * super().__call__(*args, **kwargs)
+
     mx.random.seed(3)
-    if kind == "llama":
-        model = llama.Model(llama.ModelArgs(
+    if kind in ("llama", "odd llama"):
+        model = (llama.Model if kind == "llama" else OddLlama)(llama.ModelArgs(
             model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
             num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,
             max_position_embeddings=128))
@@ -93,6 +97,10 @@ async def test_a_model_that_cannot_be_traced_falls_back_to_the_python_step():
         with pytest.raises(ValueError, match="not available.*gpt2"):
             await engine.prepare_step("replay")
         assert len(await tokens_of(engine, [3, 4], max_tokens=3)) == 3  # the Python step runs
+        # A "llama" whose forward pass is not traced.forward's: refused, not traced wrong.
+        odd = Engine(tiny_model("odd llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt)
+        assert await odd.prepare_step(cache_sizes=(16,)) == "python"
+        assert "disagrees" in odd.step_note
         with pytest.raises(ValueError, match="step must be one of"):
             await engine.prepare_step("fast")
         with pytest.raises(ValueError, match="cache_sizes"):

@@ -558,8 +558,7 @@ class Engine:
         try:
             token = await queue.run(self._replay_prefill, state, prompt, sampler, size)
             position = len(prompt)
-            options = _traced.sampling_inputs(sampler.temperature, sampler.top_p, sampler.top_k,
-                                              self.vocab_size or 0)
+            options = _traced.sampling_inputs(sampler.temperature, sampler.top_p, sampler.top_k, replay.vocab)
             steps_left = max_tokens - 1
             while True:
                 if token in self.eos_ids:
@@ -662,8 +661,10 @@ class Engine:
 class _ReplayStep:
     """The traced decode step, one TracedFunction per cache size, with the weights they share."""
 
-    def __init__(self, functions: dict[int, Any], weights: list[mx.array], dtype: mx.Dtype, layers: int):
+    def __init__(self, functions: dict[int, Any], weights: list[mx.array], dtype: mx.Dtype, layers: int,
+                 vocab: int):
         self.functions = functions
+        self.vocab = vocab  # the logits' width: top_k at or past it keeps every token
         self.sizes = sorted(functions)
         self.weights = weights
         self.dtype = dtype
@@ -685,7 +686,7 @@ class _ReplayStep:
         layers = len(model.model.layers)
         functions: dict[int, Any] = {}
         async with engine.runtime.queue() as queue:
-            dtype = await queue.run(_check_forward, model)
+            dtype, vocab = await queue.run(_check_forward, model)
             step = _traced.make_sampling_step(model, weights_as_inputs=True)
             try:
                 for size in sizes:
@@ -697,11 +698,14 @@ class _ReplayStep:
                 for function in functions.values():
                     function.release()
                 raise
-        return cls(functions, weights, dtype, layers)
+        return cls(functions, weights, dtype, layers, vocab)
 
 
-def _check_forward(model) -> mx.Dtype:
-    """On a worker: the fixed-cache forward agrees with the model's own on two tokens; returns the cache dtype.
+def _check_forward(model) -> tuple[mx.Dtype, int]:
+    """On a worker: the fixed-cache forward agrees with the model's own on two tokens.
+
+    Returns the cache dtype (mlx-lm's, so the prefill copies exactly) and the
+    logits' width.
 
     A model that says "llama" but computes something else (an extra norm, a
     different attention) fails here rather than decoding wrong tokens.
@@ -718,7 +722,7 @@ def _check_forward(model) -> mx.Dtype:
                                          mx.array(position, dtype=mx.int32), caches)
         if not mx.allclose(logits.astype(mx.float32), want[position].astype(mx.float32), rtol=1e-2, atol=1e-2).item():
             raise ValueError("the fixed-cache forward disagrees with the model's own")
-    return dtype
+    return dtype, int(want[0].shape[-1])
 
 
 class _BatchRequest:
