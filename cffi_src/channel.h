@@ -32,6 +32,11 @@ typedef struct {
     char *message; /* malloc'd, or NULL; release with emlx_message_free */
     void *payload; /* an op job's arrays, or NULL; see emlx_publish_results */
     int32_t payload_kind;
+    /* When the worker started and finished the job, in ns on the clock of
+     * Python's time.monotonic_ns(); 0 for records of jobs that never started
+     * (dropped) and for other record kinds. */
+    uint64_t started_ns;
+    uint64_t finished_ns;
 } emlx_completion;
 
 emlx_channel *emlx_channel_new(void);

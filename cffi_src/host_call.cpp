@@ -88,7 +88,7 @@ class HostCall : public mx::Primitive {
       std::lock_guard<std::mutex> lock(requests_mutex);
       requests[request->id] = request;
     }
-    if (!channel->post({request->id, EMLX_HOST_REQUEST, 0, nullptr, nullptr, 0})) {
+    if (!channel->post({request->id, EMLX_HOST_REQUEST, 0, nullptr, nullptr, 0, 0, 0})) {
       std::lock_guard<std::mutex> lock(requests_mutex);
       requests.erase(request->id);
       throw emlx::ClosedError("[host_call] the runtime that built this host call is closed; "

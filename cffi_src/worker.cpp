@@ -10,6 +10,7 @@
 #include <deque>
 #include <memory>
 #include <thread>
+#include <time.h>
 
 #include "channel.hpp"
 #include "ops.hpp"
@@ -38,7 +39,20 @@ struct OpCall {
 emlx_completion record(uint64_t id, int32_t status, int32_t kind = 0, char* message = nullptr,
                        std::vector<mx::array>* payload = nullptr,
                        int32_t payload_kind = EMLX_PAYLOAD_RESULTS) {
-  return {id, status, kind, message, payload, payload_kind};
+  return {id, status, kind, message, payload, payload_kind, 0, 0};
+}
+
+// The clock Python's time.monotonic_ns() reads (CLOCK_MONOTONIC on Linux,
+// mach_absolute_time on macOS), so a job's submit time (taken in Python) and
+// its start (taken here) can be subtracted.
+uint64_t monotonic_ns() noexcept {
+#ifdef __APPLE__
+  return clock_gettime_nsec_np(CLOCK_UPTIME_RAW);
+#else
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<uint64_t>(now.tv_sec) * 1000000000ull + static_cast<uint64_t>(now.tv_nsec);
+#endif
 }
 
 struct Job {
@@ -98,6 +112,7 @@ struct emlx_worker {
   bool started = false;
   bool finished = false;
   std::string start_error;
+  uint64_t job_started_ns = 0;      // the running job's start, stamped on its records (worker thread only)
 };
 
 namespace {
@@ -108,7 +123,12 @@ std::vector<emlx_worker*> parked;
 
 }  // namespace
 
-void emlx_worker::post(const emlx_completion& r) {
+void emlx_worker::post(const emlx_completion& finished) {
+  // Every record a worker posts for a job it ran carries the job's run time
+  // (the runtime's per-queue counters; rt.stats()).
+  emlx_completion r = finished;
+  r.started_ns = job_started_ns;
+  r.finished_ns = monotonic_ns();
   std::shared_ptr<emlx::Channel> target;
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -175,6 +195,7 @@ void emlx_worker::main() {
       jobs.pop_front();
       queued.store(jobs.size(), std::memory_order_relaxed);
     }
+    job_started_ns = monotonic_ns();
     try {
       run(job);
     } catch (...) {
@@ -392,6 +413,32 @@ int emlx_worker_release(emlx_worker* worker, uint64_t job_id, int drop_pending) 
     for (auto& job : dropped) target->post(record(job.id, EMLX_DROPPED, 0, nullptr, job.restore_payload(),
                                                   EMLX_PAYLOAD_RESTORE));
     return 0;
+  });
+}
+
+int emlx_worker_abandon(emlx_worker* worker) {
+  return emlx::guarded([&] {
+    std::deque<Job> discarded;
+    {
+      std::lock_guard<std::mutex> lock(worker->mutex);
+      if (worker->stopping || worker->channel == nullptr) {
+        emlx::set_last_error("[emlx] the worker is already released");
+        return -1;
+      }
+      discarded.swap(worker->jobs);
+      worker->queued.store(0, std::memory_order_release);
+      worker->stopping = true;
+      worker->exit = true;       // leave the loop once the running job returns
+      worker->channel.reset();   // its record is freed, never posted
+    }
+    {
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      all_workers.erase(std::remove(all_workers.begin(), all_workers.end(), worker), all_workers.end());
+    }
+    worker->thread.detach();
+    worker->cv.notify_all();
+    return 0;
+    // `discarded` (graph references of jobs that never ran) is destroyed here, outside the locks.
   });
 }
 

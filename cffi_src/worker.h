@@ -32,6 +32,14 @@ int emlx_submit_synchronize(emlx_worker *worker, uint64_t job_id);
  * order) to publish back into the caller's arrays; otherwise NULL. */
 int emlx_cancel(emlx_worker *worker, uint64_t job_id, void **restored);
 
+/* Give up on a worker stuck in a job that may never end (a collective whose
+ * peer stalled): it takes no more jobs, its queued jobs are discarded without
+ * records, the record of the running one is discarded too, and it is neither
+ * counted, reused nor waited for by emlx_shutdown. The thread ends when its
+ * job does; the worker object is leaked on purpose (the thread still uses it).
+ * Returns 0, or -1 if it was already released or abandoned. */
+int emlx_worker_abandon(emlx_worker *worker);
+
 /* Counts for leak checks. */
 int emlx_workers_active(void);
 int emlx_workers_parked(void);

@@ -13,6 +13,7 @@ from ._context import bind as bind
 from ._context import bound_queue as bound_queue
 from ._routing import current_queue as current_queue
 from ._errors import DeviceUnavailable as DeviceUnavailable
+from ._errors import DistributedError as DistributedError
 from ._errors import EMLXError as EMLXError
 from ._errors import ForeignLazyArrayError as ForeignLazyArrayError
 from ._errors import ForkedProcessError as ForkedProcessError
@@ -28,14 +29,17 @@ from ._errors import RuntimeClosed as RuntimeClosed
 from ._host_call import HostCallError as HostCallError
 from ._host_call import host_call as host_call
 from ._queue import CommandQueue as CommandQueue
+from ._queue import QueueStats as QueueStats
 from ._backend import JobFuture as JobFuture
 from ._backend import TrioJobFuture as TrioJobFuture
 from ._queue import cancelled as cancelled
 from ._runtime import Runtime as Runtime
+from ._runtime import RuntimeStats as RuntimeStats
 from ._runtime import get_runtime as get_runtime
 from ._version import __version__ as __version__
 from . import attention as attention  # noqa: E402 - after the core names they use
 from . import fast as fast  # noqa: E402
+from . import distributed as distributed  # noqa: E402
 from . import fft as fft  # noqa: E402
 from . import ipc as ipc  # noqa: E402
 from . import linalg as linalg  # noqa: E402
@@ -51,10 +55,11 @@ from .replay import trace as trace  # noqa: E402
 
 __all__ = [
     "CommandQueue", "CompiledFunction", "TracedFunction", "compile", "load_traced", "trace",
-    "DeviceUnavailable", "EMLXError", "ForeignLazyArrayError", "ForkedProcessError",
+    "DeviceUnavailable", "DistributedError", "EMLXError", "ForeignLazyArrayError", "ForkedProcessError",
     "HostCallDeadlock", "HostCallError", "JobFuture", "TrioJobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
-    "MLXValueError", "QueueClosed", "QueueFull", "QueueReleaseError", "Runtime", "RuntimeClosed",
-    "__version__", "attention", "bind", "bound_queue", "cancelled", "current_queue", "eval", "fast", "fft",
+    "MLXValueError", "QueueClosed", "QueueFull", "QueueReleaseError", "QueueStats", "Runtime", "RuntimeClosed",
+    "RuntimeStats",
+    "__version__", "attention", "bind", "bound_queue", "cancelled", "current_queue", "distributed", "eval", "fast", "fft",
     "get_runtime", "host_call", "ipc", "item", "linalg", "memory", "ops", "random", "replay", "run", "synchronize",
     "to_numpy",
 ]

@@ -100,7 +100,7 @@ class CompletionChannel:
                 job = self.jobs.pop(record.job_id, None)
                 if job is not None:
                     job.queue._finish(job, record.status, record.error_kind, message, record.payload,
-                                      record.payload_kind)
+                                      record.payload_kind, record.started_ns, record.finished_ns)
                 elif record.payload != ffi.NULL:
                     lib.emlx_payload_free(record.payload)
             if count < _DRAIN_BATCH:

@@ -62,6 +62,15 @@ class ForeignLazyArrayError(EMLXError, ValueError):
     """
 
 
+class DistributedError(EMLXError, RuntimeError):
+    """A distributed group is broken: a collective timed out or a peer failed.
+
+    Every later collective on the group raises it at once; the group cannot
+    be repaired (the ranks no longer agree on which collective comes next).
+    Start the ranks again.
+    """
+
+
 # error_kind values from cffi_src/channel.h, in order.
 _NATIVE_ERROR_CLASSES = (MLXRuntimeError, MLXValueError, MLXIndexError, MLXRuntimeError, MLXOverflowError,
                          RuntimeClosed)

@@ -35,6 +35,8 @@ import itertools
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from time import monotonic_ns
 from typing import Any
 
 import mlx.core as mx
@@ -49,6 +51,10 @@ from ._trees import iter_arrays
 
 _job_ids = itertools.count(1)
 
+# Abandoned queues, kept alive for good: the job their worker may still be
+# running holds their cffi handle.
+_abandoned: list[CommandQueue] = []
+
 # The job a worker thread is running now, for ea.cancelled().
 _running = threading.local()
 
@@ -60,7 +66,7 @@ host_call_blocking: contextvars.ContextVar[CommandQueue | None] = contextvars.Co
 
 class _Job:
     __slots__ = ("id", "queue", "future", "fn", "args", "kwargs", "lazy", "result", "exception", "cancelled",
-                 "op_name", "publish_into", "donated", "start", "deps", "host_cause")
+                 "op_name", "publish_into", "donated", "start", "deps", "host_cause", "submitted_ns")
 
     def __init__(self, queue: CommandQueue, future: JobFuture | TrioJobFuture, fn: Callable | None = None,
                  args: tuple = (), kwargs: dict | None = None, lazy: bool = False, result: Any = None):
@@ -81,6 +87,7 @@ class _Job:
         self.start: Callable[[], int] | None = None  # hands the job to the worker; 0 on success
         self.deps: list = []  # evaluations on other queues it waits for
         self.host_cause: BaseException | None = None  # a host callback's exception that failed it
+        self.submitted_ns = 0  # time.monotonic_ns() when it took its place in the FIFO (the worker stamps its start)
 
     def run_python(self) -> int:
         """Body of a Python job, on the worker thread (holding the GIL)."""
@@ -208,6 +215,59 @@ def prepare_inputs(channel: CompletionChannel, arrays: list[mx.array],
     return [owner.eval(*group) for owner, group in elsewhere.items()]
 
 
+@dataclass(frozen=True)
+class QueueStats:
+    """A snapshot of one queue's counters (``q.stats()``, ``rt.stats()``).
+
+    Every submitted job ends in exactly one of ``completed`` (its awaiter got
+    a result), ``failed`` (an exception, including ``QueueClosed`` for jobs a
+    closing queue dropped) or ``cancelled`` (its awaiter gave up, whether or
+    not it had started); ``in_flight`` are the rest. ``started`` counts jobs
+    the worker ran, cancelled ones included. ``wait_time`` sums, over started
+    jobs, the time from submission to the worker starting them (backlog,
+    dependencies and the worker's FIFO); ``run_time`` the time the worker
+    spent in them (timed on the worker thread). ``busy_fraction`` is
+    ``run_time / uptime``. Times are in seconds.
+    """
+
+    name: str            # "cpu:3": device and stream index; "total" for the runtime's sum
+    role: str            # "default", "callback", "pool" (or "total")
+    submitted: int
+    started: int
+    completed: int
+    failed: int
+    cancelled: int
+    in_flight: int
+    wait_time: float
+    run_time: float
+    uptime: float
+    busy_fraction: float
+
+
+class _Counters:
+    """A queue's running counters; updated on the loop thread only, so no lock."""
+
+    __slots__ = ("submitted", "started", "completed", "failed", "cancelled", "wait_ns", "run_ns",
+                 "opened_ns", "closed_ns")
+
+    def __init__(self) -> None:
+        self.submitted = self.started = self.completed = self.failed = self.cancelled = 0
+        self.wait_ns = self.run_ns = 0
+        self.opened_ns = monotonic_ns()
+        self.closed_ns = 0  # set when the queue hands its worker back
+
+    def uptime_ns(self, now_ns: int) -> int:
+        return (self.closed_ns or now_ns) - self.opened_ns
+
+    def snapshot(self, name: str, role: str, now_ns: int) -> QueueStats:
+        uptime = self.uptime_ns(now_ns)
+        return QueueStats(name=name, role=role, submitted=self.submitted, started=self.started,
+                          completed=self.completed, failed=self.failed, cancelled=self.cancelled,
+                          in_flight=self.submitted - self.completed - self.failed - self.cancelled,
+                          wait_time=self.wait_ns / 1e9, run_time=self.run_ns / 1e9, uptime=uptime / 1e9,
+                          busy_fraction=min(1.0, self.run_ns / uptime) if uptime > 0 else 0.0)
+
+
 class CommandQueue:
     """A FIFO of jobs run on one OS thread that owns one MLX stream.
 
@@ -220,7 +280,8 @@ class CommandQueue:
     in order for a slot or, with ``nowait=True``, raise ``QueueFull`` at once.
     """
 
-    def __init__(self, channel: CompletionChannel, device: mx.DeviceType, worker, *, max_pending: int):
+    def __init__(self, channel: CompletionChannel, device: mx.DeviceType, worker, *, max_pending: int,
+                 role: str = "pool"):
         self._channel = channel
         self._backend = channel.backend
         self.device = device
@@ -235,6 +296,8 @@ class CommandQueue:
         self._closed_future: asyncio.Future | None = None
         self._backlog_empty = None  # a future while close() waits for the backlog
         self._handle = ffi.new_handle(self)  # context for emlx_python_job
+        self.role = role
+        self._counters = _Counters()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "closing" if self._closing else "open"
@@ -249,6 +312,15 @@ class CommandQueue:
     def pending(self) -> int:
         """Jobs submitted and not yet finished (running and waiting ones included)."""
         return self._pending + len(self._backlog)
+
+    @property
+    def name(self) -> str:
+        """``device:stream index``, unique among this process's queues."""
+        return f"{self.device.name}:{self.stream_index}"
+
+    def stats(self) -> QueueStats:
+        """This queue's counters now (see ``QueueStats``); cheap, no job is run."""
+        return self._counters.snapshot(self.name, self.role, monotonic_ns())
 
     # ---- public jobs -------------------------------------------------------
 
@@ -360,12 +432,41 @@ class CommandQueue:
             self._release_worker(cancel_pending)
         await shielded(lambda: self._closed_future)
 
+    def abandon(self, error: BaseException) -> None:
+        """Give up on a worker stuck in a job that may never end; on the loop thread.
+
+        For a job blocked in native code that nothing can interrupt (a
+        collective whose peer stalled). Every job of this queue, the running
+        one included, fails with `error` at once; the queue closes without
+        waiting; the worker takes no more jobs, is neither reused nor waited
+        for by the runtime's close or the interpreter's exit, and its thread
+        ends when its job returns (its result is discarded). Donated inputs of
+        jobs that never ran are not given back. Abandoning twice does nothing.
+        """
+        jobs = [*self._started.values(), *self._backlog]
+        self._started.clear()
+        self._backlog.clear()
+        if self._worker is not None:
+            if self._channel.is_alive():
+                lib.emlx_worker_abandon(self._worker)
+            _abandoned.append(self)
+            self._detach()
+        for job in jobs:
+            self._channel.jobs.pop(job.id, None)
+            job.cancelled = True  # a queued Python job that still starts returns at once
+            if not job.future.done():
+                job.future.set_exception(error)
+        self._pending = 0
+        for waiter in (self._backlog_empty, self._closed_future):
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
     # ---- machinery -----------------------------------------------------------
 
     def _release_worker(self, drop_pending: bool) -> None:
         stop = _Job(self, self._backend.new_future())
         stop.future.add_done_callback(self._stopped)
-        if self._channel.is_alive():
+        if self._channel.is_alive() and self._worker is not None:  # None: abandoned meanwhile
             self._channel.jobs[stop.id] = stop
             if lib.emlx_worker_release(self._worker, stop.id, int(drop_pending)) == 0:
                 return
@@ -381,6 +482,7 @@ class CommandQueue:
         while self._backlog:
             job = self._backlog.popleft()
             if not job.future.done():
+                self._counters.failed += 1
                 job.future.set_exception(QueueClosed("the queue was closed before this job ran; it never ran"))
 
     def _check_open(self) -> None:
@@ -402,6 +504,8 @@ class CommandQueue:
             raise QueueFull(f"{self!r} has {self.pending} jobs in flight (max_pending="
                             f"{self.max_pending}); retry later or submit without nowait")
         job.deps = list(deps or ()) + prepare_inputs(self._channel, inputs, self)
+        self._counters.submitted += 1
+        job.submitted_ns = monotonic_ns()
         if self._backlog or full or any(not d.done() for d in job.deps):
             self._backlog.append(job)
             for dep in job.deps:
@@ -433,10 +537,12 @@ class CommandQueue:
         for dep in job.deps:
             error = QueueClosed("a lazy input's evaluation was cancelled") if dep.cancelled() else dep.exception()
             if error is not None:
+                self._counters.failed += 1
                 job.future.set_exception(error)
                 return
         job.deps = []
         if self._worker is None:
+            self._counters.failed += 1
             job.future.set_exception(QueueClosed(f"{self!r} is closed; the job never ran"))
             return
         self._channel.jobs[job.id] = job
@@ -446,12 +552,14 @@ class CommandQueue:
             message = last_error()
             del self._channel.jobs[job.id]
             self._pending -= 1
+            self._counters.failed += 1
             job.future.set_exception(QueueClosed(f"{self!r} refused the job: {message}"))
             return
         self._started[job.id] = job
 
     def _on_cancel(self, job: _Job) -> None:
         """The job's future was cancelled (on the loop thread)."""
+        self._counters.cancelled += 1
         if job.id not in self._channel.jobs:  # still in the backlog, or finished
             if job in self._backlog:
                 self._backlog.remove(job)
@@ -481,7 +589,7 @@ class CommandQueue:
         return next(iter(self._started.values()), None)
 
     def _finish(self, job: _Job, status: int, error_kind: int, message: str | None, payload=ffi.NULL,
-                payload_kind: int = 0) -> None:
+                payload_kind: int = 0, started_ns: int = 0, finished_ns: int = 0) -> None:
         """Called by the channel's drain on the loop thread for this queue's record."""
         if status == lib.EMLX_STOPPED:
             self._detach()
@@ -489,6 +597,11 @@ class CommandQueue:
                 job.future.set_result(None)
             return
         self._started.pop(job.id, None)
+        counters = self._counters
+        if started_ns:  # 0: dropped before it started
+            counters.started += 1
+            counters.wait_ns += started_ns - job.submitted_ns
+            counters.run_ns += finished_ns - started_ns
         self._release_slot()
         future = job.future
         future._job = None  # break the future <-> job cycle: a dropped result is freed at once
@@ -500,10 +613,13 @@ class CommandQueue:
         job.result = job.publish_into = None
         job.donated = []
         if future.done():
-            return  # abandoned by a cancelled awaiter
+            return  # abandoned by a cancelled awaiter (counted as cancelled then)
         if status == lib.EMLX_DONE:
+            counters.completed += 1
             future.set_result(result)
-        elif status == lib.EMLX_PY_FAILED:
+            return
+        counters.failed += 1
+        if status == lib.EMLX_PY_FAILED:
             exc, job.exception = job.exception, None
             exc = exc if exc is not None else EMLXError("Python job failed")
             future.set_exception(self._with_host_cause(job, exc))
@@ -522,6 +638,8 @@ class CommandQueue:
         return exc
 
     def _detach(self) -> None:
+        if not self._counters.closed_ns:
+            self._counters.closed_ns = monotonic_ns()
         self._worker = None
         self._closing = True
         self._channel.owners.pop((self._native_device, self.stream_index), None)

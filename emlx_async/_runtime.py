@@ -8,7 +8,9 @@ and the public API sit on top of it.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
+from time import monotonic_ns
 import traceback
 import warnings
 import weakref
@@ -23,9 +25,23 @@ from ._context import reset_bound, set_bound
 from ._devices import DeviceLike, device_type, native_device, require_available
 from ._errors import QueueReleaseError, RuntimeClosed
 from ._native import check_pointer, exiting, lib
-from ._queue import CommandQueue, prepare_inputs
+from ._queue import CommandQueue, QueueStats, _Counters, prepare_inputs
 
 DEFAULT_MAX_PENDING = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeStats:
+    """``rt.stats()``: each open queue's counters, and their sum since the runtime started.
+
+    ``total`` also holds the counts of queues closed since (a pool replaces
+    a closed queue with a new one); its ``busy_fraction`` is the summed run
+    time over the summed lifetimes of those queues, and its ``uptime`` the
+    runtime's.
+    """
+
+    queues: dict[str, QueueStats]  # by queue name ("cpu:3")
+    total: QueueStats
 
 
 class _Pool:
@@ -52,7 +68,7 @@ class _Pool:
                     return queue
             self.queues = [q for q in self.queues if not q._closing]
             if len(self.queues) < self.size:
-                queue = self._runtime._new_queue(self._kind)
+                queue = self._runtime._new_queue(self._kind, role="pool")
                 self.queues.append(queue)
                 self._lent.add(queue)
                 return queue
@@ -150,6 +166,11 @@ class Runtime:
         self._defaults: dict[mx.DeviceType, CommandQueue] = {}
         self._callback_queues: dict[mx.DeviceType, CommandQueue] = {}
         self._pools: dict[mx.DeviceType, _Pool] = {}
+        # Every queue made here, for stats(); closed ones are folded into
+        # _retired (and dropped) whenever a queue is made or stats are read.
+        self._made_queues: list[CommandQueue] = []
+        self._retired = _Counters()
+        self._retired_lifetime_ns = 0
         self._closed = False
         self._close_future = None
         self._created_at = traceback.format_stack() if self._backend.debug() else None
@@ -187,6 +208,55 @@ class Runtime:
     def _owners(self) -> dict[tuple[int, int], CommandQueue]:
         return self._channel.owners
 
+    def stats(self) -> RuntimeStats:
+        """Per-queue counters: jobs submitted, started, completed, failed and
+        cancelled, wait and run time, busy fraction (see ``QueueStats``).
+
+        Kept on the loop thread as jobs are submitted and their records are
+        drained (the worker stamps each job's start and end), so reading them
+        runs nothing. Also valid after ``close()``.
+
+        Example:
+            >>> s = rt.stats()
+            >>> s.total.completed, s.total.busy_fraction
+        """
+        now = monotonic_ns()
+        self._fold_closed_queues()
+        queues = {q.name: q.stats() for q in self._made_queues}
+        total = _Counters()
+        total.opened_ns, total.closed_ns = self._retired.opened_ns, self._retired.closed_ns
+        lifetime_ns = self._retired_lifetime_ns
+        for counters in [self._retired, *(q._counters for q in self._made_queues)]:
+            total.submitted += counters.submitted
+            total.started += counters.started
+            total.completed += counters.completed
+            total.failed += counters.failed
+            total.cancelled += counters.cancelled
+            total.wait_ns += counters.wait_ns
+            total.run_ns += counters.run_ns
+        lifetime_ns += sum(q._counters.uptime_ns(now) for q in self._made_queues)
+        snapshot = total.snapshot("total", "total", now)
+        busy = min(1.0, total.run_ns / lifetime_ns) if lifetime_ns > 0 else 0.0
+        return RuntimeStats(queues=queues, total=dataclasses.replace(snapshot, busy_fraction=busy))
+
+    def _fold_closed_queues(self) -> None:
+        kept = []
+        for queue in self._made_queues:
+            counters = queue._counters
+            if not counters.closed_ns:
+                kept.append(queue)
+                continue
+            retired = self._retired
+            retired.submitted += counters.submitted
+            retired.started += counters.started
+            retired.completed += counters.completed
+            retired.failed += counters.failed
+            retired.cancelled += counters.cancelled
+            retired.wait_ns += counters.wait_ns
+            retired.run_ns += counters.run_ns
+            self._retired_lifetime_ns += counters.closed_ns - counters.opened_ns
+        self._made_queues = kept
+
     def queue(self, device: DeviceLike = None, *, bind: bool = True) -> _QueueLease:
         """Lend a pooled queue for ``async with``; it is bound to the task inside.
 
@@ -223,18 +293,19 @@ class Runtime:
 
     def default_queue(self, device: DeviceLike = None) -> CommandQueue:
         """The queue unbound work on `device` runs on (made on first use)."""
-        return self._dedicated_queue(self._defaults, device)
+        return self._dedicated_queue(self._defaults, device, "default")
 
     def callback_queue(self, device: DeviceLike = None) -> CommandQueue:
         """The queue host callbacks' own MLX work runs on (never a blocked worker)."""
-        return self._dedicated_queue(self._callback_queues, device)
+        return self._dedicated_queue(self._callback_queues, device, "callback")
 
-    def _dedicated_queue(self, registry: dict[mx.DeviceType, CommandQueue], device: DeviceLike) -> CommandQueue:
+    def _dedicated_queue(self, registry: dict[mx.DeviceType, CommandQueue], device: DeviceLike,
+                         role: str) -> CommandQueue:
         self._check_open()
         kind = device_type(device)
         queue = registry.get(kind)
         if queue is None or queue._closing:
-            queue = registry[kind] = self._new_queue(kind)
+            queue = registry[kind] = self._new_queue(kind, role=role)
         return queue
 
     def start_soon(self, fn, *, context=None) -> None:
@@ -273,6 +344,7 @@ class Runtime:
             for queue in list(self._channel.owners.values()):
                 await queue.close(cancel_pending=cancel_pending)
         finally:
+            self._retired.closed_ns = monotonic_ns()  # the total's uptime stops here
             self._channel.close()
             if _runtimes.get(id(self._backend.key)) is self:
                 del _runtimes[id(self._backend.key)]
@@ -284,12 +356,14 @@ class Runtime:
         if self._closed:
             raise RuntimeClosed("the emlx_async runtime is closed")
 
-    def _new_queue(self, kind: mx.DeviceType) -> CommandQueue:
+    def _new_queue(self, kind: mx.DeviceType, *, role: str) -> CommandQueue:
         require_available(kind)
         worker = check_pointer(lib.emlx_worker_acquire(self._channel.native, native_device(kind)),
                                f"cannot start a {kind.name} worker")
-        queue = CommandQueue(self._channel, kind, worker, max_pending=self.max_pending)
+        queue = CommandQueue(self._channel, kind, worker, max_pending=self.max_pending, role=role)
         self._channel.owners[(native_device(kind), queue.stream_index)] = queue
+        self._fold_closed_queues()
+        self._made_queues.append(queue)
         return queue
 
     def prepare_inputs(self, arrays: list[mx.array], target: CommandQueue | None) -> list:
@@ -378,4 +452,4 @@ def runtime_of_loop() -> Runtime | None:
     return _registered(key) if key is not None else None
 
 
-__all__ = ["Runtime", "get_runtime", "runtime_of_loop"]
+__all__ = ["Runtime", "RuntimeStats", "get_runtime", "runtime_of_loop"]

@@ -177,3 +177,87 @@ async def test_streaming_detokenizer_never_splits_a_character(engine):
     pieces = [detok.add(t) for t in ids]
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) == engine.tokenizer.decode(ids) == text
+
+
+async def test_logprobs_rank_the_greedy_token_first_and_cost_nothing_when_not_asked(engine):
+    plain = [d async for d in engine.generate(prompt=PARIS, max_tokens=4)]
+    assert all(d.logprob is None and d.top_logprobs is None for d in plain)
+    scored = [d async for d in engine.generate(prompt=PARIS, max_tokens=4, logprobs=True, top_logprobs=5)]
+    assert [d.token for d in scored] == [d.token for d in plain]  # asking changes nothing else
+    for delta in scored:
+        if delta.token is None:
+            continue
+        ids = [token for token, _ in delta.top_logprobs]
+        values = [value for _, value in delta.top_logprobs]
+        assert len(ids) == 5 and values == sorted(values, reverse=True) and values[0] <= 0
+        assert ids[0] == delta.token and delta.logprob == pytest.approx(values[0], abs=1e-6)
+    bare = [d async for d in engine.generate(prompt=PARIS, max_tokens=2, logprobs=True)]
+    assert all(d.top_logprobs == () and d.logprob <= 0 for d in bare if d.token is not None)
+    for bad in (dict(logprobs="yes"), dict(logprobs=True, top_logprobs=21), dict(top_logprobs=2),
+                dict(logprobs=True, top_logprobs=-1)):
+        with pytest.raises(ValueError):
+            engine.generate(prompt=PARIS, **bad)
+
+
+async def test_logprobs_are_the_same_in_both_modes(rt):
+    """Batch mode reads them from the generator's own distribution, parallel mode from its step's logits."""
+    from emlx_async.llm import Engine
+
+    scores = []
+    for mode in ("parallel", "batch"):
+        engine = await Engine.load(runtime=rt, mode=mode)
+        deltas = [d async for d in engine.generate(prompt=PARIS, max_tokens=3, logprobs=True, top_logprobs=2,
+                                                   temperature=0.8, seed=7)]
+        scores.append([(d.token, d.logprob, d.top_logprobs) for d in deltas if d.token is not None])
+        await settle(engine)
+    (parallel, batch) = scores
+    assert [s[0] for s in parallel] == [s[0] for s in batch]
+    for (_, lp_a, top_a), (_, lp_b, top_b) in zip(parallel, batch):
+        assert lp_a == pytest.approx(lp_b, abs=1e-4)
+        assert [t for t, _ in top_a] == [t for t, _ in top_b]
+
+
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+async def test_prompt_cache_reuses_prefixes_and_keeps_greedy_output(rt, mode):
+    from emlx_async.llm import Engine, PrefixCache
+
+    cache = PrefixCache(4096)
+    cached = await Engine.load(runtime=rt, mode=mode, prompt_cache=cache)
+    reference = await Engine.load(runtime=rt, mode=mode)
+    first, _ = await collect(cached, messages=FRANCE, max_tokens=8)
+    prompt_len = len(cached.encode(messages=FRANCE))
+    assert cache.hits == 0 and cache.tokens >= prompt_len
+    again, _ = await collect(cached, messages=FRANCE, max_tokens=8)
+    assert (cache.hits, cache.reused_tokens) == (1, prompt_len - 1)  # all but the last token
+    next_turn = FRANCE + [{"role": "assistant", "content": first},
+                          {"role": "user", "content": "And of Italy?"}]
+    reused_before = cache.reused_tokens
+    followed, _ = await collect(cached, messages=next_turn, max_tokens=6)
+    assert cache.hits == 2
+    if mode == "batch":  # the finished row's answer was kept too, not only its prompt
+        assert cache.reused_tokens - reused_before > prompt_len
+    else:
+        assert cache.reused_tokens - reused_before >= prompt_len - 1
+    assert first == again == (await collect(reference, messages=FRANCE, max_tokens=8))[0]
+    assert followed == (await collect(reference, messages=next_turn, max_tokens=6))[0]
+    await settle(cached)
+    await settle(reference)
+
+
+async def test_token_bytes_rebuild_text_split_inside_characters(rt):
+    from emlx_async.llm import Engine
+
+    engine = await Engine.load(runtime=rt)
+    text = "naïve café 😀 日本"
+    ids = engine.encode(prompt=text)
+    pieces = [engine.token_bytes(t) for t in ids]
+    assert b"".join(pieces) == text.encode()
+    assert any(not _decodes(p) for p in pieces), "the text should split some character across tokens"
+
+
+def _decodes(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True

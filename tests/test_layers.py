@@ -18,7 +18,7 @@ ORDER = [
     "_version", "_errors", "_emlx_native", "_native", "_backend", "_dtypes", "_devices", "_trees", "_interop", "_op_table",
     "_channel", "_queue", "_context", "_runtime", "_routing", "_host_call",
     "_api", "memory", "_adapters", "_generated_ops", "_generated_linalg", "_generated_fft", "_generated_random",
-    "ops", "attention", "fast", "fft", "linalg", "random", "ipc", "testing", "replay",
+    "ops", "attention", "fast", "fft", "linalg", "random", "ipc", "testing", "replay", "distributed",
     "__init__", "llm", "serve",
 ]
 

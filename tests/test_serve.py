@@ -180,6 +180,39 @@ async def test_async_openai_stream_matches_non_streamed(server, alone):
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == alone["usage"]["total_tokens"]
 
 
+@one_loop
+async def test_logprobs_streamed_and_not_agree_and_rank_the_greedy_token_first(server, openai_client, alone):
+    import openai
+
+    ask = {"model": MODEL, "messages": FRANCE, "max_tokens": 8, "temperature": 0, "logprobs": True,
+           "top_logprobs": 3}
+    reply = openai_client.chat.completions.create(**ask)
+    assert reply.choices[0].message.content == alone["choices"][0]["message"]["content"]
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens
+    assert "".join(bytes(entry.bytes).decode() for entry in content) == reply.choices[0].message.content
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        ranked = [alt.logprob for alt in entry.top_logprobs]
+        assert ranked == sorted(ranked, reverse=True) and all(value <= 0 for value in ranked)
+        # Greedy: the chosen token is the most likely one.
+        assert entry.top_logprobs[0].token == entry.token
+        assert entry.logprob == pytest.approx(ranked[0], abs=1e-6)
+
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        stream = await client.chat.completions.create(**ask, stream=True)
+        chunks = [chunk async for chunk in stream]
+    streamed = [entry for c in chunks if c.choices and c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
+    assert [(e.token, e.bytes) for e in streamed] == [(e.token, e.bytes) for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-5)
+
+    plain = openai_client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=2, temperature=0)
+    assert plain.choices[0].logprobs is None  # only when asked
+    bare = openai_client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=2, temperature=0,
+                                                 logprobs=True)
+    assert [e.top_logprobs for e in bare.choices[0].logprobs.content] == [[], []]
+
+
 def test_concurrent_clients_get_the_text_they_get_alone(server, alone):
     import openai
 
@@ -208,10 +241,9 @@ async def test_a_cached_prefix_gives_the_engines_own_text(rt, server, alone):
     reference = "".join([d.text async for d in engine.generate(messages=germany, max_tokens=8)])
     assert body["choices"][0]["message"]["content"] == reference
     assert "Berlin" in reference
-    if MODE == "parallel":
-        hits = [float(line.split()[-1]) for r in (before, after) for line in r.text.splitlines()
-                if line.startswith("emlx_prompt_cache_hits ")]
-        assert hits[1] == hits[0] + 1
+    hits = [float(line.split()[-1]) for r in (before, after) for line in r.text.splitlines()
+            if line.startswith("emlx_prompt_cache_hits ")]
+    assert hits[1] == hits[0] + 1
 
 
 def test_sse_framing_usage_and_done(http):
@@ -272,6 +304,11 @@ BAD_REQUESTS = [
     (COMPLETIONS, {"prompt": [1] * 9000, "max_tokens": 1}, "max_tokens"),  # past the 8192-token context
     (COMPLETIONS, {"prompt": [10**9]}, "prompt"),                           # outside the vocabulary
     (COMPLETIONS, {"prompt": "x", "seed": "1"}, "seed"),
+    (CHAT, {"messages": FRANCE, "logprobs": 1}, "logprobs"),
+    (CHAT, {"messages": FRANCE, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    (CHAT, {"messages": FRANCE, "logprobs": True, "top_logprobs": "3"}, "top_logprobs"),
+    (CHAT, {"messages": FRANCE, "top_logprobs": 2}, "top_logprobs"),       # needs logprobs: true
+    (COMPLETIONS, {"prompt": "x", "logprobs": 2}, "logprobs"),             # chat only
 ]
 
 
@@ -364,15 +401,20 @@ def test_metrics(http):
     families = {f.name: f for f in text_string_to_metric_families(http.get("/metrics").text)}
     for name in ("emlx_requests", "emlx_prompt_tokens", "emlx_generated_tokens", "emlx_time_to_first_token_seconds",
                  "emlx_inter_token_latency_seconds", "emlx_requests_active", "emlx_requests_waiting",
-                 "emlx_event_loop_lag_seconds"):
+                 "emlx_event_loop_lag_seconds", "emlx_queue_busy_seconds", "emlx_queue_wait_seconds",
+                 "emlx_queue_jobs", "emlx_queue_busy_fraction"):
         assert name in families, name
     statuses = {s.labels.get("status") for s in families["emlx_requests"].samples if s.name == "emlx_requests_total"}
     assert {"200", "400", "413", "429"} <= statuses
     assert metric(http, "emlx_generated_tokens_total") > 0
     assert metric(http, "emlx_time_to_first_token_seconds_count") > 0
     assert metric(http, "emlx_event_loop_lag_seconds_count") > 0
-    if MODE == "parallel":  # FRANCE was asked many times: later prefills reused its keys and values
-        assert metric(http, "emlx_prompt_cache_hits") > 0 and metric(http, "emlx_prompt_cache_reused_tokens") > 0
+    # The decode steps ran as queue jobs: some queue was busy, and its jobs completed.
+    assert sum(s.value for s in families["emlx_queue_busy_seconds"].samples) > 0
+    completed = [s.value for s in families["emlx_queue_jobs"].samples if s.labels["outcome"] == "completed"]
+    assert sum(completed) > 0
+    # FRANCE was asked many times: later prefills reused its keys and values.
+    assert metric(http, "emlx_prompt_cache_hits") > 0 and metric(http, "emlx_prompt_cache_reused_tokens") > 0
 
 
 def test_sigterm_drains_and_exits_0(server):

@@ -49,6 +49,7 @@ from mlx_lm.sample_utils import apply_top_k, apply_top_p
 from .. import QueueFull, Runtime, cancelled, get_runtime
 from .. import replay as _replay
 from . import traced as _traced
+from .prompt_cache import PrefixCache
 
 # Decode steps queued ahead of the consumer in "parallel" mode.
 _STEPS_AHEAD = 2
@@ -64,6 +65,8 @@ _CACHE_SIZES = (256, 1024, 4096)
 # Model types whose layers are traced.forward's llama layout.
 _TRACEABLE = {"llama"}
 _STEP_CHOICES = ("auto", "replay", "python")
+# OpenAI's bound on top_logprobs.
+MAX_TOP_LOGPROBS = 20
 
 
 class EngineBusy(QueueFull):
@@ -81,6 +84,11 @@ class Delta:
     text: str                 # new text since the previous delta (may be "")
     token: int | None         # the token that produced it (None for the final delta)
     finish_reason: str | None = None  # "stop", "length" or None while running
+    # With generate(logprobs=True): the token's log-probability under the
+    # model (before sampling filters), and the `top_logprobs` most likely
+    # tokens of that step as (id, logprob), most likely first.
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] | None = None
 
 
 @dataclass
@@ -147,6 +155,7 @@ class _Sampler:
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.seed = seed % _SEED_RANGE
         self.key: mx.array | None = None  # made on the worker: arrays built on the loop are lazy
+        self.logprobs: int | None = None  # None: none asked; else how many top alternatives
 
     def filter(self, logprobs: mx.array) -> mx.array:
         """The log-probabilities left to sample from (the rest are -inf)."""
@@ -167,6 +176,20 @@ class _Sampler:
         return mx.random.categorical(logprobs * (1 / self.temperature), key=step_key)
 
 
+def _token_logprobs(logits: mx.array, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """The chosen token's log-probability and the `top` most likely (id, logprob), from one row of logits."""
+    logprobs = logits.astype(mx.float32)
+    logprobs = logprobs - mx.logsumexp(logprobs)
+    chosen = logprobs[token]
+    if top == 0:
+        return chosen.item(), ()
+    ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
+    values = logprobs[ids]
+    mx.eval(chosen, ids, values)
+    pairs = sorted(zip(ids.tolist(), values.tolist()), key=lambda pair: -pair[1])
+    return chosen.item(), tuple(pairs)
+
+
 class Engine:
     """One model, many concurrent generations.
 
@@ -178,7 +201,8 @@ class Engine:
     def __init__(self, model, tokenizer, *, eos_ids: set[int], chat_template: str | None,
                  bos_id: int | None = None, runtime: Runtime | None = None,
                  max_concurrent: int | None = None, prefill_chunk: int | None = None, mode: str = "parallel",
-                 vocab_size: int | None = None, context_length: int | None = None):
+                 vocab_size: int | None = None, context_length: int | None = None,
+                 prompt_cache: PrefixCache | None = None):
         if mode not in ("parallel", "batch"):
             raise ValueError(f"mode must be 'parallel' or 'batch', got {mode!r}")
         self.mode = mode
@@ -201,6 +225,9 @@ class Engine:
         # so 256 tokens are ~30 s); GPUs gain from longer chunks.
         self.prefill_chunk = prefill_chunk or (_CPU_PREFILL_CHUNK if mx.default_device() == mx.cpu
                                                else _GPU_PREFILL_CHUNK)
+        # Requests sharing a prefix with an earlier one reuse its keys and values (both modes).
+        self.prompt_cache = prompt_cache
+        self._token_bytes: dict[int, bytes] = {}
         self._slots = anyio.Semaphore(self.max_concurrent)  # request slots, on any anyio backend
         self._active = 0
         self._template = None  # the compiled chat template
@@ -212,7 +239,8 @@ class Engine:
     @classmethod
     async def load(cls, path: str | None = None, *, runtime: Runtime | None = None,
                    max_concurrent: int | None = None, mode: str = "parallel",
-                   prefill_chunk: int | None = None, step: str = "auto",
+                   prefill_chunk: int | None = None, prompt_cache: PrefixCache | None = None,
+                   step: str = "auto",
                    cache_sizes: Sequence[int] | None = None) -> Engine:
         """Load SmolLM2 (path None), a GGUF file, or an mlx-lm model folder.
 
@@ -220,7 +248,9 @@ class Engine:
         runs all requests on one queue with continuous batching.
         `prefill_chunk` (default 32 tokens on CPU, 512 on GPU) bounds how long
         a cancelled prompt keeps its queue and, in batch mode, how long running
-        streams stall while a prompt is prefilled.
+        streams stall while a prompt is prefilled. `prompt_cache` (a
+        ``PrefixCache``) lets prompts that share a prefix with earlier ones
+        skip prefilling it.
         `step` "auto" replays a traced decode step where the model allows it
         and falls back to the Python step otherwise; "replay" requires it;
         "python" forces the Python step (see prepare_step).
@@ -252,7 +282,7 @@ class Engine:
         async with runtime.queue() as q:
             model, tokenizer, extra = await q.run(load)
         engine = cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=mode,
-                     prefill_chunk=prefill_chunk, **extra)
+                     prefill_chunk=prefill_chunk, prompt_cache=prompt_cache, **extra)
         await engine.prepare_step(step, cache_sizes=cache_sizes)
         return engine
 
@@ -367,6 +397,21 @@ class Engine:
             self._plain_tokenizer = plain
         return _encode(self._plain_tokenizer, text)
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for (a byte-level BPE token may be part of a UTF-8 character)."""
+        cached = self._token_bytes.get(token)
+        if cached is None:
+            backend = getattr(self.tokenizer, "backend_tokenizer", self.tokenizer)
+            piece = backend.id_to_token(token) if hasattr(backend, "id_to_token") else None
+            decoder = _byte_decoder()
+            if piece is not None and "ByteLevel" in str(getattr(backend, "decoder", "")) \
+                    and all(c in decoder for c in piece):
+                cached = bytes(decoder[c] for c in piece)
+            else:
+                cached = self.tokenizer.decode([token]).encode()
+            self._token_bytes[token] = cached
+        return cached
+
     def _has_special_text(self, text: str) -> bool:
         return _encode(self.tokenizer, text) != self._encode_plain(text)
 
@@ -400,8 +445,8 @@ class Engine:
 
     def generate(self, prompt: str | None = None, *, messages: Sequence[dict] | None = None,
                  max_tokens: int = 256, stop: Sequence[str] = (), seed: int | None = None,
-                 wait: bool = True, stats: RequestStats | None = None,
-                 **sampling: Any) -> AsyncIterator[Delta]:
+                 wait: bool = True, stats: RequestStats | None = None, logprobs: bool = False,
+                 top_logprobs: int = 0, **sampling: Any) -> AsyncIterator[Delta]:
         """Stream one request's text as `Delta`s.
 
         Options: ``max_tokens``; ``stop`` strings (not included in the text);
@@ -410,9 +455,12 @@ class Engine:
         applied in mlx-lm's order: top-p, top-k, temperature; ``seed``, any
         int (folded modulo 2**64), for a random stream private to this
         request; ``wait=False`` raises EngineBusy instead of waiting for a
-        free slot. Bad options, token ids outside the vocabulary and prompts
-        that with ``max_tokens`` exceed the model's context raise ValueError
-        before anything runs.
+        free slot. ``logprobs=True`` gives each token's delta its
+        log-probability and, with ``top_logprobs`` (0 to 20), that many
+        most likely alternatives; requests without it pay nothing. Bad
+        options, token ids outside the vocabulary and prompts that with
+        ``max_tokens`` exceed the model's context raise ValueError before
+        anything runs.
 
         Example:
             >>> async for delta in engine.generate(messages=[{"role": "user", "content": "Hi"}]):
@@ -430,6 +478,12 @@ class Engine:
             raise ValueError("stop must be a list of non-empty strings")
         if seed is not None and not _is_int(seed):
             raise ValueError(f"seed must be an int, got {seed!r}")
+        if not isinstance(logprobs, bool):
+            raise ValueError(f"logprobs must be a bool, got {logprobs!r}")
+        if not _is_int(top_logprobs) or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs!r}")
+        if top_logprobs and not logprobs:
+            raise ValueError("top_logprobs needs logprobs=True")
         tokens = self.encode(prompt, messages)
         if self.context_length is not None and len(tokens) + max_tokens > self.context_length:
             raise ValueError(f"the prompt ({len(tokens)} tokens) plus max_tokens ({max_tokens}) exceeds "
@@ -438,6 +492,8 @@ class Engine:
             raise EngineBusy(f"all {self.max_concurrent} request slots are busy")
         seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed)
         sampler = _Sampler(temperature, top_p, top_k, seed)
+        if logprobs:
+            sampler.logprobs = int(top_logprobs)
         return self._stream(tokens, max_tokens, list(stop), sampler, stats or RequestStats())
 
     async def _stream(self, prompt: list[int], max_tokens: int, stop: list[str],
@@ -448,9 +504,10 @@ class Engine:
             self._active += 1
             if self.mode == "batch":
                 source = self._batched_tokens(prompt, max_tokens, sampler)
-            elif self._replay is not None and self._replay.size_for(len(prompt) + max_tokens) is not None:
+            elif (self._replay is not None and sampler.logprobs is None
+                  and self._replay.size_for(len(prompt) + max_tokens) is not None):
                 source = self._replayed_tokens(prompt, max_tokens, sampler)
-            else:  # the Python step (or a request longer than the largest traced cache)
+            else:  # the Python step (also for logprobs, and past the largest traced cache)
                 source = self._parallel_tokens(prompt, max_tokens, sampler)
             try:
                 detok = _Detokenizer(self.tokenizer)
@@ -459,17 +516,19 @@ class Engine:
                     if isinstance(item, str):  # the source's finish reason
                         yield Delta(held, None, item)
                         return
+                    # A token id, or (id, logprob, top alternatives) when logprobs were asked for.
+                    token, logprob, top = item if isinstance(item, tuple) else (item, None, None)
                     if stats.first_token_at is None:
                         stats.first_token_at = time.perf_counter()
                     stats.generated_tokens += 1
-                    text = held + detok.add(item)
+                    text = held + detok.add(token)
                     cut = _find_stop(text, stop)
                     if cut is not None:
-                        yield Delta(text[:cut], item, "stop")
+                        yield Delta(text[:cut], token, "stop", logprob, top)
                         return
                     held_len = _stop_prefix_len(text, stop)
                     text, held = text[:len(text) - held_len], text[len(text) - held_len:]
-                    yield Delta(text, item)
+                    yield Delta(text, token, None, logprob, top)
             finally:
                 await source.aclose()  # frees the KV cache and the queue or batch row
                 stats.finished_at = time.perf_counter()
@@ -492,18 +551,18 @@ class Engine:
         ahead: collections.deque = collections.deque()  # job futures of the steps queued ahead
         steps_left = max_tokens - 1  # the prefill produces the first token
         try:
-            token = await queue.run(self._prefill, state, prompt, sampler)
+            item = await queue.run(self._prefill, state, prompt, sampler)
             while True:
-                if token in self.eos_ids:
+                if (item[0] if isinstance(item, tuple) else item) in self.eos_ids:
                     yield "stop"
                     return
                 while len(ahead) < _STEPS_AHEAD and steps_left > 0:
                     ahead.append(queue.run(self._step, state, sampler))
                     steps_left -= 1
-                yield token
+                yield item
                 if not ahead:
                     break
-                token = await ahead.popleft()
+                item = await ahead.popleft()
             yield "length"
         finally:
             for future in ahead:
@@ -513,12 +572,13 @@ class Engine:
 
     # These jobs run on the request's queue thread.
 
-    def _prefill(self, state: dict, prompt: list[int], sampler: _Sampler) -> int | None:
+    def _prefill(self, state: dict, prompt: list[int], sampler: _Sampler) -> int | tuple | None:
         from mlx_lm.models.cache import make_prompt_cache
 
         cache = state["cache"] = make_prompt_cache(self.model)
         state["token"] = None
-        tokens = mx.array(prompt)
+        reused = self.prompt_cache.restore(prompt, cache) if self.prompt_cache is not None else 0
+        tokens = mx.array(prompt[reused:])
         # Chunked prefill bounds the memory of one forward pass, and a request
         # cancelled mid-prompt frees its queue within one chunk.
         while tokens.size > self.prefill_chunk:
@@ -527,15 +587,22 @@ class Engine:
             tokens = tokens[self.prefill_chunk:]
             if cancelled():
                 return None  # nobody reads the result
-        return self._sample(state, tokens, sampler)
+        item = self._sample(state, tokens, sampler)
+        if self.prompt_cache is not None:
+            self.prompt_cache.save(prompt, cache)  # the prompt's keys and values, for later prompts
+        return item
 
-    def _step(self, state: dict, sampler: _Sampler) -> int:
+    def _step(self, state: dict, sampler: _Sampler) -> int | tuple:
         return self._sample(state, mx.array([state["token"]]), sampler)
 
-    def _sample(self, state: dict, tokens: mx.array, sampler: _Sampler) -> int:
+    def _sample(self, state: dict, tokens: mx.array, sampler: _Sampler) -> int | tuple:
         logits = self.model(tokens[None], cache=state["cache"])[:, -1, :]
         token = state["token"] = sampler(logits).item()  # .item() evaluates, releasing the GIL
-        return token
+        if sampler.logprobs is None:
+            return token
+        # Logprobs come from this Python step's logits: a request asking for
+        # them takes this step even where a faster one exists.
+        return (token, *_token_logprobs(logits[0], token, sampler.logprobs))
 
     # ---- mode "parallel", replayed step -------------------------------------------
 
@@ -623,14 +690,53 @@ class Engine:
 
     def _batch_step(self, state: dict, joining: list[_BatchRequest], leaving: list[int]):
         generator = state["generator"]
+        # Rows whose request asked for logprobs: uid -> number of top alternatives.
+        wanted: dict[int, int] = state.setdefault("logprobs", {})
         if leaving:
             generator.remove(leaving)
+            for uid in leaving:
+                wanted.pop(uid, None)
         uids = []
         if joining:
-            uids = generator.insert([r.prompt for r in joining], max_tokens=[r.max_tokens for r in joining],
-                                    samplers=[r.sampler for r in joining])
+            prompts, caches, cached_tokens = self._batch_prefixes(joining)
+            uids = generator.insert(prompts, max_tokens=[r.max_tokens for r in joining],
+                                    samplers=[r.sampler for r in joining], caches=caches, all_tokens=cached_tokens)
+            for request, uid in zip(joining, uids):
+                if request.sampler.logprobs is not None:
+                    wanted[uid] = request.sampler.logprobs
         _, responses = generator.next()
-        return uids, [(r.uid, r.token, r.finish_reason) for r in responses]
+        out = []
+        for r in responses:
+            top = wanted.get(r.uid)
+            # r.logprobs is the step's whole distribution, computed anyway by the generator.
+            info = None if top is None else _token_logprobs(r.logprobs, r.token, top)
+            if r.finish_reason is not None:
+                wanted.pop(r.uid, None)
+                if self.prompt_cache is not None and r.prompt_cache is not None:
+                    # The finished row's keys and values: its prompt and answer, for the next turn.
+                    self.prompt_cache.save(r.all_tokens, r.prompt_cache)
+            out.append((r.uid, r.token, r.finish_reason, info))
+        return uids, out
+
+    def _batch_prefixes(self, joining: list[_BatchRequest]):
+        """Each joining prompt's start from the prompt cache: (prompts left to prefill, caches, tokens cached)."""
+        if self.prompt_cache is None:
+            return [r.prompt for r in joining], None, None
+        from mlx_lm.models.cache import make_prompt_cache
+
+        prompts, caches, cached_tokens = [], [], []
+        for request in joining:
+            cache = make_prompt_cache(self.model)
+            reused = self.prompt_cache.restore(request.prompt, cache)
+            prompts.append(request.prompt[reused:])
+            caches.append(cache if reused else None)  # None: the generator makes a fresh one
+            cached_tokens.append(request.prompt[:reused])
+        return prompts, caches, cached_tokens
+
+    async def _run_batch_job(self, queue, job, *args):
+        """Run a batch job (start, step or close) on the batch queue; the sharded engine
+        (llm/sharded.py) sends each one to every rank instead."""
+        return await queue.run(job, *args)
 
     async def _batched_tokens(self, prompt: list[int], max_tokens: int,
                               sampler: _Sampler) -> AsyncIterator[int | str]:
@@ -641,11 +747,11 @@ class Engine:
                 item = await request.inbox.receive()
                 if isinstance(item, BaseException):
                     raise item
-                token, finish = item
+                token, finish, info = item
                 if token in self.eos_ids:
                     yield "stop"
                     return
-                yield token
+                yield token if info is None else (token, *info)
                 if finish is not None:
                     yield finish
                     return
@@ -791,11 +897,11 @@ class _Batcher:
         joining: list[_BatchRequest] = []
         try:
             queue = await engine.runtime.acquire_queue()
-            await queue.run(engine._batch_start, state)
+            await engine._run_batch_job(queue, engine._batch_start, state)
             while self.waiting or self.running or self.leaving:
                 joining, self.waiting = self.waiting, []
                 leaving, self.leaving = self.leaving, []
-                uids, responses = await queue.run(engine._batch_step, state, joining, leaving)
+                uids, responses = await engine._run_batch_job(queue, engine._batch_step, state, joining, leaving)
                 for request, uid in zip(joining, uids):
                     if request.done:
                         self.leaving.append(uid)  # left while it was being inserted
@@ -803,11 +909,11 @@ class _Batcher:
                         request.uid = uid
                         self.running[uid] = request
                 joining = []
-                for uid, token, finish in responses:
+                for uid, token, finish, info in responses:
                     request = self.running.get(uid)
                     if request is None:
                         continue
-                    request.outbox.send_nowait((token, finish))
+                    request.outbox.send_nowait((token, finish, info))
                     if finish is not None:
                         del self.running[uid]
         except BaseException as exc:
@@ -825,7 +931,7 @@ class _Batcher:
             if queue is not None:
                 try:
                     if state:
-                        await queue.run(engine._batch_close, state)
+                        await engine._run_batch_job(queue, engine._batch_close, state)
                 except Exception:  # noqa: BLE001 - a closed runtime: the generator is dropped anyway
                     pass
                 finally:
@@ -833,6 +939,23 @@ class _Batcher:
             self._driving = False
             if self.waiting:  # arrived while this driver was winding down
                 self._start_driver()
+
+
+_BYTE_DECODER: dict[str, int] = {}
+
+
+def _byte_decoder() -> dict[str, int]:
+    """Byte-level BPE's printable character for each byte, inverted (GPT-2's bytes_to_unicode)."""
+    if not _BYTE_DECODER:
+        printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+        shifted = 0
+        for byte in range(256):
+            if byte in printable:
+                _BYTE_DECODER[chr(byte)] = byte
+            else:
+                _BYTE_DECODER[chr(256 + shifted)] = byte
+                shifted += 1
+    return _BYTE_DECODER
 
 
 def _is_int(value: Any) -> bool:
@@ -884,4 +1007,4 @@ def _stop_prefix_len(text: str, stop: list[str]) -> int:
     return best
 
 
-__all__ = ["BatchDriverError", "Delta", "Engine", "EngineBusy", "RequestStats"]
+__all__ = ["BatchDriverError", "Delta", "Engine", "EngineBusy", "MAX_TOP_LOGPROBS", "RequestStats"]

@@ -25,9 +25,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .. import _errors as ea_errors
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import (APIError, GenerationRequest, chunk_body, completion_body, invalid, new_id, parse_request,
-                       usage_chunk_body)
+from .protocol import (APIError, GenerationRequest, chunk_body, completion_body, invalid, logprob_entry, new_id,
+                       parse_request, usage_chunk_body)
 
 logger = logging.getLogger("emlx_async.serve")
 
@@ -46,9 +47,15 @@ class ServeConfig:
     default_max_tokens: int = 256
     prefill_chunk: int | None = None
     retry_after_s: int = 1
-    # Tokens of prompt keys and values kept for reuse by prompts sharing a prefix
-    # ("parallel" mode; 0 turns it off). SmolLM2 in float32: ~46 KB a token.
+    # Tokens of keys and values kept for reuse by prompts sharing a prefix
+    # (both modes; 0 turns it off). SmolLM2 in float32: ~46 KB a token.
     prompt_cache_tokens: int = 4096
+    # Serve a model sharded over the ranks of an ea.distributed group (this
+    # process is rank 0; the others run `follow`): batch mode, no prompt cache.
+    distributed: bool = False
+    distributed_backend: str = "any"
+    # Seconds a step may take on the group before it is declared broken.
+    step_timeout: float = 30.0
 
     def served_name(self) -> str:
         if self.model_name:
@@ -71,17 +78,34 @@ class Service:
         self.model_name = config.served_name()
         self.engine = None
         self.runtime = None
-        self.status = "loading"          # loading, ready, failed, draining
+        self._status = "loading"         # loading, ready, failed, draining; "broken" is derived
         self.load_error: str | None = None
         self.admitted = 0                # running plus waiting for a slot
         self.created = int(time.time())
         self.prefix_cache = None
         self.metrics = Metrics(active=self.active, waiting=self.waiting,
                                prefix_hits=lambda: self.prefix_cache.hits if self.prefix_cache else 0,
-                               prefix_tokens=lambda: self.prefix_cache.reused_tokens if self.prefix_cache else 0)
+                               prefix_tokens=lambda: self.prefix_cache.reused_tokens if self.prefix_cache else 0,
+                               runtime_stats=lambda: self.runtime.stats() if self.runtime is not None else None)
         self._tasks: list[asyncio.Task] = []
         self._cut_off_callbacks: set = set()
         self.on_load_failed = None  # the CLI stops the server: a service without its model is no use
+
+    @property
+    def status(self) -> str:
+        """loading, ready, failed, draining, or broken (a sharded engine's group broke)."""
+        if self._status == "ready" and self.broken is not None:
+            return "broken"
+        return self._status
+
+    @status.setter
+    def status(self, value: str) -> None:
+        self._status = value
+
+    @property
+    def broken(self) -> BaseException | None:
+        """The DistributedError of a sharded engine's group, once it broke."""
+        return getattr(self.engine, "broken", None)
 
     def active(self) -> int:
         return self.engine.active_requests if self.engine is not None else 0
@@ -96,21 +120,30 @@ class Service:
 
     async def _load(self) -> None:
         from emlx_async import Runtime
-        from emlx_async.llm import Engine
-
-        from .prefix_cache import PrefixCache, PrefixCachingEngine
+        from emlx_async.llm import Engine, PrefixCache
 
         started = time.perf_counter()
         try:
             # Parallel mode lends one pooled queue per running request.
             self.runtime = Runtime(pool_size=max(self.config.max_concurrent, 2))
-            caching = self.config.mode == "parallel" and self.config.prompt_cache_tokens > 0
-            engine_class = PrefixCachingEngine if caching else Engine
-            self.engine = await engine_class.load(self.config.model, runtime=self.runtime, mode=self.config.mode,
-                                                  max_concurrent=self.config.max_concurrent,
-                                                  prefill_chunk=self.config.prefill_chunk)
-            if caching:
-                self.engine.prefix_cache = self.prefix_cache = PrefixCache(self.config.prompt_cache_tokens)
+            tokens = self.config.prompt_cache_tokens
+            if self.config.distributed:
+                from emlx_async import distributed
+                from emlx_async.llm.sharded import ShardedEngine
+
+                # Every rank would need the same cache: sharded serving runs without one.
+                self.prefix_cache = None
+                group = distributed.init(strict=True, backend=self.config.distributed_backend,
+                                         timeout=self.config.step_timeout)
+                self.engine = await ShardedEngine.load(self.config.model, group=group, runtime=self.runtime,
+                                                       max_concurrent=self.config.max_concurrent,
+                                                       prefill_chunk=self.config.prefill_chunk)
+            else:
+                self.prefix_cache = PrefixCache(tokens) if tokens > 0 else None
+                self.engine = await Engine.load(self.config.model, runtime=self.runtime, mode=self.config.mode,
+                                                max_concurrent=self.config.max_concurrent,
+                                                prefill_chunk=self.config.prefill_chunk,
+                                                prompt_cache=self.prefix_cache)
         except Exception as exc:  # noqa: BLE001 - reported by /health and the log
             self.status, self.load_error = "failed", f"{type(exc).__name__}: {exc}"
             logger.error("loading the model failed: %s", self.load_error)
@@ -158,6 +191,11 @@ class Service:
             async with asyncio.timeout(timeout):
                 while self.admitted:
                     await asyncio.sleep(0.01)
+        if self.config.distributed and self.engine is not None:
+            try:  # the followers stop too
+                await self.engine.close(timeout=timeout)
+            except Exception as exc:  # noqa: BLE001 - a broken group: the followers end on their own
+                logger.warning("stopping the other ranks failed: %s", exc)
         if self.runtime is not None:
             await self.runtime.close(cancel_pending=True)
 
@@ -167,7 +205,8 @@ class Service:
         if self.status == "ready":
             return
         message = {"loading": "the model is still loading", "draining": "the server is shutting down",
-                   "failed": f"the model failed to load: {self.load_error}"}[self.status]
+                   "failed": f"the model failed to load: {self.load_error}",
+                   "broken": f"the distributed group is broken: {self.broken}"}[self.status]
         raise APIError(503, message, type="service_unavailable", code=self.status,
                        headers={"Retry-After": str(self.config.retry_after_s)})
 
@@ -207,7 +246,8 @@ class Service:
         stats = RequestStats()
         try:
             deltas = engine.generate(prompt=ids, max_tokens=max_tokens, stop=request.stop, seed=request.seed,
-                                     stats=stats, **request.sampling())
+                                     stats=stats, logprobs=request.logprobs, top_logprobs=request.top_logprobs,
+                                     **request.sampling())
         except ValueError as exc:
             raise invalid(None, str(exc)) from None
         self.admitted += 1
@@ -226,6 +266,14 @@ class Generation:
         self.service, self._engine_deltas, self.stats, self.prompt_tokens = service, deltas, stats, prompt_tokens
         self.finish_reason: str | None = None
         self._closed = False
+
+    def logprob_entry(self, delta) -> dict | None:
+        """The delta's token in a choice's ``logprobs.content`` (None if it has none)."""
+        if delta.token is None or delta.logprob is None:
+            return None
+        token_bytes = self.service.engine.token_bytes
+        return logprob_entry(token_bytes(delta.token), delta.logprob,
+                             [(token_bytes(t), value) for t, value in delta.top_logprobs or ()])
 
     async def deltas(self) -> AsyncIterator:
         metrics, stats = self.service.metrics, self.stats
@@ -338,6 +386,27 @@ def shutdown_error() -> APIError:
                     code="shutting_down")
 
 
+def distributed_cause(exc: BaseException) -> BaseException | None:
+    """The DistributedError behind `exc` (through causes and exception groups), if any."""
+    seen = set()
+    pending = [exc]
+    while pending:
+        error = pending.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, ea_errors.DistributedError):
+            return error
+        pending.extend(getattr(error, "exceptions", ()))
+        pending += [error.__cause__, error.__context__]
+    return None
+
+
+def group_broken_error(error: BaseException) -> APIError:
+    return APIError(503, f"the distributed group is broken: {error}", type="service_unavailable",
+                    code="distributed_group_broken")
+
+
 def sse(data: dict | str) -> bytes:
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
     return f"data: {payload}\n\n".encode()
@@ -359,6 +428,8 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             generation = service.start_generation(parsed)
         except APIError as error:
             return count(endpoint, error_response(error))
+        except ea_errors.DistributedError as exc:  # broke between the check and the engine
+            return count(endpoint, error_response(group_broken_error(exc)))
         id_ = new_id(chat)
         if parsed.stream:
             return count(endpoint, EventStream(_stream_events(parsed, id_, generation), service,
@@ -366,6 +437,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
 
         # Not streamed: still cancel the generation if the client leaves or the shutdown deadline passes.
         text = []
+        entries: list[dict] | None = [] if parsed.logprobs else None
         shutdown_scope = anyio.CancelScope()
         try:
             with service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
@@ -373,6 +445,8 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                     async def collect() -> None:
                         async for delta in generation.deltas():
                             text.append(delta.text)
+                            if entries is not None and (entry := generation.logprob_entry(delta)) is not None:
+                                entries.append(entry)
                         group.cancel_scope.cancel()
 
                     async def watch() -> None:
@@ -381,6 +455,12 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
 
                     group.start_soon(collect)
                     group.start_soon(watch)
+        except Exception as exc:
+            broken = distributed_cause(exc)
+            if broken is None:
+                raise
+            logger.error("generation %s failed: %s", id_, broken)
+            return count(endpoint, error_response(group_broken_error(broken)))
         finally:
             await generation.aclose()
         if generation.finish_reason is None:
@@ -389,7 +469,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             return count(endpoint, Response(status_code=499))  # the client is gone: nobody reads this
         body = completion_body(parsed, id=id_, model=service.model_name, text="".join(text),
                                finish_reason=generation.finish_reason, prompt_tokens=generation.prompt_tokens,
-                               completion_tokens=generation.stats.generated_tokens)
+                               completion_tokens=generation.stats.generated_tokens, logprobs=entries)
         return count(endpoint, JSONResponse(body))
 
     async def _stream_events(parsed: GenerationRequest, id_: str, generation: Generation) -> AsyncIterator[bytes]:
@@ -399,19 +479,31 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         try:
             if parsed.chat:  # OpenAI opens a chat stream with the role
                 yield sse(chunk_body(parsed, **fields, text="", finish_reason=None, first=True))
+            # Logprob entries of tokens not sent yet: a token whose text is
+            # held back (part of a character, maybe a stop string) goes out
+            # with the next chunk that has text, or with the last one.
+            pending: list[dict] | None = [] if parsed.logprobs else None
             async for delta in deltas:
+                if pending is not None and (entry := generation.logprob_entry(delta)) is not None:
+                    pending.append(entry)
                 if delta.text:
-                    yield sse(chunk_body(parsed, **fields, text=delta.text, finish_reason=None))
+                    yield sse(chunk_body(parsed, **fields, text=delta.text, finish_reason=None, logprobs=pending))
+                    pending = [] if parsed.logprobs else None
                 if delta.finish_reason is not None:
                     yield sse(chunk_body(parsed, **fields, text=None if parsed.chat else "",
-                                         finish_reason=delta.finish_reason))
+                                         finish_reason=delta.finish_reason, logprobs=pending or None))
             if parsed.include_usage:
                 yield sse(usage_chunk_body(parsed, **fields, prompt_tokens=generation.prompt_tokens,
                                            completion_tokens=generation.stats.generated_tokens))
         except Exception as exc:  # noqa: BLE001 - the status line is gone; the error goes in the stream
-            logger.exception("generation %s failed", id_)
-            yield sse(APIError(500, f"generation failed: {type(exc).__name__}: {exc}",
-                               type="server_error").body())
+            broken = distributed_cause(exc)
+            if broken is not None:
+                logger.error("generation %s failed: %s", id_, broken)
+                yield sse(group_broken_error(broken).body())
+            else:
+                logger.exception("generation %s failed", id_)
+                yield sse(APIError(500, f"generation failed: {type(exc).__name__}: {exc}",
+                                   type="server_error").body())
         finally:
             with anyio.CancelScope(shield=True):
                 await deltas.aclose()
@@ -442,6 +534,8 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         body = {"status": service.status, "model": service.model_name, "mode": config.mode}
         if service.load_error:
             body["error"] = service.load_error
+        if service.broken is not None:
+            body["error"] = str(service.broken)
         return count("/health", JSONResponse(body, status_code=200 if service.status == "ready" else 503))
 
     async def metrics(request: Request) -> Response:

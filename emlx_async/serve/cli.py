@@ -36,9 +36,17 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefill-chunk", type=int, default=None)
     serve.add_argument("--prompt-cache-tokens", type=int, default=4096,
                        help="prompt tokens whose keys and values are kept for reuse by prompts sharing a prefix "
-                            "(parallel mode; 0: off)")
+                            "(0: off)")
     serve.add_argument("--shutdown-timeout", type=float, default=10.0,
                        help="seconds running streams get to finish on SIGTERM before they are cancelled")
+    serve.add_argument("--distributed", action="store_true",
+                       help="serve the model sharded over the ranks started by mlx.launch: rank 0 serves HTTP, "
+                            "the other ranks follow it (batch mode; see the README)")
+    serve.add_argument("--distributed-backend", default="any", choices=("any", "ring", "mpi", "jaccl", "nccl"),
+                       help="MLX's communication backend for --distributed")
+    serve.add_argument("--step-timeout", type=float, default=30.0,
+                       help="seconds one step may take across the ranks before the group is declared broken "
+                            "(--distributed)")
     serve.add_argument("--log-level", default="info")
     return parser
 
@@ -48,14 +56,68 @@ def main(argv: list[str] | None = None) -> int:
     return serve(args)
 
 
+def follow(args: argparse.Namespace, group) -> int:
+    """A rank other than 0: load the same model, keep its shard, run rank 0's steps until it stops."""
+    import uvloop
+
+    from emlx_async import DistributedError
+    from emlx_async.llm.sharded import ShardedEngine
+
+    log = logging.getLogger("emlx_async.serve")
+
+    async def main() -> int:
+        try:
+            engine = await ShardedEngine.load(args.model, group=group, max_concurrent=args.max_concurrent,
+                                              prefill_chunk=args.prefill_chunk)
+        except Exception as exc:  # noqa: BLE001 - rank 0 fails the same way and reports it
+            log.error("rank %d: loading the model failed: %s: %s", group.rank(), type(exc).__name__, exc)
+            return 1
+        log.info("rank %d of %d: following rank 0", group.rank(), group.size())
+        try:
+            await engine.follow()
+        except DistributedError as exc:
+            log.error("rank %d: %s", group.rank(), exc)
+            return 1
+        log.info("rank %d: rank 0 stopped", group.rank())
+        return 0
+
+    code = uvloop.run(main())
+    if group.broken is not None:
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    """Exit without running C++ static destructors: after a broken group, MLX's
+    ring backend still has a thread in the lost collective and aborts the
+    process while it is torn down (seen: SIGABRT instead of the exit status)."""
+    import os
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.distributed:
+        from emlx_async import distributed
+
+        if not args.step_timeout > 0:
+            raise SystemExit("--step-timeout must be positive")
+        group = distributed.init(strict=True, backend=args.distributed_backend, timeout=args.step_timeout)
+        if group.rank() != 0:
+            return follow(args, group)
+        args.mode = "batch"  # rank 0 decides each batch step for every rank
     config = ServeConfig(model=args.model, model_name=args.model_name, mode=args.mode,
                          max_concurrent=args.max_concurrent, max_waiting=args.max_waiting,
                          max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
-                         prefill_chunk=args.prefill_chunk, prompt_cache_tokens=args.prompt_cache_tokens)
+                         prefill_chunk=args.prefill_chunk, prompt_cache_tokens=args.prompt_cache_tokens,
+                         distributed=args.distributed, distributed_backend=args.distributed_backend,
+                         step_timeout=args.step_timeout)
     app = create_app(config)
     service = app.state.service
 
@@ -75,4 +137,7 @@ def serve(args: argparse.Namespace) -> int:
                                    timeout_graceful_shutdown=args.shutdown_timeout))
     service.on_load_failed = lambda: setattr(server, "should_exit", True)
     server.run()
-    return 0 if server.started and service.status != "failed" else 1
+    code = 0 if server.started and service.status != "failed" else 1
+    if service.broken is not None:
+        _exit_now(code)
+    return code

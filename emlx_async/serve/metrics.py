@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 # Latency buckets from a fast GPU (ms) to a busy 2-core CPU (tens of seconds).
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -17,11 +19,51 @@ _LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
+class QueueCollector:
+    """The runtime's per-queue counters (``rt.stats()``), read at scrape time.
+
+    Labelled by queue ("cpu:3") and role ("default", "pool"); a queue's
+    counters start from zero when a pool replaces it, which Prometheus
+    treats as a counter reset.
+    """
+
+    def __init__(self, runtime_stats: Callable[[], Any]):
+        self._runtime_stats = runtime_stats
+
+    def describe(self) -> list[Metric]:
+        return []  # families are only known at scrape time (queues come and go)
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._runtime_stats()
+        labels = ["queue", "role"]
+        busy = CounterMetricFamily("emlx_queue_busy_seconds", "Time the queue's worker spent running jobs",
+                                   labels=labels)
+        wait = CounterMetricFamily("emlx_queue_wait_seconds", "Summed time jobs waited from submission to start",
+                                   labels=labels)
+        jobs = CounterMetricFamily("emlx_queue_jobs", "Jobs by outcome (submitted, started, completed, failed, "
+                                   "cancelled)", labels=[*labels, "outcome"])
+        fraction = GaugeMetricFamily("emlx_queue_busy_fraction", "Busy time over the queue's lifetime",
+                                     labels=labels)
+        if stats is not None:
+            for queue in stats.queues.values():
+                key = [queue.name, queue.role]
+                busy.add_metric(key, queue.run_time)
+                wait.add_metric(key, queue.wait_time)
+                fraction.add_metric(key, queue.busy_fraction)
+                for outcome in ("submitted", "started", "completed", "failed", "cancelled"):
+                    jobs.add_metric([*key, outcome], getattr(queue, outcome))
+        yield from (busy, wait, jobs, fraction)
+
+
 class Metrics:
+    """The service's metrics; `runtime_stats` returns ``rt.stats()`` (None before the runtime exists)."""
+
     def __init__(self, active: Callable[[], float], waiting: Callable[[], float],
-                 prefix_hits: Callable[[], float], prefix_tokens: Callable[[], float]):
+                 prefix_hits: Callable[[], float], prefix_tokens: Callable[[], float],
+                 runtime_stats: Callable[[], Any] = lambda: None):
         self.registry = CollectorRegistry()
         r = self.registry
+        r.register(QueueCollector(runtime_stats))
         self.requests = Counter("emlx_requests", "HTTP requests by endpoint and status code",
                                 ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("emlx_prompt_tokens", "Prompt tokens of admitted requests", registry=r)

@@ -15,8 +15,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-# OpenAI's own limit on stop sequences.
+# OpenAI's own limits on stop sequences and top_logprobs.
 MAX_STOP_SEQUENCES = 4
+MAX_TOP_LOGPROBS = 20
 _CHAT_ROLES = {"system", "developer", "user", "assistant"}
 
 
@@ -57,6 +58,8 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    logprobs: bool = False     # chat only
+    top_logprobs: int = 0
 
     def sampling(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
@@ -102,9 +105,8 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
         value = _optional(body, name)
         if value is not None and value != "none":
             raise invalid(name, f"'{name}' (tool and function calling) is not supported", "unsupported_parameter")
-    if _optional(body, "logprobs") or _optional(body, "top_logprobs"):
-        name = "logprobs" if _optional(body, "logprobs") else "top_logprobs"
-        raise invalid(name, f"'{name}' is not supported", "unsupported_parameter")
+    if not chat and _optional(body, "logprobs") is not None:  # the legacy int form
+        raise invalid("logprobs", "'logprobs' is supported on /v1/chat/completions only", "unsupported_parameter")
     if _optional(body, "logit_bias"):
         raise invalid("logit_bias", "'logit_bias' is not supported", "unsupported_parameter")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -222,6 +224,24 @@ def parse_request(body: Any, *, chat: bool) -> GenerationRequest:
             raise invalid("stop", f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(stop)}")
         request.stop = stop
 
+    if chat:
+        logprobs = _optional(body, "logprobs")
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise invalid("logprobs", f"'logprobs' must be a boolean, got {logprobs!r}", "invalid_type")
+        request.logprobs = bool(logprobs)
+        top = _optional(body, "top_logprobs")
+        if top is not None:
+            if not _is_int(top):
+                raise invalid("top_logprobs", f"'top_logprobs' must be an integer, got {top!r}", "invalid_type")
+            if not 0 <= top <= MAX_TOP_LOGPROBS:
+                raise invalid("top_logprobs", f"'top_logprobs' must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
+            if top and not request.logprobs:
+                raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+            request.top_logprobs = int(top)
+    elif _optional(body, "top_logprobs") is not None:
+        raise invalid("top_logprobs", "'top_logprobs' is supported on /v1/chat/completions only",
+                      "unsupported_parameter")
+
     stream = _optional(body, "stream")
     if stream is not None and not isinstance(stream, bool):
         raise invalid("stream", f"'stream' must be a boolean, got {stream!r}", "invalid_type")
@@ -250,11 +270,27 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def logprob_entry(text_bytes: bytes, logprob: float, top: list[tuple[bytes, float]]) -> dict:
+    """One token of a chat choice's ``logprobs.content``, in OpenAI's shape.
+
+    `token` is the token's text (a token that is part of a UTF-8 character
+    shows U+FFFD; `bytes` has its exact bytes).
+    """
+    def entry(raw: bytes, value: float) -> dict:
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": value, "bytes": list(raw)}
+
+    return {**entry(text_bytes, logprob), "top_logprobs": [entry(raw, value) for raw, value in top]}
+
+
+def choice_logprobs(entries: list[dict] | None) -> dict | None:
+    return None if entries is None else {"content": entries, "refusal": None}
+
+
 def completion_body(request: GenerationRequest, *, id: str, model: str, text: str, finish_reason: str | None,
-                    prompt_tokens: int, completion_tokens: int) -> dict:
+                    prompt_tokens: int, completion_tokens: int, logprobs: list[dict] | None = None) -> dict:
     if request.chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": finish_reason}
+                  "logprobs": choice_logprobs(logprobs), "finish_reason": finish_reason}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
@@ -264,15 +300,16 @@ def completion_body(request: GenerationRequest, *, id: str, model: str, text: st
 
 
 def chunk_body(request: GenerationRequest, *, id: str, model: str, created: int, text: str | None,
-               finish_reason: str | None, first: bool = False) -> dict:
-    """One streamed chunk with a single choice."""
+               finish_reason: str | None, first: bool = False, logprobs: list[dict] | None = None) -> dict:
+    """One streamed chunk with a single choice (`logprobs`: the entries of this chunk's tokens)."""
     if request.chat:
         delta: dict[str, Any] = {}
         if first:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "delta": delta, "logprobs": choice_logprobs(logprobs),
+                  "finish_reason": finish_reason}
         obj = "chat.completion.chunk"
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}

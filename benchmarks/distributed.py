@@ -1,0 +1,158 @@
+"""The sharded engine against one process, on this machine, in one run.
+
+SmolLM2-135M greedy decode, one request of --tokens tokens:
+  (a) one process, the batch engine (the baseline);
+  (b) the same model sharded over --ranks ranks (ShardedEngine, MLX's ring
+      backend on loopback, started here), measured on rank 0;
+and on rank 0, the collectives one sharded step needs, timed on their own:
+the plan broadcast (one all_sum of 4 KiB) plus two all_sums of one token's
+activations per layer (mlx-lm's sharded attention and MLP each end in one),
+as a share of the sharded step. Last, the CPU every rank burns while the
+server is idle (the idle plans; a rank parked inside a ring collective polls
+its socket instead).
+
+    python benchmarks/distributed.py [--tokens 24] [--ranks 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+
+CHAT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+
+
+def step_times(deltas_at: list[float]) -> list[float]:
+    return [b - a for a, b in zip(deltas_at, deltas_at[1:])]
+
+
+async def decode(engine, tokens: int) -> tuple[float, list[float]]:
+    start = time.perf_counter()
+    stamps = []
+    async for delta in engine.generate(messages=CHAT, max_tokens=tokens):
+        if delta.token is not None:
+            stamps.append(time.perf_counter())
+    return stamps[0] - start, step_times(stamps)
+
+
+async def one_process(tokens: int) -> dict:
+    from emlx_async.llm import Engine
+
+    engine = await Engine.load(mode="batch")
+    await decode(engine, 4)  # warm-up
+    ttft, steps = await decode(engine, tokens)
+    await engine.runtime.close()
+    return {"ttft": ttft, "step": statistics.median(steps), "steps": len(steps)}
+
+
+async def rank_main(tokens: int) -> None:
+    import mlx.core as mx
+
+    from emlx_async import distributed as dist
+    from emlx_async.llm.sharded import ShardedEngine, _broadcast_bytes
+
+    group = dist.init(strict=True, backend="ring", timeout=120)
+    # The collectives of one decode step, on every rank before the engine
+    # starts (its plans would not match): the plan broadcast, then two
+    # all_sums of one token's activations per layer. SmolLM2: 30 layers, 576 wide.
+    layers, hidden = 30, 576
+    plan = b'{"op": "step", "join": [], "leave": []}' if group.rank() == 0 else None
+
+    def collectives_of_a_step() -> None:
+        _broadcast_bytes(group, plan)
+        for _ in range(2 * layers):
+            mx.eval(mx.distributed.all_sum(mx.zeros((1, 1, hidden)), group=group.mlx_group))
+
+    collective = []
+    for _ in range(7):
+        start = time.perf_counter()
+        await group.run(collectives_of_a_step)
+        collective.append(time.perf_counter() - start)
+    engine = await ShardedEngine.load(group=group)
+    if group.rank() != 0:
+        await engine.follow()
+        await dist.all_sum(mx.ones(1))  # the naive idle follower: parked inside a collective
+        return
+    assert len(engine.model.layers) == layers and engine.model.args.hidden_size == hidden
+    await decode(engine, 4)  # warm-up
+    ttft, steps = await decode(engine, tokens)
+    await engine._batcher.wait_idle()
+    print("IDLE-START", flush=True)
+    await asyncio.sleep(3)
+    print("IDLE-END", flush=True)
+    await engine.close()
+    print("SPIN-START", flush=True)  # the followers now wait inside an all_sum
+    await asyncio.sleep(3)
+    print("SPIN-END", flush=True)
+    await dist.all_sum(mx.ones(1))
+    print("RESULT " + json.dumps({"ttft": ttft, "step": statistics.median(steps), "steps": len(steps),
+                                  "collective": statistics.median(collective), "layers": layers}), flush=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_between(ring, start_mark: str, end_mark: str) -> list[float]:
+    """CPU seconds per second of each rank between two lines rank 0 prints."""
+    deadline = time.monotonic() + 900
+    while start_mark not in ring.output(0):
+        assert time.monotonic() < deadline and ring.ranks[0].poll() is None, ring.errors(0)[-3000:]
+        time.sleep(0.02)
+    before, start = [cpu_seconds(p.pid) for p in ring.ranks], time.monotonic()
+    while end_mark not in ring.output(0):
+        assert ring.ranks[0].poll() is None, ring.errors(0)[-3000:]
+        time.sleep(0.02)
+    wall = time.monotonic() - start
+    return [(cpu_seconds(p.pid) - b) / wall for p, b in zip(ring.ranks, before)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("--ranks", type=int, default=3)
+    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank:
+        asyncio.run(rank_main(args.tokens))
+        return
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from emlx_async.testing import LocalRing
+
+    import mlx.core as mx
+
+    base = asyncio.run(one_process(args.tokens))
+    with LocalRing(args.ranks, [sys.executable, os.path.abspath(__file__), "--rank", "--tokens",
+                                str(args.tokens)]) as ring:
+        idle = cpu_between(ring, "IDLE-START", "IDLE-END")
+        spin = cpu_between(ring, "SPIN-START", "SPIN-END")
+        codes = ring.wait(timeout=120)
+        assert codes == [0] * args.ranks, [ring.errors(r)[-3000:] for r in range(args.ranks)]
+        sharded = json.loads(ring.output(0).split("RESULT ", 1)[1])
+
+    load = os.getloadavg()[0]
+    print(f"mlx {mx.__version__}, SmolLM2-135M, {args.tokens} greedy tokens, {os.cpu_count()} cores, "
+          f"load average {load:.1f} at the end (other work shared the cores)")
+    rows = [("(a) one process, batch engine", base["step"], 1.0, ""),
+            (f"(b) sharded over {args.ranks} ranks (ring, loopback)", sharded["step"],
+             sharded["step"] / base["step"], ""),
+            (f"    its collectives alone ({2 * sharded['layers']} + 1 all_sum)", sharded["collective"],
+             sharded["collective"] / sharded["step"], "  (share of (b))")]
+    print(f"{'case':52} {'per step ms':>12} {'ratio':>7}")
+    for label, seconds, ratio, note in rows:
+        print(f"{label:52} {seconds * 1e3:12.1f} {ratio:7.2f}{note}")
+    print(f"time to first token: one process {base['ttft'] * 1e3:.0f} ms, sharded {sharded['ttft'] * 1e3:.0f} ms")
+    print("CPU per rank while idle, s per s: with idle plans " + ", ".join(f"{c:.2f}" for c in idle)
+          + "; followers parked in a collective " + ", ".join(f"{c:.2f}" for c in spin))
+
+
+if __name__ == "__main__":
+    main()

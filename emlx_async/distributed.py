@@ -1,0 +1,346 @@
+"""MLX's distributed collectives as awaitables (``ea.distributed``).
+
+Built on MLX's own engine (``mx.distributed``: ring over TCP, MPI, JACCL,
+NCCL on CUDA), started by ``mlx.launch``. ``init()`` returns a ``Group``;
+``all_sum``, ``all_gather``, ``all_max``, ``all_min``, ``sum_scatter``,
+``send``, ``recv`` and ``recv_like`` take MLX's arguments and return
+awaitables, so the event loop stays free while the ranks wait for each other.
+
+One queue per group. Every collective of a group runs on that group's own
+queue (one worker thread), in the order the awaitables were created. MLX
+requires every rank to issue a group's collectives in the same order: two
+collectives issued from different threads can reach the wire in different
+orders on different ranks, and each rank then waits for a message its peer
+never sends (measured: it deadlocks). ``queue=`` overrides this for a call,
+and the caller then owns the ordering.
+
+How it runs. There is no native op for a collective (the C ABI cannot take
+MLX's Python ``Group``), so each one is a Python job on the group's worker:
+it builds ``mx.distributed.<op>(x, group=..., stream=...)`` and evaluates it
+with ``mx.eval``, which releases the GIL while the bytes travel. Each awaited
+collective costs a Python job's round trip: about 38 us at the median on a
+loaded 2-core machine against 28 us for a bare ``q.run`` (benchmarks/RESULTS.md),
+small next to a network round trip. Code that issues many collectives (a
+sharded forward pass) runs them inside one ``group.run`` job instead, where
+they cost what they cost in MLX.
+
+Failure. A collective cannot be interrupted once MLX runs it. A peer that
+dies makes the ring backend fail the pending collective ("connection to a
+peer was lost"); a peer that stalls makes it wait forever. Both break the
+group: with ``timeout=`` (per call, or the group's default from ``init``) the
+awaiting task gets ``DistributedError`` when the time is up, every task
+waiting on the group is released with it, the worker stuck in the collective
+is abandoned (it is not waited for at runtime close or interpreter exit), and
+every later collective on the group raises ``DistributedError`` at once.
+Arguments MLX would reject are refused with ``ValueError``/``TypeError``
+before anything runs; they do not break the group.
+
+Cancellation: a collective not yet running is dropped when its awaiter is
+cancelled; one already running finishes (the other ranks are in it too) and
+its result is discarded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import mlx.core as mx
+
+from ._errors import DistributedError
+from ._queue import CommandQueue
+from ._runtime import Runtime, get_runtime
+
+_BACKENDS = ("any", "ring", "mpi", "jaccl", "nccl")
+
+
+class _PeerFailure(Exception):
+    """A collective failed while it ran: the ranks are out of step now."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class Group:
+    """A group of ranks, MLX's ``mx.distributed.Group`` with a queue and a failure state.
+
+    ``mlx_group`` is MLX's group (pass it to mlx-lm's ``model.shard``).
+    ``timeout`` is the default, in seconds, for its collectives (None: wait
+    as long as it takes). ``broken`` is the ``DistributedError`` that broke
+    it, or None.
+    """
+
+    def __init__(self, mlx_group: mx.distributed.Group, *, backend: str, timeout: float | None,
+                 device: mx.DeviceType):
+        self.mlx_group = mlx_group
+        self.backend = backend
+        self.timeout = _check_timeout(timeout)
+        self.device = device
+        self.broken: DistributedError | None = None
+        # The group's queue on each runtime (a dedicated one, not pooled).
+        self._queues: weakref.WeakKeyDictionary[Runtime, dict] = weakref.WeakKeyDictionary()
+
+    def rank(self) -> int:
+        return self.mlx_group.rank()
+
+    def size(self) -> int:
+        return self.mlx_group.size()
+
+    def __repr__(self) -> str:
+        state = f" broken: {self.broken}" if self.broken else ""
+        return f"<ea.distributed.Group {self.backend} rank {self.rank()} of {self.size()}{state}>"
+
+    def queue(self, runtime: Runtime | None = None) -> CommandQueue:
+        """The queue this group's collectives run on, in order (made on first use)."""
+        self.check()
+        runtime = runtime or get_runtime()
+        registry = self._queues.setdefault(runtime, {})
+        return runtime._dedicated_queue(registry, self.device)
+
+    def check(self) -> None:
+        """Raise the group's ``DistributedError`` if it is broken."""
+        if self.broken is not None:
+            raise DistributedError(str(self.broken)) from self.broken
+
+    def declare_broken(self, error: DistributedError) -> None:
+        """Declare the group broken: its queues are abandoned and their tasks get `error`."""
+        if self.broken is None:
+            self.broken = error
+        for registry in list(self._queues.values()):
+            for queue in list(registry.values()):
+                queue.abandon(error)
+            registry.clear()
+
+    async def run(self, fn: Callable[..., Any], /, *args: Any, timeout: float | None = None,
+                  what: str | None = None, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` on the group's queue, in collective order.
+
+        For code that issues collectives itself (a sharded model's forward
+        pass): it keeps its place among the group's collectives. Any
+        exception from `fn` breaks the group, since its collectives may have
+        run on some ranks and not others; so does the timeout.
+
+        Example:
+            >>> logits = await group.run(lambda t: model(t), tokens, timeout=30)
+        """
+        def job(*a: Any, **k: Any) -> Any:
+            try:
+                return fn(*a, **k)
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the loop as a break
+                raise _PeerFailure(exc) from exc
+
+        return await self._await(self.queue(), job, args, kwargs, timeout, what or getattr(fn, "__name__", "run"))
+
+    async def _await(self, queue: CommandQueue, job: Callable, args: tuple, kwargs: dict,
+                     timeout: float | None, what: str) -> Any:
+        limit = self.timeout if timeout is None else _check_timeout(timeout)
+        future = queue.run(job, *args, **kwargs)
+        try:
+            with anyio.fail_after(limit) if limit is not None else contextlib.nullcontext():
+                return await future
+        except TimeoutError as exc:
+            if self.broken is not None and not isinstance(self.broken.__cause__, TimeoutError):
+                raise DistributedError(str(self.broken)) from self.broken
+            error = DistributedError(
+                f"[{what}] rank {self.rank()} of {self.size()}: the group did not complete it within "
+                f"{limit} s (a peer stalled or died); the group is broken")
+            error.__cause__ = exc
+            self.declare_broken(error)
+            raise error from exc
+        except _PeerFailure as exc:
+            error = DistributedError(f"[{what}] rank {self.rank()} of {self.size()} failed while it ran "
+                                     f"({exc.cause}); the ranks may be out of step, so the group is broken")
+            error.__cause__ = exc.cause
+            self.declare_broken(error)
+            raise error from exc.cause
+        except DistributedError:
+            raise  # released by a break on another collective of the group
+
+
+_groups: dict[str, Group] = {}  # by backend asked for; MLX caches its groups the same way
+_world: Group | None = None
+
+
+def init(strict: bool = False, backend: str = "any", *, timeout: float | None = None,
+         device: Any = None) -> Group:
+    """Initialise MLX's communication backend; the group of every rank.
+
+    ``strict`` and ``backend`` are MLX's (``"any"``, ``"ring"``, ``"mpi"``,
+    ``"jaccl"``, ``"nccl"``); without a launcher and with ``strict=False``
+    the group is this process alone (size 1, collectives return their
+    input). ``timeout`` is the group's default for its collectives, in
+    seconds. ``device`` is where its collectives run (default: the GPU for
+    NCCL, else the CPU, where the ring, MPI and JACCL backends work).
+    Calling it again with the same backend returns the same group.
+
+    Example:
+        >>> group = ea.distributed.init(backend="ring", timeout=30)
+        >>> total = await ea.distributed.all_sum(mx.array([group.rank()]))
+    """
+    global _world
+    if not isinstance(backend, str) or backend not in _BACKENDS:
+        raise ValueError(f"[init] backend must be one of {_BACKENDS}, got {backend!r}")
+    _check_timeout(timeout)
+    group = _groups.get(backend)
+    if group is None:
+        raw = mx.distributed.init(strict=bool(strict), backend=backend)
+        if device is None:
+            device = mx.gpu if backend == "nccl" else mx.cpu
+        kind = device.type if isinstance(device, mx.Device) else device
+        if not isinstance(kind, mx.DeviceType):
+            raise TypeError(f"[init] device must be an mx.Device or mx.DeviceType, got {device!r}")
+        group = _groups[backend] = Group(raw, backend=backend, timeout=timeout, device=kind)
+    elif timeout is not None:
+        group.timeout = timeout
+    _world = group
+    return group
+
+
+def world() -> Group:
+    """The group of the last ``init()`` (initialising the default one if none)."""
+    return _world if _world is not None else init()
+
+
+def _check_timeout(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0 \
+            or math.isnan(timeout):
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    return float(timeout)
+
+
+def _group_of(group: Group | None) -> Group:
+    if group is None:
+        return world()
+    if not isinstance(group, Group):
+        raise TypeError(f"group must be an ea.distributed.Group (from ea.distributed.init()), "
+                        f"got {type(group).__name__}")
+    return group
+
+
+def _check_array(name: str, x: Any) -> None:
+    if not isinstance(x, mx.array):
+        raise TypeError(f"[{name}] x must be an mx.array, got {type(x).__name__}")
+
+
+def _check_peer(name: str, what: str, peer: Any, group: Group) -> int:
+    if isinstance(peer, bool) or not isinstance(peer, numbers.Integral):
+        raise TypeError(f"[{name}] {what} must be an int rank, got {peer!r}")
+    if not 0 <= peer < group.size() or peer == group.rank():
+        raise ValueError(f"[{name}] {what}={peer} must be another rank of the group "
+                         f"(this is rank {group.rank()} of {group.size()})")
+    if group.backend == "ring" and (peer - group.rank()) % group.size() not in (1, group.size() - 1):
+        raise ValueError(f"[{name}] the ring backend only talks to its neighbours: rank {group.rank()} "
+                         f"cannot reach rank {peer}")
+    return int(peer)
+
+
+def _collective_job(op: Callable, args: tuple, kwargs: dict) -> mx.array:
+    """On the group's worker: build the collective, then evaluate it."""
+    out = op(*args, **kwargs)  # argument errors raise here and leave the group intact
+    try:
+        mx.eval(out)
+    except Exception as exc:  # noqa: BLE001 - the ranks are out of step: a break
+        raise _PeerFailure(exc) from exc
+    return out
+
+
+async def _collective(name: str, op: Callable, args: tuple, group: Group | None, stream: Any,
+                      queue: CommandQueue | None, timeout: float | None) -> mx.array:
+    g = _group_of(group)
+    g.check()
+    kwargs: dict[str, Any] = {"group": g.mlx_group}
+    if stream is not None:
+        kwargs["stream"] = stream
+    target = queue if queue is not None else g.queue()
+    return await g._await(target, _collective_job, (op, args, kwargs), {}, timeout, name)
+
+
+async def all_sum(x: mx.array, /, *, group: Group | None = None, stream: Any = None,
+                  queue: CommandQueue | None = None, timeout: float | None = None) -> mx.array:
+    """All-reduce sum: every rank gets the sum of every rank's `x`.
+
+    Example:
+        >>> total = await ea.distributed.all_sum(mx.array([1.0]))  # == group.size()
+    """
+    _check_array("all_sum", x)
+    return await _collective("all_sum", mx.distributed.all_sum, (x,), group, stream, queue, timeout)
+
+
+async def all_max(x: mx.array, /, *, group: Group | None = None, stream: Any = None,
+                  queue: CommandQueue | None = None, timeout: float | None = None) -> mx.array:
+    """All-reduce max: the element-wise maximum over the ranks."""
+    _check_array("all_max", x)
+    return await _collective("all_max", mx.distributed.all_max, (x,), group, stream, queue, timeout)
+
+
+async def all_min(x: mx.array, /, *, group: Group | None = None, stream: Any = None,
+                  queue: CommandQueue | None = None, timeout: float | None = None) -> mx.array:
+    """All-reduce min: the element-wise minimum over the ranks."""
+    _check_array("all_min", x)
+    return await _collective("all_min", mx.distributed.all_min, (x,), group, stream, queue, timeout)
+
+
+async def all_gather(x: mx.array, /, *, group: Group | None = None, stream: Any = None,
+                     queue: CommandQueue | None = None, timeout: float | None = None) -> mx.array:
+    """Every rank's `x` concatenated along the first axis, in rank order."""
+    _check_array("all_gather", x)
+    return await _collective("all_gather", mx.distributed.all_gather, (x,), group, stream, queue, timeout)
+
+
+async def sum_scatter(x: mx.array, /, *, group: Group | None = None, stream: Any = None,
+                      queue: CommandQueue | None = None, timeout: float | None = None) -> mx.array:
+    """The sum over the ranks, split along the first axis: rank r gets the r-th part."""
+    _check_array("sum_scatter", x)
+    g = _group_of(group)
+    if g.backend in ("ring", "jaccl") and g.size() > 1:  # MLX fails it mid-run, which would break the group
+        raise ValueError(f"[sum_scatter] the {g.backend} backend has no sum_scatter (NCCL and MPI have it); "
+                         "use all_sum and slice")
+    if x.ndim == 0 or x.shape[0] % g.size():
+        raise ValueError(f"[sum_scatter] the first axis ({x.shape[0] if x.ndim else 'a scalar'}) must divide "
+                         f"evenly among {g.size()} ranks")
+    return await _collective("sum_scatter", mx.distributed.sum_scatter, (x,), g, stream, queue, timeout)
+
+
+async def send(x: mx.array, dst: int, /, *, group: Group | None = None, stream: Any = None,
+               queue: CommandQueue | None = None, timeout: float | None = None) -> mx.array:
+    """Send `x` to rank `dst`; completes when it is sent (the ring backend: neighbours only)."""
+    _check_array("send", x)
+    g = _group_of(group)
+    dst = _check_peer("send", "dst", dst, g)
+    return await _collective("send", mx.distributed.send, (x, dst), g, stream, queue, timeout)
+
+
+async def recv(shape: Sequence[int], dtype: mx.Dtype, src: int, /, *, group: Group | None = None,
+               stream: Any = None, queue: CommandQueue | None = None,
+               timeout: float | None = None) -> mx.array:
+    """Receive an array of `shape` and `dtype` from rank `src`."""
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or any(
+            isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 0 for d in shape):
+        raise ValueError(f"[recv] shape must be a sequence of non-negative ints, got {shape!r}")
+    if not isinstance(dtype, mx.Dtype):
+        raise TypeError(f"[recv] dtype must be an mx.Dtype, got {dtype!r}")
+    g = _group_of(group)
+    src = _check_peer("recv", "src", src, g)
+    return await _collective("recv", mx.distributed.recv, ([int(d) for d in shape], dtype, src), g,
+                             stream, queue, timeout)
+
+
+async def recv_like(x: mx.array, src: int, /, *, group: Group | None = None, stream: Any = None,
+                    queue: CommandQueue | None = None, timeout: float | None = None) -> mx.array:
+    """Receive an array shaped and typed like `x` from rank `src`."""
+    _check_array("recv_like", x)
+    g = _group_of(group)
+    src = _check_peer("recv_like", "src", src, g)
+    return await _collective("recv_like", mx.distributed.recv_like, (x, src), g, stream, queue, timeout)
+
+
+__all__ = ["DistributedError", "Group", "all_gather", "all_max", "all_min", "all_sum", "init", "recv",
+           "recv_like", "send", "sum_scatter", "world"]

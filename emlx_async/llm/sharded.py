@@ -1,0 +1,261 @@
+"""The engine across ranks: one model sharded over an ``ea.distributed`` group.
+
+Every rank loads the same model and shards it with mlx-lm's ``model.shard``
+(tensor parallel: each rank holds 1/N of every attention and MLP projection,
+and each layer ends with an ``all_sum``). The forward pass is then a graph
+with collectives in it, so every rank must run the very same graphs in the
+same order, or the ranks wait on each other forever.
+
+Rank 0 leads: it runs the batch engine (continuous batching with mlx-lm's
+``BatchGenerator``) and decides each step, which requests join (their token
+ids, ``max_tokens`` and sampling, seed included) and which leave. Before a
+batch job runs, rank 0 broadcasts that plan to the others through one
+``all_sum`` of a byte buffer (a second one only for plans over 4 KiB: long
+prompts joining), and every rank then runs the same job on its group queue.
+Followers (``follow()``) loop on plans until rank 0 says stop. Sampling is
+replicated, not broadcast: the logits after the last ``all_sum`` are the same
+on every rank, and each request's random key is seeded from the plan.
+
+Idle ranks. MLX's ring backend polls its sockets while a collective waits
+(measured: a rank waiting 4 s in ``all_sum`` used 2.4 s of CPU), so a
+follower must not sit in a collective while rank 0 has nothing to send.
+When no request runs, rank 0 sends an "idle" plan every ``idle_interval``
+seconds (20 ms by default) and followers sleep that long, outside any
+collective, before they wait for the next plan: both enter the collective at
+about the same time. A request arriving at an idle server waits at most one
+interval more, and the idle plans double as a heartbeat: a follower lost
+while no request runs breaks the group within the timeout too.
+
+Failure: rank 0's jobs run under the group's timeout; a follower that dies
+or stalls breaks the group (``DistributedError``), the requests it carried
+end with ``BatchDriverError`` chained to it, and ``generate`` refuses new
+ones at once. Followers' waits are bounded by the timeout too (the idle
+plans keep coming), so they exit when rank 0 stops, dies or stalls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import mlx.core as mx
+import numpy as np
+
+from .. import Runtime, get_runtime
+from .._errors import DistributedError
+from ..distributed import Group, all_sum
+from .engine import Engine, _Sampler
+
+logger = logging.getLogger("emlx_async.llm.sharded")
+_IDLE = json.dumps({"op": "idle"}).encode()
+
+# The broadcast buffer: a 4-byte length, then the plan's first bytes.
+_PLAN_BYTES = 4096
+
+
+def _broadcast_bytes(group: Group, data: bytes | None) -> bytes:
+    """Rank 0's `data` on every rank (others pass None); on the group's worker thread.
+
+    One ``all_sum`` of a uint8 buffer where only rank 0's is non-zero (so the
+    sum is its bytes), and a second for the rest of a plan past the buffer.
+    """
+    raw = group.mlx_group
+    head = np.zeros(_PLAN_BYTES, np.uint8)
+    if data is not None:
+        head[:4] = np.frombuffer(len(data).to_bytes(4, "little"), np.uint8)
+        first = data[: _PLAN_BYTES - 4]
+        head[4:4 + len(first)] = np.frombuffer(first, np.uint8)
+    summed = mx.distributed.all_sum(mx.array(head), group=raw)
+    mx.eval(summed)
+    got = np.array(summed)
+    size = int.from_bytes(got[:4].tobytes(), "little")
+    body = got[4:4 + min(size, _PLAN_BYTES - 4)].tobytes()
+    if size > _PLAN_BYTES - 4:
+        rest = np.zeros(size - (_PLAN_BYTES - 4), np.uint8)
+        if data is not None:
+            rest[:] = np.frombuffer(data[_PLAN_BYTES - 4:], np.uint8)
+        summed = mx.distributed.all_sum(mx.array(rest), group=raw)
+        mx.eval(summed)
+        body += np.array(summed).tobytes()
+    return body
+
+
+def check_shardable(model, size: int) -> None:
+    """Refuse a model mlx-lm's ``shard`` cannot split `size` ways (ValueError), before it tries."""
+    if not hasattr(model, "shard"):
+        raise ValueError(f"{type(model).__module__} models have no shard(); mlx-lm shards llama-family models")
+    for i, layer in enumerate(getattr(model, "layers", [])):
+        attention = layer.self_attn
+        heads, kv_heads = attention.n_heads, attention.n_kv_heads
+        if heads % size or kv_heads % size:
+            raise ValueError(f"the model's {heads} query and {kv_heads} key-value heads (layer {i}) do not "
+                             f"divide among {size} ranks; use a group size that divides both")
+        hidden = layer.mlp.gate_proj.weight.shape[0]
+        if hidden % size:
+            raise ValueError(f"the MLP's {hidden} hidden units do not divide among {size} ranks")
+
+
+class ShardedEngine(Engine):
+    """A batch-mode ``Engine`` whose model is split over `group`'s ranks.
+
+    On rank 0 use it like an Engine (``generate``); on the other ranks call
+    ``await engine.follow()``, which returns when rank 0 calls ``close()``.
+
+    Example:
+        >>> group = ea.distributed.init(backend="ring", timeout=30)
+        >>> engine = await ShardedEngine.load(group=group)
+        >>> if group.rank() == 0: ...  # serve; then await engine.close()
+        ... else: await engine.follow()
+    """
+
+    def __init__(self, *args: Any, group: Group, idle_interval: float = 0.02, **kwargs: Any):
+        kwargs["mode"] = "batch"
+        super().__init__(*args, **kwargs)
+        if not (isinstance(idle_interval, (int, float)) and 0 < idle_interval < 60):
+            raise ValueError(f"idle_interval must be in (0, 60) seconds, got {idle_interval!r}")
+        self.group = group
+        self.leader = group.rank() == 0
+        self.idle_interval = float(idle_interval)
+        self._stopped = False
+        self._ticker_done: anyio.Event | None = None
+
+    @classmethod
+    async def load(cls, path: str | None = None, *, group: Group, runtime: Runtime | None = None,
+                   max_concurrent: int | None = None, prefill_chunk: int | None = None,
+                   idle_interval: float = 0.02, load_timeout: float = 600.0, **_ignored: Any) -> ShardedEngine:
+        """Load the model on this rank (as ``Engine.load``), keep its shard, and
+        wait (up to `load_timeout` s) until every rank has done the same; rank 0
+        then starts sending idle plans."""
+        runtime = runtime or get_runtime()
+        whole = await Engine.load(path, runtime=runtime, max_concurrent=max_concurrent, mode="batch",
+                                  prefill_chunk=prefill_chunk)
+        model = whole.model
+        check_shardable(model, group.size())
+
+        def shard() -> None:
+            model.shard(group.mlx_group)
+            mx.eval(model.parameters())  # evaluated slices: usable from the group's thread
+
+        async with runtime.queue() as q:
+            await q.run(shard)
+        engine = cls(model, whole.tokenizer, group=group, eos_ids=whole.eos_ids,
+                     chat_template=whole.chat_template, bos_id=whole.bos_id, runtime=runtime,
+                     max_concurrent=whole.max_concurrent, prefill_chunk=whole.prefill_chunk,
+                     vocab_size=whole.vocab_size, context_length=whole.context_length,
+                     idle_interval=idle_interval)
+        # Every rank is loaded before the first plan: a rank that loads slowly
+        # must not look like a stalled one.
+        ready = await all_sum(mx.array([1], dtype=mx.int32), group=group, timeout=load_timeout)
+        if ready.item() != group.size():
+            raise DistributedError(f"only {ready.item()} of {group.size()} ranks reported ready")
+        if engine.leader:
+            engine._ticker_done = anyio.Event()
+            runtime.start_soon(engine._tick)
+        return engine
+
+    async def _tick(self) -> None:
+        """Rank 0, while no request runs: an idle plan every `idle_interval` seconds."""
+        try:
+            while not self._stopped and self.group.broken is None:
+                await anyio.sleep(self.idle_interval)
+                if not self._stopped and not self._batcher._driving and self.group.broken is None:
+                    await self.group.run(_broadcast_bytes, self.group, _IDLE, what="sharded idle")
+        except DistributedError as exc:  # the group is broken: /health and every request say so
+            logger.error("the sharded engine's group broke while idle: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - the runtime closed under it
+            logger.debug("the idle ticker stopped: %r", exc)
+        finally:
+            self._ticker_done.set()
+
+    @property
+    def broken(self) -> BaseException | None:
+        """The group's DistributedError once it broke, else None."""
+        return self.group.broken
+
+    def generate(self, *args: Any, **kwargs: Any):
+        if not self.leader:
+            raise RuntimeError(f"rank {self.group.rank()} follows rank 0; only rank 0 takes requests")
+        self.group.check()  # a broken group refuses at once instead of queueing
+        return super().generate(*args, **kwargs)
+
+    # ---- rank 0 -------------------------------------------------------------------
+
+    def _plan(self, job, args: tuple) -> bytes:
+        name = job.__name__
+        if name == "_batch_step":
+            _state, joining, leaving = args
+            join = [[r.prompt, r.max_tokens, r.sampler.temperature, r.sampler.top_p, r.sampler.top_k,
+                     r.sampler.seed] for r in joining]
+            return json.dumps({"op": "step", "join": join, "leave": list(leaving)}).encode()
+        if name in ("_batch_start", "_batch_close"):
+            return json.dumps({"op": name[len("_batch_"):]}).encode()
+        raise AssertionError(f"unknown batch job {name}")
+
+    async def _run_batch_job(self, queue, job, *args):
+        # The batcher's pooled queue is not used: every collective of the
+        # group (the plan's and the model's own) goes through its one queue.
+        plan = self._plan(job, args)
+
+        def lead() -> Any:
+            _broadcast_bytes(self.group, plan)
+            return job(*args)
+
+        return await self.group.run(lead, what=f"sharded {job.__name__[len('_batch_'):]}")
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Rank 0: stop the followers (they return from ``follow()``). Idempotent."""
+        if not self.leader or self._stopped or self.group.broken is not None:
+            return
+        self._stopped = True
+        limit = timeout if timeout is not None else self.group.timeout
+        with anyio.move_on_after(limit if limit is not None else math.inf) as waiting:
+            await self._batcher.wait_idle()
+            if self._ticker_done is not None:
+                await self._ticker_done.wait()  # its last idle plan
+        if waiting.cancelled_caught:  # a rank is gone (all of them got SIGTERM, say): do not wait on
+            self.group.declare_broken(DistributedError(
+                f"[sharded close] the ranks did not finish their last step within {limit} s"))
+        if self.group.broken is not None:
+            return
+        stop = json.dumps({"op": "stop"}).encode()
+        await self.group.run(_broadcast_bytes, self.group, stop, timeout=timeout, what="sharded stop")
+
+    # ---- other ranks ----------------------------------------------------------------
+
+    async def follow(self) -> None:
+        """Ranks other than 0: run rank 0's batch jobs, in its order, until it stops.
+
+        Raises DistributedError if the group breaks (rank 0 died, say).
+        """
+        if self.leader:
+            raise RuntimeError("rank 0 leads; follow() is for the other ranks")
+        state: dict[str, Any] = {}
+        while True:
+            op = await self.group.run(self._follow_one, state, what="sharded follow")
+            if op == "stop":
+                return
+            if op == "idle":  # sleep outside the collective (see the module docstring)
+                await anyio.sleep(self.idle_interval * 0.9)
+
+    def _follow_one(self, state: dict) -> str:
+        plan = json.loads(_broadcast_bytes(self.group, None))
+        op = plan["op"]
+        if op == "start":
+            self._batch_start(state)
+        elif op == "step":
+            # What _batch_step reads of a request; no inbox: nobody consumes here.
+            joining = [SimpleNamespace(prompt=prompt, max_tokens=max_tokens, sampler=_Sampler(t, p, k, seed))
+                       for prompt, max_tokens, t, p, k, seed in plan["join"]]
+            self._batch_step(state, joining, plan["leave"])
+        elif op == "close":
+            self._batch_close(state)
+        elif op not in ("stop", "idle"):
+            raise ValueError(f"unknown plan from rank 0: {op!r}")
+        return op
+
+
+__all__ = ["ShardedEngine", "check_shardable"]

@@ -1,0 +1,87 @@
+"""PrefixCache: longest-prefix restore, LRU eviction within its token budget, no shared writes."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from helpers import needs_model
+
+pytestmark = needs_model  # mlx-lm's cache classes
+
+
+def _filled_cache(tokens: list[int], layers: int = 2):
+    """KVCache layers whose keys and values encode each token id (so restores can be checked)."""
+    from mlx_lm.models.cache import KVCache
+
+    cache = []
+    for layer in range(layers):
+        c = KVCache()
+        kv = mx.array(tokens, dtype=mx.float32).reshape(1, 1, len(tokens), 1) + layer
+        c.update_and_fetch(mx.broadcast_to(kv, (1, 2, len(tokens), 4)), mx.broadcast_to(-kv, (1, 2, len(tokens), 4)))
+        cache.append(c)
+    return cache
+
+
+def _fresh(layers: int = 2):
+    from mlx_lm.models.cache import KVCache
+
+    return [KVCache() for _ in range(layers)]
+
+
+def test_restore_takes_the_longest_common_prefix_and_leaves_the_last_token():
+    from emlx_async.llm import PrefixCache
+
+    store = PrefixCache(100)
+    store.save([1, 2, 3, 4], _filled_cache([1, 2, 3, 4]))
+    store.save([1, 2, 9, 9, 9], _filled_cache([1, 2, 9, 9, 9]))
+    cache = _fresh()
+    assert store.restore([1, 2, 9, 9, 7, 8], cache) == 4
+    assert cache[1].offset == 4
+    np.testing.assert_array_equal(np.array(cache[1].keys[0, 0, :, 0]), [2, 3, 10, 10])
+    assert store.restore([1, 2, 3, 4], _fresh()) == 3  # the whole prompt is kept: its last token still runs
+    assert store.restore([5, 6], _fresh()) == 0
+    assert (store.hits, store.reused_tokens) == (2, 7)
+
+
+def test_lru_eviction_keeps_the_token_budget():
+    from emlx_async.llm import PrefixCache
+
+    store = PrefixCache(10)
+    store.save([1, 1, 1, 1], _filled_cache([1, 1, 1, 1]))
+    store.save([2, 2, 2, 2], _filled_cache([2, 2, 2, 2]))
+    assert store.restore([1, 1, 1, 1, 5], _fresh()) == 4   # 1s are now the most recently used
+    store.save([3, 3, 3, 3], _filled_cache([3, 3, 3, 3]))  # 12 tokens > 10: the 2s go
+    assert store.tokens == 8
+    assert store.restore([2, 2, 2, 2, 5], _fresh()) == 0
+    assert store.restore([1, 1, 1, 1, 5], _fresh()) == 4
+    store.save(list(range(11)), _filled_cache(list(range(11))))  # larger than the whole budget: not kept
+    assert store.tokens == 8
+
+
+def test_restored_caches_never_write_into_the_kept_arrays():
+    from emlx_async.llm import PrefixCache
+
+    store = PrefixCache(100)
+    store.save([1, 2, 3], _filled_cache([1, 2, 3]))
+    cache = _fresh()
+    assert store.restore([1, 2, 3, 4], cache) == 3
+    new = mx.full((1, 2, 1, 4), 99.0)
+    cache[0].update_and_fetch(new, new)
+    again = _fresh()
+    store.restore([1, 2, 3, 4], again)
+    np.testing.assert_array_equal(np.array(again[0].keys[0, 0, :, 0]), [1, 2, 3])
+
+
+def test_mismatched_or_unsupported_caches_are_not_kept():
+    from mlx_lm.models.cache import RotatingKVCache
+
+    from emlx_async.llm import PrefixCache
+
+    store = PrefixCache(100)
+    store.save([1, 2], _filled_cache([1, 2, 3]))  # holds 3 tokens, not 2
+    assert store.tokens == 0
+    assert store.restore([1, 2, 3], [RotatingKVCache(8)]) == 0
+    with pytest.raises(ValueError):
+        PrefixCache(0)
