@@ -10,22 +10,33 @@ prompts and the same token budget (greedy):
   (d) emlx_async, one pooled queue per stream (mode "parallel"; with the
       default pool, requests beyond the pool wait for a queue);
   (e) emlx_async, continuous batching on one queue (mode "batch");
+  (d') the same as (d) with the Python decode step (``step="python"``);
+      (d) replays the traced step natively where the model allows it;
   then (d) and (e) under asyncio and trio in interleaved rounds (a fresh
   `asyncio.run` and `trio.run` each), as the ratio of the median rates
   (target: trio within 3% of asyncio).
+Then the busy-loop section: one stream (parallel mode, greedy) while the
+event loop does ordinary Python work (JSON encode/decode, as a server does)
+25%, 50% and 100% of the time (100%: yielding only with sleep(0)), against
+the same work in another process (CPU contention only), Python step versus
+replayed step; decode rate after the first token, and the GIL time per
+step (the step's Python on the worker; the loop's submit for a replay).
 Every scenario stops a request at end-of-sequence, so all produce the same
 tokens. Reports aggregate tokens/s, time to first token, p50/p99 inter-token latency
 and the p99 lag of a 1 ms ticker on the event loop; throughput as a ratio
 to (a) of the same N.
 
-    python benchmarks/decode.py [--tokens 16] [--streams 1,2,4,8] [--loop-rounds 3] [--trio-only]
+    python benchmarks/decode.py [--tokens 16] [--streams 1,2,4,8] [--loop-rounds 3] [--trio-only] [--no-trio] [--no-busy]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -103,8 +114,9 @@ async def run_mlx_lm_batch(engine, prompts, tokens):
     return traces
 
 
-def run_engine(mode):
+def run_engine(mode, python_step: bool = False):
     async def run(engine, prompts, tokens):
+        engine = engine.python_twin if python_step else engine
         engine.mode = mode
         traces = [Trace(time.perf_counter()) for _ in prompts]
 
@@ -125,6 +137,7 @@ SCENARIOS = {
     "(b) asyncio.to_thread": run_to_thread,
     "(c) mlx-lm BatchGenerator": run_mlx_lm_batch,
     "(d) emlx_async parallel": run_engine("parallel"),
+    "(d') parallel, Python step": run_engine("parallel", python_step=True),
     "(e) emlx_async batch": run_engine("batch"),
 }
 
@@ -141,13 +154,18 @@ async def main(args, counts: list[int], rates: dict) -> None:
     # queue per core (at least 2), asyncio's executor min(32, cores + 4)
     # threads. More streams than cores only thrash a small CPU.
     async with ea.Runtime() as runtime:
+        start = time.perf_counter()
         engine = await Engine.load(runtime=runtime, max_concurrent=max(counts))
+        load_s = time.perf_counter() - start
+        engine.python_twin = await python_twin(engine)
         prompts = [engine.encode(p) for p in PROMPTS]
         # Warm up every thread each scenario will use: MLX re-traces compiled
         # functions on each new thread, which should not count against one side.
         await run_engine("parallel")(engine, prompts[:runtime.pool_size], 2)
+        await run_engine("parallel", python_step=True)(engine, prompts[:runtime.pool_size], 2)
         await run_to_thread(engine, prompts[:6], 2)
         print(f"mlx {mx.__version__}, device {mx.default_device()}, {args.tokens} tokens per request, greedy")
+        print(f"engine step: {engine.step_kind} ({engine.step_note}); load with the traces {load_s:.1f} s")
         print(f"{'N':>2} {'scenario':30} {'tokens':>6} {'agg tok/s':>9} {'ratio':>6} {'ttft s':>7} "
               f"{'itl p50 ms':>10} {'itl p99 ms':>10} {'lag p99 ms':>10}")
         for n in counts:
@@ -164,6 +182,125 @@ async def main(args, counts: list[int], rates: dict) -> None:
                 print(f"{n:>2} {name:30} {total:6d} {rate:9.2f} {rate / base:6.2f} {ttft:7.2f} "
                       f"{1000 * pct(gaps, 0.5):10.1f} {1000 * pct(gaps, 0.99):10.1f} "
                       f"{1000 * lag.p99():10.2f}", flush=True)
+
+
+async def python_twin(engine: Engine) -> Engine:
+    """The same model and tokenizer with the Python decode step."""
+    twin = Engine(engine.model, engine.tokenizer, eos_ids=engine.eos_ids, chat_template=engine.chat_template,
+                  bos_id=engine.bos_id, runtime=engine.runtime, max_concurrent=engine.max_concurrent)
+    await twin.prepare_step("python")
+    return twin
+
+
+# ---- the busy-loop section ----------------------------------------------------------
+
+PAYLOAD = {"items": [{"id": i, "name": f"item-{i}", "tags": ["a", "b", "c"], "score": i * 0.5} for i in range(200)]}
+SLICE_S = 0.005
+# The same JSON work, all the time, in another process.
+OTHER_PROCESS = f"""
+import json, time
+payload = {PAYLOAD!r}
+while True:
+    json.loads(json.dumps(payload))
+"""
+
+
+async def busy_loop(share: float, stop: asyncio.Event) -> None:
+    """JSON work on the loop for `share` of the time, in slices of 5 ms."""
+    while not stop.is_set():
+        end = time.perf_counter() + SLICE_S
+        while time.perf_counter() < end:
+            json.loads(json.dumps(PAYLOAD))
+        await asyncio.sleep(0 if share >= 1 else SLICE_S * (1 - share) / share)
+
+
+async def decode_rate(engine: Engine, prompt: list[int], tokens: int, busy: str | float) -> float:
+    """Tokens/s of one stream after its first token, with the loop busy as asked."""
+    stop, task, other = asyncio.Event(), None, None
+    if busy == "other process":
+        other = subprocess.Popen([sys.executable, "-c", OTHER_PROCESS])
+        await asyncio.sleep(0.2)  # let it start
+    elif busy:
+        task = asyncio.ensure_future(busy_loop(busy, stop))
+    stamps = []
+    try:
+        async for delta in engine.generate(prompt, max_tokens=tokens):
+            if delta.token is not None:
+                stamps.append(time.perf_counter())
+    finally:
+        stop.set()
+        if task is not None:
+            await task
+        if other is not None:
+            other.terminate()  # the process this function started
+            other.wait()
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def python_step_gil_ms(engine: Engine, prompt: list[int], steps: int = 8) -> float:
+    """The Python step's graph building per step (it holds the GIL), on this thread."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(engine.model)
+    mx.eval(engine.model(mx.array([prompt]), cache=cache))
+    token, held = mx.array([[1]]), 0.0
+    for _ in range(steps):
+        start = time.perf_counter()
+        logits = engine.model(token, cache=cache)[:, -1, :]
+        next_token = mx.argmax(logits, axis=-1)
+        held += time.perf_counter() - start
+        token = next_token.reshape(1, 1)
+        mx.eval(token)  # evaluation releases the GIL
+    return 1000 * held / steps
+
+
+async def replay_submit_ms(engine: Engine, prompt: list[int], tokens: int) -> float:
+    """The loop's time per replayed step in the submit call (one native job)."""
+    functions = engine._replay.functions
+    held: list[float] = []
+
+    def timed(function):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                held.append(time.perf_counter() - start)
+        return call
+
+    saved = dict(functions)
+    functions.update({size: timed(f) for size, f in saved.items()})
+    try:
+        async for _ in engine.generate(prompt, max_tokens=tokens):
+            pass
+    finally:
+        functions.update(saved)
+    return 1000 * statistics.median(held)
+
+
+async def busy_main(args) -> None:
+    async with ea.Runtime() as runtime:
+        engine = await Engine.load(runtime=runtime, max_concurrent=1)
+        twin = await python_twin(engine)
+        prompt = engine.encode(PROMPTS[0])
+        engines = {"python step": twin, "replayed step": engine}
+        for e in engines.values():
+            await decode_rate(e, prompt, 4, 0)  # warm up
+        print(f"\nbusy loop: one stream, {args.busy_tokens} tokens, decode tok/s after the first token "
+              f"(engine step: {engine.step_kind})")
+        print(f"{'loop busy':>26}" + "".join(f" {k + ' tok/s':>20} {'vs other':>8}" for k in engines))
+        rates: dict = {}
+        for busy in (0, "other process", 0.25, 0.5, 1.0):
+            for kind, e in engines.items():
+                rates[(busy, kind)] = await decode_rate(e, prompt, args.busy_tokens, busy)
+            label = "idle loop" if busy == 0 else busy if isinstance(busy, str) else f"{busy:.0%} in-process"
+            print(f"{label:>26}" + "".join(
+                f" {rates[(busy, k)]:20.2f} {rates[(busy, k)] / rates[('other process', k)]:7.2f}x"
+                if busy != 0 else f" {rates[(busy, k)]:20.2f} {'':>8}" for k in engines), flush=True)
+        gil_python = python_step_gil_ms(engine, prompt)
+        gil_replay = await replay_submit_ms(engine, prompt, args.busy_tokens)
+        print(f"GIL per step: Python step {gil_python:.2f} ms of graph building on the worker; "
+              f"replayed step {gil_replay:.3f} ms on the loop (the submit), 0 on the worker")
 
 
 ENGINE_SCENARIOS = ("(d) emlx_async parallel", "(e) emlx_async batch")
@@ -217,9 +354,14 @@ if __name__ == "__main__":
     parser.add_argument("--no-trio", action="store_true", help="skip the trio comparison")
     parser.add_argument("--trio-only", action="store_true", help="only the trio comparison")
     parser.add_argument("--loop-rounds", type=int, default=3, help="interleaved asyncio/trio rounds")
+    parser.add_argument("--no-busy", action="store_true", help="skip the busy-loop section")
+    parser.add_argument("--busy-only", action="store_true", help="only the busy-loop section")
+    parser.add_argument("--busy-tokens", type=int, default=24)
     cli = parser.parse_args()
     streams = [int(n) for n in cli.streams.split(",")]
-    if not cli.trio_only:
+    if not (cli.trio_only or cli.busy_only):
         asyncio.run(main(cli, streams, {}))
-    if not cli.no_trio:
+    if not (cli.no_trio or cli.busy_only):
         compare_loops(cli, streams)
+    if not (cli.no_busy or cli.trio_only):
+        asyncio.run(busy_main(cli))

@@ -474,12 +474,16 @@ int emlx_submit_op(emlx_worker* worker, uint64_t job_id, int op, void** arrays, 
       if ((donate_mask >> i) & 1) job.donated.push_back(i);
     emlx::GilGuard gil;
     for (size_t i = 0; i < n_arrays; ++i) job.arrays.push_back(emlx::array_of(arrays[i]));
-    // Everything that can fail is done: only now take the only reference of
-    // donated inputs (their objects hold a scalar until results come back).
+    // Take the only reference of donated inputs (their objects hold a scalar
+    // until results come back) BEFORE the job is queued: a spinning worker
+    // may start it at once, and a reference still in the caller's object
+    // then makes MLX copy the buffer instead of updating it in place.
+    for (size_t i = 0; i < n_arrays && i < 64; ++i)
+      if ((donate_mask >> i) & 1) emlx::array_of(arrays[i]) = mx::array(0.0f);
     int status = worker->submit(std::move(job));
-    if (status == 0) {
+    if (status != 0) {  // not queued (job was not moved): the caller's arrays come back
       for (size_t i = 0; i < n_arrays && i < 64; ++i)
-        if ((donate_mask >> i) & 1) emlx::array_of(arrays[i]) = mx::array(0.0f);
+        if ((donate_mask >> i) & 1) emlx::array_of(arrays[i]) = job.arrays[i];
     }
     return status;
   });

@@ -64,6 +64,9 @@ class ArrayState:
     stream_index: int = -1
 
 
+# Evaluated arrays are the common case (a replayed step's weights: hundreds
+# per call): one shared state instead of a new object each.
+_AVAILABLE_STATE = ArrayState(AVAILABLE)
 _out_device = ffi.new("int*")
 _out_stream = ffi.new("int*")
 
@@ -78,7 +81,7 @@ def array_state(array: mx.array) -> ArrayState:
     state = lib.emlx_array_state(ffi.cast("void*", id(array)), _out_device, _out_stream)
     if state == LAZY:
         return ArrayState(state, _out_device[0], _out_stream[0])
-    return ArrayState(state)
+    return _AVAILABLE_STATE if state == AVAILABLE else ArrayState(state)
 
 
 def handles(arrays: list[mx.array]):

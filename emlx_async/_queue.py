@@ -19,7 +19,7 @@ Cancellation contract (the same for every kind of job):
   to stop early.
 
 Donation (``donate=`` on op jobs): the job takes the only reference to the
-donated inputs when it reaches the worker. On every path that does not
+donated inputs when it is queued (before a spinning worker can start it). On every path that does not
 succeed before the graph is built (dropped, cancelled while queued, invalid
 arguments) the caller's arrays get their original contents back. A job that
 ran (even one whose awaiter gave up, or whose non-finite check failed)

@@ -220,15 +220,33 @@ async def test_donated_cache_is_published_into_the_input():
         for position in range(6):
             total = await f(x * position, cache, mx.array(position, dtype=mx.int32), queue=q, donate={1: 1})
             close(total, mx.tanh(x * position).sum())
-        # The updated cache is published into the caller's object. (Whether
-        # MLX reuses the buffer depends on the op path's references when the
-        # job runs, as for kv_cache_attention: not asserted here.)
+        # The updated cache is published into the caller's object.
         want = np.zeros((256, 4), np.float32)
         for position in range(6):
             want[position] = np.tanh(np.array(x) * position)
         np.testing.assert_allclose(np.array(cache), want, rtol=1e-6)
         with pytest.raises(ValueError, match="does not exist"):
             f(x, cache, mx.array(0, dtype=mx.int32), queue=q, donate={1: 5})
+
+
+def buffer_address(x: mx.array) -> int:
+    view = np.asarray(x)  # zero-copy: the array's own buffer
+    return view.__array_interface__["data"][0]
+
+
+async def test_donated_cache_is_updated_in_place():
+    # The job must hold the only reference when it runs: the caller's object
+    # gives its array up before the job is queued (a spinning worker starts
+    # it at once), else MLX copies the cache every step.
+    x, cache = rand(4), mx.zeros((4096, 4))
+    mx.eval(cache)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(write_row, x, cache, mx.array(0, dtype=mx.int32), queue=q)
+        address = buffer_address(cache)
+        for position in range(8):
+            await f(x, cache, mx.array(position, dtype=mx.int32), queue=q, donate={1: 1})
+            assert buffer_address(cache) == address, f"step {position} copied the donated cache"
 
 
 async def test_released_function_is_freed():

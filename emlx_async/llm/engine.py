@@ -8,6 +8,15 @@
   requests join and leave at step boundaries and long prompts are prefilled
   in chunks (see _Batcher).
 
+The decode step ("parallel" mode): for llama models ``Engine.load`` traces a
+fixed-shape step once per cache size (emlx_async.llm.traced: preallocated KV
+caches, sampling inside the graph, the weights as inputs so every queue
+shares them) and each step is replayed natively: one job, no Python, no GIL.
+The prompt is prefilled in Python (mlx-lm, chunked) and copied into the
+fixed cache. Other models, a failed trace, batch mode and ``step="python"``
+use the Python step; ``engine.step_kind`` says which runs and
+``engine.step_note`` why.
+
 Cancellation: leaving the ``async for`` early (break, ``aclose()``, task
 cancellation) drops the request's KV cache and hands its queue (or batch row)
 back at once, or at the next step boundary; a step already running finishes
@@ -38,6 +47,8 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 from .. import QueueFull, Runtime, cancelled, get_runtime
+from .. import replay as _replay
+from . import traced as _traced
 from .prompt_cache import PrefixCache
 
 # Decode steps queued ahead of the consumer in "parallel" mode.
@@ -47,6 +58,13 @@ _CPU_PREFILL_CHUNK = 32
 _GPU_PREFILL_CHUNK = 512
 # Seeds of any size are folded into the range mx.random.key takes.
 _SEED_RANGE = 2**64
+# Fixed KV cache lengths of the replayed step (capped at the model's context,
+# which is always one): a request uses the smallest that holds its prompt and
+# max_tokens. Each is one trace; attention reads the whole cache every step.
+_CACHE_SIZES = (256, 1024, 4096)
+# Model types whose layers are traced.forward's llama layout.
+_TRACEABLE = {"llama"}
+_STEP_CHOICES = ("auto", "replay", "python")
 # OpenAI's bound on top_logprobs.
 MAX_TOP_LOGPROBS = 20
 
@@ -214,11 +232,16 @@ class Engine:
         self._active = 0
         self._template = None  # the compiled chat template
         self._batcher = _Batcher(self)
+        self.step_kind = "python"  # "replay" once prepare_step() has traced the step
+        self.step_note = "the step is not prepared (Engine.load prepares it)"
+        self._replay: _ReplayStep | None = None
 
     @classmethod
     async def load(cls, path: str | None = None, *, runtime: Runtime | None = None,
                    max_concurrent: int | None = None, mode: str = "parallel",
-                   prefill_chunk: int | None = None, prompt_cache: PrefixCache | None = None) -> Engine:
+                   prefill_chunk: int | None = None, prompt_cache: PrefixCache | None = None,
+                   step: str = "auto",
+                   cache_sizes: Sequence[int] | None = None) -> Engine:
         """Load SmolLM2 (path None), a GGUF file, or an mlx-lm model folder.
 
         `mode` "parallel" runs each request on its own pooled queue; "batch"
@@ -228,7 +251,12 @@ class Engine:
         streams stall while a prompt is prefilled. `prompt_cache` (a
         ``PrefixCache``) lets prompts that share a prefix with earlier ones
         skip prefilling it.
+        `step` "auto" replays a traced decode step where the model allows it
+        and falls back to the Python step otherwise; "replay" requires it;
+        "python" forces the Python step (see prepare_step).
         """
+        if step not in _STEP_CHOICES:
+            raise ValueError(f"step must be one of {_STEP_CHOICES}, got {step!r}")
         runtime = runtime or get_runtime()
 
         def load():
@@ -238,8 +266,51 @@ class Engine:
 
         async with runtime.queue() as q:
             model, tokenizer, extra = await q.run(load)
-        return cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=mode,
-                   prefill_chunk=prefill_chunk, prompt_cache=prompt_cache, **extra)
+        engine = cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=mode,
+                     prefill_chunk=prefill_chunk, prompt_cache=prompt_cache, **extra)
+        await engine.prepare_step(step, cache_sizes=cache_sizes)
+        return engine
+
+    async def prepare_step(self, step: str = "auto", *, cache_sizes: Sequence[int] | None = None) -> str:
+        """Choose the decode step; returns (and sets) ``step_kind``, "replay" or "python".
+
+        "auto" traces the replayed step for llama models in "parallel" mode
+        (one trace per cache size) and falls back to the Python step, with
+        the reason in ``step_note``, for any other model, batch mode, or a
+        trace that fails or disagrees with the model; "replay" raises
+        ValueError instead of falling back. Call before any request.
+        """
+        if step not in _STEP_CHOICES:
+            raise ValueError(f"step must be one of {_STEP_CHOICES}, got {step!r}")
+        if cache_sizes is not None and (not cache_sizes or not all(_is_int(n) and n > 0 for n in cache_sizes)):
+            raise ValueError(f"cache_sizes must be positive ints, got {cache_sizes!r}")
+        if self._replay is not None:
+            self._replay.release()
+        self._replay, self.step_kind = None, "python"
+        if step == "python":
+            self.step_note = "the Python step was asked for"
+            return self.step_kind
+        reason = None
+        if self.mode == "batch":
+            reason = "batch mode runs mlx-lm's BatchGenerator (a Python step)"
+        elif getattr(getattr(self.model, "args", None), "model_type", None) not in _TRACEABLE:
+            model_type = getattr(getattr(self.model, "args", None), "model_type", type(self.model).__name__)
+            reason = f"model type {model_type!r} has no traced step (only {sorted(_TRACEABLE)})"
+        if reason is None:
+            sizes = sorted({min(n, self.context_length or n) for n in (cache_sizes or _CACHE_SIZES)}
+                           | ({self.context_length} if self.context_length and cache_sizes is None else set()))
+            try:
+                self._replay = await _ReplayStep.trace(self, sizes)
+            except Exception as exc:  # noqa: BLE001 - any failure means: use the Python step
+                reason = f"tracing the step failed: {exc!r}"
+        if reason is not None:
+            if step == "replay":
+                raise ValueError(f"the replayed step is not available: {reason}")
+            self.step_note = reason
+            return self.step_kind
+        self.step_kind = "replay"
+        self.step_note = f"traced for caches of {self._replay.sizes} tokens"
+        return self.step_kind
 
     async def save(self, path: str) -> None:
         """Write the model as an mlx-lm folder at `path` (new or empty): weights
@@ -435,8 +506,13 @@ class Engine:
         stats.prompt_tokens = len(prompt)
         async with self._slots:
             self._active += 1
-            source = (self._batched_tokens if self.mode == "batch" else self._parallel_tokens)(
-                prompt, max_tokens, sampler)
+            if self.mode == "batch":
+                source = self._batched_tokens(prompt, max_tokens, sampler)
+            elif (self._replay is not None and sampler.logprobs is None
+                  and self._replay.size_for(len(prompt) + max_tokens) is not None):
+                source = self._replayed_tokens(prompt, max_tokens, sampler)
+            else:  # the Python step (also for logprobs, and past the largest traced cache)
+                source = self._parallel_tokens(prompt, max_tokens, sampler)
             try:
                 detok = _Detokenizer(self.tokenizer)
                 held = ""  # text that may be the start of a stop string
@@ -532,6 +608,71 @@ class Engine:
         # them takes this step even where a faster one exists.
         return (token, *_token_logprobs(logits[0], token, sampler.logprobs))
 
+    # ---- mode "parallel", replayed step -------------------------------------------
+
+    async def _replayed_tokens(self, prompt: list[int], max_tokens: int,
+                               sampler: _Sampler) -> AsyncIterator[int | str]:
+        """Token ids, then a finish reason: the Python prefill, then one replayed job per token.
+
+        The next step is submitted before this token is yielded, so the worker
+        decodes while the consumer handles the token. The step donates the
+        key and the caches: their updated arrays are published back into
+        the request's own objects.
+        """
+        replay = self._replay
+        assert replay is not None
+        size = replay.size_for(len(prompt) + max_tokens)
+        function = replay.functions[size]
+        queue = await self.runtime.acquire_queue()
+        state: dict[str, Any] = {}
+        pending = None
+        try:
+            token = await queue.run(self._replay_prefill, state, prompt, sampler, size)
+            position = len(prompt)
+            options = _traced.sampling_inputs(sampler.temperature, sampler.top_p, sampler.top_k, replay.vocab)
+            steps_left = max_tokens - 1
+            while True:
+                if token in self.eos_ids:
+                    yield "stop"
+                    return
+                if steps_left > 0:
+                    pending = function(*state["caches"], state["key"], state["token"],
+                                       mx.array(position, dtype=mx.int32), *options, *replay.weights,
+                                       queue=queue, donate=replay.donate)
+                    position += 1
+                    steps_left -= 1
+                yield token
+                if pending is None:
+                    break
+                out, pending = await pending, None
+                if replay.donate is None:  # not donated: the new key and caches are outputs
+                    out, state["key"], *state["caches"] = out
+                state["token"] = out
+                token = state["token"].item()
+            yield "length"
+        finally:
+            if pending is not None:
+                pending.cancel()  # dropped if queued; discarded if running
+            state.clear()  # drops the KV cache
+            self.runtime.release_queue(queue)
+
+    def _replay_prefill(self, state: dict, prompt: list[int], sampler: _Sampler, size: int) -> int | None:
+        """On the request's queue: mlx-lm's chunked prefill, copied into fixed caches of `size` tokens."""
+        token = self._prefill(state, prompt, sampler)
+        if token is None:
+            return None  # cancelled
+        caches = []
+        for layer in state.pop("cache"):
+            for part in (layer.keys, layer.values):
+                fixed = mx.zeros((*part.shape[:2], size, part.shape[3]), dtype=self._replay.dtype)
+                fixed[:, :, :layer.offset, :] = part[:, :, :layer.offset, :]
+                caches.append(fixed)
+        # The Python sampler's key after the first token: the graph continues its stream.
+        key = sampler.key if sampler.key is not None else mx.random.key(sampler.seed)
+        state.update(caches=caches, key=key, token=mx.array([[token]], dtype=mx.int32))
+        mx.eval(caches, key, state["token"])
+        return token
+
     # ---- mode "batch": continuous batching on one queue ---------------------------
 
     def _batch_start(self, state: dict) -> None:
@@ -625,6 +766,73 @@ class Engine:
     @property
     def active_requests(self) -> int:
         return self._active
+
+
+class _ReplayStep:
+    """The traced decode step, one TracedFunction per cache size, with the weights they share."""
+
+    def __init__(self, functions: dict[int, Any], weights: list[mx.array], dtype: mx.Dtype, layers: int,
+                 vocab: int):
+        self.functions = functions
+        self.vocab = vocab  # the logits' width: top_k at or past it keeps every token
+        self.sizes = sorted(functions)
+        self.weights = weights
+        self.dtype = dtype
+        # Caches -> outputs 2..., key -> output 1. The op path's donation mask
+        # covers the first 64 inputs: deeper models take the outputs instead.
+        self.donate = {**{i: 2 + i for i in range(2 * layers)}, 2 * layers: 1} if 2 * layers < 64 else None
+
+    def size_for(self, tokens: int) -> int | None:
+        return next((n for n in self.sizes if n >= tokens), None)
+
+    def release(self) -> None:
+        for function in self.functions.values():
+            function.release()
+
+    @classmethod
+    async def trace(cls, engine: Engine, sizes: list[int]) -> _ReplayStep:
+        model = engine.model
+        weights = _traced.model_weights(model)
+        layers = len(model.model.layers)
+        functions: dict[int, Any] = {}
+        async with engine.runtime.queue() as queue:
+            dtype, vocab = await queue.run(_check_forward, model)
+            step = _traced.make_sampling_step(model, weights_as_inputs=True)
+            try:
+                for size in sizes:
+                    example = [*_traced.empty_caches(model, size, dtype), mx.random.key(0),
+                               mx.array([[0]], dtype=mx.int32), mx.array(0, dtype=mx.int32),
+                               *_traced.sampling_inputs(0.0, 1.0, 0, 1)]
+                    functions[size] = await _replay.trace(step, *example, *weights, queue=queue)
+            except BaseException:
+                for function in functions.values():
+                    function.release()
+                raise
+        return cls(functions, weights, dtype, layers, vocab)
+
+
+def _check_forward(model) -> tuple[mx.Dtype, int]:
+    """On a worker: the fixed-cache forward agrees with the model's own on two tokens.
+
+    Returns the cache dtype (mlx-lm's, so the prefill copies exactly) and the
+    logits' width.
+
+    A model that says "llama" but computes something else (an extra norm, a
+    different attention) fails here rather than decoding wrong tokens.
+    """
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    tokens = [1, 2]
+    want = [model(mx.array([[t]]), cache=cache)[:, -1, :] for t in tokens]
+    dtype = cache[0].keys.dtype
+    caches = _traced.empty_caches(model, 8, dtype)
+    for position, token in enumerate(tokens):
+        logits, caches = _traced.forward(model, mx.array([[token]], dtype=mx.int32),
+                                         mx.array(position, dtype=mx.int32), caches)
+        if not mx.allclose(logits.astype(mx.float32), want[position].astype(mx.float32), rtol=1e-2, atol=1e-2).item():
+            raise ValueError("the fixed-cache forward disagrees with the model's own")
+    return dtype, int(want[0].shape[-1])
 
 
 class _BatchRequest:
