@@ -48,6 +48,9 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/ops.py
 	$(PY) benchmarks/decode.py
 	$(PY) benchmarks/replay.py
+	$(PY) benchmarks/prompt_cache.py
+	$(PY) benchmarks/serve.py
+	$(PY) benchmarks/distributed.py
 
 # The wheel as users get it: pip's default build isolation (the build installs
 # its own setuptools, cffi and MLX from pyproject's [build-system]), the sdist
