@@ -259,6 +259,16 @@ class _Counters:
     def uptime_ns(self, now_ns: int) -> int:
         return (self.closed_ns or now_ns) - self.opened_ns
 
+    def add(self, other: _Counters) -> None:
+        """Add `other`'s job counts and times to these (totals over queues)."""
+        self.submitted += other.submitted
+        self.started += other.started
+        self.completed += other.completed
+        self.failed += other.failed
+        self.cancelled += other.cancelled
+        self.wait_ns += other.wait_ns
+        self.run_ns += other.run_ns
+
     def snapshot(self, name: str, role: str, now_ns: int) -> QueueStats:
         uptime = self.uptime_ns(now_ns)
         return QueueStats(name=name, role=role, submitted=self.submitted, started=self.started,

@@ -227,13 +227,7 @@ class Runtime:
         total.opened_ns, total.closed_ns = self._retired.opened_ns, self._retired.closed_ns
         lifetime_ns = self._retired_lifetime_ns
         for counters in [self._retired, *(q._counters for q in self._made_queues)]:
-            total.submitted += counters.submitted
-            total.started += counters.started
-            total.completed += counters.completed
-            total.failed += counters.failed
-            total.cancelled += counters.cancelled
-            total.wait_ns += counters.wait_ns
-            total.run_ns += counters.run_ns
+            total.add(counters)
         lifetime_ns += sum(q._counters.uptime_ns(now) for q in self._made_queues)
         snapshot = total.snapshot("total", "total", now)
         busy = min(1.0, total.run_ns / lifetime_ns) if lifetime_ns > 0 else 0.0
@@ -246,14 +240,7 @@ class Runtime:
             if not counters.closed_ns:
                 kept.append(queue)
                 continue
-            retired = self._retired
-            retired.submitted += counters.submitted
-            retired.started += counters.started
-            retired.completed += counters.completed
-            retired.failed += counters.failed
-            retired.cancelled += counters.cancelled
-            retired.wait_ns += counters.wait_ns
-            retired.run_ns += counters.run_ns
+            self._retired.add(counters)
             self._retired_lifetime_ns += counters.closed_ns - counters.opened_ns
         self._made_queues = kept
 

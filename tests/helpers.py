@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 
@@ -172,3 +176,44 @@ class Awaiter:
 
     def cancel(self):
         self.scope.cancel()
+
+
+class ServerProcess:
+    """`python -m emlx_async.serve ARGS` on a free loopback port, stopped (killed if
+    still running) by the test that started it; its output goes to a temporary file."""
+
+    def __init__(self, *args: str):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "emlx_async.serve", "--host", "127.0.0.1", "--port", str(self.port), *args],
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.url) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"the server exited ({self.process.returncode}): {self.output()}")
+                try:
+                    if client.get("/health").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+        raise RuntimeError(f"the server was not ready in {timeout}s: {self.output()}")
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:  # a shutdown test did not run or failed
+            self.process.kill()
+            self.process.wait()
+        self.log.close()

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 
 import pytest
+from helpers import ServerProcess
 
 pytestmark = [
     pytest.mark.model,
@@ -27,50 +24,10 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 SHUTDOWN_TIMEOUT = 2.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class HypercornServer:
-    def __init__(self):
-        self.url = f"http://127.0.0.1:{_free_port()}"
-        self.log = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "emlx_async.serve", "--server", "hypercorn", "--host", "127.0.0.1",
-             "--port", self.url.rsplit(":", 1)[1], "--max-concurrent", "2",
-             "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), "--log-level", "warning"],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def wait_ready(self, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        with httpx.Client(base_url=self.url) as client:
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"the server exited ({self.process.returncode}): {self.output()}")
-                try:
-                    if client.get("/health").status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)
-        raise RuntimeError(f"the server was not ready in {timeout}s: {self.output()}")
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:  # the shutdown test did not run or failed
-            self.process.kill()
-            self.process.wait()
-        self.log.close()
-
-
 @pytest.fixture(scope="module")
 def server():
-    live = HypercornServer()
+    live = ServerProcess("--server", "hypercorn", "--max-concurrent", "2", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT),
+                         "--log-level", "warning")
     try:
         live.wait_ready()
         yield live
