@@ -298,17 +298,21 @@ void emlx_worker::run_op_job(Job& job) {
 // competing with it, wait longer for their next turn than a parked thread
 // that is woken: measured with load average 10 on 2 cores, the empty job's
 // round trip was 24-79 us with the spin against 18-29 us without it. A gap
-// between two clock reads of the spin loop means the thread was descheduled;
-// then the worker parks at once for the next 256 jobs, twice as many each time
-// the next try is preempted too (up to 65536), half as many after a clean one.
+// of over 200 us between two clock reads of the spin loop means the thread
+// was descheduled (a time slice lost to another runnable thread); then the
+// worker parks at once for the next 64 jobs, twice as many each time the next
+// try is preempted too (up to 65536), half as many after a clean one. Shorter
+// gaps are interrupts and the hypervisor's jitter, seen on idle VMs too: with
+// a 20 us threshold one of them turned the spin off for the rest of a
+// benchmark case, and the idle round trip swung between 12 and 90 us.
 void emlx_worker::spin_for_work() {
   static const long spin_us = [] {
     const char* text = std::getenv("EMLX_SPIN_US");
     long value = text ? std::strtol(text, nullptr, 10) : 50;
     return value < 0 ? 0 : std::min(value, 10000L);
   }();
-  constexpr unsigned kMinBackoff = 256, kMaxBackoff = 65536;
-  constexpr auto kPreempted = std::chrono::microseconds(20);
+  constexpr unsigned kMinBackoff = 64, kMaxBackoff = 65536;
+  constexpr auto kPreempted = std::chrono::microseconds(200);
   if (spin_us == 0 || queued.load(std::memory_order_acquire) != 0) return;
   if (spin_backoff > 0) {
     --spin_backoff;
