@@ -208,6 +208,17 @@ class ServerProcess:
                 time.sleep(0.1)
         raise RuntimeError(f"the server was not ready in {timeout}s: {self.output()}")
 
+    def __enter__(self) -> ServerProcess:
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
     def output(self) -> str:
         self.log.seek(0)
         return self.log.read().decode(errors="replace")

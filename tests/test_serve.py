@@ -40,13 +40,9 @@ MODE = os.environ.get("EMLX_SERVE_TEST_MODE", "parallel")
 
 @pytest.fixture(scope="module")
 def server():
-    live = ServerProcess("--mode", MODE, "--max-concurrent", str(MAX_CONCURRENT), "--max-waiting", str(MAX_WAITING),
-                         "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), "--log-level", "warning")
-    try:
-        live.wait_ready()
+    with ServerProcess("--mode", MODE, "--max-concurrent", str(MAX_CONCURRENT), "--max-waiting", str(MAX_WAITING),
+                        "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), "--log-level", "warning") as live:
         yield live
-    finally:
-        live.stop()
 
 
 @pytest.fixture

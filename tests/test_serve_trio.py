@@ -26,13 +26,9 @@ SHUTDOWN_TIMEOUT = 2.0
 
 @pytest.fixture(scope="module")
 def server():
-    live = ServerProcess("--server", "hypercorn", "--max-concurrent", "2", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT),
-                         "--log-level", "warning")
-    try:
-        live.wait_ready()
+    with ServerProcess("--server", "hypercorn", "--max-concurrent", "2", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT),
+                        "--log-level", "warning") as live:
         yield live
-    finally:
-        live.stop()
 
 
 @pytest.fixture
