@@ -10,12 +10,13 @@ prompts and the same token budget (greedy):
   (d) emlx_async, one pooled queue per stream (mode "parallel"; with the
       default pool, requests beyond the pool wait for a queue);
   (e) emlx_async, continuous batching on one queue (mode "batch");
-  (d') the same as (d) with the Python decode step (``step="python"``);
-      (d) replays the traced step natively where the model allows it;
+  (d') and (e') the same as (d) and (e) with the Python decode step
+      (``step="python"``; (e') is mlx-lm's BatchGenerator): (d) and (e)
+      replay the traced step natively where the model allows it;
   then (d) and (e) under asyncio and trio in interleaved rounds (a fresh
   `asyncio.run` and `trio.run` each), as the ratio of the median rates
   (target: trio within 3% of asyncio).
-Then the busy-loop section: one stream (parallel mode, greedy) while the
+Then the busy-loop section: one stream (greedy, each mode) while the
 event loop does ordinary Python work (JSON encode/decode, as a server does)
 25%, 50% and 100% of the time (100%: yielding only with sleep(0)), against
 the same work in another process (CPU contention only), Python step versus
@@ -139,6 +140,7 @@ SCENARIOS = {
     "(d) emlx_async parallel": run_engine("parallel"),
     "(d') parallel, Python step": run_engine("parallel", python_step=True),
     "(e) emlx_async batch": run_engine("batch"),
+    "(e') batch, Python step": run_engine("batch", python_step=True),
 }
 
 
@@ -157,7 +159,7 @@ async def main(args, counts: list[int], rates: dict) -> None:
         start = time.perf_counter()
         engine = await Engine.load(runtime=runtime, max_concurrent=max(counts))
         load_s = time.perf_counter() - start
-        engine.python_twin = await python_twin(engine)
+        engine.python_twin = await twin_of(engine)
         prompts = [engine.encode(p) for p in PROMPTS]
         # Warm up every thread each scenario will use: MLX re-traces compiled
         # functions on each new thread, which should not count against one side.
@@ -184,11 +186,11 @@ async def main(args, counts: list[int], rates: dict) -> None:
                       f"{1000 * lag.p99():10.2f}", flush=True)
 
 
-async def python_twin(engine: Engine) -> Engine:
-    """The same model and tokenizer with the Python decode step."""
+async def twin_of(engine: Engine, mode: str = "parallel", step: str = "python") -> Engine:
+    """The same model and tokenizer in `mode` with the `step` decode step."""
     twin = Engine(engine.model, engine.tokenizer, eos_ids=engine.eos_ids, chat_template=engine.chat_template,
-                  bos_id=engine.bos_id, runtime=engine.runtime, max_concurrent=engine.max_concurrent)
-    await twin.prepare_step("python")
+                  bos_id=engine.bos_id, runtime=engine.runtime, max_concurrent=engine.max_concurrent, mode=mode)
+    await twin.prepare_step(step)
     return twin
 
 
@@ -281,9 +283,12 @@ async def replay_submit_ms(engine: Engine, prompt: list[int], tokens: int) -> fl
 async def busy_main(args) -> None:
     async with ea.Runtime() as runtime:
         engine = await Engine.load(runtime=runtime, max_concurrent=1)
-        twin = await python_twin(engine)
+        twin = await twin_of(engine)
         prompt = engine.encode(PROMPTS[0])
         engines = {"python step": twin, "replayed step": engine}
+        if args.busy_batch:
+            engines.update({"batch, python": await twin_of(engine, "batch"),
+                            "batch, replayed": await twin_of(engine, "batch", "auto")})
         for e in engines.values():
             await decode_rate(e, prompt, 4, 0)  # warm up
         print(f"\nbusy loop: one stream, {args.busy_tokens} tokens, decode tok/s after the first token "
@@ -357,6 +362,7 @@ if __name__ == "__main__":
     parser.add_argument("--no-busy", action="store_true", help="skip the busy-loop section")
     parser.add_argument("--busy-only", action="store_true", help="only the busy-loop section")
     parser.add_argument("--busy-tokens", type=int, default=24)
+    parser.add_argument("--busy-batch", action="store_true", help="also batch mode in the busy-loop section")
     cli = parser.parse_args()
     streams = [int(n) for n in cli.streams.split(",")]
     if not (cli.trio_only or cli.busy_only):

@@ -81,7 +81,7 @@ async def rank_main(tokens: int) -> None:
     assert len(engine.model.layers) == layers and engine.model.args.hidden_size == hidden
     await decode(engine, 4)  # warm-up
     ttft, steps = await decode(engine, tokens)
-    await engine._batcher.wait_idle()
+    await engine.wait_idle()
     print("IDLE-START", flush=True)
     await asyncio.sleep(3)
     print("IDLE-END", flush=True)

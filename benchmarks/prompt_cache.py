@@ -73,7 +73,7 @@ async def main() -> None:
                   f"filling the cache {fill:.2f} s, with the cached prefix {warm:.2f} s "
                   f"({cold / warm:.1f}x faster)", flush=True)
             for engine in (plain, cached):
-                await engine._batcher.wait_idle()
+                await engine.wait_idle()
         print()
         print(f"{'mode':<10}{'prompt':>8}{'reused':>8}{'no cache s':>12}{'fill s':>9}{'cached s':>10}{'speed-up':>10}")
         for mode, prompt_tokens, reused, cold, fill, warm in rows:

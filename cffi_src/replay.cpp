@@ -51,6 +51,9 @@ struct Entry {
   std::string bytes;
   bool shapeless = false;
   std::optional<std::vector<Spec>> specs;
+  // Evaluated arrays appended to every call's inputs (emlx_replay_bind): the
+  // caller passes only the leading inputs.
+  std::vector<mx::array> bound;
   std::mutex mutex;
   std::unordered_map<std::thread::id, std::shared_ptr<Instance>> instances;
 };
@@ -223,8 +226,17 @@ void bind_graph(Instance& inst, const std::vector<mx::array>& outputs, const std
 
 }  // namespace
 
-std::vector<mx::array> replay_call(const std::vector<mx::array>& xs, int64_t id, mx::Stream s, mx::Stream sc) {
+std::vector<mx::array> replay_call(const std::vector<mx::array>& given, int64_t id, mx::Stream s, mx::Stream sc) {
   auto entry = find_entry(id);
+  const std::vector<mx::array>* inputs = &given;
+  std::vector<mx::array> all;
+  if (!entry->bound.empty()) {
+    all.reserve(given.size() + entry->bound.size());
+    all.insert(all.end(), given.begin(), given.end());
+    all.insert(all.end(), entry->bound.begin(), entry->bound.end());
+    inputs = &all;
+  }
+  const auto& xs = *inputs;
   check_inputs(*entry, xs);
   auto inst = instance_for(*entry, s);
   auto outputs = (*inst->fn)(xs);
@@ -261,6 +273,48 @@ int emlx_replay_register(const char* path, int shapeless, int n_inputs, const in
     std::lock_guard lock(emlx::registry_mutex);
     *id = emlx::next_id++;
     emlx::registry.emplace(*id, std::move(entry));
+    return 0;
+  });
+}
+
+int emlx_replay_bind(int64_t id, void** arrays, size_t count, int64_t* bound_id) {
+  return emlx::guarded([&] {
+    auto entry = emlx::find_entry(id);
+    auto made = std::make_shared<emlx::Entry>();
+    made->bytes = entry->bytes;
+    made->shapeless = entry->shapeless;
+    made->specs = entry->specs;
+    {
+      emlx::GilGuard gil;  // handles can be swapped by in-place ops on other threads
+      for (size_t i = 0; i < count; ++i) made->bound.push_back(emlx::array_of(arrays[i]));
+    }
+    // These come just before the inputs bound already.
+    made->bound.insert(made->bound.end(), entry->bound.begin(), entry->bound.end());
+    size_t inputs = made->specs ? made->specs->size() : 0;
+    if (made->specs && made->bound.size() > inputs)
+      throw std::invalid_argument("[replay] cannot bind " + std::to_string(count) + " array(s): the function takes " +
+                                  std::to_string(inputs) + " input(s)" +
+                                  (entry->bound.empty() ? "" : ", " + std::to_string(entry->bound.size()) +
+                                                                   " of them bound already"));
+    for (size_t k = 0; k < made->bound.size(); ++k) {
+      const auto& x = made->bound[k];
+      // Any worker reads them, concurrently: only evaluated arrays can be shared.
+      if (!x.is_available())
+        throw std::invalid_argument("[replay] bound array " + std::to_string(k) +
+                                    " is not evaluated (mx.eval it on the thread that built it first)");
+      if (made->specs) {
+        const auto& want = (*made->specs)[inputs - made->bound.size() + k];
+        if (x.dtype() != want.dtype || (!made->shapeless && x.shape() != want.shape))
+          throw std::invalid_argument("[replay] bound array " + std::to_string(k) + " does not fit input " +
+                                      std::to_string(inputs - made->bound.size() + k) + " (expected " +
+                                      emlx::validate::shape_text(want.shape) + " " + emlx::dtype_text(want.dtype) +
+                                      ", got " + emlx::validate::shape_text(x.shape()) + " " +
+                                      emlx::dtype_text(x.dtype()) + ")");
+      }
+    }
+    std::lock_guard lock(emlx::registry_mutex);
+    *bound_id = emlx::next_id++;
+    emlx::registry.emplace(*bound_id, std::move(made));
     return 0;
   });
 }

@@ -9,6 +9,10 @@
  * own matching still applies). Returns 0 or -1 (message in emlx_last_error). */
 int emlx_replay_register(const char *path, int shapeless, int n_inputs, const int *ndims,
                          const int64_t *shapes, const int *dtypes, int64_t *id);
+/* A new function `bound_id`: `id` with its last `count` inputs fixed to these
+ * arrays (evaluated ones; held until it is released), so a call passes only
+ * the leading inputs: the weights of a model, say. 0 or -1. */
+int emlx_replay_bind(int64_t id, void **arrays, size_t count, int64_t *bound_id);
 /* Forget function `id` and every thread's copy (jobs already running keep
  * theirs until they finish). 0, or -1 when the id is unknown. */
 int emlx_replay_release(int64_t id);

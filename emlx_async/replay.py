@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
+from . import _interop
 from . import ops as _ops
 from ._dtypes import DTYPE_CODES, DTYPES
 from ._errors import MLXValueError
@@ -129,6 +130,26 @@ class TracedFunction:
         # alive until the job is over.
         future.add_done_callback(lambda _f, _keep=self: None)
         return future
+
+    def bind(self, *arrays: mx.array) -> TracedFunction:
+        """This function with its last ``len(arrays)`` inputs fixed to `arrays`.
+
+        A call then passes only the leading inputs, and the bound arrays
+        travel to the worker without the loop touching them: a model's
+        weights, say, bound once instead of submitted with every step. They
+        must be evaluated (any worker reads them) and fit those inputs
+        (``MLXValueError`` otherwise); the new function holds them until it
+        is released, and shares nothing with this one (release each).
+        """
+        if not self._finalizer.alive:
+            raise ValueError("[replay] this traced function was released")
+        for k, x in enumerate(arrays):
+            if not isinstance(x, mx.array):
+                raise TypeError(f"[replay] bound array {k} must be an mx.array, got {type(x).__name__}")
+        out = ffi.new("int64_t *")
+        _check(lib.emlx_replay_bind(self._id, _interop.handles(list(arrays)), len(arrays), out))
+        specs = None if self.input_specs is None else self.input_specs[:len(self.input_specs) - len(arrays)]
+        return TracedFunction(out[0], self.shapeless, specs, self.n_outputs, self.path)
 
     def release(self) -> None:
         """Free the graph now (every worker's copy); later calls raise."""

@@ -33,7 +33,7 @@ async def engine(rt, request):
 
 async def settle(engine):
     """Wait until the batch driver (if any) has gone idle and handed its queue back."""
-    await engine._batcher.wait_idle()  # a failed driver may have started a new one: it waits for that too
+    await engine.wait_idle()  # a failed driver may have started a new one: it waits for that too
 
 
 async def collect(engine, **kwargs):
@@ -87,7 +87,8 @@ async def test_cancel_mid_stream_frees_queue_and_others_are_unaffected(engine, r
     assert count == 2 and survivor == reference
     assert engine.active_requests == 0
     await settle(engine)
-    assert not engine._batcher.running and not engine._batcher.waiting
+    for batcher in (engine._batcher, engine._replay_batcher):
+        assert not batcher.running and not batcher.waiting
     assert len(rt._pools[rt.default_queue().device]._idle) >= idle_before
 
 
@@ -119,7 +120,8 @@ MALFORMED = [
 async def test_late_joiner_joins_a_running_batch_and_gets_its_own_tokens(rt):
     from emlx_async.llm import Engine
 
-    engine = await Engine.load(runtime=rt, max_concurrent=3, mode="batch")
+    # mlx-lm's BatchGenerator (the Python step); test_engine_replay.py has the replayed batch's.
+    engine = await Engine.load(runtime=rt, max_concurrent=3, mode="batch", step="python")
     alone = await collect(engine, prompt=PARIS, max_tokens=6)
     running_at_join = []  # batch rows already decoding whenever a request is inserted
     real_step = engine._batch_step

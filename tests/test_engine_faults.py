@@ -42,7 +42,8 @@ async def wait_until(predicate, timeout: float = 30.0) -> None:
 async def test_batch_step_failure_fails_every_request_and_the_next_one_starts_a_new_driver(rt):
     from emlx_async.llm import BatchDriverError, Engine
 
-    engine = await Engine.load(runtime=rt, max_concurrent=3, mode="batch")
+    # mlx-lm's BatchGenerator (the Python step); test_engine_replay.py fails the replayed batch.
+    engine = await Engine.load(runtime=rt, max_concurrent=3, mode="batch", step="python")
     reference = await collect(engine, prompt=PARIS, max_tokens=3)
     await settle(engine)
 
@@ -90,7 +91,7 @@ async def test_batch_step_failure_fails_every_request_and_the_next_one_starts_a_
 async def test_batch_start_failure_fails_waiting_requests_promptly(rt):
     from emlx_async.llm import BatchDriverError, Engine
 
-    engine = await Engine.load(runtime=rt, max_concurrent=3, mode="batch")
+    engine = await Engine.load(runtime=rt, max_concurrent=3, mode="batch", step="python")
     boom = MemoryError("injected start failure")
     real_start = engine._batch_start
 

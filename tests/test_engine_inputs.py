@@ -84,7 +84,7 @@ HOSTILE_SCRIPT = """
                            chat_template=parallel.chat_template, bos_id=parallel.bos_id, mode="batch")
             await run(parallel)
             await run(batch)
-            await batch._batcher.wait_idle()
+            await batch.wait_idle()
 
     asyncio.run(main())
 """

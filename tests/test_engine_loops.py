@@ -53,5 +53,6 @@ async def test_concurrent_and_cancelled_streams_in_batch_mode():
             await greedy(engine, PROMPTS[1], max_tokens=50)
         assert scope.cancelled_caught
         assert await greedy(engine, PROMPTS[0]) == alone[0]
-        await engine._batcher.wait_idle()
-        assert engine.active_requests == 0 and not engine._batcher.running
+        await engine.wait_idle()
+        assert engine.active_requests == 0
+        assert not engine._batcher.running and not engine._replay_batcher.running

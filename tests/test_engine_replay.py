@@ -15,7 +15,7 @@ import mlx.core as mx
 import pytest
 
 import emlx_async as ea
-from helpers import needs_model, on_every_loop
+from helpers import buffer_address, needs_model, on_every_loop
 
 SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20)
 
@@ -107,6 +107,152 @@ async def test_a_model_that_cannot_be_traced_falls_back_to_the_python_step():
             await engine.prepare_step(cache_sizes=(0,))
 
 
+# ---- batch mode ------------------------------------------------------------------
+
+BATCH_PROMPTS = [[5, 9, 2], [7, 1, 4, 4, 8, 3], [11], [2, 3, 5, 7, 11, 13, 17]]
+# Rows finish at different steps, so the batch shrinks (and compacts) as it
+# goes; the last needs more than 16 positions, so the batch starts on the
+# larger cache and moves to the smaller when that row is done.
+BATCH_LENGTHS = [8, 3, 5, 12]
+
+
+async def batch_pair(rt, **kwargs):
+    """A replayed batch engine and a Python-step one over the same tiny llama."""
+    from emlx_async.llm import Engine
+
+    model = tiny_model("llama")
+    engines = [Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch",
+                      **kwargs) for _ in range(2)]
+    assert await engines[0].prepare_step(cache_sizes=(16, 32)) == "replay", engines[0].step_note
+    assert "batches of" in engines[0].step_note
+    assert await engines[1].prepare_step("python") == "python"
+    return engines
+
+
+async def each_with_its_length(engine, **options) -> list[list[int]]:
+    results: list[list[int]] = [[] for _ in BATCH_PROMPTS]
+
+    async def one(i):
+        results[i] = await tokens_of(engine, BATCH_PROMPTS[i], max_tokens=BATCH_LENGTHS[i], **options)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(BATCH_PROMPTS)):
+            tg.start_soon(one, i)
+    return results
+
+
+@on_every_loop
+async def test_batch_mode_replays_each_row_at_its_own_position_with_its_own_key():
+    async with ea.Runtime(pool_size=2) as rt:
+        replayed, python = await batch_pair(rt, max_concurrent=4)
+        want = [await tokens_of(python, p, max_tokens=n) for p, n in zip(BATCH_PROMPTS, BATCH_LENGTHS)]
+        assert await each_with_its_length(replayed) == want
+        shapes = set(replayed._replay.batched)
+        assert {(4, 32), (2, 16), (1, 16)} <= shapes, shapes  # grew, moved to the small cache, shrank
+        seeded = [await tokens_of(python, p, max_tokens=n, seed=5 + i, **SAMPLED)
+                  for i, (p, n) in enumerate(zip(BATCH_PROMPTS, BATCH_LENGTHS))]
+        results: list[list[int]] = [[] for _ in BATCH_PROMPTS]
+
+        async def sampled(i):
+            results[i] = await tokens_of(replayed, BATCH_PROMPTS[i], max_tokens=BATCH_LENGTHS[i], seed=5 + i,
+                                         **SAMPLED)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(BATCH_PROMPTS)):
+                tg.start_soon(sampled, i)
+        assert results == seeded
+        # Past the largest traced cache: mlx-lm's BatchGenerator takes it, with the same tokens.
+        long_prompt = list(range(1, 30))
+        assert await tokens_of(replayed, long_prompt, max_tokens=8) == await tokens_of(python, long_prompt,
+                                                                                       max_tokens=8)
+        for engine in (replayed, python):
+            await engine.wait_idle()
+            assert not engine._replay_batcher.running and not engine._batcher.running
+
+
+async def test_a_batched_step_updates_its_donated_caches_and_keys_in_place():
+    from emlx_async.llm import traced
+
+    model = tiny_model("llama")
+    weights = traced.model_weights(model)
+    rows = 3
+    caches = traced.empty_caches(model, 16, rows=rows)
+    keys = mx.stack([mx.random.key(i) for i in range(rows)])
+    mx.eval(caches, keys)
+    layers = len(model.model.layers)
+    async with ea.Runtime(pool_size=1) as rt:
+        q = rt.default_queue()
+        per_step = [mx.zeros((rows, 1), dtype=mx.int32), mx.zeros((rows,), dtype=mx.int32),
+                    *traced.sampling_rows([(0.9, 0.9, 20)] * rows, 97)]
+        step = (await ea.trace(traced.make_sampling_step(model, weights_as_inputs=True), *caches, keys, *per_step,
+                               *weights, queue=q)).bind(*weights)
+        addresses = [buffer_address(x) for x in (*caches, keys)]
+        for position in range(4):
+            tokens = mx.array([[1], [2], [3]], dtype=mx.int32)
+            positions = mx.array([position, position + 2, 2 * position], dtype=mx.int32)
+            out = await step(*caches, keys, tokens, positions, *per_step[2:], queue=q,
+                             donate={**{i: 2 + i for i in range(2 * layers)}, 2 * layers: 1})
+            assert out.shape == (rows, 1)
+            assert [buffer_address(x) for x in (*caches, keys)] == addresses, f"step {position} copied"
+            for row, at in enumerate(positions.tolist()):  # each row's keys went to its own position
+                assert mx.any(caches[0][row, :, at] != 0).item() and not mx.any(caches[0][row, :, 12:] != 0).item()
+        step.release()
+
+
+@on_every_loop
+async def test_replayed_batch_late_joiner_and_a_reader_that_leaves():
+    async with ea.Runtime(pool_size=2) as rt:
+        replayed, python = await batch_pair(rt, max_concurrent=3)
+        alone = await tokens_of(python, BATCH_PROMPTS[1], max_tokens=10)
+        first = replayed.generate(BATCH_PROMPTS[1], max_tokens=10)
+        first_tokens = [(await first.__anext__()).token]  # decoding now
+        leaver = replayed.generate(BATCH_PROMPTS[0], max_tokens=50)
+        await leaver.__anext__()
+        await leaver.__anext__()
+        await leaver.aclose()  # its row is freed at the next step
+        late = await tokens_of(replayed, BATCH_PROMPTS[1], max_tokens=10)
+        first_tokens += [d.token async for d in first if d.token is not None]
+        assert first_tokens == alone and late == alone
+        await replayed.wait_idle()
+        assert replayed.active_requests == 0 and not replayed._replay_batcher.running
+
+
+@on_every_loop
+async def test_a_failing_replayed_batch_fails_its_requests_and_the_next_one_starts_a_new_driver():
+    from emlx_async.llm import BatchDriverError
+
+    async with ea.Runtime(pool_size=2) as rt:
+        replayed, _ = await batch_pair(rt, max_concurrent=3)
+        reference = await tokens_of(replayed, BATCH_PROMPTS[0], max_tokens=6)
+        boom = RuntimeError("injected layout failure")
+        real_layout = replayed._replay_batch_layout
+        calls = []
+
+        def failing_layout(state, saves, keep, joined, rows, size):
+            calls.append(joined)
+            if len(calls) == 2:  # the second request joining a running batch
+                raise boom
+            return real_layout(state, saves, keep, joined, rows, size)
+
+        replayed._replay_batch_layout = failing_layout
+        errors = []
+
+        async def one(prompt):
+            try:
+                await tokens_of(replayed, prompt, max_tokens=20)
+            except BatchDriverError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, BATCH_PROMPTS[0])
+            tg.start_soon(one, BATCH_PROMPTS[1])
+        assert len(errors) == 2 and all(e.__cause__ is boom for e in errors)
+        replayed._replay_batch_layout = real_layout
+        assert await tokens_of(replayed, BATCH_PROMPTS[0], max_tokens=6) == reference
+        await replayed.wait_idle()
+        assert not replayed._replay_batcher.running and not replayed._replay_batcher.joining
+
+
 # ---- SmolLM2 ----------------------------------------------------------------------
 
 PROMPTS = ["The capital of France is", "Name a colour:", "Say hi"]
@@ -128,12 +274,14 @@ async def test_smollm2_replayed_steps_give_the_python_steps_tokens(rt):
     python_alone = [await tokens_of(engine, p, max_tokens=6) for p in PROMPTS]
     assert alone == python_alone and list(together) == python_alone
     assert await tokens_of(engine, PROMPTS[0], max_tokens=6, seed=11, **SAMPLED) == sampled
-    # Batch mode keeps mlx-lm's batched Python step, and says so; same greedy tokens.
+    # Batch mode: the replayed batch step and mlx-lm's BatchGenerator give the same tokens.
     batch = Engine(engine.model, engine.tokenizer, eos_ids=engine.eos_ids, chat_template=None, runtime=rt,
                    mode="batch", max_concurrent=3)
-    assert await batch.prepare_step() == "python" and "batch" in batch.step_note
-    assert list(await asyncio.gather(*(tokens_of(batch, p, max_tokens=6) for p in PROMPTS))) == python_alone
-    await batch._batcher.wait_idle()
+    for step in ("replay", "python"):
+        assert await batch.prepare_step(step, cache_sizes=(64,)) == step
+        assert list(await asyncio.gather(*(tokens_of(batch, p, max_tokens=6) for p in PROMPTS))) == python_alone
+        assert await tokens_of(batch, PROMPTS[0], max_tokens=6, seed=11, **SAMPLED) == sampled
+        await batch.wait_idle()
 
 
 PAYLOAD = {"items": [{"id": i, "name": f"item-{i}", "tags": ["a", "b"]} for i in range(100)]}
@@ -142,10 +290,11 @@ PAYLOAD = {"items": [{"id": i, "name": f"item-{i}", "tags": ["a", "b"]} for i in
 @pytest.mark.model
 @needs_model
 @pytest.mark.asyncio(loop_factories=["asyncio"])
-async def test_smollm2_replayed_steps_progress_while_the_loop_is_busy(rt):
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+async def test_smollm2_replayed_steps_progress_while_the_loop_is_busy(rt, mode):
     from emlx_async.llm import Engine
 
-    engine = await Engine.load(runtime=rt, cache_sizes=(64,))
+    engine = await Engine.load(runtime=rt, cache_sizes=(64,), mode=mode)
     assert engine.step_kind == "replay", engine.step_note
     busy_slices = 0
     stop = asyncio.Event()
@@ -166,3 +315,4 @@ async def test_smollm2_replayed_steps_progress_while_the_loop_is_busy(rt):
         stop.set()
         await task
     assert len(tokens) == 6 and busy_slices > 0
+    await engine.wait_idle()

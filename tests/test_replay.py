@@ -13,7 +13,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async._native import lib
-from helpers import Gate, wait_started
+from helpers import Gate, buffer_address, wait_started
 
 pytestmark = pytest.mark.asyncio(loop_factories=["asyncio"])
 
@@ -229,11 +229,6 @@ async def test_donated_cache_is_published_into_the_input():
             f(x, cache, mx.array(0, dtype=mx.int32), queue=q, donate={1: 5})
 
 
-def buffer_address(x: mx.array) -> int:
-    view = np.asarray(x)  # zero-copy: the array's own buffer
-    return view.__array_interface__["data"][0]
-
-
 async def test_donated_cache_is_updated_in_place():
     # The job must hold the only reference when it runs: the caller's object
     # gives its array up before the job is queued (a spinning worker starts
@@ -247,6 +242,43 @@ async def test_donated_cache_is_updated_in_place():
         for position in range(8):
             await f(x, cache, mx.array(position, dtype=mx.int32), queue=q, donate={1: 1})
             assert buffer_address(cache) == address, f"step {position} copied the donated cache"
+
+
+def three_inputs(x, w, b):
+    return mx.tanh(x @ w + b)
+
+
+async def test_bound_inputs_travel_with_the_function():
+    x, w, b = rand(4, 8), rand(8, 6, seed=1), rand(6, seed=2)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(three_inputs, x, w, b, queue=q)
+        bound = f.bind(w, b)  # the weights: given once
+        assert bound.input_specs == [((4, 8), mx.float32)]
+        other = await rt.acquire_queue()
+        try:
+            for queue in (q, other):  # every worker reads the one bound copy
+                close(await bound(x, queue=queue), three_inputs(x, w, b))
+        finally:
+            rt.release_queue(other)
+        close(await f.bind(b)(x, w, queue=q), three_inputs(x, w, b))  # bound one at a time
+        close(await f.bind(b).bind(w)(x, queue=q), three_inputs(x, w, b))
+        with pytest.raises(ea.MLXValueError, match=r"takes 3 input\(s\), got 4"):
+            await bound(x, w, queue=q)
+        with pytest.raises(ea.MLXValueError, match=r"bound array 0 does not fit input 1 \(expected \(8, 6\) float32"):
+            f.bind(rand(8, 5), b)
+        with pytest.raises(ea.MLXValueError, match="cannot bind 4 array"):
+            f.bind(x, x, w, b)
+        with pytest.raises(ea.MLXValueError, match="not evaluated"):
+            f.bind(b + 1)  # lazy, built on this thread
+        with pytest.raises(TypeError, match="must be an mx.array"):
+            f.bind(1.0)
+        f.release()
+        close(await bound(x, queue=q), three_inputs(x, w, b))  # independent of the function it came from
+        bound.release()
+        with pytest.raises(ValueError, match="released"):
+            bound.bind(w)
+        assert await q.run(lambda: "still works") == "still works"
 
 
 async def test_released_function_is_freed():

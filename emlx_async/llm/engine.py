@@ -4,18 +4,20 @@
   cache lives on that queue's thread, every decode step is one job, and the
   loop is free between steps. Streams run in parallel on separate OS threads
   and MLX streams.
-* "batch": continuous batching with mlx-lm's BatchGenerator on one queue;
-  requests join and leave at step boundaries and long prompts are prefilled
-  in chunks (see _Batcher).
+* "batch": continuous batching on one queue; requests join and leave at
+  step boundaries and long prompts are prefilled in chunks (see _Batcher).
 
-The decode step ("parallel" mode): for llama models ``Engine.load`` traces a
-fixed-shape step once per cache size (emlx_async.llm.traced: preallocated KV
-caches, sampling inside the graph, the weights as inputs so every queue
-shares them) and each step is replayed natively: one job, no Python, no GIL.
-The prompt is prefilled in Python (mlx-lm, chunked) and copied into the
-fixed cache. Other models, a failed trace, batch mode and ``step="python"``
-use the Python step; ``engine.step_kind`` says which runs and
-``engine.step_note`` why.
+The decode step: for llama models ``Engine.load`` traces a fixed-shape step
+(emlx_async.llm.traced: preallocated KV caches, sampling inside the graph,
+the weights as inputs so every queue shares them) and each step is replayed
+natively: one job, no Python, no GIL. "parallel" mode traces one stream's
+step per cache size; "batch" mode a step of B rows, each at its own position
+with its own sampler, per batch shape (see _ReplayBatcher). Prompts are
+prefilled in Python (mlx-lm, chunked, with the prompt cache) and copied into
+the fixed cache. Other models, a failed trace and ``step="python"`` use the
+Python step (mlx-lm's model call; in "batch" mode mlx-lm's BatchGenerator),
+as do requests asking for logprobs and prompts past the largest traced cache;
+``engine.step_kind`` says which runs and ``engine.step_note`` why.
 
 Cancellation: leaving the ``async for`` early (break, ``aclose()``, task
 cancellation) drops the request's KV cache and hands its queue (or batch row)
@@ -157,6 +159,10 @@ class _Sampler:
         self.key: mx.array | None = None  # made on the worker: arrays built on the loop are lazy
         self.logprobs: int | None = None  # None: none asked; else how many top alternatives
 
+    @property
+    def options(self) -> tuple[float, float, int]:
+        return self.temperature, self.top_p, self.top_k
+
     def filter(self, logprobs: mx.array) -> mx.array:
         """The log-probabilities left to sample from (the rest are -inf)."""
         if 0 < self.top_p < 1:
@@ -231,7 +237,8 @@ class Engine:
         self._slots = anyio.Semaphore(self.max_concurrent)  # request slots, on any anyio backend
         self._active = 0
         self._template = None  # the compiled chat template
-        self._batcher = _Batcher(self)
+        self._batcher = _GeneratorBatcher(self)  # the Python step
+        self._replay_batcher = _ReplayBatcher(self)
         self.step_kind = "python"  # "replay" once prepare_step() has traced the step
         self.step_note = "the step is not prepared (Engine.load prepares it)"
         self._replay: _ReplayStep | None = None
@@ -274,11 +281,12 @@ class Engine:
     async def prepare_step(self, step: str = "auto", *, cache_sizes: Sequence[int] | None = None) -> str:
         """Choose the decode step; returns (and sets) ``step_kind``, "replay" or "python".
 
-        "auto" traces the replayed step for llama models in "parallel" mode
-        (one trace per cache size) and falls back to the Python step, with
-        the reason in ``step_note``, for any other model, batch mode, or a
-        trace that fails or disagrees with the model; "replay" raises
-        ValueError instead of falling back. Call before any request.
+        "auto" traces the replayed step for llama models (in "parallel" mode
+        one trace per cache size; in "batch" mode the batch's shapes are
+        traced as batches take them) and falls back to the Python step, with
+        the reason in ``step_note``, for any other model or a trace that
+        fails or disagrees with the model; "replay" raises ValueError instead
+        of falling back. Call before any request.
         """
         if step not in _STEP_CHOICES:
             raise ValueError(f"step must be one of {_STEP_CHOICES}, got {step!r}")
@@ -291,9 +299,7 @@ class Engine:
             self.step_note = "the Python step was asked for"
             return self.step_kind
         reason = None
-        if self.mode == "batch":
-            reason = "batch mode runs mlx-lm's BatchGenerator (a Python step)"
-        elif getattr(getattr(self.model, "args", None), "model_type", None) not in _TRACEABLE:
+        if getattr(getattr(self.model, "args", None), "model_type", None) not in _TRACEABLE:
             model_type = getattr(getattr(self.model, "args", None), "model_type", type(self.model).__name__)
             reason = f"model type {model_type!r} has no traced step (only {sorted(_TRACEABLE)})"
         if reason is None:
@@ -310,6 +316,8 @@ class Engine:
             return self.step_kind
         self.step_kind = "replay"
         self.step_note = f"traced for caches of {self._replay.sizes} tokens"
+        if self.mode == "batch":
+            self.step_note += f", batches of {self._replay.row_buckets} rows (each shape traced on first use)"
         return self.step_kind
 
     async def save(self, path: str) -> None:
@@ -506,12 +514,16 @@ class Engine:
         stats.prompt_tokens = len(prompt)
         async with self._slots:
             self._active += 1
+            # The Python step takes what the replayed one cannot: logprobs, and
+            # prompts past the largest traced cache.
+            replayed = (self._replay is not None and sampler.logprobs is None
+                        and self._replay.size_for(len(prompt) + max_tokens) is not None)
             if self.mode == "batch":
-                source = self._batched_tokens(prompt, max_tokens, sampler)
-            elif (self._replay is not None and sampler.logprobs is None
-                  and self._replay.size_for(len(prompt) + max_tokens) is not None):
+                batcher = self._replay_batcher if replayed else self._batcher
+                source = self._batched_tokens(prompt, max_tokens, sampler, batcher)
+            elif replayed:
                 source = self._replayed_tokens(prompt, max_tokens, sampler)
-            else:  # the Python step (also for logprobs, and past the largest traced cache)
+            else:
                 source = self._parallel_tokens(prompt, max_tokens, sampler)
             try:
                 detok = _Detokenizer(self.tokenizer)
@@ -577,20 +589,35 @@ class Engine:
     # These jobs run on the request's queue thread.
 
     def _prefill(self, state: dict, prompt: list[int], sampler: _Sampler) -> int | tuple | None:
+        self._prefill_begin(state, prompt)
+        while True:
+            item = self._prefill_chunk(state, prompt, sampler)
+            if item is not None:
+                return item
+            if cancelled():
+                return None  # nobody reads the result
+
+    def _prefill_begin(self, state: dict, prompt: list[int]) -> None:
+        """A fresh mlx-lm cache holding what the prompt cache has of `prompt`; the rest is left to prefill."""
         from mlx_lm.models.cache import make_prompt_cache
 
         cache = state["cache"] = make_prompt_cache(self.model)
         state["token"] = None
         reused = self.prompt_cache.restore(prompt, cache) if self.prompt_cache is not None else 0
-        tokens = mx.array(prompt[reused:])
+        state["unread"] = mx.array(prompt[reused:])
+
+    def _prefill_chunk(self, state: dict, prompt: list[int], sampler: _Sampler) -> int | tuple | None:
+        """One chunk of the prompt through the model; the last one also samples the
+        first token, which is returned (None: more chunks to go)."""
         # Chunked prefill bounds the memory of one forward pass, and a request
-        # cancelled mid-prompt frees its queue within one chunk.
-        while tokens.size > self.prefill_chunk:
+        # cancelled mid-prompt frees its queue (or stops stalling the batch) within one chunk.
+        tokens, cache = state["unread"], state["cache"]
+        if tokens.size > self.prefill_chunk:
             self.model(tokens[None, : self.prefill_chunk], cache=cache)
             mx.eval([c.state for c in cache])
-            tokens = tokens[self.prefill_chunk:]
-            if cancelled():
-                return None  # nobody reads the result
+            state["unread"] = tokens[self.prefill_chunk:]
+            return None
+        del state["unread"]
         item = self._sample(state, tokens, sampler)
         if self.prompt_cache is not None:
             self.prompt_cache.save(prompt, cache)  # the prompt's keys and values, for later prompts
@@ -629,7 +656,7 @@ class Engine:
         try:
             token = await queue.run(self._replay_prefill, state, prompt, sampler, size)
             position = len(prompt)
-            options = _traced.sampling_inputs(sampler.temperature, sampler.top_p, sampler.top_k, replay.vocab)
+            options = _traced.sampling_inputs(*sampler.options, replay.vocab)
             steps_left = max_tokens - 1
             while True:
                 if token in self.eos_ids:
@@ -637,7 +664,7 @@ class Engine:
                     return
                 if steps_left > 0:
                     pending = function(*state["caches"], state["key"], state["token"],
-                                       mx.array(position, dtype=mx.int32), *options, *replay.weights,
+                                       mx.array(position, dtype=mx.int32), *options,
                                        queue=queue, donate=replay.donate)
                     position += 1
                     steps_left -= 1
@@ -742,10 +769,10 @@ class Engine:
         (llm/sharded.py) sends each one to every rank instead."""
         return await queue.run(job, *args)
 
-    async def _batched_tokens(self, prompt: list[int], max_tokens: int,
-                              sampler: _Sampler) -> AsyncIterator[int | str]:
+    async def _batched_tokens(self, prompt: list[int], max_tokens: int, sampler: _Sampler,
+                              batcher: _Batcher) -> AsyncIterator[int | str]:
         request = _BatchRequest(prompt, max_tokens, sampler)
-        self._batcher.submit(request)
+        batcher.submit(request)
         try:
             while True:
                 item = await request.inbox.receive()
@@ -760,8 +787,74 @@ class Engine:
                     yield finish
                     return
         finally:
-            self._batcher.forget(request)
+            batcher.forget(request)
             request.close()
+
+    # ---- mode "batch", replayed step: the jobs of _ReplayBatcher ---------------------
+
+    def _replay_batch_prefill(self, state: dict, prompt: list[int], sampler: _Sampler, first: bool) -> int | None:
+        """One prefill chunk of a joining request (on the batch queue); the last one
+        returns its first token and leaves its mlx-lm cache and random key in `state`."""
+        if first:
+            self._prefill_begin(state, prompt)
+        token = self._prefill_chunk(state, prompt, sampler)
+        if token is not None:
+            # The Python sampler's key after the first token: the graph continues its stream.
+            state["key"] = sampler.key if sampler.key is not None else mx.random.key(sampler.seed)
+            mx.eval(state["key"])
+        return token  # type: ignore[return-value] - no logprobs on this path: an int
+
+    def _replay_batch_layout(self, state: dict, saves: list[tuple[int, list[int]]], keep: list[int] | None,
+                             joined: tuple[int, dict] | None, rows: int, size: int) -> None:
+        """On the batch queue: move rows between layouts of the batch caches.
+
+        `saves` (slot, tokens): finished rows whose keys and values go to the
+        prompt cache first. `keep` None: the layout stays; else a new one of
+        `rows` rows and `size` positions holds old rows `keep` in slots 0, 1,
+        ... (0 rows drops the caches). `joined` (slot, prefill state): a new
+        row's prompt and key written into that slot.
+        """
+        from mlx_lm.models.cache import KVCache
+
+        caches, keys = state.get("caches"), state.get("keys")
+        for slot, tokens in saves:
+            layers = []
+            for i in range(0, len(caches), 2):
+                layer = KVCache()
+                layer.keys = caches[i][slot:slot + 1, :, :len(tokens), :]
+                layer.values = caches[i + 1][slot:slot + 1, :, :len(tokens), :]
+                layer.offset = len(tokens)
+                layers.append(layer)
+            self.prompt_cache.save(tokens, layers)
+        if keep is not None:
+            if rows == 0:
+                state.clear()
+                return
+            replay = self._replay
+            new_caches = [mx.zeros((rows, replay.heads_kv, size, replay.head_dim), dtype=replay.dtype)
+                          for _ in range(replay.n_caches)]
+            new_keys = mx.zeros((rows, 2), dtype=mx.uint32)
+            if keep:
+                moved = mx.array(keep)
+                span = min(size, caches[0].shape[2])
+                for new, old in zip(new_caches, caches):
+                    new[:len(keep), :, :span, :] = old[moved][:, :, :span, :]
+                new_keys[:len(keep)] = keys[moved]
+            caches, keys = state["caches"], state["keys"] = new_caches, new_keys
+        if joined is not None:
+            slot, prefilled = joined
+            for i, layer in enumerate(prefilled["cache"]):
+                n = layer.offset
+                caches[2 * i][slot:slot + 1, :, :n, :] = layer.keys[..., :n, :]
+                caches[2 * i + 1][slot:slot + 1, :, :n, :] = layer.values[..., :n, :]
+            keys[slot] = prefilled["key"]
+        mx.eval(caches, keys)
+
+    async def wait_idle(self, timeout: float = 30.0) -> None:
+        """Wait until no batch driver runs (their queues are handed back): for tests and shutdown."""
+        with anyio.fail_after(timeout):
+            for batcher in (self._batcher, self._replay_batcher):
+                await batcher.wait_idle()
 
     @property
     def active_requests(self) -> int:
@@ -769,15 +862,29 @@ class Engine:
 
 
 class _ReplayStep:
-    """The traced decode step, one TracedFunction per cache size, with the weights they share."""
+    """The traced decode step and the weights its traces share.
 
-    def __init__(self, functions: dict[int, Any], weights: list[mx.array], dtype: mx.Dtype, layers: int,
-                 vocab: int):
-        self.functions = functions
-        self.vocab = vocab  # the logits' width: top_k at or past it keeps every token
-        self.sizes = sorted(functions)
-        self.weights = weights
+    "parallel" mode: one stream's step per cache size, traced at load.
+    "batch" mode: a step of `rows` streams per (rows, cache size), traced on
+    the batch queue the first time a batch takes that shape (a fraction of a
+    second each); `rows` is a power of two up to the engine's max_concurrent
+    (or max_concurrent itself), since on CPU every row costs a whole step.
+    """
+
+    def __init__(self, engine: Engine, sizes: list[int], dtype: mx.Dtype, vocab: int):
+        model = engine.model
+        self.model = model
+        self.sizes = sizes
         self.dtype = dtype
+        self.vocab = vocab  # the logits' width: top_k at or past it keeps every token
+        self.weights = _traced.model_weights(model)  # bound to every trace (TracedFunction.bind)
+        self.step = _traced.make_sampling_step(model, weights_as_inputs=True)
+        layers, heads_kv, dim = _traced.layout(model)
+        self.n_caches, self.heads_kv, self.head_dim = 2 * layers, heads_kv, dim
+        self.row_buckets = sorted({2 ** i for i in range(engine.max_concurrent.bit_length())
+                                   if 2 ** i <= engine.max_concurrent} | {engine.max_concurrent})
+        self.functions: dict[int, Any] = {}  # one stream's step by cache size
+        self.batched: dict[tuple[int, int], Any] = {}  # the batch step by (rows, cache size)
         # Caches -> outputs 2..., key -> output 1. The op path's donation mask
         # covers the first 64 inputs: deeper models take the outputs instead.
         self.donate = {**{i: 2 + i for i in range(2 * layers)}, 2 * layers: 1} if 2 * layers < 64 else None
@@ -785,30 +892,58 @@ class _ReplayStep:
     def size_for(self, tokens: int) -> int | None:
         return next((n for n in self.sizes if n >= tokens), None)
 
+    def rows_for(self, count: int) -> int:
+        """Rows of the smallest batch step that holds `count` streams (0 for none)."""
+        return next((n for n in self.row_buckets if n >= count), 0) if count else 0
+
     def release(self) -> None:
-        for function in self.functions.values():
+        for function in [*self.functions.values(), *self.batched.values()]:
             function.release()
+
+    async def _trace(self, queue, rows: int | None, size: int):
+        """One stream (`rows` None: key {2}, position and options scalars) or a batch of `rows`."""
+        if rows is None:
+            per_row = [mx.random.key(0), mx.array([[0]], dtype=mx.int32), mx.array(0, dtype=mx.int32),
+                       *_traced.sampling_inputs(0.0, 1.0, 0, 1)]
+        else:
+            per_row = [mx.zeros((rows, 2), dtype=mx.uint32), mx.zeros((rows, 1), dtype=mx.int32),
+                       mx.zeros((rows,), dtype=mx.int32), *_traced.sampling_rows([_GREEDY] * rows, 1)]
+        caches = _traced.example_caches(self.model, size, self.dtype, rows or 1)
+        traced = await _replay.trace(self.step, *caches, *per_row, *self.weights, queue=queue)
+        try:
+            # The weights go to the worker with the graph, once: a step's
+            # submit carries the caches and the few per-step inputs only.
+            return traced.bind(*self.weights)
+        finally:
+            traced.release()
+
+    async def batch_function(self, rows: int, size: int, queue) -> Any:
+        function = self.batched.get((rows, size))
+        if function is None:
+            function = self.batched[rows, size] = await self._trace(queue, rows, size)
+        return function
 
     @classmethod
     async def trace(cls, engine: Engine, sizes: list[int]) -> _ReplayStep:
-        model = engine.model
-        weights = _traced.model_weights(model)
-        layers = len(model.model.layers)
-        functions: dict[int, Any] = {}
+        """Check the traced forward against the model's, then trace what the mode needs
+        at load: every cache size ("parallel"), or the smallest batch ("batch")."""
         async with engine.runtime.queue() as queue:
-            dtype, vocab = await queue.run(_check_forward, model)
-            step = _traced.make_sampling_step(model, weights_as_inputs=True)
+            dtype, vocab = await queue.run(_check_forward, engine.model)
+            replay = cls(engine, sizes, dtype, vocab)
             try:
-                for size in sizes:
-                    example = [*_traced.empty_caches(model, size, dtype), mx.random.key(0),
-                               mx.array([[0]], dtype=mx.int32), mx.array(0, dtype=mx.int32),
-                               *_traced.sampling_inputs(0.0, 1.0, 0, 1)]
-                    functions[size] = await _replay.trace(step, *example, *weights, queue=queue)
+                if engine.mode == "batch":
+                    await replay.batch_function(1, sizes[0], queue)
+                else:
+                    for size in sizes:
+                        replay.functions[size] = await replay._trace(queue, None, size)
             except BaseException:
-                for function in functions.values():
-                    function.release()
+                replay.release()
                 raise
-        return cls(functions, weights, dtype, layers, vocab)
+        return replay
+
+
+# The options of an empty batch row: greedy.
+_GREEDY = (0.0, 1.0, 0)
 
 
 def _check_forward(model) -> tuple[mx.Dtype, int]:
@@ -852,17 +987,19 @@ class _BatchRequest:
 
 
 class _Batcher:
-    """Continuous batching: one queue, one mlx-lm BatchGenerator, one driver task.
+    """Continuous batching on one queue with one driver task.
 
-    Requests join and leave at step boundaries. Each step job decodes one
-    token for every running row and prefills at most one chunk
-    (`prefill_chunk` tokens) of waiting prompts, so running streams stall for
-    at most one chunk. The driver exits when idle and restarts on demand.
+    Requests join and leave at step boundaries; the driver exits when idle
+    and restarts on demand. If anything fails (a step, the start, the queue,
+    cancellation), every request it carries gets a BatchDriverError chained
+    to the cause and the next request starts a new driver. Subclasses say
+    what a step is (``_serve``) and how its state is dropped (``_close``).
     """
 
     def __init__(self, engine: Engine):
         self.engine = engine
         self.waiting: list[_BatchRequest] = []
+        self.joining: list[_BatchRequest] = []  # taken by the driver, not decoding yet
         self.running: dict[int, _BatchRequest] = {}
         self.leaving: list[int] = []
         self._driving = False  # a driver task runs (it exits when idle)
@@ -890,40 +1027,25 @@ class _Batcher:
         elif request.uid is not None and self.running.pop(request.uid, None) is not None:
             self.leaving.append(request.uid)
 
+    def _deliver(self, uid: int, token: int, finish: str | None, info=None) -> None:
+        """A row's token to its consumer, if it still reads; a finished row stops running."""
+        request = self.running.get(uid)
+        if request is None:
+            return
+        request.outbox.send_nowait((token, finish, info))
+        if finish is not None:
+            del self.running[uid]
+
     async def _drive(self) -> None:
-        """Runs until no request is left. If anything fails (a step, the
-        generator's start, the queue, cancellation), every request it carries
-        gets a BatchDriverError chained to the cause, the generator is closed
-        and the next request starts a new driver."""
-        engine = self.engine
         queue = None
         state: dict[str, Any] = {}
-        joining: list[_BatchRequest] = []
         try:
-            queue = await engine.runtime.acquire_queue()
-            await engine._run_batch_job(queue, engine._batch_start, state)
-            while self.waiting or self.running or self.leaving:
-                joining, self.waiting = self.waiting, []
-                leaving, self.leaving = self.leaving, []
-                uids, responses = await engine._run_batch_job(queue, engine._batch_step, state, joining, leaving)
-                for request, uid in zip(joining, uids):
-                    if request.done:
-                        self.leaving.append(uid)  # left while it was being inserted
-                    else:
-                        request.uid = uid
-                        self.running[uid] = request
-                joining = []
-                for uid, token, finish, info in responses:
-                    request = self.running.get(uid)
-                    if request is None:
-                        continue
-                    request.outbox.send_nowait((token, finish, info))
-                    if finish is not None:
-                        del self.running[uid]
+            queue = await self.engine.runtime.acquire_queue()
+            await self._serve(queue, state)
         except BaseException as exc:
-            carried = [*joining, *self.running.values(), *self.waiting]
+            carried = [*self.joining, *self.running.values(), *self.waiting]
             self.running.clear()
-            self.waiting, self.leaving = [], []
+            self.joining, self.waiting, self.leaving = [], [], []
             for request in carried:
                 error = BatchDriverError(f"the batch driver failed: {exc!r}")
                 error.__cause__ = exc
@@ -935,14 +1057,168 @@ class _Batcher:
             if queue is not None:
                 try:
                     if state:
-                        await engine._run_batch_job(queue, engine._batch_close, state)
-                except Exception:  # noqa: BLE001 - a closed runtime: the generator is dropped anyway
+                        await self._close(queue, state)
+                except Exception:  # noqa: BLE001 - a closed runtime: the state is dropped anyway
                     pass
                 finally:
-                    engine.runtime.release_queue(queue)
+                    self.engine.runtime.release_queue(queue)
             self._driving = False
             if self.waiting:  # arrived while this driver was winding down
                 self._start_driver()
+
+    async def _serve(self, queue, state: dict) -> None:
+        """Run steps until no request is left."""
+        raise NotImplementedError
+
+    async def _close(self, queue, state: dict) -> None:
+        state.clear()
+
+
+class _GeneratorBatcher(_Batcher):
+    """The Python step: one mlx-lm BatchGenerator. Each step job decodes one
+    token for every running row and prefills at most one chunk
+    (`prefill_chunk` tokens) of waiting prompts, so running streams stall for
+    at most one chunk."""
+
+    async def _serve(self, queue, state: dict) -> None:
+        engine = self.engine
+        await engine._run_batch_job(queue, engine._batch_start, state)
+        while self.waiting or self.running or self.leaving:
+            self.joining, self.waiting = self.waiting, []
+            leaving, self.leaving = self.leaving, []
+            uids, responses = await engine._run_batch_job(queue, engine._batch_step, state, self.joining, leaving)
+            for request, uid in zip(self.joining, uids):
+                if request.done:
+                    self.leaving.append(uid)  # left while it was being inserted
+                else:
+                    request.uid = uid
+                    self.running[uid] = request
+            self.joining = []
+            for uid, token, finish, info in responses:
+                self._deliver(uid, token, finish, info)
+
+    async def _close(self, queue, state: dict) -> None:
+        await self.engine._run_batch_job(queue, self.engine._batch_close, state)
+
+
+@dataclass
+class _Row:
+    """A stream in the replayed batch: its cache row holds `position` tokens; the
+    next step feeds `token` at `position`."""
+    request: _BatchRequest
+    position: int
+    token: int
+    left: int  # tokens it may still generate
+    answer: list[int] = field(default_factory=list)  # generated so far
+
+
+class _ReplayBatcher(_Batcher):
+    """The replayed step: B streams decode in one native job.
+
+    The batch is ``slots`` rows (the smallest traced row count that holds the
+    live streams) over caches of ``size`` positions (the smallest traced size
+    that holds every stream's prompt and max_tokens). A round submits one
+    replayed step for every row and at most one prefill chunk of the first
+    joining prompt (a Python job, mlx-lm's prefill with the prompt cache), so
+    running streams stall for at most one chunk. Only when a stream joins,
+    finishes with a prompt cache to fill, or the batch's shape changes does a
+    Python job move rows (``Engine._replay_batch_layout``).
+    """
+
+    async def _serve(self, queue, state: dict) -> None:
+        engine, replay = self.engine, self.engine._replay
+        assert replay is not None
+        slots: list[_Row | None] = []
+        size = 0
+        prefill: dict[str, Any] = {}
+        next_uid = 0
+        while self.waiting or self.joining or self.running or self.leaving:
+            if self.leaving:
+                gone, self.leaving = set(self.leaving), []
+                slots = [None if row is not None and row.request.uid in gone else row for row in slots]
+            if self.joining and self.joining[0].done:  # left mid-prompt
+                self.joining.pop(0)
+            if not self.joining and self.waiting:
+                self.joining.append(self.waiting.pop(0))
+                prefill = {}
+            step = chunk = None
+            try:
+                if any(slots):
+                    function = await replay.batch_function(len(slots), size, queue)
+                    free = _GREEDY
+                    step = function(*state["caches"], state["keys"],
+                                    mx.array([[row.token if row else 0] for row in slots], dtype=mx.int32),
+                                    mx.array([row.position if row else 0 for row in slots], dtype=mx.int32),
+                                    *_traced.sampling_rows([row.request.sampler.options if row else free
+                                                            for row in slots], replay.vocab),
+                                    queue=queue, donate=replay.donate)
+                if self.joining:
+                    request = self.joining[0]
+                    chunk = queue.run(engine._replay_batch_prefill, prefill, request.prompt, request.sampler,
+                                      not prefill)
+                saves = []
+                if step is not None:
+                    out, step = await step, None
+                    if replay.donate is None:  # not donated: the new keys and caches are outputs
+                        out, state["keys"], *state["caches"] = out
+                    for slot, (token,) in enumerate(out.tolist()):
+                        row = slots[slot]
+                        if row is None:
+                            continue
+                        row.answer.append(token)
+                        row.position, row.token, row.left = row.position + 1, token, row.left - 1
+                        finish = "stop" if token in engine.eos_ids else "length" if row.left == 0 else None
+                        self._deliver(row.request.uid, token, finish)
+                        if finish is not None:
+                            slots[slot] = None
+                            if engine.prompt_cache is not None:  # the prompt and answer, for a next turn
+                                saves.append((slot, row.request.prompt + row.answer[:-1]))
+                joined = None
+                if chunk is not None:
+                    token, chunk = await chunk, None
+                    if token is not None:
+                        request = self.joining.pop(0)
+                        if not request.done:  # else it left during its last chunk
+                            request.uid, next_uid = next_uid, next_uid + 1
+                            self.running[request.uid] = request
+                            finish = ("stop" if token in engine.eos_ids else
+                                      "length" if request.max_tokens == 1 else None)
+                            self._deliver(request.uid, token, finish)
+                            if finish is None:
+                                joined = _Row(request, len(request.prompt), token, request.max_tokens - 1, [token])
+                slots, size = await self._relayout(queue, state, slots, size, saves, joined, prefill)
+            finally:
+                for pending in (step, chunk):
+                    if pending is not None:
+                        pending.cancel()
+
+    async def _relayout(self, queue, state: dict, slots: list[_Row | None], size: int,
+                        saves: list, joined: _Row | None, prefill: dict) -> tuple[list[_Row | None], int]:
+        """The batch after this round: same shape unless the live rows need fewer or more
+        rows, or other cache positions; then one layout job moves them."""
+        replay = self.engine._replay
+        live = [row for row in slots if row is not None] + ([joined] if joined else [])
+        rows = replay.rows_for(len(live))
+        new_size = replay.size_for(max((row.position + row.left + 1 for row in live), default=0)) if live else 0
+        if rows == len(slots) and new_size == size:
+            if not saves and joined is None:
+                return slots, size
+            slot = slots.index(None) if joined is not None else None
+            await queue.run(self.engine._replay_batch_layout, state, saves, None,
+                            None if joined is None else (slot, prefill), rows, size)
+            if joined is not None:
+                slots[slot] = joined
+            return slots, size
+        keep = [slot for slot, row in enumerate(slots) if row is not None]
+        new_slots: list[_Row | None] = [slots[slot] for slot in keep]
+        joined_at = None
+        if joined is not None:
+            joined_at = len(new_slots)
+            new_slots.append(joined)
+        new_slots += [None] * (rows - len(new_slots))
+        await queue.run(self.engine._replay_batch_layout, state, saves, keep,
+                        None if joined is None else (joined_at, prefill), rows, new_size)
+        return new_slots, new_size
 
 
 _BYTE_DECODER: dict[str, int] = {}

@@ -132,7 +132,7 @@ class ShardedEngine(Engine):
         then starts sending idle plans."""
         runtime = runtime or get_runtime()
         whole = await Engine.load(path, runtime=runtime, max_concurrent=max_concurrent, mode="batch",
-                                  prefill_chunk=prefill_chunk)
+                                  prefill_chunk=prefill_chunk, step="python")  # ranks replay rank 0's plan
         model = whole.model
         check_shardable(model, group.size())
 

@@ -19,21 +19,31 @@ shares the model's one copy.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 
-def _layout(model) -> tuple[int, int, int]:
+def layout(model) -> tuple[int, int, int]:
+    """(layers, key-value heads, head size) of an mlx-lm llama model."""
     attn = model.model.layers[0].self_attn
     return len(model.model.layers), attn.n_kv_heads, attn.head_dim
 
 
-def empty_caches(model, max_len: int, dtype=mx.float32) -> list[mx.array]:
-    """Zeroed key and value caches, k0, v0, k1, v1, ... ({1, N_kv, max_len, D} each)."""
-    layers, heads_kv, dim = _layout(model)
-    return [mx.zeros((1, heads_kv, max_len, dim), dtype=dtype) for _ in range(2 * layers)]
+def empty_caches(model, max_len: int, dtype=mx.float32, rows: int = 1) -> list[mx.array]:
+    """Zeroed key and value caches, k0, v0, k1, v1, ... ({rows, N_kv, max_len, D} each)."""
+    layers, heads_kv, dim = layout(model)
+    return [mx.zeros((rows, heads_kv, max_len, dim), dtype=dtype) for _ in range(2 * layers)]
+
+
+def example_caches(model, max_len: int, dtype=mx.float32, rows: int = 1) -> list[mx.array]:
+    """Stand-ins of the caches' shape and dtype for tracing: one zero broadcast, so
+    tracing a long batched cache allocates nothing."""
+    layers, heads_kv, dim = layout(model)
+    zero = mx.zeros((1, 1, 1, 1), dtype=dtype)
+    return [mx.broadcast_to(zero, (rows, heads_kv, max_len, dim)) for _ in range(2 * layers)]
 
 
 def decode_inputs(model, max_len: int, token: int = 0, position: int = 0, dtype=mx.float32) -> list[mx.array]:
@@ -48,33 +58,53 @@ def model_weights(model) -> list[mx.array]:
 
 
 def forward(model, token: mx.array, position: mx.array, caches) -> tuple[mx.array, list[mx.array]]:
-    """Logits {1, V} of `token` {1, 1} at `position`, and the caches with its keys and values written."""
+    """Logits {B, V} of `token` {B, 1} at `position` ({} or {B}: each row's own), and
+    the caches {B, N_kv, T, D} with the new keys and values written at it."""
     inner = model.model
+    rows = token.shape[0]
     h = inner.embed_tokens(token)
     max_len = caches[0].shape[2]
-    # Keys at positions after `position` are still zeros: hide them.
-    visible = mx.arange(max_len, dtype=mx.int32) <= position
-    start = mx.reshape(position, (1,))
+    positions = mx.reshape(position, (-1,))
+    # Keys at positions after a row's own are still zeros (or an earlier
+    # request's): hide them.
+    visible = (mx.arange(max_len, dtype=mx.int32)[None] <= positions[:, None]).reshape(rows, 1, 1, max_len)
+    if rows == 1:
+        write = _write_at(mx.reshape(position, (1,)))
+    else:
+        write = _write_rows(positions)
     new_caches = []
     for i, layer in enumerate(inner.layers):
         attn = layer.self_attn
         x = layer.input_layernorm(h)
-        q = attn.q_proj(x).reshape(1, 1, attn.n_heads, -1).transpose(0, 2, 1, 3)
-        k = attn.k_proj(x).reshape(1, 1, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        v = attn.v_proj(x).reshape(1, 1, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q = attn.q_proj(x).reshape(rows, 1, attn.n_heads, -1).transpose(0, 2, 1, 3)
+        k = attn.k_proj(x).reshape(rows, 1, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = attn.v_proj(x).reshape(rows, 1, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
         q = attn.rope(q, offset=position)
         k = attn.rope(k, offset=position)
-        k_cache = mx.slice_update(caches[2 * i], k.astype(caches[2 * i].dtype), start, axes=(2,))
-        v_cache = mx.slice_update(caches[2 * i + 1], v.astype(caches[2 * i + 1].dtype), start, axes=(2,))
+        k_cache, v_cache = write(caches[2 * i], k), write(caches[2 * i + 1], v)
         out = mx.fast.scaled_dot_product_attention(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype),
                                                    scale=attn.scale, mask=visible)
-        h = h + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(1, 1, -1))
+        h = h + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(rows, 1, -1))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         new_caches += [k_cache, v_cache]
     h = inner.norm(h)
     logits = model.lm_head(h) if hasattr(model, "lm_head") and not model.args.tie_word_embeddings \
         else inner.embed_tokens.as_linear(h)
     return logits[:, -1, :], new_caches
+
+
+def _write_at(start: mx.array) -> Callable[[mx.array, mx.array], mx.array]:
+    """One row: a dynamic slice_update at `start` {1} (in place when the cache is donated)."""
+    return lambda cache, new: mx.slice_update(cache, new.astype(cache.dtype), start, axes=(2,))
+
+
+def _write_rows(positions: mx.array) -> Callable[[mx.array, mx.array], mx.array]:
+    """Each row at its own position: a scatter along the time axis (in place when donated)."""
+    def write(cache: mx.array, new: mx.array) -> mx.array:
+        index = mx.broadcast_to(positions.reshape(-1, 1, 1, 1), new.shape)
+        return mx.put_along_axis(cache, index, new.astype(cache.dtype), axis=2)
+
+    return write
 
 
 def _with_weights(model, weights_as_inputs: bool, body: Callable[..., Any], n_fixed: int) -> Callable[..., Any]:
@@ -118,21 +148,38 @@ def sampling_inputs(temperature: float, top_p: float, top_k: int, vocab_size: in
     1/temperature is computed in Python, as the Python sampler does, so both
     multiply the same float32.
     """
-    inv_temperature = 0.0 if temperature == 0 else 1 / temperature
-    return [mx.array(inv_temperature, dtype=mx.float32), mx.array(top_p, dtype=mx.float32),
-            mx.array(top_k if 0 < top_k < vocab_size else 0, dtype=mx.int32)]
+    return [mx.array(value, dtype=dtype)
+            for value, dtype in zip(_option_values(temperature, top_p, top_k, vocab_size), _OPTION_DTYPES)]
+
+
+def sampling_rows(options: Sequence[tuple[float, float, int]], vocab_size: int) -> list[mx.array]:
+    """``sampling_inputs`` for a batch: each option as a {B} array, one entry per row."""
+    columns = zip(*(_option_values(*row, vocab_size) for row in options))
+    return [mx.array(list(column), dtype=dtype) for column, dtype in zip(columns, _OPTION_DTYPES)]
+
+
+_OPTION_DTYPES = (mx.float32, mx.float32, mx.int32)
+
+
+def _option_values(temperature: float, top_p: float, top_k: int, vocab_size: int) -> tuple[float, float, int]:
+    return 0.0 if temperature == 0 else 1 / temperature, top_p, top_k if 0 < top_k < vocab_size else 0
 
 
 def sample(logits: mx.array, key: mx.array, inv_temperature: mx.array, top_p: mx.array,
            top_k: mx.array) -> tuple[mx.array, mx.array]:
-    """(next token {1, 1} int32, next key) from `logits` {1, V}: greedy when 1/temperature is 0,
-    else top-p, then top-k, then temperature (mlx-lm's order), drawn with `key`.
+    """(next tokens {B, 1} int32, next keys) from `logits` {B, V}: greedy where 1/temperature
+    is 0, else top-p, then top-k, then temperature (mlx-lm's order), each row
+    drawn with its own key.
 
-    The same math as the engine's Python sampler with the same key: top-p is
-    mlx-lm's apply_top_p with top_p an input; top-k keeps the logprobs at or
-    above the k-th largest (apply_top_k keeps exactly k, so they differ only
-    when the k-th largest value is tied).
+    `key` is one key {2} (B = 1) or a key per row {B, 2}; the options are
+    scalars or {B}. The same math as the engine's Python sampler with the
+    same key: top-p is mlx-lm's apply_top_p with top_p an input; top-k keeps
+    the logprobs at or above the k-th largest (apply_top_k keeps exactly k,
+    so they differ only when the k-th largest value is tied).
     """
+    rows, vocab = logits.shape
+    inv_temperature, top_p, top_k = (mx.reshape(x, (-1, 1)) for x in (inv_temperature, top_p, top_k))
+    keys = mx.reshape(key, (-1, 2))
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     # apply_top_p, top_p an input.
     sorted_logprobs = mx.sort(logprobs, axis=-1)
@@ -144,24 +191,31 @@ def sample(logits: mx.array, key: mx.array, inv_temperature: mx.array, top_p: mx
     use_top_p = (top_p > 0) & (top_p < 1)
     logprobs = mx.where(use_top_p & (logprobs < threshold), -float("inf"), logprobs)
     # top-k: the k-th largest of what top-p left.
-    vocab = logprobs.shape[-1]
-    kth_index = mx.clip(vocab - top_k, 0, vocab - 1).astype(mx.int32).reshape(1, 1)
+    kth_index = mx.clip(vocab - top_k, 0, vocab - 1).astype(mx.int32)
     kth = mx.take_along_axis(mx.sort(logprobs, axis=-1), kth_index, axis=-1)
     logprobs = mx.where((top_k > 0) & (logprobs < kth), -float("inf"), logprobs)
-    # The Python sampler splits its key on every sampled step.
-    pair = mx.random.split(key)
-    drawn = mx.random.categorical(logprobs * inv_temperature, key=pair[1])
+    scaled = logprobs * inv_temperature
+    # The Python sampler splits its key on every sampled step, and each row
+    # draws with its own: one split and one draw per row.
+    drawn, split_keys = [], []
+    for row in range(rows):
+        pair = mx.random.split(keys[row])
+        drawn.append(mx.random.categorical(scaled[row:row + 1], key=pair[1]))
+        split_keys.append(pair[0])
     greedy = inv_temperature == 0
-    token = mx.where(greedy, mx.argmax(logits, axis=-1), drawn).astype(mx.int32).reshape(1, 1)
-    return token, mx.where(greedy, key, pair[0])
+    token = mx.where(greedy, mx.argmax(logits, axis=-1, keepdims=True),
+                     mx.concatenate(drawn).reshape(rows, 1)).astype(mx.int32)
+    return token, mx.where(greedy, keys, mx.stack(split_keys)).reshape(key.shape)
 
 
 def make_sampling_step(model, *, weights_as_inputs: bool = False) -> Callable[..., Any]:
     """step(k0, v0, ..., key, token, position, inv_temperature, top_p, top_k[, *weights])
-    -> (next_token {1, 1}, key', k0', v0', ...): one decode step with the sampler inside.
+    -> (next_token {B, 1}, key', k0', v0', ...): one decode step with the sampler inside.
 
-    ``key`` is an ``mx.random.key`` ({2} uint32) and the options come from
-    ``sampling_inputs``. Donate ``{0: 2, 1: 3, ..., 2 * layers: 1}`` to keep the
+    One stream: ``key`` is an ``mx.random.key`` ({2} uint32), token {1, 1},
+    position and the options (``sampling_inputs``) scalars. B streams in one
+    batch: caches {B, ...}, keys {B, 2}, tokens {B, 1}, and positions and
+    options {B} (``sampling_rows``), each row at its own position. Donate ``{0: 2, 1: 3, ..., 2 * layers: 1}`` to keep the
     caches and the key in the caller's arrays (they come first because the
     op path's donation mask names the first 64 inputs).
     """
