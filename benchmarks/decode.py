@@ -165,6 +165,8 @@ async def main(args, counts: list[int], rates: dict) -> None:
         # functions on each new thread, which should not count against one side.
         await run_engine("parallel")(engine, prompts[:runtime.pool_size], 2)
         await run_engine("parallel", python_step=True)(engine, prompts[:runtime.pool_size], 2)
+        for n in counts:  # and the replayed batch's shapes (traced on first use)
+            await run_engine("batch")(engine, [prompts[i % len(prompts)] for i in range(n)], 2)
         await run_to_thread(engine, prompts[:6], 2)
         print(f"mlx {mx.__version__}, device {mx.default_device()}, {args.tokens} tokens per request, greedy")
         print(f"engine step: {engine.step_kind} ({engine.step_note}); load with the traces {load_s:.1f} s")
@@ -258,7 +260,7 @@ def python_step_gil_ms(engine: Engine, prompt: list[int], steps: int = 8) -> flo
 
 async def replay_submit_ms(engine: Engine, prompt: list[int], tokens: int) -> float:
     """The loop's time per replayed step in the submit call (one native job)."""
-    functions = engine._replay.functions
+    functions = engine._replay.traced
     held: list[float] = []
 
     def timed(function):
@@ -271,7 +273,7 @@ async def replay_submit_ms(engine: Engine, prompt: list[int], tokens: int) -> fl
         return call
 
     saved = dict(functions)
-    functions.update({size: timed(f) for size, f in saved.items()})
+    functions.update({shape: timed(f) for shape, f in saved.items()})
     try:
         async for _ in engine.generate(prompt, max_tokens=tokens):
             pass

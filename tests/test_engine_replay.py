@@ -147,7 +147,7 @@ async def test_batch_mode_replays_each_row_at_its_own_position_with_its_own_key(
         replayed, python = await batch_pair(rt, max_concurrent=4)
         want = [await tokens_of(python, p, max_tokens=n) for p, n in zip(BATCH_PROMPTS, BATCH_LENGTHS)]
         assert await each_with_its_length(replayed) == want
-        shapes = set(replayed._replay.batched)
+        shapes = {(rows, size) for _, rows, size in replayed._replay.traced}
         assert {(4, 32), (2, 16), (1, 16)} <= shapes, shapes  # grew, moved to the small cache, shrank
         seeded = [await tokens_of(python, p, max_tokens=n, seed=5 + i, **SAMPLED)
                   for i, (p, n) in enumerate(zip(BATCH_PROMPTS, BATCH_LENGTHS))]

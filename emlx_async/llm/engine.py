@@ -317,7 +317,7 @@ class Engine:
         self.step_kind = "replay"
         self.step_note = f"traced for caches of {self._replay.sizes} tokens"
         if self.mode == "batch":
-            self.step_note += f", batches of {self._replay.row_buckets} rows (each shape traced on first use)"
+            self.step_note += f", batches of {self._replay.row_buckets} rows"
         return self.step_kind
 
     async def save(self, path: str) -> None:
@@ -649,12 +649,12 @@ class Engine:
         replay = self._replay
         assert replay is not None
         size = replay.size_for(len(prompt) + max_tokens)
-        function = replay.functions[size]
         queue = await self.runtime.acquire_queue()
         state: dict[str, Any] = {}
         pending = None
         try:
             token = await queue.run(self._replay_prefill, state, prompt, sampler, size)
+            function = await replay.function(queue, greedy=sampler.temperature == 0, rows=None, size=size)
             position = len(prompt)
             options = _traced.sampling_inputs(*sampler.options, replay.vocab)
             steps_left = max_tokens - 1
@@ -864,11 +864,15 @@ class Engine:
 class _ReplayStep:
     """The traced decode step and the weights its traces share.
 
-    "parallel" mode: one stream's step per cache size, traced at load.
-    "batch" mode: a step of `rows` streams per (rows, cache size), traced on
-    the batch queue the first time a batch takes that shape (a fraction of a
-    second each); `rows` is a power of two up to the engine's max_concurrent
-    (or max_concurrent itself), since on CPU every row costs a whole step.
+    A trace is one shape: (greedy, rows, cache size). ``rows`` None is one
+    stream's step ("parallel" mode: key {2}, position and options scalars);
+    an int is a batch of that many rows ("batch" mode), a power of two up to
+    the engine's max_concurrent (or max_concurrent itself), since on CPU
+    every row costs a whole step. Greedy streams (and batches of only
+    greedy rows) get a step without the sampler, which sorts the
+    vocabulary. Load traces the greedy step of every cache size (parallel)
+    or every row count at the smallest size (batch); any other shape is
+    traced on the queue that first needs it (a fraction of a second).
     """
 
     def __init__(self, engine: Engine, sizes: list[int], dtype: mx.Dtype, vocab: int):
@@ -878,13 +882,14 @@ class _ReplayStep:
         self.dtype = dtype
         self.vocab = vocab  # the logits' width: top_k at or past it keeps every token
         self.weights = _traced.model_weights(model)  # bound to every trace (TracedFunction.bind)
-        self.step = _traced.make_sampling_step(model, weights_as_inputs=True)
+        self._steps = {greedy: _traced.make_sampling_step(model, weights_as_inputs=True, greedy=greedy)
+                       for greedy in (False, True)}
         layers, heads_kv, dim = _traced.layout(model)
         self.n_caches, self.heads_kv, self.head_dim = 2 * layers, heads_kv, dim
         self.row_buckets = sorted({2 ** i for i in range(engine.max_concurrent.bit_length())
                                    if 2 ** i <= engine.max_concurrent} | {engine.max_concurrent})
-        self.functions: dict[int, Any] = {}  # one stream's step by cache size
-        self.batched: dict[tuple[int, int], Any] = {}  # the batch step by (rows, cache size)
+        self.traced: dict[tuple[bool, int | None, int], Any] = {}
+        self._tracing = anyio.Lock()
         # Caches -> outputs 2..., key -> output 1. The op path's donation mask
         # covers the first 64 inputs: deeper models take the outputs instead.
         self.donate = {**{i: 2 + i for i in range(2 * layers)}, 2 * layers: 1} if 2 * layers < 64 else None
@@ -897,11 +902,21 @@ class _ReplayStep:
         return next((n for n in self.row_buckets if n >= count), 0) if count else 0
 
     def release(self) -> None:
-        for function in [*self.functions.values(), *self.batched.values()]:
+        for function in self.traced.values():
             function.release()
 
-    async def _trace(self, queue, rows: int | None, size: int):
-        """One stream (`rows` None: key {2}, position and options scalars) or a batch of `rows`."""
+    async def function(self, queue, *, greedy: bool, rows: int | None, size: int) -> Any:
+        """The step of this shape, traced on `queue` the first time it is asked for."""
+        shape = (greedy, rows, size)
+        function = self.traced.get(shape)
+        if function is None:
+            async with self._tracing:
+                function = self.traced.get(shape)
+                if function is None:
+                    function = self.traced[shape] = await self._trace(queue, *shape)
+        return function
+
+    async def _trace(self, queue, greedy: bool, rows: int | None, size: int):
         if rows is None:
             per_row = [mx.random.key(0), mx.array([[0]], dtype=mx.int32), mx.array(0, dtype=mx.int32),
                        *_traced.sampling_inputs(0.0, 1.0, 0, 1)]
@@ -909,7 +924,7 @@ class _ReplayStep:
             per_row = [mx.zeros((rows, 2), dtype=mx.uint32), mx.zeros((rows, 1), dtype=mx.int32),
                        mx.zeros((rows,), dtype=mx.int32), *_traced.sampling_rows([_GREEDY] * rows, 1)]
         caches = _traced.example_caches(self.model, size, self.dtype, rows or 1)
-        traced = await _replay.trace(self.step, *caches, *per_row, *self.weights, queue=queue)
+        traced = await _replay.trace(self._steps[greedy], *caches, *per_row, *self.weights, queue=queue)
         try:
             # The weights go to the worker with the graph, once: a step's
             # submit carries the caches and the few per-step inputs only.
@@ -917,25 +932,20 @@ class _ReplayStep:
         finally:
             traced.release()
 
-    async def batch_function(self, rows: int, size: int, queue) -> Any:
-        function = self.batched.get((rows, size))
-        if function is None:
-            function = self.batched[rows, size] = await self._trace(queue, rows, size)
-        return function
-
     @classmethod
     async def trace(cls, engine: Engine, sizes: list[int]) -> _ReplayStep:
-        """Check the traced forward against the model's, then trace what the mode needs
-        at load: every cache size ("parallel"), or the smallest batch ("batch")."""
+        """Check the traced forward against the model's, then trace the greedy steps
+        of what the mode runs most."""
         async with engine.runtime.queue() as queue:
             dtype, vocab = await queue.run(_check_forward, engine.model)
             replay = cls(engine, sizes, dtype, vocab)
             try:
                 if engine.mode == "batch":
-                    await replay.batch_function(1, sizes[0], queue)
+                    for rows in replay.row_buckets:
+                        await replay.function(queue, greedy=True, rows=rows, size=sizes[0])
                 else:
                     for size in sizes:
-                        replay.functions[size] = await replay._trace(queue, None, size)
+                        await replay.function(queue, greedy=True, rows=None, size=size)
             except BaseException:
                 replay.release()
                 raise
@@ -1144,7 +1154,8 @@ class _ReplayBatcher(_Batcher):
             step = chunk = None
             try:
                 if any(slots):
-                    function = await replay.batch_function(len(slots), size, queue)
+                    greedy = all(row is None or row.request.sampler.temperature == 0 for row in slots)
+                    function = await replay.function(queue, greedy=greedy, rows=len(slots), size=size)
                     free = _GREEDY
                     step = function(*state["caches"], state["keys"],
                                     mx.array([[row.token if row else 0] for row in slots], dtype=mx.int32),

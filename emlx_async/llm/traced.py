@@ -190,9 +190,12 @@ def sample(logits: mx.array, key: mx.array, inv_temperature: mx.array, top_p: mx
     threshold = mx.take_along_axis(sorted_logprobs, num_dropped, axis=-1)
     use_top_p = (top_p > 0) & (top_p < 1)
     logprobs = mx.where(use_top_p & (logprobs < threshold), -float("inf"), logprobs)
-    # top-k: the k-th largest of what top-p left.
+    # top-k: the k-th largest of what top-p left. Top-p keeps a top set, so
+    # that is the k-th largest overall when it kept k or more, and when it
+    # kept fewer the k-th largest overall is below all of them: the first
+    # sort serves both (a sort of the vocabulary costs milliseconds on a CPU).
     kth_index = mx.clip(vocab - top_k, 0, vocab - 1).astype(mx.int32)
-    kth = mx.take_along_axis(mx.sort(logprobs, axis=-1), kth_index, axis=-1)
+    kth = mx.take_along_axis(sorted_logprobs, kth_index, axis=-1)
     logprobs = mx.where((top_k > 0) & (logprobs < kth), -float("inf"), logprobs)
     scaled = logprobs * inv_temperature
     # The Python sampler splits its key on every sampled step, and each row
@@ -208,7 +211,7 @@ def sample(logits: mx.array, key: mx.array, inv_temperature: mx.array, top_p: mx
     return token, mx.where(greedy, keys, mx.stack(split_keys)).reshape(key.shape)
 
 
-def make_sampling_step(model, *, weights_as_inputs: bool = False) -> Callable[..., Any]:
+def make_sampling_step(model, *, weights_as_inputs: bool = False, greedy: bool = False) -> Callable[..., Any]:
     """step(k0, v0, ..., key, token, position, inv_temperature, top_p, top_k[, *weights])
     -> (next_token {B, 1}, key', k0', v0', ...): one decode step with the sampler inside.
 
@@ -218,12 +221,19 @@ def make_sampling_step(model, *, weights_as_inputs: bool = False) -> Callable[..
     options {B} (``sampling_rows``), each row at its own position. Donate ``{0: 2, 1: 3, ..., 2 * layers: 1}`` to keep the
     caches and the key in the caller's arrays (they come first because the
     op path's donation mask names the first 64 inputs).
+
+    ``greedy=True``: the same inputs and outputs, but only the argmax (the
+    options are ignored and the key comes back as it was): sampling sorts
+    the vocabulary, which costs a CPU step several percent, so greedy
+    streams get a step of their own.
     """
     layers = len(model.model.layers)
 
     def decode(*inputs):
         caches, (key, token, position, inv_temperature, top_p, top_k) = inputs[:2 * layers], inputs[2 * layers:]
         logits, new_caches = forward(model, token, position, caches)
+        if greedy:
+            return (mx.argmax(logits, axis=-1, keepdims=True).astype(mx.int32), key, *new_caches)
         next_token, next_key = sample(logits, key, inv_temperature, top_p, top_k)
         return (next_token, next_key, *new_caches)
 
