@@ -97,7 +97,8 @@ def sse_events(response) -> list[str]:
 # ---- endpoints --------------------------------------------------------------------
 
 def test_health_and_models(http):
-    assert http.get("/health").json()["status"] == "ready"
+    health = http.get("/health").json()
+    assert health["status"] == "ready" and health["step"] == "replay"  # SmolLM2 is a llama: its step is traced
     models = http.get("/v1/models").json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == [MODEL]
     assert http.get(f"/v1/models/{MODEL}").json()["id"] == MODEL

@@ -1,6 +1,7 @@
-"""The same service under hypercorn's trio worker (`emlx-async serve --server hypercorn`):
-the official `openai` client gets Paris, streamed and not, and SIGTERM with a
-stream running ends it with the shutdown error and [DONE] and exits 0."""
+"""The same service under hypercorn's trio worker (`emlx-async serve --server hypercorn`),
+in batch mode (test_serve.py runs parallel mode under uvicorn): the official
+`openai` client gets Paris, streamed and not, and SIGTERM with a stream
+running ends it with the shutdown error and [DONE] and exits 0."""
 
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ SHUTDOWN_TIMEOUT = 2.0
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess("--server", "hypercorn", "--max-concurrent", "2", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT),
-                        "--log-level", "warning") as live:
+    with ServerProcess("--server", "hypercorn", "--mode", "batch", "--max-concurrent", "2",
+                       "--shutdown-timeout", str(SHUTDOWN_TIMEOUT),
+                       "--log-level", "warning") as live:
         yield live
 
 

@@ -60,10 +60,12 @@ _CPU_PREFILL_CHUNK = 32
 _GPU_PREFILL_CHUNK = 512
 # Seeds of any size are folded into the range mx.random.key takes.
 _SEED_RANGE = 2**64
-# Fixed KV cache lengths of the replayed step (capped at the model's context,
-# which is always one): a request uses the smallest that holds its prompt and
-# max_tokens. Each is one trace; attention reads the whole cache every step.
-_CACHE_SIZES = (256, 1024, 4096)
+# Fixed KV cache lengths of the replayed step: powers of two from 64 up to the
+# model's context (which is always one; 4096 when unknown). Attention reads the
+# whole cache every step, so a stream starts on the smallest that holds its
+# prompt and moves to the next when it is full; each length is one trace.
+_SMALLEST_CACHE = 64
+_UNKNOWN_CONTEXT = 4096
 # Model types whose layers are traced.forward's llama layout.
 _TRACEABLE = {"llama"}
 _STEP_CHOICES = ("auto", "replay", "python")
@@ -303,8 +305,8 @@ class Engine:
             model_type = getattr(getattr(self.model, "args", None), "model_type", type(self.model).__name__)
             reason = f"model type {model_type!r} has no traced step (only {sorted(_TRACEABLE)})"
         if reason is None:
-            sizes = sorted({min(n, self.context_length or n) for n in (cache_sizes or _CACHE_SIZES)}
-                           | ({self.context_length} if self.context_length and cache_sizes is None else set()))
+            sizes = sorted(set(cache_sizes) if cache_sizes is not None else
+                           _cache_sizes(self.context_length or _UNKNOWN_CONTEXT))
             try:
                 self._replay = await _ReplayStep.trace(self, sizes)
             except Exception as exc:  # noqa: BLE001 - any failure means: use the Python step
@@ -648,7 +650,7 @@ class Engine:
         """
         replay = self._replay
         assert replay is not None
-        size = replay.size_for(len(prompt) + max_tokens)
+        size = replay.size_for(len(prompt) + 1)  # it grows as the answer does
         queue = await self.runtime.acquire_queue()
         state: dict[str, Any] = {}
         pending = None
@@ -663,6 +665,11 @@ class Engine:
                     yield "stop"
                     return
                 if steps_left > 0:
+                    if position >= size:  # full: the next cache length (no step is running)
+                        size = replay.size_for(position + 1)
+                        await queue.run(self._grow_caches, state, size)
+                        function = await replay.function(queue, greedy=sampler.temperature == 0, rows=None,
+                                                         size=size)
                     pending = function(*state["caches"], state["key"], state["token"],
                                        mx.array(position, dtype=mx.int32), *options,
                                        queue=queue, donate=replay.donate)
@@ -682,6 +689,16 @@ class Engine:
                 pending.cancel()  # dropped if queued; discarded if running
             state.clear()  # drops the KV cache
             self.runtime.release_queue(queue)
+
+    def _grow_caches(self, state: dict, size: int) -> None:
+        """On the request's queue: its fixed caches copied into longer ones of `size` positions."""
+        grown = []
+        for cache in state["caches"]:
+            longer = mx.zeros((*cache.shape[:2], size, cache.shape[3]), dtype=cache.dtype)
+            longer[:, :, :cache.shape[2], :] = cache
+            grown.append(longer)
+        mx.eval(grown)
+        state["caches"] = grown
 
     def _replay_prefill(self, state: dict, prompt: list[int], sampler: _Sampler, size: int) -> int | None:
         """On the request's queue: mlx-lm's chunked prefill, copied into fixed caches of `size` tokens."""
@@ -956,6 +973,15 @@ class _ReplayStep:
 _GREEDY = (0.0, 1.0, 0)
 
 
+def _cache_sizes(context: int) -> list[int]:
+    """Powers of two from _SMALLEST_CACHE below `context`, and the context itself."""
+    sizes, n = [], _SMALLEST_CACHE
+    while n < context:
+        sizes.append(n)
+        n *= 2
+    return sizes + [context]
+
+
 def _check_forward(model) -> tuple[mx.Dtype, int]:
     """On a worker: the fixed-cache forward agrees with the model's own on two tokens.
 
@@ -1127,7 +1153,7 @@ class _ReplayBatcher(_Batcher):
 
     The batch is ``slots`` rows (the smallest traced row count that holds the
     live streams) over caches of ``size`` positions (the smallest traced size
-    that holds every stream's prompt and max_tokens). A round submits one
+    that holds every row's next position: it grows as the longest row does). A round submits one
     replayed step for every row and at most one prefill chunk of the first
     joining prompt (a Python job, mlx-lm's prefill with the prompt cache), so
     running streams stall for at most one chunk. Only when a stream joins,
@@ -1210,7 +1236,8 @@ class _ReplayBatcher(_Batcher):
         replay = self.engine._replay
         live = [row for row in slots if row is not None] + ([joined] if joined else [])
         rows = replay.rows_for(len(live))
-        new_size = replay.size_for(max((row.position + row.left + 1 for row in live), default=0)) if live else 0
+        # The cache holds every row's next write (it grows and shrinks with the longest row).
+        new_size = replay.size_for(max(row.position + 1 for row in live)) if live else 0
         if rows == len(slots) and new_size == size:
             if not saves and joined is None:
                 return slots, size

