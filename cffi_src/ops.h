@@ -1,7 +1,7 @@
 /* Native ops: one job builds an op's graph on the worker's stream, natively,
  * from emlx_async/_op_table.py (op codes are table positions). */
 
-/* Inputs whose bit is set in donate_mask are donated: once the job is queued
+/* Inputs whose entry of `donated` is non-zero (one per input; NULL: none) are donated: once the job is queued
  * it takes the only reference (the mx.array object is left holding a scalar
  * until the results are published into it), so MLX may update their buffers
  * in place. A job that is dropped, cancelled while queued or fails before its
@@ -13,7 +13,7 @@
  * the outputs. */
 int emlx_submit_op(emlx_worker *worker, uint64_t job_id, int op, void **arrays, size_t n_arrays,
                    const int64_t *ints, size_t n_ints, const double *floats, size_t n_floats,
-                   const char *text, int evaluate, int check_finite, uint64_t donate_mask);
+                   const char *text, int evaluate, int check_finite, const unsigned char *donated);
 int emlx_op_count(void);
 /* Number of arrays in a payload. */
 size_t emlx_payload_size(void *payload);

@@ -463,7 +463,7 @@ int emlx_submit_eval(emlx_worker* worker, uint64_t job_id, void** arrays, size_t
 
 int emlx_submit_op(emlx_worker* worker, uint64_t job_id, int op, void** arrays, size_t n_arrays,
                    const int64_t* ints, size_t n_ints, const double* floats, size_t n_floats,
-                   const char* text, int evaluate, int check_finite, uint64_t donate_mask) {
+                   const char* text, int evaluate, int check_finite, const unsigned char* donated) {
   return emlx::guarded([&] {
     Job job{job_id, JobKind::Op, {}, nullptr, std::make_shared<OpCall>()};
     OpCall& call = *job.op;
@@ -474,20 +474,19 @@ int emlx_submit_op(emlx_worker* worker, uint64_t job_id, int op, void** arrays, 
     call.evaluate = evaluate != 0;
     call.check_finite = check_finite != 0;
     job.arrays.reserve(n_arrays);
-    for (size_t i = 0; i < n_arrays && i < 64; ++i)
-      if ((donate_mask >> i) & 1) job.donated.push_back(i);
+    if (donated)
+      for (size_t i = 0; i < n_arrays; ++i)
+        if (donated[i]) job.donated.push_back(i);
     emlx::GilGuard gil;
     for (size_t i = 0; i < n_arrays; ++i) job.arrays.push_back(emlx::array_of(arrays[i]));
     // Take the only reference of donated inputs (their objects hold a scalar
     // until results come back) BEFORE the job is queued: a spinning worker
     // may start it at once, and a reference still in the caller's object
     // then makes MLX copy the buffer instead of updating it in place.
-    for (size_t i = 0; i < n_arrays && i < 64; ++i)
-      if ((donate_mask >> i) & 1) emlx::array_of(arrays[i]) = mx::array(0.0f);
+    for (size_t i : job.donated) emlx::array_of(arrays[i]) = mx::array(0.0f);
     int status = worker->submit(std::move(job));
     if (status != 0) {  // not queued (job was not moved): the caller's arrays come back
-      for (size_t i = 0; i < n_arrays && i < 64; ++i)
-        if ((donate_mask >> i) & 1) emlx::array_of(arrays[i]) = job.arrays[i];
+      for (size_t i : job.donated) emlx::array_of(arrays[i]) = job.arrays[i];
     }
     return status;
   });

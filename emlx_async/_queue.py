@@ -394,19 +394,20 @@ class CommandQueue:
             raise EMLXError("native ops need the zero-copy interop layer, which failed validation")
         job = _Job(self, self._backend.new_future(), lazy=lazy)
         job.op_name = name
-        mask = 0
+        donated = ffi.NULL
         if donate:
             job.publish_into = {result: inputs[index] for index, result in donate.items()}
             job.donated = [inputs[index] for index in sorted(donate)]
+            donated = ffi.new("unsigned char[]", len(inputs))
             for index in donate:
-                mask |= 1 << index
+                donated[index] = 1
         ints_c, floats_c = ffi.new("int64_t[]", ints), ffi.new("double[]", floats)
         text_c = text.encode()
 
         def start() -> int:
             return lib.emlx_submit_op(self._worker, job.id, code, _interop.handles(inputs), len(inputs),
                                       ints_c, len(ints), floats_c, len(floats), text_c, int(not lazy),
-                                      int(check_finite), mask)
+                                      int(check_finite), donated)
 
         job.start = start
         return self._submit(job, nowait, inputs, deps)

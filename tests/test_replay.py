@@ -244,6 +244,27 @@ async def test_donated_cache_is_updated_in_place():
             assert buffer_address(cache) == address, f"step {position} copied the donated cache"
 
 
+async def test_donation_reaches_inputs_past_the_64th():
+    # A deep model's step: 2 caches per layer, so a 32-layer llama donates 65 inputs.
+    extras = [rand(2, seed=i) for i in range(66)]
+    cache = mx.zeros((4096, 4))
+    x = rand(4)
+    mx.eval(cache)
+
+    def late_cache(*inputs):
+        *rest, x, cache, position = inputs
+        return write_row(x, cache, position)
+
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(late_cache, *extras, x, cache, mx.array(0, dtype=mx.int32), queue=q)
+        address = buffer_address(cache)
+        for position in range(3):
+            await f(*extras, x, cache, mx.array(position, dtype=mx.int32), queue=q, donate={67: 1})
+            assert buffer_address(cache) == address, f"step {position} copied the donated cache"
+            np.testing.assert_allclose(np.array(cache[position]), np.tanh(np.array(x)), rtol=1e-6)  # published back
+
+
 def three_inputs(x, w, b):
     return mx.tanh(x @ w + b)
 

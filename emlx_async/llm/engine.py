@@ -678,10 +678,7 @@ class Engine:
                 yield token
                 if pending is None:
                     break
-                out, pending = await pending, None
-                if replay.donate is None:  # not donated: the new key and caches are outputs
-                    out, state["key"], *state["caches"] = out
-                state["token"] = out
+                state["token"], pending = await pending, None
                 token = state["token"].item()
             yield "length"
         finally:
@@ -907,9 +904,9 @@ class _ReplayStep:
                                    if 2 ** i <= engine.max_concurrent} | {engine.max_concurrent})
         self.traced: dict[tuple[bool, int | None, int], Any] = {}
         self._tracing = anyio.Lock()
-        # Caches -> outputs 2..., key -> output 1. The op path's donation mask
-        # covers the first 64 inputs: deeper models take the outputs instead.
-        self.donate = {**{i: 2 + i for i in range(2 * layers)}, 2 * layers: 1} if 2 * layers < 64 else None
+        # Donated: caches -> outputs 2..., key -> output 1, updated in place
+        # and published back into the caller's arrays.
+        self.donate = {**{i: 2 + i for i in range(2 * layers)}, 2 * layers: 1}
 
     def size_for(self, tokens: int) -> int | None:
         return next((n for n in self.sizes if n >= tokens), None)
@@ -1196,8 +1193,6 @@ class _ReplayBatcher(_Batcher):
                 saves = []
                 if step is not None:
                     out, step = await step, None
-                    if replay.donate is None:  # not donated: the new keys and caches are outputs
-                        out, state["keys"], *state["caches"] = out
                     for slot, (token,) in enumerate(out.tolist()):
                         row = slots[slot]
                         if row is None:

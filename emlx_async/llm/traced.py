@@ -218,9 +218,9 @@ def make_sampling_step(model, *, weights_as_inputs: bool = False, greedy: bool =
     One stream: ``key`` is an ``mx.random.key`` ({2} uint32), token {1, 1},
     position and the options (``sampling_inputs``) scalars. B streams in one
     batch: caches {B, ...}, keys {B, 2}, tokens {B, 1}, and positions and
-    options {B} (``sampling_rows``), each row at its own position. Donate ``{0: 2, 1: 3, ..., 2 * layers: 1}`` to keep the
-    caches and the key in the caller's arrays (they come first because the
-    op path's donation mask names the first 64 inputs).
+    options {B} (``sampling_rows``), each row at its own position. Donate
+    ``{0: 2, 1: 3, ..., 2 * layers: 1}`` to update the caches and the key in
+    place, in the caller's arrays.
 
     ``greedy=True``: the same inputs and outputs, but only the argmax (the
     options are ignored and the key comes back as it was): sampling sorts
