@@ -51,14 +51,15 @@ async def tokens_of(engine, prompt, **options) -> list[int]:
     return [d.token async for d in engine.generate(prompt, **options) if d.token is not None]
 
 
-async def concurrently(engine, prompts, **options) -> list[list[int]]:
-    results: list[list[int]] = [[] for _ in prompts]
+async def concurrently(engine, requests: list[dict]) -> list[list[int]]:
+    """Each request's tokens (a request: generate()'s arguments), all running at once."""
+    results: list[list[int]] = [[] for _ in requests]
 
     async def one(i):
-        results[i] = await tokens_of(engine, prompts[i], **options)
+        results[i] = await tokens_of(engine, **requests[i])
 
     async with anyio.create_task_group() as tg:
-        for i in range(len(prompts)):
+        for i in range(len(requests)):
             tg.start_soon(one, i)
     return results
 
@@ -78,7 +79,7 @@ async def test_a_llama_model_replays_the_python_steps_tokens():
         sampled = [await tokens_of(engine, p, max_tokens=12, seed=5, **SAMPLED) for p in prompts]
         assert {(kind, size) for kind, _, size in engine._replay.traced} == {(True, 8), (True, 16), (True, 32),
                                                                               (False, 8), (False, 16), (False, 32)}
-        assert await concurrently(engine, prompts, max_tokens=12) == greedy
+        assert await concurrently(engine, [dict(prompt=p, max_tokens=12) for p in prompts]) == greedy
         assert await tokens_of(engine, prompts[1], max_tokens=12, seed=5, **SAMPLED) == sampled[1]  # repeatable
         long_prompt = list(range(1, 30))  # with max_tokens past the largest cache: the Python step
         long = await tokens_of(engine, long_prompt, max_tokens=8)
@@ -131,39 +132,21 @@ async def batch_pair(rt, **kwargs):
     return engines
 
 
-async def each_with_its_length(engine, **options) -> list[list[int]]:
-    results: list[list[int]] = [[] for _ in BATCH_PROMPTS]
-
-    async def one(i):
-        results[i] = await tokens_of(engine, BATCH_PROMPTS[i], max_tokens=BATCH_LENGTHS[i], **options)
-
-    async with anyio.create_task_group() as tg:
-        for i in range(len(BATCH_PROMPTS)):
-            tg.start_soon(one, i)
-    return results
+def batch_requests(**options) -> list[dict]:
+    return [dict(prompt=p, max_tokens=n, **options) for p, n in zip(BATCH_PROMPTS, BATCH_LENGTHS)]
 
 
 @on_every_loop
 async def test_batch_mode_replays_each_row_at_its_own_position_with_its_own_key():
     async with ea.Runtime(pool_size=2) as rt:
         replayed, python = await batch_pair(rt, max_concurrent=4)
-        want = [await tokens_of(python, p, max_tokens=n) for p, n in zip(BATCH_PROMPTS, BATCH_LENGTHS)]
-        assert await each_with_its_length(replayed) == want
+        want = [await tokens_of(python, **r) for r in batch_requests()]
+        assert await concurrently(replayed, batch_requests()) == want
         shapes = {(rows, size) for _, rows, size in replayed._replay.traced}
         # Four rows at first, fewer as they finish; the longest row outgrew 16 positions.
         assert {1, 4} <= {rows for rows, _ in shapes} and {16, 32} <= {size for _, size in shapes}, shapes
-        seeded = [await tokens_of(python, p, max_tokens=n, seed=5 + i, **SAMPLED)
-                  for i, (p, n) in enumerate(zip(BATCH_PROMPTS, BATCH_LENGTHS))]
-        results: list[list[int]] = [[] for _ in BATCH_PROMPTS]
-
-        async def sampled(i):
-            results[i] = await tokens_of(replayed, BATCH_PROMPTS[i], max_tokens=BATCH_LENGTHS[i], seed=5 + i,
-                                         **SAMPLED)
-
-        async with anyio.create_task_group() as tg:
-            for i in range(len(BATCH_PROMPTS)):
-                tg.start_soon(sampled, i)
-        assert results == seeded
+        seeded = [dict(r, seed=5 + i) for i, r in enumerate(batch_requests(**SAMPLED))]
+        assert await concurrently(replayed, seeded) == [await tokens_of(python, **r) for r in seeded]
         # Past the largest traced cache: mlx-lm's BatchGenerator takes it, with the same tokens.
         long_prompt = list(range(1, 30))
         assert await tokens_of(replayed, long_prompt, max_tokens=8) == await tokens_of(python, long_prompt,

@@ -107,7 +107,7 @@ def test_openai_client_gets_one_process_text(server):
                                               temperature=0, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
     assert _get(base + "/health") == (200, {"status": "ready", "model": "SmolLM2-135M-Instruct",
-                                            "mode": "batch"})
+                                            "mode": "batch", "step": "python"})
 
 
 def test_killing_a_follower_mid_generation_answers_a_clear_error_within_the_timeout(server):

@@ -122,6 +122,8 @@ class ShardedEngine(Engine):
         self.idle_interval = float(idle_interval)
         self._stopped = False
         self._ticker_done: anyio.Event | None = None
+        # Every rank runs rank 0's plan with mlx-lm's BatchGenerator.
+        self.step_note = "the sharded engine runs mlx-lm's batched Python step on every rank"
 
     @classmethod
     async def load(cls, path: str | None = None, *, group: Group, runtime: Runtime | None = None,
