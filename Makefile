@@ -46,7 +46,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/roundtrip.py
 	$(PY) benchmarks/host_call.py
 	$(PY) benchmarks/ops.py
-	$(PY) benchmarks/decode.py
+	$(PY) benchmarks/decode.py --busy-batch
 	$(PY) benchmarks/replay.py
 	$(PY) benchmarks/prompt_cache.py
 	$(PY) benchmarks/serve.py
