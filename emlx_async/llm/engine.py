@@ -1150,12 +1150,13 @@ class _ReplayBatcher(_Batcher):
 
     The batch is ``slots`` rows (the smallest traced row count that holds the
     live streams) over caches of ``size`` positions (the smallest traced size
-    that holds every row's next position: it grows as the longest row does). A round submits one
-    replayed step for every row and at most one prefill chunk of the first
-    joining prompt (a Python job, mlx-lm's prefill with the prompt cache), so
-    running streams stall for at most one chunk. Only when a stream joins,
-    finishes with a prompt cache to fill, or the batch's shape changes does a
-    Python job move rows (``Engine._replay_batch_layout``).
+    that holds every row's next position: it grows with the longest row). A
+    round submits one replayed step for every row and at most one prefill
+    chunk of the first joining prompt (a Python job, mlx-lm's prefill with the
+    prompt cache), so running streams stall for at most one chunk. Only when
+    a stream joins, finishes with a prompt cache to fill, or the batch's shape
+    changes does a Python job move rows (``Engine._replay_batch_layout``).
+    Free rows decode greedily at position 0 and their tokens are dropped.
     """
 
     async def _serve(self, queue, state: dict) -> None:
@@ -1179,11 +1180,10 @@ class _ReplayBatcher(_Batcher):
                 if any(slots):
                     greedy = all(row is None or row.request.sampler.temperature == 0 for row in slots)
                     function = await replay.function(queue, greedy=greedy, rows=len(slots), size=size)
-                    free = _GREEDY
                     step = function(*state["caches"], state["keys"],
                                     mx.array([[row.token if row else 0] for row in slots], dtype=mx.int32),
                                     mx.array([row.position if row else 0 for row in slots], dtype=mx.int32),
-                                    *_traced.sampling_rows([row.request.sampler.options if row else free
+                                    *_traced.sampling_rows([row.request.sampler.options if row else _GREEDY
                                                             for row in slots], replay.vocab),
                                     queue=queue, donate=replay.donate)
                 if self.joining:
