@@ -156,6 +156,28 @@ async def test_batch_mode_replays_each_row_at_its_own_position_with_its_own_key(
             assert not engine._replay_batcher.running and not engine._batcher.running
 
 
+@on_every_loop
+async def test_a_round_prefills_one_chunks_worth_of_the_joining_prompts():
+    async with ea.Runtime(pool_size=2) as rt:
+        # Chunks of 4 tokens over prompts of 3, 6, 1 and 7: the first round
+        # finishes the first prompt and starts the second, the third round
+        # finishes the second and third, ...
+        replayed, python = await batch_pair(rt, max_concurrent=4, prefill_chunk=4)
+        joined_per_layout = []
+        real_layout = replayed._replay_batch_layout
+
+        def layout(state, saves, keep, joined, rows, size):
+            joined_per_layout.append(len(joined))
+            return real_layout(state, saves, keep, joined, rows, size)
+
+        replayed._replay_batch_layout = layout
+        assert await concurrently(replayed, batch_requests()) == [await tokens_of(python, **r)
+                                                                  for r in batch_requests()]
+        joins = [n for n in joined_per_layout if n]
+        assert sum(joins) == 4 and 2 in joins, joined_per_layout
+        await replayed.wait_idle()
+
+
 async def test_a_batched_step_updates_its_donated_caches_and_keys_in_place():
     from emlx_async.llm import traced
 
@@ -216,7 +238,7 @@ async def test_a_failing_replayed_batch_fails_its_requests_and_the_next_one_star
 
         def failing_layout(state, saves, keep, joined, rows, size):
             calls.append(joined)
-            if len(calls) == 2:  # the second request joining a running batch
+            if sum(map(len, calls)) >= 2:  # the second request joining the batch
                 raise boom
             return real_layout(state, saves, keep, joined, rows, size)
 

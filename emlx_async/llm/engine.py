@@ -608,16 +608,19 @@ class Engine:
         reused = self.prompt_cache.restore(prompt, cache) if self.prompt_cache is not None else 0
         state["unread"] = mx.array(prompt[reused:])
 
-    def _prefill_chunk(self, state: dict, prompt: list[int], sampler: _Sampler) -> int | tuple | None:
-        """One chunk of the prompt through the model; the last one also samples the
-        first token, which is returned (None: more chunks to go)."""
+    def _prefill_chunk(self, state: dict, prompt: list[int], sampler: _Sampler,
+                       limit: int | None = None) -> int | tuple | None:
+        """One chunk (at most `limit` tokens, default prefill_chunk) of the prompt through
+        the model; the last one also samples the first token, which is returned (None:
+        more chunks to go)."""
         # Chunked prefill bounds the memory of one forward pass, and a request
         # cancelled mid-prompt frees its queue (or stops stalling the batch) within one chunk.
         tokens, cache = state["unread"], state["cache"]
-        if tokens.size > self.prefill_chunk:
-            self.model(tokens[None, : self.prefill_chunk], cache=cache)
+        limit = limit or self.prefill_chunk
+        if tokens.size > limit:
+            self.model(tokens[None, :limit], cache=cache)
             mx.eval([c.state for c in cache])
-            state["unread"] = tokens[self.prefill_chunk:]
+            state["unread"] = tokens[limit:]
             return None
         del state["unread"]
         item = self._sample(state, tokens, sampler)
@@ -806,27 +809,36 @@ class Engine:
 
     # ---- mode "batch", replayed step: the jobs of _ReplayBatcher ---------------------
 
-    def _replay_batch_prefill(self, state: dict, prompt: list[int], sampler: _Sampler, first: bool) -> int | None:
-        """One prefill chunk of a joining request (on the batch queue); the last one
-        returns its first token and leaves its mlx-lm cache and random key in `state`."""
-        if first:
-            self._prefill_begin(state, prompt)
-        token = self._prefill_chunk(state, prompt, sampler)
-        if token is not None:
-            # The Python sampler's key after the first token: the graph continues its stream.
-            state["key"] = sampler.key if sampler.key is not None else mx.random.key(sampler.seed)
-            mx.eval(state["key"])
-        return token  # type: ignore[return-value] - no logprobs on this path: an int
+    def _replay_batch_prefill(self, joining: list[tuple[dict, list[int], _Sampler]]) -> list[int | None]:
+        """On the batch queue: one chunk's worth (prefill_chunk tokens) of the joining
+        prompts, in order: the rest of the first, then the next, ... Returns each
+        prompt's first token, or None while it has more to go (or got no budget);
+        a finished one leaves its mlx-lm cache and random key in its state."""
+        budget, tokens = self.prefill_chunk, []
+        for state, prompt, sampler in joining:
+            if budget == 0:
+                break
+            if "cache" not in state:
+                self._prefill_begin(state, prompt)
+            used = min(state["unread"].size, budget)
+            token = self._prefill_chunk(state, prompt, sampler, used)
+            budget -= used
+            if token is not None:
+                # The Python sampler's key after the first token: the graph continues its stream.
+                state["key"] = sampler.key if sampler.key is not None else mx.random.key(sampler.seed)
+                mx.eval(state["key"])
+            tokens.append(token)
+        return tokens  # type: ignore[return-value] - no logprobs on this path: ints
 
     def _replay_batch_layout(self, state: dict, saves: list[tuple[int, list[int]]], keep: list[int] | None,
-                             joined: tuple[int, dict] | None, rows: int, size: int) -> None:
+                             joined: list[tuple[int, dict]], rows: int, size: int) -> None:
         """On the batch queue: move rows between layouts of the batch caches.
 
         `saves` (slot, tokens): finished rows whose keys and values go to the
         prompt cache first. `keep` None: the layout stays; else a new one of
         `rows` rows and `size` positions holds old rows `keep` in slots 0, 1,
-        ... (0 rows drops the caches). `joined` (slot, prefill state): a new
-        row's prompt and key written into that slot.
+        ... (0 rows drops the caches). `joined` (slot, prefill state): new
+        rows' prompts and keys, each written into its slot.
         """
         from mlx_lm.models.cache import KVCache
 
@@ -855,8 +867,7 @@ class Engine:
                     new[:len(keep), :, :span, :] = old[moved][:, :, :span, :]
                 new_keys[:len(keep)] = keys[moved]
             caches, keys = state["caches"], state["keys"] = new_caches, new_keys
-        if joined is not None:
-            slot, prefilled = joined
+        for slot, prefilled in joined:
             for i, layer in enumerate(prefilled["cache"]):
                 n = layer.offset
                 caches[2 * i][slot:slot + 1, :, :n, :] = layer.keys[..., :n, :]
@@ -1151,9 +1162,10 @@ class _ReplayBatcher(_Batcher):
     The batch is ``slots`` rows (the smallest traced row count that holds the
     live streams) over caches of ``size`` positions (the smallest traced size
     that holds every row's next position: it grows with the longest row). A
-    round submits one replayed step for every row and at most one prefill
-    chunk of the first joining prompt (a Python job, mlx-lm's prefill with the
-    prompt cache), so running streams stall for at most one chunk. Only when
+    round submits one replayed step for every row and one chunk's worth
+    (`prefill_chunk` tokens) of the joining prompts in arrival order (a Python
+    job, mlx-lm's prefill with the prompt cache): running streams stall for
+    at most one chunk, and short prompts join several at a time. Only when
     a stream joins, finishes with a prompt cache to fill, or the batch's shape
     changes does a Python job move rows (``Engine._replay_batch_layout``).
     Free rows decode greedily at position 0 and their tokens are dropped.
@@ -1164,17 +1176,17 @@ class _ReplayBatcher(_Batcher):
         assert replay is not None
         slots: list[_Row | None] = []
         size = 0
-        prefill: dict[str, Any] = {}
+        prefills: dict[int, dict] = {}  # id(joining request) -> its prefill state (on the worker)
         next_uid = 0
         while self.waiting or self.joining or self.running or self.leaving:
             if self.leaving:
                 gone, self.leaving = set(self.leaving), []
                 slots = [None if row is not None and row.request.uid in gone else row for row in slots]
-            if self.joining and self.joining[0].done:  # left mid-prompt
-                self.joining.pop(0)
-            if not self.joining and self.waiting:
-                self.joining.append(self.waiting.pop(0))
-                prefill = {}
+            for request in [r for r in self.joining if r.done]:  # left mid-prompt
+                self.joining.remove(request)
+                prefills.pop(id(request), None)
+            self.joining += self.waiting
+            self.waiting = []
             step = chunk = None
             try:
                 if any(slots):
@@ -1186,10 +1198,10 @@ class _ReplayBatcher(_Batcher):
                                     *_traced.sampling_rows([row.request.sampler.options if row else _GREEDY
                                                             for row in slots], replay.vocab),
                                     queue=queue, donate=replay.donate)
-                if self.joining:
-                    request = self.joining[0]
-                    chunk = queue.run(engine._replay_batch_prefill, prefill, request.prompt, request.sampler,
-                                      not prefill)
+                prefilling = list(self.joining)
+                if prefilling:
+                    chunk = queue.run(engine._replay_batch_prefill,
+                                      [(prefills.setdefault(id(r), {}), r.prompt, r.sampler) for r in prefilling])
                 saves = []
                 if step is not None:
                     out, step = await step, None
@@ -1205,52 +1217,54 @@ class _ReplayBatcher(_Batcher):
                             slots[slot] = None
                             if engine.prompt_cache is not None:  # the prompt and answer, for a next turn
                                 saves.append((slot, row.request.prompt + row.answer[:-1]))
-                joined = None
+                joined: list[tuple[_Row, dict]] = []
                 if chunk is not None:
-                    token, chunk = await chunk, None
-                    if token is not None:
-                        request = self.joining.pop(0)
-                        if not request.done:  # else it left during its last chunk
-                            request.uid, next_uid = next_uid, next_uid + 1
-                            self.running[request.uid] = request
-                            finish = ("stop" if token in engine.eos_ids else
-                                      "length" if request.max_tokens == 1 else None)
-                            self._deliver(request.uid, token, finish)
-                            if finish is None:
-                                joined = _Row(request, len(request.prompt), token, request.max_tokens - 1, [token])
-                slots, size = await self._relayout(queue, state, slots, size, saves, joined, prefill)
+                    tokens, chunk = await chunk, None
+                    for request, token in zip(prefilling, tokens):
+                        if token is None:
+                            continue  # more of its prompt to go
+                        self.joining.remove(request)
+                        prefilled = prefills.pop(id(request))
+                        if request.done:
+                            continue  # it left during its last chunk
+                        request.uid, next_uid = next_uid, next_uid + 1
+                        self.running[request.uid] = request
+                        finish = "stop" if token in engine.eos_ids else "length" if request.max_tokens == 1 else None
+                        self._deliver(request.uid, token, finish)
+                        if finish is None:
+                            row = _Row(request, len(request.prompt), token, request.max_tokens - 1, [token])
+                            joined.append((row, prefilled))
+                slots, size = await self._relayout(queue, state, slots, size, saves, joined)
             finally:
                 for pending in (step, chunk):
                     if pending is not None:
                         pending.cancel()
 
-    async def _relayout(self, queue, state: dict, slots: list[_Row | None], size: int,
-                        saves: list, joined: _Row | None, prefill: dict) -> tuple[list[_Row | None], int]:
+    async def _relayout(self, queue, state: dict, slots: list[_Row | None], size: int, saves: list,
+                        joined: list[tuple[_Row, dict]]) -> tuple[list[_Row | None], int]:
         """The batch after this round: same shape unless the live rows need fewer or more
         rows, or other cache positions; then one layout job moves them."""
         replay = self.engine._replay
-        live = [row for row in slots if row is not None] + ([joined] if joined else [])
+        live = [row for row in slots if row is not None] + [row for row, _ in joined]
         rows = replay.rows_for(len(live))
         # The cache holds every row's next write (it grows and shrinks with the longest row).
         new_size = replay.size_for(max(row.position + 1 for row in live)) if live else 0
         if rows == len(slots) and new_size == size:
-            if not saves and joined is None:
+            if not saves and not joined:
                 return slots, size
-            slot = slots.index(None) if joined is not None else None
+            free = [slot for slot, row in enumerate(slots) if row is None]
+            placed = list(zip(free, joined))
             await queue.run(self.engine._replay_batch_layout, state, saves, None,
-                            None if joined is None else (slot, prefill), rows, size)
-            if joined is not None:
-                slots[slot] = joined
+                            [(slot, prefilled) for slot, (_, prefilled) in placed], rows, size)
+            for slot, (row, _) in placed:
+                slots[slot] = row
             return slots, size
         keep = [slot for slot, row in enumerate(slots) if row is not None]
         new_slots: list[_Row | None] = [slots[slot] for slot in keep]
-        joined_at = None
-        if joined is not None:
-            joined_at = len(new_slots)
-            new_slots.append(joined)
+        placed = [(len(new_slots) + k, prefilled) for k, (_, prefilled) in enumerate(joined)]
+        new_slots += [row for row, _ in joined]
         new_slots += [None] * (rows - len(new_slots))
-        await queue.run(self.engine._replay_batch_layout, state, saves, keep,
-                        None if joined is None else (joined_at, prefill), rows, new_size)
+        await queue.run(self.engine._replay_batch_layout, state, saves, keep, placed, rows, new_size)
         return new_slots, new_size
 
 
