@@ -54,9 +54,17 @@ struct Entry {
   // Evaluated arrays appended to every call's inputs (emlx_replay_bind): the
   // caller passes only the leading inputs.
   std::vector<mx::array> bound;
+  // A chained function (emlx_replay_chain): input <- output of the thread's
+  // previous chained call, and the outputs a call returns (the rest stay here).
+  std::vector<std::pair<int, int>> chain;
+  std::vector<int> returned;
   std::mutex mutex;
   std::unordered_map<std::thread::id, std::shared_ptr<Instance>> instances;
 };
+
+// This thread's chain: the outputs of its last chained call, by output index.
+// One per worker thread: a chain is one stream's steps on its queue.
+thread_local std::unordered_map<int, mx::array> chained;
 
 std::mutex registry_mutex;
 std::unordered_map<int64_t, std::shared_ptr<Entry>> registry;
@@ -226,22 +234,59 @@ void bind_graph(Instance& inst, const std::vector<mx::array>& outputs, const std
 
 }  // namespace
 
-std::vector<mx::array> replay_call(const std::vector<mx::array>& given, int64_t id, mx::Stream s, mx::Stream sc) {
-  auto entry = find_entry(id);
-  const std::vector<mx::array>* inputs = &given;
-  std::vector<mx::array> all;
-  if (!entry->bound.empty()) {
-    all.reserve(given.size() + entry->bound.size());
-    all.insert(all.end(), given.begin(), given.end());
-    all.insert(all.end(), entry->bound.begin(), entry->bound.end());
-    inputs = &all;
+namespace {
+
+// A chained input for a longer trace than the one that made it (a KV cache
+// moving to the next length): zeros after its end, where the spec is larger.
+mx::array fit_chained(const mx::array& x, const Spec& want, int input, mx::Stream sc) {
+  if (x.shape() == want.shape && x.dtype() == want.dtype) return x;
+  bool grows = x.dtype() == want.dtype && x.ndim() == want.shape.size();
+  std::vector<std::pair<int, int>> widths;
+  for (size_t d = 0; grows && d < want.shape.size(); ++d) {
+    grows = x.shape(d) <= want.shape[d];
+    widths.emplace_back(0, grows ? want.shape[d] - x.shape(d) : 0);
   }
-  const auto& xs = *inputs;
+  if (!grows)
+    throw std::invalid_argument("[replay] chained input " + std::to_string(input) + " of shape " +
+                                validate::shape_text(x.shape()) + " does not fit the expected " +
+                                validate::shape_text(want.shape));
+  return mx::pad(x, widths, mx::array(0, x.dtype()), "constant", sc);
+}
+
+}  // namespace
+
+std::vector<mx::array> replay_call(const std::vector<mx::array>& given, int64_t id, bool fed, mx::Stream s,
+                                   mx::Stream sc) {
+  auto entry = find_entry(id);
+  if (fed && entry->chain.empty())
+    throw std::invalid_argument("[replay] fed=True needs a function made by chain()");
+  std::vector<mx::array> xs(given);
+  xs.insert(xs.end(), entry->bound.begin(), entry->bound.end());
+  if (fed) {
+    if (chained.empty())
+      throw std::invalid_argument("[replay] fed=True, but no chained call ran on this queue before it");
+    for (auto [input, output] : entry->chain) {
+      auto it = chained.find(output);
+      if (it == chained.end() || input >= static_cast<int>(xs.size()))
+        throw std::invalid_argument("[replay] the previous chained call did not make output " +
+                                    std::to_string(output));
+      // Moved out: the graph holds the only reference, so MLX may update it in place.
+      xs[input] = entry->specs ? fit_chained(it->second, (*entry->specs)[input], input, sc) : it->second;
+    }
+    chained.clear();
+  }
   check_inputs(*entry, xs);
   auto inst = instance_for(*entry, s);
   auto outputs = (*inst->fn)(xs);
   bind_graph(*inst, outputs, xs, entry->shapeless, s, sc);
-  return outputs;
+  if (entry->chain.empty()) return outputs;
+  chained.clear();
+  for (auto [input, output] : entry->chain)
+    if (output < static_cast<int>(outputs.size())) chained.insert_or_assign(output, outputs[output]);
+  std::vector<mx::array> returned;
+  for (int k : entry->returned)
+    if (k < static_cast<int>(outputs.size())) returned.push_back(outputs[k]);
+  return returned;
 }
 
 }  // namespace emlx
@@ -284,6 +329,8 @@ int emlx_replay_bind(int64_t id, void** arrays, size_t count, int64_t* bound_id)
     made->bytes = entry->bytes;
     made->shapeless = entry->shapeless;
     made->specs = entry->specs;
+    made->chain = entry->chain;
+    made->returned = entry->returned;
     {
       emlx::GilGuard gil;  // handles can be swapped by in-place ops on other threads
       for (size_t i = 0; i < count; ++i) made->bound.push_back(emlx::array_of(arrays[i]));
@@ -318,6 +365,32 @@ int emlx_replay_bind(int64_t id, void** arrays, size_t count, int64_t* bound_id)
     return 0;
   });
 }
+
+int emlx_replay_chain(int64_t id, const int* inputs, const int* outputs, size_t count, const int* returned,
+                      size_t n_returned, int64_t* chained_id) {
+  return emlx::guarded([&] {
+    auto entry = emlx::find_entry(id);
+    if (!entry->chain.empty()) throw std::invalid_argument("[replay] this function is chained already");
+    auto made = std::make_shared<emlx::Entry>();
+    made->bytes = entry->bytes;
+    made->shapeless = entry->shapeless;
+    made->specs = entry->specs;
+    made->bound = entry->bound;
+    for (size_t k = 0; k < count; ++k) {
+      if (inputs[k] < 0 || outputs[k] < 0 || (made->specs && inputs[k] >= static_cast<int>(made->specs->size())))
+        throw std::invalid_argument("[replay] chain: input " + std::to_string(inputs[k]) + " or output " +
+                                    std::to_string(outputs[k]) + " does not exist");
+      made->chain.emplace_back(inputs[k], outputs[k]);
+    }
+    made->returned.assign(returned, returned + n_returned);
+    std::lock_guard lock(emlx::registry_mutex);
+    *chained_id = emlx::next_id++;
+    emlx::registry.emplace(*chained_id, std::move(made));
+    return 0;
+  });
+}
+
+void emlx_replay_end_chain(void) { emlx::chained.clear(); }
 
 int emlx_replay_release(int64_t id) {
   return emlx::guarded([&] {

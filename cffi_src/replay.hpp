@@ -14,6 +14,7 @@ namespace emlx {
 // inputs are checked against the traced specs, the thread's own import of
 // the graph is bound to stream `s` (CPU-recorded nodes to `sc`), and the
 // lazy outputs are returned for the op job to evaluate.
-std::vector<mx::array> replay_call(const std::vector<mx::array>& xs, int64_t id, mx::Stream s, mx::Stream sc);
+std::vector<mx::array> replay_call(const std::vector<mx::array>& xs, int64_t id, bool fed, mx::Stream s,
+                                   mx::Stream sc);
 
 }  // namespace emlx

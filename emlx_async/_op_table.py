@@ -363,9 +363,12 @@ OPS += [
 ]
 
 # Replay of a traced function (cffi_src/replay.cpp; emlx_async/replay.py):
-# xs are its inputs, `function` the id emlx_replay_register gave it.
+# xs are its inputs, `function` the id emlx_replay_register gave it; `fed`
+# (a function made by TracedFunction.chain): its chained inputs come from the
+# previous call on this worker thread.
 OPS += [
-    ("replay", VARIADIC, [("function", "int64", 0)], "replay_call(xs, p0, s, sc)"),
+    ("replay", VARIADIC, [("function", "int64", 0), ("fed", "bool", False)], "replay_call(xs, p0, p1, s, sc)"),
     # the same for a function of several outputs (they come back as a tuple)
-    ("replay_multi", VARIADIC, [("function", "int64", 0)], "replay_call(xs, p0, s, sc)"),
+    ("replay_multi", VARIADIC, [("function", "int64", 0), ("fed", "bool", False)],
+     "replay_call(xs, p0, p1, s, sc)"),
 ]

@@ -19,6 +19,7 @@ import struct
 import tempfile
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import mlx.core as mx
@@ -108,16 +109,22 @@ class TracedFunction:
         self.input_specs = specs
         self.path = path
         self._finalizer = weakref.finalize(self, lib.emlx_replay_release, function_id)
+        self._chained = False
 
     def __call__(self, *arrays: Any, queue=None, device=None, lazy: bool = False, nowait: bool = False,
-                 check_finite: bool | None = None, donate: dict[int, int] | None = None):
+                 check_finite: bool | None = None, donate: dict[int, int] | None = None, fed: bool = False):
         """Replay on the routed queue; returns a JobFuture.
 
         ``donate={input index: output index}`` hands those inputs to the job
         (MLX may then update their buffers in place, a KV cache say) and
         publishes the outputs into the caller's input objects; the future
         then gives output 0 only (the op path's donation contract).
+        ``fed=True`` (a function made by ``chain``): the chained inputs come
+        from the previous chained call on the same queue; what is passed for
+        them only stands in.
         """
+        if fed and not self._chained:
+            raise ValueError("[replay] fed=True needs a function made by chain()")
         if not self._finalizer.alive:
             raise ValueError("[replay] this traced function was released")
         if donate:
@@ -125,7 +132,7 @@ class TracedFunction:
                 if not 0 <= index < len(arrays) or (self.n_outputs and not 0 <= result < self.n_outputs):
                     raise ValueError(f"[replay] donate={donate!r} names an input or output that does not exist")
         future = _ops.submit(self._op, list(arrays), queue=queue, device=device, lazy=lazy, nowait=nowait,
-                             check_finite=check_finite, donate=donate, function=self._id)
+                             check_finite=check_finite, donate=donate, function=self._id, fed=fed)
         # The job names the graph by id: keep the handle (and so the graph)
         # alive until the job is over.
         future.add_done_callback(lambda _f, _keep=self: None)
@@ -149,7 +156,40 @@ class TracedFunction:
         out = ffi.new("int64_t *")
         _check(lib.emlx_replay_bind(self._id, _interop.handles(list(arrays)), len(arrays), out))
         specs = None if self.input_specs is None else self.input_specs[:len(self.input_specs) - len(arrays)]
-        return TracedFunction(out[0], self.shapeless, specs, self.n_outputs, self.path)
+        bound = TracedFunction(out[0], self.shapeless, specs, self.n_outputs, self.path)
+        bound._chained = self._chained
+        return bound
+
+    def chain(self, inputs: dict[int, int], returned: Sequence[int] = (0,)) -> TracedFunction:
+        """This function with ``{input index: output index}`` carried from call to call
+        on the worker: a stream of steps that never waits for the loop.
+
+        A call with ``fed=True`` takes those inputs from the outputs of the
+        previous chained call on the same queue (any function made by
+        ``chain``; an output smaller than the input is padded with zeros
+        after its end, so a KV cache can move to a longer trace), whatever
+        was passed for them; a call without it starts a chain from the arrays
+        given. So the next step can be queued before the one making its
+        token and caches has ended, and the caches, held only by the chain,
+        are updated in place. Calls return the outputs `returned` only;
+        ``end_chain(queue)`` drops the chain's arrays. One chain per queue at
+        a time. Releasing is separate, as for ``bind``.
+        """
+        if not self._finalizer.alive:
+            raise ValueError("[replay] this traced function was released")
+        pairs = list(inputs.items())
+        known = range(self.n_outputs) if self.n_outputs else None
+        if not pairs or not all(isinstance(i, int) and isinstance(o, int) for i, o in pairs) or \
+                (known is not None and not all(o in known for _, o in pairs)) or \
+                not returned or (known is not None and not all(k in known for k in returned)):
+            raise ValueError(f"[replay] chain({inputs!r}, returned={returned!r}) names outputs that do not exist")
+        out = ffi.new("int64_t *")
+        _check(lib.emlx_replay_chain(self._id, ffi.new("int[]", [i for i, _ in pairs]),
+                                     ffi.new("int[]", [o for _, o in pairs]), len(pairs),
+                                     ffi.new("int[]", list(returned)), len(returned), out))
+        chained = TracedFunction(out[0], self.shapeless, self.input_specs, len(returned), self.path)
+        chained._chained = True
+        return chained
 
     def release(self) -> None:
         """Free the graph now (every worker's copy); later calls raise."""
@@ -233,6 +273,12 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
 
 
 trace.load = load_traced  # type: ignore[attr-defined]
+
+
+def end_chain_here() -> None:
+    """Drop the arrays the calling worker's chain carries: run it as a job on the
+    chain's queue (``queue.run(end_chain_here)``) once its last step is queued."""
+    lib.emlx_replay_end_chain()
 
 
 class CompiledFunction:

@@ -302,6 +302,47 @@ async def test_bound_inputs_travel_with_the_function():
         assert await q.run(lambda: "still works") == "still works"
 
 
+def accumulate(total, step):
+    return total + step, total * 2
+
+
+async def test_a_chain_carries_outputs_from_call_to_call_on_the_worker():
+    one = mx.array([1.0, 1.0])
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        traced = await ea.trace(accumulate, mx.zeros(2), one, queue=q)
+        chained = traced.chain({0: 0})  # total <- the last call's first output; returns output 0
+        stand_in = mx.array(0.0)
+        first = chained(mx.array([5.0, 7.0]), one, queue=q)
+        # Queued before the first has run: each takes its total from the call before it.
+        rest = [chained(stand_in, one * k, queue=q, fed=True) for k in (1, 2, 3)]
+        got = [await first] + [await f for f in rest]
+        assert [x.tolist() for x in got] == [[6.0, 8.0], [7.0, 9.0], [9.0, 11.0], [12.0, 14.0]]
+        # A longer trace continues the chain: the carried total is padded with zeros.
+        longer = (await ea.trace(accumulate, mx.zeros(4), mx.ones(4), queue=q)).chain({0: 0}, returned=(0, 1))
+        total, doubled = await longer(stand_in, mx.ones(4), queue=q, fed=True)
+        assert total.tolist() == [13.0, 15.0, 1.0, 1.0] and doubled.tolist() == [24.0, 28.0, 0.0, 0.0]
+        with pytest.raises(ea.MLXValueError, match="does not fit"):  # nothing shrinks
+            await chained(stand_in, one, queue=q, fed=True)
+        await q.run(ea.replay.end_chain_here)
+        with pytest.raises(ea.MLXValueError, match="no chained call ran"):
+            await chained(stand_in, one, queue=q, fed=True)
+        with pytest.raises(ValueError, match="needs a function made by chain"):
+            traced(stand_in, one, queue=q, fed=True)
+        with pytest.raises(ValueError, match="do not exist"):
+            traced.chain({0: 5})
+        other = await rt.acquire_queue()
+        try:  # chains are per queue: another queue's first call must start its own
+            with pytest.raises(ea.MLXValueError, match="no chained call ran"):
+                await chained(stand_in, one, queue=other, fed=True)
+        finally:
+            rt.release_queue(other)
+        assert (await chained(mx.array([1.0, 2.0]), one, queue=q)).tolist() == [2.0, 3.0]
+        assert await q.run(lambda: "still works") == "still works"
+        for f in (traced, chained, longer):
+            f.release()
+
+
 async def test_released_function_is_freed():
     x, y = rand(3, 5), rand(3, 5)
     async with ea.Runtime() as rt:

@@ -646,59 +646,59 @@ class Engine:
                                sampler: _Sampler) -> AsyncIterator[int | str]:
         """Token ids, then a finish reason: the Python prefill, then one replayed job per token.
 
-        The next step is submitted before this token is yielded, so the worker
-        decodes while the consumer handles the token. The step donates the
-        key and the caches: their updated arrays are published back into
-        the request's own objects.
+        The steps are a chain on the worker (``TracedFunction.chain``): each
+        takes its token, key and caches from the step before it there, so
+        the next steps are queued before this token reaches the loop (as in
+        _parallel_tokens) and the caches, held by the chain alone, are
+        updated in place. A cache that fills moves to the next length at the
+        next step (padded natively).
         """
         replay = self._replay
         assert replay is not None
         size = replay.size_for(len(prompt) + 1)  # it grows as the answer does
+        greedy = sampler.temperature == 0
         queue = await self.runtime.acquire_queue()
         state: dict[str, Any] = {}
-        pending = None
+        ahead: collections.deque = collections.deque()  # job futures of the steps queued ahead
+        chained = False
         try:
             token = await queue.run(self._replay_prefill, state, prompt, sampler, size)
-            function = await replay.function(queue, greedy=sampler.temperature == 0, rows=None, size=size)
-            position = len(prompt)
             options = _traced.sampling_inputs(*sampler.options, replay.vocab)
+            position = len(prompt)
             steps_left = max_tokens - 1
             while True:
                 if token in self.eos_ids:
                     yield "stop"
                     return
-                if steps_left > 0:
-                    if position >= size:  # full: the next cache length (no step is running)
+                while len(ahead) < _STEPS_AHEAD and steps_left > 0:
+                    if position >= size:  # full: the next length, padded by the chain
                         size = replay.size_for(position + 1)
-                        await queue.run(self._grow_caches, state, size)
-                        function = await replay.function(queue, greedy=sampler.temperature == 0, rows=None,
-                                                         size=size)
-                    pending = function(*state["caches"], state["key"], state["token"],
-                                       mx.array(position, dtype=mx.int32), *options,
-                                       queue=queue, donate=replay.donate)
+                    function = await replay.chained(queue, greedy=greedy, size=size)
+                    if chained:  # stand-ins: the chain carries the real ones
+                        carried = [_STAND_IN] * (replay.n_caches + 2)
+                    else:
+                        carried = [*state["caches"], state["key"], state["token"]]
+                        state.clear()  # the first step's job holds them now
+                    ahead.append(function(*carried, mx.array(position, dtype=mx.int32), *options, queue=queue,
+                                          fed=chained))
+                    chained = True
                     position += 1
                     steps_left -= 1
                 yield token
-                if pending is None:
+                if not ahead:
                     break
-                state["token"], pending = await pending, None
-                token = state["token"].item()
+                token = (await ahead.popleft()).item()
             yield "length"
         finally:
-            if pending is not None:
-                pending.cancel()  # dropped if queued; discarded if running
-            state.clear()  # drops the KV cache
+            for future in ahead:
+                future.cancel()  # dropped if queued; discarded if running
+            state.clear()
+            if chained:
+                try:  # queued behind the steps: frees the chain's caches before the queue is reused
+                    queue.run(_replay.end_chain_here)
+                except Exception:  # noqa: BLE001 - a closed runtime frees its workers anyway
+                    pass
             self.runtime.release_queue(queue)
-
-    def _grow_caches(self, state: dict, size: int) -> None:
-        """On the request's queue: its fixed caches copied into longer ones of `size` positions."""
-        grown = []
-        for cache in state["caches"]:
-            longer = mx.zeros((*cache.shape[:2], size, cache.shape[3]), dtype=cache.dtype)
-            longer[:, :, :cache.shape[2], :] = cache
-            grown.append(longer)
-        mx.eval(grown)
-        state["caches"] = grown
 
     def _replay_prefill(self, state: dict, prompt: list[int], sampler: _Sampler, size: int) -> int | None:
         """On the request's queue: mlx-lm's chunked prefill, copied into fixed caches of `size` tokens."""
@@ -914,6 +914,7 @@ class _ReplayStep:
         self.row_buckets = sorted({2 ** i for i in range(engine.max_concurrent.bit_length())
                                    if 2 ** i <= engine.max_concurrent} | {engine.max_concurrent})
         self.traced: dict[tuple[bool, int | None, int], Any] = {}
+        self._chains: dict[tuple[bool, int], Any] = {}  # one stream's steps as chains (parallel mode)
         self._tracing = anyio.Lock()
         # Donated: caches -> outputs 2..., key -> output 1, updated in place
         # and published back into the caller's arrays.
@@ -927,7 +928,7 @@ class _ReplayStep:
         return next((n for n in self.row_buckets if n >= count), 0) if count else 0
 
     def release(self) -> None:
-        for function in self.traced.values():
+        for function in [*self.traced.values(), *self._chains.values()]:
             function.release()
 
     async def function(self, queue, *, greedy: bool, rows: int | None, size: int) -> Any:
@@ -939,6 +940,16 @@ class _ReplayStep:
                 function = self.traced.get(shape)
                 if function is None:
                     function = self.traced[shape] = await self._trace(queue, *shape)
+        return function
+
+    async def chained(self, queue, *, greedy: bool, size: int) -> Any:
+        """One stream's step of this shape as a chain: caches, key and token carried on the worker."""
+        function = self._chains.get((greedy, size))
+        if function is None:
+            step = await self.function(queue, greedy=greedy, rows=None, size=size)
+            carried = {i: 2 + i for i in range(self.n_caches)}  # caches -> outputs 2...
+            carried.update({self.n_caches: 1, self.n_caches + 1: 0})  # key <- output 1, token <- output 0
+            function = self._chains.setdefault((greedy, size), step.chain(carried, returned=(0,)))
         return function
 
     async def _trace(self, queue, greedy: bool, rows: int | None, size: int):
@@ -977,6 +988,8 @@ class _ReplayStep:
         return replay
 
 
+# What a chained step is given for the inputs its chain carries.
+_STAND_IN = mx.array(0, dtype=mx.int32)
 # The options of an empty batch row: greedy.
 _GREEDY = (0.0, 1.0, 0)
 
