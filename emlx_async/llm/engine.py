@@ -11,8 +11,10 @@ The decode step: for llama models ``Engine.load`` traces a fixed-shape step
 (emlx_async.llm.traced: preallocated KV caches, sampling inside the graph,
 the weights as inputs so every queue shares them) and each step is replayed
 natively: one job, no Python, no GIL. "parallel" mode traces one stream's
-step per cache size; "batch" mode a step of B rows, each at its own position
-with its own sampler, per batch shape (see _ReplayBatcher). Prompts are
+step per cache size and runs a stream's steps as a chain on its worker
+(``TracedFunction.chain``: two steps queued ahead, caches updated in
+place); "batch" mode a step of B rows, each at its own position with its
+own sampler, per batch shape (see _ReplayBatcher). Prompts are
 prefilled in Python (mlx-lm, chunked, with the prompt cache) and copied into
 the fixed cache. Other models, a failed trace and ``step="python"`` use the
 Python step (mlx-lm's model call; in "batch" mode mlx-lm's BatchGenerator),
