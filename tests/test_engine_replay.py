@@ -225,6 +225,25 @@ async def test_replayed_batch_late_joiner_and_a_reader_that_leaves():
         assert replayed.active_requests == 0 and not replayed._replay_batcher.running
 
 
+@pytest.mark.parametrize("step", ["replay", "python"])
+@on_every_loop
+async def test_a_finished_request_read_late_does_not_drop_a_new_drivers_row(step):
+    async with ea.Runtime(pool_size=2) as rt:
+        replayed, python = await batch_pair(rt, max_concurrent=4)
+        engine = replayed if step == "replay" else python
+        want = await tokens_of(engine, BATCH_PROMPTS[1], max_tokens=12)
+        first = engine.generate(BATCH_PROMPTS[0], max_tokens=3)
+        await first.__anext__()  # the driver finishes it while nobody reads
+        await engine.wait_idle()  # ... and exits: the next driver numbers rows from 0 again
+        second = engine.generate(BATCH_PROMPTS[1], max_tokens=12)
+        got = [(await second.__anext__()).token]
+        assert len([d async for d in first if d.token is not None]) == 2  # the first reader ends: forgets its row
+        with anyio.fail_after(30):
+            got += [d.token async for d in second if d.token is not None]
+        assert got == want
+        await engine.wait_idle()
+
+
 @on_every_loop
 async def test_a_failing_replayed_batch_fails_its_requests_and_the_next_one_starts_a_new_driver():
     from emlx_async.llm import BatchDriverError

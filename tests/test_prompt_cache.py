@@ -85,3 +85,24 @@ def test_mismatched_or_unsupported_caches_are_not_kept():
     assert store.restore([1, 2, 3], [RotatingKVCache(8)]) == 0
     with pytest.raises(ValueError):
         PrefixCache(0)
+
+
+def test_kept_entries_own_their_buffers():
+    """A kept slice would share its source's buffer and keep all of it alive (a
+    whole batch's cache, or a cache grown past the tokens kept)."""
+    from mlx_lm.models.cache import KVCache
+
+    from emlx_async.llm import PrefixCache
+
+    from helpers import buffer_address
+
+    big = mx.zeros((4, 2, 256, 8))  # a batch of 4 rows of 256 positions
+    mx.eval(big)
+    start, end = buffer_address(big), buffer_address(big) + big.nbytes
+    layer = KVCache()
+    layer.keys, layer.values, layer.offset = big[1:2, :, :5, :], big[2:3, :, :5, :], 5
+    cache = PrefixCache(100)
+    cache.save([1, 2, 3, 4, 5], [layer])
+    for kept in cache._entries[(1, 2, 3, 4, 5)][0]:
+        assert kept.shape == (1, 2, 5, 8) and kept.nbytes == 1 * 2 * 5 * 8 * 4
+        assert not start <= buffer_address(kept) < end, "the entry is a view into the source cache"

@@ -1083,7 +1083,10 @@ class _Batcher:
         request.done = True
         if request in self.waiting:
             self.waiting.remove(request)
-        elif request.uid is not None and self.running.pop(request.uid, None) is not None:
+        # A finished request read slowly may be forgotten after a new driver
+        # gave its uid to another request: only its own row leaves.
+        elif request.uid is not None and self.running.get(request.uid) is request:
+            del self.running[request.uid]
             self.leaving.append(request.uid)
 
     def _deliver(self, uid: int, token: int, finish: str | None, info=None) -> None:

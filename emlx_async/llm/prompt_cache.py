@@ -33,6 +33,11 @@ def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
     return i
 
 
+def _copy(x: mx.array) -> mx.array:
+    """`x` in a buffer of its own (a slice would share its source's)."""
+    return x + mx.zeros((), dtype=x.dtype)
+
+
 def _plain_kv(cache: list) -> bool:
     """Only plain KVCache layers can be sliced and restored (not rotating or quantized ones)."""
     from mlx_lm.models.cache import KVCache
@@ -92,7 +97,10 @@ class PrefixCache:
             if key in self._entries:
                 self._entries.move_to_end(key)
                 return
-        layers = [(layer.keys[..., :layer.offset, :], layer.values[..., :layer.offset, :]) for layer in cache]
+        # Copies: an evaluated slice shares its source's buffer, which would keep
+        # a whole batch's (or a grown cache's) keys and values alive per entry.
+        layers = [(_copy(layer.keys[..., :layer.offset, :]), _copy(layer.values[..., :layer.offset, :]))
+                  for layer in cache]
         mx.eval(layers)  # evaluated on this worker: readable from any thread
         with self._lock:
             if key in self._entries:
