@@ -158,23 +158,25 @@ async def test_batch_mode_replays_each_row_at_its_own_position_with_its_own_key(
 
 @on_every_loop
 async def test_a_round_prefills_one_chunks_worth_of_the_joining_prompts():
+    from emlx_async.llm.engine import _Sampler
+
     async with ea.Runtime(pool_size=2) as rt:
-        # Chunks of 4 tokens over prompts of 3, 6, 1 and 7: the first round
-        # finishes the first prompt and starts the second, the third round
-        # finishes the second and third, ...
+        # Chunks of 4 tokens over prompts of 3, 6, 1 and 7 tokens.
         replayed, python = await batch_pair(rt, max_concurrent=4, prefill_chunk=4)
-        joined_per_layout = []
-        real_layout = replayed._replay_batch_layout
-
-        def layout(state, saves, keep, joined, rows, size):
-            joined_per_layout.append(len(joined))
-            return real_layout(state, saves, keep, joined, rows, size)
-
-        replayed._replay_batch_layout = layout
+        joining = [({}, prompt, _Sampler(0.0, 1.0, 0, 0)) for prompt in BATCH_PROMPTS]
+        rounds = []
+        async with rt.queue() as q:
+            while joining:
+                tokens = await q.run(replayed._replay_batch_prefill, joining)
+                rounds.append(tokens)
+                joining = [j for j, token in zip(joining, tokens + [None] * len(joining)) if token is None]
+        # The first round finishes the first prompt and starts the second; the
+        # third finishes the second and the third and starts the fourth, ...
+        firsts = [(await tokens_of(python, p, max_tokens=1))[0] for p in BATCH_PROMPTS]
+        assert rounds == [[firsts[0], None], [None], [firsts[1], firsts[2], None], [None], [firsts[3]]]
+        # End to end, joiners arriving together or apart get the Python step's tokens.
         assert await concurrently(replayed, batch_requests()) == [await tokens_of(python, **r)
                                                                   for r in batch_requests()]
-        joins = [n for n in joined_per_layout if n]
-        assert sum(joins) == 4 and 2 in joins, joined_per_layout
         await replayed.wait_idle()
 
 
