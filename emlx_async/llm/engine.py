@@ -35,6 +35,7 @@ text.
 
 from __future__ import annotations
 
+import abc
 import collections
 import math
 import numbers
@@ -1045,7 +1046,7 @@ class _BatchRequest:
         self.inbox.close()
 
 
-class _Batcher:
+class _Batcher(abc.ABC):
     """Continuous batching on one queue with one driver task.
 
     Requests join and leave at step boundaries; the driver exits when idle
@@ -1128,9 +1129,9 @@ class _Batcher:
             if self.waiting:  # arrived while this driver was winding down
                 self._start_driver()
 
+    @abc.abstractmethod
     async def _serve(self, queue, state: dict) -> None:
         """Run steps until no request is left."""
-        raise NotImplementedError
 
     async def _close(self, queue, state: dict) -> None:
         state.clear()
