@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 MLX_BACKEND ?= cpu
 MLX_VERSION := 0.32.4
 
-.PHONY: demo serve test fuzz bench install wheel-check clean generate
+.PHONY: demo serve test fuzz bench install wheel-check clean generate device-wheels device-check
 
 $(VENV)/.installed: pyproject.toml setup.py build_ffi.py $(wildcard cffi_src/*) emlx_async/_op_table.py emlx_async/_version.py
 	@echo "==> Creating $(VENV) with MLX $(MLX_VERSION) ($(MLX_BACKEND)) and the build tools"
@@ -56,6 +56,17 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/prompt_cache.py
 	$(PY) benchmarks/serve.py
 	$(PY) benchmarks/distributed.py
+
+# The GPU run (tools/device_check.sh says how it travels): `make device-wheels`
+# here, with a package registry; then on the GPU machine `bash tools/device_check.sh
+# stage` (carrying .device/stage1) and `make device-check` (carrying .device/stage2),
+# which builds the shim against MLX's CUDA build, runs the GPU tests and the decode
+# and service benchmarks, and writes one results file.
+device-wheels: $(VENV)/.installed
+	PIP_PYTHON=$(abspath $(PY)) bash tools/device_check.sh wheels
+
+device-check:
+	bash tools/device_check.sh check
 
 # The wheel as users get it: pip's default build isolation (the build installs
 # its own setuptools, cffi and MLX from pyproject's [build-system]), the sdist
