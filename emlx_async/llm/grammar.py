@@ -53,6 +53,7 @@ import numpy as np
 
 from .._errors import EMLXError
 
+_llg: Any
 try:
     import llguidance as _llg
 except ImportError:  # the engine works without it; grammars need it
@@ -128,6 +129,10 @@ class Grammar:
     source: str
     warnings: tuple[str, ...] = ()
     _compiled: str = field(default="", repr=False)  # llguidance's grammar (JSON text)
+
+    def __post_init__(self) -> None:
+        if not self._compiled:
+            raise TypeError("build a Grammar with Grammar.json_schema(), json_object(), regex(), lark() or ebnf()")
 
     @classmethod
     def json_schema(cls, schema: Mapping[str, Any] | str, *, lenient: bool = False) -> Grammar:
@@ -257,6 +262,7 @@ class GrammarTokenizer:
         self._compiled: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._cache_size = cache_size
         self._finalizer: weakref.finalize | None = None
+        self._closed = False
 
     def matcher(self, grammar: Grammar) -> GrammarMatcher:
         """A new request's state for `grammar`.
@@ -326,11 +332,11 @@ class GrammarTokenizer:
             else:
                 pending.append((i, m))
         if pending:
-            _llg_executor().unsafe_compute_mask_ptr([(m._matcher, i) for i, m in pending], out.ctypes.data,
-                                             self.words * 4, rows)
+            rows_of = [(m._matcher, i) for i, m in pending]
+            _llg_executor().unsafe_compute_mask_ptr(rows_of, out.ctypes.data, self.words * 4, rows)
             for i, m in pending:
-                if m._record(out[i]) is not None:
-                    errors[i] = m._error
+                errors[i] = m._record(out[i])
+                if errors[i] is not None:
                     out[i] = ALL_ALLOWED
         return out, errors
 
@@ -343,10 +349,15 @@ class GrammarTokenizer:
         return self._submit(self.fill_masks, list(matchers), out)
 
     def close(self) -> None:
-        """Stop the mask threads (pending computations finish first). Idempotent."""
+        """Stop the mask threads (pending computations finish first). Idempotent.
+
+        Masks computed on the calling thread (``mask()``, ``fill_masks``)
+        still work after it; ``start_mask`` and ``start_masks`` raise.
+        """
         with self._lock:
             pool, self._pool = self._pool, None
             self._compiled.clear()
+            self._closed = True
         if self._finalizer is not None:
             self._finalizer.detach()
         if pool is not None:
@@ -360,6 +371,8 @@ class GrammarTokenizer:
 
     def _submit(self, fn, *args) -> Future:
         with self._lock:
+            if self._closed:
+                raise RuntimeError("this GrammarTokenizer is closed: its mask threads are stopped")
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="emlx-grammar")
                 self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False)
@@ -398,7 +411,7 @@ class GrammarMatcher:
         if self._mask is None and self._error is None:
             out = np.empty(self._tokenizer.words, dtype=np.uint32)
             self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
-            self._record(out)
+            self._record(out, owned=True)
         if self._error is not None:
             raise self._error
         assert self._mask is not None
@@ -413,12 +426,13 @@ class GrammarMatcher:
         """
         if self._pending is not None:
             return self._pending
-        if self._mask is not None or self._error is not None:
+        mask, error = self._mask, self._error
+        if mask is not None or error is not None:
             done: Future[np.ndarray] = Future()
-            if self._error is not None:
-                done.set_exception(self._error)
-            else:
-                done.set_result(self._mask)
+            if error is not None:
+                done.set_exception(error)
+            elif mask is not None:
+                done.set_result(mask)
             return done
         self._pending = self._tokenizer._submit(self._compute)
         return self._pending
@@ -433,8 +447,7 @@ class GrammarMatcher:
         if self._error is not None:
             raise self._error
         if not self._matcher.consume_token(int(token)):
-            self._fail(f"token {int(token)} was rejected")
-            raise self._error  # type: ignore[misc]
+            raise self._fail(f"token {int(token)} was rejected")
         self.tokens.append(int(token))
         self._mask = None
 
@@ -467,22 +480,23 @@ class GrammarMatcher:
     def _compute(self) -> np.ndarray:
         out = np.empty(self._tokenizer.words, dtype=np.uint32)
         self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
-        if self._record(out) is not None:
-            raise self._error  # type: ignore[misc]
+        error = self._record(out, owned=True)
+        if error is not None:
+            raise error
         return out
 
-    def _record(self, mask: np.ndarray) -> GrammarStateError | None:
-        """Keep a freshly computed mask, or the error that computing it hit."""
+    def _record(self, mask: np.ndarray, *, owned: bool = False) -> GrammarStateError | None:
+        """Keep a freshly computed mask (a copy unless `owned`), or the error that computing it hit."""
         if self._matcher.is_error():
-            self._fail("computing the next token mask failed")
-            return self._error
-        self._mask = np.array(mask, dtype=np.uint32, copy=True)
+            return self._fail("computing the next token mask failed")
+        self._mask = mask if owned else mask.copy()
         return None
 
-    def _fail(self, what: str) -> None:
+    def _fail(self, what: str) -> GrammarStateError:
         detail = _first_line(self._matcher.get_error())
         self._error = GrammarStateError(f"{self.grammar.kind} grammar: {what}: {detail} "
                                         f"(after {len(self.tokens)} tokens)")
+        return self._error
 
     def _join(self) -> None:
         pending, self._pending = self._pending, None
@@ -512,8 +526,8 @@ def unpack_token_mask(mask: np.ndarray | mx.array, vocab_size: int) -> Any:
     if isinstance(mask, np.ndarray):
         if mask.dtype != np.uint32:
             raise ValueError(f"a packed token mask is uint32, got {mask.dtype}")
-        bits = np.unpackbits(np.ascontiguousarray(mask).view(np.uint8), axis=-1, bitorder="little")
-        return bits[..., :vocab_size].view(np.bool_)
+        unpacked = np.unpackbits(np.ascontiguousarray(mask).view(np.uint8), axis=-1, bitorder="little")
+        return unpacked[..., :vocab_size].view(np.bool_)
     if mask.dtype != mx.uint32:
         raise ValueError(f"a packed token mask is uint32, got {mask.dtype}")
     bits = mx.right_shift(mask[..., None], mx.arange(32, dtype=mx.uint32)) & 1
@@ -564,7 +578,7 @@ class GrammarLogitsProcessor:
         if self._seen is None:
             self._seen = int(tokens.size)  # the prompt
         elif tokens.size > self._seen:
-            for token in tokens[self._seen:].tolist():
+            for token in np.asarray(tokens[self._seen:]).tolist():
                 self.matcher.advance(token)
             self._seen = int(tokens.size)
         mask = mx.array(self.matcher.mask())
@@ -591,11 +605,13 @@ def _is_rust_tokenizer(obj: Any) -> bool:
 
 
 def _default_eos(tokenizer: Any) -> list[int]:
-    ids = getattr(tokenizer, "eos_token_ids", None)  # mlx-lm's wrapper
-    if ids:
-        return sorted(int(e) for e in ids)
+    # mlx-lm's wrapper keeps a list (eos_token_ids); Hugging Face's tokenizer
+    # one id (eos_token_id; transformers 5 also answers eos_token_ids with it).
     for holder in (tokenizer, getattr(tokenizer, "_tokenizer", None)):
-        eos = getattr(holder, "eos_token_id", None)
-        if eos is not None:
-            return [int(eos)]
+        for name in ("eos_token_ids", "eos_token_id"):
+            ids = getattr(holder, name, None)
+            if isinstance(ids, int):
+                return [ids]
+            if ids:
+                return sorted(int(e) for e in ids)
     return []
