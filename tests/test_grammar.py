@@ -454,3 +454,39 @@ def test_a_grammar_is_built_by_its_classmethods_and_a_closed_adapter_refuses_thr
         matcher.start_mask()
     with pytest.raises(TypeError, match="takes a Grammar"):
         adapter.matcher("a+")
+
+
+def test_mlx_lms_batch_generator_mixes_constrained_and_free_rows(gguf, tokenizer, tiny_random_llama):
+    from mlx_lm.generate import BatchGenerator
+
+    hf, eos = gguf
+    schemas = {0: PERSON, 2: {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+                              "minItems": 1, "maxItems": 3}}
+    prompts = [encode(hf, text) for text in ("JSON:", "Hello there, how", "A list:", "Once")]
+
+    def run(constrained: bool) -> dict[int, list[int]]:
+        processors = [[tokenizer.logits_processor(Grammar.json_schema(schemas[i]))] if constrained and i in schemas
+                      else [] for i in range(len(prompts))]
+        generator = BatchGenerator(tiny_random_llama, stop_tokens=[[e] for e in eos], max_tokens=40,
+                                   stream=mx.default_stream(mx.default_device()))
+        try:
+            uids = generator.insert(prompts, logits_processors=processors)
+            out: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+            finished: set[int] = set()
+            while len(finished) < len(prompts):
+                for r in generator.next_generated():
+                    row = uids.index(r.uid)
+                    if r.token not in eos:
+                        out[row].append(r.token)
+                    if r.finish_reason is not None:
+                        finished.add(row)
+                        assert r.finish_reason == "stop" or row not in schemas or not constrained, (row, r)
+            return out
+        finally:
+            generator.close()
+
+    free, mixed = run(False), run(True)
+    for row, schema in schemas.items():
+        jsonschema.validate(json.loads(hf.decode(mixed[row])), schema)
+    for row in (1, 3):  # a row without a grammar decodes as if no row had one
+        assert mixed[row] == free[row]
