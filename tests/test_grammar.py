@@ -490,3 +490,25 @@ def test_mlx_lms_batch_generator_mixes_constrained_and_free_rows(gguf, tokenizer
         jsonschema.validate(json.loads(hf.decode(mixed[row])), schema)
     for row in (1, 3):  # a row without a grammar decodes as if no row had one
         assert mixed[row] == free[row]
+
+
+def test_the_logits_processor_raises_or_ends_the_row_on_a_grammar_failure(gguf, tokenizer):
+    hf, _ = gguf
+    prompt = mx.array(encode(hf, "JSON:"))
+    logits = mx.random.normal((1, tokenizer.vocab_size), key=mx.random.key(0))
+    bad = encode(hf, "x")[0]  # a JSON document cannot start with it
+    raising = tokenizer.logits_processor(Grammar.json_schema(PERSON))
+    first = raising(prompt, logits)
+    assert list(np.flatnonzero(np.isfinite(np.array(first[0])))) == list(allowed(raising.matcher.mask(), 49152))
+    with pytest.raises(GrammarStateError, match="rejected"):
+        raising(mx.concatenate([prompt, mx.array([bad])]), logits)
+    ending = tokenizer.logits_processor(Grammar.json_schema(PERSON), on_error="end")
+    ending(prompt, logits)
+    for extra in ([bad], [bad, 2]):  # the failed row is offered only EOS from then on
+        out = ending(mx.concatenate([prompt, mx.array(extra)]), logits)
+        assert list(np.flatnonzero(np.isfinite(np.array(out[0])))) == [2]
+    assert isinstance(ending.error, GrammarStateError) and raising.error is not None
+    with pytest.raises(ValueError, match="vocab_size=100"):
+        tokenizer.logits_processor(Grammar.regex("a")).__call__(prompt, mx.zeros((1, 100)))
+    with pytest.raises(ValueError, match="on_error"):
+        tokenizer.logits_processor(Grammar.regex("a"), on_error="ignore")

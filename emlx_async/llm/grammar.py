@@ -290,9 +290,10 @@ class GrammarTokenizer:
                     self._compiled.popitem(last=False)
         return GrammarMatcher(self, grammar, template.deep_copy())
 
-    def logits_processor(self, grammar: Grammar) -> GrammarLogitsProcessor:
+    def logits_processor(self, grammar: Grammar, *,
+                         on_error: Literal["raise", "end"] = "raise") -> GrammarLogitsProcessor:
         """mlx-lm's ``logits_processors`` entry for one generation under `grammar`."""
-        return GrammarLogitsProcessor(self.matcher(grammar))
+        return GrammarLogitsProcessor(self.matcher(grammar), on_error=on_error)
 
     def allocate_masks(self, rows: int) -> np.ndarray:
         """A {rows, W} uint32 mask with every token allowed (free rows stay so)."""
@@ -568,20 +569,50 @@ class GrammarLogitsProcessor:
     prompt; each later call sees one new token, which it feeds to the
     grammar before masking. Reading that token waits for the step that
     made it: a constrained Python step cannot run one step ahead.
+
+    A grammar failure (``GrammarStateError``) raises from the call with
+    ``on_error="raise"``. With ``on_error="end"`` the row is ended instead:
+    only end-of-sequence is allowed from then on and the failure waits in
+    ``error``, so the other rows of a ``BatchGenerator`` batch go on (its
+    step would fail as a whole on an exception); check ``error`` when the
+    row finishes and fail that request.
     """
 
-    def __init__(self, matcher: GrammarMatcher):
+    def __init__(self, matcher: GrammarMatcher, *, on_error: Literal["raise", "end"] = "raise"):
+        if on_error not in ("raise", "end"):
+            raise ValueError(f"on_error must be 'raise' or 'end', got {on_error!r}")
         self.matcher = matcher
+        self.on_error = on_error
         self._seen: int | None = None
 
+    @property
+    def error(self) -> GrammarStateError | None:
+        """The grammar's failure, if it failed (``on_error="end"`` keeps it here)."""
+        return self.matcher.error
+
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        if self._seen is None:
-            self._seen = int(tokens.size)  # the prompt
-        elif tokens.size > self._seen:
-            for token in np.asarray(tokens[self._seen:]).tolist():
-                self.matcher.advance(token)
-            self._seen = int(tokens.size)
-        mask = mx.array(self.matcher.mask())
+        vocab = self.matcher._tokenizer.vocab_size
+        if logits.shape[-1] != vocab:
+            raise ValueError(f"the logits have {logits.shape[-1]} entries, the GrammarTokenizer {vocab}: "
+                             f"build it with vocab_size={logits.shape[-1]}")
+        try:
+            if self._seen is None:
+                self._seen = int(tokens.size)  # the prompt
+            elif tokens.size > self._seen:
+                new = np.asarray(tokens[self._seen:]).tolist()
+                self._seen = int(tokens.size)
+                for token in new:
+                    if self.matcher.error is None:
+                        self.matcher.advance(token)
+            packed = self.matcher.mask()
+        except GrammarStateError:
+            if self.on_error == "raise":
+                raise
+            packed = np.zeros(self.matcher._tokenizer.words, dtype=np.uint32)
+            eos = self.matcher._tokenizer.eos_ids[0]
+            packed[eos >> 5] = np.uint32(1 << (eos & 31))
+        # Unpacked on the host: one `where` in the step instead of four passes.
+        mask = mx.array(unpack_token_mask(packed, vocab))
         if logits.ndim == 2:
             mask = mask[None]
         return apply_token_mask(logits, mask)
