@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -273,7 +273,7 @@ class GeneratorBatcher(Batcher):
 
 
 async def batched_tokens(decoding: Decoding, prompt: list[int], max_tokens: int, sampler: Sampler,
-                         batcher: Batcher) -> AsyncIterator[int | tuple | str]:
+                         batcher: Batcher) -> AsyncGenerator[int | tuple | str, None]:
     """One request's tokens from `batcher`, then its finish reason."""
     request = BatchRequest(prompt, max_tokens, sampler)
     batcher.submit(request)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -108,16 +108,54 @@ class Engine:
         self.step_note = "the step is not prepared (Engine.load prepares it)"
 
     # One place per fact: the decode paths read these from `decoding`, prompts from `text`.
-    model = property(lambda self: self.decoding.model, lambda self, v: setattr(self.decoding, "model", v))
-    eos_ids = property(lambda self: self.decoding.eos_ids, lambda self, v: setattr(self.decoding, "eos_ids", v))
-    runtime = property(lambda self: self.decoding.runtime)
-    max_concurrent = property(lambda self: self.decoding.max_concurrent)
-    prefill_chunk = property(lambda self: self.decoding.prefill_chunk)
-    prompt_cache = property(lambda self: self.decoding.prompt_cache)
-    tokenizer = property(lambda self: self.text.tokenizer)
-    bos_id = property(lambda self: self.text.bos_id)
-    chat_template = property(lambda self: self.text.chat_template)
-    vocab_size = property(lambda self: self.text.vocab_size)
+
+    @property
+    def model(self) -> Any:
+        return self.decoding.model
+
+    @model.setter
+    def model(self, value: Any) -> None:
+        self.decoding.model = value
+
+    @property
+    def eos_ids(self) -> set[int]:
+        return self.decoding.eos_ids
+
+    @eos_ids.setter
+    def eos_ids(self, value: set[int]) -> None:
+        self.decoding.eos_ids = value
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.decoding.runtime
+
+    @property
+    def max_concurrent(self) -> int:
+        return self.decoding.max_concurrent
+
+    @property
+    def prefill_chunk(self) -> int:
+        return self.decoding.prefill_chunk
+
+    @property
+    def prompt_cache(self) -> PrefixCache | None:
+        return self.decoding.prompt_cache
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.text.tokenizer
+
+    @property
+    def bos_id(self) -> int | None:
+        return self.text.bos_id
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.text.chat_template
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.text.vocab_size
 
     @classmethod
     async def load(cls, path: str | None = None, *, runtime: Runtime | None = None,
@@ -288,7 +326,7 @@ class Engine:
             sampler.logprobs = int(top_logprobs)
         return self._stream(tokens, max_tokens, list(stop), sampler, stats or RequestStats())
 
-    def _source(self, prompt: list[int], max_tokens: int, sampler: Sampler) -> AsyncIterator[Any]:
+    def _source(self, prompt: list[int], max_tokens: int, sampler: Sampler) -> AsyncGenerator[Any, None]:
         """The decode path for this request: its tokens, then its finish reason."""
         replay = self.decoding.replay
         # The Python step takes what the replayed one cannot: logprobs, and

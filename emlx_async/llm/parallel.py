@@ -10,7 +10,7 @@ were asked for), then a finish reason, "stop" or "length".
 from __future__ import annotations
 
 import collections
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import mlx.core as mx
 
@@ -27,7 +27,7 @@ _STAND_IN = mx.array(0, dtype=mx.int32)
 
 
 async def python_tokens(decoding: Decoding, prompt: list[int], max_tokens: int,
-                        sampler: Sampler) -> AsyncIterator[int | tuple | str]:
+                        sampler: Sampler) -> AsyncGenerator[int | tuple | str, None]:
     """The Python step: mlx-lm's model call, one job per token.
 
     Steps read their input token from the request's state on the worker,
@@ -63,7 +63,7 @@ async def python_tokens(decoding: Decoding, prompt: list[int], max_tokens: int,
 
 
 async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int,
-                          sampler: Sampler) -> AsyncIterator[int | str]:
+                          sampler: Sampler) -> AsyncGenerator[int | str, None]:
     """The Python prefill, then one replayed job per token.
 
     The steps are a chain on the worker (``TracedFunction.chain``): each

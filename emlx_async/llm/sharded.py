@@ -89,7 +89,7 @@ def _broadcast_bytes(group: Group, data: bytes | None) -> bytes:
     return body
 
 
-@dataclass(frozen=True)
+@dataclass
 class _PlannedJoin:
     """A request joining rank 0's batch as the other ranks see it (no consumer here)."""
 
@@ -278,9 +278,11 @@ class ShardedEngine(Engine):
         """
         if self.leader:
             raise RuntimeError("rank 0 leads; follow() is for the other ranks")
+        jobs = self.batch_jobs
+        assert isinstance(jobs, ShardedBatchJobs)  # made by __init__
         state = GeneratorState()
         while True:
-            op = await self.group.run(self.batch_jobs.follow_one, state, what="sharded follow")
+            op = await self.group.run(jobs.follow_one, state, what="sharded follow")
             if op == "stop":
                 return
             if op == "idle":  # sleep outside the collective (see the module docstring)
