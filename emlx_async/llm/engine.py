@@ -53,7 +53,7 @@ from .loading import context_length as model_context_length
 from .loading import embedding_rows, load_model_files
 from .prompt_cache import PrefixCache
 from .sampling import SAMPLER_OPTIONS, Sampler, check_sampling
-from .text import Detokenizer, PromptEncoder, find_stop, stop_prefix_len
+from .text import PromptEncoder, find_stop, stop_prefix_len
 from .traces import UNKNOWN_CONTEXT, ReplayTraces, cache_sizes, untraceable_reason
 from .types import MAX_TOP_LOGPROBS, BatchDriverError, Delta, EngineBusy, RequestStats, is_int
 
@@ -348,11 +348,13 @@ class Engine:
             self._active += 1
             source = self._source(prompt, max_tokens, sampler)
             try:
-                detok = Detokenizer(self.tokenizer)
+                detok = self.text.detokenizer()
                 held = ""  # text that may be the start of a stop string
                 async for item in source:
                     if isinstance(item, str):  # the source's finish reason
-                        yield Delta(held, None, item)
+                        text = held + detok.flush()  # what the detokenizer held back for the next token
+                        cut = find_stop(text, stop)
+                        yield Delta(text, None, item) if cut is None else Delta(text[:cut], None, "stop")
                         return
                     # A token id, or (id, logprob, top alternatives) when logprobs were asked for.
                     token, logprob, top = item if isinstance(item, tuple) else (item, None, None)

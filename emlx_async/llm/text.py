@@ -44,6 +44,10 @@ class Detokenizer:
         self._prefix, self._read = self._read, len(self.tokens)
         return text[len(done):]
 
+    def flush(self) -> str:
+        """At the end of the stream: the text held back (an incomplete character is dropped)."""
+        return ""
+
 
 _BYTE_DECODER: dict[str, int] = {}
 
@@ -77,6 +81,10 @@ class PromptEncoder:
         self._plain_tokenizer = None  # encodes special-token text as plain text
         self._template = None  # the compiled chat template
         self._token_bytes: dict[int, bytes] = {}
+
+    def detokenizer(self) -> Detokenizer:
+        """A fresh streaming detokenizer for one generation."""
+        return Detokenizer(self.tokenizer)
 
     def encode(self, prompt: str | list[int] | None = None, messages: Sequence[dict] | None = None) -> list[int]:
         """Token ids for a raw prompt (text or ids) or chat messages (see Engine.encode)."""
