@@ -267,7 +267,7 @@ def python_step_gil_ms(engine: Engine, prompt: list[int], steps: int = 8) -> flo
 
 async def replay_submit_ms(engine: Engine, prompt: list[int], tokens: int) -> float:
     """The loop's time per replayed step in the submit call (one native job)."""
-    functions = engine._replay._chains  # a parallel-mode stream's steps (made on first use)
+    functions = engine.decoding.replay.chains  # a parallel-mode stream's steps (made on first use)
     async for _ in engine.generate(prompt, max_tokens=2):  # makes the chain of this prompt's shape
         pass
     held: list[float] = []
