@@ -49,7 +49,8 @@ from ._channel import CompletionChannel
 from ._devices import from_native_device
 from ._errors import (EMLXError, ForeignLazyArrayError, HostCallDeadlock, QueueClosed, QueueFull, RuntimeClosed,
                       native_error)
-from ._native import ensure, error, exiting, ffi, lib
+from ._native import ensure, exiting, ffi, lib
+from ._native import error as native_call_error
 from ._trees import iter_arrays
 
 _job_ids = itertools.count(1)
@@ -599,7 +600,7 @@ class CommandQueue:
         self._pending += 1
         start, job.start = job.start, None  # the closure refers to the job: no cycle left behind
         try:
-            refused = error(f"{self!r} refused the job") if start() < 0 else None
+            refused = native_call_error(f"{self!r} refused the job") if start() < 0 else None
         except BaseException as exc:  # noqa: BLE001 - this job fails; the queue goes on
             refused = exc
         if refused is not None:
