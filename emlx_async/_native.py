@@ -92,8 +92,10 @@ def ensure_not_exiting() -> None:
 
 
 def _shutdown_at_exit() -> None:
-    # Stop every worker (parked ones included). Workers stuck in a long native
-    # job are left detached, so interpreter exit never hangs on them.
+    # Stop every worker (parked ones included). A worker inside a job, Python
+    # or native, is left detached at once, as a daemon thread is: the job is
+    # abandoned, its result dropped, and exit never waits for it (a native
+    # kernel stops with the process). Idle workers are joined.
     global _exiting
     _exiting = True
     lib.emlx_shutdown(2000)

@@ -17,6 +17,11 @@ Cancellation contract (the same for every kind of job):
   and its result is discarded. Its backpressure slot is held until then,
   because the worker really is busy. Python jobs can poll ``ea.cancelled()``
   to stop early.
+* When a run ends (for a runtime that closes with it) or the interpreter
+  exits, nobody can await a job any more, and nothing waits for one, as for
+  daemon threads: queued jobs never run; a running job, Python or native,
+  is abandoned (its worker is detached and ends when the job returns, or
+  with the process; its result is dropped).
 
 Donation (``donate=`` on op jobs): the job takes the only reference to the
 donated inputs when it is queued (before a spinning worker can start it). On every path that does not

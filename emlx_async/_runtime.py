@@ -143,6 +143,13 @@ class Runtime:
 
     ``close()`` closes every queue and releases the channel. A runtime that is
     garbage-collected while open emits a ResourceWarning.
+
+    Process contracts: in a fork child of a process that had used MLX, the
+    constructor raises ``ForkedProcessError`` at once (MLX would hang there;
+    use the ``spawn`` or ``forkserver`` start method). At the end of a loop's
+    run and at interpreter exit, a running job (Python or native) is
+    abandoned as a daemon thread is, never waited for: see ``get_runtime``
+    and ``emlx_shutdown``.
     """
 
     def __init__(self, *, pool_size: int | None = None, max_pending: int = DEFAULT_MAX_PENDING,
