@@ -148,8 +148,8 @@ class Runtime:
     constructor raises ``ForkedProcessError`` at once (MLX would hang there;
     use the ``spawn`` or ``forkserver`` start method). At the end of a loop's
     run and at interpreter exit, a running job (Python or native) is
-    abandoned as a daemon thread is, never waited for: see ``get_runtime``
-    and ``emlx_shutdown``.
+    abandoned as a daemon thread is, never waited for (see ``get_runtime``
+    and the exit hook in ``_native``).
     """
 
     def __init__(self, *, pool_size: int | None = None, max_pending: int = DEFAULT_MAX_PENDING,
