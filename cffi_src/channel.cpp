@@ -97,7 +97,7 @@ emlx_channel* emlx_channel_new(void) {
   try {
     return new emlx_channel{std::make_shared<emlx::Channel>()};
   } catch (...) {
-    emlx::set_last_error(emlx::classify(std::current_exception()).message);
+    emlx::set_last_error(emlx::classify(std::current_exception()));
     return nullptr;
   }
 }

@@ -21,6 +21,11 @@ typedef struct emlx_channel emlx_channel;
 #define EMLX_ERR_OVERFLOW 4  /* std::overflow_error: a value does not fit its C++ type */
 #define EMLX_ERR_CLOSED 5    /* the runtime the work reports to was closed */
 
+/* The kind (EMLX_ERR_*) of the last failed call on this thread, beside its
+ * message (emlx_last_error): a call returning -1 or NULL carries its kind as
+ * a record carries error_kind, so Python never guesses the class. */
+int emlx_last_error_kind(void);
+
 /* payload_kind values. */
 #define EMLX_PAYLOAD_RESULTS 0  /* an op job's outputs */
 #define EMLX_PAYLOAD_RESTORE 1  /* a failed or dropped op job's donated inputs, in input order */

@@ -9,9 +9,15 @@ namespace emlx {
 
 namespace {
 thread_local std::string last_error;
+thread_local int last_error_kind = EMLX_ERR_RUNTIME;
 }
 
-void set_last_error(const std::string& message) { last_error = message; }
+void set_last_error(const std::string& message, int kind) {
+  last_error = message;
+  last_error_kind = kind;
+}
+
+void set_last_error(const CaughtError& error) { set_last_error(error.message, error.kind); }
 
 CaughtError classify(std::exception_ptr error) {
   CaughtError out;
@@ -71,6 +77,8 @@ const char* emlx_mlx_version(void) {
 }
 
 const char* emlx_last_error(void) { return emlx::last_error.c_str(); }
+
+int emlx_last_error_kind(void) { return emlx::last_error_kind; }
 
 void emlx_message_free(char* message) { std::free(message); }
 

@@ -168,7 +168,7 @@ int emlx_host_call_build(emlx_channel* channel, uint64_t call_id, void** inputs,
     for (size_t i = 0; i < n_outputs; ++i) emlx::array_of(out_placeholders[i]) = outputs[i];
     return 0;
   } catch (...) {
-    emlx::set_last_error(emlx::classify(std::current_exception()).message);
+    emlx::set_last_error(emlx::classify(std::current_exception()));
     return -1;
   }
 }
@@ -192,7 +192,7 @@ int emlx_host_request_input(uint64_t request_id, size_t index, void* placeholder
     auto request = find_request(request_id);
     if (!request || index >= request->inputs.size()) {
       emlx::set_last_error("[host_call] no input " + std::to_string(index) + " in request " +
-                           std::to_string(request_id));
+                           std::to_string(request_id), EMLX_ERR_OUT_OF_RANGE);
       return -1;
     }
     emlx::GilGuard gil;
@@ -215,7 +215,7 @@ int reply(uint64_t request_id, void** outputs, size_t n_outputs, const char* err
   if (error == nullptr) {
     if (n_outputs != request->out_shapes.size()) {
       emlx::set_last_error("[host_call] expected " + std::to_string(request->out_shapes.size()) +
-                           " outputs, got " + std::to_string(n_outputs));
+                           " outputs, got " + std::to_string(n_outputs), EMLX_ERR_INVALID_ARGUMENT);
       return -1;
     }
     emlx::GilGuard gil;
@@ -224,12 +224,12 @@ int reply(uint64_t request_id, void** outputs, size_t n_outputs, const char* err
       if (a.shape() != request->out_shapes[i] || a.dtype() != request->out_dtypes[i]) {
         emlx::set_last_error("[host_call] output " + std::to_string(i) + " must be " +
                              describe(request->out_shapes[i], request->out_dtypes[i]) + ", got " +
-                             describe(a.shape(), a.dtype()));
+                             describe(a.shape(), a.dtype()), EMLX_ERR_INVALID_ARGUMENT);
         return -1;
       }
       if (!a.is_available() || !a.flags().row_contiguous || a.data_size() != a.size()) {
         emlx::set_last_error("[host_call] output " + std::to_string(i) +
-                             " must be evaluated and row-contiguous");
+                             " must be evaluated and row-contiguous", EMLX_ERR_INVALID_ARGUMENT);
         return -1;
       }
       results.push_back(a);

@@ -14,8 +14,10 @@
 
 namespace emlx {
 
-// Sets the calling thread's message for emlx_last_error().
-void set_last_error(const std::string& message);
+// Sets the calling thread's message and error kind (EMLX_ERR_*) for
+// emlx_last_error() and emlx_last_error_kind(): Python picks the exception
+// class from the kind, never from the message.
+void set_last_error(const std::string& message, int kind = EMLX_ERR_RUNTIME);
 
 // Classifies an in-flight C++ exception and copies its message.
 struct CaughtError {
@@ -23,6 +25,7 @@ struct CaughtError {
   std::string message;
 };
 CaughtError classify(std::exception_ptr error);
+void set_last_error(const CaughtError& error);
 
 char* copy_message(const std::string& message);
 
@@ -36,14 +39,14 @@ struct ClosedError : std::runtime_error {
 
 // Runs `body` (returning an int status) so that no C++ exception crosses the
 // C ABI: one escaping would call std::terminate. A caught one becomes -1
-// with its message kept for emlx_last_error on this thread.
+// with its message and kind kept for emlx_last_error on this thread.
 template <class F>
 int guarded(F&& body) noexcept {
   try {
     return body();
   } catch (...) {
     try {
-      set_last_error(classify(std::current_exception()).message);
+      set_last_error(classify(std::current_exception()));
     } catch (...) {
     }
     return -1;

@@ -1,3 +1,4 @@
+#include <cxxabi.h>
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include "channel.hpp"
 #include "ops.hpp"
 #include "mlx/device.h"
+#include "mlx/scheduler.h"
 #include "mlx/stream.h"
 #include "mlx/transforms.h"
 
@@ -111,6 +113,7 @@ struct emlx_worker {
   bool exit = false;                // process shutdown: leave the loop
   bool started = false;
   bool finished = false;
+  bool busy = false;                // running a job (under `mutex`): emlx_shutdown leaves it at once
   std::string start_error;
   uint64_t job_started_ns = 0;      // the running job's start, stamped on its records (worker thread only)
 };
@@ -194,13 +197,23 @@ void emlx_worker::main() {
       job = std::move(jobs.front());
       jobs.pop_front();
       queued.store(jobs.size(), std::memory_order_relaxed);
+      busy = true;
     }
     job_started_ns = monotonic_ns();
     try {
       run(job);
+    } catch (abi::__forced_unwind&) {
+      // A detached worker inside a Python job when the interpreter finalizes:
+      // CPython ends the thread (pthread_exit) as it asks for the GIL back.
+      // That unwinding must go on; swallowing it would abort the process.
+      throw;
     } catch (...) {
       // Only a failure to post (out of memory) gets here; an exception must
       // never end this thread, which std::terminate would turn into a crash.
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      busy = false;
     }
   }
   mx::clear_streams();
@@ -342,7 +355,7 @@ int emlx_worker::submit(Job&& job) {
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (stopping || exit || channel == nullptr) {
-      emlx::set_last_error("[emlx] the queue's worker is stopping");
+      emlx::set_last_error("[emlx] the queue's worker is stopping", EMLX_ERR_CLOSED);
       return -1;
     }
     jobs.push_back(std::move(job));
@@ -351,6 +364,24 @@ int emlx_worker::submit(Job&& job) {
   cv.notify_one();
   return 0;
 }
+
+// MLX keeps its stream threads in the scheduler's private map, and nothing
+// public says whether any exists. An explicit instantiation may name a
+// private member (C++20 [temp.spec.general]), which is how this reads the
+// map's size. After fork the child inherits the map but not its threads.
+namespace {
+
+struct ThreadsTag {
+  using type = std::unordered_map<int, std::unique_ptr<mx::scheduler::StreamThread>> mx::scheduler::Scheduler::*;
+  friend type member(ThreadsTag);
+};
+template <typename Tag, typename Tag::type M>
+struct Expose {
+  friend typename Tag::type member(Tag) { return M; }
+};
+template struct Expose<ThreadsTag, &mx::scheduler::Scheduler::threads_>;
+
+}  // namespace
 
 extern "C" {
 
@@ -370,7 +401,7 @@ emlx_worker* emlx_worker_acquire(emlx_channel* channel, int device_type) {
       worker = new emlx_worker(device_type);
       worker->start();
     } catch (...) {
-      emlx::set_last_error(emlx::classify(std::current_exception()).message);
+      emlx::set_last_error(emlx::classify(std::current_exception()));
       delete worker;
       return nullptr;
     }
@@ -400,7 +431,7 @@ int emlx_worker_release(emlx_worker* worker, uint64_t job_id, int drop_pending) 
     {
       std::lock_guard<std::mutex> lock(worker->mutex);
       if (worker->stopping || worker->channel == nullptr) {
-        emlx::set_last_error("[emlx] the worker is already released");
+        emlx::set_last_error("[emlx] the worker is already released", EMLX_ERR_CLOSED);
         return -1;
       }
       worker->jobs.push_back(Job{job_id, JobKind::Stop, {}, nullptr});
@@ -426,7 +457,7 @@ int emlx_worker_abandon(emlx_worker* worker) {
     {
       std::lock_guard<std::mutex> lock(worker->mutex);
       if (worker->stopping || worker->channel == nullptr) {
-        emlx::set_last_error("[emlx] the worker is already released");
+        emlx::set_last_error("[emlx] the worker is already released", EMLX_ERR_CLOSED);
         return -1;
       }
       discarded.swap(worker->jobs);
@@ -541,6 +572,13 @@ int emlx_cancel(emlx_worker* worker, uint64_t job_id, void** restored) {
   });
 }
 
+int emlx_mlx_stream_threads(void) {
+  // Read without the scheduler's lock: in a fork child (the one caller that
+  // matters) a lock held by a vanished parent thread would never be freed,
+  // and only the forking thread exists there.
+  return static_cast<int>((mx::scheduler::scheduler().*member(ThreadsTag{})).size());
+}
+
 int emlx_workers_active(void) {
   std::lock_guard<std::mutex> lock(registry_mutex);
   return static_cast<int>(all_workers.size() - parked.size());
@@ -559,18 +597,25 @@ int emlx_shutdown(int timeout_ms) {
     workers.swap(all_workers);
     parked.clear();
   }
-  for (auto* w : workers) {
+  // A worker running a job is left at once, as a daemon thread is: its job
+  // (Python or native) is abandoned and its result dropped, and exit does
+  // not wait for it. Workers between jobs leave their loop and are joined.
+  std::vector<bool> running(workers.size());
+  for (size_t i = 0; i < workers.size(); ++i) {
+    auto* w = workers[i];
     {
       std::lock_guard<std::mutex> lock(w->mutex);
       w->exit = true;
+      running[i] = w->busy;
     }
     w->cv.notify_all();
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   int left_behind = 0;
-  for (auto* w : workers) {
-    bool done;
-    {
+  for (size_t i = 0; i < workers.size(); ++i) {
+    auto* w = workers[i];
+    bool done = false;
+    if (!running[i]) {
       std::unique_lock<std::mutex> lock(w->mutex);
       done = w->cv.wait_until(lock, deadline, [w] { return w->finished; });
     }
@@ -578,8 +623,8 @@ int emlx_shutdown(int timeout_ms) {
       w->thread.join();
       delete w;
     } else {
-      // Stuck in a long native job: leave it so exit never hangs. The object
-      // is leaked on purpose; the thread still uses it.
+      // Inside a job: leave it so exit never waits. The object is leaked on
+      // purpose; the thread still uses it until the process ends.
       w->thread.detach();
       ++left_behind;
     }

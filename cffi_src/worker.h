@@ -43,9 +43,14 @@ int emlx_worker_abandon(emlx_worker *worker);
 /* Counts for leak checks. */
 int emlx_workers_active(void);
 int emlx_workers_parked(void);
-/* Stop and join every worker (interpreter exit). Workers stuck in a job for
- * longer than timeout_ms are left detached so exit never hangs. Returns the
- * number left behind. */
+/* How many stream threads MLX's scheduler holds (any thread that evaluated
+ * on a stream made one). In a fork child they are the parent's, gone: work
+ * on their streams would wait forever. */
+int emlx_mlx_stream_threads(void);
+/* Stop every worker (interpreter exit). A worker running a job is left
+ * detached at once, as a daemon thread is: its job is abandoned, its result
+ * dropped, and exit never waits for it. Idle workers are joined, for at most
+ * timeout_ms. Returns the number left behind. */
 int emlx_shutdown(int timeout_ms);
 
 /* Implemented in Python (extern "Python"): runs job `job_id` for the queue

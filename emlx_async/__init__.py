@@ -26,7 +26,7 @@ from ._errors import QueueClosed as QueueClosed
 from ._errors import QueueFull as QueueFull
 from ._errors import QueueReleaseError as QueueReleaseError
 from ._errors import RuntimeClosed as RuntimeClosed
-from ._host_call import HostCallError as HostCallError
+from ._errors import HostCallError as HostCallError
 from ._host_call import host_call as host_call
 from ._queue import CommandQueue as CommandQueue
 from ._queue import QueueStats as QueueStats

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -33,14 +34,49 @@ from ._errors import RuntimeClosed
 _T = TypeVar("_T")
 
 
-class JobFuture(asyncio.Future[_T]):  # generic, so ops can say JobFuture[mx.array]
+class _CoroutineFace:
+    """Lets a job's future pass where a coroutine is expected.
+
+    trio's ``nursery.start_soon(q.run, fn)``, anyio's task groups and
+    ``asyncio.create_task(q.run(fn))`` call the function and insist on a
+    coroutine back (``collections.abc.Coroutine``: ``send``, ``throw``,
+    ``close``, ``__await__``). The job was submitted by that call, so its
+    place in the queue is fixed there; driving this "coroutine" only awaits
+    the future (the ``__await__`` iterator, made on the first ``send``).
+    """
+
+    _driver: Any = None
+
+    def _drive(self) -> Any:
+        if self._driver is None:
+            self._driver = self.__await__()  # type: ignore[attr-defined]
+        return self._driver
+
+    def send(self, value: Any) -> Any:
+        return self._drive().send(value)
+
+    def throw(self, exc: Any, *rest: Any) -> Any:
+        if self._driver is None and not self.done():  # type: ignore[attr-defined]
+            # The task holding it was cancelled before its first step: the job
+            # follows its awaiter, as it would had the task been waiting.
+            self.cancel()  # type: ignore[attr-defined]
+        return self._drive().throw(exc, *rest)
+
+    def close(self) -> None:
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            driver.close()
+
+
+class JobFuture(_CoroutineFace, asyncio.Future[_T]):  # generic, so ops can say JobFuture[mx.array]
     """The awaitable a job returns under asyncio: an asyncio.Future whose ``cancel()`` acts at once.
 
     A plain future runs its done-callbacks on a later loop iteration, by which
     time the worker may have started the job; cancelling here removes a queued
-    job from the worker before ``cancel()`` returns. Like ``run_in_executor``,
-    it is a Future, not a coroutine: use ``asyncio.ensure_future`` (not
-    ``create_task``) to hold it as a task.
+    job from the worker before ``cancel()`` returns. It is also accepted as a
+    coroutine, so ``asyncio.create_task(q.run(fn))``, ``asyncio.ensure_future``
+    and anyio's ``tg.start_soon(q.run, fn)`` all work; the job's place in the
+    queue is fixed when ``q.run`` is called, not when the task starts.
     """
 
     _job: Any = None
@@ -59,13 +95,15 @@ _PENDING, _DONE, _CANCELLED = 0, 1, 2
 _trio: Any = None  # the trio module, imported by the first TrioBackend (trio is optional)
 
 
-class TrioJobFuture:
+class TrioJobFuture(_CoroutineFace):
     """The awaitable a job returns under trio: a one-shot result with asyncio.Future's surface.
 
     Await it from any number of trio tasks. Done-callbacks run when it
     settles. A waiting task that is cancelled cancels the job (see the module
     docstring); awaiting after that raises ``trio.Cancelled`` in the usual
     way for that task, or ``CancelledJob`` for one that was not cancelled.
+    It is also accepted as a coroutine: ``nursery.start_soon(q.run, fn)``
+    submits the job at that call and the new task awaits it.
     """
 
     _job: Any = None
@@ -194,6 +232,10 @@ class AsyncioBackend:
         task = self.loop.create_task(fn(), context=context)
         return _Handle(task.cancel)
 
+    def report_error(self, message: str, exc: BaseException) -> None:
+        """An error no awaiter can receive: to the loop's exception handler."""
+        self.loop.call_exception_handler({"message": message, "exception": exc})
+
     def call_soon_threadsafe(self, fn: Callable[[], None]) -> bool:
         """Run `fn` on the loop (from any thread); False if the loop is gone."""
         if self.loop.is_closed() or not self.loop.is_running():
@@ -277,6 +319,11 @@ class TrioBackend:
 
         trio.lowlevel.spawn_system_task(body, context=context)
         return _Handle(scope.cancel)
+
+    def report_error(self, message: str, exc: BaseException) -> None:
+        """An error no awaiter can receive: printed, as trio has no exception handler."""
+        print(message, file=sys.stderr)
+        traceback.print_exception(exc)
 
     def call_soon_threadsafe(self, fn: Callable[[], None]) -> bool:
         if self._closed:

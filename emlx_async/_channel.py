@@ -17,7 +17,7 @@ from typing import Any
 
 from ._backend import AsyncioBackend, TrioBackend
 from ._errors import ForkedProcessError, RuntimeClosed
-from ._native import check_pointer, ensure_not_exiting, exiting, ffi, lib
+from ._native import FORK_ADVICE, check_pointer, ensure_not_exiting, exiting, ffi, lib
 
 _DRAIN_BATCH = 256
 
@@ -53,8 +53,8 @@ class CompletionChannel:
     def ensure_alive(self) -> None:
         """The check before every native call that reports here (uvloop's ``_ensure_alive``)."""
         if os.getpid() != self.pid:
-            raise ForkedProcessError("this runtime was created in another process; worker threads "
-                                     "do not survive fork(), so create a new Runtime in the child")
+            raise ForkedProcessError("this runtime was created in another process; worker threads do not "
+                                     f"survive fork(): {FORK_ADVICE}")
         ensure_not_exiting()
         if self._native is None:
             raise RuntimeClosed("the emlx_async runtime is closed")
@@ -80,28 +80,48 @@ class CompletionChannel:
             self.close()
 
     def _drain(self) -> None:
-        """Resolve finished jobs (the fd is readable); runs on the loop thread."""
+        """Resolve finished jobs (the fd is readable); runs on the loop thread.
+
+        Each record is handled on its own: an exception while finishing one
+        job fails that job's future (or, if it is settled already, goes to
+        the loop's exception handler) and the drain goes on with the rest.
+        One bad job never strands the others.
+        """
         records = self._records
         while self._native is not None:
             count = lib.emlx_channel_drain(self._native, records, _DRAIN_BATCH)
             for i in range(count):
                 record = records[i]
-                message = None
-                if record.message != ffi.NULL:
-                    message = ffi.string(record.message).decode(errors="replace")
-                    lib.emlx_message_free(record.message)
-                if record.status == lib.EMLX_HOST_REQUEST:
-                    if self.host_server is not None:
-                        self.host_server.request(record.job_id)
-                    else:  # no host call was ever built here: answer so the worker moves on
-                        lib.emlx_host_request_reply(record.job_id, ffi.NULL, 0,
-                                                    b"[host_call] this runtime serves no host calls")
-                    continue
-                job = self.jobs.pop(record.job_id, None)
-                if job is not None:
-                    job.queue._finish(job, record.status, record.error_kind, message, record.payload,
-                                      record.payload_kind, record.started_ns, record.finished_ns)
-                elif record.payload != ffi.NULL:
-                    lib.emlx_payload_free(record.payload)
+                job = self.jobs.get(record.job_id) if record.status != lib.EMLX_HOST_REQUEST else None
+                try:
+                    self._handle(record)
+                except Exception as exc:  # noqa: BLE001 - isolated to its job, reported
+                    future = getattr(job, "future", None)
+                    if future is not None and not future.done():
+                        future.set_exception(exc)
+                    else:
+                        self.backend.report_error(f"emlx_async: handling the completion of job {record.job_id} "
+                                                  "failed", exc)
             if count < _DRAIN_BATCH:
                 break
+
+    def _handle(self, record) -> None:
+        """One completion record: a job's end, or a host call's request."""
+        message = None
+        if record.message != ffi.NULL:
+            message = ffi.string(record.message).decode(errors="replace")
+            lib.emlx_message_free(record.message)
+        if record.status == lib.EMLX_HOST_REQUEST:
+            if self.host_server is not None:
+                self.host_server.request(record.job_id)
+            else:  # no host call was ever built here: answer so the worker moves on
+                lib.emlx_host_request_reply(record.job_id, ffi.NULL, 0,
+                                            b"[host_call] this runtime serves no host calls")
+            return
+        job = self.jobs.pop(record.job_id, None)
+        if job is None:
+            if record.payload != ffi.NULL:
+                lib.emlx_payload_free(record.payload)
+            return
+        job.queue._finish(job, record.status, record.error_kind, message, record.payload,
+                          record.payload_kind, record.started_ns, record.finished_ns)

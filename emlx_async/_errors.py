@@ -48,10 +48,17 @@ class DeviceUnavailable(EMLXError, ValueError):
 
 
 class ForkedProcessError(EMLXError, RuntimeError):
-    """A runtime was used in a child process after ``fork``.
+    """MLX or a runtime was used in a child process after ``fork``.
 
-    Worker threads do not survive ``fork``; the child must make its own Runtime.
+    Threads do not survive ``fork``: a runtime made in the parent is unusable
+    in the child, and once the parent has evaluated anything with MLX, the
+    child cannot use MLX at all (its stream threads are the parent's, gone).
+    Start such children with the ``spawn`` or ``forkserver`` method.
     """
+
+
+class HostCallError(EMLXError, RuntimeError):
+    """A host call failed (raised, timed out, was cancelled or returned bad outputs)."""
 
 
 class ForeignLazyArrayError(EMLXError, ValueError):
@@ -71,12 +78,14 @@ class DistributedError(EMLXError, RuntimeError):
     """
 
 
-# error_kind values from cffi_src/channel.h, in order.
+# error_kind values (EMLX_ERR_*) from cffi_src/channel.h, in order: a
+# completion record carries one, and so does every failed native call
+# (emlx_last_error_kind).
 _NATIVE_ERROR_CLASSES = (MLXRuntimeError, MLXValueError, MLXIndexError, MLXRuntimeError, MLXOverflowError,
                          RuntimeClosed)
 
 
 def native_error(kind: int, message: str) -> EMLXError:
-    """The exception for a native error record: MLX's message, kept verbatim."""
+    """The exception for a native error kind: MLX's message, kept verbatim."""
     cls = _NATIVE_ERROR_CLASSES[kind] if 0 <= kind < len(_NATIVE_ERROR_CLASSES) else MLXRuntimeError
     return cls(message)

@@ -42,15 +42,12 @@ import mlx.core as mx
 from ._backend import wait_all
 from ._context import set_bound
 from ._dtypes import DTYPE_CODES
-from ._errors import EMLXError
-from ._native import ffi, last_error, lib
+from ._errors import HostCallError
+from ._native import ensure, ffi, lib
+from ._native import error as native_call_error
 from ._queue import CommandQueue, current_job, host_call_blocking
 from ._routing import route
 from ._runtime import Runtime
-
-
-class HostCallError(EMLXError, RuntimeError):
-    """A host call failed (raised, timed out, was cancelled or returned bad outputs)."""
 
 
 _call_ids = itertools.count(1)
@@ -136,7 +133,7 @@ def _build(queue: CommandQueue, fn, inputs, specs, timeout) -> list[mx.array]:
         [ffi.cast("void*", id(p)) for p in placeholders], backstop_ms)
     if status != 0:
         server.calls.pop(call_id, None)
-        raise HostCallError(last_error())
+        ensure(status, cls=HostCallError)
     return placeholders
 
 
@@ -170,7 +167,7 @@ class HostCallServer:
         for i in range(lib.emlx_host_request_inputs(request_id)):
             placeholder = mx.array(0)
             if lib.emlx_host_request_input(request_id, i, ffi.cast("void*", id(placeholder))) != 0:
-                self._reply_error(request_id, f"[host_call] cannot read input {i}: {last_error()}")
+                self._reply_error(request_id, str(native_call_error(f"[host_call] cannot read input {i}")))
                 return
             inputs.append(placeholder)
         context = contextvars.copy_context()
@@ -205,8 +202,8 @@ class HostCallServer:
             keep = arrays  # alive until the worker has copied them
             if lib.emlx_host_request_reply(request_id, [ffi.cast("void*", id(a)) for a in keep],
                                            len(keep), ffi.NULL) != 0:
-                message = last_error()
-                self._fail(request_id, call, HostCallError(f"{name}: {message}"), f"{message} from {name}")
+                refused = native_call_error(cls=HostCallError)
+                self._fail(request_id, call, HostCallError(f"{name}: {refused}"), f"{refused} from {name}")
         finally:
             self._tasks.pop(request_id, None)
 

@@ -1,5 +1,5 @@
-"""The compiled shim: loading, version check, process liveness, and the one
-helper that turns a native status into an exception.
+"""The compiled shim: loading, version check, process liveness (exit, fork),
+and the one helper that turns a native status into an exception.
 
 Bottom layer: imports nothing of the package but errors and the version.
 """
@@ -7,11 +7,12 @@ Bottom layer: imports nothing of the package but errors and the version.
 from __future__ import annotations
 
 import atexit
+import os
 
 # libmlx.so must be loaded (by mlx.core) before the shim, which links it.
 import mlx.core as mx
 
-from ._errors import EMLXError, RuntimeClosed
+from ._errors import EMLXError, ForkedProcessError, RuntimeClosed, native_error
 from ._version import __version__
 
 try:
@@ -44,20 +45,34 @@ def last_error() -> str:
     return ffi.string(lib.emlx_last_error()).decode(errors="replace")
 
 
-def ensure(status: int, what: str, cls: type[Exception] = EMLXError) -> None:
-    """Raise `cls` with the shim's message unless `status` is 0 (pynacl's ``ensure``).
+def error(what: str | None = None, cls: type[Exception] | None = None) -> Exception:
+    """The exception for the last failed native call on this thread.
+
+    Its class comes from the kind the shim recorded with the message
+    (``emlx_last_error_kind``: MLX's ``std::invalid_argument`` is an
+    ``MLXValueError``, and so on), unless `cls` is given. `what` prefixes
+    the message with what was being done.
+    """
+    message = last_error()
+    if what:
+        message = f"{what}: {message}" if message else what
+    return cls(message) if cls is not None else native_error(lib.emlx_last_error_kind(), message)
+
+
+def ensure(status: int, what: str | None = None, cls: type[Exception] | None = None) -> int:
+    """Raise ``error(what, cls)`` unless `status` is 0 or more; return it (pynacl's ``ensure``).
 
     Call it on the thread that made the native call: the message is thread-local.
     """
-    if status != 0:
-        message = last_error()
-        raise cls(f"{what}: {message}" if message else what)
+    if status < 0:
+        raise error(what, cls)
+    return status
 
 
-def check_pointer(pointer, what: str, cls: type[Exception] = EMLXError):
-    """Return `pointer`, or raise `cls` with the shim's message when it is NULL."""
+def check_pointer(pointer, what: str | None = None, cls: type[Exception] | None = None):
+    """``ensure`` for calls that return a pointer: return it, or raise when it is NULL."""
     if pointer == ffi.NULL:
-        raise cls(f"{what}: {last_error()}")
+        raise error(what, cls)
     return pointer
 
 
@@ -77,8 +92,10 @@ def ensure_not_exiting() -> None:
 
 
 def _shutdown_at_exit() -> None:
-    # Stop every worker (parked ones included). Workers stuck in a long native
-    # job are left detached, so interpreter exit never hangs on them.
+    # Stop every worker (parked ones included). A worker inside a job, Python
+    # or native, is left detached at once, as a daemon thread is: the job is
+    # abandoned, its result dropped, and exit never waits for it (a native
+    # kernel stops with the process). Idle workers are joined.
     global _exiting
     _exiting = True
     lib.emlx_shutdown(2000)
@@ -87,4 +104,32 @@ def _shutdown_at_exit() -> None:
 atexit.register(_shutdown_at_exit)
 
 
-__all__ = ["ffi", "lib", "check_pointer", "ensure", "ensure_not_exiting", "exiting", "last_error"]
+# A fork child inherits MLX's scheduler, but not its stream threads: once the
+# parent has evaluated anything, MLX work in the child waits forever (plain
+# MLX hangs there too). Checked once, right after the fork, when only the
+# forking thread exists.
+_forked_after_mlx = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_mlx
+    if lib.emlx_mlx_stream_threads() > 0:
+        _forked_after_mlx = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+FORK_ADVICE = ("start child processes that use emlx_async with the 'spawn' or 'forkserver' method "
+               "(multiprocessing.get_context('spawn')), or fork before the parent uses MLX")
+
+
+def ensure_mlx_usable() -> None:
+    """Refuse at once in a fork child of a process that had used MLX (it would hang)."""
+    if _forked_after_mlx:
+        raise ForkedProcessError(
+            "this process was forked from one that had used MLX; the parent's MLX stream threads do not "
+            f"exist here, so any MLX evaluation in this process would wait forever: {FORK_ADVICE}")
+
+
+__all__ = ["FORK_ADVICE", "check_pointer", "ensure", "ensure_mlx_usable", "ensure_not_exiting", "error", "exiting",
+           "ffi", "last_error", "lib"]

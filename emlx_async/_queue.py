@@ -17,6 +17,11 @@ Cancellation contract (the same for every kind of job):
   and its result is discarded. Its backpressure slot is held until then,
   because the worker really is busy. Python jobs can poll ``ea.cancelled()``
   to stop early.
+* When a run ends (for a runtime that closes with it) or the interpreter
+  exits, nobody can await a job any more, and nothing waits for one, as for
+  daemon threads: queued jobs never run; a running job, Python or native,
+  is abandoned (its worker is detached and ends when the job returns, or
+  with the process; its result is dropped).
 
 Donation (``donate=`` on op jobs): the job takes the only reference to the
 donated inputs when it is queued (before a spinning worker can start it). On every path that does not
@@ -34,6 +39,8 @@ import contextvars
 import itertools
 import os
 import threading
+import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import monotonic_ns
@@ -45,8 +52,10 @@ from . import _interop
 from ._backend import JobFuture, TrioJobFuture, shielded
 from ._channel import CompletionChannel
 from ._devices import from_native_device
-from ._errors import EMLXError, ForeignLazyArrayError, HostCallDeadlock, QueueClosed, QueueFull, native_error
-from ._native import ffi, last_error, lib
+from ._errors import (EMLXError, ForeignLazyArrayError, HostCallDeadlock, QueueClosed, QueueFull, RuntimeClosed,
+                      native_error)
+from ._native import ensure, exiting, ffi, lib
+from ._native import error as native_call_error
 from ._trees import iter_arrays
 
 _job_ids = itertools.count(1)
@@ -131,17 +140,27 @@ _LIST_OUTPUT = {"split", "divmod", "broadcast_arrays", "atleast_nd", "quantize",
 
 
 def _publish(payload, targets: list[mx.array | None]) -> None:
-    """Move a payload's arrays into mx.array objects (None: skip); on the loop thread."""
-    handles = [ffi.cast("void*", id(a)) if a is not None else ffi.NULL for a in targets]
-    if lib.emlx_publish_results(payload, handles, len(targets)) != 0:
-        raise EMLXError(f"cannot publish results: {last_error()}")
+    """Move a payload's arrays into mx.array objects (None: skip), freeing it; on the loop thread."""
+    try:
+        handles = [ffi.cast("void*", id(a)) if a is not None else ffi.NULL for a in targets]
+    except BaseException:
+        lib.emlx_payload_free(payload)
+        raise
+    ensure(lib.emlx_publish_results(payload, handles, len(targets)), "cannot publish results")
 
 
 def _published(job: _Job, payload) -> Any:
-    """An op job's results in mx.arrays: fresh ones, or the donated input objects."""
-    count = lib.emlx_payload_size(payload)
-    into = job.publish_into or {}
-    arrays = [into[i] if i in into else mx.array(0) for i in range(count)]
+    """An op job's results in mx.arrays: fresh ones, or the donated input objects.
+
+    The payload is consumed whether this returns or raises.
+    """
+    try:
+        count = lib.emlx_payload_size(payload)
+        into = job.publish_into or {}
+        arrays = [into[i] if i in into else mx.array(0) for i in range(count)]
+    except BaseException:
+        lib.emlx_payload_free(payload)
+        raise
     _publish(payload, arrays)
     if into:
         return arrays[0]
@@ -288,6 +307,10 @@ class CommandQueue:
     that order; the returned awaitable gives the result. Many jobs may be in
     flight at once, up to ``max_pending`` on the worker; past it, jobs wait
     in order for a slot or, with ``nowait=True``, raise ``QueueFull`` at once.
+
+    A queue garbage-collected without being closed (by ``close()``, or by
+    its runtime's close) emits a ResourceWarning, with the creation
+    traceback when the loop runs in debug mode, and hands its worker back.
     """
 
     def __init__(self, channel: CompletionChannel, device: mx.DeviceType, worker, *, max_pending: int,
@@ -308,6 +331,7 @@ class CommandQueue:
         self._handle = ffi.new_handle(self)  # context for emlx_python_job
         self.role = role
         self._counters = _Counters()
+        self._created_at = traceback.format_stack() if self._backend.debug() else None
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "closing" if self._closing else "open"
@@ -443,7 +467,7 @@ class CommandQueue:
             self._release_worker(cancel_pending)
         await shielded(lambda: self._closed_future)
 
-    def abandon(self, error: BaseException) -> None:
+    def abandon(self, error: BaseException, *, unawaited: bool = False) -> None:
         """Give up on a worker stuck in a job that may never end; on the loop thread.
 
         For a job blocked in native code that nothing can interrupt (a
@@ -453,6 +477,8 @@ class CommandQueue:
         for by the runtime's close or the interpreter's exit, and its thread
         ends when its job returns (its result is discarded). Donated inputs of
         jobs that never ran are not given back. Abandoning twice does nothing.
+        `unawaited`: nobody can await these jobs any more (the loop's run is
+        ending), so their failure is not reported as never retrieved.
         """
         jobs = [*self._started.values(), *self._backlog]
         self._started.clear()
@@ -467,12 +493,31 @@ class CommandQueue:
             job.cancelled = True  # a queued Python job that still starts returns at once
             if not job.future.done():
                 job.future.set_exception(error)
+                if unawaited:
+                    job.future.exception()  # marks it retrieved
         self._pending = 0
         for waiter in (self._backlog_empty, self._closed_future):
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
 
     # ---- machinery -----------------------------------------------------------
+
+    def __del__(self, _warn=warnings.warn) -> None:
+        # Closed means close() began (the runtime's close calls it) or the
+        # queue was abandoned; a worker handed back by a collected runtime
+        # does not count, so each unclosed queue warns, in any order.
+        if getattr(self, "_closed_future", True) is not None or self in _abandoned:
+            return
+        channel = self._channel
+        if exiting() or os.getpid() != channel.pid:  # workers are gone (exit) or not ours (fork)
+            return
+        worker, self._worker = self._worker, None
+        if worker is not None and channel.is_alive():  # drop its queued jobs, park the thread
+            lib.emlx_worker_release(worker, next(_job_ids), 1)
+        where = "".join(self._created_at) if self._created_at else ""
+        _warn(f"unclosed emlx_async queue {self!r}; close its runtime (`async with ea.Runtime()`) or give it "
+              f"back (`async with rt.queue()`){(chr(10) + 'created at:' + chr(10) + where) if where else ''}",
+              ResourceWarning, source=self)
 
     def _release_worker(self, drop_pending: bool) -> None:
         stop = _Job(self, self._backend.new_future())
@@ -559,12 +604,17 @@ class CommandQueue:
         self._channel.jobs[job.id] = job
         self._pending += 1
         start, job.start = job.start, None  # the closure refers to the job: no cycle left behind
-        if start() != 0:
-            message = last_error()
+        try:
+            refused = native_call_error(f"{self!r} refused the job") if start() < 0 else None
+        except BaseException as exc:  # noqa: BLE001 - this job fails; the queue goes on
+            refused = exc
+        if refused is not None:
+            if isinstance(refused, RuntimeClosed):  # the worker is stopping: this queue is closing
+                refused = QueueClosed(str(refused))
             del self._channel.jobs[job.id]
             self._pending -= 1
             self._counters.failed += 1
-            job.future.set_exception(QueueClosed(f"{self!r} refused the job: {message}"))
+            job.future.set_exception(refused)
             return
         self._started[job.id] = job
 
@@ -616,21 +666,27 @@ class CommandQueue:
         self._release_slot()
         future = job.future
         future._job = None  # break the future <-> job cycle: a dropped result is freed at once
-        if status == lib.EMLX_DONE and payload != ffi.NULL:
-            result = _published(job, payload)  # also when abandoned: donated arrays get their update
-        else:
-            result = job.result
-            _settle_payload(job, payload, payload_kind)
+        publish_error = None
+        try:
+            if status == lib.EMLX_DONE and payload != ffi.NULL:
+                result = _published(job, payload)  # also when abandoned: donated arrays get their update
+            else:
+                result = job.result
+                _settle_payload(job, payload, payload_kind)
+        except Exception as exc:  # noqa: BLE001 - this job fails, not the drain
+            result, publish_error = None, exc
         job.result = job.publish_into = None
         job.donated = []
         if future.done():
             return  # abandoned by a cancelled awaiter (counted as cancelled then)
-        if status == lib.EMLX_DONE:
+        if status == lib.EMLX_DONE and publish_error is None:
             counters.completed += 1
             future.set_result(result)
             return
         counters.failed += 1
-        if status == lib.EMLX_PY_FAILED:
+        if publish_error is not None:
+            future.set_exception(publish_error)
+        elif status == lib.EMLX_PY_FAILED:
             exc, job.exception = job.exception, None
             exc = exc if exc is not None else EMLXError("Python job failed")
             future.set_exception(self._with_host_cause(job, exc))

@@ -23,8 +23,8 @@ from . import _backend
 from ._channel import CompletionChannel
 from ._context import reset_bound, set_bound
 from ._devices import DeviceLike, device_type, native_device, require_available
-from ._errors import QueueReleaseError, RuntimeClosed
-from ._native import check_pointer, exiting, lib
+from ._errors import QueueClosed, QueueReleaseError, RuntimeClosed
+from ._native import check_pointer, ensure_mlx_usable, exiting, lib
 from ._queue import CommandQueue, QueueStats, _Counters, prepare_inputs
 
 DEFAULT_MAX_PENDING = 1024
@@ -143,6 +143,13 @@ class Runtime:
 
     ``close()`` closes every queue and releases the channel. A runtime that is
     garbage-collected while open emits a ResourceWarning.
+
+    Process contracts: in a fork child of a process that had used MLX, the
+    constructor raises ``ForkedProcessError`` at once (MLX would hang there;
+    use the ``spawn`` or ``forkserver`` start method). At the end of a loop's
+    run and at interpreter exit, a running job (Python or native) is
+    abandoned as a daemon thread is, never waited for (see ``get_runtime``
+    and the exit hook in ``_native``).
     """
 
     def __init__(self, *, pool_size: int | None = None, max_pending: int = DEFAULT_MAX_PENDING,
@@ -158,6 +165,7 @@ class Runtime:
             raise ValueError(f"pool_size must be at least 1, got {pool_size}")
         if host_call_timeout is not None and not host_call_timeout > 0:
             raise ValueError(f"host_call_timeout must be positive or None, got {host_call_timeout}")
+        ensure_mlx_usable()  # a fork child of a process that used MLX would hang: refuse now
         self.pool_size = max(2, pool_size if pool_size is not None else (os.cpu_count() or 2))
         self.max_pending = max_pending
         self.host_call_timeout = host_call_timeout
@@ -316,20 +324,39 @@ class Runtime:
 
         Never blocks the loop: worker threads are handed back as they finish.
         """
-        if self._close_future is None:
-            self._closed = True
-            self._close_future = self._backend.new_future()
-            self._backend.spawn(lambda: self._close(cancel_pending))
-        await _backend.shielded(lambda: self._close_future)
+        await self._close_once(cancel_pending, run_ending=False)
 
     # ---- machinery -------------------------------------------------------------
 
-    async def _close(self, cancel_pending: bool) -> None:
+    async def _close_at_end_of_run(self) -> None:
+        """The close a runtime gets when its loop's run ends, as daemon threads do at exit.
+
+        Nobody can await a job any more (asyncio.run has cancelled every task;
+        trio's main task has returned), so nothing is waited for: a queue
+        with jobs in flight is abandoned (see ``CommandQueue.abandon``): its
+        queued jobs never run, a running job (Python or native) goes on
+        detached until it returns, its result dropped, and the process can
+        exit at once. Idle queues close as usual.
+        """
+        await self._close_once(False, run_ending=True)
+
+    async def _close_once(self, cancel_pending: bool, *, run_ending: bool) -> None:
+        if self._close_future is None:
+            self._closed = True
+            self._close_future = self._backend.new_future()
+            self._backend.spawn(lambda: self._close(cancel_pending, run_ending))
+        await _backend.shielded(lambda: self._close_future)
+
+    async def _close(self, cancel_pending: bool, run_ending: bool = False) -> None:
         try:
             # Each queue's close only hands its worker back and waits for the
             # stop record; awaiting them one by one costs no more than at once.
             for queue in list(self._channel.owners.values()):
-                await queue.close(cancel_pending=cancel_pending)
+                if run_ending and queue.pending:
+                    queue.abandon(QueueClosed("the event loop's run ended before this job finished; it was "
+                                              "abandoned and its result dropped"), unawaited=True)
+                else:
+                    await queue.close(cancel_pending=cancel_pending)
         finally:
             self._retired.closed_ns = monotonic_ns()  # the total's uptime stops here
             self._channel.close()
@@ -385,7 +412,7 @@ async def _close_when_loop_shuts_down(runtime: Runtime):
     try:
         yield
     finally:
-        await runtime.close()
+        await runtime._close_at_end_of_run()
 
 
 def _close_at_the_end_of_trio_run(runtime: Runtime, *, keep_alive: bool = False) -> None:
@@ -405,7 +432,7 @@ def _close_at_the_end_of_trio_run(runtime: Runtime, *, keep_alive: bool = False)
             runtime = ref()
             if runtime is not None and not runtime.closed:
                 with trio.CancelScope(shield=True):
-                    await runtime.close()
+                    await runtime._close_at_end_of_run()
 
     trio.lowlevel.spawn_system_task(closer, name="emlx_async implicit runtime closer")
 
@@ -415,7 +442,11 @@ def get_runtime() -> Runtime:
 
     The implicit runtime closes itself at the end of the run: when asyncio
     shuts down its async generators (``asyncio.run`` and ``asyncio.Runner``
-    do), or when ``trio.run``'s main task returns.
+    do), or when ``trio.run``'s main task returns. Then nothing is waited
+    for, as daemon threads are not at exit: jobs still queued never run, and
+    a job still running (Python or native, which nothing can interrupt) is
+    abandoned: its worker is detached, its result dropped, and the run (and
+    the process) ends at once.
     """
     key = _backend.current_key()
     if key is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import time
+import warnings
 
 import anyio
 import mlx.core as mx
@@ -252,6 +253,30 @@ async def test_workers_are_reused_so_threads_stay_bounded():
     assert testing.thread_count() == threads
 
 
+def _collected_warnings(drop) -> list[str]:
+    """The ResourceWarnings raised while `drop()` lets objects go and gc runs.
+
+    A recorded warning keeps its source alive, so the messages are taken and
+    the records dropped before a second collection frees what they held.
+    """
+    messages: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        drop()
+        for _ in range(3):
+            gc.collect()
+            messages += [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+            caught.clear()
+    return messages
+
+
+def _wait_for_workers_to_park() -> None:
+    for _ in range(500):  # a released worker parks shortly after
+        if testing.active_workers() == 0:
+            break
+        time.sleep(0.01)
+
+
 def test_garbage_collected_open_runtime_warns():
     import asyncio
 
@@ -262,12 +287,49 @@ def test_garbage_collected_open_runtime_warns():
         await runtime.default_queue().run(lambda: 1)
         return runtime
 
-    runtime = loop.run_until_complete(make())
+    held = [loop.run_until_complete(make())]
     loop.close()
-    with pytest.warns(ResourceWarning, match="unclosed emlx_async runtime"):
-        del runtime
-        gc.collect()
-    for _ in range(500):  # the released worker parks shortly after
-        if testing.active_workers() == 0:
-            break
-        time.sleep(0.01)
+    messages = _collected_warnings(held.clear)
+    assert sum("unclosed emlx_async runtime" in m for m in messages) == 1, messages
+    _wait_for_workers_to_park()
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_garbage_collected_open_queue_warns_with_where_it_was_made(debug):
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    loop.set_debug(debug)
+
+    async def make():
+        runtime = ea.Runtime()
+        queue = await runtime.acquire_queue()  # never given back, never closed
+        assert await queue.run(lambda: 2) == 2
+        return runtime, queue
+
+    held = list(loop.run_until_complete(make()))
+    loop.close()
+    messages = _collected_warnings(held.clear)
+    queue_warnings = [m for m in messages if "unclosed emlx_async queue" in m]
+    assert len(queue_warnings) == 1, messages
+    assert ("created at:" in queue_warnings[0]) is debug
+    if debug:
+        assert "acquire_queue" in queue_warnings[0]
+    _wait_for_workers_to_park()
+    assert testing.active_workers() == 0  # the queue handed its worker back
+
+
+def test_closed_queues_and_runtimes_never_warn():
+    import asyncio
+
+    async def make():
+        async with ea.Runtime() as runtime:
+            queue = await runtime.acquire_queue()
+            await queue.run(lambda: 1)
+            await queue.close()
+            async with runtime.queue() as lent:
+                await lent.run(lambda: 2)
+            return runtime, queue
+
+    held = list(asyncio.run(make()))
+    assert _collected_warnings(held.clear) == []

@@ -328,3 +328,88 @@ async def test_a_dropped_result_is_freed_at_once():
             assert ref() is None  # no future <-> job cycle keeps it alive
         finally:
             gc.enable()
+
+
+# ---- one bad job never takes others down ------------------------------------------------
+
+async def _batch_behind_a_gate(q, bad_job):
+    """`bad_job()` and twenty unrelated jobs, all finishing in one drained batch."""
+    gate = Gate()
+    blocker = q.run(gate)
+    await started(gate)
+    bad = bad_job()
+    others = [q.run(lambda i=i: i) for i in range(20)]
+    gate.open()
+    time.sleep(0.3)  # the loop is held: every record is waiting when the drain runs
+    await blocker
+    return bad, others
+
+
+@on_every_loop
+async def test_a_job_whose_publish_step_raises_fails_alone(rt, monkeypatch):
+    from emlx_async import _queue
+
+    real = _queue._published
+
+    def published(job, payload):
+        if job.op_name == "subtract":
+            real(job, payload)  # the payload is consumed; then the step fails, as a bad index would
+            raise IndexError("list index out of range (injected)")
+        return real(job, payload)
+
+    monkeypatch.setattr(_queue, "_published", published)
+    q = rt.default_queue()
+    bad, others = await _batch_behind_a_gate(q, lambda: ea.ops.subtract(mx.ones(3), 1.0, queue=q))
+    with anyio.fail_after(20):
+        with pytest.raises(IndexError, match="injected"):
+            await bad
+        assert [await f for f in others] == list(range(20))
+        assert (await ea.ops.add(mx.ones(2), 1.0, queue=q)).tolist() == [2.0, 2.0]
+    stats = q.stats()
+    assert stats.failed == 1 and stats.in_flight == 0
+
+
+@on_every_loop
+async def test_an_error_while_finishing_a_job_fails_that_job_and_the_drain_goes_on(rt, monkeypatch):
+    from emlx_async import _queue
+
+    real = _queue.CommandQueue._finish
+    poisoned: set = set()
+
+    def finish(self, job, *args, **kwargs):
+        if job.id in poisoned:
+            raise RuntimeError("finishing failed (injected)")
+        return real(self, job, *args, **kwargs)
+
+    monkeypatch.setattr(_queue.CommandQueue, "_finish", finish)
+    q = rt.default_queue()
+
+    def bad_job():
+        future = q.run(lambda: "bad")
+        poisoned.add(future._job.id)
+        return future
+
+    bad, others = await _batch_behind_a_gate(q, bad_job)
+    with anyio.fail_after(20):
+        with pytest.raises(RuntimeError, match="injected"):
+            await bad
+        assert [await f for f in others] == list(range(20))
+
+
+@on_every_loop
+async def test_a_refused_native_call_raises_the_class_of_its_error_kind():
+    async with ea.Runtime(pool_size=4) as rt:
+        q = await rt.acquire_queue()
+        lib = _native.lib
+        assert lib.emlx_worker_release(q._worker, 10**12, 0) == 0
+        assert lib.emlx_worker_release(q._worker, 10**12 + 1, 0) == -1
+        assert lib.emlx_last_error_kind() == lib.EMLX_ERR_CLOSED
+        with pytest.raises(ea.RuntimeClosed, match="already released"):
+            _native.ensure(lib.emlx_worker_release(q._worker, 10**12 + 2, 0))
+        with pytest.raises(ea.QueueClosed, match="stopping"):
+            await q.run(lambda: 1)  # the worker refuses it: the queue is closing
+        for _ in range(500):
+            if testing.active_workers() == 0:
+                break
+            await anyio.sleep(0.01)
+        rt.release_queue(q)
