@@ -35,7 +35,13 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develop
 _TEXT_PARTS = ("input_text", "output_text")
 
 
+# The service names the chat request's fields; these are their names here.
+_FIELD_NAMES = {"max_tokens": "max_output_tokens", "messages": "input"}
+
+
 def error_response(error: APIError) -> Response:
+    if error.param in _FIELD_NAMES:
+        error.param = _FIELD_NAMES[error.param]
     return JSON(error.body(), status_code=error.status, headers=error.headers)
 
 
