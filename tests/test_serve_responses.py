@@ -281,6 +281,34 @@ def test_hostile_bodies_against_the_server(http, client):
 
 @pytest.mark.model
 @needs_model
+def test_both_apis_under_hypercorns_trio_worker_in_batch_mode():
+    """The named event streams and the collected answers run on anyio: under
+    trio too, and on the batch engine, each API gives the chat endpoint's text."""
+    anthropic = pytest.importorskip("anthropic")
+    pytest.importorskip("hypercorn")
+    with ServerProcess("--server", "hypercorn", "--mode", "batch", "--max-concurrent", "2",
+                       "--log-level", "warning") as trio_server:
+        with httpx.Client(base_url=trio_server.url, timeout=60) as http:
+            assert http.get("/health").headers["server"].startswith("hypercorn")
+            text, _, usage = chat(http, FRANCE)
+            with openai.OpenAI(base_url=trio_server.url + "/v1", api_key="unused", max_retries=0) as client:
+                events = list(client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8,
+                                                      temperature=0, stream=True))
+                assert events[-1].type == "response.completed" and events[-1].response.output_text == text
+                assert client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8,
+                                               temperature=0).output_text == text
+            with anthropic.Anthropic(base_url=trio_server.url, api_key="unused", max_retries=0) as claude:
+                with claude.messages.stream(model=MODEL, max_tokens=8, messages=FRANCE,
+                                            extra_body={"temperature": 0}) as stream:
+                    assert "".join(stream.text_stream) == text
+                    assert stream.get_final_message().usage.output_tokens == usage["completion_tokens"]
+                reply = claude.messages.create(model=MODEL, max_tokens=8, messages=FRANCE,
+                                               extra_body={"temperature": 0})
+                assert reply.content[0].text == text
+
+
+@pytest.mark.model
+@needs_model
 def test_sigterm_ends_a_running_stream_with_response_failed(server):
     """Last test: it stops the module's server."""
     long = {"model": MODEL, "input": "Tell me a long story.", "max_output_tokens": 500, "stream": True}
