@@ -46,6 +46,7 @@ HOSTILE = [
     ({**OK, "temperature": float("nan")}, "temperature"),
     ({**OK, "temperature": "0"}, "temperature"),
     ({**OK, "top_p": 0}, "top_p"),
+    ({**OK, "top_p": 10**400}, "top_p"),                                     # past any float
     ({**OK, "top_k": -1}, "top_k"),
     ({**OK, "top_k": 1.5}, "top_k"),
     ({**OK, "stop_sequences": "."}, "stop_sequences"),
@@ -141,7 +142,7 @@ def test_parsing_is_total():
               "tools": values, "tool_choice": values, "thinking": values, "metadata": values, "model": values,
               "output_config": values}
 
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=200, deadline=None)
     @given(st.fixed_dictionaries({}, optional=fields))
     def check(body):
         try:
@@ -381,6 +382,25 @@ def test_429_rate_limit_error_when_full_and_a_leaving_client_frees_its_slot(http
             for stream in streams:
                 stream.__exit__(None, None, None)
     wait_for(lambda: metric(http, "emlx_requests_active") + metric(http, "emlx_requests_waiting") == 0)
+
+
+@pytest.mark.model
+@needs_model
+def test_a_client_leaving_frees_its_slot_streamed_or_not(http, server):
+    cancelled = metric(http, "emlx_requests_cancelled_total")
+    with httpx.Client(base_url=server.url, timeout=60) as leaving:
+        with leaving.stream("POST", "/v1/messages", json=LONG) as response:
+            lines = response.iter_lines()  # kept: dropping a half-read iterator closes the connection
+            while not next(lines).startswith("event: content_block_delta"):
+                pass
+            assert metric(http, "emlx_requests_active") == 1
+    wait_for(lambda: metric(http, "emlx_requests_active") == 0)
+    assert metric(http, "emlx_requests_cancelled_total") == cancelled + 1
+    with httpx.Client(base_url=server.url, timeout=1.5) as impatient:
+        with pytest.raises(httpx.ReadTimeout):  # httpx closes the connection on a timeout
+            impatient.post("/v1/messages", json={**LONG, "stream": False})
+    wait_for(lambda: metric(http, "emlx_requests_active") == 0)
+    assert metric(http, "emlx_requests_cancelled_total") == cancelled + 2
 
 
 @pytest.mark.model

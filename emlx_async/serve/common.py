@@ -101,9 +101,14 @@ def number(body: dict, name: str, default: float, low: float, high: float, *, lo
         return default
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value or abs(value) == float("inf"):
         raise wrong_type(name, "a finite number", value)
+    bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+    try:
+        value = float(value)
+    except OverflowError:  # an integer past any float
+        raise invalid(name, f"{name}: must be in {bounds}") from None
     if value < low or value > high or (low_open and value == low):
-        raise invalid(name, f"{name}: must be in {'(' if low_open else '['}{low:g}, {high:g}], got {value:g}")
-    return float(value)
+        raise invalid(name, f"{name}: must be in {bounds}, got {value:g}")
+    return value
 
 
 def boolean(body: dict, name: str) -> bool:
