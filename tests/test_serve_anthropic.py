@@ -291,7 +291,8 @@ def test_max_tokens_and_stop_sequences(http, client):
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 3
     assert cut.content[0].text == chat(http, FRANCE, max_tokens=3)[0]
 
-    for stops, matched in (([" Paris"], " Paris"), (["xyz", " France", "."], " France"), (["."], ".")):
+    for stops, matched in (([" Paris"], " Paris"), (["xyz", " France", "."], " France"), (["."], "."),
+                            (["xyz", "is Pa"], "is Pa")):  # across tokens, ending inside one
         reply = client.messages.create(model=MODEL, max_tokens=12, messages=FRANCE, stop_sequences=stops,
                                        extra_body=GREEDY)
         text, finish, _ = chat(http, FRANCE, max_tokens=12, stop=stops)

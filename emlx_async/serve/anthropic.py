@@ -115,9 +115,10 @@ def parse_conversation(body: dict) -> list[dict]:
     messages = body.get("messages")
     if messages is None:
         raise invalid("messages", "messages: field required", "missing_required_parameter")
-    if not isinstance(messages, list) or not messages:
-        raise wrong_type("messages", "a non-empty array", messages) if not isinstance(messages, list) else \
-            invalid("messages", "messages: at least one message is required")
+    if not isinstance(messages, list):
+        raise wrong_type("messages", "an array of messages", messages)
+    if not messages:
+        raise invalid("messages", "messages: at least one message is required")
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
