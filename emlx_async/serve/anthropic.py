@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from .. import _errors as ea_errors
 from .app import Generation, Service, group_broken_error, shutdown_error
-from .common import (JSON, checked_text, NamedEventStream, boolean, clamp_top_k, collect, count, event, guarded, integer,
+from .common import (JSON, checked_text, NamedEventStream, boolean, collect, count, event, guarded, integer,
                      number, optional_object, read_object, string, string_list, type_name, wrong_type)
 from .protocol import APIError, GenerationRequest, invalid
 
@@ -224,7 +224,6 @@ def routes(service: Service) -> list[Route]:
         try:
             service.check_ready()
             parsed = parse_request(await read_object(request, config.max_body_bytes))
-            parsed.generation.top_k = clamp_top_k(service, parsed.generation.top_k)
             generation = service.start_generation(parsed.generation)
         except APIError as error:
             return count(service, MESSAGES, error_response(error))

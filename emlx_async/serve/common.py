@@ -167,12 +167,6 @@ async def read_object(request: Request, limit: int) -> dict:
     return body
 
 
-def clamp_top_k(service: Service, top_k: int) -> int:
-    """A top_k at or past the vocabulary keeps every token, which is what 0 means to the engine."""
-    vocab = getattr(service.engine, "vocab_size", None)
-    return 0 if vocab is not None and top_k >= vocab else top_k
-
-
 # ---- running a generation -----------------------------------------------------------
 
 @dataclass
