@@ -575,6 +575,8 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         logger.exception("unhandled error on %s", request.url.path, exc_info=exc)
         return error_response(APIError(500, f"internal error: {type(exc).__name__}", type="server_error"))
 
+    from . import anthropic, responses  # the other APIs build on this module's service
+
     app = Starlette(routes=[
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
@@ -582,6 +584,8 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        *anthropic.routes(service),
+        *responses.routes(service),
     ], lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error})
     app.state.service = service
     return app

@@ -1,0 +1,287 @@
+"""What the Messages and the Responses APIs share on top of the service.
+
+Each API parses its own body into a GenerationRequest, lets the Service
+admit it, and formats its own answers; this module holds the parts they
+have in common: field checks whose errors name the field and never echo a
+value (a repr of a deeply nested value can itself fail), JSON that stays
+encodable when a request's text comes back in it (a lone surrogate is
+valid JSON but not UTF-8), collecting a generation that a disconnect or
+the shutdown deadline may cut short, and streams of named server-sent
+events (``event: NAME``), which both APIs use where chat sends bare
+``data:`` lines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import numbers
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .app import (Generation, Service, distributed_cause, group_broken_error, read_json, shutdown_error,
+                  until_disconnected)
+from .protocol import APIError, invalid
+
+logger = logging.getLogger("emlx_async.serve")
+
+
+# ---- JSON that can always be sent ---------------------------------------------------
+
+def encode_json(data: Any) -> bytes:
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a lone surrogate from the request: send it \u-escaped
+        return json.dumps(data, separators=(",", ":")).encode()
+
+
+class JSON(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return encode_json(content)
+
+
+def event(name: str, data: dict) -> bytes:
+    """One named server-sent event."""
+    return b"event: " + name.encode() + b"\ndata: " + encode_json(data) + b"\n\n"
+
+
+# ---- field checks -------------------------------------------------------------------
+
+def type_name(value: Any) -> str:
+    """The JSON type of a parsed value, for messages that must not echo the value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, numbers.Integral):
+        return "integer"
+    if isinstance(value, numbers.Real):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, dict) else type(value).__name__
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def wrong_type(param: str, expected: str, value: Any) -> APIError:
+    return invalid(param, f"{param}: expected {expected}, got {type_name(value)}", "invalid_type")
+
+
+def integer(body: dict, name: str, *, low: int, high: int | None = None, required: bool = False) -> int | None:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise invalid(name, f"{name}: field required", "missing_required_parameter")
+        return None
+    if not is_int(value):
+        raise wrong_type(name, "an integer", value)
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        # The value is an int here: its digits are bounded by the JSON parser.
+        raise invalid(name, f"{name}: must be {bound}, got {value}")
+    return int(value)
+
+
+def number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value or abs(value) == float("inf"):
+        raise wrong_type(name, "a finite number", value)
+    bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+    try:
+        value = float(value)
+    except OverflowError:  # an integer past any float
+        raise invalid(name, f"{name}: must be in {bounds}") from None
+    if value < low or value > high or (low_open and value == low):
+        raise invalid(name, f"{name}: must be in {bounds}, got {value:g}")
+    return value
+
+
+def boolean(body: dict, name: str) -> bool:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise wrong_type(name, "a boolean", value)
+    return bool(value)
+
+
+def string(body: dict, name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise wrong_type(name, "a string", value)
+    return value
+
+
+def string_list(body: dict, name: str, max_items: int) -> list[str]:
+    value = body.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise wrong_type(name, "an array of strings", value)
+    if len(value) > max_items:
+        raise invalid(name, f"{name}: at most {max_items} items, got {len(value)}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise invalid(f"{name}[{i}]", f"{name}[{i}]: expected a non-empty string, got {type_name(item)}",
+                          "invalid_type")
+    return value
+
+
+def checked_text(value: str, param: str) -> str:
+    """`value`, refused if it holds a lone surrogate (JSON allows one; a tokenizer cannot encode it)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise invalid(param, f"{param}: the text is not valid Unicode (a lone surrogate at {exc.start})") from None
+    return value
+
+
+def optional_object(body: dict, name: str) -> dict | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, dict):
+        raise wrong_type(name, "an object", value)
+    return value
+
+
+async def read_object(request: Request, limit: int) -> dict:
+    """The request's JSON object (413 past `limit` bytes, 400 for anything but an object)."""
+    try:
+        body = await read_json(request, limit)
+    except RecursionError:  # nested past the parser's depth
+        raise APIError(400, "the request body is nested too deeply", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise invalid(None, f"the request body must be a JSON object, got {type_name(body)}", "invalid_type")
+    return body
+
+
+# ---- running a generation -----------------------------------------------------------
+
+@dataclass
+class Collected:
+    """A finished generation's text, the ids of its tokens, and the token of
+    its last delta (None when the engine ended it, not a token)."""
+
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    last_token: int | None = None
+
+
+def failure(exc: Exception, id_: str) -> APIError:
+    """The error to report for a generation that raised mid-way."""
+    broken = distributed_cause(exc)
+    if broken is not None:
+        logger.error("generation %s failed: %s", id_, broken)
+        return group_broken_error(broken)
+    logger.exception("generation %s failed", id_, exc_info=exc)
+    return APIError(500, f"generation failed: {type(exc).__name__}", type="server_error")
+
+
+async def collect(service: Service, generation: Generation, request: Request, id_: str) -> Collected | None:
+    """Run a generation to its end; None when the client left first.
+
+    Raises APIError when the shutdown deadline or a failure ended it.
+    """
+    text: list[str] = []
+    tokens: list[int] = []
+    last: list = [None]
+    shutdown_scope = anyio.CancelScope()
+    try:
+        with service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
+            async with anyio.create_task_group() as group:
+                async def run() -> None:
+                    async for delta in generation.deltas():
+                        text.append(delta.text)
+                        if delta.token is not None:
+                            tokens.append(delta.token)
+                        last[0] = delta.token
+                    group.cancel_scope.cancel()
+
+                async def watch() -> None:
+                    await until_disconnected(request.receive)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(run)
+                group.start_soon(watch)
+    except Exception as exc:  # noqa: BLE001 - reported in the API's own shape
+        raise failure(exc, id_) from None
+    finally:
+        await generation.aclose()
+    if generation.finish_reason is None:
+        if shutdown_scope.cancel_called:
+            raise shutdown_error()
+        return None
+    return Collected("".join(text), tokens, last[0])
+
+
+async def guarded(events: AsyncIterator[bytes], generation: Generation, id_: str,
+                  failed: Callable[[APIError], bytes]) -> AsyncIterator[bytes]:
+    """`events`, ended by `failed(error)` if they raise (the status line is gone by then);
+    the generation is closed however they end."""
+    try:
+        async for chunk in events:
+            yield chunk
+    except Exception as exc:  # noqa: BLE001 - the error goes in the stream
+        yield failed(failure(exc, id_))
+    finally:
+        with anyio.CancelScope(shield=True):
+            await events.aclose()  # type: ignore[attr-defined]
+            await generation.aclose()
+
+
+class NamedEventStream(Response):
+    """Server-sent events that stop (and close their source) as soon as the
+    client disconnects; when the shutdown deadline cuts them short, the
+    client still there gets `shutdown()`, the API's own closing events.
+    (The chat endpoint's EventStream, with the trailer as a parameter.)"""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes], service: Service, generation: Generation,
+                 shutdown: Callable[[], bytes]):
+        self.service, self.generation, self.shutdown = service, generation, shutdown
+        # Not Response.__init__: it would declare a content-length of 0.
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.events = events
+
+    async def __call__(self, scope, receive, send) -> None:
+        shutdown_scope = anyio.CancelScope()
+        with self.service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
+            async with anyio.create_task_group() as group:
+                async def watch() -> None:
+                    await until_disconnected(receive)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(watch)
+                try:
+                    await send({"type": "http.response.start", "status": self.status_code,
+                                "headers": self.raw_headers})
+                    async for chunk in self.events:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self.events.aclose()  # type: ignore[attr-defined]
+                        await self.generation.aclose()  # the events may never have started
+                group.cancel_scope.cancel()
+        if shutdown_scope.cancel_called:  # the client is still there: end the stream properly
+            await send({"type": "http.response.body", "body": self.shutdown(), "more_body": False})
+
+
+def count(service: Service, endpoint: str, response: Response) -> Response:
+    service.metrics.requests.labels(endpoint, str(response.status_code)).inc()
+    return response
