@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import _errors as ea_errors
+from . import openapi
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (DEFAULT_MAX_MESSAGES, APIError, GenerationRequest, chunk_body, completion_body, invalid,
                        logprob_entry, new_id, parse_request, show, usage_chunk_body)
@@ -631,6 +632,12 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
     async def metrics(request: Request) -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
+    async def openapi_json(request: Request) -> Response:
+        engine = service.engine
+        return JSONResponse(openapi.document(model_name=service.model_name, max_messages=config.max_messages,
+                                             vocab_size=engine.vocab_size if engine is not None else None,
+                                             context_length=engine.context_length if engine is not None else None))
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         # anyio, not asyncio: the app runs under uvicorn (asyncio, uvloop) and hypercorn's trio worker.
@@ -658,6 +665,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
     ], lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error})
     app.state.service = service
     return app

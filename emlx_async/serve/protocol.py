@@ -60,7 +60,7 @@ def show(value: Any) -> str:
         return "an object"
     if isinstance(value, list):
         return f"a list of {len(value)}"
-    if _is_int(value) and value.bit_length() > 64:
+    if isinstance(value, int) and value.bit_length() > 64:
         return f"an integer of {value.bit_length()} bits"  # str() of a big int is slow, and limited
     text = ascii(value)
     return text if len(text) <= _SHOW_CHARS else text[:_SHOW_CHARS - 3] + "..."
@@ -103,6 +103,9 @@ class GenerationRequest:
 
 
 def _is_int(value: Any) -> bool:
+    """An integer as JSON Schema counts them: 2.0 is one (the caller converts with int())."""
+    if isinstance(value, float):
+        return value.is_integer()
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
@@ -243,8 +246,11 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
     else:
         request.prompt = _parse_prompt(body)
 
-    # max_completion_tokens is the newer name (chat); max_tokens the older one.
-    for name in ("max_completion_tokens", "max_tokens"):
+    # max_completion_tokens is the newer name (chat); max_tokens the older one. One of them, not both.
+    if _optional(body, "max_tokens") is not None and _optional(body, "max_completion_tokens") is not None:
+        raise invalid("max_completion_tokens", "give 'max_completion_tokens' or 'max_tokens', not both",
+                      "unsupported_value")
+    for name in ("max_tokens", "max_completion_tokens"):
         value = _optional(body, name)
         if value is None:
             continue
@@ -253,7 +259,6 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
         if value < 1:
             raise invalid(name, f"'{name}' must be at least 1, got {show(value)}")
         request.max_tokens = int(value)
-        break
 
     request.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     request.top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
