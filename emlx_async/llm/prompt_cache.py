@@ -117,6 +117,7 @@ class PrefixCache:
             reuse = min(depth, len(prompt) - 1)  # the last token must run to give logits
             if reuse < 1:
                 return 0
+            assert node.through is not None  # a node is kept only while some sequence passes through
             entry = self._entries[node.through]  # every sequence through `node` shares the `depth` tokens
             self._entries.move_to_end(entry.tokens)
             self.hits += 1
@@ -155,9 +156,11 @@ class PrefixCache:
         """True (and the covering entry made most recent) if a kept sequence starts with `key`."""
         node = self._root
         for token in key:
-            node = node.children.get(token)
-            if node is None:
+            child = node.children.get(token)
+            if child is None:
                 return False
+            node = child
+        assert node.through is not None
         self._entries.move_to_end(node.through)
         return True
 

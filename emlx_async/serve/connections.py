@@ -161,7 +161,7 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
         # ---- half-close -----------------------------------------------------------
 
-        def eof_received(self) -> bool | None:
+        def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's contract: True keeps it open
             cycle = self.cycle
             if cycle is None or cycle.response_complete or cycle.more_body:
                 return None  # idle, or a request cut short: close as before
