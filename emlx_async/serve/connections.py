@@ -133,7 +133,7 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
                 raise _HeadersTooLarge  # the parser stops; data_received answers through send_400_response
 
         def on_message_begin(self) -> None:
-            self._reading_headers, self._header_bytes = True, 0
+            self._header_bytes = 0
             super().on_message_begin()
 
         def on_url(self, url: bytes) -> None:
@@ -149,13 +149,18 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             self._disarm()
             super().on_headers_complete()
 
+        def on_message_complete(self) -> None:
+            # Bytes from here on are the next request's (a body the app did not
+            # read, after a 413, still arrives before this).
+            self._reading_headers, self._unparsed_bytes = True, 0
+            super().on_message_complete()
+
         def on_response_complete(self) -> None:
             if self._half_closed:  # no further request can come
                 self.transport.close()
                 return
             super().on_response_complete()
             if not self.transport.is_closing():
-                self._reading_headers, self._unparsed_bytes = True, 0
                 self._arm(limits.keep_alive_timeout + limits.header_timeout, 408,
                           "the request headers did not arrive in time")
 
