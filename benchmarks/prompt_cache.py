@@ -6,7 +6,12 @@ full prefill), and an engine with a ``PrefixCache`` answers the first chat
 (which fills the cache) and then the second one (which reuses the shared
 prefix). Greedy answers must be identical with and without the cache.
 
+The lookup section times ``restore`` alone on a cache holding many
+entries (tiny keys and values, so only the lookup counts): the time to find
+the longest prefix among them.
+
     python benchmarks/prompt_cache.py [--prefix-tokens 500] [--max-tokens 8]
+    python benchmarks/prompt_cache.py --lookup-only [--entries 1000] [--entry-tokens 200]
 """
 
 from __future__ import annotations
@@ -44,11 +49,45 @@ async def first_token(engine: Engine, messages: list[dict], max_tokens: int) -> 
     return ttft or float("nan"), text
 
 
+def lookup(entries: int, entry_tokens: int, lookups: int = 200) -> None:
+    """Per-restore time with `entries` kept sequences of `entry_tokens` tokens sharing a 32-token prefix."""
+    import random
+
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    def filled(tokens: list[int]) -> list:
+        layer = KVCache()
+        kv = mx.zeros((1, 1, len(tokens), 1))
+        layer.update_and_fetch(kv, kv)
+        return [layer]
+
+    rng = random.Random(0)
+    shared = list(range(32))
+    sequences = [shared + [rng.randrange(50_000) for _ in range(entry_tokens - 32)] for _ in range(entries)]
+    cache = PrefixCache(entries * entry_tokens)
+    for tokens in sequences:
+        cache.save(tokens, filled(tokens))
+    prompts = [rng.choice(sequences)[:rng.randrange(33, entry_tokens)] + [7] for _ in range(lookups)]
+    started = time.perf_counter()
+    for prompt in prompts:
+        assert cache.restore(prompt, [KVCache()]) == len(prompt) - 1
+    per = (time.perf_counter() - started) / lookups
+    print(f"lookup: {entries} entries of {entry_tokens} tokens: {per * 1e6:.0f} us per restore", flush=True)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prefix-tokens", type=int, default=500)
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--entries", type=int, default=1000)
+    parser.add_argument("--entry-tokens", type=int, default=200)
+    parser.add_argument("--lookup-only", action="store_true", help="only the lookup section (no model)")
     args = parser.parse_args()
+    for entries in sorted({args.entries // 10, args.entries}):
+        lookup(max(entries, 1), args.entry_tokens)
+    if args.lookup_only:
+        return
     async with ea.Runtime() as rt:
         rows = []
         for mode in ("parallel", "batch"):

@@ -103,6 +103,65 @@ def test_kept_entries_own_their_buffers():
     layer.keys, layer.values, layer.offset = big[1:2, :, :5, :], big[2:3, :, :5, :], 5
     cache = PrefixCache(100)
     cache.save([1, 2, 3, 4, 5], [layer])
-    for kept in cache._entries[(1, 2, 3, 4, 5)][0]:
+    for kept in cache._entries[(1, 2, 3, 4, 5)].layers[0]:
         assert kept.shape == (1, 2, 5, 8) and kept.nbytes == 1 * 2 * 5 * 8 * 4
         assert not start <= buffer_address(kept) < end, "the entry is a view into the source cache"
+
+
+def test_a_kept_prefix_gives_way_to_its_extension():
+    from emlx_async.llm import PrefixCache
+
+    store = PrefixCache(100)
+    store.save([1, 2, 3], _filled_cache([1, 2, 3]))
+    store.save([1, 2, 3, 4, 5], _filled_cache([1, 2, 3, 4, 5]))
+    assert (len(store), store.tokens) == (1, 5)  # [1, 2, 3] is served by the longer entry
+    store.save([1, 2], _filled_cache([1, 2]))  # already covered: not kept twice
+    assert (len(store), store.tokens) == (1, 5)
+    assert store.restore([1, 2, 3, 7], _fresh()) == 3
+
+
+def test_the_bound_holds_in_bytes():
+    from emlx_async.llm import PrefixCache
+
+    per_token = 2 * 2 * (2 * 4 * 4)  # 2 layers of keys and values, 2 heads of 4 float32 each
+    store = PrefixCache(1000, max_bytes=10 * per_token)
+    for start in range(0, 40, 4):
+        tokens = list(range(100 + start, 104 + start))
+        store.save(tokens, _filled_cache(tokens))
+        assert store.nbytes <= 10 * per_token
+    assert (store.tokens, store.nbytes) == (8, 8 * per_token)  # two entries of 4 tokens
+    store.save(list(range(11)), _filled_cache(list(range(11))))  # more bytes than the whole bound: not kept
+    assert store.tokens == 8
+    with pytest.raises(ValueError):
+        PrefixCache(10, max_bytes=0)
+
+
+def test_lookups_agree_with_a_scan_of_the_kept_sequences():
+    """The trie against the plain definition: the longest common prefix with any kept sequence."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from emlx_async.llm import PrefixCache
+
+    sequences = st.lists(st.integers(0, 3), min_size=1, max_size=8)
+    steps = st.lists(st.tuples(st.booleans(), sequences), min_size=1, max_size=30)
+
+    @settings(max_examples=150, deadline=None)
+    @given(steps=steps)
+    def check(steps):
+        store = PrefixCache(20)
+        for is_save, tokens in steps:
+            if is_save:
+                store.save(tokens, _filled_cache(tokens, layers=1))
+                assert store.tokens == sum(len(k) for k in store._entries) <= 20
+                continue
+            kept = list(store._entries)
+            longest = max((next((i for i, (a, b) in enumerate(zip(k, tokens)) if a != b), min(len(k), len(tokens)))
+                           for k in kept), default=0)
+            cache = _fresh(1)
+            reused = store.restore(tokens, cache)
+            assert reused == min(longest, len(tokens) - 1)
+            if reused:
+                np.testing.assert_array_equal(np.array(cache[0].keys[0, 0, :, 0]), tokens[:reused])
+
+    check()

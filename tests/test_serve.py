@@ -383,3 +383,4 @@ def test_sigterm_drains_and_exits_0(server):
     assert '"code":"shutting_down"' in rest  # 500 tokens outlast the deadline
     assert server.process.wait(timeout=SHUTDOWN_TIMEOUT + 15) == 0, server.output()
     assert "Traceback" not in server.output(), server.output()
+    assert "never retrieved" not in server.output(), server.output()  # no future dropped at shutdown

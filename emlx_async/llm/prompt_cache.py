@@ -11,6 +11,18 @@ any kept sequence, leaving at least its last token to run through the model.
 The keys and values of the first m tokens depend only on those m tokens, so
 any common prefix is valid.
 
+Lookup walks a token trie (the structure of mlx-lm's ``LRUPromptCache``):
+the deepest node a prompt reaches is its longest common prefix with any kept
+sequence, found in time proportional to that prefix, not to the number of
+entries. A kept sequence that is a prefix of a new one is dropped (the new
+one serves every prompt it served), and a sequence that is a prefix of a
+kept one is not kept again.
+
+The bound holds in tokens and in bytes of keys and values: in "batch" mode
+every finished request offers its whole sequence, so a busy server fills
+the cache to its bound (SmolLM2 in float32: ~46 KB a token, 4096 tokens
+~190 MB), which is growth up to the bound, not a leak.
+
 The kept arrays are never written: a restored KVCache's first update
 reallocates (it grows by concatenation when full, and a restored one is
 exactly full), and the batch generator copies restored caches into its
@@ -21,16 +33,9 @@ from __future__ import annotations
 
 import collections
 import threading
+from dataclasses import dataclass, field
 
 import mlx.core as mx
-
-
-def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _copy(x: mx.array) -> mx.array:
@@ -45,19 +50,42 @@ def _plain_kv(cache: list) -> bool:
     return bool(cache) and all(type(layer) is KVCache for layer in cache)
 
 
+@dataclass
+class _Entry:
+    tokens: tuple[int, ...]
+    layers: list[tuple[mx.array, mx.array]]
+    nbytes: int
+
+
+@dataclass(eq=False)
+class _Node:
+    """One token of the trie. `through` is the key of some kept sequence that
+    passes through (or ends at) this node: the one a prompt reaching this deep reuses."""
+
+    children: dict[int, _Node] = field(default_factory=dict)
+    entry: _Entry | None = None
+    through: tuple[int, ...] | None = None
+
+
 class PrefixCache:
-    """LRU of token sequences' keys and values, bounded by the number of tokens kept.
+    """LRU of token sequences' keys and values, bounded by the tokens kept and
+    (if `max_bytes` is given) by the bytes of their keys and values.
 
     Thread-safe: prefills on several worker threads restore and save at once.
     """
 
-    def __init__(self, max_tokens: int):
+    def __init__(self, max_tokens: int, max_bytes: int | None = None):
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool)
+                                      or max_bytes < 1):
+            raise ValueError(f"max_bytes must be a positive int or None, got {max_bytes!r}")
         self.max_tokens = max_tokens
-        self._entries: collections.OrderedDict[tuple[int, ...], list[tuple[mx.array, mx.array]]] = \
-            collections.OrderedDict()
+        self.max_bytes = max_bytes
+        self._root = _Node()
+        self._entries: collections.OrderedDict[tuple[int, ...], _Entry] = collections.OrderedDict()  # LRU first
         self._tokens = 0
+        self._nbytes = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.reused_tokens = 0
@@ -67,46 +95,105 @@ class PrefixCache:
         """Tokens whose keys and values are kept now (at most ``max_tokens``)."""
         return self._tokens
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the kept keys and values (at most ``max_bytes``)."""
+        return self._nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def restore(self, prompt: list[int], cache: list) -> int:
         """Loads the longest usable prefix of `prompt` into the fresh `cache`; returns its length (0: none)."""
         if not _plain_kv(cache):
             return 0
         with self._lock:
-            best, best_len = None, 0
-            for tokens in self._entries:
-                n = _common_prefix(tokens, prompt)
-                if n > best_len:
-                    best, best_len = tokens, n
-            reuse = min(best_len, len(prompt) - 1)  # the last token must run to give logits
+            node, depth = self._root, 0
+            for token in prompt:
+                child = node.children.get(token)
+                if child is None:
+                    break
+                node, depth = child, depth + 1
+            reuse = min(depth, len(prompt) - 1)  # the last token must run to give logits
             if reuse < 1:
                 return 0
-            self._entries.move_to_end(best)
-            layers = self._entries[best]
+            assert node.through is not None  # a node is kept only while some sequence passes through
+            entry = self._entries[node.through]  # every sequence through `node` shares the `depth` tokens
+            self._entries.move_to_end(entry.tokens)
             self.hits += 1
             self.reused_tokens += reuse
-        for layer, (keys, values) in zip(cache, layers):
+        for layer, (keys, values) in zip(cache, entry.layers):
             layer.keys, layer.values, layer.offset = keys[..., :reuse, :], values[..., :reuse, :], reuse
         return reuse
 
     def save(self, tokens: list[int], cache: list) -> None:
         """Keep `cache`, which holds the keys and values of exactly `tokens`, evaluating it here."""
         key = tuple(tokens)
-        if len(key) > self.max_tokens or not _plain_kv(cache) or any(layer.offset != len(key) for layer in cache):
+        if not key or len(key) > self.max_tokens or not _plain_kv(cache) \
+                or any(layer.offset != len(key) for layer in cache):
             return
         with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
+            if self._covered(key):
                 return
         # Copies: an evaluated slice shares its source's buffer, which would keep
         # a whole batch's (or a grown cache's) keys and values alive per entry.
         layers = [(_copy(layer.keys[..., :layer.offset, :]), _copy(layer.values[..., :layer.offset, :]))
                   for layer in cache]
+        nbytes = sum(keys.nbytes + values.nbytes for keys, values in layers)
+        if self.max_bytes is not None and nbytes > self.max_bytes:
+            return
         mx.eval(layers)  # evaluated on this worker: readable from any thread
         with self._lock:
-            if key in self._entries:
+            if self._covered(key):  # saved by another thread meanwhile
                 return
-            self._entries[key] = layers
-            self._tokens += len(key)
-            while self._tokens > self.max_tokens:
-                old, _ = self._entries.popitem(last=False)
-                self._tokens -= len(old)
+            self._insert(_Entry(key, layers, nbytes))
+            while self._tokens > self.max_tokens or (self.max_bytes is not None and self._nbytes > self.max_bytes):
+                self._remove(next(iter(self._entries)))
+
+    # ---- the trie (under the lock) ------------------------------------------------
+
+    def _covered(self, key: tuple[int, ...]) -> bool:
+        """True (and the covering entry made most recent) if a kept sequence starts with `key`."""
+        node = self._root
+        for token in key:
+            child = node.children.get(token)
+            if child is None:
+                return False
+            node = child
+        assert node.through is not None
+        self._entries.move_to_end(node.through)
+        return True
+
+    def _insert(self, entry: _Entry) -> None:
+        node, prefixes = self._root, []
+        for token in entry.tokens:
+            node.through = entry.tokens
+            node = node.children.setdefault(token, _Node())
+            if node.entry is not None:
+                prefixes.append(node.entry.tokens)
+        node.entry, node.through = entry, entry.tokens
+        self._entries[entry.tokens] = entry
+        self._tokens += len(entry.tokens)
+        self._nbytes += entry.nbytes
+        for prefix in prefixes:  # kept prefixes of the new sequence: it serves their prompts now
+            self._remove(prefix)
+
+    def _remove(self, key: tuple[int, ...]) -> None:
+        entry = self._entries.pop(key)
+        self._tokens -= len(key)
+        self._nbytes -= entry.nbytes
+        path = [self._root]
+        for token in key:
+            path.append(path[-1].children[token])
+        path[-1].entry = None
+        # Bottom up: drop nodes nothing passes through any more, and point the
+        # others that named this sequence at one that is still kept.
+        for depth in range(len(key), -1, -1):
+            node = path[depth]
+            if depth and node.entry is None and not node.children:
+                del path[depth - 1].children[key[depth - 1]]
+            elif node.through == key:
+                if node.entry is not None:
+                    node.through = node.entry.tokens
+                else:  # the root of an empty cache has no children
+                    node.through = next(iter(node.children.values())).through if node.children else None

@@ -17,6 +17,8 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import anyio
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -223,8 +225,8 @@ def routes(service: Service) -> list[Route]:
     async def messages(request: Request) -> Response:
         try:
             service.check_ready()
-            parsed = parse_request(await read_object(request, config.max_body_bytes))
-            generation = service.start_generation(parsed.generation)
+            parsed = parse_request(await read_object(request, config.max_body_bytes, config.body_timeout))
+            generation = await service.start_generation(parsed.generation)
         except APIError as error:
             return count(service, MESSAGES, error_response(error))
         except ea_errors.DistributedError as exc:  # broke between the check and the engine
@@ -249,14 +251,15 @@ def routes(service: Service) -> list[Route]:
     async def count_tokens(request: Request) -> Response:
         try:
             service.check_ready()
-            body = await read_object(request, config.max_body_bytes)
+            body = await read_object(request, config.max_body_bytes, config.body_timeout)
             model = string(body, "model")
             conversation = parse_conversation(body)
             if model is not None and model != service.model_name:  # as Service.start_generation checks it
                 raise APIError(400, f"the model '{model}' does not exist; this server serves "
                                f"'{service.model_name}'", param="model", code="model_not_found")
             try:
-                ids = service.engine.encode(messages=conversation)
+                # Rendering and tokenizing a long conversation takes time: off the loop.
+                ids = await anyio.to_thread.run_sync(lambda: service.engine.encode(messages=conversation))
             except (ValueError, TypeError) as exc:
                 raise invalid("messages", str(exc)) from None
         except APIError as error:

@@ -21,18 +21,21 @@ from dataclasses import dataclass
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import _errors as ea_errors
+from . import openapi
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import (APIError, GenerationRequest, chunk_body, completion_body, invalid, logprob_entry, new_id,
-                       parse_request, usage_chunk_body)
+from .protocol import (DEFAULT_MAX_MESSAGES, APIError, GenerationRequest, chunk_body, completion_body, invalid,
+                       logprob_entry, new_id, parse_request, show, usage_chunk_body)
 
 logger = logging.getLogger("emlx_async.serve")
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+# Requests encoded at once (in worker threads; encoding holds the GIL most of the time).
+_ENCODE_THREADS = 2
 
 
 @dataclass
@@ -46,6 +49,14 @@ class ServeConfig:
     max_concurrent: int = 8
     max_waiting: int = 64
     max_body_bytes: int = 1 << 20
+    # Seconds from a request's start to the end of its body (a declared
+    # Content-Length the client never sends is not waited on forever).
+    body_timeout: float = 30.0
+    # Chat messages per request, checked before any is read: encoding costs time per message.
+    max_messages: int = DEFAULT_MAX_MESSAGES
+    # Prompt tokens per request (None: the model's context), checked on the
+    # rendered text before it is tokenized where the tokenizer allows a bound.
+    max_prompt_tokens: int | None = None
     # Used when a request gives no max_tokens (capped by what is left of the context).
     default_max_tokens: int = 256
     prefill_chunk: int | None = None
@@ -53,6 +64,8 @@ class ServeConfig:
     # Tokens of keys and values kept for reuse by prompts sharing a prefix
     # (both modes; 0 turns it off). SmolLM2 in float32: ~46 KB a token.
     prompt_cache_tokens: int = 4096
+    # ... and bytes of them (a bigger model's tokens cost more).
+    prompt_cache_bytes: int = 512 << 20
     # Serve a model sharded over the ranks of an ea.distributed group (this
     # process is rank 0; the others run `follow`): batch mode, no prompt cache.
     distributed: bool = False
@@ -77,6 +90,10 @@ class Service:
             raise ValueError(f"mode must be 'parallel' or 'batch', got {config.mode!r}")
         if config.max_concurrent < 1 or config.max_waiting < 0:
             raise ValueError("max_concurrent must be >= 1 and max_waiting >= 0")
+        if not config.body_timeout > 0:
+            raise ValueError(f"body_timeout must be positive, got {config.body_timeout!r}")
+        if config.max_messages < 1 or (config.max_prompt_tokens is not None and config.max_prompt_tokens < 1):
+            raise ValueError("max_messages and max_prompt_tokens must be >= 1")
         self.config = config
         self.model_name = config.served_name()
         self.engine = None
@@ -89,8 +106,11 @@ class Service:
         self.metrics = Metrics(active=self.active, waiting=self.waiting,
                                prefix_hits=lambda: self.prefix_cache.hits if self.prefix_cache else 0,
                                prefix_tokens=lambda: self.prefix_cache.reused_tokens if self.prefix_cache else 0,
-                               runtime_stats=lambda: self.runtime.stats() if self.runtime is not None else None)
+                               runtime_stats=lambda: self.runtime.stats() if self.runtime is not None else None,
+                               prefix_bytes=lambda: self.prefix_cache.nbytes if self.prefix_cache else 0)
         self._background: anyio.CancelScope | None = None  # the model load and the loop-lag ticker
+        self._encoders: anyio.CapacityLimiter | None = None  # made on the running loop
+        self._longest_token: int | None = None  # bytes; 0: no bound (see prompt_bound)
         self._cut_off_callbacks: set = set()
         self.on_load_failed = None  # the CLI stops the server: a service without its model is no use
 
@@ -151,7 +171,7 @@ class Service:
                                                        max_concurrent=self.config.max_concurrent,
                                                        prefill_chunk=self.config.prefill_chunk)
             else:
-                self.prefix_cache = PrefixCache(tokens) if tokens > 0 else None
+                self.prefix_cache = PrefixCache(tokens, self.config.prompt_cache_bytes) if tokens > 0 else None
                 self.engine = await Engine.load(self.config.model, runtime=self.runtime, mode=self.config.mode,
                                                 max_concurrent=self.config.max_concurrent,
                                                 prefill_chunk=self.config.prefill_chunk,
@@ -209,7 +229,10 @@ class Service:
             except Exception as exc:  # noqa: BLE001 - a broken group: the followers end on their own
                 logger.warning("stopping the other ranks failed: %s", exc)
         if self.runtime is not None:
-            await self.runtime.close(cancel_pending=True)
+            # With every request ended, what is still queued is their clean-up
+            # (a replayed stream ends its chain with one more job, whose future
+            # nobody awaits): run it rather than fail it with QueueClosed.
+            await self.runtime.close(cancel_pending=self.admitted > 0)
 
     # ---- requests ---------------------------------------------------------------
 
@@ -222,7 +245,48 @@ class Service:
         raise APIError(503, message, type="service_unavailable", code=self.status,
                        headers={"Retry-After": str(self.config.retry_after_s)})
 
-    def start_generation(self, request: GenerationRequest):
+    def prompt_limit(self) -> int:
+        return self.config.max_prompt_tokens or self.engine.context_length or 1 << 30
+
+    def prompt_bound(self, text: str) -> int:
+        """A lower bound on the tokens of `text`, without tokenizing it: no
+        token stands for more bytes than the longest vocabulary entry. 0 where
+        the tokenizer normalises text first (that may shorten it)."""
+        if self._longest_token is None:
+            tokenizer = self.engine.tokenizer
+            backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+            if getattr(backend, "normalizer", None) is not None or not hasattr(backend, "get_vocab"):
+                self._longest_token = 0
+            else:
+                # A vocabulary entry's UTF-8 is at least the bytes it stands for (byte-level
+                # BPE and SentencePiece spell a byte with one or more characters).
+                self._longest_token = max(len(piece.encode("utf-8", "replace"))
+                                          for piece in backend.get_vocab(with_added_tokens=True)) + 1
+        return -(-len(text.encode("utf-8")) // self._longest_token) if self._longest_token else 0
+
+    def encode(self, request: GenerationRequest) -> list[int]:
+        """The request's prompt ids (a worker thread runs this), or APIError 400."""
+        engine, limit = self.engine, self.prompt_limit()
+        param = "messages" if request.chat else "prompt"
+        too_long = f"the prompt is longer than the limit of {limit} tokens"
+        try:
+            if request.chat:
+                text = engine.render_chat(request.messages)  # cheap next to tokenizing
+            elif isinstance(request.prompt, str):
+                text = request.prompt
+            else:
+                text = ""
+            if self.prompt_bound(text) > limit:
+                raise invalid(param, too_long, "context_length_exceeded")
+            ids = engine.encode(messages=request.messages) if request.chat else engine.encode(prompt=request.prompt)
+        except (ValueError, TypeError) as exc:
+            raise invalid(param, str(exc)) from None
+        # Past the context itself, start_generation says whether the prompt or max_tokens is to blame.
+        if self.config.max_prompt_tokens is not None and len(ids) > limit:
+            raise invalid(param, f"{too_long} ({len(ids)} tokens)", "context_length_exceeded")
+        return ids
+
+    async def start_generation(self, request: GenerationRequest):
         """Validate against the model and admit: a Generation, which the caller must aclose().
 
         Raises APIError (400, 429); nothing is admitted when it does.
@@ -231,15 +295,13 @@ class Service:
 
         engine = self.engine
         if request.model is not None and request.model != self.model_name:
-            raise APIError(400, f"the model '{request.model}' does not exist; this server serves "
+            raise APIError(400, f"the model {show(request.model)} does not exist; this server serves "
                            f"'{self.model_name}'", param="model", code="model_not_found")
-        try:
-            if request.chat:
-                ids = engine.encode(messages=request.messages)
-            else:
-                ids = engine.encode(prompt=request.prompt)
-        except (ValueError, TypeError) as exc:
-            raise invalid("messages" if request.chat else "prompt", str(exc)) from None
+        if self._encoders is None:
+            self._encoders = anyio.CapacityLimiter(_ENCODE_THREADS)
+        # Rendering the template and tokenizing take time per message and per
+        # character (25,000 tiny messages: ~4 s): never on the event loop.
+        ids = await anyio.to_thread.run_sync(self.encode, request, limiter=self._encoders)
         room = (engine.context_length or 1 << 30) - len(ids)
         max_tokens = request.max_tokens
         if max_tokens is None:
@@ -325,22 +387,36 @@ def error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
-async def read_json(request: Request, limit: int):
-    """The JSON body, refusing more than `limit` bytes (413) before reading them all."""
+async def read_json(request: Request, limit: int, timeout: float):
+    """The JSON body, refusing more than `limit` bytes (413) before reading them all,
+    and a body not complete within `timeout` seconds (408)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    # isdecimal() alone takes other scripts' digits, which int() then reads.
+    if declared is not None and declared.isascii() and declared.isdecimal() \
+            and (len(declared.lstrip("0")) > 18 or int(declared) > limit):
         raise APIError(413, f"the request body ({declared} bytes) exceeds the limit of {limit} bytes",
                        code="request_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"the request body exceeds the limit of {limit} bytes", code="request_too_large")
-        chunks.append(chunk)
+    try:
+        with anyio.fail_after(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise APIError(413, f"the request body exceeds the limit of {limit} bytes",
+                                   code="request_too_large")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s",
+                       code="request_timeout", headers={"Connection": "close"}) from None
+    except ClientDisconnect:  # gone, or cut off by the server's body timeout: nobody reads the answer
+        raise APIError(400, "the client closed the connection before the body was complete",
+                       code="incomplete_body") from None
     try:
         return json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply", code="invalid_json") from None
 
 
 async def until_disconnected(receive) -> None:
@@ -436,8 +512,9 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         endpoint = "/v1/chat/completions" if chat else "/v1/completions"
         try:
             service.check_ready()
-            parsed = parse_request(await read_json(request, config.max_body_bytes), chat=chat)
-            generation = service.start_generation(parsed)
+            parsed = parse_request(await read_json(request, config.max_body_bytes, config.body_timeout), chat=chat,
+                                   max_messages=config.max_messages)
+            generation = await service.start_generation(parsed)
         except APIError as error:
             return count(endpoint, error_response(error))
         except ea_errors.DistributedError as exc:  # broke between the check and the engine
@@ -536,7 +613,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
     async def model(request: Request) -> Response:
         name = request.path_params["name"]
         if name != service.model_name:
-            error = APIError(404, f"the model '{name}' does not exist", type="not_found_error", param="model",
+            error = APIError(404, f"the model {show(name)} does not exist", type="not_found_error", param="model",
                              code="model_not_found")
             return count("/v1/models/{name}", error_response(error))
         return count("/v1/models/{name}", JSONResponse({"id": name, "object": "model", "created": service.created,
@@ -554,6 +631,12 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
 
     async def metrics(request: Request) -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def openapi_json(request: Request) -> Response:
+        engine = service.engine
+        return JSONResponse(openapi.document(model_name=service.model_name, max_messages=config.max_messages,
+                                             vocab_size=engine.vocab_size if engine is not None else None,
+                                             context_length=engine.context_length if engine is not None else None))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -584,6 +667,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
         *anthropic.routes(service),
         *responses.routes(service),
     ], lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error})

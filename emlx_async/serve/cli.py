@@ -16,6 +16,9 @@ import logging
 import signal
 import sys
 
+from .connections import ConnectionLimits
+from .protocol import DEFAULT_MAX_MESSAGES
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="emlx-async",
@@ -35,12 +38,29 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-waiting", type=int, default=64,
                        help="requests waiting for a slot; past it the server answers 429")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
+    serve.add_argument("--max-messages", type=int, default=DEFAULT_MAX_MESSAGES,
+                       help="chat messages per request (checked before encoding)")
+    serve.add_argument("--max-prompt-tokens", type=int, default=None,
+                       help="prompt tokens per request (default: the model's context)")
+    defaults = ConnectionLimits()
+    serve.add_argument("--header-timeout", type=float, default=defaults.header_timeout,
+                       help="seconds a client has to send a request's headers; then 408 and the connection closes")
+    serve.add_argument("--body-timeout", type=float, default=30.0,
+                       help="seconds a client has to send a request's body after its headers; then 408")
+    serve.add_argument("--max-header-bytes", type=int, default=defaults.max_header_bytes,
+                       help="request line and headers; larger get 431")
+    serve.add_argument("--max-connections", type=int, default=defaults.max_connections,
+                       help="open connections; past it new ones get 503 and are closed (uvicorn)")
+    serve.add_argument("--keep-alive-timeout", type=float, default=defaults.keep_alive_timeout,
+                       help="idle seconds before a kept-alive connection is closed")
     serve.add_argument("--default-max-tokens", type=int, default=256,
                        help="max_tokens for requests that give none")
     serve.add_argument("--prefill-chunk", type=int, default=None)
     serve.add_argument("--prompt-cache-tokens", type=int, default=4096,
                        help="prompt tokens whose keys and values are kept for reuse by prompts sharing a prefix "
                             "(0: off)")
+    serve.add_argument("--prompt-cache-bytes", type=int, default=512 << 20,
+                       help="bytes of keys and values the prompt cache keeps at most")
     serve.add_argument("--shutdown-timeout", type=float, default=10.0,
                        help="seconds running streams get to finish on SIGTERM before they are cancelled")
     serve.add_argument("--distributed", action="store_true",
@@ -143,15 +163,26 @@ def serve(args: argparse.Namespace) -> int:
     config = ServeConfig(model=args.model, model_name=args.model_name, mode=args.mode, step=args.step,
                          max_concurrent=args.max_concurrent, max_waiting=args.max_waiting,
                          max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
+                         max_messages=args.max_messages, max_prompt_tokens=args.max_prompt_tokens,
+                         body_timeout=args.body_timeout,
                          prefill_chunk=args.prefill_chunk, prompt_cache_tokens=args.prompt_cache_tokens,
+                         prompt_cache_bytes=args.prompt_cache_bytes,
                          distributed=args.distributed, distributed_backend=args.distributed_backend,
                          step_timeout=args.step_timeout)
-    app = create_app(config)
+    try:
+        limits = ConnectionLimits(header_timeout=args.header_timeout, max_header_bytes=args.max_header_bytes,
+                                  max_connections=args.max_connections,
+                                  keep_alive_timeout=args.keep_alive_timeout)
+        app = create_app(config)
+    except ValueError as exc:
+        raise SystemExit(f"emlx-async serve: {exc}") from None
     service = app.state.service
     if args.server == "hypercorn":
-        return _serve_hypercorn(args, app, service)
+        return _serve_hypercorn(args, app, service, limits)
 
     import uvicorn
+
+    from .connections import protocol_class
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
@@ -164,8 +195,9 @@ def serve(args: argparse.Namespace) -> int:
             else:
                 self.should_exit = True
 
-    server = Server(uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", http="httptools",
+    server = Server(uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", http=protocol_class(limits),
                                    lifespan="on", log_level=args.log_level, access_log=False,
+                                   timeout_keep_alive=limits.keep_alive_timeout,
                                    timeout_graceful_shutdown=args.shutdown_timeout))
     service.on_load_failed = lambda: setattr(server, "should_exit", True)
     server.run()
@@ -175,7 +207,7 @@ def serve(args: argparse.Namespace) -> int:
     return code
 
 
-def _serve_hypercorn(args: argparse.Namespace, app, service) -> int:
+def _serve_hypercorn(args: argparse.Namespace, app, service, limits: ConnectionLimits) -> int:
     """The app under hypercorn's trio worker, with the same graceful shutdown as under uvicorn."""
     import trio
     from hypercorn.config import Config
@@ -186,6 +218,10 @@ def _serve_hypercorn(args: argparse.Namespace, app, service) -> int:
     # Streams are cut off (and end with their [DONE]) just before hypercorn would drop them.
     config.graceful_timeout = args.shutdown_timeout
     config.accesslog = None
+    from .connections import hypercorn_settings
+
+    for name, value in hypercorn_settings(limits).items():
+        setattr(config, name, value)
     config.errorlog = logging.getLogger("hypercorn.error")  # through the root handler above, once
     config.loglevel = args.log_level.upper()
     served = False

@@ -156,10 +156,11 @@ def optional_object(body: dict, name: str) -> dict | None:
     return value
 
 
-async def read_object(request: Request, limit: int) -> dict:
-    """The request's JSON object (413 past `limit` bytes, 400 for anything but an object)."""
+async def read_object(request: Request, limit: int, timeout: float) -> dict:
+    """The request's JSON object (413 past `limit` bytes, 408 past `timeout` seconds,
+    400 for anything but an object)."""
     try:
-        body = await read_json(request, limit)
+        body = await read_json(request, limit, timeout)
     except RecursionError:  # nested past the parser's depth
         raise APIError(400, "the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):

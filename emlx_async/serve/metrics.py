@@ -60,7 +60,7 @@ class Metrics:
 
     def __init__(self, active: Callable[[], float], waiting: Callable[[], float],
                  prefix_hits: Callable[[], float], prefix_tokens: Callable[[], float],
-                 runtime_stats: Callable[[], Any] = lambda: None):
+                 runtime_stats: Callable[[], Any] = lambda: None, prefix_bytes: Callable[[], float] = lambda: 0):
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(QueueCollector(runtime_stats))
@@ -85,6 +85,9 @@ class Metrics:
         self.prefix_tokens = Gauge("emlx_prompt_cache_reused_tokens", "Prompt tokens not prefilled thanks to the "
                                    "prompt cache", registry=r)
         self.prefix_tokens.set_function(prefix_tokens)
+        self.prefix_bytes = Gauge("emlx_prompt_cache_bytes", "Bytes of keys and values the prompt cache keeps",
+                                  registry=r)
+        self.prefix_bytes.set_function(prefix_bytes)
         self.cancelled = Counter("emlx_requests_cancelled", "Generations cancelled (client gone or shutdown)",
                                  registry=r)
 

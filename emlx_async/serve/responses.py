@@ -254,8 +254,8 @@ def routes(service: Service) -> list[Route]:
     async def responses(request: Request) -> Response:
         try:
             service.check_ready()
-            parsed = parse_request(await read_object(request, config.max_body_bytes))
-            generation = service.start_generation(parsed.generation)
+            parsed = parse_request(await read_object(request, config.max_body_bytes, config.body_timeout))
+            generation = await service.start_generation(parsed.generation)
         except APIError as error:
             return count(service, RESPONSES, error_response(error))
         except ea_errors.DistributedError as exc:  # broke between the check and the engine

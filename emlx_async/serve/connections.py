@@ -1,0 +1,191 @@
+"""Connection limits and half-close handling for the servers the CLI runs.
+
+uvicorn has no read timeout for headers, no header size limit for
+httptools and no connection limit: incomplete headers hold a connection
+open as long as the client likes. `protocol_class(limits)` is uvicorn's
+httptools protocol with those limits. (The body's read timeout is the
+app's, `ServeConfig.body_timeout`, the same under both servers.)
+
+It also answers clients that half-close. uvicorn's protocol lets the
+transport close on the client's FIN (asyncio's default for `eof_received`),
+so a client that sends its request and then shuts its write side gets no
+answer. A FIN after a complete request only means the client has nothing
+more to send: the connection stays open for the response. A client that
+closed fully cannot be told apart by its FIN; it is found by writing. A
+stream writes anyway; while a non-streamed response is not started, an
+interim ``100 Continue`` (which HTTP/1.1 clients skip) is written every
+`probe_interval` seconds, and a closed client resets the connection, which
+cancels the request as any disconnect does.
+
+hypercorn's equivalents are set by `hypercorn_settings`. Its idle timer
+(the keep-alive timeout) runs until a request's headers are complete, so
+it also bounds incomplete headers; it has no connection limit, and its
+read timeout would also end a response that takes longer than it (the
+client sends nothing meanwhile), so it stays off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+
+
+@dataclass
+class ConnectionLimits:
+    header_timeout: float = 10.0      # seconds from a connection (or the last response) to complete headers
+    max_header_bytes: int = 16384     # request line and headers
+    max_connections: int = 1024       # open connections; past it a new one gets 503 and is closed
+    keep_alive_timeout: float = 5.0   # idle seconds between requests on one connection
+    probe_interval: float = 1.0       # seconds between probes of a half-closed client (see above)
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout", "keep_alive_timeout", "probe_interval"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, got {value!r}")
+        for name in ("max_header_bytes", "max_connections"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def error_bytes(status: int, message: str) -> bytes:
+    """A whole HTTP/1.1 error response that closes the connection, in the app's JSON error shape."""
+    import json
+
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                 "code": None}}).encode()
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n" % (status, _REASONS[status], len(body))) + body
+
+
+class _HeadersTooLarge(Exception):
+    pass
+
+
+def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with `limits` and half-close support (pass as ``uvicorn.Config(http=...)``)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class LimitedHttpToolsProtocol(HttpToolsProtocol):
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self._timer: asyncio.TimerHandle | None = None
+            self._reading_headers = True
+            self._header_bytes = 0        # exact, from the parser's callbacks
+            self._unparsed_bytes = 0      # raw bytes read while the headers are incomplete
+            self._half_closed = False
+
+        # ---- timers ---------------------------------------------------------------
+
+        def _arm(self, seconds: float, status: int, message: str) -> None:
+            self._disarm()
+            self._timer = self.loop.call_later(seconds, self._refuse, status, message)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _refuse(self, status: int, message: str) -> None:
+            """Answer `status` (unless a response has started) and close the connection."""
+            self._timer = None
+            if self.transport.is_closing():
+                return
+            if self.cycle is None or not self.cycle.response_started:
+                self.transport.write(error_bytes(status, message))
+            self.transport.close()
+
+        # ---- connection -----------------------------------------------------------
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                self._refuse(503, f"the server has {limits.max_connections} connections open; retry later")
+                return
+            self._arm(limits.header_timeout, 408, "the request headers did not arrive in time")
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._reading_headers:
+                self._unparsed_bytes += len(data)
+            super().data_received(data)
+            # A header line that never ends never reaches on_header: bound the raw bytes too.
+            if self._reading_headers and self._unparsed_bytes > limits.max_header_bytes \
+                    and not self.transport.is_closing():
+                self._refuse(431, f"the request headers exceed {limits.max_header_bytes} bytes")
+
+        def send_400_response(self, msg: str) -> None:
+            if self._header_bytes > limits.max_header_bytes:  # raised by on_url / on_header below
+                self._refuse(431, f"the request headers exceed {limits.max_header_bytes} bytes")
+            else:
+                super().send_400_response(msg)
+
+        def _count(self, size: int) -> None:
+            self._header_bytes += size
+            if self._header_bytes > limits.max_header_bytes:
+                raise _HeadersTooLarge  # the parser stops; data_received answers through send_400_response
+
+        def on_message_begin(self) -> None:
+            self._header_bytes = 0
+            super().on_message_begin()
+
+        def on_url(self, url: bytes) -> None:
+            self._count(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count(len(name) + len(value) + 4)
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._reading_headers, self._unparsed_bytes = False, 0
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            # Bytes from here on are the next request's (a body the app did not
+            # read, after a 413, still arrives before this).
+            self._reading_headers, self._unparsed_bytes = True, 0
+            super().on_message_complete()
+
+        def on_response_complete(self) -> None:
+            if self._half_closed:  # no further request can come
+                self.transport.close()
+                return
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm(limits.keep_alive_timeout + limits.header_timeout, 408,
+                          "the request headers did not arrive in time")
+
+        # ---- half-close -----------------------------------------------------------
+
+        def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's contract: True keeps it open
+            cycle = self.cycle
+            if cycle is None or cycle.response_complete or cycle.more_body:
+                return None  # idle, or a request cut short: close as before
+            self._half_closed = True
+            if not cycle.response_started:
+                self.loop.call_later(limits.probe_interval, self._probe, cycle)
+            return True  # keep the transport open for writing
+
+        def _probe(self, cycle) -> None:
+            if cycle is not self.cycle or cycle.response_started or cycle.response_complete \
+                    or self.transport.is_closing():
+                return
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.loop.call_later(limits.probe_interval, self._probe, cycle)
+
+    return LimitedHttpToolsProtocol
+
+
+def hypercorn_settings(limits: ConnectionLimits) -> dict[str, Any]:
+    """hypercorn's closest settings (see the module's docstring for what it lacks)."""
+    return {"h11_max_incomplete_size": limits.max_header_bytes,
+            "keep_alive_timeout": min(limits.keep_alive_timeout, limits.header_timeout)}
