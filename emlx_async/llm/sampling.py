@@ -20,15 +20,15 @@ SAMPLER_OPTIONS = frozenset({"temperature", "top_p", "top_k"})
 SEED_RANGE = 2**64
 # The options of greedy decoding (an empty batch row's too).
 GREEDY = (0.0, 1.0, 0)
-# Temperatures below this decode greedily. Both steps sample from the
-# log-probabilities times 1/t in float32; below about 1.2e-38 that product
-# overflows (1/t itself past float32's 3.4e38 below 2.9e-39, and well above
-# it a flat vocabulary's logprobs of -11 times 1/t), every token becomes
-# -inf and the draw is noise. At 2**-100, 1/t = 2**100 (1.3e30, exact in
-# float32) keeps every logprob down to -2.6e8 finite, and any temperature
-# this small samples the argmax anyway: the logit gaps, times 1e30, dwarf
-# the Gumbel noise. So the bound costs no sample and makes "near zero"
-# mean greedy in every step and mode (the replayed step is handed 0.0).
+# Temperatures below this decode greedily: check_sampling returns 0.0, so
+# neither step ever sees one. Both steps sample from the log-probabilities
+# times 1/t in float32. 1/t overflows below 2.9e-39, and the product far
+# above that: a flat 49k vocabulary's logprobs (about -11) times 1/t pass
+# float32's 3.4e38 below 3.2e-38, every token is then -inf and the draw is
+# noise (1e-39 answered random words). At 2**-100, 1/t = 2**100 (1.3e30,
+# exact in float32) keeps every logprob down to -2.6e8 finite, and a
+# temperature this small samples the argmax anyway (logit gaps times 1e30
+# dwarf the Gumbel noise): the bound changes no sample.
 MIN_TEMPERATURE = 2.0**-100
 
 
