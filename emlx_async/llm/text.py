@@ -8,9 +8,17 @@ special-token text is parsed.
 
 from __future__ import annotations
 
+import copy
 import re
 import secrets
 from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from mlx_lm.tokenizer_utils import (BPEStreamingDetokenizer, NaiveStreamingDetokenizer, StreamingDetokenizer,
+                                    TokenizerWrapper)
+# GPT-2's byte table; private in mlx-lm, which has no public name for it.
+from mlx_lm.tokenizer_utils import _byte_decoder as _mlx_lm_byte_decoder
+from tokenizers import decoders
 
 
 def encode_text(tokenizer, text: str) -> list[int]:
@@ -20,11 +28,102 @@ def encode_text(tokenizer, text: str) -> list[int]:
 
 
 class Detokenizer:
-    """Streaming detokenization that never splits a multi-byte character.
+    """One generation's text as it streams, through mlx-lm's streaming detokenizers.
 
-    Decodes a short window of recent tokens rather than the whole text each
-    step: the text of tokens[prefix:read] is already out, tokens[read:] not yet.
+    `tokenizer` is mlx-lm's TokenizerWrapper (its own ``detokenizer``, which
+    mlx-lm chose for the model: BPE, SPM or naive), a Hugging Face tokenizer
+    or a ``tokenizers.Tokenizer`` (BPE for a byte-level decoder, else the
+    naive one); `prototype` (from ``PromptEncoder.detokenizer``) saves
+    rebuilding its token map per generation.
+
+    Never splits a multi-byte character: mlx-lm's BPE and SPM detokenizers
+    hold bytes back until they complete one, the naive one while the text
+    ends in U+FFFD. The text is the tokenizer's decode of the tokens:
+    mlx-lm's BPE detokenizer drops the first text's leading space, which a
+    completion needs ("... is" + " Paris"), so it starts primed with one
+    plain token whose text is not passed on. A tokenizer with only
+    ``decode`` gets a window of recent tokens decoded each step.
     """
+
+    def __init__(self, tokenizer, prototype: _Prototype | None = None):
+        prototype = prototype or _prototype(tokenizer)
+        self._window = _DecodeWindow(tokenizer) if prototype is None else None
+        self._stream: StreamingDetokenizer | None = None
+        if prototype is not None:
+            self._stream = copy.copy(prototype.stream)  # shares the token map; reset() makes its own state
+            self._stream.reset()
+            if prototype.primer is not None:
+                self._stream.add_token(prototype.primer)
+                self._stream.last_segment  # noqa: B018 - read past the primer's text
+
+    @property
+    def streaming(self) -> StreamingDetokenizer | None:
+        """The mlx-lm detokenizer underneath (None: the decode window)."""
+        return self._stream
+
+    def add(self, token: int) -> str:
+        """The text that `token` completes (often "", or a word)."""
+        if self._window is not None:
+            return self._window.add(token)
+        assert self._stream is not None
+        self._stream.add_token(token)
+        return self._stream.last_segment
+
+    def flush(self) -> str:
+        """At the end of the stream: the text held back (a lone space, say)."""
+        if self._stream is None:
+            return ""
+        self._stream.finalize()
+        return self._stream.last_segment
+
+
+class _Prototype(NamedTuple):
+    stream: StreamingDetokenizer  # copied per generation
+    primer: int | None  # BPE: a token whose text is one plain letter
+
+
+def _prototype(tokenizer) -> _Prototype | None:
+    """mlx-lm's streaming detokenizer for `tokenizer`, or None where it has none (decode only)."""
+    if isinstance(tokenizer, TokenizerWrapper):
+        stream = tokenizer.detokenizer
+    else:
+        backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+        if not hasattr(backend, "id_to_token"):
+            return None
+        hf = tokenizer if hasattr(tokenizer, "convert_ids_to_tokens") else None
+        # mlx-lm's own choice (tokenizer_utils.load): BPE for a byte-level decoder.
+        if isinstance(getattr(backend, "decoder", None), decoders.ByteLevel):
+            stream = BPEStreamingDetokenizer(hf or _Vocabulary(backend))
+        else:
+            if hf is None:  # the naive one encodes and decodes as a Hugging Face tokenizer does
+                from transformers import PreTrainedTokenizerFast
+
+                hf = PreTrainedTokenizerFast(tokenizer_object=backend)
+            stream = NaiveStreamingDetokenizer(hf)
+    primer = None
+    if isinstance(stream, BPEStreamingDetokenizer) and "a" in stream.tokenmap:
+        primer = stream.tokenmap.index("a")
+    return _Prototype(stream, primer)
+
+
+class _Vocabulary:
+    """What mlx-lm's BPE detokenizer reads of a ``tokenizers.Tokenizer`` (a GGUF's):
+    its size and token strings. A Hugging Face wrapper would do, at a second's
+    copying on the loop."""
+
+    def __init__(self, backend):
+        self._backend = backend
+
+    def __len__(self) -> int:
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self._backend.id_to_token(i) for i in ids]
+
+
+class _DecodeWindow:
+    """For a tokenizer with only ``decode``: the text of tokens[prefix:read] is
+    already out, tokens[read:] not yet; an incomplete character waits."""
 
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
@@ -44,26 +143,11 @@ class Detokenizer:
         self._prefix, self._read = self._read, len(self.tokens)
         return text[len(done):]
 
-    def flush(self) -> str:
-        """At the end of the stream: the text held back (an incomplete character is dropped)."""
-        return ""
-
-
-_BYTE_DECODER: dict[str, int] = {}
-
 
 def byte_decoder() -> dict[str, int]:
-    """Byte-level BPE's printable character for each byte, inverted (GPT-2's bytes_to_unicode)."""
-    if not _BYTE_DECODER:
-        printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-        shifted = 0
-        for byte in range(256):
-            if byte in printable:
-                _BYTE_DECODER[chr(byte)] = byte
-            else:
-                _BYTE_DECODER[chr(256 + shifted)] = byte
-                shifted += 1
-    return _BYTE_DECODER
+    """Byte-level BPE's printable character for each byte, inverted (GPT-2's
+    bytes_to_unicode): mlx-lm's table, the one its BPE detokenizer reads."""
+    return _mlx_lm_byte_decoder()
 
 
 class PromptEncoder:
@@ -78,13 +162,16 @@ class PromptEncoder:
         self.bos_id = bos_id
         self.chat_template = chat_template
         self.vocab_size = vocab_size
-        self._plain_tokenizer = None  # encodes special-token text as plain text
-        self._template = None  # the compiled chat template
+        self._plain_tokenizer: Any = None  # encodes special-token text as plain text
+        self._template: Any = None  # the compiled chat template
         self._token_bytes: dict[int, bytes] = {}
+        self._detokenizer: _Prototype | None = None  # built on the first generation
 
     def detokenizer(self) -> Detokenizer:
         """A fresh streaming detokenizer for one generation."""
-        return Detokenizer(self.tokenizer)
+        if self._detokenizer is None:
+            self._detokenizer = _prototype(self.tokenizer)
+        return Detokenizer(self.tokenizer, self._detokenizer)
 
     def encode(self, prompt: str | list[int] | None = None, messages: Sequence[dict] | None = None) -> list[int]:
         """Token ids for a raw prompt (text or ids) or chat messages (see Engine.encode)."""

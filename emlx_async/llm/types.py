@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import QueueFull
+from .. import EMLXError, QueueFull
 
 # OpenAI's bound on top_logprobs.
 MAX_TOP_LOGPROBS = 20
@@ -17,7 +17,7 @@ class EngineBusy(QueueFull):
     """Every request slot is taken and the caller asked not to wait."""
 
 
-class BatchDriverError(RuntimeError):
+class BatchDriverError(EMLXError, RuntimeError):
     """The batch driver failed; each request it carried gets one, chained to the cause."""
 
 
