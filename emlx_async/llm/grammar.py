@@ -51,7 +51,7 @@ from typing import Any, Literal
 import mlx.core as mx
 import numpy as np
 
-from .._errors import EMLXError
+from .. import EMLXError
 
 _llg: Any
 try:

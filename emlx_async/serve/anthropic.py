@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import _errors as ea_errors
+from .. import DistributedError
 from .app import Generation, Service, group_broken_error, shutdown_error
 from .common import (JSON, checked_text, NamedEventStream, boolean, collect, count, event, guarded, integer,
                      number, optional_object, read_object, string, string_list, type_name, wrong_type)
@@ -229,7 +229,7 @@ def routes(service: Service) -> list[Route]:
             generation = await service.start_generation(parsed.generation)
         except APIError as error:
             return count(service, MESSAGES, error_response(error))
-        except ea_errors.DistributedError as exc:  # broke between the check and the engine
+        except DistributedError as exc:  # broke between the check and the engine
             return count(service, MESSAGES, error_response(group_broken_error(exc)))
         id_ = new_id()
         if parsed.generation.stream:

@@ -25,7 +25,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .. import _errors as ea_errors
+from .. import DistributedError
 from . import openapi
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (DEFAULT_MAX_MESSAGES, APIError, GenerationRequest, chunk_body, completion_body, invalid,
@@ -483,7 +483,7 @@ def distributed_cause(exc: BaseException) -> BaseException | None:
         if error is None or id(error) in seen:
             continue
         seen.add(id(error))
-        if isinstance(error, ea_errors.DistributedError):
+        if isinstance(error, DistributedError):
             return error
         pending.extend(getattr(error, "exceptions", ()))
         pending += [error.__cause__, error.__context__]
@@ -517,7 +517,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             generation = await service.start_generation(parsed)
         except APIError as error:
             return count(endpoint, error_response(error))
-        except ea_errors.DistributedError as exc:  # broke between the check and the engine
+        except DistributedError as exc:  # broke between the check and the engine
             return count(endpoint, error_response(group_broken_error(exc)))
         id_ = new_id(chat)
         if parsed.stream:

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import _errors as ea_errors
+from .. import DistributedError
 from .app import Generation, Service, group_broken_error, shutdown_error
 from .common import (JSON, checked_text, NamedEventStream, boolean, collect, count, event, guarded, integer, number,
                      optional_object, read_object, string, type_name, wrong_type)
@@ -258,7 +258,7 @@ def routes(service: Service) -> list[Route]:
             generation = await service.start_generation(parsed.generation)
         except APIError as error:
             return count(service, RESPONSES, error_response(error))
-        except ea_errors.DistributedError as exc:  # broke between the check and the engine
+        except DistributedError as exc:  # broke between the check and the engine
             return count(service, RESPONSES, error_response(group_broken_error(exc)))
         answer = Answer(parsed, service.model_name)
         if parsed.generation.stream:
