@@ -41,6 +41,16 @@ _BINARY = [
 _BINARY_EXPRESSIONS = {"floor_divide": "int_division(x0, x1, true, s)",
                        "remainder": "int_division(x0, x1, false, s)"}
 
+# mlx's weak typing (python/src/utils.cpp: to_arrays): in these ops a Python
+# scalar or NumPy value beside an mx.array takes the array's dtype where it can
+# (emlx_async/_convert.py). (i, j) are array positions; other inputs convert alone.
+_WEAK_BINARY = [
+    "add", "subtract", "multiply", "divide", "floor_divide", "remainder", "power", "maximum", "minimum",
+    "arctan2", "logaddexp", "equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "divmod", "array_equal",
+]
+WEAK_PAIRS = {**{name: ((0, 1),) for name in _WEAK_BINARY}, "where": ((1, 2),), "clip": ((0, 1), (0, 2))}
+
 _REDUCE = ["sum", "prod", "max", "min", "mean", "all", "any", "logsumexp"]
 
 KEEPDIMS = ("keepdims", "bool", False)
@@ -93,8 +103,8 @@ OPS = (
          "pad_pairs(x0, p0, p1, s)"),
         ("concatenate", VARIADIC, [("axis", "int", 0)], "mx::concatenate(xs, p0, s)"),
         ("stack", VARIADIC, [("axis", "int", 0)], "mx::stack(xs, p0, s)"),
-        ("split", 1, [("sections", "int", 0), ("indices", "shape", ()), ("axis", "int", 0)],
-         "p0 > 0 ? mx::split(x0, p0, p2, s) : mx::split(x0, p1, p2, s)"),
+        ("split", 1, [("sections", "axis", None), ("indices", "shape", ()), ("axis", "int", 0)],
+         "p0 ? mx::split(x0, *p0, p2, s) : mx::split(x0, p1, p2, s)"),
         ("as_strided", 1, [("shape", "shape", ()), ("strides", "strides", ()), ("offset", "int64:nonneg", 0)],
          "validate::as_strided(x0, p0, p1, p2, s)"),
         ("slice", 1, [("start", "shape", ()), ("stop", "shape", ()), ("strides", "shape:nonzero", ())],
@@ -296,8 +306,8 @@ OPS += [
     ("convolve", 2, [("mode", "str", "full")], "extra::convolve(x0, x1, p0, s)"),
     ("trunc", 1, [], "mx::trunc(x0, s)"),
     ("count_nonzero", 1, [AXES, KEEPDIMS], "mx::count_nonzero(x0, all_axes(p0, x0), p1, s)"),
-    # MLX's own divmod kernel traps on an integer zero divisor (SIGFPE); its two halves do not.
-    ("divmod", 2, [], "std::vector<mx::array>{int_division(x0, x1, true, s), int_division(x0, x1, false, s)}"),
+    # integer divmod by its two halves (see ops.cpp: guarded_divmod)
+    ("divmod", 2, [], "guarded_divmod(x0, x1, s)"),
     ("vecdot", 2, [("axis", "int", -1)], "mx::vecdot(x0, x1, p0, s)"),
     ("minmax", 1, [AXES, KEEPDIMS], "extra::minmax(x0, all_axes(p0, x0), p1, s)"),
     ("unflatten", 1, [("axis", "int", 0), _SHAPE], "mx::unflatten(x0, p0, p1, s)"),
@@ -323,8 +333,9 @@ OPS += [
     ("fft_freq", 0, [("n", "int", 1), ("d", "float", 1.0), ("real", "bool", False)],
      "p2 ? mx::fft::rfftfreq(p0, p1, sc) : mx::fft::fftfreq(p0, p1, sc)"),
     ("concatenate_flat", VARIADIC, [], "mx::concatenate(xs, s)"),
-    ("roll_axes", 1, [("shift", "shape", ()), ("scalar_shift", "bool", False), ("axis", "axes", None)],
-     "extra::roll(x0, p0, p1, p2, s)"),
+    ("roll_axes", 1, [("shift", "shape", ()), ("scalar_shift", "bool", False), ("one_axis", "bool", False),
+                      ("axis", "axes", None)],
+     "extra::roll(x0, p0, p1, p2, p3, s)"),
     ("put_along_axis_flat", 3, [], "extra::put_along_flat(x0, x1, x2, s)"),
     ("quantize_scaled", 2, [("group_size", "axis:positive", None), ("bits", "axis:positive", None), ("mode", "str", "affine")],
      "extra::quantize_scaled(x0, x1, p0, p1, p2, s)"),

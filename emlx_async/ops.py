@@ -38,7 +38,9 @@ import numpy as np
 
 from ._devices import stream_device
 from ._dtypes import DTYPE_CODES as _DTYPE_CODES
-from ._op_table import OPS, VARIADIC
+from ._convert import OptionTypeError
+from ._convert import inputs as _inputs
+from ._op_table import OPS, VARIADIC, WEAK_PAIRS
 
 from ._native import lib
 from ._routing import current_queue, route
@@ -49,18 +51,6 @@ if lib.emlx_op_count() != len(OPS):  # op codes are table positions: both sides 
 
 _CODES = {name: code for code, (name, *_rest) in enumerate(OPS)}
 _SPECS = {name: (arrays, params) for name, arrays, params, _ in OPS}
-
-
-def _as_array(value: Any, like: mx.array | None) -> mx.array:
-    """Inputs: mx.arrays as they are; scalars typed like their array operand (MLX's weak typing)."""
-    if isinstance(value, mx.array):
-        return value
-    if isinstance(value, np.ndarray):
-        return mx.array(value)
-    if isinstance(value, (bool, int, float, complex)) and like is not None and not isinstance(value, bool):
-        if mx.issubdtype(like.dtype, mx.inexact) or isinstance(value, int):
-            return mx.array(value, dtype=like.dtype)
-    return mx.array(value)
 
 
 # The C++ type each integer kind lands in (cffi_src/ops.cpp: Params): values
@@ -76,6 +66,9 @@ _RULES = {"positive": ("positive", lambda v: v > 0), "nonneg": ("non-negative", 
 def _int_option(name: str, pname: str, kind: str, rule: str, value: Any) -> int:
     value = operator.index(value)
     words, low, high = _INT_RANGES[kind]
+    if kind == "shape" and -2**63 <= value < 2**63 and not low <= value <= high:
+        # mlx's own message for a dimension past int32 (python/src/small_vector.h: its Shape caster)
+        raise OverflowError(f"Integer value {value} is outside the supported range [{low}, {high}].")
     if not low <= value <= high:
         raise OverflowError(f"[{name}] option {pname!r} = {value} is out of range for {words} "
                             f"[{low}, {high}]")
@@ -120,7 +113,7 @@ def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], s
         except (TypeError, ValueError) as exc:
             if str(exc).startswith(f"[{name}]"):
                 raise
-            raise TypeError(f"[{name}] option {pname!r} must be {_KIND_WORDS[kind]}, got {value!r}") from None
+            raise OptionTypeError(f"[{name}] option {pname!r} must be {_KIND_WORDS[kind]}, got {value!r}") from None
     if options:
         raise TypeError(f"[{name}] got unexpected option(s) {sorted(options)}; "
                         f"it takes {[p[0] for p in params] or 'no options'}")
@@ -170,8 +163,7 @@ def submit(name: str, arrays: Sequence[Any], *, queue=None, device=None, lazy: b
     expected, params = _SPECS[name]
     if expected != VARIADIC and len(arrays) != expected:
         raise TypeError(f"[{name}] takes {expected} array argument(s), got {len(arrays)}")
-    like = next((a for a in arrays if isinstance(a, mx.array)), None)
-    inputs = [_as_array(a, like) for a in arrays]
+    inputs = _inputs(arrays, WEAK_PAIRS.get(name, ()))
     ints, floats, text = _encode(name, params, dict(options))
     target = _target(inputs, queue, device)
     if check_finite is None:
@@ -227,9 +219,16 @@ def set_bounds_checks(enabled: bool) -> bool:
     return previous
 
 
-def _axis_size(a, axis) -> int:
+def _axis_size(a, axis) -> int | None:
+    """The range an index along `axis` of `a` must stay in; None where the axis itself is invalid.
+
+    An invalid axis gets no bounds check: the op itself refuses it on the
+    worker, with mlx's own message.
+    """
     if axis is None:
         return int(np.prod(a.shape)) if a.ndim else 1
+    if not -a.ndim <= axis < a.ndim:
+        return None
     return a.shape[axis]
 
 
@@ -238,6 +237,7 @@ def _checked(name: str, arrays: list, checks: list[tuple], kwargs: dict):
 
     `extent` is how many elements from each index the op reads (a gather's
     slice size along that axis); the index plus it must stay in the axis.
+    A check whose size is None (an invalid axis) is left to the op.
 
     The checks go to the op's own queue just ahead of it, and the op depends
     on them: it keeps its place in the FIFO and never starts if one fails.
@@ -247,9 +247,10 @@ def _checked(name: str, arrays: list, checks: list[tuple], kwargs: dict):
     options = dict(kwargs)
     queue = options.pop("queue", None)
     device = options.pop("device", None)
-    target = _target([_as_array(a, None) for a in arrays], queue, device)
+    arrays = _inputs(arrays, WEAK_PAIRS.get(name, ()))
+    target = _target(arrays, queue, device)
     checks_done = [submit("check_bounds", [check[0]], size=check[1], extent=check[2] if len(check) > 2 else 1,
-                          op=name, queue=target) for check in checks]
+                          op=name, queue=target) for check in checks if check[1] is not None]
     return submit(name, arrays, queue=target, _deps=checks_done, **options)
 
 
@@ -261,10 +262,14 @@ def _index_checks(a, indices: list, axes, slice_sizes=None) -> list[tuple]:
     if axes is None:
         raise TypeError("the option 'axes' is required (an int or a sequence of ints)")
     axes = [axes] if isinstance(axes, int) else list(axes)
-    if slice_sizes is None:
-        return [(idx, a.shape[ax]) for idx, ax in zip(indices, axes)]
-    # A gather reads slice_sizes[axis] elements from each index along that axis.
-    return [(idx, a.shape[ax], builtins.max(int(slice_sizes[ax]), 1)) for idx, ax in zip(indices, axes)]
+    checks = []
+    for idx, ax in zip(indices, axes):
+        size = _axis_size(a, ax)
+        if slice_sizes is None or size is None:
+            checks.append((idx, size))
+        else:  # a gather reads slice_sizes[axis] elements from each index along that axis
+            checks.append((idx, size, builtins.max(int(slice_sizes[ax]), 1)))
+    return checks
 
 
 def scatter(a, indices, updates, /, *, axes, stream=None, **kwargs: Any):
