@@ -17,30 +17,10 @@ from typing import Any, Union
 import mlx.core as mx
 
 from . import _backend
-from ._convert import OptionTypeError, to_array
+from ._convert import OptionTypeError as OptionTypeError  # the generated functions catch it
+from ._convert import to_array
 from ._devices import stream_device
-
-
-class _Core:
-    """What the adapters submit through: emlx_async.ops binds its functions here (`bind`).
-
-    ops sits above this module (it re-exports the generated functions), so
-    it hands its submit and bounds-checking helpers down instead of being
-    imported from here.
-    """
-
-    submit: Any = None
-    _checked: Any = None
-    _axis_size: Any = None
-    _check_mode: Any = None
-
-
-_ops = _Core()
-
-
-def bind(**functions: Any) -> None:
-    for name, function in functions.items():
-        setattr(_ops, name, function)
+from ._submit import axis_size, check_mode, checked, submit
 
 scalar = Union[bool, int, float, complex]
 # mlx's own `stream=`: a stream, a device or a device name; it picks a queue of that device.
@@ -53,7 +33,7 @@ def runtime(stream, queue, device, lazy, nowait, check_finite) -> dict[str, Any]
 
 
 def op(name: str, arrays: list, rt: dict, **options: Any):
-    return _ops.submit(name, arrays, **rt, **options)
+    return submit(name, arrays, **rt, **options)
 
 
 def _ints(values) -> list[int]:
@@ -311,19 +291,19 @@ def hadamard_transform(a, scale, rt):
 
 def take(a, indices, axis, rt):
     indices = _index_array(indices)
-    return _ops._checked("take", [a, indices], [(indices, _ops._axis_size(a, axis))], dict(axis=axis, **rt))
+    return checked("take", [a, indices], [(indices, axis_size(a, axis))], dict(axis=axis, **rt))
 
 
 def take_along_axis(a, indices, axis, rt):
-    return _ops._checked("take_along_axis", [a, indices], [(indices, _ops._axis_size(a, axis))],
+    return checked("take_along_axis", [a, indices], [(indices, axis_size(a, axis))],
                          dict(axis=axis, **rt))
 
 
 def put_along_axis(a, indices, values, axis, rt):
     if axis is None:  # mlx: along the flattened array
-        return _ops._checked("put_along_axis_flat", [a, indices, values], [(indices, _ops._axis_size(a, None))],
+        return checked("put_along_axis_flat", [a, indices, values], [(indices, axis_size(a, None))],
                              dict(rt))
-    return _ops._checked("put_along_axis", [a, indices, values], [(indices, _ops._axis_size(a, axis))],
+    return checked("put_along_axis", [a, indices, values], [(indices, axis_size(a, axis))],
                          dict(axis=axis, **rt))
 
 
@@ -390,14 +370,14 @@ def conv_transpose3d(input, weight, stride, padding, dilation, output_padding, g
 # ---- quantization -----------------------------------------------------------------------
 
 def quantize(w, group_size, bits, mode, global_scale, rt):
-    _ops._check_mode("quantize", mode, group_size, bits)
+    check_mode("quantize", mode, group_size, bits)
     if global_scale is not None:
         return op("quantize_scaled", [w, global_scale], rt, group_size=group_size, bits=bits, mode=mode)
     return op("quantize", [w], rt, group_size=group_size, bits=bits, mode=mode)
 
 
 def dequantize(w, scales, biases, group_size, bits, mode, global_scale, dtype, rt):
-    _ops._check_mode("dequantize", mode, group_size, bits)
+    check_mode("dequantize", mode, group_size, bits)
     arrays = [w, scales] + [x for x in (biases, global_scale) if x is not None]
     if global_scale is None and dtype is None:
         return op("dequantize", arrays, rt, group_size=group_size, bits=bits, mode=mode)
@@ -406,7 +386,7 @@ def dequantize(w, scales, biases, group_size, bits, mode, global_scale, dtype, r
 
 
 def quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode, rt):
-    _ops._check_mode("quantized_matmul", mode, group_size, bits)
+    check_mode("quantized_matmul", mode, group_size, bits)
     arrays = [x, w, scales] + ([biases] if biases is not None else [])
     return op("quantized_matmul", arrays, rt, transpose=transpose, group_size=group_size, bits=bits, mode=mode)
 
@@ -586,14 +566,14 @@ def _matrix_checks(lhs, lhs_of, rhs, rhs_of) -> list:
 
 def gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices, rt):
     arrays = [a, b] + [i for i in (lhs_indices, rhs_indices) if i is not None]
-    return _ops._checked("gather_mm", arrays, _matrix_checks(lhs_indices, a, rhs_indices, b),
+    return checked("gather_mm", arrays, _matrix_checks(lhs_indices, a, rhs_indices, b),
                          dict(has_lhs=lhs_indices is not None, has_rhs=rhs_indices is not None,
                               sorted_indices=sorted_indices, **rt))
 
 
 def segmented_mm(a, b, segments, rt):
     # segments hold [start, end) ranges of a's last axis: an end may equal its size
-    return _ops._checked("segmented_mm", [a, b, segments], [(segments, a.shape[-1] + 1)] if a.ndim else [],
+    return checked("segmented_mm", [a, b, segments], [(segments, a.shape[-1] + 1)] if a.ndim else [],
                          dict(rt))
 
 
@@ -620,9 +600,9 @@ def unique(a, size, return_index, return_inverse, return_counts, fill_value, rt)
 
 def gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_size, bits, mode, global_scale,
                sorted_indices, rt):
-    _ops._check_mode("gather_qmm", mode, group_size, bits)
+    check_mode("gather_qmm", mode, group_size, bits)
     optional = (biases, lhs_indices, rhs_indices, global_scale)
-    return _ops._checked("gather_qmm", [x, w, scales] + [v for v in optional if v is not None],
+    return checked("gather_qmm", [x, w, scales] + [v for v in optional if v is not None],
                          _matrix_checks(lhs_indices, x, rhs_indices, w),
                          dict(has_biases=biases is not None, has_lhs=lhs_indices is not None,
                               has_rhs=rhs_indices is not None, has_global_scale=global_scale is not None,
@@ -631,7 +611,7 @@ def gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_
 
 
 def qqmm(x, w, scales, group_size, bits, mode, global_scale_x, global_scale_w, rt):
-    _ops._check_mode("qqmm", mode, group_size, bits)
+    check_mode("qqmm", mode, group_size, bits)
     optional = (scales, global_scale_x, global_scale_w)
     return op("qqmm", [x, w] + [v for v in optional if v is not None], rt, has_scales=scales is not None,
               group_size=group_size, bits=bits, mode=mode, has_global_scale_x=global_scale_x is not None,
@@ -640,9 +620,9 @@ def qqmm(x, w, scales, group_size, bits, mode, global_scale_x, global_scale_w, r
 
 def gather_qqmm(x, w, scales, lhs_indices, rhs_indices, group_size, bits, mode, global_scale_x, global_scale_w,
                 sorted_indices, rt):
-    _ops._check_mode("gather_qqmm", mode, group_size, bits)
+    check_mode("gather_qqmm", mode, group_size, bits)
     optional = (scales, lhs_indices, rhs_indices, global_scale_x, global_scale_w)
-    return _ops._checked("gather_qqmm", [x, w] + [v for v in optional if v is not None],
+    return checked("gather_qqmm", [x, w] + [v for v in optional if v is not None],
                          _matrix_checks(lhs_indices, x, rhs_indices, w),
                          dict(has_scales=scales is not None, has_lhs=lhs_indices is not None,
                               has_rhs=rhs_indices is not None, group_size=group_size, bits=bits, mode=mode,
