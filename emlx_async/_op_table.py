@@ -15,6 +15,8 @@ An entry is (name, arrays, params, C++ expression):
   "int:nonneg" or "axis:nonzero" (for a list, each element): both sides refuse
   a value that breaks it (MLX divides by zero group sizes, groups and strides);
   every integer is range-checked against the C++ type it lands in;
+  "dtype:required" and "axes:required" refuse None (mlx's parameter has no
+  default), with mlx's own TypeError;
 * the expression builds the result on stream `s` (the worker's default
   stream for its device) or `sc` (the worker thread's CPU stream, for ops
   MLX runs on the CPU only). It returns an array, a pair or a vector.
@@ -82,8 +84,8 @@ OPS = (
         ("triu", 1, [("k", "int", 0)], "mx::triu(x0, p0, s)"),
         # conversion and shape
         ("contiguous", 1, [], "mx::contiguous(x0, false, s)"),
-        ("astype", 1, [("dtype", "dtype", None)], "mx::astype(x0, need(p0, \"astype\", \"dtype\"), s)"),
-        ("view", 1, [("dtype", "dtype", None)], "mx::view(x0, need(p0, \"view\", \"dtype\"), s)"),
+        ("astype", 1, [("dtype", "dtype:required", None)], "mx::astype(x0, need(p0, \"astype\", \"dtype\"), s)"),
+        ("view", 1, [("dtype", "dtype:required", None)], "mx::view(x0, need(p0, \"view\", \"dtype\"), s)"),
         ("reshape", 1, [("shape", "shape", ())], "mx::reshape(x0, p0, s)"),
         ("flatten", 1, [("start_axis", "int", 0), ("end_axis", "int", -1)], "mx::flatten(x0, p0, p1, s)"),
         ("transpose", 1, [("axes", "axes", None)],
@@ -91,7 +93,7 @@ OPS = (
         ("swapaxes", 1, [("axis1", "int", 0), ("axis2", "int", 1)], "mx::swapaxes(x0, p0, p1, s)"),
         ("moveaxis", 1, [("source", "int", 0), ("destination", "int", 0)], "mx::moveaxis(x0, p0, p1, s)"),
         ("squeeze", 1, [("axis", "axes", None)], "p0 ? mx::squeeze(x0, *p0, s) : mx::squeeze(x0, s)"),
-        ("expand_dims", 1, [("axis", "axes", None)], "mx::expand_dims(x0, need(p0, \"expand_dims\", \"axis\"), s)"),
+        ("expand_dims", 1, [("axis", "axes:required", None)], "mx::expand_dims(x0, need(p0, \"expand_dims\", \"axis\"), s)"),
         ("broadcast_to", 1, [("shape", "shape", ())], "mx::broadcast_to(x0, p0, s)"),
         ("flip", 1, [("axis", "axes", None)], "mx::flip(x0, all_axes(p0, x0), s)"),
         ("tile", 1, [("reps", "shape", ())], "mx::tile(x0, std::vector<int>(p0.begin(), p0.end()), s)"),

@@ -61,6 +61,10 @@ def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], s
     for pname, full_kind, default in params:
         kind, _, rule = full_kind.partition(":")
         value = options.pop(pname, default)
+        if rule == "required":
+            if value is None:
+                raise OptionTypeError(f"[{name}] the option {pname!r} is required")
+            rule = ""
         try:
             if kind in ("int", "int64"):
                 ints.append(_int_option(name, pname, kind, rule, value))

@@ -227,6 +227,9 @@ async def test_bad_calls_raise_mlxs_class_and_message(rt):
         "overflowing scalar": lambda m: _ops(m).add(mx.array([1], dtype=mx.int8), 300),
         "roll too few shifts": lambda m: _ops(m).roll(x, (1,), (0, 1)),
         "divmod complex": lambda m: _ops(m).divmod(x, 1 + 2j),
+        "astype None": lambda m: _ops(m).astype(x, None), "view None": lambda m: _ops(m).view(x, None),
+        "expand_dims None": lambda m: _ops(m).expand_dims(x, None),
+        "astype a string": lambda m: _ops(m).astype(x, "float32"),
         **{f"{name} norm": call for name, call in fft.items()},
     }
     await _agree(list(calls.items()))

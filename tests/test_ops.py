@@ -276,8 +276,8 @@ async def test_errors_are_clear_and_the_queue_keeps_working(rt):
     assert str(ours.value) == str(theirs.value)
     with pytest.raises(TypeError, match=r"\[astype\] option 'dtype' must be an mlx dtype"):
         ea.ops.submit("astype", [mx.ones(2)], dtype="float32")  # the table's own message, below the mlx names
-    with pytest.raises(ValueError, match=r"\[astype\] the option 'dtype' is required"):
-        await ea.ops.astype(mx.ones(2), None)
+    with pytest.raises(TypeError, match=r"\[astype\] the option 'dtype' is required"):
+        ea.ops.submit("astype", [mx.ones(2)])
     assert (await ea.ops.add(mx.ones(2), 1)).tolist() == [2.0, 2.0]
 
 
