@@ -233,3 +233,22 @@ async def test_bad_calls_raise_mlxs_class_and_message(rt):
         **{f"{name} norm": call for name, call in fft.items()},
     }
     await _agree(list(calls.items()))
+
+
+@async_test
+async def test_an_invalid_axis_gets_mlxs_message_with_bounds_checks_on(rt):
+    """The check of an invalid axis is left to the op itself, which refuses it with mlx's message."""
+    x = mx.arange(6).reshape(2, 3)
+    idx = mx.array([[0, 1, 0]])
+    mx.eval(x, idx)
+    previous = ea.ops.set_bounds_checks(True)
+    try:
+        await _agree([
+            ("take_along_axis", lambda m: _ops(m).take_along_axis(x, idx, 5)),
+            ("put_along_axis", lambda m: _ops(m).put_along_axis(x, idx, idx, -3)),
+            ("take", lambda m: _ops(m).take(x, idx, 2)),
+        ])
+        with pytest.raises(ea.MLXIndexError, match=r"\[take_along_axis\] index 7"):  # a valid axis is checked
+            await ea.ops.take_along_axis(x, mx.array([[0, 7, 0]]), 1)
+    finally:
+        ea.ops.set_bounds_checks(previous)
