@@ -31,6 +31,8 @@ _RULES = {"": "Rule::any", "positive": "Rule::positive", "nonneg": "Rule::nonneg
 
 def _decoder(name: str, kind: str) -> str:
     base, _, rule = kind.partition(":")
+    if rule == "required" and base in ("dtype", "axes"):
+        rule = ""  # Python's rule (mlx's TypeError for None); the expression's need() backs it
     if base not in _DECODERS or rule not in _RULES:
         raise ValueError(f"op table: unknown parameter kind {kind!r} for option {name!r}")
     if base in ("bool", "float", "dtype", "str") and rule:

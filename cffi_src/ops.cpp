@@ -161,6 +161,14 @@ mx::array int_division(const mx::array& a, const mx::array& b, bool floor, mx::S
   return mx::where(minus_one, mx::array(0, t), mx::remainder(a, safe, s), s);
 }
 
+// MLX's own divmod kernel traps on an integer zero divisor (SIGFPE); its two
+// halves do not. Other types go to mlx's divmod, with its own checks and messages.
+std::vector<mx::array> guarded_divmod(const mx::array& a, const mx::array& b, mx::Stream s) {
+  auto t = mx::promote_types(a.dtype(), b.dtype());
+  if (!mx::issubdtype(t, mx::integer) && t != mx::bool_) return mx::divmod(a, b, s);
+  return {int_division(a, b, true, s), int_division(a, b, false, s)};
+}
+
 // MLX's quantized_matmul does not check that scales (and biases) match w for
 // the group size and bits: smaller ones make its kernel read past their end
 // (garbage results, or a crash); an empty inner dimension makes it divide by

@@ -201,9 +201,10 @@ mx::array fftshift(const mx::array& a, bool inverse, const std::optional<std::ve
 
 namespace emlx::extra {
 
-mx::array roll(const mx::array& a, const mx::Shape& shift, bool scalar_shift,
+mx::array roll(const mx::array& a, const mx::Shape& shift, bool scalar_shift, bool one_axis,
                const std::optional<std::vector<int>>& axes, mx::Stream s) {
   if (scalar_shift) return axes ? mx::roll(a, shift.at(0), *axes, s) : mx::roll(a, shift.at(0), s);
+  if (one_axis) return mx::roll(a, shift, axes->at(0), s);  // mlx sums the shifts along that axis
   return axes ? mx::roll(a, shift, *axes, s) : mx::roll(a, shift, s);
 }
 

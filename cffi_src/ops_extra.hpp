@@ -53,8 +53,9 @@ mx::array gather_mm(const std::vector<mx::array>& xs, bool has_lhs, bool has_rhs
 mx::array block_masked_mm(const std::vector<mx::array>& xs, int block_size, bool has_out, bool has_lhs,
                           bool has_rhs, mx::Stream s);
 mx::array fftshift(const mx::array& a, bool inverse, const std::optional<std::vector<int>>& axes, mx::Stream s);
-// mx.roll with a tuple shift and/or axes (scalar_shift: shift holds one int, applied as mlx applies an int).
-mx::array roll(const mx::array& a, const mx::Shape& shift, bool scalar_shift,
+// mx.roll with a tuple shift and/or axes (scalar_shift: shift holds one int, applied as mlx applies an int;
+// one_axis: axes holds mlx's int axis, along which mlx rolls by the shifts' sum).
+mx::array roll(const mx::array& a, const mx::Shape& shift, bool scalar_shift, bool one_axis,
                const std::optional<std::vector<int>>& axes, mx::Stream s);
 // mx.put_along_axis with axis=None: on the flattened array, reshaped back.
 mx::array put_along_flat(const mx::array& a, const mx::array& indices, const mx::array& values, mx::Stream s);

@@ -201,7 +201,7 @@ mx::array as_strided(const mx::array& x, const mx::Shape& shape, const mx::Strid
   __int128 lo = offset, hi = offset;
   bool empty = false;
   for (size_t k = 0; k < shape.size(); ++k) {
-    if (shape[k] < 0) refuse(op, "negative dimension in shape " + shape_text(shape));
+    if (shape[k] < 0) refuse(op, "Negative dimensions not allowed.");  // mlx's message
     empty = empty || shape[k] == 0;
     __int128 reach = static_cast<__int128>(shape[k] == 0 ? 0 : shape[k] - 1) * strides[k];
     (reach < 0 ? lo : hi) += reach;

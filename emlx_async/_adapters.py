@@ -9,35 +9,18 @@ adapters here where mlx's parameters need translating (int-or-pair paddings,
 
 from __future__ import annotations
 
+import inspect
 import operator
+import typing
 from typing import Any, Union
 
 import mlx.core as mx
 
 from . import _backend
+from ._convert import OptionTypeError as OptionTypeError  # the generated functions catch it
+from ._convert import to_array
 from ._devices import stream_device
-
-
-class _Core:
-    """What the adapters submit through: emlx_async.ops binds its functions here (`bind`).
-
-    ops sits above this module (it re-exports the generated functions), so
-    it hands its submit and bounds-checking helpers down instead of being
-    imported from here.
-    """
-
-    submit: Any = None
-    _checked: Any = None
-    _axis_size: Any = None
-    _check_mode: Any = None
-
-
-_ops = _Core()
-
-
-def bind(**functions: Any) -> None:
-    for name, function in functions.items():
-        setattr(_ops, name, function)
+from ._submit import axis_size, check_mode, checked, submit
 
 scalar = Union[bool, int, float, complex]
 # mlx's own `stream=`: a stream, a device or a device name; it picks a queue of that device.
@@ -50,7 +33,7 @@ def runtime(stream, queue, device, lazy, nowait, check_finite) -> dict[str, Any]
 
 
 def op(name: str, arrays: list, rt: dict, **options: Any):
-    return _ops.submit(name, arrays, **rt, **options)
+    return submit(name, arrays, **rt, **options)
 
 
 def _ints(values) -> list[int]:
@@ -67,6 +50,90 @@ def _per_axis(name: str, param: str, value, n: int) -> list[int]:
     return values
 
 
+# ---- mlx's overloads, resolved as nanobind resolves them ------------------------------------
+
+# mlx's own functions by path ("mx.topk"), as they were at import: the messages below come from
+# them even where a caller has since replaced an mx attribute.
+_MLX = {f"{prefix}{name}": getattr(module, name)
+        for prefix, module in (("mx.", mx), ("mx.linalg.", mx.linalg), ("mx.fft.", mx.fft), ("mx.random.", mx.random))
+        for name in dir(module) if not name.startswith("_")}
+
+_ANNOTATION_TYPES = {"int": (int,), "float": (float, int), "None": (type(None),), "Dtype": (mx.Dtype,)}
+
+
+def _fits(value, annotation) -> bool:
+    if not isinstance(annotation, str):
+        return True
+    kinds = [_ANNOTATION_TYPES.get(part.strip()) for part in annotation.split("|")]
+    return any(kind is None or isinstance(value, kind) for kind in kinds)
+
+
+def _nb_type_name(value) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def resolve(function, mlx_path: str, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The arguments of a call, bound to the first of `function`'s typed overloads that takes them.
+
+    The overloads are mlx's, tried in mlx's order. A call none of them takes
+    raises TypeError with nanobind's message for the same call to mlx's function.
+    """
+    for overload in typing.get_overloads(function):
+        signature = inspect.signature(overload)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            continue
+        if all(_fits(value, signature.parameters[name].annotation) for name, value in bound.arguments.items()):
+            bound.apply_defaults()
+            return dict(bound.arguments)
+    mlx_function = _MLX[mlx_path]
+    name = mlx_function.__name__
+    supported = "\n".join(f"    {k}. {text[4:] if text.startswith('def ') else text}"
+                          for k, (text, *_) in enumerate(mlx_function.__nb_signature__, 1))
+    types = [_nb_type_name(v) for v in args]
+    if kwargs:
+        types.append("kwargs = { " + ", ".join(f"{k}: {_nb_type_name(v)}" for k, v in kwargs.items()) + " }")
+    raise TypeError(f"{name}(): incompatible function arguments. The following argument types are supported:\n"
+                    f"{supported}\n\nInvoked with types: {', '.join(types)}")
+
+
+def mlx_type_error(mlx_path: str, function, values: dict[str, Any], error: TypeError) -> TypeError:
+    """mlx's own TypeError for the call `function(**values)` made to mlx's function, else `error`.
+
+    Parameters still at their defaults are left out, as a caller would. Calling
+    mlx here is safe: nanobind refuses an argument of the wrong type before any
+    of MLX's C++ runs; should mlx take the call after all, its lazy result is
+    dropped unevaluated and `error` stands.
+    """
+    args: list = []
+    kwargs: dict[str, Any] = {}
+    pending: list = []  # positional values at their defaults, passed only if a later one is not
+    for name, parameter in inspect.signature(function).parameters.items():
+        if name not in values:
+            continue
+        value = values[name]
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            args += [*pending, *value]
+            pending = []
+        elif parameter.kind is inspect.Parameter.KEYWORD_ONLY:
+            if parameter.default is inspect.Parameter.empty or value is not parameter.default:
+                kwargs[name] = value
+        elif parameter.default is not inspect.Parameter.empty and value is parameter.default:
+            pending.append(value)
+        else:
+            args += [*pending, value]
+            pending = []
+    try:
+        _MLX[mlx_path](*args, **kwargs)
+    except TypeError as theirs:
+        return theirs
+    except Exception:  # noqa: BLE001 - mlx took the types and refused a value: our error names the option
+        return error
+    return error
+
+
 def _index_array(value) -> mx.array:
     """Indices stay integers (a plain int would otherwise be typed like the data)."""
     if isinstance(value, mx.array):
@@ -76,10 +143,9 @@ def _index_array(value) -> mx.array:
 
 # ---- creation ----------------------------------------------------------------
 
-def arange(start, stop, step, dtype, rt):
-    if start is None and stop is None:
-        raise TypeError("[arange] needs at least stop")
-    if stop is None:
+def arange(bound: dict[str, Any], rt):
+    start, stop, step, dtype = (bound.get(name) for name in ("start", "stop", "step", "dtype"))
+    if stop is None:  # arange(stop, ...), or mlx's arange(stop, None, step)
         start, stop = 0, start
     if start is None:
         start = 0
@@ -133,7 +199,7 @@ def _pad_pairs(ndim: int, pad_width) -> list[int]:
 
 
 def pad(a, pad_width, mode, constant_values, rt):
-    value = constant_values if isinstance(constant_values, mx.array) else mx.array(constant_values, dtype=a.dtype)
+    value = to_array(constant_values, a.dtype)  # mlx: typed by the array, as a weak scalar
     return op("pad_mode", [a, value], rt, pad_width=_pad_pairs(a.ndim, pad_width), mode=mode)
 
 
@@ -160,14 +226,14 @@ def stack(arrays, axis, rt):
 def roll(a, shift, axis, rt):
     if isinstance(shift, int) and (axis is None or isinstance(axis, int)):
         return op("roll", [a], rt, shift=shift, axis=axis)
-    axes = [axis] if isinstance(axis, int) else axis
-    return op("roll_axes", [a], rt, shift=shift, scalar_shift=isinstance(shift, int), axis=axes)
+    # mlx's overloads: a tuple of shifts with one int axis (or none) rolls by their sum
+    one_axis = isinstance(axis, int)
+    return op("roll_axes", [a], rt, shift=shift, scalar_shift=isinstance(shift, int), one_axis=one_axis,
+              axis=[axis] if one_axis else axis)
 
 
 def split(a, indices_or_sections, axis, rt):
-    if isinstance(indices_or_sections, int):
-        if indices_or_sections < 1:
-            raise ValueError(f"[split] the number of sections must be positive, got {indices_or_sections}")
+    if isinstance(indices_or_sections, int):  # mlx refuses a count below 1 itself, with its message
         return op("split", [a], rt, sections=indices_or_sections, axis=axis)
     return op("split", [a], rt, indices=list(indices_or_sections), axis=axis)
 
@@ -225,19 +291,19 @@ def hadamard_transform(a, scale, rt):
 
 def take(a, indices, axis, rt):
     indices = _index_array(indices)
-    return _ops._checked("take", [a, indices], [(indices, _ops._axis_size(a, axis))], dict(axis=axis, **rt))
+    return checked("take", [a, indices], [(indices, axis_size(a, axis))], dict(axis=axis, **rt))
 
 
 def take_along_axis(a, indices, axis, rt):
-    return _ops._checked("take_along_axis", [a, indices], [(indices, _ops._axis_size(a, axis))],
+    return checked("take_along_axis", [a, indices], [(indices, axis_size(a, axis))],
                          dict(axis=axis, **rt))
 
 
 def put_along_axis(a, indices, values, axis, rt):
     if axis is None:  # mlx: along the flattened array
-        return _ops._checked("put_along_axis_flat", [a, indices, values], [(indices, _ops._axis_size(a, None))],
+        return checked("put_along_axis_flat", [a, indices, values], [(indices, axis_size(a, None))],
                              dict(rt))
-    return _ops._checked("put_along_axis", [a, indices, values], [(indices, _ops._axis_size(a, axis))],
+    return checked("put_along_axis", [a, indices, values], [(indices, axis_size(a, axis))],
                          dict(axis=axis, **rt))
 
 
@@ -304,14 +370,14 @@ def conv_transpose3d(input, weight, stride, padding, dilation, output_padding, g
 # ---- quantization -----------------------------------------------------------------------
 
 def quantize(w, group_size, bits, mode, global_scale, rt):
-    _ops._check_mode("quantize", mode, group_size, bits)
+    check_mode("quantize", mode, group_size, bits)
     if global_scale is not None:
         return op("quantize_scaled", [w, global_scale], rt, group_size=group_size, bits=bits, mode=mode)
     return op("quantize", [w], rt, group_size=group_size, bits=bits, mode=mode)
 
 
 def dequantize(w, scales, biases, group_size, bits, mode, global_scale, dtype, rt):
-    _ops._check_mode("dequantize", mode, group_size, bits)
+    check_mode("dequantize", mode, group_size, bits)
     arrays = [w, scales] + [x for x in (biases, global_scale) if x is not None]
     if global_scale is None and dtype is None:
         return op("dequantize", arrays, rt, group_size=group_size, bits=bits, mode=mode)
@@ -320,7 +386,7 @@ def dequantize(w, scales, biases, group_size, bits, mode, global_scale, dtype, r
 
 
 def quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode, rt):
-    _ops._check_mode("quantized_matmul", mode, group_size, bits)
+    check_mode("quantized_matmul", mode, group_size, bits)
     arrays = [x, w, scales] + ([biases] if biases is not None else [])
     return op("quantized_matmul", arrays, rt, transpose=transpose, group_size=group_size, bits=bits, mode=mode)
 
@@ -339,14 +405,26 @@ def norm(a, ord, axis, keepdims, rt):  # noqa: A002 - mlx's name
 _FFT_KINDS = {"fft": 0, "ifft": 1, "rfft": 2, "irfft": 3}
 
 
+_NORMS = {"backward": 0, "ortho": 1, "forward": 2}
+
+
+def _fft_norm(name: str, norm):
+    """mlx checks the norm in its binding (python/src/fft.cpp: parse_norm); its message, naming the function."""
+    if norm not in _NORMS:
+        raise ValueError(f"[{name}] Invalid norm. Expected one of {{'backward', 'ortho', 'forward'}}.")
+    return norm
+
+
 def fft1(kind: str, a, n, axis, norm, rt):
-    return op("fft_any", [a], rt, kind=_FFT_KINDS[kind], n=None if n is None else [n], axes=[axis], norm=norm)
+    return op("fft_any", [a], rt, kind=_FFT_KINDS[kind], n=None if n is None else [n], axes=[axis],
+              norm=_fft_norm(kind, norm))
 
 
-def fftn(kind: str, a, s, axes, norm, rt):
+def fftn(kind: str, name: str, a, s, axes, norm, rt):
+    norm = _fft_norm(name, norm)
     if axes is None:  # mlx: every axis; sizes need their axes
         if s is not None:
-            raise ValueError(f"[{kind}n] `axes` should not be `None` if `s` is not `None`.")
+            raise ValueError(f"[{name}] `axes` should not be `None` if `s` is not `None`.")
         axes = list(range(a.ndim))
     return op("fft_any", [a], rt, kind=_FFT_KINDS[kind], n=None if s is None else _ints(s), axes=_ints(axes),
               norm=norm)
@@ -433,8 +511,14 @@ def random_laplace(shape, dtype, loc, scale, key, rt):
 
 # ---- more of mlx.core ---------------------------------------------------------------------
 
+def full(shape, vals, dtype, rt):
+    # mlx: `vals` converted with `dtype` as its hint, then filled as it is (so a bool dtype with an int is int32)
+    return op("full", [to_array(vals, dtype)], rt, shape=shape, dtype=None)
+
+
 def full_like(a, vals, dtype, rt):
-    return op("full", [vals], rt, shape=tuple(a.shape), dtype=a.dtype if dtype is None else dtype)
+    dtype = a.dtype if dtype is None else dtype
+    return op("full", [to_array(vals, dtype)], rt, shape=tuple(a.shape), dtype=dtype)
 
 
 def matrix_transpose(a, rt):
@@ -482,14 +566,14 @@ def _matrix_checks(lhs, lhs_of, rhs, rhs_of) -> list:
 
 def gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices, rt):
     arrays = [a, b] + [i for i in (lhs_indices, rhs_indices) if i is not None]
-    return _ops._checked("gather_mm", arrays, _matrix_checks(lhs_indices, a, rhs_indices, b),
+    return checked("gather_mm", arrays, _matrix_checks(lhs_indices, a, rhs_indices, b),
                          dict(has_lhs=lhs_indices is not None, has_rhs=rhs_indices is not None,
                               sorted_indices=sorted_indices, **rt))
 
 
 def segmented_mm(a, b, segments, rt):
     # segments hold [start, end) ranges of a's last axis: an end may equal its size
-    return _ops._checked("segmented_mm", [a, b, segments], [(segments, a.shape[-1] + 1)] if a.ndim else [],
+    return checked("segmented_mm", [a, b, segments], [(segments, a.shape[-1] + 1)] if a.ndim else [],
                          dict(rt))
 
 
@@ -516,9 +600,9 @@ def unique(a, size, return_index, return_inverse, return_counts, fill_value, rt)
 
 def gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_size, bits, mode, global_scale,
                sorted_indices, rt):
-    _ops._check_mode("gather_qmm", mode, group_size, bits)
+    check_mode("gather_qmm", mode, group_size, bits)
     optional = (biases, lhs_indices, rhs_indices, global_scale)
-    return _ops._checked("gather_qmm", [x, w, scales] + [v for v in optional if v is not None],
+    return checked("gather_qmm", [x, w, scales] + [v for v in optional if v is not None],
                          _matrix_checks(lhs_indices, x, rhs_indices, w),
                          dict(has_biases=biases is not None, has_lhs=lhs_indices is not None,
                               has_rhs=rhs_indices is not None, has_global_scale=global_scale is not None,
@@ -527,7 +611,7 @@ def gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_
 
 
 def qqmm(x, w, scales, group_size, bits, mode, global_scale_x, global_scale_w, rt):
-    _ops._check_mode("qqmm", mode, group_size, bits)
+    check_mode("qqmm", mode, group_size, bits)
     optional = (scales, global_scale_x, global_scale_w)
     return op("qqmm", [x, w] + [v for v in optional if v is not None], rt, has_scales=scales is not None,
               group_size=group_size, bits=bits, mode=mode, has_global_scale_x=global_scale_x is not None,
@@ -536,9 +620,9 @@ def qqmm(x, w, scales, group_size, bits, mode, global_scale_x, global_scale_w, r
 
 def gather_qqmm(x, w, scales, lhs_indices, rhs_indices, group_size, bits, mode, global_scale_x, global_scale_w,
                 sorted_indices, rt):
-    _ops._check_mode("gather_qqmm", mode, group_size, bits)
+    check_mode("gather_qqmm", mode, group_size, bits)
     optional = (scales, lhs_indices, rhs_indices, global_scale_x, global_scale_w)
-    return _ops._checked("gather_qqmm", [x, w] + [v for v in optional if v is not None],
+    return checked("gather_qqmm", [x, w] + [v for v in optional if v is not None],
                          _matrix_checks(lhs_indices, x, rhs_indices, w),
                          dict(has_scales=scales is not None, has_lhs=lhs_indices is not None,
                               has_rhs=rhs_indices is not None, group_size=group_size, bits=bits, mode=mode,
@@ -564,22 +648,17 @@ def random_multivariate_normal(mean, cov, shape, dtype, key, rt):
     return op("random_multivariate_normal", [mean, cov, _key(key)], rt, shape=_ints(shape), dtype=dtype)
 
 
-_NORMS = {"backward": 0, "ortho": 1, "forward": 2}
-
-
-def _norm_code(norm: str) -> int:
-    if norm not in _NORMS:
-        raise ValueError(f"[stft] Invalid norm '{norm}'; expected backward, ortho or forward")
-    return _NORMS[norm]
+def _norm_code(name: str, norm: str) -> int:
+    return _NORMS[_fft_norm(name, norm)]
 
 
 def stft(x, n_fft, hop_length, win_length, window, center, pad_mode, norm, onesided, rt):
     return op("fft_stft", [x] + ([window] if window is not None else []), rt, n_fft=n_fft, hop_length=hop_length,
-              win_length=win_length, center=center, norm=_norm_code(norm), has_onesided=onesided is not None,
+              win_length=win_length, center=center, norm=_norm_code("stft", norm), has_onesided=onesided is not None,
               onesided=bool(onesided), pad_mode=pad_mode)
 
 
 def istft(stft_matrix, n_fft, hop_length, win_length, window, center, norm, onesided, length, rt):
     return op("fft_istft", [stft_matrix] + ([window] if window is not None else []), rt, n_fft=n_fft,
-              hop_length=hop_length, win_length=win_length, center=center, norm=_norm_code(norm),
+              hop_length=hop_length, win_length=win_length, center=center, norm=_norm_code("istft", norm),
               has_onesided=onesided is not None, onesided=bool(onesided), length=length)

@@ -1,14 +1,14 @@
 """``mx.fft`` with mlx's own signatures, as awaitables. GENERATED, do not edit.
 
 Regenerate with ``python tools/gen_api.py`` (from mlx 0.32.4's signatures and emlx_async/_op_table.py);
-tests/test_api_generated.py checks this file is current.
+tests/test_mlx_parity.py checks this file is current.
 """
 
 # ruff: noqa: A001, A002, E501
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import mlx.core as mx
 from mlx.core import Dtype, array
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ._queue import CommandQueue
 
 __all__ = ['fft', 'fft2', 'fftfreq', 'fftn', 'fftshift', 'ifft', 'ifft2', 'ifftn', 'ifftshift', 'irfft', 'irfft2', 'irfftn', 'istft', 'rfft', 'rfft2', 'rfftfreq', 'rfftn', 'stft']
-_keep = (Sequence, Literal, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
+_keep = (Any, Sequence, Literal, overload, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
 
 
 def fft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -33,7 +33,10 @@ def fft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fft1('fft', a, n, axis, norm, _rt)
+    try:
+        return _ad.fft1('fft', a, n, axis, norm, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.fft', fft, dict(a=a, n=n, axis=axis, norm=norm), _error) from None
 
 
 def fft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = [-2, -1], norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -44,7 +47,10 @@ def fft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fftn('fft', a, s, axes, norm, _rt)
+    try:
+        return _ad.fftn('fft', 'fft2', a, s, axes, norm, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.fft2', fft2, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
 
 
 def fftfreq(n: int, d: float = 1.0, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -55,7 +61,10 @@ def fftfreq(n: int, d: float = 1.0, stream: StreamOrDevice = None, *, queue: Com
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fftfreq(False, n, d, _rt)
+    try:
+        return _ad.fftfreq(False, n, d, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.fftfreq', fftfreq, dict(n=n, d=d), _error) from None
 
 
 def fftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -66,7 +75,10 @@ def fftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fftn('fft', a, s, axes, norm, _rt)
+    try:
+        return _ad.fftn('fft', 'fftn', a, s, axes, norm, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.fftn', fftn, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
 
 
 def fftshift(a: array, axes: int | Sequence[int] | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -77,7 +89,10 @@ def fftshift(a: array, axes: int | Sequence[int] | None = None, stream: StreamOr
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fftshift(False, a, axes, _rt)
+    try:
+        return _ad.fftshift(False, a, axes, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.fftshift', fftshift, dict(a=a, axes=axes), _error) from None
 
 
 def ifft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -88,7 +103,10 @@ def ifft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward',
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fft1('ifft', a, n, axis, norm, _rt)
+    try:
+        return _ad.fft1('ifft', a, n, axis, norm, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.ifft', ifft, dict(a=a, n=n, axis=axis, norm=norm), _error) from None
 
 
 def ifft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = [-2, -1], norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -99,7 +117,10 @@ def ifft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fftn('ifft', a, s, axes, norm, _rt)
+    try:
+        return _ad.fftn('ifft', 'ifft2', a, s, axes, norm, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.ifft2', ifft2, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
 
 
 def ifftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -110,7 +131,10 @@ def ifftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fftn('ifft', a, s, axes, norm, _rt)
+    try:
+        return _ad.fftn('ifft', 'ifftn', a, s, axes, norm, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.ifftn', ifftn, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
 
 
 def ifftshift(a: array, axes: int | Sequence[int] | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -122,7 +146,10 @@ def ifftshift(a: array, axes: int | Sequence[int] | None = None, stream: StreamO
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fftshift(True, a, axes, _rt)
+    try:
+        return _ad.fftshift(True, a, axes, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.ifftshift', ifftshift, dict(a=a, axes=axes), _error) from None
 
 
 def irfft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -133,7 +160,10 @@ def irfft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward'
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fft1('irfft', a, n, axis, norm, _rt)
+    try:
+        return _ad.fft1('irfft', a, n, axis, norm, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.irfft', irfft, dict(a=a, n=n, axis=axis, norm=norm), _error) from None
 
 
 def irfft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = [-2, -1], norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -144,7 +174,10 @@ def irfft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fftn('irfft', a, s, axes, norm, _rt)
+    try:
+        return _ad.fftn('irfft', 'irfft2', a, s, axes, norm, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.irfft2', irfft2, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
 
 
 def irfftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -155,7 +188,10 @@ def irfftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fftn('irfft', a, s, axes, norm, _rt)
+    try:
+        return _ad.fftn('irfft', 'irfftn', a, s, axes, norm, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.irfftn', irfftn, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
 
 
 def istft(stft_matrix: array, n_fft: int | None = None, hop_length: int | None = None, win_length: int | None = None, window: array | None = None, center: bool = True, norm: str = 'backward', onesided: bool | None = None, length: int | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -166,7 +202,10 @@ def istft(stft_matrix: array, n_fft: int | None = None, hop_length: int | None =
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.istft(stft_matrix, n_fft, hop_length, win_length, window, center, norm, onesided, length, _rt)
+    try:
+        return _ad.istft(stft_matrix, n_fft, hop_length, win_length, window, center, norm, onesided, length, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.istft', istft, dict(stft_matrix=stft_matrix, n_fft=n_fft, hop_length=hop_length, win_length=win_length, window=window, center=center, norm=norm, onesided=onesided, length=length), _error) from None
 
 
 def rfft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -177,7 +216,10 @@ def rfft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward',
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fft1('rfft', a, n, axis, norm, _rt)
+    try:
+        return _ad.fft1('rfft', a, n, axis, norm, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.rfft', rfft, dict(a=a, n=n, axis=axis, norm=norm), _error) from None
 
 
 def rfft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = [-2, -1], norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -188,7 +230,10 @@ def rfft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fftn('rfft', a, s, axes, norm, _rt)
+    try:
+        return _ad.fftn('rfft', 'rfft2', a, s, axes, norm, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.rfft2', rfft2, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
 
 
 def rfftfreq(n: int, d: float = 1.0, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -200,7 +245,10 @@ def rfftfreq(n: int, d: float = 1.0, stream: StreamOrDevice = None, *, queue: Co
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fftfreq(True, n, d, _rt)
+    try:
+        return _ad.fftfreq(True, n, d, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.rfftfreq', rfftfreq, dict(n=n, d=d), _error) from None
 
 
 def rfftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -211,7 +259,10 @@ def rfftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.fftn('rfft', a, s, axes, norm, _rt)
+    try:
+        return _ad.fftn('rfft', 'rfftn', a, s, axes, norm, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.rfftn', rfftn, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
 
 
 def stft(x: array, n_fft: int = 2048, hop_length: int | None = None, win_length: int | None = None, window: array | None = None, center: bool = True, pad_mode: str = 'reflect', norm: str = 'backward', onesided: bool | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -222,4 +273,7 @@ def stft(x: array, n_fft: int = 2048, hop_length: int | None = None, win_length:
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.stft(x, n_fft, hop_length, win_length, window, center, pad_mode, norm, onesided, _rt)
+    try:
+        return _ad.stft(x, n_fft, hop_length, win_length, window, center, pad_mode, norm, onesided, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.fft.stft', stft, dict(x=x, n_fft=n_fft, hop_length=hop_length, win_length=win_length, window=window, center=center, pad_mode=pad_mode, norm=norm, onesided=onesided), _error) from None

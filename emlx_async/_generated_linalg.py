@@ -1,14 +1,14 @@
 """``mx.linalg`` with mlx's own signatures, as awaitables. GENERATED, do not edit.
 
 Regenerate with ``python tools/gen_api.py`` (from mlx 0.32.4's signatures and emlx_async/_op_table.py);
-tests/test_api_generated.py checks this file is current.
+tests/test_mlx_parity.py checks this file is current.
 """
 
 # ruff: noqa: A001, A002, E501
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import mlx.core as mx
 from mlx.core import Dtype, array
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ._queue import CommandQueue
 
 __all__ = ['cholesky', 'cholesky_inv', 'cross', 'det', 'eig', 'eigh', 'eigvals', 'eigvalsh', 'inv', 'lu', 'lu_factor', 'norm', 'pinv', 'qr', 'slogdet', 'solve', 'solve_triangular', 'svd', 'tri_inv']
-_keep = (Sequence, Literal, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
+_keep = (Any, Sequence, Literal, overload, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
 
 
 def cholesky(a: array, upper: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -33,7 +33,10 @@ def cholesky(a: array, upper: bool = False, *, stream: StreamOrDevice = None, qu
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_cholesky', [a], _rt, upper=upper)
+    try:
+        return _ad.op('linalg_cholesky', [a], _rt, upper=upper)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.cholesky', cholesky, dict(a=a, upper=upper), _error) from None
 
 
 def cholesky_inv(a: array, upper: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -45,7 +48,10 @@ def cholesky_inv(a: array, upper: bool = False, *, stream: StreamOrDevice = None
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_cholesky_inv', [a], _rt, upper=upper)
+    try:
+        return _ad.op('linalg_cholesky_inv', [a], _rt, upper=upper)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.cholesky_inv', cholesky_inv, dict(a=a, upper=upper), _error) from None
 
 
 def cross(a: array, b: array, axis: int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -56,7 +62,10 @@ def cross(a: array, b: array, axis: int = -1, *, stream: StreamOrDevice = None, 
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_cross', [a, b], _rt, axis=axis)
+    try:
+        return _ad.op('linalg_cross', [a, b], _rt, axis=axis)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.cross', cross, dict(a=a, b=b, axis=axis), _error) from None
 
 
 def det(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -67,7 +76,10 @@ def det(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None =
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_det', [a], _rt)
+    try:
+        return _ad.op('linalg_det', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.det', det, dict(a=a), _error) from None
 
 
 def eig(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
@@ -78,7 +90,10 @@ def eig(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None =
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_eig', [a], _rt)
+    try:
+        return _ad.op('linalg_eig', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.eig', eig, dict(a=a), _error) from None
 
 
 def eigh(a: array, UPLO: str = 'L', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
@@ -89,7 +104,10 @@ def eigh(a: array, UPLO: str = 'L', *, stream: StreamOrDevice = None, queue: Com
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_eigh', [a], _rt, UPLO=UPLO)
+    try:
+        return _ad.op('linalg_eigh', [a], _rt, UPLO=UPLO)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.eigh', eigh, dict(a=a, UPLO=UPLO), _error) from None
 
 
 def eigvals(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -100,7 +118,10 @@ def eigvals(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_eigvals', [a], _rt)
+    try:
+        return _ad.op('linalg_eigvals', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.eigvals', eigvals, dict(a=a), _error) from None
 
 
 def eigvalsh(a: array, UPLO: str = 'L', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -111,7 +132,10 @@ def eigvalsh(a: array, UPLO: str = 'L', *, stream: StreamOrDevice = None, queue:
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_eigvalsh', [a], _rt, UPLO=UPLO)
+    try:
+        return _ad.op('linalg_eigvalsh', [a], _rt, UPLO=UPLO)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.eigvalsh', eigvalsh, dict(a=a, UPLO=UPLO), _error) from None
 
 
 def inv(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -122,7 +146,10 @@ def inv(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None =
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_inv', [a], _rt)
+    try:
+        return _ad.op('linalg_inv', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.inv', inv, dict(a=a), _error) from None
 
 
 def lu(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array, array]]:
@@ -133,7 +160,10 @@ def lu(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_lu', [a], _rt)
+    try:
+        return _ad.op('linalg_lu', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.lu', lu, dict(a=a), _error) from None
 
 
 def lu_factor(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
@@ -144,7 +174,10 @@ def lu_factor(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | 
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_lu_factor', [a], _rt)
+    try:
+        return _ad.op('linalg_lu_factor', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.lu_factor', lu_factor, dict(a=a), _error) from None
 
 
 def norm(a: array, /, ord: None | int | float | str = None, axis: None | int | list[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -155,7 +188,10 @@ def norm(a: array, /, ord: None | int | float | str = None, axis: None | int | l
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.norm(a, ord, axis, keepdims, _rt)
+    try:
+        return _ad.norm(a, ord, axis, keepdims, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.norm', norm, dict(a=a, ord=ord, axis=axis, keepdims=keepdims), _error) from None
 
 
 def pinv(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -166,7 +202,10 @@ def pinv(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_pinv', [a], _rt)
+    try:
+        return _ad.op('linalg_pinv', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.pinv', pinv, dict(a=a), _error) from None
 
 
 def qr(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
@@ -177,7 +216,10 @@ def qr(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_qr', [a], _rt)
+    try:
+        return _ad.op('linalg_qr', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.qr', qr, dict(a=a), _error) from None
 
 
 def slogdet(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
@@ -188,7 +230,10 @@ def slogdet(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_slogdet', [a], _rt)
+    try:
+        return _ad.op('linalg_slogdet', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.slogdet', slogdet, dict(a=a), _error) from None
 
 
 def solve(a: array, b: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -199,7 +244,10 @@ def solve(a: array, b: array, *, stream: StreamOrDevice = None, queue: CommandQu
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_solve', [a, b], _rt)
+    try:
+        return _ad.op('linalg_solve', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.solve', solve, dict(a=a, b=b), _error) from None
 
 
 def solve_triangular(a: array, b: array, *, upper: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -210,7 +258,10 @@ def solve_triangular(a: array, b: array, *, upper: bool = False, stream: StreamO
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_solve_triangular', [a, b], _rt, upper=upper)
+    try:
+        return _ad.op('linalg_solve_triangular', [a, b], _rt, upper=upper)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.solve_triangular', solve_triangular, dict(a=a, b=b, upper=upper), _error) from None
 
 
 def svd(a: array, compute_uv: bool = True, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array, array] | array]:
@@ -221,7 +272,10 @@ def svd(a: array, compute_uv: bool = True, *, stream: StreamOrDevice = None, que
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_svd', [a], _rt, compute_uv=compute_uv)
+    try:
+        return _ad.op('linalg_svd', [a], _rt, compute_uv=compute_uv)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.svd', svd, dict(a=a, compute_uv=compute_uv), _error) from None
 
 
 def tri_inv(a: array, upper: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -232,4 +286,7 @@ def tri_inv(a: array, upper: bool = False, *, stream: StreamOrDevice = None, que
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('linalg_tri_inv', [a], _rt, upper=upper)
+    try:
+        return _ad.op('linalg_tri_inv', [a], _rt, upper=upper)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linalg.tri_inv', tri_inv, dict(a=a, upper=upper), _error) from None

@@ -1,14 +1,14 @@
 """``mx`` with mlx's own signatures, as awaitables. GENERATED, do not edit.
 
 Regenerate with ``python tools/gen_api.py`` (from mlx 0.32.4's signatures and emlx_async/_op_table.py);
-tests/test_api_generated.py checks this file is current.
+tests/test_mlx_parity.py checks this file is current.
 """
 
 # ruff: noqa: A001, A002, E501
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import mlx.core as mx
 from mlx.core import Dtype, array
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ._queue import CommandQueue
 
 __all__ = ['abs', 'acos', 'acosh', 'add', 'addmm', 'all', 'allclose', 'any', 'arange', 'arccos', 'arccosh', 'arcsin', 'arcsinh', 'arctan', 'arctan2', 'arctanh', 'argmax', 'argmin', 'argpartition', 'argsort', 'array_equal', 'as_strided', 'asin', 'asinh', 'astype', 'atan', 'atan2', 'atanh', 'atleast_1d', 'atleast_2d', 'atleast_3d', 'bartlett', 'bitwise_and', 'bitwise_invert', 'bitwise_left_shift', 'bitwise_or', 'bitwise_right_shift', 'bitwise_xor', 'blackman', 'block_masked_mm', 'broadcast_arrays', 'broadcast_to', 'ceil', 'clip', 'concat', 'concatenate', 'conj', 'conjugate', 'contiguous', 'conv1d', 'conv2d', 'conv3d', 'conv_general', 'conv_transpose1d', 'conv_transpose2d', 'conv_transpose3d', 'convolve', 'copy', 'cos', 'cosh', 'count_nonzero', 'cummax', 'cummin', 'cumprod', 'cumsum', 'cumulative_prod', 'cumulative_sum', 'degrees', 'dequantize', 'diag', 'diagonal', 'diff', 'divide', 'divmod', 'einsum', 'einsum_path', 'empty', 'empty_like', 'equal', 'erf', 'erfinv', 'exp', 'expand_dims', 'expm1', 'eye', 'flatten', 'flip', 'floor', 'floor_divide', 'from_fp8', 'full', 'full_like', 'gather_mm', 'gather_qmm', 'gather_qqmm', 'greater', 'greater_equal', 'hadamard_transform', 'hamming', 'hanning', 'identity', 'imag', 'inner', 'isclose', 'isfinite', 'isinf', 'isnan', 'isneginf', 'isposinf', 'kron', 'left_shift', 'less', 'less_equal', 'linspace', 'log', 'log10', 'log1p', 'log2', 'logaddexp', 'logcumsumexp', 'logical_and', 'logical_not', 'logical_or', 'logical_xor', 'logsumexp', 'matmul', 'matrix_norm', 'matrix_transpose', 'max', 'maximum', 'mean', 'median', 'meshgrid', 'min', 'minimum', 'minmax', 'moveaxis', 'multiply', 'nan_to_num', 'negative', 'not_equal', 'ones', 'ones_like', 'outer', 'pad', 'partition', 'permute_dims', 'positive', 'pow', 'power', 'prod', 'put_along_axis', 'qqmm', 'quantize', 'quantized_matmul', 'radians', 'real', 'reciprocal', 'remainder', 'repeat', 'reshape', 'right_shift', 'roll', 'round', 'rsqrt', 'searchsorted', 'segmented_mm', 'sigmoid', 'sign', 'sin', 'sinh', 'slice', 'slice_update', 'softmax', 'sort', 'split', 'sqrt', 'square', 'squeeze', 'stack', 'std', 'stop_gradient', 'subtract', 'sum', 'swapaxes', 'take', 'take_along_axis', 'tan', 'tanh', 'tensordot', 'tile', 'to_fp8', 'topk', 'trace', 'transpose', 'tri', 'tril', 'triu', 'trunc', 'unflatten', 'unique', 'unstack', 'var', 'vecdot', 'view', 'where', 'zeros', 'zeros_like']
-_keep = (Sequence, Literal, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
+_keep = (Any, Sequence, Literal, overload, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
 
 
 def abs(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -33,7 +33,10 @@ def abs(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('abs', [a], _rt)
+    try:
+        return _ad.op('abs', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.abs', abs, dict(a=a), _error) from None
 
 
 def acos(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -44,7 +47,10 @@ def acos(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('arccos', [a], _rt)
+    try:
+        return _ad.op('arccos', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.acos', acos, dict(a=a), _error) from None
 
 
 def acosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -55,7 +61,10 @@ def acosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('arccosh', [a], _rt)
+    try:
+        return _ad.op('arccosh', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.acosh', acosh, dict(a=a), _error) from None
 
 
 def add(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -66,7 +75,10 @@ def add(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('add', [a, b], _rt)
+    try:
+        return _ad.op('add', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.add', add, dict(a=a, b=b), _error) from None
 
 
 def addmm(c: array, a: array, b: array, /, alpha: float = 1.0, beta: float = 1.0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -77,7 +89,10 @@ def addmm(c: array, a: array, b: array, /, alpha: float = 1.0, beta: float = 1.0
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('addmm', [c, a, b], _rt, alpha=alpha, beta=beta)
+    try:
+        return _ad.op('addmm', [c, a, b], _rt, alpha=alpha, beta=beta)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.addmm', addmm, dict(c=c, a=a, b=b, alpha=alpha, beta=beta), _error) from None
 
 
 def all(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -88,7 +103,10 @@ def all(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('all', [a], _rt, axis=axis, keepdims=keepdims)
+    try:
+        return _ad.op('all', [a], _rt, axis=axis, keepdims=keepdims)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.all', all, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
 
 
 def allclose(a: array, b: array, /, rtol: float = 1e-05, atol: float = 1e-08, *, equal_nan: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -99,7 +117,10 @@ def allclose(a: array, b: array, /, rtol: float = 1e-05, atol: float = 1e-08, *,
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('allclose', [a, b], _rt, rtol=rtol, atol=atol, equal_nan=equal_nan)
+    try:
+        return _ad.op('allclose', [a, b], _rt, rtol=rtol, atol=atol, equal_nan=equal_nan)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.allclose', allclose, dict(a=a, b=b, rtol=rtol, atol=atol, equal_nan=equal_nan), _error) from None
 
 
 def any(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -110,18 +131,30 @@ def any(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('any', [a], _rt, axis=axis, keepdims=keepdims)
+    try:
+        return _ad.op('any', [a], _rt, axis=axis, keepdims=keepdims)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.any', any, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
 
 
-def arange(start: int | float | None = None, stop: int | float | None = None, step: int | float | None = None, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
+@overload
+def arange(start: int | float, stop: int | float | None, step: int | float | None = None, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]: ...
+
+
+@overload
+def arange(stop: int | float, step: int | float | None = None, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]: ...
+
+
+def arange(*args: Any, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None, **kwargs: Any) -> JobFuture[array]:
     """Generates ranges of numbers.
 
     Awaitable ``mx.arange``, built and run natively on a queue: returns a JobFuture. Also takes
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
-    ``stream=`` picks a queue of that stream's device.
+    ``stream=`` picks a queue of that stream's device. mlx's overloads are resolved as mlx resolves
+    them.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.arange(start, stop, step, dtype, _rt)
+    return _ad.arange(_ad.resolve(arange, 'mx.arange', args, kwargs), _rt)
 
 
 def arccos(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -132,7 +165,10 @@ def arccos(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('arccos', [a], _rt)
+    try:
+        return _ad.op('arccos', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.arccos', arccos, dict(a=a), _error) from None
 
 
 def arccosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -143,7 +179,10 @@ def arccosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue |
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('arccosh', [a], _rt)
+    try:
+        return _ad.op('arccosh', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.arccosh', arccosh, dict(a=a), _error) from None
 
 
 def arcsin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -154,7 +193,10 @@ def arcsin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('arcsin', [a], _rt)
+    try:
+        return _ad.op('arcsin', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.arcsin', arcsin, dict(a=a), _error) from None
 
 
 def arcsinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -165,7 +207,10 @@ def arcsinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue |
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('arcsinh', [a], _rt)
+    try:
+        return _ad.op('arcsinh', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.arcsinh', arcsinh, dict(a=a), _error) from None
 
 
 def arctan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -176,7 +221,10 @@ def arctan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('arctan', [a], _rt)
+    try:
+        return _ad.op('arctan', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.arctan', arctan, dict(a=a), _error) from None
 
 
 def arctan2(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -187,7 +235,10 @@ def arctan2(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice =
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('arctan2', [a, b], _rt)
+    try:
+        return _ad.op('arctan2', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.arctan2', arctan2, dict(a=a, b=b), _error) from None
 
 
 def arctanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -198,7 +249,10 @@ def arctanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue |
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('arctanh', [a], _rt)
+    try:
+        return _ad.op('arctanh', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.arctanh', arctanh, dict(a=a), _error) from None
 
 
 def argmax(a: array, /, axis: None | int = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -209,7 +263,10 @@ def argmax(a: array, /, axis: None | int = None, keepdims: bool = False, *, stre
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('argmax', [a], _rt, axis=axis, keepdims=keepdims)
+    try:
+        return _ad.op('argmax', [a], _rt, axis=axis, keepdims=keepdims)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.argmax', argmax, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
 
 
 def argmin(a: array, /, axis: None | int = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -220,7 +277,10 @@ def argmin(a: array, /, axis: None | int = None, keepdims: bool = False, *, stre
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('argmin', [a], _rt, axis=axis, keepdims=keepdims)
+    try:
+        return _ad.op('argmin', [a], _rt, axis=axis, keepdims=keepdims)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.argmin', argmin, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
 
 
 def argpartition(a: array, /, kth: int, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -231,7 +291,10 @@ def argpartition(a: array, /, kth: int, axis: None | int = -1, *, stream: Stream
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('argpartition', [a], _rt, kth=kth, axis=axis)
+    try:
+        return _ad.op('argpartition', [a], _rt, kth=kth, axis=axis)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.argpartition', argpartition, dict(a=a, kth=kth, axis=axis), _error) from None
 
 
 def argsort(a: array, /, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -242,7 +305,10 @@ def argsort(a: array, /, axis: None | int = -1, *, stream: StreamOrDevice = None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('argsort', [a], _rt, axis=axis)
+    try:
+        return _ad.op('argsort', [a], _rt, axis=axis)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.argsort', argsort, dict(a=a, axis=axis), _error) from None
 
 
 def array_equal(a: scalar | array, b: scalar | array, equal_nan: bool = False, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -253,7 +319,10 @@ def array_equal(a: scalar | array, b: scalar | array, equal_nan: bool = False, s
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('array_equal', [a, b], _rt, equal_nan=equal_nan)
+    try:
+        return _ad.op('array_equal', [a, b], _rt, equal_nan=equal_nan)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.array_equal', array_equal, dict(a=a, b=b, equal_nan=equal_nan), _error) from None
 
 
 def as_strided(a: array, /, shape: Sequence[int] | None = None, strides: Sequence[int] | None = None, offset: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -264,7 +333,10 @@ def as_strided(a: array, /, shape: Sequence[int] | None = None, strides: Sequenc
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.as_strided(a, shape, strides, offset, _rt)
+    try:
+        return _ad.as_strided(a, shape, strides, offset, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.as_strided', as_strided, dict(a=a, shape=shape, strides=strides, offset=offset), _error) from None
 
 
 def asin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -275,7 +347,10 @@ def asin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('arcsin', [a], _rt)
+    try:
+        return _ad.op('arcsin', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.asin', asin, dict(a=a), _error) from None
 
 
 def asinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -286,7 +361,10 @@ def asinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('arcsinh', [a], _rt)
+    try:
+        return _ad.op('arcsinh', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.asinh', asinh, dict(a=a), _error) from None
 
 
 def astype(a: array, dtype: Dtype, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -297,7 +375,10 @@ def astype(a: array, dtype: Dtype, /, *, stream: StreamOrDevice = None, queue: C
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('astype', [a], _rt, dtype=dtype)
+    try:
+        return _ad.op('astype', [a], _rt, dtype=dtype)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.astype', astype, dict(a=a, dtype=dtype), _error) from None
 
 
 def atan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -308,7 +389,10 @@ def atan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('arctan', [a], _rt)
+    try:
+        return _ad.op('arctan', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.atan', atan, dict(a=a), _error) from None
 
 
 def atan2(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -319,7 +403,10 @@ def atan2(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('arctan2', [a, b], _rt)
+    try:
+        return _ad.op('arctan2', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.atan2', atan2, dict(a=a, b=b), _error) from None
 
 
 def atanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -330,7 +417,10 @@ def atanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('arctanh', [a], _rt)
+    try:
+        return _ad.op('arctanh', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.atanh', atanh, dict(a=a), _error) from None
 
 
 def atleast_1d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | list[array]]:
@@ -341,7 +431,10 @@ def atleast_1d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.atleast_1d(arys, _rt)
+    try:
+        return _ad.atleast_1d(arys, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.atleast_1d', atleast_1d, dict(arys=arys), _error) from None
 
 
 def atleast_2d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | list[array]]:
@@ -352,7 +445,10 @@ def atleast_2d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.atleast_2d(arys, _rt)
+    try:
+        return _ad.atleast_2d(arys, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.atleast_2d', atleast_2d, dict(arys=arys), _error) from None
 
 
 def atleast_3d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | list[array]]:
@@ -363,7 +459,10 @@ def atleast_3d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.atleast_3d(arys, _rt)
+    try:
+        return _ad.atleast_3d(arys, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.atleast_3d', atleast_3d, dict(arys=arys), _error) from None
 
 
 def bartlett(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -374,7 +473,10 @@ def bartlett(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.window('bartlett', M, _rt)
+    try:
+        return _ad.window('bartlett', M, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.bartlett', bartlett, dict(M=M), _error) from None
 
 
 def bitwise_and(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -385,7 +487,10 @@ def bitwise_and(a: scalar | array, b: scalar | array, stream: StreamOrDevice = N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('bitwise_and', [a, b], _rt)
+    try:
+        return _ad.op('bitwise_and', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.bitwise_and', bitwise_and, dict(a=a, b=b), _error) from None
 
 
 def bitwise_invert(a: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -396,7 +501,10 @@ def bitwise_invert(a: scalar | array, stream: StreamOrDevice = None, *, queue: C
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('bitwise_invert', [a], _rt)
+    try:
+        return _ad.op('bitwise_invert', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.bitwise_invert', bitwise_invert, dict(a=a), _error) from None
 
 
 def bitwise_left_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -407,7 +515,10 @@ def bitwise_left_shift(a: scalar | array, b: scalar | array, stream: StreamOrDev
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('left_shift', [a, b], _rt)
+    try:
+        return _ad.op('left_shift', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.bitwise_left_shift', bitwise_left_shift, dict(a=a, b=b), _error) from None
 
 
 def bitwise_or(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -418,7 +529,10 @@ def bitwise_or(a: scalar | array, b: scalar | array, stream: StreamOrDevice = No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('bitwise_or', [a, b], _rt)
+    try:
+        return _ad.op('bitwise_or', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.bitwise_or', bitwise_or, dict(a=a, b=b), _error) from None
 
 
 def bitwise_right_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -429,7 +543,10 @@ def bitwise_right_shift(a: scalar | array, b: scalar | array, stream: StreamOrDe
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('right_shift', [a, b], _rt)
+    try:
+        return _ad.op('right_shift', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.bitwise_right_shift', bitwise_right_shift, dict(a=a, b=b), _error) from None
 
 
 def bitwise_xor(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -440,7 +557,10 @@ def bitwise_xor(a: scalar | array, b: scalar | array, stream: StreamOrDevice = N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('bitwise_xor', [a, b], _rt)
+    try:
+        return _ad.op('bitwise_xor', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.bitwise_xor', bitwise_xor, dict(a=a, b=b), _error) from None
 
 
 def blackman(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -451,7 +571,10 @@ def blackman(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.window('blackman', M, _rt)
+    try:
+        return _ad.window('blackman', M, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.blackman', blackman, dict(M=M), _error) from None
 
 
 def block_masked_mm(a: array, b: array, /, block_size: int = 64, mask_out: array | None = None, mask_lhs: array | None = None, mask_rhs: array | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -462,7 +585,10 @@ def block_masked_mm(a: array, b: array, /, block_size: int = 64, mask_out: array
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.block_masked_mm(a, b, block_size, mask_out, mask_lhs, mask_rhs, _rt)
+    try:
+        return _ad.block_masked_mm(a, b, block_size, mask_out, mask_lhs, mask_rhs, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.block_masked_mm', block_masked_mm, dict(a=a, b=b, block_size=block_size, mask_out=mask_out, mask_lhs=mask_lhs, mask_rhs=mask_rhs), _error) from None
 
 
 def broadcast_arrays(*arrays: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[list[array]]:
@@ -473,7 +599,10 @@ def broadcast_arrays(*arrays: array, stream: StreamOrDevice = None, queue: Comma
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.broadcast_arrays(arrays, _rt)
+    try:
+        return _ad.broadcast_arrays(arrays, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.broadcast_arrays', broadcast_arrays, dict(arrays=arrays), _error) from None
 
 
 def broadcast_to(a: scalar | array, /, shape: Sequence[int], *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -484,7 +613,10 @@ def broadcast_to(a: scalar | array, /, shape: Sequence[int], *, stream: StreamOr
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('broadcast_to', [a], _rt, shape=shape)
+    try:
+        return _ad.op('broadcast_to', [a], _rt, shape=shape)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.broadcast_to', broadcast_to, dict(a=a, shape=shape), _error) from None
 
 
 def ceil(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -495,7 +627,10 @@ def ceil(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('ceil', [a], _rt)
+    try:
+        return _ad.op('ceil', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.ceil', ceil, dict(a=a), _error) from None
 
 
 def clip(a: array, /, a_min: scalar | array | None, a_max: scalar | array | None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -506,7 +641,10 @@ def clip(a: array, /, a_min: scalar | array | None, a_max: scalar | array | None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.clip(a, a_min, a_max, _rt)
+    try:
+        return _ad.clip(a, a_min, a_max, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.clip', clip, dict(a=a, a_min=a_min, a_max=a_max), _error) from None
 
 
 def concat(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -517,7 +655,10 @@ def concat(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.concatenate(arrays, axis, _rt)
+    try:
+        return _ad.concatenate(arrays, axis, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.concat', concat, dict(arrays=arrays, axis=axis), _error) from None
 
 
 def concatenate(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -528,7 +669,10 @@ def concatenate(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDe
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.concatenate(arrays, axis, _rt)
+    try:
+        return _ad.concatenate(arrays, axis, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.concatenate', concatenate, dict(arrays=arrays, axis=axis), _error) from None
 
 
 def conj(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -539,7 +683,10 @@ def conj(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('conjugate', [a], _rt)
+    try:
+        return _ad.op('conjugate', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.conj', conj, dict(a=a), _error) from None
 
 
 def conjugate(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -550,7 +697,10 @@ def conjugate(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('conjugate', [a], _rt)
+    try:
+        return _ad.op('conjugate', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.conjugate', conjugate, dict(a=a), _error) from None
 
 
 def contiguous(a: array, /, allow_col_major: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -561,7 +711,10 @@ def contiguous(a: array, /, allow_col_major: bool = False, *, stream: StreamOrDe
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.contiguous(a, allow_col_major, _rt)
+    try:
+        return _ad.contiguous(a, allow_col_major, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.contiguous', contiguous, dict(a=a, allow_col_major=allow_col_major), _error) from None
 
 
 def conv1d(input: array, weight: array, /, stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -572,7 +725,10 @@ def conv1d(input: array, weight: array, /, stride: int = 1, padding: int = 0, di
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.conv1d(input, weight, stride, padding, dilation, groups, _rt)
+    try:
+        return _ad.conv1d(input, weight, stride, padding, dilation, groups, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.conv1d', conv1d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, groups=groups), _error) from None
 
 
 def conv2d(input: array, weight: array, /, stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -583,7 +739,10 @@ def conv2d(input: array, weight: array, /, stride: int | tuple[int, int] = 1, pa
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.conv2d(input, weight, stride, padding, dilation, groups, _rt)
+    try:
+        return _ad.conv2d(input, weight, stride, padding, dilation, groups, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.conv2d', conv2d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, groups=groups), _error) from None
 
 
 def conv3d(input: array, weight: array, /, stride: int | tuple[int, int, int] = 1, padding: int | tuple[int, int, int] = 0, dilation: int | tuple[int, int, int] = 1, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -594,7 +753,10 @@ def conv3d(input: array, weight: array, /, stride: int | tuple[int, int, int] = 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.conv3d(input, weight, stride, padding, dilation, groups, _rt)
+    try:
+        return _ad.conv3d(input, weight, stride, padding, dilation, groups, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.conv3d', conv3d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, groups=groups), _error) from None
 
 
 def conv_general(input: array, weight: array, /, stride: int | Sequence[int] = 1, padding: int | Sequence[int] | tuple[Sequence[int], Sequence[int]] = 0, kernel_dilation: int | Sequence[int] = 1, input_dilation: int | Sequence[int] = 1, groups: int = 1, flip: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -605,7 +767,10 @@ def conv_general(input: array, weight: array, /, stride: int | Sequence[int] = 1
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.conv_general(input, weight, stride, padding, kernel_dilation, input_dilation, groups, flip, _rt)
+    try:
+        return _ad.conv_general(input, weight, stride, padding, kernel_dilation, input_dilation, groups, flip, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.conv_general', conv_general, dict(input=input, weight=weight, stride=stride, padding=padding, kernel_dilation=kernel_dilation, input_dilation=input_dilation, groups=groups, flip=flip), _error) from None
 
 
 def conv_transpose1d(input: array, weight: array, /, stride: int = 1, padding: int = 0, dilation: int = 1, output_padding: int = 0, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -616,7 +781,10 @@ def conv_transpose1d(input: array, weight: array, /, stride: int = 1, padding: i
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.conv_transpose1d(input, weight, stride, padding, dilation, output_padding, groups, _rt)
+    try:
+        return _ad.conv_transpose1d(input, weight, stride, padding, dilation, output_padding, groups, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.conv_transpose1d', conv_transpose1d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, output_padding=output_padding, groups=groups), _error) from None
 
 
 def conv_transpose2d(input: array, weight: array, /, stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1, output_padding: int | tuple[int, int] = 0, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -627,7 +795,10 @@ def conv_transpose2d(input: array, weight: array, /, stride: int | tuple[int, in
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.conv_transpose2d(input, weight, stride, padding, dilation, output_padding, groups, _rt)
+    try:
+        return _ad.conv_transpose2d(input, weight, stride, padding, dilation, output_padding, groups, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.conv_transpose2d', conv_transpose2d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, output_padding=output_padding, groups=groups), _error) from None
 
 
 def conv_transpose3d(input: array, weight: array, /, stride: int | tuple[int, int, int] = 1, padding: int | tuple[int, int, int] = 0, dilation: int | tuple[int, int, int] = 1, output_padding: int | tuple[int, int, int] = 0, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -638,7 +809,10 @@ def conv_transpose3d(input: array, weight: array, /, stride: int | tuple[int, in
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.conv_transpose3d(input, weight, stride, padding, dilation, output_padding, groups, _rt)
+    try:
+        return _ad.conv_transpose3d(input, weight, stride, padding, dilation, output_padding, groups, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.conv_transpose3d', conv_transpose3d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, output_padding=output_padding, groups=groups), _error) from None
 
 
 def convolve(a: array, v: array, /, mode: str = 'full', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -649,7 +823,10 @@ def convolve(a: array, v: array, /, mode: str = 'full', *, stream: StreamOrDevic
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('convolve', [a, v], _rt, mode=mode)
+    try:
+        return _ad.op('convolve', [a, v], _rt, mode=mode)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.convolve', convolve, dict(a=a, v=v, mode=mode), _error) from None
 
 
 def copy(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -671,7 +848,10 @@ def cos(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('cos', [a], _rt)
+    try:
+        return _ad.op('cos', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.cos', cos, dict(a=a), _error) from None
 
 
 def cosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -682,7 +862,10 @@ def cosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('cosh', [a], _rt)
+    try:
+        return _ad.op('cosh', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.cosh', cosh, dict(a=a), _error) from None
 
 
 def count_nonzero(a: array, /, *, axis: None | int | Sequence[int] = None, keepdims: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -693,7 +876,10 @@ def count_nonzero(a: array, /, *, axis: None | int | Sequence[int] = None, keepd
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('count_nonzero', [a], _rt, axis=axis, keepdims=keepdims)
+    try:
+        return _ad.op('count_nonzero', [a], _rt, axis=axis, keepdims=keepdims)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.count_nonzero', count_nonzero, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
 
 
 def cummax(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -704,7 +890,10 @@ def cummax(a: array, /, axis: int | None = None, *, reverse: bool = False, inclu
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('cummax', [a], _rt, axis=axis, reverse=reverse, inclusive=inclusive)
+    try:
+        return _ad.op('cummax', [a], _rt, axis=axis, reverse=reverse, inclusive=inclusive)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.cummax', cummax, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive), _error) from None
 
 
 def cummin(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -715,7 +904,10 @@ def cummin(a: array, /, axis: int | None = None, *, reverse: bool = False, inclu
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('cummin', [a], _rt, axis=axis, reverse=reverse, inclusive=inclusive)
+    try:
+        return _ad.op('cummin', [a], _rt, axis=axis, reverse=reverse, inclusive=inclusive)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.cummin', cummin, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive), _error) from None
 
 
 def cumprod(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, dtype: Dtype | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -726,7 +918,10 @@ def cumprod(a: array, /, axis: int | None = None, *, reverse: bool = False, incl
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.cumprod(a, axis, reverse, inclusive, dtype, _rt)
+    try:
+        return _ad.cumprod(a, axis, reverse, inclusive, dtype, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.cumprod', cumprod, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, dtype=dtype), _error) from None
 
 
 def cumsum(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, dtype: Dtype | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -737,7 +932,10 @@ def cumsum(a: array, /, axis: int | None = None, *, reverse: bool = False, inclu
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.cumsum(a, axis, reverse, inclusive, dtype, _rt)
+    try:
+        return _ad.cumsum(a, axis, reverse, inclusive, dtype, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.cumsum', cumsum, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, dtype=dtype), _error) from None
 
 
 def cumulative_prod(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, dtype: Dtype | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -748,7 +946,10 @@ def cumulative_prod(a: array, /, axis: int | None = None, *, reverse: bool = Fal
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.cumprod(a, axis, reverse, inclusive, dtype, _rt)
+    try:
+        return _ad.cumprod(a, axis, reverse, inclusive, dtype, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.cumulative_prod', cumulative_prod, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, dtype=dtype), _error) from None
 
 
 def cumulative_sum(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, dtype: Dtype | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -759,7 +960,10 @@ def cumulative_sum(a: array, /, axis: int | None = None, *, reverse: bool = Fals
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.cumsum(a, axis, reverse, inclusive, dtype, _rt)
+    try:
+        return _ad.cumsum(a, axis, reverse, inclusive, dtype, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.cumulative_sum', cumulative_sum, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, dtype=dtype), _error) from None
 
 
 def degrees(a: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -770,7 +974,10 @@ def degrees(a: scalar | array, /, *, stream: StreamOrDevice = None, queue: Comma
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('degrees', [a], _rt)
+    try:
+        return _ad.op('degrees', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.degrees', degrees, dict(a=a), _error) from None
 
 
 def dequantize(w: array, /, scales: array, biases: array | None = None, group_size: int | None = None, bits: int | None = None, mode: str = 'affine', global_scale: array | None = None, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -781,7 +988,10 @@ def dequantize(w: array, /, scales: array, biases: array | None = None, group_si
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.dequantize(w, scales, biases, group_size, bits, mode, global_scale, dtype, _rt)
+    try:
+        return _ad.dequantize(w, scales, biases, group_size, bits, mode, global_scale, dtype, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.dequantize', dequantize, dict(w=w, scales=scales, biases=biases, group_size=group_size, bits=bits, mode=mode, global_scale=global_scale, dtype=dtype), _error) from None
 
 
 def diag(a: array, /, k: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -794,7 +1004,10 @@ def diag(a: array, /, k: int = 0, *, stream: StreamOrDevice = None, queue: Comma
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('diag', [a], _rt, k=k)
+    try:
+        return _ad.op('diag', [a], _rt, k=k)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.diag', diag, dict(a=a, k=k), _error) from None
 
 
 def diagonal(a: array, offset: int = 0, axis1: int = 0, axis2: int = 1, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -805,7 +1018,10 @@ def diagonal(a: array, offset: int = 0, axis1: int = 0, axis2: int = 1, stream: 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('diagonal', [a], _rt, offset=offset, axis1=axis1, axis2=axis2)
+    try:
+        return _ad.op('diagonal', [a], _rt, offset=offset, axis1=axis1, axis2=axis2)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.diagonal', diagonal, dict(a=a, offset=offset, axis1=axis1, axis2=axis2), _error) from None
 
 
 def diff(a: array, /, n: int = 1, axis: int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -816,7 +1032,10 @@ def diff(a: array, /, n: int = 1, axis: int = -1, *, stream: StreamOrDevice = No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('diff', [a], _rt, n=n, axis=axis)
+    try:
+        return _ad.op('diff', [a], _rt, n=n, axis=axis)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.diff', diff, dict(a=a, n=n, axis=axis), _error) from None
 
 
 def divide(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -827,7 +1046,10 @@ def divide(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('divide', [a, b], _rt)
+    try:
+        return _ad.op('divide', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.divide', divide, dict(a=a, b=b), _error) from None
 
 
 def divmod(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[list[array]]:
@@ -838,7 +1060,10 @@ def divmod(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('divmod', [a, b], _rt)
+    try:
+        return _ad.op('divmod', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.divmod', divmod, dict(a=a, b=b), _error) from None
 
 
 def einsum(subscripts: str, *operands, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -849,7 +1074,10 @@ def einsum(subscripts: str, *operands, stream: StreamOrDevice = None, queue: Com
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.einsum(subscripts, operands, _rt)
+    try:
+        return _ad.einsum(subscripts, operands, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.einsum', einsum, dict(subscripts=subscripts, operands=operands), _error) from None
 
 
 def einsum_path(subscripts: str, *operands: array) -> JobFuture[tuple[list[tuple[int, int]], str]]:
@@ -870,7 +1098,10 @@ def empty(shape: int | Sequence[int], dtype: Dtype | None = mx.float32, *, strea
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('zeros', [], _rt, shape=shape, dtype=dtype)
+    try:
+        return _ad.op('zeros', [], _rt, shape=shape, dtype=dtype)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.empty', empty, dict(shape=shape, dtype=dtype), _error) from None
 
 
 def empty_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -881,7 +1112,10 @@ def empty_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevic
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.zeros_like(a, dtype, _rt)
+    try:
+        return _ad.zeros_like(a, dtype, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.empty_like', empty_like, dict(a=a, dtype=dtype), _error) from None
 
 
 def equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -892,7 +1126,10 @@ def equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('equal', [a, b], _rt)
+    try:
+        return _ad.op('equal', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.equal', equal, dict(a=a, b=b), _error) from None
 
 
 def erf(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -903,7 +1140,10 @@ def erf(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('erf', [a], _rt)
+    try:
+        return _ad.op('erf', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.erf', erf, dict(a=a), _error) from None
 
 
 def erfinv(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -914,7 +1154,10 @@ def erfinv(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('erfinv', [a], _rt)
+    try:
+        return _ad.op('erfinv', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.erfinv', erfinv, dict(a=a), _error) from None
 
 
 def exp(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -925,7 +1168,10 @@ def exp(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('exp', [a], _rt)
+    try:
+        return _ad.op('exp', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.exp', exp, dict(a=a), _error) from None
 
 
 def expand_dims(a: array, /, axis: int | Sequence[int], *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -936,7 +1182,10 @@ def expand_dims(a: array, /, axis: int | Sequence[int], *, stream: StreamOrDevic
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('expand_dims', [a], _rt, axis=axis)
+    try:
+        return _ad.op('expand_dims', [a], _rt, axis=axis)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.expand_dims', expand_dims, dict(a=a, axis=axis), _error) from None
 
 
 def expm1(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -947,7 +1196,10 @@ def expm1(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('expm1', [a], _rt)
+    try:
+        return _ad.op('expm1', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.expm1', expm1, dict(a=a), _error) from None
 
 
 def eye(n: int, m: int | None = None, k: int = 0, dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -958,7 +1210,10 @@ def eye(n: int, m: int | None = None, k: int = 0, dtype: Dtype | None = mx.float
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('eye', [], _rt, n=n, m=m, k=k, dtype=dtype)
+    try:
+        return _ad.op('eye', [], _rt, n=n, m=m, k=k, dtype=dtype)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.eye', eye, dict(n=n, m=m, k=k, dtype=dtype), _error) from None
 
 
 def flatten(a: array, /, start_axis: int = 0, end_axis: int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -969,7 +1224,10 @@ def flatten(a: array, /, start_axis: int = 0, end_axis: int = -1, *, stream: Str
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('flatten', [a], _rt, start_axis=start_axis, end_axis=end_axis)
+    try:
+        return _ad.op('flatten', [a], _rt, start_axis=start_axis, end_axis=end_axis)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.flatten', flatten, dict(a=a, start_axis=start_axis, end_axis=end_axis), _error) from None
 
 
 def flip(a: array, /, axis: None | int | Sequence[int] = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -980,7 +1238,10 @@ def flip(a: array, /, axis: None | int | Sequence[int] = None, *, stream: Stream
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('flip', [a], _rt, axis=axis)
+    try:
+        return _ad.op('flip', [a], _rt, axis=axis)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.flip', flip, dict(a=a, axis=axis), _error) from None
 
 
 def floor(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -991,7 +1252,10 @@ def floor(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('floor', [a], _rt)
+    try:
+        return _ad.op('floor', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.floor', floor, dict(a=a), _error) from None
 
 
 def floor_divide(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1002,7 +1266,10 @@ def floor_divide(a: scalar | array, b: scalar | array, stream: StreamOrDevice = 
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('floor_divide', [a, b], _rt)
+    try:
+        return _ad.op('floor_divide', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.floor_divide', floor_divide, dict(a=a, b=b), _error) from None
 
 
 def from_fp8(x: array, dtype: Dtype = mx.bfloat16, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1013,7 +1280,10 @@ def from_fp8(x: array, dtype: Dtype = mx.bfloat16, *, stream: StreamOrDevice = N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('from_fp8', [x], _rt, dtype=dtype)
+    try:
+        return _ad.op('from_fp8', [x], _rt, dtype=dtype)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.from_fp8', from_fp8, dict(x=x, dtype=dtype), _error) from None
 
 
 def full(shape: int | Sequence[int], vals: scalar | array, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1024,7 +1294,10 @@ def full(shape: int | Sequence[int], vals: scalar | array, dtype: Dtype | None =
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('full', [vals], _rt, shape=shape, dtype=dtype)
+    try:
+        return _ad.full(shape, vals, dtype, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.full', full, dict(shape=shape, vals=vals, dtype=dtype), _error) from None
 
 
 def full_like(a: array, vals: scalar | array, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1035,7 +1308,10 @@ def full_like(a: array, vals: scalar | array, dtype: Dtype | None = None, *, str
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.full_like(a, vals, dtype, _rt)
+    try:
+        return _ad.full_like(a, vals, dtype, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.full_like', full_like, dict(a=a, vals=vals, dtype=dtype), _error) from None
 
 
 def gather_mm(a: array, b: array, /, lhs_indices: array | None = None, rhs_indices: array | None = None, *, sorted_indices: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1046,7 +1322,10 @@ def gather_mm(a: array, b: array, /, lhs_indices: array | None = None, rhs_indic
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices, _rt)
+    try:
+        return _ad.gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.gather_mm', gather_mm, dict(a=a, b=b, lhs_indices=lhs_indices, rhs_indices=rhs_indices, sorted_indices=sorted_indices), _error) from None
 
 
 def gather_qmm(x: array, w: array, /, scales: array, biases: array | None = None, lhs_indices: array | None = None, rhs_indices: array | None = None, transpose: bool = True, group_size: int | None = None, bits: int | None = None, mode: str = 'affine', global_scale: array | None = None, *, sorted_indices: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1057,7 +1336,10 @@ def gather_qmm(x: array, w: array, /, scales: array, biases: array | None = None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_size, bits, mode, global_scale, sorted_indices, _rt)
+    try:
+        return _ad.gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_size, bits, mode, global_scale, sorted_indices, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.gather_qmm', gather_qmm, dict(x=x, w=w, scales=scales, biases=biases, lhs_indices=lhs_indices, rhs_indices=rhs_indices, transpose=transpose, group_size=group_size, bits=bits, mode=mode, global_scale=global_scale, sorted_indices=sorted_indices), _error) from None
 
 
 def gather_qqmm(x: array, w: array, /, scales: array | None = None, lhs_indices: array | None = None, rhs_indices: array | None = None, group_size: int | None = None, bits: int | None = None, mode: str = 'nvfp4', global_scale_x: array | None = None, global_scale_w: array | None = None, *, sorted_indices: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1068,7 +1350,10 @@ def gather_qqmm(x: array, w: array, /, scales: array | None = None, lhs_indices:
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.gather_qqmm(x, w, scales, lhs_indices, rhs_indices, group_size, bits, mode, global_scale_x, global_scale_w, sorted_indices, _rt)
+    try:
+        return _ad.gather_qqmm(x, w, scales, lhs_indices, rhs_indices, group_size, bits, mode, global_scale_x, global_scale_w, sorted_indices, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.gather_qqmm', gather_qqmm, dict(x=x, w=w, scales=scales, lhs_indices=lhs_indices, rhs_indices=rhs_indices, group_size=group_size, bits=bits, mode=mode, global_scale_x=global_scale_x, global_scale_w=global_scale_w, sorted_indices=sorted_indices), _error) from None
 
 
 def greater(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1079,7 +1364,10 @@ def greater(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None,
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('greater', [a, b], _rt)
+    try:
+        return _ad.op('greater', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.greater', greater, dict(a=a, b=b), _error) from None
 
 
 def greater_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1090,7 +1378,10 @@ def greater_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice =
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('greater_equal', [a, b], _rt)
+    try:
+        return _ad.op('greater_equal', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.greater_equal', greater_equal, dict(a=a, b=b), _error) from None
 
 
 def hadamard_transform(a: array, scale: float | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1101,7 +1392,10 @@ def hadamard_transform(a: array, scale: float | None = None, stream: StreamOrDev
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.hadamard_transform(a, scale, _rt)
+    try:
+        return _ad.hadamard_transform(a, scale, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.hadamard_transform', hadamard_transform, dict(a=a, scale=scale), _error) from None
 
 
 def hamming(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1112,7 +1406,10 @@ def hamming(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.window('hamming', M, _rt)
+    try:
+        return _ad.window('hamming', M, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.hamming', hamming, dict(M=M), _error) from None
 
 
 def hanning(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1123,7 +1420,10 @@ def hanning(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.window('hanning', M, _rt)
+    try:
+        return _ad.window('hanning', M, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.hanning', hanning, dict(M=M), _error) from None
 
 
 def identity(n: int, dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1134,7 +1434,10 @@ def identity(n: int, dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('eye', [], _rt, n=n, dtype=dtype)
+    try:
+        return _ad.op('eye', [], _rt, n=n, dtype=dtype)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.identity', identity, dict(n=n, dtype=dtype), _error) from None
 
 
 def imag(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1145,7 +1448,10 @@ def imag(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('imag', [a], _rt)
+    try:
+        return _ad.op('imag', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.imag', imag, dict(a=a), _error) from None
 
 
 def inner(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1157,7 +1463,10 @@ def inner(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: Comman
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('inner', [a, b], _rt)
+    try:
+        return _ad.op('inner', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.inner', inner, dict(a=a, b=b), _error) from None
 
 
 def isclose(a: array, b: array, /, rtol: float = 1e-05, atol: float = 1e-08, *, equal_nan: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1168,7 +1477,10 @@ def isclose(a: array, b: array, /, rtol: float = 1e-05, atol: float = 1e-08, *, 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('isclose', [a, b], _rt, rtol=rtol, atol=atol, equal_nan=equal_nan)
+    try:
+        return _ad.op('isclose', [a, b], _rt, rtol=rtol, atol=atol, equal_nan=equal_nan)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.isclose', isclose, dict(a=a, b=b, rtol=rtol, atol=atol, equal_nan=equal_nan), _error) from None
 
 
 def isfinite(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1179,7 +1491,10 @@ def isfinite(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('isfinite', [a], _rt)
+    try:
+        return _ad.op('isfinite', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.isfinite', isfinite, dict(a=a), _error) from None
 
 
 def isinf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1190,7 +1505,10 @@ def isinf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('isinf', [a], _rt)
+    try:
+        return _ad.op('isinf', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.isinf', isinf, dict(a=a), _error) from None
 
 
 def isnan(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1201,7 +1519,10 @@ def isnan(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('isnan', [a], _rt)
+    try:
+        return _ad.op('isnan', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.isnan', isnan, dict(a=a), _error) from None
 
 
 def isneginf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1212,7 +1533,10 @@ def isneginf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('isneginf', [a], _rt)
+    try:
+        return _ad.op('isneginf', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.isneginf', isneginf, dict(a=a), _error) from None
 
 
 def isposinf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1223,7 +1547,10 @@ def isposinf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('isposinf', [a], _rt)
+    try:
+        return _ad.op('isposinf', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.isposinf', isposinf, dict(a=a), _error) from None
 
 
 def kron(a: array, b: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1234,7 +1561,10 @@ def kron(a: array, b: array, *, stream: StreamOrDevice = None, queue: CommandQue
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('kron', [a, b], _rt)
+    try:
+        return _ad.op('kron', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.kron', kron, dict(a=a, b=b), _error) from None
 
 
 def left_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1245,7 +1575,10 @@ def left_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('left_shift', [a, b], _rt)
+    try:
+        return _ad.op('left_shift', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.left_shift', left_shift, dict(a=a, b=b), _error) from None
 
 
 def less(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1256,7 +1589,10 @@ def less(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *,
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('less', [a, b], _rt)
+    try:
+        return _ad.op('less', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.less', less, dict(a=a, b=b), _error) from None
 
 
 def less_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1267,7 +1603,10 @@ def less_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('less_equal', [a, b], _rt)
+    try:
+        return _ad.op('less_equal', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.less_equal', less_equal, dict(a=a, b=b), _error) from None
 
 
 def linspace(start: scalar, stop: scalar, num: int | None = 50, endpoint: bool = True, dtype: Dtype | None = mx.float32, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1278,7 +1617,10 @@ def linspace(start: scalar, stop: scalar, num: int | None = 50, endpoint: bool =
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.linspace(start, stop, num, endpoint, dtype, _rt)
+    try:
+        return _ad.linspace(start, stop, num, endpoint, dtype, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.linspace', linspace, dict(start=start, stop=stop, num=num, endpoint=endpoint, dtype=dtype), _error) from None
 
 
 def log(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1289,7 +1631,10 @@ def log(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('log', [a], _rt)
+    try:
+        return _ad.op('log', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.log', log, dict(a=a), _error) from None
 
 
 def log10(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1300,7 +1645,10 @@ def log10(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('log10', [a], _rt)
+    try:
+        return _ad.op('log10', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.log10', log10, dict(a=a), _error) from None
 
 
 def log1p(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1311,7 +1659,10 @@ def log1p(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('log1p', [a], _rt)
+    try:
+        return _ad.op('log1p', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.log1p', log1p, dict(a=a), _error) from None
 
 
 def log2(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1322,7 +1673,10 @@ def log2(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('log2', [a], _rt)
+    try:
+        return _ad.op('log2', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.log2', log2, dict(a=a), _error) from None
 
 
 def logaddexp(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1333,7 +1687,10 @@ def logaddexp(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('logaddexp', [a, b], _rt)
+    try:
+        return _ad.op('logaddexp', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.logaddexp', logaddexp, dict(a=a, b=b), _error) from None
 
 
 def logcumsumexp(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1344,7 +1701,10 @@ def logcumsumexp(a: array, /, axis: int | None = None, *, reverse: bool = False,
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('logcumsumexp', [a], _rt, axis=axis, reverse=reverse, inclusive=inclusive)
+    try:
+        return _ad.op('logcumsumexp', [a], _rt, axis=axis, reverse=reverse, inclusive=inclusive)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.logcumsumexp', logcumsumexp, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive), _error) from None
 
 
 def logical_and(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1355,7 +1715,10 @@ def logical_and(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('logical_and', [a, b], _rt)
+    try:
+        return _ad.op('logical_and', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.logical_and', logical_and, dict(a=a, b=b), _error) from None
 
 
 def logical_not(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1366,7 +1729,10 @@ def logical_not(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQue
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('logical_not', [a], _rt)
+    try:
+        return _ad.op('logical_not', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.logical_not', logical_not, dict(a=a), _error) from None
 
 
 def logical_or(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1377,7 +1743,10 @@ def logical_or(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: C
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('logical_or', [a, b], _rt)
+    try:
+        return _ad.op('logical_or', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.logical_or', logical_or, dict(a=a, b=b), _error) from None
 
 
 def logical_xor(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1388,7 +1757,10 @@ def logical_xor(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevi
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('logical_xor', [a, b], _rt)
+    try:
+        return _ad.op('logical_xor', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.logical_xor', logical_xor, dict(a=a, b=b), _error) from None
 
 
 def logsumexp(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1399,7 +1771,10 @@ def logsumexp(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bo
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('logsumexp', [a], _rt, axis=axis, keepdims=keepdims)
+    try:
+        return _ad.op('logsumexp', [a], _rt, axis=axis, keepdims=keepdims)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.logsumexp', logsumexp, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
 
 
 def matmul(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1410,7 +1785,10 @@ def matmul(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: Comma
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('matmul', [a, b], _rt)
+    try:
+        return _ad.op('matmul', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.matmul', matmul, dict(a=a, b=b), _error) from None
 
 
 def matrix_norm(a: array, /, ord: None | int | float | str = None, axis: None | int | list[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1421,7 +1799,10 @@ def matrix_norm(a: array, /, ord: None | int | float | str = None, axis: None | 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.norm(a, ord, axis, keepdims, _rt)
+    try:
+        return _ad.norm(a, ord, axis, keepdims, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.matrix_norm', matrix_norm, dict(a=a, ord=ord, axis=axis, keepdims=keepdims), _error) from None
 
 
 def matrix_transpose(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1432,7 +1813,10 @@ def matrix_transpose(a: array, /, *, stream: StreamOrDevice = None, queue: Comma
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.matrix_transpose(a, _rt)
+    try:
+        return _ad.matrix_transpose(a, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.matrix_transpose', matrix_transpose, dict(a=a), _error) from None
 
 
 def max(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1443,7 +1827,10 @@ def max(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('max', [a], _rt, axis=axis, keepdims=keepdims)
+    try:
+        return _ad.op('max', [a], _rt, axis=axis, keepdims=keepdims)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.max', max, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
 
 
 def maximum(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1454,7 +1841,10 @@ def maximum(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice =
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('maximum', [a, b], _rt)
+    try:
+        return _ad.op('maximum', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.maximum', maximum, dict(a=a, b=b), _error) from None
 
 
 def mean(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1465,7 +1855,10 @@ def mean(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('mean', [a], _rt, axis=axis, keepdims=keepdims)
+    try:
+        return _ad.op('mean', [a], _rt, axis=axis, keepdims=keepdims)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.mean', mean, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
 
 
 def median(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1476,7 +1869,10 @@ def median(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('median', [a], _rt, axis=axis, keepdims=keepdims)
+    try:
+        return _ad.op('median', [a], _rt, axis=axis, keepdims=keepdims)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.median', median, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
 
 
 def meshgrid(*arrays: array, sparse: bool | None = False, indexing: str | None = 'xy', stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, ...]]:
@@ -1487,7 +1883,10 @@ def meshgrid(*arrays: array, sparse: bool | None = False, indexing: str | None =
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.meshgrid(arrays, sparse, indexing, _rt)
+    try:
+        return _ad.meshgrid(arrays, sparse, indexing, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.meshgrid', meshgrid, dict(arrays=arrays, sparse=sparse, indexing=indexing), _error) from None
 
 
 def min(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1498,7 +1897,10 @@ def min(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('min', [a], _rt, axis=axis, keepdims=keepdims)
+    try:
+        return _ad.op('min', [a], _rt, axis=axis, keepdims=keepdims)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.min', min, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
 
 
 def minimum(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1509,7 +1911,10 @@ def minimum(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice =
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('minimum', [a, b], _rt)
+    try:
+        return _ad.op('minimum', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.minimum', minimum, dict(a=a, b=b), _error) from None
 
 
 def minmax(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
@@ -1520,7 +1925,10 @@ def minmax(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('minmax', [a], _rt, axis=axis, keepdims=keepdims)
+    try:
+        return _ad.op('minmax', [a], _rt, axis=axis, keepdims=keepdims)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.minmax', minmax, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
 
 
 def moveaxis(a: array, /, source: int, destination: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1531,7 +1939,10 @@ def moveaxis(a: array, /, source: int, destination: int, *, stream: StreamOrDevi
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('moveaxis', [a], _rt, source=source, destination=destination)
+    try:
+        return _ad.op('moveaxis', [a], _rt, source=source, destination=destination)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.moveaxis', moveaxis, dict(a=a, source=source, destination=destination), _error) from None
 
 
 def multiply(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1542,7 +1953,10 @@ def multiply(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('multiply', [a, b], _rt)
+    try:
+        return _ad.op('multiply', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.multiply', multiply, dict(a=a, b=b), _error) from None
 
 
 def nan_to_num(a: scalar | array, nan: float = 0, posinf: float | None = None, neginf: float | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1553,7 +1967,10 @@ def nan_to_num(a: scalar | array, nan: float = 0, posinf: float | None = None, n
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.nan_to_num(a, nan, posinf, neginf, _rt)
+    try:
+        return _ad.nan_to_num(a, nan, posinf, neginf, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.nan_to_num', nan_to_num, dict(a=a, nan=nan, posinf=posinf, neginf=neginf), _error) from None
 
 
 def negative(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1564,7 +1981,10 @@ def negative(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('negative', [a], _rt)
+    try:
+        return _ad.op('negative', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.negative', negative, dict(a=a), _error) from None
 
 
 def not_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1575,7 +1995,10 @@ def not_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('not_equal', [a, b], _rt)
+    try:
+        return _ad.op('not_equal', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.not_equal', not_equal, dict(a=a, b=b), _error) from None
 
 
 def ones(shape: int | Sequence[int], dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1586,7 +2009,10 @@ def ones(shape: int | Sequence[int], dtype: Dtype | None = mx.float32, *, stream
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('ones', [], _rt, shape=shape, dtype=dtype)
+    try:
+        return _ad.op('ones', [], _rt, shape=shape, dtype=dtype)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.ones', ones, dict(shape=shape, dtype=dtype), _error) from None
 
 
 def ones_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1597,7 +2023,10 @@ def ones_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevice
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.ones_like(a, dtype, _rt)
+    try:
+        return _ad.ones_like(a, dtype, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.ones_like', ones_like, dict(a=a, dtype=dtype), _error) from None
 
 
 def outer(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1609,7 +2038,10 @@ def outer(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: Comman
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('outer', [a, b], _rt)
+    try:
+        return _ad.op('outer', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.outer', outer, dict(a=a, b=b), _error) from None
 
 
 def pad(a: array, pad_width: int | tuple[int] | tuple[int, int] | list[tuple[int, int]], mode: Literal['constant', 'edge', 'reflect', 'symmetric'] = 'constant', constant_values: scalar | array = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1620,7 +2052,10 @@ def pad(a: array, pad_width: int | tuple[int] | tuple[int, int] | list[tuple[int
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.pad(a, pad_width, mode, constant_values, _rt)
+    try:
+        return _ad.pad(a, pad_width, mode, constant_values, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.pad', pad, dict(a=a, pad_width=pad_width, mode=mode, constant_values=constant_values), _error) from None
 
 
 def partition(a: array, /, kth: int, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1631,7 +2066,10 @@ def partition(a: array, /, kth: int, axis: None | int = -1, *, stream: StreamOrD
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('partition', [a], _rt, kth=kth, axis=axis)
+    try:
+        return _ad.op('partition', [a], _rt, kth=kth, axis=axis)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.partition', partition, dict(a=a, kth=kth, axis=axis), _error) from None
 
 
 def permute_dims(a: array, /, axes: Sequence[int] | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1642,7 +2080,10 @@ def permute_dims(a: array, /, axes: Sequence[int] | None = None, *, stream: Stre
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('transpose', [a], _rt, axes=axes)
+    try:
+        return _ad.op('transpose', [a], _rt, axes=axes)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.permute_dims', permute_dims, dict(a=a, axes=axes), _error) from None
 
 
 def positive(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1653,7 +2094,10 @@ def positive(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('copy', [a], _rt)
+    try:
+        return _ad.op('copy', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.positive', positive, dict(a=a), _error) from None
 
 
 def pow(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1664,7 +2108,10 @@ def pow(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('power', [a, b], _rt)
+    try:
+        return _ad.op('power', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.pow', pow, dict(a=a, b=b), _error) from None
 
 
 def power(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1675,7 +2122,10 @@ def power(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('power', [a, b], _rt)
+    try:
+        return _ad.op('power', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.power', power, dict(a=a, b=b), _error) from None
 
 
 def prod(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1686,7 +2136,10 @@ def prod(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('prod', [a], _rt, axis=axis, keepdims=keepdims)
+    try:
+        return _ad.op('prod', [a], _rt, axis=axis, keepdims=keepdims)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.prod', prod, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
 
 
 def put_along_axis(a: array, /, indices: array, values: array, axis: int | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1697,7 +2150,10 @@ def put_along_axis(a: array, /, indices: array, values: array, axis: int | None 
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.put_along_axis(a, indices, values, axis, _rt)
+    try:
+        return _ad.put_along_axis(a, indices, values, axis, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.put_along_axis', put_along_axis, dict(a=a, indices=indices, values=values, axis=axis), _error) from None
 
 
 def qqmm(x: array, w: array, scales: array | None = None, group_size: int | None = None, bits: int | None = None, mode: str = 'nvfp4', global_scale_x: array | None = None, global_scale_w: array | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1710,7 +2166,10 @@ def qqmm(x: array, w: array, scales: array | None = None, group_size: int | None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.qqmm(x, w, scales, group_size, bits, mode, global_scale_x, global_scale_w, _rt)
+    try:
+        return _ad.qqmm(x, w, scales, group_size, bits, mode, global_scale_x, global_scale_w, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.qqmm', qqmm, dict(x=x, w=w, scales=scales, group_size=group_size, bits=bits, mode=mode, global_scale_x=global_scale_x, global_scale_w=global_scale_w), _error) from None
 
 
 def quantize(w: array, /, group_size: int | None = None, bits: int | None = None, mode: str = 'affine', *, global_scale: array | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[list[array]]:
@@ -1721,7 +2180,10 @@ def quantize(w: array, /, group_size: int | None = None, bits: int | None = None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.quantize(w, group_size, bits, mode, global_scale, _rt)
+    try:
+        return _ad.quantize(w, group_size, bits, mode, global_scale, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.quantize', quantize, dict(w=w, group_size=group_size, bits=bits, mode=mode, global_scale=global_scale), _error) from None
 
 
 def quantized_matmul(x: array, w: array, /, scales: array, biases: array | None = None, transpose: bool = True, group_size: int | None = None, bits: int | None = None, mode: str = 'affine', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1734,7 +2196,10 @@ def quantized_matmul(x: array, w: array, /, scales: array, biases: array | None 
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode, _rt)
+    try:
+        return _ad.quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.quantized_matmul', quantized_matmul, dict(x=x, w=w, scales=scales, biases=biases, transpose=transpose, group_size=group_size, bits=bits, mode=mode), _error) from None
 
 
 def radians(a: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1745,7 +2210,10 @@ def radians(a: scalar | array, /, *, stream: StreamOrDevice = None, queue: Comma
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('radians', [a], _rt)
+    try:
+        return _ad.op('radians', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.radians', radians, dict(a=a), _error) from None
 
 
 def real(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1756,7 +2224,10 @@ def real(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('real', [a], _rt)
+    try:
+        return _ad.op('real', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.real', real, dict(a=a), _error) from None
 
 
 def reciprocal(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1767,7 +2238,10 @@ def reciprocal(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueu
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('reciprocal', [a], _rt)
+    try:
+        return _ad.op('reciprocal', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.reciprocal', reciprocal, dict(a=a), _error) from None
 
 
 def remainder(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1778,7 +2252,10 @@ def remainder(a: scalar | array, b: scalar | array, stream: StreamOrDevice = Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('remainder', [a, b], _rt)
+    try:
+        return _ad.op('remainder', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.remainder', remainder, dict(a=a, b=b), _error) from None
 
 
 def repeat(array: array, repeats: int, axis: int | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1789,7 +2266,10 @@ def repeat(array: array, repeats: int, axis: int | None = None, *, stream: Strea
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('repeat', [array], _rt, repeats=repeats, axis=axis)
+    try:
+        return _ad.op('repeat', [array], _rt, repeats=repeats, axis=axis)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.repeat', repeat, dict(array=array, repeats=repeats, axis=axis), _error) from None
 
 
 def reshape(a: array, /, shape: Sequence[int], *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1800,7 +2280,10 @@ def reshape(a: array, /, shape: Sequence[int], *, stream: StreamOrDevice = None,
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('reshape', [a], _rt, shape=shape)
+    try:
+        return _ad.op('reshape', [a], _rt, shape=shape)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.reshape', reshape, dict(a=a, shape=shape), _error) from None
 
 
 def right_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1811,7 +2294,10 @@ def right_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('right_shift', [a, b], _rt)
+    try:
+        return _ad.op('right_shift', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.right_shift', right_shift, dict(a=a, b=b), _error) from None
 
 
 def roll(a: array, shift: int | tuple[int], axis: None | int | tuple[int] = None, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1822,7 +2308,10 @@ def roll(a: array, shift: int | tuple[int], axis: None | int | tuple[int] = None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.roll(a, shift, axis, _rt)
+    try:
+        return _ad.roll(a, shift, axis, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.roll', roll, dict(a=a, shift=shift, axis=axis), _error) from None
 
 
 def round(a: array, /, decimals: int = 0, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1833,7 +2322,10 @@ def round(a: array, /, decimals: int = 0, stream: StreamOrDevice = None, *, queu
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('round', [a], _rt, decimals=decimals)
+    try:
+        return _ad.op('round', [a], _rt, decimals=decimals)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.round', round, dict(a=a, decimals=decimals), _error) from None
 
 
 def rsqrt(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1844,7 +2336,10 @@ def rsqrt(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('rsqrt', [a], _rt)
+    try:
+        return _ad.op('rsqrt', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.rsqrt', rsqrt, dict(a=a), _error) from None
 
 
 def searchsorted(sorted_sequence: array, values: array, /, side: str = 'left', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1855,7 +2350,10 @@ def searchsorted(sorted_sequence: array, values: array, /, side: str = 'left', *
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('searchsorted', [sorted_sequence, values], _rt, side=side)
+    try:
+        return _ad.op('searchsorted', [sorted_sequence, values], _rt, side=side)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.searchsorted', searchsorted, dict(sorted_sequence=sorted_sequence, values=values, side=side), _error) from None
 
 
 def segmented_mm(a: array, b: array, /, segments: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1867,7 +2365,10 @@ def segmented_mm(a: array, b: array, /, segments: array, *, stream: StreamOrDevi
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.segmented_mm(a, b, segments, _rt)
+    try:
+        return _ad.segmented_mm(a, b, segments, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.segmented_mm', segmented_mm, dict(a=a, b=b, segments=segments), _error) from None
 
 
 def sigmoid(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1878,7 +2379,10 @@ def sigmoid(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue |
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('sigmoid', [a], _rt)
+    try:
+        return _ad.op('sigmoid', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.sigmoid', sigmoid, dict(a=a), _error) from None
 
 
 def sign(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1889,7 +2393,10 @@ def sign(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('sign', [a], _rt)
+    try:
+        return _ad.op('sign', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.sign', sign, dict(a=a), _error) from None
 
 
 def sin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1900,7 +2407,10 @@ def sin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('sin', [a], _rt)
+    try:
+        return _ad.op('sin', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.sin', sin, dict(a=a), _error) from None
 
 
 def sinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1911,7 +2421,10 @@ def sinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('sinh', [a], _rt)
+    try:
+        return _ad.op('sinh', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.sinh', sinh, dict(a=a), _error) from None
 
 
 def slice(a: array, start_indices: array | Sequence[int] | None = None, axes: Sequence[int] | None = None, slice_size: Sequence[int] | None = None, *, start: Sequence[int] | None = None, stop: Sequence[int] | None = None, strides: Sequence[int] | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1946,7 +2459,10 @@ def softmax(a: array, /, axis: None | int | Sequence[int] = None, *, precise: bo
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('softmax', [a], _rt, axis=axis, precise=precise)
+    try:
+        return _ad.op('softmax', [a], _rt, axis=axis, precise=precise)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.softmax', softmax, dict(a=a, axis=axis, precise=precise), _error) from None
 
 
 def sort(a: array, /, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1957,7 +2473,10 @@ def sort(a: array, /, axis: None | int = -1, *, stream: StreamOrDevice = None, q
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('sort', [a], _rt, axis=axis)
+    try:
+        return _ad.op('sort', [a], _rt, axis=axis)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.sort', sort, dict(a=a, axis=axis), _error) from None
 
 
 def split(a: array, /, indices_or_sections: int | Sequence[int], axis: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[list[array]]:
@@ -1968,7 +2487,10 @@ def split(a: array, /, indices_or_sections: int | Sequence[int], axis: int = 0, 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.split(a, indices_or_sections, axis, _rt)
+    try:
+        return _ad.split(a, indices_or_sections, axis, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.split', split, dict(a=a, indices_or_sections=indices_or_sections, axis=axis), _error) from None
 
 
 def sqrt(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1979,7 +2501,10 @@ def sqrt(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('sqrt', [a], _rt)
+    try:
+        return _ad.op('sqrt', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.sqrt', sqrt, dict(a=a), _error) from None
 
 
 def square(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1990,7 +2515,10 @@ def square(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('square', [a], _rt)
+    try:
+        return _ad.op('square', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.square', square, dict(a=a), _error) from None
 
 
 def squeeze(a: array, /, axis: None | int | Sequence[int] = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2001,7 +2529,10 @@ def squeeze(a: array, /, axis: None | int | Sequence[int] = None, *, stream: Str
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('squeeze', [a], _rt, axis=axis)
+    try:
+        return _ad.op('squeeze', [a], _rt, axis=axis)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.squeeze', squeeze, dict(a=a, axis=axis), _error) from None
 
 
 def stack(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2012,7 +2543,10 @@ def stack(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice =
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.stack(arrays, axis, _rt)
+    try:
+        return _ad.stack(arrays, axis, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.stack', stack, dict(arrays=arrays, axis=axis), _error) from None
 
 
 def std(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, ddof: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2023,7 +2557,10 @@ def std(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('std', [a], _rt, axis=axis, keepdims=keepdims, ddof=ddof)
+    try:
+        return _ad.op('std', [a], _rt, axis=axis, keepdims=keepdims, ddof=ddof)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.std', std, dict(a=a, axis=axis, keepdims=keepdims, ddof=ddof), _error) from None
 
 
 def stop_gradient(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2034,7 +2571,10 @@ def stop_gradient(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQ
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('stop_gradient', [a], _rt)
+    try:
+        return _ad.op('stop_gradient', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.stop_gradient', stop_gradient, dict(a=a), _error) from None
 
 
 def subtract(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2045,7 +2585,10 @@ def subtract(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('subtract', [a, b], _rt)
+    try:
+        return _ad.op('subtract', [a, b], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.subtract', subtract, dict(a=a, b=b), _error) from None
 
 
 def sum(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2056,7 +2599,10 @@ def sum(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('sum', [a], _rt, axis=axis, keepdims=keepdims)
+    try:
+        return _ad.op('sum', [a], _rt, axis=axis, keepdims=keepdims)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.sum', sum, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
 
 
 def swapaxes(a: array, /, axis1: int, axis2: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2067,7 +2613,10 @@ def swapaxes(a: array, /, axis1: int, axis2: int, *, stream: StreamOrDevice = No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('swapaxes', [a], _rt, axis1=axis1, axis2=axis2)
+    try:
+        return _ad.op('swapaxes', [a], _rt, axis1=axis1, axis2=axis2)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.swapaxes', swapaxes, dict(a=a, axis1=axis1, axis2=axis2), _error) from None
 
 
 def take(a: array, /, indices: int | array, axis: int | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2078,7 +2627,10 @@ def take(a: array, /, indices: int | array, axis: int | None = None, *, stream: 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.take(a, indices, axis, _rt)
+    try:
+        return _ad.take(a, indices, axis, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.take', take, dict(a=a, indices=indices, axis=axis), _error) from None
 
 
 def take_along_axis(a: array, /, indices: array, axis: int | None = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2089,7 +2641,10 @@ def take_along_axis(a: array, /, indices: array, axis: int | None = -1, *, strea
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.take_along_axis(a, indices, axis, _rt)
+    try:
+        return _ad.take_along_axis(a, indices, axis, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.take_along_axis', take_along_axis, dict(a=a, indices=indices, axis=axis), _error) from None
 
 
 def tan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2100,7 +2655,10 @@ def tan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('tan', [a], _rt)
+    try:
+        return _ad.op('tan', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.tan', tan, dict(a=a), _error) from None
 
 
 def tanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2111,7 +2669,10 @@ def tanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('tanh', [a], _rt)
+    try:
+        return _ad.op('tanh', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.tanh', tanh, dict(a=a), _error) from None
 
 
 def tensordot(a: array, b: array, /, axes: int | list[Sequence[int]] = 2, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2122,7 +2683,10 @@ def tensordot(a: array, b: array, /, axes: int | list[Sequence[int]] = 2, *, str
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.tensordot(a, b, axes, _rt)
+    try:
+        return _ad.tensordot(a, b, axes, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.tensordot', tensordot, dict(a=a, b=b, axes=axes), _error) from None
 
 
 def tile(a: array, reps: int | Sequence[int], /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2133,7 +2697,10 @@ def tile(a: array, reps: int | Sequence[int], /, *, stream: StreamOrDevice = Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('tile', [a], _rt, reps=reps)
+    try:
+        return _ad.op('tile', [a], _rt, reps=reps)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.tile', tile, dict(a=a, reps=reps), _error) from None
 
 
 def to_fp8(x: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2144,7 +2711,10 @@ def to_fp8(x: array, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('to_fp8', [x], _rt)
+    try:
+        return _ad.op('to_fp8', [x], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.to_fp8', to_fp8, dict(x=x), _error) from None
 
 
 def topk(a: array, /, k: int, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2155,7 +2725,10 @@ def topk(a: array, /, k: int, axis: None | int = -1, *, stream: StreamOrDevice =
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('topk', [a], _rt, k=k, axis=axis)
+    try:
+        return _ad.op('topk', [a], _rt, k=k, axis=axis)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.topk', topk, dict(a=a, k=k, axis=axis), _error) from None
 
 
 def trace(a: array, /, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2166,7 +2739,10 @@ def trace(a: array, /, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype: D
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('trace', [a], _rt, offset=offset, axis1=axis1, axis2=axis2, dtype=dtype)
+    try:
+        return _ad.op('trace', [a], _rt, offset=offset, axis1=axis1, axis2=axis2, dtype=dtype)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.trace', trace, dict(a=a, offset=offset, axis1=axis1, axis2=axis2, dtype=dtype), _error) from None
 
 
 def transpose(a: array, /, axes: Sequence[int] | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2177,7 +2753,10 @@ def transpose(a: array, /, axes: Sequence[int] | None = None, *, stream: StreamO
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('transpose', [a], _rt, axes=axes)
+    try:
+        return _ad.op('transpose', [a], _rt, axes=axes)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.transpose', transpose, dict(a=a, axes=axes), _error) from None
 
 
 def tri(n: int, m: int | None = None, k: int = 0, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2188,7 +2767,10 @@ def tri(n: int, m: int | None = None, k: int = 0, dtype: Dtype | None = None, *,
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('tri', [], _rt, n=n, m=m, k=k, dtype=dtype)
+    try:
+        return _ad.op('tri', [], _rt, n=n, m=m, k=k, dtype=dtype)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.tri', tri, dict(n=n, m=m, k=k, dtype=dtype), _error) from None
 
 
 def tril(x: array, k: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2199,7 +2781,10 @@ def tril(x: array, k: int = 0, *, stream: StreamOrDevice = None, queue: CommandQ
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('tril', [x], _rt, k=k)
+    try:
+        return _ad.op('tril', [x], _rt, k=k)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.tril', tril, dict(x=x, k=k), _error) from None
 
 
 def triu(x: array, k: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2210,7 +2795,10 @@ def triu(x: array, k: int = 0, *, stream: StreamOrDevice = None, queue: CommandQ
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('triu', [x], _rt, k=k)
+    try:
+        return _ad.op('triu', [x], _rt, k=k)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.triu', triu, dict(x=x, k=k), _error) from None
 
 
 def trunc(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2221,7 +2809,10 @@ def trunc(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('trunc', [a], _rt)
+    try:
+        return _ad.op('trunc', [a], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.trunc', trunc, dict(a=a), _error) from None
 
 
 def unflatten(a: array, /, axis: int, shape: Sequence[int], *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2232,7 +2823,10 @@ def unflatten(a: array, /, axis: int, shape: Sequence[int], *, stream: StreamOrD
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('unflatten', [a], _rt, axis=axis, shape=shape)
+    try:
+        return _ad.op('unflatten', [a], _rt, axis=axis, shape=shape)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.unflatten', unflatten, dict(a=a, axis=axis, shape=shape), _error) from None
 
 
 def unique(a: array, /, size: int, return_index: bool = False, return_inverse: bool = False, return_counts: bool = False, fill_value: scalar | array | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | tuple[array, ...]]:
@@ -2243,7 +2837,10 @@ def unique(a: array, /, size: int, return_index: bool = False, return_inverse: b
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.unique(a, size, return_index, return_inverse, return_counts, fill_value, _rt)
+    try:
+        return _ad.unique(a, size, return_index, return_inverse, return_counts, fill_value, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.unique', unique, dict(a=a, size=size, return_index=return_index, return_inverse=return_inverse, return_counts=return_counts, fill_value=fill_value), _error) from None
 
 
 def unstack(x: array, /, *, axis: int = 0, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, ...]]:
@@ -2254,7 +2851,10 @@ def unstack(x: array, /, *, axis: int = 0, stream: StreamOrDevice = None, queue:
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('unstack', [x], _rt, axis=axis)
+    try:
+        return _ad.op('unstack', [x], _rt, axis=axis)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.unstack', unstack, dict(x=x, axis=axis), _error) from None
 
 
 def var(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, ddof: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2265,7 +2865,10 @@ def var(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('var', [a], _rt, axis=axis, keepdims=keepdims, ddof=ddof)
+    try:
+        return _ad.op('var', [a], _rt, axis=axis, keepdims=keepdims, ddof=ddof)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.var', var, dict(a=a, axis=axis, keepdims=keepdims, ddof=ddof), _error) from None
 
 
 def vecdot(a: array, b: array, /, *, axis: int = -1, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2276,7 +2879,10 @@ def vecdot(a: array, b: array, /, *, axis: int = -1, stream: StreamOrDevice = No
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('vecdot', [a, b], _rt, axis=axis)
+    try:
+        return _ad.op('vecdot', [a, b], _rt, axis=axis)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.vecdot', vecdot, dict(a=a, b=b, axis=axis), _error) from None
 
 
 def view(a: scalar | array, dtype: Dtype, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2287,7 +2893,10 @@ def view(a: scalar | array, dtype: Dtype, stream: StreamOrDevice = None, *, queu
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('view', [a], _rt, dtype=dtype)
+    try:
+        return _ad.op('view', [a], _rt, dtype=dtype)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.view', view, dict(a=a, dtype=dtype), _error) from None
 
 
 def where(condition: scalar | array, x: scalar | array, y: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2298,7 +2907,10 @@ def where(condition: scalar | array, x: scalar | array, y: scalar | array, /, *,
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('where', [condition, x, y], _rt)
+    try:
+        return _ad.op('where', [condition, x, y], _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.where', where, dict(condition=condition, x=x, y=y), _error) from None
 
 
 def zeros(shape: int | Sequence[int], dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2309,7 +2921,10 @@ def zeros(shape: int | Sequence[int], dtype: Dtype | None = mx.float32, *, strea
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.op('zeros', [], _rt, shape=shape, dtype=dtype)
+    try:
+        return _ad.op('zeros', [], _rt, shape=shape, dtype=dtype)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.zeros', zeros, dict(shape=shape, dtype=dtype), _error) from None
 
 
 def zeros_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2320,4 +2935,7 @@ def zeros_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevic
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.zeros_like(a, dtype, _rt)
+    try:
+        return _ad.zeros_like(a, dtype, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.zeros_like', zeros_like, dict(a=a, dtype=dtype), _error) from None

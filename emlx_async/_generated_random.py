@@ -1,14 +1,14 @@
 """``mx.random`` with mlx's own signatures, as awaitables. GENERATED, do not edit.
 
 Regenerate with ``python tools/gen_api.py`` (from mlx 0.32.4's signatures and emlx_async/_op_table.py);
-tests/test_api_generated.py checks this file is current.
+tests/test_mlx_parity.py checks this file is current.
 """
 
 # ruff: noqa: A001, A002, E501
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import mlx.core as mx
 from mlx.core import Dtype, array
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ._queue import CommandQueue
 
 __all__ = ['bernoulli', 'categorical', 'gumbel', 'key', 'laplace', 'multivariate_normal', 'normal', 'permutation', 'randint', 'split', 'truncated_normal', 'uniform']
-_keep = (Sequence, Literal, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
+_keep = (Any, Sequence, Literal, overload, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use
 
 
 def bernoulli(p: scalar | array = 0.5, shape: Sequence[int] | None = None, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -33,7 +33,10 @@ def bernoulli(p: scalar | array = 0.5, shape: Sequence[int] | None = None, key: 
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.random_bernoulli(p, shape, key, _rt)
+    try:
+        return _ad.random_bernoulli(p, shape, key, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.random.bernoulli', bernoulli, dict(p=p, shape=shape, key=key), _error) from None
 
 
 def categorical(logits: array, axis: int = -1, shape: Sequence[int] | None = None, num_samples: int | None = None, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -44,7 +47,10 @@ def categorical(logits: array, axis: int = -1, shape: Sequence[int] | None = Non
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.random_categorical(logits, axis, shape, num_samples, key, _rt)
+    try:
+        return _ad.random_categorical(logits, axis, shape, num_samples, key, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.random.categorical', categorical, dict(logits=logits, axis=axis, shape=shape, num_samples=num_samples, key=key), _error) from None
 
 
 def gumbel(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -55,7 +61,10 @@ def gumbel(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, key: arr
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.random_gumbel(shape, dtype, key, _rt)
+    try:
+        return _ad.random_gumbel(shape, dtype, key, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.random.gumbel', gumbel, dict(shape=shape, dtype=dtype, key=key), _error) from None
 
 
 def key(seed: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -66,7 +75,10 @@ def key(seed: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None 
     ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.random_key(seed, _rt)
+    try:
+        return _ad.random_key(seed, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.random.key', key, dict(seed=seed), _error) from None
 
 
 def laplace(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, loc: float = 0.0, scale: float = 1.0, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -77,7 +89,10 @@ def laplace(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, loc: fl
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.random_laplace(shape, dtype, loc, scale, key, _rt)
+    try:
+        return _ad.random_laplace(shape, dtype, loc, scale, key, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.random.laplace', laplace, dict(shape=shape, dtype=dtype, loc=loc, scale=scale, key=key), _error) from None
 
 
 def multivariate_normal(mean: array, cov: array, shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -88,7 +103,10 @@ def multivariate_normal(mean: array, cov: array, shape: Sequence[int] = [], dtyp
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.random_multivariate_normal(mean, cov, shape, dtype, key, _rt)
+    try:
+        return _ad.random_multivariate_normal(mean, cov, shape, dtype, key, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.random.multivariate_normal', multivariate_normal, dict(mean=mean, cov=cov, shape=shape, dtype=dtype, key=key), _error) from None
 
 
 def normal(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, loc: scalar | array | None = None, scale: scalar | array | None = None, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -99,7 +117,10 @@ def normal(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, loc: sca
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.random_normal(shape, dtype, loc, scale, key, _rt)
+    try:
+        return _ad.random_normal(shape, dtype, loc, scale, key, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.random.normal', normal, dict(shape=shape, dtype=dtype, loc=loc, scale=scale, key=key), _error) from None
 
 
 def permutation(x: int | array, axis: int = 0, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -110,7 +131,10 @@ def permutation(x: int | array, axis: int = 0, key: array | None = None, stream:
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.random_permutation(x, axis, key, _rt)
+    try:
+        return _ad.random_permutation(x, axis, key, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.random.permutation', permutation, dict(x=x, axis=axis, key=key), _error) from None
 
 
 def randint(low: scalar | array, high: scalar | array, shape: Sequence[int] = [], dtype: Dtype | None = mx.int32, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -121,7 +145,10 @@ def randint(low: scalar | array, high: scalar | array, shape: Sequence[int] = []
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.random_randint(low, high, shape, dtype, key, _rt)
+    try:
+        return _ad.random_randint(low, high, shape, dtype, key, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.random.randint', randint, dict(low=low, high=high, shape=shape, dtype=dtype, key=key), _error) from None
 
 
 def split(key: array, num: int = 2, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -132,7 +159,10 @@ def split(key: array, num: int = 2, stream: StreamOrDevice = None, *, queue: Com
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.random_split(key, num, _rt)
+    try:
+        return _ad.random_split(key, num, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.random.split', split, dict(key=key, num=num), _error) from None
 
 
 def truncated_normal(lower: scalar | array, upper: scalar | array, shape: Sequence[int] | None = None, dtype: Dtype | None = mx.float32, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -143,7 +173,10 @@ def truncated_normal(lower: scalar | array, upper: scalar | array, shape: Sequen
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.random_truncated_normal(lower, upper, shape, dtype, key, _rt)
+    try:
+        return _ad.random_truncated_normal(lower, upper, shape, dtype, key, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.random.truncated_normal', truncated_normal, dict(lower=lower, upper=upper, shape=shape, dtype=dtype, key=key), _error) from None
 
 
 def uniform(low: scalar | array = 0, high: scalar | array = 1, shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -154,4 +187,7 @@ def uniform(low: scalar | array = 0, high: scalar | array = 1, shape: Sequence[i
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
     _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.random_uniform(low, high, shape, dtype, key, _rt)
+    try:
+        return _ad.random_uniform(low, high, shape, dtype, key, _rt)
+    except _ad.OptionTypeError as _error:
+        raise _ad.mlx_type_error('mx.random.uniform', uniform, dict(low=low, high=high, shape=shape, dtype=dtype, key=key), _error) from None

@@ -15,6 +15,8 @@ An entry is (name, arrays, params, C++ expression):
   "int:nonneg" or "axis:nonzero" (for a list, each element): both sides refuse
   a value that breaks it (MLX divides by zero group sizes, groups and strides);
   every integer is range-checked against the C++ type it lands in;
+  "dtype:required" and "axes:required" refuse None (mlx's parameter has no
+  default), with mlx's own TypeError;
 * the expression builds the result on stream `s` (the worker's default
   stream for its device) or `sc` (the worker thread's CPU stream, for ops
   MLX runs on the CPU only). It returns an array, a pair or a vector.
@@ -40,6 +42,16 @@ _BINARY = [
 # Integer division guarded against INT_MIN / -1 (see ops.cpp: int_division).
 _BINARY_EXPRESSIONS = {"floor_divide": "int_division(x0, x1, true, s)",
                        "remainder": "int_division(x0, x1, false, s)"}
+
+# mlx's weak typing (python/src/utils.cpp: to_arrays): in these ops a Python
+# scalar or NumPy value beside an mx.array takes the array's dtype where it can
+# (emlx_async/_convert.py). (i, j) are array positions; other inputs convert alone.
+_WEAK_BINARY = [
+    "add", "subtract", "multiply", "divide", "floor_divide", "remainder", "power", "maximum", "minimum",
+    "arctan2", "logaddexp", "equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "divmod", "array_equal",
+]
+WEAK_PAIRS = {**{name: ((0, 1),) for name in _WEAK_BINARY}, "where": ((1, 2),), "clip": ((0, 1), (0, 2))}
 
 _REDUCE = ["sum", "prod", "max", "min", "mean", "all", "any", "logsumexp"]
 
@@ -72,8 +84,8 @@ OPS = (
         ("triu", 1, [("k", "int", 0)], "mx::triu(x0, p0, s)"),
         # conversion and shape
         ("contiguous", 1, [], "mx::contiguous(x0, false, s)"),
-        ("astype", 1, [("dtype", "dtype", None)], "mx::astype(x0, need(p0, \"astype\", \"dtype\"), s)"),
-        ("view", 1, [("dtype", "dtype", None)], "mx::view(x0, need(p0, \"view\", \"dtype\"), s)"),
+        ("astype", 1, [("dtype", "dtype:required", None)], "mx::astype(x0, need(p0, \"astype\", \"dtype\"), s)"),
+        ("view", 1, [("dtype", "dtype:required", None)], "mx::view(x0, need(p0, \"view\", \"dtype\"), s)"),
         ("reshape", 1, [("shape", "shape", ())], "mx::reshape(x0, p0, s)"),
         ("flatten", 1, [("start_axis", "int", 0), ("end_axis", "int", -1)], "mx::flatten(x0, p0, p1, s)"),
         ("transpose", 1, [("axes", "axes", None)],
@@ -81,7 +93,7 @@ OPS = (
         ("swapaxes", 1, [("axis1", "int", 0), ("axis2", "int", 1)], "mx::swapaxes(x0, p0, p1, s)"),
         ("moveaxis", 1, [("source", "int", 0), ("destination", "int", 0)], "mx::moveaxis(x0, p0, p1, s)"),
         ("squeeze", 1, [("axis", "axes", None)], "p0 ? mx::squeeze(x0, *p0, s) : mx::squeeze(x0, s)"),
-        ("expand_dims", 1, [("axis", "axes", None)], "mx::expand_dims(x0, need(p0, \"expand_dims\", \"axis\"), s)"),
+        ("expand_dims", 1, [("axis", "axes:required", None)], "mx::expand_dims(x0, need(p0, \"expand_dims\", \"axis\"), s)"),
         ("broadcast_to", 1, [("shape", "shape", ())], "mx::broadcast_to(x0, p0, s)"),
         ("flip", 1, [("axis", "axes", None)], "mx::flip(x0, all_axes(p0, x0), s)"),
         ("tile", 1, [("reps", "shape", ())], "mx::tile(x0, std::vector<int>(p0.begin(), p0.end()), s)"),
@@ -93,8 +105,8 @@ OPS = (
          "pad_pairs(x0, p0, p1, s)"),
         ("concatenate", VARIADIC, [("axis", "int", 0)], "mx::concatenate(xs, p0, s)"),
         ("stack", VARIADIC, [("axis", "int", 0)], "mx::stack(xs, p0, s)"),
-        ("split", 1, [("sections", "int", 0), ("indices", "shape", ()), ("axis", "int", 0)],
-         "p0 > 0 ? mx::split(x0, p0, p2, s) : mx::split(x0, p1, p2, s)"),
+        ("split", 1, [("sections", "axis", None), ("indices", "shape", ()), ("axis", "int", 0)],
+         "p0 ? mx::split(x0, *p0, p2, s) : mx::split(x0, p1, p2, s)"),
         ("as_strided", 1, [("shape", "shape", ()), ("strides", "strides", ()), ("offset", "int64:nonneg", 0)],
          "validate::as_strided(x0, p0, p1, p2, s)"),
         ("slice", 1, [("start", "shape", ()), ("stop", "shape", ()), ("strides", "shape:nonzero", ())],
@@ -296,8 +308,8 @@ OPS += [
     ("convolve", 2, [("mode", "str", "full")], "extra::convolve(x0, x1, p0, s)"),
     ("trunc", 1, [], "mx::trunc(x0, s)"),
     ("count_nonzero", 1, [AXES, KEEPDIMS], "mx::count_nonzero(x0, all_axes(p0, x0), p1, s)"),
-    # MLX's own divmod kernel traps on an integer zero divisor (SIGFPE); its two halves do not.
-    ("divmod", 2, [], "std::vector<mx::array>{int_division(x0, x1, true, s), int_division(x0, x1, false, s)}"),
+    # integer divmod by its two halves (see ops.cpp: guarded_divmod)
+    ("divmod", 2, [], "guarded_divmod(x0, x1, s)"),
     ("vecdot", 2, [("axis", "int", -1)], "mx::vecdot(x0, x1, p0, s)"),
     ("minmax", 1, [AXES, KEEPDIMS], "extra::minmax(x0, all_axes(p0, x0), p1, s)"),
     ("unflatten", 1, [("axis", "int", 0), _SHAPE], "mx::unflatten(x0, p0, p1, s)"),
@@ -323,8 +335,9 @@ OPS += [
     ("fft_freq", 0, [("n", "int", 1), ("d", "float", 1.0), ("real", "bool", False)],
      "p2 ? mx::fft::rfftfreq(p0, p1, sc) : mx::fft::fftfreq(p0, p1, sc)"),
     ("concatenate_flat", VARIADIC, [], "mx::concatenate(xs, s)"),
-    ("roll_axes", 1, [("shift", "shape", ()), ("scalar_shift", "bool", False), ("axis", "axes", None)],
-     "extra::roll(x0, p0, p1, p2, s)"),
+    ("roll_axes", 1, [("shift", "shape", ()), ("scalar_shift", "bool", False), ("one_axis", "bool", False),
+                      ("axis", "axes", None)],
+     "extra::roll(x0, p0, p1, p2, p3, s)"),
     ("put_along_axis_flat", 3, [], "extra::put_along_flat(x0, x1, x2, s)"),
     ("quantize_scaled", 2, [("group_size", "axis:positive", None), ("bits", "axis:positive", None), ("mode", "str", "affine")],
      "extra::quantize_scaled(x0, x1, p0, p1, p2, s)"),

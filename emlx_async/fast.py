@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 
 from ._devices import stream_device
-from .ops import submit
+from ._submit import submit
 
 
 def _stream(stream, kwargs: dict) -> dict:

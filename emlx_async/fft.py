@@ -3,6 +3,5 @@
 Generated: emlx_async/_generated_fft.py, by tools/gen_api.py.
 """
 
-from . import ops as _ops  # noqa: F401 - binds the submit path the generated functions use
 from ._generated_fft import *  # noqa: F401, F403
 from ._generated_fft import __all__ as __all__  # noqa: F401

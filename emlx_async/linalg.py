@@ -5,6 +5,5 @@ CPU stream, so they work from GPU queues too. The functions are generated
 (emlx_async/_generated_linalg.py, by tools/gen_api.py).
 """
 
-from . import ops as _ops  # noqa: F401 - binds the submit path the generated functions use
 from ._generated_linalg import *  # noqa: F401, F403
 from ._generated_linalg import __all__ as __all__  # noqa: F401

@@ -18,8 +18,9 @@ dispatch). Every op also takes the runtime's keyword-only options:
 Calling an op submits it at once and returns a JobFuture, so many ops can
 be in flight on one queue, in order. Graph building and evaluation happen in
 C++ on the worker, without the GIL. ``scatter``, ``scatter_add``, ``gather``
-and ``window_scatter_max/min`` (mlx::core ops without a Python binding) and
-``submit`` (any table op by name) are written here by hand.
+and ``window_scatter_max/min`` (mlx::core ops without a Python binding) are
+written here by hand; ``submit`` (any table op by name) and the debug flags
+come from emlx_async/_submit.py, which every op submits through.
 
 Example:
     >>> y = await ea.ops.matmul(a, b)
@@ -29,155 +30,18 @@ Example:
 from __future__ import annotations
 
 import builtins
-import operator
-from collections.abc import Sequence
 from typing import Any
 
-import mlx.core as mx
-import numpy as np
-
 from ._devices import stream_device
-from ._dtypes import DTYPE_CODES as _DTYPE_CODES
-from ._op_table import OPS, VARIADIC
-
-from ._native import lib
-from ._routing import current_queue, route
-
-if lib.emlx_op_count() != len(OPS):  # op codes are table positions: both sides must agree
-    raise ImportError("emlx_async's shim was built from a different op table; reinstall the package "
-                      "so build_ffi.py regenerates the dispatch")
-
-_CODES = {name: code for code, (name, *_rest) in enumerate(OPS)}
-_SPECS = {name: (arrays, params) for name, arrays, params, _ in OPS}
-
-
-def _as_array(value: Any, like: mx.array | None) -> mx.array:
-    """Inputs: mx.arrays as they are; scalars typed like their array operand (MLX's weak typing)."""
-    if isinstance(value, mx.array):
-        return value
-    if isinstance(value, np.ndarray):
-        return mx.array(value)
-    if isinstance(value, (bool, int, float, complex)) and like is not None and not isinstance(value, bool):
-        if mx.issubdtype(like.dtype, mx.inexact) or isinstance(value, int):
-            return mx.array(value, dtype=like.dtype)
-    return mx.array(value)
-
-
-# The C++ type each integer kind lands in (cffi_src/ops.cpp: Params): values
-# outside it are refused here, as mlx.core does, never truncated.
-_INT_RANGES = {"int": ("a 32-bit int", -2**31, 2**31 - 1), "axis": ("a 32-bit int", -2**31, 2**31 - 1),
-               "axes": ("a 32-bit int", -2**31, 2**31 - 1), "shape": ("a 32-bit int", -2**31, 2**31 - 1),
-               "int64": ("a 64-bit int", -2**63, 2**63 - 1), "strides": ("a 64-bit int", -2**63, 2**63 - 1)}
-# Rules a kind may add after a colon ("int:positive"); MLX divides by such options.
-_RULES = {"positive": ("positive", lambda v: v > 0), "nonneg": ("non-negative", lambda v: v >= 0),
-          "nonzero": ("nonzero", lambda v: v != 0)}
-
-
-def _int_option(name: str, pname: str, kind: str, rule: str, value: Any) -> int:
-    value = operator.index(value)
-    words, low, high = _INT_RANGES[kind]
-    if not low <= value <= high:
-        raise OverflowError(f"[{name}] option {pname!r} = {value} is out of range for {words} "
-                            f"[{low}, {high}]")
-    if rule and not _RULES[rule][1](value):
-        raise ValueError(f"[{name}] option {pname!r} must be {_RULES[rule][0]}, got {value}")
-    return value
-
-
-def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], str]:
-    ints: list[int] = []
-    floats: list[float] = []
-    text = ""
-    for pname, full_kind, default in params:
-        kind, _, rule = full_kind.partition(":")
-        value = options.pop(pname, default)
-        try:
-            if kind in ("int", "int64"):
-                ints.append(_int_option(name, pname, kind, rule, value))
-            elif kind == "bool":
-                ints.append(1 if value else 0)
-            elif kind == "float":
-                try:
-                    floats.append(float(value))
-                except OverflowError:
-                    raise OverflowError(f"[{name}] option {pname!r} = {value!r} is too large for a float") from None
-            elif kind == "axis":
-                ints += [0, 0] if value is None else [1, _int_option(name, pname, kind, rule, value)]
-            elif kind in ("axes", "shape", "strides"):
-                if value is None and kind == "axes":
-                    ints.append(-1)
-                else:
-                    values = [value] if _is_int(value) else list(value)
-                    ints += [len(values), *(_int_option(name, pname, kind, rule, v) for v in values)]
-            elif kind == "dtype":
-                if value is not None and value not in _DTYPE_CODES:
-                    raise TypeError
-                ints.append(-1 if value is None else _DTYPE_CODES[value])
-            elif kind == "str":
-                if not isinstance(value, str):
-                    raise TypeError
-                text = value
-        except (TypeError, ValueError) as exc:
-            if str(exc).startswith(f"[{name}]"):
-                raise
-            raise TypeError(f"[{name}] option {pname!r} must be {_KIND_WORDS[kind]}, got {value!r}") from None
-    if options:
-        raise TypeError(f"[{name}] got unexpected option(s) {sorted(options)}; "
-                        f"it takes {[p[0] for p in params] or 'no options'}")
-    return ints, floats, text
-
-
-def _is_int(value: Any) -> bool:
-    try:
-        operator.index(value)
-    except TypeError:
-        return False
-    return True
-
-
-_KIND_WORDS = {"int": "an int", "int64": "an int", "bool": "a bool", "float": "a number",
-               "axis": "an int or None", "axes": "an int, a sequence of ints or None",
-               "shape": "a sequence of ints", "strides": "a sequence of ints", "dtype": "an mlx dtype or None",
-               "str": "a str"}
-
-
-_check_finite_default = False
-
-
-def set_check_finite(enabled: bool) -> bool:
-    """Debug flag: make every op fail when a floating-point result holds NaN or inf.
-
-    Ops can also ask per call with ``check_finite=True``. Returns the previous setting.
-    """
-    global _check_finite_default
-    previous, _check_finite_default = _check_finite_default, bool(enabled)
-    return previous
-
-
-def _target(inputs: list[mx.array], queue, device):
-    return route(inputs, queue) if device is None or queue is not None else current_queue(device)
-
-
-def submit(name: str, arrays: Sequence[Any], *, queue=None, device=None, lazy: bool = False,
-           nowait: bool = False, check_finite: bool | None = None, donate: dict[int, int] | None = None,
-           _deps: list | None = None, **options: Any):
-    """Submit op `name` of the table; returns its JobFuture.
-
-    ``device=`` promotes: the op runs on a queue of that device (the bound one
-    if it matches, else the default) whatever device its inputs came from;
-    lazy inputs owned by other queues are evaluated there first.
-    """
-    expected, params = _SPECS[name]
-    if expected != VARIADIC and len(arrays) != expected:
-        raise TypeError(f"[{name}] takes {expected} array argument(s), got {len(arrays)}")
-    like = next((a for a in arrays if isinstance(a, mx.array)), None)
-    inputs = [_as_array(a, like) for a in arrays]
-    ints, floats, text = _encode(name, params, dict(options))
-    target = _target(inputs, queue, device)
-    if check_finite is None:
-        check_finite = _check_finite_default
-    return target._submit_op(_CODES[name], name, inputs, ints, floats, text, lazy, nowait, check_finite, donate,
-                             _deps)
+from ._generated_ops import *  # noqa: F401, F403 - the mlx-signature ops
+from ._generated_ops import __all__ as _GENERATED
+from ._submit import QUANTIZATION_MODES as QUANTIZATION_MODES
+from ._submit import axis_size as _axis_size
+from ._submit import bounds_checks_enabled as _bounds_checks_enabled
+from ._submit import checked as _checked
+from ._submit import set_bounds_checks as set_bounds_checks
+from ._submit import set_check_finite as set_check_finite
+from ._submit import submit as submit
 
 
 def _with_stream(stream, kwargs: dict) -> dict:
@@ -207,52 +71,6 @@ def window_scatter_min(operand, source, /, *, window, strides=None, padding=None
                            _with_stream(stream, kwargs))
 
 
-# ---- indexing, with optional bounds checks -------------------------------------
-
-_bounds_checks = False
-
-
-def set_bounds_checks(enabled: bool) -> bool:
-    """Turn bounds checks of take/take_along_axis/put_along_axis/gather/scatter indices on or off.
-
-    The matrix gathers (gather_mm, gather_qmm) and segmented_mm's segments are checked too.
-
-    When on, indices are checked on the worker before the op and an
-    out-of-range index raises ``MLXIndexError`` (MLX itself would read or
-    write out of bounds). When off (the default) they cost nothing.
-    Returns the previous setting.
-    """
-    global _bounds_checks
-    previous, _bounds_checks = _bounds_checks, bool(enabled)
-    return previous
-
-
-def _axis_size(a, axis) -> int:
-    if axis is None:
-        return int(np.prod(a.shape)) if a.ndim else 1
-    return a.shape[axis]
-
-
-def _checked(name: str, arrays: list, checks: list[tuple], kwargs: dict):
-    """Submit op `name`, after bounds checks of (indices, axis size[, extent]) when enabled.
-
-    `extent` is how many elements from each index the op reads (a gather's
-    slice size along that axis); the index plus it must stay in the axis.
-
-    The checks go to the op's own queue just ahead of it, and the op depends
-    on them: it keeps its place in the FIFO and never starts if one fails.
-    """
-    if not _bounds_checks:
-        return submit(name, arrays, **kwargs)
-    options = dict(kwargs)
-    queue = options.pop("queue", None)
-    device = options.pop("device", None)
-    target = _target([_as_array(a, None) for a in arrays], queue, device)
-    checks_done = [submit("check_bounds", [check[0]], size=check[1], extent=check[2] if len(check) > 2 else 1,
-                          op=name, queue=target) for check in checks]
-    return submit(name, arrays, queue=target, _deps=checks_done, **options)
-
-
 def _index_list(indices) -> list:
     return list(indices) if isinstance(indices, (list, tuple)) else [indices]
 
@@ -261,10 +79,14 @@ def _index_checks(a, indices: list, axes, slice_sizes=None) -> list[tuple]:
     if axes is None:
         raise TypeError("the option 'axes' is required (an int or a sequence of ints)")
     axes = [axes] if isinstance(axes, int) else list(axes)
-    if slice_sizes is None:
-        return [(idx, a.shape[ax]) for idx, ax in zip(indices, axes)]
-    # A gather reads slice_sizes[axis] elements from each index along that axis.
-    return [(idx, a.shape[ax], builtins.max(int(slice_sizes[ax]), 1)) for idx, ax in zip(indices, axes)]
+    checks = []
+    for idx, ax in zip(indices, axes):
+        size = _axis_size(a, ax)
+        if slice_sizes is None or size is None:
+            checks.append((idx, size))
+        else:  # a gather reads slice_sizes[axis] elements from each index along that axis
+            checks.append((idx, size, builtins.max(int(slice_sizes[ax]), 1)))
+    return checks
 
 
 def scatter(a, indices, updates, /, *, axes, stream=None, **kwargs: Any):
@@ -286,33 +108,12 @@ def gather(a, indices, /, *, axes, slice_sizes, stream=None, **kwargs: Any):
     """``mlx::core::gather``: slices of `slice_sizes` from `a` at `indices` along `axes`."""
     kwargs = _with_stream(stream, kwargs)
     indices = _index_list(indices)
-    checks = _index_checks(a, indices, axes, slice_sizes) if _bounds_checks else []
+    checks = _index_checks(a, indices, axes, slice_sizes) if _bounds_checks_enabled() else []
     return _checked("gather", [a, *indices], checks, dict(axes=axes, slice_sizes=slice_sizes, **kwargs))
-
-
-# Each quantization mode's pinned (group_size, bits); affine's are defaults.
-QUANTIZATION_MODES = {"affine": None, "mxfp4": (32, 4), "mxfp8": (32, 8), "nvfp4": (16, 4)}
-
-
-def _check_mode(name: str, mode: str, group_size, bits) -> None:
-    if mode not in QUANTIZATION_MODES:
-        raise ValueError(f"[{name}] unknown mode {mode!r}; expected one of {sorted(QUANTIZATION_MODES)}")
-    pinned = QUANTIZATION_MODES[mode]
-    if pinned is None:
-        return
-    if (group_size is not None and group_size != pinned[0]) or (bits is not None and bits != pinned[1]):
-        raise ValueError(f"[{name}] mode {mode!r} needs group_size={pinned[0]} and bits={pinned[1]}, "
-                         f"got group_size={group_size} and bits={bits}")
 
 
 _EXTRAS = ["gather", "scatter", "scatter_add", "window_scatter_max", "window_scatter_min"]
 
-from . import _adapters  # noqa: E402
-
-_adapters.bind(submit=submit, _checked=_checked, _axis_size=_axis_size, _check_mode=_check_mode)
-
-from ._generated_ops import *  # noqa: E402, F401, F403 - the mlx-signature ops, after submit they call
-from ._generated_ops import __all__ as _GENERATED  # noqa: E402
 
 
 def names() -> list[str]:

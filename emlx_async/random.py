@@ -18,7 +18,6 @@ used.
 
 from mlx.core.random import seed as seed
 
-from . import ops as _ops  # noqa: F401 - binds the submit path the generated functions use
 from ._generated_random import *  # noqa: F401, F403
 from ._generated_random import __all__ as _generated
 

@@ -24,8 +24,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "emlx_async"
 # Bottom-up; a module may import only modules listed before it.
 ORDER = [
     "_version", "_errors", "_emlx_native", "_native", "_backend", "_dtypes", "_devices", "_trees", "_interop", "_op_table",
-    "_channel", "_queue", "_context", "_runtime", "_routing", "_host_call",
-    "_api", "memory", "_adapters", "_generated_ops", "_generated_linalg", "_generated_fft", "_generated_random",
+    "_convert", "_channel", "_queue", "_context", "_runtime", "_routing", "_host_call",
+    "_api", "memory", "_submit", "_adapters", "_generated_ops", "_generated_linalg", "_generated_fft", "_generated_random",
     "ops", "attention", "fast", "fft", "linalg", "random", "ipc", "testing", "replay", "distributed",
     "__init__", "llm", "serve",
 ]

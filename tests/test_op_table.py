@@ -66,3 +66,20 @@ def test_memory_controls_return_previous_values():
 
     with pytest.raises(ValueError, match="non-negative"):
         ea.memory.set_cache_limit(-1)
+
+
+def test_generated_functions_reach_submit_by_import():
+    """No import-time injection: _adapters imports the submit path; fft, linalg and random never import ops."""
+    import ast
+    import pathlib
+
+    from emlx_async import _adapters, _submit
+
+    assert _adapters.submit is _submit.submit and not hasattr(_adapters, "bind")
+    package = pathlib.Path(ea.__file__).parent
+    for name in ("fft", "linalg", "random"):
+        tree = ast.parse((package / f"{name}.py").read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    for alias in node.names} | {node.module for node in ast.walk(tree)
+                                                if isinstance(node, ast.ImportFrom) and node.module}
+        assert "ops" not in imported, f"{name}.py imports ops"

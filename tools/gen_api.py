@@ -52,7 +52,7 @@ _UNARY_BINARY_REDUCE = [n for key in ("_UNARY", "_BINARY", "_REDUCE")
 OPS = {name: table() for name in _UNARY_BINARY_REDUCE}
 OPS.update({
     "copy": table(),
-    "zeros": table(), "ones": table(), "full": table(arrays=["vals"]), "eye": table(), "tri": table(),
+    "zeros": table(), "ones": table(), "full": adapter("full"), "eye": table(), "tri": table(),
     "tril": table(), "triu": table(), "arange": adapter("arange"), "linspace": adapter("linspace"),
     "zeros_like": adapter("zeros_like"), "ones_like": adapter("ones_like"),
     "contiguous": adapter("contiguous"), "astype": table(), "view": table(), "reshape": table(),
@@ -103,7 +103,7 @@ LINALG.update({n: table(f"linalg_{n}") for n in ("cholesky_inv", "cross", "det",
                                                  "lu_factor")})
 
 FFT = {**{n: adapter("fft1", n) for n in ("fft", "ifft", "rfft", "irfft")},
-       **{f"{n}{d}": adapter("fftn", n) for n in ("fft", "ifft", "rfft", "irfft") for d in ("2", "n")},
+       **{f"{n}{d}": adapter("fftn", n, f"{n}{d}") for n in ("fft", "ifft", "rfft", "irfft") for d in ("2", "n")},
        "fftshift": adapter("fftshift", False), "ifftshift": adapter("fftshift", True),
        "fftfreq": adapter("fftfreq", False), "rfftfreq": adapter("fftfreq", True),
        "stft": adapter("stft"), "istft": adapter("istft")}
@@ -115,17 +115,14 @@ RANDOM = {n: adapter(f"random_{n}") for n in ("key", "split", "uniform", "normal
 NAMESPACES = {"ops": (mx, OPS), "linalg": (mx.linalg, LINALG), "fft": (mx.fft, FFT), "random": (mx.random, RANDOM)}
 
 # Signatures mlx does not give in one piece: `copy` is not in mlx.core (it is
-# `mx.array(a)`); `arange` has two overloads, merged; `slice`/`slice_update`
-# also keep the runtime's static form (start=, stop=, strides=).
+# `mx.array(a)`); `slice`/`slice_update` also keep the runtime's static form
+# (start=, stop=, strides=).
 OVERRIDES = {
     ("ops", "copy"): ("def copy(a: array, /, *, stream: StreamOrDevice = None) -> array",
                       "A copy of the array (``mx.array(a)`` in mlx.core)."),
     # mlx's text leaves the operands and the result unannotated; its docstring gives them.
     ("ops", "einsum_path"): ("def einsum_path(subscripts: str, *operands: array) -> tuple[list[tuple[int, int]], str]",
                              None),
-    ("ops", "arange"): ("def arange(start: int | float | None = None, stop: int | float | None = None, "
-                        "step: int | float | None = None, dtype: Dtype | None = None, *, "
-                        "stream: StreamOrDevice = None) -> array", None),
     ("ops", "slice"): ("def slice(a: array, start_indices: array | Sequence[int] | None = None, "
                        "axes: Sequence[int] | None = None, slice_size: Sequence[int] | None = None, *, "
                        "start: Sequence[int] | None = None, stop: Sequence[int] | None = None, "
@@ -139,6 +136,17 @@ OVERRIDES = {
                               "stream: StreamOrDevice = None) -> array",
                               "Update a sub-array: mlx's form (start_indices, axes), or the static form start=, "
                               "stop= and strides= (Python slice bounds, one per axis)."),
+}
+
+# mlx functions of several overloads (nanobind tries them in order): typed
+# overload stubs, and one function taking ``*args, **kwargs`` that hands them
+# to the adapter, which resolves them as nanobind does (_adapters.resolve).
+# mlx's own signature text omits overload 1's ``step`` default; mlx has it.
+OVERLOADS = {
+    ("ops", "arange"): ["def arange(start: int | float, stop: int | float | None, step: int | float | None = None, "
+                        "dtype: Dtype | None = None, *, stream: StreamOrDevice = None) -> array",
+                        "def arange(stop: int | float, step: int | float | None = None, dtype: Dtype | None = None, "
+                        "*, stream: StreamOrDevice = None) -> array"],
 }
 
 # Return annotations where mlx's own text says otherwise than what mlx returns
@@ -257,14 +265,14 @@ def generate(namespace: str) -> str:
         "",
         "Regenerate with ``python tools/gen_api.py`` (from mlx "
         f"{mx.__version__}'s signatures and emlx_async/_op_table.py);",
-        "tests/test_api_generated.py checks this file is current.",
+        "tests/test_mlx_parity.py checks this file is current.",
         '"""',
         "",
         "# ruff: noqa: A001, A002, E501",
         "from __future__ import annotations",
         "",
         "from collections.abc import Sequence",
-        "from typing import TYPE_CHECKING, Literal",
+        "from typing import TYPE_CHECKING, Any, Literal, overload",
         "",
         "import mlx.core as mx",
         "from mlx.core import Dtype, array",
@@ -278,10 +286,13 @@ def generate(namespace: str) -> str:
         "    from ._queue import CommandQueue",
         "",
         "__all__ = [" + ", ".join(repr(n) for n in sorted(entries)) + "]",
-        "_keep = (Sequence, Literal, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use",
+        "_keep = (Any, Sequence, Literal, overload, mx, Dtype, array, scalar, StreamOrDevice)  # names the annotations use",
     ]
     for name in sorted(entries):
         how = entries[name]
+        if (namespace, name) in OVERLOADS:
+            out += overloaded(module, namespace, name, how, path)
+            continue
         override = OVERRIDES.get((namespace, name))
         if override:
             text, doc = override
@@ -299,8 +310,32 @@ def generate(namespace: str) -> str:
         runtime_doc = textwrap.fill((AT_CALL_DOC if how[0] == "at_call" else RUNTIME_DOC).format(path=path + name),
                                     100, initial_indent="    ", subsequent_indent="    ")
         out += ["", "", signature, f'    """{docstring}', "", runtime_doc, '    """']
-        out += body(namespace, name, how, params, arrays_count)
+        lines = body(namespace, name, how, params, arrays_count)
+        if how[0] != "at_call" and not override:  # mlx's own message for an option of a type it refuses
+            values = ", ".join(f"{p.lstrip('*')}={p.lstrip('*')}" for p in params)
+            lines = lines[:-1] + ["    try:", "    " + lines[-1],
+                                  "    except _ad.OptionTypeError as _error:",
+                                  f"        raise _ad.mlx_type_error({path + name!r}, {name}, dict({values}), _error) "
+                                  "from None"]
+        out += lines
     return "\n".join(out) + "\n"
+
+
+def overloaded(module, namespace: str, name: str, how, path: str) -> list[str]:
+    """Typed stubs for each of mlx's overloads, then the function that resolves them at the call."""
+    out = []
+    for text in OVERLOADS[(namespace, name)]:
+        signature, _ = render(parse(text))
+        out += ["", "", "@overload", signature.replace("{name}", name, 1) + " ..."]
+    doc = first_paragraph(mlx_signature(module, name)[1])
+    docstring = textwrap.fill(doc, 100, initial_indent="    ", subsequent_indent="    ").strip()
+    runtime_doc = textwrap.fill(RUNTIME_DOC.format(path=path + name) + " mlx's overloads are resolved as mlx "
+                                "resolves them.", 100, initial_indent="    ", subsequent_indent="    ")
+    out += ["", "", f"def {name}(*args: Any, stream: StreamOrDevice = None, {RUNTIME_PARAMS}, **kwargs: Any) "
+            "-> JobFuture[array]:", f'    """{docstring}', "", runtime_doc, '    """',
+            "    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)",
+            f"    return _ad.{how[1]}(_ad.resolve({name}, {path + name!r}, args, kwargs), _rt)"]
+    return out
 
 
 def target(namespace: str) -> pathlib.Path:

@@ -1,0 +1,93 @@
+"""mlx.core's conversion of an op's arguments to arrays, to the last dtype.
+
+A port of mlx's ``to_array`` and ``to_arrays`` (python/src/utils.cpp). A
+Python scalar (or a NumPy value) beside an mx.array is a *weak* type: it
+takes the array's dtype where that dtype can hold its kind, so
+``int8_array + 2`` stays int8, ``float16_array + 2.0`` stays float16, but
+``bool_array + 2`` is int32 and ``int_array + 2.5`` float32. Alone, a scalar
+keeps its own kind (int32, int64 past int32's range, float32, complex64).
+
+Which of an op's arrays convert as a weak pair is a fact of the op table
+(`_op_table.WEAK_PAIRS`); every other input converts on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+_INT_BITS = {mx.uint8: (0, 2**8 - 1), mx.uint16: (0, 2**16 - 1), mx.uint32: (0, 2**32 - 1),
+             mx.int8: (-2**7, 2**7 - 1), mx.int16: (-2**15, 2**15 - 1), mx.int32: (-2**31, 2**31 - 1)}
+_INT64 = (-2**63, 2**63 - 1)
+
+
+class OptionTypeError(TypeError):
+    """An option of a type mlx's binding would refuse; the generated functions ask mlx for its message."""
+
+
+def is_mlx_array(value: Any) -> bool:
+    return isinstance(value, mx.array) or hasattr(value, "__mlx_array__")
+
+
+def _mlx_array(value: Any) -> mx.array:
+    return value if isinstance(value, mx.array) else value.__mlx_array__()
+
+
+def to_array(value: Any, dtype: mx.Dtype | None = None) -> mx.array:
+    """mlx's ``to_array``: `value` as an array, `dtype` the weak-type hint (the other operand's dtype)."""
+    if isinstance(value, bool):
+        return mx.array(value, dtype=mx.bool_ if dtype is None else dtype)
+    if isinstance(value, int):
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise RuntimeError("std::bad_cast")  # mlx reads the int as an int64_t
+        out = dtype if dtype is not None else (mx.int32 if -2**31 <= value < 2**31 else mx.int64)
+        if out in _INT_BITS and not _INT_BITS[out][0] <= value <= _INT_BITS[out][1]:
+            raise ValueError(f"Converting {value} to {str(out).rsplit('.', 1)[-1]} would result in overflow.")
+        return mx.array(value, dtype=mx.int32 if out == mx.bool_ else out)  # a bool hint always promotes
+    if isinstance(value, float):
+        out = dtype if dtype is not None and mx.issubdtype(dtype, mx.floating) else mx.float32
+        if out != mx.float64:
+            with np.errstate(over="ignore"):
+                value = float(np.float32(value))  # mlx reads the value as a C float first
+        return mx.array(value, dtype=out)
+    if is_mlx_array(value):
+        return _mlx_array(value)
+    if isinstance(value, (np.ndarray, np.generic)):
+        return mx.array(np.asarray(value), dtype=dtype) if dtype is not None else mx.array(np.asarray(value))
+    if isinstance(value, complex):
+        return mx.array(value, dtype=mx.complex64)
+    kind = type(value)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    raise ValueError(f"Invalid type {name} received in array initialization.")
+
+
+def to_arrays(a: Any, b: Any) -> tuple[mx.array, mx.array]:
+    """mlx's ``to_arrays``: a non-array beside an array is weakly typed by it; two non-arrays are not."""
+    if is_mlx_array(a):
+        a = _mlx_array(a)
+        return a, (_mlx_array(b) if is_mlx_array(b) else to_array(b, a.dtype))
+    if is_mlx_array(b):
+        b = _mlx_array(b)
+        return to_array(a, b.dtype), b
+    return to_array(a), to_array(b)
+
+
+def inputs(arrays: Iterable[Any], weak_pairs: Iterable[tuple[int, int]] = ()) -> list[mx.array]:
+    """An op's inputs as arrays: each weak pair (i, j) as `to_arrays`, the rest as `to_array`.
+
+    Sequences (a list of numbers) outside a weak pair become arrays too, as
+    ``mx.array`` makes them: the ops mlx gives a plain ``array`` parameter
+    take them here as well.
+    """
+    values = list(arrays)
+    done = [False] * len(values)
+    for i, j in weak_pairs:
+        values[i], values[j] = to_arrays(values[i], values[j])
+        done[i] = done[j] = True
+    for i, value in enumerate(values):
+        if not done[i] and not isinstance(value, mx.array):
+            values[i] = mx.array(value) if isinstance(value, (list, tuple)) else to_array(value)
+    return values
