@@ -321,6 +321,25 @@ std::pair<int64_t, int64_t> integer_range(const char* data, mx::Dtype dtype, siz
   return {low, high};
 }
 
+// Whether a constant index array (of the file, or of a graph MLX built) lies
+// in [low, high]; indices that are inputs are the caller's, unchecked as in
+// plain MLX.
+bool constant_within(const Meta& idx, int64_t low, int64_t high, mx::Stream sc) {
+  if (idx.size() == 0) return true;
+  if (idx.data) {
+    auto [least, most] = integer_range(idx.data, idx.dtype, idx.size());
+    return least >= low && most <= high;
+  }
+  const auto* a = idx.array;
+  // A constant of the trace is available, or a Load node read once from the export.
+  if (a == nullptr || !(a->is_available() || (a->has_primitive() && std::string(a->primitive().name()) == "Load")))
+    return true;
+  auto wide = mx::astype(*a, mx::int64, sc);
+  auto least = mx::min(wide, false, sc), most = mx::max(wide, false, sc);
+  mx::eval({least, most});
+  return least.item<int64_t>() >= low && most.item<int64_t>() <= high;
+}
+
 template <typename T>
 const State<T>& param(const Node& n) {
   return std::any_cast<const State<T>&>(n.state);
@@ -434,23 +453,21 @@ void check(const Node& n, mx::Stream sc) {
     if (out.dtype != operand.dtype) fail("keeps its operand's dtype");
     for (size_t j = 0; j + 1 < ins.size(); ++j) {
       int64_t size = operand.shape[axes[j]], extent = slice_sizes[axes[j]];
-      if (const char* values = ins[j + 1].data) {  // a constant of the file
-        auto [low, high] = integer_range(values, ins[j + 1].dtype, ins[j + 1].size());
-        if (ins[j + 1].size() && (low < -size || high > size - extent))
-          fail("reads a constant index outside its operand");
-        continue;
-      }
-      const auto* idx = ins[j + 1].array;
-      if (idx == nullptr) continue;
-      // A constant of the trace is available, or a Load node read once from the export.
-      bool constant = idx->is_available() || (idx->has_primitive() && std::string(idx->primitive().name()) == "Load");
-      if (!constant || idx->size() == 0) continue;
-      auto wide = mx::astype(*idx, mx::int64, sc);
-      auto low = mx::min(wide, false, sc), high = mx::max(wide, false, sc);
-      mx::eval({low, high});
-      if (low.item<int64_t>() < -size || high.item<int64_t>() > size - extent)
-        fail("reads a constant index outside its operand");
+      if (!constant_within(ins[j + 1], -size, size - extent, sc)) fail("reads a constant index outside its operand");
     }
+  } else if (name == "GatherAxis" || name == "ScatterAxis") {
+    bool gather = name == "GatherAxis";
+    inputs(gather ? 2 : 3);
+    const auto &src = ins[0].shape, &idx = ins[1].shape;
+    int axis = gather ? param<mx::GatherAxis>(n) : param<mx::ScatterAxis>(n).second;
+    if (!gather && (param<mx::ScatterAxis>(n).first < 0 || param<mx::ScatterAxis>(n).first > 1))
+      fail("has an unknown kind");
+    axis_in(axis, src.size());
+    if (idx.size() != src.size() || !mx::issubdtype(ins[1].dtype, mx::integer)) fail("needs integer indices per axis");
+    if (!gather && (ins[2].shape != idx || ins[2].dtype != ins[0].dtype)) fail("needs updates shaped as its indices");
+    makes(gather ? idx : src);
+    if (out.dtype != ins[0].dtype) fail("keeps its input's dtype");
+    if (!constant_within(ins[1], -src[axis], src[axis] - 1, sc)) fail("reads a constant index outside its operand");
   } else if (name == "Slice") {
     inputs(1);
     const auto& [start, stop, strides] = param<mx::Slice>(n);

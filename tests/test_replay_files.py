@@ -6,7 +6,7 @@ with seeded mutations (bit flips, overwritten bytes and fields, truncation,
 cut or repeated chunks), and each is loaded with ``ea.load_traced`` and
 replayed on the traced inputs in a child process (MLX's own loader dies on
 some such files; the runtime must not). Kept short in the suite;
-``EMLX_FUZZ_CASES=N`` asks for N cases (``EMLX_FUZZ_SEED`` moves the seeds).
+``EMLX_FUZZ_FILES=N`` asks for N cases (``EMLX_FUZZ_SEED`` moves the seeds).
 
 Run as a script it fuzzes any checkout (``PYTHONPATH`` picks it) and prints
 the outcome counts: ``python tests/test_replay_files.py --cases 400``.
@@ -58,6 +58,13 @@ def _bases() -> dict:
                                             axis=0).cumsum(axis=1), (_rand(3, 4),)),
         "sort_pad": (lambda x: mx.pad(mx.sort(x, axis=-1), [(1, 0), (0, 2)]).argmax(axis=0), (_rand(3, 5),)),
         "conv": (lambda x: mx.conv1d(x, mx.ones((2, 3, 4))), (_rand(1, 8, 4),)),
+        "along_axis": (lambda x: mx.put_along_axis(x, mx.array([[1], [0]]), mx.take_along_axis(x, idx[:2, None], 1),
+                                                   axis=1), (_rand(2, 5),)),
+        "split_update": (lambda x: mx.split(x, [1, 3], axis=1)[1] + x[:, 1:3], (_rand(4, 5),)),
+        "fast": (lambda x: mx.fast.rms_norm(mx.fast.rope(x, 4, traditional=False, base=10000.0, scale=1.0,
+                                                         offset=2), mx.ones(4), 1e-5), (_rand(1, 3, 4),)),
+        "quantized": (lambda x: mx.quantized_matmul(x, *mx.quantize(_rand(32, 64, seed=3)), group_size=64),
+                      (_rand(2, 64),)),
     }
 
 
@@ -344,20 +351,42 @@ def test_our_files_carry_a_digest_that_loading_checks(tmp_path):
     assert refused["digest"] > 30, refused
 
 
-def test_verify_replays_a_foreign_file_in_a_child_first(tmp_path):
-    # take_along_axis with constant indices: patched far out of range, the file
-    # passes every check of its structure, and its kernel reads past its input.
-    path = tmp_path / "gather.mlxfn"
+def _patched_indices(path, fn, x, idx) -> tuple[bytes, bytes]:
+    """The export of fn(x) with its constant indices `idx` (int32) patched far out of range, and unpatched."""
+    mx.export_function(str(path), fn, x)
+    data = path.read_bytes()
+    pattern = b"".join(int(i).to_bytes(4, "little") for i in idx.flatten().tolist())
+    assert data.count(pattern) == 1
+    return data.replace(pattern, (10**9).to_bytes(4, "little") * idx.size), data
+
+
+def test_constant_indices_out_of_range_are_refused(tmp_path):
     idx = mx.array([[3], [1]], dtype=mx.int32)
     x = mx.arange(10, dtype=mx.float32).reshape(2, 5)
-    mx.export_function(str(path), lambda a: mx.take_along_axis(a, idx, axis=1), x)
+    path = tmp_path / "along.mlxfn"
+    patched, _ = _patched_indices(path, lambda a: mx.take_along_axis(a, idx, axis=1), x, idx)
+    path.write_bytes(patched)
+    with pytest.raises(ea.MLXValueError, match="GatherAxis node reads a constant index outside its operand"):
+        ea.load_traced(path)  # its kernel read 4 GB past its input
+    take = mx.array([3, 1], dtype=mx.int32)
+    patched, _ = _patched_indices(path, lambda a: mx.take(a, take, axis=1), x, take)
+    path.write_bytes(patched)
+    with pytest.raises(ea.MLXValueError, match="Gather node reads a constant index outside its operand"):
+        ea.load_traced(path)
+
+
+def test_verify_replays_a_foreign_file_in_a_child_first(tmp_path):
+    # A scatter's constant indices are not checked (documented): patched far
+    # out of range, the file passes every check, and its kernel writes past
+    # its output. verify=True finds that out in a process that may die.
+    path = tmp_path / "scatter.mlxfn"
+    idx = mx.array([3, 1], dtype=mx.int32)
+    x = mx.arange(10, dtype=mx.float32).reshape(5, 2)
+    patched, data = _patched_indices(path, lambda a: a.at[idx].add(1.0), x, idx)
     f = ea.load_traced(path, verify=True)
-    assert f.traces == [([((2, 5), mx.float32)], 1)]
+    assert f.traces == [([((5, 2), mx.float32)], 1)]
     f.release()
-    data = path.read_bytes()
-    pattern = (3).to_bytes(4, "little") + (1).to_bytes(4, "little")
-    assert data.count(pattern) == 1
-    path.write_bytes(data.replace(pattern, (10**9).to_bytes(4, "little") * 2))
+    path.write_bytes(patched)
     with pytest.raises(ea.MLXValueError, match="verifying .* killed by SIG"):
         ea.load_traced(path, verify=True)
     # A file the checks refuse is refused with their message, as without verify.
@@ -370,7 +399,7 @@ def test_verify_replays_a_foreign_file_in_a_child_first(tmp_path):
 
 def test_corrupted_export_files_never_kill_or_hang_the_process():
     """Seeded corruptions of foreign files (no digest): refused, or replayed by a process that lives."""
-    n = int(os.environ.get("EMLX_FUZZ_CASES", "48"))
+    n = int(os.environ.get("EMLX_FUZZ_FILES", "48"))
     counts, outcomes, cases = fuzz(n, int(os.environ.get("EMLX_FUZZ_SEED", "0")))
     assert sum(counts.values()) == n
     dead = {i: (cases[i]["base"], cases[i]["how"], *outcomes[i]) for i in outcomes
