@@ -91,8 +91,11 @@ def _verify_in_child(path: str, data: bytes, timeout: float) -> None:
     out ends the process that runs it, so it is tried in one that may die.
     """
     child = [sys.executable, "-c", "from emlx_async.replay import _verify_main; _verify_main()"]
+    # This very package, wherever it was imported from.
+    home = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [home, os.environ.get("PYTHONPATH")]))}
     try:
-        done = subprocess.run(child, input=data, capture_output=True, timeout=timeout)
+        done = subprocess.run(child, input=data, capture_output=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as exc:
         raise MLXValueError(f"[load_traced] verifying {path}: replaying it did not finish within {timeout} s") \
             from exc
@@ -141,9 +144,10 @@ class TracedFunction:
     ``shapeless=True`` (then in number of axes); otherwise ``MLXValueError``
     names what was expected. ``traces`` lists the signatures (input specs,
     output count); a file made by ``mx.exporter`` can hold several, and then
-    ``input_specs`` is None, and ``n_outputs`` too unless they agree (0). The graph is freed when the handle is collected, which a
-    submitted job delays until it is over; ``release()`` frees it at once
-    (jobs still queued then fail with ``MLXValueError``).
+    ``input_specs`` is None, and ``n_outputs`` 0 unless their counts agree.
+    The graph is freed when the handle is collected, which a submitted job
+    delays until it is over; ``release()`` frees it at once (jobs still
+    queued then fail with ``MLXValueError``).
     """
 
     def __init__(self, function_id: int, path: str | None = None, returned: int | None = None):
@@ -319,16 +323,11 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
         if x.dtype not in DTYPE_CODES:
             raise ValueError(f"[trace] example {k}: unsupported dtype {x.dtype}")
     target = route(list(examples), queue)
-    specs = [(tuple(x.shape), x.dtype) for x in examples]
     with tempfile.TemporaryDirectory(prefix="emlx-trace-") as tmp:
         path = os.fspath(save) if save is not None else os.path.join(tmp, "function.mlxfn")
 
-        counted = []
-
         def traced(*a):
-            out = _outputs(fn(*a))
-            counted.append(len(out))
-            return out
+            return _outputs(fn(*a))
 
         def export(*xs):
             mx.export_function(path, traced, *xs, shapeless=shapeless)
