@@ -282,9 +282,9 @@ def _check_timeout(timeout: Any, name: str = "timeout") -> float | None:
         seconds = float(timeout) if isinstance(timeout, numbers.Real) and not isinstance(timeout, bool) else None
     except OverflowError:  # an int past float range
         seconds = None
-    if seconds is None or not 0 < seconds < math.inf:
-        raise ValueError(f"{name} must be a positive, finite number of seconds or None, got {timeout!r}")
-    return seconds
+    if seconds is None or not seconds > 0:  # NaN too
+        raise ValueError(f"{name} must be a positive number of seconds or None, got {timeout!r}")
+    return None if seconds == math.inf else seconds
 
 
 def _group_of(group: Group | None) -> Group:

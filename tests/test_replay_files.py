@@ -68,6 +68,17 @@ def _bases() -> dict:
     }
 
 
+# Exported shapeless too: MLX then derives each node's shape at every call.
+_SHAPELESS = ("elementwise", "matmul_reduce", "several", "mlp")
+
+
+def _files() -> dict:
+    """file name -> (base, shapeless)."""
+    files = {name: (name, False) for name in _bases()}
+    files.update({f"{name}-shapeless": (name, True) for name in _SHAPELESS})
+    return files
+
+
 # ---- mutations ---------------------------------------------------------------------
 
 _FIELDS = [0, 1, 2, 3, 7, 255, 2**15, 2**31 - 1, 2**32 - 1, 2**63 - 1, -1, -2, -(2**31)]
@@ -110,9 +121,9 @@ def _child(directory: str, start: int) -> None:
         async with ea.Runtime(pool_size=1) as rt:
             q = rt.default_queue()
             want = {}
-            for name, (_, inputs) in bases.items():
+            for name, (base, _) in _files().items():
                 f = ea.load_traced(os.path.join(directory, f"{name}.mlxfn"))
-                want[name] = _bytes(await f(*inputs, queue=q))
+                want[name] = _bytes(await f(*bases[base][1], queue=q))
                 f.release()
             for i in range(start, len(cases)):
                 base, path = cases[i]["base"], cases[i]["path"]
@@ -123,7 +134,7 @@ def _child(directory: str, start: int) -> None:
                     _say(i, "refused", exc)
                     continue
                 try:
-                    got = _bytes(await asyncio.wait_for(f(*bases[base][1], queue=q), 20))
+                    got = _bytes(await asyncio.wait_for(f(*bases[_files()[base][0]][1], queue=q), 20))
                 except Exception as exc:  # noqa: BLE001
                     _say(i, "failed", exc)
                 else:
@@ -151,12 +162,13 @@ def _say(i: int, outcome: str, exc: BaseException | None) -> None:
 def write_cases(directory: str, n: int, seed: int) -> list[dict]:
     bases = _bases()
     data = {}
-    for name, (fn, inputs) in bases.items():
+    for name, (base, shapeless) in _files().items():
+        fn, inputs = bases[base]
         path = os.path.join(directory, f"{name}.mlxfn")
-        mx.export_function(path, fn, *inputs)
+        mx.export_function(path, fn, *inputs, shapeless=shapeless)
         with open(path, "rb") as f:
             data[name] = f.read()
-    names = sorted(bases)
+    names = sorted(data)
     cases = []
     for i in range(n):
         rng = random.Random(seed * 1_000_003 + i)
@@ -399,7 +411,7 @@ def test_verify_replays_a_foreign_file_in_a_child_first(tmp_path):
 
 def test_corrupted_export_files_never_kill_or_hang_the_process():
     """Seeded corruptions of foreign files (no digest): refused, or replayed by a process that lives."""
-    n = int(os.environ.get("EMLX_FUZZ_FILES", "48"))
+    n = int(os.environ.get("EMLX_FUZZ_FILES", "96"))
     counts, outcomes, cases = fuzz(n, int(os.environ.get("EMLX_FUZZ_SEED", "0")))
     assert sum(counts.values()) == n
     dead = {i: (cases[i]["base"], cases[i]["how"], *outcomes[i]) for i in outcomes
