@@ -340,6 +340,35 @@ bool constant_within(const Meta& idx, int64_t low, int64_t high, mx::Stream sc) 
   return least.item<int64_t>() >= low && most.item<int64_t>() <= high;
 }
 
+// The values of a small constant integer array (of the file, or of a graph
+// MLX built), or none when it is not a constant (the caller's input).
+std::optional<std::vector<int64_t>> constant_values(const Meta& idx, mx::Stream sc) {
+  if (idx.size() > 64 || !mx::issubdtype(idx.dtype, mx::integer)) return std::nullopt;
+  std::vector<int64_t> values;
+  if (idx.data) {
+    for (size_t k = 0; k < idx.size(); ++k)
+      values.push_back(integer_range(idx.data + k * idx.dtype.size(), idx.dtype, 1).first);
+    return values;
+  }
+  const auto* a = idx.array;
+  if (a == nullptr || !(a->is_available() || (a->has_primitive() && std::string(a->primitive().name()) == "Load")))
+    return std::nullopt;
+  auto wide = mx::astype(mx::flatten(*a, sc), mx::int64, sc);
+  mx::eval({wide});
+  values.assign(wide.data<int64_t>(), wide.data<int64_t>() + wide.size());
+  return values;
+}
+
+// The element count of a strided slice along one axis, or -1 when it reads outside [0, dim).
+int64_t slice_count(int64_t lo, int64_t hi, int64_t step, int64_t dim) {
+  int64_t count = 0;
+  if (step > 0 && hi > lo) count = (hi - lo + step - 1) / step;
+  if (step < 0 && lo > hi) count = (lo - hi - step - 1) / -step;
+  int64_t last = lo + (count - 1) * step;
+  if (count > 0 && (lo < 0 || lo >= dim || last < 0 || last >= dim)) return -1;
+  return count;
+}
+
 template <typename T>
 const State<T>& param(const Node& n) {
   return std::any_cast<const State<T>&>(n.state);
@@ -476,17 +505,46 @@ void check(const Node& n, mx::Stream sc) {
       fail("needs a start, stop and stride per axis");
     mx::Shape want;
     for (size_t k = 0; k < x.size(); ++k) {
-      int64_t lo = start[k], hi = stop[k], step = strides[k], dim = x[k], count = 0;
-      if (step == 0) fail("has a zero stride");
-      if (step > 0 && hi > lo) count = (hi - lo + step - 1) / step;
-      if (step < 0 && lo > hi) count = (lo - hi - step - 1) / -step;
+      if (strides[k] == 0) fail("has a zero stride");
       // Every element read, first and last, lies inside the axis.
-      int64_t last = lo + (count - 1) * step;
-      if (count > 0 && (lo < 0 || lo >= dim || last < 0 || last >= dim)) fail("reads outside its input");
+      auto count = slice_count(start[k], stop[k], strides[k], x[k]);
+      if (count < 0) fail("reads outside its input");
       want.push_back(static_cast<int>(count));
     }
     makes(want);
     if (out.dtype != ins[0].dtype) fail("keeps its input's dtype");
+  } else if (name == "SliceUpdate") {
+    inputs(2);
+    const auto& [kind, start, stop, strides] = param<mx::SliceUpdate>(n);
+    const auto &x = ins[0].shape, &update = ins[1].shape;
+    if (kind < 0 || kind > 4) fail("has an unknown kind");
+    if (start.size() != x.size() || stop.size() != x.size() || strides.size() != x.size() ||
+        update.size() != x.size())
+      fail("needs a start, stop and stride per axis");
+    for (size_t k = 0; k < x.size(); ++k) {
+      if (strides[k] == 0) fail("has a zero stride");
+      if (slice_count(start[k], stop[k], strides[k], x[k]) != update[k]) fail("writes outside its input");
+    }
+    makes(x);
+    if (out.dtype != ins[0].dtype || ins[1].dtype != ins[0].dtype) fail("keeps its input's dtype");
+  } else if (name == "DynamicSlice" || name == "DynamicSliceUpdate") {
+    bool update = name == "DynamicSliceUpdate";
+    inputs(update ? 3 : 2);
+    const auto& x = ins[0].shape;
+    const auto& start = ins[update ? 2 : 1];
+    auto axes = update ? param<mx::DynamicSliceUpdate>(n) : param<mx::DynamicSlice>(n).first;
+    mx::Shape size = update ? ins[1].shape : param<mx::DynamicSlice>(n).second;
+    if (size.size() != x.size() || start.size() != axes.size()) fail("needs a size per axis and a start per axis");
+    for (size_t k = 0; k < x.size(); ++k)
+      if (size[k] < 0 || size[k] > x[k]) fail("is larger than its input");
+    for (int axis : axes) axis_in(axis, x.size());
+    makes(update ? x : size);
+    if (out.dtype != ins[0].dtype) fail("keeps its input's dtype");
+    // The kernel reads starts as unsigned offsets: a constant start must keep the slice inside.
+    if (auto starts = constant_values(start, sc))
+      for (size_t j = 0; j < axes.size(); ++j)
+        if ((*starts)[j] < 0 || (*starts)[j] > x[axes[j]] - size[axes[j]])
+          fail("starts at a constant offset outside its input");
   } else if (name == "Reduce" || name == "ArgReduce" || name == "Scan" || name == "Sort" || name == "ArgSort" ||
              name == "Partition" || name == "ArgPartition") {
     inputs(1);

@@ -47,7 +47,14 @@ def _bases() -> dict:
     w = _rand(8, 6, seed=7)
     table = mx.arange(40, dtype=mx.float32).reshape(10, 4)
     idx = mx.array([3, 1, 4, 1], dtype=mx.int32)
+    def updated(x):
+        y = x * 2
+        y[1:3] = mx.ones((2, 5))  # SliceUpdate
+        start = mx.array([2, 1])
+        return mx.slice_update(y, mx.zeros((1, 2)), start, axes=(0, 1)), mx.slice(y, start[1:], (1,), (4, 3))
+
     return {
+        "updated": (updated, (_rand(4, 5),)),
         "elementwise": (lambda x, y: mx.sin(x) * 2.0 + mx.exp(-y * y), (_rand(3, 5), _rand(3, 5, seed=1))),
         "matmul_reduce": (lambda x: (x @ w).sum(axis=1), (_rand(4, 8),)),
         "several": (lambda x, y: (x @ y, mx.max(x @ y, axis=0), (x @ y > 0).astype(mx.int32)),
@@ -385,6 +392,11 @@ def test_constant_indices_out_of_range_are_refused(tmp_path):
     path.write_bytes(patched)
     with pytest.raises(ea.MLXValueError, match="Gather node reads a constant index outside its operand"):
         ea.load_traced(path)
+    start = mx.array([13], dtype=mx.int32)
+    patched, _ = _patched_indices(path, lambda a: mx.slice(a, start, (0,), (2,)), mx.arange(20.0), start)
+    path.write_bytes(patched)
+    with pytest.raises(ea.MLXValueError, match="DynamicSlice node starts at a constant offset outside"):
+        ea.load_traced(path)  # its kernel read 4 GB past its input (SIGSEGV)
 
 
 def test_verify_replays_a_foreign_file_in_a_child_first(tmp_path):
