@@ -322,7 +322,7 @@ _DTYPE_NAMES = {code: str(dtype).removeprefix("mlx.core.") for code, dtype in en
 
 def _header(kind: str, shape: Sequence[int], dtype: mx.Dtype) -> list[int]:
     dims = list(shape)[:_HEADER_DIMS]
-    return [_KINDS.index(kind), DTYPE_CODES[dtype], len(shape), math.prod(shape)] + dims + \
+    return [_KINDS.index(kind), DTYPE_CODES.get(dtype, -1), len(shape), math.prod(shape)] + dims + \
         [0] * (_HEADER_DIMS - len(dims))
 
 
@@ -334,25 +334,27 @@ def _describe(header: list[int]) -> str:
     return f"{name} of {shape} {_DTYPE_NAMES.get(dtype, f'dtype {dtype}')} ({size} elements)"
 
 
-def _exchange(name: str, header: list[int], kwargs: dict) -> None:
-    """On the group's worker, before a collective: every rank's header must match this one."""
+def _exchange(name: str, header: list[int], peer: int | None, kwargs: dict) -> None:
+    """On the group's worker, before a collective: every rank's header must match this one.
+
+    A send's header goes to its `peer` first and a recv's comes from it; the
+    others gather every rank's.
+    """
     group = kwargs["group"]
     if group.size() == 1:
         return
     mine = mx.array(header, dtype=mx.int64)
-    if name == "recv":  # the sender's header arrives first on the same link
-        src = kwargs.pop("_src")
-        theirs = mx.distributed.recv_like(mine, src, **kwargs)
-        headers = {src: theirs}
+    if name == "recv":
+        headers = {peer: mx.distributed.recv_like(mine, peer, **kwargs)}
     elif name == "send":
-        mx.eval(mx.distributed.send(mine, kwargs.pop("_dst"), **kwargs))
+        mx.eval(mx.distributed.send(mine, peer, **kwargs))
         return
     else:
         gathered = mx.distributed.all_gather(mine[None], **kwargs)
         headers = dict(enumerate(gathered))
     mx.eval(list(headers.values()))
-    for rank, got in headers.items():
-        got = got.tolist()
+    for rank, theirs_array in headers.items():
+        got: list[int] = theirs_array.tolist()  # type: ignore[assignment]  # an int64 row
         if got != header:
             raise _Mismatch(f"the ranks issued different collectives: rank {group.rank()} has {_describe(header)}, "
                             f"rank {rank} has {_describe(got)}")
@@ -363,9 +365,7 @@ def _collective_job(op: Callable, args: tuple, kwargs: dict, header: tuple | Non
     out = op(*args, **kwargs)  # argument errors raise here and leave the group intact
     try:
         if header is not None:
-            name, expected, peer = header
-            _exchange(name, expected, {**kwargs, **({"_src": peer} if name == "recv" else {}),
-                                       **({"_dst": peer} if name == "send" else {})})
+            _exchange(*header, kwargs)
         mx.eval(out)
     except _Mismatch:
         raise
