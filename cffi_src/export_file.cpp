@@ -569,6 +569,10 @@ void check(const Node& n, mx::Stream sc) {
       if (kth < 0 || kth >= std::max(x[axis], 1)) fail("partitions at " + std::to_string(kth) + ", outside its axis");
     }
     if (kind < 0 || kind >= count) fail("has an unknown kind " + std::to_string(kind));
+    // Their kernels write indices (uint32) or the input's values.
+    bool indices = name == "ArgReduce" || name == "ArgSort" || name == "ArgPartition";
+    if (indices && out.dtype != mx::uint32) fail("makes uint32 indices");
+    if ((name == "Sort" || name == "Partition") && out.dtype != ins[0].dtype) fail("keeps its input's dtype");
     auto want = x;
     std::unordered_set<int> seen;
     for (int axis : axes) {
