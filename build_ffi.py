@@ -17,9 +17,10 @@ from cffi import FFI
 
 ROOT = pathlib.Path(__file__).resolve().parent
 SRC = ROOT / "cffi_src"
-AREAS = ["channel.h", "worker.h", "interop.h", "host_call.h", "ops.h", "ipc.h", "replay.h"]
+AREAS = ["channel.h", "worker.h", "interop.h", "host_call.h", "ops.h", "ipc.h", "replay.h", "distributed.h"]
 SOURCES = ["common.cpp", "channel.cpp", "worker.cpp", "interop.cpp", "host_call.cpp", "ops.cpp", "validate.cpp",
-           "ipc.cpp", "ops_extra.cpp", "replay.cpp"]
+           "ipc.cpp", "ops_extra.cpp", "replay.cpp",
+           "export_file.cpp", "distributed.cpp"]
 
 # How each parameter kind of the op table is decoded (cffi_src/ops.cpp: Params).
 # A kind may carry a rule after a colon ("int:positive"): the decoder

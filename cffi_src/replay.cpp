@@ -26,6 +26,7 @@
 #include "mlx/transforms.h"
 #include "mlx/primitives.h"
 #include "mlx/utils.h"
+#include "export_file.hpp"
 #include "replay.hpp"
 #include "shim.hpp"
 #include "validate.hpp"
@@ -34,10 +35,8 @@ namespace emlx {
 
 namespace {
 
-struct Spec {
-  mx::Shape shape;
-  mx::Dtype dtype;
-};
+using export_file::Spec;
+using export_file::Trace;
 
 // One thread's import, and the graphs (by their first output's primitive)
 // whose nodes are already bound to this thread's streams.
@@ -50,7 +49,9 @@ struct Instance {
 struct Entry {
   std::string bytes;
   bool shapeless = false;
-  std::optional<std::vector<Spec>> specs;
+  // What the file declares (export_file::check): a call's inputs, bound
+  // ones included, must match one trace, and its outputs are that trace's.
+  std::vector<Trace> traces;
   // Evaluated arrays appended to every call's inputs (emlx_replay_bind): the
   // caller passes only the leading inputs.
   std::vector<mx::array> bound;
@@ -122,87 +123,57 @@ std::shared_ptr<Instance> instance_for(Entry& entry, const mx::Stream& s) {
   return slot;
 }
 
-void check_inputs(const Entry& entry, const std::vector<mx::array>& xs) {
-  if (!entry.specs) return;
-  const auto& specs = *entry.specs;
-  if (xs.size() != specs.size())
-    throw std::invalid_argument("[replay] the traced function takes " + std::to_string(specs.size()) +
-                                " input(s), got " + std::to_string(xs.size()));
-  for (size_t k = 0; k < xs.size(); ++k) {
-    const auto& want = specs[k];
-    if (xs[k].dtype() != want.dtype)
-      throw std::invalid_argument("[replay] input " + std::to_string(k) + ": expected dtype " +
-                                  dtype_text(want.dtype) + ", got " + dtype_text(xs[k].dtype()));
-    bool same = entry.shapeless ? xs[k].ndim() == want.shape.size() : xs[k].shape() == want.shape;
-    if (!same)
-      throw std::invalid_argument("[replay] input " + std::to_string(k) + ": expected shape " +
-                                  validate::shape_text(want.shape) +
-                                  (entry.shapeless ? " (any sizes, same number of axes)" : "") + ", got " +
-                                  validate::shape_text(xs[k].shape()));
+bool fits(const Entry& entry, const Spec& want, const mx::array& x) {
+  return x.dtype() == want.dtype &&
+         (entry.shapeless ? x.ndim() == want.shape.size() : x.shape() == want.shape);
+}
+
+std::string spec_text(const Entry& entry, const Spec& want) {
+  return validate::shape_text(want.shape) + " " + dtype_text(want.dtype) +
+         (entry.shapeless ? " (any sizes, same number of axes)" : "");
+}
+
+// The trace the inputs match (MLX picks the same one); a clear error when none does.
+const Trace& check_inputs(const Entry& entry, const std::vector<mx::array>& xs) {
+  for (const auto& trace : entry.traces) {
+    if (trace.inputs.size() != xs.size()) continue;
+    size_t k = 0;
+    while (k < xs.size() && fits(entry, trace.inputs[k], xs[k])) ++k;
+    if (k == xs.size()) return trace;
   }
+  if (entry.traces.size() == 1) {
+    const auto& specs = entry.traces[0].inputs;
+    if (xs.size() != specs.size())
+      throw std::invalid_argument("[replay] the traced function takes " + std::to_string(specs.size()) +
+                                  " input(s), got " + std::to_string(xs.size()));
+    for (size_t k = 0; k < xs.size(); ++k) {
+      const auto& want = specs[k];
+      if (xs[k].dtype() != want.dtype)
+        throw std::invalid_argument("[replay] input " + std::to_string(k) + ": expected dtype " +
+                                    dtype_text(want.dtype) + ", got " + dtype_text(xs[k].dtype()));
+      if (!fits(entry, want, xs[k]))
+        throw std::invalid_argument("[replay] input " + std::to_string(k) + ": expected shape " +
+                                    validate::shape_text(want.shape) +
+                                    (entry.shapeless ? " (any sizes, same number of axes)" : "") + ", got " +
+                                    validate::shape_text(xs[k].shape()));
+    }
+  }
+  std::string traces, got;
+  for (const auto& trace : entry.traces) {
+    std::string one;
+    for (const auto& spec : trace.inputs) one += (one.empty() ? "" : ", ") + spec_text(entry, spec);
+    traces += "\n  (" + one + ")";
+  }
+  for (const auto& x : xs)
+    got += (got.empty() ? "" : ", ") + validate::shape_text(x.shape()) + " " + dtype_text(x.dtype());
+  throw std::invalid_argument("[replay] the inputs (" + got + ") match none of the function's " +
+                              std::to_string(entry.traces.size()) + " traces:" + traces);
 }
 
 // Shapeless graphs get their shapes from each primitive's output_shapes,
 // which trusts its inputs: an elementwise node or a matmul fed inconsistent
-// shapes would read past a buffer. The tracer made broadcasts explicit, so
-// these nodes must see equal shapes (matmul: matching inner dimensions).
-const std::unordered_set<std::string>& elementwise_names() {
-  static const std::unordered_set<std::string> names = {
-      "Add", "Subtract", "Multiply", "Divide", "Maximum", "Minimum", "Power", "Equal", "NotEqual", "Greater",
-      "GreaterEqual", "Less", "LessEqual", "LogicalAnd", "LogicalOr", "LogAddExp", "ArcTan2", "Remainder",
-      "DivMod", "Select", "BitwiseBinary", "FloorDivide"};
-  return names;
-}
-
-void check_node(const mx::array& a, mx::Stream sc) {
-  std::string name = a.primitive().name();
-  name = name.substr(0, name.find(' '));
-  const auto& ins = a.inputs();
-  auto fail = [&](const std::string& why) {
-    std::string shapes;
-    for (const auto& in : ins) shapes += (shapes.empty() ? "" : ", ") + validate::shape_text(in.shape());
-    throw std::invalid_argument("[replay] these input shapes do not fit the traced function: its " + name +
-                                " node " + why + " (got " + shapes + ")");
-  };
-  if (elementwise_names().count(name)) {
-    for (const auto& in : ins)
-      if (in.shape() != a.shape()) fail("needs inputs of equal shapes");
-  } else if ((name == "Matmul" || name == "AddMM") && ins.size() >= 2) {
-    const auto &x = ins[0], &w = ins[1];
-    if (x.ndim() < 2 || w.ndim() < 2 || x.ndim() != w.ndim() || x.shape(-1) != w.shape(-2))
-      fail("needs (..., M, K) @ (..., K, N)");
-    for (int k = 0; k + 2 < static_cast<int>(x.ndim()); ++k)
-      if (x.shape(k) != w.shape(k)) fail("needs equal batch dimensions");
-    if (name == "AddMM" && ins.size() > 2 && ins[2].shape() != a.shape()) fail("needs c of the output's shape");
-  } else if (name == "Gather" && !ins.empty()) {
-    // Slices and constant indices (take(x, [2]) traced on a bigger x) must
-    // stay inside the operand's new shape; indices that are inputs are the
-    // caller's, unchecked as in plain MLX.
-    auto [axes, slice_sizes] = static_cast<const mx::Gather&>(a.primitive()).state();
-    const auto& operand = ins[0];
-    if (slice_sizes.size() != operand.ndim()) fail("needs a slice size per axis of its operand");
-    // MLX keeps the traced slice sizes: along an axis that is not indexed a
-    // take's slice was the whole axis, and a different size now would give
-    // a silently cropped (or overlong) result.
-    for (size_t k = 0; k < slice_sizes.size(); ++k) {
-      bool indexed = std::find(axes.begin(), axes.end(), static_cast<int>(k)) != axes.end();
-      if (slice_sizes[k] > operand.shape(k) || (!indexed && slice_sizes[k] != operand.shape(k)))
-        fail("was traced for slices of " + validate::shape_text(slice_sizes) + " along axes it does not index");
-    }
-    for (size_t j = 0; j + 1 < ins.size() && j < axes.size(); ++j) {
-      const auto& idx = ins[j + 1];
-      // A constant of the trace is available, or a Load node read once from the export.
-      bool constant = idx.is_available() || (idx.has_primitive() && std::string(idx.primitive().name()) == "Load");
-      if (!constant || idx.size() == 0 || !mx::issubdtype(idx.dtype(), mx::integer)) continue;
-      int64_t size = operand.shape(axes[j]), extent = slice_sizes[axes[j]];
-      auto wide = mx::astype(idx, mx::int64, sc);
-      auto low = mx::min(wide, false, sc), high = mx::max(wide, false, sc);
-      mx::eval({low, high});
-      if (low.item<int64_t>() < -size || high.item<int64_t>() > size - extent)
-        fail("reads a constant index outside its operand");
-    }
-  }
-}
+// shapes would read past a buffer, so each call's graph is checked node by
+// node (export_file::check_node: the checks the file passed when loaded).
 
 // Binds every node between the call's inputs and its outputs to this
 // thread's streams; shapeless graphs are also checked node by node.
@@ -226,7 +197,7 @@ void bind_graph(Instance& inst, const std::vector<mx::array>& outputs, const std
       auto& stream = const_cast<mx::Stream&>(p.stream());
       stream = stream.device == mx::Device::cpu ? sc : s;
     }
-    if (shapeless) check_node(a, sc);
+    if (shapeless) export_file::check_node(a, sc, true);
     for (const auto& in : a.inputs()) stack.push_back(in);
   }
   if (key) inst.bound.insert(key);
@@ -247,10 +218,41 @@ mx::array fit_chained(const mx::array& x, const Spec& want, int input, mx::Strea
     widths.emplace_back(0, grows ? want.shape[d] - x.shape(d) : 0);
   }
   if (!grows)
-    throw std::invalid_argument("[replay] chained input " + std::to_string(input) + " of shape " +
-                                validate::shape_text(x.shape()) + " does not fit the expected " +
-                                validate::shape_text(want.shape));
+    throw std::invalid_argument("[replay] chained input " + std::to_string(input) + " of " +
+                                validate::shape_text(x.shape()) + " " + dtype_text(x.dtype()) +
+                                " does not fit the expected " + validate::shape_text(want.shape) + " " +
+                                dtype_text(want.dtype));
   return mx::pad(x, widths, mx::array(0, x.dtype()), "constant", sc);
+}
+
+std::string index_error(const char* what, int index, size_t count) {
+  return std::string("[replay] ") + what + " " + std::to_string(index) + " does not exist: the function makes " +
+         std::to_string(count) + " output(s)";
+}
+
+// The fewest outputs any trace makes: an output index below it exists whichever trace a call matches.
+size_t fewest_outputs(const Entry& entry) {
+  size_t n = SIZE_MAX;
+  for (const auto& trace : entry.traces) n = std::min(n, trace.n_outputs);
+  return entry.traces.empty() ? 0 : n;
+}
+
+std::shared_ptr<Entry> copy_entry(const Entry& entry) {
+  auto made = std::make_shared<Entry>();
+  made->bytes = entry.bytes;
+  made->shapeless = entry.shapeless;
+  made->traces = entry.traces;
+  made->bound = entry.bound;
+  made->chain = entry.chain;
+  made->returned = entry.returned;
+  return made;
+}
+
+int64_t add_entry(std::shared_ptr<Entry> entry) {
+  std::lock_guard lock(registry_mutex);
+  int64_t id = next_id++;
+  registry.emplace(id, std::move(entry));
+  return id;
 }
 
 }  // namespace
@@ -267,25 +269,35 @@ std::vector<mx::array> replay_call(const std::vector<mx::array>& given, int64_t 
       throw std::invalid_argument("[replay] fed=True, but no chained call ran on this queue before it");
     for (auto [input, output] : entry->chain) {
       auto it = chained.find(output);
-      if (it == chained.end() || input >= static_cast<int>(xs.size()))
+      if (it == chained.end() || input < 0 || input >= static_cast<int>(xs.size()))
         throw std::invalid_argument("[replay] the previous chained call did not make output " +
                                     std::to_string(output));
       // Moved out: the graph holds the only reference, so MLX may update it in place.
-      xs[input] = entry->specs ? fit_chained(it->second, (*entry->specs)[input], input, sc) : it->second;
+      xs[input] = entry->traces.size() == 1 ? fit_chained(it->second, entry->traces[0].inputs[input], input, sc)
+                                            : it->second;
     }
     chained.clear();
   }
-  check_inputs(*entry, xs);
+  const Trace& trace = check_inputs(*entry, xs);
+  // Every index a caller gave was checked against the trace when it was
+  // known; with several traces, this call's trace decides.
+  for (auto [input, output] : entry->chain)
+    if (output < 0 || static_cast<size_t>(output) >= trace.n_outputs)
+      throw std::invalid_argument(index_error("chained output", output, trace.n_outputs));
+  for (int k : entry->returned)
+    if (k < 0 || static_cast<size_t>(k) >= trace.n_outputs)
+      throw std::invalid_argument(index_error("returned output", k, trace.n_outputs));
   auto inst = instance_for(*entry, s);
   auto outputs = (*inst->fn)(xs);
+  if (outputs.size() != trace.n_outputs)
+    throw std::invalid_argument("[replay] the imported function made " + std::to_string(outputs.size()) +
+                                " outputs where its file declares " + std::to_string(trace.n_outputs));
   bind_graph(*inst, outputs, xs, entry->shapeless, s, sc);
   if (entry->chain.empty()) return outputs;
   chained.clear();
-  for (auto [input, output] : entry->chain)
-    if (output < static_cast<int>(outputs.size())) chained.insert_or_assign(output, outputs[output]);
+  for (auto [input, output] : entry->chain) chained.insert_or_assign(output, outputs[output]);
   std::vector<mx::array> returned;
-  for (int k : entry->returned)
-    if (k < static_cast<int>(outputs.size())) returned.push_back(outputs[k]);
+  for (int k : entry->returned) returned.push_back(outputs[k]);
   return returned;
 }
 
@@ -293,31 +305,57 @@ std::vector<mx::array> replay_call(const std::vector<mx::array>& given, int64_t 
 
 extern "C" {
 
-int emlx_replay_register(const char* path, int shapeless, int n_inputs, const int* ndims, const int64_t* shapes,
-                         const int* dtypes, int64_t* id) {
+int emlx_replay_register(const char* data, size_t size, int64_t* id) {
   return emlx::guarded([&] {
     auto entry = std::make_shared<emlx::Entry>();
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw std::invalid_argument(std::string("[replay] cannot open ") + path);
-    std::ostringstream buffer;
-    buffer << in.rdbuf();
-    entry->bytes = buffer.str();
-    entry->shapeless = shapeless != 0;
-    if (n_inputs >= 0) {
-      std::vector<emlx::Spec> specs;
-      size_t at = 0;
-      for (int k = 0; k < n_inputs; ++k) {
-        mx::Shape shape;
-        for (int d = 0; d < ndims[k]; ++d) shape.push_back(static_cast<int>(shapes[at++]));
-        specs.push_back({std::move(shape), emlx::dtype_of(dtypes[k])});
-      }
-      entry->specs = std::move(specs);
-    }
+    // Checked before MLX's importer sees it: MLX trusts every count and shape.
+    auto summary = emlx::export_file::check(data, size);
+    entry->bytes.assign(data, size);
+    entry->shapeless = summary.shapeless;
+    entry->traces = std::move(summary.traces);
     // Import once here so that a file MLX cannot read fails now, not on a worker.
     emlx::import_bytes(entry->bytes);
-    std::lock_guard lock(emlx::registry_mutex);
-    *id = emlx::next_id++;
-    emlx::registry.emplace(*id, std::move(entry));
+    *id = emlx::add_entry(std::move(entry));
+    return 0;
+  });
+}
+
+int emlx_replay_info(int64_t id, int* shapeless, int64_t* n_traces, int64_t* n_bound) {
+  return emlx::guarded([&] {
+    auto entry = emlx::find_entry(id);
+    *shapeless = entry->shapeless;
+    *n_traces = static_cast<int64_t>(entry->traces.size());
+    *n_bound = static_cast<int64_t>(entry->bound.size());
+    return 0;
+  });
+}
+
+int emlx_replay_trace_info(int64_t id, int64_t trace, int64_t* n_inputs, int64_t* n_outputs, int64_t* n_dims) {
+  return emlx::guarded([&] {
+    auto entry = emlx::find_entry(id);
+    if (trace < 0 || trace >= static_cast<int64_t>(entry->traces.size()))
+      throw std::invalid_argument("[replay] no trace " + std::to_string(trace));
+    const auto& t = entry->traces[trace];
+    *n_inputs = static_cast<int64_t>(t.inputs.size());
+    *n_outputs = static_cast<int64_t>(t.n_outputs);
+    int64_t dims = 0;
+    for (const auto& spec : t.inputs) dims += static_cast<int64_t>(spec.shape.size());
+    *n_dims = dims;
+    return 0;
+  });
+}
+
+int emlx_replay_trace_inputs(int64_t id, int64_t trace, int* ndims, int64_t* dims, int* dtypes) {
+  return emlx::guarded([&] {
+    auto entry = emlx::find_entry(id);
+    if (trace < 0 || trace >= static_cast<int64_t>(entry->traces.size()))
+      throw std::invalid_argument("[replay] no trace " + std::to_string(trace));
+    size_t at = 0, k = 0;
+    for (const auto& spec : entry->traces[trace].inputs) {
+      ndims[k] = static_cast<int>(spec.shape.size());
+      dtypes[k++] = static_cast<int>(spec.dtype.val());  // the codes of emlx::dtype_of
+      for (auto d : spec.shape) dims[at++] = d;
+    }
     return 0;
   });
 }
@@ -325,43 +363,47 @@ int emlx_replay_register(const char* path, int shapeless, int n_inputs, const in
 int emlx_replay_bind(int64_t id, void** arrays, size_t count, int64_t* bound_id) {
   return emlx::guarded([&] {
     auto entry = emlx::find_entry(id);
-    auto made = std::make_shared<emlx::Entry>();
-    made->bytes = entry->bytes;
-    made->shapeless = entry->shapeless;
-    made->specs = entry->specs;
-    made->chain = entry->chain;
-    made->returned = entry->returned;
+    auto made = emlx::copy_entry(*entry);
+    std::vector<mx::array> bound;
     {
       emlx::GilGuard gil;  // handles can be swapped by in-place ops on other threads
-      for (size_t i = 0; i < count; ++i) made->bound.push_back(emlx::array_of(arrays[i]));
+      for (size_t i = 0; i < count; ++i) bound.push_back(emlx::array_of(arrays[i]));
     }
     // These come just before the inputs bound already.
-    made->bound.insert(made->bound.end(), entry->bound.begin(), entry->bound.end());
-    size_t inputs = made->specs ? made->specs->size() : 0;
-    if (made->specs && made->bound.size() > inputs)
-      throw std::invalid_argument("[replay] cannot bind " + std::to_string(count) + " array(s): the function takes " +
-                                  std::to_string(inputs) + " input(s)" +
-                                  (entry->bound.empty() ? "" : ", " + std::to_string(entry->bound.size()) +
-                                                                   " of them bound already"));
-    for (size_t k = 0; k < made->bound.size(); ++k) {
-      const auto& x = made->bound[k];
+    bound.insert(bound.end(), entry->bound.begin(), entry->bound.end());
+    for (size_t k = 0; k < bound.size(); ++k)
       // Any worker reads them, concurrently: only evaluated arrays can be shared.
-      if (!x.is_available())
+      if (!bound[k].is_available())
         throw std::invalid_argument("[replay] bound array " + std::to_string(k) +
                                     " is not evaluated (mx.eval it on the thread that built it first)");
-      if (made->specs) {
-        const auto& want = (*made->specs)[inputs - made->bound.size() + k];
-        if (x.dtype() != want.dtype || (!made->shapeless && x.shape() != want.shape))
-          throw std::invalid_argument("[replay] bound array " + std::to_string(k) + " does not fit input " +
-                                      std::to_string(inputs - made->bound.size() + k) + " (expected " +
-                                      emlx::validate::shape_text(want.shape) + " " + emlx::dtype_text(want.dtype) +
-                                      ", got " + emlx::validate::shape_text(x.shape()) + " " +
-                                      emlx::dtype_text(x.dtype()) + ")");
+    // Keep the traces the bound arrays fit as their last inputs.
+    std::string why;
+    made->traces.clear();
+    for (const auto& trace : entry->traces) {
+      size_t inputs = trace.inputs.size();
+      if (bound.size() > inputs) {
+        why = "cannot bind " + std::to_string(count) + " array(s): the function takes " + std::to_string(inputs) +
+              " input(s)" + (entry->bound.empty() ? "" : ", " + std::to_string(entry->bound.size()) +
+                                                             " of them bound already");
+        continue;
       }
+      size_t k = 0;
+      for (; k < bound.size(); ++k) {
+        const auto& want = trace.inputs[inputs - bound.size() + k];
+        const auto& x = bound[k];
+        if (x.dtype() != want.dtype || (!entry->shapeless && x.shape() != want.shape)) {
+          why = "bound array " + std::to_string(k) + " does not fit input " +
+                std::to_string(inputs - bound.size() + k) + " (expected " +
+                emlx::validate::shape_text(want.shape) + " " + emlx::dtype_text(want.dtype) + ", got " +
+                emlx::validate::shape_text(x.shape()) + " " + emlx::dtype_text(x.dtype()) + ")";
+          break;
+        }
+      }
+      if (k == bound.size()) made->traces.push_back(trace);
     }
-    std::lock_guard lock(emlx::registry_mutex);
-    *bound_id = emlx::next_id++;
-    emlx::registry.emplace(*bound_id, std::move(made));
+    if (made->traces.empty()) throw std::invalid_argument("[replay] " + why);
+    made->bound = std::move(bound);
+    *bound_id = emlx::add_entry(std::move(made));
     return 0;
   });
 }
@@ -371,21 +413,26 @@ int emlx_replay_chain(int64_t id, const int* inputs, const int* outputs, size_t 
   return emlx::guarded([&] {
     auto entry = emlx::find_entry(id);
     if (!entry->chain.empty()) throw std::invalid_argument("[replay] this function is chained already");
-    auto made = std::make_shared<emlx::Entry>();
-    made->bytes = entry->bytes;
-    made->shapeless = entry->shapeless;
-    made->specs = entry->specs;
-    made->bound = entry->bound;
+    auto made = emlx::copy_entry(*entry);
+    size_t fewest_inputs = SIZE_MAX;
+    for (const auto& trace : entry->traces) fewest_inputs = std::min(fewest_inputs, trace.inputs.size());
+    size_t n_outputs = emlx::fewest_outputs(*entry);
     for (size_t k = 0; k < count; ++k) {
-      if (inputs[k] < 0 || outputs[k] < 0 || (made->specs && inputs[k] >= static_cast<int>(made->specs->size())))
-        throw std::invalid_argument("[replay] chain: input " + std::to_string(inputs[k]) + " or output " +
-                                    std::to_string(outputs[k]) + " does not exist");
+      if (inputs[k] < 0 || static_cast<size_t>(inputs[k]) >= fewest_inputs)
+        throw std::invalid_argument("[replay] chain: input " + std::to_string(inputs[k]) +
+                                    " does not exist: the function takes " + std::to_string(fewest_inputs) +
+                                    " input(s)");
+      if (outputs[k] < 0 || static_cast<size_t>(outputs[k]) >= n_outputs)
+        throw std::invalid_argument(emlx::index_error("chain: output", outputs[k], n_outputs));
       made->chain.emplace_back(inputs[k], outputs[k]);
     }
+    for (size_t k = 0; k < n_returned; ++k)
+      if (returned[k] < 0 || static_cast<size_t>(returned[k]) >= n_outputs)
+        throw std::invalid_argument(emlx::index_error("chain: returned output", returned[k], n_outputs));
+    if (count == 0 || n_returned == 0)
+      throw std::invalid_argument("[replay] chain needs at least one carried and one returned output");
     made->returned.assign(returned, returned + n_returned);
-    std::lock_guard lock(emlx::registry_mutex);
-    *chained_id = emlx::next_id++;
-    emlx::registry.emplace(*chained_id, std::move(made));
+    *chained_id = emlx::add_entry(std::move(made));
     return 0;
   });
 }

@@ -1,14 +1,22 @@
 /* Replay of traced functions (MLX's export_function files), run natively as
  * the "replay" op of the op table.
  *
- * emlx_replay_register reads the file into memory and returns an id; every
- * worker thread that calls the function imports its own copy on first use
- * (an imported graph is bound to the streams of the thread that runs it).
- * The input specs (n_inputs shapes of ndims[k] dims, flattened, and dtype
- * codes) are checked before each call; n_inputs < 0 means unknown (MLX's
- * own matching still applies). Returns 0 or -1 (message in emlx_last_error). */
-int emlx_replay_register(const char *path, int shapeless, int n_inputs, const int *ndims,
-                         const int64_t *shapes, const int *dtypes, int64_t *id);
+ * emlx_replay_register takes a file's bytes, checks them (every count, id,
+ * shape, dtype and node against what its inputs imply: MLX's importer
+ * trusts them), and returns an id; every worker thread that calls the
+ * function imports its own copy on first use (an imported graph is bound to
+ * the streams of the thread that runs it). Each call's inputs must match one
+ * of the file's traces. Returns 0 or -1 (message in emlx_last_error). */
+int emlx_replay_register(const char *data, size_t size, int64_t *id);
+/* Whether the function is shapeless, how many traces its file holds, and how
+ * many of its last inputs are bound (emlx_replay_bind). 0 or -1. */
+int emlx_replay_info(int64_t id, int *shapeless, int64_t *n_traces, int64_t *n_bound);
+/* Trace `trace`: its input and output counts (bound inputs included) and the
+ * total number of dimensions of its inputs. 0 or -1. */
+int emlx_replay_trace_info(int64_t id, int64_t trace, int64_t *n_inputs, int64_t *n_outputs, int64_t *n_dims);
+/* Trace `trace`'s inputs: ndims[n_inputs], their dimensions flattened into
+ * dims[n_dims], and dtype codes (the op table's) in dtypes[n_inputs]. 0 or -1. */
+int emlx_replay_trace_inputs(int64_t id, int64_t trace, int *ndims, int64_t *dims, int *dtypes);
 /* A new function `bound_id`: `id` with its last `count` inputs fixed to these
  * arrays (evaluated ones; held until it is released), so a call passes only
  * the leading inputs: the weights of a model, say. 0 or -1. */
@@ -19,7 +27,8 @@ int emlx_replay_bind(int64_t id, void **arrays, size_t count, int64_t *bound_id)
  * before, so the next step can be queued before that one ends; an output
  * smaller than the input's spec is padded with zeros after its end: a cache
  * moving to a longer trace). Every call keeps those outputs on its thread
- * and returns only outputs `returned`. 0 or -1. */
+ * and returns only outputs `returned`. Every index is checked against the
+ * function's input and output counts, here and again at each call. 0 or -1. */
 int emlx_replay_chain(int64_t id, const int *inputs, const int *outputs, size_t count, const int *returned,
                       size_t n_returned, int64_t *chained_id);
 /* Drop the calling thread's chained outputs (a stream's last step is done):

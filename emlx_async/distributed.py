@@ -35,6 +35,30 @@ every later collective on the group raises ``DistributedError`` at once.
 Arguments MLX would reject are refused with ``ValueError``/``TypeError``
 before anything runs; they do not break the group.
 
+Start-up. ``init`` waits at most ``init_timeout`` seconds (default 60) for
+the other ranks: MLX's ring backend accepts its neighbour's connection with
+no time limit, so a peer that never starts (or exits first) would block it
+forever (and ``mx.distributed.init`` holds the GIL while it waits, freezing
+every thread). The wait happens in the shim, without the GIL; when the time
+is up, ``init`` raises ``DistributedError``. MLX's attempt cannot be
+interrupted and stays parked on a thread of its own (it does not hold up
+interpreter exit), and every later ``init`` that would start a backend
+raises the same error at once.
+
+Mismatched collectives. MLX's ring backend does not check that the ranks
+agree: ``all_sum`` of 4 elements on one rank and 100,000 on another, or
+float32 against int8, or a ``recv`` of another shape than was sent, gives
+one rank an error and the other wrong values, and leaves the next matched
+collective wrong too. So each collective here first exchanges a small
+header (the collective's kind, dtype and shape: 128 bytes, within the same
+job, so no extra loop round trip): the all-reduce and gather collectives
+compare every rank's header, a ``recv`` compares the sender's with what it
+asked for. A mismatch raises ``DistributedError`` naming both sides and
+breaks the group. What stays unchecked: the sender of a mismatched
+``send`` learns nothing (it completes, or times out if the receiver does
+not drain it), and collectives MLX runs inside ``group.run`` (a sharded
+model's own) are the caller's to match.
+
 Cancellation: a collective not yet running is dropped when its awaiter is
 cancelled; one already running finishes (the other ranks are in it too) and
 its result is discarded.
@@ -52,7 +76,9 @@ from typing import Any
 import anyio
 import mlx.core as mx
 
+from ._dtypes import DTYPE_CODES, DTYPES
 from ._errors import DistributedError
+from ._native import last_error, lib
 from ._queue import CommandQueue
 from ._runtime import Runtime, get_runtime
 
@@ -65,6 +91,10 @@ class _PeerFailure(Exception):
     def __init__(self, cause: BaseException):
         super().__init__(str(cause))
         self.cause = cause
+
+
+class _Mismatch(Exception):
+    """The ranks' headers disagree: they issued different collectives."""
 
 
 class Group:
@@ -153,6 +183,10 @@ class Group:
             error.__cause__ = exc
             self.declare_broken(error)
             raise error from exc
+        except _Mismatch as exc:
+            error = DistributedError(f"[{what}] rank {self.rank()} of {self.size()}: {exc}; the group is broken")
+            self.declare_broken(error)
+            raise error from None
         except _PeerFailure as exc:
             error = DistributedError(f"[{what}] rank {self.rank()} of {self.size()} failed while it ran "
                                      f"({exc.cause}); the ranks may be out of step, so the group is broken")
@@ -164,11 +198,14 @@ class Group:
 
 
 _groups: dict[str, Group] = {}  # by backend asked for; MLX caches its groups the same way
+_failed: DistributedError | None = None  # a start-up that timed out (MLX's attempt is still parked)
 _world: Group | None = None
+
+DEFAULT_INIT_TIMEOUT = 60.0
 
 
 def init(strict: bool = False, backend: str = "any", *, timeout: float | None = None,
-         device: Any = None) -> Group:
+         device: Any = None, init_timeout: float | None = DEFAULT_INIT_TIMEOUT) -> Group:
     """Initialise MLX's communication backend; the group of every rank.
 
     ``strict`` and ``backend`` are MLX's (``"any"``, ``"ring"``, ``"mpi"``,
@@ -177,7 +214,9 @@ def init(strict: bool = False, backend: str = "any", *, timeout: float | None = 
     input). ``timeout`` is the group's default for its collectives, in
     seconds. ``device`` is where its collectives run (default: the GPU for
     NCCL, else the CPU, where the ring, MPI and JACCL backends work).
-    Calling it again with the same backend returns the same group.
+    ``init_timeout`` bounds the wait for the other ranks to connect (None:
+    no bound); past it, ``DistributedError``. Calling it again with the same
+    backend returns the same group (a different ``device`` is an error).
 
     Example:
         >>> group = ea.distributed.init(backend="ring", timeout=30)
@@ -186,20 +225,49 @@ def init(strict: bool = False, backend: str = "any", *, timeout: float | None = 
     global _world
     if not isinstance(backend, str) or backend not in _BACKENDS:
         raise ValueError(f"[init] backend must be one of {_BACKENDS}, got {backend!r}")
-    _check_timeout(timeout)
-    group = _groups.get(backend)
-    if group is None:
-        raw = mx.distributed.init(strict=bool(strict), backend=backend)
-        if device is None:
-            device = mx.gpu if backend == "nccl" else mx.cpu
+    timeout = _check_timeout(timeout)
+    init_timeout = _check_timeout(init_timeout, "init_timeout")
+    kind = None
+    if device is not None:
         kind = device.type if isinstance(device, mx.Device) else device
         if not isinstance(kind, mx.DeviceType):
             raise TypeError(f"[init] device must be an mx.Device or mx.DeviceType, got {device!r}")
+    group = _groups.get(backend)
+    if group is None:
+        if _failed is not None:  # a second attempt would wait behind the first, with the GIL held
+            raise DistributedError(str(_failed)) from _failed
+        raw = _start(strict, backend, init_timeout)
+        if kind is None:
+            kind = mx.gpu if backend == "nccl" else mx.cpu
         group = _groups[backend] = Group(raw, backend=backend, timeout=timeout, device=kind)
-    elif timeout is not None:
-        group.timeout = timeout
+    else:
+        if kind is not None and kind != group.device:
+            raise ValueError(f"[init] the {backend!r} group runs its collectives on {group.device} already; "
+                             f"it cannot move to {kind}")
+        if timeout is not None:
+            group.timeout = timeout
     _world = group
     return group
+
+
+def _start(strict: bool, backend: str, limit: float | None) -> mx.distributed.Group:
+    """MLX's init, given up after `limit` seconds (it cannot be interrupted).
+
+    The wait happens in the shim without the GIL: mx.distributed.init holds
+    it while MLX waits for the peers, which would freeze every thread.
+    """
+    global _failed
+    status = lib.emlx_distributed_start(int(bool(strict)), backend.encode(), -1.0 if limit is None else limit)
+    if status == lib.EMLX_DIST_TIMED_OUT:
+        _failed = DistributedError(
+            f"[init] the {backend!r} backend did not connect to the other ranks within {limit} s (a peer did not "
+            "start, or exited before init); MLX cannot stop waiting, so this process cannot start a backend again")
+        raise _failed
+    if status == lib.EMLX_DIST_BAD_VALUE:
+        raise ValueError(last_error())
+    if status != lib.EMLX_DIST_STARTED:
+        raise RuntimeError(last_error())
+    return mx.distributed.init(strict=bool(strict), backend=backend)  # MLX's cached group now: at once
 
 
 def world() -> Group:
@@ -207,13 +275,16 @@ def world() -> Group:
     return _world if _world is not None else init()
 
 
-def _check_timeout(timeout: Any) -> float | None:
+def _check_timeout(timeout: Any, name: str = "timeout") -> float | None:
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0 \
-            or math.isnan(timeout):
-        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-    return float(timeout)
+    try:
+        seconds = float(timeout) if isinstance(timeout, numbers.Real) and not isinstance(timeout, bool) else None
+    except OverflowError:  # an int past float range
+        seconds = None
+    if seconds is None or not seconds > 0:  # NaN too
+        raise ValueError(f"{name} must be a positive number of seconds or None, got {timeout!r}")
+    return None if seconds == math.inf else seconds
 
 
 def _group_of(group: Group | None) -> Group:
@@ -242,25 +313,79 @@ def _check_peer(name: str, what: str, peer: Any, group: Group) -> int:
     return int(peer)
 
 
-def _collective_job(op: Callable, args: tuple, kwargs: dict) -> mx.array:
+# The header each collective exchanges first: kind, dtype, ndim, element
+# count, then the first dims (0-padded). int64, so 128 bytes on the wire.
+_HEADER_DIMS = 12
+_KINDS = ("all_sum", "all_max", "all_min", "all_gather", "sum_scatter", "send")
+_DTYPE_NAMES = {code: str(dtype).removeprefix("mlx.core.") for code, dtype in enumerate(DTYPES)}
+
+
+def _header(kind: str, shape: Sequence[int], dtype: mx.Dtype) -> list[int]:
+    dims = list(shape)[:_HEADER_DIMS]
+    return [_KINDS.index(kind), DTYPE_CODES.get(dtype, -1), len(shape), math.prod(shape)] + dims + \
+        [0] * (_HEADER_DIMS - len(dims))
+
+
+def _describe(header: list[int]) -> str:
+    kind, dtype, ndim, size = header[:4]
+    name = _KINDS[kind] if 0 <= kind < len(_KINDS) else f"an unknown collective ({kind})"
+    dims = header[4:4 + min(ndim, _HEADER_DIMS)] + (["..."] if ndim > _HEADER_DIMS else [])
+    shape = "(" + ", ".join(map(str, dims)) + ("," if ndim == 1 else "") + ")"
+    return f"{name} of {shape} {_DTYPE_NAMES.get(dtype, f'dtype {dtype}')} ({size} elements)"
+
+
+def _exchange(name: str, header: list[int], peer: int | None, kwargs: dict) -> None:
+    """On the group's worker, before a collective: every rank's header must match this one.
+
+    A send's header goes to its `peer` first and a recv's comes from it; the
+    others gather every rank's.
+    """
+    group = kwargs["group"]
+    if group.size() == 1:
+        return
+    mine = mx.array(header, dtype=mx.int64)
+    if name == "recv":
+        headers = {peer: mx.distributed.recv_like(mine, peer, **kwargs)}
+    elif name == "send":
+        mx.eval(mx.distributed.send(mine, peer, **kwargs))
+        return
+    else:
+        gathered = mx.distributed.all_gather(mine[None], **kwargs)
+        headers = dict(enumerate(gathered))
+    mx.eval(list(headers.values()))
+    for rank, theirs_array in headers.items():
+        got: list[int] = theirs_array.tolist()  # type: ignore[assignment]  # an int64 row
+        if got != header:
+            raise _Mismatch(f"the ranks issued different collectives: rank {group.rank()} has {_describe(header)}, "
+                            f"rank {rank} has {_describe(got)}")
+
+
+def _collective_job(op: Callable, args: tuple, kwargs: dict, header: tuple | None = None) -> mx.array:
     """On the group's worker: build the collective, then evaluate it."""
     out = op(*args, **kwargs)  # argument errors raise here and leave the group intact
     try:
+        if header is not None:
+            _exchange(*header, kwargs)
         mx.eval(out)
+    except _Mismatch:
+        raise
     except Exception as exc:  # noqa: BLE001 - the ranks are out of step: a break
         raise _PeerFailure(exc) from exc
     return out
 
 
 async def _collective(name: str, op: Callable, args: tuple, group: Group | None, stream: Any,
-                      queue: CommandQueue | None, timeout: float | None) -> mx.array:
+                      queue: CommandQueue | None, timeout: float | None, *, header: tuple | None = None,
+                      ) -> mx.array:
     g = _group_of(group)
     g.check()
     kwargs: dict[str, Any] = {"group": g.mlx_group}
     if stream is not None:
         kwargs["stream"] = stream
+    if header is None and isinstance(args[0], mx.array):  # every rank issues the same one
+        header = (name, _header(name, args[0].shape, args[0].dtype), None)
     target = queue if queue is not None else g.queue()
-    return await g._await(target, _collective_job, (op, args, kwargs), {}, timeout, name)
+    return await g._await(target, _collective_job, (op, args, kwargs, header), {}, timeout, name)
 
 
 async def all_sum(x: mx.array, /, *, group: Group | None = None, stream: Any = None,
@@ -315,7 +440,8 @@ async def send(x: mx.array, dst: int, /, *, group: Group | None = None, stream: 
     _check_array("send", x)
     g = _group_of(group)
     dst = _check_peer("send", "dst", dst, g)
-    return await _collective("send", mx.distributed.send, (x, dst), g, stream, queue, timeout)
+    return await _collective("send", mx.distributed.send, (x, dst), g, stream, queue, timeout,
+                             header=("send", _header("send", x.shape, x.dtype), dst))
 
 
 async def recv(shape: Sequence[int], dtype: mx.Dtype, src: int, /, *, group: Group | None = None,
@@ -329,8 +455,9 @@ async def recv(shape: Sequence[int], dtype: mx.Dtype, src: int, /, *, group: Gro
         raise TypeError(f"[recv] dtype must be an mx.Dtype, got {dtype!r}")
     g = _group_of(group)
     src = _check_peer("recv", "src", src, g)
-    return await _collective("recv", mx.distributed.recv, ([int(d) for d in shape], dtype, src), g,
-                             stream, queue, timeout)
+    shape = [int(d) for d in shape]
+    return await _collective("recv", mx.distributed.recv, (shape, dtype, src), g, stream, queue, timeout,
+                             header=("recv", _header("send", shape, dtype), src))
 
 
 async def recv_like(x: mx.array, src: int, /, *, group: Group | None = None, stream: Any = None,
@@ -339,7 +466,8 @@ async def recv_like(x: mx.array, src: int, /, *, group: Group | None = None, str
     _check_array("recv_like", x)
     g = _group_of(group)
     src = _check_peer("recv_like", "src", src, g)
-    return await _collective("recv_like", mx.distributed.recv_like, (x, src), g, stream, queue, timeout)
+    return await _collective("recv_like", mx.distributed.recv_like, (x, src), g, stream, queue, timeout,
+                             header=("recv", _header("send", x.shape, x.dtype), src))
 
 
 __all__ = ["DistributedError", "Group", "all_gather", "all_max", "all_min", "all_sum", "init", "recv",

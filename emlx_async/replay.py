@@ -14,8 +14,12 @@ function per worker thread, made lazily inside the queue job.
 
 from __future__ import annotations
 
+import hashlib
 import os
-import struct
+import signal
+import stat
+import subprocess
+import sys
 import tempfile
 import threading
 import weakref
@@ -43,72 +47,124 @@ def _check(status: int) -> None:
         raise MLXValueError(last_error())
 
 
-def _read_specs(path: str) -> tuple[bool, list[tuple[tuple[int, ...], mx.Dtype]] | None]:
-    """(shapeless, input specs) from an export file's header, or specs None when unknown.
+Spec = tuple[tuple[int, ...], mx.Dtype]
 
-    The layout is MLX's (mlx/export.cpp): version, count, shapeless, metadata,
-    then the first function's keyword names and traced inputs. A file with
-    several traces keeps MLX's own matching only (specs None).
-    """
+# Our export files end with an integrity record: this marker, then the
+# SHA-256 of every byte before it. MLX's importer stops reading after the
+# last function, so plain mx.import_function still reads the file.
+_SEAL = b"\0emlx-async-sha256\0"
+_SEAL_SIZE = len(_SEAL) + 32
+
+
+def _seal(path: str) -> None:
+    """Append the integrity record to the export file at `path`."""
     with open(path, "rb") as f:
-        data = f.read(1 << 20)
-    at = 0
+        digest = hashlib.sha256(f.read()).digest()
+    with open(path, "ab") as f:
+        f.write(_SEAL + digest)
 
-    def take(fmt: str):
-        nonlocal at
-        values = struct.unpack_from("<" + fmt, data, at)
-        at += struct.calcsize("<" + fmt)
-        return values if len(values) > 1 else values[0]
 
-    def string() -> bytes:
-        nonlocal at
-        n = take("Q")
-        at += n
-        return data[at - n:at]
+def _read_export(path: str) -> bytes:
+    """The bytes MLX should see from the export file at `path`.
+
+    Only a regular file is opened (a FIFO or device would block or never
+    end). A file with our integrity record must match it, and loses it here.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO opens at once
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise MLXValueError(f"[load_traced] {path} is not a regular file")
+        data = f.read()
+    if len(data) >= _SEAL_SIZE and data[-_SEAL_SIZE:-32] == _SEAL:
+        body = data[:-_SEAL_SIZE]
+        if hashlib.sha256(body).digest() != data[-32:]:
+            raise MLXValueError(f"[load_traced] {path} does not match its integrity record: it changed after it "
+                                "was written (corrupted or truncated)")
+        return body
+    return data
+
+
+def _verify_in_child(path: str, data: bytes, timeout: float) -> None:
+    """Load `data` and replay each of its traces once on zeros in a child process.
+
+    MLX's kernels trust the graph: what the checks of the file cannot rule
+    out ends the process that runs it, so it is tried in one that may die.
+    """
+    child = [sys.executable, "-c", "from emlx_async.replay import _verify_main; _verify_main()"]
+    # This very package, wherever it was imported from.
+    home = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [home, os.environ.get("PYTHONPATH")]))}
+    try:
+        done = subprocess.run(child, input=data, capture_output=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as exc:
+        raise MLXValueError(f"[load_traced] verifying {path}: replaying it did not finish within {timeout} s") \
+            from exc
+    out = done.stdout.decode(errors="replace")
+    if done.returncode == 0 and out.rstrip().endswith(_VERIFIED):
+        return
+    if _REFUSED in out:  # a clean error there: the same one here
+        raise MLXValueError(out[out.index(_REFUSED) + len(_REFUSED):].strip())
+    code = done.returncode
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+    detail = (done.stderr.decode(errors="replace").strip() or out.strip())[-600:]
+    raise MLXValueError(f"[load_traced] verifying {path}: the process that replayed it {how} before it finished"
+                        + (f": {detail}" if detail else ""))
+
+
+_VERIFIED = "emlx-async: verified"
+_REFUSED = "emlx-async: refused: "
+
+
+def _verify_main() -> None:
+    """The child of _verify_in_child: the file's bytes on stdin."""
+    import asyncio
+
+    async def replay_each_trace() -> None:
+        from ._runtime import Runtime
+
+        f = _register(sys.stdin.buffer.read())
+        async with Runtime(pool_size=1) as rt:
+            for specs, _ in f.traces:
+                await f(*(mx.zeros(shape, dtype=dtype) for shape, dtype in specs), queue=rt.default_queue())
 
     try:
-        string()  # MLX version
-        count = take("i")
-        shapeless = bool(take("?"))
-        string()  # metadata
-        if count != 1:
-            return shapeless, None
-        for _ in range(take("Q")):  # keyword names
-            string()
-        n_ids = take("Q")  # traced input ids (take moves `at` first)
-        at += 8 * n_ids
-        specs = []
-        for _ in range(take("Q")):
-            shape = tuple(take("i") for _ in range(take("Q")))
-            code, _size = take("i"), take("B")
-            if not 0 <= code < len(DTYPES):
-                return shapeless, None
-            specs.append((shape, DTYPES[code]))
-        return shapeless, specs
-    except struct.error:
-        return False, None
+        asyncio.run(replay_each_trace())
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        print(_REFUSED + str(exc), flush=True)
+        sys.exit(3)
+    print(_VERIFIED, flush=True)
 
 
 class TracedFunction:
     """A registered traced graph; call it to replay it natively on a queue.
 
     ``await f(*arrays, queue=None, lazy=False, nowait=False)`` gives the
-    outputs: one array, or a tuple for several. Inputs must match the traced
-    ones in count and dtype, and in shape unless traced ``shapeless=True``
-    (then in number of axes); otherwise ``MLXValueError`` names what was
-    expected. The graph is freed when the handle is collected, which a
-    submitted job delays until it is over; ``release()`` frees it at once
-    (jobs still queued then fail with ``MLXValueError``).
+    outputs: one array, or a tuple for several. Inputs must match a traced
+    signature in count and dtype, and in shape unless traced
+    ``shapeless=True`` (then in number of axes); otherwise ``MLXValueError``
+    names what was expected. ``traces`` lists the signatures (input specs,
+    output count); a file made by ``mx.exporter`` can hold several, and then
+    ``input_specs`` is None, and ``n_outputs`` 0 unless their counts agree.
+    The graph is freed when the handle is collected, which a submitted job
+    delays until it is over; ``release()`` frees it at once (jobs still
+    queued then fail with ``MLXValueError``).
     """
 
-    def __init__(self, function_id: int, shapeless: bool, specs, n_outputs: int, path: str | None = None):
+    def __init__(self, function_id: int, path: str | None = None, returned: int | None = None):
         self._id = function_id
-        self.n_outputs = n_outputs
-        self._op = "replay" if n_outputs == 1 else "replay_multi"
-        self.shapeless = shapeless
-        self.input_specs = specs
-        self.path = path
         self._finalizer = weakref.finalize(self, lib.emlx_replay_release, function_id)
+        shapeless, n_traces, n_bound = ffi.new("int *"), ffi.new("int64_t *"), ffi.new("int64_t *")
+        _check(lib.emlx_replay_info(function_id, shapeless, n_traces, n_bound))
+        self.shapeless = bool(shapeless[0])
+        self.traces: list[tuple[list[Spec], int]] = [_trace(function_id, k, n_bound[0]) for k in range(n_traces[0])]
+        # A chained function's calls give its `returned` outputs only.
+        counts = {n for _, n in self.traces} if returned is None else {returned}
+        # An output index below this exists whichever trace a call matches.
+        self._fewest_outputs = min(counts)
+        self.n_outputs = self._fewest_outputs if len(counts) == 1 else 0
+        self.input_specs = self.traces[0][0] if len(self.traces) == 1 else None
+        self._op = "replay" if self.n_outputs == 1 else "replay_multi"
+        self.path = path
         self._chained = False
 
     def __call__(self, *arrays: Any, queue=None, device=None, lazy: bool = False, nowait: bool = False,
@@ -129,8 +185,11 @@ class TracedFunction:
             raise ValueError("[replay] this traced function was released")
         if donate:
             for index, result in donate.items():
-                if not 0 <= index < len(arrays) or (self.n_outputs and not 0 <= result < self.n_outputs):
-                    raise ValueError(f"[replay] donate={donate!r} names an input or output that does not exist")
+                if not (isinstance(index, int) and isinstance(result, int) and 0 <= index < len(arrays)
+                        and 0 <= result < self._fewest_outputs):
+                    raise ValueError(f"[replay] donate={donate!r} names an input or output that does not exist "
+                                     f"({len(arrays)} input(s) given; the function makes {self._fewest_outputs} "
+                                     "output(s))")
         future = _ops.submit(self._op, list(arrays), queue=queue, device=device, lazy=lazy, nowait=nowait,
                              check_finite=check_finite, donate=donate, function=self._id, fed=fed)
         # The job names the graph by id: keep the handle (and so the graph)
@@ -155,8 +214,7 @@ class TracedFunction:
                 raise TypeError(f"[replay] bound array {k} must be an mx.array, got {type(x).__name__}")
         out = ffi.new("int64_t *")
         _check(lib.emlx_replay_bind(self._id, _interop.handles(list(arrays)), len(arrays), out))
-        specs = None if self.input_specs is None else self.input_specs[:len(self.input_specs) - len(arrays)]
-        bound = TracedFunction(out[0], self.shapeless, specs, self.n_outputs, self.path)
+        bound = TracedFunction(out[0], self.path, None if not self._chained else self.n_outputs)
         bound._chained = self._chained
         return bound
 
@@ -178,16 +236,18 @@ class TracedFunction:
         if not self._finalizer.alive:
             raise ValueError("[replay] this traced function was released")
         pairs = list(inputs.items())
-        known = range(self.n_outputs) if self.n_outputs else None
+        returned = list(returned)
+        known = range(self._fewest_outputs)
         if not pairs or not all(isinstance(i, int) and isinstance(o, int) for i, o in pairs) or \
-                (known is not None and not all(o in known for _, o in pairs)) or \
-                not returned or (known is not None and not all(k in known for k in returned)):
-            raise ValueError(f"[replay] chain({inputs!r}, returned={returned!r}) names outputs that do not exist")
+                not all(o in known for _, o in pairs) or \
+                not returned or not all(isinstance(k, int) and k in known for k in returned):
+            raise ValueError(f"[replay] chain({inputs!r}, returned={tuple(returned)!r}) names outputs that do not "
+                             f"exist (the function makes {self._fewest_outputs} output(s))")
         out = ffi.new("int64_t *")
         _check(lib.emlx_replay_chain(self._id, ffi.new("int[]", [i for i, _ in pairs]),
                                      ffi.new("int[]", [o for _, o in pairs]), len(pairs),
                                      ffi.new("int[]", list(returned)), len(returned), out))
-        chained = TracedFunction(out[0], self.shapeless, self.input_specs, len(returned), self.path)
+        chained = TracedFunction(out[0], self.path, len(returned))
         chained._chained = True
         return chained
 
@@ -201,34 +261,48 @@ class TracedFunction:
         return f"<TracedFunction {self._id} ({specs}){' shapeless' if self.shapeless else ''}>"
 
 
-def _register(path: str, shapeless: bool, specs, n_outputs: int) -> TracedFunction:
+def _trace(function_id: int, k: int, n_bound: int) -> tuple[list[Spec], int]:
+    """Trace `k` of a registered function: its unbound inputs' specs and its output count."""
+    n_inputs, n_outputs, n_dims = ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int64_t *")
+    _check(lib.emlx_replay_trace_info(function_id, k, n_inputs, n_outputs, n_dims))
+    ndims, dims = ffi.new("int[]", max(n_inputs[0], 1)), ffi.new("int64_t[]", max(n_dims[0], 1))
+    codes = ffi.new("int[]", max(n_inputs[0], 1))
+    _check(lib.emlx_replay_trace_inputs(function_id, k, ndims, dims, codes))
+    specs, at = [], 0
+    for j in range(n_inputs[0]):
+        specs.append((tuple(dims[at + d] for d in range(ndims[j])), DTYPES[codes[j]]))
+        at += ndims[j]
+    return specs[:len(specs) - n_bound], n_outputs[0]
+
+
+def _register(data: bytes, path: str | None = None) -> TracedFunction:
     out = ffi.new("int64_t *")
-    if specs is None:
-        _check(lib.emlx_replay_register(path.encode(), int(shapeless), -1, ffi.NULL, ffi.NULL, ffi.NULL, out))
-    else:
-        ndims = [len(shape) for shape, _ in specs]
-        flat = [d for shape, _ in specs for d in shape]
-        codes = [DTYPE_CODES[dtype] for _, dtype in specs]
-        _check(lib.emlx_replay_register(path.encode(), int(shapeless), len(specs), ffi.new("int[]", ndims),
-                                        ffi.new("int64_t[]", flat), ffi.new("int[]", codes), out))
-    return TracedFunction(out[0], shapeless, specs, n_outputs)
+    _check(lib.emlx_replay_register(ffi.from_buffer(data), len(data), out))
+    return TracedFunction(out[0], path)
 
 
-def load_traced(path: str | os.PathLike) -> TracedFunction:
-    """Register an ``mx.export_function`` file (one trace: inputs checked; several: MLX matches).
+def load_traced(path: str | os.PathLike, *, verify: bool = False, verify_timeout: float = 120.0) -> TracedFunction:
+    """Register an ``mx.export_function`` file; calls must match one of its traces.
+
+    The file is checked before MLX reads it: every count and size against
+    the file's length, every node's shapes, dtypes and parameters against
+    what its inputs imply (``MLXValueError`` names the first problem). A
+    file written by ``ea.trace(save=...)`` carries a digest of its bytes,
+    and must match it. Files from elsewhere can still hold what no check
+    of the file rules out (a kernel fed inconsistent data, changed
+    constants): ``verify=True`` first loads the file in a child process and
+    replays each trace once there, on zeros of its example shapes, and
+    refuses the file if that process dies or does not finish within
+    `verify_timeout` seconds (it costs a process start, a second or two).
 
     Reads the file on the calling thread (from a loop, a large one is better
     loaded with ``await q.run(ea.load_traced, path)``).
     """
     path = os.fspath(path)
-    shapeless, specs = _read_specs(path)
-    n_outputs = 0  # unknown: a tuple whatever the count
-    if specs is not None:
-        # Count the outputs on a lazy graph (built here, never evaluated).
-        n_outputs = len(mx.import_function(path)(*(mx.zeros(s, dtype=d) for s, d in specs)))
-    f = _register(path, shapeless, specs, n_outputs)
-    f.path = path
-    return f
+    data = _read_export(path)
+    if verify:
+        _verify_in_child(path, data, verify_timeout)
+    return _register(data, path)
 
 
 def _outputs(result: Any) -> list:
@@ -249,20 +323,17 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
         if x.dtype not in DTYPE_CODES:
             raise ValueError(f"[trace] example {k}: unsupported dtype {x.dtype}")
     target = route(list(examples), queue)
-    specs = [(tuple(x.shape), x.dtype) for x in examples]
     with tempfile.TemporaryDirectory(prefix="emlx-trace-") as tmp:
         path = os.fspath(save) if save is not None else os.path.join(tmp, "function.mlxfn")
 
-        counted = []
-
         def traced(*a):
-            out = _outputs(fn(*a))
-            counted.append(len(out))
-            return out
+            return _outputs(fn(*a))
 
         def export(*xs):
             mx.export_function(path, traced, *xs, shapeless=shapeless)
-            return _register(path, shapeless, specs, counted[0])
+            if save is not None:
+                _seal(path)
+            return _register(_read_export(path))
 
         # On the worker: the tracer's nodes (and constants it evaluates) use
         # its stream, and reading a large export back does not block the loop.

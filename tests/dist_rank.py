@@ -121,6 +121,27 @@ async def die(group: dist.Group) -> None:
         report(rank=rank, error=str(exc), elapsed=time.monotonic() - start, exiting_at=time.time())
 
 
+async def mismatch(group: dist.Group) -> None:
+    """The ranks issue collectives that do not match (MISMATCH says how); each must get a clear error."""
+    rank, how = group.rank(), os.environ["MISMATCH"]
+    await dist.all_sum(mx.array([1.0]))  # everyone is up
+    start = time.monotonic()
+    try:
+        if how == "size":
+            await dist.all_sum(mx.ones(4 if rank == 0 else 100_000))
+        elif how == "dtype":
+            await dist.all_sum(mx.ones(8, dtype=mx.float32 if rank == 0 else mx.int8))
+        elif how == "kind":
+            await (dist.all_sum if rank == 0 else dist.all_max)(mx.ones(8))
+        elif rank == 0:  # "recv": a thousand elements sent, four expected
+            await dist.send(mx.ones(1000), 1)
+        else:
+            await dist.recv((4,), mx.float32, 0)
+        report(rank=rank, error=None)
+    except ea.DistributedError as exc:
+        report(rank=rank, error=str(exc), elapsed=time.monotonic() - start, broken=group.broken is not None)
+
+
 PROMPTS = ["The capital of France is", "Water boils at", "My favourite colour is", "Once upon a time"]
 MAX_TOKENS = 6
 
@@ -154,11 +175,31 @@ async def engine(group: dist.Group) -> None:
     report(rank=rank, alone=alone, together=together, prompts=PROMPTS, max_tokens=MAX_TOKENS)
 
 
-SCENARIOS = {"engine": engine, "collectives": collectives, "stall": stall, "die": die}
+SCENARIOS = {"engine": engine, "collectives": collectives, "stall": stall, "die": die, "mismatch": mismatch}
+
+
+def absent() -> None:
+    """Rank 0 starts alone (the others exit before init): init must give up within its deadline."""
+    if int(os.environ["MLX_RANK"]) != 0:
+        return
+    start = time.monotonic()
+    try:
+        dist.init(strict=True, backend="ring", init_timeout=2)
+        report(error=None)
+    except ea.DistributedError as exc:
+        elapsed = time.monotonic() - start
+        again = time.monotonic()
+        try:
+            dist.init(strict=True, backend="ring")
+        except ea.DistributedError as second:
+            report(error=str(exc), elapsed=elapsed, second=str(second), second_s=time.monotonic() - again,
+                   exiting_at=time.time())
 
 
 def main() -> None:
     scenario, loop = sys.argv[1], sys.argv[2]
+    if scenario == "absent":
+        return absent()
     group = dist.init(strict=True, backend="ring", timeout=float(os.environ.get("RANK_TIMEOUT", "30")))
 
     async def run() -> None:

@@ -78,6 +78,40 @@ def test_a_dead_peer_fails_the_collective_at_once():
             assert result["elapsed"] < 10  # the peer failure, not the 30 s timeout
 
 
+def test_init_gives_up_on_a_peer_that_never_starts():
+    with launch(2, "absent") as ring:
+        try:
+            code = ring.ranks[0].wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("init waited for ever for a peer that exited before it")
+        exited_at = time.time()
+        assert code == 0, ring.errors(0)[-2000:]
+        (result,) = results(ring, 0)
+    assert "did not connect to the other ranks within 2.0 s" in result["error"]
+    assert 1.9 < result["elapsed"] < 6
+    # MLX's attempt cannot be stopped: a second init says so at once, and exit does not wait for it.
+    assert result["second"] == result["error"] and result["second_s"] < 0.1
+    assert exited_at - result["exiting_at"] < 3
+
+
+@pytest.mark.parametrize("how", ["size", "dtype", "kind", "recv"])
+def test_mismatched_collectives_break_the_group_with_a_clear_error(how):
+    with LocalRing(2, [sys.executable, RANK_SCRIPT, "mismatch", "asyncio"], env={"MISMATCH": how}) as ring:
+        codes = ring.wait(timeout=60)
+        assert codes == [0, 0], [ring.errors(r)[-2000:] for r in range(2)]
+        got = {rank: results(ring, rank)[0] for rank in range(2)}
+    # The receiver of a mismatched send learns it; its sender cannot (it completes).
+    told = [1] if how == "recv" else [0, 1]
+    for rank in told:
+        error = got[rank]["error"]
+        assert error and "different collectives" in error and "broken" in error, got
+        assert got[rank]["broken"] and got[rank]["elapsed"] < 10
+    wants = {"size": ["(4,) float32", "(100000,) float32"], "dtype": ["(8,) float32", "(8,) int8"],
+             "kind": ["all_sum of (8,)", "all_max of (8,)"], "recv": ["(1000,) float32", "(4,) float32"]}[how]
+    for want in wants:
+        assert want in got[1]["error"], got[1]["error"]
+
+
 def test_local_ring_reaps_every_rank():
     ring = launch(2, "stall")
     pids = [p.pid for p in ring.ranks]
@@ -115,6 +149,13 @@ async def test_arguments_are_refused_before_mlx():
         await dist.all_sum(mx.ones(2), group=group.mlx_group)
     with pytest.raises(ValueError, match="backend"):
         dist.init(backend="carrier-pigeon")
+    with pytest.raises(ValueError, match="timeout must be"):
+        dist.init(timeout=10**400)  # past float range: not an OverflowError
+    with pytest.raises(ValueError, match="init_timeout must be"):
+        dist.init(init_timeout=float("nan"))
+    with pytest.raises(ValueError, match="cannot move to"):
+        dist.init(device=mx.gpu)  # the group is cached on the CPU
+    assert dist.init(device=mx.cpu) is group
     assert group.broken is None
     await ea.get_runtime().close()
 

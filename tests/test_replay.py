@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import gc
+import re
 import time
 
 import mlx.core as mx
@@ -341,6 +342,21 @@ async def test_a_chain_carries_outputs_from_call_to_call_on_the_worker():
         assert await q.run(lambda: "still works") == "still works"
         for f in (traced, chained, longer):
             f.release()
+
+
+async def test_a_chained_input_of_another_dtype_names_both_dtypes():
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        ints = mx.zeros(4, dtype=mx.int32)
+        f = await ea.trace(lambda a, b: (a + 1, b * 2), mx.ones(4), ints, queue=q)
+        c = f.chain({1: 0}, returned=(1,))
+        await c(mx.ones(4), ints, queue=q)
+        with pytest.raises(ea.MLXValueError,
+                           match=re.escape("chained input 1 of (4,) float32 does not fit the expected (4,) int32")):
+            await c(mx.ones(4), ints, fed=True, queue=q)
+        await q.run(ea.replay.end_chain_here)
+        c.release()
+        f.release()
 
 
 async def test_released_function_is_freed():
