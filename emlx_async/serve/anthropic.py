@@ -24,8 +24,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import DistributedError
-from .app import Generation, Service, group_broken_error, shutdown_error
-from .common import (JSON, checked_text, NamedEventStream, boolean, collect, count, event, guarded, integer,
+from .app import EventStream, Generation, Service, group_broken_error, shutdown_error
+from .common import (JSON, checked_text, boolean, collect, count, event, guarded, integer,
                      number, optional_object, read_object, string, string_list, type_name, wrong_type)
 from .protocol import APIError, GenerationRequest, invalid
 
@@ -234,7 +234,7 @@ def routes(service: Service) -> list[Route]:
         id_ = new_id()
         if parsed.generation.stream:
             events = guarded(_events(parsed, generation, id_, service.model_name), generation, id_, _error_event)
-            return count(service, MESSAGES, NamedEventStream(events, service, generation,
+            return count(service, MESSAGES, EventStream(events, service, generation,
                                                              lambda: _error_event(shutdown_error())))
         try:
             collected = await collect(service, generation, request, id_)

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
@@ -436,8 +436,12 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[bytes], service: Service, generation: Generation):
+    def __init__(self, events: AsyncIterator[bytes], service: Service, generation: Generation,
+                 trailer: Callable[[], bytes] | None = None):
+        # `trailer`: what a client still there gets when the shutdown deadline
+        # cuts the stream short (each API has its own closing events).
         self.service, self.generation = service, generation
+        self.trailer = trailer or (lambda: sse(shutdown_error().body()) + sse("[DONE]"))
         # Not Response.__init__: it would declare a content-length of 0.
         self.status_code = 200
         self.background = None
@@ -465,8 +469,7 @@ class EventStream(Response):
                         await self.generation.aclose()  # the events may never have started
                 group.cancel_scope.cancel()
         if shutdown_scope.cancel_called:  # the client is still there: end the stream properly
-            body = sse(shutdown_error().body()) + sse("[DONE]")
-            await send({"type": "http.response.body", "body": body, "more_body": False})
+            await send({"type": "http.response.body", "body": self.trailer(), "more_body": False})
 
 
 def shutdown_error() -> APIError:

@@ -242,47 +242,6 @@ async def guarded(events: AsyncIterator[bytes], generation: Generation, id_: str
             await generation.aclose()
 
 
-class NamedEventStream(Response):
-    """Server-sent events that stop (and close their source) as soon as the
-    client disconnects; when the shutdown deadline cuts them short, the
-    client still there gets `shutdown()`, the API's own closing events.
-    (The chat endpoint's EventStream, with the trailer as a parameter.)"""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, events: AsyncIterator[bytes], service: Service, generation: Generation,
-                 shutdown: Callable[[], bytes]):
-        self.service, self.generation, self.shutdown = service, generation, shutdown
-        # Not Response.__init__: it would declare a content-length of 0.
-        self.status_code = 200
-        self.background = None
-        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.events = events
-
-    async def __call__(self, scope, receive, send) -> None:
-        shutdown_scope = anyio.CancelScope()
-        with self.service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
-            async with anyio.create_task_group() as group:
-                async def watch() -> None:
-                    await until_disconnected(receive)
-                    group.cancel_scope.cancel()
-
-                group.start_soon(watch)
-                try:
-                    await send({"type": "http.response.start", "status": self.status_code,
-                                "headers": self.raw_headers})
-                    async for chunk in self.events:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await self.events.aclose()  # type: ignore[attr-defined]
-                        await self.generation.aclose()  # the events may never have started
-                group.cancel_scope.cancel()
-        if shutdown_scope.cancel_called:  # the client is still there: end the stream properly
-            await send({"type": "http.response.body", "body": self.shutdown(), "more_body": False})
-
-
 def count(service: Service, endpoint: str, response: Response) -> Response:
     service.metrics.requests.labels(endpoint, str(response.status_code)).inc()
     return response

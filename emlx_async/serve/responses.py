@@ -25,8 +25,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import DistributedError
-from .app import Generation, Service, group_broken_error, shutdown_error
-from .common import (JSON, checked_text, NamedEventStream, boolean, collect, count, event, guarded, integer, number,
+from .app import EventStream, Generation, Service, group_broken_error, shutdown_error
+from .common import (JSON, checked_text, boolean, collect, count, event, guarded, integer, number,
                      optional_object, read_object, string, type_name, wrong_type)
 from .protocol import APIError, GenerationRequest, invalid
 
@@ -263,7 +263,7 @@ def routes(service: Service) -> list[Route]:
         answer = Answer(parsed, service.model_name)
         if parsed.generation.stream:
             events = guarded(_events(answer, generation), generation, answer.id, answer.failed)
-            return count(service, RESPONSES, NamedEventStream(events, service, generation,
+            return count(service, RESPONSES, EventStream(events, service, generation,
                                                               lambda: answer.failed(shutdown_error())))
         try:
             collected = await collect(service, generation, request, answer.id)
