@@ -21,6 +21,7 @@ from mlx_lm.utils import _get_classes
 
 import emlx_async as ea
 from emlx_async import replay
+from emlx_async.llm.cache_options import CacheOptions
 from emlx_async.llm.replay_step import CacheSpec, NotTraceable, check_against_model, forward, make_step
 from emlx_async.llm.traced import model_weights, sampling_inputs, sampling_rows
 
@@ -186,7 +187,7 @@ async def test_rows_at_their_own_positions_replay_mlx_lms_tokens(rt, kind):
 @pytest.mark.parametrize("kind", ["qwen3", "starcoder2"])
 async def test_max_kv_size_rotates_as_mlx_lms_rotating_cache(rt, kind):
     model = tiny(kind)
-    spec = CacheSpec.of(model, max_kv_size=12)
+    spec = CacheSpec.of(model, CacheOptions(max_kv_size=12))
     assert all(layer.max_size == 12 and layer.keep == 4 for layer in spec.layers)  # make_prompt_cache's
     want = mlx_lm_tokens(model, PROMPT, 20, max_kv_size=12)
     assert want != mlx_lm_tokens(model, PROMPT, 20)  # the bound changes the answer: it is exercised
@@ -204,7 +205,7 @@ async def test_max_kv_size_rotates_as_mlx_lms_rotating_cache(rt, kind):
 async def test_quantized_cache_replays_mlx_lms_quantized_cache(rt, bits):
     # Head size 32: a whole quantization group of 32.
     model = tiny("qwen3", num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-    spec = CacheSpec.of(model, kv_bits=bits, kv_group_size=32)
+    spec = CacheSpec.of(model, CacheOptions(kv_bits=bits, kv_group_size=32))
     assert [(type(layer).__name__, layer.bits, layer.group_size) for layer in spec.layers] == \
         [("QuantizedLayer", bits, 32)] * 2
     assert spec.dtypes()[:3] == [mx.uint32, mx.float32, mx.float32]  # mlx-lm's (weights, scales, biases)
@@ -248,12 +249,18 @@ async def test_a_hybrid_model_whose_ops_mlx_cannot_export_names_the_op(rt):
             await traced_step(queue, model, spec, None, 8)
 
 
-def test_kv_bits_on_a_sliding_window_is_refused_as_mlx_lm_refuses_it():
-    with pytest.raises(NotTraceable, match="kv_bits.*RotatingKVCache"):
-        CacheSpec.of(tiny("gemma3_text", head_dim=32, num_attention_heads=2, num_key_value_heads=1), kv_bits=4,
-                     kv_group_size=32)
+def test_cache_options_mlx_lm_or_mlx_refuse_are_refused_with_their_message():
+    with pytest.raises(ValueError, match="kv_bits: mlx-lm cannot quantize.*RotatingKVCache Quantization NYI"):
+        CacheSpec.of(tiny("gemma3_text", head_dim=32, num_attention_heads=2, num_key_value_heads=1),
+                     CacheOptions(kv_bits=4, kv_group_size=32))
     with pytest.raises(ValueError, match="max_kv_size must be more than 4"):
-        CacheSpec.of(tiny("qwen3"), max_kv_size=4)
+        CacheOptions(max_kv_size=4)
+    # mlx's own checks, with mlx's messages: a group larger than the head (16), an unsupported width.
+    with pytest.raises(ValueError, match="quantize"):
+        CacheSpec.of(tiny("qwen3"), CacheOptions(kv_bits=4))
+    with pytest.raises(ValueError, match="number of bits 7 is not supported"):
+        CacheSpec.of(tiny("qwen3", head_dim=32, num_attention_heads=2, num_key_value_heads=1),
+                     CacheOptions(kv_bits=7, kv_group_size=32))
 
 
 def test_caches_that_cannot_be_written_as_buffers_are_named():
@@ -307,7 +314,7 @@ def test_buffers_go_back_to_mlx_lm_caches_that_continue_its_tokens(kind, options
     that decode on to mlx-lm's tokens; relayout moves rows and keeps what they hold."""
     overrides = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32) if "kv_bits" in options else {}
     model = tiny(kind, **overrides)
-    spec = CacheSpec.of(model, **options)
+    spec = CacheSpec.of(model, CacheOptions(**options))
     want = mlx_lm_tokens(model, PROMPT, 20, **options)
     token, one_row = prefilled(model, spec, PROMPT, 32)
     buffers = spec.zeros(2, 32)

@@ -34,15 +34,14 @@ donate buffer i to output 2 + i and the key to output 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.generate import maybe_quantize_kv_cache
-from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
 
+from .cache_options import CacheOptions
 from .traced import sample
 
 __all__ = ["NotTraceable", "CacheSpec", "forward", "make_step", "check_against_model"]
@@ -198,45 +197,33 @@ Layer = KVLayer | QuantizedLayer | ArraysLayer
 class CacheSpec:
     """The buffers of a model's traced step, in the order the step takes them.
 
-    Build it with ``CacheSpec.of(model, ...)`` (mlx-lm's options:
-    ``max_kv_size``, ``kv_bits``, ``kv_group_size``). A step of `rows` rows
-    over caches of `size` positions takes ``n_buffers`` arrays of
-    ``shapes(rows, size)``; time axes are axis 2, so a chain moving to a
-    longer trace pads them at their end.
+    Build it with ``CacheSpec.of(model, options)`` (mlx-lm's cache options,
+    llm/cache_options.py). A step of `rows` rows over caches of `size`
+    positions takes ``n_buffers`` arrays of ``shapes(rows, size)``; time
+    axes are axis 2, so a chain moving to a longer trace pads them at their
+    end.
     """
     layers: tuple[Layer, ...]
-    max_kv_size: int | None = None
-    kv_bits: int | None = None
-    kv_group_size: int = 64
+    options: CacheOptions = CacheOptions()
 
     @classmethod
-    def of(cls, model, *, max_kv_size: int | None = None, kv_bits: int | None = None,
-           kv_group_size: int = 64) -> CacheSpec:
-        """The buffers for `model`'s own ``make_prompt_cache`` (raises NotTraceable naming what is not)."""
-        options = cls((), max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=kv_group_size)
-        caches = options.prompt_cache(model)
-        # One token through the model fills every cache; only shapes are read, nothing is evaluated.
-        model(mx.array([[0]], dtype=mx.int32), cache=caches)
-        options.quantize(caches)
-        return dataclasses.replace(options, layers=tuple(_layer_of(c, i, model) for i, c in enumerate(caches)))
+    def of(cls, model, options: CacheOptions | None = None) -> CacheSpec:
+        """The buffers for `model`'s own caches (``make_prompt_cache`` with `options`).
+
+        Raises NotTraceable naming a cache that has no buffer form, and what
+        ``options.probe`` raises for options the model cannot take.
+        """
+        options = options or CacheOptions()
+        caches = options.probe(model)
+        return cls(tuple(_layer_of(cache, i, model) for i, cache in enumerate(caches)), options)
 
     def prompt_cache(self, model) -> list[Any]:
-        """A fresh mlx-lm cache for a prefill with these options (make_prompt_cache)."""
-        if self.max_kv_size is not None and self.max_kv_size <= 4:
-            # make_prompt_cache keeps the first 4 tokens; the ring rotates what follows.
-            raise ValueError(f"max_kv_size must be more than 4 (the tokens mlx-lm always keeps), "
-                             f"got {self.max_kv_size}")
-        return make_prompt_cache(model, max_kv_size=self.max_kv_size)
+        """A fresh mlx-lm cache for a prefill with these options."""
+        return self.options.prompt_cache(model)
 
     def quantize(self, caches: list[Any]) -> None:
-        """After each prefill chunk, as mlx-lm's generate_step (from the first token: its
-        quantized_kv_start 0): quantize the key-value caches in place (kv_bits only)."""
-        if self.kv_bits is None:
-            return
-        try:
-            maybe_quantize_kv_cache(caches, 0, self.kv_group_size, self.kv_bits)
-        except NotImplementedError as exc:  # RotatingKVCache: mlx-lm cannot quantize it either
-            raise NotTraceable(f"kv_bits: {exc}") from exc
+        """After each prefill chunk: what generate_step does to the caches (kv_bits)."""
+        self.options.quantize(caches)
 
     @property
     def n_buffers(self) -> int:
