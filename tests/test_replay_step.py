@@ -9,69 +9,22 @@ its greedy tokens must be mlx-lm's ``generate_step``'s.
 
 from __future__ import annotations
 
-import itertools
-
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from mlx_lm.generate import generate_step
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
-from mlx_lm.utils import _get_classes
 
 import emlx_async as ea
 from emlx_async import replay
 from emlx_async.llm.cache_options import CacheOptions
 from emlx_async.llm.replay_step import CacheSpec, NotTraceable, check_against_model, forward, make_step
 from emlx_async.llm.traced import model_weights, sampling_inputs, sampling_rows
+from tiny_models import ARCHITECTURES, BASE, QUANTIZABLE, WINDOW, mlx_lm_tokens, tiny
 
-BASE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
-            num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=256, max_position_embeddings=512,
-            rope_theta=10000.0, tie_word_embeddings=False)
-WINDOW = 8  # gemma3's sliding window: shorter than every prompt plus answer below
-ARCHITECTURES = {
-    "llama": {},
-    "qwen3": dict(head_dim=16),
-    # Layer 0 slides (a RotatingKVCache of WINDOW), layer 1 is global.
-    "gemma3_text": dict(head_dim=16, sliding_window=WINDOW, sliding_window_pattern=2, query_pre_attn_scalar=16),
-    "phi3": {},
-    "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
-                      moe_intermediate_size=32, norm_topk_prob=True),
-    "starcoder2": dict(norm_epsilon=1e-5),
-    "olmo2": {},
-    "granite": dict(logits_scaling=2.0, attention_multiplier=0.25, embedding_multiplier=2.0, residual_multiplier=0.5,
-                    attention_bias=False, mlp_bias=False),
-}
-# SSM and hybrid caches (ArraysCache): fixed-shape states in and out.
-STATE_ARCHITECTURES = {
-    "mamba2": dict(num_heads=4, head_dim=16, hidden_size=32, intermediate_size=64, state_size=16,
-                   layer_norm_epsilon=1e-5, conv_kernel=4, n_groups=1, use_bias=False, use_conv_bias=True,
-                   time_step_limit=(0.0, float("inf")), time_step_rank="auto", tie_word_embeddings=True),
-    "qwen3_next": dict(full_attention_interval=2, linear_num_value_heads=2, linear_num_key_heads=2,
-                       linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4,
-                       num_experts_per_tok=2, decoder_sparse_step=1, shared_expert_intermediate_size=32,
-                       mlp_only_layers=[], moe_intermediate_size=32, partial_rotary_factor=0.5, head_dim=16),
-}
 PROMPT = [3, 17, 5, 9, 100, 42]
 BATCH_PROMPTS = [[3, 17, 5], [9, 100, 42, 7, 7, 1, 2, 3, 4, 5, 6], [8]]
 STEPS = 16  # past gemma3's window and the 16-position trace below
-
-
-def tiny(kind: str, **overrides):
-    config = {**BASE, **ARCHITECTURES.get(kind, {}), **STATE_ARCHITECTURES.get(kind, {}), **overrides,
-              "model_type": kind}
-    model_class, args_class = _get_classes(config)
-    mx.random.seed(0)
-    model = model_class(args_class.from_dict(config))
-    mx.eval(model.parameters())  # evaluated: usable from any worker
-    return model
-
-
-def mlx_lm_tokens(model, prompt: list[int], n: int, **options) -> list[int]:
-    """mlx-lm's own greedy tokens (generate_step; kv_bits quantize from the first token)."""
-    steps = generate_step(mx.array(prompt), model, max_tokens=n, quantized_kv_start=0,
-                          stream=mx.default_stream(mx.default_device()), **options)
-    return [token for token, _ in itertools.islice(steps, n)]
 
 
 def prefilled(model, spec: CacheSpec, prompt: list[int], size: int) -> tuple[int, list[mx.array]]:
@@ -204,7 +157,7 @@ async def test_max_kv_size_rotates_as_mlx_lms_rotating_cache(rt, kind):
 @pytest.mark.parametrize("bits", [4, 8])
 async def test_quantized_cache_replays_mlx_lms_quantized_cache(rt, bits):
     # Head size 32: a whole quantization group of 32.
-    model = tiny("qwen3", num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    model = tiny("qwen3", **QUANTIZABLE)
     spec = CacheSpec.of(model, CacheOptions(kv_bits=bits, kv_group_size=32))
     assert [(type(layer).__name__, layer.bits, layer.group_size) for layer in spec.layers] == \
         [("QuantizedLayer", bits, 32)] * 2
@@ -251,7 +204,7 @@ async def test_a_hybrid_model_whose_ops_mlx_cannot_export_names_the_op(rt):
 
 def test_cache_options_mlx_lm_or_mlx_refuse_are_refused_with_their_message():
     with pytest.raises(ValueError, match="kv_bits: mlx-lm cannot quantize.*RotatingKVCache Quantization NYI"):
-        CacheSpec.of(tiny("gemma3_text", head_dim=32, num_attention_heads=2, num_key_value_heads=1),
+        CacheSpec.of(tiny("gemma3_text", **QUANTIZABLE),
                      CacheOptions(kv_bits=4, kv_group_size=32))
     with pytest.raises(ValueError, match="max_kv_size must be more than 4"):
         CacheOptions(max_kv_size=4)
@@ -259,7 +212,7 @@ def test_cache_options_mlx_lm_or_mlx_refuse_are_refused_with_their_message():
     with pytest.raises(ValueError, match="quantize"):
         CacheSpec.of(tiny("qwen3"), CacheOptions(kv_bits=4))
     with pytest.raises(ValueError, match="number of bits 7 is not supported"):
-        CacheSpec.of(tiny("qwen3", head_dim=32, num_attention_heads=2, num_key_value_heads=1),
+        CacheSpec.of(tiny("qwen3", **QUANTIZABLE),
                      CacheOptions(kv_bits=7, kv_group_size=32))
 
 
@@ -312,7 +265,7 @@ def test_a_model_that_ignores_the_mask_is_refused():
 def test_buffers_go_back_to_mlx_lm_caches_that_continue_its_tokens(kind, options):
     """to_prompt_cache after a decoded stretch (past the ring's end) gives mlx-lm caches
     that decode on to mlx-lm's tokens; relayout moves rows and keeps what they hold."""
-    overrides = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32) if "kv_bits" in options else {}
+    overrides = QUANTIZABLE if "kv_bits" in options else {}
     model = tiny(kind, **overrides)
     spec = CacheSpec.of(model, CacheOptions(**options))
     want = mlx_lm_tokens(model, PROMPT, 20, **options)
