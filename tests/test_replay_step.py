@@ -59,7 +59,7 @@ async def traced_step(queue, model, spec: CacheSpec, rows: int | None, size: int
 
 async def replayed_tokens(rt, model, spec: CacheSpec, prompt: list[int], n: int, sizes=(8, 16, 32)) -> list[int]:
     """One stream's greedy tokens: a chain on one worker, moving to the next size when full."""
-    size_for = lambda tokens: next(s for s in sizes if s >= tokens)  # noqa: E731
+    size_for = lambda tokens: next(s for s in sizes if s >= spec.positions_needed(tokens))  # noqa: E731
     token, buffers = prefilled(model, spec, prompt, size_for(len(prompt) + 1))
     carried = {i: 2 + i for i in range(spec.n_buffers)}  # buffers <- outputs 2..., key <- 1, token <- 0
     carried.update({spec.n_buffers: 1, spec.n_buffers + 1: 0})
@@ -152,6 +152,10 @@ async def test_max_kv_size_rotates_as_mlx_lms_rotating_cache(rt, kind):
         mlx_lm_tokens(model, long_prompt, 10, max_kv_size=12)
     assert await replayed_batch(rt, model, spec, BATCH_PROMPTS + [long_prompt], 14) == \
         [mlx_lm_tokens(model, p, 14, max_kv_size=12) for p in BATCH_PROMPTS + [long_prompt]]
+    # Every layer a ring: a stream longer than the largest trace still fits it.
+    assert spec.positions_needed(1000) == 12 and CacheSpec.of(model).positions_needed(1000) == 1000
+    assert await replayed_tokens(rt, model, spec, PROMPT, 30, sizes=(8, 16)) == \
+        mlx_lm_tokens(model, PROMPT, 30, max_kv_size=12)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -185,7 +189,8 @@ async def test_ssm_states_replay(rt):
     model = tiny("mamba2")
     spec = CacheSpec.of(model)
     assert {type(layer).__name__ for layer in spec.layers} == {"ArraysLayer"}
-    assert await replayed_tokens(rt, model, spec, PROMPT, STEPS) == mlx_lm_tokens(model, PROMPT, STEPS)
+    assert spec.positions_needed(1000) == 1  # states have no positions: the smallest trace serves any length
+    assert await replayed_tokens(rt, model, spec, PROMPT, STEPS, sizes=(8,)) == mlx_lm_tokens(model, PROMPT, STEPS)
     assert await replayed_batch(rt, model, spec, BATCH_PROMPTS, 10) == \
         [mlx_lm_tokens(model, p, 10) for p in BATCH_PROMPTS]
 

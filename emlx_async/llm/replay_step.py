@@ -225,6 +225,16 @@ class CacheSpec:
         """After each prefill chunk: what generate_step does to the caches (kv_bits)."""
         self.options.quantize(caches)
 
+    def positions_needed(self, tokens: int) -> int:
+        """The cache size a stream of `tokens` tokens needs: all of them, unless every
+        layer is bounded (rings hold their max_size, states no positions at all), so a
+        max_kv_size stream (or an SSM's) replays at any length."""
+        bounds = [layer.max_size if isinstance(layer, KVLayer) else 0 if isinstance(layer, ArraysLayer) else None
+                  for layer in self.layers]
+        if any(bound is None for bound in bounds):
+            return tokens
+        return max(1, min(tokens, max(bounds, default=0)))
+
     @property
     def n_buffers(self) -> int:
         return sum(len(layer.buffers) for layer in self.layers)
