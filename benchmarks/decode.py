@@ -27,7 +27,14 @@ tokens. Reports aggregate tokens/s, time to first token, p50/p99 inter-token lat
 and the p99 lag of a 1 ms ticker on the event loop; throughput as a ratio
 to (a) of the same N.
 
+Then the fast-step section: the scenarios (a), (c), (d), (e) and their
+Python-step twins on a tiny random llama whose step takes about 1 ms on this
+CPU, as a real model's does on a GPU, at 1 and 8 streams (the best of three
+rounds), with the targets: batch mode replayed at 8 streams at least 1.1x
+mlx-lm's BatchGenerator, one replayed stream at least 1.0x the raw loop.
+
     python benchmarks/decode.py [--tokens 16] [--streams 1,2,4,8] [--loop-rounds 3] [--trio-only] [--no-trio] [--no-busy]
+                                [--fast-only] [--no-fast] [--fast-streams 1,8] [--fast-tokens 64]
 """
 
 from __future__ import annotations
@@ -260,7 +267,7 @@ def python_step_gil_ms(engine: Engine, prompt: list[int], steps: int = 8) -> flo
 
 async def replay_submit_ms(engine: Engine, prompt: list[int], tokens: int) -> float:
     """The loop's time per replayed step in the submit call (one native job)."""
-    functions = engine._replay._chains  # a parallel-mode stream's steps (made on first use)
+    functions = engine.decoding.replay.chains  # a parallel-mode stream's steps (made on first use)
     async for _ in engine.generate(prompt, max_tokens=2):  # makes the chain of this prompt's shape
         pass
     held: list[float] = []
@@ -356,6 +363,65 @@ def compare_loops(args, counts: list[int]) -> None:
                   f"{ratio:6.2f}  {rounds}", flush=True)
 
 
+# ---- the fast-step section ------------------------------------------------------------
+
+FAST_SCENARIOS = ("(a) sync on loop, sequential", "(c) mlx-lm BatchGenerator", "(d) emlx_async parallel",
+                  "(d') parallel, Python step", "(e) emlx_async batch", "(e') batch, Python step")
+
+
+async def fast_main(args) -> None:
+    """The same scenarios on a tiny random llama (hidden 128, 2 layers), whose step
+    is about 1 ms on a CPU, as a real model's is on a GPU: what the runtime costs
+    per step shows, where SmolLM2's 150 ms CPU step hides it."""
+    import tempfile
+
+    from _tiny_model import tiny_model_folder
+
+    counts = [int(n) for n in args.fast_streams.split(",")]
+    with tempfile.TemporaryDirectory() as folder:
+        tiny_model_folder(folder)
+        async with ea.Runtime() as runtime:
+            engine = await Engine.load(folder, runtime=runtime, max_concurrent=max(counts))
+            engine.python_twin = await twin_of(engine)
+            prompts = [engine.encode(p) for p in PROMPTS]
+            for n in counts:  # warm every shape and thread each scenario uses
+                batch = [prompts[i % len(prompts)] for i in range(n)]
+                for name in FAST_SCENARIOS:
+                    await SCENARIOS[name](engine, batch, 4)
+            step_ms = _sync_step_ms(engine, prompts[0])
+            print(f"\nfast step: tiny random llama (hidden 128, 2 layers, vocabulary 49152), "
+                  f"{step_ms:.2f} ms per synchronous step; {args.fast_tokens} tokens per stream, greedy; "
+                  f"engine step: {engine.step_kind}")
+            print(f"{'N':>2} {'scenario':30} {'tokens':>6} {'agg tok/s':>9} {'vs (a)':>6} {'vs (c)':>6}")
+            rates: dict = {}
+            for n in counts:
+                batch = [prompts[i % len(prompts)] for i in range(n)]
+                for _ in range(args.fast_rounds):  # the best of a few rounds: the machine is shared
+                    for name in FAST_SCENARIOS:
+                        start = time.perf_counter()
+                        traces = await SCENARIOS[name](engine, batch, args.fast_tokens)
+                        total, rate, _, _ = summarize(traces, time.perf_counter() - start)
+                        rates[(n, name)] = max(rate, rates.get((n, name), 0.0))
+                for name in FAST_SCENARIOS:
+                    rate = rates[(n, name)]
+                    print(f"{n:>2} {name:30} {total:6d} {rate:9.1f} "
+                          f"{rate / rates[(n, FAST_SCENARIOS[0])]:6.2f} {rate / rates[(n, FAST_SCENARIOS[1])]:6.2f}",
+                          flush=True)
+            most = max(counts)
+            print(f"targets: batch replayed at {most} streams / BatchGenerator = "
+                  f"{rates[(most, '(e) emlx_async batch')] / rates[(most, FAST_SCENARIOS[1])]:.2f} (>= 1.1); "
+                  f"one stream parallel replayed / raw loop = "
+                  f"{rates[(min(counts), '(d) emlx_async parallel')] / rates[(min(counts), FAST_SCENARIOS[0])]:.2f} "
+                  f"(>= 1.0)")
+
+
+def _sync_step_ms(engine: Engine, prompt: list[int], steps: int = 32) -> float:
+    trace = Trace(time.perf_counter())
+    sync_decode(engine, prompt, steps, trace)
+    gaps = [b - a for a, b in zip(trace.stamps, trace.stamps[1:])]
+    return 1000 * statistics.median(gaps) if gaps else float("nan")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="concurrent decode benchmark")
     parser.add_argument("--tokens", type=int, default=16)
@@ -367,11 +433,19 @@ if __name__ == "__main__":
     parser.add_argument("--busy-only", action="store_true", help="only the busy-loop section")
     parser.add_argument("--busy-tokens", type=int, default=24)
     parser.add_argument("--busy-batch", action="store_true", help="also batch mode in the busy-loop section")
+    parser.add_argument("--no-fast", action="store_true", help="skip the fast-step section")
+    parser.add_argument("--fast-only", action="store_true", help="only the fast-step section")
+    parser.add_argument("--fast-streams", default="1,8")
+    parser.add_argument("--fast-tokens", type=int, default=64)
+    parser.add_argument("--fast-rounds", type=int, default=3, help="rounds of the fast-step section (best kept)")
     cli = parser.parse_args()
     streams = [int(n) for n in cli.streams.split(",")]
-    if not (cli.trio_only or cli.busy_only):
+    only = cli.trio_only or cli.busy_only or cli.fast_only
+    if not only:
         asyncio.run(main(cli, streams, {}))
-    if not (cli.no_trio or cli.busy_only):
+    if not (cli.no_trio or only and not cli.trio_only):
         compare_loops(cli, streams)
-    if not (cli.no_busy or cli.trio_only):
+    if not (cli.no_busy or only and not cli.busy_only):
         asyncio.run(busy_main(cli))
+    if not (cli.no_fast or only and not cli.fast_only):
+        asyncio.run(fast_main(cli))

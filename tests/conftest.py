@@ -8,7 +8,9 @@ faulthandler (pyproject.toml) turn a deadlock into a failure with stacks.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import gc
+import sys
 
 import pytest
 import uvloop
@@ -45,6 +47,18 @@ def _warm_up_loops():
         loop = factory()
         loop.run_until_complete(asyncio.sleep(0))
         loop.close()
+
+
+@pytest.fixture(autouse=True)
+def _faulthandler_follows_the_test_timeout(request):
+    # pytest's faulthandler_timeout is one number for every test, so a slow
+    # smoke test with a longer timeout mark of its own would dump every
+    # thread's stack mid-run although it passes. Such a test's dump comes
+    # shortly before its own timeout instead (pytest cancels it afterwards).
+    mark = request.node.get_closest_marker("timeout")
+    default = float(request.config.getini("faulthandler_timeout") or 0)
+    if mark and mark.args and default and float(mark.args[0]) > default:
+        faulthandler.dump_traceback_later(max(float(mark.args[0]) - 5, default), file=sys.__stderr__)
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,17 @@ DECODE = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "decode
 @pytest.mark.timeout(300)
 def test_decode_benchmark_runs_every_scenario_and_the_busy_loop_section():
     done = subprocess.run([sys.executable, str(DECODE), "--streams", "1", "--tokens", "2", "--no-trio",
-                           "--busy-tokens", "2", "--busy-batch"], capture_output=True, text=True, timeout=280)
+                           "--busy-tokens", "2", "--busy-batch", "--no-fast"], capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for row in ("(d) emlx_async parallel", "(e') batch, Python step", "100% in-process", "GIL per step"):
+        assert row in done.stdout, done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_decode_benchmarks_fast_step_section_runs_on_a_tiny_model_built_in_code():
+    done = subprocess.run([sys.executable, str(DECODE), "--fast-only", "--fast-tokens", "2", "--fast-rounds", "1"],
+                          capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for row in ("fast step: tiny random llama", "(c) mlx-lm BatchGenerator", "(e') batch, Python step",
+                "targets: batch replayed"):
         assert row in done.stdout, done.stdout

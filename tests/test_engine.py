@@ -124,14 +124,14 @@ async def test_late_joiner_joins_a_running_batch_and_gets_its_own_tokens(rt):
     engine = await Engine.load(runtime=rt, max_concurrent=3, mode="batch", step="python")
     alone = await collect(engine, prompt=PARIS, max_tokens=6)
     running_at_join = []  # batch rows already decoding whenever a request is inserted
-    real_step = engine._batch_step
+    real_step = engine.batch_jobs.step
 
     def spy(state, joining, leaving):
         if joining:
             running_at_join.append(len(engine._batcher.running))
         return real_step(state, joining, leaving)
 
-    engine._batch_step = spy
+    engine.batch_jobs.step = spy
     first_stream = engine.generate(prompt=PARIS, max_tokens=6)
     first = await first_stream.__anext__()  # the first request is decoding now
     second = asyncio.ensure_future(collect(engine, prompt=PARIS, max_tokens=6))
@@ -172,11 +172,11 @@ async def test_engine_busy_when_not_waiting(engine):
 
 
 async def test_streaming_detokenizer_never_splits_a_character(engine):
-    from emlx_async.llm.engine import _Detokenizer, _encode
+    from emlx_async.llm.text import Detokenizer, encode_text
 
     text = "Café 🎉 naïve — 東京 ok"
-    ids = _encode(engine.tokenizer, text)
-    detok = _Detokenizer(engine.tokenizer)
+    ids = encode_text(engine.tokenizer, text)
+    detok = Detokenizer(engine.tokenizer)
     pieces = [detok.add(t) for t in ids]
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) == engine.tokenizer.decode(ids) == text

@@ -48,16 +48,17 @@ async def test_batch_step_failure_fails_every_request_and_the_next_one_starts_a_
     await settle(engine)
 
     boom = RuntimeError("injected step failure")
-    real_step = engine._batch_step
+    real_step = engine.batch_jobs.step
     step_threads, close_threads = [], []
+    failed = []  # the step failed once
     seen = [[], []]  # tokens each request has received so far (appended on the loop)
 
     def failing_step(state, joining, leaving):
         step_threads.append(threading.get_ident())
         # Fail once, as soon as both requests are decoding in the batch.
-        if all(seen) and not close_threads and "failed" not in state:
-            state["failed"] = True
-            generator = state["generator"]
+        if all(seen) and not close_threads and not failed:
+            failed.append(True)
+            generator = state.generator
             real_close = generator.close
 
             def close():
@@ -68,7 +69,7 @@ async def test_batch_step_failure_fails_every_request_and_the_next_one_starts_a_
             raise boom
         return real_step(state, joining, leaving)
 
-    engine._batch_step = failing_step
+    engine.batch_jobs.step = failing_step
     started = time.perf_counter()
     results = await asyncio.wait_for(asyncio.gather(
         collect_until_error(engine, seen[0], prompt=PARIS, max_tokens=20),
@@ -81,7 +82,7 @@ async def test_batch_step_failure_fails_every_request_and_the_next_one_starts_a_
     await settle(engine)
     assert close_threads == [step_threads[0]], "the generator is closed once, on its queue's thread"
 
-    engine._batch_step = real_step
+    engine.batch_jobs.step = real_step
     assert await asyncio.wait_for(collect(engine, prompt=PARIS, max_tokens=3), 60) == reference
     await settle(engine)
     assert not engine._batcher.running and not engine._batcher.waiting
@@ -93,19 +94,19 @@ async def test_batch_start_failure_fails_waiting_requests_promptly(rt):
 
     engine = await Engine.load(runtime=rt, max_concurrent=3, mode="batch", step="python")
     boom = MemoryError("injected start failure")
-    real_start = engine._batch_start
+    real_start = engine.batch_jobs.start
 
     def failing_start(state):
         raise boom
 
-    engine._batch_start = failing_start
+    engine.batch_jobs.start = failing_start
     results = await asyncio.wait_for(asyncio.gather(
         collect_until_error(engine, prompt="Hello", max_tokens=2),
         collect_until_error(engine, prompt="Hi", max_tokens=2)), 10)
     for tokens, error in results:
         assert tokens == [] and isinstance(error, BatchDriverError) and error.__cause__ is boom
 
-    engine._batch_start = real_start
+    engine.batch_jobs.start = real_start
     _, tokens = await asyncio.wait_for(collect(engine, prompt="Hello", max_tokens=2), 60)
     assert len(tokens) == 2
     await settle(engine)

@@ -148,25 +148,25 @@ def test_sampler_applies_top_p_before_top_k_like_mlx_lm():
     import mlx.core as mx
     from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
-    from emlx_async.llm.engine import _Sampler
+    from emlx_async.llm.sampling import Sampler
 
     logprobs = mx.log(mx.array([[0.5, 0.3, 0.2]]))
-    kept = _Sampler(1.0, top_p=0.6, top_k=2, seed=0).filter(logprobs)
+    kept = Sampler(1.0, top_p=0.6, top_k=2, seed=0).filter(logprobs)
     # top-p 0.6 keeps {0.5, 0.3}; top-k 2 keeps both. Top-k first would leave
     # 0.8 of the mass and top-p would then keep only 0.5.
     assert mx.isfinite(kept).tolist() == [[True, True, False]]
     assert mx.array_equal(kept, apply_top_k(apply_top_p(logprobs, 0.6), 2)).item()
     # k at or past the vocabulary keeps every token (mlx-lm's apply_top_k refuses it).
-    assert mx.isfinite(_Sampler(1.0, 1.0, 3, seed=0).filter(logprobs)).all().item()
+    assert mx.isfinite(Sampler(1.0, 1.0, 3, seed=0).filter(logprobs)).all().item()
 
 
 @needs_mlx_lm
 def test_any_int_seed_is_folded_into_the_key_range():
-    from emlx_async.llm.engine import _Sampler
+    from emlx_async.llm.sampling import Sampler
 
-    assert _Sampler(1.0, 1.0, 0, seed=2**80).seed == 2**80 % 2**64
-    assert _Sampler(1.0, 1.0, 0, seed=-1).seed == 2**64 - 1
-    assert _Sampler(1.0, 1.0, 0, seed=5).seed == _Sampler(1.0, 1.0, 0, seed=5 + 2**64).seed
+    assert Sampler(1.0, 1.0, 0, seed=2**80).seed == 2**80 % 2**64
+    assert Sampler(1.0, 1.0, 0, seed=-1).seed == 2**64 - 1
+    assert Sampler(1.0, 1.0, 0, seed=5).seed == Sampler(1.0, 1.0, 0, seed=5 + 2**64).seed
 
 
 @needs_model
@@ -192,9 +192,9 @@ async def test_special_token_text_in_a_message_stays_text(make_engine):
     assert controls(make_engine(chat_template=named).encode(messages=sneaky)) == controls(
         make_engine(chat_template=named).encode(messages=[{"role": "user", "content": "Hi"}]))
     # Ordinary messages tokenize exactly as the whole rendered text does.
-    from emlx_async.llm.engine import _encode
+    from emlx_async.llm.text import encode_text
 
-    assert engine.encode(messages=FRANCE) == _encode(tokenizer, engine.render_chat(FRANCE))
+    assert engine.encode(messages=FRANCE) == encode_text(tokenizer, engine.render_chat(FRANCE))
 
 
 @needs_model

@@ -72,12 +72,12 @@ async def test_a_llama_model_replays_the_python_steps_tokens():
         engine = Engine(tiny_model("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt)
         assert engine.step_kind == "python"  # not prepared yet
         assert await engine.prepare_step(cache_sizes=(8, 16, 32)) == "replay"
-        assert engine._replay.sizes == [8, 16, 32]
+        assert engine.decoding.replay.sizes == [8, 16, 32]
         prompts = [[5, 9, 2], [7, 1, 4, 4, 8, 3]]
         # 12 tokens: each stream outgrows the 8-position cache (a copy mid-stream), the longer one the 16.
         greedy = [await tokens_of(engine, p, max_tokens=12) for p in prompts]
         sampled = [await tokens_of(engine, p, max_tokens=12, seed=5, **SAMPLED) for p in prompts]
-        assert {(kind, size) for kind, _, size in engine._replay.traced} == {(True, 8), (True, 16), (True, 32),
+        assert {(kind, size) for kind, _, size in engine.decoding.replay.traced} == {(True, 8), (True, 16), (True, 32),
                                                                               (False, 8), (False, 16), (False, 32)}
         assert await concurrently(engine, [dict(prompt=p, max_tokens=12) for p in prompts]) == greedy
         assert await tokens_of(engine, prompts[1], max_tokens=12, seed=5, **SAMPLED) == sampled[1]  # repeatable
@@ -142,7 +142,7 @@ async def test_batch_mode_replays_each_row_at_its_own_position_with_its_own_key(
         replayed, python = await batch_pair(rt, max_concurrent=4)
         want = [await tokens_of(python, **r) for r in batch_requests()]
         assert await concurrently(replayed, batch_requests()) == want
-        shapes = {(rows, size) for _, rows, size in replayed._replay.traced}
+        shapes = {(rows, size) for _, rows, size in replayed.decoding.replay.traced}
         # Four rows at first, fewer as they finish; the longest row outgrew 16 positions.
         assert {1, 4} <= {rows for rows, _ in shapes} and {16, 32} <= {size for _, size in shapes}, shapes
         seeded = [dict(r, seed=5 + i) for i, r in enumerate(batch_requests(**SAMPLED))]
@@ -158,16 +158,17 @@ async def test_batch_mode_replays_each_row_at_its_own_position_with_its_own_key(
 
 @on_every_loop
 async def test_a_round_prefills_one_chunks_worth_of_the_joining_prompts():
-    from emlx_async.llm.engine import _Sampler
+    from emlx_async.llm.sampling import Sampler
+    from emlx_async.llm.state import PromptState
 
     async with ea.Runtime(pool_size=2) as rt:
         # Chunks of 4 tokens over prompts of 3, 6, 1 and 7 tokens.
         replayed, python = await batch_pair(rt, max_concurrent=4, prefill_chunk=4)
-        joining = [({}, prompt, _Sampler(0.0, 1.0, 0, 0)) for prompt in BATCH_PROMPTS]
+        joining = [(PromptState(), prompt, Sampler(0.0, 1.0, 0, 0)) for prompt in BATCH_PROMPTS]
         rounds = []
         async with rt.queue() as q:
             while joining:
-                tokens = await q.run(replayed._replay_batch_prefill, joining)
+                tokens = await q.run(replayed._replay_batcher.jobs.prefill, joining)
                 rounds.append(tokens)
                 joining = [j for j, token in zip(joining, tokens + [None] * len(joining)) if token is None]
         # The first round finishes the first prompt and starts the second; the
@@ -254,7 +255,7 @@ async def test_a_failing_replayed_batch_fails_its_requests_and_the_next_one_star
         replayed, _ = await batch_pair(rt, max_concurrent=3)
         reference = await tokens_of(replayed, BATCH_PROMPTS[0], max_tokens=6)
         boom = RuntimeError("injected layout failure")
-        real_layout = replayed._replay_batch_layout
+        real_layout = replayed._replay_batcher.jobs.layout
         calls = []
 
         def failing_layout(state, saves, keep, joined, rows, size):
@@ -263,7 +264,7 @@ async def test_a_failing_replayed_batch_fails_its_requests_and_the_next_one_star
                 raise boom
             return real_layout(state, saves, keep, joined, rows, size)
 
-        replayed._replay_batch_layout = failing_layout
+        replayed._replay_batcher.jobs.layout = failing_layout
         errors = []
 
         async def one(prompt):
@@ -276,7 +277,7 @@ async def test_a_failing_replayed_batch_fails_its_requests_and_the_next_one_star
             tg.start_soon(one, BATCH_PROMPTS[0])
             tg.start_soon(one, BATCH_PROMPTS[1])
         assert len(errors) == 2 and all(e.__cause__ is boom for e in errors)
-        replayed._replay_batch_layout = real_layout
+        replayed._replay_batcher.jobs.layout = real_layout
         assert await tokens_of(replayed, BATCH_PROMPTS[0], max_tokens=6) == reference
         await replayed.wait_idle()
         assert not replayed._replay_batcher.running and not replayed._replay_batcher.joining

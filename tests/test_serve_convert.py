@@ -122,7 +122,7 @@ def test_a_bos_the_engine_prepends_is_added_by_the_saved_tokenizer(tmp_path):
     from mlx_lm.utils import load_tokenizer
 
     from emlx_async.llm import _gguf
-    from emlx_async.llm.engine import added_bos, load_model_files
+    from emlx_async.llm.loading import added_bos, load_model_files
     from emlx_async.llm.save import hf_tokenizer
 
     _, meta = mx.load(_gguf.smollm2_path(), return_metadata=True)

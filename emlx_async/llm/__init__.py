@@ -1,10 +1,30 @@
-"""Concurrent LLM decode streams on emlx_async queues (needs mlx-lm and tokenizers)."""
+"""Concurrent LLM decode streams on emlx_async queues (needs mlx-lm and tokenizers).
 
-from .engine import BatchDriverError as BatchDriverError
-from .engine import Delta as Delta
+The modules, bottom-up (each imports only those above it in this list):
+
+* ``_gguf``: reading a GGUF file's weights, vocabulary and metadata.
+* ``types``: what a generation streams (Delta, RequestStats) and its errors.
+* ``prompt_cache``: keys and values of earlier prompts, reused by later ones.
+* ``traced``: the fixed-shape decode step that is traced and replayed.
+* ``state``: what each decode path keeps on its worker, as dataclasses.
+* ``sampling``: the Python sampler and the checking of sampling options.
+* ``text``: prompts to ids (chat safety), streaming detokenization, stop strings.
+* ``loading``: a GGUF file or an mlx-lm folder, and the facts read off the model.
+* ``decoding``: what every decode path reads, mlx-lm's chunked prefill, the Python step.
+* ``traces``: the replayed step's traces, one per shape.
+* ``parallel``: mode "parallel", a pooled queue per request (Python and replayed steps).
+* ``batching``: mode "batch", the batch driver and mlx-lm's BatchGenerator as jobs.
+* ``batch_replay``: mode "batch" with the replayed step.
+* ``save``: a loaded model written as an mlx-lm folder.
+* ``engine``: ``Engine``, the public face that ties them together.
+* ``sharded``: ``ShardedEngine``, the batch jobs run on every rank of a group.
+"""
+
 from .engine import Engine as Engine
-from .engine import EngineBusy as EngineBusy
-from .engine import RequestStats as RequestStats
 from .prompt_cache import PrefixCache as PrefixCache
+from .types import BatchDriverError as BatchDriverError
+from .types import Delta as Delta
+from .types import EngineBusy as EngineBusy
+from .types import RequestStats as RequestStats
 
 __all__ = ["BatchDriverError", "Delta", "Engine", "EngineBusy", "PrefixCache", "RequestStats"]

@@ -109,7 +109,7 @@ def convert(source: str | None, path: str) -> None:
     """
     import mlx.core as mx
 
-    from .engine import load_model_files
+    from .loading import load_model_files
 
     check_output_dir(path)  # before minutes of loading
     model, tokenizer, extra = load_model_files(source)

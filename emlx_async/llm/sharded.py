@@ -38,7 +38,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from types import SimpleNamespace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -48,7 +49,11 @@ import numpy as np
 from .. import Runtime, get_runtime
 from .._errors import DistributedError
 from ..distributed import Group, all_sum
-from .engine import Engine, _Sampler
+from .batching import BatchJobs, Joining
+from .decoding import Decoding
+from .engine import Engine
+from .sampling import Sampler
+from .state import GeneratorState
 
 logger = logging.getLogger("emlx_async.llm.sharded")
 _IDLE = json.dumps({"op": "idle"}).encode()
@@ -84,6 +89,66 @@ def _broadcast_bytes(group: Group, data: bytes | None) -> bytes:
     return body
 
 
+@dataclass
+class _PlannedJoin:
+    """A request joining rank 0's batch as the other ranks see it (no consumer here)."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampler: Sampler
+
+
+class ShardedBatchJobs(BatchJobs):
+    """The batch step's jobs on every rank: rank 0 broadcasts each job's plan
+    (which requests join, with their sampling and seed, and which leave) and
+    runs the job, in one task on the group's queue; the others run the same
+    job from the plan (``follow_one``)."""
+
+    def __init__(self, decoding: Decoding, group: Group):
+        super().__init__(decoding)
+        self.group = group
+
+    # The batcher's pooled queue is not used: every collective of the group
+    # (the plan's and the model's own) goes through its one queue.
+
+    async def run_start(self, queue, state: GeneratorState) -> None:
+        return await self._lead({"op": "start"}, self.start, state)
+
+    async def run_step(self, queue, state: GeneratorState, joining: Sequence[Joining], leaving: list[int]):
+        join = [[r.prompt, r.max_tokens, r.sampler.temperature, r.sampler.top_p, r.sampler.top_k,
+                 r.sampler.seed] for r in joining]
+        return await self._lead({"op": "step", "join": join, "leave": list(leaving)},
+                                self.step, state, joining, leaving)
+
+    async def run_close(self, queue, state: GeneratorState) -> None:
+        return await self._lead({"op": "close"}, self.close, state)
+
+    async def _lead(self, plan: dict, job, *args) -> Any:
+        data = json.dumps(plan).encode()
+
+        def lead() -> Any:
+            _broadcast_bytes(self.group, data)
+            return job(*args)
+
+        return await self.group.run(lead, what=f"sharded {plan['op']}")
+
+    def follow_one(self, state: GeneratorState) -> str:
+        """Ranks other than 0, on the group's worker: run rank 0's next plan; its op."""
+        plan = json.loads(_broadcast_bytes(self.group, None))
+        op = plan["op"]
+        if op == "start":
+            self.start(state)
+        elif op == "step":
+            joining = [_PlannedJoin(prompt, max_tokens, Sampler(t, p, k, seed))
+                       for prompt, max_tokens, t, p, k, seed in plan["join"]]
+            self.step(state, joining, plan["leave"])
+        elif op == "close":
+            self.close(state)
+        elif op not in ("stop", "idle"):
+            raise ValueError(f"unknown plan from rank 0: {op!r}")
+        return op
+
+
 def check_shardable(model, size: int) -> None:
     """Refuse a model mlx-lm's ``shard`` cannot split `size` ways (ValueError), before it tries."""
     if not hasattr(model, "shard"):
@@ -114,7 +179,7 @@ class ShardedEngine(Engine):
 
     def __init__(self, *args: Any, group: Group, idle_interval: float = 0.02, **kwargs: Any):
         kwargs["mode"] = "batch"
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, batch_jobs=lambda decoding: ShardedBatchJobs(decoding, group), **kwargs)
         if not (isinstance(idle_interval, (int, float)) and 0 < idle_interval < 60):
             raise ValueError(f"idle_interval must be in (0, 60) seconds, got {idle_interval!r}")
         self.group = group
@@ -164,7 +229,7 @@ class ShardedEngine(Engine):
         try:
             while not self._stopped and self.group.broken is None:
                 await anyio.sleep(self.idle_interval)
-                if not self._stopped and not self._batcher._driving and self.group.broken is None:
+                if not self._stopped and not self.batch_driving and self.group.broken is None:
                     await self.group.run(_broadcast_bytes, self.group, _IDLE, what="sharded idle")
         except DistributedError as exc:  # the group is broken: /health and every request say so
             logger.error("the sharded engine's group broke while idle: %s", exc)
@@ -186,28 +251,6 @@ class ShardedEngine(Engine):
 
     # ---- rank 0 -------------------------------------------------------------------
 
-    def _plan(self, job, args: tuple) -> bytes:
-        name = job.__name__
-        if name == "_batch_step":
-            _state, joining, leaving = args
-            join = [[r.prompt, r.max_tokens, r.sampler.temperature, r.sampler.top_p, r.sampler.top_k,
-                     r.sampler.seed] for r in joining]
-            return json.dumps({"op": "step", "join": join, "leave": list(leaving)}).encode()
-        if name in ("_batch_start", "_batch_close"):
-            return json.dumps({"op": name[len("_batch_"):]}).encode()
-        raise AssertionError(f"unknown batch job {name}")
-
-    async def _run_batch_job(self, queue, job, *args):
-        # The batcher's pooled queue is not used: every collective of the
-        # group (the plan's and the model's own) goes through its one queue.
-        plan = self._plan(job, args)
-
-        def lead() -> Any:
-            _broadcast_bytes(self.group, plan)
-            return job(*args)
-
-        return await self.group.run(lead, what=f"sharded {job.__name__[len('_batch_'):]}")
-
     async def close(self, timeout: float | None = None) -> None:
         """Rank 0: stop the followers (they return from ``follow()``). Idempotent."""
         if not self.leader or self._stopped or self.group.broken is not None:
@@ -215,7 +258,7 @@ class ShardedEngine(Engine):
         self._stopped = True
         limit = timeout if timeout is not None else self.group.timeout
         with anyio.move_on_after(limit if limit is not None else math.inf) as waiting:
-            await self._batcher.wait_idle()
+            await self.wait_idle(timeout=math.inf)
             if self._ticker_done is not None:
                 await self._ticker_done.wait()  # its last idle plan
         if waiting.cancelled_caught:  # a rank is gone (all of them got SIGTERM, say): do not wait on
@@ -235,29 +278,15 @@ class ShardedEngine(Engine):
         """
         if self.leader:
             raise RuntimeError("rank 0 leads; follow() is for the other ranks")
-        state: dict[str, Any] = {}
+        jobs = self.batch_jobs
+        assert isinstance(jobs, ShardedBatchJobs)  # made by __init__
+        state = GeneratorState()
         while True:
-            op = await self.group.run(self._follow_one, state, what="sharded follow")
+            op = await self.group.run(jobs.follow_one, state, what="sharded follow")
             if op == "stop":
                 return
             if op == "idle":  # sleep outside the collective (see the module docstring)
                 await anyio.sleep(self.idle_interval * 0.9)
 
-    def _follow_one(self, state: dict) -> str:
-        plan = json.loads(_broadcast_bytes(self.group, None))
-        op = plan["op"]
-        if op == "start":
-            self._batch_start(state)
-        elif op == "step":
-            # What _batch_step reads of a request; no inbox: nobody consumes here.
-            joining = [SimpleNamespace(prompt=prompt, max_tokens=max_tokens, sampler=_Sampler(t, p, k, seed))
-                       for prompt, max_tokens, t, p, k, seed in plan["join"]]
-            self._batch_step(state, joining, plan["leave"])
-        elif op == "close":
-            self._batch_close(state)
-        elif op not in ("stop", "idle"):
-            raise ValueError(f"unknown plan from rank 0: {op!r}")
-        return op
 
-
-__all__ = ["ShardedEngine", "check_shardable"]
+__all__ = ["ShardedBatchJobs", "ShardedEngine", "check_shardable"]

@@ -1,0 +1,230 @@
+"""Mode "batch", replayed step: B streams decode in one native job.
+
+The batcher (``ReplayBatcher``) runs on the loop; its Python jobs on the batch
+queue (``ReplayBatchJobs``) prefill joining prompts and move rows between
+layouts of the batch caches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from . import traced as _traced
+from .batching import Batcher, BatchRequest
+from .decoding import Decoding
+from .sampling import GREEDY, Sampler
+from .state import PromptState, ReplayBatchState
+
+
+@dataclass
+class Row:
+    """A stream in the replayed batch: its cache row holds `position` tokens; the
+    next step feeds `token` at `position`."""
+    request: BatchRequest
+    position: int
+    token: int
+    left: int  # tokens it may still generate
+    answer: list[int] = field(default_factory=list)  # generated so far
+
+
+class ReplayBatchJobs:
+    """The replayed batch's Python jobs, run on the batch queue."""
+
+    def __init__(self, decoding: Decoding):
+        self.decoding = decoding
+
+    def prefill(self, joining: Sequence[tuple[PromptState, list[int], Sampler]]) -> list[int | None]:
+        """One chunk's worth (prefill_chunk tokens) of the joining prompts, in order:
+        the rest of the first, then the next, ... Returns each prompt's first
+        token, or None while it has more to go (or got no budget); a finished one
+        leaves its mlx-lm cache and random key in its state."""
+        d = self.decoding
+        budget, tokens = d.prefill_chunk, []
+        for state, prompt, sampler in joining:
+            if budget == 0:
+                break
+            if not state.started:
+                d.begin_prefill(state, prompt)
+            used = min(state.unread.size, budget)
+            token = d.feed_chunk(state, prompt, sampler, used)
+            budget -= used
+            if token is not None:
+                # The Python sampler's key after the first token: the graph continues its stream.
+                state.key = sampler.first_key()
+                mx.eval(state.key)
+            tokens.append(token)
+        return tokens  # type: ignore[return-value] - no logprobs on this path: ints
+
+    def layout(self, state: ReplayBatchState, saves: list[tuple[int, list[int]]], keep: list[int] | None,
+               joined: list[tuple[int, PromptState]], rows: int, size: int) -> None:
+        """Move rows between layouts of the batch caches.
+
+        `saves` (slot, tokens): finished rows whose keys and values go to the
+        prompt cache first. `keep` None: the layout stays; else a new one of
+        `rows` rows and `size` positions holds old rows `keep` in slots 0, 1,
+        ... (0 rows drops the caches). `joined` (slot, prefill state): new
+        rows' prompts and keys, each written into its slot.
+        """
+        from mlx_lm.models.cache import KVCache
+
+        caches, keys = state.caches, state.keys
+        for slot, tokens in saves:
+            layers = []
+            for i in range(0, len(caches), 2):
+                layer = KVCache()
+                layer.keys = caches[i][slot:slot + 1, :, :len(tokens), :]
+                layer.values = caches[i + 1][slot:slot + 1, :, :len(tokens), :]
+                layer.offset = len(tokens)
+                layers.append(layer)
+            self.decoding.prompt_cache.save(tokens, layers)
+        if keep is not None:
+            if rows == 0:
+                state.clear()
+                return
+            replay = self.decoding.replay
+            new_caches = [mx.zeros((rows, replay.heads_kv, size, replay.head_dim), dtype=replay.dtype)
+                          for _ in range(replay.n_caches)]
+            new_keys = mx.zeros((rows, 2), dtype=mx.uint32)
+            if keep:
+                moved = mx.array(keep)
+                span = min(size, caches[0].shape[2])
+                for new, old in zip(new_caches, caches):
+                    new[:len(keep), :, :span, :] = old[moved][:, :, :span, :]
+                new_keys[:len(keep)] = keys[moved]
+            caches, keys = state.caches, state.keys = new_caches, new_keys
+        for slot, prefilled in joined:
+            for i, layer in enumerate(prefilled.cache):
+                n = layer.offset
+                caches[2 * i][slot:slot + 1, :, :n, :] = layer.keys[..., :n, :]
+                caches[2 * i + 1][slot:slot + 1, :, :n, :] = layer.values[..., :n, :]
+            keys[slot] = prefilled.key
+        mx.eval(caches, keys)
+
+
+class ReplayBatcher(Batcher):
+    """The replayed step: B streams decode in one native job.
+
+    The batch is ``slots`` rows (the smallest traced row count that holds the
+    live streams) over caches of ``size`` positions (the smallest traced size
+    that holds every row's next position: it grows with the longest row). A
+    round submits one replayed step for every row and one chunk's worth
+    (`prefill_chunk` tokens) of the joining prompts in arrival order (a Python
+    job, mlx-lm's prefill with the prompt cache): running streams stall for
+    at most one chunk, and short prompts join several at a time. Only when
+    a stream joins, finishes with a prompt cache to fill, or the batch's shape
+    changes does a Python job move rows (``ReplayBatchJobs.layout``).
+    Free rows decode greedily at position 0 and their tokens are dropped.
+    """
+
+    def __init__(self, decoding: Decoding):
+        super().__init__(decoding)
+        self.jobs = ReplayBatchJobs(decoding)
+
+    def _new_state(self) -> ReplayBatchState:
+        return ReplayBatchState()
+
+    async def _close(self, queue, state: ReplayBatchState) -> None:
+        state.clear()
+
+    async def _serve(self, queue, state: ReplayBatchState) -> None:
+        decoding, replay = self.decoding, self.decoding.replay
+        assert replay is not None
+        slots: list[Row | None] = []
+        size = 0
+        prefills: dict[int, PromptState] = {}  # id(joining request) -> its prefill state (on the worker)
+        next_uid = 0
+        while self.waiting or self.joining or self.running or self.leaving:
+            if self.leaving:
+                gone, self.leaving = set(self.leaving), []
+                slots = [None if row is not None and row.request.uid in gone else row for row in slots]
+            for request in [r for r in self.joining if r.done]:  # left mid-prompt
+                self.joining.remove(request)
+                prefills.pop(id(request), None)
+            self.joining += self.waiting
+            self.waiting = []
+            step = chunk = None
+            try:
+                if any(slots):
+                    greedy = all(row is None or row.request.sampler.greedy for row in slots)
+                    function = await replay.function(queue, greedy=greedy, rows=len(slots), size=size)
+                    step = function(*state.caches, state.keys,
+                                    mx.array([[row.token if row else 0] for row in slots], dtype=mx.int32),
+                                    mx.array([row.position if row else 0 for row in slots], dtype=mx.int32),
+                                    *_traced.sampling_rows([row.request.sampler.options if row else GREEDY
+                                                            for row in slots], replay.vocab),
+                                    queue=queue, donate=replay.donate)
+                prefilling = list(self.joining)
+                if prefilling:
+                    chunk = queue.run(self.jobs.prefill,
+                                      [(prefills.setdefault(id(r), PromptState()), r.prompt, r.sampler)
+                                       for r in prefilling])
+                saves = []
+                if step is not None:
+                    out, step = await step, None
+                    for slot, (token,) in enumerate(out.tolist()):
+                        row = slots[slot]
+                        if row is None:
+                            continue
+                        row.answer.append(token)
+                        row.position, row.token, row.left = row.position + 1, token, row.left - 1
+                        finish = decoding.finish(token, row.left)
+                        self._deliver(row.request.uid, token, finish)
+                        if finish is not None:
+                            slots[slot] = None
+                            if decoding.prompt_cache is not None:  # the prompt and answer, for a next turn
+                                saves.append((slot, row.request.prompt + row.answer[:-1]))
+                joined: list[tuple[Row, PromptState]] = []
+                if chunk is not None:
+                    tokens, chunk = await chunk, None
+                    for request, token in zip(prefilling, tokens):
+                        if token is None:
+                            continue  # more of its prompt to go
+                        self.joining.remove(request)
+                        prefilled = prefills.pop(id(request))
+                        if request.done:
+                            continue  # it left during its last chunk
+                        request.uid, next_uid = next_uid, next_uid + 1
+                        self.running[request.uid] = request
+                        finish = decoding.finish(token, request.max_tokens - 1)
+                        self._deliver(request.uid, token, finish)
+                        if finish is None:
+                            row = Row(request, len(request.prompt), token, request.max_tokens - 1, [token])
+                            joined.append((row, prefilled))
+                slots, size = await self._relayout(queue, state, slots, size, saves, joined)
+            finally:
+                for pending in (step, chunk):
+                    if pending is not None:
+                        pending.cancel()
+
+    async def _relayout(self, queue, state: ReplayBatchState, slots: list[Row | None], size: int, saves: list,
+                        joined: list[tuple[Row, PromptState]]) -> tuple[list[Row | None], int]:
+        """The batch after this round: same shape unless the live rows need fewer or more
+        rows, or other cache positions; then one layout job moves them."""
+        replay = self.decoding.replay
+        live = [row for row in slots if row is not None] + [row for row, _ in joined]
+        rows = replay.rows_for(len(live))
+        # The cache holds every row's next write (it grows and shrinks with the longest row).
+        new_size = replay.size_for(max(row.position + 1 for row in live)) if live else 0
+        if rows == len(slots) and new_size == size:
+            if not saves and not joined:
+                return slots, size
+            free = [slot for slot, row in enumerate(slots) if row is None]
+            placed = list(zip(free, joined))
+            await queue.run(self.jobs.layout, state, saves, None,
+                            [(slot, prefilled) for slot, (_, prefilled) in placed], rows, size)
+            for slot, (row, _) in placed:
+                slots[slot] = row
+            return slots, size
+        keep = [slot for slot, row in enumerate(slots) if row is not None]
+        new_slots: list[Row | None] = [slots[slot] for slot in keep]
+        placed = [(len(new_slots) + k, prefilled) for k, (_, prefilled) in enumerate(joined)]
+        new_slots += [row for row, _ in joined]
+        new_slots += [None] * (rows - len(new_slots))
+        await queue.run(self.jobs.layout, state, saves, keep, placed, rows, new_size)
+        return new_slots, new_size
+
+
+__all__ = ["ReplayBatchJobs", "ReplayBatcher", "Row"]

@@ -1,0 +1,94 @@
+"""What every decode path reads (``Decoding``: the model, its stop ids, the
+prefill options, the prompt cache and the replayed step) and the Python pieces
+they share: mlx-lm's chunked prefill and the Python step.
+
+The prefill and step methods run on a worker thread, on the state the path
+keeps there (llm/state.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+
+from .. import Runtime, cancelled
+from .prompt_cache import PrefixCache
+from .sampling import Sampler, token_logprobs
+from .state import PromptState
+
+if TYPE_CHECKING:
+    from .traces import ReplayTraces
+
+
+@dataclass
+class Decoding:
+    """The engine as its decode paths see it; the engine owns it and keeps it current."""
+
+    model: Any
+    runtime: Runtime
+    eos_ids: set[int]
+    prefill_chunk: int  # tokens per prefill pass (see Engine)
+    max_concurrent: int
+    prompt_cache: PrefixCache | None = None
+    replay: ReplayTraces | None = None  # the replayed step, once prepared
+
+    def prefill(self, state: PromptState, prompt: list[int], sampler: Sampler) -> int | tuple | None:
+        """The whole prompt, chunk by chunk: the first token (None: cancelled, nobody reads it)."""
+        self.begin_prefill(state, prompt)
+        while True:
+            item = self.feed_chunk(state, prompt, sampler)
+            if item is not None:
+                return item
+            if cancelled():
+                return None
+
+    def begin_prefill(self, state: PromptState, prompt: list[int]) -> None:
+        """A fresh mlx-lm cache holding what the prompt cache has of `prompt`; the rest is left to prefill."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache = state.cache = make_prompt_cache(self.model)
+        state.token = None
+        reused = self.prompt_cache.restore(prompt, cache) if self.prompt_cache is not None else 0
+        state.unread = mx.array(prompt[reused:])
+
+    def feed_chunk(self, state: PromptState, prompt: list[int], sampler: Sampler,
+                         limit: int | None = None) -> int | tuple | None:
+        """One chunk (at most `limit` tokens, default prefill_chunk) of the prompt through
+        the model; the last one also samples the first token, which is returned (None:
+        more chunks to go)."""
+        # Chunked prefill bounds the memory of one forward pass, and a request
+        # cancelled mid-prompt frees its queue (or stops stalling the batch) within one chunk.
+        tokens, cache = state.unread, state.cache
+        limit = limit or self.prefill_chunk
+        if tokens.size > limit:
+            self.model(tokens[None, :limit], cache=cache)
+            mx.eval([c.state for c in cache])
+            state.unread = tokens[limit:]
+            return None
+        state.unread = None
+        item = self._sample(state, tokens, sampler)
+        if self.prompt_cache is not None:
+            self.prompt_cache.save(prompt, cache)  # the prompt's keys and values, for later prompts
+        return item
+
+    def python_step(self, state: PromptState, sampler: Sampler) -> int | tuple:
+        """The next token after state.token (parallel mode's Python step)."""
+        return self._sample(state, mx.array([state.token]), sampler)
+
+    def _sample(self, state: PromptState, tokens: mx.array, sampler: Sampler) -> int | tuple:
+        logits = self.model(tokens[None], cache=state.cache)[:, -1, :]
+        token = state.token = sampler(logits).item()  # .item() evaluates, releasing the GIL
+        if sampler.logprobs is None:
+            return token
+        # Logprobs come from this Python step's logits: a request asking for
+        # them takes this step even where a faster one exists.
+        return (token, *token_logprobs(logits[0], token, sampler.logprobs))
+
+    def finish(self, token: int, left: int) -> str | None:
+        """The finish reason after `token` with `left` tokens still allowed (None: go on)."""
+        return "stop" if token in self.eos_ids else "length" if left == 0 else None
+
+
+__all__ = ["Decoding"]

@@ -1,0 +1,143 @@
+"""Mode "parallel": each request borrows a pooled queue for its whole life; its KV
+cache lives on that queue's thread and every decode step is one job there, so
+streams run on separate OS threads and MLX streams and the loop is free
+between steps.
+
+Both paths yield token ids (or (id, logprob, top alternatives) where logprobs
+were asked for), then a finish reason, "stop" or "length".
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import AsyncGenerator
+
+import mlx.core as mx
+
+from .. import replay as _replay
+from . import traced as _traced
+from .decoding import Decoding
+from .sampling import Sampler
+from .state import PromptState, ReplayStreamState
+
+# Decode steps queued ahead of the consumer.
+STEPS_AHEAD = 2
+# What a chained step is given for the inputs its chain carries.
+_STAND_IN = mx.array(0, dtype=mx.int32)
+
+
+async def python_tokens(decoding: Decoding, prompt: list[int], max_tokens: int,
+                        sampler: Sampler) -> AsyncGenerator[int | tuple | str, None]:
+    """The Python step: mlx-lm's model call, one job per token.
+
+    Steps read their input token from the request's state on the worker,
+    so the next steps are queued before this token reaches the loop: the
+    worker never waits for a round trip through the event loop. A step
+    queued past an end-of-sequence token is dropped (or, if it already
+    started, discarded).
+    """
+    runtime = decoding.runtime
+    queue = await runtime.acquire_queue()
+    state = PromptState()
+    ahead: collections.deque = collections.deque()  # job futures of the steps queued ahead
+    steps_left = max_tokens - 1  # the prefill produces the first token
+    try:
+        item = await queue.run(decoding.prefill, state, prompt, sampler)
+        while True:
+            if (item[0] if isinstance(item, tuple) else item) in decoding.eos_ids:
+                yield "stop"
+                return
+            while len(ahead) < STEPS_AHEAD and steps_left > 0:
+                ahead.append(queue.run(decoding.python_step, state, sampler))
+                steps_left -= 1
+            yield item
+            if not ahead:
+                break
+            item = await ahead.popleft()
+        yield "length"
+    finally:
+        for future in ahead:
+            future.cancel()  # dropped if queued; discarded if running
+        state.clear()  # drops the KV cache
+        runtime.release_queue(queue)
+
+
+async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int,
+                          sampler: Sampler) -> AsyncGenerator[int | str, None]:
+    """The Python prefill, then one replayed job per token.
+
+    The steps are a chain on the worker (``TracedFunction.chain``): each
+    takes its token, key and caches from the step before it there, so
+    the next steps are queued before this token reaches the loop (as in
+    python_tokens) and the caches, held by the chain alone, are
+    updated in place. A cache that fills moves to the next length at the
+    next step (padded natively).
+    """
+    replay, runtime = decoding.replay, decoding.runtime
+    assert replay is not None
+    size = replay.size_for(len(prompt) + 1)  # it grows as the answer does
+    queue = await runtime.acquire_queue()
+    state = ReplayStreamState()
+    ahead: collections.deque = collections.deque()  # job futures of the steps queued ahead
+    chained = False
+    try:
+        token = await queue.run(replay_prefill, decoding, state, prompt, sampler, size)
+        options = _traced.sampling_inputs(*sampler.options, replay.vocab)
+        position = len(prompt)
+        steps_left = max_tokens - 1
+        while True:
+            if token in decoding.eos_ids:
+                yield "stop"
+                return
+            while len(ahead) < STEPS_AHEAD and steps_left > 0:
+                if position >= size:  # full: the next length, padded by the chain
+                    size = replay.size_for(position + 1)
+                function = await replay.chained(queue, greedy=sampler.greedy, size=size)
+                if chained:  # stand-ins: the chain carries the real ones
+                    carried = [_STAND_IN] * (replay.n_caches + 2)
+                else:
+                    carried = [*state.caches, state.key, state.token]
+                    state.clear()  # the first step's job holds them now
+                ahead.append(function(*carried, mx.array(position, dtype=mx.int32), *options, queue=queue,
+                                      fed=chained))
+                chained = True
+                position += 1
+                steps_left -= 1
+            yield token
+            if not ahead:
+                break
+            token = (await ahead.popleft()).item()
+        yield "length"
+    finally:
+        for future in ahead:
+            future.cancel()  # dropped if queued; discarded if running
+        state.clear()
+        if chained:
+            try:  # queued behind the steps: frees the chain's caches before the queue is reused
+                queue.run(_replay.end_chain_here)
+            except Exception:  # noqa: BLE001 - a closed runtime frees its workers anyway
+                pass
+        runtime.release_queue(queue)
+
+
+def replay_prefill(decoding: Decoding, state: ReplayStreamState, prompt: list[int], sampler: Sampler,
+                   size: int) -> int | None:
+    """On the request's queue: mlx-lm's chunked prefill, copied into fixed caches of `size` tokens."""
+    token = decoding.prefill(state.prompt, prompt, sampler)
+    if token is None:
+        return None  # cancelled
+    caches = []
+    for layer in state.prompt.cache:
+        for part in (layer.keys, layer.values):
+            fixed = mx.zeros((*part.shape[:2], size, part.shape[3]), dtype=decoding.replay.dtype)
+            fixed[:, :, :layer.offset, :] = part[:, :, :layer.offset, :]
+            caches.append(fixed)
+    state.prompt.clear()
+    # The Python sampler's key after the first token: the graph continues its stream.
+    state.caches, state.key = caches, sampler.first_key()
+    state.token = mx.array([[token]], dtype=mx.int32)
+    mx.eval(caches, state.key, state.token)
+    return token
+
+
+__all__ = ["STEPS_AHEAD", "python_tokens", "replay_prefill", "replayed_tokens"]

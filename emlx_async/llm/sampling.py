@@ -1,0 +1,97 @@
+"""The Python step's sampler and the checking of sampling options.
+
+The replayed step samples inside its graph (llm/traced.py) from the same
+options; both take them from ``check_sampling``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_top_k, apply_top_p
+
+from .types import is_int
+
+SAMPLER_OPTIONS = frozenset({"temperature", "top_p", "top_k"})
+# Seeds of any size are folded into the range mx.random.key takes.
+SEED_RANGE = 2**64
+# The options of greedy decoding (an empty batch row's too).
+GREEDY = (0.0, 1.0, 0)
+
+
+class Sampler:
+    """Greedy, or top-p then top-k then temperature (mlx-lm's order), with a private random key.
+
+    mlx-lm's make_sampler draws from the global random state, so the filters
+    are applied here with a key of the request's own.
+    """
+
+    def __init__(self, temperature: float, top_p: float, top_k: int, seed: int):
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.seed = seed % SEED_RANGE
+        self.key: mx.array | None = None  # made on the worker: arrays built on the loop are lazy
+        self.logprobs: int | None = None  # None: none asked; else how many top alternatives
+
+    @property
+    def options(self) -> tuple[float, float, int]:
+        return self.temperature, self.top_p, self.top_k
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def filter(self, logprobs: mx.array) -> mx.array:
+        """The log-probabilities left to sample from (the rest are -inf)."""
+        if 0 < self.top_p < 1:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        if 0 < self.top_k < logprobs.shape[-1]:  # k >= vocabulary keeps everything
+            logprobs = apply_top_k(logprobs, self.top_k)
+        return logprobs
+
+    def first_key(self) -> mx.array:
+        """The key after the first token (the replayed step continues this stream of numbers)."""
+        return self.key if self.key is not None else mx.random.key(self.seed)
+
+    def __call__(self, logits: mx.array) -> mx.array:
+        if self.temperature == 0:
+            return mx.argmax(logits, axis=-1)
+        logprobs = self.filter(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+        # Split per step: each request's stream of numbers is its own.
+        if self.key is None:
+            self.key = mx.random.key(self.seed)
+        self.key, step_key = mx.random.split(self.key)
+        return mx.random.categorical(logprobs * (1 / self.temperature), key=step_key)
+
+
+def check_sampling(temperature: Any = 0.0, top_p: Any = 1.0, top_k: Any = 0) -> tuple[float, float, int]:
+    """(temperature, top_p, top_k) as floats and an int, or ValueError naming the bad one."""
+    def real(value: Any) -> float | None:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            return None
+        return float(value)
+
+    t, p = real(temperature), real(top_p)
+    if t is None or t < 0 or p is None or not 0 < p <= 1 or not is_int(top_k) or top_k < 0:
+        raise ValueError(f"invalid sampling: temperature={temperature!r} (finite, >= 0), "
+                         f"top_p={top_p!r} (in (0, 1]), top_k={top_k!r} (an int >= 0)")
+    return t, p, int(top_k)
+
+
+def token_logprobs(logits: mx.array, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """The chosen token's log-probability and the `top` most likely (id, logprob), from one row of logits."""
+    logprobs = logits.astype(mx.float32)
+    logprobs = logprobs - mx.logsumexp(logprobs)
+    chosen = logprobs[token]
+    if top == 0:
+        return chosen.item(), ()
+    ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
+    values = logprobs[ids]
+    mx.eval(chosen, ids, values)
+    pairs = sorted(zip(ids.tolist(), values.tolist()), key=lambda pair: -pair[1])
+    return chosen.item(), tuple(pairs)
+
+
+__all__ = ["GREEDY", "SAMPLER_OPTIONS", "SEED_RANGE", "Sampler", "check_sampling", "token_logprobs"]

@@ -1,0 +1,72 @@
+"""What a decode path keeps on its worker between jobs, one dataclass per path.
+
+Each is made on the loop, filled and read by jobs on the worker thread that
+owns it, and cleared (dropping its KV cache) when the stream or batch ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+
+@dataclass
+class PromptState:
+    """A prompt going through mlx-lm's model chunk by chunk, then (parallel mode,
+    Python step) the stream's steps on the same cache."""
+
+    cache: list[Any] | None = None   # mlx-lm's per-layer caches (make_prompt_cache)
+    unread: mx.array | None = None   # prompt tokens not fed yet
+    token: int | None = None         # the last sampled token: the next step's input
+    key: mx.array | None = None      # the sampler's key after the first token (replayed paths continue it)
+
+    @property
+    def started(self) -> bool:
+        return self.cache is not None
+
+    def clear(self) -> None:
+        self.cache = self.unread = self.token = self.key = None
+
+
+@dataclass
+class ReplayStreamState:
+    """A replayed stream in parallel mode: its prefill, then the fixed-size caches,
+    key and token that its first chained step takes over."""
+
+    prompt: PromptState = field(default_factory=PromptState)
+    caches: list[mx.array] = field(default_factory=list)
+    key: mx.array | None = None
+    token: mx.array | None = None    # [[id]], int32: the first step's input
+
+    def clear(self) -> None:
+        self.prompt.clear()
+        self.caches, self.key, self.token = [], None, None
+
+
+@dataclass
+class GeneratorState:
+    """The batch queue's mlx-lm BatchGenerator (batch mode, Python step)."""
+
+    generator: Any = None
+    logprobs: dict[int, int] = field(default_factory=dict)  # uid -> top alternatives, rows that asked
+
+    def clear(self) -> None:
+        self.generator = None
+        self.logprobs.clear()
+
+
+@dataclass
+class ReplayBatchState:
+    """The replayed batch's caches (rows x heads x positions x dim, keys and values
+    per layer) and one random key per row (batch mode, replayed step)."""
+
+    caches: list[mx.array] | None = None
+    keys: mx.array | None = None
+
+    def clear(self) -> None:
+        self.caches = self.keys = None
+
+
+__all__ = ["GeneratorState", "PromptState", "ReplayBatchState", "ReplayStreamState"]

@@ -1,0 +1,64 @@
+"""The LLM layer's public types: what a generation streams and the errors it raises."""
+
+from __future__ import annotations
+
+import numbers
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import QueueFull
+
+# OpenAI's bound on top_logprobs.
+MAX_TOP_LOGPROBS = 20
+
+
+class EngineBusy(QueueFull):
+    """Every request slot is taken and the caller asked not to wait."""
+
+
+class BatchDriverError(RuntimeError):
+    """The batch driver failed; each request it carried gets one, chained to the cause."""
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One streamed piece of a generation."""
+
+    text: str                 # new text since the previous delta (may be "")
+    token: int | None         # the token that produced it (None for the final delta)
+    finish_reason: str | None = None  # "stop", "length" or None while running
+    # With generate(logprobs=True): the token's log-probability under the
+    # model (before sampling filters), and the `top_logprobs` most likely
+    # tokens of that step as (id, logprob), most likely first.
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] | None = None
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.started
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode rate after the first token (prefill is in time_to_first_token)."""
+        if self.first_token_at is None or self.generated_tokens < 2:
+            return 0.0
+        end = self.finished_at or time.perf_counter()
+        return (self.generated_tokens - 1) / max(end - self.first_token_at, 1e-9)
+
+
+def is_int(value: Any) -> bool:
+    """An integer option (bool excluded: ``True`` is no token count)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+__all__ = ["BatchDriverError", "Delta", "EngineBusy", "MAX_TOP_LOGPROBS", "RequestStats", "is_int"]
