@@ -44,8 +44,8 @@ async def busy_loop(share: float, stop: asyncio.Event) -> None:
 
 def model_step(q):
     from emlx_async.llm import _gguf
-    from emlx_async.llm.replay_step import CacheSpec, make_step
-    from emlx_async.llm.traced import model_weights, sampling_inputs
+    from emlx_async.llm.replay_step import CacheSpec, make_step, model_weights
+    from emlx_async.llm.traced import sampling_inputs
 
     def load():
         model, _meta = _gguf.load_gguf_model(_gguf.smollm2_path())

@@ -464,8 +464,8 @@ async def test_replayed_decode_step_gives_mlx_lms_greedy_tokens():
     from mlx_lm.models.cache import make_prompt_cache
 
     from emlx_async.llm import _gguf
-    from emlx_async.llm.replay_step import CacheSpec, make_step
-    from emlx_async.llm.traced import model_weights, sampling_inputs
+    from emlx_async.llm.replay_step import CacheSpec, make_step, model_weights
+    from emlx_async.llm.traced import sampling_inputs
 
     prompt, steps, max_len = [1, 504, 3458, 282, 4649, 314, 2], 6, 32
     async with ea.Runtime() as rt:

@@ -18,8 +18,9 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, Rotating
 import emlx_async as ea
 from emlx_async import replay
 from emlx_async.llm.cache_options import CacheOptions
-from emlx_async.llm.replay_step import CacheSpec, NotTraceable, check_against_model, forward, make_step
-from emlx_async.llm.traced import model_weights, sampling_inputs, sampling_rows
+from emlx_async.llm.replay_step import (CacheSpec, NotTraceable, check_against_model, forward, make_step,
+                                         model_weights)
+from emlx_async.llm.traced import sampling_inputs, sampling_rows
 from tiny_models import ARCHITECTURES, BASE, QUANTIZABLE, WINDOW, mlx_lm_tokens, tiny
 
 PROMPT = [3, 17, 5, 9, 100, 42]

@@ -44,7 +44,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, Rotating
 from .cache_options import CacheOptions
 from .traced import sample
 
-__all__ = ["NotTraceable", "CacheSpec", "forward", "make_step", "check_against_model"]
+__all__ = ["NotTraceable", "CacheSpec", "forward", "make_step", "check_against_model", "model_weights"]
 
 
 class NotTraceable(ValueError):
@@ -215,7 +215,7 @@ class CacheSpec:
         """
         options = options or CacheOptions()
         caches = options.probe(model)
-        return cls(tuple(_layer_of(cache, i, model) for i, cache in enumerate(caches)), options)
+        return cls(tuple(_layer_of(cache, i) for i, cache in enumerate(caches)), options)
 
     def prompt_cache(self, model) -> list[Any]:
         """A fresh mlx-lm cache for a prefill with these options."""
@@ -299,7 +299,7 @@ def _timed(array: mx.array) -> Buffer:
     return Buffer((array.shape[1], array.shape[3]), array.dtype)
 
 
-def _layer_of(cache: Any, index: int, model) -> Layer:
+def _layer_of(cache: Any, index: int) -> Layer:
     kind = type(cache)
     if kind is KVCache:
         return KVLayer(_timed(cache.keys), _timed(cache.values))
@@ -314,8 +314,7 @@ def _layer_of(cache: Any, index: int, model) -> Layer:
         if any(state is None for state in cache.cache):
             raise NotTraceable(f"{kind.__name__} of layer {index} is not filled by a decode step")
         return ArraysLayer(tuple(Buffer(tuple(state.shape[1:]), state.dtype, timed=False) for state in cache.cache))
-    model_type = getattr(getattr(model, "args", None), "model_type", type(model).__name__)
-    raise NotTraceable(f"model type {model_type!r}: its {kind.__name__} (layer {index}) has no fixed-buffer form")
+    raise NotTraceable(f"{kind.__name__} (layer {index}) has no fixed-buffer form")
 
 
 def _placed(part: mx.array, length: int) -> mx.array:
@@ -468,7 +467,7 @@ def forward(model, spec: CacheSpec, token: mx.array, position: mx.array,
     if not masks and any(not isinstance(layer, ArraysLayer) for layer in spec.layers):
         # Without a mask the positions past a row's own (zeros, or an earlier
         # request's) would be attended: refuse rather than decode wrong tokens.
-        raise NotTraceable(f"model type {_model_type(model)!r} attends without asking its cache for a mask")
+        raise NotTraceable("the model attends without asking its cache for a mask")
     return logits[:, -1, :], [array for layer, cache in zip(spec.layers, caches) for array in layer.outputs(cache)]
 
 
@@ -482,7 +481,7 @@ def make_step(model, spec: CacheSpec, *, weights_as_inputs: bool = False, greedy
     tokens {B, 1}, positions and options {B} (``traced.sampling_rows``).
     ``greedy=True``: the same inputs and outputs, the argmax only (the key
     comes back as it was). ``weights_as_inputs=True``: the model's
-    parameters (``traced.model_weights``) follow, so every queue shares
+    parameters (``model_weights``) follow, so every queue shares
     one copy.
     """
     n = spec.n_buffers
@@ -513,13 +512,13 @@ def check_against_model(model, spec: CacheSpec, tokens: Sequence[int] = (1, 2)) 
                                   buffers)
         close = mx.allclose(logits.astype(mx.float32), want[position].astype(mx.float32), rtol=1e-2, atol=1e-2)
         if not close.item():
-            raise ValueError(f"the fixed-cache step of model type {_model_type(model)!r} disagrees with the "
-                             f"model's own forward")
+            raise ValueError("the fixed-cache step disagrees with the model's own forward")
     return int(want[0].shape[-1])
 
 
-def _model_type(model) -> str:
-    return getattr(getattr(model, "args", None), "model_type", type(model).__name__)
+def model_weights(model) -> list[mx.array]:
+    """The model's parameters in the order a ``weights_as_inputs`` step takes them."""
+    return [value for _, value in tree_flatten(model.parameters())]
 
 
 def _with_weights(model, weights_as_inputs: bool, body: Callable[..., Any], n_fixed: int) -> Callable[..., Any]:
