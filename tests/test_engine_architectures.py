@@ -55,12 +55,14 @@ async def concurrently(engine, prompts, options) -> list[list[int]]:
     return results
 
 
-async def check_engine(kind: str, mode: str, model_options: tuple = (), cache: tuple = ()) -> Engine:
+async def check_engine(kind: str, mode: str, model_options: tuple = (), cache: tuple = (), step: str = "auto") -> Engine:
     async with ea.Runtime(pool_size=4) as rt:
         engine = Engine(model_of(kind, model_options), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt,
                         mode=mode, max_concurrent=4, cache_options=CacheOptions(**dict(cache)))
-        step_kind = await engine.prepare_step(cache_sizes=(16, 32))
-        if kind in FALLBACKS:
+        step_kind = await engine.prepare_step(step, cache_sizes=(16, 32))
+        if step == "python":
+            assert step_kind == "python"
+        elif kind in FALLBACKS:
             assert step_kind == "python" and FALLBACKS[kind] in engine.step_note
         else:
             assert step_kind == "replay", engine.step_note
@@ -79,17 +81,24 @@ async def test_every_architecture_gives_mlx_lms_tokens(kind, mode):
     await check_engine(kind, mode)
 
 
+@pytest.mark.parametrize("step", ["auto", "python"])
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
-async def test_a_quantized_kv_cache_gives_mlx_lms_quantized_tokens(mode):
-    model, quantized = tuple(QUANTIZABLE.items()), (("kv_bits", 8), ("kv_group_size", 32))
-    engine = await check_engine("qwen3", mode, model, quantized)
-    assert "8-bit" in engine.step_note
+async def test_a_quantized_kv_cache_gives_mlx_lms_quantized_tokens(mode, step):
+    """kv_bits 4: mlx-lm's quantized tokens, replayed or on the Python step (in batch mode
+    each request alone: mlx-lm's BatchGenerator has no quantized cache)."""
+    model, quantized = tuple(QUANTIZABLE.items()), (("kv_bits", 4), ("kv_group_size", 32))
+    assert reference("qwen3", tuple(PROMPTS[0]), None, model, quantized) != \
+        reference("qwen3", tuple(PROMPTS[0]), None, model)  # the quantization shows in the tokens
+    engine = await check_engine("qwen3", mode, model, quantized, step)
+    assert "4-bit" in engine.step_note
 
 
-@pytest.mark.parametrize("mode", ["parallel", "batch"])
-async def test_a_bounded_kv_cache_gives_mlx_lms_rotating_tokens(mode):
+# Not batch mode's Python step: mlx-lm's BatchGenerator rotates its BatchRotatingKVCache without
+# the 4 tokens make_prompt_cache keeps, so its tokens are not generate_step's past the bound.
+@pytest.mark.parametrize("mode, step", [("parallel", "auto"), ("batch", "auto"), ("parallel", "python")])
+async def test_a_bounded_kv_cache_gives_mlx_lms_rotating_tokens(mode, step):
     # max_kv_size 12: the longer prompts' answers wrap the ring (mlx-lm keeps the first 4 tokens).
     bounded = (("max_kv_size", 12),)
     assert reference("qwen3", tuple(PROMPTS[2]), None, cache=bounded) != reference("qwen3", tuple(PROMPTS[2]), None)
-    engine = await check_engine("qwen3", mode, cache=bounded)
+    engine = await check_engine("qwen3", mode, cache=bounded, step=step)
     assert "max_kv_size 12" in engine.step_note

@@ -497,23 +497,23 @@ def make_step(model, spec: CacheSpec, *, weights_as_inputs: bool = False, greedy
     return _with_weights(model, weights_as_inputs, decode, n + 6)
 
 
-def check_against_model(model, spec: CacheSpec, tokens: Sequence[int] = (1, 2)) -> int:
-    """The step's logits agree with the model's own on `tokens` (mlx-lm's caches with
-    the same options); returns the logits' width. A model whose cache use the
+def check_against_model(model, spec: CacheSpec, tokens: Sequence[int] = (1, 2, 3)) -> int:
+    """The step's logits agree with the model's own (mlx-lm's caches with the same options):
+    the first token prefilled by mlx-lm and copied into buffers, as the engine does, the
+    rest stepped both ways. Returns the logits' width. A model whose cache use the
     buffers do not capture fails here (ValueError) rather than decoding wrong tokens."""
     caches = spec.prompt_cache(model)
-    want = []
-    for t in tokens:
-        want.append(model(mx.array([[t]], dtype=mx.int32), cache=caches)[:, -1, :])
+    model(mx.array([tokens[:1]], dtype=mx.int32), cache=caches)
+    spec.quantize(caches)
+    buffers = spec.from_prompt_cache(caches, 8)
+    for position, token in enumerate(tokens[1:], start=1):
+        want = model(mx.array([[token]], dtype=mx.int32), cache=caches)[:, -1, :]
         spec.quantize(caches)
-    buffers = spec.zeros(1, 8)
-    for position, t in enumerate(tokens):
-        logits, buffers = forward(model, spec, mx.array([[t]], dtype=mx.int32), mx.array(position, dtype=mx.int32),
-                                  buffers)
-        close = mx.allclose(logits.astype(mx.float32), want[position].astype(mx.float32), rtol=1e-2, atol=1e-2)
-        if not close.item():
+        logits, buffers = forward(model, spec, mx.array([[token]], dtype=mx.int32),
+                                  mx.array(position, dtype=mx.int32), buffers)
+        if not mx.allclose(logits.astype(mx.float32), want.astype(mx.float32), rtol=1e-2, atol=1e-2).item():
             raise ValueError("the fixed-cache step disagrees with the model's own forward")
-    return int(want[0].shape[-1])
+    return int(logits.shape[-1])
 
 
 def model_weights(model) -> list[mx.array]:
