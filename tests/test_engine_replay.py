@@ -344,6 +344,26 @@ async def test_smollm2_replayed_steps_give_the_python_steps_tokens(rt):
         await batch.wait_idle()
 
 
+@pytest.mark.model
+@needs_model
+@pytest.mark.asyncio(loop_factories=["asyncio"])
+async def test_smollm2_kv_options_on_load(rt):
+    """Engine.load's kv_bits: SmolLM2 replays mlx-lm's 8-bit tokens; options mlx or mlx-lm
+    refuse raise their error at load."""
+    from emlx_async.llm import Engine
+    from tiny_models import mlx_lm_tokens
+
+    with pytest.raises(ValueError, match="max_kv_size must be more than 4"):
+        await Engine.load(runtime=rt, max_kv_size=4)
+    with pytest.raises(ValueError, match="number of bits 7 is not supported"):
+        await Engine.load(runtime=rt, kv_bits=7, step="python")
+    engine = await Engine.load(runtime=rt, kv_bits=8, cache_sizes=(64,))
+    assert engine.step_kind == "replay" and "8-bit keys and values (group size 64)" in engine.step_note
+    prompt = engine.encode(PROMPTS[0])
+    want = await rt.default_queue().run(mlx_lm_tokens, engine.model, prompt, 6, kv_bits=8)
+    assert await tokens_of(engine, prompt, max_tokens=6) == want
+
+
 PAYLOAD = {"items": [{"id": i, "name": f"item-{i}", "tags": ["a", "b"]} for i in range(100)]}
 
 
