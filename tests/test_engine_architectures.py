@@ -1,7 +1,7 @@
 """Every architecture through the engine, both modes: mlx-lm's own tokens, replayed natively.
 
 Tiny random models (tests/tiny_models.py, no download) of the architectures
-users serve most, each in "parallel" and "batch" mode: greedy and seeded
+users serve most (and gpt2, mamba2 and qwen3_next), each in "parallel" and "batch" mode: greedy and seeded
 tokens, alone and four at once, must be mlx-lm's ``generate_step``'s, and
 the step must be the replayed one, or the documented fallback (qwen3_next:
 MLX cannot export the Contiguous op its conv state goes through).
@@ -76,7 +76,7 @@ async def check_engine(kind: str, mode: str, model_options: tuple = (), cache: t
 
 
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
-@pytest.mark.parametrize("kind", [*ARCHITECTURES, "mamba2", "qwen3_next"])
+@pytest.mark.parametrize("kind", [*ARCHITECTURES, "gpt2", "mamba2", "qwen3_next"])
 async def test_every_architecture_gives_mlx_lms_tokens(kind, mode):
     await check_engine(kind, mode)
 

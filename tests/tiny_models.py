@@ -27,6 +27,10 @@ ARCHITECTURES = {
     "granite": dict(logits_scaling=2.0, attention_multiplier=0.25, embedding_multiplier=2.0, residual_multiplier=0.5,
                     attention_bias=False, mlp_bias=False),
 }
+# Learned position embeddings read off cache.offset (an array in the traced step).
+POSITION_EMBEDDING_ARCHITECTURES = {
+    "gpt2": dict(n_ctx=512, n_embd=64, n_head=4, n_layer=2, n_positions=512, layer_norm_epsilon=1e-5),
+}
 # SSM and hybrid caches (ArraysCache): fixed-shape states in and out.
 STATE_ARCHITECTURES = {
     "mamba2": dict(num_heads=4, head_dim=16, hidden_size=32, intermediate_size=64, state_size=16,
@@ -43,8 +47,8 @@ QUANTIZABLE = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32)
 
 def tiny(kind: str, **overrides):
     """A random `kind` model (seeded: the same weights every time), evaluated so any worker can read it."""
-    config = {**BASE, **ARCHITECTURES.get(kind, {}), **STATE_ARCHITECTURES.get(kind, {}), **overrides,
-              "model_type": kind}
+    config = {**BASE, **ARCHITECTURES.get(kind, {}), **POSITION_EMBEDDING_ARCHITECTURES.get(kind, {}),
+              **STATE_ARCHITECTURES.get(kind, {}), **overrides, "model_type": kind}
     model_class, args_class = _get_classes(config)
     mx.random.seed(0)
     model = model_class(args_class.from_dict(config))
