@@ -112,8 +112,10 @@ class KVLayer:
             order = mx.array([*range(self.keep),
                               *(self.keep + (oldest - self.keep + j) % (ring - self.keep)
                                 for j in range(ring - self.keep))])
-        cache.keys, cache.values = mx.take(keys, order, axis=2), mx.take(values, order, axis=2)
-        cache.offset, cache._idx = length, cache.keys.shape[2]
+        # In temporal order, the next write after its end (mlx-lm's state: keys, values,
+        # offset, keep, max_size, write index).
+        cache.state = (mx.take(keys, order, axis=2), mx.take(values, order, axis=2), length, self.keep,
+                       self.max_size, order.size)
         return cache
 
 
