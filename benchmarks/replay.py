@@ -44,7 +44,8 @@ async def busy_loop(share: float, stop: asyncio.Event) -> None:
 
 def model_step(q):
     from emlx_async.llm import _gguf
-    from emlx_async.llm.traced import decode_inputs, make_decode_step, model_weights
+    from emlx_async.llm.replay_step import CacheSpec, make_step, model_weights
+    from emlx_async.llm.traced import sampling_inputs
 
     def load():
         model, _meta = _gguf.load_gguf_model(_gguf.smollm2_path())
@@ -53,10 +54,23 @@ def model_step(q):
 
     async def make():
         model = await q.run(load)
-        example = decode_inputs(model, 64)
+        spec = CacheSpec.of(model)
+        n = spec.n_buffers
+        # The engine's greedy step (caches first, then key, token, position and the
+        # options), here as step(token, position, *caches): key and options are constants.
+        key, options = mx.random.key(0), sampling_inputs(0.0, 1.0, 0, 1)
+
+        def as_decode(engine_step):
+            def decode(token, position, *rest):
+                next_token, _key, *caches = engine_step(*rest[:n], key, token, position, *options, *rest[n:])
+                return (next_token, *caches)
+            return decode
+
+        example = [mx.array([[0]], dtype=mx.int32), mx.array(0, dtype=mx.int32), *spec.zeros(1, 64)]
         mx.eval(example)
-        shared = make_decode_step(model, weights_as_inputs=True)
-        return "SmolLM2-135M decode step", make_decode_step(model), example, (shared, model_weights(model))
+        shared = as_decode(make_step(model, spec, weights_as_inputs=True, greedy=True))
+        return ("SmolLM2-135M decode step", as_decode(make_step(model, spec, greedy=True)), example,
+                (shared, model_weights(model)))
     return make()
 
 

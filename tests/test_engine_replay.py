@@ -12,6 +12,7 @@ import time
 
 import anyio
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 
 import emlx_async as ea
@@ -28,21 +29,42 @@ class IdsTokenizer:
 
 
 def tiny_model(kind: str):
-    from mlx_lm.models import gpt2, llama
+    """A random llama ("llama"), one that doubles its logits ("odd llama": the replayed
+    step is the model's own call, so it replays too), one whose caches have no
+    fixed-buffer form ("chunked llama") and one whose attention drops the mask it
+    asks for ("unmasked llama": fine on mlx-lm's growing cache, wrong on fixed buffers)."""
+    from mlx_lm.models import llama
+    from mlx_lm.models.cache import ChunkedKVCache
 
     class OddLlama(llama.Model):
         def __call__(self, *args, **kwargs):
             return 2 * super().__call__(*args, **kwargs)
 
+    class ChunkedLlama(llama.Model):
+        def make_cache(self):
+            return [ChunkedKVCache(4) for _ in self.layers]
+
+    class Unmasked(nn.Module):
+        def __init__(self, attention):
+            super().__init__()
+            self.attention = attention
+
+        def __call__(self, x, mask=None, cache=None):
+            return self.attention(x, None, cache)
+
+    class UnmaskedLlama(llama.Model):
+        def __init__(self, args):
+            super().__init__(args)
+            for layer in self.model.layers:
+                layer.self_attn = Unmasked(layer.self_attn)
+
     mx.random.seed(3)
-    if kind in ("llama", "odd llama"):
-        model = (llama.Model if kind == "llama" else OddLlama)(llama.ModelArgs(
-            model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,
-            max_position_embeddings=128))
-    else:
-        model = gpt2.Model(gpt2.ModelArgs(model_type="gpt2", n_ctx=64, n_embd=32, n_head=2, n_layer=1,
-                                          n_positions=64, layer_norm_epsilon=1e-5, vocab_size=97))
+    kinds = {"llama": llama.Model, "odd llama": OddLlama, "chunked llama": ChunkedLlama,
+             "unmasked llama": UnmaskedLlama}
+    model = kinds[kind](llama.ModelArgs(
+        model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,
+        max_position_embeddings=128))
     mx.eval(model.parameters())  # evaluated weights are usable from any thread
     return model
 
@@ -91,20 +113,27 @@ async def test_a_llama_model_replays_the_python_steps_tokens():
 
 
 @on_every_loop
-async def test_a_model_that_cannot_be_traced_falls_back_to_the_python_step():
+async def test_a_model_whose_step_cannot_be_traced_falls_back_to_the_python_step():
     from emlx_async.llm import Engine
 
     async with ea.Runtime(pool_size=1) as rt:
-        engine = Engine(tiny_model("gpt2"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt)
-        assert await engine.prepare_step() == "python"
-        assert "gpt2" in engine.step_note
-        with pytest.raises(ValueError, match="not available.*gpt2"):
-            await engine.prepare_step("replay")
+        engine = Engine(tiny_model("chunked llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt)
+        assert await engine.prepare_step(cache_sizes=(16,)) == "python"
+        assert "'llama'" in engine.step_note and "ChunkedKVCache (layer 0)" in engine.step_note
+        with pytest.raises(ValueError, match="not available.*ChunkedKVCache"):
+            await engine.prepare_step("replay", cache_sizes=(16,))
         assert len(await tokens_of(engine, [3, 4], max_tokens=3)) == 3  # the Python step runs
-        # A "llama" whose forward pass is not traced.forward's: refused, not traced wrong.
+        # A model whose attention ignores the mask: checked at load against its own forward, refused.
+        unmasked = Engine(tiny_model("unmasked llama"), IdsTokenizer(), eos_ids=set(), chat_template=None,
+                          runtime=rt)
+        assert await unmasked.prepare_step(cache_sizes=(16,)) == "python"
+        assert "disagrees" in unmasked.step_note
+        # The replayed step is the model's own call: a llama computing something else replays it.
         odd = Engine(tiny_model("odd llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt)
-        assert await odd.prepare_step(cache_sizes=(16,)) == "python"
-        assert "disagrees" in odd.step_note
+        assert await odd.prepare_step(cache_sizes=(16,)) == "replay"
+        replayed = await tokens_of(odd, [3, 4], max_tokens=6)
+        assert await odd.prepare_step("python") == "python"
+        assert await tokens_of(odd, [3, 4], max_tokens=6) == replayed
         with pytest.raises(ValueError, match="step must be one of"):
             await engine.prepare_step("fast")
         with pytest.raises(ValueError, match="cache_sizes"):
@@ -183,26 +212,27 @@ async def test_a_round_prefills_one_chunks_worth_of_the_joining_prompts():
 
 async def test_a_batched_step_updates_its_donated_caches_and_keys_in_place():
     from emlx_async.llm import traced
+    from emlx_async.llm.replay_step import CacheSpec, make_step, model_weights
 
     model = tiny_model("llama")
-    weights = traced.model_weights(model)
+    weights = model_weights(model)
+    spec = CacheSpec.of(model)
     rows = 3
-    caches = traced.empty_caches(model, 16, rows=rows)
+    caches = spec.zeros(rows, 16)
     keys = mx.stack([mx.random.key(i) for i in range(rows)])
     mx.eval(caches, keys)
-    layers = len(model.model.layers)
     async with ea.Runtime(pool_size=1) as rt:
         q = rt.default_queue()
         per_step = [mx.zeros((rows, 1), dtype=mx.int32), mx.zeros((rows,), dtype=mx.int32),
                     *traced.sampling_rows([(0.9, 0.9, 20)] * rows, 97)]
-        step = (await ea.trace(traced.make_sampling_step(model, weights_as_inputs=True), *caches, keys, *per_step,
+        step = (await ea.trace(make_step(model, spec, weights_as_inputs=True), *caches, keys, *per_step,
                                *weights, queue=q)).bind(*weights)
         addresses = [buffer_address(x) for x in (*caches, keys)]
         for position in range(4):
             tokens = mx.array([[1], [2], [3]], dtype=mx.int32)
             positions = mx.array([position, position + 2, 2 * position], dtype=mx.int32)
             out = await step(*caches, keys, tokens, positions, *per_step[2:], queue=q,
-                             donate={**{i: 2 + i for i in range(2 * layers)}, 2 * layers: 1})
+                             donate={**{i: 2 + i for i in range(spec.n_buffers)}, spec.n_buffers: 1})
             assert out.shape == (rows, 1)
             assert [buffer_address(x) for x in (*caches, keys)] == addresses, f"step {position} copied"
             for row, at in enumerate(positions.tolist()):  # each row's keys went to its own position
@@ -312,6 +342,26 @@ async def test_smollm2_replayed_steps_give_the_python_steps_tokens(rt):
         assert list(await asyncio.gather(*(tokens_of(batch, p, max_tokens=6) for p in PROMPTS))) == python_alone
         assert await tokens_of(batch, PROMPTS[0], max_tokens=6, seed=11, **SAMPLED) == sampled
         await batch.wait_idle()
+
+
+@pytest.mark.model
+@needs_model
+@pytest.mark.asyncio(loop_factories=["asyncio"])
+async def test_smollm2_kv_options_on_load(rt):
+    """Engine.load's kv_bits: SmolLM2 replays mlx-lm's 8-bit tokens; options mlx or mlx-lm
+    refuse raise their error at load."""
+    from emlx_async.llm import Engine
+    from tiny_models import mlx_lm_tokens
+
+    with pytest.raises(ValueError, match="max_kv_size must be more than 4"):
+        await Engine.load(runtime=rt, max_kv_size=4)
+    with pytest.raises(ValueError, match="number of bits 7 is not supported"):
+        await Engine.load(runtime=rt, kv_bits=7, step="python")
+    engine = await Engine.load(runtime=rt, kv_bits=8, cache_sizes=(64,))
+    assert engine.step_kind == "replay" and "8-bit keys and values (group size 64)" in engine.step_note
+    prompt = engine.encode(PROMPTS[0])
+    want = await rt.default_queue().run(mlx_lm_tokens, engine.model, prompt, 6, kv_bits=8)
+    assert await tokens_of(engine, prompt, max_tokens=6) == want
 
 
 PAYLOAD = {"items": [{"id": i, "name": f"item-{i}", "tags": ["a", "b"]} for i in range(100)]}

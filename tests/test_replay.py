@@ -480,7 +480,8 @@ async def test_replayed_decode_step_gives_mlx_lms_greedy_tokens():
     from mlx_lm.models.cache import make_prompt_cache
 
     from emlx_async.llm import _gguf
-    from emlx_async.llm.traced import decode_inputs, make_decode_step, model_weights
+    from emlx_async.llm.replay_step import CacheSpec, make_step, model_weights
+    from emlx_async.llm.traced import sampling_inputs
 
     prompt, steps, max_len = [1, 504, 3458, 282, 4649, 314, 2], 6, 32
     async with ea.Runtime() as rt:
@@ -503,16 +504,21 @@ async def test_replayed_decode_step_gives_mlx_lms_greedy_tokens():
             return out
 
         want = await q.run(reference)
-        example = decode_inputs(model, max_len)
+        spec = CacheSpec.of(model)
+        caches = spec.zeros(1, max_len)
+        greedy_options = sampling_inputs(0.0, 1.0, 0, 1)
+        example = [*caches, mx.random.key(0), mx.array([[0]], dtype=mx.int32), mx.array(0, dtype=mx.int32),
+                   *greedy_options]
         mx.eval(example)
-        step = await ea.trace(make_decode_step(model), *example, queue=q)
-        assert step.n_outputs == 1 + 2 * len(model.model.layers)
+        step = await ea.trace(make_step(model, spec, greedy=True), *example, queue=q)
+        assert step.n_outputs == 2 + spec.n_buffers == 2 + 2 * len(model.model.layers)
 
         async def greedy(run) -> list[int]:
-            caches, tokens, got = example[2:], list(prompt), []
+            state, tokens, got = list(caches), list(prompt), []
             for position in range(len(prompt) + steps - 1):  # the prompt token by token, then greedy
                 token = mx.array([[tokens[position]]], dtype=mx.int32)
-                next_token, *caches = await run(token, mx.array(position, dtype=mx.int32), *caches)
+                next_token, _key, *state = await run(*state, example[spec.n_buffers], token,
+                                                     mx.array(position, dtype=mx.int32), *greedy_options)
                 if position >= len(prompt) - 1:
                     got.append(next_token.item())
                     tokens.append(got[-1])
@@ -521,7 +527,8 @@ async def test_replayed_decode_step_gives_mlx_lms_greedy_tokens():
         assert await greedy(lambda *xs: step(*xs, queue=q)) == want
         # Weights as inputs: one copy of the model shared by every queue.
         weights = model_weights(model)
-        shared = await ea.trace(make_decode_step(model, weights_as_inputs=True), *example, *weights, queue=q)
+        shared = await ea.trace(make_step(model, spec, weights_as_inputs=True, greedy=True), *example, *weights,
+                                queue=q)
         other = await rt.acquire_queue()
         try:
             assert await greedy(lambda *xs: shared(*xs, *weights, queue=other)) == want

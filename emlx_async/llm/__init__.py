@@ -5,7 +5,9 @@ The modules, bottom-up (each imports only those above it in this list):
 * ``_gguf``: reading a GGUF file's weights, vocabulary and metadata.
 * ``types``: what a generation streams (Delta, RequestStats) and its errors.
 * ``prompt_cache``: keys and values of earlier prompts, reused by later ones.
-* ``traced``: the fixed-shape decode step that is traced and replayed.
+* ``cache_options``: mlx-lm's KV-cache options (max_kv_size, kv_bits, kv_group_size).
+* ``traced``: sampling inside a traced step, its options as inputs.
+* ``replay_step``: any mlx-lm model's decode step over fixed cache buffers, traced and replayed.
 * ``state``: what each decode path keeps on its worker, as dataclasses.
 * ``sampling``: the Python sampler and the checking of sampling options.
 * ``text``: prompts to ids (chat safety), streaming detokenization, stop strings.

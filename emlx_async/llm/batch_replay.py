@@ -68,38 +68,20 @@ class ReplayBatchJobs:
         ... (0 rows drops the caches). `joined` (slot, prefill state): new
         rows' prompts and keys, each written into its slot.
         """
-        from mlx_lm.models.cache import KVCache
-
+        spec = self.decoding.replay.spec
         caches, keys = state.caches, state.keys
         for slot, tokens in saves:
-            layers = []
-            for i in range(0, len(caches), 2):
-                layer = KVCache()
-                layer.keys = caches[i][slot:slot + 1, :, :len(tokens), :]
-                layer.values = caches[i + 1][slot:slot + 1, :, :len(tokens), :]
-                layer.offset = len(tokens)
-                layers.append(layer)
-            self.decoding.prompt_cache.save(tokens, layers)
+            self.decoding.prompt_cache.save(tokens, spec.to_prompt_cache(caches, slot, len(tokens)))
         if keep is not None:
             if rows == 0:
                 state.clear()
                 return
-            replay = self.decoding.replay
-            new_caches = [mx.zeros((rows, replay.heads_kv, size, replay.head_dim), dtype=replay.dtype)
-                          for _ in range(replay.n_caches)]
             new_keys = mx.zeros((rows, 2), dtype=mx.uint32)
             if keep:
-                moved = mx.array(keep)
-                span = min(size, caches[0].shape[2])
-                for new, old in zip(new_caches, caches):
-                    new[:len(keep), :, :span, :] = old[moved][:, :, :span, :]
-                new_keys[:len(keep)] = keys[moved]
-            caches, keys = state.caches, state.keys = new_caches, new_keys
+                new_keys[:len(keep)] = keys[mx.array(keep)]
+            caches, keys = state.caches, state.keys = spec.relayout(caches, keep, rows, size), new_keys
         for slot, prefilled in joined:
-            for i, layer in enumerate(prefilled.cache):
-                n = layer.offset
-                caches[2 * i][slot:slot + 1, :, :n, :] = layer.keys[..., :n, :]
-                caches[2 * i + 1][slot:slot + 1, :, :n, :] = layer.values[..., :n, :]
+            spec.write_row(caches, slot, spec.from_prompt_cache(prefilled.cache, size))
             keys[slot] = prefilled.key
         mx.eval(caches, keys)
 

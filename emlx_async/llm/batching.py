@@ -180,7 +180,7 @@ class BatchJobs:
         state.generator = BatchGenerator(
             d.model, stop_tokens=[[e] for e in d.eos_ids], prefill_step_size=d.prefill_chunk,
             completion_batch_size=max(d.max_concurrent, 1), prefill_batch_size=max(d.max_concurrent, 1),
-            stream=mx.default_stream(mx.default_device()))
+            max_kv_size=d.cache_options.max_kv_size, stream=mx.default_stream(mx.default_device()))
 
     def close(self, state: GeneratorState) -> None:
         # On the queue's thread: close() synchronizes the generator's stream.
@@ -226,11 +226,9 @@ class BatchJobs:
         prompt_cache = self.decoding.prompt_cache
         if prompt_cache is None:
             return [r.prompt for r in joining], None, None
-        from mlx_lm.models.cache import make_prompt_cache
-
         prompts, caches, cached_tokens = [], [], []
         for request in joining:
-            cache = make_prompt_cache(self.decoding.model)
+            cache = self.decoding.cache_options.prompt_cache(self.decoding.model)
             reused = prompt_cache.restore(request.prompt, cache)
             prompts.append(request.prompt[reused:])
             caches.append(cache if reused else None)  # None: the generator makes a fresh one

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from .. import Runtime, cancelled
+from .cache_options import CacheOptions
 from .prompt_cache import PrefixCache
 from .sampling import Sampler, token_logprobs
 from .state import PromptState
@@ -33,6 +34,7 @@ class Decoding:
     max_concurrent: int
     prompt_cache: PrefixCache | None = None
     replay: ReplayTraces | None = None  # the replayed step, once prepared
+    cache_options: CacheOptions = CacheOptions()  # mlx-lm's max_kv_size, kv_bits, kv_group_size
 
     def prefill(self, state: PromptState, prompt: list[int], sampler: Sampler) -> int | tuple | None:
         """The whole prompt, chunk by chunk: the first token (None: cancelled, nobody reads it)."""
@@ -46,9 +48,7 @@ class Decoding:
 
     def begin_prefill(self, state: PromptState, prompt: list[int]) -> None:
         """A fresh mlx-lm cache holding what the prompt cache has of `prompt`; the rest is left to prefill."""
-        from mlx_lm.models.cache import make_prompt_cache
-
-        cache = state.cache = make_prompt_cache(self.model)
+        cache = state.cache = self.cache_options.prompt_cache(self.model)
         state.token = None
         reused = self.prompt_cache.restore(prompt, cache) if self.prompt_cache is not None else 0
         state.unread = mx.array(prompt[reused:])
@@ -63,11 +63,15 @@ class Decoding:
         tokens, cache = state.unread, state.cache
         limit = limit or self.prefill_chunk
         if tokens.size > limit:
-            self.model(tokens[None, :limit], cache=cache)
+            self._forward(tokens[None, :limit], cache)
             mx.eval([c.state for c in cache])
             state.unread = tokens[limit:]
             return None
         state.unread = None
+        if self.cache_options.kv_bits is not None and tokens.size > 1:
+            # generate_step's order: the last token alone, after the rest is quantized.
+            self._forward(tokens[None, :-1], cache)
+            tokens = tokens[-1:]
         item = self._sample(state, tokens, sampler)
         if self.prompt_cache is not None:
             self.prompt_cache.save(prompt, cache)  # the prompt's keys and values, for later prompts
@@ -77,8 +81,14 @@ class Decoding:
         """The next token after state.token (parallel mode's Python step)."""
         return self._sample(state, mx.array([state.token]), sampler)
 
+    def _forward(self, tokens: mx.array, cache: list) -> mx.array:
+        """mlx-lm's model call, then what generate_step does to the cache after it (kv_bits)."""
+        logits = self.model(tokens, cache=cache)
+        self.cache_options.quantize(cache)
+        return logits
+
     def _sample(self, state: PromptState, tokens: mx.array, sampler: Sampler) -> int | tuple:
-        logits = self.model(tokens[None], cache=state.cache)[:, -1, :]
+        logits = self._forward(tokens[None], state.cache)[:, -1, :]
         token = state.token = sampler(logits).item()  # .item() evaluates, releasing the GIL
         if sampler.logprobs is None:
             return token

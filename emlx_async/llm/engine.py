@@ -7,20 +7,23 @@
 * "batch": continuous batching on one queue; requests join and leave at
   step boundaries and long prompts are prefilled in chunks (llm/batching.py).
 
-The decode step: for llama models ``Engine.load`` traces a fixed-shape step
-(llm/traced.py: preallocated KV caches, sampling inside the graph, the
-weights as inputs so every queue shares them; llm/traces.py keeps the
-traces) and each step is replayed natively: one job, no Python, no GIL.
+The decode step: ``Engine.load`` traces a fixed-shape step of any mlx-lm
+model (llm/replay_step.py: mlx-lm's own model call over preallocated cache
+buffers written by position, sampling inside the graph, the weights as
+inputs so every queue shares them; llm/traces.py keeps the traces) and each
+step is replayed natively: one job, no Python, no GIL.
 "parallel" mode traces one stream's step per cache size and runs a stream's
 steps as a chain on its worker (``TracedFunction.chain``: two steps queued
 ahead, caches updated in place); "batch" mode a step of B rows, each at its
 own position with its own sampler, per batch shape (llm/batch_replay.py).
 Prompts are prefilled in Python (mlx-lm, chunked, with the prompt cache) and
-copied into the fixed cache. Other models, a failed trace and
+copied into the fixed cache. Models whose caches have no fixed-buffer form,
+a trace that fails (an op MLX cannot export) or disagrees with the model, and
 ``step="python"`` use the Python step (mlx-lm's model call; in "batch" mode
 mlx-lm's BatchGenerator), as do requests asking for logprobs and prompts past
 the largest traced cache; ``engine.step_kind`` says which runs and
-``engine.step_note`` why.
+``engine.step_note`` why. ``kv_bits``, ``kv_group_size`` and ``max_kv_size``
+are mlx-lm's KV-cache options (llm/cache_options.py), on either step.
 
 Cancellation: leaving the ``async for`` early (break, ``aclose()``, task
 cancellation) drops the request's KV cache and hands its queue (or batch row)
@@ -48,13 +51,14 @@ from .. import Runtime, get_runtime
 from . import parallel
 from .batch_replay import ReplayBatcher
 from .batching import BatchJobs, GeneratorBatcher, batched_tokens
+from .cache_options import CacheOptions
 from .decoding import Decoding
 from .loading import context_length as model_context_length
 from .loading import embedding_rows, load_model_files
 from .prompt_cache import PrefixCache
 from .sampling import SAMPLER_OPTIONS, Sampler, check_sampling
 from .text import PromptEncoder, find_stop, stop_prefix_len
-from .traces import UNKNOWN_CONTEXT, ReplayTraces, cache_sizes, untraceable_reason
+from .traces import UNKNOWN_CONTEXT, ReplayTraces, cache_sizes
 from .types import MAX_TOP_LOGPROBS, BatchDriverError, Delta, EngineBusy, RequestStats, is_int
 
 _CPU_PREFILL_CHUNK = 32
@@ -78,7 +82,7 @@ class Engine:
                  bos_id: int | None = None, runtime: Runtime | None = None,
                  max_concurrent: int | None = None, prefill_chunk: int | None = None, mode: str = "parallel",
                  vocab_size: int | None = None, context_length: int | None = None,
-                 prompt_cache: PrefixCache | None = None,
+                 prompt_cache: PrefixCache | None = None, cache_options: CacheOptions | None = None,
                  batch_jobs: Callable[[Decoding], BatchJobs] = BatchJobs):
         if mode not in ("parallel", "batch"):
             raise ValueError(f"mode must be 'parallel' or 'batch', got {mode!r}")
@@ -98,7 +102,8 @@ class Engine:
                                           else _GPU_PREFILL_CHUNK)
         # Requests sharing a prefix with an earlier one reuse its keys and values (both modes).
         self.decoding = Decoding(model=model, runtime=runtime, eos_ids=set(eos_ids), prefill_chunk=prefill_chunk,
-                                 max_concurrent=max_concurrent or runtime.pool_size, prompt_cache=prompt_cache)
+                                 max_concurrent=max_concurrent or runtime.pool_size, prompt_cache=prompt_cache,
+                                 cache_options=cache_options or CacheOptions())
         self._slots = anyio.Semaphore(self.max_concurrent)  # request slots, on any anyio backend
         self._active = 0
         self.batch_jobs = batch_jobs(self.decoding)
@@ -161,8 +166,9 @@ class Engine:
     async def load(cls, path: str | None = None, *, runtime: Runtime | None = None,
                    max_concurrent: int | None = None, mode: str = "parallel",
                    prefill_chunk: int | None = None, prompt_cache: PrefixCache | None = None,
-                   step: str = "auto",
-                   cache_sizes: Sequence[int] | None = None) -> Engine:
+                   step: str = "auto", cache_sizes: Sequence[int] | None = None,
+                   kv_bits: int | None = None, kv_group_size: int = 64,
+                   max_kv_size: int | None = None) -> Engine:
         """Load SmolLM2 (path None), a GGUF file, or an mlx-lm model folder.
 
         `mode` "parallel" runs each request on its own pooled queue; "batch"
@@ -175,9 +181,15 @@ class Engine:
         `step` "auto" replays a traced decode step where the model allows it
         and falls back to the Python step otherwise; "replay" requires it;
         "python" forces the Python step (see prepare_step).
+        `kv_bits` (with `kv_group_size`) quantizes the KV cache and
+        `max_kv_size` bounds it, as mlx-lm's generate does (see
+        llm/cache_options.py: quantized from the first token; max_kv_size
+        keeps the first 4 tokens and rotates the rest, and models with their
+        own cache layout, llama's and gemma3's among them, ignore it).
         """
         if step not in _STEP_CHOICES:
             raise ValueError(f"step must be one of {_STEP_CHOICES}, got {step!r}")
+        cache_options = CacheOptions(max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=kv_group_size)
         runtime = runtime or get_runtime()
 
         def load():
@@ -188,19 +200,21 @@ class Engine:
         async with runtime.queue() as q:
             model, tokenizer, extra = await q.run(load)
         engine = cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=mode,
-                     prefill_chunk=prefill_chunk, prompt_cache=prompt_cache, **extra)
+                     prefill_chunk=prefill_chunk, prompt_cache=prompt_cache, cache_options=cache_options, **extra)
         await engine.prepare_step(step, cache_sizes=cache_sizes)
         return engine
 
     async def prepare_step(self, step: str = "auto", *, cache_sizes: Sequence[int] | None = None) -> str:
         """Choose the decode step; returns (and sets) ``step_kind``, "replay" or "python".
 
-        "auto" traces the replayed step for llama models (in "parallel" mode
-        one trace per cache size; in "batch" mode the batch's shapes are
-        traced as batches take them) and falls back to the Python step, with
-        the reason in ``step_note``, for any other model or a trace that
-        fails or disagrees with the model; "replay" raises ValueError instead
-        of falling back. Call before any request.
+        "auto" traces the replayed step (in "parallel" mode one trace per
+        cache size; in "batch" mode the batch's shapes are traced as batches
+        take them) and falls back to the Python step, with the reason in
+        ``step_note``, for a model whose caches have no fixed-buffer form or
+        a trace that fails or disagrees with the model; "replay" raises
+        ValueError instead of falling back. KV-cache options the model
+        cannot take (mlx's or mlx-lm's error) raise ValueError on either
+        step. Call before any request.
         """
         if step not in _STEP_CHOICES:
             raise ValueError(f"step must be one of {_STEP_CHOICES}, got {step!r}")
@@ -210,27 +224,29 @@ class Engine:
         if decoding.replay is not None:
             decoding.replay.release()
         decoding.replay, self.step_kind = None, "python"
+        options = decoding.cache_options
+        async with self.runtime.queue() as queue:  # options the model cannot take fail either step
+            await queue.run(options.probe, self.model)
+        described = options.describe()
         if step == "python":
-            self.step_note = "the Python step was asked for"
+            self.step_note = "the Python step was asked for" + (f" ({described})" if described else "")
             return self.step_kind
-        reason = untraceable_reason(self.model)
-        if reason is None:
-            sizes = sorted(set(cache_sizes) if cache_sizes is not None else
-                           _default_cache_sizes(self.context_length))
-            try:
-                decoding.replay = await ReplayTraces.trace(self.runtime, self.model, sizes, mode=self.mode,
-                                                           max_concurrent=self.max_concurrent)
-            except Exception as exc:  # noqa: BLE001 - any failure means: use the Python step
-                reason = f"tracing the step failed: {exc!r}"
-        if reason is not None:
+        sizes = sorted(set(cache_sizes) if cache_sizes is not None else _default_cache_sizes(self.context_length))
+        try:
+            decoding.replay = await ReplayTraces.trace(self.runtime, self.model, sizes, mode=self.mode,
+                                                       max_concurrent=self.max_concurrent, options=options)
+        except Exception as exc:  # noqa: BLE001 - any failure means: use the Python step
+            reason = f"the step of model type {_model_type(self.model)!r} could not be traced: {exc}"
             if step == "replay":
-                raise ValueError(f"the replayed step is not available: {reason}")
+                raise ValueError(f"the replayed step is not available: {reason}") from exc
             self.step_note = reason
             return self.step_kind
         self.step_kind = "replay"
         self.step_note = f"traced for caches of {decoding.replay.sizes} tokens"
         if self.mode == "batch":
             self.step_note += f", batches of {decoding.replay.row_buckets} rows"
+        if described:
+            self.step_note += f"; {described}"
         return self.step_kind
 
     async def save(self, path: str) -> None:
@@ -333,9 +349,11 @@ class Engine:
         # prompts past the largest traced cache.
         replayed = (replay is not None and sampler.logprobs is None
                     and replay.size_for(len(prompt) + max_tokens) is not None)
-        if self.mode == "batch":
+        if self.mode == "batch" and (replayed or self.decoding.cache_options.kv_bits is None):
             batcher = self._replay_batcher if replayed else self._batcher
             return batched_tokens(self.decoding, prompt, max_tokens, sampler, batcher)
+        # mlx-lm's BatchGenerator has no quantized cache: in batch mode with kv_bits a request
+        # the replayed step cannot take runs alone on the Python step (as mlx-lm's server does).
         if replayed:
             return parallel.replayed_tokens(self.decoding, prompt, max_tokens, sampler)
         return parallel.python_tokens(self.decoding, prompt, max_tokens, sampler)
@@ -388,6 +406,10 @@ class Engine:
     @property
     def active_requests(self) -> int:
         return self._active
+
+
+def _model_type(model) -> str:
+    return getattr(getattr(model, "args", None), "model_type", type(model).__name__)
 
 
 def _default_cache_sizes(context: int | None) -> list[int]:

@@ -71,7 +71,8 @@ async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int
     the next steps are queued before this token reaches the loop (as in
     python_tokens) and the caches, held by the chain alone, are
     updated in place. A cache that fills moves to the next length at the
-    next step (padded natively).
+    next step (padded natively); one whose layers are all bounded (rings,
+    states) never fills.
     """
     replay, runtime = decoding.replay, decoding.runtime
     assert replay is not None
@@ -90,8 +91,8 @@ async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int
                 yield "stop"
                 return
             while len(ahead) < STEPS_AHEAD and steps_left > 0:
-                if position >= size:  # full: the next length, padded by the chain
-                    size = replay.size_for(position + 1)
+                # Full: the next length, padded by the chain (a bounded cache never is).
+                size = replay.size_for(position + 1)
                 function = await replay.chained(queue, greedy=sampler.greedy, size=size)
                 if chained:  # stand-ins: the chain carries the real ones
                     carried = [_STAND_IN] * (replay.n_caches + 2)
@@ -126,12 +127,7 @@ def replay_prefill(decoding: Decoding, state: ReplayStreamState, prompt: list[in
     token = decoding.prefill(state.prompt, prompt, sampler)
     if token is None:
         return None  # cancelled
-    caches = []
-    for layer in state.prompt.cache:
-        for part in (layer.keys, layer.values):
-            fixed = mx.zeros((*part.shape[:2], size, part.shape[3]), dtype=decoding.replay.dtype)
-            fixed[:, :, :layer.offset, :] = part[:, :, :layer.offset, :]
-            caches.append(fixed)
+    caches = decoding.replay.spec.from_prompt_cache(state.prompt.cache, size)
     state.prompt.clear()
     # The Python sampler's key after the first token: the graph continues its stream.
     state.caches, state.key = caches, sampler.first_key()

@@ -59,8 +59,9 @@ class GeneratorState:
 
 @dataclass
 class ReplayBatchState:
-    """The replayed batch's caches (rows x heads x positions x dim, keys and values
-    per layer) and one random key per row (batch mode, replayed step)."""
+    """The replayed batch's cache buffers (ReplayTraces.spec: keys and values, or
+    states, per layer; a row per stream) and one random key per row (batch mode,
+    replayed step)."""
 
     caches: list[mx.array] | None = None
     keys: mx.array | None = None

@@ -1,8 +1,9 @@
 """The replayed step's traces: one per shape (greedy, rows, cache size), made on
 first use and sharing the model's weights.
 
-The traced step itself (a fixed-cache forward with sampling inside the graph)
-is llm/traced.py; this module decides which shapes exist and traces them.
+The traced step itself (mlx-lm's own model call over fixed cache buffers,
+with sampling inside the graph) is llm/replay_step.py; this module decides
+which shapes exist and traces them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import mlx.core as mx
 from .. import Runtime
 from .. import replay as _replay
 from . import traced as _traced
+from .cache_options import CacheOptions
+from .replay_step import CacheSpec, check_against_model, make_step, model_weights
 from .sampling import GREEDY
 
 # Fixed KV cache lengths of the replayed step: powers of two from 64 up to the
@@ -23,19 +26,6 @@ from .sampling import GREEDY
 # prompt and moves to the next when it is full; each length is one trace.
 SMALLEST_CACHE = 64
 UNKNOWN_CONTEXT = 4096
-# Model types whose layers are traced.forward's llama layout.
-TRACEABLE = {"llama"}
-
-
-def untraceable_reason(model) -> str | None:
-    """Why `model` has no traced step, or None when it has one."""
-    args = getattr(model, "args", None)
-    if getattr(args, "model_type", None) in TRACEABLE:
-        return None
-    model_type = getattr(args, "model_type", type(model).__name__)
-    return f"model type {model_type!r} has no traced step (only {sorted(TRACEABLE)})"
-
-
 def cache_sizes(context: int) -> list[int]:
     """Powers of two from SMALLEST_CACHE below `context`, and the context itself."""
     sizes, n = [], SMALLEST_CACHE
@@ -59,27 +49,28 @@ class ReplayTraces:
     traced on the queue that first needs it (a fraction of a second).
     """
 
-    def __init__(self, model, sizes: list[int], dtype: mx.Dtype, vocab: int, *, max_concurrent: int):
+    def __init__(self, model, spec: CacheSpec, sizes: list[int], vocab: int, *, max_concurrent: int):
         self.model = model
+        self.spec = spec  # the cache buffers: shapes, and moving mlx-lm caches in and out
         self.sizes = sizes
-        self.dtype = dtype
         self.vocab = vocab  # the logits' width: top_k at or past it keeps every token
-        self.weights = _traced.model_weights(model)  # bound to every trace (TracedFunction.bind)
-        self._steps = {greedy: _traced.make_sampling_step(model, weights_as_inputs=True, greedy=greedy)
+        self.weights = model_weights(model)  # bound to every trace (TracedFunction.bind)
+        self._steps = {greedy: make_step(model, spec, weights_as_inputs=True, greedy=greedy)
                        for greedy in (False, True)}
-        layers, heads_kv, dim = _traced.layout(model)
-        self.n_caches, self.heads_kv, self.head_dim = 2 * layers, heads_kv, dim
+        self.n_caches = spec.n_buffers
         self.row_buckets = sorted({2 ** i for i in range(max_concurrent.bit_length())
                                    if 2 ** i <= max_concurrent} | {max_concurrent})
         self.traced: dict[tuple[bool, int | None, int], Any] = {}
         self.chains: dict[tuple[bool, int], Any] = {}  # one stream's steps as chains (parallel mode)
         self._tracing = anyio.Lock()
-        # Donated: caches -> outputs 2..., key -> output 1, updated in place
-        # and published back into the caller's arrays.
-        self.donate = {**{i: 2 + i for i in range(2 * layers)}, 2 * layers: 1}
+        # Donated: cache buffers -> outputs 2..., key -> output 1, updated in
+        # place and published back into the caller's arrays.
+        self.donate = {**{i: 2 + i for i in range(self.n_caches)}, self.n_caches: 1}
 
     def size_for(self, tokens: int) -> int | None:
-        return next((n for n in self.sizes if n >= tokens), None)
+        """The smallest traced cache that holds a stream of `tokens` tokens (None: none does)."""
+        needed = self.spec.positions_needed(tokens)
+        return next((n for n in self.sizes if n >= needed), None)
 
     def rows_for(self, count: int) -> int:
         """Rows of the smallest batch step that holds `count` streams (0 for none)."""
@@ -117,7 +108,7 @@ class ReplayTraces:
         else:
             per_row = [mx.zeros((rows, 2), dtype=mx.uint32), mx.zeros((rows, 1), dtype=mx.int32),
                        mx.zeros((rows,), dtype=mx.int32), *_traced.sampling_rows([GREEDY] * rows, 1)]
-        caches = _traced.example_caches(self.model, size, self.dtype, rows or 1)
+        caches = self.spec.example(rows or 1, size)
         traced = await _replay.trace(self._steps[greedy], *caches, *per_row, *self.weights, queue=queue)
         try:
             # The weights go to the worker with the graph, once: a step's
@@ -127,13 +118,17 @@ class ReplayTraces:
             traced.release()
 
     @classmethod
-    async def trace(cls, runtime: Runtime, model, sizes: list[int], *, mode: str,
-                    max_concurrent: int) -> ReplayTraces:
-        """Check the traced forward against the model's, then trace the greedy steps
-        of what `mode` runs most."""
+    async def trace(cls, runtime: Runtime, model, sizes: list[int], *, mode: str, max_concurrent: int,
+                    options: CacheOptions) -> ReplayTraces:
+        """Describe the model's cache buffers and check the step against the model's
+        own forward, then trace the greedy steps of what `mode` runs most.
+
+        Raises NotTraceable (a cache with no buffer form), ValueError (the
+        step disagrees with the model) or what tracing raises (an op MLX
+        cannot export)."""
         async with runtime.queue() as queue:
-            dtype, vocab = await queue.run(check_forward, model)
-            replay = cls(model, sizes, dtype, vocab, max_concurrent=max_concurrent)
+            spec, vocab = await queue.run(_described, model, options)
+            replay = cls(model, spec, sizes, vocab, max_concurrent=max_concurrent)
             try:
                 if mode == "batch":
                     for rows in replay.row_buckets:
@@ -147,28 +142,12 @@ class ReplayTraces:
         return replay
 
 
-def check_forward(model) -> tuple[mx.Dtype, int]:
-    """On a worker: the fixed-cache forward agrees with the model's own on two tokens.
-
-    Returns the cache dtype (mlx-lm's, so the prefill copies exactly) and the
-    logits' width.
-
-    A model that says "llama" but computes something else (an extra norm, a
-    different attention) fails here rather than decoding wrong tokens.
-    """
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    tokens = [1, 2]
-    want = [model(mx.array([[t]]), cache=cache)[:, -1, :] for t in tokens]
-    dtype = cache[0].keys.dtype
-    caches = _traced.empty_caches(model, 8, dtype)
-    for position, token in enumerate(tokens):
-        logits, caches = _traced.forward(model, mx.array([[token]], dtype=mx.int32),
-                                         mx.array(position, dtype=mx.int32), caches)
-        if not mx.allclose(logits.astype(mx.float32), want[position].astype(mx.float32), rtol=1e-2, atol=1e-2).item():
-            raise ValueError("the fixed-cache forward disagrees with the model's own")
-    return dtype, int(want[0].shape[-1])
+def _described(model, options: CacheOptions) -> tuple[CacheSpec, int]:
+    """On a worker: the model's cache buffers, and the logits' width once the fixed-buffer
+    step agrees with the model's own forward (a model whose cache use the buffers do
+    not capture fails here rather than decoding wrong tokens)."""
+    spec = CacheSpec.of(model, options)
+    return spec, check_against_model(model, spec)
 
 
-__all__ = ["ReplayTraces", "UNKNOWN_CONTEXT", "cache_sizes", "check_forward", "untraceable_reason"]
+__all__ = ["ReplayTraces", "UNKNOWN_CONTEXT", "cache_sizes"]

@@ -1,0 +1,75 @@
+"""Tiny random-weight mlx-lm models of many architectures, built in code (no download),
+and mlx-lm's own tokens for them: the references the replayed step is held to."""
+
+from __future__ import annotations
+
+import itertools
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.utils import _get_classes
+
+BASE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+            num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=256, max_position_embeddings=512,
+            rope_theta=10000.0, tie_word_embeddings=False)
+WINDOW = 8  # gemma3's sliding window: shorter than the prompts plus answers the tests decode
+ARCHITECTURES = {
+    "llama": {},
+    "qwen3": dict(head_dim=16),
+    # Layer 0 slides (a RotatingKVCache of WINDOW), layer 1 is global.
+    "gemma3_text": dict(head_dim=16, sliding_window=WINDOW, sliding_window_pattern=2, query_pre_attn_scalar=16),
+    "phi3": {},
+    "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
+                      moe_intermediate_size=32, norm_topk_prob=True),
+    "starcoder2": dict(norm_epsilon=1e-5),
+    "olmo2": {},
+    "granite": dict(logits_scaling=2.0, attention_multiplier=0.25, embedding_multiplier=2.0, residual_multiplier=0.5,
+                    attention_bias=False, mlp_bias=False),
+}
+# Learned position embeddings read off cache.offset (an array in the traced step).
+POSITION_EMBEDDING_ARCHITECTURES = {
+    "gpt2": dict(n_ctx=512, n_embd=64, n_head=4, n_layer=2, n_positions=512, layer_norm_epsilon=1e-5),
+}
+# SSM and hybrid caches (ArraysCache): fixed-shape states in and out.
+STATE_ARCHITECTURES = {
+    "mamba2": dict(num_heads=4, head_dim=16, hidden_size=32, intermediate_size=64, state_size=16,
+                   layer_norm_epsilon=1e-5, conv_kernel=4, n_groups=1, use_bias=False, use_conv_bias=True,
+                   time_step_limit=(0.0, float("inf")), time_step_rank="auto", tie_word_embeddings=True),
+    "qwen3_next": dict(full_attention_interval=2, linear_num_value_heads=2, linear_num_key_heads=2,
+                       linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4,
+                       num_experts_per_tok=2, decoder_sparse_step=1, shared_expert_intermediate_size=32,
+                       mlp_only_layers=[], moe_intermediate_size=32, partial_rotary_factor=0.5, head_dim=16),
+}
+# One query head of 32 per key-value head: a whole quantization group of 32 (kv_group_size=32).
+QUANTIZABLE = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+
+
+def tiny(kind: str, **overrides):
+    """A random `kind` model (seeded: the same weights every time), evaluated so any worker can read it."""
+    config = {**BASE, **ARCHITECTURES.get(kind, {}), **POSITION_EMBEDDING_ARCHITECTURES.get(kind, {}),
+              **STATE_ARCHITECTURES.get(kind, {}), **overrides, "model_type": kind}
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(0)
+    model = model_class(args_class.from_dict(config))
+    mx.eval(model.parameters())
+    return model
+
+
+def mlx_lm_tokens(model, prompt: list[int], n: int, *, seed: int | None = None, temperature: float = 0.0,
+                  top_p: float = 1.0, top_k: int = 0, **options) -> list[int]:
+    """mlx-lm's own tokens: generate_step with make_sampler, the global random state seeded
+    (kv_bits quantize from the first token: quantized_kv_start 0)."""
+    if seed is not None:
+        mx.random.seed(seed)
+    steps = generate_step(mx.array(prompt), model, max_tokens=n, quantized_kv_start=0,
+                          sampler=make_sampler(temperature, top_p, top_k=top_k),
+                          stream=mx.default_stream(mx.default_device()), **options)
+    return [token for token, _ in itertools.islice(steps, n)]
+
+
+class IdsTokenizer:
+    """Decodes token ids as their numbers: enough for the engine's detokenizer."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f"<{i}>" for i in ids)
