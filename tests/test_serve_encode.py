@@ -14,7 +14,7 @@ pytest.importorskip("starlette")
 @pytest.fixture
 async def service(rt):
     from emlx_async.llm import Engine
-    from emlx_async.serve.app import ServeConfig, Service
+    from emlx_async.serve.service import ServeConfig, Service
 
     service = Service(ServeConfig(max_prompt_tokens=100))
     service.engine = await Engine.load(runtime=rt, step="python")

@@ -4,7 +4,7 @@
 uvicorn on uvloop; ``create_app(ServeConfig(...))`` gives the ASGI app.
 """
 
-from .app import ServeConfig as ServeConfig
+from .service import ServeConfig as ServeConfig
 from .app import create_app as create_app
 
 __all__ = ["ServeConfig", "create_app"]

@@ -148,7 +148,8 @@ def _exit_now(code: int) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from .app import ServeConfig, create_app
+    from .app import create_app
+    from .service import ServeConfig
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.distributed:

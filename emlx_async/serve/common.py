@@ -24,7 +24,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .app import (Generation, Service, distributed_cause, group_broken_error, read_json, shutdown_error,
+from .service import (Generation, Service, distributed_cause, group_broken_error, read_json, shutdown_error,
                   until_disconnected)
 from .protocol import APIError, invalid
 

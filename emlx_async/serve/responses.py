@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import DistributedError
-from .app import EventStream, Generation, Service, group_broken_error, shutdown_error
+from .service import EventStream, Generation, Service, group_broken_error, shutdown_error
 from .common import (JSON, checked_text, boolean, collect, count, event, guarded, integer, number,
                      optional_object, read_object, string, type_name, wrong_type)
 from .protocol import APIError, GenerationRequest, invalid
