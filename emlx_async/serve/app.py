@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import _errors as ea_errors
+from . import middleware
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (APIError, GenerationRequest, chunk_body, completion_body, invalid, logprob_entry, new_id,
                        parse_request, usage_chunk_body)
@@ -59,6 +60,12 @@ class ServeConfig:
     distributed_backend: str = "any"
     # Seconds a step may take on the group before it is declared broken.
     step_timeout: float = 30.0
+    # Access (middleware.py): the keys a request must present (none: open),
+    # whether /metrics needs one too, the CORS origins, the access log.
+    api_keys: tuple[str, ...] = ()
+    metrics_auth: bool = False
+    cors_origins: tuple[str, ...] = ()
+    access_log: bool = True
 
     def served_name(self) -> str:
         if self.model_name:
@@ -231,7 +238,7 @@ class Service:
 
         engine = self.engine
         if request.model is not None and request.model != self.model_name:
-            raise APIError(400, f"the model '{request.model}' does not exist; this server serves "
+            raise APIError(404, f"the model '{request.model}' does not exist; this server serves "
                            f"'{self.model_name}'", param="model", code="model_not_found")
         try:
             if request.chat:
@@ -278,6 +285,7 @@ class Generation:
         self.service, self._engine_deltas, self.stats, self.prompt_tokens = service, deltas, stats, prompt_tokens
         self.finish_reason: str | None = None
         self._closed = False
+        middleware.count_tokens_of(self)  # in the request's access-log line
 
     def logprob_entry(self, delta) -> dict | None:
         """The delta's token in a choice's ``logprobs.content`` (None if it has none)."""
@@ -588,4 +596,6 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         *responses.routes(service),
     ], lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error})
     app.state.service = service
+    middleware.install(app, api_keys=config.api_keys, metrics_auth=config.metrics_auth,
+                       cors_origins=config.cors_origins, access_log=config.access_log)
     return app

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
+
+from .middleware import API_KEY_ENV, api_keys, origins
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,6 +54,17 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--step-timeout", type=float, default=30.0,
                        help="seconds one step may take across the ranks before the group is declared broken "
                             "(--distributed)")
+    # Access: API keys, CORS, the access log (middleware.py).
+    serve.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY' on /v1/messages); repeat "
+                            f"for several keys; also read from ${API_KEY_ENV} (keys separated by commas), which "
+                            "keeps the key out of the process list. /health stays open")
+    serve.add_argument("--metrics-auth", action="store_true",
+                       help="/metrics needs the API key too (by default it is open, like /health)")
+    serve.add_argument("--cors-origins", action="append", default=[], metavar="ORIGIN[,ORIGIN]",
+                       help="let browser pages from these origins call the API (CORS; '*' for any); repeatable")
+    serve.add_argument("--no-access-log", dest="access_log", action="store_false",
+                       help="no line per request on the emlx_async.serve.access logger")
     serve.add_argument("--server", choices=("uvicorn", "hypercorn"), default="uvicorn",
                        help="uvicorn: asyncio with uvloop; hypercorn: hypercorn's trio worker, the app under trio")
     serve.add_argument("--log-level", default="info")
@@ -146,6 +160,12 @@ def serve(args: argparse.Namespace) -> int:
                          prefill_chunk=args.prefill_chunk, prompt_cache_tokens=args.prompt_cache_tokens,
                          distributed=args.distributed, distributed_backend=args.distributed_backend,
                          step_timeout=args.step_timeout)
+    try:
+        config.api_keys = api_keys(args.api_key, os.environ.get(API_KEY_ENV))
+    except ValueError as exc:
+        raise SystemExit(f"emlx-async serve: --api-key or ${API_KEY_ENV}: {exc}") from None
+    config.cors_origins, config.metrics_auth = origins(args.cors_origins), args.metrics_auth
+    config.access_log = args.access_log
     app = create_app(config)
     service = app.state.service
     if args.server == "hypercorn":
