@@ -37,7 +37,7 @@ SUBPACKAGE_ORDER = {
         "text", "loading",
         "decoding", "traces", "parallel", "batching", "batch_replay", "save", "engine", "sharded", "__init__",
     ],
-    "serve": ["metrics", "protocol", "openapi", "connections", "service", "common", "anthropic", "responses", "app",
+    "serve": ["metrics", "protocol", "middleware", "openapi", "connections", "service", "common", "anthropic", "responses", "app",
               "cli", "__init__", "__main__"],
 }
 

@@ -325,12 +325,14 @@ def test_hostile_bodies_against_the_server(http, client):
     raw = [(b"{not json", None), (b"[1, 2]", None), (b"[" * 100_000, None), (b'{"a":' * 50_000, None),
            (json.dumps({**OK, "max_tokens": 10**30}).encode(), "max_tokens"),     # past the context
            (b'{"max_tokens": 1' + b"0" * 5000 + b', "messages": []}', None),       # past Python's int digits
-           (json.dumps({**OK, "model": "claude-\ud800"}).encode(), "model"),
            (json.dumps({**OK, "messages": [{"role": "user", "content": "x " * 9000}]}).encode(), "max_tokens")]
     for content, param in raw:
         message = check_error(http.post("/v1/messages", content=content), 400, "invalid_request_error", param)
         assert len(message) < 1000
     check_error(http.post("/v1/messages", content=b"x" * (2 << 20)), 413, "request_too_large")
+    # A model this server does not serve (even one no tokenizer could encode) is not found.
+    check_error(http.post("/v1/messages", content=json.dumps({**OK, "model": "claude-\ud800"})), 404,
+                "not_found_error", "model")
     check_error(http.post("/v1/messages/count_tokens", json={"model": MODEL}), 400, "invalid_request_error",
                 "messages")
     check_error(http.post("/v1/messages/count_tokens", json={"messages": FRANCE, "tools": [{"name": "f"}]}), 400,

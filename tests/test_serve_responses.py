@@ -270,7 +270,7 @@ def test_hostile_bodies_against_the_server(http, client):
         check_error(http.post("/v1/responses", content=content), 400)
     check_error(http.post("/v1/responses", json={**OK, "max_output_tokens": 10**30}), 400, "max_output_tokens")
     check_error(http.post("/v1/responses", json={**OK, "input": "x " * 9000}), 400, "input")  # past the context
-    check_error(http.post("/v1/responses", content=json.dumps({**OK, "model": "gpt-\ud800"})), 400, "model")
+    check_error(http.post("/v1/responses", content=json.dumps({**OK, "model": "gpt-\ud800"})), 404, "model")
     check_error(http.post("/v1/responses", content=b"x" * (2 << 20)), 413)
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
         client.responses.create(model=MODEL, input="hi", previous_response_id="resp_123")

@@ -255,7 +255,7 @@ def routes(service: Service) -> list[Route]:
             model = string(body, "model")
             conversation = parse_conversation(body)
             if model is not None and model != service.model_name:  # as Service.start_generation checks it
-                raise APIError(400, f"the model '{model}' does not exist; this server serves "
+                raise APIError(404, f"the model '{model}' does not exist; this server serves "
                                f"'{service.model_name}'", param="model", code="model_not_found")
             try:
                 # Rendering and tokenizing a long conversation takes time: off the loop.

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import DistributedError
-from . import anthropic, openapi, responses
+from . import anthropic, middleware, openapi, responses
 from .metrics import CONTENT_TYPE
 from .protocol import APIError, GenerationRequest, chunk_body, completion_body, new_id, parse_request, show, \
     usage_chunk_body
@@ -198,4 +198,6 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         *responses.routes(service),
     ], lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error})
     app.state.service = service
+    middleware.install(app, api_keys=config.api_keys, metrics_auth=config.metrics_auth,
+                       cors_origins=config.cors_origins, access_log=config.access_log)
     return app

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 
 from .connections import ConnectionLimits
+from .middleware import API_KEY_ENV, api_keys, origins
 from .protocol import DEFAULT_MAX_MESSAGES
 
 
@@ -71,6 +73,25 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--step-timeout", type=float, default=30.0,
                        help="seconds one step may take across the ranks before the group is declared broken "
                             "(--distributed)")
+    serve.add_argument("--distributed-init-timeout", type=float, default=60.0,
+                       help="seconds to wait for every rank to connect before giving up (--distributed)")
+    # The KV cache, with mlx-lm's meanings (its --kv-bits, --kv-group-size, --max-kv-size).
+    serve.add_argument("--kv-bits", type=int, default=None,
+                       help="quantize the KV cache to this many bits (mlx-lm's QuantizedKVCache)")
+    serve.add_argument("--kv-group-size", type=int, default=64, help="group size of the quantized KV cache")
+    serve.add_argument("--max-kv-size", type=int, default=None,
+                       help="keep at most this many positions per stream (a rotating cache, as mlx-lm's)")
+    # Access: API keys, CORS, the access log (middleware.py).
+    serve.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY' on /v1/messages); repeat "
+                            f"for several keys; also read from ${API_KEY_ENV} (keys separated by commas), which "
+                            "keeps the key out of the process list. /health stays open")
+    serve.add_argument("--metrics-auth", action="store_true",
+                       help="/metrics needs the API key too (by default it is open, like /health)")
+    serve.add_argument("--cors-origins", action="append", default=[], metavar="ORIGIN[,ORIGIN]",
+                       help="let browser pages from these origins call the API (CORS; '*' for any); repeatable")
+    serve.add_argument("--no-access-log", dest="access_log", action="store_false",
+                       help="no line per request on the emlx_async.serve.access logger")
     serve.add_argument("--server", choices=("uvicorn", "hypercorn"), default="uvicorn",
                        help="uvicorn: asyncio with uvloop; hypercorn: hypercorn's trio worker, the app under trio")
     serve.add_argument("--log-level", default="info")
@@ -153,11 +174,15 @@ def serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.distributed:
-        from emlx_async import distributed
+        from emlx_async import DistributedError, distributed
 
         if not args.step_timeout > 0:
             raise SystemExit("--step-timeout must be positive")
-        group = distributed.init(strict=True, backend=args.distributed_backend, timeout=args.step_timeout)
+        try:
+            group = distributed.init(strict=True, backend=args.distributed_backend, timeout=args.step_timeout,
+                                     init_timeout=args.distributed_init_timeout)
+        except (ValueError, DistributedError) as exc:
+            raise SystemExit(f"emlx-async serve --distributed: {exc}") from None
         if group.rank() != 0:
             return follow(args, group)
         args.mode = "batch"  # rank 0 decides each batch step for every rank
@@ -169,7 +194,14 @@ def serve(args: argparse.Namespace) -> int:
                          prefill_chunk=args.prefill_chunk, prompt_cache_tokens=args.prompt_cache_tokens,
                          prompt_cache_bytes=args.prompt_cache_bytes,
                          distributed=args.distributed, distributed_backend=args.distributed_backend,
-                         step_timeout=args.step_timeout)
+                         step_timeout=args.step_timeout, distributed_init_timeout=args.distributed_init_timeout,
+                         kv_bits=args.kv_bits, kv_group_size=args.kv_group_size, max_kv_size=args.max_kv_size)
+    try:
+        config.api_keys = api_keys(args.api_key, os.environ.get(API_KEY_ENV))
+    except ValueError as exc:
+        raise SystemExit(f"emlx-async serve: --api-key or ${API_KEY_ENV}: {exc}") from None
+    config.cors_origins, config.metrics_auth = origins(args.cors_origins), args.metrics_auth
+    config.access_log = args.access_log
     try:
         limits = ConnectionLimits(header_timeout=args.header_timeout, max_header_bytes=args.max_header_bytes,
                                   max_connections=args.max_connections,

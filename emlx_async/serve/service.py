@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from .. import DistributedError
+from . import middleware
 from .metrics import Metrics
 from .protocol import DEFAULT_MAX_MESSAGES, APIError, GenerationRequest, invalid, logprob_entry, show
 
@@ -67,6 +68,19 @@ class ServeConfig:
     distributed_backend: str = "any"
     # Seconds a step may take on the group before it is declared broken.
     step_timeout: float = 30.0
+    # Seconds --distributed waits for every rank to connect.
+    distributed_init_timeout: float = 60.0
+    # The KV cache (Engine.load's, with mlx-lm's meanings): quantized to
+    # kv_bits in groups of kv_group_size, and at most max_kv_size positions.
+    kv_bits: int | None = None
+    kv_group_size: int = 64
+    max_kv_size: int | None = None
+    # Access (middleware.py): the keys a request must present (none: open),
+    # whether /metrics needs one too, the CORS origins, the access log.
+    api_keys: tuple[str, ...] = ()
+    metrics_auth: bool = False
+    cors_origins: tuple[str, ...] = ()
+    access_log: bool = True
 
     def served_name(self) -> str:
         if self.model_name:
@@ -161,7 +175,8 @@ class Service:
                 # Every rank would need the same cache: sharded serving runs without one.
                 self.prefix_cache = None
                 group = distributed.init(strict=True, backend=self.config.distributed_backend,
-                                         timeout=self.config.step_timeout)
+                                         timeout=self.config.step_timeout,
+                                         init_timeout=self.config.distributed_init_timeout)
                 self.engine = await ShardedEngine.load(self.config.model, group=group, runtime=self.runtime,
                                                        max_concurrent=self.config.max_concurrent,
                                                        prefill_chunk=self.config.prefill_chunk)
@@ -170,7 +185,9 @@ class Service:
                 self.engine = await Engine.load(self.config.model, runtime=self.runtime, mode=self.config.mode,
                                                 max_concurrent=self.config.max_concurrent,
                                                 prefill_chunk=self.config.prefill_chunk,
-                                                prompt_cache=self.prefix_cache, step=self.config.step)
+                                                prompt_cache=self.prefix_cache, step=self.config.step,
+                                                kv_bits=self.config.kv_bits, kv_group_size=self.config.kv_group_size,
+                                                max_kv_size=self.config.max_kv_size)
         except Exception as exc:  # noqa: BLE001 - reported by /health and the log
             self.status, self.load_error = "failed", f"{type(exc).__name__}: {exc}"
             logger.error("loading the model failed: %s", self.load_error)
@@ -290,7 +307,7 @@ class Service:
 
         engine = self.engine
         if request.model is not None and request.model != self.model_name:
-            raise APIError(400, f"the model {show(request.model)} does not exist; this server serves "
+            raise APIError(404, f"the model {show(request.model)} does not exist; this server serves "
                            f"'{self.model_name}'", param="model", code="model_not_found")
         if self._encoders is None:
             self._encoders = anyio.CapacityLimiter(_ENCODE_THREADS)
@@ -335,6 +352,7 @@ class Generation:
         self.service, self._engine_deltas, self.stats, self.prompt_tokens = service, deltas, stats, prompt_tokens
         self.finish_reason: str | None = None
         self._closed = False
+        middleware.count_tokens_of(self)  # in the request's access-log line
 
     def logprob_entry(self, delta) -> dict | None:
         """The delta's token in a choice's ``logprobs.content`` (None if it has none)."""
