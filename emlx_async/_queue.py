@@ -429,7 +429,9 @@ class CommandQueue:
             donated = ffi.new("unsigned char[]", len(inputs))
             for index in donate:
                 donated[index] = 1
-        ints_c, floats_c = ffi.new("int64_t[]", ints), ffi.new("double[]", floats)
+        # Most ops have no int or float parameters: no allocation for those.
+        ints_c = ffi.new("int64_t[]", ints) if ints else _NULL
+        floats_c = ffi.new("double[]", floats) if floats else _NULL
         text_c = text.encode()
 
         def start() -> int:
