@@ -10,6 +10,7 @@ MLX cannot export the Contiguous op its conv state goes through).
 from __future__ import annotations
 
 import functools
+import gc
 
 import anyio
 import pytest
@@ -102,3 +103,20 @@ async def test_a_bounded_kv_cache_gives_mlx_lms_rotating_tokens(mode, step):
     assert reference("qwen3", tuple(PROMPTS[2]), None, cache=bounded) != reference("qwen3", tuple(PROMPTS[2]), None)
     engine = await check_engine("qwen3", mode, cache=bounded, step=step)
     assert "max_kv_size 12" in engine.step_note
+
+
+async def test_a_stream_left_just_before_close_leaves_no_unretrieved_failure():
+    """Leaving a replayed stream queues the job that frees its chain; a runtime
+    closed right after drops that job, and nobody awaits it: its QueueClosed
+    must not reach the loop as "exception was never retrieved"."""
+    rt = ea.Runtime(pool_size=2)
+    engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt,
+                    mode="parallel", max_concurrent=2)
+    assert await engine.prepare_step("replay", cache_sizes=(16, 32)) == "replay"
+    stream = engine.generate(PROMPTS[0], max_tokens=8)
+    async for _ in stream:
+        break
+    await stream.aclose()
+    await rt.close(cancel_pending=True)
+    gc.collect()
+    await anyio.sleep(0)

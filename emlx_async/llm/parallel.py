@@ -115,9 +115,13 @@ async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int
         state.clear()
         if chained:
             try:  # queued behind the steps: frees the chain's caches before the queue is reused
-                queue.run(_replay.end_chain_here)
+                freed = queue.run(_replay.end_chain_here)
             except Exception:  # noqa: BLE001 - a closed runtime frees its workers anyway
                 pass
+            else:
+                # Nobody awaits it: a runtime closed meanwhile drops it (QueueClosed),
+                # which frees the chain as well and is no failure to report.
+                freed.add_done_callback(_outcome_not_needed)
         runtime.release_queue(queue)
 
 
@@ -137,3 +141,8 @@ def replay_prefill(decoding: Decoding, state: ReplayStreamState, prompt: list[in
 
 
 __all__ = ["STEPS_AHEAD", "python_tokens", "replay_prefill", "replayed_tokens"]
+
+
+def _outcome_not_needed(future) -> None:
+    if not future.cancelled():
+        future.exception()  # marks it retrieved
