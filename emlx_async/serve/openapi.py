@@ -1,11 +1,14 @@
 """The service's OpenAPI 3.1 document, served at /openapi.json.
 
 It describes what the service accepts and answers, which is a subset of
-OpenAI's API: request fields the service refuses (tools, n > 1, ...) are
-not documented as accepted. protocol.py is what enforces the rules; the
-schemas here say the same in JSON Schema (2020-12, as OpenAPI 3.1 uses),
-and tests/test_serve_openapi.py checks that the two agree on the requests
-the tests send.
+OpenAI's Chat Completions, Completions and Responses APIs and of Anthropic's
+Messages API: request fields the service refuses (tools, n > 1, ...) are
+not documented as accepted. The parsers (protocol.py, anthropic.py,
+responses.py) are what enforce the rules; the schemas here say the same in
+JSON Schema (2020-12, as OpenAPI 3.1 uses), and tests/test_serve_openapi.py
+checks that the two agree on the requests the tests send. One rule no
+schema can say is in a description: a Messages API conversation ends with
+the user's turn.
 """
 
 from __future__ import annotations
@@ -159,6 +162,7 @@ _HEALTH = {"type": "object", "required": ["status", "model", "mode"],
            "properties": {"status": {"enum": ["loading", "ready", "failed", "draining", "broken"]},
                           "model": {"type": "string"}, "mode": {"enum": ["parallel", "batch"]},
                           "step": {"enum": ["replay", "python"]}, "error": {"type": "string"}}}
+
 
 def _errors(schema: str, unavailable: str = "503") -> dict:
     """The error answers every generation endpoint shares, in one API's error shape
