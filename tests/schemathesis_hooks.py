@@ -1,7 +1,16 @@
-"""schemathesis hooks for the service's schema run (tests/test_serve_schemathesis.py):
-generated requests stay cheap on a CPU: a valid max_tokens above 2 becomes 2
-(JSON Schema counts 5.0 as an integer, so floats too). Values past the
-documented maximum (EMLX_SCHEMA_MAX_TOKENS) are left for the server to refuse."""
+"""schemathesis hooks for the service's schema run (tests/test_serve_schemathesis.py),
+applied to each case just before it is sent, in every phase (a `map_body` hook
+misses the coverage phase's cases); schemathesis then revalidates the case, so
+whether it counts as valid follows the body actually sent.
+
+Generated requests stay cheap on a CPU: a valid token limit above 2 (max_tokens,
+max_completion_tokens, the Responses API's max_output_tokens) becomes 2 (JSON
+Schema counts 5.0 as an integer, so floats too). Values past the documented
+maximum (EMLX_SCHEMA_MAX_TOKENS) are left for the server to refuse.
+
+One rule of the Messages API no JSON Schema can say: its last message is the
+user's (a final assistant message, a prefill, gets 400). A generated final
+assistant message becomes the user's; any other fault in the case stays."""
 
 import numbers
 import os
@@ -9,14 +18,21 @@ import os
 import schemathesis
 
 MAXIMUM = float(os.environ.get("EMLX_SCHEMA_MAX_TOKENS", "inf"))
+TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+MESSAGES_API = ("/v1/messages", "/v1/messages/count_tokens")
 
 
 @schemathesis.hook
-def map_body(context, body):
-    if isinstance(body, dict):
-        for name in ("max_tokens", "max_completion_tokens"):
-            value = body.get(name)
-            if isinstance(value, numbers.Real) and not isinstance(value, bool) and 2 < value <= MAXIMUM \
-                    and float(value).is_integer():
-                body[name] = 2
-    return body
+def before_call(context, case, kwargs):
+    body = case.body
+    if not isinstance(body, dict):
+        return
+    for name in TOKEN_LIMITS:
+        value = body.get(name)
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and 2 < value <= MAXIMUM \
+                and float(value).is_integer():
+            body[name] = 2
+    messages = body.get("messages")
+    if case.operation.path in MESSAGES_API and isinstance(messages, list) and messages \
+            and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
+        messages[-1] = {**messages[-1], "role": "user"}

@@ -41,7 +41,7 @@ HOSTILE = [
     ({**OK, "max_tokens": "8"}, "max_tokens"),
     ({**OK, "max_tokens": 0}, "max_tokens"),
     ({**OK, "max_tokens": True}, "max_tokens"),
-    ({**OK, "max_tokens": 8.0}, "max_tokens"),
+    ({**OK, "max_tokens": 8.5}, "max_tokens"),
     ({**OK, "temperature": 1.5}, "temperature"),                             # Anthropic's range is [0, 1]
     ({**OK, "temperature": float("nan")}, "temperature"),
     ({**OK, "temperature": "0"}, "temperature"),

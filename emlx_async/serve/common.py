@@ -26,6 +26,8 @@ from starlette.responses import Response
 
 from .service import (Generation, Service, distributed_cause, group_broken_error, read_json, shutdown_error,
                   until_disconnected)
+# An integer as JSON Schema (and so the OpenAPI document) counts them: 8.0 is one.
+from .protocol import _is_int as is_int
 from .protocol import APIError, invalid
 
 logger = logging.getLogger("emlx_async.serve")
@@ -70,10 +72,6 @@ def type_name(value: Any) -> str:
     if isinstance(value, list):
         return "array"
     return "object" if isinstance(value, dict) else type(value).__name__
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def wrong_type(param: str, expected: str, value: Any) -> APIError:

@@ -1,11 +1,14 @@
 """The service's OpenAPI 3.1 document, served at /openapi.json.
 
 It describes what the service accepts and answers, which is a subset of
-OpenAI's API: request fields the service refuses (tools, n > 1, ...) are
-not documented as accepted. protocol.py is what enforces the rules; the
-schemas here say the same in JSON Schema (2020-12, as OpenAPI 3.1 uses),
-and tests/test_serve_openapi.py checks that the two agree on the requests
-the tests send.
+OpenAI's Chat Completions, Completions and Responses APIs and of Anthropic's
+Messages API: request fields the service refuses (tools, n > 1, ...) are
+not documented as accepted. The parsers (protocol.py, anthropic.py,
+responses.py) are what enforce the rules; the schemas here say the same in
+JSON Schema (2020-12, as OpenAPI 3.1 uses), and tests/test_serve_openapi.py
+checks that the two agree on the requests the tests send. One rule no
+schema can say is in a description: a Messages API conversation ends with
+the user's turn.
 """
 
 from __future__ import annotations
@@ -14,6 +17,11 @@ import copy
 from typing import Any
 
 from .protocol import DEFAULT_MAX_MESSAGES, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
+
+# anthropic.MAX_STOP_SEQUENCES: that module sits above this one (it builds on
+# app, which serves this document), so the number is repeated here and
+# tests/test_serve_openapi.py checks that the two agree.
+ANTHROPIC_MAX_STOP_SEQUENCES = 16
 
 
 def _ref(name: str) -> dict:
@@ -47,6 +55,9 @@ _SAMPLING = {
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
 
+_TEXT_FORMAT = {"type": "object", "properties": {"type": {"const": "text"}},
+                "required": ["type"], "additionalProperties": False}
+
 _MESSAGE = {
     "type": "object", "required": ["role", "content"],
     "properties": {"role": {"enum": ["system", "developer", "user", "assistant"]},
@@ -74,8 +85,7 @@ _CHAT_REQUEST = {
         "logprobs": {"type": "boolean"},
         "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS,
                          "description": "more than 0 needs logprobs: true"},
-        "response_format": {"type": "object", "properties": {"type": {"const": "text"}},
-                            "required": ["type"], "additionalProperties": False},
+        "response_format": _TEXT_FORMAT,
         **_SAMPLING,
     },
 }
@@ -153,13 +163,18 @@ _HEALTH = {"type": "object", "required": ["status", "model", "mode"],
                           "model": {"type": "string"}, "mode": {"enum": ["parallel", "batch"]},
                           "step": {"enum": ["replay", "python"]}, "error": {"type": "string"}}}
 
-_ERRORS = {
-    "400": {"description": "a field is invalid or unsupported (`param` names it)", "content": _json(_ref("Error"))},
-    "408": {"description": "the body did not arrive in time", "content": _json(_ref("Error"))},
-    "413": {"description": "the body is larger than --max-body-bytes", "content": _json(_ref("Error"))},
-    "429": {"description": "the server is at capacity; see Retry-After", "content": _json(_ref("Error"))},
-    "503": {"description": "loading, shutting down, or the model failed to load", "content": _json(_ref("Error"))},
-}
+
+def _errors(schema: str, unavailable: str = "503") -> dict:
+    """The error answers every generation endpoint shares, in one API's error shape
+    (the Messages API answers the service's 503 as 529)."""
+    content = _json(_ref(schema))
+    return {
+        "400": {"description": "a field is invalid or unsupported (the error names it)", "content": content},
+        "408": {"description": "the body did not arrive in time", "content": content},
+        "413": {"description": "the body is larger than --max-body-bytes", "content": content},
+        "429": {"description": "the server is at capacity; see Retry-After", "content": content},
+        unavailable: {"description": "loading, shutting down, or the model failed to load", "content": content},
+    }
 
 
 # One server-sent event: its data is a chunk's JSON (the shape of the whole
@@ -167,15 +182,243 @@ _ERRORS = {
 _EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
 
 
-def _generation(summary: str, request: str, response: str) -> dict:
+def _named_event(data: str) -> dict:
+    """A named server-sent event (``event: NAME`` then ``data: JSON``), its data one of `data`."""
+    return {"type": "object", "required": ["event", "data"],
+            "properties": {"event": {"type": "string", "description": "the data's `type`"},
+                           "data": {"type": "string", "contentMediaType": "application/json",
+                                    "contentSchema": _ref(data)}}}
+
+
+def _generation(summary: str, request: str, response: str, *, errors: dict | None = None,
+                events: dict | None = None, streamed: str = "server-sent chunks ending with `data: [DONE]`") -> dict:
     return {"post": {
         "summary": summary,
         "requestBody": {"required": True, "content": _json(_ref(request))},
-        "responses": {"200": {"description": "the completion, or with stream: true server-sent chunks ending "
-                                             "with `data: [DONE]`",
-                              "content": {**_json(_ref(response)), "text/event-stream": {"schema": _EVENT}}},
-                      **_ERRORS},
+        "responses": {"200": {"description": f"the answer, or with stream: true {streamed}",
+                              "content": {**_json(_ref(response)), "text/event-stream": {"schema": events or _EVENT}}},
+                      **(errors or _errors("Error"))},
     }}
+
+
+# ---- the Messages API (anthropic.py) -------------------------------------------------
+
+_ANTHROPIC_CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}],
+                      "description": "text, or text blocks (joined; their cache_control and citations are ignored)"}
+
+# What both /v1/messages and /v1/messages/count_tokens read: the conversation, and
+# the tool-use and thinking fields they refuse (only their "off" values pass).
+_CONVERSATION = {
+    "model": _SAMPLING["model"],
+    "system": _ANTHROPIC_CONTENT,
+    "messages": {"type": "array", "minItems": 1,
+                 "items": {"type": "object", "required": ["role", "content"],
+                           "properties": {"role": {"enum": ["user", "assistant"]}, "content": _ANTHROPIC_CONTENT}},
+                 "description": "the last one is the user's: a final assistant message (a prefill) gets 400"},
+    "tools": {"type": "array", "maxItems": 0, "description": "tool use is not supported yet"},
+    "tool_choice": {"type": "object", "required": ["type"], "properties": {"type": {"const": "none"}}},
+    "thinking": {"type": "object", "required": ["type"], "properties": {"type": {"const": "disabled"}}},
+    "output_config": {"type": "object", "properties": {"format": {"type": "null"}},
+                      "description": "its effort is ignored; a format (structured outputs) gets 400"},
+}
+
+_MESSAGES_REQUEST = {
+    "type": "object", "required": ["messages", "max_tokens"],
+    "properties": {
+        **_CONVERSATION,
+        "max_tokens": _SAMPLING["max_tokens"],
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1, "description": "0 is greedy; default 1"},
+        "top_p": _SAMPLING["top_p"],
+        "top_k": {"type": "integer", "minimum": 0, "description": "0: all tokens"},
+        "stop_sequences": {"type": "array", "items": {"type": "string", "minLength": 1},
+                           "maxItems": ANTHROPIC_MAX_STOP_SEQUENCES},
+        "stream": _SAMPLING["stream"],
+        "metadata": {"type": "object", "description": "ignored"},
+    },
+}
+
+_COUNT_TOKENS_REQUEST = {"type": "object", "required": ["messages"], "properties": _CONVERSATION}
+
+_MESSAGES_USAGE = {"type": "object", "required": ["input_tokens", "output_tokens"],
+                   "properties": {name: {"type": "integer", "minimum": 0}
+                                  for name in ("input_tokens", "output_tokens")}}
+
+_STOP_REASON = {"enum": ["end_turn", "max_tokens", "stop_sequence"]}
+
+_MESSAGE_ANSWER = {
+    "type": "object", "required": ["id", "type", "role", "model", "content", "stop_reason", "stop_sequence", "usage"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^msg_"}, "type": {"const": "message"}, "role": {"const": "assistant"},
+        "model": {"type": "string"}, "content": {"type": "array", "items": _TEXT_PART, "maxItems": 1},
+        "stop_reason": {"anyOf": [_STOP_REASON, {"type": "null"}], "description": "null only in message_start"},
+        "stop_sequence": {"type": ["string", "null"], "description": "the stop sequence that matched"},
+        "usage": _ref("MessagesUsage"),
+    },
+}
+
+_ANTHROPIC_ERROR = {
+    "type": "object", "required": ["type", "error"],
+    "properties": {"type": {"const": "error"}, "error": {
+        "type": "object", "required": ["type", "message"],
+        "properties": {"type": {"type": "string", "description": "invalid_request_error, request_too_large, "
+                                                                 "rate_limit_error, overloaded_error, api_error, ..."},
+                       "message": {"type": "string", "minLength": 1,
+                                   "description": "starts with the field at fault, where one is"}}}},
+}
+
+
+def _typed(kind: str, **properties) -> dict:
+    """An event's data: its `type` and fields."""
+    return {"type": "object", "required": ["type", *properties],
+            "properties": {"type": {"const": kind}, **properties}}
+
+
+_BLOCK_INDEX = {"const": 0}
+
+_MESSAGE_STREAM_EVENT = {
+    "oneOf": [
+        _typed("message_start", message=_ref("Message")),
+        _typed("content_block_start", index=_BLOCK_INDEX, content_block=_TEXT_PART),
+        _typed("ping"),
+        _typed("content_block_delta", index=_BLOCK_INDEX, delta=_typed("text_delta", text={"type": "string"})),
+        _typed("content_block_stop", index=_BLOCK_INDEX),
+        _typed("message_delta", delta={"type": "object", "required": ["stop_reason", "stop_sequence"],
+                                       "properties": {"stop_reason": _STOP_REASON,
+                                                      "stop_sequence": {"type": ["string", "null"]}}},
+               usage=_ref("MessagesUsage")),
+        _typed("message_stop"),
+        _ref("AnthropicError"),
+    ],
+    "description": "message_start, content_block_start, ping, content_block_delta..., content_block_stop, "
+                   "message_delta, message_stop; an error event ends a stream a failure or the shutdown cut short",
+}
+
+
+# ---- the Responses API (responses.py) ------------------------------------------------
+
+_REFUSED = "refused with 400: "
+
+_INPUT_ITEM = {
+    "type": "object", "required": ["role", "content"],
+    "properties": {
+        "type": {"const": "message", "description": "the default; other items (tool calls, ...) get 400"},
+        "role": {"enum": ["user", "assistant", "system", "developer"], "description": "developer is system"},
+        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
+            "type": "object", "required": ["type", "text"],
+            "properties": {"type": {"enum": ["input_text", "output_text"]}, "text": {"type": "string"}}}}]},
+    },
+}
+
+_RESPONSES_REQUEST = {
+    "type": "object", "required": ["input"],
+    "properties": {
+        "model": _SAMPLING["model"],
+        "input": {"oneOf": [{"type": "string", "description": "one user message"},
+                            {"type": "array", "items": _INPUT_ITEM, "minItems": 1}]},
+        "instructions": {"type": "string", "description": "a system message before the input"},
+        "max_output_tokens": _SAMPLING["max_tokens"],
+        "temperature": _SAMPLING["temperature"],
+        "top_p": _SAMPLING["top_p"],
+        "stream": _SAMPLING["stream"],
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}, "description": "echoed"},
+        "parallel_tool_calls": {"type": "boolean", "description": "echoed"},
+        "truncation": {"enum": ["auto", "disabled"], "description": "echoed"},
+        "text": {"type": "object", "properties": {"format": {"anyOf": [_TEXT_FORMAT, {"type": "null"}]}}},
+        "include": {"type": "array", "items": {"type": "string"}, "description": "ignored"},
+        "tool_choice": {"enum": ["none", "auto"]},
+        "tools": {"type": "array", "maxItems": 0, "description": _REFUSED + "tool calling is not supported yet"},
+        "top_logprobs": {"const": 0, "description": _REFUSED + "logprobs are not supported in responses"},
+        "background": {"const": False, "description": _REFUSED + "a background response"},
+        "store": {"description": "ignored: nothing is stored"},
+        **{name: {"type": "string", "description": "ignored"}
+           for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier")},
+        **{name: {"type": "null", "description": _REFUSED + f"a stored {what}: send the whole conversation in input"}
+           for name, what in (("previous_response_id", "response"), ("conversation", "conversation"),
+                              ("prompt", "prompt"))},
+        "reasoning": {"type": "null", "description": _REFUSED + "this model does not reason"},
+    },
+}
+
+_OUTPUT_TEXT = {"type": "object", "required": ["type", "text", "annotations", "logprobs"],
+                "properties": {"type": {"const": "output_text"}, "text": {"type": "string"},
+                               "annotations": {"type": "array", "maxItems": 0},
+                               "logprobs": {"type": "array", "maxItems": 0}}}
+
+_STATUS = {"enum": ["in_progress", "completed", "incomplete", "failed"]}
+
+_OUTPUT_MESSAGE = {"type": "object", "required": ["type", "id", "status", "role", "content"],
+                   "properties": {"type": {"const": "message"}, "id": {"type": "string", "pattern": "^msg_"},
+                                  "status": _STATUS, "role": {"const": "assistant"},
+                                  "content": {"type": "array", "items": _ref("OutputText"), "maxItems": 1}}}
+
+_RESPONSES_USAGE = {
+    "type": "object",
+    "required": ["input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details", "total_tokens"],
+    "properties": {
+        "input_tokens": {"type": "integer", "minimum": 0}, "output_tokens": {"type": "integer", "minimum": 0},
+        "total_tokens": {"type": "integer", "minimum": 0},
+        "input_tokens_details": {"type": "object", "required": ["cached_tokens"],
+                                 "properties": {"cached_tokens": {"type": "integer", "minimum": 0}}},
+        "output_tokens_details": {"type": "object", "required": ["reasoning_tokens"],
+                                  "properties": {"reasoning_tokens": {"type": "integer", "minimum": 0}}},
+    },
+}
+
+_RESPONSE = {
+    "type": "object",
+    "required": ["id", "object", "created_at", "status", "model", "output", "usage", "error", "incomplete_details",
+                 "tool_choice", "tools", "text", "reasoning", "store", "previous_response_id", "instructions",
+                 "metadata", "max_output_tokens", "temperature", "top_p", "parallel_tool_calls", "truncation"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^resp_"}, "object": {"const": "response"},
+        "created_at": {"type": "integer"}, "status": _STATUS, "model": {"type": "string"},
+        "output": {"type": "array", "items": _ref("ResponseOutputMessage"), "maxItems": 1},
+        "usage": {"anyOf": [_ref("ResponsesUsage"), {"type": "null"}], "description": "null until it ends"},
+        "error": {"anyOf": [{"type": "null"}, {
+            "type": "object", "required": ["code", "message"],
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}],
+            "description": "what ended a failed response"},
+        "incomplete_details": {"anyOf": [{"type": "null"}, {
+            "type": "object", "required": ["reason"], "properties": {"reason": {"const": "max_output_tokens"}}}]},
+        "tool_choice": {"const": "none"}, "tools": {"type": "array", "maxItems": 0},
+        "text": {"type": "object", "required": ["format"], "properties": {"format": _TEXT_FORMAT}},
+        "reasoning": {"type": "null"}, "store": {"const": False}, "previous_response_id": {"type": "null"},
+        # The request's own, echoed.
+        "instructions": {"type": ["string", "null"]},
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+        "max_output_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "temperature": _SAMPLING["temperature"], "top_p": _SAMPLING["top_p"],
+        "parallel_tool_calls": {"type": "boolean"}, "truncation": {"enum": ["auto", "disabled"]},
+    },
+}
+
+_WHERE = {"item_id": {"type": "string"}, "output_index": {"const": 0}, "content_index": {"const": 0}}
+_NO_LOGPROBS = {"type": "array", "maxItems": 0}
+
+
+def _sequenced(kind: str, **properties) -> dict:
+    """A Responses event's data: its type, its place in the stream, and fields."""
+    return _typed(kind, sequence_number={"type": "integer", "minimum": 0}, **properties)
+
+
+_RESPONSE_STREAM_EVENT = {
+    "oneOf": [
+        *(_sequenced(kind, response=_ref("Response"))
+          for kind in ("response.created", "response.in_progress", "response.completed", "response.incomplete",
+                       "response.failed")),
+        *(_sequenced(kind, output_index={"const": 0}, item=_ref("ResponseOutputMessage"))
+          for kind in ("response.output_item.added", "response.output_item.done")),
+        *(_sequenced(kind, **_WHERE, part=_ref("OutputText"))
+          for kind in ("response.content_part.added", "response.content_part.done")),
+        _sequenced("response.output_text.delta", **_WHERE, delta={"type": "string"}, logprobs=_NO_LOGPROBS),
+        _sequenced("response.output_text.done", **_WHERE, text={"type": "string"}, logprobs=_NO_LOGPROBS),
+    ],
+    "description": "response.created, response.in_progress, response.output_item.added, "
+                   "response.content_part.added, response.output_text.delta..., response.output_text.done, "
+                   "response.content_part.done, response.output_item.done, then response.completed or "
+                   "response.incomplete (max_output_tokens reached); response.failed ends a stream a failure "
+                   "or the shutdown cut short",
+}
 
 
 _DOCUMENT: dict[str, Any] = {
@@ -184,6 +427,19 @@ _DOCUMENT: dict[str, Any] = {
     "paths": {
         "/v1/chat/completions": _generation("Chat completion", "ChatCompletionRequest", "ChatCompletion"),
         "/v1/completions": _generation("Text completion", "CompletionRequest", "TextCompletion"),
+        "/v1/messages": _generation("Anthropic Messages API", "MessagesRequest", "Message",
+                                    errors=_errors("AnthropicError", "529"), events=_named_event("MessageStreamEvent"),
+                                    streamed="server-sent named events (`event: NAME`)"),
+        "/v1/messages/count_tokens": {"post": {
+            "summary": "The tokens a Messages API conversation's prompt takes",
+            "requestBody": {"required": True, "content": _json(_ref("CountTokensRequest"))},
+            "responses": {"200": {"description": "the count", "content": _json({
+                "type": "object", "required": ["input_tokens"],
+                "properties": {"input_tokens": {"type": "integer", "minimum": 0}}})},
+                **_errors("AnthropicError", "529")}}},
+        "/v1/responses": _generation("OpenAI Responses API", "ResponsesRequest", "Response",
+                                     events=_named_event("ResponseStreamEvent"),
+                                     streamed="server-sent named events (`event: NAME`)"),
         "/v1/models": {"get": {"summary": "The served model", "responses": {"200": {
             "description": "a list of one model", "content": _json({
                 "type": "object", "required": ["object", "data"],
@@ -205,8 +461,21 @@ _DOCUMENT: dict[str, Any] = {
         "ChatCompletionRequest": _CHAT_REQUEST, "CompletionRequest": _COMPLETION_REQUEST,
         "ChatCompletion": _CHAT_COMPLETION, "TextCompletion": _TEXT_COMPLETION, "Usage": _USAGE,
         "Error": _ERROR, "Model": _MODEL, "Health": _HEALTH,
+        "MessagesRequest": _MESSAGES_REQUEST, "CountTokensRequest": _COUNT_TOKENS_REQUEST,
+        "Message": _MESSAGE_ANSWER, "MessagesUsage": _MESSAGES_USAGE, "AnthropicError": _ANTHROPIC_ERROR,
+        "MessageStreamEvent": _MESSAGE_STREAM_EVENT,
+        "ResponsesRequest": _RESPONSES_REQUEST, "Response": _RESPONSE, "ResponsesUsage": _RESPONSES_USAGE,
+        "ResponseOutputMessage": _OUTPUT_MESSAGE, "OutputText": _OUTPUT_TEXT,
+        "ResponseStreamEvent": _RESPONSE_STREAM_EVENT,
     }},
 }
+
+
+# The request schemas, each with its token limit (bounded by the context once it is known).
+_REQUESTS = {"ChatCompletionRequest": ("max_tokens", "max_completion_tokens"),
+             "CompletionRequest": ("max_tokens", "max_completion_tokens"),
+             "MessagesRequest": ("max_tokens",), "CountTokensRequest": (),
+             "ResponsesRequest": ("max_output_tokens",)}
 
 
 def document(model_name: str | None = None, max_messages: int = DEFAULT_MAX_MESSAGES,
@@ -216,20 +485,20 @@ def document(model_name: str | None = None, max_messages: int = DEFAULT_MAX_MESS
     doc = copy.deepcopy(_DOCUMENT)
     schemas = doc["components"]["schemas"]
     if context_length is not None:  # the prompt's tokens count against it too
-        for name in ("ChatCompletionRequest", "CompletionRequest"):
-            for field in ("max_tokens", "max_completion_tokens"):
+        for name, limits in _REQUESTS.items():
+            for field in limits:
                 schemas[name]["properties"][field]["maximum"] = context_length - 1
     schemas["ChatCompletionRequest"]["properties"]["messages"]["maxItems"] = max_messages
     if vocab_size is not None:
         prompt = schemas["CompletionRequest"]["properties"]["prompt"]["oneOf"]
         for ids in (prompt[1], prompt[2]["items"]["oneOf"][1]):
             ids["items"]["maximum"] = vocab_size - 1
-    for name in ("ChatCompletionRequest", "CompletionRequest"):
+    for name in _REQUESTS:
         request = schemas[name]
         if model_name is not None:
             request["properties"]["model"]["enum"] = [model_name]
-        # An explicit null is the field's absence, as OpenAI reads it.
+        # An explicit null is the field's absence, as the parsers read it.
         for field, schema in request["properties"].items():
-            if field not in request["required"]:
+            if field not in request["required"] and schema.get("type") != "null":
                 request["properties"][field] = {"anyOf": [schema, {"type": "null"}]}
     return doc

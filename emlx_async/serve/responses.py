@@ -28,7 +28,7 @@ from .. import DistributedError
 from .service import EventStream, Generation, Service, group_broken_error, shutdown_error
 from .common import (JSON, checked_text, boolean, collect, count, event, guarded, integer, number,
                      optional_object, read_object, string, type_name, wrong_type)
-from .protocol import APIError, GenerationRequest, invalid
+from .protocol import MAX_TOP_LOGPROBS, APIError, GenerationRequest, invalid
 
 RESPONSES = "/v1/responses"
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -75,7 +75,7 @@ def _refuse_unsupported(body: dict) -> None:
         raise _unsupported("tool_choice", "tool calling (not yet)")
     if boolean(body, "background"):
         raise _unsupported("background", "a background response")
-    top_logprobs = integer(body, "top_logprobs", low=0, high=20)
+    top_logprobs = integer(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
     if top_logprobs:
         raise _unsupported("top_logprobs", "logprobs in responses")
     text = optional_object(body, "text")
