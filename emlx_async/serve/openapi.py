@@ -16,12 +16,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
 from .protocol import DEFAULT_MAX_MESSAGES, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
-
-# anthropic.MAX_STOP_SEQUENCES: that module sits above this one (it builds on
-# app, which serves this document), so the number is repeated here and
-# tests/test_serve_openapi.py checks that the two agree.
-ANTHROPIC_MAX_STOP_SEQUENCES = 16
 
 
 def _ref(name: str) -> dict:
