@@ -26,6 +26,17 @@ SENT = [
     ("CompletionRequest", {"model": "SmolLM2-135M-Instruct", "prompt": "The capital of France is",
                            "max_tokens": 4, "temperature": 0, "stop": "."}),
     ("CompletionRequest", {"prompt": [1, 2, 3], "max_tokens": 1, "top_k": 40}),
+    # test_serve_tools.py, test_serve_structured.py
+    ("ChatCompletionRequest", {"messages": [*FRANCE, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Paris"}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}}, "parallel_tool_calls": False,
+        "chat_template_kwargs": {"enable_thinking": False}}),
+    ("ChatCompletionRequest", {"messages": FRANCE, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "out", "schema": {"type": "object"}, "strict": True}}}),
+    ("ChatCompletionRequest", {"messages": FRANCE, "response_format": {"type": "json_object"}}),
+    ("CompletionRequest", {"prompt": "x", "guided_regex": "[0-9]+"}),
 ]
 REFUSED = [
     ("ChatCompletionRequest", {"messages": FRANCE, "temperature": "hot"}),
@@ -36,6 +47,11 @@ REFUSED = [
     ("ChatCompletionRequest", {"messages": [{"role": ["user"], "content": "x"}]}),
     ("ChatCompletionRequest", {"messages": FRANCE, "stop": ["a", ""]}),
     ("ChatCompletionRequest", {"messages": []}),
+    ("ChatCompletionRequest", {"messages": FRANCE, "tools": [{"type": "function", "function": {}}]}),
+    ("ChatCompletionRequest", {"messages": FRANCE, "tools": [{"type": "function", "function": {"name": "f"}}],
+                               "tool_choice": "sometimes"}),
+    ("ChatCompletionRequest", {"messages": FRANCE, "response_format": {"type": "xml"}}),
+    ("ChatCompletionRequest", {"messages": [{"role": "assistant", "content": None}]}),
     ("CompletionRequest", {"prompt": 12}),
     ("CompletionRequest", {"prompt": "x", "seed": "1"}),
 ]
