@@ -267,8 +267,26 @@ def test_langchain_with_structured_output(server):
         name: str = Field(max_length=12)
         age: int = Field(ge=0, le=120)
 
+    import httpx
+
+    http = httpx.Client(timeout=300)  # closed here: LangChain keeps its own open otherwise
     llm = langchain_openai.ChatOpenAI(base_url=server.url + "/v1", api_key="unused", model="SmolLM2-135M-Instruct",
-                                      temperature=0, max_tokens=80, max_retries=0)
-    for method in ("json_schema", "function_calling"):
-        person = llm.with_structured_output(Person, method=method).invoke("Invent a person.")
-        assert isinstance(person, Person), method
+                                      temperature=0, max_tokens=80, max_retries=0, http_client=http)
+    with http:
+        for method in ("json_schema", "function_calling"):
+            person = llm.with_structured_output(Person, method=method).invoke("Invent a person.")
+            assert isinstance(person, Person), method
+
+
+def test_a_schema_nested_past_the_stack_is_400_not_a_crash():
+    deep: dict = {}
+    inner = deep
+    for _ in range(900):
+        inner["properties"] = {"a": {}}
+        inner = inner["properties"]["a"]
+    for body, param in [({"response_format": _json_schema(deep)}, "response_format.json_schema.schema"),
+                        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": deep}}],
+                          "tool_choice": "required"}, "tools")]:
+        with pytest.raises(APIError) as error:
+            parse_request({"messages": USER, **body}, chat=True)
+        assert error.value.param == param

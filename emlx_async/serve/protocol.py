@@ -264,7 +264,7 @@ def _parse_history_calls(calls: Any, param: str) -> list[dict]:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(_text(arguments, f"{where}.function.arguments"))
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 raise invalid(f"{where}.function.arguments", "'arguments' must be JSON text of an object") from None
         if not isinstance(arguments, dict):
             raise invalid(f"{where}.function.arguments", "'arguments' must be a JSON object", "invalid_type")
@@ -309,7 +309,7 @@ def _parse_response_format(body: dict):
                 raise invalid("response_format.json_schema.strict", "'strict' must be a boolean", "invalid_type")
             # strict: keywords the grammar cannot enforce are refused; otherwise they are ignored.
             return Grammar.json_schema(schema, lenient=not strict)
-    except GrammarError as exc:
+    except (GrammarError, RecursionError) as exc:  # a schema nested past Python's stack
         raise _grammar_error("response_format.json_schema.schema" if kind == "json_schema"
                              else "response_format", exc) from None
     raise invalid("response_format.type", f"'response_format.type' must be 'text', 'json_object' or "
@@ -334,7 +334,7 @@ def _parse_guided(body: dict):
                 raise invalid(name, f"'{name}' must be a JSON schema (an object or JSON text)", "invalid_type")
             return Grammar.json_schema(value)
         return (Grammar.regex if name == "guided_regex" else Grammar.lark)(_text(value, name))
-    except GrammarError as exc:
+    except (GrammarError, RecursionError) as exc:
         raise _grammar_error(name, exc) from None
 
 
@@ -409,7 +409,7 @@ def _parse_tools(body: dict, request: GenerationRequest) -> None:
             request.grammar = call_grammar(parsed, name=request.tool_name,
                                            parallel=request.parallel_tool_calls and request.tool_choice != "function")
             request.grammar_param = "tool_choice"
-        except GrammarError as exc:
+        except (GrammarError, RecursionError) as exc:
             raise _grammar_error("tools", exc) from None
 
 

@@ -311,7 +311,7 @@ class Service:
                 raise invalid(param, too_long, "context_length_exceeded")
             ids = engine.text.encode(messages=messages, **options) if request.chat \
                 else engine.encode(prompt=request.prompt)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:  # recursion: tools nested past the stack
             raise invalid(param, str(exc)) from None
         # Past the context itself, start_generation says whether the prompt or max_tokens is to blame.
         if self.config.max_prompt_tokens is not None and len(ids) > limit:
