@@ -381,3 +381,36 @@ def test_a_thinking_template_answers_reasoning_apart(thinker):
         message, (reasoning, content) = ask(chat_template_kwargs={"enable_thinking": False})
         assert message["content"] and message["reasoning_content"] == ""
         assert (reasoning, content) == ("", message["content"])
+
+
+def test_the_forced_call_grammar_takes_valid_calls_only(smollm2_tokenizer):
+    """call_grammar through llguidance on SmolLM2's tokens: a call the splitter parses is
+    accepted whole; another tool's name, bad arguments or a second call (not parallel) are not."""
+    from emlx_async.llm.grammar import GrammarStateError, GrammarTokenizer
+    from emlx_async.serve.tools import call_grammar
+
+    tokenizer, _ = smollm2_tokenizer
+    other = {"type": "function", "function": {"name": "get_time"}}
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+    def accepts(grammar, text):
+        matcher = grammar_tokenizer.matcher(grammar)
+        try:
+            for token in tokenizer.encode(text, add_special_tokens=False).ids:
+                matcher.advance(token)
+        except GrammarStateError:
+            return False
+        return matcher.is_accepting
+
+    with GrammarTokenizer(tokenizer, eos_ids=[2]) as grammar_tokenizer:
+        required = call_grammar([WEATHER, other], name=None, parallel=True)
+        assert accepts(required, call) and accepts(required, call + "\n" + call)
+        assert accepts(required, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+        assert not accepts(required, call.replace("get_weather", "get_wetter"))
+        assert not accepts(required, call.replace('{"city": "Paris"}', '{"city": 3}'))
+        assert not accepts(required, "Sure! " + call)
+        named = call_grammar([WEATHER, other], name="get_weather", parallel=False)
+        assert accepts(named, call) and not accepts(named, call + "\n" + call)
+        assert not accepts(named, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    _, _, calls = _split_all(OutputSplitter(tool_format=ToolCallFormat.hermes()), [call])
+    assert calls[0]["function"] == CALL["function"]
