@@ -414,3 +414,77 @@ def test_the_forced_call_grammar_takes_valid_calls_only(smollm2_tokenizer):
         assert not accepts(named, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
     _, _, calls = _split_all(OutputSplitter(tool_format=ToolCallFormat.hermes()), [call])
     assert calls[0]["function"] == CALL["function"]
+
+
+# ---- the app's shapes, from a scripted answer -----------------------------------
+
+class ScriptedEngine:
+    """The engine's interface as the chat endpoint reads it, answering with known text
+    pieces: the app's tool-call and reasoning shapes, checked with the official client."""
+
+    context_length, active_requests, vocab_size, step_kind = 8192, 0, 49152, "python"
+
+    def __init__(self, tokenizer, chat_template: str, pieces: list[str]):
+        from emlx_async.llm.text import PromptEncoder
+
+        self.tokenizer, self.chat_template, self.pieces = tokenizer, chat_template, pieces
+        self.text = PromptEncoder(tokenizer, bos_id=None, chat_template=chat_template, vocab_size=49152)
+
+    def generate(self, prompt, *, max_tokens, stats, **options):
+        from emlx_async.llm import Delta
+
+        async def deltas():
+            for i, piece in enumerate(self.pieces):
+                stats.generated_tokens += 1
+                yield Delta(piece, i)
+            yield Delta("", None, "stop")
+
+        return deltas()
+
+
+def _scripted_client(tokenizer, template, pieces):
+    import httpx
+    import openai
+
+    from emlx_async.serve import ServeConfig, create_app
+
+    app = create_app(ServeConfig())
+    service = app.state.service
+    service.engine, service.status = ScriptedEngine(tokenizer, template, pieces), "ready"
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0)
+
+
+THINKING_TOOL_TEMPLATE = TOOL_TEMPLATE + "{% if add_generation_prompt %}<think>\n{% endif %}{# ... </think> #}"
+
+
+async def test_calls_and_reasoning_in_openai_shapes(smollm2_tokenizer):
+    pytest.importorskip("openai")
+    tokenizer, _ = smollm2_tokenizer
+    pieces = [ANSWER[7 + i:7 + i + 5] for i in range(0, len(ANSWER) - 7, 5)]  # the prompt opened <think>
+    async with _scripted_client(tokenizer, THINKING_TOOL_TEMPLATE, pieces) as client:
+        answer = await client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER,
+                                                      tools=[WEATHER], max_tokens=100)
+        choice = answer.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.reasoning_content == "The user wants Paris."
+        assert choice.message.content.strip() == "Let me look."
+        assert [json.loads(c.function.arguments)["city"] for c in choice.message.tool_calls] == ["Paris", "Lyon"]
+        stream = await client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER,
+                                                      tools=[WEATHER], max_tokens=100, stream=True)
+        chunks = [chunk async for chunk in stream]
+        deltas = [c.choices[0].delta for c in chunks]
+        assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "The user wants Paris."
+        assert "".join(d.content or "" for d in deltas).strip() == "Let me look."
+        calls = [t for d in deltas for t in d.tool_calls or ()]
+        firsts = [t for t in calls if t.id]
+        assert [(t.index, t.function.name, t.function.arguments) for t in firsts] == \
+            [(0, "get_weather", ""), (1, "get_weather", "")]
+        for index, city in ((0, "Paris"), (1, "Lyon")):
+            text = "".join(t.function.arguments or "" for t in calls if t.index == index)
+            assert json.loads(text) == {"city": city}
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        # parallel_tool_calls false: one call, the first.
+        one = await client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER, tools=[WEATHER],
+                                                   max_tokens=100, parallel_tool_calls=False)
+        assert len(one.choices[0].message.tool_calls) == 1
