@@ -29,8 +29,9 @@ to (a) of the same N.
 
 Then the fast-step section: the scenarios (a), (c), (d), (e) and their
 Python-step twins on a tiny random llama whose step takes about 1 ms on this
-CPU, as a real model's does on a GPU, at 1 and 8 streams (the best of three
-rounds), with the targets: batch mode replayed at 8 streams at least 1.1x
+CPU, as a real model's does on a GPU, and constrained requests (a regex
+grammar; they take the Python step) in either mode, at 1 and 8 streams (the
+best of three rounds), with the targets: batch mode replayed at 8 streams at least 1.1x
 mlx-lm's BatchGenerator, one replayed stream at least 1.0x the raw loop.
 
     python benchmarks/decode.py [--tokens 16] [--streams 1,2,4,8] [--loop-rounds 3] [--trio-only] [--no-trio] [--no-busy]
@@ -53,7 +54,7 @@ import mlx.core as mx
 import trio
 
 import emlx_async as ea
-from emlx_async.llm import Engine
+from emlx_async.llm import Engine, Grammar
 from emlx_async.testing import LoopLag
 
 from _prompts import PROMPTS  # noqa: E402 - benchmarks/ is the script's directory
@@ -122,14 +123,20 @@ async def run_mlx_lm_batch(engine, prompts, tokens):
     return traces
 
 
-def run_engine(mode, python_step: bool = False):
+# The constrained rows' grammar: text that never has to end, so every stream runs its
+# tokens (a grammar allows EOS once accepting; greedy on this model never takes it).
+CONSTRAINED = "[a-z ,.]+"
+
+
+def run_engine(mode, python_step: bool = False, constrained: bool = False):
     async def run(engine, prompts, tokens):
         engine = engine.python_twin if python_step else engine
         engine.mode = mode
         traces = [Trace(time.perf_counter()) for _ in prompts]
+        grammar = Grammar.regex(CONSTRAINED) if constrained else None
 
         async def one(p, trace):
-            async for delta in engine.generate(p, max_tokens=tokens):
+            async for delta in engine.generate(p, max_tokens=tokens, grammar=grammar):
                 if delta.token is not None:
                     trace.stamps.append(time.perf_counter())
 
@@ -148,6 +155,9 @@ SCENARIOS = {
     "(d') parallel, Python step": run_engine("parallel", python_step=True),
     "(e) emlx_async batch": run_engine("batch"),
     "(e') batch, Python step": run_engine("batch", python_step=True),
+    # Constrained requests take the Python step: compare with (d') and (e').
+    "(f) parallel, constrained": run_engine("parallel", constrained=True),
+    "(g) batch, constrained": run_engine("batch", constrained=True),
 }
 
 
@@ -366,7 +376,10 @@ def compare_loops(args, counts: list[int]) -> None:
 # ---- the fast-step section ------------------------------------------------------------
 
 FAST_SCENARIOS = ("(a) sync on loop, sequential", "(c) mlx-lm BatchGenerator", "(d) emlx_async parallel",
-                  "(d') parallel, Python step", "(e) emlx_async batch", "(e') batch, Python step")
+                  "(d') parallel, Python step", "(e) emlx_async batch", "(e') batch, Python step",
+                  "(f) parallel, constrained", "(g) batch, constrained")
+CONSTRAINED_PAIRS = (("(f) parallel, constrained", "(d') parallel, Python step"),
+                     ("(g) batch, constrained", "(e') batch, Python step"))
 
 
 async def fast_main(args) -> None:
@@ -413,6 +426,10 @@ async def fast_main(args) -> None:
                   f"one stream parallel replayed / raw loop = "
                   f"{rates[(min(counts), '(d) emlx_async parallel')] / rates[(min(counts), FAST_SCENARIOS[0])]:.2f} "
                   f"(>= 1.0)")
+            for n in counts:
+                ratios = [rates[(n, constrained)] / rates[(n, free)] for constrained, free in CONSTRAINED_PAIRS]
+                print(f"constrained / unconstrained Python step at {n} streams: parallel {ratios[0]:.2f}, "
+                      f"batch {ratios[1]:.2f} (target >= 0.9)")
 
 
 def _sync_step_ms(engine: Engine, prompt: list[int], steps: int = 32) -> float:

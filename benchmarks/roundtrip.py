@@ -4,11 +4,13 @@ For each loop (asyncio, uvloop, trio) it measures p50/p99 of:
   * an empty job through a queue: native (`q.eval` of an evaluated array) and
     Python (`q.run(noop)`), against `asyncio.to_thread(noop)` and
     `loop.run_in_executor(None, noop)` (under trio: `trio.to_thread.run_sync`);
-  * a small MLX op + eval through `q.run`, against the same op run
+  * a small MLX op + eval, awaited as a native op (`ea.ops.add`, evaluated
+    on the worker) and as a Python job (`q.run`), against the same op run
     synchronously on the loop thread.
 Prints a table of ratios to the baseline of the same run (machines are
-noisy; absolute times mean little), and the trio/asyncio ratio of the
-native empty job (target: at most 1.5x).
+noisy; absolute times mean little), then the targets: the native empty job
+at most 0.4x `to_thread` (asyncio, uvloop), trio at most 1.3x asyncio, the
+native 4x4 add at most 2x sync (asyncio) and 3x (trio).
 
     python benchmarks/roundtrip.py [--iterations 2000]
 """
@@ -69,6 +71,7 @@ async def suite(iterations: int, baselines: dict) -> dict[str, list[float]]:
             "empty: q.eval (native job)": lambda: q.eval(a),
             "empty: q.run (Python job)": lambda: q.run(noop),
             "4x4 add+eval: sync on loop": sync_op,
+            "4x4 add+eval: ea.ops.add": lambda: ea.ops.add(a, b, queue=q),
             "4x4 add+eval: q.run": lambda: q.run(small_op, a, b),
         }
         for name, fn in cases.items():
@@ -107,12 +110,19 @@ def main() -> None:
     print(f"mlx {mx.__version__}, emlx_async {ea.__version__}, {args.iterations} iterations per case")
     on_asyncio = asyncio.run(asyncio_suite(args.iterations))
     report("asyncio", on_asyncio)
-    report("uvloop", uvloop.run(asyncio_suite(args.iterations)))
+    on_uvloop = uvloop.run(asyncio_suite(args.iterations))
+    report("uvloop", on_uvloop)
     on_trio = trio.run(trio_suite, args.iterations)
     report("trio (baseline row: trio.to_thread.run_sync)", on_trio)
-    native = "empty: q.eval (native job)"
-    ratio = statistics.median(on_trio[native]) / statistics.median(on_asyncio[native])
-    print(f"\ntrio / asyncio, native empty job p50: {ratio:.2f}x (target <= 1.5x)")
+    p50 = statistics.median
+    native, op, sync, base = ("empty: q.eval (native job)", "4x4 add+eval: ea.ops.add", "4x4 add+eval: sync on loop",
+                              "empty: asyncio.to_thread")
+    print("\ntargets (p50 ratios of this run):")
+    for loop_name, results in (("asyncio", on_asyncio), ("uvloop", on_uvloop)):
+        print(f"  {loop_name}: native empty job / to_thread {p50(results[native]) / p50(results[base]):.2f}x (<= 0.4x)")
+    print(f"  trio / asyncio, native empty job: {p50(on_trio[native]) / p50(on_asyncio[native]):.2f}x (<= 1.3x)")
+    print(f"  asyncio: 4x4 add awaited / sync {p50(on_asyncio[op]) / p50(on_asyncio[sync]):.2f}x (<= 2x)")
+    print(f"  trio: 4x4 add awaited / sync {p50(on_trio[op]) / p50(on_trio[sync]):.2f}x (<= 3x)")
 
 
 if __name__ == "__main__":

@@ -72,7 +72,16 @@ void Channel::signal() {
 
 void Channel::clear_signal() {
   char buf[64];
-  while (read(read_fd_, buf, write_fd_ == read_fd_ ? 8 : sizeof(buf)) > 0) {
+  if (write_fd_ == read_fd_) {
+    // One read resets an eventfd's counter; a second would only return EAGAIN
+    // (a system call per drain on the loop thread).
+    ssize_t n;
+    do {
+      n = read(read_fd_, buf, 8);
+    } while (n < 0 && errno == EINTR);
+    return;
+  }
+  while (read(read_fd_, buf, sizeof(buf)) > 0) {
   }
 }
 

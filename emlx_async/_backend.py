@@ -106,15 +106,15 @@ class TrioJobFuture(_CoroutineFace):
     submits the job at that call and the new task awaits it.
     """
 
+    # Class defaults: a job's future is made per submission, and most never
+    # get a callback, a second waiter or an exception.
     _job: Any = None
-
-    def __init__(self) -> None:
-        self._state = _PENDING
-        self._result: Any = None
-        self._exception: BaseException | None = None
-        self._callbacks: list[Callable[[Any], None]] = []
-        self._waiters: list[Any] = []  # parked trio tasks
-        self._retrieved = False
+    _state = _PENDING
+    _result: Any = None
+    _exception: BaseException | None = None
+    _callbacks: list[Callable[[Any], None]] | None = None
+    _waiters: list[Any] | None = None  # parked trio tasks
+    _retrieved = False
 
     # -- the asyncio.Future surface the runtime uses --------------------------
     def done(self) -> bool:
@@ -150,6 +150,8 @@ class TrioJobFuture(_CoroutineFace):
     def add_done_callback(self, fn: Callable[[Any], None], *, context: Any = None) -> None:
         if self.done():
             fn(self)
+        elif self._callbacks is None:
+            self._callbacks = [fn]
         else:
             self._callbacks.append(fn)
 
@@ -166,21 +168,27 @@ class TrioJobFuture(_CoroutineFace):
         if self.done():
             raise asyncio.InvalidStateError("the future is already done")
         self._state, self._result, self._exception = state, value, exc
-        waiters, self._waiters = self._waiters, []
-        for task in waiters:
-            _trio.lowlevel.reschedule(task)
-        callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            fn(self)
+        waiters, self._waiters = self._waiters, None
+        if waiters:
+            reschedule = _trio.lowlevel.reschedule
+            for task in waiters:
+                reschedule(task)
+        callbacks, self._callbacks = self._callbacks, None
+        if callbacks:
+            for fn in callbacks:
+                fn(self)
 
     def __await__(self):
         if not self.done():
             trio = _trio
             task = trio.lowlevel.current_task()
-            self._waiters.append(task)
+            if self._waiters is None:
+                self._waiters = [task]
+            else:
+                self._waiters.append(task)
 
             def abort(_raise_cancel):
-                if task in self._waiters:
+                if self._waiters is not None and task in self._waiters:
                     self._waiters.remove(task)
                 self.cancel()  # the job follows its awaiter: dropped if queued, abandoned if running
                 return trio.lowlevel.Abort.SUCCEEDED

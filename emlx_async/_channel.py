@@ -20,6 +20,8 @@ from ._errors import ForkedProcessError, RuntimeClosed
 from ._native import FORK_ADVICE, check_pointer, ensure_not_exiting, exiting, ffi, lib
 
 _DRAIN_BATCH = 256
+# Read per record on the loop: module constants, not attribute look-ups on the cffi lib.
+_HOST_REQUEST, _DONE, _NULL = lib.EMLX_HOST_REQUEST, lib.EMLX_DONE, ffi.NULL
 
 
 class CompletionChannel:
@@ -87,14 +89,19 @@ class CompletionChannel:
         the loop's exception handler) and the drain goes on with the rest.
         One bad job never strands the others.
         """
-        records = self._records
+        records, jobs, drain = self._records, self.jobs, lib.emlx_channel_drain
         while self._native is not None:
-            count = lib.emlx_channel_drain(self._native, records, _DRAIN_BATCH)
+            count = drain(self._native, records, _DRAIN_BATCH)
             for i in range(count):
                 record = records[i]
-                job = self.jobs.get(record.job_id) if record.status != lib.EMLX_HOST_REQUEST else None
+                status = record.status
+                job = jobs.get(record.job_id) if status != _HOST_REQUEST else None
                 try:
-                    self._handle(record)
+                    if status == _DONE and job is not None and record.message == _NULL and record.payload == _NULL:
+                        del jobs[record.job_id]  # the common record, without _handle's general path
+                        job.queue._finish(job, _DONE, 0, None, _NULL, 0, record.started_ns, record.finished_ns)
+                    else:
+                        self._handle(record)
                 except Exception as exc:  # noqa: BLE001 - isolated to its job, reported
                     future = getattr(job, "future", None)
                     if future is not None and not future.done():

@@ -60,6 +60,9 @@ from ._trees import iter_arrays
 
 _job_ids = itertools.count(1)
 
+# Compared on every submission and completion: module constants, not attribute look-ups on the cffi lib.
+_DONE, _STOPPED, _NULL = lib.EMLX_DONE, lib.EMLX_STOPPED, ffi.NULL
+
 # Abandoned queues, kept alive for good: the job their worker may still be
 # running holds their cffi handle.
 _abandoned: list[CommandQueue] = []
@@ -213,9 +216,10 @@ def prepare_inputs(channel: CompletionChannel, arrays: list[mx.array],
         return []
     on_loop: list[mx.array] = []
     elsewhere: dict[CommandQueue, list[mx.array]] = {}
+    array_state, lazy = _interop.array_state, _interop.LAZY
     for array in arrays:
-        state = _interop.array_state(array)
-        if state.state != _interop.LAZY:
+        state = array_state(array)
+        if state.state != lazy:
             continue
         owner = channel.owners.get((state.device_type, state.stream_index))
         if owner is not None and owner is target:
@@ -395,7 +399,7 @@ class CommandQueue:
         single array, or a tuple of them.
         """
         self._check_open()
-        flat = list(iter_arrays(arrays))
+        flat = list(arrays) if all(type(x) is mx.array for x in arrays) else list(iter_arrays(arrays))
         job = _Job(self, self._backend.new_future(), result=arrays[0] if len(arrays) == 1 else arrays)
         if not _interop.ZERO_COPY:  # pragma: no cover - layout fallback
             job.fn, job.args = (lambda *xs: mx.eval(list(xs))), tuple(flat)
@@ -425,7 +429,9 @@ class CommandQueue:
             donated = ffi.new("unsigned char[]", len(inputs))
             for index in donate:
                 donated[index] = 1
-        ints_c, floats_c = ffi.new("int64_t[]", ints), ffi.new("double[]", floats)
+        # Most ops have no int or float parameters: no allocation for those.
+        ints_c = ffi.new("int64_t[]", ints) if ints else _NULL
+        floats_c = ffi.new("double[]", floats) if floats else _NULL
         text_c = text.encode()
 
         def start() -> int:
@@ -542,9 +548,11 @@ class CommandQueue:
                 job.future.set_exception(QueueClosed("the queue was closed before this job ran; it never ran"))
 
     def _check_open(self) -> None:
-        if os.getpid() == self._channel.pid and (self._closing or self._worker is None):
-            raise QueueClosed(f"{self!r} is closed")
-        self._channel.ensure_alive()  # fork, interpreter exit, closed runtime
+        channel = self._channel
+        if self._closing or self._worker is None or not channel.is_alive():  # the rare case: say which
+            if os.getpid() == channel.pid and (self._closing or self._worker is None):
+                raise QueueClosed(f"{self!r} is closed")
+            channel.ensure_alive()  # fork, interpreter exit, closed runtime
         if not self._backend.is_current():
             raise EMLXError("CommandQueue used outside its runtime's event loop thread")
 
@@ -559,10 +567,13 @@ class CommandQueue:
         if nowait and (full or self._backlog):
             raise QueueFull(f"{self!r} has {self.pending} jobs in flight (max_pending="
                             f"{self.max_pending}); retry later or submit without nowait")
-        job.deps = list(deps or ()) + prepare_inputs(self._channel, inputs, self)
+        waits = prepare_inputs(self._channel, inputs, self) if inputs else []
+        if deps:
+            waits = [*deps, *waits]
+        job.deps = waits
         self._counters.submitted += 1
         job.submitted_ns = monotonic_ns()
-        if self._backlog or full or any(not d.done() for d in job.deps):
+        if self._backlog or full or (waits and any(not d.done() for d in waits)):
             self._backlog.append(job)
             for dep in job.deps:
                 if not dep.done():
@@ -652,7 +663,7 @@ class CommandQueue:
     def _finish(self, job: _Job, status: int, error_kind: int, message: str | None, payload=ffi.NULL,
                 payload_kind: int = 0, started_ns: int = 0, finished_ns: int = 0) -> None:
         """Called by the channel's drain on the loop thread for this queue's record."""
-        if status == lib.EMLX_STOPPED:
+        if status == _STOPPED:
             self._detach()
             if not job.future.done():
                 job.future.set_result(None)
@@ -663,23 +674,29 @@ class CommandQueue:
             counters.started += 1
             counters.wait_ns += started_ns - job.submitted_ns
             counters.run_ns += finished_ns - started_ns
-        self._release_slot()
+        self._pending -= 1
+        if self._backlog or self._backlog_empty is not None:  # _release_slot, without the call when idle
+            self._pump()
         future = job.future
         future._job = None  # break the future <-> job cycle: a dropped result is freed at once
         publish_error = None
-        try:
-            if status == lib.EMLX_DONE and payload != ffi.NULL:
-                result = _published(job, payload)  # also when abandoned: donated arrays get their update
-            else:
-                result = job.result
-                _settle_payload(job, payload, payload_kind)
-        except Exception as exc:  # noqa: BLE001 - this job fails, not the drain
-            result, publish_error = None, exc
-        job.result = job.publish_into = None
-        job.donated = []
+        if payload == _NULL:  # no arrays to publish or give back
+            result = job.result
+        else:
+            try:
+                if status == _DONE:
+                    result = _published(job, payload)  # also when abandoned: donated arrays get their update
+                else:
+                    result = job.result
+                    _settle_payload(job, payload, payload_kind)
+            except Exception as exc:  # noqa: BLE001 - this job fails, not the drain
+                result, publish_error = None, exc
+            job.publish_into = None
+            job.donated = []
+        job.result = None
         if future.done():
             return  # abandoned by a cancelled awaiter (counted as cancelled then)
-        if status == lib.EMLX_DONE and publish_error is None:
+        if status == _DONE and publish_error is None:
             counters.completed += 1
             future.set_result(result)
             return

@@ -14,19 +14,20 @@ import mlx.core as mx
 from ._context import bound_queue
 from ._devices import DeviceLike, device_type
 from ._queue import CommandQueue
-from ._runtime import get_runtime
+from ._runtime import Runtime, get_runtime
 
 
-def current_queue(device: DeviceLike = None) -> CommandQueue:
+def current_queue(device: DeviceLike = None, runtime: Runtime | None = None) -> CommandQueue:
     """The queue work from this task goes to: the bound one, else the default.
 
     With `device`, a bound queue on another device is skipped in favour of the
-    default queue of `device`.
+    default queue of `device`. `runtime`: the running loop's, when the caller
+    has looked it up already.
     """
     queue = bound_queue()
     if queue is not None and not queue._closing and (device is None or queue.device == device_type(device)):
         return queue
-    return get_runtime().default_queue(device)
+    return (runtime if runtime is not None else get_runtime()).default_queue(device)
 
 
 def route(arrays: Iterable[mx.array], queue: CommandQueue | None = None,
@@ -39,4 +40,4 @@ def route(arrays: Iterable[mx.array], queue: CommandQueue | None = None,
         owner = runtime.queue_of(array)
         if owner is not None:
             return owner
-    return current_queue(device)
+    return current_queue(device, runtime)

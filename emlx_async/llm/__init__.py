@@ -10,6 +10,7 @@ The modules, bottom-up (each imports only those above it in this list):
 * ``replay_step``: any mlx-lm model's decode step over fixed cache buffers, traced and replayed.
 * ``state``: what each decode path keeps on its worker, as dataclasses.
 * ``sampling``: the Python sampler and the checking of sampling options.
+* ``grammar``: grammar-constrained decoding (llguidance): token masks per request.
 * ``text``: prompts to ids (chat safety), streaming detokenization, stop strings.
 * ``loading``: a GGUF file or an mlx-lm folder, and the facts read off the model.
 * ``decoding``: what every decode path reads, mlx-lm's chunked prefill, the Python step.
@@ -23,10 +24,14 @@ The modules, bottom-up (each imports only those above it in this list):
 """
 
 from .engine import Engine as Engine
+from .grammar import Grammar as Grammar
+from .grammar import GrammarError as GrammarError
+from .grammar import GrammarStateError as GrammarStateError
 from .prompt_cache import PrefixCache as PrefixCache
 from .types import BatchDriverError as BatchDriverError
 from .types import Delta as Delta
 from .types import EngineBusy as EngineBusy
 from .types import RequestStats as RequestStats
 
-__all__ = ["BatchDriverError", "Delta", "Engine", "EngineBusy", "PrefixCache", "RequestStats"]
+__all__ = ["BatchDriverError", "Delta", "Engine", "EngineBusy", "Grammar", "GrammarError", "GrammarStateError",
+           "PrefixCache", "RequestStats"]

@@ -18,6 +18,7 @@ import anyio
 import mlx.core as mx
 
 from .decoding import Decoding
+from .grammar import GrammarLogitsProcessor
 from .sampling import Sampler, token_logprobs
 from .state import GeneratorState
 from .types import BatchDriverError
@@ -190,22 +191,32 @@ class BatchJobs:
             generator.close()
 
     def step(self, state: GeneratorState, joining: Sequence[Joining], leaving: list[int]):
-        """(uids of the joining requests, [(uid, token, finish reason, logprobs or None)])."""
+        """(uids of the joining requests, [(uid, token, finish reason, logprobs or None)]);
+        a row that ended on its grammar's failure has the GrammarStateError in place of logprobs."""
         generator = state.generator
         # Rows whose request asked for logprobs: uid -> number of top alternatives.
         wanted = state.logprobs
+        grammars = state.grammars
         if leaving:
             generator.remove(leaving)
             for uid in leaving:
                 wanted.pop(uid, None)
+                grammars.pop(uid, None)
         uids = []
         if joining:
             prompts, caches, cached_tokens = self._prefixes(joining)
+            # A constrained row's grammar masks its logits; on a failure it ends the row (only
+            # end-of-sequence allowed) instead of raising, which would fail the whole batch.
+            processors = [None if r.sampler.grammar is None else
+                          GrammarLogitsProcessor(r.sampler.grammar, on_error="end") for r in joining]
             uids = generator.insert(prompts, max_tokens=[r.max_tokens for r in joining],
-                                    samplers=[r.sampler for r in joining], caches=caches, all_tokens=cached_tokens)
-            for request, uid in zip(joining, uids):
+                                    samplers=[r.sampler for r in joining], caches=caches, all_tokens=cached_tokens,
+                                    logits_processors=[[p] if p is not None else [] for p in processors])
+            for request, uid, processor in zip(joining, uids, processors):
                 if request.sampler.logprobs is not None:
                     wanted[uid] = request.sampler.logprobs
+                if processor is not None:
+                    grammars[uid] = processor
         _, responses = generator.next()
         prompt_cache = self.decoding.prompt_cache
         out = []
@@ -215,6 +226,9 @@ class BatchJobs:
             info = None if top is None else token_logprobs(r.logprobs, r.token, top)
             if r.finish_reason is not None:
                 wanted.pop(r.uid, None)
+                processor = grammars.pop(r.uid, None)
+                if processor is not None and processor.error is not None:
+                    info = processor.error  # the row ended on its grammar's failure: fail that request
                 if prompt_cache is not None and r.prompt_cache is not None:
                     # The finished row's keys and values: its prompt and answer, for the next turn.
                     prompt_cache.save(r.all_tokens, r.prompt_cache)
@@ -281,6 +295,8 @@ async def batched_tokens(decoding: Decoding, prompt: list[int], max_tokens: int,
             if isinstance(item, BaseException):
                 raise item
             token, finish, info = item
+            if isinstance(info, BaseException):  # this request's failure (its grammar), not the batch's
+                raise info
             if token in decoding.eos_ids:
                 yield "stop"
                 return

@@ -16,6 +16,7 @@ import mlx.core as mx
 from .. import Runtime, cancelled
 from .cache_options import CacheOptions
 from .prompt_cache import PrefixCache
+from .grammar import apply_token_mask, unpack_token_mask
 from .sampling import Sampler, token_logprobs
 from .state import PromptState
 
@@ -78,7 +79,12 @@ class Decoding:
         return item
 
     def python_step(self, state: PromptState, sampler: Sampler) -> int | tuple:
-        """The next token after state.token (parallel mode's Python step)."""
+        """The next token after state.token (parallel mode's Python step).
+
+        A finished grammar allows only end-of-sequence: it is returned without a model call.
+        """
+        if sampler.grammar is not None and sampler.grammar.is_finished:
+            return min(self.eos_ids)  # a grammar needs them (Engine checks)
         return self._sample(state, mx.array([state.token]), sampler)
 
     def _forward(self, tokens: mx.array, cache: list) -> mx.array:
@@ -89,7 +95,14 @@ class Decoding:
 
     def _sample(self, state: PromptState, tokens: mx.array, sampler: Sampler) -> int | tuple:
         logits = self._forward(tokens[None], state.cache)[:, -1, :]
+        grammar = sampler.grammar
+        if grammar is not None:
+            # The mask is computed while the model's graph is still lazy, then applied before
+            # sampling; the token feeds the grammar (GrammarStateError fails this request).
+            logits = apply_token_mask(logits, mx.array(unpack_token_mask(grammar.mask(), logits.shape[-1]))[None])
         token = state.token = sampler(logits).item()  # .item() evaluates, releasing the GIL
+        if grammar is not None:
+            grammar.advance(token)
         if sampler.logprobs is None:
             return token
         # Logprobs come from this Python step's logits: a request asking for

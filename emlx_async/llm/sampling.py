@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 from .types import is_int
+
+if TYPE_CHECKING:
+    from .grammar import GrammarMatcher
 
 SAMPLER_OPTIONS = frozenset({"temperature", "top_p", "top_k"})
 # Seeds of any size are folded into the range mx.random.key takes.
@@ -44,6 +47,9 @@ class Sampler:
         self.seed = seed % SEED_RANGE
         self.key: mx.array | None = None  # made on the worker: arrays built on the loop are lazy
         self.logprobs: int | None = None  # None: none asked; else how many top alternatives
+        # The request's grammar state (llm/grammar.py), or None: the Python steps mask the
+        # logits with it before sampling and feed it each token they take.
+        self.grammar: GrammarMatcher | None = None
 
     @property
     def options(self) -> tuple[float, float, int]:

@@ -249,6 +249,8 @@ class ShardedEngine(Engine):
         if not self.leader:
             raise RuntimeError(f"rank {self.group.rank()} follows rank 0; only rank 0 takes requests")
         self.group.check()  # a broken group refuses at once instead of queueing
+        if kwargs.get("grammar") is not None:  # the followers' rows would decode unconstrained and diverge
+            raise ValueError("a sharded engine does not take a grammar: its followers cannot apply the mask")
         return super().generate(*args, **kwargs)
 
     # ---- rank 0 -------------------------------------------------------------------

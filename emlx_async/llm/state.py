@@ -51,10 +51,12 @@ class GeneratorState:
 
     generator: Any = None
     logprobs: dict[int, int] = field(default_factory=dict)  # uid -> top alternatives, rows that asked
+    grammars: dict[int, Any] = field(default_factory=dict)  # uid -> GrammarLogitsProcessor, constrained rows
 
     def clear(self) -> None:
         self.generator = None
         self.logprobs.clear()
+        self.grammars.clear()
 
 
 @dataclass
