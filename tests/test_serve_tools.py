@@ -424,16 +424,18 @@ class ScriptedEngine:
 
     context_length, active_requests, vocab_size, step_kind = 8192, 0, 49152, "python"
 
-    def __init__(self, tokenizer, chat_template: str, pieces: list[str]):
+    def __init__(self, tokenizer, chat_template: str, pieces: list[str], fail: Exception | None = None):
         from emlx_async.llm.text import PromptEncoder
 
-        self.tokenizer, self.chat_template, self.pieces = tokenizer, chat_template, pieces
+        self.tokenizer, self.chat_template, self.pieces, self.fail = tokenizer, chat_template, pieces, fail
         self.text = PromptEncoder(tokenizer, bos_id=None, chat_template=chat_template, vocab_size=49152)
 
-    def generate(self, prompt, *, max_tokens, stats, **options):
+    def generate(self, prompt, *, max_tokens, stats, grammar=None, **options):
         from emlx_async.llm import Delta
 
         async def deltas():
+            if self.fail is not None and grammar is not None:
+                raise self.fail  # as the engine's iterator raises a grammar's failure
             for i, piece in enumerate(self.pieces):
                 stats.generated_tokens += 1
                 yield Delta(piece, i)
@@ -442,7 +444,7 @@ class ScriptedEngine:
         return deltas()
 
 
-def _scripted_client(tokenizer, template, pieces):
+def _scripted_client(tokenizer, template, pieces, fail=None):
     import httpx
     import openai
 
@@ -450,7 +452,7 @@ def _scripted_client(tokenizer, template, pieces):
 
     app = create_app(ServeConfig())
     service = app.state.service
-    service.engine, service.status = ScriptedEngine(tokenizer, template, pieces), "ready"
+    service.engine, service.status = ScriptedEngine(tokenizer, template, pieces, fail), "ready"
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
     return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0)
 
@@ -488,3 +490,26 @@ async def test_calls_and_reasoning_in_openai_shapes(smollm2_tokenizer):
         one = await client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER, tools=[WEATHER],
                                                    max_tokens=100, parallel_tool_calls=False)
         assert len(one.choices[0].message.tool_calls) == 1
+
+
+async def test_a_grammar_that_fails_fails_its_request_only(smollm2_tokenizer):
+    import openai
+
+    from emlx_async.llm.grammar import GrammarError, GrammarStateError
+
+    tokenizer, template = smollm2_tokenizer
+    fmt = {"type": "json_object"}
+    async with _scripted_client(tokenizer, template, ["{}"], GrammarError("does not fit this tokenizer")) as client:
+        with pytest.raises(openai.BadRequestError) as error:
+            await client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER, response_format=fmt)
+        assert error.value.body["param"] == "response_format" and "does not fit" in error.value.body["message"]
+        free = await client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER)
+        assert free.choices[0].message.content == "{}"
+    async with _scripted_client(tokenizer, template, ["{}"], GrammarStateError("token 5 was rejected")) as client:
+        with pytest.raises(openai.InternalServerError, match="grammar failed"):
+            await client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER, response_format=fmt)
+        stream = await client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER,
+                                                      response_format=fmt, stream=True)
+        with pytest.raises(openai.APIError, match="grammar failed"):
+            async for _ in stream:
+                pass

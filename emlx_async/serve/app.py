@@ -24,7 +24,7 @@ from .metrics import CONTENT_TYPE
 from .protocol import APIError, GenerationRequest, chunk_body, completion_body, new_id, parse_request, show, \
     tool_call_deltas, usage_chunk_body
 from .service import (EventStream, Generation, ServeConfig, Service, distributed_cause, error_response,
-                      group_broken_error, read_json, shutdown_error, sse, until_disconnected)
+                      grammar_error, group_broken_error, read_json, shutdown_error, sse, until_disconnected)
 
 logger = logging.getLogger("emlx_async.serve")
 
@@ -82,6 +82,9 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         except Exception as exc:
             broken = distributed_cause(exc)
             if broken is None:
+                failed = grammar_error(exc, parsed) if parsed.grammar is not None else None
+                if failed is not None:
+                    return count(endpoint, error_response(failed))
                 raise
             logger.error("generation %s failed: %s", id_, broken)
             return count(endpoint, error_response(group_broken_error(broken)))
@@ -148,9 +151,12 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                                            completion_tokens=generation.stats.generated_tokens))
         except Exception as exc:  # noqa: BLE001 - the status line is gone; the error goes in the stream
             broken = distributed_cause(exc)
+            failed = grammar_error(exc, parsed) if parsed.grammar is not None else None
             if broken is not None:
                 logger.error("generation %s failed: %s", id_, broken)
                 yield sse(group_broken_error(broken).body())
+            elif failed is not None:
+                yield sse(failed.body())
             else:
                 logger.exception("generation %s failed", id_)
                 yield sse(APIError(500, f"generation failed: {type(exc).__name__}: {exc}",

@@ -545,6 +545,25 @@ def shutdown_error() -> APIError:
 
 def distributed_cause(exc: BaseException) -> BaseException | None:
     """The DistributedError behind `exc` (through causes and exception groups), if any."""
+    return _cause(exc, DistributedError)
+
+
+def grammar_error(exc: BaseException, request: GenerationRequest) -> APIError | None:
+    """The answer for a grammar that failed this request alone, if that is what `exc` is:
+    400 naming the field for one that does not fit the tokenizer, 500 for one that broke while decoding."""
+    from emlx_async.llm.grammar import GrammarError, GrammarStateError
+
+    error = _cause(exc, GrammarError)
+    if error is not None:
+        return invalid(request.grammar_param, f"'{request.grammar_param}': {error}", "invalid_grammar")
+    error = _cause(exc, GrammarStateError)
+    if error is not None:
+        return APIError(500, f"the grammar failed while decoding: {error}", type="server_error",
+                        param=request.grammar_param, code="grammar_failed")
+    return None
+
+
+def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
     seen = set()
     pending = [exc]
     while pending:
@@ -552,7 +571,7 @@ def distributed_cause(exc: BaseException) -> BaseException | None:
         if error is None or id(error) in seen:
             continue
         seen.add(id(error))
-        if isinstance(error, DistributedError):
+        if isinstance(error, kind):
             return error
         pending.extend(getattr(error, "exceptions", ()))
         pending += [error.__cause__, error.__context__]
