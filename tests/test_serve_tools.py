@@ -409,6 +409,7 @@ def test_the_forced_call_grammar_takes_valid_calls_only(smollm2_tokenizer):
         assert not accepts(required, call.replace("get_weather", "get_wetter"))
         assert not accepts(required, call.replace('{"city": "Paris"}', '{"city": 3}'))
         assert not accepts(required, "Sure! " + call)
+        assert not accepts(required, call.replace('{"city"', '{\n"city"'))  # no free whitespace
         named = call_grammar([WEATHER, other], name="get_weather", parallel=False)
         assert accepts(named, call) and not accepts(named, call + "\n" + call)
         assert not accepts(named, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')

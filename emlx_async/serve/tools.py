@@ -129,7 +129,10 @@ def call_grammar(tools: list[dict], *, name: str | None, parallel: bool):
     variants = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                  "properties": {"name": {"const": f["name"]},
                                 "arguments": f.get("parameters") or {"type": "object"}}} for f in chosen]
-    schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    schema = dict(variants[0]) if len(variants) == 1 else {"anyOf": variants}
+    # One canonical JSON layout, as Grammar.json_schema has it: with free whitespace
+    # a weak model can write newlines inside the call until max_tokens.
+    schema["x-guidance"] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
     repeat = ' ("\\n" call)*' if parallel else ""
     text = (f'start: call{repeat}\n'
             f'call: "{HERMES_START}\\n" body "\\n{HERMES_END}"\n'
