@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "seed", "stop", "stream", "stream_options", "logprobs", "top_logprobs", "n", "best_of", "tools",
           "tool_choice", "functions", "function_call", "logit_bias", "presence_penalty", "frequency_penalty",
-          "response_format", "echo", "suffix"]
+          "response_format", "echo", "suffix", "parallel_tool_calls", "chat_template_kwargs", "guided_json",
+          "guided_regex", "guided_grammar"]
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.integers(min_value=2**63, max_value=10**500)
@@ -17,8 +18,9 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
     max_leaves=12)
 
-message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]) | json_values,
-                                 "content": st.text(max_size=8) | json_values})
+message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool"]) | json_values,
+                                 "content": st.text(max_size=8) | json_values},
+                                optional={"tool_calls": json_values, "tool_call_id": json_values})
 
 # Any fields with any values; or that plus messages that are mostly well formed.
 bodies = st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6) | st.builds(

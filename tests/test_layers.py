@@ -37,7 +37,7 @@ SUBPACKAGE_ORDER = {
         "text", "loading",
         "decoding", "traces", "parallel", "batching", "batch_replay", "save", "engine", "sharded", "__init__",
     ],
-    "serve": ["metrics", "protocol", "middleware", "connections", "service", "common", "anthropic", "responses",
+    "serve": ["metrics", "tools", "protocol", "middleware", "connections", "service", "common", "anthropic", "responses",
               "openapi", "app", "cli", "__init__", "__main__"],
 }
 

@@ -68,6 +68,17 @@ SENT = [
                           "text": {"format": {"type": "text"}}, "truncation": "auto", "top_logprobs": 0,
                           "include": [], "parallel_tool_calls": False, "user": "u", "background": False}),
     ("ResponsesRequest", {"input": "x", "max_output_tokens": 2.0, "text": {"format": None}, "reasoning": None}),
+    # test_serve_tools.py, test_serve_structured.py
+    ("ChatCompletionRequest", {"messages": [*FRANCE, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Paris"}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}}, "parallel_tool_calls": False,
+        "chat_template_kwargs": {"enable_thinking": False}}),
+    ("ChatCompletionRequest", {"messages": FRANCE, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "out", "schema": {"type": "object"}, "strict": True}}}),
+    ("ChatCompletionRequest", {"messages": FRANCE, "response_format": {"type": "json_object"}}),
+    ("CompletionRequest", {"prompt": "x", "guided_regex": "[0-9]+"}),
 ]
 REFUSED = [
     ("ChatCompletionRequest", {"messages": FRANCE, "temperature": "hot"}),
@@ -78,6 +89,11 @@ REFUSED = [
     ("ChatCompletionRequest", {"messages": [{"role": ["user"], "content": "x"}]}),
     ("ChatCompletionRequest", {"messages": FRANCE, "stop": ["a", ""]}),
     ("ChatCompletionRequest", {"messages": []}),
+    ("ChatCompletionRequest", {"messages": FRANCE, "tools": [{"type": "function", "function": {}}]}),
+    ("ChatCompletionRequest", {"messages": FRANCE, "tools": [{"type": "function", "function": {"name": "f"}}],
+                               "tool_choice": "sometimes"}),
+    ("ChatCompletionRequest", {"messages": FRANCE, "response_format": {"type": "xml"}}),
+    ("ChatCompletionRequest", {"messages": [{"role": "assistant", "content": None}]}),
     ("CompletionRequest", {"prompt": 12}),
     ("CompletionRequest", {"prompt": "x", "seed": "1"}),
     # test_serve_anthropic.py

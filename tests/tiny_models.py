@@ -73,3 +73,26 @@ class IdsTokenizer:
 
     def decode(self, ids, skip_special_tokens=True):
         return "".join(f"<{i}>" for i in ids)
+
+
+def tiny_model_folder(path, chat_template: str, kind: str = "llama"):
+    """An mlx-lm folder (config, random weights, SmolLM2's tokenizer) with `chat_template`:
+    what `emlx-async serve --model PATH` loads, to test a template of one's own."""
+    import json
+
+    from mlx.utils import tree_flatten
+
+    from emlx_async.llm import _gguf
+    from emlx_async.llm.save import hf_tokenizer
+
+    _, meta = mx.load(_gguf.smollm2_path(), return_metadata=True)
+    tokenizer = _gguf.gguf_tokenizer(meta)
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    bos, eos = _gguf.gguf_special_ids(meta)
+    hf_tokenizer(tokenizer, eos_ids=set(eos), bos_id=bos, chat_template=chat_template).save_pretrained(path)
+    model = tiny(kind, vocab_size=vocab)
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    config = {**BASE, **ARCHITECTURES.get(kind, {}), "vocab_size": vocab, "model_type": kind,
+              "eos_token_id": sorted(eos)}
+    (path / "config.json").write_text(json.dumps(config))
+    return path

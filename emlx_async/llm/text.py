@@ -9,6 +9,7 @@ special-token text is parsed.
 from __future__ import annotations
 
 import copy
+import json
 import re
 import secrets
 from collections.abc import Sequence
@@ -173,12 +174,18 @@ class PromptEncoder:
             self._detokenizer = _prototype(self.tokenizer)
         return Detokenizer(self.tokenizer, self._detokenizer)
 
-    def encode(self, prompt: str | list[int] | None = None, messages: Sequence[dict] | None = None) -> list[int]:
-        """Token ids for a raw prompt (text or ids) or chat messages (see Engine.encode)."""
+    def encode(self, prompt: str | list[int] | None = None, messages: Sequence[dict] | None = None, *,
+               tools: Sequence[dict] | None = None, template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        """Token ids for a raw prompt (text or ids) or chat messages (see Engine.encode).
+
+        With messages, `tools` (OpenAI function tools) and `template_kwargs`
+        (``enable_thinking``, ...) reach the template as Hugging Face's
+        ``apply_chat_template`` passes them.
+        """
         if (prompt is None) == (messages is None):
             raise ValueError("give exactly one of prompt= or messages=")
         if messages is not None:
-            ids = self._encode_chat(messages)
+            ids = self._encode_chat(messages, tools, template_kwargs or {})
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)  # already token ids
         elif isinstance(prompt, str):
@@ -200,9 +207,17 @@ class PromptEncoder:
             bad = low if low < 0 else high
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
 
-    def render_chat(self, messages: Sequence[dict]) -> str:
+    def render_chat(self, messages: Sequence[dict], *, tools: Sequence[dict] | None = None,
+                    template_kwargs: dict[str, Any] | None = None) -> str:
         """The chat template's text for `messages` (special-token text in it is not escaped)."""
-        return self._render(self._check_messages(messages))
+        return self._render(self._check_messages(messages), self._check_tools(tools), template_kwargs or {})
+
+    def _check_tools(self, tools: Sequence[dict] | None) -> list[dict] | None:
+        if tools is None:
+            return None
+        if not isinstance(tools, (list, tuple)) or not all(isinstance(t, dict) for t in tools):
+            raise ValueError("tools must be a list of dicts")
+        return [copy.deepcopy(t) for t in tools]
 
     def _check_messages(self, messages: Sequence[dict]) -> list[dict]:
         if not isinstance(messages, (list, tuple)) or not messages:
@@ -211,19 +226,42 @@ class PromptEncoder:
             if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
                     or not isinstance(message.get("content"), str):
                 raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content', got {message!r}")
+            if message.get("tool_calls") is not None and not isinstance(message["tool_calls"], list):
+                raise ValueError(f"messages[{i}]['tool_calls'] must be a list")
+            if message.get("tool_call_id") is not None and not isinstance(message["tool_call_id"], str):
+                raise ValueError(f"messages[{i}]['tool_call_id'] must be a str")
         if not self.chat_template:
             raise ValueError("this model has no chat template; pass prompt= instead")
-        # Only role and content reach the template: any other key would be
-        # rendered as template text, special tokens and all.
-        return [{"role": m["role"], "content": m["content"]} for m in messages]
+        # Only role, content and the tool keys (Hugging Face's names) reach
+        # the template: any other key would be rendered as template text,
+        # special tokens and all.
+        out = []
+        for m in messages:
+            kept = {"role": m["role"], "content": m["content"]}
+            for key in ("tool_calls", "tool_call_id", "name"):
+                if m.get(key) is not None:
+                    kept[key] = copy.deepcopy(m[key])
+            out.append(kept)
+        return out
 
-    def _render(self, messages: list[dict]) -> str:
+    def _render(self, messages: list[dict], tools: list[dict] | None = None,
+                template_kwargs: dict[str, Any] | None = None) -> str:
         if self._template is None:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 
             # Sandboxed like Hugging Face's: the template comes with the model file.
-            self._template = ImmutableSandboxedEnvironment().from_string(self.chat_template)
-        return self._template.render(messages=messages, add_generation_prompt=True)
+            # Its helpers as Hugging Face defines them (jinja2's own tojson escapes
+            # HTML, which a prompt must not).
+            env = ImmutableSandboxedEnvironment()
+            env.filters["tojson"] = _tojson
+            env.globals["raise_exception"] = _raise_template_error
+            env.globals["strftime_now"] = lambda fmt: __import__("datetime").datetime.now().strftime(fmt)
+            self._template = env.from_string(self.chat_template)
+        options = dict(template_kwargs or {})
+        options.update(messages=messages, add_generation_prompt=True)
+        if tools is not None:
+            options["tools"] = tools
+        return self._template.render(**options)
 
     def _encode_plain(self, text: str) -> list[int]:
         """Token ids of `text` with special-token text encoded as ordinary text."""
@@ -254,17 +292,33 @@ class PromptEncoder:
     def _has_special_text(self, text: str) -> bool:
         return encode_text(self.tokenizer, text) != self._encode_plain(text)
 
-    def _encode_chat(self, messages: Sequence[dict]) -> list[int]:
+    def _encode_chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
+                     template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """Render with a unique marker for each content, then encode the template's
-        parts with special tokens and each content as plain text."""
+        parts with special tokens and each content as plain text.
+
+        Tools, tool-call arguments, tool-call ids and template options are
+        rendered by the template as they are, so special-token text in them
+        is refused (a user could otherwise forge turns through them).
+        """
         messages = self._check_messages(messages)
+        tools = self._check_tools(tools)
+        template_kwargs = template_kwargs or {}
         for i, message in enumerate(messages):
             if self._has_special_text(message["role"]):
                 raise ValueError(f"messages[{i}]['role'] contains special-token text: {message['role']!r}")
+            for key in ("tool_calls", "tool_call_id", "name"):
+                if key in message and self._has_special_text(json.dumps(message[key], ensure_ascii=False)):
+                    raise ValueError(f"messages[{i}]['{key}'] contains special-token text")
+        if tools is not None and self._has_special_text(json.dumps(tools, ensure_ascii=False)):
+            raise ValueError("tools contain special-token text")
+        for key, value in template_kwargs.items():
+            if isinstance(value, str) and self._has_special_text(value):
+                raise ValueError(f"template option {key!r} contains special-token text")
         nonce = secrets.token_hex(8)
         markers = {f"[[content:{nonce}:{i}]]": m["content"] for i, m in enumerate(messages)}
-        marked = self._render([{**m, "content": k} for k, m in zip(markers, messages)])
-        rendered = self._render(messages)
+        marked = self._render([{**m, "content": k} for k, m in zip(markers, messages)], tools, template_kwargs)
+        rendered = self._render(messages, tools, template_kwargs)
         pattern = re.compile("|".join(re.escape(k) for k in markers))
         if pattern.sub(lambda hit: markers[hit.group(0)], marked) != rendered:
             # The template transforms the content (trims it, say): no safe split.
@@ -279,6 +333,16 @@ class PromptEncoder:
             ids += self._encode_plain(markers[hit.group(0)])
             last = hit.end()
         return ids + encode_text(self.tokenizer, marked[last:])
+
+
+def _tojson(value: Any, indent: int | None = None, separators=None, sort_keys: bool = False,
+            ensure_ascii: bool = False) -> str:
+    """Hugging Face's ``tojson`` for chat templates: plain JSON, no HTML escaping."""
+    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+
+
+def _raise_template_error(message: str):
+    raise ValueError(f"the chat template refused the messages: {message}")
 
 
 def find_stop(text: str, stop: list[str]) -> int | None:

@@ -22,11 +22,18 @@ from .. import DistributedError
 from . import anthropic, middleware, openapi, responses
 from .metrics import CONTENT_TYPE
 from .protocol import APIError, GenerationRequest, chunk_body, completion_body, new_id, parse_request, show, \
-    usage_chunk_body
+    tool_call_deltas, usage_chunk_body
 from .service import (EventStream, Generation, ServeConfig, Service, distributed_cause, error_response,
-                      group_broken_error, read_json, shutdown_error, sse, until_disconnected)
+                      grammar_error, group_broken_error, read_json, shutdown_error, sse, until_disconnected)
 
 logger = logging.getLogger("emlx_async.serve")
+
+def _allowed_calls(request: GenerationRequest, calls: list[dict], already: int = 0) -> list[dict] | None:
+    """The calls the request lets through: one in all when parallel_tool_calls is false."""
+    if not request.parallel_tool_calls:
+        calls = calls[:max(0, 1 - already)]
+    return calls or None
+
 
 def create_app(config: ServeConfig | None = None) -> Starlette:
     config = config or ServeConfig()
@@ -75,6 +82,9 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         except Exception as exc:
             broken = distributed_cause(exc)
             if broken is None:
+                failed = grammar_error(exc, parsed) if parsed.grammar is not None else None
+                if failed is not None:
+                    return count(endpoint, error_response(failed))
                 raise
             logger.error("generation %s failed: %s", id_, broken)
             return count(endpoint, error_response(group_broken_error(broken)))
@@ -84,9 +94,17 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             if shutdown_scope.cancel_called:
                 return count(endpoint, error_response(shutdown_error()))
             return count(endpoint, Response(status_code=499))  # the client is gone: nobody reads this
-        body = completion_body(parsed, id=id_, model=service.model_name, text="".join(text),
+        answer, reasoning, calls = "".join(text), None, None
+        if generation.splitter is not None:
+            first, last = generation.splitter.feed(answer), generation.splitter.flush()
+            answer = first.content + last.content
+            if generation.splitter.thinking:
+                reasoning = first.reasoning + last.reasoning
+            calls = _allowed_calls(parsed, first.tool_calls + last.tool_calls)
+        body = completion_body(parsed, id=id_, model=service.model_name, text=answer,
                                finish_reason=generation.finish_reason, prompt_tokens=generation.prompt_tokens,
-                               completion_tokens=generation.stats.generated_tokens, logprobs=entries)
+                               completion_tokens=generation.stats.generated_tokens, logprobs=entries,
+                               reasoning=reasoning, tool_calls=calls)
         return count(endpoint, JSONResponse(body))
 
     async def _stream_events(parsed: GenerationRequest, id_: str, generation: Generation) -> AsyncIterator[bytes]:
@@ -100,23 +118,45 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             # held back (part of a character, maybe a stop string) goes out
             # with the next chunk that has text, or with the last one.
             pending: list[dict] | None = [] if parsed.logprobs else None
+            splitter, calls = generation.splitter, 0
             async for delta in deltas:
                 if pending is not None and (entry := generation.logprob_entry(delta)) is not None:
                     pending.append(entry)
-                if delta.text:
+                if splitter is not None:
+                    pieces = [splitter.feed(delta.text)] if delta.text else []
+                    if delta.finish_reason is not None:
+                        pieces.append(splitter.flush())
+                    for piece in pieces:
+                        if piece.reasoning:
+                            yield sse(chunk_body(parsed, **fields, text=None, reasoning=piece.reasoning,
+                                                 finish_reason=None))
+                        if piece.content:
+                            yield sse(chunk_body(parsed, **fields, text=piece.content, finish_reason=None,
+                                                 logprobs=pending))
+                            pending = [] if parsed.logprobs else None
+                        for call in _allowed_calls(parsed, piece.tool_calls, already=calls) or ():
+                            for entries in tool_call_deltas(calls, call):
+                                yield sse(chunk_body(parsed, **fields, text=None, tool_calls=entries,
+                                                     finish_reason=None))
+                            calls += 1
+                elif delta.text:
                     yield sse(chunk_body(parsed, **fields, text=delta.text, finish_reason=None, logprobs=pending))
                     pending = [] if parsed.logprobs else None
                 if delta.finish_reason is not None:
+                    finish = "tool_calls" if calls and delta.finish_reason == "stop" else delta.finish_reason
                     yield sse(chunk_body(parsed, **fields, text=None if parsed.chat else "",
-                                         finish_reason=delta.finish_reason, logprobs=pending or None))
+                                         finish_reason=finish, logprobs=pending or None))
             if parsed.include_usage:
                 yield sse(usage_chunk_body(parsed, **fields, prompt_tokens=generation.prompt_tokens,
                                            completion_tokens=generation.stats.generated_tokens))
         except Exception as exc:  # noqa: BLE001 - the status line is gone; the error goes in the stream
             broken = distributed_cause(exc)
+            failed = grammar_error(exc, parsed) if parsed.grammar is not None else None
             if broken is not None:
                 logger.error("generation %s failed: %s", id_, broken)
                 yield sse(group_broken_error(broken).body())
+            elif failed is not None:
+                yield sse(failed.body())
             else:
                 logger.exception("generation %s failed", id_)
                 yield sse(APIError(500, f"generation failed: {type(exc).__name__}: {exc}",

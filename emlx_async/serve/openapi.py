@@ -2,7 +2,7 @@
 
 It describes what the service accepts and answers, which is a subset of
 OpenAI's Chat Completions, Completions and Responses APIs and of Anthropic's
-Messages API: request fields the service refuses (tools, n > 1, ...) are
+Messages API: request fields the service refuses (n > 1, ...) are
 not documented as accepted. The parsers (protocol.py, anthropic.py,
 responses.py) are what enforce the rules; the schemas here say the same in
 JSON Schema (2020-12, as OpenAPI 3.1 uses), and tests/test_serve_openapi.py
@@ -54,11 +54,48 @@ _TEXT_PART = {"type": "object", "required": ["type", "text"],
 _TEXT_FORMAT = {"type": "object", "properties": {"type": {"const": "text"}},
                 "required": ["type"], "additionalProperties": False}
 
-_MESSAGE = {
-    "type": "object", "required": ["role", "content"],
-    "properties": {"role": {"enum": ["system", "developer", "user", "assistant"]},
-                   "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}},
-}
+_CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}
+_HISTORY_CALL = {"type": "object", "required": ["function"],
+                 "properties": {"id": {"type": "string"}, "type": {"const": "function"},
+                                "function": {"type": "object", "required": ["name"],
+                                             "properties": {"name": {"type": "string"},
+                                                            "arguments": {"type": ["string", "object"]}}}}}
+_MESSAGE = {"oneOf": [
+    {"type": "object", "required": ["role", "content"],
+     "properties": {"role": {"enum": ["system", "developer", "user"]}, "content": _CONTENT}},
+    {"type": "object", "required": ["role"],
+     "properties": {"role": {"const": "assistant"}, "tool_calls": {"type": "array", "items": _HISTORY_CALL},
+                    "content": {"oneOf": [_CONTENT, {"type": "null"}]}},
+     "description": "content may be null only with tool_calls",
+     "if": {"not": {"required": ["tool_calls"]}}, "then": {"required": ["content"],
+                                                           "properties": {"content": _CONTENT}}},
+    {"type": "object", "required": ["role", "content", "tool_call_id"],
+     "properties": {"role": {"const": "tool"}, "content": _CONTENT, "tool_call_id": {"type": "string",
+                                                                                      "minLength": 1}}},
+]}
+
+_TOOL = {"type": "object", "required": ["type", "function"],
+         "properties": {"type": {"const": "function"},
+                        "function": {"type": "object", "required": ["name"],
+                                     "properties": {"name": {"type": "string", "minLength": 1},
+                                                    "description": {"type": "string"},
+                                                    "parameters": {"type": "object",
+                                                                   "description": "a JSON schema"}}}}}
+_TOOL_CHOICE = {"oneOf": [{"enum": ["auto", "none", "required"]},
+                          {"type": "object", "required": ["type", "function"],
+                           "properties": {"type": {"const": "function"},
+                                          "function": {"type": "object", "required": ["name"],
+                                                       "properties": {"name": {"type": "string"}}}}}],
+                "description": "'required' and a named function are constrained by a grammar of the tools' "
+                               "schemas; a name must be one of 'tools'"}
+_RESPONSE_FORMAT = {"oneOf": [
+    {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+    {"type": "object", "required": ["type", "json_schema"],
+     "properties": {"type": {"const": "json_schema"},
+                    "json_schema": {"type": "object", "required": ["name"],
+                                    "properties": {"name": {"type": "string"}, "schema": {"type": "object"},
+                                                   "strict": {"type": "boolean"}}}}},
+], "description": "the output is constrained to the schema; a schema the grammar cannot enforce gets 400"}
 
 # Rules between fields, as protocol.py checks them.
 _STREAM_OPTIONS_NEED_STREAM = {"if": {"required": ["stream_options"],
@@ -81,7 +118,13 @@ _CHAT_REQUEST = {
         "logprobs": {"type": "boolean"},
         "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS,
                          "description": "more than 0 needs logprobs: true"},
-        "response_format": _TEXT_FORMAT,
+        "response_format": _RESPONSE_FORMAT,
+        "tools": {"type": "array", "items": _TOOL},
+        "tool_choice": _TOOL_CHOICE,
+        "parallel_tool_calls": {"type": "boolean"},
+        "chat_template_kwargs": {"type": "object", "description": "options for the chat template, such as "
+                                 "enable_thinking (booleans, numbers, strings)",
+                                 "additionalProperties": {"type": ["boolean", "number", "string"]}},
         **_SAMPLING,
     },
 }
@@ -96,6 +139,11 @@ _COMPLETION_REQUEST = {
                              {"type": "array", "items": {"oneOf": [_PROMPT_TEXT, _PROMPT_IDS]},
                               "minItems": 1, "maxItems": 1}],
                    "description": "text, or token ids (below the model's vocabulary size); one prompt only"},
+        "guided_json": {"type": ["object", "string"], "description": "extension: the output matches this JSON "
+                        "schema (one guided_* field per request)"},
+        "guided_regex": {"type": "string", "description": "extension: the output matches this regular expression"},
+        "guided_grammar": {"type": "string", "description": "extension: the output follows this Lark grammar "
+                           "(llguidance's dialect)"},
         **_SAMPLING,
     },
 }
@@ -108,7 +156,12 @@ _LOGPROB = {"type": "object", "required": ["token", "logprob", "bytes"],
             "properties": {"token": {"type": "string"}, "logprob": {"type": "number"},
                            "bytes": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}}}}
 
-_FINISH = {"enum": ["stop", "length", None]}
+_FINISH = {"enum": ["stop", "length", "tool_calls", None]}
+_CALL = {"type": "object", "required": ["id", "type", "function"],
+         "properties": {"id": {"type": "string"}, "type": {"const": "function"},
+                        "function": {"type": "object", "required": ["name", "arguments"],
+                                     "properties": {"name": {"type": "string"},
+                                                    "arguments": {"type": "string"}}}}}
 
 _CHAT_COMPLETION = {
     "type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
@@ -120,7 +173,12 @@ _CHAT_COMPLETION = {
             "properties": {
                 "index": {"const": 0}, "finish_reason": _FINISH,
                 "message": {"type": "object", "required": ["role", "content"],
-                            "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}}},
+                            "properties": {"role": {"const": "assistant"},
+                                           "content": {"type": ["string", "null"],
+                                                       "description": "null when the answer is tool calls"},
+                                           "reasoning_content": {"type": "string",
+                                                                 "description": "templates that think"},
+                                           "tool_calls": {"type": "array", "items": _CALL}}},
                 "logprobs": {"oneOf": [{"type": "null"}, {
                     "type": "object", "required": ["content"],
                     "properties": {"content": {"type": "array", "items": {
@@ -199,7 +257,7 @@ def _generation(summary: str, request: str, response: str, *, errors: dict | Non
 
 # ---- the Messages API (anthropic.py) -------------------------------------------------
 
-_ANTHROPIC_CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}],
+_ANTHROPIC_CONTENT = {**_CONTENT,
                       "description": "text, or text blocks (joined; their cache_control and citations are ignored)"}
 
 # What both /v1/messages and /v1/messages/count_tokens read: the conversation, and

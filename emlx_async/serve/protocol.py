@@ -11,6 +11,7 @@ text in a role) is a ValueError that the app also turns into a 400.
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import time
@@ -26,7 +27,10 @@ DEFAULT_MAX_MESSAGES = 1024
 # Seeds and top_k are reduced by the engine; past these they are surely a mistake.
 _INT64 = 1 << 63
 _SHOW_CHARS = 60
-_CHAT_ROLES = {"system", "developer", "user", "assistant"}
+_CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+# /v1/completions' grammar fields (vllm's names): at most one per request.
+GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_grammar")
+_TOOL_CHOICES = ("auto", "none", "required")
 
 
 class APIError(Exception):
@@ -97,6 +101,13 @@ class GenerationRequest:
     include_usage: bool = False
     logprobs: bool = False     # chat only
     top_logprobs: int = 0
+    grammar: Any = None        # an llm.grammar.Grammar the output must match
+    grammar_param: str | None = None  # the field that gave it (errors name it)
+    tools: list[dict] | None = None   # chat: function tools the template shows (None: none, or tool_choice "none")
+    tool_choice: str = "auto"  # "auto", "required" or "function" (then tool_name)
+    tool_name: str | None = None
+    parallel_tool_calls: bool = True
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
 
     def sampling(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
@@ -152,13 +163,21 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
         value = _optional(body, name)
         if value is not None and (not _is_int(value) or value != 1):
             raise invalid(name, f"only {name}=1 is supported, got {name}={show(value)}", "unsupported_value")
-    for name in ("tools", "functions"):
-        if _optional(body, name):
-            raise invalid(name, f"'{name}' (tool and function calling) is not supported", "unsupported_parameter")
-    for name in ("tool_choice", "function_call"):
-        value = _optional(body, name)
-        if value is not None and value != "none":
-            raise invalid(name, f"'{name}' (tool and function calling) is not supported", "unsupported_parameter")
+    if _optional(body, "functions"):
+        raise invalid("functions", "'functions' (the legacy function calling) is not supported: use 'tools'",
+                      "unsupported_parameter")
+    value = _optional(body, "function_call")
+    if value is not None and value != "none":
+        raise invalid("function_call", "'function_call' (the legacy function calling) is not supported: "
+                      "use 'tool_choice'", "unsupported_parameter")
+    if not chat:
+        for name in ("tools", "tool_choice", "parallel_tool_calls", "response_format", "chat_template_kwargs"):
+            if _optional(body, name) is not None:
+                raise invalid(name, f"'{name}' is supported on /v1/chat/completions only", "unsupported_parameter")
+    elif any(_optional(body, name) is not None for name in GUIDED_FIELDS):
+        name = next(name for name in GUIDED_FIELDS if _optional(body, name) is not None)
+        raise invalid(name, f"'{name}' is supported on /v1/completions only: use 'response_format'",
+                      "unsupported_parameter")
     if not chat and _optional(body, "logprobs") is not None:  # the legacy int form
         raise invalid("logprobs", "'logprobs' is supported on /v1/chat/completions only", "unsupported_parameter")
     if _optional(body, "logit_bias"):
@@ -167,10 +186,6 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
         value = _optional(body, name)
         if value is not None and (not _is_number(value) or value != 0):
             raise invalid(name, f"'{name}' is not supported (only 0)", "unsupported_parameter")
-    response_format = _optional(body, "response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise invalid("response_format", "only response_format {'type': 'text'} is supported",
-                      "unsupported_parameter")
     if not chat:
         if _optional(body, "echo"):
             raise invalid("echo", "'echo' is not supported", "unsupported_parameter")
@@ -210,12 +225,210 @@ def _parse_messages(body: dict, max_messages: int) -> list[dict]:
         if not isinstance(role, str) or role not in _CHAT_ROLES:
             raise invalid(f"messages[{i}].role", f"messages[{i}].role must be one of "
                           f"{sorted(_CHAT_ROLES)}, got {show(role)}", "unsupported_value")
-        if message.get("tool_calls"):
-            raise invalid(f"messages[{i}].tool_calls", "tool calls are not supported", "unsupported_parameter")
         # The template knows system, user and assistant; "developer" is OpenAI's new name for system.
-        out.append({"role": "system" if role == "developer" else role,
-                    "content": _message_text(message.get("content"), f"messages[{i}].content")})
+        parsed: dict[str, Any] = {"role": "system" if role == "developer" else role}
+        calls = message.get("tool_calls")
+        if calls is not None and (role != "assistant" or calls != []):
+            if role != "assistant":
+                raise invalid(f"messages[{i}].tool_calls", "only assistant messages have 'tool_calls'")
+            parsed["tool_calls"] = _parse_history_calls(calls, f"messages[{i}].tool_calls")
+        content = message.get("content")
+        # An assistant message that calls tools may have no content (OpenAI sends null).
+        parsed["content"] = "" if content is None and "tool_calls" in parsed else \
+            _message_text(content, f"messages[{i}].content")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise invalid(f"messages[{i}].tool_call_id", f"a tool message needs 'tool_call_id' (a string), "
+                              f"got {show(call_id)}", "invalid_type" if call_id is not None
+                              else "missing_required_parameter")
+            parsed["tool_call_id"] = _text(call_id, f"messages[{i}].tool_call_id")
+        out.append(parsed)
     return out
+
+
+def _parse_history_calls(calls: Any, param: str) -> list[dict]:
+    """An assistant message's earlier tool calls, for the template: arguments as a dict
+    (Hugging Face's templates read them so), the id kept."""
+    if not isinstance(calls, list):
+        raise invalid(param, f"'tool_calls' must be a list, got {show(calls)}", "invalid_type")
+    out = []
+    for j, call in enumerate(calls):
+        where = f"{param}[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(call, dict) or call.get("type", "function") != "function" or not isinstance(function, dict):
+            raise invalid(where, "a tool call must be {'id', 'type': 'function', 'function': {'name', "
+                          "'arguments'}}", "invalid_type")
+        name = _text(function.get("name"), f"{where}.function.name")
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(_text(arguments, f"{where}.function.arguments"))
+            except (json.JSONDecodeError, RecursionError):
+                raise invalid(f"{where}.function.arguments", "'arguments' must be JSON text of an object") from None
+        if not isinstance(arguments, dict):
+            raise invalid(f"{where}.function.arguments", "'arguments' must be a JSON object", "invalid_type")
+        call_id = call.get("id")
+        parsed = {"type": "function", "function": {"name": name, "arguments": arguments}}
+        if call_id is not None:
+            parsed["id"] = _text(call_id, f"{where}.id")
+        out.append(parsed)
+    return out
+
+
+def _grammar_error(param: str, exc: Exception) -> APIError:
+    return invalid(param, f"'{param}': {exc}", "invalid_grammar")
+
+
+def _parse_response_format(body: dict):
+    """response_format as a Grammar (None: free text)."""
+    from emlx_async.llm.grammar import Grammar, GrammarError
+
+    value = _optional(body, "response_format")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid("response_format", f"'response_format' must be an object, got {show(value)}", "invalid_type")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    try:
+        if kind == "json_object":
+            return Grammar.json_object()
+        if kind == "json_schema":
+            spec = value.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+                raise invalid("response_format.json_schema", "'json_schema' must be an object with a 'name' "
+                              "(and a 'schema')", "invalid_type")
+            schema = spec.get("schema", {})
+            if not isinstance(schema, dict):
+                raise invalid("response_format.json_schema.schema", "'schema' must be a JSON schema object",
+                              "invalid_type")
+            strict = spec.get("strict")
+            if strict is not None and not isinstance(strict, bool):
+                raise invalid("response_format.json_schema.strict", "'strict' must be a boolean", "invalid_type")
+            # strict: keywords the grammar cannot enforce are refused; otherwise they are ignored.
+            return Grammar.json_schema(schema, lenient=not strict)
+    except (GrammarError, RecursionError) as exc:  # a schema nested past Python's stack
+        raise _grammar_error("response_format.json_schema.schema" if kind == "json_schema"
+                             else "response_format", exc) from None
+    raise invalid("response_format.type", f"'response_format.type' must be 'text', 'json_object' or "
+                  f"'json_schema', got {show(kind)}", "unsupported_value")
+
+
+def _parse_guided(body: dict):
+    """/v1/completions' grammar field: guided_json (a schema), guided_regex, guided_grammar (Lark)."""
+    from emlx_async.llm.grammar import Grammar, GrammarError
+
+    given = [name for name in GUIDED_FIELDS if _optional(body, name) is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise invalid(given[1], f"give one of {', '.join(GUIDED_FIELDS)}, not {' and '.join(given)}",
+                      "unsupported_value")
+    name = given[0]
+    value = body[name]
+    try:
+        if name == "guided_json":
+            if not isinstance(value, (dict, str)):
+                raise invalid(name, f"'{name}' must be a JSON schema (an object or JSON text)", "invalid_type")
+            return Grammar.json_schema(value)
+        return (Grammar.regex if name == "guided_regex" else Grammar.lark)(_text(value, name))
+    except (GrammarError, RecursionError) as exc:
+        raise _grammar_error(name, exc) from None
+
+
+def _parse_tools(body: dict, request: GenerationRequest) -> None:
+    from emlx_async.llm.grammar import GrammarError
+
+    from .tools import call_grammar
+
+    tools = _optional(body, "tools")
+    parallel = _optional(body, "parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise invalid("parallel_tool_calls", f"'parallel_tool_calls' must be a boolean, got {show(parallel)}",
+                      "invalid_type")
+    request.parallel_tool_calls = parallel is not False
+    choice = _optional(body, "tool_choice")
+    if tools is None:
+        if choice not in (None, "none"):
+            raise invalid("tool_choice", "'tool_choice' needs 'tools'")
+        return
+    if not isinstance(tools, list):
+        raise invalid("tools", f"'tools' must be a list of function tools, got {show(tools)}", "invalid_type")
+    parsed, names = [], set()
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
+            raise invalid(f"tools[{i}]", "a tool must be {'type': 'function', 'function': {'name', ...}}",
+                          "invalid_type")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise invalid(f"tools[{i}].function.name", f"a tool needs a 'name' (a string), got {show(name)}",
+                          "missing_required_parameter" if name is None else "invalid_type")
+        if name in names:
+            raise invalid(f"tools[{i}].function.name", f"two tools are named {show(name)}")
+        names.add(_text(name, f"tools[{i}].function.name"))
+        entry: dict[str, Any] = {"name": name}
+        description = function.get("description")
+        if description is not None:
+            entry["description"] = _text(description, f"tools[{i}].function.description")
+        parameters = function.get("parameters")
+        if parameters is not None:
+            if not isinstance(parameters, dict):
+                raise invalid(f"tools[{i}].function.parameters", "'parameters' must be a JSON schema object",
+                              "invalid_type")
+            entry["parameters"] = parameters
+        parsed.append({"type": "function", "function": entry})
+    if choice is None or choice == "auto":
+        request.tool_choice = "auto"
+    elif choice == "none":
+        return  # the model answers in text: the tools are not shown
+    elif choice == "required":
+        request.tool_choice = "required"
+    elif isinstance(choice, dict):
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise invalid("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or "
+                          "{'type': 'function', 'function': {'name'}}", "invalid_type")
+        if name not in names:
+            raise invalid("tool_choice.function.name", f"'tool_choice' names {show(name)}, which is not in "
+                          "'tools'", "unknown_tool")
+        request.tool_choice, request.tool_name = "function", name
+    else:
+        raise invalid("tool_choice", f"'tool_choice' must be one of {list(_TOOL_CHOICES)} or a named "
+                      f"function, got {show(choice)}", "unsupported_value")
+    request.tools = parsed or None
+    if request.tools is None:
+        if request.tool_choice != "auto":
+            raise invalid("tool_choice", f"tool_choice {show(choice)} needs at least one tool")
+        return
+    if request.tool_choice != "auto":
+        try:
+            request.grammar = call_grammar(parsed, name=request.tool_name,
+                                           parallel=request.parallel_tool_calls and request.tool_choice != "function")
+            request.grammar_param = "tool_choice"
+        except (GrammarError, RecursionError) as exc:
+            raise _grammar_error("tools", exc) from None
+
+
+def _parse_template_kwargs(body: dict) -> dict[str, Any]:
+    value = _optional(body, "chat_template_kwargs")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object", "invalid_type")
+    for key, item in value.items():
+        # Plain values only: the template renders them, and a reserved name would replace what it renders.
+        if key in ("messages", "tools", "add_generation_prompt") or not key.isidentifier():
+            raise invalid(f"chat_template_kwargs.{show(key)}", f"{show(key)} cannot be set", "unsupported_value")
+        if not isinstance(item, (bool, int, float, str)) or (isinstance(item, int) and item.bit_length() > 64):
+            raise invalid(f"chat_template_kwargs.{key}", "template options must be booleans, numbers or strings",
+                          "invalid_type")
+        if isinstance(item, str):
+            _text(item, f"chat_template_kwargs.{key}")
+    return dict(value)
 
 
 def _parse_prompt(body: dict) -> str | list[int]:
@@ -243,8 +456,18 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
     request = GenerationRequest(chat=chat, model=None if model is None else _text(model, "model"))
     if chat:
         request.messages = _parse_messages(body, max_messages)
+        _parse_tools(body, request)
+        response_format = _parse_response_format(body)
+        if response_format is not None:
+            if request.grammar is not None:
+                raise invalid("response_format", "'response_format' cannot be combined with a tool_choice that "
+                              "forces a call", "unsupported_value")
+            request.grammar, request.grammar_param = response_format, "response_format"
+        request.template_kwargs = _parse_template_kwargs(body)
     else:
         request.prompt = _parse_prompt(body)
+        request.grammar = _parse_guided(body)
+        request.grammar_param = next((n for n in GUIDED_FIELDS if _optional(body, n) is not None), None)
 
     # max_completion_tokens is the newer name (chat); max_tokens the older one. One of them, not both.
     if _optional(body, "max_tokens") is not None and _optional(body, "max_completion_tokens") is not None:
@@ -336,9 +559,19 @@ def choice_logprobs(entries: list[dict] | None) -> dict | None:
 
 
 def completion_body(request: GenerationRequest, *, id: str, model: str, text: str, finish_reason: str | None,
-                    prompt_tokens: int, completion_tokens: int, logprobs: list[dict] | None = None) -> dict:
+                    prompt_tokens: int, completion_tokens: int, logprobs: list[dict] | None = None,
+                    reasoning: str | None = None, tool_calls: list[dict] | None = None) -> dict:
     if request.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        if tool_calls:
+            # OpenAI's shape: content null when the answer is only calls.
+            message["tool_calls"] = tool_calls
+            message["content"] = text if text.strip() else None
+            if finish_reason == "stop":
+                finish_reason = "tool_calls"
+        choice = {"index": 0, "message": message,
                   "logprobs": choice_logprobs(logprobs), "finish_reason": finish_reason}
         obj = "chat.completion"
     else:
@@ -349,14 +582,20 @@ def completion_body(request: GenerationRequest, *, id: str, model: str, text: st
 
 
 def chunk_body(request: GenerationRequest, *, id: str, model: str, created: int, text: str | None,
-               finish_reason: str | None, first: bool = False, logprobs: list[dict] | None = None) -> dict:
-    """One streamed chunk with a single choice (`logprobs`: the entries of this chunk's tokens)."""
+               finish_reason: str | None, first: bool = False, logprobs: list[dict] | None = None,
+               reasoning: str | None = None, tool_calls: list[dict] | None = None) -> dict:
+    """One streamed chunk with a single choice (`logprobs`: the entries of this chunk's tokens;
+    `tool_calls`: delta entries, see ``tool_call_deltas``)."""
     if request.chat:
         delta: dict[str, Any] = {}
         if first:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
+        if reasoning is not None:
+            delta["reasoning_content"] = reasoning
+        if tool_calls is not None:
+            delta["tool_calls"] = tool_calls
         choice = {"index": 0, "delta": delta, "logprobs": choice_logprobs(logprobs),
                   "finish_reason": finish_reason}
         obj = "chat.completion.chunk"
@@ -367,6 +606,17 @@ def chunk_body(request: GenerationRequest, *, id: str, model: str, created: int,
     if request.include_usage:
         body["usage"] = None  # every chunk but the last, as OpenAI sends them
     return body
+
+
+def tool_call_deltas(index: int, call: dict, piece_chars: int = 16) -> list[list[dict]]:
+    """One finished call as OpenAI streams it: a delta with its index, id and name
+    (arguments ""), then the arguments in pieces."""
+    arguments = call["function"]["arguments"]
+    out = [[{"index": index, "id": call["id"], "type": "function",
+             "function": {"name": call["function"]["name"], "arguments": ""}}]]
+    for start in range(0, len(arguments), piece_chars):
+        out.append([{"index": index, "function": {"arguments": arguments[start:start + piece_chars]}}])
+    return out
 
 
 def usage_chunk_body(request: GenerationRequest, *, id: str, model: str, created: int,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -26,6 +27,8 @@ from .. import DistributedError
 from . import middleware
 from .metrics import Metrics
 from .protocol import DEFAULT_MAX_MESSAGES, APIError, GenerationRequest, invalid, logprob_entry, show
+from .tools import (THINK_START, OutputSplitter, ToolCallFormat, fallback_messages, template_renders_tools,
+                    template_thinks)
 
 logger = logging.getLogger("emlx_async.serve")
 
@@ -276,27 +279,62 @@ class Service:
                                           for piece in backend.get_vocab(with_added_tokens=True)) + 1
         return -(-len(text.encode("utf-8")) // self._longest_token) if self._longest_token else 0
 
+    def chat_inputs(self, request: GenerationRequest) -> tuple[list[dict], list[dict] | None]:
+        """The messages and tools the template gets: as they are when it renders tools,
+        else with the tools in a system block (serve/tools.py's fallback)."""
+        if template_renders_tools(self.engine.chat_template):
+            return request.messages, request.tools
+        has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in request.messages)
+        if request.tools is None and not has_tool_turns:
+            return request.messages, None
+        return fallback_messages(request.messages, request.tools), None
+
     def encode(self, request: GenerationRequest) -> list[int]:
         """The request's prompt ids (a worker thread runs this), or APIError 400."""
+        return self.encode_with_text(request)[0]
+
+    def encode_with_text(self, request: GenerationRequest) -> tuple[list[int], str]:
+        """The request's prompt ids and the prompt's text (the rendered chat), or APIError 400."""
         engine, limit = self.engine, self.prompt_limit()
         param = "messages" if request.chat else "prompt"
         too_long = f"the prompt is longer than the limit of {limit} tokens"
         try:
             if request.chat:
-                text = engine.render_chat(request.messages)  # cheap next to tokenizing
+                messages, tools = self.chat_inputs(request)
+                options = {"tools": tools, "template_kwargs": request.template_kwargs}
+                text = engine.text.render_chat(messages, **options)  # cheap next to tokenizing
             elif isinstance(request.prompt, str):
                 text = request.prompt
             else:
                 text = ""
             if self.prompt_bound(text) > limit:
                 raise invalid(param, too_long, "context_length_exceeded")
-            ids = engine.encode(messages=request.messages) if request.chat else engine.encode(prompt=request.prompt)
-        except (ValueError, TypeError) as exc:
+            ids = engine.text.encode(messages=messages, **options) if request.chat \
+                else engine.encode(prompt=request.prompt)
+        except (ValueError, TypeError, RecursionError) as exc:  # recursion: tools nested past the stack
             raise invalid(param, str(exc)) from None
         # Past the context itself, start_generation says whether the prompt or max_tokens is to blame.
         if self.config.max_prompt_tokens is not None and len(ids) > limit:
             raise invalid(param, f"{too_long} ({len(ids)} tokens)", "context_length_exceeded")
-        return ids
+        return ids, text
+
+    def output_splitter(self, request: GenerationRequest, prompt_text: str) -> OutputSplitter | None:
+        """How a chat answer splits into reasoning, content and tool calls (None: all content)."""
+        if not request.chat:
+            return None
+        template = self.engine.chat_template
+        thinking = template_thinks(template)
+        if not thinking and request.tools is None:
+            return None
+        in_reasoning = thinking and prompt_text.rstrip().endswith(THINK_START)
+        if request.tools is None:
+            tool_format = None
+        elif request.grammar is not None and request.grammar_param == "tool_choice":
+            tool_format = ToolCallFormat.hermes()  # what call_grammar makes the model write
+        else:
+            tool_format = ToolCallFormat.for_template(template)
+        return OutputSplitter(thinking=thinking, in_reasoning=in_reasoning, tool_format=tool_format,
+                              tools=request.tools)
 
     async def start_generation(self, request: GenerationRequest):
         """Validate against the model and admit: a Generation, which the caller must aclose().
@@ -313,7 +351,7 @@ class Service:
             self._encoders = anyio.CapacityLimiter(_ENCODE_THREADS)
         # Rendering the template and tokenizing take time per message and per
         # character (25,000 tiny messages: ~4 s): never on the event loop.
-        ids = await anyio.to_thread.run_sync(self.encode, request, limiter=self._encoders)
+        ids, prompt_text = await anyio.to_thread.run_sync(self.encode_with_text, request, limiter=self._encoders)
         room = (engine.context_length or 1 << 30) - len(ids)
         max_tokens = request.max_tokens
         if max_tokens is None:
@@ -329,16 +367,22 @@ class Service:
             raise APIError(429, f"the server is at capacity ({self.config.max_concurrent} running, "
                            f"{self.config.max_waiting} waiting); retry later", type="rate_limit_error",
                            code="server_busy", headers={"Retry-After": str(self.config.retry_after_s)})
+        options = {}
+        if request.grammar is not None:
+            if "grammar" not in inspect.signature(engine.generate).parameters:
+                raise invalid(request.grammar_param, f"'{request.grammar_param}' needs constrained decoding, "
+                              "which this engine does not have", "unsupported_parameter")
+            options["grammar"] = request.grammar
         stats = RequestStats()
         try:
             deltas = engine.generate(prompt=ids, max_tokens=max_tokens, stop=request.stop, seed=request.seed,
                                      stats=stats, logprobs=request.logprobs, top_logprobs=request.top_logprobs,
-                                     **request.sampling())
-        except ValueError as exc:
-            raise invalid(None, str(exc)) from None
+                                     **options, **request.sampling())
+        except ValueError as exc:  # a GrammarError (that does not fit the tokenizer) names its field
+            raise invalid(request.grammar_param if _is_grammar_error(exc) else None, str(exc)) from None
         self.admitted += 1
         self.metrics.prompt_tokens.inc(len(ids))
-        return Generation(self, deltas, stats, len(ids))
+        return Generation(self, deltas, stats, len(ids), self.output_splitter(request, prompt_text))
 
 
 class Generation:
@@ -348,8 +392,11 @@ class Generation:
     the KV cache and the slot. It must run even when `deltas()` never
     started (a client gone before the first byte), hence not only a finally."""
 
-    def __init__(self, service: Service, deltas: AsyncIterator, stats, prompt_tokens: int):
+    def __init__(self, service: Service, deltas: AsyncIterator, stats, prompt_tokens: int,
+                 splitter: OutputSplitter | None = None):
         self.service, self._engine_deltas, self.stats, self.prompt_tokens = service, deltas, stats, prompt_tokens
+        self.splitter = splitter
+        """Chat only, for templates that think or requests with tools: cuts the text (serve/tools.py)."""
         self.finish_reason: str | None = None
         self._closed = False
         middleware.count_tokens_of(self)  # in the request's access-log line
@@ -395,6 +442,12 @@ class Generation:
 
 
 # ---- HTTP -------------------------------------------------------------------------
+
+def _is_grammar_error(exc: BaseException) -> bool:
+    from emlx_async.llm.grammar import GrammarError
+
+    return isinstance(exc, GrammarError)
+
 
 def error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
@@ -492,6 +545,25 @@ def shutdown_error() -> APIError:
 
 def distributed_cause(exc: BaseException) -> BaseException | None:
     """The DistributedError behind `exc` (through causes and exception groups), if any."""
+    return _cause(exc, DistributedError)
+
+
+def grammar_error(exc: BaseException, request: GenerationRequest) -> APIError | None:
+    """The answer for a grammar that failed this request alone, if that is what `exc` is:
+    400 naming the field for one that does not fit the tokenizer, 500 for one that broke while decoding."""
+    from emlx_async.llm.grammar import GrammarError, GrammarStateError
+
+    error = _cause(exc, GrammarError)
+    if error is not None:
+        return invalid(request.grammar_param, f"'{request.grammar_param}': {error}", "invalid_grammar")
+    error = _cause(exc, GrammarStateError)
+    if error is not None:
+        return APIError(500, f"the grammar failed while decoding: {error}", type="server_error",
+                        param=request.grammar_param, code="grammar_failed")
+    return None
+
+
+def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
     seen = set()
     pending = [exc]
     while pending:
@@ -499,7 +571,7 @@ def distributed_cause(exc: BaseException) -> BaseException | None:
         if error is None or id(error) in seen:
             continue
         seen.add(id(error))
-        if isinstance(error, DistributedError):
+        if isinstance(error, kind):
             return error
         pending.extend(getattr(error, "exceptions", ()))
         pending += [error.__cause__, error.__context__]
