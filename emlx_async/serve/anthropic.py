@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from .. import DistributedError
 from .service import EventStream, Generation, Service, group_broken_error, shutdown_error
-from .common import (JSON, checked_text, boolean, collect, count, event, guarded, integer,
+from .common import (JSON, joined_text, boolean, collect, count, event, guarded, integer,
                      number, optional_object, read_object, string, string_list, type_name, wrong_type)
 from .protocol import APIError, GenerationRequest, invalid
 
@@ -63,30 +63,14 @@ class MessagesRequest:
     stop_sequences: list[str]
 
 
+# Blocks that need tool use (not offered on this API yet), refused with that reason.
+_TOOL_BLOCKS = {kind: "blocks need tool use, which is not supported yet"
+                for kind in ("tool_use", "tool_result", "server_tool_use")}
+
+
 def _text_blocks(content, param: str) -> str:
     """A string, or a list of text blocks joined (cache_control and citations are ignored)."""
-    if isinstance(content, str):
-        return checked_text(content, param)
-    if not isinstance(content, list):
-        raise wrong_type(param, "a string or an array of content blocks", content)
-    texts = []
-    for j, block in enumerate(content):
-        where = f"{param}[{j}]"
-        if not isinstance(block, dict):
-            raise wrong_type(where, "a content block object", block)
-        kind = block.get("type")
-        if kind != "text":
-            if isinstance(kind, str) and kind in ("tool_use", "tool_result", "server_tool_use"):
-                raise invalid(f"{where}.type", f"{where}.type: '{kind}' blocks need tool use, which is not "
-                              "supported yet", "unsupported_value")
-            if not isinstance(kind, str):
-                raise wrong_type(f"{where}.type", "a string", kind)
-            raise invalid(f"{where}.type", f"{where}.type: only 'text' blocks are supported", "unsupported_value")
-        text = block.get("text")
-        if not isinstance(text, str):
-            raise wrong_type(f"{where}.text", "a string", text)
-        texts.append(checked_text(text, f"{where}.text"))
-    return "".join(texts)
+    return joined_text(content, param, text_types=("text",), noun="content block", refusals=_TOOL_BLOCKS)
 
 
 def _refuse_tools(body: dict) -> None:

@@ -147,6 +147,35 @@ def checked_text(value: str, param: str) -> str:
     return value
 
 
+def joined_text(content, param: str, *, text_types: tuple[str, ...], noun: str,
+                refusals: dict[str, str] | None = None) -> str:
+    """A string, or an array of `noun` objects whose type is one of `text_types`
+    (their texts joined; other keys such as cache_control are ignored). A type
+    in `refusals` is refused with its reason; any other with the types allowed."""
+    if isinstance(content, str):
+        return checked_text(content, param)
+    if not isinstance(content, list):
+        raise wrong_type(param, f"a string or an array of {noun}s", content)
+    texts = []
+    for j, part in enumerate(content):
+        where = f"{param}[{j}]"
+        if not isinstance(part, dict):
+            raise wrong_type(where, f"a {noun} object", part)
+        kind = part.get("type")
+        if kind not in text_types:
+            if not isinstance(kind, str):
+                raise wrong_type(f"{where}.type", "a string", kind)
+            reason = (refusals or {}).get(kind)
+            raise invalid(f"{where}.type", f"{where}.type: '{kind}' {reason}" if reason else
+                          f"{where}.type: only {' and '.join(repr(t) for t in text_types)} {noun}s are supported",
+                          "unsupported_value")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise wrong_type(f"{where}.text", "a string", text)
+        texts.append(checked_text(text, f"{where}.text"))
+    return "".join(texts)
+
+
 def optional_object(body: dict, name: str) -> dict | None:
     value = body.get(name)
     if value is not None and not isinstance(value, dict):

@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from .. import DistributedError
 from .service import EventStream, Generation, Service, group_broken_error, shutdown_error
-from .common import (JSON, checked_text, boolean, collect, count, event, guarded, integer, number,
+from .common import (JSON, checked_text, joined_text, boolean, collect, count, event, guarded, integer, number,
                      optional_object, read_object, string, type_name, wrong_type)
 from .protocol import MAX_TOP_LOGPROBS, APIError, GenerationRequest, invalid
 
@@ -92,26 +92,7 @@ def _refuse_unsupported(body: dict) -> None:
 
 
 def _content(content, param: str) -> str:
-    if isinstance(content, str):
-        return checked_text(content, param)
-    if not isinstance(content, list):
-        raise wrong_type(param, "a string or an array of content parts", content)
-    texts = []
-    for j, part in enumerate(content):
-        where = f"{param}[{j}]"
-        if not isinstance(part, dict):
-            raise wrong_type(where, "a content part object", part)
-        kind = part.get("type")
-        if kind not in _TEXT_PARTS:
-            if not isinstance(kind, str):
-                raise wrong_type(f"{where}.type", "a string", kind)
-            raise invalid(f"{where}.type", f"{where}.type: only input_text and output_text parts are supported",
-                          "unsupported_value")
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise wrong_type(f"{where}.text", "a string", text)
-        texts.append(checked_text(text, f"{where}.text"))
-    return "".join(texts)
+    return joined_text(content, param, text_types=_TEXT_PARTS, noun="content part")
 
 
 def parse_input(body: dict) -> list[dict]:
