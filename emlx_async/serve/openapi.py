@@ -224,6 +224,7 @@ def _errors(schema: str, unavailable: str = "503") -> dict:
     content = _json(_ref(schema))
     return {
         "400": {"description": "a field is invalid or unsupported (the error names it)", "content": content},
+        "404": {"description": "`model` names no served model (model_not_found)", "content": content},
         "408": {"description": "the body did not arrive in time", "content": content},
         "413": {"description": "the body is larger than --max-body-bytes", "content": content},
         "429": {"description": "the server is at capacity; see Retry-After", "content": content},
