@@ -21,6 +21,10 @@ async def service(rt):
     return service
 
 
+def encode(service, request):
+    return service.encode(service.models.default, request)
+
+
 @pytest.mark.parametrize("chat", [False, True], ids=["prompt", "messages"])
 async def test_a_prompt_past_the_bound_is_refused_before_it_is_encoded(service, chat, monkeypatch):
     from emlx_async.serve.protocol import APIError, parse_request
@@ -35,14 +39,14 @@ async def test_a_prompt_past_the_bound_is_refused_before_it_is_encoded(service, 
 
     monkeypatch.setattr(engine, "encode", never)
     with pytest.raises(APIError) as refused:
-        service.encode(request)
+        encode(service, request)
     assert refused.value.code == "context_length_exceeded" and refused.value.param == ("messages" if chat else "prompt")
     monkeypatch.undo()
 
     # Under the text bound but over the token bound: refused after encoding, with the count.
     short = parse_request({"prompt": "word " * 150}, chat=False)
     with pytest.raises(APIError) as counted:
-        service.encode(short)
+        encode(service, short)
     assert "tokens)" in counted.value.message
     fits = parse_request({"prompt": "word " * 20}, chat=False)
-    assert 20 <= len(service.encode(fits)) <= 100
+    assert 20 <= len(encode(service, fits)) <= 100

@@ -187,7 +187,8 @@ async def test_no_cors_by_default():
 # ---- the access log ---------------------------------------------------------------------
 
 LINE = re.compile(r"^(?P<method>\S+) (?P<path>\S+) (?P<status>\d{3}) prompt_tokens=(?P<prompt>\S+) "
-                  r"completion_tokens=(?P<completion>\S+) duration_ms=(?P<ms>\d+\.\d) client=(?P<client>\S+)$")
+                  r"completion_tokens=(?P<completion>\S+) model=(?P<model>\S+) duration_ms=(?P<ms>\d+\.\d) "
+                  r"client=(?P<client>\S+)$")
 
 
 def access_lines(records, name: str = "emlx_async.serve.access") -> list[dict]:
@@ -244,8 +245,8 @@ class FakeStats:
 
 
 class FakeGeneration:
-    def __init__(self, prompt_tokens: int):
-        self.prompt_tokens, self.stats = prompt_tokens, FakeStats()
+    def __init__(self, prompt_tokens: int, model_name: str = "tiny"):
+        self.prompt_tokens, self.stats, self.model_name = prompt_tokens, FakeStats(), model_name
 
 
 @on_every_loop
@@ -294,8 +295,9 @@ async def test_a_stream_is_logged_when_it_ends_with_its_tokens():
     finally:
         logger.removeHandler(handler)
     lines = access_lines(records, "test.access")
-    assert [(line["status"], line["prompt"], line["completion"], line["client"]) for line in lines] == [
-        ("200", "14", "6", "-"), ("499", "5", "0", "-"), ("500", "-", "-", "-")]
+    assert [(line["status"], line["prompt"], line["completion"], line["model"], line["client"])
+            for line in lines] == [("200", "14", "6", "tiny", "-"), ("499", "5", "0", "tiny", "-"),
+                                   ("500", "-", "-", "-", "-")]
 
 
 # ---- against a live server --------------------------------------------------------------
@@ -379,10 +381,10 @@ def test_live_keys_cors_access_log_and_unknown_models(server):
 
     lines = live_access_lines(server, ("OPTIONS", "/v1/messages"))
     chat = [line for line in lines if line["path"] == "/v1/chat/completions"]
-    assert [(line["status"], line["prompt"], line["completion"]) for line in chat] == [
-        ("200", str(reply.usage.prompt_tokens), "3"),
-        ("200", str(streamed_usage.prompt_tokens), str(streamed_usage.completion_tokens)),  # the stream, at its end
-        ("404", "-", "-"), ("401", "-", "-")]
+    assert [(line["status"], line["prompt"], line["completion"], line["model"]) for line in chat] == [
+        ("200", str(reply.usage.prompt_tokens), "3", MODEL),
+        ("200", str(streamed_usage.prompt_tokens), str(streamed_usage.completion_tokens), MODEL),  # at its end
+        ("404", "-", "-", "-"), ("401", "-", "-", "-")]
     messages = [line for line in lines if (line["method"], line["path"]) == ("POST", "/v1/messages")]
     assert [(line["status"], line["prompt"], line["completion"]) for line in messages] == [
         ("200", str(message.usage.input_tokens), "3"), ("404", "-", "-"), ("401", "-", "-")]

@@ -114,6 +114,7 @@ class Engine:
         self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first constrained request
         self._grammar_lock = anyio.Lock()
         self.step_kind = "python"  # "replay" once prepare_step() has traced the step
+        self._closed = False  # close() frees the model; generate() refuses after it
         self.step_note = "the step is not prepared (Engine.load prepares it)"
 
     # One place per fact: the decode paths read these from `decoding`, prompts from `text`.
@@ -325,6 +326,8 @@ class Engine:
             >>> async for delta in engine.generate(messages=[{"role": "user", "content": "Hi"}]):
             ...     print(delta.text, end="")
         """
+        if self._closed:
+            raise RuntimeError("the engine is closed")
         unknown = set(sampling) - SAMPLER_OPTIONS
         if unknown:
             raise ValueError(f"unknown sampling option(s) {sorted(unknown)}; expected {sorted(SAMPLER_OPTIONS)}")
@@ -438,6 +441,26 @@ class Engine:
         with anyio.fail_after(timeout):
             for batcher in (self._batcher, self._replay_batcher):
                 await batcher.wait_idle(timeout)
+
+    async def close(self, timeout: float = 30.0) -> None:
+        """Free what the engine holds: its traced steps (released now), its model's
+        weights and its grammar tokenizer (gone once nothing else refers to them);
+        its queues are back in the runtime's pool. Raises RuntimeError while
+        requests run; ``generate`` raises RuntimeError after it. Idempotent.
+        The runtime is the caller's and stays open.
+        """
+        if self._active:
+            raise RuntimeError(f"the engine still runs {self._active} request(s); end them before close()")
+        if self._closed:
+            return
+        self._closed = True
+        await self.wait_idle(timeout)
+        decoding = self.decoding
+        if decoding.replay is not None:
+            decoding.replay.release()
+        decoding.replay, decoding.model = None, None
+        self._grammar_tokenizer = None
+        self.step_kind, self.step_note = "python", "the engine is closed"
 
     @property
     def batch_driving(self) -> bool:

@@ -157,7 +157,7 @@ def stop_reason(generation: Generation, finish_reason: str, last_token: int | No
         return STOP_REASONS.get(finish_reason, "end_turn"), None
     if last_token is None or not stop_sequences:
         return "end_turn", None
-    token_bytes = generation.service.engine.token_bytes
+    token_bytes = generation.engine.token_bytes
     text = b"".join(token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
     found = [(text.find(s), i) for i, s in enumerate(stop_sequences) if s in text]
     return "stop_sequence", stop_sequences[min(found)[1]] if found else None
@@ -217,7 +217,7 @@ def routes(service: Service) -> list[Route]:
             return count(service, MESSAGES, error_response(group_broken_error(exc)))
         id_ = new_id()
         if parsed.generation.stream:
-            events = guarded(_events(parsed, generation, id_, service.model_name), generation, id_, _error_event)
+            events = guarded(_events(parsed, generation, id_, generation.model_name), generation, id_, _error_event)
             return count(service, MESSAGES, EventStream(events, service, generation,
                                                              lambda: _error_event(shutdown_error())))
         try:
@@ -228,7 +228,7 @@ def routes(service: Service) -> list[Route]:
             return count(service, MESSAGES, Response(status_code=499))  # the client is gone: nobody reads this
         reason, sequence = stop_reason(generation, generation.finish_reason, collected.last_token,
                                        collected.tokens, parsed.stop_sequences)
-        body = message_body(id_, service.model_name, collected.text, reason, sequence,
+        body = message_body(id_, generation.model_name, collected.text, reason, sequence,
                             usage(generation.prompt_tokens, generation.stats.generated_tokens))
         return count(service, MESSAGES, JSON(body))
 
@@ -238,14 +238,12 @@ def routes(service: Service) -> list[Route]:
             body = await read_object(request, config.max_body_bytes, config.body_timeout)
             model = string(body, "model")
             conversation = parse_conversation(body)
-            if model is not None and model != service.model_name:  # as Service.start_generation checks it
-                raise APIError(404, f"the model '{model}' does not exist; this server serves "
-                               f"'{service.model_name}'", param="model", code="model_not_found")
-            try:
-                # Rendering and tokenizing a long conversation takes time: off the loop.
-                ids = await anyio.to_thread.run_sync(lambda: service.engine.encode(messages=conversation))
-            except (ValueError, TypeError) as exc:
-                raise invalid("messages", str(exc)) from None
+            async with service.model_in_use(model) as served:  # 404 for a model not served, as generations
+                try:
+                    # Rendering and tokenizing a long conversation takes time: off the loop.
+                    ids = await anyio.to_thread.run_sync(lambda: served.engine.encode(messages=conversation))
+                except (ValueError, TypeError) as exc:
+                    raise invalid("messages", str(exc)) from None
         except APIError as error:
             return count(service, COUNT_TOKENS, error_response(error))
         return count(service, COUNT_TOKENS, JSON({"input_tokens": len(ids)}))

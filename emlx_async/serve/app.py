@@ -21,7 +21,7 @@ from starlette.routing import Route
 from .. import DistributedError
 from . import anthropic, middleware, openapi, responses
 from .metrics import CONTENT_TYPE
-from .protocol import APIError, GenerationRequest, chunk_body, completion_body, new_id, parse_request, show, \
+from .protocol import APIError, GenerationRequest, chunk_body, completion_body, new_id, parse_request, \
     tool_call_deltas, usage_chunk_body
 from .service import (EventStream, Generation, ServeConfig, Service, distributed_cause, error_response,
                       grammar_error, group_broken_error, read_json, shutdown_error, sse, until_disconnected)
@@ -101,7 +101,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             if generation.splitter.thinking:
                 reasoning = first.reasoning + last.reasoning
             calls = _allowed_calls(parsed, first.tool_calls + last.tool_calls)
-        body = completion_body(parsed, id=id_, model=service.model_name, text=answer,
+        body = completion_body(parsed, id=id_, model=generation.model_name, text=answer,
                                finish_reason=generation.finish_reason, prompt_tokens=generation.prompt_tokens,
                                completion_tokens=generation.stats.generated_tokens, logprobs=entries,
                                reasoning=reasoning, tool_calls=calls)
@@ -109,7 +109,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
 
     async def _stream_events(parsed: GenerationRequest, id_: str, generation: Generation) -> AsyncIterator[bytes]:
         created = int(time.time())
-        fields = {"id": id_, "model": service.model_name, "created": created}
+        fields = {"id": id_, "model": generation.model_name, "created": created}
         deltas = generation.deltas()
         try:
             if parsed.chat:  # OpenAI opens a chat stream with the role
@@ -173,22 +173,24 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
 
+    def model_entry(name: str) -> dict:
+        return {"id": name, "object": "model", "created": service.created, "owned_by": "emlx_async"}
+
     async def models(request: Request) -> Response:
-        body = {"object": "list", "data": [{"id": service.model_name, "object": "model",
-                                            "created": service.created, "owned_by": "emlx_async"}]}
+        body = {"object": "list", "data": [model_entry(name) for name in service.models.names]}
         return count("/v1/models", JSONResponse(body))
 
     async def model(request: Request) -> Response:
-        name = request.path_params["name"]
-        if name != service.model_name:
-            error = APIError(404, f"the model {show(name)} does not exist", type="not_found_error", param="model",
-                             code="model_not_found")
+        try:
+            served = service.models.lookup(request.path_params["name"])
+        except APIError as error:
             return count("/v1/models/{name}", error_response(error))
-        return count("/v1/models/{name}", JSONResponse({"id": name, "object": "model", "created": service.created,
-                                                         "owned_by": "emlx_async"}))
+        return count("/v1/models/{name}", JSONResponse(model_entry(served.name)))
 
     async def health(request: Request) -> Response:
-        body = {"status": service.status, "model": service.model_name, "mode": config.mode}
+        # "model" and "step": the default model's; "models": each one's state (loaded or not).
+        body = {"status": service.status, "model": service.model_name, "mode": config.mode,
+                "models": [served.health() for served in service.models]}
         if service.engine is not None:
             body["step"] = service.engine.step_kind
         if service.load_error:
@@ -201,10 +203,13 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
     async def openapi_json(request: Request) -> Response:
-        engine = service.engine
-        return JSONResponse(openapi.document(model_name=service.model_name, max_messages=config.max_messages,
-                                             vocab_size=engine.vocab_size if engine is not None else None,
-                                             context_length=engine.context_length if engine is not None else None))
+        # The bounds hold for every model: known once all are loaded, the largest of each.
+        engines = [served.engine for served in service.models]
+        loaded = all(engine is not None for engine in engines)
+        return JSONResponse(openapi.document(
+            model_names=service.models.names, max_messages=config.max_messages,
+            vocab_size=max(e.vocab_size or 0 for e in engines) or None if loaded else None,
+            context_length=max(e.context_length or 0 for e in engines) or None if loaded else None))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

