@@ -178,6 +178,18 @@ class Awaiter:
         self.scope.cancel()
 
 
+def metric_total(exposition: str, name: str) -> float:
+    """A sample's value in Prometheus text, summed over its ``model`` label (a
+    server of one model has one such series); KeyError when there is none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = [sample.value for family in text_string_to_metric_families(exposition)
+              for sample in family.samples if sample.name == name and set(sample.labels) <= {"model"}]
+    if not values:
+        raise KeyError(name)
+    return sum(values)
+
+
 class ServerProcess:
     """`python -m emlx_async.serve ARGS` on a free loopback port, stopped (killed if
     still running) by the test that started it; its output goes to a temporary file."""

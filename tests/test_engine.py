@@ -264,3 +264,39 @@ def _decodes(raw: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+async def test_close_frees_the_steps_and_weights_and_refuses_later_requests(rt, mode, tmp_path):
+    import gc
+
+    import mlx.core as mx
+    from tiny_models import tiny_model_folder
+
+    from emlx_async.llm import Engine
+
+    folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    before = mx.get_active_memory()
+    engine = await Engine.load(str(folder), runtime=rt, mode=mode, max_concurrent=2)
+    assert engine.step_kind == "replay"  # a llama: its steps are traced (and released by close)
+    traces = engine.decoding.replay
+    tokens = [d.token async for d in engine.generate([1, 2, 3], max_tokens=4) if d.token is not None]
+    assert len(tokens) == 4
+    running = engine.generate([1, 2, 3], max_tokens=200)
+    first = await running.__anext__()
+    with pytest.raises(RuntimeError, match="still runs 1 request"):
+        await engine.close()
+    assert first.token is not None and (await running.__anext__()).text is not None  # unaffected
+    await running.aclose()
+    await engine.close()
+    await engine.close()  # idempotent
+    assert engine.decoding.replay is None and engine.model is None and engine.step_kind == "python"
+    functions = [*traces.traced.values(), *traces.chains.values()]
+    assert functions and not any(f._finalizer.alive for f in functions)  # every traced step released
+    with pytest.raises(RuntimeError, match="the engine is closed"):
+        engine.generate([1, 2, 3], max_tokens=2)
+    del engine, traces
+    gc.collect()
+    mx.clear_cache()
+    # Its ~25 MB of weights (49152 x 64 float32, embedding and head) are gone.
+    assert mx.get_active_memory() - before < 5e6

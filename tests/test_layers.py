@@ -37,8 +37,8 @@ SUBPACKAGE_ORDER = {
         "text", "loading",
         "decoding", "traces", "parallel", "batching", "batch_replay", "save", "engine", "sharded", "__init__",
     ],
-    "serve": ["metrics", "tools", "protocol", "middleware", "connections", "service", "common", "anthropic", "responses",
-              "openapi", "app", "cli", "__init__", "__main__"],
+    "serve": ["metrics", "tools", "protocol", "middleware", "connections", "models", "service", "common", "anthropic",
+              "responses", "openapi", "app", "cli", "__init__", "__main__"],
 }
 
 # Known crossings in code this test does not change, each with its reason to go:

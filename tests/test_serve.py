@@ -17,7 +17,7 @@ import signal
 import time
 
 import pytest
-from helpers import ServerProcess
+from helpers import ServerProcess, metric_total
 
 pytestmark = [
     pytest.mark.model,
@@ -69,14 +69,7 @@ def alone(server):
 
 
 def metric(http, name: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    # Summed over the models (this server serves one); other labels are other series.
-    values = [sample.value for family in text_string_to_metric_families(http.get("/metrics").text)
-              for sample in family.samples if sample.name == name and set(sample.labels) <= {"model"}]
-    if not values:
-        raise KeyError(name)
-    return sum(values)
+    return metric_total(http.get("/metrics").text, name)
 
 
 def wait_for(predicate, timeout: float = 10.0) -> None:
@@ -195,8 +188,7 @@ async def test_a_cached_prefix_gives_the_engines_own_text(rt, server, alone):
     reference = "".join([d.text async for d in engine.generate(messages=germany, max_tokens=8)])
     assert body["choices"][0]["message"]["content"] == reference
     assert "Berlin" in reference
-    hits = [float(line.split()[-1]) for r in (before, after) for line in r.text.splitlines()
-            if line.startswith("emlx_prompt_cache_hits ")]
+    hits = [metric_total(r.text, "emlx_prompt_cache_hits") for r in (before, after)]
     assert hits[1] == hits[0] + 1
 
 

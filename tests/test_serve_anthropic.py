@@ -349,14 +349,9 @@ def test_hostile_bodies_against_the_server(http, client):
 
 
 def metric(http, name: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
+    from helpers import metric_total
 
-    # Summed over the models (this server serves one); other labels are other series.
-    values = [sample.value for family in text_string_to_metric_families(http.get("/metrics").text)
-              for sample in family.samples if sample.name == name and set(sample.labels) <= {"model"}]
-    if not values:
-        raise KeyError(name)
-    return sum(values)
+    return metric_total(http.get("/metrics").text, name)
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:

@@ -72,10 +72,9 @@ def final_response(raw: bytes) -> tuple[int, bytes]:
 
 
 def metric(http, name: str) -> float:
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    raise KeyError(name)
+    from helpers import metric_total
+
+    return metric_total(http.get("/metrics").text, name)
 
 
 # ---- half-close --------------------------------------------------------------------

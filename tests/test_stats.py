@@ -136,8 +136,7 @@ async def test_metrics_export_the_queue_counters():
     from emlx_async.serve.metrics import Metrics
 
     async with ea.Runtime() as rt:
-        metrics = Metrics(active=lambda: 0, waiting=lambda: 0, prefix_hits=lambda: 0, prefix_tokens=lambda: 0,
-                          runtime_stats=rt.stats)
+        metrics = Metrics(runtime_stats=rt.stats)
         q = rt.default_queue()
         await q.run(time.sleep, 0.05)
         with pytest.raises(KeyError):
