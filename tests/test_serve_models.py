@@ -148,6 +148,8 @@ def samples(text: str, name: str) -> dict[str, float]:
 async def test_a_requests_model_picks_its_engine_on_every_endpoint():
     app, service, _ = gated_app()
     async with client_for(app) as http:
+        # Every model's series exist from the start, at zero.
+        assert samples((await http.get("/metrics")).text, "emlx_requests_cancelled_total") == {"a": 0, "b": 0}
         listed = (await http.get("/v1/models")).json()
         assert [m["id"] for m in listed["data"]] == ["a", "b"]
         assert (await http.get("/v1/models/b")).json()["id"] == "b"

@@ -444,7 +444,8 @@ class Engine:
 
     async def close(self, timeout: float = 30.0) -> None:
         """Free what the engine holds: its traced steps (released now), its model's
-        weights and its grammar tokenizer (gone once nothing else refers to them);
+        weights, its grammar tokenizer and its hold on the prompt cache (gone once
+        nothing else refers to them);
         its queues are back in the runtime's pool. Raises RuntimeError while
         requests run; ``generate`` raises RuntimeError after it. Idempotent.
         The runtime is the caller's and stays open.
@@ -458,7 +459,7 @@ class Engine:
         decoding = self.decoding
         if decoding.replay is not None:
             decoding.replay.release()
-        decoding.replay, decoding.model = None, None
+        decoding.replay, decoding.model, decoding.prompt_cache = None, None, None
         self._grammar_tokenizer = None
         self.step_kind, self.step_note = "python", "the engine is closed"
 

@@ -122,6 +122,12 @@ class Metrics:
         self.cancelled = Counter("emlx_requests_cancelled", "Generations cancelled (client gone or shutdown)",
                                  model, registry=r)
 
+    def add_model(self, name: str) -> None:
+        """Start the model's series at zero (a labelled series exists only once it is used)."""
+        for family in (self.prompt_tokens, self.generated_tokens, self.ttft, self.itl, self.duration,
+                       self.cancelled):
+            family.labels(name)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

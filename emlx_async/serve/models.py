@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import mlx.core as mx
 
 from .protocol import APIError, show
 
@@ -112,7 +113,8 @@ class ServedModel:
     """One model of the service: its engine (None while unloaded), its admission count and its idle clock.
 
     `load` makes the engine (the service's loader: Engine.load with the
-    service's options); `unload` closes it. Both run under the model's lock,
+    service's options) in `ensure_loaded`; `unload_if_idle` closes it. Both
+    run under the model's lock,
     so a load and an unload never overlap and requests arriving while one
     runs wait for it. ``users`` counts the requests that picked the model and
     have not ended; while it is above zero the model is not unloaded.
@@ -193,10 +195,9 @@ class ServedModel:
                 await engine.close()
             finally:
                 # Whatever close managed, the engine is dropped: the next request loads a new one.
+                del engine
                 self.state = UNLOADED
                 self.unloads += 1
-                import mlx.core as mx
-
                 mx.clear_cache()  # the freed weights and caches go back to the system, not MLX's pool
         return True
 

@@ -127,6 +127,8 @@ class Service:
         self.created = int(time.time())
         self.metrics = Metrics(models=lambda: self.models,
                                runtime_stats=lambda: self.runtime.stats() if self.runtime is not None else None)
+        for served in self.models:
+            self.metrics.add_model(served.name)
         self._background: anyio.CancelScope | None = None  # the model load and the loop-lag ticker
         self._encoders: anyio.CapacityLimiter | None = None  # made on the running loop
         self._cut_off_callbacks: set = set()
