@@ -16,6 +16,8 @@ std::vector<mx::array> run_op(int op, mx::Device device, const std::vector<mx::a
                               const int64_t* ints, size_t n_ints, const double* floats, size_t n_floats,
                               const std::string& text);
 int op_count();
+// The digest of the op spec the dispatch was generated from (_op_table.dispatch_digest).
+const char* op_spec_digest();
 
 // Throws if a floating-point output holds a NaN or an infinity.
 void check_finite(const std::vector<mx::array>& outputs, const char* op);

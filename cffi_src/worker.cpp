@@ -591,6 +591,8 @@ void emlx_payload_free(void* payload) { delete static_cast<std::vector<mx::array
 
 int emlx_op_count(void) { return emlx::op_count(); }
 
+const char* emlx_op_table_digest(void) { return emlx::op_spec_digest(); }
+
 int emlx_submit_python(emlx_worker* worker, uint64_t job_id, void* context) {
   return emlx::guarded([&] { return worker->submit(Job{job_id, JobKind::Python, {}, context}); });
 }
