@@ -11,8 +11,9 @@ Everything about an op derives from its record here:
   queue shapes results by `outputs`;
 * tests/test_op_table.py checks that every op is reached where it says.
 
-Plain data only: the builder loads this file on its own (runpy), before the
-package can be imported.
+Data and the small helpers that build it, importing nothing of the package:
+the builder loads this file on its own (runpy), before the package can be
+imported.
 
 A record is op(name, arrays, params, C++ expression, outputs=, mlx=, via=):
 * arrays: how many array inputs, or VARIADIC for a list (then named `xs`);
@@ -26,15 +27,16 @@ A record is op(name, arrays, params, C++ expression, outputs=, mlx=, via=):
   integer is range-checked against the C++ type it lands in;
 * the expression builds the result on stream `s` (the worker's default
   stream for its device) or `sc` (the worker thread's CPU stream, for ops
-  MLX runs on the CPU only). It returns an array, a pair or a vector;
+  MLX runs on the CPU only). It returns an array, a pair, a tuple or a vector;
 * outputs: how the results reach Python (OUTPUTS);
 * mlx: the public functions that submit this op: a path ("cummax",
   "linalg.inv", "random.key") whose mlx parameters are the op's arrays and
   options of the same name (`direct` when mlx names the arrays otherwise),
   or `adapter(path, fn, *leading)` when emlx_async/_adapters.fn translates
-  mlx's parameters (an adapter may also submit other ops, named in their `via`);
-* via: where else the op is submitted: a module ("fast") or an adapter
-  ("_adapters.roll"); "submit" for ops reached only through ea.ops.submit.
+  mlx's parameters (an adapter may submit other ops too);
+* via: where an op that is not the target of an mlx function is submitted:
+  a module ("fast") or an adapter ("_adapters.roll"); "submit" for ops
+  reached only through ea.ops.submit. Every op has `mlx` functions or a `via`.
 """
 
 import hashlib
@@ -123,9 +125,10 @@ class Op(NamedTuple):
     outputs: str = ARRAY
     mlx: tuple = ()  # Fn records
     via: tuple = ()
+    weak: tuple = ()  # (i, j) array positions typed as a weak pair
 
 
-def op(name: str, arrays: int, params, cpp: str, *, outputs: str = ARRAY, mlx=(), via=()) -> Op:
+def op(name: str, arrays: int, params, cpp: str, *, outputs: str = ARRAY, mlx=(), via=(), weak=()) -> Op:
     if outputs not in OUTPUTS:
         raise ValueError(f"op spec: {name}: unknown outputs {outputs!r}")
     for pname, full_kind, _ in params:
@@ -133,7 +136,7 @@ def op(name: str, arrays: int, params, cpp: str, *, outputs: str = ARRAY, mlx=()
     if not mlx and not via:
         raise ValueError(f"op spec: {name} says neither which mlx function nor what else submits it")
     functions = tuple(f if isinstance(f, Fn) else Fn(f) for f in mlx)
-    return Op(name, arrays, tuple(tuple(p) for p in params), cpp, outputs, functions, tuple(via))
+    return Op(name, arrays, tuple(tuple(p) for p in params), cpp, outputs, functions, tuple(via), tuple(weak))
 
 
 # At-call functions: no job at all (mlx's exact signature, no runtime keywords);
@@ -160,15 +163,16 @@ _BINARY = [
 _BINARY_EXPRESSIONS = {"floor_divide": "int_division(x0, x1, true, s)",
                        "remainder": "int_division(x0, x1, false, s)"}
 
-# mlx's weak typing (python/src/utils.cpp: to_arrays): in these ops a Python
-# scalar or NumPy value beside an mx.array takes the array's dtype where it can
-# (emlx_async/_convert.py). (i, j) are array positions; other inputs convert alone.
+# mlx's weak typing (python/src/utils.cpp: to_arrays): in an op's `weak`
+# pairs (i, j) of array positions, a Python scalar or NumPy value beside an
+# mx.array takes the array's dtype where it can (emlx_async/_convert.py);
+# other inputs convert alone. The binary ops with a weak pair:
 _WEAK_BINARY = [
     "add", "subtract", "multiply", "divide", "floor_divide", "remainder", "power", "maximum", "minimum",
     "arctan2", "logaddexp", "equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
-    "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "divmod", "array_equal",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
 ]
-WEAK_PAIRS = {**{name: ((0, 1),) for name in _WEAK_BINARY}, "where": ((1, 2),), "clip": ((0, 1), (0, 2))}
+PAIR = ((0, 1),)
 
 # mlx's aliases of these, under their own names and signatures
 _ALIASES = {"arccos": ("acos",), "arccosh": ("acosh",), "arcsin": ("asin",), "arcsinh": ("asinh",),
@@ -184,7 +188,7 @@ AXES = ("axis", "axes", None)
 OPS = (
     [op(name, 1, [], f"mx::{name}(x0, s)", mlx=(name, *_ALIASES.get(name, ()))) for name in _UNARY]
     + [op(name, 2, [], _BINARY_EXPRESSIONS.get(name, f"mx::{name}(x0, x1, s)"),
-            mlx=(name, *_ALIASES.get(name, ()))) for name in _BINARY]
+          mlx=(name, *_ALIASES.get(name, ())), weak=PAIR if name in _WEAK_BINARY else ()) for name in _BINARY]
     + [op(name, 1, [AXES, KEEPDIMS], f"mx::{name}(x0, all_axes(p0, x0), p1, s)", mlx=(name,)) for name in _REDUCE]
     + [
         # creation
@@ -249,14 +253,15 @@ OPS = (
            "p2.empty() ? mx::slice_update(x0, x1, p0, p1, s) : mx::slice_update(x0, x1, p0, p1, p2, s)",
            mlx=(adapter("slice_update", "slice_update"),)),
         # elementwise with options
-        op("where", 3, [], "mx::where(x0, x1, x2, s)", mlx=("where",)),
-        op("clip", 3, [], "mx::clip(x0, x1, x2, s)", mlx=(adapter("clip", "clip"),)),
+        op("where", 3, [], "mx::where(x0, x1, x2, s)", mlx=("where",), weak=((1, 2),)),
+        op("clip", 3, [], "mx::clip(x0, x1, x2, s)", mlx=(adapter("clip", "clip"),), weak=((0, 1), (0, 2))),
         op("round", 1, [("decimals", "int", 0)], "mx::round(x0, p0, s)", mlx=("round",)),
         op("isclose", 2, [("rtol", "float", 1e-5), ("atol", "float", 1e-8), ("equal_nan", "bool", False)],
            "mx::isclose(x0, x1, p0, p1, p2, s)", mlx=("isclose",)),
         op("allclose", 2, [("rtol", "float", 1e-5), ("atol", "float", 1e-8), ("equal_nan", "bool", False)],
            "mx::allclose(x0, x1, p0, p1, p2, s)", mlx=("allclose",)),
-        op("array_equal", 2, [("equal_nan", "bool", False)], "mx::array_equal(x0, x1, p0, s)", mlx=("array_equal",)),
+        op("array_equal", 2, [("equal_nan", "bool", False)], "mx::array_equal(x0, x1, p0, s)",
+           mlx=("array_equal",), weak=PAIR),
         op("nan_to_num", 1, [("nan", "float", 0.0)], "mx::nan_to_num(x0, p0, std::nullopt, std::nullopt, s)",
            via=("submit",)),
         # reductions and scans with an axis
@@ -498,7 +503,7 @@ OPS += [
     op("trunc", 1, [], "mx::trunc(x0, s)", mlx=("trunc",)),
     op("count_nonzero", 1, [AXES, KEEPDIMS], "mx::count_nonzero(x0, all_axes(p0, x0), p1, s)", mlx=("count_nonzero",)),
     # integer divmod by its two halves (see ops.cpp: guarded_divmod)
-    op("divmod", 2, [], "guarded_divmod(x0, x1, s)", outputs=LIST, mlx=("divmod",)),
+    op("divmod", 2, [], "guarded_divmod(x0, x1, s)", outputs=LIST, mlx=("divmod",), weak=PAIR),
     op("vecdot", 2, [("axis", "int", -1)], "mx::vecdot(x0, x1, p0, s)", mlx=("vecdot",)),
     op("minmax", 1, [AXES, KEEPDIMS], "mx::minmax(x0, all_axes(p0, x0), p1, s)", outputs=TUPLE, mlx=("minmax",)),
     op("unflatten", 1, [("axis", "int", 0), _SHAPE], "mx::unflatten(x0, p0, p1, s)", mlx=("unflatten",)),
@@ -598,6 +603,8 @@ OPS += [
 
 if len({o.name for o in OPS}) != len(OPS):
     raise ValueError("op spec: two ops share a name")
+
+WEAK_PAIRS = {o.name: o.weak for o in OPS if o.weak}  # for emlx_async/_convert.py's inputs()
 
 
 def dispatch_digest(ops=None) -> str:
