@@ -17,8 +17,8 @@ from cffi import FFI
 
 ROOT = pathlib.Path(__file__).resolve().parent
 SRC = ROOT / "cffi_src"
-AREAS = ["channel.h", "worker.h", "interop.h", "host_call.h", "ops.h", "ipc.h", "replay.h", "distributed.h"]
-SOURCES = ["common.cpp", "channel.cpp", "worker.cpp", "interop.cpp", "host_call.cpp", "ops.cpp", "validate.cpp",
+AREAS = ["common.h", "channel.h", "worker.h", "interop.h", "host_call.h", "ops.h", "ipc.h", "replay.h", "distributed.h"]
+SOURCES = ["mlx_internals.cpp", "common.cpp", "channel.cpp", "worker.cpp", "interop.cpp", "host_call.cpp", "ops.cpp", "validate.cpp",
            "ipc.cpp", "ops_extra.cpp", "replay.cpp",
            "export_file.cpp", "distributed.cpp"]
 
@@ -58,11 +58,29 @@ def _package_version() -> str:
     return match.group(1)
 
 
+def _supported_mlx() -> tuple[int, int, str]:
+    """The MLX versions the shim's MLX internals support (cffi_src/mlx_internals.hpp, the one place they are)."""
+    text = (SRC / "mlx_internals.hpp").read_text()
+    found = dict(re.findall(r"#define EMLX_MLX_SUPPORTED(\w*) (\S+)", text))
+    return int(found["_MIN"]), int(found["_MAX"]), found[""].strip('"')
+
+
+def _check_mlx_version(version: str) -> None:
+    """Refuse, naming both, an MLX outside the versions mlx_internals.hpp supports."""
+    low, high, words = _supported_mlx()
+    major, minor, patch = (int(re.match(r"\d+", part).group()) for part in version.split(".")[:3])
+    if not low <= 100000 * major + 1000 * minor + patch <= high:
+        sys.exit(f"emlx_async build: MLX {version} is installed, but emlx_async supports MLX {words} "
+                 "(cffi_src/mlx_internals.hpp: the MLX internals it relies on were checked against those); "
+                 f"install mlx {words}")
+
+
 def _mlx_dirs() -> tuple[str, str]:
     # `mlx` is a namespace package: locate it through mlx.core's file, which
     # also proves the wheel we build against is importable.
     import mlx.core
 
+    _check_mlx_version(mlx.core.__version__)
     base = pathlib.Path(mlx.core.__file__).resolve().parent
     include, lib = base / "include", base / "lib"
     if not (include / "mlx" / "mlx.h").exists() or not list(lib.glob("libmlx.*")):

@@ -15,6 +15,9 @@
 #include "ops.hpp"
 #include "replay.hpp"
 #include "validate.hpp"
+#include "worker.hpp"
+
+namespace mx = mlx::core;
 
 namespace emlx {
 
@@ -446,3 +449,62 @@ void check_finite(const std::vector<mx::array>& outputs, const char* op) {
 }
 
 }  // namespace emlx
+
+// ---- the C ABI of ops.h ----------------------------------------------------------------
+
+extern "C" {
+
+int emlx_submit_op(emlx_worker* worker, uint64_t job_id, int op, void** arrays, size_t n_arrays,
+                   const int64_t* ints, size_t n_ints, const double* floats, size_t n_floats,
+                   const char* text, int evaluate, int check_finite, const unsigned char* donated) {
+  return emlx::guarded([&] {
+    auto call = std::make_shared<emlx::OpCall>();
+    call->op = op;
+    call->ints.assign(ints, ints + n_ints);
+    call->floats.assign(floats, floats + n_floats);
+    call->text = text ? text : "";
+    call->evaluate = evaluate != 0;
+    call->check_finite = check_finite != 0;
+    std::vector<size_t> donated_at;
+    if (donated)
+      for (size_t i = 0; i < n_arrays; ++i)
+        if (donated[i]) donated_at.push_back(i);
+    std::vector<mx::array> inputs;
+    inputs.reserve(n_arrays);
+    emlx::GilGuard gil;
+    for (size_t i = 0; i < n_arrays; ++i) inputs.push_back(emlx::array_of(arrays[i]));
+    // Take the only reference of donated inputs (their objects hold a scalar
+    // until results come back) BEFORE the job is queued: a spinning worker
+    // may start it at once, and a reference still in the caller's object
+    // then makes MLX copy the buffer instead of updating it in place.
+    for (size_t i : donated_at) emlx::array_of(arrays[i]) = mx::array(0.0f);
+    int status = emlx::submit_op_job(worker, job_id, std::move(call), inputs, donated_at);
+    if (status != 0) {  // not queued: the caller's arrays come back
+      for (size_t i : donated_at) emlx::array_of(arrays[i]) = inputs[i];
+    }
+    return status;
+  });
+}
+
+int emlx_op_count(void) { return emlx::op_count(); }
+
+const char* emlx_op_table_digest(void) { return emlx::op_spec_digest(); }
+
+size_t emlx_payload_size(void* payload) { return static_cast<std::vector<mx::array>*>(payload)->size(); }
+
+int emlx_publish_results(void* payload, void** placeholders, size_t count) {
+  auto* results = static_cast<std::vector<mx::array>*>(payload);
+  int status = emlx::guarded([&] {
+    emlx::GilGuard gil;
+    for (size_t i = 0; i < count && i < results->size(); ++i) {
+      if (placeholders[i] != nullptr) emlx::array_of(placeholders[i]) = (*results)[i];
+    }
+    return 0;
+  });
+  delete results;
+  return status;
+}
+
+void emlx_payload_free(void* payload) { delete static_cast<std::vector<mx::array>*>(payload); }
+
+}  // extern "C"

@@ -6,9 +6,21 @@
 #include "mlx/device.h"
 #include "shim.hpp"
 
-namespace mx = mlx::core;
+namespace emlx {
+namespace mx = mlx::core;  // scoped: a header's alias would reach every file that includes it
+}  // namespace emlx
 
 namespace emlx {
+
+// An op job's call, as emlx_submit_op received it; its worker runs it (run_op).
+struct OpCall {
+  int op = 0;
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+  std::string text;
+  bool evaluate = true;
+  bool check_finite = false;
+};
 
 // Builds op `op` (a position in emlx_async/_op_table.py) on this thread's
 // stream for `device`; throws MLX's exceptions unchanged.

@@ -175,3 +175,23 @@ def test_generated_functions_reach_submit_by_import():
                     for alias in node.names} | {node.module for node in ast.walk(tree)
                                                 if isinstance(node, ast.ImportFrom) and node.module}
         assert "ops" not in imported, f"{name}.py imports ops"
+
+
+def test_a_shim_from_another_spec_is_refused_at_import():
+    """Op codes are spec positions: a shim whose digest differs must not run ops (a reorder kept the count)."""
+    import subprocess
+    import sys
+
+    # the spec module loaded first, with another digest, then the package on top of it
+    code = ("import importlib.util, sys\n"
+            f"found = importlib.util.spec_from_file_location('emlx_async._op_table', {_op_table.__file__!r})\n"
+            "spec = importlib.util.module_from_spec(found)\n"
+            "found.loader.exec_module(spec)\n"
+            "spec.dispatch_digest = lambda ops=None: 'another spec'\n"
+            "sys.modules['emlx_async._op_table'] = spec\n"
+            "try:\n"
+            "    import emlx_async\n"
+            "except ImportError as error:\n"
+            "    print('refused:', error)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "refused: emlx_async's shim was built from a different op spec" in done.stdout, done.stderr
