@@ -17,29 +17,38 @@ from cffi import FFI
 
 ROOT = pathlib.Path(__file__).resolve().parent
 SRC = ROOT / "cffi_src"
-AREAS = ["channel.h", "worker.h", "interop.h", "host_call.h", "ops.h", "ipc.h", "replay.h", "distributed.h"]
-SOURCES = ["common.cpp", "channel.cpp", "worker.cpp", "interop.cpp", "host_call.cpp", "ops.cpp", "validate.cpp",
+AREAS = ["common.h", "channel.h", "worker.h", "interop.h", "host_call.h", "ops.h", "ipc.h", "replay.h", "distributed.h"]
+SOURCES = ["mlx_internals.cpp", "common.cpp", "channel.cpp", "worker.cpp", "interop.cpp", "host_call.cpp", "ops.cpp", "validate.cpp",
            "ipc.cpp", "ops_extra.cpp", "replay.cpp",
            "export_file.cpp", "distributed.cpp"]
 
-# How each parameter kind of the op table is decoded (cffi_src/ops.cpp: Params).
-# A kind may carry a rule after a colon ("int:positive"): the decoder
-# enforces it, as emlx_async/ops.py's _encode does before submitting.
-_DECODERS = {"int": "integer", "int64": "int64", "bool": "boolean", "float": "real", "axis": "axis",
-             "axes": "axes", "shape": "shape", "strides": "strides", "dtype": "dtype", "str": "str"}
-_RULES = {"": "Rule::any", "positive": "Rule::positive", "nonneg": "Rule::nonneg", "nonzero": "Rule::nonzero"}
+
+def _op_spec() -> dict:
+    """emlx_async/_op_table.py, loaded on its own (the package cannot be imported before it is built)."""
+    import runpy
+
+    return runpy.run_path(str(ROOT / "emlx_async" / "_op_table.py"))
 
 
-def _decoder(name: str, kind: str) -> str:
-    base, _, rule = kind.partition(":")
-    if rule == "required" and base in ("dtype", "axes"):
+def _decoder(spec: dict, name: str, full_kind: str) -> str:
+    """The Params call that decodes option `name` of kind `full_kind` (cffi_src/ops.cpp)."""
+    kind, rule = spec["split_kind"](full_kind)
+    if rule == "required":
         rule = ""  # Python's rule (mlx's TypeError for None); the expression's need() backs it
-    if base not in _DECODERS or rule not in _RULES:
-        raise ValueError(f"op table: unknown parameter kind {kind!r} for option {name!r}")
-    if base in ("bool", "float", "dtype", "str") and rule:
-        raise ValueError(f"op table: kind {base!r} takes no rule (option {name!r})")
-    rule_arg = f", {_RULES[rule]}" if rule else ""
-    return f'p.{_DECODERS[base]}("{name}"{rule_arg})'
+    rule_arg = f", Rule::{rule}" if rule else ""
+    return f'p.{spec["KINDS"][kind].decoder}("{name}"{rule_arg})'
+
+
+def _rules(spec: dict) -> list[str]:
+    """The integer rules of the spec's RULES as C++: the enum and the check Params applies."""
+    names = list(spec["RULES"])
+    lines = ["enum class Rule { any, " + ", ".join(names) + " };", "",
+             "// The words of the rule `v` breaks, or nullptr.",
+             "inline const char* broken_rule(Rule rule, int64_t v) {", "  switch (rule) {"]
+    for name, (words, condition) in spec["RULES"].items():
+        lines.append(f'    case Rule::{name}: return {condition} ? nullptr : "{words}";')
+    lines += ["    default: return nullptr;", "  }", "}"]
+    return lines
 
 
 def _package_version() -> str:
@@ -49,11 +58,29 @@ def _package_version() -> str:
     return match.group(1)
 
 
+def _supported_mlx() -> tuple[int, int, str]:
+    """The MLX versions the shim's MLX internals support (cffi_src/mlx_internals.hpp, the one place they are)."""
+    text = (SRC / "mlx_internals.hpp").read_text()
+    found = dict(re.findall(r"#define EMLX_MLX_SUPPORTED(\w*) (\S+)", text))
+    return int(found["_MIN"]), int(found["_MAX"]), found[""].strip('"')
+
+
+def _check_mlx_version(version: str) -> None:
+    """Refuse, naming both, an MLX outside the versions mlx_internals.hpp supports."""
+    low, high, words = _supported_mlx()
+    major, minor, patch = (int(re.match(r"\d+", part).group()) for part in version.split(".")[:3])
+    if not low <= 100000 * major + 1000 * minor + patch <= high:
+        sys.exit(f"emlx_async build: MLX {version} is installed, but emlx_async supports MLX {words} "
+                 "(cffi_src/mlx_internals.hpp: the MLX internals it relies on were checked against those); "
+                 f"install mlx {words}")
+
+
 def _mlx_dirs() -> tuple[str, str]:
     # `mlx` is a namespace package: locate it through mlx.core's file, which
     # also proves the wheel we build against is importable.
     import mlx.core
 
+    _check_mlx_version(mlx.core.__version__)
     base = pathlib.Path(mlx.core.__file__).resolve().parent
     include, lib = base / "include", base / "lib"
     if not (include / "mlx" / "mlx.h").exists() or not list(lib.glob("libmlx.*")):
@@ -88,27 +115,27 @@ def _abi_text() -> tuple[str, str]:
 
 
 def _op_dispatch() -> str:
-    """C++ for the op switch, from emlx_async/_op_table.py (loaded on its own)."""
-    import runpy
-
-    table = runpy.run_path(str(ROOT / "emlx_async" / "_op_table.py"))
+    """C++ for the op switch, from the op spec."""
+    spec = _op_spec()
     lines = ["std::vector<mx::array> dispatch(int op, const std::vector<mx::array>& xs, Params& p,",
              "                                mx::Stream s, mx::Stream sc) {",
              "  switch (op) {"]
-    for code, (name, arrays, params, expression) in enumerate(table["OPS"]):
-        body = [f"    case {code}: {{  // {name}", f'      p.op = "{name}";']
-        if arrays != table["VARIADIC"]:
-            body.append(f'      if (xs.size() != {arrays}) throw std::invalid_argument("[{name}] expects {arrays} arrays");')
-        for k in range(max(arrays, 0)):
+    for code, op in enumerate(spec["OPS"]):
+        body = [f"    case {code}: {{  // {op.name}", f'      p.op = "{op.name}";']
+        if op.arrays != spec["VARIADIC"]:
+            body.append(f'      if (xs.size() != {op.arrays}) throw std::invalid_argument("[{op.name}] expects '
+                        f'{op.arrays} arrays");')
+        for k in range(max(op.arrays, 0)):
             body.append(f"      const mx::array& x{k} = xs[{k}];")
-        for k, (pname, kind, _) in enumerate(params):
-            body.append(f"      auto p{k} = {_decoder(pname, kind)};")
-        body.append(f"      return results({expression});")
+        for k, (pname, kind, _) in enumerate(op.params):
+            body.append(f"      auto p{k} = {_decoder(spec, pname, kind)};")
+        body.append(f"      return results({op.cpp});")
         body.append("    }")
         lines += body
     lines += ['    default:', '      throw std::invalid_argument("[emlx] unknown op code " + std::to_string(op));',
-              "  }", "}", "", f"constexpr int kOpCount = {len(table['OPS'])};",
-              "constexpr const char* kOpNames[] = {" + ", ".join(f'"{op[0]}"' for op in table["OPS"]) + "};"]
+              "  }", "}", "", f"constexpr int kOpCount = {len(spec['OPS'])};",
+              "constexpr const char* kOpNames[] = {" + ", ".join(f'"{op.name}"' for op in spec["OPS"]) + "};",
+              f'constexpr const char* kOpSpecDigest = "{spec["dispatch_digest"]()}";']
     return "/* GENERATED by build_ffi.py from emlx_async/_op_table.py; do not edit. */\n" + "\n".join(lines) + "\n"
 
 
@@ -123,6 +150,8 @@ def _make_ffi() -> FFI:
         "#ifdef __cplusplus\nextern \"C\" {\n#endif\n" + header + "\n#ifdef __cplusplus\n}\n#endif\n"
     )
     (gen / "ops_table.inc").write_text(_op_dispatch())
+    (gen / "op_rules.inc").write_text("/* GENERATED by build_ffi.py from emlx_async/_op_table.py (RULES); do not edit. */\n"
+                                      + "\n".join(_rules(_op_spec())) + "\n")
     ffi = FFI()
     ffi.cdef(re.sub(r"#define (\w+) (-?\d+)\s*/\*.*?\*/", r"#define \1 \2", cdef))
     ffi.set_source(

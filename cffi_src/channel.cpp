@@ -1,5 +1,7 @@
 #include "channel.hpp"
 
+#include <cstdlib>
+
 #include <fcntl.h>
 #include <unistd.h>
 #ifdef __linux__
@@ -122,5 +124,7 @@ int emlx_channel_fd(emlx_channel* channel) { return channel->impl->fd(); }
 size_t emlx_channel_drain(emlx_channel* channel, emlx_completion* out, size_t capacity) {
   return channel->impl->drain(out, capacity);
 }
+
+void emlx_message_free(char* message) { std::free(message); }
 
 }  // extern "C"

@@ -6,25 +6,13 @@
 
 typedef struct emlx_channel emlx_channel;
 
-/* Record status values. */
+/* Record status values: every status a record can carry, whoever posts it. */
 #define EMLX_DONE 0          /* the job finished */
-#define EMLX_FAILED 1        /* a native error; see error_kind and message */
+#define EMLX_FAILED 1        /* a native error; see error_kind (EMLX_ERR_*, common.h) and message */
 #define EMLX_DROPPED 2       /* the job was dropped before it started */
 #define EMLX_PY_FAILED 3     /* a Python job raised; the exception is kept in Python */
 #define EMLX_STOPPED 4       /* the worker reached its stop marker and left this channel */
-
-/* error_kind values for EMLX_FAILED. */
-#define EMLX_ERR_RUNTIME 0
-#define EMLX_ERR_INVALID_ARGUMENT 1
-#define EMLX_ERR_OUT_OF_RANGE 2
-#define EMLX_ERR_OTHER 3
-#define EMLX_ERR_OVERFLOW 4  /* std::overflow_error: a value does not fit its C++ type */
-#define EMLX_ERR_CLOSED 5    /* the runtime the work reports to was closed */
-
-/* The kind (EMLX_ERR_*) of the last failed call on this thread, beside its
- * message (emlx_last_error): a call returning -1 or NULL carries its kind as
- * a record carries error_kind, so Python never guesses the class. */
-int emlx_last_error_kind(void);
+#define EMLX_HOST_REQUEST 5  /* a host-call node wants an answer (host_call.h); job_id is the request id */
 
 /* payload_kind values. */
 #define EMLX_PAYLOAD_RESULTS 0  /* an op job's outputs */

@@ -55,14 +55,6 @@ mlx::core::Dtype dtype_of(int code) {
   return table[code];
 }
 
-mlx::core::array& array_of(void* obj) {
-  // nanobind instance: PyObject header, then an int32 offset to the C++ object.
-  char* base = static_cast<char*>(obj);
-  int32_t offset;
-  std::memcpy(&offset, base + sizeof(PyObject), sizeof(offset));
-  return *reinterpret_cast<mlx::core::array*>(base + offset);
-}
-
 }  // namespace emlx
 
 extern "C" {
@@ -79,7 +71,5 @@ const char* emlx_mlx_version(void) {
 const char* emlx_last_error(void) { return emlx::last_error.c_str(); }
 
 int emlx_last_error_kind(void) { return emlx::last_error_kind; }
-
-void emlx_message_free(char* message) { std::free(message); }
 
 }  // extern "C"

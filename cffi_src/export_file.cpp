@@ -9,6 +9,7 @@
 // Primitive states are read with the state types of MLX's own headers, so
 // this reader follows whatever MLX writes for each primitive.
 #include "export_file.hpp"
+#include "mlx_internals.hpp"
 
 #include <algorithm>
 #include <any>
@@ -30,6 +31,8 @@
 #include "mlx/transforms.h"
 #include "mlx/utils.h"
 #include "validate.hpp"
+
+namespace mx = mlx::core;
 
 namespace emlx::export_file {
 
@@ -332,7 +335,7 @@ bool constant_within(const Meta& idx, int64_t low, int64_t high, mx::Stream sc) 
   }
   const auto* a = idx.array;
   // A constant of the trace is available, or a Load node read once from the export.
-  if (a == nullptr || !(a->is_available() || (a->has_primitive() && std::string(a->primitive().name()) == "Load")))
+  if (a == nullptr || !(a->is_available() || mlx_internals::is_loaded_constant(*a)))
     return true;
   auto wide = mx::astype(*a, mx::int64, sc);
   auto least = mx::min(wide, false, sc), most = mx::max(wide, false, sc);
@@ -351,7 +354,7 @@ std::optional<std::vector<int64_t>> constant_values(const Meta& idx, mx::Stream 
     return values;
   }
   const auto* a = idx.array;
-  if (a == nullptr || !(a->is_available() || (a->has_primitive() && std::string(a->primitive().name()) == "Load")))
+  if (a == nullptr || !(a->is_available() || mlx_internals::is_loaded_constant(*a)))
     return std::nullopt;
   auto wide = mx::astype(mx::flatten(*a, sc), mx::int64, sc);
   mx::eval({wide});

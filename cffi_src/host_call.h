@@ -5,8 +5,6 @@
  * task posts an EMLX_HOST_REQUEST record (job_id = request id) to the
  * channel and blocks until the loop replies with emlx_host_request_reply. */
 
-#define EMLX_HOST_REQUEST 5  /* completion status: a host call wants an answer */
-
 /* Builds the node. `shapes` holds the output shapes back to back (ndims[i]
  * entries each); `dtypes` are mlx::core::Dtype::Val values. Each output is
  * written into the mx.array placeholder out_placeholders[i]. Returns 0 or -1

@@ -9,10 +9,7 @@ extern "C" {
 int emlx_probe_array(void* obj, int64_t* shape, int shape_capacity, int* ndim, int* itemsize,
                      int64_t* size) {
   emlx::GilGuard gil;
-  int32_t offset;
-  std::memcpy(&offset, static_cast<char*>(obj) + sizeof(PyObject), sizeof(offset));
-  // Sanity bounds before dereferencing: the object lies right after the header.
-  if (offset < static_cast<int32_t>(sizeof(PyObject)) || offset > 256) return -1;
+  if (!emlx::mlx_internals::plausible_array_object(obj)) return -1;
   const array& a = emlx::array_of(obj);
   *ndim = static_cast<int>(a.ndim());
   for (int i = 0; i < *ndim && i < shape_capacity; ++i) shape[i] = a.shape(i);

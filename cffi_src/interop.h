@@ -16,10 +16,5 @@ int emlx_probe_array(void *obj, int64_t *shape, int shape_capacity, int *ndim,
  * its primitive (its owner). */
 int emlx_array_state(void *obj, int *device_type, int *stream_index);
 
-/* Common. */
-const char *emlx_version(void);
-const char *emlx_mlx_version(void);
-const char *emlx_last_error(void);
-
 /* Index of the calling thread's default stream on the device, or -1. */
 int emlx_thread_stream_index(int device_type);

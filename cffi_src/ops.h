@@ -1,5 +1,5 @@
 /* Native ops: one job builds an op's graph on the worker's stream, natively,
- * from emlx_async/_op_table.py (op codes are table positions). */
+ * from the op spec, emlx_async/_op_table.py (op codes are its positions). */
 
 /* Inputs whose entry of `donated` is non-zero (one per input; NULL: none) are donated: once the job is queued
  * it takes the only reference (the mx.array object is left holding a scalar
@@ -15,6 +15,9 @@ int emlx_submit_op(emlx_worker *worker, uint64_t job_id, int op, void **arrays, 
                    const int64_t *ints, size_t n_ints, const double *floats, size_t n_floats,
                    const char *text, int evaluate, int check_finite, const unsigned char *donated);
 int emlx_op_count(void);
+/* The digest of the op spec the dispatch was generated from; the package
+ * refuses a shim whose digest differs from its own spec's. */
+const char *emlx_op_table_digest(void);
 /* Number of arrays in a payload. */
 size_t emlx_payload_size(void *payload);
 /* Move the payload's arrays into mx.array placeholders (loop thread; NULL

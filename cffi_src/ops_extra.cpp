@@ -66,16 +66,6 @@ mx::array fft_any(const mx::array& x, int kind, const std::optional<std::vector<
   }
 }
 
-mx::array norm_ord(const mx::array& x, double ord, const std::optional<std::vector<int>>& axes, bool keepdims,
-                   mx::Stream s) {
-  return mx::linalg::norm(x, ord, axes, keepdims, s);
-}
-
-mx::array norm_str(const mx::array& x, const std::string& ord, const std::optional<std::vector<int>>& axes,
-                   bool keepdims, mx::Stream s) {
-  return mx::linalg::norm(x, ord, axes, keepdims, s);
-}
-
 mx::array random_normal(const std::vector<mx::array>& xs, const mx::Shape& shape, mx::Dtype dtype, bool has_loc,
                         bool has_scale, mx::Stream s) {
   if (xs.size() != 1u + has_loc + has_scale) throw std::invalid_argument("[normal] expects key, loc?, scale?");
@@ -152,26 +142,6 @@ mx::array convolve(mx::array a, mx::array v, const std::string& mode, mx::Stream
 
 namespace emlx::extra {
 
-std::vector<mx::array> minmax(const mx::array& a, const std::vector<int>& axes, bool keepdims, mx::Stream s) {
-  auto [lo, hi] = mx::minmax(a, axes, keepdims, s);
-  return {lo, hi};
-}
-
-std::vector<mx::array> atleast(const std::vector<mx::array>& xs, int ndim, mx::Stream s) {
-  if (ndim == 1) return mx::atleast_1d(xs, s);
-  if (ndim == 2) return mx::atleast_2d(xs, s);
-  return mx::atleast_3d(xs, s);
-}
-
-mx::array window(int kind, int m, mx::Stream s) {
-  switch (kind) {
-    case 0: return mx::hanning(m, s);
-    case 1: return mx::hamming(m, s);
-    case 2: return mx::bartlett(m, s);
-    default: return mx::blackman(m, s);
-  }
-}
-
 mx::array gather_mm(const std::vector<mx::array>& xs, bool has_lhs, bool has_rhs, bool sorted, mx::Stream s) {
   if (xs.size() != 2u + has_lhs + has_rhs) throw std::invalid_argument("[gather_mm] expects a, b, lhs?, rhs?");
   std::optional<mx::array> lhs, rhs;
@@ -192,11 +162,6 @@ mx::array block_masked_mm(const std::vector<mx::array>& xs, int block_size, bool
   return mx::block_masked_mm(xs[0], xs[1], block_size, out, lhs, rhs, s);
 }
 
-mx::array fftshift(const mx::array& a, bool inverse, const std::optional<std::vector<int>>& axes, mx::Stream s) {
-  if (axes) return inverse ? mx::fft::ifftshift(a, *axes, s) : mx::fft::fftshift(a, *axes, s);
-  return inverse ? mx::fft::ifftshift(a, s) : mx::fft::fftshift(a, s);
-}
-
 }  // namespace emlx::extra
 
 namespace emlx::extra {
@@ -206,17 +171,6 @@ mx::array roll(const mx::array& a, const mx::Shape& shift, bool scalar_shift, bo
   if (scalar_shift) return axes ? mx::roll(a, shift.at(0), *axes, s) : mx::roll(a, shift.at(0), s);
   if (one_axis) return mx::roll(a, shift, axes->at(0), s);  // mlx sums the shifts along that axis
   return axes ? mx::roll(a, shift, *axes, s) : mx::roll(a, shift, s);
-}
-
-mx::array put_along_flat(const mx::array& a, const mx::array& indices, const mx::array& values, mx::Stream s) {
-  auto flat = mx::put_along_axis(mx::flatten(a, s), mx::flatten(indices, s), mx::flatten(values, s), 0, s);
-  return mx::reshape(flat, a.shape(), s);
-}
-
-std::vector<mx::array> quantize_scaled(const mx::array& w, const mx::array& global_scale,
-                                       std::optional<int> group_size, std::optional<int> bits,
-                                       const std::string& mode, mx::Stream s) {
-  return mx::quantize(w, group_size, bits, mode, global_scale, s);
 }
 
 mx::array dequantize_full(const std::vector<mx::array>& xs, std::optional<int> group_size, std::optional<int> bits,
@@ -233,13 +187,6 @@ mx::array dequantize_full(const std::vector<mx::array>& xs, std::optional<int> g
 }  // namespace emlx::extra
 
 namespace emlx::extra {
-
-std::vector<mx::array> unique(const std::vector<mx::array>& xs, int size, bool return_index, bool return_inverse,
-                              bool return_counts, mx::Stream s) {
-  std::optional<mx::array> fill;
-  if (xs.size() > 1) fill = xs[1];
-  return mx::unique(xs.at(0), size, return_index, return_inverse, return_counts, fill, s);
-}
 
 mx::array gather_qmm(const std::vector<mx::array>& xs, bool has_biases, bool has_lhs, bool has_rhs, bool has_gs,
                      bool transpose, std::optional<int> group_size, std::optional<int> bits, const std::string& mode,

@@ -25,10 +25,6 @@ mx::array pad_mode(const mx::array& x, const mx::array& value, const mx::Shape& 
 // kind: 0 fftn, 1 ifftn, 2 rfftn, 3 irfftn; `n` the sizes per axis (None: the input's).
 mx::array fft_any(const mx::array& x, int kind, const std::optional<std::vector<int>>& n, const mx::Shape& axes,
                   const std::string& norm, mx::Stream s);
-mx::array norm_ord(const mx::array& x, double ord, const std::optional<std::vector<int>>& axes, bool keepdims,
-                   mx::Stream s);
-mx::array norm_str(const mx::array& x, const std::string& ord, const std::optional<std::vector<int>>& axes,
-                   bool keepdims, mx::Stream s);
 // xs = [key, loc?, scale?]
 mx::array random_normal(const std::vector<mx::array>& xs, const mx::Shape& shape, mx::Dtype dtype, bool has_loc,
                         bool has_scale, mx::Stream s);
@@ -43,32 +39,19 @@ mx::array conv_transpose_nd(const mx::array& x, const mx::array& w, const mx::Sh
 
 // mx.convolve: numpy's 1-D convolution ("full", "same" or "valid").
 mx::array convolve(mx::array a, mx::array v, const std::string& mode, mx::Stream s);
-std::vector<mx::array> minmax(const mx::array& a, const std::vector<int>& axes, bool keepdims, mx::Stream s);
-std::vector<mx::array> atleast(const std::vector<mx::array>& xs, int ndim, mx::Stream s);
-// kind: 0 hanning, 1 hamming, 2 bartlett, 3 blackman
-mx::array window(int kind, int m, mx::Stream s);
 // xs = [a, b, lhs_indices?, rhs_indices?]
 mx::array gather_mm(const std::vector<mx::array>& xs, bool has_lhs, bool has_rhs, bool sorted, mx::Stream s);
 // xs = [a, b, mask_out?, mask_lhs?, mask_rhs?]
 mx::array block_masked_mm(const std::vector<mx::array>& xs, int block_size, bool has_out, bool has_lhs,
                           bool has_rhs, mx::Stream s);
-mx::array fftshift(const mx::array& a, bool inverse, const std::optional<std::vector<int>>& axes, mx::Stream s);
 // mx.roll with a tuple shift and/or axes (scalar_shift: shift holds one int, applied as mlx applies an int;
 // one_axis: axes holds mlx's int axis, along which mlx rolls by the shifts' sum).
 mx::array roll(const mx::array& a, const mx::Shape& shift, bool scalar_shift, bool one_axis,
                const std::optional<std::vector<int>>& axes, mx::Stream s);
-// mx.put_along_axis with axis=None: on the flattened array, reshaped back.
-mx::array put_along_flat(const mx::array& a, const mx::array& indices, const mx::array& values, mx::Stream s);
-std::vector<mx::array> quantize_scaled(const mx::array& w, const mx::array& global_scale,
-                                       std::optional<int> group_size, std::optional<int> bits,
-                                       const std::string& mode, mx::Stream s);
 // xs = [w, scales, biases?, global_scale?]
 mx::array dequantize_full(const std::vector<mx::array>& xs, std::optional<int> group_size, std::optional<int> bits,
                           const std::string& mode, bool has_biases, bool has_global_scale,
                           std::optional<mx::Dtype> dtype, mx::Stream s);
-// xs = [a, fill_value?]
-std::vector<mx::array> unique(const std::vector<mx::array>& xs, int size, bool return_index, bool return_inverse,
-                              bool return_counts, mx::Stream s);
 // xs = [x, w, scales, biases?, lhs_indices?, rhs_indices?, global_scale?]
 mx::array gather_qmm(const std::vector<mx::array>& xs, bool has_biases, bool has_lhs, bool has_rhs, bool has_gs,
                      bool transpose, std::optional<int> group_size, std::optional<int> bits, const std::string& mode,

@@ -31,6 +31,8 @@
 #include "shim.hpp"
 #include "validate.hpp"
 
+namespace mx = mlx::core;
+
 namespace emlx {
 
 namespace {
@@ -192,9 +194,8 @@ void bind_graph(Instance& inst, const std::vector<mx::array>& outputs, const std
     if (!seen.insert(a.id()).second || !a.has_primitive()) continue;
     auto& p = a.primitive();
     if (!known) {
-      // The stream is a plain member the primitive exposes by const
-      // reference; nothing else holds these nodes while this thread does.
-      auto& stream = const_cast<mx::Stream&>(p.stream());
+      // Nothing else holds these nodes while this thread does.
+      auto& stream = mlx_internals::stream_of(p);
       stream = stream.device == mx::Device::cpu ? sc : s;
     }
     if (shapeless) export_file::check_node(a, sc, true);

@@ -6,7 +6,9 @@
 #include "mlx/array.h"
 #include "mlx/stream.h"
 
-namespace mx = mlx::core;
+namespace emlx {
+namespace mx = mlx::core;  // scoped: a header's alias would reach every file that includes it
+}  // namespace emlx
 
 namespace emlx {
 

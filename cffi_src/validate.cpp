@@ -15,6 +15,8 @@
 #include "mlx/memory.h"
 #include "mlx/ops.h"
 
+namespace mx = mlx::core;
+
 namespace emlx::validate {
 
 namespace {

@@ -18,8 +18,8 @@
 
 #include "channel.hpp"
 #include "ops.hpp"
+#include "worker.hpp"
 #include "mlx/device.h"
-#include "mlx/scheduler.h"
 #include "mlx/stream.h"
 #include "mlx/transforms.h"
 
@@ -31,14 +31,7 @@ namespace {
 
 enum class JobKind { Eval, Python, Synchronize, Stop, Op };
 
-struct OpCall {
-  int op = 0;
-  std::vector<int64_t> ints;
-  std::vector<double> floats;
-  std::string text;
-  bool evaluate = true;
-  bool check_finite = false;
-};
+using emlx::OpCall;
 
 // Records for the channel; payloads are std::vector<mx::array>*.
 emlx_completion record(uint64_t id, int32_t status, int32_t kind = 0, char* message = nullptr,
@@ -412,23 +405,18 @@ int emlx_worker::submit(Job&& job) {
   return 0;
 }
 
-// MLX keeps its stream threads in the scheduler's private map, and nothing
-// public says whether any exists. An explicit instantiation may name a
-// private member (C++20 [temp.spec.general]), which is how this reads the
-// map's size. After fork the child inherits the map but not its threads.
-namespace {
+namespace emlx {
 
-struct ThreadsTag {
-  using type = std::unordered_map<int, std::unique_ptr<mx::scheduler::StreamThread>> mx::scheduler::Scheduler::*;
-  friend type member(ThreadsTag);
-};
-template <typename Tag, typename Tag::type M>
-struct Expose {
-  friend typename Tag::type member(Tag) { return M; }
-};
-template struct Expose<ThreadsTag, &mx::scheduler::Scheduler::threads_>;
+int submit_op_job(emlx_worker* worker, uint64_t job_id, std::shared_ptr<OpCall> call,
+                  std::vector<mx::array>& arrays, std::vector<size_t> donated) {
+  Job job{job_id, JobKind::Op, std::move(arrays), nullptr, std::move(call)};
+  job.donated = std::move(donated);
+  int status = worker->submit(std::move(job));
+  if (status != 0) arrays = std::move(job.arrays);  // not queued (job was not moved): the caller keeps them
+  return status;
+}
 
-}  // namespace
+}  // namespace emlx
 
 extern "C" {
 
@@ -539,58 +527,6 @@ int emlx_submit_eval(emlx_worker* worker, uint64_t job_id, void** arrays, size_t
   });
 }
 
-int emlx_submit_op(emlx_worker* worker, uint64_t job_id, int op, void** arrays, size_t n_arrays,
-                   const int64_t* ints, size_t n_ints, const double* floats, size_t n_floats,
-                   const char* text, int evaluate, int check_finite, const unsigned char* donated) {
-  return emlx::guarded([&] {
-    Job job{job_id, JobKind::Op, {}, nullptr, std::make_shared<OpCall>()};
-    OpCall& call = *job.op;
-    call.op = op;
-    call.ints.assign(ints, ints + n_ints);
-    call.floats.assign(floats, floats + n_floats);
-    call.text = text ? text : "";
-    call.evaluate = evaluate != 0;
-    call.check_finite = check_finite != 0;
-    job.arrays.reserve(n_arrays);
-    if (donated)
-      for (size_t i = 0; i < n_arrays; ++i)
-        if (donated[i]) job.donated.push_back(i);
-    emlx::GilGuard gil;
-    for (size_t i = 0; i < n_arrays; ++i) job.arrays.push_back(emlx::array_of(arrays[i]));
-    // Take the only reference of donated inputs (their objects hold a scalar
-    // until results come back) BEFORE the job is queued: a spinning worker
-    // may start it at once, and a reference still in the caller's object
-    // then makes MLX copy the buffer instead of updating it in place.
-    for (size_t i : job.donated) emlx::array_of(arrays[i]) = mx::array(0.0f);
-    int status = worker->submit(std::move(job));
-    if (status != 0) {  // not queued (job was not moved): the caller's arrays come back
-      for (size_t i : job.donated) emlx::array_of(arrays[i]) = job.arrays[i];
-    }
-    return status;
-  });
-}
-
-size_t emlx_payload_size(void* payload) {
-  return static_cast<std::vector<mx::array>*>(payload)->size();
-}
-
-int emlx_publish_results(void* payload, void** placeholders, size_t count) {
-  auto* results = static_cast<std::vector<mx::array>*>(payload);
-  int status = emlx::guarded([&] {
-    emlx::GilGuard gil;
-    for (size_t i = 0; i < count && i < results->size(); ++i) {
-      if (placeholders[i] != nullptr) emlx::array_of(placeholders[i]) = (*results)[i];
-    }
-    return 0;
-  });
-  delete results;
-  return status;
-}
-
-void emlx_payload_free(void* payload) { delete static_cast<std::vector<mx::array>*>(payload); }
-
-int emlx_op_count(void) { return emlx::op_count(); }
-
 int emlx_submit_python(emlx_worker* worker, uint64_t job_id, void* context) {
   return emlx::guarded([&] { return worker->submit(Job{job_id, JobKind::Python, {}, context}); });
 }
@@ -622,8 +558,9 @@ int emlx_cancel(emlx_worker* worker, uint64_t job_id, void** restored) {
 int emlx_mlx_stream_threads(void) {
   // Read without the scheduler's lock: in a fork child (the one caller that
   // matters) a lock held by a vanished parent thread would never be freed,
-  // and only the forking thread exists there.
-  return static_cast<int>((mx::scheduler::scheduler().*member(ThreadsTag{})).size());
+  // and only the forking thread exists there. The child inherits the map but
+  // not its threads.
+  return static_cast<int>(emlx::mlx_internals::stream_threads());
 }
 
 int emlx_workers_active(void) {

@@ -56,6 +56,7 @@ from ._errors import (EMLXError, ForeignLazyArrayError, HostCallDeadlock, QueueC
                       native_error)
 from ._native import ensure, exiting, ffi, lib
 from ._native import error as native_call_error
+from ._op_table import ARRAY, LIST, LIST_OR_ARRAY, OPS, TUPLE_OR_ARRAY
 from ._trees import iter_arrays
 
 _job_ids = itertools.count(1)
@@ -135,11 +136,8 @@ def emlx_python_job(context, job_id):
     return job.run_python()
 
 
-# Ops whose results are a tuple or a list, as in mlx.core.
-_MULTI_OUTPUT = {"split", "kv_cache_attention", "replay_multi", "linalg_qr", "linalg_svd", "linalg_lu", "linalg_eigh", "quantize",
-                 "divmod", "minmax", "unstack", "meshgrid", "broadcast_arrays", "atleast_nd", "linalg_slogdet",
-                 "linalg_eig", "linalg_lu_factor", "quantize_scaled", "unique"}
-_LIST_OUTPUT = {"split", "divmod", "broadcast_arrays", "atleast_nd", "quantize", "quantize_scaled"}
+# How each op's results reach Python (tuple, list or one array), from the op spec.
+_OUTPUTS = {op.name: op.outputs for op in OPS}
 
 
 def _publish(payload, targets: list[mx.array | None]) -> None:
@@ -167,9 +165,10 @@ def _published(job: _Job, payload) -> Any:
     _publish(payload, arrays)
     if into:
         return arrays[0]
-    if job.op_name not in _MULTI_OUTPUT or (job.op_name in ("linalg_svd", "atleast_nd", "unique") and count == 1):
+    outputs = _OUTPUTS[job.op_name]  # only op jobs carry a payload
+    if outputs == ARRAY or (count == 1 and outputs in (TUPLE_OR_ARRAY, LIST_OR_ARRAY)):
         return arrays[0]
-    return arrays if job.op_name in _LIST_OUTPUT else tuple(arrays)
+    return arrays if outputs in (LIST, LIST_OR_ARRAY) else tuple(arrays)
 
 
 def _settle_payload(job: _Job, payload, payload_kind: int) -> None:

@@ -18,26 +18,21 @@ import numpy as np
 from ._convert import OptionTypeError
 from ._convert import inputs as _inputs
 from ._dtypes import DTYPE_CODES as _DTYPE_CODES
-from ._native import lib
-from ._op_table import OPS, VARIADIC, WEAK_PAIRS
+from ._native import ffi, lib
+from ._op_table import KINDS, OPS, RULE_TESTS, RULES, VARIADIC, WEAK_PAIRS, dispatch_digest, int_range
 from ._routing import current_queue, route
 
-if lib.emlx_op_count() != len(OPS):  # op codes are table positions: both sides must agree
-    raise ImportError("emlx_async's shim was built from a different op table; reinstall the package "
-                      "so build_ffi.py regenerates the dispatch")
+if ffi.string(lib.emlx_op_table_digest()).decode() != dispatch_digest():  # op codes are spec positions
+    raise ImportError("emlx_async's shim was built from a different op spec (emlx_async/_op_table.py); "
+                      "reinstall the package so build_ffi.py regenerates the dispatch")
 
-_CODES = {name: code for code, (name, *_rest) in enumerate(OPS)}
-_SPECS = {name: (arrays, params) for name, arrays, params, _ in OPS}
+_CODES = {op.name: code for code, op in enumerate(OPS)}
+_SPECS = {op.name: (op.arrays, op.params) for op in OPS}
 
-
-# The C++ type each integer kind lands in (cffi_src/ops.cpp: Params): values
-# outside it are refused here, as mlx.core does, never truncated.
-_INT_RANGES = {"int": ("a 32-bit int", -2**31, 2**31 - 1), "axis": ("a 32-bit int", -2**31, 2**31 - 1),
-               "axes": ("a 32-bit int", -2**31, 2**31 - 1), "shape": ("a 32-bit int", -2**31, 2**31 - 1),
-               "int64": ("a 64-bit int", -2**63, 2**63 - 1), "strides": ("a 64-bit int", -2**63, 2**63 - 1)}
-# Rules a kind may add after a colon ("int:positive"); MLX divides by such options.
-_RULES = {"positive": ("positive", lambda v: v > 0), "nonneg": ("non-negative", lambda v: v >= 0),
-          "nonzero": ("nonzero", lambda v: v != 0)}
+# The parameter kinds (emlx_async/_op_table.py: KINDS, RULES): values outside
+# the C++ type an integer lands in are refused here, as mlx.core does, never truncated.
+_INT_RANGES = {kind: int_range(kind) for kind, spec in KINDS.items() if spec.bits}
+_RULES = {rule: (words, RULE_TESTS[rule]) for rule, (words, _) in RULES.items()}
 
 
 def _int_option(name: str, pname: str, kind: str, rule: str, value: Any) -> int:
@@ -109,10 +104,7 @@ def _is_int(value: Any) -> bool:
     return True
 
 
-_KIND_WORDS = {"int": "an int", "int64": "an int", "bool": "a bool", "float": "a number",
-               "axis": "an int or None", "axes": "an int, a sequence of ints or None",
-               "shape": "a sequence of ints", "strides": "a sequence of ints", "dtype": "an mlx dtype or None",
-               "str": "a str"}
+_KIND_WORDS = {kind: spec.words for kind, spec in KINDS.items()}
 
 
 _check_finite_default = False

@@ -38,8 +38,8 @@ from ._trees import iter_arrays
 
 __all__ = ["TracedFunction", "CompiledFunction", "trace", "load_traced", "compile"]
 
-# "replay_multi" results come back as a tuple (it is in _queue's list of ops
-# with several outputs); "replay" is for functions of one output.
+# "replay_multi" results come back as a tuple (its outputs in the op spec,
+# emlx_async/_op_table.py); "replay" is for functions of one output.
 
 
 def _check(status: int) -> None:

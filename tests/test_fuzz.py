@@ -58,7 +58,7 @@ from emlx_async._op_table import OPS
 # Keep fuzzed allocations small: the allocation limit follows MLX's memory limit.
 ea.memory.set_memory_limit(1 << 28)
 ea.ops.set_bounds_checks(True)  # without them MLX reads out of bounds by design
-SPECS = {name: (arrays, params) for name, arrays, params, _ in OPS}
+SPECS = {op.name: (op.arrays, op.params) for op in OPS}
 EDGE = {"bool_": [True, False], "float16": [0.0, -1.0, 65504.0, float("inf"), float("nan")],
         "bfloat16": [0.0, -1.0, float("inf"), float("nan")], "float32": [0.0, -1.0, float("inf"), float("nan")],
         "float64": [0.0, -1.0, float("inf"), float("nan")], "complex64": [0.0, 1j, float("nan")]}
@@ -302,7 +302,7 @@ REQUIRED = {"take_along_axis": "axis", "put_along_axis": "axis", "scatter": "axe
             "gather": "axes", "astype": "dtype", "view": "dtype", "expand_dims": "axis"}
 
 
-SPECS = {name: (arrays, params) for name, arrays, params, _ in OPS}
+SPECS = {op.name: (op.arrays, op.params) for op in OPS}
 
 
 @st.composite

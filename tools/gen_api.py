@@ -6,9 +6,10 @@
 Each public function gets mlx's signature (names, order, kinds, defaults,
 annotations), read from the installed mlx (``__nb_signature__``), plus the
 runtime's keyword-only ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and
-``check_finite=``; mlx's ``stream=`` stays where mlx has it. The body calls
-the op table (emlx_async/_op_table.py) directly when mlx's parameters are
-table options of the same name, or an adapter in emlx_async/_adapters.py.
+``check_finite=``; mlx's ``stream=`` stays where mlx has it. Which functions
+exist and what their bodies call come from the op spec (each op's `mlx`
+functions in emlx_async/_op_table.py): the op directly when mlx's parameters
+are its options of the same name, or an adapter in emlx_async/_adapters.py.
 """
 
 from __future__ import annotations
@@ -25,94 +26,40 @@ import mlx.core as mx
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "emlx_async"
 
-# ---- what each namespace exposes ------------------------------------------------
-# table(name, arrays=...): mlx's first parameters (or the ones named) are the
-# op's arrays, the others table options of the same name.
-# adapter(fn, *leading): the body calls _adapters.fn(leading..., params..., rt).
-# at_call(fn): no job at all: mlx's exact signature (no runtime keywords), the
-# body returns _adapters.fn(params...), an already resolved JobFuture (for
-# functions whose answer is not arrays and needs no queue, as einsum_path).
+SPEC = runpy.run_path(str(PACKAGE / "_op_table.py"))  # the op spec, loaded on its own
 
 
-def table(name=None, arrays=None):
-    return ("table", name, arrays)
+# ---- what each namespace exposes, from the op spec's `mlx` functions ----------------
+# ("table", op, arrays): mlx's first parameters (or the ones named) are the op's
+# arrays, the others options of the same name.
+# ("adapter", fn, leading): the body calls _adapters.fn(leading..., params..., rt).
+# ("at_call", fn): no job at all: mlx's exact signature (no runtime keywords), the
+# body returns _adapters.fn(params...), an already resolved JobFuture.
+
+def _namespaces() -> dict[str, dict[str, tuple]]:
+    entries: dict[str, dict[str, tuple]] = {"ops": {}, "linalg": {}, "fft": {}, "random": {}}
+
+    def add(path: str, how: tuple) -> None:
+        namespace, _, name = path.rpartition(".")
+        namespace = namespace or "ops"
+        if name in entries[namespace]:
+            raise SystemExit(f"op spec: mx.{path} is declared twice")
+        entries[namespace][name] = how
+
+    for op in SPEC["OPS"]:
+        for fn in op.mlx:
+            if fn.adapter:
+                add(fn.path, ("adapter", fn.adapter, fn.leading))
+            else:
+                add(fn.path, ("table", op.name, fn.arrays))
+    for path, fn in SPEC["ANSWERED_AT_CALL"].items():
+        add(path, ("at_call", fn))
+    return entries
 
 
-def adapter(fn, *leading):
-    return ("adapter", fn, leading)
-
-
-def at_call(fn):
-    return ("at_call", fn)
-
-
-_UNARY_BINARY_REDUCE = [n for key in ("_UNARY", "_BINARY", "_REDUCE")
-                        for n in runpy.run_path(str(PACKAGE / "_op_table.py"))[key]]
-
-OPS = {name: table() for name in _UNARY_BINARY_REDUCE}
-OPS.update({
-    "copy": table(),
-    "zeros": table(), "ones": table(), "full": adapter("full"), "eye": table(), "tri": table(),
-    "tril": table(), "triu": table(), "arange": adapter("arange"), "linspace": adapter("linspace"),
-    "zeros_like": adapter("zeros_like"), "ones_like": adapter("ones_like"),
-    "contiguous": adapter("contiguous"), "astype": table(), "view": table(), "reshape": table(),
-    "flatten": table(), "transpose": table(), "swapaxes": table(), "moveaxis": table(), "squeeze": table(),
-    "expand_dims": table(), "broadcast_to": table(), "flip": table(), "tile": table(),
-    "repeat": table(arrays=["array"]), "roll": adapter("roll"), "pad": adapter("pad"),
-    "concatenate": adapter("concatenate"), "stack": adapter("stack"), "split": adapter("split"),
-    "as_strided": adapter("as_strided"), "slice": adapter("slice"), "slice_update": adapter("slice_update"),
-    "where": table(), "clip": adapter("clip"), "round": table(), "isclose": table(), "allclose": table(),
-    "array_equal": table(), "nan_to_num": adapter("nan_to_num"), "var": table(), "std": table(),
-    "argmax": table(), "argmin": table(), "cumsum": adapter("cumsum"), "cumprod": adapter("cumprod"),
-    "cummax": table(), "cummin": table(), "logcumsumexp": table(), "softmax": table(), "sort": table(),
-    "argsort": table(), "topk": table(), "partition": table(), "argpartition": table(),
-    "take": adapter("take"), "take_along_axis": adapter("take_along_axis"),
-    "put_along_axis": adapter("put_along_axis"), "tensordot": adapter("tensordot"), "einsum": adapter("einsum"),
-    "addmm": table(), "conv_general": adapter("conv_general"),
-    **{n: adapter(n) for n in ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-                               "conv_transpose3d")},
-    "convolve": table(),
-    "quantize": adapter("quantize"), "dequantize": adapter("dequantize"),
-    "quantized_matmul": adapter("quantized_matmul"),
-    "isposinf": table(), "isneginf": table(), "searchsorted": table(), "median": table(), "diff": table(),
-    "trace": table(), "diagonal": table(), "diag": table(), "hadamard_transform": adapter("hadamard_transform"),
-    "trunc": table(), "count_nonzero": table(), "divmod": table(), "vecdot": table(), "minmax": table(),
-    "unflatten": table(), "unstack": table(), "segmented_mm": adapter("segmented_mm"), "full_like": adapter("full_like"),
-    "matrix_transpose": adapter("matrix_transpose"), "meshgrid": adapter("meshgrid"),
-    "broadcast_arrays": adapter("broadcast_arrays"), "atleast_1d": adapter("atleast_1d"),
-    "atleast_2d": adapter("atleast_2d"), "atleast_3d": adapter("atleast_3d"),
-    **{n: adapter("window", n) for n in ("hanning", "hamming", "bartlett", "blackman")},
-    "gather_mm": adapter("gather_mm"), "block_masked_mm": adapter("block_masked_mm"),
-    # mlx's aliases, under their own names and signatures
-    **{alias: table(name) for alias, name in (
-        ("acos", "arccos"), ("acosh", "arccosh"), ("asin", "arcsin"), ("asinh", "arcsinh"), ("atan", "arctan"),
-        ("atan2", "arctan2"), ("atanh", "arctanh"), ("bitwise_left_shift", "left_shift"),
-        ("bitwise_right_shift", "right_shift"), ("conj", "conjugate"), ("pow", "power"),
-        ("permute_dims", "transpose"), ("empty", "zeros"), ("identity", "eye"), ("positive", "copy"))},
-    "cumulative_sum": adapter("cumsum"), "cumulative_prod": adapter("cumprod"), "concat": adapter("concatenate"),
-    "empty_like": adapter("zeros_like"),
-    "unique": adapter("unique"), "to_fp8": table(), "from_fp8": table(), "gather_qmm": adapter("gather_qmm"),
-    "qqmm": adapter("qqmm"), "gather_qqmm": adapter("gather_qqmm"), "einsum_path": at_call("einsum_path"),
-    "matrix_norm": adapter("norm"),  # mlx.core's alias of mx.linalg.norm
-})
-
-LINALG = {n: table(f"linalg_{n}") for n in ("inv", "tri_inv", "pinv", "cholesky", "qr", "svd", "lu", "eigh",
-                                             "eigvalsh", "solve", "solve_triangular")}
-LINALG["norm"] = adapter("norm")
-LINALG.update({n: table(f"linalg_{n}") for n in ("cholesky_inv", "cross", "det", "slogdet", "eig", "eigvals",
-                                                 "lu_factor")})
-
-FFT = {**{n: adapter("fft1", n) for n in ("fft", "ifft", "rfft", "irfft")},
-       **{f"{n}{d}": adapter("fftn", n, f"{n}{d}") for n in ("fft", "ifft", "rfft", "irfft") for d in ("2", "n")},
-       "fftshift": adapter("fftshift", False), "ifftshift": adapter("fftshift", True),
-       "fftfreq": adapter("fftfreq", False), "rfftfreq": adapter("fftfreq", True),
-       "stft": adapter("stft"), "istft": adapter("istft")}
-
-RANDOM = {n: adapter(f"random_{n}") for n in ("key", "split", "uniform", "normal", "randint", "bernoulli",
-                                               "truncated_normal", "gumbel", "categorical", "permutation",
-                                               "laplace", "multivariate_normal")}
-
-NAMESPACES = {"ops": (mx, OPS), "linalg": (mx.linalg, LINALG), "fft": (mx.fft, FFT), "random": (mx.random, RANDOM)}
+ENTRIES = _namespaces()
+NAMESPACES = {namespace: (module, ENTRIES[namespace])
+              for namespace, module in (("ops", mx), ("linalg", mx.linalg), ("fft", mx.fft), ("random", mx.random))}
 
 # Signatures mlx does not give in one piece: `copy` is not in mlx.core (it is
 # `mx.array(a)`); `slice`/`slice_update` also keep the runtime's static form
@@ -150,12 +97,22 @@ OVERLOADS = {
 }
 
 # Return annotations where mlx's own text says otherwise than what mlx returns
-# (and so these do): lists, not one array or a tuple; svd's one array when
-# compute_uv=False (an array unpacks too, so `u, s, vt = ...` still checks).
+# (and so these do): a list for an op whose outputs are a list, not one array
+# or a tuple; else the function's own `returns` in the spec (svd's one array
+# when compute_uv=False: an array unpacks too, so `u, s, vt = ...` still checks).
 # tests/test_mlx_parity.py checks every call's result against its annotation.
-RETURNS = {("ops", "split"): "list[array]", ("ops", "divmod"): "list[array]",
-           ("ops", "broadcast_arrays"): "list[array]", ("ops", "quantize"): "list[array]",
-           ("linalg", "svd"): "tuple[array, array, array] | array"}
+def _returns() -> dict[tuple[str, str], str]:
+    out = {}
+    for op in SPEC["OPS"]:
+        for fn in op.mlx:
+            namespace, _, name = fn.path.rpartition(".")
+            returns = fn.returns or ("list[array]" if op.outputs == SPEC["LIST"] else None)
+            if returns:
+                out[(namespace or "ops", name)] = returns
+    return out
+
+
+RETURNS = _returns()
 
 RUNTIME_PARAMS = ("queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, "
                   "nowait: bool = False, check_finite: bool | None = None")
@@ -239,7 +196,6 @@ def body(namespace: str, name: str, how, params: list[str], arrays_count: dict) 
         lines.append(f"    return _ad.{fn}({', '.join(args)})")
         return lines
     _, table_name, arrays = how
-    table_name = table_name or name
     count, table_params = arrays_count[table_name]
     if count < 0:
         raise SystemExit(f"{namespace}.{name}: a variadic table op needs an adapter")
@@ -257,8 +213,7 @@ def body(namespace: str, name: str, how, params: list[str], arrays_count: dict) 
 
 def generate(namespace: str) -> str:
     module, entries = NAMESPACES[namespace]
-    table = runpy.run_path(str(PACKAGE / "_op_table.py"))
-    arrays_count = {n: (a, {p[0] for p in ps}) for n, a, ps, _ in table["OPS"]}
+    arrays_count = {op.name: (op.arrays, {p[0] for p in op.params}) for op in SPEC["OPS"]}
     path = "mx." + (namespace + "." if namespace != "ops" else "")
     out = [
         f'"""``{path.rstrip(".")}`` with mlx\'s own signatures, as awaitables. GENERATED, do not edit.',

@@ -1,0 +1,60 @@
+// The shim's reliance on MLX internals, in one file (see mlx_internals.hpp).
+#include "mlx_internals.hpp"
+
+#include <Python.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "mlx/scheduler.h"
+
+namespace emlx::mlx_internals {
+
+namespace mx = mlx::core;
+
+int32_t nanobind_offset(void* obj) {
+  int32_t offset;
+  std::memcpy(&offset, static_cast<char*>(obj) + sizeof(PyObject), sizeof(offset));
+  return offset;
+}
+
+bool plausible_array_object(void* obj) {
+  int32_t offset = nanobind_offset(obj);
+  return offset >= static_cast<int32_t>(sizeof(PyObject)) && offset <= 256;
+}
+
+mx::array& array_of(void* obj) {
+  return *reinterpret_cast<mx::array*>(static_cast<char*>(obj) + nanobind_offset(obj));
+}
+
+// The stream is a plain member the primitive exposes by const reference;
+// the caller holds the only references to the nodes it rebinds.
+mx::Stream& stream_of(mx::Primitive& primitive) { return const_cast<mx::Stream&>(primitive.stream()); }
+
+// MLX keeps its stream threads in the scheduler's private map, and nothing
+// public says whether any exists. An explicit instantiation may name a
+// private member (C++20 [temp.spec.general]), which is how this reads the
+// map's size.
+namespace {
+
+struct ThreadsTag {
+  using type = std::unordered_map<int, std::unique_ptr<mx::scheduler::StreamThread>> mx::scheduler::Scheduler::*;
+  friend type member(ThreadsTag);
+};
+template <typename Tag, typename Tag::type M>
+struct Expose {
+  friend typename Tag::type member(Tag) { return M; }
+};
+template struct Expose<ThreadsTag, &mx::scheduler::Scheduler::threads_>;
+
+}  // namespace
+
+size_t stream_threads() { return (mx::scheduler::scheduler().*member(ThreadsTag{})).size(); }
+
+bool is_loaded_constant(const mx::array& a) {
+  return a.has_primitive() && std::string(a.primitive().name()) == "Load";
+}
+
+}  // namespace emlx::mlx_internals
