@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-header-bytes", type=int, default=defaults.max_header_bytes,
                        help="request line and headers; larger get 431")
     serve.add_argument("--max-connections", type=int, default=defaults.max_connections,
-                       help="open connections; past it new ones get 503 and are closed (uvicorn)")
+                       help="open connections; past it new ones get 503 and are closed")
     serve.add_argument("--keep-alive-timeout", type=float, default=defaults.keep_alive_timeout,
                        help="idle seconds before a kept-alive connection is closed")
     serve.add_argument("--default-max-tokens", type=int, default=256,

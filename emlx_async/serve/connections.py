@@ -1,27 +1,40 @@
 """Connection limits and half-close handling for the servers the CLI runs.
 
-uvicorn has no read timeout for headers, no header size limit for
-httptools and no connection limit: incomplete headers hold a connection
-open as long as the client likes. `protocol_class(limits)` is uvicorn's
-httptools protocol with those limits. (The body's read timeout is the
-app's, `ServeConfig.body_timeout`, the same under both servers.)
+Neither server has all of these on its own. uvicorn has no read timeout for
+headers, no header size limit for httptools and no connection limit;
+hypercorn has a header size limit that a whole head read at once passes, no
+connection limit, an idle timer that closes incomplete headers without an
+answer, and it takes the client's FIN for a disconnect. Each gets the same
+behaviour here, from the same `ConnectionLimits`:
 
-It also answers clients that half-close. uvicorn's protocol lets the
-transport close on the client's FIN (asyncio's default for `eof_received`),
-so a client that sends its request and then shuts its write side gets no
-answer. A FIN after a complete request only means the client has nothing
-more to send: the connection stays open for the response. A client that
-closed fully cannot be told apart by its FIN; it is found by writing. A
-stream writes anyway; while a non-streamed response is not started, an
-interim ``100 Continue`` (which HTTP/1.1 clients skip) is written every
-`probe_interval` seconds, and a closed client resets the connection, which
-cancels the request as any disconnect does.
+- headers not complete `header_timeout` seconds after the connection opens
+  (or `keep_alive_timeout + header_timeout` after the last response, once a
+  next request has begun) get 408; an idle kept-alive connection is closed
+  after `keep_alive_timeout` without a word;
+- a request line and headers over `max_header_bytes` get 431;
+- past `max_connections` open connections a new one gets 503 and is closed;
+- the body's read timeout is the app's, `ServeConfig.body_timeout` (408).
 
-hypercorn's equivalents are set by `hypercorn_settings`. Its idle timer
-(the keep-alive timeout) runs until a request's headers are complete, so
-it also bounds incomplete headers; it has no connection limit, and its
-read timeout would also end a response that takes longer than it (the
-client sends nothing meanwhile), so it stays off.
+A client that half-closes is answered. A FIN after a complete request only
+means the client has nothing more to send: the connection stays open for the
+response. (uvicorn's protocol let the transport close on it, asyncio's default
+for `eof_received`; hypercorn's TCPServer ended the request.) A client that
+closed fully cannot be told apart by its FIN; it is found by writing. A stream
+writes anyway; while a non-streamed response is not started, an interim
+``100 Continue`` (which HTTP/1.1 clients skip; HTTP/1.0 clients get none) is
+written every `probe_interval` seconds, and a closed client resets the
+connection, which cancels the request as any disconnect does.
+
+uvicorn: `protocol_class(limits)` is its httptools protocol with all of this
+(pass it as ``uvicorn.Config(http=...)``).
+
+hypercorn (its trio worker): `hypercorn_connections(limits)` serves with
+`hypercorn_tcp_server(limits)`, hypercorn's TCPServer with all of this, for
+HTTP/1.1 connections (HTTP/2 ones are left as hypercorn has them). hypercorn's
+`serve` takes no connection class, so the subclass relies on its internals:
+`check_hypercorn` refuses, at start-up, a hypercorn release it was not written
+against. Its read timeout stays off: it would also end a response that takes
+longer than it (the client sends nothing meanwhile).
 """
 
 from __future__ import annotations
@@ -100,7 +113,8 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             self._timer = None
             if self.transport.is_closing():
                 return
-            if self.cycle is None or not self.cycle.response_started:
+            cycle = self.cycle  # after a response, still that response's
+            if cycle is None or not cycle.response_started or cycle.response_complete:
                 self.transport.write(error_bytes(status, message))
             self.transport.close()
 
@@ -176,7 +190,7 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             if cycle is None or cycle.response_complete or cycle.more_body:
                 return None  # idle, or a request cut short: close as before
             self._half_closed = True
-            if not cycle.response_started:
+            if not cycle.response_started and self.scope["http_version"] == "1.1":  # no 1xx to HTTP/1.0
                 self.loop.call_later(limits.probe_interval, self._probe, cycle)
             return True  # keep the transport open for writing
 
@@ -192,9 +206,10 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
 # ---- hypercorn ------------------------------------------------------------------------
 
-# The hypercorn releases whose trio TCPServer this subclass was written against
-# (`run`, `_read_data`, `_idle_timeout` and `_initiate_server_close` are the same
-# in both); another one is refused at start-up rather than half-handled.
+# The hypercorn releases whose trio TCPServer the subclass below was written
+# against (what it overrides or calls, and the H11Protocol state it reads, are
+# the same in both, but for a cast); another is refused at start-up rather than
+# half-handled.
 HYPERCORN_VERSIONS = ((0, 17), (0, 18))
 
 
@@ -232,11 +247,11 @@ def hypercorn_connections(limits: ConnectionLimits) -> Iterator[None]:
     import hypercorn.trio.run as run
 
     original = run.TCPServer
-    run.TCPServer = hypercorn_tcp_server(limits)
+    run.TCPServer = hypercorn_tcp_server(limits)  # type: ignore[misc, assignment]
     try:
         yield
     finally:
-        run.TCPServer = original
+        run.TCPServer = original  # type: ignore[misc]
 
 
 def hypercorn_tcp_server(limits: ConnectionLimits) -> type:
@@ -299,7 +314,7 @@ def hypercorn_tcp_server(limits: ConnectionLimits) -> type:
                     break
             await self.protocol.handle(Closed())
 
-        def _headers_too_large(self, data: bytes) -> bool:
+        def _headers_too_large(self, data: bytes | bytearray) -> bool:
             # h11's own bound (h11_max_incomplete_size) checks only headers that are
             # still incomplete after a read, so a whole 60 KB head read at once passes it.
             connection = self._h11()
@@ -310,8 +325,8 @@ def hypercorn_tcp_server(limits: ConnectionLimits) -> type:
             return (len(head) if end is None else end.end()) > limits.max_header_bytes
 
         def _response_pending(self) -> bool:
-            connection = self._h11()
-            return (connection is not None and self.protocol.protocol.stream is not None
+            connection, protocol = self._h11(), self.protocol.protocol
+            return (connection is not None and isinstance(protocol, H11Protocol) and protocol.stream is not None
                     and connection.our_state in (h11.SEND_RESPONSE, h11.SEND_BODY))
 
         async def _answer_half_closed(self) -> None:
@@ -322,20 +337,21 @@ def hypercorn_tcp_server(limits: ConnectionLimits) -> type:
             request, as any disconnect does).
             """
             connection = self._h11()
-            while self._response_pending() and not self._closed.is_set():
+            while connection is not None and self._response_pending() and not self._closed.is_set():
                 with trio.move_on_after(limits.probe_interval):
                     await self._closed.wait()
                 if not self._response_pending() or self._closed.is_set():
                     return
-                if connection.our_state is h11.SEND_RESPONSE and connection.their_http_version == b"1.1":
-                    async with self.send_lock:
-                        if connection.our_state is not h11.SEND_RESPONSE:  # the response started meanwhile
-                            continue
-                        try:
-                            with trio.CancelScope(shield=True):
-                                await self.stream.send_all(CONTINUE)
-                        except gone:
-                            return
+                if connection.their_http_version != b"1.1":  # no 1xx to HTTP/1.0
+                    continue
+                async with self.send_lock:
+                    if connection.our_state is not h11.SEND_RESPONSE:  # started: its own writes find a closed client
+                        continue
+                    try:
+                        with trio.CancelScope(shield=True):
+                            await self.stream.send_all(CONTINUE)
+                    except gone:
+                        return
 
         async def _close(self) -> None:
             self._closed.set()
@@ -379,5 +395,5 @@ def hypercorn_tcp_server(limits: ConnectionLimits) -> type:
 
 
 def hypercorn_settings(limits: ConnectionLimits) -> dict[str, Any]:
-    """The hypercorn Config settings that go with `hypercorn_connections(limits)`."""
-    return {"h11_max_incomplete_size": limits.max_header_bytes, "keep_alive_timeout": limits.keep_alive_timeout}
+    """The hypercorn Config settings that go with `hypercorn_connections(limits)` (its timers are the subclass's)."""
+    return {"h11_max_incomplete_size": limits.max_header_bytes}
