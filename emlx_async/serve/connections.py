@@ -23,7 +23,8 @@ closed fully cannot be told apart by its FIN; it is found by writing. A stream
 writes anyway; while a non-streamed response is not started, an interim
 ``100 Continue`` (which HTTP/1.1 clients skip; HTTP/1.0 clients get none) is
 written every `probe_interval` seconds, and a closed client resets the
-connection, which cancels the request as any disconnect does.
+connection, which cancels the request as any disconnect does (an HTTP/1.0
+client that closed is found when its answer is written).
 
 uvicorn: `protocol_class(limits)` is its httptools protocol with all of this
 (pass it as ``uvicorn.Config(http=...)``).
