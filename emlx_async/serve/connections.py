@@ -276,7 +276,7 @@ def hypercorn_tcp_server(limits: ConnectionLimits) -> type:
             self._closed = trio.Event()
             cls = type(self)
             if cls.open_connections >= limits.max_connections:
-                with trio.move_on_after(limits.header_timeout):
+                with trio.move_on_after(limits.header_timeout):  # a client that never reads cannot hold it
                     try:
                         await self.stream.send_all(error_bytes(
                             503, f"the server has {limits.max_connections} connections open; retry later"))
