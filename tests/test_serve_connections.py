@@ -239,19 +239,28 @@ def test_health_answers_while_a_big_chat_body_is_encoded(server, http):
     """25,000 tiny messages (~900 KB) take seconds to render and tokenize; /health must not wait for them."""
     body = {"messages": [{"role": "user", "content": "x"}] * 25_000, "max_tokens": 1}
     answer: list = []
-    big = threading.Thread(target=lambda: answer.append(http.post("/v1/chat/completions", json=body)))
+
+    def post_big() -> None:
+        with httpx.Client(base_url=server.url, timeout=120) as own:  # not the client this thread polls with
+            answer.append(own.post("/v1/chat/completions", json=body))
+
+    big = threading.Thread(target=post_big)
     started = time.monotonic()
     big.start()
-    time.sleep(0.3)  # the body is read and being encoded
-    worst = 0.0
-    while big.is_alive() and time.monotonic() - started < 60:
-        asked = time.monotonic()
-        assert http.get("/health").status_code == 200
-        worst = max(worst, time.monotonic() - asked)
-        time.sleep(0.05)
-    big.join()
+    try:
+        time.sleep(0.3)  # the body is read and being encoded
+        worst = 0.0
+        while big.is_alive() and time.monotonic() - started < 100:
+            asked = time.monotonic()
+            assert http.get("/health").status_code == 200
+            worst = max(worst, time.monotonic() - asked)
+            time.sleep(0.05)
+    finally:
+        big.join()
     took = time.monotonic() - started
     assert took > 1.0, "the encode was too quick to show anything"
     assert answer[0].status_code == 400  # 150,000 tokens: past the model's context
     assert answer[0].json()["error"]["code"] == "context_length_exceeded"
-    assert worst < 0.5, f"/health waited {worst:.2f}s while the body was encoded ({took:.1f}s)"
+    # Encoded on the loop, /health would wait about as long as the whole encode; off it, only for the
+    # GIL, which a loaded machine hands over more slowly (its encode takes several times longer too).
+    assert worst < max(0.5, took / 10), f"/health waited {worst:.2f}s while the body was encoded ({took:.1f}s)"
