@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import signal
-import socket
 import time
 
 import pytest
@@ -24,15 +23,12 @@ httpx = pytest.importorskip("httpx")
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 SHUTDOWN_TIMEOUT = 2.0
-TIMEOUT = 2.0  # for headers and bodies
 
 
 @pytest.fixture(scope="module")
 def server():
     with ServerProcess("--server", "hypercorn", "--mode", "batch", "--max-concurrent", "2",
-                       "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), "--body-timeout", str(TIMEOUT),
-                       "--header-timeout", str(TIMEOUT), "--max-header-bytes", "8192",
-                       "--log-level", "warning") as live:
+                       "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), "--log-level", "warning") as live:
         yield live
 
 
@@ -58,35 +54,6 @@ def test_openai_client_gets_paris_streamed_and_not(server, openai_client):
                                                         stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].choices[0].finish_reason == "stop"
-
-
-def read_all(sock: socket.socket) -> bytes:
-    out = b""
-    while chunk := sock.recv(65536):
-        out += chunk
-    return out
-
-
-def test_slow_and_oversized_requests_are_refused_in_time(server):
-    """hypercorn's own limits, set from the same flags as under uvicorn (raw sockets, loopback)."""
-    started = time.monotonic()
-    with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT + 10) as short_body, \
-            socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT + 10) as no_headers:
-        short_body.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-                           b"Content-Length: 100\r\n\r\n{\"prompt\": ")
-        no_headers.sendall(b"GET /health HTTP/1.1\r\nHost: t")
-        assert read_all(short_body).startswith(b"HTTP/1.1 408")
-        read_all(no_headers)  # closed
-    assert time.monotonic() - started < TIMEOUT + 5
-    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as big:
-        try:
-            big.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n")
-            reply = read_all(big)
-        except (BrokenPipeError, ConnectionResetError):  # closed with our bytes unread: the answer may be lost
-            reply = None
-        assert reply is None or reply.split(b" ")[1] in (b"400", b"431"), reply
-    with httpx.Client(base_url=server.url) as http:
-        assert http.get("/health").status_code == 200
 
 
 def test_sigterm_ends_a_running_stream_and_exits_0(server):

@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-header-bytes", type=int, default=defaults.max_header_bytes,
                        help="request line and headers; larger get 431")
     serve.add_argument("--max-connections", type=int, default=defaults.max_connections,
-                       help="open connections; past it new ones get 503 and are closed (uvicorn)")
+                       help="open connections; past it new ones get 503 and are closed")
     serve.add_argument("--keep-alive-timeout", type=float, default=defaults.keep_alive_timeout,
                        help="idle seconds before a kept-alive connection is closed")
     serve.add_argument("--default-max-tokens", type=int, default=256,
@@ -264,13 +264,17 @@ def _serve_hypercorn(args: argparse.Namespace, app, service, limits: ConnectionL
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
 
+    from .connections import check_hypercorn, hypercorn_connections, hypercorn_settings
+
+    try:
+        check_hypercorn()
+    except RuntimeError as exc:
+        raise SystemExit(f"emlx-async serve --server hypercorn: {exc}") from None
     config = Config()
     config.bind = [f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"]
     # Streams are cut off (and end with their [DONE]) just before hypercorn would drop them.
     config.graceful_timeout = args.shutdown_timeout
     config.accesslog = None
-    from .connections import hypercorn_settings
-
     for name, value in hypercorn_settings(limits).items():
         setattr(config, name, value)
     config.errorlog = logging.getLogger("hypercorn.error")  # through the root handler above, once
@@ -308,7 +312,8 @@ def _serve_hypercorn(args: argparse.Namespace, app, service, limits: ConnectionL
             served = True
 
     try:
-        trio.run(main)
+        with hypercorn_connections(limits):
+            trio.run(main)
     except OSError as exc:  # the address is taken, say
         logging.getLogger("emlx_async.serve").error("hypercorn could not serve: %s", exc)
         return 1

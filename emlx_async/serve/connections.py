@@ -1,35 +1,54 @@
 """Connection limits and half-close handling for the servers the CLI runs.
 
-uvicorn has no read timeout for headers, no header size limit for
-httptools and no connection limit: incomplete headers hold a connection
-open as long as the client likes. `protocol_class(limits)` is uvicorn's
-httptools protocol with those limits. (The body's read timeout is the
-app's, `ServeConfig.body_timeout`, the same under both servers.)
+Neither server has all of these on its own. uvicorn has no read timeout for
+headers, no header size limit for httptools and no connection limit;
+hypercorn has a header size limit that a whole head read at once passes, no
+connection limit, an idle timer that closes incomplete headers without an
+answer, and it takes the client's FIN for a disconnect. Each gets the same
+behaviour here, from the same `ConnectionLimits`:
 
-It also answers clients that half-close. uvicorn's protocol lets the
-transport close on the client's FIN (asyncio's default for `eof_received`),
-so a client that sends its request and then shuts its write side gets no
-answer. A FIN after a complete request only means the client has nothing
-more to send: the connection stays open for the response. A client that
-closed fully cannot be told apart by its FIN; it is found by writing. A
-stream writes anyway; while a non-streamed response is not started, an
-interim ``100 Continue`` (which HTTP/1.1 clients skip) is written every
-`probe_interval` seconds, and a closed client resets the connection, which
-cancels the request as any disconnect does.
+- headers not complete `header_timeout` seconds after the connection opens
+  (or `keep_alive_timeout + header_timeout` after the last response, once a
+  next request has begun) get 408; an idle kept-alive connection is closed
+  after `keep_alive_timeout` without a word;
+- a request line and headers over `max_header_bytes` get 431;
+- past `max_connections` open connections a new one gets 503 and is closed;
+- the body's read timeout is the app's, `ServeConfig.body_timeout` (408).
 
-hypercorn's equivalents are set by `hypercorn_settings`. Its idle timer
-(the keep-alive timeout) runs until a request's headers are complete, so
-it also bounds incomplete headers; it has no connection limit, and its
-read timeout would also end a response that takes longer than it (the
-client sends nothing meanwhile), so it stays off.
+A client that half-closes is answered. A FIN after a complete request only
+means the client has nothing more to send: the connection stays open for the
+response. (uvicorn's protocol let the transport close on it, asyncio's default
+for `eof_received`; hypercorn's TCPServer ended the request.) A client that
+closed fully cannot be told apart by its FIN; it is found by writing. A stream
+writes anyway; while a non-streamed response is not started, an interim
+``100 Continue`` (which HTTP/1.1 clients skip; HTTP/1.0 clients get none) is
+written every `probe_interval` seconds, and a closed client resets the
+connection, which cancels the request as any disconnect does (an HTTP/1.0
+client that closed is found when its answer is written).
+
+uvicorn: `protocol_class(limits)` is its httptools protocol with all of this
+(pass it as ``uvicorn.Config(http=...)``).
+
+hypercorn (its trio worker): `hypercorn_connections(limits)` serves with
+`hypercorn_tcp_server(limits)`, hypercorn's TCPServer with all of this, for
+HTTP/1.1 connections (HTTP/2 ones are left as hypercorn has them). hypercorn's
+`serve` takes no connection class, so the subclass relies on its internals:
+`check_hypercorn` refuses, at start-up, a hypercorn release it was not written
+against. Its read timeout stays off: it would also end a response that takes
+longer than it (the client sends nothing meanwhile).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"  # the probe of a half-closed client (see above)
+_BLANK_LINE = re.compile(b"\n\r?\n")  # the end of a request's head, as h11 finds it
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
@@ -95,7 +114,8 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             self._timer = None
             if self.transport.is_closing():
                 return
-            if self.cycle is None or not self.cycle.response_started:
+            cycle = self.cycle  # after a response, still that response's
+            if cycle is None or not cycle.response_started or cycle.response_complete:
                 self.transport.write(error_bytes(status, message))
             self.transport.close()
 
@@ -171,7 +191,7 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             if cycle is None or cycle.response_complete or cycle.more_body:
                 return None  # idle, or a request cut short: close as before
             self._half_closed = True
-            if not cycle.response_started:
+            if not cycle.response_started and self.scope["http_version"] == "1.1":  # no 1xx to HTTP/1.0
                 self.loop.call_later(limits.probe_interval, self._probe, cycle)
             return True  # keep the transport open for writing
 
@@ -179,13 +199,202 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             if cycle is not self.cycle or cycle.response_started or cycle.response_complete \
                     or self.transport.is_closing():
                 return
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.transport.write(CONTINUE)
             self.loop.call_later(limits.probe_interval, self._probe, cycle)
 
     return LimitedHttpToolsProtocol
 
 
+# ---- hypercorn ------------------------------------------------------------------------
+
+# The hypercorn releases whose trio TCPServer the subclass below was written
+# against (what it overrides or calls, and the H11Protocol state it reads, are
+# the same in both, but for a cast); another is refused at start-up rather than
+# half-handled.
+HYPERCORN_VERSIONS = ((0, 17), (0, 18))
+
+
+def check_hypercorn() -> None:
+    """Raise RuntimeError unless the installed hypercorn is one `hypercorn_connections` supports."""
+    import importlib.metadata
+
+    import hypercorn.trio.run as run
+    import hypercorn.trio.tcp_server as tcp_server
+
+    version = importlib.metadata.version("hypercorn")
+    found = re.match(r"(\d+)\.(\d+)", version)
+    advice = ("emlx_async's connection handling (half-closes, connection and header limits) extends "
+              "hypercorn's trio TCPServer; install a supported hypercorn "
+              f"({', '.join('%d.%d' % v for v in HYPERCORN_VERSIONS)}) or use --server uvicorn")
+    if found is None or (int(found[1]), int(found[2])) not in HYPERCORN_VERSIONS:
+        raise RuntimeError(f"hypercorn {version} is not supported: {advice}")
+    server = getattr(tcp_server, "TCPServer", None)
+    missing = [name for name in ("run", "_read_data", "_idle_timeout", "_initiate_server_close", "_close",
+                                 "protocol_send") if not callable(getattr(server, name, None))]
+    if (missing or getattr(run, "TCPServer", None) is not server
+            or "TCPServer" not in run.worker_serve.__code__.co_names):
+        raise RuntimeError(f"hypercorn {version} does not have the trio worker it should "
+                           f"(missing: {', '.join(missing) or 'worker_serve building TCPServer'}): {advice}")
+
+
+@contextmanager
+def hypercorn_connections(limits: ConnectionLimits) -> Iterator[None]:
+    """hypercorn's trio worker serves its connections with `limits` and half-close support while inside.
+
+    hypercorn's `serve` takes no connection class: its `worker_serve` builds
+    each connection from the module's `TCPServer`, which is replaced meanwhile.
+    """
+    check_hypercorn()
+    import hypercorn.trio.run as run
+
+    original = run.TCPServer
+    run.TCPServer = hypercorn_tcp_server(limits)  # type: ignore[misc, assignment]
+    try:
+        yield
+    finally:
+        run.TCPServer = original  # type: ignore[misc]
+
+
+def hypercorn_tcp_server(limits: ConnectionLimits) -> type:
+    """hypercorn's trio TCPServer with `limits` and half-close support (see the module's docstring)."""
+    from math import inf
+
+    import h11
+    import trio
+    from hypercorn.events import Closed, RawData
+    from hypercorn.protocol.h11 import H11Protocol
+    from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
+
+    gone = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+    class LimitedTCPServer(TCPServer):
+        open_connections = 0  # this server's, counted across its connections
+        _closed: trio.Event
+        _idle_timeouts = 0    # of this connection: the first runs from its start, the others after a response
+
+        async def run(self) -> None:
+            self._closed = trio.Event()
+            cls = type(self)
+            if cls.open_connections >= limits.max_connections:
+                with trio.move_on_after(limits.header_timeout):  # a client that never reads cannot hold it
+                    try:
+                        await self.stream.send_all(error_bytes(
+                            503, f"the server has {limits.max_connections} connections open; retry later"))
+                    except gone:
+                        pass
+                await self._close()
+                return
+            cls.open_connections += 1
+            try:
+                await super().run()
+            finally:
+                cls.open_connections -= 1
+
+        def _h11(self) -> h11.Connection | None:
+            """The connection's HTTP/1.1 state machine (None for HTTP/2 and websockets, left as hypercorn has them)."""
+            protocol = getattr(self.protocol, "protocol", None)
+            connection = getattr(protocol, "connection", None) if isinstance(protocol, H11Protocol) else None
+            return connection if isinstance(connection, h11.Connection) else None
+
+        # ---- reading: header size and half-close ---------------------------------------
+
+        async def _read_data(self) -> None:
+            # hypercorn's loop, with two checks; hypercorn treats the client's FIN as the end.
+            while True:
+                try:
+                    with trio.fail_after(self.config.read_timeout or inf):
+                        data = await self.stream.receive_some(MAX_RECV)
+                except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                    break
+                if self._headers_too_large(data):
+                    await self._refuse(431, f"the request headers exceed {limits.max_header_bytes} bytes")
+                    break
+                await self.protocol.handle(RawData(bytes(data)))
+                if data == b"":
+                    await self._answer_half_closed()
+                    break
+            await self.protocol.handle(Closed())
+
+        def _headers_too_large(self, data: bytes | bytearray) -> bool:
+            # h11's own bound (h11_max_incomplete_size) checks only headers that are
+            # still incomplete after a read, so a whole 60 KB head read at once passes it.
+            connection = self._h11()
+            if connection is None or connection.their_state is not h11.IDLE:
+                return False
+            head = connection.trailing_data[0] + data
+            end = _BLANK_LINE.search(head)
+            return (len(head) if end is None else end.end()) > limits.max_header_bytes
+
+        def _response_pending(self) -> bool:
+            connection, protocol = self._h11(), self.protocol.protocol
+            return (connection is not None and isinstance(protocol, H11Protocol) and protocol.stream is not None
+                    and connection.our_state in (h11.SEND_RESPONSE, h11.SEND_BODY))
+
+        async def _answer_half_closed(self) -> None:
+            """The client sent its request and shut its side: keep the connection for the answer.
+
+            Returns when the answer is complete (hypercorn closes the connection),
+            or a probe finds the client gone (the caller's Closed then cancels the
+            request, as any disconnect does).
+            """
+            connection = self._h11()
+            while connection is not None and self._response_pending() and not self._closed.is_set():
+                with trio.move_on_after(limits.probe_interval):
+                    await self._closed.wait()
+                if not self._response_pending() or self._closed.is_set():
+                    return
+                if connection.their_http_version != b"1.1":  # no 1xx to HTTP/1.0
+                    continue
+                async with self.send_lock:
+                    if connection.our_state is not h11.SEND_RESPONSE:  # started: its own writes find a closed client
+                        continue
+                    try:
+                        with trio.CancelScope(shield=True):
+                            await self.stream.send_all(CONTINUE)
+                    except gone:
+                        return
+
+        async def _close(self) -> None:
+            self._closed.set()
+            await super()._close()
+
+        # ---- header timeout ------------------------------------------------------------
+
+        async def _idle_timeout(self) -> None:
+            # hypercorn runs this from the connection's start and after each response,
+            # and cancels it once a request's headers are complete: a header timer.
+            self._idle_timeouts += 1
+            fresh = self._idle_timeouts == 1
+            status = None
+            with trio.move_on_after(limits.header_timeout if fresh else limits.keep_alive_timeout):
+                await self.context.terminated.wait()
+            if not self.context.terminated.is_set():
+                connection = self._h11()
+                begun = connection is not None and connection.trailing_data[0] != b""
+                if fresh:
+                    status = 408
+                elif begun:  # a next request has started: it gets the header timeout too
+                    with trio.move_on_after(limits.header_timeout):
+                        await self.context.terminated.wait()
+                    status = None if self.context.terminated.is_set() else 408
+            with trio.CancelScope(shield=True):
+                if status is not None:
+                    await self._refuse(status, "the request headers did not arrive in time")
+                await self._initiate_server_close()
+
+        async def _refuse(self, status: int, message: str) -> None:
+            """Answer `status` unless a response has started (the caller closes the connection)."""
+            connection = self._h11()
+            async with self.send_lock:
+                if connection is not None and connection.our_state is h11.IDLE:
+                    try:
+                        await self.stream.send_all(error_bytes(status, message))
+                    except gone:
+                        pass
+
+    return LimitedTCPServer
+
+
 def hypercorn_settings(limits: ConnectionLimits) -> dict[str, Any]:
-    """hypercorn's closest settings (see the module's docstring for what it lacks)."""
-    return {"h11_max_incomplete_size": limits.max_header_bytes,
-            "keep_alive_timeout": min(limits.keep_alive_timeout, limits.header_timeout)}
+    """The hypercorn Config settings that go with `hypercorn_connections(limits)` (its timers are the subclass's)."""
+    return {"h11_max_incomplete_size": limits.max_header_bytes}
