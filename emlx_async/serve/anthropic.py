@@ -333,9 +333,8 @@ class MessagesReply:
         return usage(self.generation.prompt_tokens, self.generation.stats.generated_tokens)
 
     def body(self, collected: Collected) -> dict:
-        text, calls = self.parts.whole(collected.text)
-        content = [text_block(text)] if text or not calls else []
-        content += [tool_use_block(call)[0] for call in calls]
+        content = [text_block(part) if isinstance(part, str) else tool_use_block(part)[0]
+                   for part in self.parts.whole(collected.pieces)] or [text_block("")]
         reason, sequence = self._stop(self.generation.finish_reason, collected.last_token, collected.tokens)
         return message_body(self.id, self.model, content, reason, sequence, self._usage())
 
@@ -364,17 +363,17 @@ class MessagesReply:
             if delta.token is not None:
                 tokens.append(delta.token)
             final = delta.finish_reason is not None
-            text, calls = self.parts.feed(delta.text, final)
-            if text:
-                if not text_open:
-                    yield block_start(text_block(""))
-                    text_open = True
-                yield block_delta({"type": "text_delta", "text": text})
-            for call in calls:
+            for part in self.parts.feed(delta.text, final):
+                if isinstance(part, str):
+                    if not text_open:
+                        yield block_start(text_block(""))
+                        text_open = True
+                    yield block_delta({"type": "text_delta", "text": part})
+                    continue
                 if text_open:
                     yield block_stop()
                     index, text_open = index + 1, False
-                block, arguments = tool_use_block(call)
+                block, arguments = tool_use_block(part)
                 yield block_start({**block, "input": {}})
                 for piece in json_pieces(arguments):
                     yield block_delta({"type": "input_json_delta", "partial_json": piece})

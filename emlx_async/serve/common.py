@@ -209,6 +209,7 @@ class Collected:
     text: str
     tokens: list[int] = field(default_factory=list)
     last_token: int | None = None
+    pieces: list[str] = field(default_factory=list)  # the deltas' texts, in order
 
 
 def failure(exc: Exception, id_: str, request: GenerationRequest | None = None) -> APIError:
@@ -259,7 +260,7 @@ async def collect(service: Service, generation: Generation, request: Request, id
         if shutdown_scope.cancel_called:
             raise shutdown_error()
         return None
-    return Collected("".join(text), tokens, last[0])
+    return Collected("".join(text), tokens, last[0], text)
 
 
 async def guarded(events: AsyncIterator[bytes], generation: Generation, id_: str,
@@ -339,16 +340,17 @@ def generation_route(service: Service, path: str, parse: Callable[[dict], Parsed
 # ---- text and tool calls ------------------------------------------------------------
 
 class AnswerParts:
-    """A chat answer cut into text and tool calls, as it streams, for the APIs whose
-    answers are a list of blocks (the Messages API's content, the Responses API's output).
+    """A chat answer cut into text and tool calls, in order, as it streams, for the APIs
+    whose answers are a list of blocks (the Messages API's content, the Responses API's
+    output); a collected answer is cut from the same pieces, so it is the stream's.
 
     Without tools the text is the engine's, as it comes. With tools the
     service's OutputSplitter cuts it, the chat endpoint's own parser (one
     call format per template); calls past the one allowed when parallel calls
-    are off are dropped, as chat drops them; whitespace is held until text
-    follows it, so none opens a block of its own next to a call; reasoning of
-    a template that thinks stays in the text, between its markers (neither
-    API has a reasoning block here).
+    are off are dropped, as chat drops them; whitespace that ends a text is
+    held until more text follows it, so no text ends in the newline before a
+    call; reasoning of a template that thinks stays in the text, between its
+    markers (neither API has a reasoning block here).
     """
 
     def __init__(self, request: GenerationRequest, generation: Generation):
@@ -363,38 +365,55 @@ class AnswerParts:
         """Whether the answer may hold calls (the request has tools)."""
         return self._splitter is not None
 
-    def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
-        """The text and the finished calls that `text` adds (`final`: the answer ends here)."""
+    def feed(self, text: str, final: bool = False) -> list[str | dict]:
+        """What `text` adds, in order: texts, and calls (dicts in chat's shape);
+        `final`: the answer ends here."""
         if self._splitter is None:
-            return text, []
+            return [text] if text else []
         pieces = [self._splitter.feed(text)] if text else []
         if final:
             pieces.append(self._splitter.flush())
-        out, calls = "", []
+        out: list[str | dict] = []
         for piece in pieces:
             if piece.reasoning:
-                out += piece.reasoning if self._in_reasoning else THINK_START + piece.reasoning
+                self._text(out, piece.reasoning if self._in_reasoning else THINK_START + piece.reasoning)
                 self._in_reasoning = True
             if self._in_reasoning and (piece.content or piece.tool_calls):
-                out += THINK_END + "\n"
+                self._text(out, THINK_END + "\n")
                 self._in_reasoning = False
-            out += piece.content
-            new = allowed_calls(piece.tool_calls, self._parallel, already=len(self.calls))
-            if new:
-                out, self._held = self._release(out), ""
-                calls += new
-                self.calls += new
-        return self._release(out), calls
-
-    def _release(self, text: str) -> str:
-        """`text` with the whitespace held before it, or "" while all of it is whitespace."""
-        text = self._held + text
-        if text.strip():
+            self._text(out, piece.content)
+            for call in allowed_calls(piece.tool_calls, self._parallel, already=len(self.calls)):
+                self._held = ""  # the whitespace before a call
+                out.append(call)
+                self.calls.append(call)
+        if final and self._held and not self.calls:  # nothing but text: all of it
+            if out and isinstance(out[-1], str):
+                out[-1] += self._held
+            else:
+                out.append(self._held)
             self._held = ""
-            return text
-        self._held = text
-        return ""
+        return out
 
-    def whole(self, text: str) -> tuple[str, list[dict]]:
-        """A collected answer's text and calls."""
-        return self.feed(text, final=True)
+    def _text(self, out: list[str | dict], text: str) -> None:
+        """Add `text`, its whitespace at the end held back."""
+        if not text:
+            return
+        text = self._held + text
+        kept = text.rstrip()
+        self._held = text[len(kept):]
+        if kept:
+            if out and isinstance(out[-1], str):
+                out[-1] += kept
+            else:
+                out.append(kept)
+
+    def whole(self, pieces: list[str]) -> list[str | dict]:
+        """A collected answer (the texts of its deltas) as the stream would cut it, texts joined."""
+        out: list[str | dict] = []
+        for i, piece in enumerate(pieces or [""]):
+            for part in self.feed(piece, final=i == len(pieces or [""]) - 1):
+                if isinstance(part, str) and out and isinstance(out[-1], str):
+                    out[-1] += part
+                else:
+                    out.append(part)
+        return out

@@ -302,11 +302,11 @@ class ResponsesReply:
         return "incomplete" if finish_reason == "length" else "completed"
 
     def body(self, collected: Collected) -> dict:
-        text, calls = self.parts.whole(collected.text)
         status = self._status(self.generation.finish_reason)
-        output = [message_item(_new_message_id(), status, [output_text(text)])] if text or not calls else []
-        output += [function_call_item(call) for call in calls]
-        return self.response(status, output, self._usage())
+        output = [message_item(_new_message_id(), status, [output_text(part)]) if isinstance(part, str)
+                  else function_call_item(part) for part in self.parts.whole(collected.pieces)]
+        return self.response(status, output or [message_item(_new_message_id(), status, [output_text("")])],
+                             self._usage())
 
     def event(self, kind: str, **fields) -> bytes:
         data = {"type": kind, "sequence_number": self.sequence_number, **fields}
@@ -350,27 +350,27 @@ class ResponsesReply:
                 yield chunk
         async for delta in self.generation.deltas():
             final = delta.finish_reason is not None
-            text, calls = self.parts.feed(delta.text, final)
-            if text:
-                if message is None:
-                    for chunk in open_message():
-                        yield chunk
-                texts.append(text)
-                yield self.event("response.output_text.delta", **where(), delta=text, logprobs=[])
-            for call in calls:
+            for part in self.parts.feed(delta.text, final):
+                if isinstance(part, str):
+                    if message is None:
+                        for chunk in open_message():
+                            yield chunk
+                    texts.append(part)
+                    yield self.event("response.output_text.delta", **where(), delta=part, logprobs=[])
+                    continue
                 if message is not None:
                     for chunk in close_message("completed"):
                         yield chunk
                 index = len(output)
-                item = function_call_item(call, "in_progress", "")
+                item = function_call_item(part, "in_progress", "")
                 yield self.event("response.output_item.added", output_index=index, item=item)
-                arguments = call["function"]["arguments"]
+                arguments = part["function"]["arguments"]
                 for piece in json_pieces(arguments):
                     yield self.event("response.function_call_arguments.delta", item_id=item["id"],
                                      output_index=index, delta=piece)
                 yield self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                                  name=item["name"], arguments=arguments)
-                done = function_call_item(call)
+                done = function_call_item(part)
                 yield self.event("response.output_item.done", output_index=index, item=done)
                 output.append(done)
             if final:
