@@ -411,30 +411,36 @@ GREEDY = {"temperature": 0}
 
 @pytest.mark.model
 @needs_model
-def test_messages_forced_call_and_round_trip(claude, gpt):
-    """tool_choice tool: the grammar makes even SmolLM2 write a valid call, the chat endpoint's
-    own call (same template, parser and grammar); its result sent back gets an answer."""
+def test_messages_forced_call(claude, gpt):
+    """tool_choice tool: the grammar makes even SmolLM2 write a valid call; the prompt is the
+    chat endpoint's for the same tools (the same template or fallback block)."""
     messages = OK["messages"]
-    choice = {"type": "tool", "name": "get_weather"}
     reply = claude.messages.create(model=MODEL, max_tokens=60, messages=messages, tools=[WEATHER],
-                                   tool_choice=choice, extra_body=GREEDY)
+                                   tool_choice={"type": "tool", "name": "get_weather"}, extra_body=GREEDY)
     assert reply.stop_reason == "tool_use", reply
     [call] = [b for b in reply.content if b.type == "tool_use"]
     assert call.name == "get_weather" and isinstance(call.input["city"], str)
-    chat = gpt.chat.completions.create(model=MODEL, messages=messages, tools=[CHAT_WEATHER], max_tokens=60,
-                                       temperature=0,
-                                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    assert json.loads(chat.choices[0].message.tool_calls[0].function.arguments) == call.input
+    chat = gpt.chat.completions.create(model=MODEL, messages=messages, tools=[CHAT_WEATHER], max_tokens=1)
     assert reply.usage.input_tokens == chat.usage.prompt_tokens
+
+
+@pytest.mark.model
+@needs_model
+def test_messages_round_trip(claude):
+    """A call (tool_choice any, streamed and not) and its result sent back: the model answers."""
+    messages = OK["messages"]
+    reply = claude.messages.create(model=MODEL, max_tokens=60, messages=messages, tools=[WEATHER],
+                                   tool_choice={"type": "any", "disable_parallel_tool_use": True}, extra_body=GREEDY)
+    [call] = [b for b in reply.content if b.type == "tool_use"]
     with claude.messages.stream(model=MODEL, max_tokens=60, messages=messages, tools=[WEATHER],
-                                tool_choice=choice, extra_body=GREEDY) as stream:
+                                tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                                extra_body=GREEDY) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "tool_use" and [b.input for b in final.content if b.type == "tool_use"] == [call.input]
-
     history = [*messages, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]},
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
                                              "content": "18 C and sunny"}]}]
-    answer = claude.messages.create(model=MODEL, max_tokens=24, messages=history, tools=[WEATHER], extra_body=GREEDY)
+    answer = claude.messages.create(model=MODEL, max_tokens=12, messages=history, tools=[WEATHER], extra_body=GREEDY)
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
     assert answer.usage.input_tokens > reply.usage.input_tokens  # the call and its result reached the prompt
     counted = claude.messages.count_tokens(model=MODEL, messages=history, tools=[WEATHER])
@@ -448,11 +454,18 @@ def test_messages_forced_call_and_round_trip(claude, gpt):
 @pytest.mark.model
 @needs_model
 def test_responses_forced_call_and_round_trip(gpt):
+    """tool_choice required: the chat endpoint's own call (same template, parser and grammar),
+    streamed and not; then its output sent back gets an answer."""
     reply = gpt.responses.create(model=MODEL, input=QUESTION, tools=[FUNCTION], tool_choice="required",
                                  parallel_tool_calls=False, max_output_tokens=60, temperature=0)
     assert reply.status == "completed", reply
     [call] = [item for item in reply.output if item.type == "function_call"]
     assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)
+    chat = gpt.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                                       tools=[CHAT_WEATHER], tool_choice="required", parallel_tool_calls=False,
+                                       max_tokens=60, temperature=0)
+    assert json.loads(chat.choices[0].message.tool_calls[0].function.arguments) == json.loads(call.arguments)
+    assert reply.usage.input_tokens == chat.usage.prompt_tokens
     events = list(gpt.responses.create(model=MODEL, input=QUESTION, tools=[FUNCTION], tool_choice="required",
                                        parallel_tool_calls=False, max_output_tokens=60, temperature=0, stream=True))
     [done] = [e for e in events if e.type == "response.function_call_arguments.done"]
@@ -460,7 +473,7 @@ def test_responses_forced_call_and_round_trip(gpt):
 
     items = [{"role": "user", "content": QUESTION}, call.model_dump(exclude_none=True),
              {"type": "function_call_output", "call_id": call.call_id, "output": "18 C and sunny"}]
-    answer = gpt.responses.create(model=MODEL, input=items, tools=[FUNCTION], max_output_tokens=24, temperature=0)
+    answer = gpt.responses.create(model=MODEL, input=items, tools=[FUNCTION], max_output_tokens=12, temperature=0)
     assert answer.status in ("completed", "incomplete")
     assert answer.usage.input_tokens > reply.usage.input_tokens
     with pytest.raises(openai.BadRequestError, match="call_id"):

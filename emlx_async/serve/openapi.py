@@ -467,7 +467,8 @@ _OUTPUT_MESSAGE = {"type": "object", "required": ["type", "id", "status", "role"
 _FUNCTION_CALL = {"type": "object", "required": ["type", "id", "call_id", "name", "arguments", "status"],
                   "properties": {"type": {"const": "function_call"}, "id": {"type": "string", "pattern": "^fc_"},
                                  "call_id": {"type": "string"}, "name": {"type": "string"},
-                                 "arguments": {"type": "string", "description": "JSON text; \"\" while in progress"},
+                                 "arguments": {"type": "string",
+                                               "description": "JSON text; \"\" while in progress"},
                                  "status": {"enum": ["in_progress", "completed"]}}}
 _OUTPUT_ITEM = {"oneOf": [_ref("ResponseOutputMessage"), _ref("ResponseFunctionCall")]}
 
@@ -595,7 +596,8 @@ _DOCUMENT: dict[str, Any] = {
         "Message": _MESSAGE_ANSWER, "MessagesUsage": _MESSAGES_USAGE, "AnthropicError": _ANTHROPIC_ERROR,
         "MessageStreamEvent": _MESSAGE_STREAM_EVENT,
         "ResponsesRequest": _RESPONSES_REQUEST, "Response": _RESPONSE, "ResponsesUsage": _RESPONSES_USAGE,
-        "ResponseOutputMessage": _OUTPUT_MESSAGE, "ResponseFunctionCall": _FUNCTION_CALL, "OutputText": _OUTPUT_TEXT,
+        "ResponseOutputMessage": _OUTPUT_MESSAGE, "ResponseFunctionCall": _FUNCTION_CALL,
+        "OutputText": _OUTPUT_TEXT,
         "ResponseStreamEvent": _RESPONSE_STREAM_EVENT,
     }},
 }
