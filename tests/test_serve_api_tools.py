@@ -478,3 +478,30 @@ def test_responses_forced_call_and_round_trip(gpt):
     assert answer.usage.input_tokens > reply.usage.input_tokens
     with pytest.raises(openai.BadRequestError, match="call_id"):
         gpt.responses.create(model=MODEL, input=[items[0], items[2]], tools=[FUNCTION])
+
+
+async def test_tool_answers_and_events_follow_the_openapi_document(smollm2):
+    jsonschema = pytest.importorskip("jsonschema")
+    from helpers import scripted_app
+
+    tokenizer, template = smollm2
+    app = scripted_app(tokenizer, template, ANSWER)
+
+    def validator(doc, name):
+        return jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{name}",
+                                                "components": doc["components"]})
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        doc = (await http.get("/openapi.json")).json()
+        for path, body, request, answer, event in (
+                ("/v1/messages", {**OK, "tools": [WEATHER], "messages": CALLED}, "MessagesRequest", "Message",
+                 "MessageStreamEvent"),
+                ("/v1/responses", {"input": ITEMS, "tools": [FUNCTION]}, "ResponsesRequest", "Response",
+                 "ResponseStreamEvent")):
+            validator(doc, request).validate(body)
+            validator(doc, answer).validate((await http.post(path, json=body)).json())
+            streamed = _named_events((await http.post(path, json={**body, "stream": True})).text)
+            assert any("call" in name or "tool_use" in json.dumps(data) for name, data in streamed)
+            for name, data in streamed:
+                assert name == data["type"]
+                validator(doc, event).validate(data)
