@@ -505,3 +505,21 @@ async def test_tool_answers_and_events_follow_the_openapi_document(smollm2):
             for name, data in streamed:
                 assert name == data["type"]
                 validator(doc, event).validate(data)
+
+
+async def test_reasoning_stays_in_the_text_between_its_markers(smollm2):
+    """Neither API has a reasoning block here: a template that thinks keeps its reasoning in
+    the text, as without tools, and the call after it still comes apart."""
+    from helpers import scripted_app
+
+    tokenizer, template = smollm2
+    thinking = template + "{# a template that thinks: <think> ... </think> #}"
+    app = scripted_app(tokenizer, thinking, ["<think>", "The user", " wants Paris.", "</think>\n\n", "Sure.\n",
+                                             *ONLY_CALL])
+    async with _anthropic_client(app) as client:
+        reply = await client.messages.create(model=MODEL, max_tokens=50, messages=OK["messages"], tools=[WEATHER])
+    assert [(b.type, getattr(b, "text", None)) for b in reply.content] == [
+        ("text", "<think>The user wants Paris.</think>\n\nSure."), ("tool_use", None)]
+    async with _openai_client(app) as client:
+        response = await client.responses.create(model=MODEL, input=QUESTION, tools=[FUNCTION])
+    assert response.output_text == reply.content[0].text and response.output[1].type == "function_call"

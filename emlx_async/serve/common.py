@@ -379,7 +379,8 @@ class AnswerParts:
                 self._text(out, piece.reasoning if self._in_reasoning else THINK_START + piece.reasoning)
                 self._in_reasoning = True
             if self._in_reasoning and (piece.content or piece.tool_calls):
-                self._text(out, THINK_END + "\n")
+                # The splitter drops the newlines after the marker when text follows at once.
+                self._text(out, THINK_END + ("\n\n" if piece.content and not piece.content[0].isspace() else ""))
                 self._in_reasoning = False
             self._text(out, piece.content)
             for call in allowed_calls(piece.tool_calls, self._parallel, already=len(self.calls)):
