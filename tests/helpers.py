@@ -248,3 +248,88 @@ def buffer_address(x) -> int:
 
     view = np.asarray(x)  # zero-copy: the array's own buffer
     return view.__array_interface__["data"][0]
+
+
+# ---- the HTTP APIs' parsers ---------------------------------------------------------
+
+def any_json():
+    """A hypothesis strategy: any parsed JSON value, nested a little."""
+    from hypothesis import strategies as st
+
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                        | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=12)
+
+
+def check_parsing_is_total(parse, error_response, fields: dict, examples: int = 200) -> None:
+    """Any JSON object with some of `fields` (name -> hypothesis strategy) parses, or
+    gets a 400 APIError that `error_response` (the API's own shape) can send."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from emlx_async.serve.protocol import APIError
+
+    @settings(max_examples=examples, deadline=None)
+    @given(st.fixed_dictionaries({}, optional=fields))
+    def check(body):
+        try:
+            parse(body)
+        except APIError as error:
+            assert error.status == 400 and error.message
+            error_response(error)  # encodable
+
+    check()
+
+
+class ScriptedEngine:
+    """The engine's interface as the service reads it, answering every request with known
+    text pieces (one token each): the APIs' shapes, checked with the official clients,
+    without a model. `fail` is raised by a request with a grammar, as the engine's
+    iterator raises a grammar's failure."""
+
+    context_length, active_requests, vocab_size, step_kind = 8192, 0, 49152, "python"
+
+    def __init__(self, tokenizer, chat_template: str, pieces: list[str], fail: Exception | None = None):
+        from emlx_async.llm.text import PromptEncoder
+
+        self.tokenizer, self.chat_template, self.pieces, self.fail = tokenizer, chat_template, pieces, fail
+        self.text = PromptEncoder(tokenizer, bos_id=None, chat_template=chat_template, vocab_size=49152)
+        self.grammars: list = []  # the grammar of each request, None for a free one
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.pieces[token].encode()
+
+    def generate(self, prompt, *, max_tokens, stats, grammar=None, **options):
+        from emlx_async.llm import Delta
+
+        self.grammars.append(grammar)
+
+        async def deltas():
+            if self.fail is not None and grammar is not None:
+                raise self.fail
+            for i, piece in enumerate(self.pieces):
+                stats.generated_tokens += 1
+                yield Delta(piece, i)
+            yield Delta("", None, "stop")
+
+        return deltas()
+
+
+def scripted_app(tokenizer, chat_template: str, pieces: list[str], fail: Exception | None = None):
+    """The service's app, ready, on a ScriptedEngine (no lifespan: no model loads)."""
+    from emlx_async.serve import ServeConfig, create_app
+
+    app = create_app(ServeConfig())
+    service = app.state.service
+    service.engine, service.status = ScriptedEngine(tokenizer, chat_template, pieces, fail), "ready"
+    return app
+
+
+def smollm2_tokenizer_and_template():
+    """SmolLM2's tokenizer (from its GGUF) and chat template, without loading the weights' engine."""
+    import mlx.core as mx
+
+    from emlx_async.llm import _gguf
+
+    _, meta = mx.load(_gguf.smollm2_path(), return_metadata=True)
+    return _gguf.gguf_tokenizer(meta), meta["tokenizer.chat_template"]

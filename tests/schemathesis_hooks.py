@@ -14,11 +14,13 @@ assistant message becomes the user's; any other fault in the case stays.
 
 Tools, tool turns and grammars (tools, tool_choice, parallel_tool_calls, role
 "tool" and assistant tool_calls in the history, json_schema and guided_*
-grammars) are taken out of generated chat and completion bodies: whether one
-is valid depends on JSON Schema semantics and tool names the document cannot
-state (a schema the grammar engine compiles, arguments that are JSON text of
-an object). tests/test_serve_tools.py and test_serve_structured.py send those
-fields, hostile ones included."""
+grammars; the Messages API's tool_use and tool_result blocks, the Responses
+API's function_call and function_call_output items) are taken out of
+generated bodies: whether one is valid depends on JSON Schema semantics and
+tool names the document cannot state (a schema the grammar engine compiles,
+arguments that are JSON text of an object, a result naming an earlier call).
+tests/test_serve_tools.py, test_serve_api_tools.py and
+test_serve_structured.py send those fields, hostile ones included."""
 
 import numbers
 import os
@@ -29,6 +31,7 @@ MAXIMUM = float(os.environ.get("EMLX_SCHEMA_MAX_TOKENS", "inf"))
 TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 MESSAGES_API = ("/v1/messages", "/v1/messages/count_tokens")
 CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 GUIDED = ("guided_json", "guided_regex", "guided_grammar")
 
 
@@ -46,6 +49,23 @@ def _without_tools(body: dict) -> None:
         body["response_format"] = {"type": "json_object"}
 
 
+def _without_tool_turns(body: dict, path: str) -> None:
+    """The Messages and Responses APIs' tools and tool turns out of a body (see the docstring)."""
+    body.pop("tools", None)
+    body.pop("tool_choice", None)
+    if path in MESSAGES_API:
+        for message in body.get("messages") if isinstance(body.get("messages"), list) else ():
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list):
+                kept = [b for b in content
+                        if not (isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result"))]
+                message["content"] = kept or "x"
+    items = body.get("input")
+    for i, item in enumerate(items if path == RESPONSES and isinstance(items, list) else ()):
+        if isinstance(item, dict) and item.get("type") in ("function_call", "function_call_output"):
+            items[i] = {"role": "user", "content": "x"}
+
+
 @schemathesis.hook
 def before_call(context, case, kwargs):
     body = case.body
@@ -58,6 +78,8 @@ def before_call(context, case, kwargs):
             body[name] = 2
     if case.operation.path in (CHAT, "/v1/completions"):
         _without_tools(body)
+    elif case.operation.path in (*MESSAGES_API, RESPONSES):
+        _without_tool_turns(body, case.operation.path)
     messages = body.get("messages")
     if case.operation.path in MESSAGES_API and isinstance(messages, list) and messages \
             and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":

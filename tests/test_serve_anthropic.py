@@ -70,13 +70,12 @@ HOSTILE = [
     ({**OK, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
      "messages[0].content[0].type"),
     ({**OK, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "4"}]}]},
-     "messages[0].content[0].type"),
+     "messages[0].content[0].tool_use_id"),                                 # no tool_use of that id before
     ({**OK, "messages": [*FRANCE, {"role": "assistant", "content": "The"}]}, "messages[1].role"),  # a prefill
     ({**OK, "messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
     ({**OK, "system": [{"type": "text", "text": "a\udfffb"}]}, "system[0].text"),
-    ({**OK, "tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),
     ({**OK, "tools": "f"}, "tools"),
-    ({**OK, "tool_choice": {"type": "auto"}}, "tool_choice"),
+    ({**OK, "tool_choice": {"type": "any"}}, "tool_choice"),                 # no tools to call
     ({**OK, "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
     ({**OK, "output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config.format"),
 ]
@@ -100,7 +99,8 @@ def test_a_request_becomes_the_chat_request():
         "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]},
                      {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Paris?"}],
         "temperature": 0.5, "top_p": 0.9, "top_k": 40, "stop_sequences": ["\n\n"], "metadata": {"user_id": "u"},
-        "tool_choice": {"type": "none"}, "thinking": {"type": "disabled"}, "stream": True})
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "none"},
+        "thinking": {"type": "disabled"}, "stream": True})
     request = parsed.generation
     assert request.chat and request.model == MODEL and request.max_tokens == 8 and request.stream
     assert request.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
@@ -125,33 +125,25 @@ def test_errors_take_anthropics_types_and_statuses():
 
 def test_parsing_is_total():
     """Any JSON object parses or gets an APIError: no other exception, whatever the fields hold."""
-    from hypothesis import given, settings
+    from helpers import any_json, check_parsing_is_total
     from hypothesis import strategies as st
 
-    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
-    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
-                          | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=12)
-    blocks = st.fixed_dictionaries({"type": st.sampled_from(["text", "image", "tool_use"]) | values,
-                                    "text": st.text(max_size=8) | values})
+    values = any_json()
+    blocks = st.fixed_dictionaries({"type": st.sampled_from(["text", "image", "tool_use", "tool_result"]) | values,
+                                    "text": st.text(max_size=8) | values},
+                                   optional={"id": values, "name": values, "input": values, "tool_use_id": values,
+                                             "content": values, "is_error": values})
     message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]) | values,
                                      "content": st.text(max_size=8) | st.lists(blocks, max_size=2) | values})
+    tool = st.fixed_dictionaries({"name": st.text(max_size=4) | values},
+                                 optional={"input_schema": values, "description": values, "type": values})
     fields = {"max_tokens": st.integers(-2, 10**30) | values, "messages": st.lists(message, max_size=3) | values,
               "system": st.text(max_size=8) | st.lists(blocks, max_size=2) | values,
               "temperature": st.floats() | values, "top_p": st.floats() | values, "top_k": st.integers() | values,
               "stop_sequences": st.lists(st.text(max_size=3), max_size=3) | values, "stream": values,
-              "tools": values, "tool_choice": values, "thinking": values, "metadata": values, "model": values,
-              "output_config": values}
-
-    @settings(max_examples=200, deadline=None)
-    @given(st.fixed_dictionaries({}, optional=fields))
-    def check(body):
-        try:
-            messages_api.parse_request(body)
-        except APIError as error:
-            assert error.status == 400 and error.message
-            messages_api.error_response(error)  # encodable
-
-    check()
+              "tools": st.lists(tool, max_size=2) | values, "tool_choice": values, "thinking": values,
+              "metadata": values, "model": values, "output_config": values}
+    check_parsing_is_total(messages_api.parse_request, messages_api.error_response, fields)
 
 
 @one_loop
@@ -336,14 +328,14 @@ def test_hostile_bodies_against_the_server(http, client):
     check_error(http.post("/v1/messages/count_tokens", json={"model": MODEL}), 400, "invalid_request_error",
                 "messages")
     check_error(http.post("/v1/messages/count_tokens", json={"messages": FRANCE, "tools": [{"name": "f"}]}), 400,
-                "invalid_request_error", "tools")
+                "invalid_request_error", "tools[0].input_schema")
     # A huge top_k keeps every token: the greedy answer does not change.
     huge_k = http.post("/v1/messages", json={**OK, "top_k": 10**12, **GREEDY}).json()
     assert huge_k["content"][0]["text"] == chat(http, FRANCE)[0]
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
         client.messages.create(model=MODEL, max_tokens=10**9, messages=FRANCE)
-    with pytest.raises(anthropic.BadRequestError, match="tools"):
-        client.messages.create(model=MODEL, max_tokens=4, messages=FRANCE,
+    with pytest.raises(anthropic.BadRequestError, match="tool_choice.name"):
+        client.messages.create(model=MODEL, max_tokens=4, messages=FRANCE, tool_choice={"type": "tool", "name": "g"},
                                tools=[{"name": "f", "input_schema": {"type": "object"}}])
     assert http.get("/health").status_code == 200
 

@@ -288,7 +288,7 @@ def test_a_schema_nested_past_the_stack_is_400_not_a_crash():
         inner = inner["properties"]["a"]
     for body, param in [({"response_format": _json_schema(deep)}, "response_format.json_schema.schema"),
                         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": deep}}],
-                          "tool_choice": "required"}, "tools")]:
+                          "tool_choice": "required"}, "tools[0].function.parameters")]:
         with pytest.raises(APIError) as error:
             parse_request({"messages": USER, **body}, chat=True)
         assert error.value.param == param

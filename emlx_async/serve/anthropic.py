@@ -6,13 +6,25 @@ gets the same greedy answer here as from /v1/chat/completions. Answers,
 streamed events and errors take Anthropic's shapes:
 ``{"type": "error", "error": {"type", "message"}}``, the service's 503 as
 529 ``overloaded_error``. ``max_tokens`` is required, as Anthropic's API has
-it. Tool use (``tools``, ``tool_use``/``tool_result`` blocks) and extended
-thinking are refused with a 400 naming the field: they need constrained
-decoding the engine does not offer yet. ``metadata`` is accepted and ignored.
+it. ``metadata`` is accepted and ignored; extended thinking and server
+tools are refused with a 400 naming the field.
+
+Tools run on the chat endpoint's machinery (serve/tools.py): ``tools``
+(name, description, input_schema) become function tools, ``tool_choice``
+auto, any, tool (by name) and none map to chat's auto, required, a named
+function and none (any and tool are constrained by the call grammar), and
+``disable_parallel_tool_use`` to parallel_tool_calls false. In the history an
+assistant's ``tool_use`` blocks are its tool calls and a user's
+``tool_result`` blocks (each naming a tool_use of the assistant turn
+before) are tool messages, rendered by the template as chat renders them.
+An answer's calls are ``tool_use`` blocks with stop_reason "tool_use";
+streamed, each is a content_block_start with the id and name, then its
+input in ``input_json_delta`` pieces.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -23,11 +35,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import DistributedError
-from .service import EventStream, Generation, Service, group_broken_error, shutdown_error
-from .common import (JSON, joined_text, boolean, collect, count, event, guarded, integer,
-                     number, optional_object, read_object, string, string_list, type_name, wrong_type)
-from .protocol import APIError, GenerationRequest, invalid
+from .service import Generation, Service
+from .common import (JSON, AnswerParts, Collected, checked_text, joined_text, boolean, count, event,
+                     generation_route, integer, number, optional_object, read_object, string, string_list,
+                     type_name, wrong_type)
+from .protocol import APIError, GenerationRequest, checked_tool, choose_tools, invalid, show
+from .tools import json_pieces
 
 MESSAGES, COUNT_TOKENS = "/v1/messages", "/v1/messages/count_tokens"
 # A documented bound (Anthropic publishes none): each one is checked after every token.
@@ -63,25 +76,11 @@ class MessagesRequest:
     stop_sequences: list[str]
 
 
-# Blocks that need tool use (not offered on this API yet), refused with that reason.
-_TOOL_BLOCKS = {kind: "blocks need tool use, which is not supported yet"
-                for kind in ("tool_use", "tool_result", "server_tool_use")}
+# What Anthropic's tool_choice types are in chat's terms.
+_TOOL_CHOICES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}
 
 
-def _text_blocks(content, param: str) -> str:
-    """A string, or a list of text blocks joined (cache_control and citations are ignored)."""
-    return joined_text(content, param, text_types=("text",), noun="content block", refusals=_TOOL_BLOCKS)
-
-
-def _refuse_tools(body: dict) -> None:
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise wrong_type("tools", "an array", tools)
-    if tools:
-        raise invalid("tools", "tools: tool use is not supported yet", "unsupported_parameter")
-    choice = body.get("tool_choice")
-    if choice is not None and not (isinstance(choice, dict) and choice.get("type") == "none"):
-        raise invalid("tool_choice", "tool_choice: tool use is not supported yet", "unsupported_parameter")
+def _refuse_unsupported(body: dict) -> None:
     output_config = optional_object(body, "output_config")  # its "effort" is ignored
     if output_config is not None and output_config.get("format") is not None:
         raise invalid("output_config.format", "output_config.format: structured outputs are not supported yet",
@@ -91,9 +90,116 @@ def _refuse_tools(body: dict) -> None:
         raise invalid("thinking", "thinking: extended thinking is not supported", "unsupported_parameter")
 
 
+def parse_tools(body: dict, request: GenerationRequest) -> None:
+    """`tools` and `tool_choice` onto the chat request (serve/protocol.py's checks and grammar)."""
+    tools = body.get("tools")
+    if tools is None:
+        tools = []
+    elif not isinstance(tools, list):
+        raise wrong_type("tools", "an array of tools", tools)
+    parsed, names = [], set()
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise wrong_type(where, "a tool object", tool)
+        kind = tool.get("type")
+        if kind not in (None, "custom"):
+            raise invalid(f"{where}.type", f"{where}.type: only custom tools (name, description, input_schema) "
+                          f"are supported, got {show(kind)} (server tools are not)", "unsupported_value")
+        if tool.get("input_schema") is None:
+            raise invalid(f"{where}.input_schema", f"{where}.input_schema: field required",
+                          "missing_required_parameter")
+        parsed.append(checked_tool(tool.get("name"), tool.get("description"), tool["input_schema"], names,
+                                   {"name": f"{where}.name", "description": f"{where}.description",
+                                    "parameters": f"{where}.input_schema"}))
+    choice = optional_object(body, "tool_choice") or {"type": "auto"}
+    kind = choice.get("type")
+    if kind not in _TOOL_CHOICES:
+        raise invalid("tool_choice.type", f"tool_choice.type: expected one of {list(_TOOL_CHOICES)}, got "
+                      f"{show(kind) if isinstance(kind, str) else type_name(kind)}", "unsupported_value")
+    disable = choice.get("disable_parallel_tool_use")
+    if disable is not None and not isinstance(disable, bool):
+        raise wrong_type("tool_choice.disable_parallel_tool_use", "a boolean", disable)
+    request.parallel_tool_calls = not disable
+    name = None
+    if kind == "tool":
+        name = choice.get("name")
+        if not isinstance(name, str):
+            raise wrong_type("tool_choice.name", "the name of a tool", name)
+        if name not in names:
+            raise invalid("tool_choice.name", f"tool_choice.name: {show(name)} is not one of the tools",
+                          "unknown_tool")
+    choose_tools(request, parsed, _TOOL_CHOICES[kind], name, param="tool_choice")
+
+
+def _text_blocks(content, param: str) -> str:
+    """A string, or a list of text blocks joined (cache_control and citations are ignored)."""
+    return joined_text(content, param, text_types=("text",), noun="content block")
+
+
+def _nonempty(block: dict, name: str, where: str) -> str:
+    value = block.get(name)
+    if not isinstance(value, str) or not value:
+        raise invalid(f"{where}.{name}", f"{where}.{name}: expected a non-empty string, got {type_name(value)}",
+                      "invalid_type" if value is not None else "missing_required_parameter")
+    return checked_text(value, f"{where}.{name}")
+
+
+def _turn(role: str, content, where: str, tool_use_ids: set[str]) -> list[dict]:
+    """One message as chat messages: an assistant's text and tool calls, or a user's tool
+    results (each a tool message, naming one of `tool_use_ids`) and then its text."""
+    if not isinstance(content, list):
+        return [{"role": role, "content": _text_blocks(content, where)}]
+    texts, calls, results = [], [], []
+    for j, block in enumerate(content):
+        at = f"{where}[{j}]"
+        if not isinstance(block, dict):
+            raise wrong_type(at, "a content block object", block)
+        kind = block.get("type")
+        if kind == "text" or not isinstance(kind, str):
+            texts.append(_one_text(block, at))
+        elif kind == "tool_use" and role == "assistant":
+            arguments = block.get("input")
+            if not isinstance(arguments, dict):
+                raise wrong_type(f"{at}.input", "an object", arguments)
+            calls.append({"type": "function", "id": _nonempty(block, "id", at),
+                          "function": {"name": _nonempty(block, "name", at), "arguments": arguments}})
+        elif kind == "tool_result" and role == "user":
+            call_id = _nonempty(block, "tool_use_id", at)
+            if call_id not in tool_use_ids:
+                raise invalid(f"{at}.tool_use_id", f"{at}.tool_use_id: no tool_use block of the assistant "
+                              f"message before has the id {show(call_id)}", "unknown_tool_use")
+            is_error = block.get("is_error")
+            if is_error is not None and not isinstance(is_error, bool):
+                raise wrong_type(f"{at}.is_error", "a boolean", is_error)
+            text = _text_blocks(block.get("content", ""), f"{at}.content")
+            results.append({"role": "tool", "tool_call_id": call_id,
+                            "content": f"Error: {text}" if is_error else text})
+        elif kind in ("tool_use", "tool_result"):
+            raise invalid(f"{at}.type", f"{at}.type: '{kind}' blocks belong in "
+                          f"{'assistant' if kind == 'tool_use' else 'user'} messages", "unsupported_value")
+        else:
+            raise invalid(f"{at}.type", f"{at}.type: only 'text', 'tool_use' and 'tool_result' content blocks "
+                          "are supported", "unsupported_value")
+    text = "".join(texts)
+    if calls:
+        return [{"role": "assistant", "content": text, "tool_calls": calls}]
+    return [*results, {"role": role, "content": text}] if text or not results else results
+
+
+def _one_text(block: dict, at: str) -> str:
+    kind = block.get("type")
+    if not isinstance(kind, str):
+        raise wrong_type(f"{at}.type", "a string", kind)
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise wrong_type(f"{at}.text", "a string", text)
+    return checked_text(text, f"{at}.text")
+
+
 def parse_conversation(body: dict) -> list[dict]:
     """`system` and `messages` as the chat messages of the engine's template."""
-    _refuse_tools(body)
+    _refuse_unsupported(body)
     out = []
     system = body.get("system")
     if system is not None:
@@ -105,6 +211,7 @@ def parse_conversation(body: dict) -> list[dict]:
         raise wrong_type("messages", "an array of messages", messages)
     if not messages:
         raise invalid("messages", "messages: at least one message is required")
+    tool_use_ids: set[str] = set()  # those of the last assistant message
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -115,26 +222,35 @@ def parse_conversation(body: dict) -> list[dict]:
                           + ("" if isinstance(role, str) else f", got {type_name(role)}"), "invalid_value")
         if "content" not in message:
             raise invalid(f"{where}.content", f"{where}.content: field required", "missing_required_parameter")
-        out.append({"role": role, "content": _text_blocks(message["content"], f"{where}.content")})
-    if out[-1]["role"] == "assistant":
+        turns = _turn(role, message["content"], f"{where}.content", tool_use_ids)
+        if role == "assistant":
+            tool_use_ids = {call["id"] for turn in turns for call in turn.get("tool_calls", ())}
+        out += turns
+    if messages[-1]["role"] == "assistant":
         # Anthropic continues a final assistant turn; the chat template would close it and start another.
         raise invalid(f"messages[{len(messages) - 1}].role", f"messages[{len(messages) - 1}].role: a final "
                       "assistant message (a prefill to continue) is not supported", "unsupported_value")
     return out
 
 
+def parse_prompt(body: dict) -> GenerationRequest:
+    """What /v1/messages/count_tokens reads (and /v1/messages first): the model, the
+    conversation and the tools, as a chat request without a token limit."""
+    generation = GenerationRequest(chat=True, model=string(body, "model"), messages=parse_conversation(body))
+    parse_tools(body, generation)
+    return generation
+
+
 def parse_request(body: dict) -> MessagesRequest:
-    model = string(body, "model")
-    messages = parse_conversation(body)
+    generation = parse_prompt(body)
     max_tokens = integer(body, "max_tokens", low=1, required=True)
     optional_object(body, "metadata")  # accepted, and ignored
     stop = string_list(body, "stop_sequences", MAX_STOP_SEQUENCES)
     top_k = integer(body, "top_k", low=0)
-    generation = GenerationRequest(
-        chat=True, model=model, messages=messages, max_tokens=max_tokens,
-        temperature=number(body, "temperature", 1.0, 0.0, 1.0),  # Anthropic's range and default
-        top_p=number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
-        top_k=top_k or 0, stop=stop, stream=boolean(body, "stream"))
+    generation.max_tokens, generation.stop, generation.top_k = max_tokens, stop, top_k or 0
+    generation.temperature = number(body, "temperature", 1.0, 0.0, 1.0)  # Anthropic's range and default
+    generation.top_p = number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+    generation.stream = boolean(body, "stream")
     return MessagesRequest(generation, stop)
 
 
@@ -167,38 +283,113 @@ def usage(input_tokens: int, output_tokens: int) -> dict:
     return {"input_tokens": input_tokens, "output_tokens": output_tokens}
 
 
-def message_body(id_: str, model: str, text: str, reason: str | None, sequence: str | None, usage_: dict) -> dict:
-    return {"id": id_, "type": "message", "role": "assistant", "model": model,
-            "content": [{"type": "text", "text": text}] if text or reason is not None else [],
+def message_body(id_: str, model: str, content: list[dict], reason: str | None, sequence: str | None,
+                 usage_: dict) -> dict:
+    return {"id": id_, "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": reason, "stop_sequence": sequence, "usage": usage_}
+
+
+def text_block(text: str) -> dict:
+    return {"type": "text", "text": text}
+
+
+def tool_use_block(call: dict) -> tuple[dict, str]:
+    """A chat tool call as a tool_use block, and its input as the JSON text that streams."""
+    arguments = call["function"]["arguments"]
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):  # tool_use input is an object: a call that wrote another value keeps it whole
+        value = {"arguments": arguments}
+        arguments = json.dumps(value, ensure_ascii=False)
+    block = {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": call["function"]["name"],
+             "input": value}
+    return block, arguments
 
 
 def _error_event(error: APIError) -> bytes:
     return event("error", error_body(error))
 
 
-async def _events(request: MessagesRequest, generation: Generation, id_: str, model: str) -> AsyncIterator[bytes]:
-    start = message_body(id_, model, "", None, None, usage(generation.prompt_tokens, 0))
-    yield event("message_start", {"type": "message_start", "message": start})
-    yield event("content_block_start", {"type": "content_block_start", "index": 0,
-                                        "content_block": {"type": "text", "text": ""}})
-    yield event("ping", {"type": "ping"})
-    tokens: list[int] = []
-    async for delta in generation.deltas():
-        if delta.token is not None:
-            tokens.append(delta.token)
-        if delta.text:
-            yield event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                "delta": {"type": "text_delta", "text": delta.text}})
-        if delta.finish_reason is not None:
-            reason, sequence = stop_reason(generation, delta.finish_reason, delta.token, tokens,
-                                           request.stop_sequences)
-            yield event("content_block_stop", {"type": "content_block_stop", "index": 0})
-            yield event("message_delta", {"type": "message_delta",
-                                          "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                          "usage": usage(generation.prompt_tokens,
-                                                         generation.stats.generated_tokens)})
-            yield event("message_stop", {"type": "message_stop"})
+class MessagesReply:
+    """The answer to one admitted Messages API request (common.Reply)."""
+
+    def __init__(self, request: MessagesRequest, generation: Generation):
+        self.request, self.generation = request, generation
+        self.model = generation.model_name
+        self.id = new_id()
+        self.parts = AnswerParts(request.generation, generation)
+
+    def failed(self, error: APIError) -> bytes:
+        return _error_event(error)
+
+    def _stop(self, finish_reason: str, last_token: int | None, tokens: list[int]) -> tuple[str, str | None]:
+        if self.parts.calls and finish_reason == "stop":
+            return "tool_use", None
+        return stop_reason(self.generation, finish_reason, last_token, tokens, self.request.stop_sequences)
+
+    def _usage(self) -> dict:
+        return usage(self.generation.prompt_tokens, self.generation.stats.generated_tokens)
+
+    def body(self, collected: Collected) -> dict:
+        content = [text_block(part) if isinstance(part, str) else tool_use_block(part)[0]
+                   for part in self.parts.whole(collected.pieces)] or [text_block("")]
+        reason, sequence = self._stop(self.generation.finish_reason, collected.last_token, collected.tokens)
+        return message_body(self.id, self.model, content, reason, sequence, self._usage())
+
+    async def events(self) -> AsyncIterator[bytes]:
+        generation = self.generation
+        start = message_body(self.id, self.model, [], None, None, usage(generation.prompt_tokens, 0))
+        yield event("message_start", {"type": "message_start", "message": start})
+        index, text_open = 0, False
+
+        def block_start(block: dict) -> bytes:
+            return event("content_block_start", {"type": "content_block_start", "index": index,
+                                                 "content_block": block})
+
+        def block_delta(delta: dict) -> bytes:
+            return event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+
+        def block_stop() -> bytes:
+            return event("content_block_stop", {"type": "content_block_stop", "index": index})
+
+        if not self.parts.tools:  # one text block, open from the start (with tools it opens at the first text)
+            yield block_start(text_block(""))
+            text_open = True
+        yield event("ping", {"type": "ping"})
+        tokens: list[int] = []
+        async for delta in generation.deltas():
+            if delta.token is not None:
+                tokens.append(delta.token)
+            final = delta.finish_reason is not None
+            for part in self.parts.feed(delta.text, final):
+                if isinstance(part, str):
+                    if not text_open:
+                        yield block_start(text_block(""))
+                        text_open = True
+                    yield block_delta({"type": "text_delta", "text": part})
+                    continue
+                if text_open:
+                    yield block_stop()
+                    index, text_open = index + 1, False
+                block, arguments = tool_use_block(part)
+                yield block_start({**block, "input": {}})
+                for piece in json_pieces(arguments):
+                    yield block_delta({"type": "input_json_delta", "partial_json": piece})
+                yield block_stop()
+                index += 1
+            if final:
+                if not text_open and index == 0:  # nothing at all: one empty text block, as unstreamed
+                    yield block_start(text_block(""))
+                    text_open = True
+                if text_open:
+                    yield block_stop()
+                reason, sequence = self._stop(delta.finish_reason, delta.token, tokens)
+                yield event("message_delta", {"type": "message_delta",
+                                              "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                              "usage": self._usage()})
+                yield event("message_stop", {"type": "message_stop"})
 
 
 # ---- routes -------------------------------------------------------------------------
@@ -206,46 +397,17 @@ async def _events(request: MessagesRequest, generation: Generation, id_: str, mo
 def routes(service: Service) -> list[Route]:
     config = service.config
 
-    async def messages(request: Request) -> Response:
-        try:
-            service.check_ready()
-            parsed = parse_request(await read_object(request, config.max_body_bytes, config.body_timeout))
-            generation = await service.start_generation(parsed.generation)
-        except APIError as error:
-            return count(service, MESSAGES, error_response(error))
-        except DistributedError as exc:  # broke between the check and the engine
-            return count(service, MESSAGES, error_response(group_broken_error(exc)))
-        id_ = new_id()
-        if parsed.generation.stream:
-            events = guarded(_events(parsed, generation, id_, generation.model_name), generation, id_, _error_event)
-            return count(service, MESSAGES, EventStream(events, service, generation,
-                                                             lambda: _error_event(shutdown_error())))
-        try:
-            collected = await collect(service, generation, request, id_)
-        except APIError as error:
-            return count(service, MESSAGES, error_response(error))
-        if collected is None:
-            return count(service, MESSAGES, Response(status_code=499))  # the client is gone: nobody reads this
-        reason, sequence = stop_reason(generation, generation.finish_reason, collected.last_token,
-                                       collected.tokens, parsed.stop_sequences)
-        body = message_body(id_, generation.model_name, collected.text, reason, sequence,
-                            usage(generation.prompt_tokens, generation.stats.generated_tokens))
-        return count(service, MESSAGES, JSON(body))
-
     async def count_tokens(request: Request) -> Response:
         try:
             service.check_ready()
             body = await read_object(request, config.max_body_bytes, config.body_timeout)
-            model = string(body, "model")
-            conversation = parse_conversation(body)
-            async with service.model_in_use(model) as served:  # 404 for a model not served, as generations
-                try:
-                    # Rendering and tokenizing a long conversation takes time: off the loop.
-                    ids = await anyio.to_thread.run_sync(lambda: served.engine.encode(messages=conversation))
-                except (ValueError, TypeError) as exc:
-                    raise invalid("messages", str(exc)) from None
+            parsed = parse_prompt(body)
+            async with service.model_in_use(parsed.model) as served:  # 404 for a model not served, as generations
+                # Rendering and tokenizing a long conversation takes time: off the loop.
+                ids = await anyio.to_thread.run_sync(service.encode, served, parsed)
         except APIError as error:
             return count(service, COUNT_TOKENS, error_response(error))
         return count(service, COUNT_TOKENS, JSON({"input_tokens": len(ids)}))
 
-    return [Route(MESSAGES, messages, methods=["POST"]), Route(COUNT_TOKENS, count_tokens, methods=["POST"])]
+    return [generation_route(service, MESSAGES, parse_request, MessagesReply, error_response),
+            Route(COUNT_TOKENS, count_tokens, methods=["POST"])]

@@ -25,15 +25,9 @@ from .protocol import APIError, GenerationRequest, chunk_body, completion_body, 
     tool_call_deltas, usage_chunk_body
 from .service import (EventStream, Generation, ServeConfig, Service, distributed_cause, error_response,
                       grammar_error, group_broken_error, read_json, shutdown_error, sse, until_disconnected)
+from .tools import allowed_calls
 
 logger = logging.getLogger("emlx_async.serve")
-
-def _allowed_calls(request: GenerationRequest, calls: list[dict], already: int = 0) -> list[dict] | None:
-    """The calls the request lets through: one in all when parallel_tool_calls is false."""
-    if not request.parallel_tool_calls:
-        calls = calls[:max(0, 1 - already)]
-    return calls or None
-
 
 def create_app(config: ServeConfig | None = None) -> Starlette:
     config = config or ServeConfig()
@@ -100,7 +94,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             answer = first.content + last.content
             if generation.splitter.thinking:
                 reasoning = first.reasoning + last.reasoning
-            calls = _allowed_calls(parsed, first.tool_calls + last.tool_calls)
+            calls = allowed_calls(first.tool_calls + last.tool_calls, parsed.parallel_tool_calls) or None
         body = completion_body(parsed, id=id_, model=generation.model_name, text=answer,
                                finish_reason=generation.finish_reason, prompt_tokens=generation.prompt_tokens,
                                completion_tokens=generation.stats.generated_tokens, logprobs=entries,
@@ -134,7 +128,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                             yield sse(chunk_body(parsed, **fields, text=piece.content, finish_reason=None,
                                                  logprobs=pending))
                             pending = [] if parsed.logprobs else None
-                        for call in _allowed_calls(parsed, piece.tool_calls, already=calls) or ():
+                        for call in allowed_calls(piece.tool_calls, parsed.parallel_tool_calls, already=calls):
                             for entries in tool_call_deltas(calls, call):
                                 yield sse(chunk_body(parsed, **fields, text=None, tool_calls=entries,
                                                      finish_reason=None))

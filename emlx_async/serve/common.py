@@ -1,14 +1,15 @@
 """What the Messages and the Responses APIs share on top of the service.
 
-Each API parses its own body into a GenerationRequest, lets the Service
-admit it, and formats its own answers; this module holds the parts they
-have in common: field checks whose errors name the field and never echo a
-value (a repr of a deeply nested value can itself fail), JSON that stays
-encodable when a request's text comes back in it (a lone surrogate is
-valid JSON but not UTF-8), collecting a generation that a disconnect or
-the shutdown deadline may cut short, and streams of named server-sent
-events (``event: NAME``), which both APIs use where chat sends bare
-``data:`` lines.
+Each API parses its own body into a GenerationRequest and formats its own answers
+(a ``Reply``); this module holds the parts they have in common: field
+checks whose errors name the field and never echo a value (a repr of a
+deeply nested value can itself fail), JSON that stays encodable when a
+request's text comes back in it (a lone surrogate is valid JSON but not
+UTF-8), the route that admits a request and answers it collected or
+streamed (a disconnect or the shutdown deadline may cut either short),
+an answer cut into text and tool calls (``AnswerParts``), and streams of
+named server-sent events (``event: NAME``), which both APIs use where chat
+sends bare ``data:`` lines.
 """
 
 from __future__ import annotations
@@ -18,17 +19,20 @@ import logging
 import numbers
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
-from .service import (Generation, Service, distributed_cause, group_broken_error, read_json, shutdown_error,
-                  until_disconnected)
+from .. import DistributedError
+from .service import (EventStream, Generation, Service, distributed_cause, grammar_error, group_broken_error,
+                      read_json, shutdown_error, until_disconnected)
 # An integer as JSON Schema (and so the OpenAPI document) counts them: 8.0 is one.
 from .protocol import _is_int as is_int
-from .protocol import APIError, invalid
+from .protocol import APIError, GenerationRequest, invalid
+from .tools import THINK_END, THINK_START, allowed_calls
 
 logger = logging.getLogger("emlx_async.serve")
 
@@ -205,19 +209,24 @@ class Collected:
     text: str
     tokens: list[int] = field(default_factory=list)
     last_token: int | None = None
+    pieces: list[str] = field(default_factory=list)  # the deltas' texts, in order
 
 
-def failure(exc: Exception, id_: str) -> APIError:
+def failure(exc: Exception, id_: str, request: GenerationRequest | None = None) -> APIError:
     """The error to report for a generation that raised mid-way."""
     broken = distributed_cause(exc)
     if broken is not None:
         logger.error("generation %s failed: %s", id_, broken)
         return group_broken_error(broken)
+    failed = grammar_error(exc, request) if request is not None and request.grammar is not None else None
+    if failed is not None:  # that request's grammar alone
+        return failed
     logger.exception("generation %s failed", id_, exc_info=exc)
     return APIError(500, f"generation failed: {type(exc).__name__}", type="server_error")
 
 
-async def collect(service: Service, generation: Generation, request: Request, id_: str) -> Collected | None:
+async def collect(service: Service, generation: Generation, request: Request, id_: str,
+                  parsed: GenerationRequest | None = None) -> Collected | None:
     """Run a generation to its end; None when the client left first.
 
     Raises APIError when the shutdown deadline or a failure ended it.
@@ -244,25 +253,26 @@ async def collect(service: Service, generation: Generation, request: Request, id
                 group.start_soon(run)
                 group.start_soon(watch)
     except Exception as exc:  # noqa: BLE001 - reported in the API's own shape
-        raise failure(exc, id_) from None
+        raise failure(exc, id_, parsed) from None
     finally:
         await generation.aclose()
     if generation.finish_reason is None:
         if shutdown_scope.cancel_called:
             raise shutdown_error()
         return None
-    return Collected("".join(text), tokens, last[0])
+    return Collected("".join(text), tokens, last[0], text)
 
 
 async def guarded(events: AsyncIterator[bytes], generation: Generation, id_: str,
-                  failed: Callable[[APIError], bytes]) -> AsyncIterator[bytes]:
+                  failed: Callable[[APIError], bytes],
+                  request: GenerationRequest | None = None) -> AsyncIterator[bytes]:
     """`events`, ended by `failed(error)` if they raise (the status line is gone by then);
     the generation is closed however they end."""
     try:
         async for chunk in events:
             yield chunk
     except Exception as exc:  # noqa: BLE001 - the error goes in the stream
-        yield failed(failure(exc, id_))
+        yield failed(failure(exc, id_, request))
     finally:
         with anyio.CancelScope(shield=True):
             await events.aclose()  # type: ignore[attr-defined]
@@ -272,3 +282,139 @@ async def guarded(events: AsyncIterator[bytes], generation: Generation, id_: str
 def count(service: Service, endpoint: str, response: Response) -> Response:
     service.metrics.requests.labels(endpoint, str(response.status_code)).inc()
     return response
+
+
+# ---- the route both APIs share ----------------------------------------------------
+
+class Parsed(Protocol):
+    generation: GenerationRequest
+
+
+class Reply(Protocol):
+    """One API's answer to one admitted request."""
+
+    id: str
+
+    def events(self) -> AsyncIterator[bytes]:
+        """The streamed answer: the API's named events."""
+
+    def failed(self, error: APIError) -> bytes:
+        """The event that ends a stream `error` cut short."""
+
+    def body(self, collected: Collected) -> dict:
+        """The collected answer."""
+
+
+def generation_route(service: Service, path: str, parse: Callable[[dict], Parsed],
+                     reply: Callable[[Parsed, Generation], Reply],
+                     error_response: Callable[[APIError], Response]) -> Route:
+    """POST `path`: parse the body, admit it, and answer with `reply`, streamed or
+    collected; every error in the API's own shape (`error_response`)."""
+    config = service.config
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            service.check_ready()
+            parsed = parse(await read_object(request, config.max_body_bytes, config.body_timeout))
+            generation = await service.start_generation(parsed.generation)
+        except APIError as error:
+            return count(service, path, error_response(error))
+        except DistributedError as exc:  # broke between the check and the engine
+            return count(service, path, error_response(group_broken_error(exc)))
+        answer = reply(parsed, generation)
+        if parsed.generation.stream:
+            events = guarded(answer.events(), generation, answer.id, answer.failed, parsed.generation)
+            return count(service, path, EventStream(events, service, generation,
+                                                    lambda: answer.failed(shutdown_error())))
+        try:
+            collected = await collect(service, generation, request, answer.id, parsed.generation)
+        except APIError as error:
+            return count(service, path, error_response(error))
+        if collected is None:
+            return count(service, path, Response(status_code=499))  # the client is gone: nobody reads this
+        return count(service, path, JSON(answer.body(collected)))
+
+    return Route(path, endpoint, methods=["POST"])
+
+
+# ---- text and tool calls ------------------------------------------------------------
+
+class AnswerParts:
+    """A chat answer cut into text and tool calls, in order, as it streams, for the APIs
+    whose answers are a list of blocks (the Messages API's content, the Responses API's
+    output); a collected answer is cut from the same pieces, so it is the stream's.
+
+    Without tools the text is the engine's, as it comes. With tools the
+    service's OutputSplitter cuts it, the chat endpoint's own parser (one
+    call format per template); calls past the one allowed when parallel calls
+    are off are dropped, as chat drops them; whitespace that ends a text is
+    held until more text follows it, so no text ends in the newline before a
+    call; reasoning of a template that thinks stays in the text, between its
+    markers (neither API has a reasoning block here).
+    """
+
+    def __init__(self, request: GenerationRequest, generation: Generation):
+        self._splitter = generation.splitter if request.tools is not None else None
+        self._parallel = request.parallel_tool_calls
+        self._in_reasoning = False
+        self._held = ""
+        self.calls: list[dict] = []
+
+    @property
+    def tools(self) -> bool:
+        """Whether the answer may hold calls (the request has tools)."""
+        return self._splitter is not None
+
+    def feed(self, text: str, final: bool = False) -> list[str | dict]:
+        """What `text` adds, in order: texts, and calls (dicts in chat's shape);
+        `final`: the answer ends here."""
+        if self._splitter is None:
+            return [text] if text else []
+        pieces = [self._splitter.feed(text)] if text else []
+        if final:
+            pieces.append(self._splitter.flush())
+        out: list[str | dict] = []
+        for piece in pieces:
+            if piece.reasoning:
+                self._text(out, piece.reasoning if self._in_reasoning else THINK_START + piece.reasoning)
+                self._in_reasoning = True
+            if self._in_reasoning and (piece.content or piece.tool_calls):
+                # The splitter drops the newlines after the marker when text follows at once.
+                self._text(out, THINK_END + ("\n\n" if piece.content and not piece.content[0].isspace() else ""))
+                self._in_reasoning = False
+            self._text(out, piece.content)
+            for call in allowed_calls(piece.tool_calls, self._parallel, already=len(self.calls)):
+                self._held = ""  # the whitespace before a call
+                out.append(call)
+                self.calls.append(call)
+        if final and self._held and not self.calls:  # nothing but text: all of it
+            if out and isinstance(out[-1], str):
+                out[-1] += self._held
+            else:
+                out.append(self._held)
+            self._held = ""
+        return out
+
+    def _text(self, out: list[str | dict], text: str) -> None:
+        """Add `text`, its whitespace at the end held back."""
+        if not text:
+            return
+        text = self._held + text
+        kept = text.rstrip()
+        self._held = text[len(kept):]
+        if kept:
+            if out and isinstance(out[-1], str):
+                out[-1] += kept
+            else:
+                out.append(kept)
+
+    def whole(self, pieces: list[str]) -> list[str | dict]:
+        """A collected answer (the texts of its deltas) as the stream would cut it, texts joined."""
+        out: list[str | dict] = []
+        for i, piece in enumerate(pieces or [""]):
+            for part in self.feed(piece, final=i == len(pieces or [""]) - 1):
+                if isinstance(part, str) and out and isinstance(out[-1], str):
+                    out[-1] += part
+                else:
+                    out.append(part)
+        return out

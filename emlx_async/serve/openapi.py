@@ -270,17 +270,47 @@ def _generation(summary: str, request: str, response: str, *, errors: dict | Non
 _ANTHROPIC_CONTENT = {**_CONTENT,
                       "description": "text, or text blocks (joined; their cache_control and citations are ignored)"}
 
-# What both /v1/messages and /v1/messages/count_tokens read: the conversation, and
-# the tool-use and thinking fields they refuse (only their "off" values pass).
+_TOOL_USE = {"type": "object", "required": ["type", "id", "name", "input"],
+             "properties": {"type": {"const": "tool_use"}, "id": {"type": "string", "minLength": 1},
+                            "name": {"type": "string", "minLength": 1}, "input": {"type": "object"}}}
+_TOOL_RESULT = {"type": "object", "required": ["type", "tool_use_id"],
+                "properties": {"type": {"const": "tool_result"}, "tool_use_id": {"type": "string", "minLength": 1},
+                               "content": _CONTENT, "is_error": {"type": "boolean"}},
+                "description": "its tool_use_id names a tool_use block of the assistant message before"}
+
+
+def _turn_content(tool_block: dict) -> dict:
+    """A user's or an assistant's content: text, or text blocks (joined) and its tool blocks."""
+    return {"oneOf": [{"type": "string"}, {"type": "array", "items": {"oneOf": [_TEXT_PART, tool_block]}}],
+            "description": "text, or blocks: text (joined; cache_control and citations are ignored), tool_use "
+                           "(assistant), tool_result (user)"}
+
+
+_ANTHROPIC_TOOL = {"type": "object", "required": ["name", "input_schema"],
+                   "properties": {"type": {"const": "custom"}, "name": {"type": "string", "minLength": 1},
+                                  "description": {"type": "string"},
+                                  "input_schema": {"type": "object", "description": "a JSON schema"}},
+                   "description": "server tools get 400; names are unique"}
+
+# What both /v1/messages and /v1/messages/count_tokens read: the conversation, the
+# tools, and the thinking fields they refuse (only their "off" values pass).
 _CONVERSATION = {
     "model": _SAMPLING["model"],
     "system": _ANTHROPIC_CONTENT,
     "messages": {"type": "array", "minItems": 1,
-                 "items": {"type": "object", "required": ["role", "content"],
-                           "properties": {"role": {"enum": ["user", "assistant"]}, "content": _ANTHROPIC_CONTENT}},
+                 "items": {"oneOf": [
+                     {"type": "object", "required": ["role", "content"],
+                      "properties": {"role": {"const": "user"}, "content": _turn_content(_TOOL_RESULT)}},
+                     {"type": "object", "required": ["role", "content"],
+                      "properties": {"role": {"const": "assistant"}, "content": _turn_content(_TOOL_USE)}}]},
                  "description": "the last one is the user's: a final assistant message (a prefill) gets 400"},
-    "tools": {"type": "array", "maxItems": 0, "description": "tool use is not supported yet"},
-    "tool_choice": {"type": "object", "required": ["type"], "properties": {"type": {"const": "none"}}},
+    "tools": {"type": "array", "items": _ANTHROPIC_TOOL},
+    "tool_choice": {"type": "object", "required": ["type"],
+                    "properties": {"type": {"enum": ["auto", "any", "tool", "none"]}, "name": {"type": "string"},
+                                   "disable_parallel_tool_use": {"type": "boolean"}},
+                    "if": {"properties": {"type": {"const": "tool"}}}, "then": {"required": ["name"]},
+                    "description": "any and tool (name: one of tools) are constrained by a grammar of the "
+                                   "tools' schemas; any and tool need tools"},
     "thinking": {"type": "object", "required": ["type"], "properties": {"type": {"const": "disabled"}}},
     "output_config": {"type": "object", "properties": {"format": {"type": "null"}},
                       "description": "its effort is ignored; a format (structured outputs) gets 400"},
@@ -307,13 +337,15 @@ _MESSAGES_USAGE = {"type": "object", "required": ["input_tokens", "output_tokens
                    "properties": {name: {"type": "integer", "minimum": 0}
                                   for name in ("input_tokens", "output_tokens")}}
 
-_STOP_REASON = {"enum": ["end_turn", "max_tokens", "stop_sequence"]}
+_STOP_REASON = {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]}
 
 _MESSAGE_ANSWER = {
     "type": "object", "required": ["id", "type", "role", "model", "content", "stop_reason", "stop_sequence", "usage"],
     "properties": {
         "id": {"type": "string", "pattern": "^msg_"}, "type": {"const": "message"}, "role": {"const": "assistant"},
-        "model": {"type": "string"}, "content": {"type": "array", "items": _TEXT_PART, "maxItems": 1},
+        "model": {"type": "string"},
+        "content": {"type": "array", "items": {"oneOf": [_TEXT_PART, _TOOL_USE]},
+                    "description": "text, then the calls as tool_use blocks (stop_reason tool_use)"},
         "stop_reason": {"anyOf": [_STOP_REASON, {"type": "null"}], "description": "null only in message_start"},
         "stop_sequence": {"type": ["string", "null"], "description": "the stop sequence that matched"},
         "usage": _ref("MessagesUsage"),
@@ -337,14 +369,16 @@ def _typed(kind: str, **properties) -> dict:
             "properties": {"type": {"const": kind}, **properties}}
 
 
-_BLOCK_INDEX = {"const": 0}
+_BLOCK_INDEX = {"type": "integer", "minimum": 0}
 
 _MESSAGE_STREAM_EVENT = {
     "oneOf": [
         _typed("message_start", message=_ref("Message")),
-        _typed("content_block_start", index=_BLOCK_INDEX, content_block=_TEXT_PART),
+        _typed("content_block_start", index=_BLOCK_INDEX, content_block={"oneOf": [_TEXT_PART, _TOOL_USE]}),
         _typed("ping"),
-        _typed("content_block_delta", index=_BLOCK_INDEX, delta=_typed("text_delta", text={"type": "string"})),
+        _typed("content_block_delta", index=_BLOCK_INDEX,
+               delta={"oneOf": [_typed("text_delta", text={"type": "string"}),
+                                _typed("input_json_delta", partial_json={"type": "string"})]}),
         _typed("content_block_stop", index=_BLOCK_INDEX),
         _typed("message_delta", delta={"type": "object", "required": ["stop_reason", "stop_sequence"],
                                        "properties": {"stop_reason": _STOP_REASON,
@@ -354,7 +388,9 @@ _MESSAGE_STREAM_EVENT = {
         _ref("AnthropicError"),
     ],
     "description": "message_start, content_block_start, ping, content_block_delta..., content_block_stop, "
-                   "message_delta, message_stop; an error event ends a stream a failure or the shutdown cut short",
+                   "message_delta, message_stop; with tools a text block opens at the first text and each call "
+                   "is a tool_use block (its input in input_json_delta pieces); an error event ends a stream a "
+                   "failure or the shutdown cut short",
 }
 
 
@@ -362,16 +398,38 @@ _MESSAGE_STREAM_EVENT = {
 
 _REFUSED = "refused with 400: "
 
-_INPUT_ITEM = {
-    "type": "object", "required": ["role", "content"],
-    "properties": {
-        "type": {"const": "message", "description": "the default; other items (tool calls, ...) get 400"},
-        "role": {"enum": ["user", "assistant", "system", "developer"], "description": "developer is system"},
-        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
-            "type": "object", "required": ["type", "text"],
-            "properties": {"type": {"enum": ["input_text", "output_text"]}, "text": {"type": "string"}}}}]},
-    },
-}
+_INPUT_CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {
+    "type": "object", "required": ["type", "text"],
+    "properties": {"type": {"enum": ["input_text", "output_text"]}, "text": {"type": "string"}}}}]}
+
+_INPUT_ITEM = {"oneOf": [
+    {"type": "object", "required": ["role", "content"],
+     "properties": {
+         "type": {"const": "message", "description": "the default; items other than these three get 400"},
+         "role": {"enum": ["user", "assistant", "system", "developer"], "description": "developer is system"},
+         "content": _INPUT_CONTENT}},
+    {"type": "object", "required": ["type", "call_id", "name", "arguments"],
+     "properties": {"type": {"const": "function_call"}, "call_id": {"type": "string", "minLength": 1},
+                    "name": {"type": "string", "minLength": 1},
+                    "arguments": {"type": "string", "description": "JSON text of an object"},
+                    "id": {"type": "string"}, "status": {"type": "string"}}},
+    {"type": "object", "required": ["type", "call_id", "output"],
+     "properties": {"type": {"const": "function_call_output"}, "call_id": {"type": "string", "minLength": 1},
+                    "output": _INPUT_CONTENT, "id": {"type": "string"}, "status": {"type": "string"}},
+     "description": "its call_id names an earlier function_call item's"},
+]}
+
+_RESPONSES_TOOL = {"type": "object", "required": ["type", "name"],
+                   "properties": {"type": {"const": "function"}, "name": {"type": "string", "minLength": 1},
+                                  "description": {"type": ["string", "null"]},
+                                  "parameters": {"type": ["object", "null"], "description": "a JSON schema"},
+                                  "strict": {"type": ["boolean", "null"]}},
+                   "description": "function tools only; names are unique"}
+_RESPONSES_TOOL_CHOICE = {"oneOf": [{"enum": ["none", "auto", "required"]},
+                                    {"type": "object", "required": ["type", "name"],
+                                     "properties": {"type": {"const": "function"}, "name": {"type": "string"}}}],
+                          "description": "required and a named function (one of tools) are constrained by a "
+                                         "grammar of the tools' schemas; required needs tools"}
 
 _RESPONSES_REQUEST = {
     "type": "object", "required": ["input"],
@@ -385,12 +443,12 @@ _RESPONSES_REQUEST = {
         "top_p": _SAMPLING["top_p"],
         "stream": _SAMPLING["stream"],
         "metadata": {"type": "object", "additionalProperties": {"type": "string"}, "description": "echoed"},
-        "parallel_tool_calls": {"type": "boolean", "description": "echoed"},
+        "parallel_tool_calls": {"type": "boolean"},
         "truncation": {"enum": ["auto", "disabled"], "description": "echoed"},
         "text": {"type": "object", "properties": {"format": {"anyOf": [_TEXT_FORMAT, {"type": "null"}]}}},
         "include": {"type": "array", "items": {"type": "string"}, "description": "ignored"},
-        "tool_choice": {"enum": ["none", "auto"]},
-        "tools": {"type": "array", "maxItems": 0, "description": _REFUSED + "tool calling is not supported yet"},
+        "tool_choice": _RESPONSES_TOOL_CHOICE,
+        "tools": {"type": "array", "items": _RESPONSES_TOOL},
         "top_logprobs": {"const": 0, "description": _REFUSED + "logprobs are not supported in responses"},
         "background": {"const": False, "description": _REFUSED + "a background response"},
         "store": {"description": "ignored: nothing is stored"},
@@ -415,6 +473,14 @@ _OUTPUT_MESSAGE = {"type": "object", "required": ["type", "id", "status", "role"
                                   "status": _STATUS, "role": {"const": "assistant"},
                                   "content": {"type": "array", "items": _ref("OutputText"), "maxItems": 1}}}
 
+_FUNCTION_CALL = {"type": "object", "required": ["type", "id", "call_id", "name", "arguments", "status"],
+                  "properties": {"type": {"const": "function_call"}, "id": {"type": "string", "pattern": "^fc_"},
+                                 "call_id": {"type": "string"}, "name": {"type": "string"},
+                                 "arguments": {"type": "string",
+                                               "description": "JSON text; \"\" while in progress"},
+                                 "status": {"enum": ["in_progress", "completed"]}}}
+_OUTPUT_ITEM = {"oneOf": [_ref("ResponseOutputMessage"), _ref("ResponseFunctionCall")]}
+
 _RESPONSES_USAGE = {
     "type": "object",
     "required": ["input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details", "total_tokens"],
@@ -436,7 +502,8 @@ _RESPONSE = {
     "properties": {
         "id": {"type": "string", "pattern": "^resp_"}, "object": {"const": "response"},
         "created_at": {"type": "integer"}, "status": _STATUS, "model": {"type": "string"},
-        "output": {"type": "array", "items": _ref("ResponseOutputMessage"), "maxItems": 1},
+        "output": {"type": "array", "items": _OUTPUT_ITEM,
+                   "description": "a message, then (with tools) function_call items"},
         "usage": {"anyOf": [_ref("ResponsesUsage"), {"type": "null"}], "description": "null until it ends"},
         "error": {"anyOf": [{"type": "null"}, {
             "type": "object", "required": ["code", "message"],
@@ -444,7 +511,8 @@ _RESPONSE = {
             "description": "what ended a failed response"},
         "incomplete_details": {"anyOf": [{"type": "null"}, {
             "type": "object", "required": ["reason"], "properties": {"reason": {"const": "max_output_tokens"}}}]},
-        "tool_choice": {"const": "none"}, "tools": {"type": "array", "maxItems": 0},
+        # The request's own, echoed (tool_choice "none" when it has no tools and names none).
+        "tool_choice": _RESPONSES_TOOL_CHOICE, "tools": {"type": "array", "items": _RESPONSES_TOOL},
         "text": {"type": "object", "required": ["format"], "properties": {"format": _TEXT_FORMAT}},
         "reasoning": {"type": "null"}, "store": {"const": False}, "previous_response_id": {"type": "null"},
         # The request's own, echoed.
@@ -456,7 +524,8 @@ _RESPONSE = {
     },
 }
 
-_WHERE = {"item_id": {"type": "string"}, "output_index": {"const": 0}, "content_index": {"const": 0}}
+_OUTPUT_INDEX = {"type": "integer", "minimum": 0}
+_WHERE = {"item_id": {"type": "string"}, "output_index": _OUTPUT_INDEX, "content_index": {"const": 0}}
 _NO_LOGPROBS = {"type": "array", "maxItems": 0}
 
 
@@ -470,17 +539,24 @@ _RESPONSE_STREAM_EVENT = {
         *(_sequenced(kind, response=_ref("Response"))
           for kind in ("response.created", "response.in_progress", "response.completed", "response.incomplete",
                        "response.failed")),
-        *(_sequenced(kind, output_index={"const": 0}, item=_ref("ResponseOutputMessage"))
+        *(_sequenced(kind, output_index=_OUTPUT_INDEX, item=_OUTPUT_ITEM)
           for kind in ("response.output_item.added", "response.output_item.done")),
         *(_sequenced(kind, **_WHERE, part=_ref("OutputText"))
           for kind in ("response.content_part.added", "response.content_part.done")),
         _sequenced("response.output_text.delta", **_WHERE, delta={"type": "string"}, logprobs=_NO_LOGPROBS),
         _sequenced("response.output_text.done", **_WHERE, text={"type": "string"}, logprobs=_NO_LOGPROBS),
+        _sequenced("response.function_call_arguments.delta", item_id={"type": "string"},
+                   output_index=_OUTPUT_INDEX, delta={"type": "string"}),
+        _sequenced("response.function_call_arguments.done", item_id={"type": "string"},
+                   output_index=_OUTPUT_INDEX, name={"type": "string"}, arguments={"type": "string"}),
     ],
     "description": "response.created, response.in_progress, response.output_item.added, "
                    "response.content_part.added, response.output_text.delta..., response.output_text.done, "
                    "response.content_part.done, response.output_item.done, then response.completed or "
-                   "response.incomplete (max_output_tokens reached); response.failed ends a stream a failure "
+                   "response.incomplete (max_output_tokens reached); with tools a message opens at the first "
+                   "text and each call is a function_call item (output_item.added, "
+                   "function_call_arguments.delta..., function_call_arguments.done, output_item.done); "
+                   "response.failed ends a stream a failure "
                    "or the shutdown cut short",
 }
 
@@ -529,7 +605,8 @@ _DOCUMENT: dict[str, Any] = {
         "Message": _MESSAGE_ANSWER, "MessagesUsage": _MESSAGES_USAGE, "AnthropicError": _ANTHROPIC_ERROR,
         "MessageStreamEvent": _MESSAGE_STREAM_EVENT,
         "ResponsesRequest": _RESPONSES_REQUEST, "Response": _RESPONSE, "ResponsesUsage": _RESPONSES_USAGE,
-        "ResponseOutputMessage": _OUTPUT_MESSAGE, "OutputText": _OUTPUT_TEXT,
+        "ResponseOutputMessage": _OUTPUT_MESSAGE, "ResponseFunctionCall": _FUNCTION_CALL,
+        "OutputText": _OUTPUT_TEXT,
         "ResponseStreamEvent": _RESPONSE_STREAM_EVENT,
     }},
 }

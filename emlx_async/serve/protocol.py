@@ -338,11 +338,67 @@ def _parse_guided(body: dict):
         raise _grammar_error(name, exc) from None
 
 
-def _parse_tools(body: dict, request: GenerationRequest) -> None:
+def checked_tool(name: Any, description: Any, parameters: Any, names: set[str], where: dict[str, str]) -> dict:
+    """One function tool in the chat shape the template and the call grammar read, from
+    any API's fields; `where` names each field for errors (keys name, description,
+    parameters) and `names` gathers the names seen so far (two tools may not share one).
+    A schema llguidance cannot read at all is refused here, whatever tool_choice says."""
+    if not isinstance(name, str) or not name:
+        raise invalid(where["name"], f"a tool needs a 'name' (a string), got {show(name)}",
+                      "missing_required_parameter" if name is None else "invalid_type")
+    if name in names:
+        raise invalid(where["name"], f"two tools are named {show(name)}")
+    names.add(_text(name, where["name"]))
+    entry: dict[str, Any] = {"name": name}
+    if description is not None:
+        entry["description"] = _text(description, where["description"])
+    if parameters is not None:
+        if not isinstance(parameters, dict):
+            raise invalid(where["parameters"], f"'{where['parameters']}' must be a JSON schema object",
+                          "invalid_type")
+        _check_schema(parameters, where["parameters"])
+        entry["parameters"] = parameters
+    return {"type": "function", "function": entry}
+
+
+def _check_schema(schema: dict, param: str) -> None:
+    """Refuse a schema that is not one (lenient: keywords a grammar would not enforce pass)."""
+    from emlx_async.llm.grammar import Grammar, GrammarError
+
+    try:
+        Grammar.json_schema(schema, lenient=True)
+    except ImportError:  # no llguidance: only a forced call (which needs it) checks the schema
+        return
+    except (GrammarError, RecursionError) as exc:
+        raise _grammar_error(param, exc) from None
+
+
+def choose_tools(request: GenerationRequest, tools: list[dict], choice: str, name: str | None = None,
+                 *, param: str = "tool_choice") -> None:
+    """Set the request's tools and tool_choice ("auto", "none", "required", or "function"
+    with `name`), with the grammar a forced call needs; every API's tool fields end here."""
     from emlx_async.llm.grammar import GrammarError
 
     from .tools import call_grammar
 
+    if choice == "none":
+        return  # the model answers in text: the tools are not shown
+    request.tool_choice, request.tool_name = choice, name
+    request.tools = tools or None
+    if request.tools is None:
+        if choice != "auto":
+            raise invalid(param, f"tool_choice {show(choice)} needs at least one tool")
+        return
+    if choice != "auto":
+        try:
+            request.grammar = call_grammar(tools, name=name,
+                                           parallel=request.parallel_tool_calls and choice != "function")
+            request.grammar_param = "tool_choice"
+        except (GrammarError, RecursionError) as exc:
+            raise _grammar_error("tools", exc) from None
+
+
+def _parse_tools(body: dict, request: GenerationRequest) -> None:
     tools = _optional(body, "tools")
     parallel = _optional(body, "parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
@@ -362,30 +418,12 @@ def _parse_tools(body: dict, request: GenerationRequest) -> None:
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
             raise invalid(f"tools[{i}]", "a tool must be {'type': 'function', 'function': {'name', ...}}",
                           "invalid_type")
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise invalid(f"tools[{i}].function.name", f"a tool needs a 'name' (a string), got {show(name)}",
-                          "missing_required_parameter" if name is None else "invalid_type")
-        if name in names:
-            raise invalid(f"tools[{i}].function.name", f"two tools are named {show(name)}")
-        names.add(_text(name, f"tools[{i}].function.name"))
-        entry: dict[str, Any] = {"name": name}
-        description = function.get("description")
-        if description is not None:
-            entry["description"] = _text(description, f"tools[{i}].function.description")
-        parameters = function.get("parameters")
-        if parameters is not None:
-            if not isinstance(parameters, dict):
-                raise invalid(f"tools[{i}].function.parameters", "'parameters' must be a JSON schema object",
-                              "invalid_type")
-            entry["parameters"] = parameters
-        parsed.append({"type": "function", "function": entry})
-    if choice is None or choice == "auto":
-        request.tool_choice = "auto"
-    elif choice == "none":
-        return  # the model answers in text: the tools are not shown
-    elif choice == "required":
-        request.tool_choice = "required"
+        where = {key: f"tools[{i}].function.{key}" for key in ("name", "description", "parameters")}
+        parsed.append(checked_tool(function.get("name"), function.get("description"), function.get("parameters"),
+                                   names, where))
+    name = None
+    if choice is None:
+        choice = "auto"
     elif isinstance(choice, dict):
         function = choice.get("function")
         name = function.get("name") if isinstance(function, dict) else None
@@ -395,22 +433,11 @@ def _parse_tools(body: dict, request: GenerationRequest) -> None:
         if name not in names:
             raise invalid("tool_choice.function.name", f"'tool_choice' names {show(name)}, which is not in "
                           "'tools'", "unknown_tool")
-        request.tool_choice, request.tool_name = "function", name
-    else:
+        choice = "function"
+    elif choice not in _TOOL_CHOICES:
         raise invalid("tool_choice", f"'tool_choice' must be one of {list(_TOOL_CHOICES)} or a named "
                       f"function, got {show(choice)}", "unsupported_value")
-    request.tools = parsed or None
-    if request.tools is None:
-        if request.tool_choice != "auto":
-            raise invalid("tool_choice", f"tool_choice {show(choice)} needs at least one tool")
-        return
-    if request.tool_choice != "auto":
-        try:
-            request.grammar = call_grammar(parsed, name=request.tool_name,
-                                           parallel=request.parallel_tool_calls and request.tool_choice != "function")
-            request.grammar_param = "tool_choice"
-        except (GrammarError, RecursionError) as exc:
-            raise _grammar_error("tools", exc) from None
+    choose_tools(request, parsed, choice, name)
 
 
 def _parse_template_kwargs(body: dict) -> dict[str, Any]:

@@ -3,32 +3,40 @@
 ``input`` (a string, or messages with input_text/output_text parts) and
 ``instructions`` become the chat GenerationRequest the service already
 runs, so a conversation gets the same greedy answer as from
-/v1/chat/completions. The answer is a response object with one output
-message; a generation cut off by ``max_output_tokens`` is ``incomplete``
-with ``incomplete_details.reason`` "max_output_tokens" (streamed, its last
-event is ``response.incomplete``, as OpenAI sends it). Errors keep OpenAI's
-shape. Nothing is stored: ``store`` is ignored and ``previous_response_id``
-and ``conversation`` are refused (send the whole conversation in
-``input``). Tools, reasoning, structured ``text.format``, logprobs and
-background runs are refused with a 400 naming the field.
+/v1/chat/completions. The answer is a response object whose output is a
+message and, with tools, ``function_call`` items; a generation cut off by
+``max_output_tokens`` is ``incomplete`` with ``incomplete_details.reason``
+"max_output_tokens" (streamed, its last event is ``response.incomplete``,
+as OpenAI sends it). Errors keep OpenAI's shape. Nothing is stored:
+``store`` is ignored and ``previous_response_id`` and ``conversation`` are
+refused (send the whole conversation in ``input``). Reasoning, structured
+``text.format``, logprobs, background runs and tools other than functions
+are refused with a 400 naming the field.
+
+Tools run on the chat endpoint's machinery (serve/tools.py): function
+``tools`` (name, description, parameters at the top level), ``tool_choice``
+auto, none, required or a named function (the last two constrained by the
+call grammar) and ``parallel_tool_calls``. In the input, ``function_call``
+items are the assistant's tool calls and ``function_call_output`` items
+(each naming an earlier call's call_id) the tool results.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import DistributedError
-from .service import EventStream, Generation, Service, group_broken_error, shutdown_error
-from .common import (JSON, checked_text, joined_text, boolean, collect, count, event, guarded, integer, number,
-                     optional_object, read_object, string, type_name, wrong_type)
-from .protocol import MAX_TOP_LOGPROBS, APIError, GenerationRequest, invalid
+from .service import Generation, Service
+from .common import (JSON, AnswerParts, Collected, checked_text, joined_text, boolean, event, generation_route,
+                     integer, number, optional_object, string, type_name, wrong_type)
+from .protocol import MAX_TOP_LOGPROBS, APIError, GenerationRequest, checked_tool, choose_tools, invalid, show
+from .tools import json_pieces
 
 RESPONSES = "/v1/responses"
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -65,14 +73,6 @@ def _refuse_unsupported(body: dict) -> None:
                        ("reasoning", "reasoning (this model does not reason)")):
         if body.get(name) is not None:
             raise _unsupported(name, what)
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise wrong_type("tools", "an array", tools)
-    if tools:
-        raise _unsupported("tools", "tool calling (not yet)")
-    choice = body.get("tool_choice")
-    if choice is not None and choice not in ("none", "auto"):
-        raise _unsupported("tool_choice", "tool calling (not yet)")
     if boolean(body, "background"):
         raise _unsupported("background", "a background response")
     top_logprobs = integer(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
@@ -95,9 +95,30 @@ def _content(content, param: str) -> str:
     return joined_text(content, param, text_types=_TEXT_PARTS, noun="content part")
 
 
+def _required_text(item: dict, name: str, where: str) -> str:
+    value = item.get(name)
+    if not isinstance(value, str) or not value:
+        raise invalid(f"{where}.{name}", f"{where}.{name}: expected a non-empty string, got {type_name(value)}",
+                      "invalid_type" if value is not None else "missing_required_parameter")
+    return checked_text(value, f"{where}.{name}")
+
+
+def _function_call(item: dict, where: str) -> dict:
+    """A function_call input item as a chat tool call (arguments as the template reads them, a dict)."""
+    text = _required_text(item, "arguments", where) if item.get("arguments") != "" else "{}"
+    try:
+        arguments = json.loads(text)
+    except (ValueError, RecursionError):
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise invalid(f"{where}.arguments", f"{where}.arguments: expected JSON text of an object", "invalid_value")
+    return {"type": "function", "id": _required_text(item, "call_id", where),
+            "function": {"name": _required_text(item, "name", where), "arguments": arguments}}
+
+
 def parse_input(body: dict) -> list[dict]:
     """`instructions` and `input` as the chat messages of the engine's template."""
-    messages = []
+    messages: list[dict] = []
     instructions = string(body, "instructions")
     if instructions is not None:
         messages.append({"role": "system", "content": checked_text(instructions, "instructions")})
@@ -110,17 +131,36 @@ def parse_input(body: dict) -> list[dict]:
         raise wrong_type("input", "a string or an array of input items", items)
     if not items:
         raise invalid("input", "input: at least one item is required")
+    call_ids: set[str] = set()
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise wrong_type(where, "an input item object", item)
         kind = item.get("type", "message")
+        if kind == "function_call":
+            call = _function_call(item, where)
+            call_ids.add(call["id"])
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":  # the calls of one turn: one assistant message
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            continue
+        if kind == "function_call_output":
+            call_id = _required_text(item, "call_id", where)
+            if call_id not in call_ids:
+                raise invalid(f"{where}.call_id", f"{where}.call_id: no function_call item before has the "
+                              f"call_id {show(call_id)}", "unknown_call_id")
+            if "output" not in item:
+                raise invalid(f"{where}.output", f"{where}.output: field required", "missing_required_parameter")
+            messages.append({"role": "tool", "tool_call_id": call_id,
+                             "content": _content(item["output"], f"{where}.output")})
+            continue
         if kind != "message":
             if not isinstance(kind, str):
                 raise wrong_type(f"{where}.type", "a string", kind)
-            what = "tool calls (not yet)" if "call" in kind else f"'{kind}' items"
-            raise invalid(f"{where}.type", f"{where}.type: {what}: only messages are supported",
-                          "unsupported_value")
+            raise invalid(f"{where}.type", f"{where}.type: '{kind}' items are not supported: only messages, "
+                          "function_call and function_call_output", "unsupported_value")
         role = item.get("role")
         if not isinstance(role, str) or role not in _ROLES:
             raise invalid(f"{where}.role", f"{where}.role: expected one of {sorted(_ROLES)}"
@@ -129,6 +169,57 @@ def parse_input(body: dict) -> list[dict]:
             raise invalid(f"{where}.content", f"{where}.content: field required", "missing_required_parameter")
         messages.append({"role": _ROLES[role], "content": _content(item["content"], f"{where}.content")})
     return messages
+
+
+_TOOL_CHOICES = ("auto", "none", "required")
+
+
+def parse_tools(body: dict, request: GenerationRequest) -> tuple[list[dict], str | dict]:
+    """`tools` and `tool_choice` onto the chat request (serve/protocol.py's checks and grammar);
+    returns both as the response echoes them."""
+    tools = body.get("tools")
+    if tools is None:
+        tools = []
+    elif not isinstance(tools, list):
+        raise wrong_type("tools", "an array of tools", tools)
+    parsed, echoed, names = [], [], set()
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise wrong_type(where, "a tool object", tool)
+        if tool.get("type") != "function":
+            raise invalid(f"{where}.type", f"{where}.type: only function tools are supported, got "
+                          f"{show(tool.get('type'))}", "unsupported_value")
+        strict = tool.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise wrong_type(f"{where}.strict", "a boolean", strict)
+        entry = checked_tool(tool.get("name"), tool.get("description"), tool.get("parameters"), names,
+                             {key: f"{where}.{key}" for key in ("name", "description", "parameters")})
+        parsed.append(entry)
+        echoed.append({"type": "function", "name": entry["function"]["name"],
+                       "description": entry["function"].get("description"),
+                       "parameters": entry["function"].get("parameters"), "strict": strict})
+    choice = body.get("tool_choice")
+    name = None
+    if choice is None:
+        choice = "auto"
+        echo: str | dict = "auto" if parsed else "none"
+    elif isinstance(choice, dict):
+        name = choice.get("name")
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise invalid("tool_choice", "tool_choice: expected 'auto', 'none', 'required' or "
+                          "{'type': 'function', 'name'}", "unsupported_value")
+        if name not in names:
+            raise invalid("tool_choice.name", f"tool_choice.name: {show(name)} is not one of the tools",
+                          "unknown_tool")
+        choice, echo = "function", {"type": "function", "name": name}
+    elif choice in _TOOL_CHOICES:
+        echo = choice
+    else:
+        raise invalid("tool_choice", f"tool_choice: expected one of {list(_TOOL_CHOICES)} or a named function",
+                      "unsupported_value")
+    choose_tools(request, parsed, choice, name)
+    return echoed, echo
 
 
 def parse_request(body: dict) -> ResponsesRequest:
@@ -146,11 +237,13 @@ def parse_request(body: dict) -> ResponsesRequest:
     generation = GenerationRequest(
         chat=True, model=model, messages=messages, max_tokens=integer(body, "max_output_tokens", low=1),
         temperature=number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=number(body, "top_p", 1.0, 0.0, 1.0, low_open=True), stream=boolean(body, "stream"))
+        top_p=number(body, "top_p", 1.0, 0.0, 1.0, low_open=True), stream=boolean(body, "stream"),
+        parallel_tool_calls=parallel is not False)
+    tools, tool_choice = parse_tools(body, generation)
     echo = {"instructions": body.get("instructions"), "metadata": metadata or {},
             "max_output_tokens": generation.max_tokens, "temperature": generation.temperature,
-            "top_p": generation.top_p, "parallel_tool_calls": True if parallel is None else parallel,
-            "truncation": body.get("truncation") or "disabled"}
+            "top_p": generation.top_p, "parallel_tool_calls": generation.parallel_tool_calls,
+            "truncation": body.get("truncation") or "disabled", "tools": tools, "tool_choice": tool_choice}
     return ResponsesRequest(generation, echo)
 
 
@@ -170,29 +263,50 @@ def message_item(id_: str, status: str, content: list[dict]) -> dict:
     return {"type": "message", "id": id_, "status": status, "role": "assistant", "content": content}
 
 
-@dataclass
-class Answer:
-    """One response's ids and state, from which each of its shapes is built."""
+def function_call_item(call: dict, status: str = "completed", arguments: str | None = None) -> dict:
+    """A chat tool call as a function_call output item (its call_id is the call's id)."""
+    return {"type": "function_call", "id": "fc_" + call["id"].removeprefix("call_"), "call_id": call["id"],
+            "name": call["function"]["name"],
+            "arguments": call["function"]["arguments"] if arguments is None else arguments, "status": status}
 
-    request: ResponsesRequest
-    model: str
-    id: str = field(default_factory=lambda: "resp_" + uuid.uuid4().hex)
-    message_id: str = field(default_factory=lambda: "msg_" + uuid.uuid4().hex)
-    created_at: int = field(default_factory=lambda: int(time.time()))
-    sequence_number: int = 0
 
-    def body(self, status: str, output: list[dict], usage_: dict | None = None,
-             error: dict | None = None) -> dict:
+def _new_message_id() -> str:
+    return "msg_" + uuid.uuid4().hex
+
+
+class ResponsesReply:
+    """The answer to one admitted Responses API request (common.Reply): its ids and
+    state, from which each of its shapes is built."""
+
+    def __init__(self, request: ResponsesRequest, generation: Generation):
+        self.request, self.generation = request, generation
+        self.model = generation.model_name
+        self.id = "resp_" + uuid.uuid4().hex
+        self.created_at = int(time.time())
+        self.sequence_number = 0
+        self.parts = AnswerParts(request.generation, generation)
+
+    def response(self, status: str, output: list[dict], usage_: dict | None = None,
+                 error: dict | None = None) -> dict:
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
                 "model": self.model, "output": output, "usage": usage_, "error": error,
-                "incomplete_details": incomplete, "tool_choice": "none", "tools": [],
-                "text": {"format": {"type": "text"}}, "reasoning": None, "store": False,
-                "previous_response_id": None, **self.request.echo}
+                "incomplete_details": incomplete, "text": {"format": {"type": "text"}}, "reasoning": None,
+                "store": False, "previous_response_id": None, **self.request.echo}
 
-    def finished(self, finish_reason: str | None, text: str, usage_: dict) -> dict:
-        status = "incomplete" if finish_reason == "length" else "completed"
-        return self.body(status, [message_item(self.message_id, status, [output_text(text)])], usage_)
+    def _usage(self) -> dict:
+        return usage(self.generation.prompt_tokens, self.generation.stats.generated_tokens)
+
+    @staticmethod
+    def _status(finish_reason: str | None) -> str:
+        return "incomplete" if finish_reason == "length" else "completed"
+
+    def body(self, collected: Collected) -> dict:
+        status = self._status(self.generation.finish_reason)
+        output = [message_item(_new_message_id(), status, [output_text(part)]) if isinstance(part, str)
+                  else function_call_item(part) for part in self.parts.whole(collected.pieces)]
+        return self.response(status, output or [message_item(_new_message_id(), status, [output_text("")])],
+                             self._usage())
 
     def event(self, kind: str, **fields) -> bytes:
         data = {"type": kind, "sequence_number": self.sequence_number, **fields}
@@ -200,60 +314,78 @@ class Answer:
         return event(kind, data)
 
     def failed(self, error: APIError) -> bytes:
-        return self.event("response.failed", response=self.body(
+        return self.event("response.failed", response=self.response(
             "failed", [], error={"code": "server_error", "message": error.message}))
 
+    async def events(self) -> AsyncIterator[bytes]:
+        yield self.event("response.created", response=self.response("in_progress", []))
+        yield self.event("response.in_progress", response=self.response("in_progress", []))
+        output: list[dict] = []  # the items done
+        message: dict | None = None  # the message item being written, and its text so far
+        texts: list[str] = []
 
-async def _events(answer: Answer, generation: Generation) -> AsyncIterator[bytes]:
-    where = {"item_id": answer.message_id, "output_index": 0, "content_index": 0}
-    yield answer.event("response.created", response=answer.body("in_progress", []))
-    yield answer.event("response.in_progress", response=answer.body("in_progress", []))
-    yield answer.event("response.output_item.added", output_index=0,
-                       item=message_item(answer.message_id, "in_progress", []))
-    yield answer.event("response.content_part.added", **where, part=output_text(""))
-    text = []
-    async for delta in generation.deltas():
-        if delta.text:
-            text.append(delta.text)
-            yield answer.event("response.output_text.delta", **where, delta=delta.text, logprobs=[])
-        if delta.finish_reason is not None:
-            full = "".join(text)
-            done = answer.finished(delta.finish_reason, full, usage(generation.prompt_tokens,
-                                                                    generation.stats.generated_tokens))
-            yield answer.event("response.output_text.done", **where, text=full, logprobs=[])
-            yield answer.event("response.content_part.done", **where, part=output_text(full))
-            yield answer.event("response.output_item.done", output_index=0, item=done["output"][0])
-            yield answer.event("response.incomplete" if done["status"] == "incomplete" else "response.completed",
-                               response=done)
+        def where() -> dict:
+            return {"item_id": message["id"], "output_index": len(output), "content_index": 0}
+
+        def open_message() -> list[bytes]:
+            nonlocal message
+            message = message_item(_new_message_id(), "in_progress", [])
+            texts.clear()
+            return [self.event("response.output_item.added", output_index=len(output), item=message),
+                    self.event("response.content_part.added", **where(), part=output_text(""))]
+
+        def close_message(status: str) -> list[bytes]:
+            nonlocal message
+            full = "".join(texts)
+            done = message_item(message["id"], status, [output_text(full)])
+            out = [self.event("response.output_text.done", **where(), text=full, logprobs=[]),
+                   self.event("response.content_part.done", **where(), part=output_text(full)),
+                   self.event("response.output_item.done", output_index=len(output), item=done)]
+            output.append(done)
+            message = None
+            return out
+
+        if not self.parts.tools:  # one message, open from the start (with tools it opens at the first text)
+            for chunk in open_message():
+                yield chunk
+        async for delta in self.generation.deltas():
+            final = delta.finish_reason is not None
+            for part in self.parts.feed(delta.text, final):
+                if isinstance(part, str):
+                    if message is None:
+                        for chunk in open_message():
+                            yield chunk
+                    texts.append(part)
+                    yield self.event("response.output_text.delta", **where(), delta=part, logprobs=[])
+                    continue
+                if message is not None:
+                    for chunk in close_message("completed"):
+                        yield chunk
+                index = len(output)
+                item = function_call_item(part, "in_progress", "")
+                yield self.event("response.output_item.added", output_index=index, item=item)
+                arguments = part["function"]["arguments"]
+                for piece in json_pieces(arguments):
+                    yield self.event("response.function_call_arguments.delta", item_id=item["id"],
+                                     output_index=index, delta=piece)
+                yield self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                 name=item["name"], arguments=arguments)
+                done = function_call_item(part)
+                yield self.event("response.output_item.done", output_index=index, item=done)
+                output.append(done)
+            if final:
+                status = self._status(delta.finish_reason)
+                if message is None and not output:  # nothing at all: one empty message, as unstreamed
+                    for chunk in open_message():
+                        yield chunk
+                if message is not None:
+                    for chunk in close_message(status):
+                        yield chunk
+                yield self.event("response.incomplete" if status == "incomplete" else "response.completed",
+                                 response=self.response(status, output, self._usage()))
 
 
 # ---- routes -------------------------------------------------------------------------
 
 def routes(service: Service) -> list[Route]:
-    config = service.config
-
-    async def responses(request: Request) -> Response:
-        try:
-            service.check_ready()
-            parsed = parse_request(await read_object(request, config.max_body_bytes, config.body_timeout))
-            generation = await service.start_generation(parsed.generation)
-        except APIError as error:
-            return count(service, RESPONSES, error_response(error))
-        except DistributedError as exc:  # broke between the check and the engine
-            return count(service, RESPONSES, error_response(group_broken_error(exc)))
-        answer = Answer(parsed, generation.model_name)
-        if parsed.generation.stream:
-            events = guarded(_events(answer, generation), generation, answer.id, answer.failed)
-            return count(service, RESPONSES, EventStream(events, service, generation,
-                                                              lambda: answer.failed(shutdown_error())))
-        try:
-            collected = await collect(service, generation, request, answer.id)
-        except APIError as error:
-            return count(service, RESPONSES, error_response(error))
-        if collected is None:
-            return count(service, RESPONSES, Response(status_code=499))  # the client is gone: nobody reads this
-        body = answer.finished(generation.finish_reason, collected.text,
-                               usage(generation.prompt_tokens, generation.stats.generated_tokens))
-        return count(service, RESPONSES, JSON(body))
-
-    return [Route(RESPONSES, responses, methods=["POST"])]
+    return [generation_route(service, RESPONSES, parse_request, ResponsesReply, error_response)]

@@ -140,6 +140,16 @@ def call_grammar(tools: list[dict], *, name: str | None, parallel: bool):
     return Grammar.lark(text)
 
 
+def json_pieces(text: str, piece_chars: int = 16) -> list[str]:
+    """A call's arguments (JSON text) in the pieces a stream sends them in."""
+    return [text[i:i + piece_chars] for i in range(0, len(text), piece_chars)] or [""]
+
+
+def allowed_calls(calls: list[dict], parallel: bool, already: int = 0) -> list[dict]:
+    """The calls a request lets through, `already` sent: one in all when parallel calls are off."""
+    return calls if parallel else calls[:max(0, 1 - already)]
+
+
 @dataclass
 class Split:
     """What one piece of output text adds: reasoning, answer text, finished tool calls."""
