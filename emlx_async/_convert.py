@@ -19,13 +19,11 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from ._errors import OptionTypeError as OptionTypeError  # _adapters reaches it here
+
 _INT_BITS = {mx.uint8: (0, 2**8 - 1), mx.uint16: (0, 2**16 - 1), mx.uint32: (0, 2**32 - 1),
              mx.int8: (-2**7, 2**7 - 1), mx.int16: (-2**15, 2**15 - 1), mx.int32: (-2**31, 2**31 - 1)}
 _INT64 = (-2**63, 2**63 - 1)
-
-
-class OptionTypeError(TypeError):
-    """An option of a type mlx's binding would refuse; the generated functions ask mlx for its message."""
 
 
 def is_mlx_array(value: Any) -> bool:

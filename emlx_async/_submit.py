@@ -15,12 +15,13 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ._convert import OptionTypeError
 from ._convert import inputs as _inputs
 from ._dtypes import DTYPE_CODES as _DTYPE_CODES
+from ._errors import OptionTypeError
 from ._native import lib
 from ._op_table import OPS, VARIADIC, WEAK_PAIRS
-from ._routing import current_queue, route
+from ._routing import route
+from ._runtime import get_runtime
 
 if lib.emlx_op_count() != len(OPS):  # op codes are table positions: both sides must agree
     raise ImportError("emlx_async's shim was built from a different op table; reinstall the package "
@@ -128,10 +129,6 @@ def set_check_finite(enabled: bool) -> bool:
     return previous
 
 
-def _target(inputs: list[mx.array], queue, device):
-    return route(inputs, queue) if device is None or queue is not None else current_queue(device)
-
-
 def submit(name: str, arrays: Sequence[Any], *, queue=None, device=None, lazy: bool = False,
            nowait: bool = False, check_finite: bool | None = None, donate: dict[int, int] | None = None,
            _deps: list | None = None, **options: Any):
@@ -146,7 +143,7 @@ def submit(name: str, arrays: Sequence[Any], *, queue=None, device=None, lazy: b
         raise TypeError(f"[{name}] takes {expected} array argument(s), got {len(arrays)}")
     inputs = _inputs(arrays, WEAK_PAIRS.get(name, ()))
     ints, floats, text = _encode(name, params, dict(options))
-    target = _target(inputs, queue, device)
+    target = route(inputs, queue, device, runtime=get_runtime)
     if check_finite is None:
         check_finite = _check_finite_default
     return target._submit_op(_CODES[name], name, inputs, ints, floats, text, lazy, nowait, check_finite, donate,
@@ -206,7 +203,7 @@ def checked(name: str, arrays: list, checks: list[tuple], kwargs: dict):
     queue = options.pop("queue", None)
     device = options.pop("device", None)
     arrays = _inputs(arrays, WEAK_PAIRS.get(name, ()))
-    target = _target(arrays, queue, device)
+    target = route(arrays, queue, device, runtime=get_runtime)
     checks_done = [submit("check_bounds", [check[0]], size=check[1], extent=check[2] if len(check) > 2 else 1,
                           op=name, queue=target) for check in checks if check[1] is not None]
     return submit(name, arrays, queue=target, _deps=checks_done, **options)

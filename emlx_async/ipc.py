@@ -52,17 +52,14 @@ from . import ops
 from ._dtypes import DTYPE_CODES as _DTYPE_CODES
 from ._dtypes import NUMPY_DTYPES
 from ._errors import EMLXError
+from ._errors import SharedMemoryError as SharedMemoryError
 from ._native import ffi, last_error, lib
-from ._routing import current_queue
+from ._api import current_queue
 
 PREFIX = "/emlx-"
 _NAME = re.compile(r"/emlx-[A-Za-z0-9._-]{1,249}")
 _INT32_MAX = 2**31 - 1
 _OFF_T_MAX = 2**63 - 1
-
-
-class SharedMemoryError(EMLXError, OSError):
-    """A shared-memory object could not be created, opened, read or removed."""
 
 
 def _shm_name() -> str:
@@ -200,4 +197,4 @@ def from_numpy(a: np.ndarray, /, *, copy: bool = True) -> mx.array:
 
 async def to_device(x: mx.array, device, /) -> mx.array:
     """A copy of `x` made by a queue on `device` ("cpu" or "gpu")."""
-    return await ops.copy(x, queue=current_queue(device))
+    return await ops.copy(x, device=device)
