@@ -3,9 +3,9 @@
 Which queue (``route``), first match wins:
 
 1. an explicit ``queue=``;
-2. ``device=`` (mlx's ``stream=`` arrives as its device): the bound queue if
-   it is on that device, else the runtime's default queue of that device;
-   the inputs' owners do not count (the call is promoted to that device);
+2. ``device=`` (mlx's ``stream=`` arrives as its device: ``stream_device``):
+   the bound queue if it is on that device, else the runtime's default queue
+   of that device; the inputs' owners do not count (the call is promoted);
 3. the queue that owns a lazy input (a lazy array built on queue Q continues
    on Q);
 4. the queue bound to the current task (``ea.bind``, ``rt.queue()``);
