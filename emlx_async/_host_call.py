@@ -40,7 +40,7 @@ from typing import Any
 import mlx.core as mx
 
 from ._backend import wait_all
-from ._dtypes import DTYPE_CODES
+from ._dtypes import DTYPE_CODES, MAX_DIM
 from ._errors import HostCallError
 from ._native import ensure, ffi, lib
 from ._native import error as native_call_error
@@ -50,7 +50,6 @@ from ._runtime import Runtime, get_runtime
 
 
 _call_ids = itertools.count(1)
-_MAX_DIM = 2**31 - 1  # MLX shapes hold int32 entries
 
 
 @dataclass
@@ -73,7 +72,7 @@ def _check_outputs(outputs: Sequence[tuple[Sequence[int], mx.Dtype]]) -> list[tu
             raise ValueError(f"host_call outputs[{i}] must be a (shape, dtype) pair, got {spec!r}") from None
         if any(d < 0 for d in shape):
             raise ValueError(f"host_call outputs[{i}] has a negative dimension: {shape}")
-        if any(d > _MAX_DIM for d in shape) or math.prod(shape) > 2**62:
+        if any(d > MAX_DIM for d in shape) or math.prod(shape) > 2**62:
             raise OverflowError(f"host_call outputs[{i}] shape {shape} does not fit MLX's int32 dimensions")
         if dtype not in DTYPE_CODES:
             raise ValueError(f"host_call outputs[{i}] has unsupported dtype {dtype!r}")

@@ -17,6 +17,7 @@ import numpy as np
 
 from ._convert import inputs as _inputs
 from ._dtypes import DTYPE_CODES as _DTYPE_CODES
+from ._dtypes import INT_RANGES
 from ._errors import OptionTypeError
 from ._native import lib
 from ._op_table import OPS, VARIADIC, WEAK_PAIRS
@@ -33,9 +34,9 @@ _SPECS = {name: (arrays, params) for name, arrays, params, _ in OPS}
 
 # The C++ type each integer kind lands in (cffi_src/ops.cpp: Params): values
 # outside it are refused here, as mlx.core does, never truncated.
-_INT_RANGES = {"int": ("a 32-bit int", -2**31, 2**31 - 1), "axis": ("a 32-bit int", -2**31, 2**31 - 1),
-               "axes": ("a 32-bit int", -2**31, 2**31 - 1), "shape": ("a 32-bit int", -2**31, 2**31 - 1),
-               "int64": ("a 64-bit int", -2**63, 2**63 - 1), "strides": ("a 64-bit int", -2**63, 2**63 - 1)}
+_IN_INT32, _IN_INT64 = ("a 32-bit int", *INT_RANGES[mx.int32]), ("a 64-bit int", *INT_RANGES[mx.int64])
+_INT_RANGES = {"int": _IN_INT32, "axis": _IN_INT32, "axes": _IN_INT32, "shape": _IN_INT32,
+               "int64": _IN_INT64, "strides": _IN_INT64}
 # Rules a kind may add after a colon ("int:positive"); MLX divides by such options.
 _RULES = {"positive": ("positive", lambda v: v > 0), "nonneg": ("non-negative", lambda v: v >= 0),
           "nonzero": ("nonzero", lambda v: v != 0)}
@@ -44,7 +45,7 @@ _RULES = {"positive": ("positive", lambda v: v > 0), "nonneg": ("non-negative", 
 def _int_option(name: str, pname: str, kind: str, rule: str, value: Any) -> int:
     value = operator.index(value)
     words, low, high = _INT_RANGES[kind]
-    if kind == "shape" and -2**63 <= value < 2**63 and not low <= value <= high:
+    if kind == "shape" and _IN_INT64[1] <= value <= _IN_INT64[2] and not low <= value <= high:
         # mlx's own message for a dimension past int32 (python/src/small_vector.h: its Shape caster)
         raise OverflowError(f"Integer value {value} is outside the supported range [{low}, {high}].")
     if not low <= value <= high:
