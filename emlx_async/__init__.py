@@ -10,23 +10,29 @@ from ._api import run as run
 from ._api import synchronize as synchronize
 from ._api import to_numpy as to_numpy
 from ._context import bind as bind
-from ._context import bound_queue as bound_queue
-from ._routing import current_queue as current_queue
+from ._api import current_queue as current_queue
+from ._routing import bound_queue as bound_queue
+from ._errors import BatchDriverError as BatchDriverError
 from ._errors import DeviceUnavailable as DeviceUnavailable
 from ._errors import DistributedError as DistributedError
 from ._errors import EMLXError as EMLXError
+from ._errors import EngineBusy as EngineBusy
 from ._errors import ForeignLazyArrayError as ForeignLazyArrayError
 from ._errors import ForkedProcessError as ForkedProcessError
+from ._errors import GrammarError as GrammarError
+from ._errors import GrammarStateError as GrammarStateError
 from ._errors import HostCallDeadlock as HostCallDeadlock
 from ._errors import MLXIndexError as MLXIndexError
 from ._errors import MLXOverflowError as MLXOverflowError
 from ._errors import MLXRuntimeError as MLXRuntimeError
 from ._errors import MLXValueError as MLXValueError
+from ._errors import NotTraceable as NotTraceable
 from ._errors import QueueClosed as QueueClosed
 from ._errors import QueueFull as QueueFull
 from ._errors import QueueReleaseError as QueueReleaseError
 from ._errors import RuntimeClosed as RuntimeClosed
 from ._errors import HostCallError as HostCallError
+from ._errors import SharedMemoryError as SharedMemoryError
 from ._host_call import host_call as host_call
 from ._queue import CommandQueue as CommandQueue
 from ._queue import QueueStats as QueueStats
@@ -55,10 +61,11 @@ from .replay import trace as trace  # noqa: E402
 
 __all__ = [
     "CommandQueue", "CompiledFunction", "TracedFunction", "compile", "load_traced", "trace",
-    "DeviceUnavailable", "DistributedError", "EMLXError", "ForeignLazyArrayError", "ForkedProcessError",
+    "BatchDriverError", "DeviceUnavailable", "DistributedError", "EMLXError", "EngineBusy", "ForeignLazyArrayError",
+    "ForkedProcessError", "GrammarError", "GrammarStateError",
     "HostCallDeadlock", "HostCallError", "JobFuture", "TrioJobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
-    "MLXValueError", "QueueClosed", "QueueFull", "QueueReleaseError", "QueueStats", "Runtime", "RuntimeClosed",
-    "RuntimeStats",
+    "MLXValueError", "NotTraceable", "QueueClosed", "QueueFull", "QueueReleaseError", "QueueStats", "Runtime",
+    "RuntimeClosed", "RuntimeStats", "SharedMemoryError",
     "__version__", "attention", "bind", "bound_queue", "cancelled", "current_queue", "distributed", "eval", "fast", "fft",
     "get_runtime", "host_call", "ipc", "item", "linalg", "memory", "ops", "random", "replay", "run", "synchronize",
     "to_numpy",

@@ -1,4 +1,4 @@
-"""Top-level awaitables: eval, item, to_numpy, synchronize."""
+"""Top-level calls: eval, item, to_numpy, synchronize, run, current_queue."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 from ._backend import wait_all
 from ._devices import DeviceLike
 from ._queue import CommandQueue
-from ._routing import current_queue, route
+from ._routing import prepare_inputs, route
 from ._runtime import get_runtime
 from ._trees import iter_arrays
 
@@ -31,7 +31,7 @@ async def eval(*arrays: Any, queue: CommandQueue | None = None) -> Any:  # noqa:
     else:
         # Owned lazy arrays are evaluated on their owners; the loop thread's
         # own here (a foreign one is a clear error).
-        pending = get_runtime().prepare_inputs(flat, None)
+        pending = prepare_inputs(get_runtime().channel, flat, None)
         if pending:
             await wait_all(pending)
     return arrays[0] if len(arrays) == 1 else arrays
@@ -51,10 +51,19 @@ async def to_numpy(array: mx.array, /, *, queue: CommandQueue | None = None) -> 
 
 async def synchronize(device: DeviceLike = None, *, queue: CommandQueue | None = None) -> None:
     """Wait for the work queued on `queue` (default: the current queue for `device`)."""
-    await (queue or current_queue(device)).synchronize()
+    await route((), queue, device, runtime=get_runtime).synchronize()
 
 
 async def run(fn: Any, /, *args: Any, queue: CommandQueue | None = None, **kwargs: Any) -> Any:
     """``queue.run`` on the routed queue: explicit, owner of a lazy input, bound, default."""
-    target = route(iter_arrays((args, kwargs)), queue)
+    target = route(iter_arrays((args, kwargs)), queue, runtime=get_runtime)
     return await target.run(fn, *args, **kwargs)
+
+
+def current_queue(device: DeviceLike = None) -> CommandQueue:
+    """The queue work from this task goes to: the bound one, else the runtime's default.
+
+    With `device`, a bound queue on another device is skipped in favour of the
+    default queue of `device`.
+    """
+    return route((), device=device, runtime=get_runtime)

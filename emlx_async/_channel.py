@@ -59,7 +59,7 @@ class CompletionChannel:
                                      f"survive fork(): {FORK_ADVICE}")
         ensure_not_exiting()
         if self._native is None:
-            raise RuntimeClosed("the emlx_async runtime is closed")
+            raise RuntimeClosed()
 
     def close(self) -> None:
         """Stop watching and close the native channel.

@@ -1,7 +1,7 @@
-"""Binding queues to tasks: the contextvar every routing decision reads.
+"""``ea.bind``: bind a queue to a task, for the routing rule (``_routing``) to read.
 
 Layer: above queues, below the runtime (which binds a lent queue for
-``async with rt.queue()``) and routing.
+``async with rt.queue()``).
 """
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ import contextvars
 from typing import Any
 
 from ._queue import CommandQueue
-
-_bound: contextvars.ContextVar[CommandQueue | None] = contextvars.ContextVar(
-    "emlx_async_bound_queue", default=None)
+from ._routing import reset_bound, set_bound
 
 
 class bind:
@@ -30,27 +28,14 @@ class bind:
         self._tokens: list[contextvars.Token] = []
 
     def __enter__(self) -> CommandQueue:
-        self._tokens.append(_bound.set(self.queue))
+        self._tokens.append(set_bound(self.queue))
         return self.queue
 
     def __exit__(self, *exc_info: Any) -> None:
-        _bound.reset(self._tokens.pop())
+        reset_bound(self._tokens.pop())
 
     async def __aenter__(self) -> CommandQueue:
         return self.__enter__()
 
     async def __aexit__(self, *exc_info: Any) -> None:
         self.__exit__()
-
-
-def bound_queue() -> CommandQueue | None:
-    """The queue bound to the current task, or None."""
-    return _bound.get()
-
-
-def set_bound(queue: CommandQueue | None) -> contextvars.Token:
-    return _bound.set(queue)
-
-
-def reset_bound(token: contextvars.Token) -> None:
-    _bound.reset(token)

@@ -19,13 +19,12 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-_INT_BITS = {mx.uint8: (0, 2**8 - 1), mx.uint16: (0, 2**16 - 1), mx.uint32: (0, 2**32 - 1),
-             mx.int8: (-2**7, 2**7 - 1), mx.int16: (-2**15, 2**15 - 1), mx.int32: (-2**31, 2**31 - 1)}
-_INT64 = (-2**63, 2**63 - 1)
+from ._dtypes import INT_RANGES
+from ._errors import OptionTypeError as OptionTypeError  # _adapters reaches it here
 
-
-class OptionTypeError(TypeError):
-    """An option of a type mlx's binding would refuse; the generated functions ask mlx for its message."""
+# A Python int is checked against the hinted dtype below 64 bits; at 64 the int64_t read decides.
+_INT_BITS = {dtype: INT_RANGES[dtype] for dtype in (mx.uint8, mx.uint16, mx.uint32, mx.int8, mx.int16, mx.int32)}
+_INT32, _INT64 = INT_RANGES[mx.int32], INT_RANGES[mx.int64]
 
 
 def is_mlx_array(value: Any) -> bool:
@@ -43,7 +42,7 @@ def to_array(value: Any, dtype: mx.Dtype | None = None) -> mx.array:
     if isinstance(value, int):
         if not _INT64[0] <= value <= _INT64[1]:
             raise RuntimeError("std::bad_cast")  # mlx reads the int as an int64_t
-        out = dtype if dtype is not None else (mx.int32 if -2**31 <= value < 2**31 else mx.int64)
+        out = dtype if dtype is not None else (mx.int32 if _INT32[0] <= value <= _INT32[1] else mx.int64)
         if out in _INT_BITS and not _INT_BITS[out][0] <= value <= _INT_BITS[out][1]:
             raise ValueError(f"Converting {value} to {str(out).rsplit('.', 1)[-1]} would result in overflow.")
         return mx.array(value, dtype=mx.int32 if out == mx.bool_ else out)  # a bool hint always promotes

@@ -1,4 +1,12 @@
-"""Exception classes. Each also inherits the builtin a user would catch."""
+"""Every exception emlx_async raises to its users, and only here.
+
+Each is an ``EMLXError`` and also inherits the builtin a user would catch
+(``except ValueError`` keeps working). The modules that raise them re-export
+them where users import them from (``emlx_async``, ``emlx_async.ipc``,
+``emlx_async.llm``). Exceptions that never leave the package (control flow
+inside one module, such as ``distributed._PeerFailure``) stay private where
+they are used; tests/test_errors.py keeps it so.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +41,9 @@ class QueueClosed(EMLXError, RuntimeError):
 
 class RuntimeClosed(EMLXError, RuntimeError):
     """The runtime was closed, or belongs to another event loop."""
+
+    def __init__(self, message: str = "the emlx_async runtime is closed") -> None:
+        super().__init__(message)
 
 
 class QueueReleaseError(EMLXError, RuntimeError):
@@ -78,7 +89,41 @@ class DistributedError(EMLXError, RuntimeError):
     """
 
 
-# error_kind values (EMLX_ERR_*) from cffi_src/channel.h, in order: a
+class OptionTypeError(EMLXError, TypeError):
+    """An option of a type mlx's binding would refuse; the generated functions ask mlx for its message."""
+
+
+class SharedMemoryError(EMLXError, OSError):
+    """A shared-memory object could not be created, opened, read or removed."""
+
+
+# ---- the LLM layer's (emlx_async.llm) ------------------------------------------
+
+class EngineBusy(QueueFull):
+    """Every request slot is taken and the caller asked not to wait."""
+
+
+class BatchDriverError(EMLXError, RuntimeError):
+    """The batch driver failed; each request it carried gets one, chained to the cause."""
+
+
+class GrammarError(EMLXError, ValueError):
+    """A grammar that cannot be used: invalid, unsupported, or unsatisfiable. The message names why."""
+
+
+class GrammarStateError(EMLXError, RuntimeError):
+    """A request's grammar failed while decoding (a token it rejects, a parser limit).
+
+    Only that request is affected: its matcher stays in the error state and
+    other requests, and their matchers, go on.
+    """
+
+
+class NotTraceable(EMLXError, ValueError):
+    """The model's caches (or its use of them) cannot be written as fixed buffers; the message says which."""
+
+
+# error_kind values (EMLX_ERR_*) from cffi_src/common.h, in order: a
 # completion record carries one, and so does every failed native call
 # (emlx_last_error_kind).
 _NATIVE_ERROR_CLASSES = (MLXRuntimeError, MLXValueError, MLXIndexError, MLXRuntimeError, MLXOverflowError,

@@ -1,7 +1,7 @@
 """``mx`` with mlx's own signatures, as awaitables. GENERATED, do not edit.
 
 Regenerate with ``python tools/gen_api.py`` (from mlx 0.32.4's signatures and emlx_async/_op_table.py);
-tests/test_mlx_parity.py checks this file is current.
+the test test_generated_files_are_current checks this file is current.
 """
 
 # ruff: noqa: A001, A002, E501

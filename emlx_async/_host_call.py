@@ -40,18 +40,16 @@ from typing import Any
 import mlx.core as mx
 
 from ._backend import wait_all
-from ._context import set_bound
-from ._dtypes import DTYPE_CODES
+from ._dtypes import DTYPE_CODES, MAX_DIM
 from ._errors import HostCallError
 from ._native import ensure, ffi, lib
 from ._native import error as native_call_error
 from ._queue import CommandQueue, current_job, host_call_blocking
-from ._routing import route
-from ._runtime import Runtime
+from ._routing import prepare_inputs, route, set_bound
+from ._runtime import Runtime, get_runtime
 
 
 _call_ids = itertools.count(1)
-_MAX_DIM = 2**31 - 1  # MLX shapes hold int32 entries
 
 
 @dataclass
@@ -74,7 +72,7 @@ def _check_outputs(outputs: Sequence[tuple[Sequence[int], mx.Dtype]]) -> list[tu
             raise ValueError(f"host_call outputs[{i}] must be a (shape, dtype) pair, got {spec!r}") from None
         if any(d < 0 for d in shape):
             raise ValueError(f"host_call outputs[{i}] has a negative dimension: {shape}")
-        if any(d > _MAX_DIM for d in shape) or math.prod(shape) > 2**62:
+        if any(d > MAX_DIM for d in shape) or math.prod(shape) > 2**62:
             raise OverflowError(f"host_call outputs[{i}] shape {shape} does not fit MLX's int32 dimensions")
         if dtype not in DTYPE_CODES:
             raise ValueError(f"host_call outputs[{i}] has unsupported dtype {dtype!r}")
@@ -111,7 +109,7 @@ def host_call(fn: Callable[..., Any], /, *inputs: mx.array,
     job = current_job()
     if job is not None:  # on a worker thread, inside a queue job
         return _build(job.queue, fn, inputs, specs, timeout)
-    target = route(inputs, queue)
+    target = route(inputs, queue, runtime=get_runtime)
     return target.run(_build, target, fn, inputs, specs, timeout, lazy=True)
 
 
@@ -220,7 +218,7 @@ class HostCallServer:
             arrays.append(array)
         # Evaluate lazy results where they live (their owner queue, or here),
         # then make them row-contiguous here: the worker copies them flat.
-        await wait_all(self.runtime.prepare_inputs(arrays, None))
+        await wait_all(prepare_inputs(self.runtime.channel, arrays, None))
         arrays = [mx.contiguous(a) for a in arrays]
         mx.eval(arrays)
         return arrays

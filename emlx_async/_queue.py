@@ -4,7 +4,7 @@ A queue takes a completion channel, never a runtime. Every job goes through
 ``_submit``: it takes its place in the queue's FIFO at once and returns a
 ``JobFuture``, whatever it waits on. A job starts on the worker when every
 job before it has started, a backpressure slot is free and its lazy inputs
-owned by other queues are evaluated (they are evaluated there first); until
+owned by other queues are evaluated (there, by ``_routing.prepare_inputs``); until
 then it waits in the queue's backlog, in order. The worker reports on the
 channel; ``CompletionChannel._drain`` calls ``_finish``.
 
@@ -51,12 +51,11 @@ import mlx.core as mx
 from . import _interop
 from ._backend import JobFuture, TrioJobFuture, shielded
 from ._channel import CompletionChannel
-from ._devices import from_native_device
-from ._errors import (EMLXError, ForeignLazyArrayError, HostCallDeadlock, QueueClosed, QueueFull, RuntimeClosed,
-                      native_error)
+from ._errors import EMLXError, HostCallDeadlock, QueueClosed, QueueFull, RuntimeClosed, native_error
 from ._native import ensure, exiting, ffi, lib
 from ._native import error as native_call_error
 from ._op_table import ARRAY, LIST, LIST_OR_ARRAY, OPS, TUPLE_OR_ARRAY
+from ._routing import prepare_inputs
 from ._trees import iter_arrays
 
 _job_ids = itertools.count(1)
@@ -197,44 +196,6 @@ def cancelled() -> bool:
     """
     job = getattr(_running, "job", None)
     return bool(job is not None and job.cancelled)
-
-
-def _is_this_threads_stream(state: _interop.ArrayState) -> bool:
-    return lib.emlx_thread_stream_index(state.device_type) == state.stream_index
-
-
-def prepare_inputs(channel: CompletionChannel, arrays: list[mx.array],
-                   target: CommandQueue | None) -> list:
-    """Make lazy inputs usable on `target`'s thread.
-
-    Graphs built on the loop thread are evaluated here (cheap for inputs;
-    big graphs belong on a queue). Graphs owned by another queue are
-    submitted for evaluation there: the returned futures must finish first.
-    """
-    if not arrays:
-        return []
-    on_loop: list[mx.array] = []
-    elsewhere: dict[CommandQueue, list[mx.array]] = {}
-    array_state, lazy = _interop.array_state, _interop.LAZY
-    for array in arrays:
-        state = array_state(array)
-        if state.state != lazy:
-            continue
-        owner = channel.owners.get((state.device_type, state.stream_index))
-        if owner is not None and owner is target:
-            continue
-        if owner is not None:
-            elsewhere.setdefault(owner, []).append(array)
-        elif _is_this_threads_stream(state):
-            on_loop.append(array)
-        else:
-            raise ForeignLazyArrayError(
-                f"a lazy array built on Stream({from_native_device(state.device_type).name}, "
-                f"{state.stream_index}) belongs to a thread that no queue of this runtime owns; "
-                "evaluate it on that thread (mx.eval) before passing it in")
-    if on_loop:
-        mx.eval(on_loop)
-    return [owner.eval(*group) for owner, group in elsewhere.items()]
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Runtime: one per event loop. Owns the completion channel, the pools and the
 default queues.
 
-Layer: above queues and the task binding (``_context``); routing, host calls
-and the public API sit on top of it.
+Layer: above queues and the task binding (``_context``); host calls and the
+public API sit on top of it. The routing rule (``_routing``) sits below it,
+given ``get_runtime`` by its callers.
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import _interop
 from . import _backend
 from ._channel import CompletionChannel
-from ._context import reset_bound, set_bound
 from ._devices import DeviceLike, device_type, native_device, require_available
 from ._errors import QueueClosed, QueueReleaseError, RuntimeClosed
 from ._native import check_pointer, ensure_mlx_usable, exiting, lib
-from ._queue import CommandQueue, QueueStats, _Counters, prepare_inputs
+from ._queue import CommandQueue, QueueStats, _Counters
+from ._routing import owner_of, reset_bound, set_bound
 
 DEFAULT_MAX_PENDING = 1024
 
@@ -314,10 +314,7 @@ class Runtime:
 
     def queue_of(self, array: mx.array) -> CommandQueue | None:
         """The queue owning a lazy `array`, or None if it is evaluated or unowned."""
-        state = _interop.array_state(array)
-        if state.state != _interop.LAZY:
-            return None
-        return self._channel.owners.get((state.device_type, state.stream_index))
+        return owner_of(self._channel.owners, array)
 
     async def close(self, *, cancel_pending: bool = False) -> None:
         """Close every queue (draining, or dropping queued jobs), then the channel.
@@ -368,7 +365,7 @@ class Runtime:
     def _check_open(self) -> None:
         self._channel.ensure_alive()
         if self._closed:
-            raise RuntimeClosed("the emlx_async runtime is closed")
+            raise RuntimeClosed()
 
     def _new_queue(self, kind: mx.DeviceType, *, role: str) -> CommandQueue:
         require_available(kind)
@@ -379,9 +376,6 @@ class Runtime:
         self._fold_closed_queues()
         self._made_queues.append(queue)
         return queue
-
-    def prepare_inputs(self, arrays: list[mx.array], target: CommandQueue | None) -> list:
-        return prepare_inputs(self._channel, arrays, target)
 
     def __del__(self, _warn=warnings.warn) -> None:
         channel = getattr(self, "_channel", None)

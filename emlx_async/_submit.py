@@ -12,15 +12,15 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-import mlx.core as mx
 import numpy as np
 
-from ._convert import OptionTypeError
 from ._convert import inputs as _inputs
 from ._dtypes import DTYPE_CODES as _DTYPE_CODES
+from ._errors import OptionTypeError
 from ._native import ffi, lib
 from ._op_table import KINDS, OPS, RULE_TESTS, RULES, VARIADIC, WEAK_PAIRS, dispatch_digest, int_range
-from ._routing import current_queue, route
+from ._routing import route
+from ._runtime import get_runtime
 
 if ffi.string(lib.emlx_op_table_digest()).decode() != dispatch_digest():  # op codes are spec positions
     raise ImportError("emlx_async's shim was built from a different op spec (emlx_async/_op_table.py); "
@@ -33,12 +33,13 @@ _SPECS = {op.name: (op.arrays, op.params) for op in OPS}
 # the C++ type an integer lands in are refused here, as mlx.core does, never truncated.
 _INT_RANGES = {kind: int_range(kind) for kind, spec in KINDS.items() if spec.bits}
 _RULES = {rule: (words, RULE_TESTS[rule]) for rule, (words, _) in RULES.items()}
+_INT64 = int_range("int64")
 
 
 def _int_option(name: str, pname: str, kind: str, rule: str, value: Any) -> int:
     value = operator.index(value)
     words, low, high = _INT_RANGES[kind]
-    if kind == "shape" and -2**63 <= value < 2**63 and not low <= value <= high:
+    if kind == "shape" and _INT64[1] <= value <= _INT64[2] and not low <= value <= high:
         # mlx's own message for a dimension past int32 (python/src/small_vector.h: its Shape caster)
         raise OverflowError(f"Integer value {value} is outside the supported range [{low}, {high}].")
     if not low <= value <= high:
@@ -120,10 +121,6 @@ def set_check_finite(enabled: bool) -> bool:
     return previous
 
 
-def _target(inputs: list[mx.array], queue, device):
-    return route(inputs, queue) if device is None or queue is not None else current_queue(device)
-
-
 def submit(name: str, arrays: Sequence[Any], *, queue=None, device=None, lazy: bool = False,
            nowait: bool = False, check_finite: bool | None = None, donate: dict[int, int] | None = None,
            _deps: list | None = None, **options: Any):
@@ -138,7 +135,7 @@ def submit(name: str, arrays: Sequence[Any], *, queue=None, device=None, lazy: b
         raise TypeError(f"[{name}] takes {expected} array argument(s), got {len(arrays)}")
     inputs = _inputs(arrays, WEAK_PAIRS.get(name, ()))
     ints, floats, text = _encode(name, params, dict(options))
-    target = _target(inputs, queue, device)
+    target = route(inputs, queue, device, runtime=get_runtime)
     if check_finite is None:
         check_finite = _check_finite_default
     return target._submit_op(_CODES[name], name, inputs, ints, floats, text, lazy, nowait, check_finite, donate,
@@ -198,7 +195,7 @@ def checked(name: str, arrays: list, checks: list[tuple], kwargs: dict):
     queue = options.pop("queue", None)
     device = options.pop("device", None)
     arrays = _inputs(arrays, WEAK_PAIRS.get(name, ()))
-    target = _target(arrays, queue, device)
+    target = route(arrays, queue, device, runtime=get_runtime)
     checks_done = [submit("check_bounds", [check[0]], size=check[1], extent=check[2] if len(check) > 2 else 1,
                           op=name, queue=target) for check in checks if check[1] is not None]
     return submit(name, arrays, queue=target, _deps=checks_done, **options)

@@ -50,19 +50,15 @@ import numpy as np
 
 from . import ops
 from ._dtypes import DTYPE_CODES as _DTYPE_CODES
-from ._dtypes import NUMPY_DTYPES
+from ._dtypes import INT_RANGES, MAX_DIM, NUMPY_DTYPES
 from ._errors import EMLXError
+from ._errors import SharedMemoryError as SharedMemoryError
 from ._native import ffi, last_error, lib
-from ._routing import current_queue
+from ._api import current_queue
 
 PREFIX = "/emlx-"
 _NAME = re.compile(r"/emlx-[A-Za-z0-9._-]{1,249}")
-_INT32_MAX = 2**31 - 1
-_OFF_T_MAX = 2**63 - 1
-
-
-class SharedMemoryError(EMLXError, OSError):
-    """A shared-memory object could not be created, opened, read or removed."""
+_OFF_T_MAX = INT_RANGES[mx.int64][1]  # off_t is 64-bit
 
 
 def _shm_name() -> str:
@@ -124,9 +120,9 @@ def _checked_shape(shape: Sequence[int], dtype: mx.Dtype) -> list[int]:
     for i, d in enumerate(dims):
         if d < 0:
             raise ValueError(f"[from_shm] negative dimension in the shape: dimension {i} is {d}")
-        if d > _INT32_MAX:
+        if d > MAX_DIM:
             raise OverflowError(f"[from_shm] dimension {i} is {d}, more than an int32 shape entry "
-                                f"holds ({_INT32_MAX})")
+                                f"holds ({MAX_DIM})")
     count = 1
     for d in dims:
         count *= d
@@ -200,4 +196,4 @@ def from_numpy(a: np.ndarray, /, *, copy: bool = True) -> mx.array:
 
 async def to_device(x: mx.array, device, /) -> mx.array:
     """A copy of `x` made by a queue on `device` ("cpu" or "gpu")."""
-    return await ops.copy(x, queue=current_queue(device))
+    return await ops.copy(x, device=device)

@@ -34,6 +34,7 @@ from ._dtypes import DTYPE_CODES, DTYPES
 from ._errors import MLXValueError
 from ._native import ffi, last_error, lib
 from ._routing import route
+from ._runtime import get_runtime
 from ._trees import iter_arrays
 
 __all__ = ["TracedFunction", "CompiledFunction", "trace", "load_traced", "compile"]
@@ -322,7 +323,7 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
             raise TypeError(f"[trace] example {k} must be an mx.array, got {type(x).__name__}")
         if x.dtype not in DTYPE_CODES:
             raise ValueError(f"[trace] example {k}: unsupported dtype {x.dtype}")
-    target = route(list(examples), queue)
+    target = route(list(examples), queue, runtime=get_runtime)
     with tempfile.TemporaryDirectory(prefix="emlx-trace-") as tmp:
         path = os.fspath(save) if save is not None else os.path.join(tmp, "function.mlxfn")
 
@@ -384,7 +385,7 @@ class CompiledFunction:
         return compiled
 
     def __call__(self, *args: Any, queue=None, lazy: bool = False, nowait: bool = False, **kwargs: Any):
-        target = route(iter_arrays((args, kwargs)), queue)
+        target = route(iter_arrays((args, kwargs)), queue, runtime=get_runtime)
 
         def job(*a, **k):
             return self.compiled_here()(*a, **k)

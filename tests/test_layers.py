@@ -1,7 +1,7 @@
 """The package reads bottom-up: each module imports only modules below it.
 
 Layers (DESIGN and STYLE): native binding, errors and dtypes -> completion
-channel -> queue -> context -> runtime and pools -> routing -> host-call
+channel -> routing rule -> queue -> context -> runtime and pools -> host-call
 server -> the public API and ops -> llm -> serve. A module-level or function-level
 import of a later module fails this test, so the order stays true.
 
@@ -24,7 +24,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "emlx_async"
 # Bottom-up; a module may import only modules listed before it.
 ORDER = [
     "_version", "_errors", "_emlx_native", "_native", "_backend", "_dtypes", "_devices", "_trees", "_interop", "_op_table",
-    "_convert", "_channel", "_queue", "_context", "_runtime", "_routing", "_host_call",
+    "_convert", "_channel", "_routing", "_queue", "_context", "_runtime", "_host_call",
     "_api", "memory", "_submit", "_adapters", "_generated_ops", "_generated_linalg", "_generated_fft", "_generated_random",
     "ops", "attention", "fast", "fft", "linalg", "random", "ipc", "testing", "replay", "distributed",
     "__init__", "llm", "serve",

@@ -210,11 +210,11 @@ async def test_routing_order():
             from emlx_async._routing import route
 
             with ea.bind(q_bound):
-                assert route([lazy], queue=q_explicit) is q_explicit
-                assert route([lazy]) is q_owner
-                assert route([mx.ones(2)]) is q_bound
+                assert route([lazy], queue=q_explicit, runtime=ea.get_runtime) is q_explicit
+                assert route([lazy], runtime=ea.get_runtime) is q_owner
+                assert route([mx.ones(2)], runtime=ea.get_runtime) is q_bound
                 np.testing.assert_array_equal(np.array(await ea.run(lambda v: v + 1, lazy)), [6, 6])
-            assert route([mx.ones(2)]) is rt.default_queue()
+            assert route([mx.ones(2)], runtime=ea.get_runtime) is rt.default_queue()
         finally:
             for q in (q_bound, q_owner, q_explicit):
                 rt.release_queue(q)

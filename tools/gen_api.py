@@ -220,7 +220,7 @@ def generate(namespace: str) -> str:
         "",
         "Regenerate with ``python tools/gen_api.py`` (from mlx "
         f"{mx.__version__}'s signatures and emlx_async/_op_table.py);",
-        "tests/test_mlx_parity.py checks this file is current.",
+        "the test test_generated_files_are_current checks this file is current.",
         '"""',
         "",
         "# ruff: noqa: A001, A002, E501",

@@ -51,7 +51,8 @@ from typing import Any, Literal
 import mlx.core as mx
 import numpy as np
 
-from .. import EMLXError
+from .. import GrammarError as GrammarError
+from .. import GrammarStateError as GrammarStateError
 
 _llg: Any
 try:
@@ -72,18 +73,6 @@ ALL_ALLOWED = np.uint32(0xFFFFFFFF)
 # newlines forever inside a valid document (it never has to close it). A
 # schema's own "x-guidance" options override these.
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-class GrammarError(EMLXError, ValueError):
-    """A grammar that cannot be used: invalid, unsupported, or unsatisfiable. The message names why."""
-
-
-class GrammarStateError(EMLXError, RuntimeError):
-    """A request's grammar failed while decoding (a token it rejects, a parser limit).
-
-    Only that request is affected: its matcher stays in the error state and
-    other requests, and their matchers, go on.
-    """
 
 
 def _require_llguidance():

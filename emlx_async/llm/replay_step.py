@@ -41,14 +41,11 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
 
+from .. import NotTraceable as NotTraceable
 from .cache_options import CacheOptions
 from .traced import sample
 
 __all__ = ["NotTraceable", "CacheSpec", "forward", "make_step", "check_against_model", "model_weights"]
-
-
-class NotTraceable(ValueError):
-    """The model's caches (or its use of them) cannot be written as fixed buffers; the message says which."""
 
 
 # ---- what the buffers are --------------------------------------------------------

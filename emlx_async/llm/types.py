@@ -7,18 +7,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import EMLXError, QueueFull
+from .. import BatchDriverError as BatchDriverError
+from .. import EngineBusy as EngineBusy
 
 # OpenAI's bound on top_logprobs.
 MAX_TOP_LOGPROBS = 20
-
-
-class EngineBusy(QueueFull):
-    """Every request slot is taken and the caller asked not to wait."""
-
-
-class BatchDriverError(EMLXError, RuntimeError):
-    """The batch driver failed; each request it carried gets one, chained to the cause."""
 
 
 @dataclass(frozen=True)

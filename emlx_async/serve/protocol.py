@@ -33,6 +33,9 @@ GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_grammar")
 _TOOL_CHOICES = ("auto", "none", "required")
 
 
+# Not an EMLXError, and not in emlx_async/_errors.py: an HTTP answer (status,
+# type, code) that the service's handlers raise to their own app, which turns
+# it into the response. It never reaches a library caller.
 class APIError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
