@@ -341,7 +341,7 @@ class Service:
 
         Raises APIError (400, 429); nothing is admitted when it does.
         """
-        from emlx_async.llm import RequestStats
+        from emlx_async.llm import InvalidOption, RequestStats
 
         engine = self.engine
         if request.model is not None and request.model != self.model_name:
@@ -379,7 +379,10 @@ class Service:
                                      stats=stats, logprobs=request.logprobs, top_logprobs=request.top_logprobs,
                                      **options, **request.sampling())
         except ValueError as exc:  # a GrammarError (that does not fit the tokenizer) names its field
-            raise invalid(request.grammar_param if _is_grammar_error(exc) else None, str(exc)) from None
+            # A sampling option the engine refuses (a logit_bias id outside the vocabulary) names its own.
+            param = request.grammar_param if _is_grammar_error(exc) else \
+                exc.option if isinstance(exc, InvalidOption) else None
+            raise invalid(param, str(exc)) from None
         self.admitted += 1
         self.metrics.prompt_tokens.inc(len(ids))
         return Generation(self, deltas, stats, len(ids), self.output_splitter(request, prompt_text))
