@@ -318,3 +318,16 @@ async def test_the_service_takes_the_options_through_the_openai_client(tiny_serv
                 assert error.value.body["param"] == param, (bad, error.value.body)
                 if "99999" in str(bad):
                     assert "token id 99999 is outside the vocabulary" in error.value.body["message"]
+
+
+def test_a_sharded_engines_followers_get_each_rows_penalties():
+    """The plan rank 0 broadcasts (JSON) carries a row's penalties whole: the followers
+    process its logits alike, or their batches would diverge."""
+    import json
+
+    from emlx_async.llm.sharded import _penalties_from_plan, _penalties_plan
+
+    penalties = P.check_penalties(97, presence_penalty=0.5, repetition_penalty=1.2, logit_bias={3: -1.5, 9: 2},
+                                  min_p=0.1)
+    assert _penalties_from_plan(json.loads(json.dumps(_penalties_plan(penalties)))) == penalties
+    assert _penalties_from_plan(json.loads(json.dumps(_penalties_plan(None)))) is None

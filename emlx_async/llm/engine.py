@@ -12,6 +12,9 @@ model (llm/replay_step.py: mlx-lm's own model call over preallocated cache
 buffers written by position, sampling inside the graph, the weights as
 inputs so every queue shares them; llm/traces.py keeps the traces) and each
 step is replayed natively: one job, no Python, no GIL.
+Requests with penalties, a logit bias or min-p take a variant of the step
+with those inputs (each row's token counts chained like its caches,
+llm/penalties.py); the others keep the plain one.
 "parallel" mode traces one stream's step per cache size and runs a stream's
 steps as a chain on its worker (``TracedFunction.chain``: two steps queued
 ahead, caches updated in place); "batch" mode a step of B rows, each at its

@@ -28,7 +28,10 @@ caches into them after a prefill and back out for the prompt cache.
 
 The step's calling convention is ``step(*buffers, key, token, position,
 inv_temperature, top_p, top_k[, *weights]) -> (next_token, key, *buffers)``:
-donate buffer i to output 2 + i and the key to output 1.
+donate buffer i to output 2 + i and the key to output 1. The penalized
+variant (``make_step(penalized=True)``, llm/penalties.py) takes
+``PENALTY_INPUTS`` after top_k and gives the counts and window back after
+the buffers.
 """
 
 from __future__ import annotations
