@@ -126,8 +126,10 @@ def adjust(logits: mx.array, counts: mx.array, window: mx.array, bias: mx.array,
     dtype = logits.dtype
     presence, frequency, repetition = (mx.reshape(x, (-1, 1)).astype(dtype) for x in (presence, frequency, repetition))
     logits = logits + bias.astype(dtype)
-    recent = mx.put_along_axis(mx.zeros(logits.shape, dtype=mx.bool_), window, mx.array(True), axis=-1)
-    logits = mx.where(recent, mx.where(logits < 0, logits * repetition, logits / repetition), logits)
+    # mlx-lm's gather and scatter of the window's logits (W of them, not a pass over V;
+    # a token twice in the window is written twice with the same value).
+    recent = mx.take_along_axis(logits, window, axis=-1)
+    logits = mx.put_along_axis(logits, window, mx.where(recent < 0, recent * repetition, recent / repetition), axis=-1)
     logits = mx.where(counts > 0, logits - presence, logits)
     return logits - frequency * counts.astype(dtype)
 
