@@ -331,3 +331,10 @@ def test_a_sharded_engines_followers_get_each_rows_penalties():
                                   min_p=0.1)
     assert _penalties_from_plan(json.loads(json.dumps(_penalties_plan(penalties)))) == penalties
     assert _penalties_from_plan(json.loads(json.dumps(_penalties_plan(None)))) is None
+
+
+def test_the_service_checks_the_engines_bounds():
+    pytest.importorskip("starlette")
+    from emlx_async.serve import protocol
+
+    assert (protocol.PENALTY_BOUND, protocol.LOGIT_BIAS_BOUND) == (P.MAX_PENALTY, P.MAX_BIAS)

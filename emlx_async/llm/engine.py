@@ -60,9 +60,9 @@ from .decoding import Decoding
 from .grammar import Grammar, GrammarMatcher, GrammarTokenizer
 from .loading import context_length as model_context_length
 from .loading import embedding_rows, load_model_files
-from .prompt_cache import PrefixCache
 from .penalties import OPTIONS as PENALTY_OPTIONS
 from .penalties import check_penalties
+from .prompt_cache import PrefixCache
 from .sampling import SAMPLER_OPTIONS, Sampler, check_sampling
 from .text import PromptEncoder, find_stop, stop_prefix_len
 from .traces import UNKNOWN_CONTEXT, ReplayTraces, cache_sizes

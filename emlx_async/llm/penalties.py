@@ -155,10 +155,13 @@ def window_of(prompt: Sequence[int], size: int = REPETITION_CONTEXT) -> list[int
 
 
 def bias_row(penalties: Penalties, vocab: int) -> mx.array:
-    """The logit bias as a dense {1, vocab} float32 row."""
+    """The logit bias as a dense {1, vocab} float32 row (`vocab`: the logits' width)."""
     row = mx.zeros((1, vocab), dtype=mx.float32)
     if penalties.logit_bias:
         ids, values = zip(*penalties.logit_bias)
+        if ids[-1] >= vocab:  # the ids were checked against the embedding; a scatter past the row would not be
+            raise InvalidOption("logit_bias", f"logit_bias: token id {ids[-1]} is outside the model's "
+                                f"{vocab} logits")
         row[0, mx.array(ids)] = mx.array(values, dtype=mx.float32)
     return row
 

@@ -108,7 +108,7 @@ class GenerationRequest:
     tool_name: str | None = None
     parallel_tool_calls: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
-    # Penalties, logit bias and min-p (the engine's meanings); None: not sent.
+    # The penalty, logit_bias and min_p fields that were sent (Engine.generate's options).
     penalties: dict[str, Any] = field(default_factory=dict)
 
     def sampling(self) -> dict[str, Any]:
@@ -164,8 +164,9 @@ def _int(body: dict, name: str, low: int, high: int) -> int | None:
     return int(value)
 
 
-# OpenAI's bounds on the penalties and on a logit bias; repetition_penalty (> 0) and
-# min_p ([0, 1]) are extensions with mlx-lm's meanings.
+# OpenAI's bounds on the penalties and on a logit bias, the engine's too (llm/penalties.py's
+# MAX_PENALTY and MAX_BIAS; a test holds them equal: this module does not import the engine).
+# repetition_penalty (> 0) and min_p ([0, 1]) are extensions with mlx-lm's meanings.
 PENALTY_BOUND = 2.0
 LOGIT_BIAS_BOUND = 100.0
 _TOKEN_ID_DIGITS = 19  # a token id past int64 is surely a mistake
