@@ -45,6 +45,7 @@ def test_defaults_and_neutral_values_are_no_penalties():
     (dict(frequency_penalty=-3), "frequency_penalty", "[-2, 2]"),
     (dict(frequency_penalty=math.nan), "frequency_penalty", "nan"),
     (dict(presence_penalty="1"), "presence_penalty", "'1'"),
+    (dict(presence_penalty=10**400), "presence_penalty", "[-2, 2]"),
     (dict(repetition_penalty=0), "repetition_penalty", "(0, inf]"),
     (dict(repetition_penalty=True), "repetition_penalty", "True"),
     (dict(min_p=1.5), "min_p", "[0, 1]"),
@@ -92,8 +93,7 @@ def test_adjusted_logits_are_mlx_lms_processed_logits(dtype, generated):
     logits = (3 * mx.random.normal((1, vocab))).astype(dtype)
     bias = {4: 5.0, 7: -2.0, 96: 100.0}
     history = P.TokenHistory(P.check_penalties(vocab, presence_penalty=0.5, frequency_penalty=0.3,
-                                               repetition_penalty=1.3, logit_bias=bias))
-    history.start(prompt, vocab)
+                                               repetition_penalty=1.3, logit_bias=bias), prompt, vocab)
     for token in generated:
         history.record(token)
     ours = history.adjust(logits)

@@ -102,8 +102,7 @@ class Decoding:
             # Before the sampler's filters, as mlx-lm runs its logits processors; the
             # history starts from the prompt, then takes each token fed back.
             if prompt is not None:
-                sampler.history = TokenHistory(sampler.penalties)
-                sampler.history.start(prompt, logits.shape[-1])
+                sampler.history = TokenHistory(sampler.penalties, prompt, logits.shape[-1])
             else:
                 sampler.history.record(state.token)
             logits = sampler.history.adjust(logits)

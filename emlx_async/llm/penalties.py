@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.sample_utils import make_logits_processors
 
 from .types import is_int
@@ -81,11 +82,14 @@ def check_penalties(vocab_size: int | None, *, presence_penalty: Any = None, fre
     def real(name: str, value: Any, default: float, low: float, high: float, *, low_open: bool = False) -> float:
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or \
-                value < low or value > high or (low_open and value == low):
+        try:
+            number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+        except OverflowError:  # an int past float's range
+            number = math.nan
+        if not math.isfinite(number) or number < low or number > high or (low_open and number == low):
             bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
             raise InvalidOption(name, f"{name} must be a number in {bounds}, got {value!r}")
-        return float(value)
+        return number
 
     presence = real("presence_penalty", presence_penalty, 0.0, -MAX_PENALTY, MAX_PENALTY)
     frequency = real("frequency_penalty", frequency_penalty, 0.0, -MAX_PENALTY, MAX_PENALTY)
@@ -187,26 +191,21 @@ def penalty_rows(rows: Sequence[Penalties | None]) -> list[mx.array]:
 
 class TokenHistory:
     """One request's tokens as the penalties see them, on its worker: the counts of the
-    generated tokens {1, V}, the window of the last tokens {1, W} and the bias row.
+    generated tokens {1, V} (none yet), the window of the last tokens {1, W} (the
+    prompt's) and the bias row, `vocab` the logits' width.
 
-    ``start`` (the prompt, at the first token) then ``record`` (each token fed
+    Made at the first token from the prompt; then ``record`` (each token fed
     back) and ``adjust`` (each step's logits): the Python steps' side of the
     replayed step's chained counts and window, with the same functions.
     """
 
-    def __init__(self, penalties: Penalties):
+    def __init__(self, penalties: Penalties, prompt: Sequence[int], vocab: int):
         self.penalties = penalties
         self.options = penalty_inputs(penalties)[:3]
-        self.counts: mx.array | None = None
-        self.window: mx.array | None = None
-        self.bias: mx.array | None = None
-        self.position = 0  # where the next recorded token sits
-
-    def start(self, prompt: Sequence[int], vocab: int) -> None:
         self.counts = mx.zeros((1, vocab), dtype=mx.int32)
         self.window = mx.array([window_of(prompt)], dtype=mx.int32)
-        self.bias = bias_row(self.penalties, vocab)
-        self.position = len(prompt)
+        self.bias = bias_row(penalties, vocab)
+        self.position = len(prompt)  # where the next recorded token sits
 
     def record(self, token: int | mx.array) -> None:
         token = mx.array([[token]], dtype=mx.int32) if isinstance(token, int) else token
@@ -223,13 +222,12 @@ class PenaltyProcessor:
     (read lazily: no wait for the step that made it)."""
 
     def __init__(self, penalties: Penalties):
-        self.history = TokenHistory(penalties)
-        self._started = False
+        self.penalties = penalties
+        self.history: TokenHistory | None = None
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        if not self._started:
-            self.history.start(tokens.tolist(), logits.shape[-1])
-            self._started = True
+        if self.history is None:
+            self.history = TokenHistory(self.penalties, np.asarray(tokens).tolist(), logits.shape[-1])
         else:
             self.history.record(mx.reshape(tokens[-1:], (1, 1)))
         return self.history.adjust(logits)
