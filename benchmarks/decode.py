@@ -29,10 +29,12 @@ to (a) of the same N.
 
 Then the fast-step section: the scenarios (a), (c), (d), (e) and their
 Python-step twins on a tiny random llama whose step takes about 1 ms on this
-CPU, as a real model's does on a GPU, and constrained requests (a regex
-grammar; they take the Python step) in either mode, at 1 and 8 streams (the
-best of three rounds), with the targets: batch mode replayed at 8 streams at least 1.1x
-mlx-lm's BatchGenerator, one replayed stream at least 1.0x the raw loop.
+CPU, as a real model's does on a GPU, constrained requests (a regex
+grammar; they take the Python step) and requests with penalties, a logit bias
+and min-p (the replayed step's penalized variant) in either mode, at 1 and 8
+streams (the best of three rounds), with the targets: batch mode replayed at 8
+streams at least 1.1x mlx-lm's BatchGenerator, one replayed stream at least
+1.0x the raw loop.
 
     python benchmarks/decode.py [--tokens 16] [--streams 1,2,4,8] [--loop-rounds 3] [--trio-only] [--no-trio] [--no-busy]
                                 [--fast-only] [--no-fast] [--fast-streams 1,8] [--fast-tokens 64]
@@ -128,15 +130,21 @@ async def run_mlx_lm_batch(engine, prompts, tokens):
 CONSTRAINED = "[a-z ,.]+"
 
 
-def run_engine(mode, python_step: bool = False, constrained: bool = False):
+# The penalized rows' options: every penalty, a bias and min-p (greedy, so min-p drops nothing).
+PENALTIES = dict(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1, logit_bias={13: -5.0},
+                 min_p=0.05)
+
+
+def run_engine(mode, python_step: bool = False, constrained: bool = False, penalized: bool = False):
     async def run(engine, prompts, tokens):
         engine = engine.python_twin if python_step else engine
         engine.mode = mode
         traces = [Trace(time.perf_counter()) for _ in prompts]
         grammar = Grammar.regex(CONSTRAINED) if constrained else None
+        options = PENALTIES if penalized else {}
 
         async def one(p, trace):
-            async for delta in engine.generate(p, max_tokens=tokens, grammar=grammar):
+            async for delta in engine.generate(p, max_tokens=tokens, grammar=grammar, **options):
                 if delta.token is not None:
                     trace.stamps.append(time.perf_counter())
 
@@ -158,6 +166,9 @@ SCENARIOS = {
     # Constrained requests take the Python step: compare with (d') and (e').
     "(f) parallel, constrained": run_engine("parallel", constrained=True),
     "(g) batch, constrained": run_engine("batch", constrained=True),
+    # Penalties, logit bias and min-p: the replayed step's penalized variant; compare with (d) and (e).
+    "(h) parallel, penalties": run_engine("parallel", penalized=True),
+    "(i) batch, penalties": run_engine("batch", penalized=True),
 }
 
 
@@ -192,6 +203,8 @@ async def main(args, counts: list[int], rates: dict) -> None:
         for n in counts:
             base = None
             for name, scenario in SCENARIOS.items():
+                if name in PENALIZED:  # SmolLM2's 150 ms CPU step hides their cost: the fast-step section has them
+                    continue
                 async with LoopLag() as lag:
                     await asyncio.sleep(0.01)
                     start = time.perf_counter()
@@ -377,9 +390,13 @@ def compare_loops(args, counts: list[int]) -> None:
 
 FAST_SCENARIOS = ("(a) sync on loop, sequential", "(c) mlx-lm BatchGenerator", "(d) emlx_async parallel",
                   "(d') parallel, Python step", "(e) emlx_async batch", "(e') batch, Python step",
-                  "(f) parallel, constrained", "(g) batch, constrained")
+                  "(f) parallel, constrained", "(g) batch, constrained", "(h) parallel, penalties",
+                  "(i) batch, penalties")
 CONSTRAINED_PAIRS = (("(f) parallel, constrained", "(d') parallel, Python step"),
                      ("(g) batch, constrained", "(e') batch, Python step"))
+PENALIZED_PAIRS = (("(h) parallel, penalties", "(d) emlx_async parallel"),
+                   ("(i) batch, penalties", "(e) emlx_async batch"))
+PENALIZED = {penalized for penalized, _ in PENALIZED_PAIRS}
 
 
 async def fast_main(args) -> None:
@@ -430,6 +447,10 @@ async def fast_main(args) -> None:
                 ratios = [rates[(n, constrained)] / rates[(n, free)] for constrained, free in CONSTRAINED_PAIRS]
                 print(f"constrained / unconstrained Python step at {n} streams: parallel {ratios[0]:.2f}, "
                       f"batch {ratios[1]:.2f} (target >= 0.9)")
+            for n in counts:
+                ratios = [rates[(n, penalized)] / rates[(n, free)] for penalized, free in PENALIZED_PAIRS]
+                print(f"penalized / plain replayed step at {n} streams: parallel {ratios[0]:.2f}, "
+                      f"batch {ratios[1]:.2f}")
 
 
 def _sync_step_ms(engine: Engine, prompt: list[int], steps: int = 32) -> float:

@@ -119,6 +119,14 @@ class GrammarStateError(EMLXError, RuntimeError):
     """
 
 
+class InvalidOption(EMLXError, ValueError):
+    """A bad sampling option; ``option`` names it (the service answers a 400 naming the field)."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
+
+
 class NotTraceable(EMLXError, ValueError):
     """The model's caches (or its use of them) cannot be written as fixed buffers; the message says which."""
 

@@ -20,7 +20,10 @@ generated bodies: whether one is valid depends on JSON Schema semantics and
 tool names the document cannot state (a schema the grammar engine compiles,
 arguments that are JSON text of an object, a result naming an earlier call).
 tests/test_serve_tools.py, test_serve_api_tools.py and
-test_serve_structured.py send those fields, hostile ones included."""
+test_serve_structured.py send those fields, hostile ones included. So is
+logit_bias: its keys must be token ids below the model's vocabulary size, a
+bound the document cannot state (tests/test_llm_penalties.py sends it, bad
+keys included)."""
 
 import numbers
 import os
@@ -36,8 +39,8 @@ GUIDED = ("guided_json", "guided_regex", "guided_grammar")
 
 
 def _without_tools(body: dict) -> None:
-    """Tools, tool turns and grammars out of a chat or completion body (see the docstring)."""
-    for name in (*GUIDED, "tools", "tool_choice", "parallel_tool_calls"):
+    """Tools, tool turns, grammars and logit_bias out of a chat or completion body (see the docstring)."""
+    for name in (*GUIDED, "tools", "tool_choice", "parallel_tool_calls", "logit_bias"):
         body.pop(name, None)
     messages = body.get("messages")
     for i, message in enumerate(messages if isinstance(messages, list) else ()):

@@ -36,5 +36,5 @@ def test_decode_benchmarks_fast_step_section_runs_on_a_tiny_model_built_in_code(
                           capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for row in ("fast step: tiny random llama", "(c) mlx-lm BatchGenerator", "(e') batch, Python step",
-                "targets: batch replayed"):
+                "targets: batch replayed", "(i) batch, penalties", "penalized / plain replayed step"):
         assert row in done.stdout, done.stdout

@@ -223,3 +223,17 @@ async def test_smollm2_answers_a_schema_with_json_that_validates(rt, mode):
     text, _, finish = results["year"]
     assert re.fullmatch(r"[0-9]{2,4}", text) and finish == "stop"
     await engine.wait_idle()
+
+
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+async def test_a_bias_and_penalties_shape_a_constrained_request_within_its_grammar(rt, gguf, tiny_llama, mode):
+    """Penalties and a bias on a constrained request (the Python step): a bias of 100 picks
+    its token where the grammar allows it and cannot where it does not."""
+    tokenizer, _ = gguf
+    seven = tokenizer.token_to_id("7")
+    engine = await tiny_engine(rt, gguf, tiny_llama, mode, "auto")
+    pattern = r"[0-9]{3}-[a-z]{2}"
+    text, _, finish = await collect(engine, grammar=Grammar.regex(pattern), max_tokens=12,
+                                    logit_bias={seven: 100}, presence_penalty=2.0, repetition_penalty=1.5)
+    assert re.fullmatch(pattern, text) and text.startswith("777-") and finish == "stop", text
+    await engine.wait_idle()

@@ -109,6 +109,8 @@ MOVED = [
     ("emlx_async.llm", "EngineBusy", ea.QueueFull),
     ("emlx_async.llm.engine", "EngineBusy", ea.QueueFull),
     ("emlx_async.llm.replay_step", "NotTraceable", ValueError),
+    ("emlx_async.llm", "InvalidOption", ValueError),
+    ("emlx_async.llm.penalties", "InvalidOption", ValueError),
     ("emlx_async._convert", "OptionTypeError", TypeError),
 ]
 

@@ -33,7 +33,7 @@ ORDER = [
 # Each subpackage's modules, bottom-up, the same way.
 SUBPACKAGE_ORDER = {
     "llm": [
-        "_gguf", "types", "prompt_cache", "cache_options", "traced", "replay_step", "grammar", "state", "sampling",
+        "_gguf", "types", "prompt_cache", "cache_options", "penalties", "traced", "replay_step", "grammar", "state", "sampling",
         "text", "loading",
         "decoding", "traces", "parallel", "batching", "batch_replay", "save", "engine", "sharded", "__init__",
     ],

@@ -6,6 +6,7 @@ The modules, bottom-up (each imports only those above it in this list):
 * ``types``: what a generation streams (Delta, RequestStats) and its errors.
 * ``prompt_cache``: keys and values of earlier prompts, reused by later ones.
 * ``cache_options``: mlx-lm's KV-cache options (max_kv_size, kv_bits, kv_group_size).
+* ``penalties``: penalties, logit bias and min-p: options, token history, the math both steps share.
 * ``traced``: sampling inside a traced step, its options as inputs.
 * ``replay_step``: any mlx-lm model's decode step over fixed cache buffers, traced and replayed.
 * ``state``: what each decode path keeps on its worker, as dataclasses.
@@ -27,6 +28,7 @@ from .engine import Engine as Engine
 from .grammar import Grammar as Grammar
 from .grammar import GrammarError as GrammarError
 from .grammar import GrammarStateError as GrammarStateError
+from .penalties import InvalidOption as InvalidOption
 from .prompt_cache import PrefixCache as PrefixCache
 from .types import BatchDriverError as BatchDriverError
 from .types import Delta as Delta
@@ -34,4 +36,4 @@ from .types import EngineBusy as EngineBusy
 from .types import RequestStats as RequestStats
 
 __all__ = ["BatchDriverError", "Delta", "Engine", "EngineBusy", "Grammar", "GrammarError", "GrammarStateError",
-           "PrefixCache", "RequestStats"]
+           "InvalidOption", "PrefixCache", "RequestStats"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from . import penalties as _penalties
 from . import traced as _traced
 from .batching import Batcher, BatchRequest
 from .decoding import Decoding
@@ -52,8 +53,8 @@ class ReplayBatchJobs:
             token = d.feed_chunk(state, prompt, sampler, used)
             budget -= used
             if token is not None:
-                # The Python sampler's key after the first token: the graph continues its stream.
-                state.key = sampler.first_key()
+                # The Python sampler's key (and token history) after the first token: the graph continues them.
+                state.key, state.history, sampler.history = sampler.first_key(), sampler.history, None
                 mx.eval(state.key)
             tokens.append(token)
         return tokens  # type: ignore[return-value] - no logprobs on this path: ints
@@ -76,14 +77,22 @@ class ReplayBatchJobs:
             if rows == 0:
                 state.clear()
                 return
-            new_keys = mx.zeros((rows, 2), dtype=mx.uint32)
-            if keep:
-                new_keys[:len(keep)] = keys[mx.array(keep)]
-            caches, keys = state.caches, state.keys = spec.relayout(caches, keep, rows, size), new_keys
+            caches, keys = state.caches, state.keys = spec.relayout(caches, keep, rows, size), \
+                _moved(keys, keep, rows, (2,), mx.uint32)
+            if state.counts is not None:
+                state.counts, state.window, state.bias = (_moved(a, keep, rows) for a in
+                                                          (state.counts, state.window, state.bias))
         for slot, prefilled in joined:
             spec.write_row(caches, slot, spec.from_prompt_cache(prefilled.cache, size))
             keys[slot] = prefilled.key
-        mx.eval(caches, keys)
+            history = prefilled.history
+            if history is not None:
+                if state.counts is None:  # the first penalized row: every row gets its entries
+                    state.counts, state.window, state.bias = (_moved(a, [], keys.shape[0]) for a in
+                                                              (history.counts, history.window, history.bias))
+                state.counts[slot], state.window[slot], state.bias[slot] = \
+                    history.counts[0], history.window[0], history.bias[0]
+        mx.eval(caches, keys, *(a for a in (state.counts, state.window, state.bias) if a is not None))
 
 
 class ReplayBatcher(Batcher):
@@ -131,13 +140,20 @@ class ReplayBatcher(Batcher):
             try:
                 if any(slots):
                     greedy = all(row is None or row.request.sampler.greedy for row in slots)
-                    function = await replay.function(queue, greedy=greedy, rows=len(slots), size=size)
+                    # One penalized row makes the round take the penalized step (neutral
+                    # options leave the other rows' logits as they are).
+                    penalties = [row.request.sampler.penalties if row else None for row in slots]
+                    penalized = any(p is not None for p in penalties)
+                    function = await replay.function(queue, greedy=greedy, rows=len(slots), size=size,
+                                                     penalized=penalized)
+                    extra = [state.counts, state.window, state.bias,
+                             *_penalties.penalty_rows(penalties)] if penalized else []
                     step = function(*state.caches, state.keys,
                                     mx.array([[row.token if row else 0] for row in slots], dtype=mx.int32),
                                     mx.array([row.position if row else 0 for row in slots], dtype=mx.int32),
                                     *_traced.sampling_rows([row.request.sampler.options if row else GREEDY
-                                                            for row in slots], replay.vocab),
-                                    queue=queue, donate=replay.donate)
+                                                            for row in slots], replay.vocab), *extra,
+                                    queue=queue, donate=replay.donate_penalized if penalized else replay.donate)
                 prefilling = list(self.joining)
                 if prefilling:
                     chunk = queue.run(self.jobs.prefill,
@@ -207,6 +223,15 @@ class ReplayBatcher(Batcher):
         new_slots += [None] * (rows - len(new_slots))
         await queue.run(self.jobs.layout, state, saves, keep, placed, rows, new_size)
         return new_slots, new_size
+
+
+def _moved(old: mx.array, keep: Sequence[int], rows: int, dims: tuple[int, ...] | None = None,
+           dtype: mx.Dtype | None = None) -> mx.array:
+    """A per-row array of `rows` rows holding old rows `keep` in rows 0, 1, ... (the rest zeros)."""
+    new = mx.zeros((rows, *(old.shape[1:] if dims is None else dims)), dtype=old.dtype if dtype is None else dtype)
+    if keep:
+        new[:len(keep)] = old[mx.array(list(keep))]
+    return new
 
 
 __all__ = ["ReplayBatchJobs", "ReplayBatcher", "Row"]

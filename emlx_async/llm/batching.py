@@ -19,6 +19,7 @@ import mlx.core as mx
 
 from .decoding import Decoding
 from .grammar import GrammarLogitsProcessor
+from .penalties import PenaltyProcessor
 from .sampling import Sampler, token_logprobs
 from .state import GeneratorState
 from .types import BatchDriverError
@@ -209,9 +210,13 @@ class BatchJobs:
             # end-of-sequence allowed) instead of raising, which would fail the whole batch.
             processors = [None if r.sampler.grammar is None else
                           GrammarLogitsProcessor(r.sampler.grammar, on_error="end") for r in joining]
+            # Penalties and bias first, the grammar's mask last (mlx-lm runs them in list order).
+            penalties = [None if r.sampler.penalties is None else PenaltyProcessor(r.sampler.penalties)
+                         for r in joining]
             uids = generator.insert(prompts, max_tokens=[r.max_tokens for r in joining],
                                     samplers=[r.sampler for r in joining], caches=caches, all_tokens=cached_tokens,
-                                    logits_processors=[[p] if p is not None else [] for p in processors])
+                                    logits_processors=[[p for p in pair if p is not None]
+                                                       for pair in zip(penalties, processors)])
             for request, uid, processor in zip(joining, uids, processors):
                 if request.sampler.logprobs is not None:
                     wanted[uid] = request.sampler.logprobs

@@ -17,6 +17,7 @@ from .. import Runtime, cancelled
 from .cache_options import CacheOptions
 from .prompt_cache import PrefixCache
 from .grammar import apply_token_mask, unpack_token_mask
+from .penalties import TokenHistory
 from .sampling import Sampler, token_logprobs
 from .state import PromptState
 
@@ -73,7 +74,7 @@ class Decoding:
             # generate_step's order: the last token alone, after the rest is quantized.
             self._forward(tokens[None, :-1], cache)
             tokens = tokens[-1:]
-        item = self._sample(state, tokens, sampler)
+        item = self._sample(state, tokens, sampler, prompt)
         if self.prompt_cache is not None:
             self.prompt_cache.save(prompt, cache)  # the prompt's keys and values, for later prompts
         return item
@@ -93,8 +94,18 @@ class Decoding:
         self.cache_options.quantize(cache)
         return logits
 
-    def _sample(self, state: PromptState, tokens: mx.array, sampler: Sampler) -> int | tuple:
+    def _sample(self, state: PromptState, tokens: mx.array, sampler: Sampler,
+                prompt: list[int] | None = None) -> int | tuple:
+        """The next token after `tokens`; `prompt` is given at the prompt's last chunk (the first token)."""
         logits = self._forward(tokens[None], state.cache)[:, -1, :]
+        if sampler.penalties is not None:
+            # Before the sampler's filters, as mlx-lm runs its logits processors; the
+            # history starts from the prompt, then takes each token fed back.
+            if prompt is not None:
+                sampler.history = TokenHistory(sampler.penalties, prompt, logits.shape[-1])
+            else:
+                sampler.history.record(state.token)
+            logits = sampler.history.adjust(logits)
         grammar = sampler.grammar
         if grammar is not None:
             # The mask is computed while the model's graph is still lazy, then applied before

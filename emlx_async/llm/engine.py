@@ -12,6 +12,9 @@ model (llm/replay_step.py: mlx-lm's own model call over preallocated cache
 buffers written by position, sampling inside the graph, the weights as
 inputs so every queue shares them; llm/traces.py keeps the traces) and each
 step is replayed natively: one job, no Python, no GIL.
+Requests with penalties, a logit bias or min-p take a variant of the step
+with those inputs (each row's token counts chained like its caches,
+llm/penalties.py); the others keep the plain one.
 "parallel" mode traces one stream's step per cache size and runs a stream's
 steps as a chain on its worker (``TracedFunction.chain``: two steps queued
 ahead, caches updated in place); "batch" mode a step of B rows, each at its
@@ -57,6 +60,8 @@ from .decoding import Decoding
 from .grammar import Grammar, GrammarMatcher, GrammarTokenizer
 from .loading import context_length as model_context_length
 from .loading import embedding_rows, load_model_files
+from .penalties import OPTIONS as PENALTY_OPTIONS
+from .penalties import check_penalties
 from .prompt_cache import PrefixCache
 from .sampling import SAMPLER_OPTIONS, Sampler, check_sampling
 from .text import PromptEncoder, find_stop, stop_prefix_len
@@ -304,7 +309,15 @@ class Engine:
         Options: ``max_tokens``; ``stop`` strings (not included in the text);
         sampling ``temperature`` (0 = greedy, the default; finite, >= 0),
         ``top_p`` (in (0, 1]), ``top_k`` (an int >= 0; 0 keeps every token),
-        applied in mlx-lm's order: top-p, top-k, temperature; ``seed``, any
+        ``min_p`` (in [0, 1]), applied in mlx-lm's order: top-p, min-p,
+        top-k, temperature. Before them the logits processors, in mlx-lm's
+        order: ``logit_bias`` ({token id: bias in [-100, 100]}, ids in the
+        vocabulary), ``repetition_penalty`` (> 0, mlx-lm's: over the last 20
+        tokens of prompt and answer), ``presence_penalty`` and
+        ``frequency_penalty`` (in [-2, 2], OpenAI's: over the generated
+        tokens); both steps compute them, with the same tokens for the
+        same seed, and requests without them take the step without them
+        (a bad one: ``InvalidOption``, a ValueError naming it); ``seed``, any
         int (folded modulo 2**64), for a random stream private to this
         request; ``wait=False`` raises EngineBusy instead of waiting for a
         free slot. ``logprobs=True`` gives each token's delta its
@@ -328,12 +341,14 @@ class Engine:
         """
         if self._closed:
             raise RuntimeError("the engine is closed")
-        unknown = set(sampling) - SAMPLER_OPTIONS
+        unknown = set(sampling) - SAMPLER_OPTIONS - PENALTY_OPTIONS
         if unknown:
-            raise ValueError(f"unknown sampling option(s) {sorted(unknown)}; expected {sorted(SAMPLER_OPTIONS)}")
+            raise ValueError(f"unknown sampling option(s) {sorted(unknown)}; "
+                             f"expected {sorted(SAMPLER_OPTIONS | PENALTY_OPTIONS)}")
         if not is_int(max_tokens) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
-        temperature, top_p, top_k = check_sampling(**sampling)
+        penalties = check_penalties(self.vocab_size, **{k: v for k, v in sampling.items() if k in PENALTY_OPTIONS})
+        temperature, top_p, top_k = check_sampling(**{k: v for k, v in sampling.items() if k in SAMPLER_OPTIONS})
         if isinstance(stop, str):
             stop = [stop]
         if any(not isinstance(s, str) or not s for s in stop):
@@ -358,7 +373,7 @@ class Engine:
         if not wait and self._slots.value == 0:
             raise EngineBusy(f"all {self.max_concurrent} request slots are busy")
         seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed)
-        sampler = Sampler(temperature, top_p, top_k, seed)
+        sampler = Sampler(temperature, top_p, top_k, seed, penalties)
         if logprobs:
             sampler.logprobs = int(top_logprobs)
         return self._stream(tokens, max_tokens, list(stop), sampler, stats or RequestStats(), grammar)

@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator
 import mlx.core as mx
 
 from .. import replay as _replay
+from . import penalties as _penalties
 from . import traced as _traced
 from .decoding import Decoding
 from .sampling import Sampler
@@ -84,6 +85,11 @@ async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int
     try:
         token = await queue.run(replay_prefill, decoding, state, prompt, sampler, size)
         options = _traced.sampling_inputs(*sampler.options, replay.vocab)
+        # Penalized streams take the step with the penalties' inputs: their counts and
+        # window ride the chain, the bias row (made on the worker) goes with every step.
+        penalized = sampler.penalties is not None
+        bias = state.bias
+        extra = _penalties.penalty_inputs(sampler.penalties) if penalized else []
         position = len(prompt)
         steps_left = max_tokens - 1
         while True:
@@ -93,14 +99,15 @@ async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int
             while len(ahead) < STEPS_AHEAD and steps_left > 0:
                 # Full: the next length, padded by the chain (a bounded cache never is).
                 size = replay.size_for(position + 1)
-                function = await replay.chained(queue, greedy=sampler.greedy, size=size)
+                function = await replay.chained(queue, greedy=sampler.greedy, size=size, penalized=penalized)
                 if chained:  # stand-ins: the chain carries the real ones
-                    carried = [_STAND_IN] * (replay.n_caches + 2)
+                    carried, history = [_STAND_IN] * (replay.n_caches + 2), [_STAND_IN] * 2
                 else:
-                    carried = [*state.caches, state.key, state.token]
+                    carried, history = [*state.caches, state.key, state.token], [state.counts, state.window]
                     state.clear()  # the first step's job holds them now
-                ahead.append(function(*carried, mx.array(position, dtype=mx.int32), *options, queue=queue,
-                                      fed=chained))
+                penalty_args = [*history, bias, *extra] if penalized else []
+                ahead.append(function(*carried, mx.array(position, dtype=mx.int32), *options, *penalty_args,
+                                      queue=queue, fed=chained))
                 chained = True
                 position += 1
                 steps_left -= 1
@@ -136,7 +143,11 @@ def replay_prefill(decoding: Decoding, state: ReplayStreamState, prompt: list[in
     # The Python sampler's key after the first token: the graph continues its stream.
     state.caches, state.key = caches, sampler.first_key()
     state.token = mx.array([[token]], dtype=mx.int32)
-    mx.eval(caches, state.key, state.token)
+    history = sampler.history
+    if history is not None:  # the prompt's window and no counts yet: the chain records from here
+        state.counts, state.window, state.bias = history.counts, history.window, history.bias
+        sampler.history = None
+    mx.eval(caches, state.key, state.token, state.counts, state.window, state.bias)
     return token
 
 

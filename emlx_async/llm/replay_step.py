@@ -28,7 +28,10 @@ caches into them after a prefill and back out for the prompt cache.
 
 The step's calling convention is ``step(*buffers, key, token, position,
 inv_temperature, top_p, top_k[, *weights]) -> (next_token, key, *buffers)``:
-donate buffer i to output 2 + i and the key to output 1.
+donate buffer i to output 2 + i and the key to output 1. The penalized
+variant (``make_step(penalized=True)``, llm/penalties.py) takes
+``PENALTY_INPUTS`` after top_k and gives the counts and window back after
+the buffers.
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
 
 from .. import NotTraceable as NotTraceable
+from . import penalties as _penalties
 from .cache_options import CacheOptions
 from .traced import sample
 
-__all__ = ["NotTraceable", "CacheSpec", "forward", "make_step", "check_against_model", "model_weights"]
+__all__ = ["NotTraceable", "CacheSpec", "PENALTY_INPUTS", "forward", "make_step", "check_against_model",
+           "model_weights"]
 
 
 # ---- what the buffers are --------------------------------------------------------
@@ -470,7 +475,13 @@ def forward(model, spec: CacheSpec, token: mx.array, position: mx.array,
     return logits[:, -1, :], [array for layer, cache in zip(spec.layers, caches) for array in layer.outputs(cache)]
 
 
-def make_step(model, spec: CacheSpec, *, weights_as_inputs: bool = False, greedy: bool = False) -> Callable[..., Any]:
+# The penalized step's inputs after top_k (llm/penalties.py): the chained history, the
+# bias row and the per-row options.
+PENALTY_INPUTS = ("counts", "window", "bias", "presence", "frequency", "repetition", "log_min_p")
+
+
+def make_step(model, spec: CacheSpec, *, weights_as_inputs: bool = False, greedy: bool = False,
+              penalized: bool = False) -> Callable[..., Any]:
     """step(*buffers, key, token, position, inv_temperature, top_p, top_k[, *weights])
     -> (next_token {B, 1}, key', *buffers'): one decode step with the sampler inside.
 
@@ -482,18 +493,31 @@ def make_step(model, spec: CacheSpec, *, weights_as_inputs: bool = False, greedy
     comes back as it was). ``weights_as_inputs=True``: the model's
     parameters (``model_weights``) follow, so every queue shares
     one copy.
+
+    ``penalized=True``: the ``PENALTY_INPUTS`` follow top_k (counts {B, V}
+    and window {B, W} int32, bias {B, V} float32, then presence, frequency,
+    repetition and log(min_p) as the options are: ``penalties.penalty_inputs``
+    or ``penalty_rows``), and the counts and window come back after the
+    buffers, the fed token recorded: the step's logits go through
+    ``penalties.adjust`` before the sampler, min-p among its filters.
     """
     n = spec.n_buffers
 
     def decode(*inputs: mx.array):
-        buffers, (key, token, position, inv_temperature, top_p, top_k) = inputs[:n], inputs[n:]
+        buffers, (key, token, position, inv_temperature, top_p, top_k, *extra) = inputs[:n], inputs[n:]
         logits, new_buffers = forward(model, spec, token, position, buffers)
+        history, log_min_p = [], None
+        if penalized:
+            counts, window, bias, presence, frequency, repetition, log_min_p = extra
+            counts, window = _penalties.record(counts, window, token, position)
+            logits = _penalties.adjust(logits, counts, window, bias, presence, frequency, repetition)
+            history = [counts, window]
         if greedy:
-            return (mx.argmax(logits, axis=-1, keepdims=True).astype(mx.int32), key, *new_buffers)
-        next_token, next_key = sample(logits, key, inv_temperature, top_p, top_k)
-        return (next_token, next_key, *new_buffers)
+            return (mx.argmax(logits, axis=-1, keepdims=True).astype(mx.int32), key, *new_buffers, *history)
+        next_token, next_key = sample(logits, key, inv_temperature, top_p, top_k, log_min_p)
+        return (next_token, next_key, *new_buffers, *history)
 
-    return _with_weights(model, weights_as_inputs, decode, n + 6)
+    return _with_weights(model, weights_as_inputs, decode, n + 6 + (len(PENALTY_INPUTS) if penalized else 0))
 
 
 def check_against_model(model, spec: CacheSpec, tokens: Sequence[int] = (1, 2, 3)) -> int:

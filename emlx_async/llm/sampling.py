@@ -1,7 +1,8 @@
 """The Python step's sampler and the checking of sampling options.
 
 The replayed step samples inside its graph (llm/traced.py) from the same
-options; both take them from ``check_sampling``.
+options; both take them from ``check_sampling`` (and the penalties, logit
+bias and min-p from ``penalties.check_penalties``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
+from .penalties import Penalties, TokenHistory, filter_min_p
 from .types import is_int
 
 if TYPE_CHECKING:
@@ -36,14 +38,20 @@ MIN_TEMPERATURE = 2.0**-100
 
 
 class Sampler:
-    """Greedy, or top-p then top-k then temperature (mlx-lm's order), with a private random key.
+    """Greedy, or top-p then min-p then top-k then temperature (mlx-lm's order), with a
+    private random key.
 
     mlx-lm's make_sampler draws from the global random state, so the filters
-    are applied here with a key of the request's own.
+    are applied here with a key of the request's own. `penalties` (or None):
+    the request's penalties, logit bias and min-p; the Python steps keep its
+    token history in ``history`` and adjust the logits before sampling.
     """
 
-    def __init__(self, temperature: float, top_p: float, top_k: int, seed: int):
+    def __init__(self, temperature: float, top_p: float, top_k: int, seed: int,
+                 penalties: Penalties | None = None):
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.penalties = penalties
+        self.history: TokenHistory | None = None  # made on the worker, at the first token
         self.seed = seed % SEED_RANGE
         self.key: mx.array | None = None  # made on the worker: arrays built on the loop are lazy
         self.logprobs: int | None = None  # None: none asked; else how many top alternatives
@@ -63,6 +71,9 @@ class Sampler:
         """The log-probabilities left to sample from (the rest are -inf)."""
         if 0 < self.top_p < 1:
             logprobs = apply_top_p(logprobs, self.top_p)
+        if self.penalties is not None and self.penalties.min_p > 0:
+            # The replayed step's math (log(min_p) an input, in float32 like its input).
+            logprobs = filter_min_p(logprobs, mx.array(self.penalties.log_min_p, dtype=mx.float32))
         if 0 < self.top_k < logprobs.shape[-1]:  # k >= vocabulary keeps everything
             logprobs = apply_top_k(logprobs, self.top_k)
         return logprobs

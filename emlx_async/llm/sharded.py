@@ -39,7 +39,7 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import anyio
@@ -51,6 +51,7 @@ from ..distributed import Group, all_sum
 from .batching import BatchJobs, Joining
 from .decoding import Decoding
 from .engine import Engine
+from .penalties import Penalties
 from .sampling import Sampler
 from .state import GeneratorState
 
@@ -97,6 +98,17 @@ class _PlannedJoin:
     sampler: Sampler
 
 
+def _penalties_plan(penalties: Penalties | None) -> dict | None:
+    """A row's penalties as JSON for the followers (they must process its logits alike)."""
+    return None if penalties is None else asdict(penalties)
+
+
+def _penalties_from_plan(plan: dict | None) -> Penalties | None:
+    if plan is None:
+        return None
+    return Penalties(**{**plan, "logit_bias": tuple((int(i), float(b)) for i, b in plan["logit_bias"])})
+
+
 class ShardedBatchJobs(BatchJobs):
     """The batch step's jobs on every rank: rank 0 broadcasts each job's plan
     (which requests join, with their sampling and seed, and which leave) and
@@ -115,7 +127,7 @@ class ShardedBatchJobs(BatchJobs):
 
     async def run_step(self, queue, state: GeneratorState, joining: Sequence[Joining], leaving: list[int]):
         join = [[r.prompt, r.max_tokens, r.sampler.temperature, r.sampler.top_p, r.sampler.top_k,
-                 r.sampler.seed] for r in joining]
+                 r.sampler.seed, _penalties_plan(r.sampler.penalties)] for r in joining]
         return await self._lead({"op": "step", "join": join, "leave": list(leaving)},
                                 self.step, state, joining, leaving)
 
@@ -138,8 +150,8 @@ class ShardedBatchJobs(BatchJobs):
         if op == "start":
             self.start(state)
         elif op == "step":
-            joining = [_PlannedJoin(prompt, max_tokens, Sampler(t, p, k, seed))
-                       for prompt, max_tokens, t, p, k, seed in plan["join"]]
+            joining = [_PlannedJoin(prompt, max_tokens, Sampler(t, p, k, seed, _penalties_from_plan(penalties)))
+                       for prompt, max_tokens, t, p, k, seed, penalties in plan["join"]]
             self.step(state, joining, plan["leave"])
         elif op == "close":
             self.close(state)

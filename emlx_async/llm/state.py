@@ -21,13 +21,14 @@ class PromptState:
     unread: mx.array | None = None   # prompt tokens not fed yet
     token: int | None = None         # the last sampled token: the next step's input
     key: mx.array | None = None      # the sampler's key after the first token (replayed paths continue it)
+    history: Any = None              # the sampler's TokenHistory after the first token (penalized requests)
 
     @property
     def started(self) -> bool:
         return self.cache is not None
 
     def clear(self) -> None:
-        self.cache = self.unread = self.token = self.key = None
+        self.cache = self.unread = self.token = self.key = self.history = None
 
 
 @dataclass
@@ -39,10 +40,16 @@ class ReplayStreamState:
     caches: list[mx.array] = field(default_factory=list)
     key: mx.array | None = None
     token: mx.array | None = None    # [[id]], int32: the first step's input
+    # A penalized stream's token history (llm/penalties.py): counts and window go
+    # into the chain; the bias row is every step's input.
+    counts: mx.array | None = None
+    window: mx.array | None = None
+    bias: mx.array | None = None
 
     def clear(self) -> None:
         self.prompt.clear()
         self.caches, self.key, self.token = [], None, None
+        self.counts = self.window = self.bias = None
 
 
 @dataclass
@@ -62,14 +69,20 @@ class GeneratorState:
 @dataclass
 class ReplayBatchState:
     """The replayed batch's cache buffers (ReplayTraces.spec: keys and values, or
-    states, per layer; a row per stream) and one random key per row (batch mode,
-    replayed step)."""
+    states, per layer; a row per stream), one random key per row and the
+    penalties' per-row arrays (batch mode, replayed step)."""
 
     caches: list[mx.array] | None = None
     keys: mx.array | None = None
+    # The penalized rows' token histories and bias rows ({rows, V}, {rows, W}, {rows, V}),
+    # made when the first penalized row joins; other rows' entries are never read.
+    counts: mx.array | None = None
+    window: mx.array | None = None
+    bias: mx.array | None = None
 
     def clear(self) -> None:
         self.caches = self.keys = None
+        self.counts = self.window = self.bias = None
 
 
 __all__ = ["GeneratorState", "PromptState", "ReplayBatchState", "ReplayStreamState"]

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 
+from .penalties import filter_min_p
+
 
 def sampling_inputs(temperature: float, top_p: float, top_k: int, vocab_size: int) -> list[mx.array]:
     """The sampler's options as the step's inputs: 1/temperature (0: greedy), top_p, top_k (0: off).
@@ -38,9 +40,10 @@ def _option_values(temperature: float, top_p: float, top_k: int, vocab_size: int
 
 
 def sample(logits: mx.array, key: mx.array, inv_temperature: mx.array, top_p: mx.array,
-           top_k: mx.array) -> tuple[mx.array, mx.array]:
+           top_k: mx.array, log_min_p: mx.array | None = None) -> tuple[mx.array, mx.array]:
     """(next tokens {B, 1} int32, next keys) from `logits` {B, V}: greedy where 1/temperature
-    is 0, else top-p, then top-k, then temperature (mlx-lm's order), each row
+    is 0, else top-p, then min-p (`log_min_p`, the penalized step's input: log(min_p),
+    -inf for off), then top-k, then temperature (mlx-lm's order), each row
     drawn with its own key.
 
     `key` is one key {2} (B = 1) or a key per row {B, 2}; the options are
@@ -62,7 +65,9 @@ def sample(logits: mx.array, key: mx.array, inv_temperature: mx.array, top_p: mx
     threshold = mx.take_along_axis(sorted_logprobs, num_dropped, axis=-1)
     use_top_p = (top_p > 0) & (top_p < 1)
     logprobs = mx.where(use_top_p & (logprobs < threshold), -float("inf"), logprobs)
-    # top-k: the k-th largest of what top-p left. Top-p keeps a top set, so
+    if log_min_p is not None:
+        logprobs = filter_min_p(logprobs, log_min_p)
+    # top-k: the k-th largest of what top-p (and min-p) left. Both keep a top set, so
     # that is the k-th largest overall when it kept k or more, and when it
     # kept fewer the k-th largest overall is below all of them: the first
     # sort serves both (a sort of the vocabulary costs milliseconds on a CPU).

@@ -1,5 +1,5 @@
-"""The replayed step's traces: one per shape (greedy, rows, cache size), made on
-first use and sharing the model's weights.
+"""The replayed step's traces: one per shape (greedy, rows, cache size) and variant
+(with or without the penalties' inputs), made on first use and sharing the model's weights.
 
 The traced step itself (mlx-lm's own model call over fixed cache buffers,
 with sampling inside the graph) is llm/replay_step.py; this module decides
@@ -15,6 +15,7 @@ import mlx.core as mx
 
 from .. import Runtime
 from .. import replay as _replay
+from . import penalties as _penalties
 from . import traced as _traced
 from .cache_options import CacheOptions
 from .replay_step import CacheSpec, check_against_model, make_step, model_weights
@@ -55,17 +56,23 @@ class ReplayTraces:
         self.sizes = sizes
         self.vocab = vocab  # the logits' width: top_k at or past it keeps every token
         self.weights = model_weights(model)  # bound to every trace (TracedFunction.bind)
-        self._steps = {greedy: make_step(model, spec, weights_as_inputs=True, greedy=greedy)
-                       for greedy in (False, True)}
-        self.n_caches = spec.n_buffers
+        self._steps = {(greedy, penalized): make_step(model, spec, weights_as_inputs=True, greedy=greedy,
+                                                      penalized=penalized)
+                       for greedy in (False, True) for penalized in (False, True)}
+        self.n_caches = n = spec.n_buffers
         self.row_buckets = sorted({2 ** i for i in range(max_concurrent.bit_length())
                                    if 2 ** i <= max_concurrent} | {max_concurrent})
         self.traced: dict[tuple[bool, int | None, int], Any] = {}
-        self.chains: dict[tuple[bool, int], Any] = {}  # one stream's steps as chains (parallel mode)
+        # The same shapes with the penalties' inputs (llm/penalties.py), for the requests that
+        # have them: the plain step keeps its inputs and its speed.
+        self.traced_penalized: dict[tuple[bool, int | None, int], Any] = {}
+        self.chains: dict[tuple[bool, int, bool], Any] = {}  # one stream's steps as chains (parallel mode)
         self._tracing = anyio.Lock()
         # Donated: cache buffers -> outputs 2..., key -> output 1, updated in
-        # place and published back into the caller's arrays.
-        self.donate = {**{i: 2 + i for i in range(self.n_caches)}, self.n_caches: 1}
+        # place and published back into the caller's arrays; the penalized
+        # step's counts and window (inputs n + 6, n + 7) -> outputs n + 2, n + 3.
+        self.donate = {**{i: 2 + i for i in range(n)}, n: 1}
+        self.donate_penalized = {**self.donate, n + 6: n + 2, n + 7: n + 3}
 
     def size_for(self, tokens: int) -> int | None:
         """The smallest traced cache that holds a stream of `tokens` tokens (None: none does)."""
@@ -77,45 +84,60 @@ class ReplayTraces:
         return next((n for n in self.row_buckets if n >= count), 0) if count else 0
 
     def release(self) -> None:
-        for function in [*self.traced.values(), *self.chains.values()]:
+        for function in [*self.traced.values(), *self.traced_penalized.values(), *self.chains.values()]:
             function.release()
 
-    async def function(self, queue, *, greedy: bool, rows: int | None, size: int) -> Any:
+    async def function(self, queue, *, greedy: bool, rows: int | None, size: int, penalized: bool = False) -> Any:
         """The step of this shape, traced on `queue` the first time it is asked for."""
         shape = (greedy, rows, size)
-        function = self.traced.get(shape)
+        traced = self.traced_penalized if penalized else self.traced
+        function = traced.get(shape)
         if function is None:
             async with self._tracing:
-                function = self.traced.get(shape)
+                function = traced.get(shape)
                 if function is None:
-                    function = self.traced[shape] = await self._trace(queue, *shape)
+                    function = traced[shape] = await self._trace(queue, *shape, penalized)
         return function
 
-    async def chained(self, queue, *, greedy: bool, size: int) -> Any:
-        """One stream's step of this shape as a chain: caches, key and token carried on the worker."""
-        function = self.chains.get((greedy, size))
+    async def chained(self, queue, *, greedy: bool, size: int, penalized: bool = False) -> Any:
+        """One stream's step of this shape as a chain: caches, key and token (and the
+        penalized step's counts and window) carried on the worker."""
+        function = self.chains.get((greedy, size, penalized))
         if function is None:
-            step = await self.function(queue, greedy=greedy, rows=None, size=size)
-            carried = {i: 2 + i for i in range(self.n_caches)}  # caches -> outputs 2...
-            carried.update({self.n_caches: 1, self.n_caches + 1: 0})  # key <- output 1, token <- output 0
-            function = self.chains.setdefault((greedy, size), step.chain(carried, returned=(0,)))
+            step = await self.function(queue, greedy=greedy, rows=None, size=size, penalized=penalized)
+            n = self.n_caches
+            carried = {i: 2 + i for i in range(n)}  # caches -> outputs 2...
+            carried.update({n: 1, n + 1: 0})  # key <- output 1, token <- output 0
+            if penalized:
+                carried.update({n + 6: n + 2, n + 7: n + 3})  # counts, window <- after the caches
+            function = self.chains.setdefault((greedy, size, penalized), step.chain(carried, returned=(0,)))
         return function
 
-    async def _trace(self, queue, greedy: bool, rows: int | None, size: int):
+    async def _trace(self, queue, greedy: bool, rows: int | None, size: int, penalized: bool):
         if rows is None:
             per_row = [mx.random.key(0), mx.array([[0]], dtype=mx.int32), mx.array(0, dtype=mx.int32),
                        *_traced.sampling_inputs(0.0, 1.0, 0, 1)]
+            if penalized:
+                per_row += [*self._history(1), *_penalties.penalty_inputs(None)]
         else:
             per_row = [mx.zeros((rows, 2), dtype=mx.uint32), mx.zeros((rows, 1), dtype=mx.int32),
                        mx.zeros((rows,), dtype=mx.int32), *_traced.sampling_rows([GREEDY] * rows, 1)]
+            if penalized:
+                per_row += [*self._history(rows), *_penalties.penalty_rows([None] * rows)]
         caches = self.spec.example(rows or 1, size)
-        traced = await _replay.trace(self._steps[greedy], *caches, *per_row, *self.weights, queue=queue)
+        traced = await _replay.trace(self._steps[greedy, penalized], *caches, *per_row, *self.weights, queue=queue)
         try:
             # The weights go to the worker with the graph, once: a step's
             # submit carries the caches and the few per-step inputs only.
             return traced.bind(*self.weights)
         finally:
             traced.release()
+
+    def _history(self, rows: int) -> list[mx.array]:
+        """Stand-ins of the penalized step's counts, window and bias for `rows` rows."""
+        return [mx.zeros((rows, self.vocab), dtype=mx.int32),
+                mx.zeros((rows, _penalties.REPETITION_CONTEXT), dtype=mx.int32),
+                mx.zeros((rows, self.vocab), dtype=mx.float32)]
 
     @classmethod
     async def trace(cls, runtime: Runtime, model, sizes: list[int], *, mode: str, max_concurrent: int,

@@ -22,7 +22,8 @@ class Delta:
     token: int | None         # the token that produced it (None for the final delta)
     finish_reason: str | None = None  # "stop", "length" or None while running
     # With generate(logprobs=True): the token's log-probability under the
-    # model (before sampling filters), and the `top_logprobs` most likely
+    # model (after the logit bias and penalties, before the sampling
+    # filters), and the `top_logprobs` most likely
     # tokens of that step as (id, logprob), most likely first.
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] | None = None

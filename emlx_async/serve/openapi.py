@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
-from .protocol import DEFAULT_MAX_MESSAGES, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
+from .protocol import DEFAULT_MAX_MESSAGES, LOGIT_BIAS_BOUND, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS, PENALTY_BOUND
 
 
 def _ref(name: str) -> dict:
@@ -46,8 +46,20 @@ _SAMPLING = {
                        "description": "only with stream: true"},
     "n": {"const": 1},
     "best_of": {"const": 1},
-    "presence_penalty": {"const": 0},
-    "frequency_penalty": {"const": 0},
+    "presence_penalty": {"type": "number", "minimum": -PENALTY_BOUND, "maximum": PENALTY_BOUND,
+                         "description": "OpenAI's: off each token generated so far"},
+    "frequency_penalty": {"type": "number", "minimum": -PENALTY_BOUND, "maximum": PENALTY_BOUND,
+                          "description": "OpenAI's: off each token per time it was generated"},
+    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0,
+                           "description": "mlx-lm's: divides (multiplies, when negative) the logits of the last "
+                                          "20 tokens of prompt and answer; 1 is off"},
+    "min_p": {"type": "number", "minimum": 0, "maximum": 1,
+              "description": "drops tokens less likely than min_p times the most likely one"},
+    "logit_bias": {"type": "object", "propertyNames": {"pattern": "^[0-9]{1,19}$"},
+                   "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_BOUND,
+                                            "maximum": LOGIT_BIAS_BOUND},
+                   "description": "token id (a decimal string, below the model's vocabulary size) to a bias "
+                                  "added to its logit"},
 }
 
 _TEXT_PART = {"type": "object", "required": ["type", "text"],

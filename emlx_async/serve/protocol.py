@@ -111,9 +111,11 @@ class GenerationRequest:
     tool_name: str | None = None
     parallel_tool_calls: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
+    # The penalty, logit_bias and min_p fields that were sent (Engine.generate's options).
+    penalties: dict[str, Any] = field(default_factory=dict)
 
     def sampling(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, **self.penalties}
 
 
 def _is_int(value: Any) -> bool:
@@ -132,14 +134,19 @@ def _optional(body: dict, name: str) -> Any:
     return body.get(name)
 
 
-def _number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
+def _number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False,
+            param: str | None = None) -> float:
+    """body[name] as a float in the bounds; errors name `param` (default: the field itself)."""
     value = _optional(body, name)
     if value is None:
         return default
+    param = param or name
+    what = name if param == name else f"{param}[{show(name)}]"
     if not _is_number(value):
-        raise invalid(name, f"'{name}' must be a number, got {show(value)}", "invalid_type")
+        raise invalid(param, f"'{what}' must be a number, got {show(value)}", "invalid_type")
     bracket = "(" if low_open else "["
-    out_of_range = invalid(name, f"'{name}' must be in {bracket}{low:g}, {high:g}], got {show(value)}")
+    bounds = f"in {bracket}{low:g}, {high:g}]" if math.isfinite(high) else f"{'>' if low_open else '>='} {low:g}"
+    out_of_range = invalid(param, f"'{what}' must be {bounds}, got {show(value)}")
     try:
         number = float(value)  # an integer past float's range overflows
     except OverflowError:
@@ -158,6 +165,41 @@ def _int(body: dict, name: str, low: int, high: int) -> int | None:
     if not low <= value <= high:
         raise invalid(name, f"'{name}' must be in [{low}, {high}], got {show(value)}")
     return int(value)
+
+
+# OpenAI's bounds on the penalties and on a logit bias, the engine's too (llm/penalties.py's
+# MAX_PENALTY and MAX_BIAS; a test holds them equal: this module does not import the engine).
+# repetition_penalty (> 0) and min_p ([0, 1]) are extensions with mlx-lm's meanings.
+PENALTY_BOUND = 2.0
+LOGIT_BIAS_BOUND = 100.0
+_TOKEN_ID_DIGITS = 19  # a token id past int64 is surely a mistake
+
+
+def _parse_penalties(body: dict) -> dict[str, Any]:
+    """The penalty, logit-bias and min-p fields that were sent, checked for type and range
+    (whether a logit_bias id is in the vocabulary is the engine's to say)."""
+    out: dict[str, Any] = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        if _optional(body, name) is not None:
+            out[name] = _number(body, name, 0.0, -PENALTY_BOUND, PENALTY_BOUND)
+    if _optional(body, "repetition_penalty") is not None:
+        out["repetition_penalty"] = _number(body, "repetition_penalty", 1.0, 0.0, math.inf, low_open=True)
+    if _optional(body, "min_p") is not None:
+        out["min_p"] = _number(body, "min_p", 0.0, 0.0, 1.0)
+    bias = _optional(body, "logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise invalid("logit_bias", f"'logit_bias' must be an object of token ids to biases, got {show(bias)}",
+                          "invalid_type")
+        parsed = {}
+        for key, value in bias.items():
+            # JSON keys are strings: OpenAI's are token ids in decimal ("123").
+            if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= _TOKEN_ID_DIGITS):
+                raise invalid("logit_bias", f"'logit_bias' keys must be token ids (decimal integer strings), "
+                              f"got {show(key)}")
+            parsed[int(key)] = _number(bias, key, 0.0, -LOGIT_BIAS_BOUND, LOGIT_BIAS_BOUND, param="logit_bias")
+        out["logit_bias"] = parsed
+    return out
 
 
 def _reject_unsupported(body: dict, chat: bool) -> None:
@@ -183,12 +225,6 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
                       "unsupported_parameter")
     if not chat and _optional(body, "logprobs") is not None:  # the legacy int form
         raise invalid("logprobs", "'logprobs' is supported on /v1/chat/completions only", "unsupported_parameter")
-    if _optional(body, "logit_bias"):
-        raise invalid("logit_bias", "'logit_bias' is not supported", "unsupported_parameter")
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = _optional(body, name)
-        if value is not None and (not _is_number(value) or value != 0):
-            raise invalid(name, f"'{name}' is not supported (only 0)", "unsupported_parameter")
     if not chat:
         if _optional(body, "echo"):
             raise invalid("echo", "'echo' is not supported", "unsupported_parameter")
@@ -519,6 +555,7 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
     if top_k is not None:
         request.top_k = max(top_k, 0)
     request.seed = _int(body, "seed", -_INT64, (1 << 64) - 1)
+    request.penalties = _parse_penalties(body)
 
     stop = _optional(body, "stop")
     if isinstance(stop, str):

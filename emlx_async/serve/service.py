@@ -410,7 +410,7 @@ class Service:
             raise
 
     async def _admit(self, served: ServedModel, request: GenerationRequest):
-        from emlx_async.llm import RequestStats
+        from emlx_async.llm import InvalidOption, RequestStats
 
         engine = served.engine
         if self._encoders is None:
@@ -446,7 +446,10 @@ class Service:
                                      stats=stats, logprobs=request.logprobs, top_logprobs=request.top_logprobs,
                                      **options, **request.sampling())
         except ValueError as exc:  # a GrammarError (that does not fit the tokenizer) names its field
-            raise invalid(request.grammar_param if _is_grammar_error(exc) else None, str(exc)) from None
+            # A sampling option the engine refuses (a logit_bias id outside the vocabulary) names its own.
+            param = request.grammar_param if _is_grammar_error(exc) else \
+                exc.option if isinstance(exc, InvalidOption) else None
+            raise invalid(param, str(exc)) from None
         served.admitted += 1
         self.metrics.prompt_tokens.labels(served.name).inc(len(ids))
         return Generation(self, served, deltas, stats, len(ids), self.output_splitter(engine, request, prompt_text))
