@@ -21,13 +21,14 @@ class PromptState:
     unread: mx.array | None = None   # prompt tokens not fed yet
     token: int | None = None         # the last sampled token: the next step's input
     key: mx.array | None = None      # the sampler's key after the first token (replayed paths continue it)
+    logits: mx.array | None = None   # a held prefill's last logits: the first token is sampled from them
 
     @property
     def started(self) -> bool:
         return self.cache is not None
 
     def clear(self) -> None:
-        self.cache = self.unread = self.token = self.key = None
+        self.cache = self.unread = self.token = self.key = self.logits = None
 
 
 @dataclass
