@@ -26,6 +26,10 @@ prompts past the largest traced cache; ``engine.step_kind`` says which runs and
 ``engine.step_note`` why. ``kv_bits``, ``kv_group_size`` and ``max_kv_size``
 are mlx-lm's KV-cache options (llm/cache_options.py), on either step.
 
+``generate_choices`` gives n answers to one prompt: the prompt is prefilled
+once and held (llm/prompt_cache.py's ``HeldPrefills``), and each choice starts
+from it with its own random key, as its own stream on the paths above.
+
 Cancellation: leaving the ``async for`` early (break, ``aclose()``, task
 cancellation) drops the request's KV cache and hands its queue (or batch row)
 back at once, or at the next step boundary; a step already running finishes
@@ -510,10 +514,12 @@ class Engine:
                 if prefill is not None:
                     prefill = self.decoding.held.hold(prefill)
             streams = [self._stream(request, sampler, stat) for sampler, stat in zip(samplers, stats)]
+            firsts = await _first_of_each(streams)  # started together: they join a batch in one round
             live = list(range(n))
             while live:
                 for i in list(live):
-                    delta = await anext(streams[i])  # a stream ends with its finish delta
+                    # A stream ends with its finish delta.
+                    delta = firsts.pop(i) if i in firsts else await anext(streams[i])
                     if delta.finish_reason is not None:
                         live.remove(i)
                         await streams[i].aclose()
@@ -584,6 +590,23 @@ class Engine:
     @property
     def active_requests(self) -> int:
         return self._active
+
+
+async def _first_of_each(streams: list[AsyncGenerator[Delta, None]]) -> dict[int, Delta]:
+    """Each stream's first delta, the streams started at once (their prefills, their
+    queues or batch rows); the first failure raises as itself."""
+    firsts: dict[int, Delta] = {}
+
+    async def first(i: int) -> None:
+        firsts[i] = await anext(streams[i])
+
+    try:
+        async with anyio.create_task_group() as group:  # left before the caller yields
+            for i in range(len(streams)):
+                group.start_soon(first, i)
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return firsts
 
 
 def _seed(seed: int | None) -> int:

@@ -27,6 +27,10 @@ The kept arrays are never written: a restored KVCache's first update
 reallocates (it grows by concatenation when full, and a restored one is
 exactly full), and the batch generator copies restored caches into its
 batch, so requests never share a buffer they write to.
+
+``HeldPrefills`` is the other tier: a prompt prefilled once for the n
+choices of one request (``Engine.generate_choices``), with the logits of its
+last position, held (not evicted) while its request runs.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 It describes what the service accepts and answers, which is a subset of
 OpenAI's Chat Completions, Completions and Responses APIs and of Anthropic's
-Messages API: request fields the service refuses (n > 1, ...) are
+Messages API: request fields the service refuses (best_of > 1, ...) are
 not documented as accepted. The parsers (protocol.py, anthropic.py,
 responses.py) are what enforce the rules; the schemas here say the same in
 JSON Schema (2020-12, as OpenAPI 3.1 uses), and tests/test_serve_openapi.py
@@ -17,7 +17,7 @@ import copy
 from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
-from .protocol import DEFAULT_MAX_MESSAGES, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
+from .protocol import DEFAULT_MAX_MESSAGES, MAX_CHOICES, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS
 
 
 def _ref(name: str) -> dict:
@@ -42,7 +42,12 @@ _SAMPLING = {
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}},
                        "description": "only with stream: true"},
-    "n": {"const": 1},
+    "n": {"type": "integer", "minimum": 1, "maximum": MAX_CHOICES,
+          "description": "choices from one prefill, each sampled on its own (each takes a slot: at most "
+                         "--max-concurrent); choice i has seed + i * 0x9E3779B97F4A7C15 (mod 2**64)"},
+    "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": MAX_STOP_TOKEN_IDS,
+                       "description": "vLLM's extension: token ids (in the vocabulary) that end a choice with "
+                                      "finish_reason 'stop', their text left out"},
     "best_of": {"const": 1},
     "presence_penalty": {"const": 0},
     "frequency_penalty": {"const": 0},
@@ -168,10 +173,10 @@ _CHAT_COMPLETION = {
     "properties": {
         "id": {"type": "string"}, "object": {"const": "chat.completion"}, "created": {"type": "integer"},
         "model": {"type": "string"}, "usage": _ref("Usage"),
-        "choices": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+        "choices": {"type": "array", "minItems": 1, "maxItems": MAX_CHOICES, "items": {
             "type": "object", "required": ["index", "message", "finish_reason"],
             "properties": {
-                "index": {"const": 0}, "finish_reason": _FINISH,
+                "index": {"type": "integer", "minimum": 0}, "finish_reason": _FINISH,
                 "message": {"type": "object", "required": ["role", "content"],
                             "properties": {"role": {"const": "assistant"},
                                            "content": {"type": ["string", "null"],
@@ -193,9 +198,10 @@ _TEXT_COMPLETION = {
     "properties": {
         "id": {"type": "string"}, "object": {"const": "text_completion"}, "created": {"type": "integer"},
         "model": {"type": "string"}, "usage": _ref("Usage"),
-        "choices": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+        "choices": {"type": "array", "minItems": 1, "maxItems": MAX_CHOICES, "items": {
             "type": "object", "required": ["index", "text", "finish_reason"],
-            "properties": {"index": {"const": 0}, "text": {"type": "string"}, "finish_reason": _FINISH}}},
+            "properties": {"index": {"type": "integer", "minimum": 0}, "text": {"type": "string"},
+                           "finish_reason": _FINISH}}},
     },
 }
 
