@@ -379,8 +379,10 @@ class Engine:
         n streams, in either mode and on either step, each taking the path a
         plain ``generate`` with these options takes; every option of
         ``generate`` applies to each choice (a ``grammar`` constrains each on
-        its own). Choice ``i`` ends with its own Delta whose finish_reason is
-        set, and the iterator ends once every choice has.
+        its own). The choices start together (in batch mode they join one
+        round); then each gives its next delta in turn. Choice ``i`` ends with
+        its own Delta whose finish_reason is set, and the iterator ends once
+        every choice has.
 
         `n` is 1 to ``MAX_CHOICES`` and at most ``max_concurrent``: the
         request takes n request slots at once, waiting until n are free
