@@ -54,6 +54,15 @@ def test_n_and_stop_token_ids_are_parsed():
     assert parse_request({"prompt": "x", "n": None}, chat=False).n == 1
 
 
+def test_the_document_bounds_n_by_the_servers_slots_and_stop_token_ids_by_the_vocabulary():
+    from emlx_async.serve import openapi
+
+    schemas = openapi.document(vocab_size=100, max_choices=3)["components"]["schemas"]
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        n, ids = (schemas[name]["properties"][field]["anyOf"][0] for field in ("n", "stop_token_ids"))
+        assert (n["minimum"], n["maximum"], ids["items"]["maximum"]) == (1, 3, 99)
+
+
 # ---- live servers -------------------------------------------------------------------
 
 @pytest.fixture(scope="module", params=["parallel", "batch"])
@@ -149,8 +158,13 @@ def test_each_choice_follows_response_format_on_its_own(client):
 
 
 @needs_model
-def test_n_past_the_bounds_is_a_400_naming_n(client):
+def test_n_past_the_bounds_is_a_400_naming_n(client, server):
+    import httpx
     import openai
+
+    document = httpx.get(server.url + "/openapi.json").json()
+    assert document["components"]["schemas"]["ChatCompletionRequest"]["properties"]["n"]["anyOf"][0]["maximum"] \
+        == MAX_CONCURRENT
 
     for n in (MAX_CHOICES + 1, MAX_CONCURRENT + 1):  # past the engine's bound; past the server's slots
         with pytest.raises(openai.BadRequestError) as error:

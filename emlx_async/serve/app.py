@@ -22,7 +22,7 @@ from starlette.routing import Route
 from .. import DistributedError
 from . import anthropic, middleware, openapi, responses
 from .metrics import CONTENT_TYPE
-from .protocol import APIError, GenerationRequest, chunk_body, completion_body, completion_choice, new_id, \
+from .protocol import MAX_CHOICES, APIError, GenerationRequest, chunk_body, completion_body, completion_choice, new_id, \
     parse_request, show, tool_call_deltas, usage_chunk_body
 from .service import (EventStream, Generation, ServeConfig, Service, distributed_cause, error_response,
                       grammar_error, group_broken_error, read_json, shutdown_error, sse, until_disconnected)
@@ -212,7 +212,8 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         engine = service.engine
         return JSONResponse(openapi.document(model_name=service.model_name, max_messages=config.max_messages,
                                              vocab_size=engine.vocab_size if engine is not None else None,
-                                             context_length=engine.context_length if engine is not None else None))
+                                             context_length=engine.context_length if engine is not None else None,
+                                             max_choices=min(MAX_CHOICES, config.max_concurrent)))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -540,11 +540,19 @@ _REQUESTS = {"ChatCompletionRequest": ("max_tokens", "max_completion_tokens"),
 
 
 def document(model_name: str | None = None, max_messages: int = DEFAULT_MAX_MESSAGES,
-             vocab_size: int | None = None, context_length: int | None = None) -> dict[str, Any]:
-    """The OpenAPI document, with this server's model id, message bound and
-    (once the model is loaded) vocabulary size and context."""
+             vocab_size: int | None = None, context_length: int | None = None,
+             max_choices: int = MAX_CHOICES) -> dict[str, Any]:
+    """The OpenAPI document, with this server's model id, message bound, bound on `n`
+    (its concurrent generations, at most MAX_CHOICES) and (once the model is loaded)
+    vocabulary size and context."""
     doc = copy.deepcopy(_DOCUMENT)
     schemas = doc["components"]["schemas"]
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        schemas[name]["properties"]["n"] = {**schemas[name]["properties"]["n"], "maximum": max_choices}
+        if vocab_size is not None:
+            ids = schemas[name]["properties"]["stop_token_ids"]
+            schemas[name]["properties"]["stop_token_ids"] = {**ids, "items": {**ids["items"],
+                                                                              "maximum": vocab_size - 1}}
     if context_length is not None:  # the prompt's tokens count against it too
         for name, limits in _REQUESTS.items():
             for field in limits:
