@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 
 # Every field the service reads or refuses by name.
 FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-          "seed", "stop", "stream", "stream_options", "logprobs", "top_logprobs", "n", "best_of", "tools",
-          "tool_choice", "functions", "function_call", "logit_bias", "presence_penalty", "frequency_penalty",
+          "seed", "stop", "stop_token_ids", "stream", "stream_options", "logprobs", "top_logprobs", "n", "best_of",
+          "tools", "tool_choice", "functions", "function_call", "logit_bias", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "min_p",
           "response_format", "echo", "suffix", "parallel_tool_calls", "chat_template_kwargs", "guided_json",
           "guided_regex", "guided_grammar"]

@@ -235,7 +235,7 @@ BAD_REQUESTS = [
     (CHAT, {"messages": FRANCE, "max_tokens": 1.5}, "max_tokens"),
     (CHAT, {"messages": FRANCE, "max_completion_tokens": 0}, "max_completion_tokens"),
     (CHAT, {"messages": FRANCE, "max_tokens": 10**6}, "max_tokens"),
-    (CHAT, {"messages": FRANCE, "n": 2}, "n"),
+    (CHAT, {"messages": FRANCE, "n": 17}, "n"),                                 # past MAX_CHOICES
     (CHAT, {"messages": FRANCE, "tools": [{"type": "function", "function": {"description": "f"}}]},
      "tools[0].function.name"),
     (CHAT, {"messages": FRANCE, "top_p": 0}, "top_p"),

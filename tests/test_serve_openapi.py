@@ -106,7 +106,7 @@ REFUSED = [
     ("ChatCompletionRequest", {"messages": FRANCE, "temperature": "hot"}),
     ("ChatCompletionRequest", {"messages": FRANCE, "temperature": 10**400}),
     ("ChatCompletionRequest", {"messages": FRANCE, "max_tokens": 0}),
-    ("ChatCompletionRequest", {"messages": FRANCE, "n": 2}),
+    ("ChatCompletionRequest", {"messages": FRANCE, "n": 17}),
     ("ChatCompletionRequest", {"messages": [{"role": "tool", "content": "x"}]}),
     ("ChatCompletionRequest", {"messages": [{"role": ["user"], "content": "x"}]}),
     ("ChatCompletionRequest", {"messages": FRANCE, "stop": ["a", ""]}),

@@ -24,6 +24,7 @@ The modules, bottom-up (each imports only those above it in this list):
 * ``sharded``: ``ShardedEngine``, the batch jobs run on every rank of a group.
 """
 
+from .engine import CHOICE_SEED_STEP as CHOICE_SEED_STEP
 from .engine import Engine as Engine
 from .grammar import Grammar as Grammar
 from .grammar import GrammarError as GrammarError
@@ -31,9 +32,10 @@ from .grammar import GrammarStateError as GrammarStateError
 from .penalties import InvalidOption as InvalidOption
 from .prompt_cache import PrefixCache as PrefixCache
 from .types import BatchDriverError as BatchDriverError
+from .types import MAX_CHOICES as MAX_CHOICES
 from .types import Delta as Delta
 from .types import EngineBusy as EngineBusy
 from .types import RequestStats as RequestStats
 
-__all__ = ["BatchDriverError", "Delta", "Engine", "EngineBusy", "Grammar", "GrammarError", "GrammarStateError",
-           "InvalidOption", "PrefixCache", "RequestStats"]
+__all__ = ["BatchDriverError", "CHOICE_SEED_STEP", "Delta", "Engine", "EngineBusy", "Grammar", "GrammarError",
+           "GrammarStateError", "InvalidOption", "MAX_CHOICES", "PrefixCache", "RequestStats"]

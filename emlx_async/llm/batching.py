@@ -241,14 +241,15 @@ class BatchJobs:
         return uids, out
 
     def _prefixes(self, joining: Sequence[Joining]):
-        """Each joining prompt's start from the prompt cache: (prompts left to prefill, caches, tokens cached)."""
-        prompt_cache = self.decoding.prompt_cache
-        if prompt_cache is None:
+        """Each joining prompt's start from what is kept of it (a prefill held for its choices, the
+        prompt cache): (prompts left to prefill, caches, tokens cached)."""
+        d = self.decoding
+        if d.prompt_cache is None and not len(d.held):
             return [r.prompt for r in joining], None, None
         prompts, caches, cached_tokens = [], [], []
         for request in joining:
-            cache = self.decoding.cache_options.prompt_cache(self.decoding.model)
-            reused = prompt_cache.restore(request.prompt, cache)
+            cache = d.cache_options.prompt_cache(d.model)
+            reused = d.restore(request.prompt, cache)
             prompts.append(request.prompt[reused:])
             caches.append(cache if reused else None)  # None: the generator makes a fresh one
             cached_tokens.append(request.prompt[:reused])

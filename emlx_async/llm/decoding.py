@@ -8,14 +8,14 @@ keeps there (llm/state.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
 from .. import Runtime, cancelled
 from .cache_options import CacheOptions
-from .prompt_cache import PrefixCache
+from .prompt_cache import HeldPrefill, HeldPrefills, PrefixCache, held_prefill, restorable
 from .grammar import apply_token_mask, unpack_token_mask
 from .penalties import TokenHistory
 from .sampling import Sampler, token_logprobs
@@ -37,6 +37,8 @@ class Decoding:
     prompt_cache: PrefixCache | None = None
     replay: ReplayTraces | None = None  # the replayed step, once prepared
     cache_options: CacheOptions = CacheOptions()  # mlx-lm's max_kv_size, kv_bits, kv_group_size
+    # Prompts prefilled once for the choices of a request (Engine.generate_choices).
+    held: HeldPrefills = field(default_factory=HeldPrefills)
 
     def prefill(self, state: PromptState, prompt: list[int], sampler: Sampler) -> int | tuple | None:
         """The whole prompt, chunk by chunk: the first token (None: cancelled, nobody reads it)."""
@@ -49,17 +51,64 @@ class Decoding:
                 return None
 
     def begin_prefill(self, state: PromptState, prompt: list[int]) -> None:
-        """A fresh mlx-lm cache holding what the prompt cache has of `prompt`; the rest is left to prefill."""
+        """A fresh mlx-lm cache holding what is kept of `prompt`; the rest is left to prefill.
+
+        A prompt held for its choices is restored whole, with its last logits
+        (nothing left to prefill); else the prompt cache gives what it has.
+        """
         cache = state.cache = self.cache_options.prompt_cache(self.model)
         state.token = None
+        held = self.held.get(prompt, cache)
+        if held is not None:
+            held.restore(cache, len(prompt))
+            state.unread, state.logits = mx.array([], dtype=mx.int32), held.logits
+            return
         reused = self.prompt_cache.restore(prompt, cache) if self.prompt_cache is not None else 0
         state.unread = mx.array(prompt[reused:])
+
+    def restore(self, prompt: list[int], cache: list) -> int:
+        """Loads what is kept of `prompt` into the fresh `cache`, leaving at least its last
+        token to run (for steps that prefill themselves: mlx-lm's BatchGenerator); returns its length."""
+        held = self.held.get(prompt, cache)
+        if held is not None:
+            held.restore(cache, len(prompt) - 1)
+            return len(prompt) - 1
+        return self.prompt_cache.restore(prompt, cache) if self.prompt_cache is not None else 0
 
     def feed_chunk(self, state: PromptState, prompt: list[int], sampler: Sampler,
                          limit: int | None = None) -> int | tuple | None:
         """One chunk (at most `limit` tokens, default prefill_chunk) of the prompt through
         the model; the last one also samples the first token, which is returned (None:
         more chunks to go)."""
+        logits = self._feed(state, limit)
+        if logits is None:
+            return None
+        item = self._pick(state, logits, sampler, prompt)
+        if self.prompt_cache is not None:
+            self.prompt_cache.save(prompt, state.cache)  # the prompt's keys and values, for later prompts
+        return item
+
+    def hold_prefill(self, prompt: list[int]) -> HeldPrefill | None:
+        """The whole prompt, chunk by chunk, kept for several choices to sample from
+        (None: cancelled, or a cache that cannot be restored, so each choice prefills)."""
+        state = PromptState()
+        self.begin_prefill(state, prompt)
+        # Rotating layers, or quantized ones (kv_bits: quantized after the first call): nothing to share.
+        if not restorable(state.cache) or self.cache_options.kv_bits is not None:
+            return None
+        try:
+            while (logits := self._feed(state)) is None:
+                if cancelled():
+                    return None
+            if self.prompt_cache is not None:
+                self.prompt_cache.save(prompt, state.cache)
+            return held_prefill(prompt, state.cache, logits)
+        finally:
+            state.clear()
+
+    def _feed(self, state: PromptState, limit: int | None = None) -> mx.array | None:
+        """One chunk of the prompt through the model: the last position's logits {1, V}
+        after the last chunk (None: more to go)."""
         # Chunked prefill bounds the memory of one forward pass, and a request
         # cancelled mid-prompt frees its queue (or stops stalling the batch) within one chunk.
         tokens, cache = state.unread, state.cache
@@ -70,14 +119,14 @@ class Decoding:
             state.unread = tokens[limit:]
             return None
         state.unread = None
+        if state.logits is not None:  # a held prefill: the whole prompt is in the cache
+            logits, state.logits = state.logits, None
+            return logits
         if self.cache_options.kv_bits is not None and tokens.size > 1:
             # generate_step's order: the last token alone, after the rest is quantized.
             self._forward(tokens[None, :-1], cache)
             tokens = tokens[-1:]
-        item = self._sample(state, tokens, sampler, prompt)
-        if self.prompt_cache is not None:
-            self.prompt_cache.save(prompt, cache)  # the prompt's keys and values, for later prompts
-        return item
+        return self._forward(tokens[None], cache)[:, -1, :]
 
     def python_step(self, state: PromptState, sampler: Sampler) -> int | tuple:
         """The next token after state.token (parallel mode's Python step).
@@ -94,10 +143,13 @@ class Decoding:
         self.cache_options.quantize(cache)
         return logits
 
-    def _sample(self, state: PromptState, tokens: mx.array, sampler: Sampler,
-                prompt: list[int] | None = None) -> int | tuple:
-        """The next token after `tokens`; `prompt` is given at the prompt's last chunk (the first token)."""
-        logits = self._forward(tokens[None], state.cache)[:, -1, :]
+    def _sample(self, state: PromptState, tokens: mx.array, sampler: Sampler) -> int | tuple:
+        return self._pick(state, self._forward(tokens[None], state.cache)[:, -1, :], sampler)
+
+    def _pick(self, state: PromptState, logits: mx.array, sampler: Sampler,
+              prompt: list[int] | None = None) -> int | tuple:
+        """The next token from `logits` {1, V} (penalties and the grammar's mask applied), with its
+        logprobs where asked; `prompt` is given for the first token (the prompt's last chunk)."""
         if sampler.penalties is not None:
             # Before the sampler's filters, as mlx-lm runs its logits processors; the
             # history starts from the prompt, then takes each token fed back.

@@ -29,6 +29,10 @@ prompts past the largest traced cache; ``engine.step_kind`` says which runs and
 ``engine.step_note`` why. ``kv_bits``, ``kv_group_size`` and ``max_kv_size``
 are mlx-lm's KV-cache options (llm/cache_options.py), on either step.
 
+``generate_choices`` gives n answers to one prompt: the prompt is prefilled
+once and held (llm/prompt_cache.py's ``HeldPrefills``), and each choice starts
+from it with its own random key, as its own stream on the paths above.
+
 Cancellation: leaving the ``async for`` early (break, ``aclose()``, task
 cancellation) drops the request's KV cache and hands its queue (or batch row)
 back at once, or at the next step boundary; a step already running finishes
@@ -46,6 +50,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -61,16 +66,38 @@ from .grammar import Grammar, GrammarMatcher, GrammarTokenizer
 from .loading import context_length as model_context_length
 from .loading import embedding_rows, load_model_files
 from .penalties import OPTIONS as PENALTY_OPTIONS
-from .penalties import check_penalties
+from .penalties import Penalties, check_penalties
 from .prompt_cache import PrefixCache
-from .sampling import SAMPLER_OPTIONS, Sampler, check_sampling
+from .sampling import SAMPLER_OPTIONS, SEED_RANGE, Sampler, check_sampling
 from .text import PromptEncoder, find_stop, stop_prefix_len
 from .traces import UNKNOWN_CONTEXT, ReplayTraces, cache_sizes
-from .types import MAX_TOP_LOGPROBS, BatchDriverError, Delta, EngineBusy, RequestStats, is_int
+from .types import MAX_CHOICES, MAX_TOP_LOGPROBS, BatchDriverError, Delta, EngineBusy, RequestStats, is_int
 
 _CPU_PREFILL_CHUNK = 32
 _GPU_PREFILL_CHUNK = 512
 _STEP_CHOICES = ("auto", "replay", "python")
+# Choice i of a seeded request samples with seed + i * CHOICE_SEED_STEP (mod 2**64): choice 0
+# is the plain request, and neighbouring seeds' choices do not coincide (the step is odd, SplitMix64's).
+CHOICE_SEED_STEP = 0x9E3779B97F4A7C15
+
+
+@dataclass
+class _Request:
+    """A checked request, before it runs: what every one of its choices shares."""
+
+    tokens: list[int]
+    max_tokens: int
+    stop: list[str]
+    stop_token_ids: frozenset[int]
+    sampling: tuple[float, float, int]
+    penalties: Penalties | None
+    logprobs: int | None
+    grammar: Grammar | None
+
+    def sampler(self, seed: int) -> Sampler:
+        sampler = Sampler(*self.sampling, seed, self.penalties)
+        sampler.logprobs = self.logprobs
+        return sampler
 
 
 class Engine:
@@ -84,6 +111,9 @@ class Engine:
     ``Decoding``; the sharded engine gives its own, which run each job on
     every rank.
     """
+
+    # generate_choices prefills a prompt once, on a queue of its own, for all its choices.
+    holds_prefills = True
 
     def __init__(self, model, tokenizer, *, eos_ids: set[int], chat_template: str | None,
                  bos_id: int | None = None, runtime: Runtime | None = None,
@@ -112,6 +142,8 @@ class Engine:
                                  max_concurrent=max_concurrent or runtime.pool_size, prompt_cache=prompt_cache,
                                  cache_options=cache_options or CacheOptions())
         self._slots = anyio.Semaphore(self.max_concurrent)  # request slots, on any anyio backend
+        # One request taking several slots at a time: two taking theirs at once could each hold some and wait.
+        self._taking = anyio.Lock()
         self._active = 0
         self.batch_jobs = batch_jobs(self.decoding)
         self._batcher = GeneratorBatcher(self.decoding, self.batch_jobs)  # the Python step
@@ -301,12 +333,15 @@ class Engine:
     # ---- generation ------------------------------------------------------------
 
     def generate(self, prompt: str | list[int] | None = None, *, messages: Sequence[dict] | None = None,
-                 max_tokens: int = 256, stop: Sequence[str] = (), seed: int | None = None,
-                 wait: bool = True, stats: RequestStats | None = None, logprobs: bool = False,
-                 top_logprobs: int = 0, grammar: Grammar | None = None, **sampling: Any) -> AsyncIterator[Delta]:
+                 max_tokens: int = 256, stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
+                 seed: int | None = None, wait: bool = True, stats: RequestStats | None = None,
+                 logprobs: bool = False, top_logprobs: int = 0, grammar: Grammar | None = None,
+                 **sampling: Any) -> AsyncIterator[Delta]:
         """Stream one request's text as `Delta`s.
 
         Options: ``max_tokens``; ``stop`` strings (not included in the text);
+        ``stop_token_ids``, token ids (in the vocabulary) that end the request
+        with "stop" as end-of-sequence does, their text not included;
         sampling ``temperature`` (0 = greedy, the default; finite, >= 0),
         ``top_p`` (in (0, 1]), ``top_k`` (an int >= 0; 0 keeps every token),
         ``min_p`` (in [0, 1]), applied in mlx-lm's order: top-p, min-p,
@@ -333,12 +368,75 @@ class Engine:
         vocabulary and prompts that with ``max_tokens`` exceed the model's
         context raise ValueError before anything runs (a grammar that does
         not fit the tokenizer: ``GrammarError``, a ValueError, from the
-        iterator).
+        iterator). Several answers to one prompt: ``generate_choices``.
 
         Example:
             >>> async for delta in engine.generate(messages=[{"role": "user", "content": "Hi"}]):
             ...     print(delta.text, end="")
         """
+        request = self._check(prompt, messages, max_tokens, stop, stop_token_ids, seed, logprobs, top_logprobs,
+                              grammar, sampling)
+        if not wait and self._slots.value == 0:
+            raise EngineBusy(f"all {self.max_concurrent} request slots are busy")
+        return self._slot_stream(request, request.sampler(_seed(seed)), stats or RequestStats())
+
+    def generate_choices(self, prompt: str | list[int] | None = None, *, n: int,
+                         messages: Sequence[dict] | None = None, seed: int | None = None, wait: bool = True,
+                         stats: Sequence[RequestStats] | None = None,
+                         **options: Any) -> AsyncIterator[tuple[int, Delta]]:
+        """Stream `n` answers to one prompt as ``(index, Delta)`` pairs, interleaved.
+
+        The prompt is prefilled once: its keys and values and last logits are
+        held while the request runs, and each choice starts from them,
+        sampling its first token with its own key (one prefill, not n; where
+        the KV cache cannot be restored, quantized (``kv_bits``) or rotating
+        layers, each choice prefills on its own). The choices then decode as
+        n streams, in either mode and on either step, each taking the path a
+        plain ``generate`` with these options takes; every option of
+        ``generate`` applies to each choice (a ``grammar`` constrains each on
+        its own). The choices start together (in batch mode they join one
+        round); then each gives its next delta in turn. Choice ``i`` ends with
+        its own Delta whose finish_reason is set, and the iterator ends once
+        every choice has.
+
+        `n` is 1 to ``MAX_CHOICES`` and at most ``max_concurrent``: the
+        request takes n request slots at once, waiting until n are free
+        (``wait=False``: EngineBusy unless n are free now); a choice's slot is
+        handed back when it finishes. With ``seed``, choice i samples with
+        ``seed + i * CHOICE_SEED_STEP`` (modulo 2**64), so choice 0 draws
+        exactly what ``generate(seed=seed)`` draws; without it each choice has
+        a random seed. `stats`: n RequestStats, one per choice.
+
+        Leaving the ``async for`` early ends every choice (as ``generate``'s
+        cancellation does) and hands back their slots.
+
+        Example:
+            >>> texts = ["", ""]
+            >>> async for i, delta in engine.generate_choices("Once", n=2, seed=1, temperature=0.8):
+            ...     texts[i] += delta.text
+        """
+        if not is_int(n) or not 1 <= n <= MAX_CHOICES:
+            raise ValueError(f"n must be an int in [1, {MAX_CHOICES}], got {n!r}")
+        if n > self.max_concurrent:
+            raise ValueError(f"n ({n}) exceeds the engine's {self.max_concurrent} request slots "
+                             "(each choice takes one)")
+        if stats is not None and len(stats) != n:
+            raise ValueError(f"stats must hold n ({n}) RequestStats, got {len(stats)}")
+        request = self._check(prompt, messages, options.pop("max_tokens", 256), options.pop("stop", ()),
+                              options.pop("stop_token_ids", ()), seed, options.pop("logprobs", False),
+                              options.pop("top_logprobs", 0), options.pop("grammar", None), options)
+        if not wait and self._slots.value < n:
+            raise EngineBusy(f"{n} request slots are needed and {self._slots.value} of "
+                             f"{self.max_concurrent} are free")
+        base = _seed(seed)
+        seeds = [(base + i * CHOICE_SEED_STEP) % SEED_RANGE if seed is not None else (base if i == 0 else _seed(None))
+                 for i in range(n)]
+        return self._choices(request, [request.sampler(s) for s in seeds],
+                             list(stats) if stats is not None else [RequestStats() for _ in range(n)])
+
+    def _check(self, prompt, messages, max_tokens, stop, stop_token_ids, seed, logprobs, top_logprobs, grammar,
+               sampling: dict[str, Any]) -> _Request:
+        """The request's options checked (ValueError naming the bad one) and its prompt encoded."""
         if self._closed:
             raise RuntimeError("the engine is closed")
         unknown = set(sampling) - SAMPLER_OPTIONS - PENALTY_OPTIONS
@@ -348,11 +446,14 @@ class Engine:
         if not is_int(max_tokens) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
         penalties = check_penalties(self.vocab_size, **{k: v for k, v in sampling.items() if k in PENALTY_OPTIONS})
-        temperature, top_p, top_k = check_sampling(**{k: v for k, v in sampling.items() if k in SAMPLER_OPTIONS})
+        options = check_sampling(**{k: v for k, v in sampling.items() if k in SAMPLER_OPTIONS})
         if isinstance(stop, str):
             stop = [stop]
         if any(not isinstance(s, str) or not s for s in stop):
             raise ValueError("stop must be a list of non-empty strings")
+        if isinstance(stop_token_ids, (str, bytes)) or not all(
+                is_int(t) and 0 <= t < (self.vocab_size or 1 << 62) for t in stop_token_ids):
+            raise ValueError(f"stop_token_ids must be token ids in [0, {self.vocab_size}), got {stop_token_ids!r}")
         if seed is not None and not is_int(seed):
             raise ValueError(f"seed must be an int, got {seed!r}")
         if not isinstance(logprobs, bool):
@@ -370,13 +471,8 @@ class Engine:
         if self.context_length is not None and len(tokens) + max_tokens > self.context_length:
             raise ValueError(f"the prompt ({len(tokens)} tokens) plus max_tokens ({max_tokens}) exceeds "
                              f"the model's context of {self.context_length} tokens")
-        if not wait and self._slots.value == 0:
-            raise EngineBusy(f"all {self.max_concurrent} request slots are busy")
-        seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed)
-        sampler = Sampler(temperature, top_p, top_k, seed, penalties)
-        if logprobs:
-            sampler.logprobs = int(top_logprobs)
-        return self._stream(tokens, max_tokens, list(stop), sampler, stats or RequestStats(), grammar)
+        return _Request(tokens, max_tokens, list(stop), frozenset(int(t) for t in stop_token_ids), options,
+                        penalties, int(top_logprobs) if logprobs else None, grammar)
 
     async def grammar_tokenizer(self) -> GrammarTokenizer:
         """The tokenizer as the grammar engine sees it: built once, on first use (0.3 to 0.6 s, off the loop)."""
@@ -411,45 +507,95 @@ class Engine:
             return parallel.replayed_tokens(self.decoding, prompt, max_tokens, sampler)
         return parallel.python_tokens(self.decoding, prompt, max_tokens, sampler)
 
-    async def _stream(self, prompt: list[int], max_tokens: int, stop: list[str],
-                      sampler: Sampler, stats: RequestStats, grammar: Grammar | None = None) -> AsyncIterator[Delta]:
-        """Turn a token source (either mode) into text deltas."""
-        stats.prompt_tokens = len(prompt)
+    async def _slot_stream(self, request: _Request, sampler: Sampler, stats: RequestStats) -> AsyncIterator[Delta]:
+        """`_stream` in a request slot of its own."""
         async with self._slots:
-            self._active += 1
+            stream = self._stream(request, sampler, stats)
             try:
-                if grammar is not None:
-                    sampler.grammar = await self._matcher(grammar)
-            except BaseException:
-                self._active -= 1
-                raise
-            source = self._source(prompt, max_tokens, sampler)
-            try:
-                detok = self.text.detokenizer()
-                held = ""  # text that may be the start of a stop string
-                async for item in source:
-                    if isinstance(item, str):  # the source's finish reason
-                        text = held + detok.flush()  # what the detokenizer held back for the next token
-                        cut = find_stop(text, stop)
-                        yield Delta(text, None, item) if cut is None else Delta(text[:cut], None, "stop")
-                        return
-                    # A token id, or (id, logprob, top alternatives) when logprobs were asked for.
-                    token, logprob, top = item if isinstance(item, tuple) else (item, None, None)
-                    if stats.first_token_at is None:
-                        stats.first_token_at = time.perf_counter()
-                    stats.generated_tokens += 1
-                    text = held + detok.add(token)
-                    cut = find_stop(text, stop)
-                    if cut is not None:
-                        yield Delta(text[:cut], token, "stop", logprob, top)
-                        return
-                    held_len = stop_prefix_len(text, stop)
-                    text, held = text[:len(text) - held_len], text[len(text) - held_len:]
-                    yield Delta(text, token, None, logprob, top)
+                async for delta in stream:
+                    yield delta
             finally:
-                await source.aclose()  # frees the KV cache and the queue or batch row
-                stats.finished_at = time.perf_counter()
-                self._active -= 1
+                await stream.aclose()
+
+    async def _choices(self, request: _Request, samplers: list[Sampler],
+                       stats: list[RequestStats]) -> AsyncIterator[tuple[int, Delta]]:
+        """The choices' deltas, taken from each choice in turn (each keeps its steps queued
+        ahead meanwhile), in slots taken at once, from one held prefill."""
+        n, held = len(samplers), 0
+        streams: list[AsyncGenerator[Delta, None]] = []
+        prefill = None
+        try:
+            async with self._taking:
+                while held < n:
+                    await self._slots.acquire()
+                    held += 1
+            if n > 1 and self.holds_prefills:
+                async with self.runtime.queue() as queue:  # one prefill, on a queue of its own for a moment
+                    prefill = await queue.run(self.decoding.hold_prefill, request.tokens)
+                if prefill is not None:
+                    prefill = self.decoding.held.hold(prefill)
+            streams = [self._stream(request, sampler, stat) for sampler, stat in zip(samplers, stats)]
+            firsts = await _first_of_each(streams)  # started together: they join a batch in one round
+            live = list(range(n))
+            while live:
+                for i in list(live):
+                    # A stream ends with its finish delta.
+                    delta = firsts.pop(i) if i in firsts else await anext(streams[i])
+                    if delta.finish_reason is not None:
+                        live.remove(i)
+                        await streams[i].aclose()
+                        self._slots.release()
+                        held -= 1
+                    yield i, delta
+        finally:
+            with anyio.CancelScope(shield=True):
+                for stream in streams:
+                    await stream.aclose()
+            if prefill is not None:
+                self.decoding.held.release(prefill)
+            for _ in range(held):
+                self._slots.release()
+
+    async def _stream(self, request: _Request, sampler: Sampler, stats: RequestStats) -> AsyncIterator[Delta]:
+        """Turn a token source (either mode) into text deltas (the caller holds the request's slot)."""
+        prompt, stop, stop_ids = request.tokens, request.stop, request.stop_token_ids
+        stats.prompt_tokens = len(prompt)
+        self._active += 1
+        try:
+            if request.grammar is not None:
+                sampler.grammar = await self._matcher(request.grammar)
+        except BaseException:
+            self._active -= 1
+            raise
+        source = self._source(prompt, request.max_tokens, sampler)
+        try:
+            detok = self.text.detokenizer()
+            held = ""  # text that may be the start of a stop string
+            async for item in source:
+                # A token id, or (id, logprob, top alternatives) when logprobs were asked for;
+                # else the source's finish reason.
+                token, logprob, top = item if isinstance(item, tuple) else (item, None, None)
+                if isinstance(item, str) or token in stop_ids:  # a stop id ends it as end-of-sequence does
+                    text = held + detok.flush()  # what the detokenizer held back for the next token
+                    cut = find_stop(text, stop)
+                    reason = "stop" if token in stop_ids else item
+                    yield Delta(text, None, reason) if cut is None else Delta(text[:cut], None, "stop")
+                    return
+                if stats.first_token_at is None:
+                    stats.first_token_at = time.perf_counter()
+                stats.generated_tokens += 1
+                text = held + detok.add(token)
+                cut = find_stop(text, stop)
+                if cut is not None:
+                    yield Delta(text[:cut], token, "stop", logprob, top)
+                    return
+                held_len = stop_prefix_len(text, stop)
+                text, held = text[:len(text) - held_len], text[len(text) - held_len:]
+                yield Delta(text, token, None, logprob, top)
+        finally:
+            await source.aclose()  # frees the KV cache and the queue or batch row
+            stats.finished_at = time.perf_counter()
+            self._active -= 1
 
     async def wait_idle(self, timeout: float = 30.0) -> None:
         """Wait until no batch driver runs (their queues are handed back): for tests and shutdown."""
@@ -488,6 +634,27 @@ class Engine:
         return self._active
 
 
+async def _first_of_each(streams: list[AsyncGenerator[Delta, None]]) -> dict[int, Delta]:
+    """Each stream's first delta, the streams started at once (their prefills, their
+    queues or batch rows); the first failure raises as itself."""
+    firsts: dict[int, Delta] = {}
+
+    async def first(i: int) -> None:
+        firsts[i] = await anext(streams[i])
+
+    try:
+        async with anyio.create_task_group() as group:  # left before the caller yields
+            for i in range(len(streams)):
+                group.start_soon(first, i)
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return firsts
+
+
+def _seed(seed: int | None) -> int:
+    return int.from_bytes(os.urandom(8), "little") if seed is None else int(seed) % SEED_RANGE
+
+
 def _model_type(model) -> str:
     return getattr(getattr(model, "args", None), "model_type", type(model).__name__)
 
@@ -496,4 +663,5 @@ def _default_cache_sizes(context: int | None) -> list[int]:
     return cache_sizes(context or UNKNOWN_CONTEXT)
 
 
-__all__ = ["BatchDriverError", "Delta", "Engine", "EngineBusy", "MAX_TOP_LOGPROBS", "RequestStats"]
+__all__ = ["BatchDriverError", "CHOICE_SEED_STEP", "Delta", "Engine", "EngineBusy", "MAX_CHOICES", "MAX_TOP_LOGPROBS",
+           "RequestStats"]

@@ -27,6 +27,10 @@ The kept arrays are never written: a restored KVCache's first update
 reallocates (it grows by concatenation when full, and a restored one is
 exactly full), and the batch generator copies restored caches into its
 batch, so requests never share a buffer they write to.
+
+``HeldPrefills`` is the other tier: a prompt prefilled once for the n
+choices of one request (``Engine.generate_choices``), with the logits of its
+last position, held (not evicted) while its request runs.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def _copy(x: mx.array) -> mx.array:
     return x + mx.zeros((), dtype=x.dtype)
 
 
-def _plain_kv(cache: list) -> bool:
+def restorable(cache: list) -> bool:
     """Only plain KVCache layers can be sliced and restored (not rotating or quantized ones)."""
     from mlx_lm.models.cache import KVCache
 
@@ -105,7 +109,7 @@ class PrefixCache:
 
     def restore(self, prompt: list[int], cache: list) -> int:
         """Loads the longest usable prefix of `prompt` into the fresh `cache`; returns its length (0: none)."""
-        if not _plain_kv(cache):
+        if not restorable(cache):
             return 0
         with self._lock:
             node, depth = self._root, 0
@@ -129,7 +133,7 @@ class PrefixCache:
     def save(self, tokens: list[int], cache: list) -> None:
         """Keep `cache`, which holds the keys and values of exactly `tokens`, evaluating it here."""
         key = tuple(tokens)
-        if not key or len(key) > self.max_tokens or not _plain_kv(cache) \
+        if not key or len(key) > self.max_tokens or not restorable(cache) \
                 or any(layer.offset != len(key) for layer in cache):
             return
         with self._lock:
@@ -197,3 +201,73 @@ class PrefixCache:
                     node.through = node.entry.tokens
                 else:  # the root of an empty cache has no children
                     node.through = next(iter(node.children.values())).through if node.children else None
+
+
+@dataclass(eq=False)
+class HeldPrefill:
+    """One prompt prefilled once for the several choices of a request
+    (``Engine.generate_choices``): its keys and values, and the logits of its
+    last position, from which each choice samples its first token with its own key.
+
+    Evaluated, so any worker can read it; never written (a restored KVCache is
+    exactly full, so its first update reallocates, as with ``PrefixCache``).
+    """
+
+    tokens: tuple[int, ...]
+    layers: list[tuple[mx.array, mx.array]]
+    logits: mx.array  # {1, V}: the last prompt position's
+
+    def restore(self, cache: list, length: int) -> None:
+        """The first `length` tokens' keys and values into the fresh plain-KV `cache`."""
+        for layer, (keys, values) in zip(cache, self.layers):
+            layer.keys, layer.values, layer.offset = keys[..., :length, :], values[..., :length, :], length
+
+
+class HeldPrefills:
+    """The prompts prefilled for choices now running, by their tokens.
+
+    Every decode path asks ``get`` before prefilling a prompt: a prompt held
+    here is restored whole (or, where the step must run its last token itself,
+    all but that token) instead of prefilled. Held while its request runs
+    (``hold``/``release`` count), so n choices cost one prefill. Thread-safe:
+    prefills on worker threads read it while the loop holds and releases.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[int, ...], list] = {}  # tokens -> [HeldPrefill, holders]
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def hold(self, prefill: HeldPrefill) -> HeldPrefill:
+        """Keep `prefill` (or the one already held for the same tokens) until a matching release."""
+        with self._lock:
+            entry = self._held.setdefault(prefill.tokens, [prefill, 0])
+            entry[1] += 1
+            return entry[0]
+
+    def release(self, prefill: HeldPrefill) -> None:
+        with self._lock:
+            entry = self._held[prefill.tokens]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._held[prefill.tokens]
+
+    def get(self, prompt: list[int], cache: list) -> HeldPrefill | None:
+        """The prefill held for exactly `prompt`, if `cache` (fresh) can take it."""
+        if not self._held or not restorable(cache):
+            return None
+        with self._lock:
+            entry = self._held.get(tuple(prompt))
+        return None if entry is None else entry[0]
+
+
+def held_prefill(tokens: list[int], cache: list, logits: mx.array) -> HeldPrefill | None:
+    """A HeldPrefill of `cache` (the keys and values of exactly `tokens`), None where it cannot be
+    restored (not plain KVCache layers); evaluated here."""
+    if not restorable(cache) or any(layer.offset != len(tokens) for layer in cache):
+        return None
+    layers = [(layer.keys[..., :layer.offset, :], layer.values[..., :layer.offset, :]) for layer in cache]
+    mx.eval(layers, logits)
+    return HeldPrefill(tuple(tokens), layers, logits)

@@ -257,13 +257,23 @@ class ShardedEngine(Engine):
         """The group's DistributedError once it broke, else None."""
         return self.group.broken
 
+    # A prefill on rank 0 alone cannot run sharded weights: each choice prefills in the batch, on every rank.
+    holds_prefills = False
+
     def generate(self, *args: Any, **kwargs: Any):
+        self._check_leader(kwargs)
+        return super().generate(*args, **kwargs)
+
+    def generate_choices(self, *args: Any, **kwargs: Any):
+        self._check_leader(kwargs)
+        return super().generate_choices(*args, **kwargs)
+
+    def _check_leader(self, options: dict) -> None:
         if not self.leader:
             raise RuntimeError(f"rank {self.group.rank()} follows rank 0; only rank 0 takes requests")
         self.group.check()  # a broken group refuses at once instead of queueing
-        if kwargs.get("grammar") is not None:  # the followers' rows would decode unconstrained and diverge
+        if options.get("grammar") is not None:  # the followers' rows would decode unconstrained and diverge
             raise ValueError("a sharded engine does not take a grammar: its followers cannot apply the mask")
-        return super().generate(*args, **kwargs)
 
     # ---- rank 0 -------------------------------------------------------------------
 

@@ -22,13 +22,14 @@ class PromptState:
     token: int | None = None         # the last sampled token: the next step's input
     key: mx.array | None = None      # the sampler's key after the first token (replayed paths continue it)
     history: Any = None              # the sampler's TokenHistory after the first token (penalized requests)
+    logits: mx.array | None = None   # a held prefill's last logits: the first token is sampled from them
 
     @property
     def started(self) -> bool:
         return self.cache is not None
 
     def clear(self) -> None:
-        self.cache = self.unread = self.token = self.key = self.history = None
+        self.cache = self.unread = self.token = self.key = self.history = self.logits = None
 
 
 @dataclass

@@ -12,6 +12,9 @@ from .. import EngineBusy as EngineBusy
 
 # OpenAI's bound on top_logprobs.
 MAX_TOP_LOGPROBS = 20
+# The most choices one request may ask for (Engine.generate_choices, the service's `n`):
+# each takes a request slot, so n is also bounded by the engine's max_concurrent.
+MAX_CHOICES = 16
 
 
 @dataclass(frozen=True)
@@ -55,4 +58,4 @@ def is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-__all__ = ["BatchDriverError", "Delta", "EngineBusy", "MAX_TOP_LOGPROBS", "RequestStats", "is_int"]
+__all__ = ["BatchDriverError", "Delta", "EngineBusy", "MAX_CHOICES", "MAX_TOP_LOGPROBS", "RequestStats", "is_int"]

@@ -7,6 +7,7 @@ one Service (serve/service.py).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -21,8 +22,8 @@ from starlette.routing import Route
 from .. import DistributedError
 from . import anthropic, middleware, openapi, responses
 from .metrics import CONTENT_TYPE
-from .protocol import APIError, GenerationRequest, chunk_body, completion_body, new_id, parse_request, \
-    tool_call_deltas, usage_chunk_body
+from .protocol import MAX_CHOICES, APIError, GenerationRequest, chunk_body, completion_body, completion_choice, \
+    new_id, parse_request, tool_call_deltas, usage_chunk_body
 from .service import (EventStream, Generation, ServeConfig, Service, distributed_cause, error_response,
                       grammar_error, group_broken_error, read_json, shutdown_error, sse, until_disconnected)
 from .tools import allowed_calls
@@ -54,17 +55,18 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                                                    generation))
 
         # Not streamed: still cancel the generation if the client leaves or the shutdown deadline passes.
-        text = []
-        entries: list[dict] | None = [] if parsed.logprobs else None
+        texts: list[list[str]] = [[] for _ in range(parsed.n)]
+        entries: list[list[dict] | None] = [[] if parsed.logprobs else None for _ in range(parsed.n)]
         shutdown_scope = anyio.CancelScope()
         try:
             with service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
                 async with anyio.create_task_group() as group:
                     async def collect() -> None:
-                        async for delta in generation.deltas():
-                            text.append(delta.text)
-                            if entries is not None and (entry := generation.logprob_entry(delta)) is not None:
-                                entries.append(entry)
+                        async for index, delta in generation.choice_deltas():
+                            texts[index].append(delta.text)
+                            kept = entries[index]
+                            if kept is not None and (entry := generation.logprob_entry(delta)) is not None:
+                                kept.append(entry)
                         group.cancel_scope.cancel()
 
                     async def watch() -> None:
@@ -88,58 +90,64 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             if shutdown_scope.cancel_called:
                 return count(endpoint, error_response(shutdown_error()))
             return count(endpoint, Response(status_code=499))  # the client is gone: nobody reads this
-        answer, reasoning, calls = "".join(text), None, None
-        if generation.splitter is not None:
-            first, last = generation.splitter.feed(answer), generation.splitter.flush()
-            answer = first.content + last.content
-            if generation.splitter.thinking:
-                reasoning = first.reasoning + last.reasoning
-            calls = allowed_calls(first.tool_calls + last.tool_calls, parsed.parallel_tool_calls) or None
-        body = completion_body(parsed, id=id_, model=generation.model_name, text=answer,
-                               finish_reason=generation.finish_reason, prompt_tokens=generation.prompt_tokens,
-                               completion_tokens=generation.stats.generated_tokens, logprobs=entries,
-                               reasoning=reasoning, tool_calls=calls)
+        choices = []
+        for index, (text, splitter) in enumerate(zip(texts, generation.splitters)):
+            answer, reasoning, calls = "".join(text), None, None
+            if splitter is not None:  # each choice cut on its own (its own tool calls)
+                first, last = splitter.feed(answer), splitter.flush()
+                answer = first.content + last.content
+                if splitter.thinking:
+                    reasoning = first.reasoning + last.reasoning
+                calls = allowed_calls(first.tool_calls + last.tool_calls, parsed.parallel_tool_calls) or None
+            choices.append(completion_choice(parsed, index=index, text=answer,
+                                             finish_reason=generation.finish_reasons[index],
+                                             logprobs=entries[index], reasoning=reasoning, tool_calls=calls))
+        body = completion_body(parsed, id=id_, model=generation.model_name, choices=choices,
+                               prompt_tokens=generation.prompt_tokens,
+                               completion_tokens=generation.stats.generated_tokens)
         return count(endpoint, JSONResponse(body))
 
     async def _stream_events(parsed: GenerationRequest, id_: str, generation: Generation) -> AsyncIterator[bytes]:
+        """Chunks of every choice, each tagged with its index, interleaved as the choices make them;
+        each choice ends with its finish_reason, then the usage (if asked) and one [DONE]."""
         created = int(time.time())
         fields = {"id": id_, "model": generation.model_name, "created": created}
-        deltas = generation.deltas()
+        deltas = generation.choice_deltas()
         try:
-            if parsed.chat:  # OpenAI opens a chat stream with the role
-                yield sse(chunk_body(parsed, **fields, text="", finish_reason=None, first=True))
-            # Logprob entries of tokens not sent yet: a token whose text is
-            # held back (part of a character, maybe a stop string) goes out
-            # with the next chunk that has text, or with the last one.
-            pending: list[dict] | None = [] if parsed.logprobs else None
-            splitter, calls = generation.splitter, 0
-            async for delta in deltas:
-                if pending is not None and (entry := generation.logprob_entry(delta)) is not None:
-                    pending.append(entry)
+            if parsed.chat:  # OpenAI opens each choice of a chat stream with the role
+                for index in range(parsed.n):
+                    yield sse(chunk_body(parsed, **fields, text="", finish_reason=None, first=True, index=index))
+            # Per choice, logprob entries of tokens not sent yet: a token whose
+            # text is held back (part of a character, maybe a stop string) goes
+            # out with the next chunk that has text, or with the last one.
+            pending: list[list[dict] | None] = [[] if parsed.logprobs else None for _ in range(parsed.n)]
+            calls = [0] * parsed.n
+            async for index, delta in deltas:
+                chunk = functools.partial(chunk_body, parsed, **fields, index=index)
+                if pending[index] is not None and (entry := generation.logprob_entry(delta)) is not None:
+                    pending[index].append(entry)
+                splitter = generation.splitters[index]
                 if splitter is not None:
                     pieces = [splitter.feed(delta.text)] if delta.text else []
                     if delta.finish_reason is not None:
                         pieces.append(splitter.flush())
                     for piece in pieces:
                         if piece.reasoning:
-                            yield sse(chunk_body(parsed, **fields, text=None, reasoning=piece.reasoning,
-                                                 finish_reason=None))
+                            yield sse(chunk(text=None, reasoning=piece.reasoning, finish_reason=None))
                         if piece.content:
-                            yield sse(chunk_body(parsed, **fields, text=piece.content, finish_reason=None,
-                                                 logprobs=pending))
-                            pending = [] if parsed.logprobs else None
-                        for call in allowed_calls(piece.tool_calls, parsed.parallel_tool_calls, already=calls):
-                            for entries in tool_call_deltas(calls, call):
-                                yield sse(chunk_body(parsed, **fields, text=None, tool_calls=entries,
-                                                     finish_reason=None))
-                            calls += 1
+                            yield sse(chunk(text=piece.content, finish_reason=None, logprobs=pending[index]))
+                            pending[index] = [] if parsed.logprobs else None
+                        for call in allowed_calls(piece.tool_calls, parsed.parallel_tool_calls, already=calls[index]):
+                            for entries in tool_call_deltas(calls[index], call):
+                                yield sse(chunk(text=None, tool_calls=entries, finish_reason=None))
+                            calls[index] += 1
                 elif delta.text:
-                    yield sse(chunk_body(parsed, **fields, text=delta.text, finish_reason=None, logprobs=pending))
-                    pending = [] if parsed.logprobs else None
+                    yield sse(chunk(text=delta.text, finish_reason=None, logprobs=pending[index]))
+                    pending[index] = [] if parsed.logprobs else None
                 if delta.finish_reason is not None:
-                    finish = "tool_calls" if calls and delta.finish_reason == "stop" else delta.finish_reason
-                    yield sse(chunk_body(parsed, **fields, text=None if parsed.chat else "",
-                                         finish_reason=finish, logprobs=pending or None))
+                    finish = "tool_calls" if calls[index] and delta.finish_reason == "stop" else delta.finish_reason
+                    yield sse(chunk(text=None if parsed.chat else "", finish_reason=finish,
+                                    logprobs=pending[index] or None))
             if parsed.include_usage:
                 yield sse(usage_chunk_body(parsed, **fields, prompt_tokens=generation.prompt_tokens,
                                            completion_tokens=generation.stats.generated_tokens))
@@ -203,7 +211,8 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         return JSONResponse(openapi.document(
             model_names=service.models.names, max_messages=config.max_messages,
             vocab_size=max(e.vocab_size or 0 for e in engines) or None if loaded else None,
-            context_length=max(e.context_length or 0 for e in engines) or None if loaded else None))
+            context_length=max(e.context_length or 0 for e in engines) or None if loaded else None,
+            max_choices=min(MAX_CHOICES, config.max_concurrent)))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

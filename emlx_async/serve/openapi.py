@@ -2,7 +2,7 @@
 
 It describes what the service accepts and answers, which is a subset of
 OpenAI's Chat Completions, Completions and Responses APIs and of Anthropic's
-Messages API: request fields the service refuses (n > 1, ...) are
+Messages API: request fields the service refuses (best_of > 1, ...) are
 not documented as accepted. The parsers (protocol.py, anthropic.py,
 responses.py) are what enforce the rules; the schemas here say the same in
 JSON Schema (2020-12, as OpenAPI 3.1 uses), and tests/test_serve_openapi.py
@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
-from .protocol import DEFAULT_MAX_MESSAGES, LOGIT_BIAS_BOUND, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS, PENALTY_BOUND
+from .protocol import (DEFAULT_MAX_MESSAGES, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS,
+                       MAX_TOP_LOGPROBS, PENALTY_BOUND)
 
 
 def _ref(name: str) -> dict:
@@ -44,7 +45,12 @@ _SAMPLING = {
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}},
                        "description": "only with stream: true"},
-    "n": {"const": 1},
+    "n": {"type": "integer", "minimum": 1, "maximum": MAX_CHOICES,
+          "description": "choices from one prefill, each sampled on its own (each takes a slot: at most "
+                         "--max-concurrent); choice i has seed + i * 0x9E3779B97F4A7C15 (mod 2**64)"},
+    "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": MAX_STOP_TOKEN_IDS,
+                       "description": "vLLM's extension: token ids (in the vocabulary) that end a choice with "
+                                      "finish_reason 'stop', their text left out"},
     "best_of": {"const": 1},
     "presence_penalty": {"type": "number", "minimum": -PENALTY_BOUND, "maximum": PENALTY_BOUND,
                          "description": "OpenAI's: off each token generated so far"},
@@ -182,10 +188,10 @@ _CHAT_COMPLETION = {
     "properties": {
         "id": {"type": "string"}, "object": {"const": "chat.completion"}, "created": {"type": "integer"},
         "model": {"type": "string"}, "usage": _ref("Usage"),
-        "choices": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+        "choices": {"type": "array", "minItems": 1, "maxItems": MAX_CHOICES, "items": {
             "type": "object", "required": ["index", "message", "finish_reason"],
             "properties": {
-                "index": {"const": 0}, "finish_reason": _FINISH,
+                "index": {"type": "integer", "minimum": 0}, "finish_reason": _FINISH,
                 "message": {"type": "object", "required": ["role", "content"],
                             "properties": {"role": {"const": "assistant"},
                                            "content": {"type": ["string", "null"],
@@ -207,9 +213,10 @@ _TEXT_COMPLETION = {
     "properties": {
         "id": {"type": "string"}, "object": {"const": "text_completion"}, "created": {"type": "integer"},
         "model": {"type": "string"}, "usage": _ref("Usage"),
-        "choices": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+        "choices": {"type": "array", "minItems": 1, "maxItems": MAX_CHOICES, "items": {
             "type": "object", "required": ["index", "text", "finish_reason"],
-            "properties": {"index": {"const": 0}, "text": {"type": "string"}, "finish_reason": _FINISH}}},
+            "properties": {"index": {"type": "integer", "minimum": 0}, "text": {"type": "string"},
+                           "finish_reason": _FINISH}}},
     },
 }
 
@@ -632,11 +639,19 @@ _REQUESTS = {"ChatCompletionRequest": ("max_tokens", "max_completion_tokens"),
 
 
 def document(model_names: Sequence[str] | None = None, max_messages: int = DEFAULT_MAX_MESSAGES,
-             vocab_size: int | None = None, context_length: int | None = None) -> dict[str, Any]:
-    """The OpenAPI document, with this server's model ids, message bound and
-    (once the models are loaded) vocabulary size and context."""
+             vocab_size: int | None = None, context_length: int | None = None,
+             max_choices: int = MAX_CHOICES) -> dict[str, Any]:
+    """The OpenAPI document, with this server's model ids, message bound, bound on `n`
+    (its concurrent generations, at most MAX_CHOICES) and (once the models are loaded)
+    vocabulary size and context."""
     doc = copy.deepcopy(_DOCUMENT)
     schemas = doc["components"]["schemas"]
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        schemas[name]["properties"]["n"] = {**schemas[name]["properties"]["n"], "maximum": max_choices}
+        if vocab_size is not None:
+            ids = schemas[name]["properties"]["stop_token_ids"]
+            schemas[name]["properties"]["stop_token_ids"] = {**ids, "items": {**ids["items"],
+                                                                              "maximum": vocab_size - 1}}
     if context_length is not None:  # the prompt's tokens count against it too
         for name, limits in _REQUESTS.items():
             for field in limits:

@@ -22,6 +22,11 @@ from typing import Any
 # OpenAI's own limits on stop sequences and top_logprobs.
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
+# Choices per request (`n`): the engine's bound, emlx_async.llm.MAX_CHOICES (a test keeps them equal;
+# the engine is imported only when a request runs). The server's --max-concurrent bounds n too.
+MAX_CHOICES = 16
+# stop_token_ids (vLLM's extension) per request.
+MAX_STOP_TOKEN_IDS = 256
 # Chat messages per request unless the service sets its own bound (`emlx-async serve --max-messages`).
 DEFAULT_MAX_MESSAGES = 1024
 # Seeds and top_k are reduced by the engine; past these they are surely a mistake.
@@ -100,6 +105,8 @@ class GenerationRequest:
     top_k: int = 0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)  # vLLM's extension; the vocabulary is the service's check
+    n: int = 1                 # choices, each sampled on its own from one prefill
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False     # chat only
@@ -204,10 +211,9 @@ def _parse_penalties(body: dict) -> dict[str, Any]:
 
 def _reject_unsupported(body: dict, chat: bool) -> None:
     """Fields we cannot honour are refused, not silently ignored."""
-    for name in ("n", "best_of"):
-        value = _optional(body, name)
-        if value is not None and (not _is_int(value) or value != 1):
-            raise invalid(name, f"only {name}=1 is supported, got {name}={show(value)}", "unsupported_value")
+    value = _optional(body, "best_of")
+    if value is not None and (not _is_int(value) or value != 1):
+        raise invalid("best_of", f"only best_of=1 is supported, got best_of={show(value)}", "unsupported_value")
     if _optional(body, "functions"):
         raise invalid("functions", "'functions' (the legacy function calling) is not supported: use 'tools'",
                       "unsupported_parameter")
@@ -557,6 +563,16 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
     request.seed = _int(body, "seed", -_INT64, (1 << 64) - 1)
     request.penalties = _parse_penalties(body)
 
+    request.n = _int(body, "n", 1, MAX_CHOICES) or 1
+    ids = _optional(body, "stop_token_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
+            raise invalid("stop_token_ids", "'stop_token_ids' must be a list of token ids (integers >= 0)",
+                          "invalid_type")
+        if len(ids) > MAX_STOP_TOKEN_IDS:
+            raise invalid("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} stop token ids, got {len(ids)}")
+        request.stop_token_ids = [int(t) for t in ids]
+
     stop = _optional(body, "stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -625,34 +641,39 @@ def choice_logprobs(entries: list[dict] | None) -> dict | None:
     return None if entries is None else {"content": entries, "refusal": None}
 
 
-def completion_body(request: GenerationRequest, *, id: str, model: str, text: str, finish_reason: str | None,
-                    prompt_tokens: int, completion_tokens: int, logprobs: list[dict] | None = None,
-                    reasoning: str | None = None, tool_calls: list[dict] | None = None) -> dict:
-    if request.chat:
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if reasoning is not None:
-            message["reasoning_content"] = reasoning
-        if tool_calls:
-            # OpenAI's shape: content null when the answer is only calls.
-            message["tool_calls"] = tool_calls
-            message["content"] = text if text.strip() else None
-            if finish_reason == "stop":
-                finish_reason = "tool_calls"
-        choice = {"index": 0, "message": message,
-                  "logprobs": choice_logprobs(logprobs), "finish_reason": finish_reason}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        obj = "text_completion"
+def completion_choice(request: GenerationRequest, *, index: int = 0, text: str, finish_reason: str | None,
+                      logprobs: list[dict] | None = None, reasoning: str | None = None,
+                      tool_calls: list[dict] | None = None) -> dict:
+    """One choice of a non-streamed answer."""
+    if not request.chat:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if tool_calls:
+        # OpenAI's shape: content null when the answer is only calls.
+        message["tool_calls"] = tool_calls
+        message["content"] = text if text.strip() else None
+        if finish_reason == "stop":
+            finish_reason = "tool_calls"
+    return {"index": index, "message": message, "logprobs": choice_logprobs(logprobs),
+            "finish_reason": finish_reason}
+
+
+def completion_body(request: GenerationRequest, *, id: str, model: str, choices: list[dict],
+                    prompt_tokens: int, completion_tokens: int) -> dict:
+    """A non-streamed answer: its choices (``completion_choice``); usage counts the prompt once
+    and the completion tokens of every choice, as OpenAI does."""
+    obj = "chat.completion" if request.chat else "text_completion"
     return {"id": id, "object": obj, "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": usage(prompt_tokens, completion_tokens)}
+            "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
 
 
 def chunk_body(request: GenerationRequest, *, id: str, model: str, created: int, text: str | None,
                finish_reason: str | None, first: bool = False, logprobs: list[dict] | None = None,
-               reasoning: str | None = None, tool_calls: list[dict] | None = None) -> dict:
-    """One streamed chunk with a single choice (`logprobs`: the entries of this chunk's tokens;
-    `tool_calls`: delta entries, see ``tool_call_deltas``)."""
+               reasoning: str | None = None, tool_calls: list[dict] | None = None, index: int = 0) -> dict:
+    """One streamed chunk with a single choice, choice `index` (`logprobs`: the entries of this
+    chunk's tokens; `tool_calls`: delta entries, see ``tool_call_deltas``)."""
     if request.chat:
         delta: dict[str, Any] = {}
         if first:
@@ -663,11 +684,11 @@ def chunk_body(request: GenerationRequest, *, id: str, model: str, created: int,
             delta["reasoning_content"] = reasoning
         if tool_calls is not None:
             delta["tool_calls"] = tool_calls
-        choice = {"index": 0, "delta": delta, "logprobs": choice_logprobs(logprobs),
+        choice = {"index": index, "delta": delta, "logprobs": choice_logprobs(logprobs),
                   "finish_reason": finish_reason}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         obj = "text_completion"
     body = {"id": id, "object": obj, "created": created, "model": model, "choices": [choice]}
     if request.include_usage:

@@ -430,7 +430,14 @@ class Service:
         elif max_tokens > room:
             raise invalid("max_tokens", f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds "
                           f"the model's context of {engine.context_length} tokens", "context_length_exceeded")
-        if served.admitted >= self.config.max_concurrent + self.config.max_waiting:
+        n = request.n
+        if n > self.config.max_concurrent:  # each choice takes a slot: more could never run
+            raise invalid("n", f"'n' ({n}) exceeds the server's {self.config.max_concurrent} concurrent "
+                          "generations (each choice takes one)")
+        vocab = engine.vocab_size
+        if vocab is not None and any(t >= vocab for t in request.stop_token_ids):
+            raise invalid("stop_token_ids", f"'stop_token_ids' must be in the vocabulary [0, {vocab})")
+        if served.admitted + n > self.config.max_concurrent + self.config.max_waiting:
             raise APIError(429, f"the model '{served.name}' is at capacity ({self.config.max_concurrent} running, "
                            f"{self.config.max_waiting} waiting); retry later", type="rate_limit_error",
                            code="server_busy", headers={"Retry-After": str(self.config.retry_after_s)})
@@ -440,41 +447,57 @@ class Service:
                 raise invalid(request.grammar_param, f"'{request.grammar_param}' needs constrained decoding, "
                               "which this engine does not have", "unsupported_parameter")
             options["grammar"] = request.grammar
+        if request.stop_token_ids:
+            options["stop_token_ids"] = request.stop_token_ids
         stats = RequestStats()
+        common = dict(prompt=ids, max_tokens=max_tokens, stop=request.stop, seed=request.seed,
+                      logprobs=request.logprobs, top_logprobs=request.top_logprobs, **options, **request.sampling())
         try:
-            deltas = engine.generate(prompt=ids, max_tokens=max_tokens, stop=request.stop, seed=request.seed,
-                                     stats=stats, logprobs=request.logprobs, top_logprobs=request.top_logprobs,
-                                     **options, **request.sampling())
+            # n choices share one prefill and take n slots (Engine.generate_choices).
+            deltas = engine.generate(stats=stats, **common) if n == 1 else engine.generate_choices(n=n, **common)
         except ValueError as exc:  # a GrammarError (that does not fit the tokenizer) names its field
             # A sampling option the engine refuses (a logit_bias id outside the vocabulary) names its own.
             param = request.grammar_param if _is_grammar_error(exc) else \
                 exc.option if isinstance(exc, InvalidOption) else None
             raise invalid(param, str(exc)) from None
-        served.admitted += 1
+        served.admitted += n
         self.metrics.prompt_tokens.labels(served.name).inc(len(ids))
-        return Generation(self, served, deltas, stats, len(ids), self.output_splitter(engine, request, prompt_text))
+        return Generation(self, served, deltas, stats, len(ids),
+                          [self.output_splitter(engine, request, prompt_text) for _ in range(n)])
 
 
 class Generation:
-    """One admitted request. `deltas()` streams the engine's deltas, timed
-    for the metrics; `aclose()` (idempotent, also run when `deltas()` ends)
-    gives the admission back and closes the engine's generator, which frees
-    the KV cache and the slot, then lets the model be unloaded again. It must
-    run even when `deltas()` never started (a client gone before the first
-    byte), hence not only a finally."""
+    """One admitted request of one or more choices. `choice_deltas()` streams
+    the engine's deltas as (choice index, Delta), timed for the metrics
+    (`deltas()`: the Deltas of a one-choice request); `aclose()` (idempotent,
+    also run when they end) gives the admission back and closes the engine's
+    generator, which frees the KV caches and the slots, then lets the model be
+    unloaded again. It must run even when the deltas never started (a client
+    gone before the first byte), hence not only a finally."""
 
     def __init__(self, service: Service, served: ServedModel, deltas: AsyncIterator, stats, prompt_tokens: int,
-                 splitter: OutputSplitter | None = None):
+                 splitters: list[OutputSplitter | None] | None = None):
         self.service, self._engine_deltas, self.stats, self.prompt_tokens = service, deltas, stats, prompt_tokens
         self.served = served
         self.engine = served.engine  # loaded until aclose() releases the model
         self.model_name = served.name
         """The model's id, for the answer's "model" and the access log."""
-        self.splitter = splitter
-        """Chat only, for templates that think or requests with tools: cuts the text (serve/tools.py)."""
-        self.finish_reason: str | None = None
+        self.n = len(splitters) if splitters else 1
+        self.splitters = splitters or [None]
+        """Per choice, chat only, for templates that think or requests with tools: cuts the text
+        (serve/tools.py)."""
+        self.finish_reasons: list[str | None] = [None] * self.n
         self._closed = False
         middleware.count_tokens_of(self)  # in the request's access-log line
+
+    @property
+    def splitter(self) -> OutputSplitter | None:
+        return self.splitters[0]
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The first choice's finish reason once every choice has finished (None: cut short)."""
+        return None if None in self.finish_reasons else self.finish_reasons[0]
 
     def logprob_entry(self, delta) -> dict | None:
         """The delta's token in a choice's ``logprobs.content`` (None if it has none)."""
@@ -485,10 +508,17 @@ class Generation:
                              [(token_bytes(t), value) for t, value in delta.top_logprobs or ()])
 
     async def deltas(self) -> AsyncIterator:
+        """The Deltas of a one-choice request."""
+        assert self.n == 1, "a request of several choices is read with choice_deltas()"
+        async for _, delta in self.choice_deltas():
+            yield delta
+
+    async def choice_deltas(self) -> AsyncIterator:
         metrics, stats, name = self.service.metrics, self.stats, self.model_name
         last = None
         try:
-            async for delta in self._engine_deltas:
+            async for item in self._engine_deltas:
+                index, delta = (0, item) if self.n == 1 else item
                 if delta.token is not None:
                     now = time.perf_counter()
                     if last is None:
@@ -497,9 +527,11 @@ class Generation:
                         metrics.itl.labels(name).observe(now - last)
                     last = now
                     metrics.generated_tokens.labels(name).inc()
+                    if self.n > 1:  # the engine counts each choice's own; usage sums them
+                        stats.generated_tokens += 1
                 if delta.finish_reason is not None:
-                    self.finish_reason = delta.finish_reason
-                yield delta
+                    self.finish_reasons[index] = delta.finish_reason
+                yield index, delta
         finally:
             await self.aclose()
 
@@ -507,7 +539,7 @@ class Generation:
         if self._closed:
             return
         self._closed = True
-        self.served.admitted -= 1
+        self.served.admitted -= self.n
         metrics = self.service.metrics
         metrics.duration.labels(self.model_name).observe(time.perf_counter() - self.stats.started)
         if self.finish_reason is None:
