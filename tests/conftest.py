@@ -1,5 +1,10 @@
 """Every async test runs under asyncio and uvloop; every test is leak-checked.
 
+The folders mirror the package: core/ (runtime, queues, host calls, process
+life), ops/, replay/, ipc/, distributed/ (with llm/sharded.py), llm/ (with
+llm/replay_step.py), serve/, packaging/ (layers, typing, benchmarks); shared
+helpers and the scripts tests start are in support/.
+
 After each test: no worker is still leased to a queue, no fd is left open,
 and nothing called the loop's exception handler. pytest-timeout and
 faulthandler (pyproject.toml) turn a deadlock into a failure with stacks.
@@ -17,22 +22,7 @@ import uvloop
 
 import emlx_async as ea
 from emlx_async import testing
-
-
-# Whatever reaches a test loop's exception handler (an unretrieved task
-# exception, a failing callback), asyncpg's test-base habit: every async test
-# fails on it, not only those that ask for the `loop_errors` fixture.
-_handler_calls: list[dict] = []
-
-
-def recording_loop(factory):
-    """A loop factory whose loops record every exception-handler call for the leak check."""
-    def make():
-        loop = factory()
-        loop.set_exception_handler(lambda _loop, context: _handler_calls.append(context))
-        return loop
-
-    return make
+from support.helpers import handler_calls, recording_loop
 
 
 def pytest_asyncio_loop_factories(config, item):
@@ -64,10 +54,10 @@ def _faulthandler_follows_the_test_timeout(request):
 @pytest.fixture(autouse=True)
 def no_leaks(_warm_up_loops):
     fds_before = testing.open_fds()
-    _handler_calls.clear()
+    handler_calls.clear()
     yield
     gc.collect()
-    calls, _handler_calls[:] = list(_handler_calls), []
+    calls, handler_calls[:] = list(handler_calls), []
     assert not calls, f"the loop's exception handler was called: {calls}"
     assert testing.active_workers() == 0, "a worker is still leased after the test"
     leaked = testing.open_fds() - fds_before

@@ -18,7 +18,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async import testing
-from helpers import Awaiter, Gate, cancellable_spin, on_every_loop, started, wait_all
+from support.helpers import Awaiter, Gate, cancellable_spin, on_every_loop, started, wait_all
 
 
 # ---- cancellation --------------------------------------------------------------

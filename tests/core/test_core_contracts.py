@@ -16,8 +16,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async import _native, testing
-from helpers import Gate, on_every_loop, started
-from test_process import run_python
+from support.helpers import Gate, on_every_loop, run_python, started
 
 
 def assert_same(a, b):

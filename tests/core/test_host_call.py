@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import emlx_async as ea
-from helpers import Awaiter, on_every_loop
+from support.helpers import Awaiter, on_every_loop
 
 
 def np_of(x):

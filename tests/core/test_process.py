@@ -8,10 +8,7 @@ import textwrap
 
 import pytest
 
-
-def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=timeout)
+from support.helpers import run_python
 
 
 def test_exit_with_open_queues_and_running_jobs_does_not_hang():

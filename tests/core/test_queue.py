@@ -10,7 +10,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async import _interop
-from helpers import on_every_loop
+from support.helpers import on_every_loop
 
 
 def is_evaluated(array: mx.array) -> bool:

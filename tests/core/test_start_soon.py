@@ -14,7 +14,7 @@ import mlx.core as mx
 import pytest
 
 import emlx_async as ea
-from helpers import Gate, on_every_loop, started
+from support.helpers import Gate, on_every_loop, started
 
 trio = pytest.importorskip("trio")
 

@@ -9,7 +9,7 @@ import mlx.core as mx
 import pytest
 
 import emlx_async as ea
-from helpers import Awaiter, Gate, on_every_loop, started
+from support.helpers import Awaiter, Gate, on_every_loop, started
 
 
 def _fail() -> None:

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 import emlx_async as ea
-from helpers import on_every_loop, wait_all
+from support.helpers import on_every_loop, wait_all
 
 
 @functools.cache

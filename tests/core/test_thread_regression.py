@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import emlx_async as ea
-from helpers import on_every_loop
+from support.helpers import on_every_loop
 from emlx_async.testing import LoopLag
 
 

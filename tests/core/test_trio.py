@@ -6,7 +6,6 @@ Each test drives its own ``trio.run``; the leak checks of conftest apply.
 
 from __future__ import annotations
 
-import pathlib
 import re
 import time
 
@@ -17,8 +16,8 @@ import pytest
 
 import emlx_async as ea
 from emlx_async import testing
-from helpers import Gate, needs_model
-from test_process import run_python
+from support import ROOT
+from support.helpers import Gate, needs_model, run_python
 
 trio = pytest.importorskip("trio")
 
@@ -30,7 +29,7 @@ async def _wait_started(gate: Gate) -> None:
         await trio.sleep(0.001)
 
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+README = ROOT / "README.md"
 
 
 def readme_tour_blocks() -> list[str]:

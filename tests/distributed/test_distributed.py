@@ -1,6 +1,6 @@
 """ea.distributed: collectives against plain MLX on 2 and 3 loopback ranks, and failure.
 
-Ranks are separate processes (tests/dist_rank.py) joined by MLX's ring
+Ranks are separate processes (tests/support/dist_rank.py) joined by MLX's ring
 backend on 127.0.0.1, started with LocalRing; every rank is killed and
 reaped by the test, and every wait is bounded.
 """
@@ -21,9 +21,10 @@ import pytest
 import emlx_async as ea
 from emlx_async import distributed as dist
 from emlx_async.testing import LocalRing, active_workers
-from helpers import on_every_loop
+from support import SUPPORT
+from support.helpers import on_every_loop
 
-RANK_SCRIPT = os.path.join(os.path.dirname(__file__), "dist_rank.py")
+RANK_SCRIPT = str(SUPPORT / "dist_rank.py")
 
 
 def results(ring: LocalRing, rank: int) -> list[dict]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import threading
 import time
@@ -18,9 +17,10 @@ import urllib.request
 import pytest
 
 from emlx_async.testing import LocalRing
-from helpers import needs_model
+from support import SUPPORT
+from support.helpers import needs_model
 
-RANK_SCRIPT = os.path.join(os.path.dirname(__file__), "dist_rank.py")
+RANK_SCRIPT = str(SUPPORT / "dist_rank.py")
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 STEP_TIMEOUT = 15  # seconds a step may take; this 2-core machine is shared, so not less
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import emlx_async as ea
-from helpers import Awaiter, on_every_loop
+from support.helpers import Awaiter, on_every_loop
 
 SHM_DIR = "/dev/shm"  # where Linux lists POSIX shared memory objects
 

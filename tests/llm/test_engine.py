@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 import emlx_async as ea
-from helpers import needs_model
+from support.engine import PARIS, collect, settle
+from support.helpers import needs_model
 
 pytestmark = [
     pytest.mark.model,
@@ -19,7 +20,6 @@ pytestmark = [
 ]
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
-PARIS = "The capital of France is"  # a short raw prompt where the chat template is not the point
 
 
 @pytest.fixture(params=["parallel", "batch"])
@@ -29,20 +29,6 @@ async def engine(rt, request):
     engine = await Engine.load(runtime=rt, max_concurrent=3, mode=request.param)
     yield engine
     await settle(engine)
-
-
-async def settle(engine):
-    """Wait until the batch driver (if any) has gone idle and handed its queue back."""
-    await engine.wait_idle()  # a failed driver may have started a new one: it waits for that too
-
-
-async def collect(engine, **kwargs):
-    text, tokens = "", []
-    async for delta in engine.generate(**kwargs):
-        text += delta.text
-        if delta.token is not None:
-            tokens.append(delta.token)
-    return text, tokens
 
 
 async def test_greedy_answer_names_paris(engine):

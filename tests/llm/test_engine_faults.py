@@ -10,13 +10,12 @@ import anyio
 import pytest
 
 import emlx_async as ea
-from helpers import Awaiter, needs_model, on_every_loop
+from support.engine import PARIS, collect, settle
+from support.helpers import Awaiter, needs_model, on_every_loop
 
 pytestmark = [pytest.mark.model, needs_model]
 # The injected driver failures are engine logic: one loop flavour is enough (the model is slow on CPU).
 asyncio_only = pytest.mark.asyncio(loop_factories=["asyncio"])
-
-from test_engine import PARIS, collect, settle  # noqa: E402 - after the skip marks
 
 
 async def collect_until_error(engine, seen=None, **kwargs):

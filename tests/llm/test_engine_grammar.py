@@ -18,7 +18,7 @@ import anyio
 import mlx.core as mx
 import pytest
 
-from helpers import needs_model
+from support.helpers import needs_model
 
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")

@@ -14,8 +14,8 @@ import textwrap
 
 import pytest
 
-from helpers import needs_model as model_available
-from helpers import on_every_loop
+from support.helpers import needs_model as model_available
+from support.helpers import on_every_loop
 
 needs_mlx_lm = pytest.mark.skipif(importlib.util.find_spec("mlx_lm") is None, reason="needs mlx-lm")
 

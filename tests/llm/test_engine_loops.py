@@ -15,7 +15,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async.testing import LoopLag
-from helpers import needs_model, on_every_loop
+from support.helpers import needs_model, on_every_loop
 
 pytestmark = [pytest.mark.model, needs_model]
 

@@ -16,7 +16,7 @@ import mlx.nn as nn
 import pytest
 
 import emlx_async as ea
-from helpers import buffer_address, needs_model, on_every_loop
+from support.helpers import buffer_address, needs_model, on_every_loop
 
 SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20)
 
@@ -351,7 +351,7 @@ async def test_smollm2_kv_options_on_load(rt):
     """Engine.load's kv_bits: SmolLM2 replays mlx-lm's 8-bit tokens; options mlx or mlx-lm
     refuse raise their error at load."""
     from emlx_async.llm import Engine
-    from tiny_models import mlx_lm_tokens
+    from support.tiny_models import mlx_lm_tokens
 
     with pytest.raises(ValueError, match="max_kv_size must be more than 4"):
         await Engine.load(runtime=rt, max_kv_size=4)

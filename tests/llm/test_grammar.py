@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import emlx_async as ea
-from helpers import needs_model, on_every_loop
+from support.helpers import needs_model, on_every_loop
 
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")

@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 
 import emlx_async as ea
-from helpers import needs_model
+from support.helpers import needs_model
 
 pytest.importorskip("mlx_lm")
 

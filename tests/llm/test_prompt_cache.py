@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from helpers import needs_model
+from support.helpers import needs_model
 
 pytestmark = needs_model  # mlx-lm's cache classes
 
@@ -94,7 +94,7 @@ def test_kept_entries_own_their_buffers():
 
     from emlx_async.llm import PrefixCache
 
-    from helpers import buffer_address
+    from support.helpers import buffer_address
 
     big = mx.zeros((4, 2, 256, 8))  # a batch of 4 rows of 256 positions
     mx.eval(big)

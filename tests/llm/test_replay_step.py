@@ -21,7 +21,7 @@ from emlx_async.llm.cache_options import CacheOptions
 from emlx_async.llm.replay_step import (CacheSpec, NotTraceable, check_against_model, forward, make_step,
                                          model_weights)
 from emlx_async.llm.traced import sampling_inputs, sampling_rows
-from tiny_models import ARCHITECTURES, BASE, QUANTIZABLE, WINDOW, mlx_lm_tokens, tiny
+from support.tiny_models import ARCHITECTURES, BASE, QUANTIZABLE, WINDOW, mlx_lm_tokens, tiny
 
 PROMPT = [3, 17, 5, 9, 100, 42]
 BATCH_PROMPTS = [[3, 17, 5], [9, 100, 42, 7, 7, 1, 2, 3, 4, 5, 6], [8]]

@@ -5,7 +5,7 @@ queue, so a crash or a hang in MLX (or in the shim) fails the test with the
 case that caused it instead of killing the test run. A case passes when the
 op returns, or raises an ordinary exception with a message, and the queue
 then still runs a job. Any crash found here becomes a case in
-tests/test_hostile_ops.py.
+tests/ops/test_hostile_ops.py.
 
 There is one child per event loop (asyncio, uvloop, trio); the ops take
 them in turn.
@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from emlx_async._op_table import OPS, VARIADIC
-from helpers import BACKENDS
+from support.helpers import BACKENDS
 
 EXAMPLES = int(os.environ.get("EMLX_FUZZ_EXAMPLES", "8"))  # per op
 # The short run in the normal suite draws the same cases every time; `make fuzz` explores.

@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from helpers import BACKENDS
+from support.helpers import BACKENDS
 
 PROGRAM = """
 import faulthandler

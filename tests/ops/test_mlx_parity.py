@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 import re
 import runpy
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -25,11 +24,11 @@ import pytest
 import emlx_async as ea
 from emlx_async import _generated_ops
 from emlx_async._op_table import _BINARY, _REDUCE, _UNARY
-from helpers import on_every_loop
+from support import ROOT
+from support.helpers import on_every_loop
 
 async_test = pytest.mark.asyncio(loop_factories=["asyncio"])
 
-ROOT = Path(__file__).resolve().parent.parent
 GEN = runpy.run_path(str(ROOT / "tools" / "gen_api.py"))
 
 k = mx.random.key(7)

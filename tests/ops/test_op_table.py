@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import emlx_async as ea
-from test_ops import check
+from support.arrays import check
 
 
 def test_every_table_op_is_exposed():

@@ -8,42 +8,12 @@ import numpy as np
 import pytest
 
 import emlx_async as ea
-from emlx_async import _interop
 from emlx_async._op_table import _BINARY, _REDUCE, _UNARY
-from helpers import on_every_loop, wait_all
+from support.arrays import assert_same, check
+from support.helpers import on_every_loop, wait_all
 
 
 DTYPES = [mx.float32, mx.float16, mx.bfloat16, mx.int32, mx.bool_]
-
-
-def as_np(x):
-    if isinstance(x, (list, tuple)):
-        return [as_np(v) for v in x]
-    return np.array(x.astype(mx.float32) if x.dtype == mx.bfloat16 else x)
-
-
-def assert_same(got, want):
-    if isinstance(want, (list, tuple)):
-        assert isinstance(got, (list, tuple)) and len(got) == len(want)
-        for g, w in zip(got, want):
-            assert_same(g, w)
-        return
-    assert _interop.array_state(got).state == _interop.AVAILABLE
-    assert got.dtype == want.dtype and got.shape == want.shape
-    np.testing.assert_array_equal(as_np(got), as_np(want))
-
-
-async def check(ours, reference):
-    """Same result as plain MLX, or the same kind of error with MLX's message."""
-    try:
-        want = reference()
-        mx.eval(want)
-    except (ValueError, RuntimeError, TypeError) as exc:
-        with pytest.raises(type(exc) if not isinstance(exc, TypeError) else (TypeError, ValueError)) as info:
-            await ours()
-        assert str(exc).split("]")[0] in str(info.value)
-        return
-    assert_same(await ours(), want)
 
 
 def sample(dtype, shape=(3, 4), seed=0):

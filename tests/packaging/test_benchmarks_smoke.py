@@ -8,17 +8,17 @@ rows it prints are the check.
 
 from __future__ import annotations
 
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-from helpers import needs_model
+from support import ROOT
+from support.helpers import needs_model
 
 pytestmark = [pytest.mark.model, needs_model]
 
-DECODE = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "decode.py"
+DECODE = ROOT / "benchmarks" / "decode.py"
 
 
 @pytest.mark.timeout(300)

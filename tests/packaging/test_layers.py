@@ -19,7 +19,9 @@ import ast
 import pathlib
 from collections.abc import Iterator
 
-PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "emlx_async"
+from support import ROOT
+
+PACKAGE = ROOT / "emlx_async"
 
 # Bottom-up; a module may import only modules listed before it.
 ORDER = [

@@ -14,37 +14,14 @@ import pytest
 
 import emlx_async as ea
 from emlx_async._native import lib
-from helpers import Gate, buffer_address, wait_started
+from support.arrays import close, matmul_reduce, rand, several
+from support.helpers import Gate, buffer_address, wait_started
 
 pytestmark = pytest.mark.asyncio(loop_factories=["asyncio"])
 
 
-def rand(*shape, seed=0):
-    x = mx.random.normal(shape, key=mx.random.key(seed))
-    mx.eval(x)
-    return x
-
-
-def close(got, want):
-    got = list(got) if isinstance(got, (list, tuple)) else [got]
-    want = list(want) if isinstance(want, (list, tuple)) else [want]
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and g.dtype == w.dtype
-        np.testing.assert_allclose(np.array(g), np.array(w), rtol=1e-5, atol=1e-6)
-
-
 def elementwise(x, y):
     return mx.sin(x) * 2.0 + mx.exp(-y * y)
-
-
-def matmul_reduce(x, y):
-    return (x @ y).sum(axis=1)
-
-
-def several(x, y):
-    z = x @ y
-    return z, mx.max(z, axis=0), (z > 0).astype(mx.int32)
 
 
 def mlp(x, w1, b1, w2, b2):

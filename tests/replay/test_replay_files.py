@@ -9,7 +9,7 @@ some such files; the runtime must not). Kept short in the suite;
 ``EMLX_FUZZ_FILES=N`` asks for N cases (``EMLX_FUZZ_SEED`` moves the seeds).
 
 Run as a script it fuzzes any checkout (``PYTHONPATH`` picks it) and prints
-the outcome counts: ``python tests/test_replay_files.py --cases 400``.
+the outcome counts: ``python tests/replay/test_replay_files.py --cases 400``.
 """
 
 from __future__ import annotations

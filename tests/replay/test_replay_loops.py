@@ -4,8 +4,8 @@ from __future__ import annotations
 
 
 import emlx_async as ea
-from helpers import on_every_loop
-from test_replay import close, matmul_reduce, rand, several
+from support.arrays import close, matmul_reduce, rand, several
+from support.helpers import on_every_loop
 
 
 @on_every_loop

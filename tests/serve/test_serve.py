@@ -17,7 +17,7 @@ import signal
 import time
 
 import pytest
-from helpers import ServerProcess
+from support.helpers import ServerProcess
 
 pytestmark = [
     pytest.mark.model,

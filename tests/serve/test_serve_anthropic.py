@@ -15,7 +15,7 @@ import signal
 import time
 
 import pytest
-from helpers import ServerProcess, needs_model
+from support.helpers import ServerProcess, needs_model
 
 pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")

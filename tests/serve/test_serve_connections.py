@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from helpers import ServerProcess
+from support.helpers import ServerProcess
 
 pytestmark = [
     pytest.mark.model,

@@ -8,7 +8,7 @@ import json
 import mlx.core as mx
 import pytest
 
-from helpers import needs_model, run_on
+from support.helpers import needs_model, run_on
 
 pytestmark = [pytest.mark.model, needs_model]
 

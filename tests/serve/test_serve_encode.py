@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import needs_model
+from support.helpers import needs_model
 
 pytestmark = [pytest.mark.model, needs_model]
 pytest.importorskip("starlette")

@@ -14,7 +14,7 @@ import numbers
 import os
 
 import pytest
-from helpers import ServerProcess
+from support.helpers import ServerProcess
 
 pytestmark = [
     pytest.mark.model,
@@ -26,7 +26,7 @@ pytestmark = [
 httpx = pytest.importorskip("httpx")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from serve_bodies import FIELDS, bodies  # noqa: E402
+from support.serve_bodies import FIELDS, bodies  # noqa: E402
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]

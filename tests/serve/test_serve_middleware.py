@@ -16,7 +16,7 @@ import re
 import time
 
 import pytest
-from helpers import ServerProcess, needs_model, on_every_loop
+from support.helpers import ServerProcess, needs_model, on_every_loop
 
 pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
@@ -206,7 +206,7 @@ def access_log(caplog):
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_one_line_per_request_with_no_user_text(access_log, backend):
-    from helpers import run_on
+    from support.helpers import run_on
 
     async def body():
         app = create_app(ServeConfig(api_keys=KEYS))
@@ -229,7 +229,7 @@ def test_one_line_per_request_with_no_user_text(access_log, backend):
 
 
 def test_no_access_log(access_log):
-    from helpers import run_on
+    from support.helpers import run_on
 
     async def body():
         async with client_for(create_app(ServeConfig(access_log=False))) as http:

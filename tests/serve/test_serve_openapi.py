@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import ServerProcess, needs_model
+from support.helpers import ServerProcess, needs_model
 
 pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")

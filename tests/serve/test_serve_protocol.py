@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("starlette")
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from serve_bodies import FIELDS, bodies, json_values
+from support.serve_bodies import FIELDS, bodies, json_values
 from starlette.responses import JSONResponse
 
 from emlx_async.serve.protocol import APIError, parse_request

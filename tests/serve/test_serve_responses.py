@@ -14,7 +14,7 @@ import json
 import signal
 
 import pytest
-from helpers import ServerProcess, needs_model
+from support.helpers import ServerProcess, needs_model
 
 pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")

