@@ -1,4 +1,4 @@
-"""Every async test runs under asyncio and uvloop; every test is leak-checked.
+"""Every async test names its event loops (support.helpers.on_loops); every test is leak-checked.
 
 The folders mirror the package: core/ (runtime, queues, host calls, process
 life), ops/, replay/, ipc/, distributed/ (with llm/sharded.py), llm/ (with
@@ -20,13 +20,19 @@ import sys
 import pytest
 import uvloop
 
-import emlx_async as ea
 from emlx_async import testing
-from support.helpers import handler_calls, recording_loop
+from support.helpers import bare_async_tests, handler_calls
 
 
-def pytest_asyncio_loop_factories(config, item):
-    return {"asyncio": recording_loop(asyncio.new_event_loop), "uvloop": recording_loop(uvloop.new_event_loop)}
+def pytest_collection_modifyitems(config, items):
+    # One loop parametrisation: a bare `async def` test would run on whatever
+    # a plugin picks (or not at all), so it is refused by name.
+    bare = bare_async_tests(items)
+    if bare:
+        raise pytest.UsageError(
+            "async tests take their loops from support.helpers: decorate them with @on_loops(\"asyncio\", "
+            "\"uvloop\") (asyncio's API), @on_every_loop (asyncio, uvloop and trio) or @on_loops(\"asyncio\"): "
+            + ", ".join(bare))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -74,23 +80,3 @@ def _describe(fds):
         except OSError:
             out.append(str(fd))
     return out
-
-
-@pytest.fixture
-async def loop_errors():
-    """Fails the test if anything reaches the loop's exception handler."""
-    loop = asyncio.get_running_loop()
-    errors: list[dict] = []
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
-    yield errors
-    await asyncio.sleep(0)
-    assert not errors, f"loop exception handler called: {errors}"
-
-
-@pytest.fixture
-async def rt(loop_errors):
-    runtime = ea.Runtime(pool_size=4)
-    yield runtime
-    await runtime.close()
-    assert not runtime._jobs, f"pending jobs after close: {runtime._jobs}"
-    assert not runtime._owners

@@ -10,7 +10,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async import _interop
-from support.helpers import on_every_loop
+from support.helpers import on_every_loop, on_loops
 
 
 def is_evaluated(array: mx.array) -> bool:
@@ -252,6 +252,7 @@ async def _append(into: list, awaitable) -> None:
     into.append(await awaitable)
 
 
+@on_loops("asyncio", "uvloop")
 @pytest.mark.gpu
 async def test_gpu_queue_matches_plain_mlx(rt):
     if not mx.is_available(mx.gpu):

@@ -8,29 +8,34 @@ import pytest
 
 import emlx_async as ea
 from support.engine import PARIS, collect, settle
-from support.helpers import needs_model
+from support.helpers import needs_model, on_loops
 
-pytestmark = [
-    pytest.mark.model,
-    needs_model,
-    # One event-loop flavour is enough here: the runtime's loop behaviour is
-    # covered under every loop in the other files (test_engine_loops.py runs
-    # the engine itself on each), and the model is slow on CPU.
-    pytest.mark.asyncio(loop_factories=["asyncio"]),
-]
+pytestmark = [pytest.mark.model, needs_model]
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(params=["parallel", "batch"])
-async def engine(rt, request):
+def engine_mode(request):
+    return request.param
+
+
+async def loaded_engine(rt, engine_mode):
+    """The ``engine`` argument: SmolLM2 on the test's runtime, in each mode."""
     from emlx_async.llm import Engine
 
-    engine = await Engine.load(runtime=rt, max_concurrent=3, mode=request.param)
+    engine = await Engine.load(runtime=rt, max_concurrent=3, mode=engine_mode)
     yield engine
     await settle(engine)
 
 
+# One event-loop flavour is enough here: the runtime's loop behaviour is
+# covered under every loop in the other files (test_engine_loops.py runs
+# the engine itself on each), and the model is slow on CPU.
+one_loop = on_loops("asyncio", fixtures={"engine": loaded_engine})
+
+
+@one_loop
 async def test_greedy_answer_names_paris(engine):
     deltas = [d async for d in engine.generate(messages=FRANCE, max_tokens=16)]
     text = "".join(d.text for d in deltas)
@@ -40,6 +45,7 @@ async def test_greedy_answer_names_paris(engine):
     assert engine.tokenizer.decode([d.token for d in deltas if d.token is not None]) == text
 
 
+@one_loop
 async def test_concurrent_greedy_streams_match_each_alone(engine):
     # Prompts of different lengths (the batch pads them); short ones keep the test fast.
     requests = [dict(prompt=PARIS), dict(prompt="Name a colour:"), dict(prompt="Say hi")]
@@ -48,6 +54,7 @@ async def test_concurrent_greedy_streams_match_each_alone(engine):
     assert together == alone
 
 
+@one_loop
 async def test_seeds_are_per_request(engine):
     kwargs = dict(prompt="Once upon a time", max_tokens=5, temperature=1.0)
     a, b, c = await asyncio.gather(collect(engine, seed=7, **kwargs), collect(engine, seed=7, **kwargs),
@@ -56,6 +63,7 @@ async def test_seeds_are_per_request(engine):
     assert a != c
 
 
+@one_loop
 async def test_cancel_mid_stream_frees_queue_and_others_are_unaffected(engine, rt):
     reference = await collect(engine, prompt=PARIS, max_tokens=5)
     idle_before = len(rt._pools[rt.default_queue().device]._idle)
@@ -78,6 +86,7 @@ async def test_cancel_mid_stream_frees_queue_and_others_are_unaffected(engine, r
     assert len(rt._pools[rt.default_queue().device]._idle) >= idle_before
 
 
+@one_loop
 async def test_stop_strings_and_max_tokens(engine):
     text, _ = await collect(engine, messages=FRANCE, max_tokens=16, stop=["France"])
     assert "France" not in text and text.startswith("The capital of")
@@ -85,6 +94,7 @@ async def test_stop_strings_and_max_tokens(engine):
     assert finals[-1].finish_reason == "length"
 
 
+@one_loop
 async def test_loop_keeps_running_while_decoding(engine):
     from emlx_async.testing import LoopLag
 
@@ -103,6 +113,7 @@ MALFORMED = [
 ]
 
 
+@one_loop
 async def test_late_joiner_joins_a_running_batch_and_gets_its_own_tokens(rt):
     from emlx_async.llm import Engine
 
@@ -128,6 +139,7 @@ async def test_late_joiner_joins_a_running_batch_and_gets_its_own_tokens(rt):
     await settle(engine)
 
 
+@one_loop
 async def test_unknown_mode_is_rejected(rt):
     from emlx_async.llm import Engine
 
@@ -135,6 +147,7 @@ async def test_unknown_mode_is_rejected(rt):
         Engine(None, None, eos_ids={0}, chat_template=None, runtime=rt, mode="turbo")
 
 
+@one_loop
 async def test_malformed_requests_get_clear_errors_and_disturb_nothing(engine):
     running = asyncio.ensure_future(collect(engine, messages=FRANCE, max_tokens=5))
     for kwargs, message in MALFORMED:
@@ -144,6 +157,7 @@ async def test_malformed_requests_get_clear_errors_and_disturb_nothing(engine):
     assert text.startswith("The capital of France")
 
 
+@one_loop
 async def test_engine_busy_when_not_waiting(engine):
     gens = [engine.generate(prompt="Hello", max_tokens=3) for _ in range(3)]
     firsts = [await g.__anext__() for g in gens]
@@ -157,6 +171,7 @@ async def test_engine_busy_when_not_waiting(engine):
     assert isinstance(EngineBusy("x"), ea.QueueFull)
 
 
+@one_loop
 async def test_streaming_detokenizer_never_splits_a_character(engine):
     from emlx_async.llm.text import Detokenizer, encode_text
 
@@ -168,6 +183,7 @@ async def test_streaming_detokenizer_never_splits_a_character(engine):
     assert "".join(pieces) == engine.tokenizer.decode(ids) == text
 
 
+@one_loop
 async def test_logprobs_rank_the_greedy_token_first_and_cost_nothing_when_not_asked(engine):
     plain = [d async for d in engine.generate(prompt=PARIS, max_tokens=4)]
     assert all(d.logprob is None and d.top_logprobs is None for d in plain)
@@ -188,6 +204,7 @@ async def test_logprobs_rank_the_greedy_token_first_and_cost_nothing_when_not_as
             engine.generate(prompt=PARIS, **bad)
 
 
+@one_loop
 async def test_logprobs_are_the_same_in_both_modes(rt):
     """Batch mode reads them from the generator's own distribution, parallel mode from its step's logits."""
     from emlx_async.llm import Engine
@@ -206,6 +223,7 @@ async def test_logprobs_are_the_same_in_both_modes(rt):
         assert [t for t, _ in top_a] == [t for t, _ in top_b]
 
 
+@one_loop
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
 async def test_prompt_cache_reuses_prefixes_and_keeps_greedy_output(rt, mode):
     from emlx_async.llm import Engine, PrefixCache
@@ -233,6 +251,7 @@ async def test_prompt_cache_reuses_prefixes_and_keeps_greedy_output(rt, mode):
     await settle(reference)
 
 
+@one_loop
 async def test_token_bytes_rebuild_text_split_inside_characters(rt):
     from emlx_async.llm import Engine
 

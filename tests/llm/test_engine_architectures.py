@@ -18,6 +18,7 @@ import pytest
 import emlx_async as ea
 from emlx_async.llm import Engine
 from emlx_async.llm.cache_options import CacheOptions
+from support.helpers import on_loops
 from support.tiny_models import ARCHITECTURES, QUANTIZABLE, IdsTokenizer, mlx_lm_tokens, tiny
 
 PROMPTS = [[3, 17, 5, 9, 100, 42], [7, 1, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19], [2]]
@@ -76,12 +77,14 @@ async def check_engine(kind: str, mode: str, model_options: tuple = (), cache: t
     return engine
 
 
+@on_loops("asyncio", "uvloop")
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
 @pytest.mark.parametrize("kind", [*ARCHITECTURES, "gpt2", "mamba2", "qwen3_next"])
 async def test_every_architecture_gives_mlx_lms_tokens(kind, mode):
     await check_engine(kind, mode)
 
 
+@on_loops("asyncio", "uvloop")
 @pytest.mark.parametrize("step", ["auto", "python"])
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
 async def test_a_quantized_kv_cache_gives_mlx_lms_quantized_tokens(mode, step):
@@ -96,6 +99,7 @@ async def test_a_quantized_kv_cache_gives_mlx_lms_quantized_tokens(mode, step):
 
 # Not batch mode's Python step: mlx-lm's BatchGenerator rotates its BatchRotatingKVCache without
 # the 4 tokens make_prompt_cache keeps, so its tokens are not generate_step's past the bound.
+@on_loops("asyncio", "uvloop")
 @pytest.mark.parametrize("mode, step", [("parallel", "auto"), ("batch", "auto"), ("parallel", "python")])
 async def test_a_bounded_kv_cache_gives_mlx_lms_rotating_tokens(mode, step):
     # max_kv_size 12: the longer prompts' answers wrap the ring (mlx-lm keeps the first 4 tokens).
@@ -105,6 +109,7 @@ async def test_a_bounded_kv_cache_gives_mlx_lms_rotating_tokens(mode, step):
     assert "max_kv_size 12" in engine.step_note
 
 
+@on_loops("asyncio", "uvloop")
 async def test_a_stream_left_just_before_close_leaves_no_unretrieved_failure():
     """Leaving a replayed stream queues the job that frees its chain; a runtime
     closed right after drops that job, and nobody awaits it: its QueueClosed

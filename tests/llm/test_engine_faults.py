@@ -11,11 +11,11 @@ import pytest
 
 import emlx_async as ea
 from support.engine import PARIS, collect, settle
-from support.helpers import Awaiter, needs_model, on_every_loop
+from support.helpers import Awaiter, needs_model, on_every_loop, on_loops
 
 pytestmark = [pytest.mark.model, needs_model]
 # The injected driver failures are engine logic: one loop flavour is enough (the model is slow on CPU).
-asyncio_only = pytest.mark.asyncio(loop_factories=["asyncio"])
+asyncio_only = on_loops("asyncio")
 
 
 async def collect_until_error(engine, seen=None, **kwargs):

@@ -18,7 +18,7 @@ import anyio
 import mlx.core as mx
 import pytest
 
-from support.helpers import needs_model
+from support.helpers import needs_model, on_loops
 
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
@@ -27,7 +27,8 @@ from emlx_async.llm import Engine, EngineBusy, Grammar, GrammarError, GrammarSta
 from emlx_async.llm import _gguf  # noqa: E402
 from emlx_async.llm.grammar import GrammarMatcher  # noqa: E402
 
-pytestmark = [needs_model, pytest.mark.asyncio(loop_factories=["asyncio"])]
+pytestmark = [needs_model]
+one_loop = on_loops("asyncio")
 
 PERSON = {"type": "object",
           "properties": {"name": {"type": "string", "maxLength": 8},
@@ -78,6 +79,7 @@ async def collect(engine: Engine, prompt="Hello", **kwargs) -> tuple[str, list[i
     return text, tokens, finish
 
 
+@one_loop
 @pytest.mark.parametrize("mode, step", MODES_AND_STEPS)
 async def test_a_schema_request_validates_greedy_and_seeded_alone_and_beside_free_rows(rt, gguf, tiny_llama,
                                                                                         mode, step):
@@ -104,6 +106,7 @@ async def test_a_schema_request_validates_greedy_and_seeded_alone_and_beside_fre
     await engine.wait_idle()
 
 
+@one_loop
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
 async def test_any_json_a_regex_and_a_budget_too_small_to_finish(rt, gguf, tiny_llama, mode):
     engine = await tiny_engine(rt, gguf, tiny_llama, mode, "auto")
@@ -120,6 +123,7 @@ async def test_any_json_a_regex_and_a_budget_too_small_to_finish(rt, gguf, tiny_
     await engine.wait_idle()
 
 
+@one_loop
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
 async def test_a_grammar_failure_fails_its_request_alone(rt, gguf, tiny_llama, mode, monkeypatch):
     engine = await tiny_engine(rt, gguf, tiny_llama, mode, "python", max_concurrent=3)
@@ -160,6 +164,7 @@ async def test_a_grammar_failure_fails_its_request_alone(rt, gguf, tiny_llama, m
     await engine.wait_idle()
 
 
+@one_loop
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
 async def test_cancelling_a_constrained_stream_frees_its_slot(rt, gguf, tiny_llama, mode):
     engine = await tiny_engine(rt, gguf, tiny_llama, mode, "auto", max_concurrent=1)
@@ -178,6 +183,7 @@ async def test_cancelling_a_constrained_stream_frees_its_slot(rt, gguf, tiny_lla
     await engine.wait_idle()
 
 
+@one_loop
 async def test_bad_grammars_are_refused(rt, gguf, tiny_llama):
     engine = await tiny_engine(rt, gguf, tiny_llama, "parallel", "python")
     with pytest.raises(ValueError, match="grammar must be a Grammar"):
@@ -192,6 +198,7 @@ async def test_bad_grammars_are_refused(rt, gguf, tiny_llama):
 
 # ---- SmolLM2 ---------------------------------------------------------------------
 
+@one_loop
 @pytest.mark.model
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
 async def test_smollm2_answers_a_schema_with_json_that_validates(rt, mode):

@@ -16,7 +16,7 @@ import mlx.nn as nn
 import pytest
 
 import emlx_async as ea
-from support.helpers import buffer_address, needs_model, on_every_loop
+from support.helpers import buffer_address, needs_model, on_every_loop, on_loops
 
 SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20)
 
@@ -210,6 +210,7 @@ async def test_a_round_prefills_one_chunks_worth_of_the_joining_prompts():
         await replayed.wait_idle()
 
 
+@on_loops("asyncio", "uvloop")
 async def test_a_batched_step_updates_its_donated_caches_and_keys_in_place():
     from emlx_async.llm import traced
     from emlx_async.llm.replay_step import CacheSpec, make_step, model_weights
@@ -320,7 +321,7 @@ PROMPTS = ["The capital of France is", "Name a colour:", "Say hi"]
 
 @pytest.mark.model
 @needs_model
-@pytest.mark.asyncio(loop_factories=["asyncio"])
+@on_loops("asyncio")
 async def test_smollm2_replayed_steps_give_the_python_steps_tokens(rt):
     from emlx_async.llm import Engine
 
@@ -346,7 +347,7 @@ async def test_smollm2_replayed_steps_give_the_python_steps_tokens(rt):
 
 @pytest.mark.model
 @needs_model
-@pytest.mark.asyncio(loop_factories=["asyncio"])
+@on_loops("asyncio")
 async def test_smollm2_kv_options_on_load(rt):
     """Engine.load's kv_bits: SmolLM2 replays mlx-lm's 8-bit tokens; options mlx or mlx-lm
     refuse raise their error at load."""
@@ -369,7 +370,7 @@ PAYLOAD = {"items": [{"id": i, "name": f"item-{i}", "tags": ["a", "b"]} for i in
 
 @pytest.mark.model
 @needs_model
-@pytest.mark.asyncio(loop_factories=["asyncio"])
+@on_loops("asyncio")
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
 async def test_smollm2_replayed_steps_progress_while_the_loop_is_busy(rt, mode):
     from emlx_async.llm import Engine

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import emlx_async as ea
-from support.helpers import on_every_loop
+from support.helpers import on_every_loop, on_loops
 
 pytest.importorskip("mlx_lm")
 
@@ -84,6 +84,7 @@ async def test_a_near_zero_temperature_gives_the_greedy_tokens(mode, step):
         await engine.wait_idle()
 
 
+@on_loops("asyncio", "uvloop")
 @pytest.mark.parametrize("step", ["replay", "python"])
 async def test_a_float16_model_at_a_small_temperature_samples_the_argmax(step):
     # 1/t = 1e6 times a flat vocabulary's logprobs overflows float16: both steps scale in float32.

@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 
 import emlx_async as ea
-from support.helpers import needs_model
+from support.helpers import needs_model, on_loops
 
 pytest.importorskip("mlx_lm")
 
@@ -52,6 +52,7 @@ def test_a_gguf_tokenizer_streams_its_decode_through_mlx_lms_bpe_detokenizer(ggu
     assert first.streaming.tokenmap is second.streaming.tokenmap
 
 
+@on_loops("asyncio", "uvloop")
 @needs_model
 async def test_an_mlx_lm_folder_keeps_its_tokenizer_wrapper_and_streams_with_its_detokenizer(gguf_tokenizer, tmp_path):
     from mlx_lm.models import llama

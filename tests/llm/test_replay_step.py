@@ -21,6 +21,7 @@ from emlx_async.llm.cache_options import CacheOptions
 from emlx_async.llm.replay_step import (CacheSpec, NotTraceable, check_against_model, forward, make_step,
                                          model_weights)
 from emlx_async.llm.traced import sampling_inputs, sampling_rows
+from support.helpers import on_loops
 from support.tiny_models import ARCHITECTURES, BASE, QUANTIZABLE, WINDOW, mlx_lm_tokens, tiny
 
 PROMPT = [3, 17, 5, 9, 100, 42]
@@ -117,6 +118,7 @@ async def replayed_batch(rt, model, spec: CacheSpec, prompts: list[list[int]], n
     return tokens
 
 
+@on_loops("asyncio", "uvloop")
 @pytest.mark.parametrize("kind", list(ARCHITECTURES))
 async def test_one_stream_replays_mlx_lms_tokens(rt, kind):
     model = tiny(kind)
@@ -130,6 +132,7 @@ async def test_one_stream_replays_mlx_lms_tokens(rt, kind):
     assert await replayed_tokens(rt, model, spec, PROMPT, STEPS) == want
 
 
+@on_loops("asyncio", "uvloop")
 @pytest.mark.parametrize("kind", list(ARCHITECTURES))
 async def test_rows_at_their_own_positions_replay_mlx_lms_tokens(rt, kind):
     model = tiny(kind)
@@ -138,6 +141,7 @@ async def test_rows_at_their_own_positions_replay_mlx_lms_tokens(rt, kind):
     assert await replayed_batch(rt, model, spec, BATCH_PROMPTS, 12) == want
 
 
+@on_loops("asyncio", "uvloop")
 @pytest.mark.parametrize("kind", ["qwen3", "starcoder2"])
 async def test_max_kv_size_rotates_as_mlx_lms_rotating_cache(rt, kind):
     model = tiny(kind)
@@ -159,6 +163,7 @@ async def test_max_kv_size_rotates_as_mlx_lms_rotating_cache(rt, kind):
         mlx_lm_tokens(model, PROMPT, 30, max_kv_size=12)
 
 
+@on_loops("asyncio", "uvloop")
 @pytest.mark.parametrize("bits", [4, 8])
 async def test_quantized_cache_replays_mlx_lms_quantized_cache(rt, bits):
     # Head size 32: a whole quantization group of 32.
@@ -186,6 +191,7 @@ async def test_quantized_cache_replays_mlx_lms_quantized_cache(rt, bits):
     assert mx.abs(logits - mlx_quantized).max().item() < 1e-4 < mx.abs(logits - mlx_full).max().item()
 
 
+@on_loops("asyncio", "uvloop")
 async def test_ssm_states_replay(rt):
     model = tiny("mamba2")
     spec = CacheSpec.of(model)
@@ -196,6 +202,7 @@ async def test_ssm_states_replay(rt):
         [mlx_lm_tokens(model, p, 10) for p in BATCH_PROMPTS]
 
 
+@on_loops("asyncio", "uvloop")
 async def test_a_hybrid_model_whose_ops_mlx_cannot_export_names_the_op(rt):
     """qwen3_next's buffers capture its step (linear-attention states and a key-value layer
     agree with mlx-lm), but its conv state goes through mx.contiguous, which MLX cannot export."""

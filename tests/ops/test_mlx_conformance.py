@@ -16,8 +16,9 @@ import pytest
 
 import emlx_async as ea
 from emlx_async._op_table import WEAK_PAIRS
+from support.helpers import on_loops
 
-async_test = pytest.mark.asyncio(loop_factories=["asyncio"])
+async_test = on_loops("asyncio")
 
 DTYPES = [mx.bool_, mx.uint8, mx.uint32, mx.uint64, mx.int8, mx.int16, mx.int32, mx.int64, mx.float16,
           mx.bfloat16, mx.float32, mx.complex64]

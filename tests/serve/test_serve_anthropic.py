@@ -15,7 +15,7 @@ import signal
 import time
 
 import pytest
-from support.helpers import ServerProcess, needs_model
+from support.helpers import ServerProcess, needs_model, on_loops
 
 pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
@@ -24,7 +24,7 @@ anthropic = pytest.importorskip("anthropic")
 from emlx_async.serve import anthropic as messages_api  # noqa: E402
 from emlx_async.serve.protocol import APIError  # noqa: E402
 
-one_loop = pytest.mark.asyncio(loop_factories=["asyncio"])
+one_loop = on_loops("asyncio")
 
 MODEL = "SmolLM2-135M-Instruct"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]

