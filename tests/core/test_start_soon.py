@@ -14,7 +14,7 @@ import mlx.core as mx
 import pytest
 
 import emlx_async as ea
-from support.helpers import Gate, on_every_loop, started
+from support.helpers import Gate, on_every_loop, on_loops, started
 
 trio = pytest.importorskip("trio")
 
@@ -97,40 +97,30 @@ def test_a_trio_nursery_starts_q_run_and_ops():
     trio.run(main)
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_asyncio_create_task_and_ensure_future_hold_a_job(loop):
-    import uvloop
-
-    async def main():
-        async with ea.Runtime() as rt:
-            q = rt.default_queue()
-            task = asyncio.create_task(q.run(lambda: 1))
-            held = asyncio.ensure_future(q.run(lambda: 2))
-            product = asyncio.create_task(ea.ops.multiply(mx.ones(3), 2.0))
-            assert await task == 1 and await held == 2
-            assert (await product).tolist() == [2.0, 2.0, 2.0]
-
-    (asyncio.run if loop == "asyncio" else uvloop.run)(main())
+@on_loops("asyncio", "uvloop")
+async def test_asyncio_create_task_and_ensure_future_hold_a_job():
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        task = asyncio.create_task(q.run(lambda: 1))
+        held = asyncio.ensure_future(q.run(lambda: 2))
+        product = asyncio.create_task(ea.ops.multiply(mx.ones(3), 2.0))
+        assert await task == 1 and await held == 2
+        assert (await product).tolist() == [2.0, 2.0, 2.0]
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_a_task_cancelled_before_its_first_step_cancels_its_job(loop):
-    import uvloop
-
-    async def main():
-        async with ea.Runtime() as rt:
-            q = rt.default_queue()
-            gate = Gate()
-            log: list = []
-            blocker = q.run(gate)
-            await started(gate)
-            task = asyncio.create_task(q.run(_recorder(log), "never"))
-            task.cancel()  # before the task ever ran
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            gate.open()
-            await blocker
-            assert await q.run(lambda: "next") == "next"
-            assert log == []
-
-    (asyncio.run if loop == "asyncio" else uvloop.run)(main())
+@on_loops("asyncio", "uvloop")
+async def test_a_task_cancelled_before_its_first_step_cancels_its_job():
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        gate = Gate()
+        log: list = []
+        blocker = q.run(gate)
+        await started(gate)
+        task = asyncio.create_task(q.run(_recorder(log), "never"))
+        task.cancel()  # before the task ever ran
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gate.open()
+        await blocker
+        assert await q.run(lambda: "next") == "next"
+        assert log == []

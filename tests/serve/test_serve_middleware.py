@@ -16,7 +16,7 @@ import re
 import time
 
 import pytest
-from support.helpers import ServerProcess, needs_model, on_every_loop
+from support.helpers import ServerProcess, needs_model, on_every_loop, on_loops
 
 pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
@@ -204,20 +204,15 @@ def access_log(caplog):
     return caplog
 
 
-@pytest.mark.parametrize("backend", ["asyncio", "trio"])
-def test_one_line_per_request_with_no_user_text(access_log, backend):
-    from support.helpers import run_on
-
-    async def body():
-        app = create_app(ServeConfig(api_keys=KEYS))
-        async with client_for(app) as http:
-            await http.get("/health")
-            await http.post("/v1/chat/completions?user=secret",
-                            json={"messages": [{"role": "user", "content": "Zanzibar"}]}, headers=bearer(KEYS[0]))
-            await http.post("/v1/messages", json=MESSAGES)
-            await http.get("/v1/x%0Aforged 200\u00e9\"")
-
-    run_on(backend, body)
+@on_loops("asyncio", "trio")
+async def test_one_line_per_request_with_no_user_text(access_log):
+    app = create_app(ServeConfig(api_keys=KEYS))
+    async with client_for(app) as http:
+        await http.get("/health")
+        await http.post("/v1/chat/completions?user=secret",
+                        json={"messages": [{"role": "user", "content": "Zanzibar"}]}, headers=bearer(KEYS[0]))
+        await http.post("/v1/messages", json=MESSAGES)
+        await http.get("/v1/x%0Aforged 200\u00e9\"")
     lines = access_lines(access_log.records)
     assert [(line["method"], line["path"], line["status"]) for line in lines] == [
         ("GET", "/health", "503"), ("POST", "/v1/chat/completions", "503"), ("POST", "/v1/messages", "401"),
@@ -228,14 +223,10 @@ def test_one_line_per_request_with_no_user_text(access_log, backend):
     assert "secret" not in text and "Zanzibar" not in text and KEYS[0] not in text
 
 
-def test_no_access_log(access_log):
-    from support.helpers import run_on
-
-    async def body():
-        async with client_for(create_app(ServeConfig(access_log=False))) as http:
-            await http.get("/health")
-
-    run_on("asyncio", body)
+@on_loops("asyncio")
+async def test_no_access_log(access_log):
+    async with client_for(create_app(ServeConfig(access_log=False))) as http:
+        await http.get("/health")
     assert access_lines(access_log.records) == []
 
 
