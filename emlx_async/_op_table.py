@@ -9,7 +9,7 @@ Everything about an op derives from its record here:
   (emlx_async/_generated_*.py) from each record's `mlx` functions;
 * emlx_async/_submit.py encodes options by their kinds (KINDS), and the
   queue shapes results by `outputs`;
-* tests/test_op_table.py checks that every op is reached where it says.
+* tests/ops/test_op_table.py checks that every op is reached where it says.
 
 Data and the small helpers that build it, importing nothing of the package:
 the builder loads this file on its own (runpy), before the package can be

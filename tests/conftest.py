@@ -1,4 +1,9 @@
-"""Every async test runs under asyncio and uvloop; every test is leak-checked.
+"""Every async test names its event loops (support.helpers.on_loops); every test is leak-checked.
+
+The folders mirror the package: core/ (runtime, queues, host calls, process
+life), ops/, replay/, ipc/, distributed/ (with llm/sharded.py), llm/ (with
+llm/replay_step.py), serve/, packaging/ (layers, typing, benchmarks); shared
+helpers and the scripts tests start are in support/.
 
 After each test: no worker is still leased to a queue, no fd is left open,
 and nothing called the loop's exception handler. pytest-timeout and
@@ -15,28 +20,19 @@ import sys
 import pytest
 import uvloop
 
-import emlx_async as ea
 from emlx_async import testing
+from support.helpers import bare_async_tests, handler_calls
 
 
-# Whatever reaches a test loop's exception handler (an unretrieved task
-# exception, a failing callback), asyncpg's test-base habit: every async test
-# fails on it, not only those that ask for the `loop_errors` fixture.
-_handler_calls: list[dict] = []
-
-
-def recording_loop(factory):
-    """A loop factory whose loops record every exception-handler call for the leak check."""
-    def make():
-        loop = factory()
-        loop.set_exception_handler(lambda _loop, context: _handler_calls.append(context))
-        return loop
-
-    return make
-
-
-def pytest_asyncio_loop_factories(config, item):
-    return {"asyncio": recording_loop(asyncio.new_event_loop), "uvloop": recording_loop(uvloop.new_event_loop)}
+def pytest_collection_modifyitems(config, items):
+    # One loop parametrisation: a bare `async def` test would run on whatever
+    # a plugin picks (or not at all), so it is refused by name.
+    bare = bare_async_tests(items)
+    if bare:
+        raise pytest.UsageError(
+            "async tests take their loops from support.helpers: decorate them with @on_loops(\"asyncio\", "
+            "\"uvloop\") (asyncio's API), @on_every_loop (asyncio, uvloop and trio) or @on_loops(\"asyncio\"): "
+            + ", ".join(bare))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -64,10 +60,10 @@ def _faulthandler_follows_the_test_timeout(request):
 @pytest.fixture(autouse=True)
 def no_leaks(_warm_up_loops):
     fds_before = testing.open_fds()
-    _handler_calls.clear()
+    handler_calls.clear()
     yield
     gc.collect()
-    calls, _handler_calls[:] = list(_handler_calls), []
+    calls, handler_calls[:] = list(handler_calls), []
     assert not calls, f"the loop's exception handler was called: {calls}"
     assert testing.active_workers() == 0, "a worker is still leased after the test"
     leaked = testing.open_fds() - fds_before
@@ -84,23 +80,3 @@ def _describe(fds):
         except OSError:
             out.append(str(fd))
     return out
-
-
-@pytest.fixture
-async def loop_errors():
-    """Fails the test if anything reaches the loop's exception handler."""
-    loop = asyncio.get_running_loop()
-    errors: list[dict] = []
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
-    yield errors
-    await asyncio.sleep(0)
-    assert not errors, f"loop exception handler called: {errors}"
-
-
-@pytest.fixture
-async def rt(loop_errors):
-    runtime = ea.Runtime(pool_size=4)
-    yield runtime
-    await runtime.close()
-    assert not runtime._jobs, f"pending jobs after close: {runtime._jobs}"
-    assert not runtime._owners

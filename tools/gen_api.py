@@ -100,7 +100,7 @@ OVERLOADS = {
 # (and so these do): a list for an op whose outputs are a list, not one array
 # or a tuple; else the function's own `returns` in the spec (svd's one array
 # when compute_uv=False: an array unpacks too, so `u, s, vt = ...` still checks).
-# tests/test_mlx_parity.py checks every call's result against its annotation.
+# tests/ops/test_mlx_parity.py checks every call's result against its annotation.
 def _returns() -> dict[tuple[str, str], str]:
     out = {}
     for op in SPEC["OPS"]:

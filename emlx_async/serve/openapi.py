@@ -5,7 +5,7 @@ OpenAI's Chat Completions, Completions and Responses APIs and of Anthropic's
 Messages API: request fields the service refuses (best_of > 1, ...) are
 not documented as accepted. The parsers (protocol.py, anthropic.py,
 responses.py) are what enforce the rules; the schemas here say the same in
-JSON Schema (2020-12, as OpenAPI 3.1 uses), and tests/test_serve_openapi.py
+JSON Schema (2020-12, as OpenAPI 3.1 uses), and tests/serve/test_serve_openapi.py
 checks that the two agree on the requests the tests send. One rule no
 schema can say is in a description: a Messages API conversation ends with
 the user's turn.

@@ -1,0 +1,236 @@
+"""Host calls: graph nodes whose evaluation runs a callback on the event loop."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import emlx_async as ea
+from support.helpers import Awaiter, on_every_loop
+
+
+def np_of(x):
+    return np.array(x.astype(mx.float32) if x.dtype == mx.bfloat16 else x)
+
+
+@on_every_loop
+async def test_loop_level_host_call_then_eval():
+    async with ea.Runtime(pool_size=4) as rt:
+        seen = {}
+
+        def double(x):
+            seen["thread"] = threading.get_ident()
+            return x * 2
+
+        x = mx.arange(6, dtype=mx.float32).reshape(2, 3)
+        y, = await ea.host_call(double, x, outputs=[((2, 3), mx.float32)])
+        assert rt.queue_of(y) is not None  # lazy, owned by its queue
+        await ea.eval(y)
+        np.testing.assert_array_equal(np.array(y), np.arange(6).reshape(2, 3) * 2)
+        assert seen["thread"] == threading.get_ident()  # ran on the loop thread
+
+
+@on_every_loop
+async def test_async_callback_inside_run_with_several_calls_and_outputs():
+    async with ea.Runtime(pool_size=4) as rt:
+        async def split_stats(x):
+            await anyio.sleep(0.001)
+            return x.sum(), x.max(keepdims=True)
+
+        def add_one(x):
+            return np.asarray(x) + 1
+
+        def graph(a):
+            s, m = ea.host_call(split_stats, a, outputs=[((), mx.float32), ((1,), mx.float32)])
+            b, = ea.host_call(add_one, a * 3, outputs=[(a.shape, a.dtype)])
+            return s + m[0], b
+
+        a = mx.arange(4, dtype=mx.float32)
+        async with rt.queue() as q:
+            total, b = await q.run(graph, a)
+        assert total.item() == 6 + 3
+        np.testing.assert_array_equal(np.array(b), np.arange(4) * 3 + 1)
+
+
+@on_every_loop
+async def test_inputs_arrive_whole_whatever_the_layout():
+    async with ea.Runtime(pool_size=4) as rt:
+        for dtype in [mx.float32, mx.float16, mx.bfloat16, mx.int32, mx.bool_]:
+            await _check_layouts(rt, dtype)
+
+
+async def _check_layouts(rt, dtype):
+    base = mx.arange(24).reshape(4, 6).astype(dtype)
+    views = {
+        "transposed": base.T,
+        "sliced": base[1:, ::2],
+        "broadcast": mx.broadcast_to(base[:1], (3, 6)),
+    }
+    received = {}
+
+    def capture(name):
+        def fn(x):
+            received[name] = np_of(x).copy()
+            return x
+        return fn
+
+    def graph(**xs):
+        return [ea.host_call(capture(k), v, outputs=[(v.shape, v.dtype)])[0] for k, v in xs.items()]
+
+    outs = await rt.default_queue().run(graph, **views)
+    for (name, view), out in zip(views.items(), outs):
+        np.testing.assert_array_equal(received[name], np_of(view), err_msg=f"{name} {dtype}")
+        np.testing.assert_array_equal(np_of(out), np_of(view), err_msg=f"{name} {dtype}")
+
+
+@on_every_loop
+async def test_scalar_and_empty_outputs():
+    async with ea.Runtime(pool_size=4) as rt:
+        def fn(x):
+            return mx.array(7, dtype=mx.int32), mx.zeros((0, 3))
+
+        s, e = await rt.default_queue().run(
+            lambda x: ea.host_call(fn, x, outputs=[((), mx.int32), ((0, 3), mx.float32)]), mx.ones(2))
+        assert s.item() == 7 and e.shape == (0, 3)
+
+
+@on_every_loop
+async def test_raising_callback_fails_the_graph_with_chained_cause():
+    async with ea.Runtime(pool_size=4) as rt:
+        class FilterError(Exception):
+            pass
+
+        def bad(x):
+            raise FilterError("vocabulary file missing")
+
+        q = rt.default_queue()
+        with pytest.raises(RuntimeError, match=r"\[host_call\] .*bad raised FilterError") as info:
+            await q.run(lambda x: ea.host_call(bad, x, outputs=[((2,), mx.float32)]), mx.ones(2))
+        assert isinstance(info.value.__cause__, FilterError)
+        y, = await ea.host_call(bad, mx.ones(2), outputs=[((2,), mx.float32)], queue=q)
+        with pytest.raises(ea.MLXRuntimeError) as info:
+            await ea.eval(y)
+        assert isinstance(info.value.__cause__, FilterError)
+        assert await q.run(lambda: 5) == 5  # the queue keeps working
+
+
+@on_every_loop
+async def test_wrong_output_shape_or_dtype_is_rejected():
+    async with ea.Runtime(pool_size=4) as rt:
+        q = rt.default_queue()
+        with pytest.raises(RuntimeError, match=r"output 0 must be \(3,\) mlx.core.float32, got \(2,\)"):
+            await q.run(lambda x: ea.host_call(lambda v: v, x, outputs=[((3,), mx.float32)]), mx.ones(2))
+        with pytest.raises(RuntimeError, match="expected 2 outputs, got 1"):
+            await q.run(lambda x: ea.host_call(lambda v: v, x, outputs=[((2,), mx.float32)] * 2), mx.ones(2))
+        with pytest.raises(ValueError, match=r"outputs\[0\] must be a \(shape, dtype\) pair"):
+            ea.host_call(lambda v: v, mx.ones(2), outputs=[(2,)])
+        assert await q.run(lambda: "ok") == "ok"
+
+
+@on_every_loop
+async def test_timeout_turns_a_stuck_callback_into_an_error():
+    async with ea.Runtime(pool_size=4) as rt:
+        async def stuck(x):
+            await anyio.sleep(30)
+
+        q = rt.default_queue()
+        with pytest.raises(RuntimeError, match="timed out after 0.1s") as info:
+            await q.run(lambda x: ea.host_call(stuck, x, outputs=[((1,), mx.float32)], timeout=0.1), mx.ones(1))
+        assert isinstance(info.value.__cause__, TimeoutError)
+        assert await q.run(lambda: 1) == 1
+
+
+@on_every_loop
+async def test_default_timeout_from_the_runtime():
+    async with ea.Runtime(host_call_timeout=0.05) as runtime:
+        async def stuck(x):
+            await anyio.sleep(30)
+
+        y, = await ea.host_call(stuck, mx.ones(1), outputs=[((1,), mx.float32)],
+                                queue=runtime.default_queue())
+        with pytest.raises(ea.MLXRuntimeError, match="timed out after 0.05s"):
+            await ea.eval(y)
+
+
+@on_every_loop
+async def test_cancelling_the_awaiter_cancels_the_callback_and_unblocks_the_worker():
+    async with ea.Runtime(pool_size=4) as rt:
+        started, finished = anyio.Event(), []
+
+        async def slow(x):
+            started.set()
+            try:
+                await anyio.sleep(30)
+            finally:
+                finished.append("callback ended")
+            return x
+
+        q = rt.default_queue()
+        async with anyio.create_task_group() as tg:
+            job = Awaiter(tg, q.run(lambda x: ea.host_call(slow, x, outputs=[((1,), mx.float32)]), mx.ones(1)))
+            with anyio.fail_after(10):
+                await started.wait()
+            job.cancel()
+        assert job.outcome == "cancelled"
+        with anyio.fail_after(10):
+            assert await q.run(lambda: "free") == "free"
+        assert finished == ["callback ended"]
+
+
+@on_every_loop
+async def test_callback_mlx_work_uses_the_callback_queue():
+    async with ea.Runtime(pool_size=4) as rt:
+        q = rt.default_queue()
+
+        async def uses_mlx(x):
+            assert ea.current_queue() is rt.callback_queue()
+            return await ea.run(lambda v: v + 10, x)  # would deadlock on q; goes to the callback queue
+
+        out, = await q.run(lambda x: ea.host_call(uses_mlx, x, outputs=[((2,), mx.float32)]), mx.zeros(2))
+        np.testing.assert_array_equal(np.array(out), [10, 10])
+
+
+@on_every_loop
+async def test_awaiting_the_blocked_queue_is_a_clear_error():
+    async with ea.Runtime(pool_size=4) as rt:
+        q = rt.default_queue()
+
+        async def awaits_own_queue(x):
+            return await q.run(lambda: x)
+
+        with pytest.raises(RuntimeError, match=r"HostCallDeadlock: a host callback awaited") as info:
+            await q.run(lambda x: ea.host_call(awaits_own_queue, x, outputs=[((1,), mx.float32)]), mx.ones(1))
+        assert isinstance(info.value.__cause__, ea.HostCallDeadlock)
+        assert await q.run(lambda: 2) == 2
+
+
+@on_every_loop
+async def test_callbacks_on_several_queues_proceed_concurrently():
+    async with ea.Runtime(pool_size=4) as rt:
+        arrived, both_waiting = [], anyio.Event()
+
+        async def meet(x):
+            arrived.append(1)
+            if len(arrived) == 2:
+                both_waiting.set()
+            with anyio.fail_after(10):
+                await both_waiting.wait()  # needs the other queue's callback too
+            return x
+
+        results = []
+
+        async def one():
+            async with rt.queue() as q:
+                results.append(await q.run(lambda x: ea.host_call(meet, x, outputs=[((1,), mx.float32)]),
+                                           mx.ones(1)))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one)
+            tg.start_soon(one)
+        (a,), (b,) = results
+        assert a.item() == b.item() == 1.0

@@ -1,0 +1,215 @@
+"""The runtime under trio (and anyio's trio backend): cancel scopes, nurseries,
+host callbacks that await trio, the implicit runtime's life.
+
+Each test drives its own ``trio.run``; the leak checks of conftest apply.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import anyio
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import emlx_async as ea
+from emlx_async import testing
+from support import ROOT
+from support.helpers import Gate, needs_model, run_python
+
+trio = pytest.importorskip("trio")
+
+
+async def _wait_started(gate: Gate) -> None:
+    deadline = time.monotonic() + 10
+    while not gate.started.is_set():
+        assert time.monotonic() < deadline, "job never started"
+        await trio.sleep(0.001)
+
+
+README = ROOT / "README.md"
+
+
+def readme_tour_blocks() -> list[str]:
+    """The README's Tour code blocks, as written: the example, then the lines that run it under trio."""
+    tour = README.read_text().split("\n## Tour\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", tour, re.S)[:2]
+
+
+def test_the_readme_tour_runs_unchanged_under_asyncio_trio_run_and_anyio_trio(capsys):
+    example, under_trio = readme_tour_blocks()
+    assert "asyncio.run(main())" in example and "trio.run(main)" in under_trio
+    assert 'anyio.run(main, backend="trio")' in under_trio
+    namespace: dict = {}
+    exec(compile(example, "README.md (Tour)", "exec"), namespace)  # runs it with asyncio.run
+    exec(compile(under_trio, "README.md (Tour, trio)", "exec"), namespace)  # trio.run, then anyio.run on trio
+    printed = capsys.readouterr().out.splitlines()
+    # print(v, x): the sum of (ones @ ones.T) and arange(10) * 2, once per run.
+    assert len(printed) == 3 and len(set(printed)) == 1, printed
+    total, array = printed[0].split(" ", 1)
+    assert float(total) == 64.0 * 64 * 64
+    assert array == "array([0, 2, 4, ..., 14, 16, 18], dtype=int32)", array  # MLX elides ten elements
+    assert testing.active_workers() == 0
+
+
+def test_ops_host_calls_and_errors_under_trio():
+    async def main():
+        async with ea.Runtime() as rt:
+            a = mx.arange(6, dtype=mx.float32).reshape(2, 3)
+            s = await ea.ops.sum(a, axis=1)
+            np.testing.assert_array_equal(np.array(s), [3.0, 12.0])
+
+            async def double_later(x):
+                await trio.sleep(0.01)  # a trio callback may await trio things
+                return x * 2
+
+            out, = await ea.host_call(double_later, a, outputs=[((2, 3), mx.float32)])
+            np.testing.assert_array_equal(np.array(await ea.eval(out)), np.array(a) * 2)
+            with pytest.raises(ea.MLXValueError, match=r"\[matmul\]"):
+                await ea.ops.matmul(a, a)
+            with pytest.raises(ZeroDivisionError):
+                await rt.default_queue().run(lambda: 1 / 0)
+            assert await rt.default_queue().run(lambda: "still works") == "still works"
+
+    trio.run(main)
+
+
+def test_cancel_scope_drops_a_queued_job_and_releases_a_running_one():
+    async def main():
+        async with ea.Runtime() as rt:
+            q = rt.default_queue()
+            gate, ran = Gate(), []
+            with trio.move_on_after(0.05) as scope:
+                await q.run(gate, "running")  # running when the scope fires
+            assert scope.cancelled_caught
+            assert gate.started.is_set()
+            with trio.move_on_after(0.02) as scope:
+                await q.run(ran.append, "queued")  # behind the gate when the scope fires
+            assert scope.cancelled_caught
+            after = q.run(ran.append, "after")
+            gate.open()
+            await after
+            assert ran == ["after"]  # the cancelled queued job never ran
+            assert q.pending == 0
+
+    trio.run(main)
+
+
+def test_fail_after_around_an_op_raises_timeout_and_the_queue_goes_on():
+    async def main():
+        async with ea.Runtime() as rt:
+            q = rt.default_queue()
+            gate = Gate()
+            blocked = q.run(gate)
+            await _wait_started(gate)
+            with pytest.raises(TimeoutError):
+                with anyio.fail_after(0.02):
+                    await ea.ops.add(mx.ones(2), 1.0, queue=q)
+            gate.open()
+            await blocked
+            np.testing.assert_array_equal(np.array(await ea.ops.add(mx.ones(2), 1.0, queue=q)), [2.0, 2.0])
+
+    trio.run(main)
+
+
+def test_bindings_are_inherited_by_nursery_children():
+    async def main():
+        async with ea.Runtime(pool_size=2) as rt:
+            seen = {}
+
+            async def child(name):
+                seen[name] = ea.current_queue()
+
+            async with rt.queue() as q:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(child, "bound")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(child, "unbound")
+            assert seen["bound"] is q
+            assert seen["unbound"] is rt.default_queue()
+
+    trio.run(main)
+
+
+def test_concurrent_jobs_from_a_nursery_on_several_queues():
+    async def main():
+        async with ea.Runtime(pool_size=4) as rt:
+            results = {}
+
+            async def worker(i):
+                async with rt.queue() as q:
+                    results[i] = await q.run(lambda: (mx.ones((32, 32)) * i).sum().item())
+
+            async with trio.open_nursery() as nursery:
+                for i in range(8):
+                    nursery.start_soon(worker, i)
+            assert results == {i: 1024.0 * i for i in range(8)}
+
+    trio.run(main)
+
+
+def test_the_implicit_runtime_closes_at_the_end_of_trio_run():
+    async def main():
+        rt = ea.get_runtime()
+        assert await ea.ops.add(mx.ones(1), 1.0) is not None
+        assert testing.active_workers() >= 1
+        return rt
+
+    rt = trio.run(main)
+    assert rt.closed
+    assert testing.active_workers() == 0
+
+
+def test_keyboard_interrupt_during_a_running_job_ends_the_run():
+    result = run_python("""
+        import signal, threading, time
+        import trio
+        import emlx_async as ea
+
+        async def main():
+            async with ea.Runtime() as rt:
+                threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGINT)).start()
+                await rt.default_queue().run(time.sleep, 2.0)
+
+        try:
+            trio.run(main)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "interrupted" in result.stdout
+
+
+@pytest.mark.model
+@needs_model
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+def test_a_nursery_of_concurrent_decode_streams_gives_the_greedy_tokens_of_each_alone(mode):
+    from emlx_async.llm import Engine
+
+    prompts = [[1, 2, 3, 4 + i] for i in range(8)]  # short token-id prompts: the template is not the point
+
+    async def tokens(engine, prompt):
+        return [d.token async for d in engine.generate(prompt=prompt, max_tokens=3, temperature=0.0)
+                if d.token is not None]
+
+    async def main():
+        async with ea.Runtime(pool_size=4) as rt:
+            engine = await Engine.load(runtime=rt, max_concurrent=8, mode=mode)
+            alone = [await tokens(engine, p) for p in prompts]
+            together: dict[int, list[int]] = {}
+
+            async def one(i):
+                together[i] = await tokens(engine, prompts[i])
+
+            async with trio.open_nursery() as nursery:
+                for i in range(len(prompts)):
+                    nursery.start_soon(one, i)
+            assert [together[i] for i in range(len(prompts))] == alone
+            # A cancelled stream frees its slot and queue: the engine goes on.
+            with trio.move_on_after(0.01):
+                await tokens(engine, prompts[0])
+            assert await tokens(engine, prompts[0]) == alone[0]
+
+    trio.run(main)

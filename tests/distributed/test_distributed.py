@@ -1,0 +1,247 @@
+"""ea.distributed: collectives against plain MLX on 2 and 3 loopback ranks, and failure.
+
+Ranks are separate processes (tests/support/dist_rank.py) joined by MLX's ring
+backend on 127.0.0.1, started with LocalRing; every rank is killed and
+reaped by the test, and every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import mlx.core as mx
+import pytest
+
+import emlx_async as ea
+from emlx_async import distributed as dist
+from emlx_async.testing import LocalRing, active_workers
+from support import SUPPORT
+from support.helpers import on_every_loop
+
+RANK_SCRIPT = str(SUPPORT / "dist_rank.py")
+
+
+def results(ring: LocalRing, rank: int) -> list[dict]:
+    return [json.loads(line[len("RESULT "):]) for line in ring.output(rank).splitlines()
+            if line.startswith("RESULT ")]
+
+
+def launch(n: int, scenario: str, loop: str = "asyncio") -> LocalRing:
+    return LocalRing(n, [sys.executable, RANK_SCRIPT, scenario, loop])
+
+
+@pytest.mark.parametrize("n, loop", [(2, "asyncio"), (2, "trio"), (3, "uvloop")])
+def test_each_collective_matches_plain_mlx(n, loop):
+    with launch(n, "collectives", loop) as ring:
+        codes = ring.wait(timeout=60)
+        assert codes == [0] * n, [ring.errors(r)[-2000:] for r in range(n)]
+        for rank in range(n):
+            (result,) = results(ring, rank)
+            assert result["rank"] == rank
+            failed = [name for name, ok in result["checks"].items() if not ok]
+            assert not failed, f"rank {rank}: {failed}"
+
+
+def test_a_stalled_peer_breaks_the_group_within_the_timeout_and_rank_0_still_exits():
+    with launch(2, "stall") as ring:
+        try:
+            code = ring.ranks[0].wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("rank 0 hung on a stalled peer")
+        exited_at = time.time()
+        assert code == 0, ring.errors(0)[-2000:]
+        (result,) = results(ring, 0)
+        assert ring.ranks[1].poll() is None  # the stalled peer is still there: nothing failed it
+    assert 1.4 < result["elapsed"] < 5
+    kinds = dict(result["errors"])
+    assert set(kinds) == {"first", "queued", "later"}  # the awaiter, one queued behind it, one after
+    assert "within 1.5 s" in kinds["first"] and "broken" in kinds["first"]
+    assert result["later_s"] < 0.1 and result["broken"]
+    # The worker stuck in the collective is abandoned: exit does not wait for
+    # it (the native shutdown would give it 2 s; the runtime's close, forever).
+    assert exited_at - result["exiting_at"] < 1.8
+
+
+def test_a_dead_peer_fails_the_collective_at_once():
+    with launch(3, "die") as ring:
+        codes = ring.wait(timeout=40)
+        assert codes[2] == 3
+        assert codes[:2] == [0, 0], [ring.errors(r)[-2000:] for r in range(2)]
+        for rank in range(2):
+            (result,) = results(ring, rank)
+            assert "connection to a peer was lost" in result["error"] and "broken" in result["error"]
+            assert result["elapsed"] < 10  # the peer failure, not the 30 s timeout
+
+
+def test_init_gives_up_on_a_peer_that_never_starts():
+    with launch(2, "absent") as ring:
+        try:
+            code = ring.ranks[0].wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("init waited for ever for a peer that exited before it")
+        exited_at = time.time()
+        assert code == 0, ring.errors(0)[-2000:]
+        (result,) = results(ring, 0)
+    assert "did not connect to the other ranks within 2.0 s" in result["error"]
+    assert 1.9 < result["elapsed"] < 6
+    # MLX's attempt cannot be stopped: a second init says so at once, and exit does not wait for it.
+    assert result["second"] == result["error"] and result["second_s"] < 0.1
+    assert exited_at - result["exiting_at"] < 3
+
+
+@pytest.mark.parametrize("how", ["size", "dtype", "kind", "recv"])
+def test_mismatched_collectives_break_the_group_with_a_clear_error(how):
+    with LocalRing(2, [sys.executable, RANK_SCRIPT, "mismatch", "asyncio"], env={"MISMATCH": how}) as ring:
+        codes = ring.wait(timeout=60)
+        assert codes == [0, 0], [ring.errors(r)[-2000:] for r in range(2)]
+        got = {rank: results(ring, rank)[0] for rank in range(2)}
+    # The receiver of a mismatched send learns it; its sender cannot (it completes).
+    told = [1] if how == "recv" else [0, 1]
+    for rank in told:
+        error = got[rank]["error"]
+        assert error and "different collectives" in error and "broken" in error, got
+        assert got[rank]["broken"] and got[rank]["elapsed"] < 10
+    wants = {"size": ["(4,) float32", "(100000,) float32"], "dtype": ["(8,) float32", "(8,) int8"],
+             "kind": ["all_sum of (8,)", "all_max of (8,)"], "recv": ["(1000,) float32", "(4,) float32"]}[how]
+    for want in wants:
+        assert want in got[1]["error"], got[1]["error"]
+
+
+def test_local_ring_reaps_every_rank():
+    ring = launch(2, "stall")
+    pids = [p.pid for p in ring.ranks]
+    ring.close()
+    assert all(p.returncode is not None for p in ring.ranks)
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+# ---- in one process ------------------------------------------------------------
+
+
+@on_every_loop
+async def test_a_single_process_group_returns_the_input():
+    group = dist.init()
+    assert (group.rank(), group.size()) == (0, 1)
+    x = mx.arange(6, dtype=mx.float32).reshape(3, 2)
+    for op in (dist.all_sum, dist.all_max, dist.all_min, dist.all_gather, dist.sum_scatter):
+        assert mx.array_equal(await op(x), x).item()
+    assert dist.init() is group and dist.world() is group
+    await ea.get_runtime().close()
+
+
+@on_every_loop
+async def test_arguments_are_refused_before_mlx():
+    group = dist.init()
+    with pytest.raises(TypeError):
+        await dist.all_sum([1.0, 2.0])
+    with pytest.raises(ValueError, match="another rank"):
+        await dist.send(mx.ones(2), 0)  # a group of one has no peer
+    with pytest.raises(ValueError, match="timeout"):
+        await dist.all_sum(mx.ones(2), timeout=0)
+    with pytest.raises(TypeError, match="ea.distributed.Group"):
+        await dist.all_sum(mx.ones(2), group=group.mlx_group)
+    with pytest.raises(ValueError, match="backend"):
+        dist.init(backend="carrier-pigeon")
+    with pytest.raises(ValueError, match="timeout must be"):
+        dist.init(timeout=10**400)  # past float range: not an OverflowError
+    with pytest.raises(ValueError, match="init_timeout must be"):
+        dist.init(init_timeout=float("nan"))
+    with pytest.raises(ValueError, match="cannot move to"):
+        dist.init(device=mx.gpu)  # the group is cached on the CPU
+    assert dist.init(device=mx.cpu) is group
+    assert group.broken is None
+    await ea.get_runtime().close()
+
+
+def fresh_group(timeout=None) -> dist.Group:
+    """A group of its own (breaking it leaves the shared one alone)."""
+    return dist.Group(mx.distributed.init(), backend="any", timeout=timeout, device=mx.cpu)
+
+
+@on_every_loop
+async def test_a_timeout_breaks_the_group_releases_its_tasks_and_abandons_the_stuck_worker():
+    group = fresh_group(timeout=0.3)
+    release = threading.Event()  # a collective that never completes, as with a stalled peer
+    runtime = ea.get_runtime()
+    queue = group.queue()
+    started = time.monotonic()
+    with pytest.raises(ea.DistributedError, match="within 0.3 s"):
+        await group.run(release.wait, 60)
+    assert time.monotonic() - started < 5
+    assert group.broken is not None and queue.closed
+    with pytest.raises(ea.DistributedError):
+        await dist.all_sum(mx.ones(2), group=group)  # at once, no new worker
+    with pytest.raises(ea.DistributedError):
+        group.queue()
+    assert active_workers() == 0  # abandoned: not leased, not waited for
+    await runtime.close()  # does not wait for the stuck worker
+    release.set()  # the thread ends when its job returns
+
+
+@on_every_loop
+async def test_an_exception_inside_group_run_breaks_the_group():
+    group = fresh_group()
+
+    def failing_step():
+        raise RuntimeError("[ring] connection to a peer was lost")
+
+    with pytest.raises(ea.DistributedError, match="connection to a peer was lost") as caught:
+        await group.run(failing_step)
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    with pytest.raises(ea.DistributedError):
+        await group.run(lambda: 1)
+    await ea.get_runtime().close()
+
+
+def test_a_stuck_collective_does_not_block_interpreter_exit(tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text(textwrap.dedent("""
+        import asyncio, threading, time
+        import mlx.core as mx
+        import emlx_async as ea
+        from emlx_async import distributed as dist
+
+        async def main():
+            group = dist.Group(mx.distributed.init(), backend="any", timeout=0.2, device=mx.cpu)
+            try:
+                await group.run(threading.Event().wait)  # never returns
+            except ea.DistributedError:
+                print("broken", time.time(), flush=True)
+
+        asyncio.run(main())
+    """))
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        pytest.fail("a process with a stuck collective did not exit")
+    exited_at = time.time()
+    assert process.returncode == 0
+    broken_at = float(out.split()[1])
+    assert exited_at - broken_at < 1.8  # no 2 s native shutdown wait, no hang in the runtime's close
+
+
+def test_a_model_that_does_not_split_evenly_is_refused_before_sharding():
+    from mlx_lm.models import llama
+
+    from emlx_async.llm.sharded import check_shardable
+
+    # SmolLM2's head counts: 9 query and 3 key-value heads divide by 3, not by 2.
+    args = llama.ModelArgs(model_type="llama", hidden_size=72, num_hidden_layers=2, intermediate_size=96,
+                           num_attention_heads=9, num_key_value_heads=3, rms_norm_eps=1e-5, vocab_size=32)
+    model = llama.Model(args)
+    check_shardable(model, 3)
+    with pytest.raises(ValueError, match="9 query and 3 key-value heads .* 2 ranks"):
+        check_shardable(model, 2)
+    with pytest.raises(ValueError, match="no shard"):
+        check_shardable(object(), 3)

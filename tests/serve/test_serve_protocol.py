@@ -1,0 +1,87 @@
+"""Request parsing (emlx_async.serve.protocol) is total: any JSON value gives a
+request or an APIError naming the field, whose body encodes as the app sends it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("starlette")
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.serve_bodies import FIELDS, bodies, json_values
+from starlette.responses import JSONResponse
+
+from emlx_async.serve.protocol import APIError, parse_request
+
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def refused(body, chat=True, **limits) -> APIError:
+    with pytest.raises(APIError) as info:
+        parse_request(body, chat=chat, **limits)
+    error = info.value
+    assert error.status == 400
+    JSONResponse(error.body()).render(error.body())  # what the app sends: UTF-8 JSON
+    return error
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": FRANCE, "temperature": 10**400}, "temperature"),
+    ({"messages": FRANCE, "top_p": -10**400}, "top_p"),
+    ({"messages": FRANCE, "temperature": 2**1024}, "temperature"),
+    ({"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": {"a": 1}, "content": "x"}]}, "messages[0].role"),
+    ({"messages": FRANCE, "model": "x\ud800"}, "model"),
+    ({"messages": [{"role": "user", "content": "a\udfffb"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]}, "messages[0].content[0].text"),
+    ({"messages": FRANCE, "stop": ["\ud800"]}, "stop"),
+    ({"messages": FRANCE, "top_k": 10**400}, "top_k"),
+    ({"messages": FRANCE, "seed": 10**400}, "seed"),
+    ({"messages": FRANCE, "n": [1]}, "n"),
+    ({"messages": FRANCE, "best_of": {"a": 1}}, "best_of"),
+    ({"messages": FRANCE, "presence_penalty": "0"}, "presence_penalty"),
+    ({"messages": FRANCE, "logprobs": True, "top_logprobs": 10**400}, "top_logprobs"),
+])
+def test_hostile_fields_are_400s_naming_the_field(body, param):
+    assert refused(body).param == param
+
+
+def test_lone_surrogate_in_a_prompt_and_in_an_echo():
+    assert refused({"prompt": "\ud800"}, chat=False).param == "prompt"
+    error = APIError(400, "the model 'x\ud800' does not exist")
+    assert "\\ud800" in error.message
+    JSONResponse(error.body()).render(error.body())
+
+
+def test_echoes_are_short_and_never_recurse():
+    deep: list = []
+    for _ in range(5000):  # repr() of this raises RecursionError
+        deep = [deep]
+    error = refused({"messages": FRANCE, "temperature": deep})
+    assert error.param == "temperature" and len(error.message) < 200
+    assert len(refused({"messages": FRANCE, "seed": "9" * 100_000}).message) < 200
+
+
+def test_message_count_is_bounded_before_messages_are_read():
+    many = [{"role": "user", "content": "x"}] * 11
+    assert refused({"messages": many}, max_messages=10).code == "too_many_messages"
+    assert len(parse_request({"messages": many[:10]}, chat=True, max_messages=10).messages) == 10
+    # The count is checked first: an 11th message that is itself bad does not matter.
+    assert refused({"messages": many[:10] + [7]}, max_messages=10).code == "too_many_messages"
+
+
+@settings(max_examples=400, deadline=None)
+@given(body=bodies | json_values, chat=st.booleans())
+def test_any_json_gives_a_request_or_a_400_naming_a_field(body, chat):
+    try:
+        request = parse_request(body, chat=chat)
+    except APIError as error:
+        assert error.status == 400 and error.message
+        assert error.param is None or error.param.split("[")[0].split(".")[0] in FIELDS
+        JSONResponse(error.body()).render(error.body())
+        return
+    # Accepted: every text field is encodable, every number in range.
+    json.dumps([request.model, request.messages, request.prompt, request.stop], ensure_ascii=False).encode("utf-8")
+    assert 0 <= request.temperature <= 2 and 0 < request.top_p <= 1

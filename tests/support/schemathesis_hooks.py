@@ -1,0 +1,89 @@
+"""schemathesis hooks for the service's schema run (tests/serve/test_serve_schemathesis.py),
+applied to each case just before it is sent, in every phase (a `map_body` hook
+misses the coverage phase's cases); schemathesis then revalidates the case, so
+whether it counts as valid follows the body actually sent.
+
+Generated requests stay cheap on a CPU: a valid token limit above 2 (max_tokens,
+max_completion_tokens, the Responses API's max_output_tokens) becomes 2 (JSON
+Schema counts 5.0 as an integer, so floats too). Values past the documented
+maximum (EMLX_SCHEMA_MAX_TOKENS) are left for the server to refuse.
+
+One rule of the Messages API no JSON Schema can say: its last message is the
+user's (a final assistant message, a prefill, gets 400). A generated final
+assistant message becomes the user's; any other fault in the case stays.
+
+Tools, tool turns and grammars (tools, tool_choice, parallel_tool_calls, role
+"tool" and assistant tool_calls in the history, json_schema and guided_*
+grammars; the Messages API's tool_use and tool_result blocks, the Responses
+API's function_call and function_call_output items) are taken out of
+generated bodies: whether one is valid depends on JSON Schema semantics and
+tool names the document cannot state (a schema the grammar engine compiles,
+arguments that are JSON text of an object, a result naming an earlier call).
+tests/serve/test_serve_tools.py, test_serve_api_tools.py and
+test_serve_structured.py send those fields, hostile ones included. So is
+logit_bias: its keys must be token ids below the model's vocabulary size, a
+bound the document cannot state (tests/llm/test_llm_penalties.py sends it, bad
+keys included)."""
+
+import numbers
+import os
+
+import schemathesis
+
+MAXIMUM = float(os.environ.get("EMLX_SCHEMA_MAX_TOKENS", "inf"))
+TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+MESSAGES_API = ("/v1/messages", "/v1/messages/count_tokens")
+CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
+GUIDED = ("guided_json", "guided_regex", "guided_grammar")
+
+
+def _without_tools(body: dict) -> None:
+    """Tools, tool turns, grammars and logit_bias out of a chat or completion body (see the docstring)."""
+    for name in (*GUIDED, "tools", "tool_choice", "parallel_tool_calls", "logit_bias"):
+        body.pop(name, None)
+    messages = body.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        if isinstance(message, dict) and (message.get("role") == "tool" or "tool_calls" in message):
+            content = message.get("content")
+            messages[i] = {"role": "user", "content": content if content is not None else "x"}
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
+        body["response_format"] = {"type": "json_object"}
+
+
+def _without_tool_turns(body: dict, path: str) -> None:
+    """The Messages and Responses APIs' tools and tool turns out of a body (see the docstring)."""
+    body.pop("tools", None)
+    body.pop("tool_choice", None)
+    if path in MESSAGES_API:
+        for message in body.get("messages") if isinstance(body.get("messages"), list) else ():
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list):
+                kept = [b for b in content
+                        if not (isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result"))]
+                message["content"] = kept or "x"
+    items = body.get("input")
+    for i, item in enumerate(items if path == RESPONSES and isinstance(items, list) else ()):
+        if isinstance(item, dict) and item.get("type") in ("function_call", "function_call_output"):
+            items[i] = {"role": "user", "content": "x"}
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    body = case.body
+    if not isinstance(body, dict):
+        return
+    for name in TOKEN_LIMITS:
+        value = body.get(name)
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and 2 < value <= MAXIMUM \
+                and float(value).is_integer():
+            body[name] = 2
+    if case.operation.path in (CHAT, "/v1/completions"):
+        _without_tools(body)
+    elif case.operation.path in (*MESSAGES_API, RESPONSES):
+        _without_tool_turns(body, case.operation.path)
+    messages = body.get("messages")
+    if case.operation.path in MESSAGES_API and isinstance(messages, list) and messages \
+            and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
+        messages[-1] = {**messages[-1], "role": "user"}
