@@ -45,20 +45,6 @@ def server():
         yield live
 
 
-@pytest.fixture
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
-
-
-@pytest.fixture
-def openai_client(server):
-    import openai
-
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60) as client:
-        yield client
-
-
 @pytest.fixture(scope="module")
 def alone(server):
     """The greedy chat answer to FRANCE decoded with nothing else running."""

@@ -178,18 +178,6 @@ def server():
         yield running
 
 
-@pytest.fixture
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
-
-
-@pytest.fixture
-def client(server):
-    with anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=60) as client:
-        yield client
-
-
 def chat(http, messages, max_tokens=8, **extra):
     """The chat endpoint's greedy answer: (text, finish_reason, usage)."""
     body = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": max_tokens,
@@ -212,11 +200,11 @@ def named_events(response) -> list[tuple[str, dict]]:
 @pytest.mark.model
 @needs_model
 @pytest.mark.parametrize("system", [None, "You are a geography teacher."])
-def test_the_answer_is_the_chat_endpoints(http, client, system):
+def test_the_answer_is_the_chat_endpoints(http, anthropic_client, system):
     chat_messages = ([{"role": "system", "content": system}] if system else []) + FRANCE
     text, finish, usage = chat(http, chat_messages)
     extra = {"system": system} if system else {}
-    reply = client.messages.create(model=MODEL, max_tokens=8, messages=FRANCE, extra_body=GREEDY, **extra)
+    reply = anthropic_client.messages.create(model=MODEL, max_tokens=8, messages=FRANCE, extra_body=GREEDY, **extra)
     assert reply.type == "message" and reply.role == "assistant" and reply.model == MODEL
     assert reply.id.startswith("msg_")
     assert [block.type for block in reply.content] == ["text"] and reply.content[0].text == text
@@ -225,26 +213,26 @@ def test_the_answer_is_the_chat_endpoints(http, client, system):
     assert reply.stop_sequence is None
     assert (reply.usage.input_tokens, reply.usage.output_tokens) == (usage["prompt_tokens"],
                                                                      usage["completion_tokens"])
-    counted = client.messages.count_tokens(model=MODEL, messages=FRANCE, **extra)
+    counted = anthropic_client.messages.count_tokens(model=MODEL, messages=FRANCE, **extra)
     assert counted.input_tokens == usage["prompt_tokens"]
 
 
 @pytest.mark.model
 @needs_model
-def test_a_history_of_turns_and_blocks(http, client):
+def test_a_history_of_turns_and_blocks(http, anthropic_client):
     history = [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello! How can I help?"},
                {"role": "user", "content": "What is the capital of Italy?"}]
     text, _, usage = chat(http, history)
     blocks = [{"role": m["role"], "content": [{"type": "text", "text": m["content"][:3]},
                                               {"type": "text", "text": m["content"][3:]}]} for m in history]
-    reply = client.messages.create(model=MODEL, max_tokens=8, messages=blocks, extra_body=GREEDY)
+    reply = anthropic_client.messages.create(model=MODEL, max_tokens=8, messages=blocks, extra_body=GREEDY)
     assert reply.content[0].text == text and "Rome" in text
     assert reply.usage.input_tokens == usage["prompt_tokens"]
 
 
 @pytest.mark.model
 @needs_model
-def test_stream_events_are_in_order_and_complete(http, client):
+def test_stream_events_are_in_order_and_complete(http, anthropic_client):
     text, finish, usage = chat(http, FRANCE)
     request = {"model": MODEL, "max_tokens": 8, "messages": FRANCE, "stream": True, **GREEDY}
     with http.stream("POST", "/v1/messages", json=request) as response:
@@ -269,7 +257,7 @@ def test_stream_events_are_in_order_and_complete(http, client):
                             "stop_sequence": None}
     assert end["usage"] == {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]}
 
-    with client.messages.stream(model=MODEL, max_tokens=8, messages=FRANCE, extra_body=GREEDY) as stream:
+    with anthropic_client.messages.stream(model=MODEL, max_tokens=8, messages=FRANCE, extra_body=GREEDY) as stream:
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert streamed == final.content[0].text == text
@@ -278,24 +266,24 @@ def test_stream_events_are_in_order_and_complete(http, client):
 
 @pytest.mark.model
 @needs_model
-def test_max_tokens_and_stop_sequences(http, client):
-    cut = client.messages.create(model=MODEL, max_tokens=3, messages=FRANCE, extra_body=GREEDY)
+def test_max_tokens_and_stop_sequences(http, anthropic_client):
+    cut = anthropic_client.messages.create(model=MODEL, max_tokens=3, messages=FRANCE, extra_body=GREEDY)
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 3
     assert cut.content[0].text == chat(http, FRANCE, max_tokens=3)[0]
 
     for stops, matched in (([" Paris"], " Paris"), (["xyz", " France", "."], " France"), (["."], "."),
                             (["xyz", "is Pa"], "is Pa")):  # across tokens, ending inside one
-        reply = client.messages.create(model=MODEL, max_tokens=12, messages=FRANCE, stop_sequences=stops,
-                                       extra_body=GREEDY)
+        reply = anthropic_client.messages.create(model=MODEL, max_tokens=12, messages=FRANCE, stop_sequences=stops,
+                                                 extra_body=GREEDY)
         text, finish, _ = chat(http, FRANCE, max_tokens=12, stop=stops)
         assert (reply.stop_reason, reply.stop_sequence) == ("stop_sequence", matched), reply
         assert reply.content[0].text == text and finish == "stop"
-        with client.messages.stream(model=MODEL, max_tokens=12, messages=FRANCE, stop_sequences=stops,
-                                    extra_body=GREEDY) as stream:
+        with anthropic_client.messages.stream(model=MODEL, max_tokens=12, messages=FRANCE, stop_sequences=stops,
+                                              extra_body=GREEDY) as stream:
             final = stream.get_final_message()
         assert (final.stop_reason, final.stop_sequence, final.content[0].text) == ("stop_sequence", matched, text)
-    unmatched = client.messages.create(model=MODEL, max_tokens=12, messages=FRANCE, stop_sequences=["xyz"],
-                                       extra_body=GREEDY)
+    unmatched = anthropic_client.messages.create(model=MODEL, max_tokens=12, messages=FRANCE, stop_sequences=["xyz"],
+                                                 extra_body=GREEDY)
     assert (unmatched.stop_reason, unmatched.stop_sequence) == ("end_turn", None)
 
 
@@ -311,7 +299,7 @@ def check_error(response, status: int, kind: str, param: str | None = None) -> s
 
 @pytest.mark.model
 @needs_model
-def test_hostile_bodies_against_the_server(http, client):
+def test_hostile_bodies_against_the_server(http, anthropic_client):
     for body, param in HOSTILE:
         check_error(http.post("/v1/messages", content=json.dumps(body)), 400, "invalid_request_error", param)
     raw = [(b"{not json", None), (b"[1, 2]", None), (b"[" * 100_000, None), (b'{"a":' * 50_000, None),
@@ -333,10 +321,11 @@ def test_hostile_bodies_against_the_server(http, client):
     huge_k = http.post("/v1/messages", json={**OK, "top_k": 10**12, **GREEDY}).json()
     assert huge_k["content"][0]["text"] == chat(http, FRANCE)[0]
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
-        client.messages.create(model=MODEL, max_tokens=10**9, messages=FRANCE)
+        anthropic_client.messages.create(model=MODEL, max_tokens=10**9, messages=FRANCE)
     with pytest.raises(anthropic.BadRequestError, match="tool_choice.name"):
-        client.messages.create(model=MODEL, max_tokens=4, messages=FRANCE, tool_choice={"type": "tool", "name": "g"},
-                               tools=[{"name": "f", "input_schema": {"type": "object"}}])
+        anthropic_client.messages.create(model=MODEL, max_tokens=4, messages=FRANCE,
+                                         tool_choice={"type": "tool", "name": "g"},
+                                         tools=[{"name": "f", "input_schema": {"type": "object"}}])
     assert http.get("/health").status_code == 200
 
 

@@ -71,19 +71,11 @@ def server(request):
         yield server
 
 
-@pytest.fixture
-def client(server):
-    import openai
-
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
-        yield client
-
-
 @needs_model
-def test_non_streamed_choices_have_their_indexes_and_usage_sums_them(client):
-    plain = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, **SAMPLED)
-    answer = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, n=3, logprobs=True,
-                                            **SAMPLED)
+def test_non_streamed_choices_have_their_indexes_and_usage_sums_them(openai_client):
+    plain = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, **SAMPLED)
+    answer = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, n=3, logprobs=True,
+                                                   **SAMPLED)
     assert [c.index for c in answer.choices] == [0, 1, 2]
     # Choice 0 with seed s is the plain request with seed s.
     assert answer.choices[0].message.content == plain.choices[0].message.content
@@ -92,18 +84,18 @@ def test_non_streamed_choices_have_their_indexes_and_usage_sums_them(client):
     assert answer.usage.prompt_tokens == plain.usage.prompt_tokens  # the prompt counted once
     assert answer.usage.completion_tokens == sum(tokens)
     assert all(c.finish_reason in ("stop", "length") for c in answer.choices)
-    completion = client.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is", n=2,
-                                           **SAMPLED)
+    completion = openai_client.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is", n=2,
+                                                  **SAMPLED)
     assert completion.object == "text_completion" and [c.index for c in completion.choices] == [0, 1]
     assert completion.usage.completion_tokens == 12  # 6 each: a prompt this open never ends sooner
 
 
 @needs_model
-def test_streamed_choices_interleave_and_each_ends_with_its_reason(client, server):
+def test_streamed_choices_interleave_and_each_ends_with_its_reason(openai_client, server):
     import httpx
 
-    streamed = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, n=3, stream=True,
-                                              stream_options={"include_usage": True}, **SAMPLED)
+    streamed = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, n=3, stream=True,
+                                                     stream_options={"include_usage": True}, **SAMPLED)
     texts, finish, order, usage = ["", "", ""], [None] * 3, [], None
     for chunk in streamed:
         if chunk.usage is not None:
@@ -113,7 +105,7 @@ def test_streamed_choices_interleave_and_each_ends_with_its_reason(client, serve
             texts[choice.index] += choice.delta.content or ""
             finish[choice.index] = choice.finish_reason
             order.append(choice.index)
-    whole = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, n=3, **SAMPLED)
+    whole = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, n=3, **SAMPLED)
     assert texts == [c.message.content for c in whole.choices]  # the same seeds, the same choices
     assert finish == [c.finish_reason for c in whole.choices]
     assert usage.completion_tokens == whole.usage.completion_tokens
@@ -131,25 +123,26 @@ def test_streamed_choices_interleave_and_each_ends_with_its_reason(client, serve
 
 
 @needs_model
-def test_stop_token_ids_end_a_choice_with_stop(client):
-    plain = client.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is",
-                                      max_tokens=6, temperature=0)
+def test_stop_token_ids_end_a_choice_with_stop(openai_client):
+    plain = openai_client.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is",
+                                             max_tokens=6, temperature=0)
     from emlx_async.llm.loading import load_model_files
 
     tokenizer = load_model_files(None)[1]
     ids = tokenizer.encode(plain.choices[0].text, add_special_tokens=False).ids
-    stopped = client.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is",
-                                        max_tokens=6, temperature=0, n=2, extra_body={"stop_token_ids": [ids[2]]})
+    stopped = openai_client.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is",
+                                               max_tokens=6, temperature=0, n=2,
+                                               extra_body={"stop_token_ids": [ids[2]]})
     for choice in stopped.choices:
         assert choice.finish_reason == "stop"
         assert choice.text == tokenizer.decode(ids[:2])
 
 
 @needs_model
-def test_each_choice_follows_response_format_on_its_own(client):
+def test_each_choice_follows_response_format_on_its_own(openai_client):
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
               "additionalProperties": False}
-    answer = client.chat.completions.create(
+    answer = openai_client.chat.completions.create(
         model="SmolLM2-135M-Instruct", messages=FRANCE, n=2, max_tokens=24, temperature=1.0, seed=3,
         response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}})
     for choice in answer.choices:
@@ -158,7 +151,7 @@ def test_each_choice_follows_response_format_on_its_own(client):
 
 
 @needs_model
-def test_n_past_the_bounds_is_a_400_naming_n(client, server):
+def test_n_past_the_bounds_is_a_400_naming_n(openai_client, server):
     import httpx
     import openai
 
@@ -168,9 +161,9 @@ def test_n_past_the_bounds_is_a_400_naming_n(client, server):
 
     for n in (MAX_CHOICES + 1, MAX_CONCURRENT + 1):  # past the engine's bound; past the server's slots
         with pytest.raises(openai.BadRequestError) as error:
-            client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, n=n, max_tokens=2)
+            openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, n=n, max_tokens=2)
         assert error.value.body["param"] == "n"
     with pytest.raises(openai.BadRequestError) as error:
-        client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, max_tokens=2,
-                                       extra_body={"stop_token_ids": [10**6]})
+        openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, max_tokens=2,
+                                              extra_body={"stop_token_ids": [10**6]})
     assert error.value.body["param"] == "stop_token_ids"

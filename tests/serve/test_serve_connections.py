@@ -41,12 +41,6 @@ def server(request):
         yield live
 
 
-@pytest.fixture
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
-
-
 def connect(server, timeout: float = 30.0) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=timeout)
     return sock

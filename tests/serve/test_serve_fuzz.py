@@ -44,12 +44,6 @@ def server(request):
         assert "Traceback" not in live.output() and "unhandled error" not in live.output(), live.output()
 
 
-@pytest.fixture
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
-
-
 def check_answer(response) -> None:
     """A 2xx, or a 4xx whose JSON error names a field the request has (or none)."""
     assert response.status_code < 500, response.text

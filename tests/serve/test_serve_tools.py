@@ -252,27 +252,19 @@ def server():
         yield live
 
 
-@pytest.fixture
-def client(server):
-    import openai
-
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
-        yield c
-
-
 @pytest.mark.model
 @needs_model
-def test_tools_auto_with_the_official_client_streamed_and_not(client):
-    answer = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER, tools=[WEATHER],
-                                            max_tokens=40, temperature=0)
+def test_tools_auto_with_the_official_client_streamed_and_not(openai_client):
+    answer = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER, tools=[WEATHER],
+                                                   max_tokens=40, temperature=0)
     choice = answer.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
     if choice.finish_reason == "tool_calls":
         assert choice.message.tool_calls and json.loads(choice.message.tool_calls[0].function.arguments) is not None
     else:
         assert choice.message.tool_calls is None and isinstance(choice.message.content, str)
-    chunks = list(client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER, tools=[WEATHER],
-                                                 max_tokens=40, temperature=0, stream=True))
+    chunks = list(openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER, tools=[WEATHER],
+                                                        max_tokens=40, temperature=0, stream=True))
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason == choice.finish_reason
     assert streamed == (choice.message.content or "")
@@ -280,14 +272,14 @@ def test_tools_auto_with_the_official_client_streamed_and_not(client):
 
 @pytest.mark.model
 @needs_model
-def test_a_tool_result_round_trip(client):
-    answer = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=ROUND_TRIP, tools=[WEATHER],
-                                            max_tokens=24, temperature=0)
+def test_a_tool_result_round_trip(openai_client):
+    answer = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=ROUND_TRIP, tools=[WEATHER],
+                                                   max_tokens=24, temperature=0)
     assert answer.choices[0].message.role == "assistant"
     assert answer.usage.prompt_tokens > 100  # the fallback block and the turns reached the prompt
     # The same without the tool turns is a shorter prompt: they were rendered.
-    shorter = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER, tools=[WEATHER],
-                                             max_tokens=1, temperature=0)
+    shorter = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=USER, tools=[WEATHER],
+                                                    max_tokens=1, temperature=0)
     assert shorter.usage.prompt_tokens < answer.usage.prompt_tokens
 
 

@@ -32,14 +32,6 @@ def server():
         yield live
 
 
-@pytest.fixture
-def openai_client(server):
-    import openai
-
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60) as client:
-        yield client
-
-
 def test_openai_client_gets_paris_streamed_and_not(server, openai_client):
     with httpx.Client(base_url=server.url) as http:
         health = http.get("/health")
