@@ -36,8 +36,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .service import Generation, Service
-from .common import (JSON, AnswerParts, Collected, checked_text, joined_text, boolean, count, event,
-                     generation_route, integer, number, optional_object, read_object, string, string_list,
+from .common import (JSON, AnswerParts, Collected, boolean, checked_text, count, event, generation_route, integer,
+                     joined_text, number, optional_object, read_object, required_text, string, string_list,
                      type_name, wrong_type)
 from .protocol import APIError, GenerationRequest, checked_tool, choose_tools, invalid, show
 from .tools import json_pieces
@@ -137,13 +137,6 @@ def _text_blocks(content, param: str) -> str:
     return joined_text(content, param, text_types=("text",), noun="content block")
 
 
-def _nonempty(block: dict, name: str, where: str) -> str:
-    value = block.get(name)
-    if not isinstance(value, str) or not value:
-        raise invalid(f"{where}.{name}", f"{where}.{name}: expected a non-empty string, got {type_name(value)}",
-                      "invalid_type" if value is not None else "missing_required_parameter")
-    return checked_text(value, f"{where}.{name}")
-
 
 def _turn(role: str, content, where: str, tool_use_ids: set[str]) -> list[dict]:
     """One message as chat messages: an assistant's text and tool calls, or a user's tool
@@ -162,10 +155,10 @@ def _turn(role: str, content, where: str, tool_use_ids: set[str]) -> list[dict]:
             arguments = block.get("input")
             if not isinstance(arguments, dict):
                 raise wrong_type(f"{at}.input", "an object", arguments)
-            calls.append({"type": "function", "id": _nonempty(block, "id", at),
-                          "function": {"name": _nonempty(block, "name", at), "arguments": arguments}})
+            calls.append({"type": "function", "id": required_text(block, "id", at),
+                          "function": {"name": required_text(block, "name", at), "arguments": arguments}})
         elif kind == "tool_result" and role == "user":
-            call_id = _nonempty(block, "tool_use_id", at)
+            call_id = required_text(block, "tool_use_id", at)
             if call_id not in tool_use_ids:
                 raise invalid(f"{at}.tool_use_id", f"{at}.tool_use_id: no tool_use block of the assistant "
                               f"message before has the id {show(call_id)}", "unknown_tool_use")

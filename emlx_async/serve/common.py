@@ -151,6 +151,15 @@ def checked_text(value: str, param: str) -> str:
     return value
 
 
+def required_text(item: dict, name: str, where: str) -> str:
+    """``item[name]``, a non-empty string (the field is named ``where.name``)."""
+    value = item.get(name)
+    if not isinstance(value, str) or not value:
+        raise invalid(f"{where}.{name}", f"{where}.{name}: expected a non-empty string, got {type_name(value)}",
+                      "invalid_type" if value is not None else "missing_required_parameter")
+    return checked_text(value, f"{where}.{name}")
+
+
 def joined_text(content, param: str, *, text_types: tuple[str, ...], noun: str,
                 refusals: dict[str, str] | None = None) -> str:
     """A string, or an array of `noun` objects whose type is one of `text_types`

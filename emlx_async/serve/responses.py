@@ -33,8 +33,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .service import Generation, Service
-from .common import (JSON, AnswerParts, Collected, checked_text, joined_text, boolean, event, generation_route,
-                     integer, number, optional_object, string, type_name, wrong_type)
+from .common import (JSON, AnswerParts, Collected, boolean, checked_text, event, generation_route, integer,
+                     joined_text, number, optional_object, required_text, string, type_name, wrong_type)
 from .protocol import MAX_TOP_LOGPROBS, APIError, GenerationRequest, checked_tool, choose_tools, invalid, show
 from .tools import json_pieces
 
@@ -95,25 +95,18 @@ def _content(content, param: str) -> str:
     return joined_text(content, param, text_types=_TEXT_PARTS, noun="content part")
 
 
-def _required_text(item: dict, name: str, where: str) -> str:
-    value = item.get(name)
-    if not isinstance(value, str) or not value:
-        raise invalid(f"{where}.{name}", f"{where}.{name}: expected a non-empty string, got {type_name(value)}",
-                      "invalid_type" if value is not None else "missing_required_parameter")
-    return checked_text(value, f"{where}.{name}")
-
 
 def _function_call(item: dict, where: str) -> dict:
     """A function_call input item as a chat tool call (arguments as the template reads them, a dict)."""
-    text = _required_text(item, "arguments", where) if item.get("arguments") != "" else "{}"
+    text = required_text(item, "arguments", where) if item.get("arguments") != "" else "{}"
     try:
         arguments = json.loads(text)
     except (ValueError, RecursionError):
         arguments = None
     if not isinstance(arguments, dict):
         raise invalid(f"{where}.arguments", f"{where}.arguments: expected JSON text of an object", "invalid_value")
-    return {"type": "function", "id": _required_text(item, "call_id", where),
-            "function": {"name": _required_text(item, "name", where), "arguments": arguments}}
+    return {"type": "function", "id": required_text(item, "call_id", where),
+            "function": {"name": required_text(item, "name", where), "arguments": arguments}}
 
 
 def parse_input(body: dict) -> list[dict]:
@@ -147,7 +140,7 @@ def parse_input(body: dict) -> list[dict]:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
             continue
         if kind == "function_call_output":
-            call_id = _required_text(item, "call_id", where)
+            call_id = required_text(item, "call_id", where)
             if call_id not in call_ids:
                 raise invalid(f"{where}.call_id", f"{where}.call_id: no function_call item before has the "
                               f"call_id {show(call_id)}", "unknown_call_id")
