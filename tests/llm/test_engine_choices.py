@@ -7,6 +7,7 @@ import contextlib
 import anyio
 import pytest
 
+from support.engine import tokens_of
 from support.helpers import on_every_loop
 from support.tiny_models import QUANTIZABLE, IdsTokenizer, tiny
 
@@ -37,10 +38,6 @@ async def engine_on(rt, mode: str, step: str, **options):
     assert await engine.prepare_step(step, cache_sizes=(16, 32)) == step, engine.step_note
     engine.model.prefills.clear()  # tracing calls the model
     return engine
-
-
-async def tokens_of(engine, prompt, **options) -> list[int]:
-    return [d.token async for d in engine.generate(prompt, **options) if d.token is not None]
 
 
 async def choices_of(engine, prompt, n, **options) -> tuple[list[list[int]], list[str | None]]:

@@ -16,6 +16,7 @@ import mlx.nn as nn
 import pytest
 
 import emlx_async as ea
+from support.engine import concurrently, tokens_of
 from support.helpers import buffer_address, needs_model, on_every_loop, on_loops
 
 SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20)
@@ -67,23 +68,6 @@ def tiny_model(kind: str):
         max_position_embeddings=128))
     mx.eval(model.parameters())  # evaluated weights are usable from any thread
     return model
-
-
-async def tokens_of(engine, prompt, **options) -> list[int]:
-    return [d.token async for d in engine.generate(prompt, **options) if d.token is not None]
-
-
-async def concurrently(engine, requests: list[dict]) -> list[list[int]]:
-    """Each request's tokens (a request: generate()'s arguments), all running at once."""
-    results: list[list[int]] = [[] for _ in requests]
-
-    async def one(i):
-        results[i] = await tokens_of(engine, **requests[i])
-
-    async with anyio.create_task_group() as tg:
-        for i in range(len(requests)):
-            tg.start_soon(one, i)
-    return results
 
 
 @on_every_loop

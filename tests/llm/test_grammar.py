@@ -23,6 +23,7 @@ import pytest
 
 import emlx_async as ea
 from support.helpers import needs_model, on_every_loop
+from support.tiny_models import smollm2_vocab_llama
 
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
@@ -408,17 +409,7 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict:
 
 @pytest.fixture(scope="module")
 def tiny_random_llama():
-    """A random llama with SmolLM2's vocabulary: a fast step, meaningless logits."""
-    from mlx_lm.utils import _get_classes
-
-    config = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64,
-              "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-5, "vocab_size": 49152,
-              "tie_word_embeddings": True}
-    model_class, args_class = _get_classes(config)
-    mx.random.seed(11)
-    model = model_class(args_class.from_dict(config))
-    mx.eval(model.parameters())
-    return model
+    return smollm2_vocab_llama()
 
 
 def test_random_schemas_on_a_random_model_always_validate(gguf, tokenizer, tiny_random_llama):

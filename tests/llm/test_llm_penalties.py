@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 
-import anyio
 import mlx.core as mx
 import pytest
 from mlx_lm.sample_utils import apply_min_p, make_logits_processors
 
 import emlx_async as ea
 from emlx_async.llm import penalties as P
+from support.engine import concurrently, tokens_of
 from support.helpers import on_every_loop, on_loops
 from support.tiny_models import IdsTokenizer, mlx_lm_tokens, tiny
 
@@ -141,22 +141,6 @@ def openai_reference(prompt: list[int], presence: float, frequency: float):
                 logits = penalty(answer, logits)
         return logits
     return processor
-
-
-async def tokens_of(engine, prompt, **options) -> list[int]:
-    return [d.token async for d in engine.generate(prompt, **options) if d.token is not None]
-
-
-async def concurrently(engine, requests: list[dict]) -> list[list[int]]:
-    results: list[list[int]] = [[] for _ in requests]
-
-    async def one(i):
-        results[i] = await tokens_of(engine, **requests[i])
-
-    async with anyio.create_task_group() as tg:
-        for i in range(len(requests)):
-            tg.start_soon(one, i)
-    return results
 
 
 @pytest.mark.parametrize("mode", ["parallel", "batch"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import anyio
+
 PARIS = "The capital of France is"  # a short raw prompt where the chat template is not the point
 
 
@@ -18,3 +20,21 @@ async def collect(engine, **kwargs):
         if delta.token is not None:
             tokens.append(delta.token)
     return text, tokens
+
+
+async def tokens_of(engine, prompt, **options) -> list[int]:
+    """The token ids of one ``engine.generate(prompt, **options)``."""
+    return [d.token async for d in engine.generate(prompt, **options) if d.token is not None]
+
+
+async def concurrently(engine, requests: list[dict]) -> list[list[int]]:
+    """Each request's tokens (a request: generate()'s arguments), all running at once."""
+    results: list[list[int]] = [[] for _ in requests]
+
+    async def one(i):
+        results[i] = await tokens_of(engine, **requests[i])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(requests)):
+            tg.start_soon(one, i)
+    return results

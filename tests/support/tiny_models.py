@@ -96,3 +96,16 @@ def tiny_model_folder(path, chat_template: str, kind: str = "llama"):
               "eos_token_id": sorted(eos)}
     (path / "config.json").write_text(json.dumps(config))
     return path
+
+
+def smollm2_vocab_llama():
+    """A random llama with SmolLM2's vocabulary: a fast step, meaningless logits (for grammar tests
+    that need the real tokenizer, not a meaningful model)."""
+    config = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-5, "vocab_size": 49152,
+              "tie_word_embeddings": True}
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(11)
+    model = model_class(args_class.from_dict(config))
+    mx.eval(model.parameters())
+    return model
