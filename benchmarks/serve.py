@@ -1,19 +1,31 @@
 """Closed-loop load on the HTTP service (emlx_async.serve) in each engine
-mode, and on mlx-lm's own server on the very same weights.
+mode, and on two other MLX servers on the very same weights: mlx-lm's own
+server and vllm-mlx.
 
 The script converts the GGUF into an mlx-lm folder in a temporary directory
 (`emlx_async.llm.save.convert`, what `emlx-async convert` runs), then for
 each server: starts it on a free loopback port (`python -m emlx_async.serve
---mode M`, or `python -m mlx_lm server --model DIR`), waits for /health, and
-for N = 1, 4, 8, 16 clients: each client sends streamed greedy chat
-completions back to back (`--requests` each, `--tokens` max_tokens each, the
-same prompts for every server) and times every chunk as it arrives. Prints
-aggregate tokens/s, time to first token p50/p99, inter-token latency p50/p99
-and errors; then stops the server by its pid (SIGTERM, SIGKILL after 30 s).
-Last, the ratios ours/mlx-lm at each N, and whether the greedy texts agree.
+--mode M`, `python -m mlx_lm server --model DIR`, or `vllm-mlx serve DIR
+--continuous-batching`), waits for /health, and for N = 1, 4, 8, 16
+clients: each client sends streamed greedy chat completions back to back
+(`--requests` each, `--tokens` max_tokens each, the same prompts for every
+server) and times every chunk as it arrives. Prints aggregate tokens/s,
+time to first token p50/p99, inter-token latency p50/p99 and errors; then
+stops the server by its pid (SIGTERM, SIGKILL after 30 s). Last, the ratios
+ours/peer at each N for each peer server run, the targets (parallel mode at
+8 clients: at least 1.3x each peer's tokens/s with a lower p99 time to first
+token; at 1 client: no slower), and whether the greedy texts agree.
 
-    python benchmarks/serve.py [--servers parallel,batch,mlx-lm] [--clients 1,4,8,16]
-                               [--requests 2] [--tokens 16] [--max-concurrent 8]
+vllm-mlx is no dependency of this project: with torch and the rest of its
+dependencies it takes several GB, so it is left out of the default
+--servers. Naming it installs it once into a virtual environment of its own
+(--vllm-venv, by default .bench/vllm-mlx in the repository, which git
+ignores) with the same MLX build as ours; a failed install (no network)
+skips it with a message. It runs with its continuous-batching engine and
+its other defaults (its structured output needs Metal, and is not used).
+
+    python benchmarks/serve.py [--servers parallel,batch,mlx-lm[,vllm-mlx]] [--clients 1,4,8,16]
+                               [--requests 2] [--tokens 16] [--max-concurrent 8] [--vllm-venv DIR]
 """
 
 from __future__ import annotations
@@ -27,12 +39,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import httpx
 
 from _prompts import PROMPTS  # noqa: E402 - benchmarks/ is the script's directory
 
+OURS = ("parallel", "batch")
 MLX_LM = "mlx-lm"
+VLLM_MLX = "vllm-mlx"
+PEERS = (MLX_LM, VLLM_MLX)
+# A release pinned, so that runs compare; its own venv reinstalls when this changes.
+VLLM_MLX_REQUIREMENT = "vllm-mlx==0.6.0"
+DEFAULT_VLLM_VENV = Path(__file__).resolve().parent.parent / ".bench" / VLLM_MLX
+# vllm-mlx's requests must name the model (ours and mlx-lm's take their one model when none is named).
+VLLM_MLX_MODEL_NAME = "smollm2"
+REQUEST_MODEL = {VLLM_MLX: VLLM_MLX_MODEL_NAME}
+# The distributions that make up an MLX build: the same ones, same versions, go into vllm-mlx's venv.
+MLX_DISTRIBUTIONS = ("mlx", "mlx-cpu", "mlx-cuda-12", "mlx-cuda-13", "mlx-metal")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -48,20 +73,68 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(server: str, port: int, max_concurrent: int, folder: str | None, log) -> subprocess.Popen:
+def our_mlx_requirements() -> list[str]:
+    """Our MLX build as pins (`mlx==V`, and its backend: `mlx-cpu==V` on a Linux CPU build)."""
+    pins = []
+    for name in MLX_DISTRIBUTIONS:
+        try:
+            pins.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            pass
+    return pins
+
+
+def vllm_mlx_executable(venv: Path) -> Path | None:
+    """vllm-mlx's command in its own venv, installed there on first use; None, with the reason
+    printed, when it cannot be installed (no network, no disk)."""
+    executable = venv / "bin" / VLLM_MLX
+    marker = venv / ".installed"  # written last: a venv whose install broke off is installed again
+    wanted = "\n".join([VLLM_MLX_REQUIREMENT, *our_mlx_requirements()])
+    if executable.exists() and marker.exists() and marker.read_text() == wanted:
+        return executable
+    print(f"{VLLM_MLX}: installing {VLLM_MLX_REQUIREMENT} with {' '.join(our_mlx_requirements())} into {venv} "
+          f"(a venv of its own, several GB with torch; once, later runs reuse it)", flush=True)
+    steps = [[sys.executable, "-m", "venv", str(venv)],
+             [str(venv / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off", *wanted.split("\n")]]
+    for step in steps:
+        try:
+            done = subprocess.run(step, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=3600)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            print(f"{VLLM_MLX}: skipped, its install failed: {exc}", flush=True)
+            return None
+        if done.returncode != 0:
+            print(f"{VLLM_MLX}: skipped, its install failed (`{' '.join(step[1:4])}` exited with {done.returncode}):",
+                  flush=True)
+            for line in (done.stdout + done.stderr).strip().splitlines()[-8:]:
+                print(f"    {line}")
+            return None
+    marker.write_text(wanted)
+    return executable
+
+
+def server_command(server: str, port: int, max_concurrent: int, folder: str | None,
+                   vllm_mlx: Path | None) -> list[str]:
+    """The command line that starts `server` on 127.0.0.1:`port`."""
+    address = ["--host", "127.0.0.1", "--port", str(port)]
     if server == MLX_LM:
         # Its defaults: continuous batching of up to 32 decodes, 8 prompts at once, a prompt cache.
-        command = [sys.executable, "-m", "mlx_lm", "server", "--model", folder, "--host", "127.0.0.1",
-                   "--port", str(port), "--log-level", "WARNING"]
-    else:
-        command = [sys.executable, "-m", "emlx_async.serve", "--mode", server, "--host", "127.0.0.1",
-                   "--port", str(port), "--max-concurrent", str(max_concurrent), "--log-level", "warning"]
-    # Into a log file (mlx-lm's server prints a line per request); shown if the server fails.
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        return [sys.executable, "-m", "mlx_lm", "server", "--model", folder, *address, "--log-level", "WARNING"]
+    if server == VLLM_MLX:
+        # Its continuous-batching engine, its defaults otherwise (up to 256 sequences, prefill
+        # batches of 8, decode batches of 32, a prefix cache); offline: the folder is all it may read.
+        return [str(vllm_mlx), "serve", folder, *address, "--continuous-batching",
+                "--served-model-name", VLLM_MLX_MODEL_NAME, "--offline"]
+    return [sys.executable, "-m", "emlx_async.serve", "--mode", server, *address,
+            "--max-concurrent", str(max_concurrent), "--log-level", "warning"]
+
+
+def start_server(command: list[str], log, env: dict | None) -> subprocess.Popen:
+    # Into a log file (the peers print a line per request); shown if the server fails.
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def stop_server(process: subprocess.Popen) -> None:
-    process.terminate()  # SIGTERM: ours drains gracefully; mlx-lm's ends
+    process.terminate()  # SIGTERM: ours drains gracefully; the peers end
     try:
         process.wait(timeout=30)
     except subprocess.TimeoutExpired:
@@ -69,7 +142,8 @@ def stop_server(process: subprocess.Popen) -> None:
         process.wait()
 
 
-async def wait_ready(url: str, process: subprocess.Popen, timeout: float = 180.0) -> None:
+async def wait_ready(url: str, process: subprocess.Popen, timeout: float = 600.0) -> None:
+    # vllm-mlx imports torch, transformers and gradio before it loads the model: minutes on a busy CPU.
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient(base_url=url) as client:
         while time.monotonic() < deadline:
@@ -84,10 +158,13 @@ async def wait_ready(url: str, process: subprocess.Popen, timeout: float = 180.0
     raise RuntimeError("the server did not become ready")
 
 
-async def one_request(client: httpx.AsyncClient, prompt: str, tokens: int, ttfts: list, itls: list) -> tuple[int, str]:
+async def one_request(client: httpx.AsyncClient, model: str | None, prompt: str, tokens: int, ttfts: list,
+                      itls: list) -> tuple[int, str]:
     """Streams one chat completion; returns (its completion tokens from the usage chunk, its text)."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
+    if model is not None:
+        body["model"] = model
     start = time.perf_counter()
     last = None
     generated = 0
@@ -116,7 +193,7 @@ async def one_request(client: httpx.AsyncClient, prompt: str, tokens: int, ttfts
     return generated, "".join(text)
 
 
-async def load(url: str, clients: int, requests: int, tokens: int) -> dict:
+async def load(url: str, model: str | None, clients: int, requests: int, tokens: int) -> dict:
     ttfts: list[float] = []
     itls: list[float] = []
     errors: list[str] = []
@@ -129,7 +206,7 @@ async def load(url: str, clients: int, requests: int, tokens: int) -> dict:
             for r in range(requests):
                 prompt = PROMPTS[(index + r) % len(PROMPTS)]
                 try:
-                    generated, text = await one_request(client, prompt, tokens, ttfts, itls)
+                    generated, text = await one_request(client, model, prompt, tokens, ttfts, itls)
                     total += generated  # not `total += await ...`: that reads total before the await
                     texts.setdefault(prompt, text)
                 except Exception as exc:  # noqa: BLE001 - counted and reported
@@ -151,18 +228,18 @@ def print_row(server: str, row: dict) -> None:
         print(f"    error: {error}")
 
 
-async def bench_server(server: str, counts: list[int], requests: int, tokens: int, max_concurrent: int,
-                       folder: str | None) -> list[dict]:
-    port = free_port()
+async def bench_server(server: str, command: list[str], env: dict | None, port: int, counts: list[int],
+                       requests: int, tokens: int) -> list[dict]:
     url = f"http://127.0.0.1:{port}"
+    model = REQUEST_MODEL.get(server)
     with tempfile.TemporaryFile() as log:
-        process = start_server(server, port, max_concurrent, folder, log)
+        process = start_server(command, log, env)
         try:
             await wait_ready(url, process)
-            await load(url, 1, 1, 2)  # warm-up: the first request pays one-time costs
+            await load(url, model, 1, 1, 2)  # warm-up: the first request pays one-time costs
             rows = []
             for n in counts:
-                rows.append(await load(url, n, requests, tokens))
+                rows.append(await load(url, model, n, requests, tokens))
                 print_row(server, rows[-1])
                 if rows[-1]["errors"]:
                     _print_log_tail(log)
@@ -182,41 +259,65 @@ def _print_log_tail(log, lines: int = 20) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="closed-loop load on the HTTP service and on mlx-lm's server")
+    parser = argparse.ArgumentParser(description="closed-loop load on the HTTP service and on other MLX servers")
     parser.add_argument("--servers", default=f"parallel,batch,{MLX_LM}",
-                        help=f"our engine modes (parallel, batch) and/or {MLX_LM}")
+                        help=f"our engine modes ({', '.join(OURS)}) and/or the peers ({', '.join(PEERS)}); "
+                             f"{VLLM_MLX} is installed on first use into --vllm-venv (default: %(default)s)")
     parser.add_argument("--clients", default="1,4,8,16")
     parser.add_argument("--requests", type=int, default=2, help="requests per client")
     parser.add_argument("--tokens", type=int, default=16, help="max_tokens per request")
     parser.add_argument("--max-concurrent", type=int, default=8, help="our server's --max-concurrent")
+    parser.add_argument("--vllm-venv", type=Path, default=DEFAULT_VLLM_VENV,
+                        help=f"the virtual environment {VLLM_MLX} is installed into and run from")
     args = parser.parse_args()
     counts = [int(n) for n in args.clients.split(",")]
     servers = args.servers.split(",")
+    unknown = [server for server in servers if server not in OURS + PEERS]
+    if unknown:
+        parser.error(f"unknown server(s) {', '.join(unknown)}: choose from {', '.join(OURS + PEERS)}")
+    vllm_mlx = None
+    if VLLM_MLX not in servers:
+        print(f"{VLLM_MLX}: not in --servers, skipped (naming it installs {VLLM_MLX_REQUIREMENT} into "
+              f"{args.vllm_venv}, several GB)")
+    else:
+        vllm_mlx = vllm_mlx_executable(args.vllm_venv.resolve())
+        if vllm_mlx is None:
+            servers.remove(VLLM_MLX)
+    peers = [server for server in servers if server in PEERS]
     print(f"streamed greedy chat completions, {args.requests} per client, max_tokens {args.tokens}; "
-          f"ours with --max-concurrent {args.max_concurrent}, {MLX_LM} {_mlx_lm_version()} with its defaults")
+          f"ours with --max-concurrent {args.max_concurrent}"
+          + "".join(f", {_peer_description(peer)}" for peer in peers))
     print(f"{'server':<9} {'clients':>7} {'tokens':>6} {'tok/s':>7} {'ttft p50':>9} {'ttft p99':>9} "
           f"{'itl p50':>8} {'itl p99':>8} {'errors':>6}")
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="emlx-serve-bench-") as tmp:
         folder = None
-        if MLX_LM in servers:
+        if peers:
             from emlx_async.llm.save import convert
 
             folder = os.path.join(tmp, "smollm2-mlx")
             convert(None, folder)  # SmolLM2's GGUF: the same weights for every server
         for server in servers:
-            results[server] = asyncio.run(bench_server(server, counts, args.requests, args.tokens,
-                                                       args.max_concurrent, folder))
-    if MLX_LM in results:
-        print_comparison(results, counts)
+            port = free_port()
+            command = server_command(server, port, args.max_concurrent, folder, vllm_mlx)
+            env = None
+            if server == VLLM_MLX:
+                # vllm-mlx saves its prefix cache under ~/.cache at exit and loads it at start: a
+                # HOME of its own in the run's temporary directory, so nothing carries over or stays.
+                env = {**os.environ, "HOME": tempfile.mkdtemp(prefix="vllm-mlx-home-", dir=tmp)}
+            results[server] = asyncio.run(bench_server(server, command, env, port, counts, args.requests,
+                                                       args.tokens))
+    for peer in peers:
+        print_comparison(results, peer, counts)
+    print_targets(results, peers)
 
 
-def print_comparison(results: dict[str, list[dict]], counts: list[int]) -> None:
-    theirs = {row["clients"]: row for row in results[MLX_LM]}
-    print(f"\nours / {MLX_LM} (tok/s: higher is better; ttft p99: lower is better)")
+def print_comparison(results: dict[str, list[dict]], peer: str, counts: list[int]) -> None:
+    theirs = {row["clients"]: row for row in results[peer]}
+    print(f"\nours / {peer} (tok/s: higher is better; ttft p99: lower is better)")
     print(f"{'server':<9} {'clients':>7} {'tok/s':>7} {'ttft p99':>9}")
     for server, rows in results.items():
-        if server == MLX_LM:
+        if server in PEERS:
             continue
         for row in rows:
             other = theirs[row["clients"]]
@@ -224,18 +325,43 @@ def print_comparison(results: dict[str, list[dict]], counts: list[int]) -> None:
                   f"{row['ttft_p99'] / other['ttft_p99']:>8.2f}x")
     # The same weights and greedy decoding: the texts should agree (batched
     # float arithmetic may still move a late token).
-    reference = results[MLX_LM][0]["texts"]
+    reference = results[peer][0]["texts"]
     for server, rows in results.items():
-        if server != MLX_LM:
+        if server != peer:
             texts = rows[0]["texts"]
             same = sum(texts.get(p) == t for p, t in reference.items())
-            print(f"greedy texts at N={counts[0]}, {server} against {MLX_LM}: {same} of {len(reference)} equal")
+            print(f"greedy texts at N={counts[0]}, {server} against {peer}: {same} of {len(reference)} equal")
 
 
-def _mlx_lm_version() -> str:
-    from importlib.metadata import version
+def print_targets(results: dict[str, list[dict]], peers: list[str]) -> None:
+    """Parallel mode against each peer: at 8 clients at least 1.3x its tokens/s and a lower p99
+    time to first token; at 1 client at least its tokens/s."""
+    if "parallel" not in results or not peers:
+        return
+    ours = {row["clients"]: row for row in results["parallel"]}
+    print("\ntargets, parallel mode against each peer")
+    for peer in peers:
+        theirs = {row["clients"]: row for row in results[peer]}
+        checks = []
+        if 8 in ours:
+            speed = ours[8]["tok_s"] / theirs[8]["tok_s"]
+            ttft = ours[8]["ttft_p99"] / theirs[8]["ttft_p99"]
+            checks.append(f"8 clients tok/s {speed:.2f}x (>= 1.30x: {_verdict(speed >= 1.3)}), "
+                          f"ttft p99 {ttft:.2f}x (< 1.00x: {_verdict(ttft < 1.0)})")
+        if 1 in ours:
+            speed = ours[1]["tok_s"] / theirs[1]["tok_s"]
+            checks.append(f"1 client tok/s {speed:.2f}x (>= 1.00x: {_verdict(speed >= 1.0)})")
+        print(f"{peer:<9} " + ("; ".join(checks) or "needs --clients with 1 and/or 8"))
 
-    return version("mlx-lm")
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "missed"
+
+
+def _peer_description(peer: str) -> str:
+    if peer == MLX_LM:
+        return f"{MLX_LM} {version('mlx-lm')} with its defaults"
+    return f"{VLLM_MLX_REQUIREMENT.replace('==', ' ')} with --continuous-batching and its defaults"
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
-"""The decode benchmark runs end to end (a few tokens; `make bench` runs it in full).
+"""The decode and service benchmarks run end to end (a few tokens; `make bench` runs them in full).
 
-It reaches into the engine (the traced steps it times, the Python twin it
-builds), so a change there that breaks the script fails here rather than on
-the next benchmark run. Nothing is timed: the script's exit status and the
-rows it prints are the check.
+The decode benchmark reaches into the engine (the traced steps it times, the
+Python twin it builds), so a change there that breaks the script fails here
+rather than on the next benchmark run. The service benchmark runs our server
+only: vllm-mlx, several GB, is installed only when --servers names it, and
+a failed install skips it. Nothing is timed: the scripts' exit status and
+the rows they print are the check.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -38,3 +41,34 @@ def test_decode_benchmarks_fast_step_section_runs_on_a_tiny_model_built_in_code(
     for row in ("fast step: tiny random llama", "(c) mlx-lm BatchGenerator", "(e') batch, Python step",
                 "targets: batch replayed", "(i) batch, penalties", "penalized / plain replayed step"):
         assert row in done.stdout, done.stdout
+
+
+SERVE = ROOT / "benchmarks" / "serve.py"
+
+
+def test_serve_benchmark_leaves_vllm_mlx_out_unless_servers_names_it(tmp_path):
+    helped = subprocess.run([sys.executable, str(SERVE), "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0, helped.stderr
+    assert "(default: parallel,batch,mlx-lm)" in " ".join(helped.stdout.split()), helped.stdout
+    venv = tmp_path / "vllm-venv"
+    done = subprocess.run([sys.executable, str(SERVE), "--servers", "parallel", "--clients", "1", "--requests", "1",
+                           "--tokens", "2", "--vllm-venv", str(venv)], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "vllm-mlx: not in --servers, skipped" in done.stdout, done.stdout
+    assert any(line.split()[:2] == ["parallel", "1"] for line in done.stdout.splitlines()), done.stdout
+    assert not venv.exists()
+
+
+def test_serve_benchmark_skips_vllm_mlx_with_a_message_when_its_install_fails(tmp_path):
+    # No package index and no local wheels: what an offline machine gives pip.
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1")
+    venv = tmp_path / "vllm-venv"
+    done = subprocess.run([sys.executable, str(SERVE), "--servers", "vllm-mlx", "--clients", "1", "--requests", "1",
+                           "--tokens", "2", "--vllm-venv", str(venv)], capture_output=True, text=True, timeout=90,
+                          env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "vllm-mlx: installing vllm-mlx==" in done.stdout, done.stdout
+    assert "vllm-mlx: skipped, its install failed" in done.stdout, done.stdout
+    assert not any(line.startswith("vllm-mlx ") for line in done.stdout.splitlines()), done.stdout  # no row
+    assert not (venv / ".installed").exists()
