@@ -92,19 +92,20 @@ def vllm_mlx_executable(venv: Path) -> Path | None:
     wanted = "\n".join([VLLM_MLX_REQUIREMENT, *our_mlx_requirements()])
     if executable.exists() and marker.exists() and marker.read_text() == wanted:
         return executable
-    print(f"{VLLM_MLX}: installing {VLLM_MLX_REQUIREMENT} with {' '.join(our_mlx_requirements())} into {venv} "
+    requirements = wanted.split("\n")
+    print(f"{VLLM_MLX}: installing {' '.join(requirements)} into {venv} "
           f"(a venv of its own, several GB with torch; once, later runs reuse it)", flush=True)
-    steps = [[sys.executable, "-m", "venv", str(venv)],
-             [str(venv / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off", *wanted.split("\n")]]
-    for step in steps:
+    steps = {"venv": [sys.executable, "-m", "venv", str(venv)],
+             "pip install": [str(venv / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off",
+                             *requirements]}
+    for name, step in steps.items():
         try:
             done = subprocess.run(step, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=3600)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            print(f"{VLLM_MLX}: skipped, its install failed: {exc}", flush=True)
+            print(f"{VLLM_MLX}: skipped, its install failed ({name}): {exc}", flush=True)
             return None
         if done.returncode != 0:
-            print(f"{VLLM_MLX}: skipped, its install failed (`{' '.join(step[1:4])}` exited with {done.returncode}):",
-                  flush=True)
+            print(f"{VLLM_MLX}: skipped, its install failed ({name} exited with {done.returncode}):", flush=True)
             for line in (done.stdout + done.stderr).strip().splitlines()[-8:]:
                 print(f"    {line}")
             return None
