@@ -142,8 +142,10 @@ class ReplayBatcher(Batcher):
             self.joining += self.waiting
             self.waiting = []
             if any(slots) and not self.joining:  # the batch keeps its rows: a chain of steps
-                slots, size = await self._chain(queue, state, slots, size)
-                continue
+                chained = await self._chain(queue, state, slots, size)
+                if chained is not None:
+                    slots, size = chained
+                    continue
             step = chunk = None
             try:
                 if any(slots):
@@ -214,36 +216,43 @@ class ReplayBatcher(Batcher):
         return finished
 
     async def _chain(self, queue, state: ReplayBatchState, slots: list[Row | None],
-                     size: int) -> tuple[list[Row | None], int]:
+                     size: int) -> tuple[list[Row | None], int] | None:
         """Steps of the same rows as a chain on the worker (``TracedFunction.chain``): each
         takes its tokens, keys and caches (and penalized rows' counts and window) from the
         step before it, so the next step is queued before this one's tokens reach the loop,
-        and the worker never waits for it. The chain stops when a row finishes (or will
-        have by length), one leaves, a request waits to join, or no cache holds the rows;
-        steps already queued then still run (a finished row's extra tokens are dropped,
-        written past what its prompt-cache save reads), their arrays come back to `state`
+        and the worker never waits for it. A finished row's slot decodes on as a free one
+        until the live rows fit fewer rows; with a prompt cache, whose saves read finished
+        rows, the chain stops when one finishes (or will have by length). It also stops
+        when one leaves, a request waits to join, or no cache holds the rows; steps
+        already queued then still run (a finished row's extra token is dropped, written
+        past what its prompt-cache save reads), their arrays come back to `state`
         (``ReplayTraces.take``) and the rows move as after any round. The cache grows
-        within the chain (padded natively); it shrinks at the move."""
+        within the chain (padded natively); it shrinks at the move. None: no step could
+        be queued (no traced cache holds the next one), the batch is as it was."""
         replay = self.decoding.replay
         rows = len(slots)
-        started = list(slots)  # the rows the chain feeds: a finished one's position still advances
+        # Finished rows' caches go to the prompt cache: no step may write over them.
+        keep_finished = self.decoding.prompt_cache is not None
         greedy = all(row is None or row.request.sampler.greedy for row in slots)
         penalties = [row.request.sampler.penalties if row else None for row in slots]
         penalized = any(p is not None for p in penalties)
         options = _traced.sampling_rows([row.request.sampler.options if row else GREEDY for row in slots],
                                         replay.vocab)
         extra = [state.bias, *_penalties.penalty_rows(penalties)] if penalized else []
-        positions = [row.position if row else 0 for row in slots]  # each row's next write
         ahead: collections.deque = collections.deque()  # the steps queued, oldest first
         saves: list[tuple[int, list[int]]] = []
-        chained = stop = False
+        chained = stop = stepped = False
         try:
             while True:
                 while not stop and len(ahead) < STEPS_AHEAD:
+                    # The rows still decoding once the queued steps are read; the others (finished,
+                    # or done by length) decode at position 0 like free rows, their tokens dropped.
+                    going = [row is not None and row.left > len(ahead) for row in slots]
+                    positions = [row.position + len(ahead) if on else 0 for row, on in zip(slots, going)]
                     next_size = replay.size_for(max(positions) + 1)
-                    # A row that will have had its last token: no step past it.
+                    done = [row is not None and not on for row, on in zip(slots, going)]
                     stop = bool(self.waiting or self.leaving) or next_size is None or \
-                        any(row is not None and row.left <= len(ahead) for row in slots)
+                        (any(done) if keep_finished else replay.rows_for(sum(going)) < rows)
                     if stop:
                         break
                     size = max(size, next_size)  # a chained cache only grows
@@ -261,11 +270,11 @@ class ReplayBatcher(Batcher):
                                           *(history + extra if penalized else []), queue=queue, fed=chained))
                     del carried, history
                     chained = True
-                    positions = [p + 1 if row is not None else 0 for p, row in zip(positions, started)]
                 if not ahead:
                     break
+                stepped = True
                 out = await ahead.popleft()
-                stop = self._read(out, slots, saves) or stop
+                stop = self._read(out, slots, saves) and keep_finished or stop
             if chained:
                 take = await replay.take(queue, rows=rows, size=size, penalized=penalized)
                 arrays = await take(*[STAND_IN] * (replay.n_caches + (4 if penalized else 2)), queue=queue,
@@ -281,6 +290,8 @@ class ReplayBatcher(Batcher):
                 future.cancel()
             if chained:  # failed or cancelled mid-chain: the driver drops the batch (_close ends the chain)
                 state.clear()
+        if not stepped:
+            return None
         if self.leaving:
             gone, self.leaving = set(self.leaving), []
             slots = [None if row is not None and row.request.uid in gone else row for row in slots]
