@@ -7,17 +7,21 @@ layouts of the batch caches.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from .. import replay as _replay
 from . import penalties as _penalties
 from . import traced as _traced
 from .batching import Batcher, BatchRequest
 from .decoding import Decoding
+from .parallel import STEPS_AHEAD
 from .sampling import GREEDY, Sampler
 from .state import PromptState, ReplayBatchState
+from .traces import STAND_IN
 
 
 @dataclass
@@ -119,6 +123,7 @@ class ReplayBatcher(Batcher):
 
     async def _close(self, queue, state: ReplayBatchState) -> None:
         state.clear()
+        await queue.run(_replay.end_chain_here)  # a chain the driver left mid-way
 
     async def _serve(self, queue, state: ReplayBatchState) -> None:
         decoding, replay = self.decoding, self.decoding.replay
@@ -136,6 +141,11 @@ class ReplayBatcher(Batcher):
                 prefills.pop(id(request), None)
             self.joining += self.waiting
             self.waiting = []
+            if any(slots) and not self.joining:  # the batch keeps its rows: a chain of steps
+                chained = await self._chain(queue, state, slots, size)
+                if chained is not None:
+                    slots, size = chained
+                    continue
             step = chunk = None
             try:
                 if any(slots):
@@ -159,21 +169,10 @@ class ReplayBatcher(Batcher):
                     chunk = queue.run(self.jobs.prefill,
                                       [(prefills.setdefault(id(r), PromptState()), r.prompt, r.sampler)
                                        for r in prefilling])
-                saves = []
+                saves: list[tuple[int, list[int]]] = []
                 if step is not None:
                     out, step = await step, None
-                    for slot, (token,) in enumerate(out.tolist()):
-                        row = slots[slot]
-                        if row is None:
-                            continue
-                        row.answer.append(token)
-                        row.position, row.token, row.left = row.position + 1, token, row.left - 1
-                        finish = decoding.finish(token, row.left)
-                        self._deliver(row.request.uid, token, finish)
-                        if finish is not None:
-                            slots[slot] = None
-                            if decoding.prompt_cache is not None:  # the prompt and answer, for a next turn
-                                saves.append((slot, row.request.prompt + row.answer[:-1]))
+                    self._read(out, slots, saves)
                 joined: list[tuple[Row, PromptState]] = []
                 if chunk is not None:
                     tokens, chunk = await chunk, None
@@ -196,6 +195,107 @@ class ReplayBatcher(Batcher):
                 for pending in (step, chunk):
                     if pending is not None:
                         pending.cancel()
+
+    def _read(self, out: mx.array, slots: list[Row | None], saves: list[tuple[int, list[int]]]) -> bool:
+        """One step's tokens {rows, 1} to their rows' consumers (free and finished rows' are
+        dropped); a row that finishes frees its slot and, with a prompt cache, is listed in
+        `saves`. Returns whether one finished."""
+        decoding, finished = self.decoding, False
+        for slot, (token,) in enumerate(out.tolist()):
+            row = slots[slot]
+            if row is None:
+                continue
+            row.answer.append(token)
+            row.position, row.token, row.left = row.position + 1, token, row.left - 1
+            finish = decoding.finish(token, row.left)
+            self._deliver(row.request.uid, token, finish)
+            if finish is not None:
+                slots[slot], finished = None, True
+                if decoding.prompt_cache is not None:  # the prompt and answer, for a next turn
+                    saves.append((slot, row.request.prompt + row.answer[:-1]))
+        return finished
+
+    async def _chain(self, queue, state: ReplayBatchState, slots: list[Row | None],
+                     size: int) -> tuple[list[Row | None], int] | None:
+        """Steps of the same rows as a chain on the worker (``TracedFunction.chain``): each
+        takes its tokens, keys and caches (and penalized rows' counts and window) from the
+        step before it, so the next step is queued before this one's tokens reach the loop,
+        and the worker never waits for it. A finished row's slot decodes on as a free one
+        until the live rows fit fewer rows; with a prompt cache, whose saves read finished
+        rows, the chain stops when one finishes (or will have by length). It also stops
+        when one leaves, a request waits to join, or no cache holds the rows; steps
+        already queued then still run (a finished row's extra token is dropped, written
+        past what its prompt-cache save reads), their arrays come back to `state`
+        (``ReplayTraces.take``) and the rows move as after any round. The cache grows
+        within the chain (padded natively); it shrinks at the move. None: no step could
+        be queued (no traced cache holds the next one), the batch is as it was."""
+        replay = self.decoding.replay
+        rows = len(slots)
+        # Finished rows' caches go to the prompt cache: no step may write over them.
+        keep_finished = self.decoding.prompt_cache is not None
+        greedy = all(row is None or row.request.sampler.greedy for row in slots)
+        penalties = [row.request.sampler.penalties if row else None for row in slots]
+        penalized = any(p is not None for p in penalties)
+        options = _traced.sampling_rows([row.request.sampler.options if row else GREEDY for row in slots],
+                                        replay.vocab)
+        extra = [state.bias, *_penalties.penalty_rows(penalties)] if penalized else []
+        ahead: collections.deque = collections.deque()  # the steps queued, oldest first
+        saves: list[tuple[int, list[int]]] = []
+        chained = stop = stepped = False
+        try:
+            while True:
+                while not stop and len(ahead) < STEPS_AHEAD:
+                    # The rows still decoding once the queued steps are read; the others (finished,
+                    # or done by length) decode at position 0 like free rows, their tokens dropped.
+                    going = [row is not None and row.left > len(ahead) for row in slots]
+                    positions = [row.position + len(ahead) if on else 0 for row, on in zip(slots, going)]
+                    next_size = replay.size_for(max(positions) + 1)
+                    done = [row is not None and not on for row, on in zip(slots, going)]
+                    stop = bool(self.waiting or self.leaving) or next_size is None or \
+                        (any(done) if keep_finished else replay.rows_for(sum(going)) < rows)
+                    if stop:
+                        break
+                    size = max(size, next_size)  # a chained cache only grows
+                    function = await replay.chained(queue, greedy=greedy, rows=rows, size=size, penalized=penalized)
+                    if chained:  # stand-ins: the chain carries the real ones
+                        carried, history = [STAND_IN] * (replay.n_caches + 2), [STAND_IN] * 2
+                    else:
+                        tokens = mx.array([[row.token if row else 0] for row in slots], dtype=mx.int32)
+                        carried, history = [*state.caches, state.keys, tokens], [state.counts, state.window]
+                        # The first step's job holds them now (updated in place along the chain).
+                        state.caches = state.keys = None
+                        if penalized:
+                            state.counts = state.window = None
+                    ahead.append(function(*carried, mx.array(positions, dtype=mx.int32), *options,
+                                          *(history + extra if penalized else []), queue=queue, fed=chained))
+                    del carried, history
+                    chained = True
+                if not ahead:
+                    break
+                stepped = True
+                out = await ahead.popleft()
+                stop = self._read(out, slots, saves) and keep_finished or stop
+            if chained:
+                take = await replay.take(queue, rows=rows, size=size, penalized=penalized)
+                arrays = await take(*[STAND_IN] * (replay.n_caches + (4 if penalized else 2)), queue=queue,
+                                    fed=True)
+                n = replay.n_caches
+                state.keys, state.caches = arrays[1], list(arrays[2:2 + n])
+                if penalized:
+                    state.counts, state.window = arrays[2 + n], arrays[3 + n]
+                chained = False
+                await queue.run(_replay.end_chain_here)
+        finally:
+            for future in ahead:
+                future.cancel()
+            if chained:  # failed or cancelled mid-chain: the driver drops the batch (_close ends the chain)
+                state.clear()
+        if not stepped:
+            return None
+        if self.leaving:
+            gone, self.leaving = set(self.leaving), []
+            slots = [None if row is not None and row.request.uid in gone else row for row in slots]
+        return await self._relayout(queue, state, slots, size, saves, [])
 
     async def _relayout(self, queue, state: ReplayBatchState, slots: list[Row | None], size: int, saves: list,
                         joined: list[tuple[Row, PromptState]]) -> tuple[list[Row | None], int]:

@@ -20,11 +20,10 @@ from . import traced as _traced
 from .decoding import Decoding
 from .sampling import Sampler
 from .state import PromptState, ReplayStreamState
+from .traces import STAND_IN
 
 # Decode steps queued ahead of the consumer.
 STEPS_AHEAD = 2
-# What a chained step is given for the inputs its chain carries.
-_STAND_IN = mx.array(0, dtype=mx.int32)
 
 
 async def python_tokens(decoding: Decoding, prompt: list[int], max_tokens: int,
@@ -101,7 +100,7 @@ async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int
                 size = replay.size_for(position + 1)
                 function = await replay.chained(queue, greedy=sampler.greedy, size=size, penalized=penalized)
                 if chained:  # stand-ins: the chain carries the real ones
-                    carried, history = [_STAND_IN] * (replay.n_caches + 2), [_STAND_IN] * 2
+                    carried, history = [STAND_IN] * (replay.n_caches + 2), [STAND_IN] * 2
                 else:
                     carried, history = [*state.caches, state.key, state.token], [state.counts, state.window]
                     state.clear()  # the first step's job holds them now

@@ -27,6 +27,10 @@ from .sampling import GREEDY
 # prompt and moves to the next when it is full; each length is one trace.
 SMALLEST_CACHE = 64
 UNKNOWN_CONTEXT = 4096
+# What a chained step is given for the inputs its chain carries.
+STAND_IN = mx.array(0, dtype=mx.int32)
+
+
 def cache_sizes(context: int) -> list[int]:
     """Powers of two from SMALLEST_CACHE below `context`, and the context itself."""
     sizes, n = [], SMALLEST_CACHE
@@ -66,7 +70,10 @@ class ReplayTraces:
         # The same shapes with the penalties' inputs (llm/penalties.py), for the requests that
         # have them: the plain step keeps its inputs and its speed.
         self.traced_penalized: dict[tuple[bool, int | None, int], Any] = {}
-        self.chains: dict[tuple[bool, int, bool], Any] = {}  # one stream's steps as chains (parallel mode)
+        # The steps as chains: one stream's (rows None, parallel mode) or a batch's.
+        self.chains: dict[tuple[bool, int | None, int, bool], Any] = {}
+        # What takes a batch chain's carried arrays back to the loop, per (rows, size, penalized).
+        self.takes: dict[tuple[int, int, bool], Any] = {}
         self._tracing = anyio.Lock()
         # Donated: cache buffers -> outputs 2..., key -> output 1, updated in
         # place and published back into the caller's arrays; the penalized
@@ -84,7 +91,8 @@ class ReplayTraces:
         return next((n for n in self.row_buckets if n >= count), 0) if count else 0
 
     def release(self) -> None:
-        for function in [*self.traced.values(), *self.traced_penalized.values(), *self.chains.values()]:
+        for function in [*self.traced.values(), *self.traced_penalized.values(), *self.chains.values(),
+                         *self.takes.values()]:
             function.release()
 
     async def function(self, queue, *, greedy: bool, rows: int | None, size: int, penalized: bool = False) -> Any:
@@ -99,18 +107,39 @@ class ReplayTraces:
                     function = traced[shape] = await self._trace(queue, *shape, penalized)
         return function
 
-    async def chained(self, queue, *, greedy: bool, size: int, penalized: bool = False) -> Any:
-        """One stream's step of this shape as a chain: caches, key and token (and the
-        penalized step's counts and window) carried on the worker."""
-        function = self.chains.get((greedy, size, penalized))
+    async def chained(self, queue, *, greedy: bool, size: int, penalized: bool = False,
+                      rows: int | None = None) -> Any:
+        """The step of this shape as a chain: caches, key and token (and the penalized
+        step's counts and window) carried on the worker; a call returns the token(s)."""
+        function = self.chains.get((greedy, rows, size, penalized))
         if function is None:
-            step = await self.function(queue, greedy=greedy, rows=None, size=size, penalized=penalized)
+            step = await self.function(queue, greedy=greedy, rows=rows, size=size, penalized=penalized)
             n = self.n_caches
             carried = {i: 2 + i for i in range(n)}  # caches -> outputs 2...
             carried.update({n: 1, n + 1: 0})  # key <- output 1, token <- output 0
             if penalized:
                 carried.update({n + 6: n + 2, n + 7: n + 3})  # counts, window <- after the caches
-            function = self.chains.setdefault((greedy, size, penalized), step.chain(carried, returned=(0,)))
+            function = self.chains.setdefault((greedy, rows, size, penalized), step.chain(carried, returned=(0,)))
+        return function
+
+    async def take(self, queue, *, rows: int, size: int, penalized: bool = False) -> Any:
+        """The end of a batch chain of this shape: fed the last step's outputs, it returns
+        them all (token, keys, caches[, counts, window]) as they are, no copy, so the
+        loop holds the batch's arrays again (then ``end_chain_here`` drops the chain's)."""
+        shape = (rows, size, penalized)
+        function = self.takes.get(shape)
+        if function is None:
+            async with self._tracing:
+                function = self.takes.get(shape)
+                if function is None:
+                    outputs = [mx.zeros((rows, 1), dtype=mx.int32), mx.zeros((rows, 2), dtype=mx.uint32),
+                               *self.spec.example(rows, size), *(self._history(rows)[:2] if penalized else [])]
+                    traced = await _replay.trace(lambda *arrays: list(arrays), *outputs, queue=queue)
+                    try:
+                        function = self.takes[shape] = traced.chain({k: k for k in range(len(outputs))},
+                                                                    returned=range(len(outputs)))
+                    finally:
+                        traced.release()
         return function
 
     async def _trace(self, queue, greedy: bool, rows: int | None, size: int, penalized: bool):
@@ -172,4 +201,4 @@ def _described(model, options: CacheOptions) -> tuple[CacheSpec, int]:
     return spec, check_against_model(model, spec)
 
 
-__all__ = ["ReplayTraces", "UNKNOWN_CONTEXT", "cache_sizes"]
+__all__ = ["STAND_IN", "ReplayTraces", "UNKNOWN_CONTEXT", "cache_sizes"]

@@ -194,6 +194,73 @@ async def test_a_round_prefills_one_chunks_worth_of_the_joining_prompts():
         await replayed.wait_idle()
 
 
+@on_every_loop
+async def test_a_chained_batch_queues_the_next_step_before_reading_a_token_and_keeps_the_tokens():
+    async with ea.Runtime(pool_size=2) as rt:
+        replayed, python = await batch_pair(rt, max_concurrent=4)
+        batcher, replay = replayed._replay_batcher, replayed.decoding.replay
+        events = []  # ("step", rows, size) as a chained step is queued, ("read",) as the loop reads one
+        real_chained, real_read = replay.chained, batcher._read
+
+        async def chained(queue, **shape):
+            function = await real_chained(queue, **shape)
+
+            def step(*arrays, **options):
+                events.append(("step", shape["rows"], shape["size"]))
+                return function(*arrays, **options)
+            return step
+
+        def read(*args):
+            events.append(("read",))
+            return real_read(*args)
+
+        replay.chained, batcher._read = chained, read
+        # Two rows chain; a third joins (4 rows), rows finish (fewer rows), and the
+        # longest outgrows 16 positions inside a chain (its caches padded on the worker).
+        requests = [dict(prompt=BATCH_PROMPTS[0], max_tokens=18), dict(prompt=BATCH_PROMPTS[1], max_tokens=8)]
+        late = dict(prompt=BATCH_PROMPTS[3], max_tokens=6)
+        for options in ({}, SAMPLED):
+            events.clear()
+            run = [dict(r, seed=3 + i, **options) for i, r in enumerate([*requests, late])]
+            want = [await tokens_of(python, **r) for r in run]
+            got: list[list[int]] = [[] for _ in run]
+
+            async def one(i, started=None):
+                async for d in replayed.generate(**run[i]):
+                    if d.token is not None:
+                        got[i].append(d.token)
+                        if started is not None and len(got[i]) == 3:
+                            started.set()
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    started = anyio.Event()
+                    tg.start_soon(one, 0, started)
+                    tg.start_soon(one, 1)
+                    await started.wait()  # the first two decode: the third joins a running batch
+                    tg.start_soon(one, 2)
+            assert got == want
+            steps = [e for e in events if e[0] == "step"]
+            assert {rows for _, rows, _ in steps} >= {1, 2, 4} and {16, 32} <= {size for *_, size in steps}, steps
+            # The chain: a step is queued before the loop reads the one before it.
+            assert any(a[0] == b[0] == "step" and c == ("read",) for a, b, c in zip(events, events[1:], events[2:]))
+        # Four rows finishing one after another: a finished row decodes on as a free slot
+        # while the rest still need four rows, so fewer chains end than rows finish.
+        takes, real_take = [], replay.take
+
+        async def take(queue, **shape):
+            takes.append(shape)
+            return await real_take(queue, **shape)
+
+        replay.take = take
+        four = [dict(prompt=p, max_tokens=n) for p, n in zip(BATCH_PROMPTS, (9, 10, 11, 12))]
+        with anyio.fail_after(60):
+            assert await concurrently(replayed, four) == [await tokens_of(python, **r) for r in four]
+        assert 0 < len(takes) < 4, takes
+        await replayed.wait_idle()
+        assert not batcher.running
+
+
 @on_loops("asyncio", "uvloop")
 async def test_a_batched_step_updates_its_donated_caches_and_keys_in_place():
     from emlx_async.llm import traced
