@@ -114,7 +114,7 @@ def parse_tools(body: dict, request: GenerationRequest) -> None:
                                     "parameters": f"{where}.input_schema"}))
     choice = optional_object(body, "tool_choice") or {"type": "auto"}
     kind = choice.get("type")
-    if kind not in _TOOL_CHOICES:
+    if not isinstance(kind, str) or kind not in _TOOL_CHOICES:  # a list or an object is not hashable
         raise invalid("tool_choice.type", f"tool_choice.type: expected one of {list(_TOOL_CHOICES)}, got "
                       f"{show(kind) if isinstance(kind, str) else type_name(kind)}", "unsupported_value")
     disable = choice.get("disable_parallel_tool_use")
