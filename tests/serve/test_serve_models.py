@@ -283,6 +283,43 @@ async def test_a_model_in_use_is_not_unloaded_and_an_idle_one_is():
     assert b.users == 0 and a.users == 0
 
 
+@on_every_loop
+async def test_a_load_whose_request_left_is_not_a_failed_load():
+    # A client gone while its request loads the model cancels that load: the model is
+    # unloaded again (not "failed" with a CancelledError on /health), and a request
+    # waiting for the same load makes its own.
+    from emlx_async.serve.models import ServedModel
+
+    started, release = [], anyio.Event()
+
+    async def load(served):
+        started.append(served.name)
+        await release.wait()
+        return GatedEngine("x", [1])
+
+    served = ServedModel(ModelSpec("a", "/nowhere/a"), load)
+    served.state = UNLOADED
+    with anyio.move_on_after(0.05):
+        await served.ensure_loaded()
+    assert (served.state, served.load_error, served.engine) == (UNLOADED, None, None)
+    assert served.health() == {"id": "a", "status": UNLOADED}
+    async with anyio.create_task_group() as tasks:
+        first = anyio.CancelScope()
+
+        async def leaves() -> None:
+            with first:
+                await served.ensure_loaded()
+
+        tasks.start_soon(leaves)
+        await wait_until(lambda: len(started) == 2)
+        tasks.start_soon(served.ensure_loaded)  # waits for the load "leaves" started
+        await anyio.sleep(0.05)
+        first.cancel()
+        await wait_until(lambda: len(started) == 3)  # the waiter loads on its own
+        release.set()
+    assert served.state == "ready" and served.loads == 1 and served.load_error is None
+
+
 # ---- in process: two tiny models loaded for real ------------------------------------------
 
 @pytest.fixture(scope="module")
