@@ -347,7 +347,7 @@ class Engine:
         ``min_p`` (in [0, 1]), applied in mlx-lm's order: top-p, min-p,
         top-k, temperature. Before them the logits processors, in mlx-lm's
         order: ``logit_bias`` ({token id: bias in [-100, 100]}, ids in the
-        vocabulary), ``repetition_penalty`` (> 0, mlx-lm's: over the last 20
+        vocabulary), ``repetition_penalty`` ([0.01, 100], mlx-lm's: over the last 20
         tokens of prompt and answer), ``presence_penalty`` and
         ``frequency_penalty`` (in [-2, 2], OpenAI's: over the generated
         tokens); both steps compute them, with the same tokens for the

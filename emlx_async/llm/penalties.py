@@ -41,6 +41,12 @@ REPETITION_CONTEXT: int = inspect.signature(make_logits_processors).parameters["
 # OpenAI's bounds.
 MAX_PENALTY = 2.0
 MAX_BIAS = 100.0
+# repetition_penalty's bounds (mlx-lm sets none). The step divides logits by it in
+# their own dtype: below 1e-38 the quotient is inf in float32 (1e-39 sampled noise and
+# answered NaN logprobs), and float16's 65504 is passed far sooner. Within these a
+# float16 logit up to 655 stays finite either way.
+MIN_REPETITION = 0.01
+MAX_REPETITION = 100.0
 
 
 @dataclass(frozen=True)
@@ -68,25 +74,24 @@ def check_penalties(vocab_size: int | None, *, presence_penalty: Any = None, fre
     """The options as ``Penalties``, None when every one is absent or neutral (the requests
     that take today's step), or InvalidOption naming the bad one.
 
-    Bounds: penalties in [-2, 2] (OpenAI's), repetition_penalty > 0 (1 is off),
+    Bounds: penalties in [-2, 2] (OpenAI's), repetition_penalty in [0.01, 100] (1 is off),
     min_p in [0, 1], logit_bias a dict of token ids (ints below `vocab_size`)
     to biases in [-100, 100].
     """
-    def real(name: str, value: Any, default: float, low: float, high: float, *, low_open: bool = False) -> float:
+    def real(name: str, value: Any, default: float, low: float, high: float) -> float:
         if value is None:
             return default
         try:
             number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
         except OverflowError:  # an int past float's range
             number = math.nan
-        if not math.isfinite(number) or number < low or number > high or (low_open and number == low):
-            bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-            raise InvalidOption(name, f"{name} must be a number in {bounds}, got {value!r}")
+        if not math.isfinite(number) or number < low or number > high:
+            raise InvalidOption(name, f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
         return number
 
     presence = real("presence_penalty", presence_penalty, 0.0, -MAX_PENALTY, MAX_PENALTY)
     frequency = real("frequency_penalty", frequency_penalty, 0.0, -MAX_PENALTY, MAX_PENALTY)
-    repetition = real("repetition_penalty", repetition_penalty, 1.0, 0.0, math.inf, low_open=True)
+    repetition = real("repetition_penalty", repetition_penalty, 1.0, MIN_REPETITION, MAX_REPETITION)
     minimum = real("min_p", min_p, 0.0, 0.0, 1.0)
     bias: list[tuple[int, float]] = []
     if logit_bias is not None:
@@ -226,6 +231,6 @@ class PenaltyProcessor:
         return self.history.adjust(logits)
 
 
-__all__ = ["InvalidOption", "MAX_BIAS", "MAX_PENALTY", "NEUTRAL", "OPTIONS", "PenaltyProcessor", "Penalties",
+__all__ = ["InvalidOption", "MAX_BIAS", "MAX_PENALTY", "MAX_REPETITION", "MIN_REPETITION", "NEUTRAL", "OPTIONS", "PenaltyProcessor", "Penalties",
            "REPETITION_CONTEXT", "TokenHistory", "adjust", "bias_row", "check_penalties", "filter_min_p",
            "penalty_inputs", "penalty_rows", "record", "window_of"]

@@ -35,6 +35,12 @@ GREEDY = (0.0, 1.0, 0)
 # temperature this small samples the argmax anyway (logit gaps times 1e30
 # dwarf the Gumbel noise): the bound changes no sample.
 MIN_TEMPERATURE = 2.0**-100
+# A top_p below this comes back as this: both steps compare the probability mass
+# with top_p in float32, where one below 1.4e-45 is 0, which turned the filter off
+# (1e-300 sampled from the whole vocabulary). At 2**-100 (exact in float32) only
+# the most likely token is kept, as any tiny top_p keeps in exact arithmetic: the
+# top token's probability is at least 1/V, far above it.
+MIN_TOP_P = 2.0**-100
 
 
 class Sampler:
@@ -98,7 +104,8 @@ class Sampler:
 def check_sampling(temperature: Any = 0.0, top_p: Any = 1.0, top_k: Any = 0) -> tuple[float, float, int]:
     """(temperature, top_p, top_k) as floats and an int, or ValueError naming the bad one.
 
-    A temperature below MIN_TEMPERATURE comes back as 0.0 (greedy).
+    A temperature below MIN_TEMPERATURE comes back as 0.0 (greedy), a top_p below
+    MIN_TOP_P as MIN_TOP_P (the most likely token alone).
     """
     def real(value: Any) -> float | None:
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
@@ -109,7 +116,7 @@ def check_sampling(temperature: Any = 0.0, top_p: Any = 1.0, top_k: Any = 0) -> 
     if t is None or t < 0 or p is None or not 0 < p <= 1 or not is_int(top_k) or top_k < 0:
         raise ValueError(f"invalid sampling: temperature={temperature!r} (finite, >= 0), "
                          f"top_p={top_p!r} (in (0, 1]), top_k={top_k!r} (an int >= 0)")
-    return (0.0 if t < MIN_TEMPERATURE else t), p, int(top_k)
+    return (0.0 if t < MIN_TEMPERATURE else t), max(p, MIN_TOP_P), int(top_k)
 
 
 def token_logprobs(logits: mx.array, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
@@ -126,4 +133,4 @@ def token_logprobs(logits: mx.array, token: int, top: int) -> tuple[float, tuple
     return chosen.item(), tuple(pairs)
 
 
-__all__ = ["GREEDY", "MIN_TEMPERATURE", "SAMPLER_OPTIONS", "SEED_RANGE", "Sampler", "check_sampling", "token_logprobs"]
+__all__ = ["GREEDY", "MIN_TEMPERATURE", "MIN_TOP_P", "SAMPLER_OPTIONS", "SEED_RANGE", "Sampler", "check_sampling", "token_logprobs"]

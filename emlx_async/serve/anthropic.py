@@ -29,8 +29,6 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import anyio
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -114,7 +112,7 @@ def parse_tools(body: dict, request: GenerationRequest) -> None:
                                     "parameters": f"{where}.input_schema"}))
     choice = optional_object(body, "tool_choice") or {"type": "auto"}
     kind = choice.get("type")
-    if kind not in _TOOL_CHOICES:
+    if not isinstance(kind, str) or kind not in _TOOL_CHOICES:  # a list or an object is not hashable
         raise invalid("tool_choice.type", f"tool_choice.type: expected one of {list(_TOOL_CHOICES)}, got "
                       f"{show(kind) if isinstance(kind, str) else type_name(kind)}", "unsupported_value")
     disable = choice.get("disable_parallel_tool_use")
@@ -396,8 +394,7 @@ def routes(service: Service) -> list[Route]:
             body = await read_object(request, config.max_body_bytes, config.body_timeout)
             parsed = parse_prompt(body)
             async with service.model_in_use(parsed.model) as served:  # 404 for a model not served, as generations
-                # Rendering and tokenizing a long conversation takes time: off the loop.
-                ids = await anyio.to_thread.run_sync(service.encode, served, parsed)
+                ids, _ = await service.encode_off_loop(served, parsed)
         except APIError as error:
             return count(service, COUNT_TOKENS, error_response(error))
         return count(service, COUNT_TOKENS, JSON({"input_tokens": len(ids)}))

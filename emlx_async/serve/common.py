@@ -139,6 +139,7 @@ def string_list(body: dict, name: str, max_items: int) -> list[str]:
         if not isinstance(item, str) or not item:
             raise invalid(f"{name}[{i}]", f"{name}[{i}]: expected a non-empty string, got {type_name(item)}",
                           "invalid_type")
+        checked_text(item, f"{name}[{i}]")
     return value
 
 

@@ -314,6 +314,10 @@ def hypercorn_tcp_server(limits: ConnectionLimits) -> type:
                     await self._answer_half_closed()
                     break
             await self.protocol.handle(Closed())
+            # The client is gone or done: the header or keep-alive timer has nothing left
+            # to time, and while it ran the connection stayed open and counted
+            # (a client that closed mid-headers held its slot for the whole timeout).
+            await self.idle_task.stop()
 
         def _headers_too_large(self, data: bytes | bytearray) -> bool:
             # h11's own bound (h11_max_incomplete_size) checks only headers that are

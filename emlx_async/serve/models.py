@@ -172,9 +172,14 @@ class ServedModel:
         async with self.lock:
             if self.state == READY:  # another request loaded it while this one waited
                 return
-            self.state = LOADING
+            before, self.state = self.state, LOADING
             try:
                 self.install(await self._load_engine(self))
+            except anyio.get_cancelled_exc_class():
+                # The request that loads it left: not a failed load. A request waiting
+                # for this lock loads it on its own.
+                self.state, self.engine, self.prefix_cache = before, None, None
+                raise
             except BaseException as exc:
                 self.state, self.engine, self.prefix_cache = FAILED, None, None
                 self.load_error = f"{type(exc).__name__}: {exc}"

@@ -19,7 +19,7 @@ from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
 from .protocol import (DEFAULT_MAX_MESSAGES, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS,
-                       MAX_TOP_LOGPROBS, PENALTY_BOUND)
+                       MAX_TOP_LOGPROBS, PENALTY_BOUND, REPETITION_BOUNDS)
 
 
 def _ref(name: str) -> dict:
@@ -56,7 +56,7 @@ _SAMPLING = {
                          "description": "OpenAI's: off each token generated so far"},
     "frequency_penalty": {"type": "number", "minimum": -PENALTY_BOUND, "maximum": PENALTY_BOUND,
                           "description": "OpenAI's: off each token per time it was generated"},
-    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0,
+    "repetition_penalty": {"type": "number", "minimum": REPETITION_BOUNDS[0], "maximum": REPETITION_BOUNDS[1],
                            "description": "mlx-lm's: divides (multiplies, when negative) the logits of the last "
                                           "20 tokens of prompt and answer; 1 is off"},
     "min_p": {"type": "number", "minimum": 0, "maximum": 1,

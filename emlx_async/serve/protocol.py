@@ -175,10 +175,12 @@ def _int(body: dict, name: str, low: int, high: int) -> int | None:
 
 
 # OpenAI's bounds on the penalties and on a logit bias, the engine's too (llm/penalties.py's
-# MAX_PENALTY and MAX_BIAS; a test holds them equal: this module does not import the engine).
-# repetition_penalty (> 0) and min_p ([0, 1]) are extensions with mlx-lm's meanings.
+# MAX_PENALTY, MAX_BIAS and MIN_/MAX_REPETITION; a test holds them equal: this module does
+# not import the engine). repetition_penalty and min_p ([0, 1]) are extensions with mlx-lm's
+# meanings; repetition_penalty is bounded where the step's division stays finite.
 PENALTY_BOUND = 2.0
 LOGIT_BIAS_BOUND = 100.0
+REPETITION_BOUNDS = (0.01, 100.0)
 _TOKEN_ID_DIGITS = 19  # a token id past int64 is surely a mistake
 
 
@@ -190,7 +192,7 @@ def _parse_penalties(body: dict) -> dict[str, Any]:
         if _optional(body, name) is not None:
             out[name] = _number(body, name, 0.0, -PENALTY_BOUND, PENALTY_BOUND)
     if _optional(body, "repetition_penalty") is not None:
-        out["repetition_penalty"] = _number(body, "repetition_penalty", 1.0, 0.0, math.inf, low_open=True)
+        out["repetition_penalty"] = _number(body, "repetition_penalty", 1.0, *REPETITION_BOUNDS)
     if _optional(body, "min_p") is not None:
         out["min_p"] = _number(body, "min_p", 0.0, 0.0, 1.0)
     bias = _optional(body, "logit_bias")

@@ -329,6 +329,15 @@ class Service:
         """The request's prompt ids for `served`'s engine (a worker thread runs this), or APIError 400."""
         return self.encode_with_text(served, request)[0]
 
+    async def encode_off_loop(self, served: ServedModel, request: GenerationRequest) -> tuple[list[int], str]:
+        """`encode_with_text` in a worker thread, at most _ENCODE_THREADS at once, for every
+        endpoint that encodes (generations and count_tokens alike). Rendering the template
+        and tokenizing take time per message and per character (25,000 tiny messages:
+        ~4 s): never on the event loop, and never more threads than that fighting for the GIL."""
+        if self._encoders is None:
+            self._encoders = anyio.CapacityLimiter(_ENCODE_THREADS)
+        return await anyio.to_thread.run_sync(self.encode_with_text, served, request, limiter=self._encoders)
+
     def encode_with_text(self, served: ServedModel, request: GenerationRequest) -> tuple[list[int], str]:
         """The request's prompt ids and the prompt's text (the rendered chat), or APIError 400."""
         engine, limit = served.engine, self.prompt_limit(served)
@@ -413,12 +422,7 @@ class Service:
         from emlx_async.llm import InvalidOption, RequestStats
 
         engine = served.engine
-        if self._encoders is None:
-            self._encoders = anyio.CapacityLimiter(_ENCODE_THREADS)
-        # Rendering the template and tokenizing take time per message and per
-        # character (25,000 tiny messages: ~4 s): never on the event loop.
-        ids, prompt_text = await anyio.to_thread.run_sync(self.encode_with_text, served, request,
-                                                          limiter=self._encoders)
+        ids, prompt_text = await self.encode_off_loop(served, request)
         room = (engine.context_length or 1 << 30) - len(ids)
         max_tokens = request.max_tokens
         if max_tokens is None:

@@ -46,7 +46,9 @@ def test_defaults_and_neutral_values_are_no_penalties():
     (dict(frequency_penalty=math.nan), "frequency_penalty", "nan"),
     (dict(presence_penalty="1"), "presence_penalty", "'1'"),
     (dict(presence_penalty=10**400), "presence_penalty", "[-2, 2]"),
-    (dict(repetition_penalty=0), "repetition_penalty", "(0, inf]"),
+    (dict(repetition_penalty=0), "repetition_penalty", "[0.01, 100]"),
+    (dict(repetition_penalty=1e-39), "repetition_penalty", "[0.01, 100]"),  # logits / 1e-39: inf, NaN logprobs
+    (dict(repetition_penalty=1e39), "repetition_penalty", "[0.01, 100]"),
     (dict(repetition_penalty=True), "repetition_penalty", "True"),
     (dict(min_p=1.5), "min_p", "[0, 1]"),
     (dict(logit_bias={97: 1.0}), "logit_bias", "token id 97 is outside the vocabulary (ids 0 to 96)"),
@@ -322,3 +324,16 @@ def test_the_service_checks_the_engines_bounds():
     from emlx_async.serve import protocol
 
     assert (protocol.PENALTY_BOUND, protocol.LOGIT_BIAS_BOUND) == (P.MAX_PENALTY, P.MAX_BIAS)
+    assert protocol.REPETITION_BOUNDS == (P.MIN_REPETITION, P.MAX_REPETITION)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_the_repetition_bounds_keep_the_logits_finite(dtype):
+    # The window's logits are divided (or multiplied) by the penalty in their own dtype:
+    # at either bound a logit of +-655 stays finite even in float16.
+    logits = mx.array([[655.0, -655.0, 3.0, -3.0]], dtype=dtype)
+    window = mx.array([[0, 1, 2, 3]], dtype=mx.int32)
+    counts, bias = mx.zeros((1, 4), dtype=mx.int32), mx.zeros((1, 4))
+    for repetition in (P.MIN_REPETITION, P.MAX_REPETITION):
+        out = P.adjust(logits, counts, window, bias, mx.array(0.0), mx.array(0.0), mx.array(repetition))
+        assert mx.all(mx.isfinite(out)).item(), (repetition, out)

@@ -1,4 +1,5 @@
-"""Sampling options (llm/sampling.py): near-zero temperatures decode greedily in every step.
+"""Sampling options (llm/sampling.py): near-zero temperatures decode greedily in every step,
+and a near-zero top_p keeps the most likely token alone.
 
 Tiny random llama models built here (no download) run the replayed and the
 Python step in both modes.
@@ -49,6 +50,15 @@ def test_a_temperature_below_the_bound_is_greedy_and_one_at_it_is_kept():
     assert check_sampling(temperature=0.7, top_p=0.5, top_k=3) == (0.7, 0.5, 3)
 
 
+def test_a_top_p_below_the_bound_is_raised_to_it_and_one_above_is_kept():
+    from emlx_async.llm.sampling import MIN_TOP_P, check_sampling
+
+    for p in (5e-324, 1e-300, 1e-46):  # 0 in float32: the filter was off
+        assert check_sampling(temperature=1.0, top_p=p) == (1.0, MIN_TOP_P, 0)
+    assert np.float32(MIN_TOP_P) == MIN_TOP_P
+    assert check_sampling(temperature=1.0, top_p=1e-20)[1] == 1e-20
+
+
 def test_at_the_bound_every_scaled_logprob_stays_finite_in_float32():
     from emlx_async.llm.sampling import MIN_TEMPERATURE
 
@@ -78,6 +88,8 @@ async def test_a_near_zero_temperature_gives_the_greedy_tokens(mode, step):
             return [d.token async for d in engine.generate(prompt, max_tokens=10, **options) if d.token is not None]
 
         greedy = await tokens()
+        for p in (1e-300, 1e-46, 1e-39):  # a tiny top_p keeps the most likely token alone
+            assert await tokens(temperature=1.0, top_p=p, seed=3) == greedy, f"top_p {p}"
         for t in TINY:
             assert await tokens(temperature=t, seed=1) == greedy, f"temperature {t}"
             assert await tokens(temperature=t, top_p=0.5, top_k=5, seed=2) == greedy, f"temperature {t}"

@@ -52,6 +52,7 @@ HOSTILE = [
     ({**OK, "stop_sequences": "."}, "stop_sequences"),
     ({**OK, "stop_sequences": [".", ""]}, "stop_sequences[1]"),
     ({**OK, "stop_sequences": ["a"] * 17}, "stop_sequences"),
+    ({**OK, "stop_sequences": [".", "a\ud800"]}, "stop_sequences[1]"),       # as chat's stop refuses it
     ({**OK, "stream": "yes"}, "stream"),
     ({**OK, "model": 7}, "model"),
     ({**OK, "metadata": []}, "metadata"),
@@ -141,7 +142,10 @@ def test_parsing_is_total():
               "system": st.text(max_size=8) | st.lists(blocks, max_size=2) | values,
               "temperature": st.floats() | values, "top_p": st.floats() | values, "top_k": st.integers() | values,
               "stop_sequences": st.lists(st.text(max_size=3), max_size=3) | values, "stream": values,
-              "tools": st.lists(tool, max_size=2) | values, "tool_choice": values, "thinking": values,
+              "tools": st.lists(tool, max_size=2) | values, "thinking": values,
+              # A type of any JSON (a list is unhashable) beside the names it may have.
+              "tool_choice": st.fixed_dictionaries({"type": st.sampled_from(["auto", "any", "tool", "none"]) | values},
+                                                   optional={"name": values}) | values,
               "metadata": values, "model": values, "output_config": values}
     check_parsing_is_total(messages_api.parse_request, messages_api.error_response, fields)
 

@@ -124,6 +124,8 @@ MESSAGES_HOSTILE = [
     ({"tools": [WEATHER], "tool_choice": {"type": "tool"}}, "tool_choice.name"),
     ({"tools": [WEATHER], "tool_choice": {"type": "required"}}, "tool_choice.type"),
     ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": ["any"]}}, "tool_choice.type"),  # unhashable: not a TypeError
+    ({"tools": [WEATHER], "tool_choice": {"type": {"any": 1}}}, "tool_choice.type"),
     ({"tools": [WEATHER], "tool_choice": {"type": "auto", "disable_parallel_tool_use": 1}},
      "tool_choice.disable_parallel_tool_use"),
     ({"tool_choice": {"type": "tool", "name": "get_weather"}}, "tool_choice.name"),
@@ -177,6 +179,7 @@ RESPONSES_HOSTILE = [
     ({"tools": [FUNCTION], "tool_choice": {"type": "function"}}, "tool_choice"),
     ({"tools": [FUNCTION], "tool_choice": {"type": "allowed_tools", "tools": []}}, "tool_choice"),
     ({"tools": [FUNCTION], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [FUNCTION], "tool_choice": ["required"]}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"input": [ITEMS[0], ITEMS[2]]}, "input[1].call_id"),  # no matching function_call
     ({"input": [ITEMS[0], {**ITEMS[1], "arguments": "{not json"}]}, "input[1].arguments"),

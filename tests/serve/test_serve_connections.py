@@ -226,6 +226,30 @@ def test_connections_past_the_limit_get_503(server, http):
     assert http.get("/health").status_code == 200
 
 
+def test_connections_closed_mid_headers_free_their_slots_at_once(server):
+    # Clients that send part of a request's headers and then close: every slot is
+    # free again at once, not when the header timer ends (hypercorn's ran on,
+    # and the connections still counted).
+    socks = [connect(server) for _ in range(MAX_CONNECTIONS)]
+    try:
+        for sock in socks:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\n")
+        time.sleep(0.1)  # accepted and read; the header timer (1.5 s) has well over a second left
+    finally:
+        for sock in socks:
+            sock.close()
+    closed = time.monotonic()
+    codes = []
+    while time.monotonic() - closed < 5:
+        with httpx.Client(base_url=server.url, timeout=10) as fresh:  # a new connection each time
+            codes.append(fresh.get("/health").status_code)
+        if codes[-1] == 200:
+            break
+        time.sleep(0.02)
+    took = time.monotonic() - closed
+    assert codes[-1] == 200 and took < HEADER_TIMEOUT / 3, (took, codes)
+
+
 # ---- encoding off the loop ----------------------------------------------------------
 
 def test_health_answers_while_a_big_chat_body_is_encoded(server, http):

@@ -283,6 +283,77 @@ async def test_a_model_in_use_is_not_unloaded_and_an_idle_one_is():
     assert b.users == 0 and a.users == 0
 
 
+@on_every_loop
+async def test_a_load_whose_request_left_is_not_a_failed_load():
+    # A client gone while its request loads the model cancels that load: the model is
+    # unloaded again (not "failed" with a CancelledError on /health), and a request
+    # waiting for the same load makes its own.
+    from emlx_async.serve.models import ServedModel
+
+    started, release = [], anyio.Event()
+
+    async def load(served):
+        started.append(served.name)
+        await release.wait()
+        return GatedEngine("x", [1])
+
+    served = ServedModel(ModelSpec("a", "/nowhere/a"), load)
+    served.state = UNLOADED
+    with anyio.move_on_after(0.05):
+        await served.ensure_loaded()
+    assert (served.state, served.load_error, served.engine) == (UNLOADED, None, None)
+    assert served.health() == {"id": "a", "status": UNLOADED}
+    async with anyio.create_task_group() as tasks:
+        first = anyio.CancelScope()
+
+        async def leaves() -> None:
+            with first:
+                await served.ensure_loaded()
+
+        tasks.start_soon(leaves)
+        await wait_until(lambda: len(started) == 2)
+        tasks.start_soon(served.ensure_loaded)  # waits for the load "leaves" started
+        await anyio.sleep(0.05)
+        first.cancel()
+        await wait_until(lambda: len(started) == 3)  # the waiter loads on its own
+        release.set()
+    assert served.state == "ready" and served.loads == 1 and served.load_error is None
+
+
+@on_every_loop
+async def test_count_tokens_encodes_within_the_services_thread_bound():
+    # Encoding holds the GIL: count_tokens takes the generations' bound on encoding
+    # threads, not anyio's default of 40.
+    import threading
+
+    from emlx_async.serve.service import _ENCODE_THREADS
+
+    app, service, engines = gated_app()
+    engine, lock, running, peak = engines["a"], threading.Lock(), [0], [0]
+
+    def slow_encode(prompt=None, messages=None, **options):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.1)
+        with lock:
+            running[0] -= 1
+        return [1, 2, 3]
+
+    engine.encode = slow_encode
+    answers = []
+    async with client_for(app) as http:
+        async def count() -> None:
+            answers.append(await http.post("/v1/messages/count_tokens", json={"model": "a", "messages": USER}))
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tasks:
+                for _ in range(3 * _ENCODE_THREADS):
+                    tasks.start_soon(count)
+    assert [a.json() for a in answers] == [{"input_tokens": 3}] * (3 * _ENCODE_THREADS)
+    assert peak[0] <= _ENCODE_THREADS, peak[0]
+
+
 # ---- in process: two tiny models loaded for real ------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,8 @@ def refused(body, chat=True, **limits) -> APIError:
     ({"messages": FRANCE, "n": [1]}, "n"),
     ({"messages": FRANCE, "best_of": {"a": 1}}, "best_of"),
     ({"messages": FRANCE, "presence_penalty": "0"}, "presence_penalty"),
+    ({"messages": FRANCE, "repetition_penalty": 1e-39}, "repetition_penalty"),  # logits / it: inf, NaN logprobs
+    ({"messages": FRANCE, "repetition_penalty": 10**400}, "repetition_penalty"),
     ({"messages": FRANCE, "logprobs": True, "top_logprobs": 10**400}, "top_logprobs"),
 ])
 def test_hostile_fields_are_400s_naming_the_field(body, param):
