@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+from typing import NoReturn
 
 from .connections import ConnectionLimits
 from .middleware import API_KEY_ENV, api_keys, origins
@@ -167,12 +168,17 @@ def follow(path: str | None, args: argparse.Namespace, group) -> int:
     return code
 
 
-def _exit_now(code: int) -> None:
-    """Exit without running C++ static destructors: after a broken group, MLX's
-    ring backend still has a thread in the lost collective and aborts the
-    process while it is torn down (seen: SIGABRT instead of the exit status)."""
-    import os
+def _exit_now(code: int) -> NoReturn:
+    """End a server process that has shut down with `code`, without running C++
+    static destructors. Threads may still be inside MLX then: a worker whose
+    job the shutdown deadline cut off runs it to its end (exit abandons it, as
+    a daemon thread), and after a broken group MLX's ring backend has a thread
+    in the lost collective. MLX's statics torn down under them abort the
+    process (seen: SIGABRT, "terminate called without an active exception",
+    instead of the exit status)."""
+    import gc
 
+    gc.collect()  # what a normal exit would still report (a future dropped with its exception) is logged
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -229,7 +235,7 @@ def serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"emlx-async serve: {exc}") from None
     service = app.state.service
     if args.server == "hypercorn":
-        return _serve_hypercorn(args, app, service, limits)
+        _exit_now(_serve_hypercorn(args, app, service, limits))
 
     import uvicorn
 
@@ -252,10 +258,7 @@ def serve(args: argparse.Namespace) -> int:
                                    timeout_graceful_shutdown=args.shutdown_timeout))
     service.on_load_failed = lambda: setattr(server, "should_exit", True)
     server.run()
-    code = 0 if server.started and service.status != "failed" else 1
-    if service.broken is not None:
-        _exit_now(code)
-    return code
+    _exit_now(0 if server.started and service.status != "failed" else 1)
 
 
 def _serve_hypercorn(args: argparse.Namespace, app, service, limits: ConnectionLimits) -> int:

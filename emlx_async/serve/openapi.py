@@ -19,7 +19,7 @@ from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
 from .protocol import (DEFAULT_MAX_MESSAGES, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS,
-                       MAX_TOP_LOGPROBS, PENALTY_BOUND, REPETITION_BOUNDS)
+                       MAX_TOP_LOGPROBS, PENALTY_BOUND, REPETITION_BOUNDS, TEMPLATE_RESERVED)
 
 
 def _ref(name: str) -> dict:
@@ -143,7 +143,10 @@ _CHAT_REQUEST = {
         "tool_choice": _TOOL_CHOICE,
         "parallel_tool_calls": {"type": "boolean"},
         "chat_template_kwargs": {"type": "object", "description": "options for the chat template, such as "
-                                 "enable_thinking (booleans, numbers, strings)",
+                                 "enable_thinking (booleans, numbers, strings), named by identifiers; "
+                                 "messages, tools and add_generation_prompt cannot be set",
+                                 "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$",
+                                                   "not": {"enum": list(TEMPLATE_RESERVED)}},
                                  "additionalProperties": {"type": ["boolean", "number", "string"]}},
         **_SAMPLING,
     },

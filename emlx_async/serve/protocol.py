@@ -487,6 +487,10 @@ def _parse_tools(body: dict, request: GenerationRequest) -> None:
     choose_tools(request, parsed, choice, name)
 
 
+# What the service itself passes the chat template: a chat_template_kwargs key may not replace it.
+TEMPLATE_RESERVED = ("messages", "tools", "add_generation_prompt")
+
+
 def _parse_template_kwargs(body: dict) -> dict[str, Any]:
     value = _optional(body, "chat_template_kwargs")
     if value is None:
@@ -495,7 +499,7 @@ def _parse_template_kwargs(body: dict) -> dict[str, Any]:
         raise invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object", "invalid_type")
     for key, item in value.items():
         # Plain values only: the template renders them, and a reserved name would replace what it renders.
-        if key in ("messages", "tools", "add_generation_prompt") or not key.isidentifier():
+        if key in TEMPLATE_RESERVED or not key.isidentifier():
             raise invalid(f"chat_template_kwargs.{show(key)}", f"{show(key)} cannot be set", "unsupported_value")
         if not isinstance(item, (bool, int, float, str)) or (isinstance(item, int) and item.bit_length() > 64):
             raise invalid(f"chat_template_kwargs.{key}", "template options must be booleans, numbers or strings",

@@ -106,8 +106,10 @@ def test_openai_client_gets_one_process_text(server):
     streamed = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=8,
                                               temperature=0, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
-    assert _get(base + "/health") == (200, {"status": "ready", "model": "SmolLM2-135M-Instruct",
-                                            "mode": "batch", "step": "python"})
+    status, health = _get(base + "/health")
+    assert status == 200 and {key: health[key] for key in ("status", "model", "mode", "step")} == \
+        {"status": "ready", "model": "SmolLM2-135M-Instruct", "mode": "batch", "step": "python"}
+    assert [(model["id"], model["status"]) for model in health["models"]] == [("SmolLM2-135M-Instruct", "ready")]
 
 
 def test_killing_a_follower_mid_generation_answers_a_clear_error_within_the_timeout(server):

@@ -104,6 +104,8 @@ SENT = [
 ]
 REFUSED = [
     ("ChatCompletionRequest", {"messages": FRANCE, "temperature": "hot"}),
+    ("ChatCompletionRequest", {"messages": FRANCE, "chat_template_kwargs": {"\x93\xd7;\x8d": ""}}),
+    ("ChatCompletionRequest", {"messages": FRANCE, "chat_template_kwargs": {"add_generation_prompt": False}}),
     ("ChatCompletionRequest", {"messages": FRANCE, "temperature": 10**400}),
     ("ChatCompletionRequest", {"messages": FRANCE, "max_tokens": 0}),
     ("ChatCompletionRequest", {"messages": FRANCE, "n": 17}),
