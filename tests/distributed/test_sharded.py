@@ -93,11 +93,17 @@ def server():
         yield ring, base
 
 
-def test_openai_client_gets_one_process_text(server):
+@pytest.fixture
+def client(server):
     from openai import OpenAI
 
+    _, base = server
+    with OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120) as openai_client:
+        yield openai_client
+
+
+def test_openai_client_gets_one_process_text(server, client):
     ring, base = server
-    client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
     reply = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=8,
                                            temperature=0)
     text = reply.choices[0].message.content
@@ -112,12 +118,11 @@ def test_openai_client_gets_one_process_text(server):
     assert [(model["id"], model["status"]) for model in health["models"]] == [("SmolLM2-135M-Instruct", "ready")]
 
 
-def test_killing_a_follower_mid_generation_answers_a_clear_error_within_the_timeout(server):
+def test_killing_a_follower_mid_generation_answers_a_clear_error_within_the_timeout(server, client):
     """Last in this module: it breaks the shared server's group."""
-    from openai import APIStatusError, OpenAI
+    from openai import APIStatusError
 
     ring, base = server
-    client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
     chunks: list[str] = []
     outcome: dict = {}
 
