@@ -16,6 +16,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async._op_table import WEAK_PAIRS
+from support.arrays import Raised, same_outcome
 from support.helpers import on_loops
 
 async_test = on_loops("asyncio")
@@ -28,36 +29,13 @@ SCALARS = [True, False, 2, -1, 300, 2**40, 2.5, 1e10, 1 + 2j, np.float64(1.5), n
 INT_DIVISION = {"divmod", "floor_divide", "remainder"}
 
 
-class _Raised:
-    def __init__(self, exc: BaseException):
-        self.exc = exc
-
-
 def _outcome(call):
     try:
         value = call()
         mx.eval(value)
         return value
     except Exception as exc:  # noqa: BLE001 - an error is the expected outcome of some calls
-        return _Raised(exc)
-
-
-def _same(got, want, label: str) -> None:
-    if isinstance(want, _Raised) or isinstance(got, _Raised):
-        assert isinstance(want, _Raised), f"{label}: raised {got.exc!r}, mlx did not"
-        assert isinstance(got, _Raised), f"{label}: mlx raised {want.exc!r}, this did not"
-        assert isinstance(got.exc, type(want.exc)), f"{label}: {type(got.exc)} is not a {type(want.exc)}"
-        assert str(got.exc) == str(want.exc), f"{label}: message {str(got.exc)!r} != {str(want.exc)!r}"
-        return
-    if isinstance(want, (list, tuple)):
-        assert type(got) is type(want) and len(got) == len(want), f"{label}: {type(got)} != {type(want)}"
-        for g, w in zip(got, want):
-            _same(g, w, label)
-        return
-    assert got.dtype == want.dtype, f"{label}: dtype {got.dtype} != {want.dtype}"
-    assert got.shape == want.shape, f"{label}: shape {got.shape} != {want.shape}"
-    g, w = (np.array(v.astype(mx.float32) if v.dtype == mx.bfloat16 else v) for v in (got, want))
-    np.testing.assert_array_equal(g, w, err_msg=label)
+        return Raised(exc)
 
 
 async def _agree(cases: list[tuple[str, object]]) -> int:
@@ -68,15 +46,15 @@ async def _agree(cases: list[tuple[str, object]]) -> int:
         try:
             futures.append(call(ea))
         except Exception as exc:  # noqa: BLE001 - compared with mlx's below
-            futures.append(_Raised(exc))
+            futures.append(Raised(exc))
     failures = []
     for (label, _), future, want in zip(cases, futures, wants):
         try:
-            got = future if isinstance(future, _Raised) else await future
+            got = future if isinstance(future, Raised) else await future
         except Exception as exc:  # noqa: BLE001 - compared with mlx's
-            got = _Raised(exc)
+            got = Raised(exc)
         try:
-            _same(got, want, label)
+            same_outcome(got, want, label)
         except AssertionError as exc:
             failures.append(str(exc).splitlines()[0])
     assert not failures, f"{len(failures)} of {len(cases)} differ from mlx:\n" + "\n".join(failures[:40])

