@@ -58,6 +58,41 @@ def test_sharded_engine_gives_one_process_tokens_alone_and_four_at_once():
     assert all(len(tokens) > 0 for tokens in reference)
 
 
+@pytest.mark.parametrize("mode", ["batch", "parallel"])
+def test_two_ranks_give_the_one_process_tokens_greedy_seeded_and_n_choices(tmp_path, mode):
+    """A tiny random llama (4 query and 2 key-value heads) over 2 ranks: greedy and seeded
+    tokens, alone and at once, and n=2 seeded choices equal the one-process engine's in
+    either mode; the step is the Python one, and both the note and step="replay" name why."""
+    from emlx_async.llm import Engine
+    from support.dist_rank import tiny_run
+    from support.tiny_models import tiny_model_folder
+
+    folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    with LocalRing(2, [sys.executable, RANK_SCRIPT, "tiny_engine", "asyncio"],
+                   env={"RANK_TIMEOUT": str(STEP_TIMEOUT), "TINY_MODEL": str(folder)}) as ring:
+        codes = ring.wait(timeout=300)
+        assert codes == [0, 0], [ring.errors(r)[-3000:] for r in range(2)]
+        result = json.loads(ring.output(0).split("RESULT ", 1)[1])
+        follower = json.loads(ring.output(1).split("RESULT ", 1)[1])
+
+    async def one_process():
+        engine = await Engine.load(str(folder), mode=mode)
+        try:
+            return engine.step_kind, await tiny_run(engine)
+        finally:
+            await engine.runtime.close()
+
+    step_kind, reference = asyncio.run(one_process())
+    assert step_kind == "replay"  # the one-process engine replays; the sharded one gives its tokens
+    for key in ("greedy", "seeded", "together", "choices"):
+        assert result[key] == reference[key], key
+    assert len(set(map(tuple, result["choices"]))) > 1  # each choice its own key
+    assert result["step_kind"] == "python"
+    for reason in (result["step_note"], result["refused"], follower["refused"]):
+        assert "export_function cannot hold the sharded step" in reason and "Sum AllReduce" in reason
+        assert "CustomTransforms" in reason  # mlx.nn's sum_gradients, the first node it cannot write
+
+
 # ---- the HTTP service on rank 0 ---------------------------------------------------------
 
 
