@@ -29,9 +29,12 @@ refused with it. A replayed sharded step needs the collectives outside the
 exported graph: the per-rank pieces between them traced, and stitched with
 ``all_sum`` natively in the shim (a replay form it lacks today).
 
-``generate_choices`` (n > 1) runs each choice as its own row of rank 0's
-plan with its own seed (no held prefill: a prefill on rank 0 alone cannot run
-sharded weights), so the followers draw the same tokens.
+``generate_choices`` (n > 1) prefills the prompt once on every rank: a
+"hold" plan (the prompt's tokens) makes each rank prefill and hold it, each
+choice then joins as its own row with its own seed (restored from the held
+prefill, on every rank alike, so the followers draw the same tokens), and a
+"release" plan drops it once every choice is done. The hold runs to its end
+even if rank 0's request is cancelled meanwhile, so the ranks hold alike.
 
 Idle ranks. MLX's ring backend polls its sockets while a collective waits
 (measured: a rank waiting 4 s in ``all_sum`` used 2.4 s of CPU), so a
@@ -74,6 +77,7 @@ from .batching import BatchJobs, Joining
 from .decoding import Decoding
 from .engine import Engine
 from .penalties import Penalties
+from .prompt_cache import HeldPrefill
 from .replay_step import CacheSpec, make_step
 from .sampling import Sampler
 from .state import GeneratorState
@@ -142,6 +146,8 @@ class ShardedBatchJobs(BatchJobs):
     def __init__(self, decoding: Decoding, group: Group):
         super().__init__(decoding)
         self.group = group
+        # Prompts held for their choices ("hold"/"release" plans): tokens -> [held prefill, holders].
+        self._holds: dict[tuple[int, ...], list] = {}
 
     # The batcher's pooled queue is not used: every collective of the group
     # (the plan's and the model's own) goes through its one queue.
@@ -157,6 +163,34 @@ class ShardedBatchJobs(BatchJobs):
 
     async def run_close(self, queue, state: GeneratorState) -> None:
         return await self._lead({"op": "close"}, self.close, state)
+
+    async def run_hold(self, prompt: list[int]) -> HeldPrefill | None:
+        # Shielded: once its plan is out the ranks hold it, so the caller must get it to release.
+        with anyio.CancelScope(shield=True):
+            return await self._lead({"op": "hold", "prompt": list(prompt)}, self.hold, prompt)
+
+    async def run_release(self, prompt: Sequence[int]) -> None:
+        return await self._lead({"op": "release", "prompt": list(prompt)}, self.release, prompt)
+
+    def hold(self, prompt: Sequence[int]) -> HeldPrefill | None:
+        """On every rank: `prompt` prefilled and held for its choices (None: not restorable)."""
+        tokens = tuple(prompt)
+        entry = self._holds.get(tokens)
+        if entry is None:
+            prefill = self.decoding.hold_prefill(list(prompt), cancellable=False)
+            if prefill is None:
+                return None
+            entry = self._holds[tokens] = [self.decoding.held.hold(prefill), 0]
+        entry[1] += 1
+        return entry[0]
+
+    def release(self, prompt: Sequence[int]) -> None:
+        tokens = tuple(prompt)
+        entry = self._holds[tokens]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._holds[tokens]
+            self.decoding.held.release(entry[0])
 
     async def _lead(self, plan: dict, job, *args) -> Any:
         data = json.dumps(plan).encode()
@@ -179,6 +213,10 @@ class ShardedBatchJobs(BatchJobs):
             self.step(state, joining, plan["leave"])
         elif op == "close":
             self.close(state)
+        elif op == "hold":
+            self.hold(plan["prompt"])
+        elif op == "release":
+            self.release(plan["prompt"])
         elif op not in ("stop", "idle"):
             raise ValueError(f"unknown plan from rank 0: {op!r}")
         return op
@@ -335,9 +373,6 @@ class ShardedEngine(Engine):
         """The group's DistributedError once it broke, else None."""
         return self.group.broken
 
-    # A prefill on rank 0 alone cannot run sharded weights: each choice prefills in the batch, on every rank.
-    holds_prefills = False
-
     def generate(self, *args: Any, **kwargs: Any):
         self._check_leader(kwargs)
         return super().generate(*args, **kwargs)
@@ -345,6 +380,22 @@ class ShardedEngine(Engine):
     def generate_choices(self, *args: Any, **kwargs: Any):
         self._check_leader(kwargs)
         return super().generate_choices(*args, **kwargs)
+
+    # A prefill on rank 0 alone cannot run sharded weights: a request's choices hold theirs on every rank.
+
+    async def _hold_prefill(self, tokens: list[int]) -> HeldPrefill | None:
+        return await self._jobs().run_hold(tokens)
+
+    async def _release_prefill(self, prefill: HeldPrefill) -> None:
+        try:
+            await self._jobs().run_release(prefill.tokens)
+        except DistributedError:  # a broken group: no rank will run another plan
+            pass
+
+    def _jobs(self) -> ShardedBatchJobs:
+        jobs = self.batch_jobs
+        assert isinstance(jobs, ShardedBatchJobs)  # made by __init__
+        return jobs
 
     def _check_leader(self, options: dict) -> None:
         if not self.leader:
@@ -382,8 +433,7 @@ class ShardedEngine(Engine):
         """
         if self.leader:
             raise RuntimeError("rank 0 leads; follow() is for the other ranks")
-        jobs = self.batch_jobs
-        assert isinstance(jobs, ShardedBatchJobs)  # made by __init__
+        jobs = self._jobs()
         state = GeneratorState()
         while True:
             op = await self.group.run(jobs.follow_one, state, what="sharded follow")

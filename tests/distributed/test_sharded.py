@@ -153,6 +153,34 @@ def test_openai_client_gets_one_process_text(server, client):
     assert [(model["id"], model["status"]) for model in health["models"]] == [("SmolLM2-135M-Instruct", "ready")]
 
 
+def one_process_choices(chat: list[dict], n: int, max_tokens: int, **options) -> list[str]:
+    """The unsharded engine's n choices' texts (Engine.generate_choices) in this process."""
+    from emlx_async.llm import Engine
+
+    async def run():
+        engine = await Engine.load(mode="batch")
+        try:
+            texts = [""] * n
+            async for i, delta in engine.generate_choices(messages=chat, n=n, max_tokens=max_tokens, **options):
+                texts[i] += delta.text
+            return texts
+        finally:
+            await engine.runtime.close()
+
+    return asyncio.run(run())
+
+
+def test_n_choices_across_ranks_give_the_one_process_texts(server, client):
+    """n=2 with a seed: each choice is a row of rank 0's plan with its own seed, the followers
+    draw alike, and the texts are the one-process engine's for that seed."""
+    reply = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=6, n=2,
+                                           seed=11, temperature=0.9)
+    texts = [choice.message.content for choice in sorted(reply.choices, key=lambda c: c.index)]
+    assert texts == one_process_choices(CHAT, 2, 6, seed=11, temperature=0.9)
+    assert texts[0] != texts[1]  # their own keys
+    assert reply.usage.completion_tokens >= 2
+
+
 def test_killing_a_follower_mid_generation_answers_a_clear_error_within_the_timeout(server, client):
     """Last in this module: it breaks the shared server's group."""
     from openai import APIStatusError
