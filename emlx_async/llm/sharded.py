@@ -167,7 +167,8 @@ class ShardedBatchJobs(BatchJobs):
     async def run_hold(self, prompt: list[int]) -> HeldPrefill | None:
         # Shielded: once its plan is out the ranks hold it, so the caller must get it to release.
         with anyio.CancelScope(shield=True):
-            return await self._lead({"op": "hold", "prompt": list(prompt)}, self.hold, prompt)
+            held = await self._lead({"op": "hold", "prompt": list(prompt)}, self.hold, prompt)
+        return held
 
     async def run_release(self, prompt: Sequence[int]) -> None:
         return await self._lead({"op": "release", "prompt": list(prompt)}, self.release, prompt)
