@@ -205,3 +205,36 @@ async def test_the_sharded_engine_holds_one_prefill_for_the_choices_through_its_
     assert_idle(engine)
     assert not jobs._holds
     await engine.wait_idle()
+
+
+@on_every_loop
+async def test_a_sharded_request_cancelled_while_its_choices_prefill_still_releases_it(rt):
+    """Once the hold plan is out every rank holds the prefill, so a request cancelled during it
+    must still get it back to release (its "release" plan), not leave it held on every rank."""
+    import threading
+    import time
+
+    from emlx_async import distributed
+    from emlx_async.llm.sharded import ShardedEngine
+
+    engine = ShardedEngine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt,
+                           group=distributed.init())
+    jobs, entered = engine.batch_jobs, threading.Event()
+    real_hold = jobs.hold
+
+    def slow_hold(prompt):  # on the group's worker
+        entered.set()
+        time.sleep(0.3)
+        return real_hold(prompt)
+
+    jobs.hold = slow_hold
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(choices_of, engine, PROMPT, 2, max_tokens=4))
+        with anyio.fail_after(30):
+            while not entered.is_set():
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    await engine.group.run(lambda: None)  # queued behind the hold on the group's queue: it is over
+    assert not jobs._holds and len(engine.decoding.held) == 0
+    assert_idle(engine)
+    await engine.wait_idle()
