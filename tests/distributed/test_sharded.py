@@ -93,6 +93,23 @@ def test_two_ranks_give_the_one_process_tokens_greedy_seeded_and_n_choices(tmp_p
         assert "CustomTransforms" in reason  # mlx.nn's sum_gradients, the first node it cannot write
 
 
+def test_serve_distributed_with_step_replay_refuses_on_every_rank_naming_why(tmp_path):
+    """`--step replay` requires the replayed step: a sharded server has none, so every rank
+    ends at load with MLX's reason instead of serving the Python step unasked."""
+    from support.tiny_models import tiny_model_folder
+
+    folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    argv = [sys.executable, "-m", "emlx_async.serve", "--distributed", "--distributed-backend", "ring",
+            "--model", str(folder), "--port", "0", "--step", "replay", "--log-level", "warning"]
+    with LocalRing(2, argv) as ring:
+        codes = ring.wait(timeout=240)
+        logs = [ring.errors(r) for r in range(2)]
+    assert all(code not in (0, None) for code in codes), (codes, [log[-2000:] for log in logs])
+    for log in logs:
+        assert "the replayed step is not available on a sharded engine" in log, log[-2000:]
+        assert "Sum AllReduce" in log
+
+
 # ---- the HTTP service on rank 0 ---------------------------------------------------------
 
 
