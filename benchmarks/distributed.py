@@ -9,9 +9,14 @@ the plan broadcast (one all_sum of 4 KiB) plus two all_sums of one token's
 activations per layer (mlx-lm's sharded attention and MLP each end in one),
 as a share of the sharded step. Last, the CPU every rank burns while the
 server is idle (the idle plans; a rank parked inside a ring collective polls
-its socket instead).
+its socket instead). It also says whether (b)'s tokens are (a)'s and which
+step each engine took (``step_kind``, and the sharded one's ``step_note``).
 
-    python benchmarks/distributed.py [--tokens 24] [--ranks 3]
+``--tiny`` runs a tiny random llama instead (benchmarks/_tiny_model.py: 4
+query and 2 key-value heads, so 2 ranks divide it, where SmolLM2's 9 and 3
+need 3): the quick form, a check of tokens and step more than of speed.
+
+    python benchmarks/distributed.py [--tokens 24] [--ranks 3] [--tiny]
 """
 
 from __future__ import annotations
@@ -31,26 +36,29 @@ def step_times(deltas_at: list[float]) -> list[float]:
     return [b - a for a, b in zip(deltas_at, deltas_at[1:])]
 
 
-async def decode(engine, tokens: int) -> tuple[float, list[float]]:
+async def decode(engine, tokens: int) -> tuple[float, list[float], list[int]]:
     start = time.perf_counter()
-    stamps = []
+    stamps, ids = [], []
     async for delta in engine.generate(messages=CHAT, max_tokens=tokens):
         if delta.token is not None:
             stamps.append(time.perf_counter())
-    return stamps[0] - start, step_times(stamps)
+            ids.append(delta.token)
+    return stamps[0] - start, step_times(stamps), ids
 
 
-async def one_process(tokens: int) -> dict:
+async def one_process(tokens: int, path: str | None) -> dict:
     from emlx_async.llm import Engine
 
-    engine = await Engine.load(mode="batch")
+    engine = await Engine.load(path, mode="batch")
     await decode(engine, 4)  # warm-up
-    ttft, steps = await decode(engine, tokens)
+    ttft, steps, ids = await decode(engine, tokens)
+    args = engine.model.args
     await engine.runtime.close()
-    return {"ttft": ttft, "step": statistics.median(steps), "steps": len(steps)}
+    return {"ttft": ttft, "step": statistics.median(steps), "steps": len(steps), "tokens": ids,
+            "step_kind": engine.step_kind, "layers": args.num_hidden_layers, "hidden": args.hidden_size}
 
 
-async def rank_main(tokens: int) -> None:
+async def rank_main(tokens: int, path: str | None, layers: int, hidden: int) -> None:
     import mlx.core as mx
 
     from emlx_async import distributed as dist
@@ -59,8 +67,7 @@ async def rank_main(tokens: int) -> None:
     group = dist.init(strict=True, backend="ring", timeout=120)
     # The collectives of one decode step, on every rank before the engine
     # starts (its plans would not match): the plan broadcast, then two
-    # all_sums of one token's activations per layer. SmolLM2: 30 layers, 576 wide.
-    layers, hidden = 30, 576
+    # all_sums of one token's activations per layer (SmolLM2: 30 layers, 576 wide).
     plan = b'{"op": "step", "join": [], "leave": []}' if group.rank() == 0 else None
 
     def collectives_of_a_step() -> None:
@@ -73,14 +80,14 @@ async def rank_main(tokens: int) -> None:
         start = time.perf_counter()
         await group.run(collectives_of_a_step)
         collective.append(time.perf_counter() - start)
-    engine = await ShardedEngine.load(group=group)
+    engine = await ShardedEngine.load(path, group=group)
     if group.rank() != 0:
         await engine.follow()
         await dist.all_sum(mx.ones(1))  # the naive idle follower: parked inside a collective
         return
     assert len(engine.model.layers) == layers and engine.model.args.hidden_size == hidden
     await decode(engine, 4)  # warm-up
-    ttft, steps = await decode(engine, tokens)
+    ttft, steps, ids = await decode(engine, tokens)
     await engine.wait_idle()
     print("IDLE-START", flush=True)
     await asyncio.sleep(3)
@@ -91,7 +98,8 @@ async def rank_main(tokens: int) -> None:
     print("SPIN-END", flush=True)
     await dist.all_sum(mx.ones(1))
     print("RESULT " + json.dumps({"ttft": ttft, "step": statistics.median(steps), "steps": len(steps),
-                                  "collective": statistics.median(collective), "layers": layers}), flush=True)
+                                  "collective": statistics.median(collective), "layers": layers, "tokens": ids,
+                                  "step_kind": engine.step_kind, "step_note": engine.step_note}), flush=True)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -118,20 +126,35 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--ranks", type=int, default=3)
-    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tiny", action="store_true",
+                        help="a tiny random llama (2 or 4 ranks divide it) instead of SmolLM2-135M")
+    parser.add_argument("--rank", nargs=3, metavar=("PATH", "LAYERS", "HIDDEN"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank:
-        asyncio.run(rank_main(args.tokens))
+        path, layers, hidden = args.rank
+        asyncio.run(rank_main(args.tokens, path or None, int(layers), int(hidden)))
         return
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="emlx-distributed-bench-") as tmp:
+        path = None
+        if args.tiny:
+            from _tiny_model import tiny_model_folder
+
+            path = str(tiny_model_folder(os.path.join(tmp, "tiny")))
+        run(args, path)
+
+
+def run(args, path: str | None) -> None:
     from emlx_async.testing import LocalRing
 
     import mlx.core as mx
 
-    base = asyncio.run(one_process(args.tokens))
-    with LocalRing(args.ranks, [sys.executable, os.path.abspath(__file__), "--rank", "--tokens",
-                                str(args.tokens)]) as ring:
+    base = asyncio.run(one_process(args.tokens, path))
+    with LocalRing(args.ranks, [sys.executable, os.path.abspath(__file__), "--tokens", str(args.tokens), "--rank",
+                                path or "", str(base["layers"]), str(base["hidden"])]) as ring:
         idle = cpu_between(ring, "IDLE-START", "IDLE-END")
         spin = cpu_between(ring, "SPIN-START", "SPIN-END")
         codes = ring.wait(timeout=120)
@@ -139,7 +162,8 @@ def main() -> None:
         sharded = json.loads(ring.output(0).split("RESULT ", 1)[1])
 
     load = os.getloadavg()[0]
-    print(f"mlx {mx.__version__}, SmolLM2-135M, {args.tokens} greedy tokens, {os.cpu_count()} cores, "
+    name = "a tiny random llama (hidden 128, 2 layers)" if path else "SmolLM2-135M"
+    print(f"mlx {mx.__version__}, {name}, {args.tokens} greedy tokens, {os.cpu_count()} cores, "
           f"load average {load:.1f} at the end (other work shared the cores)")
     rows = [("(a) one process, batch engine", base["step"], 1.0, ""),
             (f"(b) sharded over {args.ranks} ranks (ring, loopback)", sharded["step"],
@@ -152,6 +176,9 @@ def main() -> None:
     print(f"time to first token: one process {base['ttft'] * 1e3:.0f} ms, sharded {sharded['ttft'] * 1e3:.0f} ms")
     print("CPU per rank while idle, s per s: with idle plans " + ", ".join(f"{c:.2f}" for c in idle)
           + "; followers parked in a collective " + ", ".join(f"{c:.2f}" for c in spin))
+    same = "equal" if sharded["tokens"] == base["tokens"] else f"DIFFERENT ({sharded['tokens']} vs {base['tokens']})"
+    print(f"tokens: (b) and (a) {same}; step: (a) {base['step_kind']}, (b) {sharded['step_kind']} "
+          f"({sharded['step_note']})")
 
 
 if __name__ == "__main__":

@@ -88,9 +88,11 @@ class Decoding:
             self.prompt_cache.save(prompt, state.cache)  # the prompt's keys and values, for later prompts
         return item
 
-    def hold_prefill(self, prompt: list[int]) -> HeldPrefill | None:
+    def hold_prefill(self, prompt: list[int], *, cancellable: bool = True) -> HeldPrefill | None:
         """The whole prompt, chunk by chunk, kept for several choices to sample from
-        (None: cancelled, or a cache that cannot be restored, so each choice prefills)."""
+        (None: cancelled, or a cache that cannot be restored, so each choice prefills).
+        ``cancellable=False`` runs it to the end whatever happens to its awaiter (every
+        rank of a sharded engine must hold the same prefills)."""
         state = PromptState()
         self.begin_prefill(state, prompt)
         # Rotating layers, or quantized ones (kv_bits: quantized after the first call): nothing to share.
@@ -98,7 +100,7 @@ class Decoding:
             return None
         try:
             while (logits := self._feed(state)) is None:
-                if cancelled():
+                if cancellable and cancelled():
                     return None
             if self.prompt_cache is not None:
                 self.prompt_cache.save(prompt, state.cache)

@@ -67,7 +67,7 @@ from .loading import context_length as model_context_length
 from .loading import embedding_rows, load_model_files
 from .penalties import OPTIONS as PENALTY_OPTIONS
 from .penalties import Penalties, check_penalties
-from .prompt_cache import PrefixCache
+from .prompt_cache import HeldPrefill, PrefixCache
 from .sampling import SAMPLER_OPTIONS, SEED_RANGE, Sampler, check_sampling
 from .text import PromptEncoder, find_stop, stop_prefix_len
 from .traces import UNKNOWN_CONTEXT, ReplayTraces, cache_sizes
@@ -111,9 +111,6 @@ class Engine:
     ``Decoding``; the sharded engine gives its own, which run each job on
     every rank.
     """
-
-    # generate_choices prefills a prompt once, on a queue of its own, for all its choices.
-    holds_prefills = True
 
     def __init__(self, model, tokenizer, *, eos_ids: set[int], chat_template: str | None,
                  bos_id: int | None = None, runtime: Runtime | None = None,
@@ -529,11 +526,8 @@ class Engine:
                 while held < n:
                     await self._slots.acquire()
                     held += 1
-            if n > 1 and self.holds_prefills:
-                async with self.runtime.queue() as queue:  # one prefill, on a queue of its own for a moment
-                    prefill = await queue.run(self.decoding.hold_prefill, request.tokens)
-                if prefill is not None:
-                    prefill = self.decoding.held.hold(prefill)
+            if n > 1:
+                prefill = await self._hold_prefill(request.tokens)
             streams = [self._stream(request, sampler, stat) for sampler, stat in zip(samplers, stats)]
             firsts = await _first_of_each(streams)  # started together: they join a batch in one round
             live = list(range(n))
@@ -551,10 +545,22 @@ class Engine:
             with anyio.CancelScope(shield=True):
                 for stream in streams:
                     await stream.aclose()
-            if prefill is not None:
-                self.decoding.held.release(prefill)
-            for _ in range(held):
-                self._slots.release()
+                try:
+                    if prefill is not None:
+                        await self._release_prefill(prefill)
+                finally:
+                    for _ in range(held):
+                        self._slots.release()
+
+    async def _hold_prefill(self, tokens: list[int]) -> HeldPrefill | None:
+        """`tokens` prefilled once for a request's choices and held, until ``_release_prefill``
+        (None: each choice prefills). The sharded engine runs both on every rank."""
+        async with self.runtime.queue() as queue:  # one prefill, on a queue of its own for a moment
+            prefill = await queue.run(self.decoding.hold_prefill, tokens)
+        return None if prefill is None else self.decoding.held.hold(prefill)
+
+    async def _release_prefill(self, prefill: HeldPrefill) -> None:
+        self.decoding.held.release(prefill)
 
     async def _stream(self, request: _Request, sampler: Sampler, stats: RequestStats) -> AsyncIterator[Delta]:
         """Turn a token source (either mode) into text deltas (the caller holds the request's slot)."""

@@ -16,6 +16,26 @@ Followers (``follow()``) loop on plans until rank 0 says stop. Sampling is
 replicated, not broadcast: the logits after the last ``all_sum`` are the same
 on every rank, and each request's random key is seeded from the plan.
 
+The step is mlx-lm's batched Python step on every rank, not the replayed
+one: at load each rank traces its shard's decode step (llm/replay_step.py,
+the one-process engine's) and asks ``mx.export_function`` to hold it, and
+MLX 0.32 cannot. mlx.nn's sharded layers wrap their input in
+``sum_gradients`` (an identity with a custom gradient: "Unable to serialize
+primitive CustomTransforms"), and MLX's exporter has no serializer for a
+collective at all (a lone ``mx.distributed.all_sum`` fails to export with
+``std::bad_array_new_length``). ``step_note`` gives what MLX said, measured
+at load, and how many collectives the step holds; ``step="replay"`` is
+refused with it. A replayed sharded step needs the collectives outside the
+exported graph: the per-rank pieces between them traced, and stitched with
+``all_sum`` natively in the shim (a replay form it lacks today).
+
+``generate_choices`` (n > 1) prefills the prompt once on every rank: a
+"hold" plan (the prompt's tokens) makes each rank prefill and hold it, each
+choice then joins as its own row with its own seed (restored from the held
+prefill, on every rank alike, so the followers draw the same tokens), and a
+"release" plan drops it once every choice is done. The hold runs to its end
+even if rank 0's request is cancelled meanwhile, so the ranks hold alike.
+
 Idle ranks. MLX's ring backend polls its sockets while a collective waits
 (measured: a rank waiting 4 s in ``all_sum`` used 2.4 s of CPU), so a
 follower must not sit in a collective while rank 0 has nothing to send.
@@ -38,6 +58,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import re
+import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -48,12 +72,16 @@ import numpy as np
 
 from .. import DistributedError, Runtime, get_runtime
 from ..distributed import Group, all_sum
+from . import traced as _traced
 from .batching import BatchJobs, Joining
 from .decoding import Decoding
 from .engine import Engine
 from .penalties import Penalties
+from .prompt_cache import HeldPrefill
+from .replay_step import CacheSpec, make_step
 from .sampling import Sampler
 from .state import GeneratorState
+from .traces import SMALLEST_CACHE
 
 logger = logging.getLogger("emlx_async.llm.sharded")
 _IDLE = json.dumps({"op": "idle"}).encode()
@@ -118,6 +146,8 @@ class ShardedBatchJobs(BatchJobs):
     def __init__(self, decoding: Decoding, group: Group):
         super().__init__(decoding)
         self.group = group
+        # Prompts held for their choices ("hold"/"release" plans): tokens -> [held prefill, holders].
+        self._holds: dict[tuple[int, ...], list] = {}
 
     # The batcher's pooled queue is not used: every collective of the group
     # (the plan's and the model's own) goes through its one queue.
@@ -133,6 +163,35 @@ class ShardedBatchJobs(BatchJobs):
 
     async def run_close(self, queue, state: GeneratorState) -> None:
         return await self._lead({"op": "close"}, self.close, state)
+
+    async def run_hold(self, prompt: list[int]) -> HeldPrefill | None:
+        # Shielded: once its plan is out the ranks hold it, so the caller must get it to release.
+        with anyio.CancelScope(shield=True):
+            held = await self._lead({"op": "hold", "prompt": list(prompt)}, self.hold, prompt)
+        return held
+
+    async def run_release(self, prompt: Sequence[int]) -> None:
+        return await self._lead({"op": "release", "prompt": list(prompt)}, self.release, prompt)
+
+    def hold(self, prompt: Sequence[int]) -> HeldPrefill | None:
+        """On every rank: `prompt` prefilled and held for its choices (None: not restorable)."""
+        tokens = tuple(prompt)
+        entry = self._holds.get(tokens)
+        if entry is None:
+            prefill = self.decoding.hold_prefill(list(prompt), cancellable=False)
+            if prefill is None:
+                return None
+            entry = self._holds[tokens] = [self.decoding.held.hold(prefill), 0]
+        entry[1] += 1
+        return entry[0]
+
+    def release(self, prompt: Sequence[int]) -> None:
+        tokens = tuple(prompt)
+        entry = self._holds[tokens]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._holds[tokens]
+            self.decoding.held.release(entry[0])
 
     async def _lead(self, plan: dict, job, *args) -> Any:
         data = json.dumps(plan).encode()
@@ -155,9 +214,49 @@ class ShardedBatchJobs(BatchJobs):
             self.step(state, joining, plan["leave"])
         elif op == "close":
             self.close(state)
+        elif op == "hold":
+            self.hold(plan["prompt"])
+        elif op == "release":
+            self.release(plan["prompt"])
         elif op not in ("stop", "idle"):
             raise ValueError(f"unknown plan from rank 0: {op!r}")
         return op
+
+
+def untraceable_step(model, group: Group) -> str | None:
+    """Why this rank's shard of `model` has no replayed step, in MLX's words (None: its step
+    exports). Nothing is evaluated, so no collective runs: each rank asks on its own.
+
+    The shard's greedy decode step is traced as the one-process engine traces it
+    and handed to ``mx.export_function``; a lone ``all_sum`` over `group` too, and
+    the step's graph is counted for collectives (``mx.export_to_dot``'s labels).
+    """
+    spec = CacheSpec.of(model)
+    step = make_step(model, spec, greedy=True)
+    inputs = [*spec.example(1, SMALLEST_CACHE), mx.random.key(0), mx.array([[0]], dtype=mx.int32),
+              mx.array(0, dtype=mx.int32), *_traced.sampling_inputs(0.0, 1.0, 0, 1)]
+
+    def lone_collective(x: mx.array) -> mx.array:
+        return mx.distributed.all_sum(x, group=group.mlx_group)
+
+    with tempfile.TemporaryDirectory(prefix="emlx-shard-") as tmp:
+        failures = []
+        for what, function, args in (("the step", step, inputs), ("a lone all_sum", lone_collective, [mx.ones(2)])):
+            try:
+                mx.export_function(os.path.join(tmp, "step.mlxfn"), function, *args)
+            except Exception as exc:  # noqa: BLE001 - what MLX says is the answer
+                failures.append(f"{what}: {type(exc).__name__}: {exc}")
+        if not failures:
+            return None
+        dot = os.path.join(tmp, "step.dot")
+        mx.export_to_dot(dot, *step(*inputs))
+        with open(dot) as f:
+            labels = Counter(re.findall(r'label ?= ?"([^"]*)"', f.read()))
+    collectives = {name: count for name, count in sorted(labels.items())
+                   if re.search(r"AllReduce|AllGather|Send|Recv", name)}
+    held = ", ".join(f"{count} {name}" for name, count in collectives.items()) or "no collectives"
+    return (f"mlx {mx.__version__}'s export_function cannot hold the sharded step ({held} in its graph): "
+            + "; ".join(failures))
 
 
 def check_shardable(model, size: int) -> None:
@@ -198,33 +297,51 @@ class ShardedEngine(Engine):
         self.idle_interval = float(idle_interval)
         self._stopped = False
         self._ticker_done: anyio.Event | None = None
-        # Every rank runs rank 0's plan with mlx-lm's BatchGenerator.
+        # Every rank runs rank 0's plan with mlx-lm's BatchGenerator (load says why, see the module docstring).
         self.step_note = "the sharded engine runs mlx-lm's batched Python step on every rank"
 
     @classmethod
     async def load(cls, path: str | None = None, *, group: Group, runtime: Runtime | None = None,
                    max_concurrent: int | None = None, prefill_chunk: int | None = None,
-                   idle_interval: float = 0.02, load_timeout: float = 600.0, **_ignored: Any) -> ShardedEngine:
+                   idle_interval: float = 0.02, load_timeout: float = 600.0, step: str = "auto",
+                   **_ignored: Any) -> ShardedEngine:
         """Load the model on this rank (as ``Engine.load``), keep its shard, and
         wait (up to `load_timeout` s) until every rank has done the same; rank 0
-        then starts sending idle plans."""
+        then starts sending idle plans.
+
+        `step` as ``Engine.load``'s: "auto" and "python" run the Python step
+        ("auto" says in ``step_note`` why the sharded step is not replayed);
+        "replay" raises ValueError with that reason, on every rank, before the
+        ranks meet.
+        """
+        if step not in ("auto", "replay", "python"):
+            raise ValueError(f"step must be one of ('auto', 'replay', 'python'), got {step!r}")
         runtime = runtime or get_runtime()
         whole = await Engine.load(path, runtime=runtime, max_concurrent=max_concurrent, mode="batch",
-                                  prefill_chunk=prefill_chunk, step="python")  # ranks replay rank 0's plan
+                                  prefill_chunk=prefill_chunk, step="python")  # the unsharded step is never run
         model = whole.model
         check_shardable(model, group.size())
 
-        def shard() -> None:
+        def shard() -> str | None:
             model.shard(group.mlx_group)
             mx.eval(model.parameters())  # evaluated slices: usable from the group's thread
+            return None if step == "python" else untraceable_step(model, group)
 
         async with runtime.queue() as q:
-            await q.run(shard)
+            untraceable = await q.run(shard)
+        if step == "replay":
+            raise ValueError("the replayed step is not available on a sharded engine: "
+                             + (untraceable or "the sharded step exports, but the ranks follow rank 0's plan "
+                                "on the Python step only"))
         engine = cls(model, whole.tokenizer, group=group, eos_ids=whole.eos_ids,
                      chat_template=whole.chat_template, bos_id=whole.bos_id, runtime=runtime,
                      max_concurrent=whole.max_concurrent, prefill_chunk=whole.prefill_chunk,
                      vocab_size=whole.vocab_size, context_length=whole.context_length,
                      idle_interval=idle_interval)
+        if step == "python":
+            engine.step_note = "the Python step was asked for"
+        else:
+            engine.step_note += f": its step is not replayed, {untraceable or 'the ranks follow rank 0 on it'}"
         # Every rank is loaded before the first plan: a rank that loads slowly
         # must not look like a stalled one.
         ready = await all_sum(mx.array([1], dtype=mx.int32), group=group, timeout=load_timeout)
@@ -257,9 +374,6 @@ class ShardedEngine(Engine):
         """The group's DistributedError once it broke, else None."""
         return self.group.broken
 
-    # A prefill on rank 0 alone cannot run sharded weights: each choice prefills in the batch, on every rank.
-    holds_prefills = False
-
     def generate(self, *args: Any, **kwargs: Any):
         self._check_leader(kwargs)
         return super().generate(*args, **kwargs)
@@ -267,6 +381,22 @@ class ShardedEngine(Engine):
     def generate_choices(self, *args: Any, **kwargs: Any):
         self._check_leader(kwargs)
         return super().generate_choices(*args, **kwargs)
+
+    # A prefill on rank 0 alone cannot run sharded weights: a request's choices hold theirs on every rank.
+
+    async def _hold_prefill(self, tokens: list[int]) -> HeldPrefill | None:
+        return await self._jobs().run_hold(tokens)
+
+    async def _release_prefill(self, prefill: HeldPrefill) -> None:
+        try:
+            await self._jobs().run_release(prefill.tokens)
+        except DistributedError:  # a broken group: no rank will run another plan
+            pass
+
+    def _jobs(self) -> ShardedBatchJobs:
+        jobs = self.batch_jobs
+        assert isinstance(jobs, ShardedBatchJobs)  # made by __init__
+        return jobs
 
     def _check_leader(self, options: dict) -> None:
         if not self.leader:
@@ -304,8 +434,7 @@ class ShardedEngine(Engine):
         """
         if self.leader:
             raise RuntimeError("rank 0 leads; follow() is for the other ranks")
-        jobs = self.batch_jobs
-        assert isinstance(jobs, ShardedBatchJobs)  # made by __init__
+        jobs = self._jobs()
         state = GeneratorState()
         while True:
             op = await self.group.run(jobs.follow_one, state, what="sharded follow")
@@ -315,4 +444,4 @@ class ShardedEngine(Engine):
                 await anyio.sleep(self.idle_interval * 0.9)
 
 
-__all__ = ["ShardedBatchJobs", "ShardedEngine", "check_shardable"]
+__all__ = ["ShardedBatchJobs", "ShardedEngine", "check_shardable", "untraceable_step"]

@@ -149,7 +149,7 @@ def follow(path: str | None, args: argparse.Namespace, group) -> int:
     async def main() -> int:
         try:
             engine = await ShardedEngine.load(path, group=group, max_concurrent=args.max_concurrent,
-                                              prefill_chunk=args.prefill_chunk)
+                                              prefill_chunk=args.prefill_chunk, step=args.step)
         except Exception as exc:  # noqa: BLE001 - rank 0 fails the same way and reports it
             log.error("rank %d: loading the model failed: %s: %s", group.rank(), type(exc).__name__, exc)
             return 1

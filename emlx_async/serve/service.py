@@ -225,7 +225,7 @@ class Service:
                                      init_timeout=config.distributed_init_timeout)
             engine = await ShardedEngine.load(path, group=group, runtime=self.runtime,
                                               max_concurrent=config.max_concurrent,
-                                              prefill_chunk=config.prefill_chunk)
+                                              prefill_chunk=config.prefill_chunk, step=config.step)
         else:
             served.prefix_cache = PrefixCache(tokens, config.prompt_cache_bytes) if tokens > 0 else None
             engine = await Engine.load(path, runtime=self.runtime, mode=config.mode,

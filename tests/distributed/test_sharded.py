@@ -58,6 +58,58 @@ def test_sharded_engine_gives_one_process_tokens_alone_and_four_at_once():
     assert all(len(tokens) > 0 for tokens in reference)
 
 
+@pytest.mark.parametrize("mode", ["batch", "parallel"])
+def test_two_ranks_give_the_one_process_tokens_greedy_seeded_and_n_choices(tmp_path, mode):
+    """A tiny random llama (4 query and 2 key-value heads) over 2 ranks: greedy and seeded
+    tokens, alone and at once, and n=2 seeded choices equal the one-process engine's in
+    either mode; the step is the Python one, and both the note and step="replay" name why."""
+    from emlx_async.llm import Engine
+    from support.dist_rank import tiny_run
+    from support.tiny_models import tiny_model_folder
+
+    folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    with LocalRing(2, [sys.executable, RANK_SCRIPT, "tiny_engine", "asyncio"],
+                   env={"RANK_TIMEOUT": str(STEP_TIMEOUT), "TINY_MODEL": str(folder)}) as ring:
+        codes = ring.wait(timeout=300)
+        assert codes == [0, 0], [ring.errors(r)[-3000:] for r in range(2)]
+        result = json.loads(ring.output(0).split("RESULT ", 1)[1])
+        follower = json.loads(ring.output(1).split("RESULT ", 1)[1])
+
+    async def one_process():
+        engine = await Engine.load(str(folder), mode=mode)
+        try:
+            return engine.step_kind, await tiny_run(engine)
+        finally:
+            await engine.runtime.close()
+
+    step_kind, reference = asyncio.run(one_process())
+    assert step_kind == "replay"  # the one-process engine replays; the sharded one gives its tokens
+    for key in ("greedy", "seeded", "together", "choices"):
+        assert result[key] == reference[key], key
+    assert len(set(map(tuple, result["choices"]))) > 1  # each choice its own key
+    assert result["step_kind"] == "python"
+    for reason in (result["step_note"], result["refused"], follower["refused"]):
+        assert "export_function cannot hold the sharded step" in reason and "Sum AllReduce" in reason
+        assert "CustomTransforms" in reason  # mlx.nn's sum_gradients, the first node it cannot write
+
+
+def test_serve_distributed_with_step_replay_refuses_on_every_rank_naming_why(tmp_path):
+    """`--step replay` requires the replayed step: a sharded server has none, so every rank
+    ends at load with MLX's reason instead of serving the Python step unasked."""
+    from support.tiny_models import tiny_model_folder
+
+    folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    argv = [sys.executable, "-m", "emlx_async.serve", "--distributed", "--distributed-backend", "ring",
+            "--model", str(folder), "--port", "0", "--step", "replay", "--log-level", "warning"]
+    with LocalRing(2, argv) as ring:
+        codes = ring.wait(timeout=240)
+        logs = [ring.errors(r) for r in range(2)]
+    assert all(code not in (0, None) for code in codes), (codes, [log[-2000:] for log in logs])
+    for log in logs:
+        assert "the replayed step is not available on a sharded engine" in log, log[-2000:]
+        assert "Sum AllReduce" in log
+
+
 # ---- the HTTP service on rank 0 ---------------------------------------------------------
 
 
@@ -116,6 +168,34 @@ def test_openai_client_gets_one_process_text(server, client):
     assert status == 200 and {key: health[key] for key in ("status", "model", "mode", "step")} == \
         {"status": "ready", "model": "SmolLM2-135M-Instruct", "mode": "batch", "step": "python"}
     assert [(model["id"], model["status"]) for model in health["models"]] == [("SmolLM2-135M-Instruct", "ready")]
+
+
+def one_process_choices(chat: list[dict], n: int, max_tokens: int, **options) -> list[str]:
+    """The unsharded engine's n choices' texts (Engine.generate_choices) in this process."""
+    from emlx_async.llm import Engine
+
+    async def run():
+        engine = await Engine.load(mode="batch")
+        try:
+            texts = [""] * n
+            async for i, delta in engine.generate_choices(messages=chat, n=n, max_tokens=max_tokens, **options):
+                texts[i] += delta.text
+            return texts
+        finally:
+            await engine.runtime.close()
+
+    return asyncio.run(run())
+
+
+def test_n_choices_across_ranks_give_the_one_process_texts(server, client):
+    """n=2 with a seed: each choice is a row of rank 0's plan with its own seed, the followers
+    draw alike, and the texts are the one-process engine's for that seed."""
+    reply = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=6, n=2,
+                                           seed=11, temperature=0.9)
+    texts = [choice.message.content for choice in sorted(reply.choices, key=lambda c: c.index)]
+    assert texts == one_process_choices(CHAT, 2, 6, seed=11, temperature=0.9)
+    assert texts[0] != texts[1]  # their own keys
+    assert reply.usage.completion_tokens >= 2
 
 
 def test_killing_a_follower_mid_generation_answers_a_clear_error_within_the_timeout(server, client):

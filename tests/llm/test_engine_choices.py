@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import anyio
 import pytest
@@ -178,9 +179,62 @@ async def test_stop_token_ids_end_with_stop_and_leave_the_token_out(rt, mode, st
     await engine.wait_idle()
 
 
-def test_the_sharded_engine_does_not_hold_prefills():
-    """Its prefill must run on every rank: choices prefill in the batch, as rows."""
-    from emlx_async.llm import Engine
+@on_every_loop
+async def test_the_sharded_engine_holds_one_prefill_for_the_choices_through_its_plans(rt):
+    """A sharded engine's choices prefill once, in a "hold" plan every rank runs, and the
+    "release" plan drops it: here over a group of one rank (its plans' collectives are
+    identities), against the one-process engine's choices."""
+    from emlx_async import distributed
     from emlx_async.llm.sharded import ShardedEngine
 
-    assert Engine.holds_prefills and not ShardedEngine.holds_prefills
+    engine = ShardedEngine(counting_prefills(tiny("llama")), IdsTokenizer(), eos_ids=set(), chat_template=None,
+                           runtime=rt, group=distributed.init())
+    jobs = engine.batch_jobs
+    tokens, finish = await choices_of(engine, PROMPT, 3, max_tokens=8, seed=4, **SAMPLED)
+    assert engine.model.prefills == [(1, len(PROMPT))]  # the hold's; each row runs the last token alone
+    reference, _ = await choices_of(await engine_on(rt, "batch", "python"), PROMPT, 3, max_tokens=8, seed=4,
+                                    **SAMPLED)
+    assert tokens == reference and finish == ["length"] * 3
+    assert_idle(engine)
+    assert not jobs._holds
+    engine.model.prefills.clear()
+    async with anyio.create_task_group() as tg:  # two requests of one prompt: one hold, counted twice
+        for seed in (4, 5):
+            tg.start_soon(functools.partial(choices_of, engine, PROMPT, 2, max_tokens=3, seed=seed))
+    assert engine.model.prefills == [(1, len(PROMPT))]
+    assert_idle(engine)
+    assert not jobs._holds
+    await engine.wait_idle()
+
+
+@on_every_loop
+async def test_a_sharded_request_cancelled_while_its_choices_prefill_still_releases_it(rt):
+    """Once the hold plan is out every rank holds the prefill, so a request cancelled during it
+    must still get it back to release (its "release" plan), not leave it held on every rank."""
+    import threading
+    import time
+
+    from emlx_async import distributed
+    from emlx_async.llm.sharded import ShardedEngine
+
+    engine = ShardedEngine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt,
+                           group=distributed.init())
+    jobs, entered = engine.batch_jobs, threading.Event()
+    real_hold = jobs.hold
+
+    def slow_hold(prompt):  # on the group's worker
+        entered.set()
+        time.sleep(0.3)
+        return real_hold(prompt)
+
+    jobs.hold = slow_hold
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(choices_of, engine, PROMPT, 2, max_tokens=4))
+        with anyio.fail_after(30):
+            while not entered.is_set():
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    await engine.group.run(lambda: None)  # queued behind the hold on the group's queue: it is over
+    assert not jobs._holds and len(engine.decoding.held) == 0
+    assert_idle(engine)
+    await engine.wait_idle()

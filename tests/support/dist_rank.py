@@ -175,7 +175,60 @@ async def engine(group: dist.Group) -> None:
     report(rank=rank, alone=alone, together=together, prompts=PROMPTS, max_tokens=MAX_TOKENS)
 
 
-SCENARIOS = {"engine": engine, "collectives": collectives, "stall": stall, "die": die, "mismatch": mismatch}
+TINY_PROMPTS = ["The capital of France is", "Water boils at", "Once upon a time"]
+TINY_TOKENS = 8
+SAMPLED = dict(temperature=0.9, top_p=0.95, top_k=50)
+
+
+async def tiny_run(engine) -> dict:
+    """Greedy and seeded tokens, alone and three at once, and n=2 seeded choices: what the
+    two-rank test compares with the one-process engine (the same function runs there)."""
+    import anyio
+
+    async def tokens(prompt: str, **options) -> list[int]:
+        return [d.token async for d in engine.generate(prompt, max_tokens=TINY_TOKENS, **options)
+                if d.token is not None]
+
+    greedy = [await tokens(p) for p in TINY_PROMPTS[:2]]
+    seeded = [await tokens(p, seed=7 + i, **SAMPLED) for i, p in enumerate(TINY_PROMPTS[:2])]
+    together: list = [None] * len(TINY_PROMPTS)
+
+    async def one(i: int) -> None:
+        together[i] = await tokens(TINY_PROMPTS[i], seed=i, **SAMPLED) if i % 2 else await tokens(TINY_PROMPTS[i])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(TINY_PROMPTS)):
+            tg.start_soon(one, i)
+    choices: list[list[int]] = [[], []]  # n=2: the pool (and so max_concurrent) of a 2-core machine
+    async for i, delta in engine.generate_choices(TINY_PROMPTS[0], n=2, seed=5, max_tokens=TINY_TOKENS, **SAMPLED):
+        if delta.token is not None:
+            choices[i].append(delta.token)
+    return {"greedy": greedy, "seeded": seeded, "together": together, "choices": choices}
+
+
+async def tiny_engine(group: dist.Group) -> None:
+    """A tiny random llama (heads divide by 2) sharded over the ranks: rank 0 reports tiny_run,
+    the step it took and why, and that step="replay" is refused with the reason."""
+    from emlx_async.llm.sharded import ShardedEngine
+
+    rank, path = group.rank(), os.environ["TINY_MODEL"]
+    try:
+        await ShardedEngine.load(path, group=group, step="replay")
+        refused = None
+    except ValueError as exc:
+        refused = str(exc)
+    sharded = await ShardedEngine.load(path, group=group)
+    if rank != 0:
+        await sharded.follow()
+        report(rank=rank, followed=True, refused=refused)
+        return
+    result = await tiny_run(sharded)
+    await sharded.close()
+    report(rank=rank, refused=refused, step_kind=sharded.step_kind, step_note=sharded.step_note, **result)
+
+
+SCENARIOS = {"engine": engine, "tiny_engine": tiny_engine, "collectives": collectives, "stall": stall, "die": die,
+             "mismatch": mismatch}
 
 
 def absent() -> None:
