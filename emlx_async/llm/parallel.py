@@ -25,6 +25,8 @@ from .traces import STAND_IN
 
 # Decode steps queued ahead of the consumer.
 STEPS_AHEAD = 2
+# Masks a constrained stream plans at most per thread hop, through forced tokens (a few KiB each).
+MASKS_AHEAD = 16
 
 
 async def python_tokens(decoding: Decoding, prompt: list[int], max_tokens: int,
@@ -100,7 +102,7 @@ async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int
         # The prefill's sampling fed the first token to the grammar.
         masks = None if sampler.grammar is None else StreamMasks(sampler.grammar, replay.vocab, decoding.eos_ids)
         if masks is not None and token not in decoding.eos_ids:
-            await masks.after(None, min(STEPS_AHEAD, max_tokens - 1))
+            await masks.after(None, min(MASKS_AHEAD, max_tokens - 1))
         position = len(prompt)
         steps_left = max_tokens - 1
         while True:
@@ -136,7 +138,7 @@ async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int
             token = (await future).item()
             if masks is not None and token not in decoding.eos_ids:
                 masks.check(token, forced)
-                room = min(STEPS_AHEAD - len(ahead), steps_left)
+                room = min(MASKS_AHEAD, steps_left)  # the steps not queued yet
                 if forced is None:  # the grammar takes it now, and plans the next masks
                     await masks.after(token, room)
                 elif not masks.ready and not masks.finished and not (ahead and ahead[-1][1] is None):
@@ -178,7 +180,7 @@ def replay_prefill(decoding: Decoding, state: ReplayStreamState, prompt: list[in
     return token
 
 
-__all__ = ["STEPS_AHEAD", "python_tokens", "replay_prefill", "replayed_tokens"]
+__all__ = ["MASKS_AHEAD", "STEPS_AHEAD", "python_tokens", "replay_prefill", "replayed_tokens"]
 
 
 def _outcome_not_needed(future) -> None:
