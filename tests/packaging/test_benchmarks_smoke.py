@@ -39,8 +39,23 @@ def test_decode_benchmarks_fast_step_section_runs_on_a_tiny_model_built_in_code(
                           capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for row in ("fast step: tiny random llama", "(c) mlx-lm BatchGenerator", "(e') batch, Python step",
-                "targets: batch replayed", "(i) batch, penalties", "penalized / plain replayed step"):
+                "targets: batch replayed", "(i) batch, penalties", "penalized / plain replayed step",
+                "constrained / unconstrained replayed step"):
         assert row in done.stdout, done.stdout
+
+
+GRAMMAR = ROOT / "benchmarks" / "grammar.py"
+
+
+@pytest.mark.timeout(300)
+def test_grammar_benchmarks_engine_section_runs_constrained_rows_on_both_models():
+    done = subprocess.run([sys.executable, str(GRAMMAR), "--engine-only", "--engine-tokens", "2", "--smollm2-tokens",
+                           "2", "--engine-rounds", "1"], capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for row in ("fast step: tiny random llama", "SmolLM2-135M: engine step replay", "regex tok/s", "schema tok/s"):
+        assert row in done.stdout, done.stdout
+    rows = [line.split()[:2] for line in done.stdout.splitlines()]
+    assert rows.count(["parallel", "8"]) == rows.count(["batch", "1"]) == 2, done.stdout  # both models
 
 
 SERVE = ROOT / "benchmarks" / "serve.py"
