@@ -287,8 +287,7 @@ async def engine_model(label: str, engine, tokens: int, rounds: int) -> None:
     from _prompts import PROMPTS
 
     prompts = [engine.encode(p) for p in PROMPTS]
-    print(f"
-{label}: engine step {engine.step_kind}; {tokens} tokens per stream, greedy, best of {rounds}")
+    print(f"\n{label}: engine step {engine.step_kind}; {tokens} tokens per stream, greedy, best of {rounds}")
     print(f"{'mode':8} {'N':>2} {'free tok/s':>10} " + " ".join(
         f"{name + ' tok/s':>12} {'ratio':>5} {'mask us':>8} {'wait us':>8}" for name in ENGINE_GRAMMARS))
     for mode in ("parallel", "batch"):
@@ -296,7 +295,7 @@ async def engine_model(label: str, engine, tokens: int, rounds: int) -> None:
         for n in (1, 8):
             batch = [prompts[i % len(prompts)] for i in range(n)]
             for grammar in (None, *ENGINE_GRAMMARS.values()):  # warm every shape this row takes
-                await engine_run(engine, batch, 4, grammar)
+                await engine_run(engine, batch, 2, grammar)
             free = max(total / wall for total, wall in [await engine_run(engine, batch, tokens, None)
                                                         for _ in range(rounds)])
             cells = []
