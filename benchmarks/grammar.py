@@ -23,6 +23,7 @@ punctuation forced: planned ahead).
 
     python benchmarks/grammar.py [--steps 400] [--repeats 200] [--engine] [--engine-only]
                                  [--engine-tokens 64] [--smollm2-tokens 16] [--engine-rounds 3]
+                                 [--engine-streams 1,8] [--engine-models fast,smollm2]
 
 ``--steps 40 --repeats 20`` is a quick check (well under a minute);
 ``--engine-only --engine-tokens 32 --smollm2-tokens 6 --engine-rounds 2`` the
@@ -127,6 +128,8 @@ def main() -> None:
     parser.add_argument("--engine-tokens", type=int, default=64, help="tokens per stream, fast-step model")
     parser.add_argument("--smollm2-tokens", type=int, default=16, help="tokens per stream, SmolLM2")
     parser.add_argument("--engine-rounds", type=int, default=3, help="rounds per row (the best kept)")
+    parser.add_argument("--engine-streams", default="1,8", help="concurrent streams per row")
+    parser.add_argument("--engine-models", default="fast,smollm2", help="the fast-step model, SmolLM2, or both")
     args = parser.parse_args()
     if not args.engine_only:
         grammar_engine(args)
@@ -283,7 +286,7 @@ async def engine_run(engine, prompts: list[list[int]], tokens: int, grammar) -> 
     return sum(counts), time.perf_counter() - start
 
 
-async def engine_model(label: str, engine, tokens: int, rounds: int) -> None:
+async def engine_model(label: str, engine, tokens: int, rounds: int, streams: list[int]) -> None:
     from _prompts import PROMPTS
 
     prompts = [engine.encode(p) for p in PROMPTS]
@@ -292,7 +295,7 @@ async def engine_model(label: str, engine, tokens: int, rounds: int) -> None:
         f"{name + ' tok/s':>12} {'ratio':>5} {'mask us':>8} {'wait us':>8}" for name in ENGINE_GRAMMARS))
     for mode in ("parallel", "batch"):
         engine.mode = mode  # the same model and traces; batch shapes are traced on first use
-        for n in (1, 8):
+        for n in streams:
             batch = [prompts[i % len(prompts)] for i in range(n)]
             for grammar in (None, *ENGINE_GRAMMARS.values()):  # warm every shape this row takes
                 await engine_run(engine, batch, 2, grammar)
@@ -318,16 +321,20 @@ async def engine_section(args) -> None:
     from emlx_async.llm import Engine
     from _tiny_model import tiny_model_folder
 
+    streams = [int(n) for n in args.engine_streams.split(",")]
+    models = args.engine_models.split(",")
     async with ea.Runtime() as runtime:
-        with tempfile.TemporaryDirectory() as folder:
-            tiny_model_folder(folder)
-            engine = await Engine.load(folder, runtime=runtime, max_concurrent=8)
-            await engine_model("fast step: tiny random llama (hidden 128, 2 layers, vocabulary 49152)", engine,
-                               args.engine_tokens, args.engine_rounds)
+        if "fast" in models:
+            with tempfile.TemporaryDirectory() as folder:
+                tiny_model_folder(folder)
+                engine = await Engine.load(folder, runtime=runtime, max_concurrent=max(streams))
+                await engine_model("fast step: tiny random llama (hidden 128, 2 layers, vocabulary 49152)", engine,
+                                   args.engine_tokens, args.engine_rounds, streams)
+                await engine.close()
+        if "smollm2" in models:
+            engine = await Engine.load(runtime=runtime, max_concurrent=max(streams))
+            await engine_model("SmolLM2-135M", engine, args.smollm2_tokens, args.engine_rounds, streams)
             await engine.close()
-        engine = await Engine.load(runtime=runtime, max_concurrent=8)
-        await engine_model("SmolLM2-135M", engine, args.smollm2_tokens, args.engine_rounds)
-        await engine.close()
 
 
 if __name__ == "__main__":

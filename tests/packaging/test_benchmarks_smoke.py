@@ -48,14 +48,16 @@ GRAMMAR = ROOT / "benchmarks" / "grammar.py"
 
 
 @pytest.mark.timeout(300)
-def test_grammar_benchmarks_engine_section_runs_constrained_rows_on_both_models():
-    done = subprocess.run([sys.executable, str(GRAMMAR), "--engine-only", "--engine-tokens", "2", "--smollm2-tokens",
-                           "2", "--engine-rounds", "1"], capture_output=True, text=True, timeout=280)
+def test_grammar_benchmarks_engine_section_runs_constrained_rows_on_the_replayed_step():
+    done = subprocess.run([sys.executable, str(GRAMMAR), "--engine-only", "--engine-models", "fast", "--engine-streams",
+                           "1,2", "--engine-tokens", "2", "--engine-rounds", "1"], capture_output=True, text=True,
+                          timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for row in ("fast step: tiny random llama", "SmolLM2-135M: engine step replay", "regex tok/s", "schema tok/s"):
+    for row in ("fast step: tiny random llama", "engine step replay", "regex tok/s", "schema tok/s"):
         assert row in done.stdout, done.stdout
     rows = [line.split()[:2] for line in done.stdout.splitlines()]
-    assert rows.count(["parallel", "8"]) == rows.count(["batch", "1"]) == 2, done.stdout  # both models
+    assert all(row in rows for row in (["parallel", "1"], ["parallel", "2"], ["batch", "1"], ["batch", "2"])), \
+        done.stdout
 
 
 SERVE = ROOT / "benchmarks" / "serve.py"
