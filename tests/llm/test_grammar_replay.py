@@ -249,3 +249,54 @@ async def test_other_architectures_replay_the_python_steps_constrained_tokens(rt
     assert await at_once(replayed, requests) == want
     assert masked_shapes(replayed)
     await replayed.wait_idle()
+
+
+# ---- the planning itself (llm/constrained.py) ------------------------------------
+
+@pytest.fixture(scope="module")
+def grammar_tokenizer(gguf):
+    from emlx_async.llm.grammar import GrammarTokenizer
+
+    tokenizer, eos = gguf
+    with GrammarTokenizer(tokenizer, eos_ids=eos) as adapter:
+        yield adapter
+
+
+def test_planning_goes_through_forced_tokens_and_stops_at_a_choice_or_the_end(gguf, grammar_tokenizer):
+    tokenizer, eos = gguf
+    vocab, eos = grammar_tokenizer.vocab_size, frozenset(eos)
+    matcher = grammar_tokenizer.matcher(Grammar.json_schema({"const": {"answer": "yes"}}))
+    planned, finished = constrained.plan_masks(matcher, None, 16, vocab, eos)
+    forced = [token for _, token in planned]
+    # Every token forced, then only end-of-sequence: planned to the end in one call.
+    assert None not in forced and tokenizer.decode(forced) == '{"answer": "yes"}' and finished
+    assert all(allowed.sum() == 1 and allowed[token] for allowed, token in planned)
+    matcher = grammar_tokenizer.matcher(Grammar.json_schema(PERSON))
+    planned, finished = constrained.plan_masks(matcher, None, 16, vocab, eos)
+    assert tokenizer.decode([t for _, t in planned[:-1]]) == '{"name":' and planned[-1][1] is None
+    assert planned[-1][0].sum() > 1 and not finished  # the string's opening (' "', ' "a', ...) is a choice
+    assert len(constrained.plan_masks(grammar_tokenizer.matcher(Grammar.json_schema(PERSON)), None, 2, vocab,
+                                      eos)[0]) == 2  # at most `wanted`
+    done = grammar_tokenizer.matcher(Grammar.regex("ab"))
+    for token in tokenizer.encode("ab").ids:
+        done.advance(token)
+    assert constrained.plan_masks(done, None, 4, vocab, eos) == ([], True)  # only end-of-sequence follows
+
+
+def test_a_batch_round_feeds_each_grammar_its_new_tokens_and_ends_the_rows_that_are_done(gguf, grammar_tokenizer):
+    tokenizer, _ = gguf
+    vocab = grammar_tokenizer.vocab_size
+    digits, done, broken = (grammar_tokenizer.matcher(Grammar.regex(p)) for p in (r"[0-9]{4}", "ab", "[a-z]{9}"))
+    answer = tokenizer.encode("12").ids
+    done_answer = tokenizer.encode("ab").ids
+    broken_answer = tokenizer.encode("7").ids  # a digit: the grammar rejects it
+    allowed, ended = constrained.batch_masks([(digits, answer), None, (done, done_answer), (broken, broken_answer)],
+                                             vocab)
+    assert digits.tokens == answer and done.tokens == done_answer  # each took what it had not seen
+    assert set(ended) == {2, 3} and ended[2] is None and isinstance(ended[3], GrammarStateError)
+    assert allowed.shape == (4, vocab) and allowed.dtype == bool
+    assert allowed[1].all() and allowed[2].all() and allowed[3].all()  # free and ended rows: everything
+    assert allowed[0].sum() < vocab and all(tokenizer.decode([t]).isdigit() for t in allowed[0].nonzero()[0][:50])
+    again, ended = constrained.batch_masks([(digits, answer), None], vocab)  # nothing new: the same mask
+    assert (again[0] == allowed[0]).all() and not ended
+    assert constrained.batch_masks([None, None], vocab) == (None, {})
