@@ -110,9 +110,9 @@ def batch_masks(rows: Sequence[tuple[GrammarMatcher, Sequence[int]] | None],
     if tokenizer is None:
         return None, ended
     packed, errors = tokenizer.fill_masks(matchers)
-    for i, error in enumerate(errors):
-        if error is not None:
-            ended[i] = error
+    for i, failure in enumerate(errors):
+        if failure is not None:
+            ended[i] = failure
     return np.ascontiguousarray(unpack_token_mask(packed, vocab)), ended
 
 
