@@ -10,9 +10,24 @@ applying the mask to the logits as MLX ops (packed, or unpacked on the
 host), against the argmax it precedes; a batch's masks at once against one by one; and the thread hop
 of computing a mask in the background.
 
-    python benchmarks/grammar.py [--steps 400] [--repeats 200]
+With ``--engine``: constrained rows on the engine's replayed step (the masked
+variant) against free rows, one stream and 8, in both modes, on the fast-step
+tiny model (a random llama whose step is about 1 ms here, as a real model's is
+on a GPU) and on SmolLM2: aggregate tokens/s (greedy, the best of
+``--engine-rounds``), the ratio to the free rows (target >= 0.9), and per
+constrained step the time the grammar spends in its thread (taking the token,
+computing the mask) and the time the loop waits for that thread (the hop
+included). Two grammars: a regex with no forced tokens (``[a-z ,.]+``: every
+mask waits for its token) and the JSON schema below (its keys and
+punctuation forced: planned ahead).
 
-``--steps 40 --repeats 20`` is a quick check (well under a minute).
+    python benchmarks/grammar.py [--steps 400] [--repeats 200] [--engine] [--engine-only]
+                                 [--engine-tokens 64] [--smollm2-tokens 16] [--engine-rounds 3]
+                                 [--engine-streams 1,8] [--engine-models fast,smollm2]
+
+``--steps 40 --repeats 20`` is a quick check (well under a minute);
+``--engine-only --engine-tokens 32 --smollm2-tokens 6 --engine-rounds 2`` the
+engine section's quick form (about two minutes).
 """
 
 from __future__ import annotations
@@ -108,7 +123,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400, help="decode steps walked per grammar")
     parser.add_argument("--repeats", type=int, default=200, help="repeats of each MLX timing")
+    parser.add_argument("--engine", action="store_true", help="also constrained rows on the engine's replayed step")
+    parser.add_argument("--engine-only", action="store_true", help="only the engine section")
+    parser.add_argument("--engine-tokens", type=int, default=64, help="tokens per stream, fast-step model")
+    parser.add_argument("--smollm2-tokens", type=int, default=16, help="tokens per stream, SmolLM2")
+    parser.add_argument("--engine-rounds", type=int, default=3, help="rounds per row (the best kept)")
+    parser.add_argument("--engine-streams", default="1,8", help="concurrent streams per row")
+    parser.add_argument("--engine-models", default="fast,smollm2", help="the fast-step model, SmolLM2, or both")
     args = parser.parse_args()
+    if not args.engine_only:
+        grammar_engine(args)
+    if args.engine or args.engine_only:
+        import asyncio
+
+        asyncio.run(engine_section(args))
+
+
+def grammar_engine(args) -> None:
     import llguidance
 
     rng = np.random.default_rng(0)
@@ -187,6 +218,123 @@ def main() -> None:
     print(f"one mask on the calling thread p50 {us(statistics.median(inline)).strip()} us, through start_mask() "
           f"(a background thread) p50 {us(statistics.median(threaded)).strip()} us")
     tokenizer.close()
+
+
+# ---- constrained rows on the engine's replayed step ------------------------------------
+
+# Text that never has to end (EOS is allowed once accepting; greedy on these models
+# does not take it), and no forced token: every mask waits for the token before it.
+FREE_TEXT = "[a-z ,.]+"
+ENGINE_GRAMMARS = {"regex": lambda: Grammar.regex(FREE_TEXT), "schema": lambda: Grammar.json_schema(SCHEMA)}
+
+
+class MaskClock:
+    """The grammar's time per constrained step, wrapped around the engine's mask planning
+    (llm/constrained.py): inside its thread, and the loop's wait for it (the hop included)."""
+
+    def __init__(self):
+        from emlx_async.llm import batch_replay, constrained
+
+        self.inside = self.waited = 0.0
+        self._patched = [(constrained, "plan_masks"), (batch_replay, "batch_masks"),
+                         (constrained.StreamMasks, "after"), (batch_replay.ReplayBatcher, "_grammar_round")]
+        self._saved = [getattr(owner, name) for owner, name in self._patched]
+
+    def __enter__(self) -> MaskClock:
+        def inside(fn):
+            def timed_fn(*args):
+                t0 = time.perf_counter()
+                try:
+                    return fn(*args)
+                finally:
+                    self.inside += time.perf_counter() - t0
+            return timed_fn
+
+        def waited(fn):
+            async def timed_fn(*args):
+                t0 = time.perf_counter()
+                try:
+                    return await fn(*args)
+                finally:
+                    self.waited += time.perf_counter() - t0
+            return timed_fn
+
+        for (owner, name), fn in zip(self._patched, self._saved):
+            setattr(owner, name, inside(fn) if name.endswith("masks") else waited(fn))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for (owner, name), fn in zip(self._patched, self._saved):
+            setattr(owner, name, fn)
+
+
+async def engine_run(engine, prompts: list[list[int]], tokens: int, grammar) -> tuple[int, float]:
+    """(tokens, wall seconds) of every prompt at once, greedy, constrained by `grammar()` if given."""
+    import anyio
+
+    counts = [0] * len(prompts)
+
+    async def one(i):
+        async for delta in engine.generate(prompts[i], max_tokens=tokens,
+                                           grammar=grammar() if grammar else None):
+            counts[i] += delta.token is not None
+
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for i in range(len(prompts)):
+            tg.start_soon(one, i)
+    return sum(counts), time.perf_counter() - start
+
+
+async def engine_model(label: str, engine, tokens: int, rounds: int, streams: list[int]) -> None:
+    from _prompts import PROMPTS
+
+    prompts = [engine.encode(p) for p in PROMPTS]
+    print(f"\n{label}: engine step {engine.step_kind}; {tokens} tokens per stream, greedy, best of {rounds}")
+    print(f"{'mode':8} {'N':>2} {'free tok/s':>10} " + " ".join(
+        f"{name + ' tok/s':>12} {'ratio':>5} {'mask us':>8} {'wait us':>8}" for name in ENGINE_GRAMMARS))
+    for mode in ("parallel", "batch"):
+        engine.mode = mode  # the same model and traces; batch shapes are traced on first use
+        for n in streams:
+            batch = [prompts[i % len(prompts)] for i in range(n)]
+            for grammar in (None, *ENGINE_GRAMMARS.values()):  # warm every shape this row takes
+                await engine_run(engine, batch, 2, grammar)
+            free = max(total / wall for total, wall in [await engine_run(engine, batch, tokens, None)
+                                                        for _ in range(rounds)])
+            cells = []
+            for grammar in ENGINE_GRAMMARS.values():
+                best, per_step = 0.0, (0.0, 0.0)
+                for _ in range(rounds):
+                    with MaskClock() as clock:
+                        total, wall = await engine_run(engine, batch, tokens, grammar)
+                    if total / wall > best:
+                        best, per_step = total / wall, (clock.inside / total, clock.waited / total)
+                cells.append(f"{best:12.1f} {best / free:5.2f} {1e6 * per_step[0]:8.1f} {1e6 * per_step[1]:8.1f}")
+            print(f"{mode:8} {n:2} {free:10.1f} " + " ".join(cells), flush=True)
+        await engine.wait_idle()
+
+
+async def engine_section(args) -> None:
+    import tempfile
+
+    import emlx_async as ea
+    from emlx_async.llm import Engine
+    from _tiny_model import tiny_model_folder
+
+    streams = [int(n) for n in args.engine_streams.split(",")]
+    models = args.engine_models.split(",")
+    async with ea.Runtime() as runtime:
+        if "fast" in models:
+            with tempfile.TemporaryDirectory() as folder:
+                tiny_model_folder(folder)
+                engine = await Engine.load(folder, runtime=runtime, max_concurrent=max(streams))
+                await engine_model("fast step: tiny random llama (hidden 128, 2 layers, vocabulary 49152)", engine,
+                                   args.engine_tokens, args.engine_rounds, streams)
+                await engine.close()
+        if "smollm2" in models:
+            engine = await Engine.load(runtime=runtime, max_concurrent=max(streams))
+            await engine_model("SmolLM2-135M", engine, args.smollm2_tokens, args.engine_rounds, streams)
+            await engine.close()
 
 
 if __name__ == "__main__":

@@ -11,12 +11,14 @@ import collections
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import anyio
 import mlx.core as mx
 
 from .. import replay as _replay
 from . import penalties as _penalties
 from . import traced as _traced
 from .batching import Batcher, BatchRequest
+from .constrained import batch_masks
 from .decoding import Decoding
 from .parallel import STEPS_AHEAD
 from .sampling import GREEDY, Sampler
@@ -112,6 +114,9 @@ class ReplayBatcher(Batcher):
     a stream joins, finishes with a prompt cache to fill, or the batch's shape
     changes does a Python job move rows (``ReplayBatchJobs.layout``).
     Free rows decode greedily at position 0 and their tokens are dropped.
+    Constrained rows (a grammar) make their rounds take the masked step, one
+    round at a time (a row's next mask needs its last token, computed in a
+    thread meanwhile), beside free rows whose masks allow every token.
     """
 
     def __init__(self, decoding: Decoding):
@@ -147,17 +152,24 @@ class ReplayBatcher(Batcher):
                     slots, size = chained
                     continue
             step = chunk = None
+            saves: list[tuple[int, list[int]]] = []
             try:
+                # Constrained rows: their grammars take the last tokens and give this round's
+                # masks (a thread); a row whose grammar is done or failed ends here.
+                mask = await self._grammar_round(slots, saves)
                 if any(slots):
                     greedy = all(row is None or row.request.sampler.greedy for row in slots)
                     # One penalized row makes the round take the penalized step (neutral
-                    # options leave the other rows' logits as they are).
+                    # options leave the other rows' logits as they are); one constrained
+                    # row the masked step (free rows' masks allow every token).
                     penalties = [row.request.sampler.penalties if row else None for row in slots]
                     penalized = any(p is not None for p in penalties)
                     function = await replay.function(queue, greedy=greedy, rows=len(slots), size=size,
-                                                     penalized=penalized)
+                                                     penalized=penalized, masked=mask is not None)
                     extra = [state.counts, state.window, state.bias,
                              *_penalties.penalty_rows(penalties)] if penalized else []
+                    if mask is not None:
+                        extra.append(mask)
                     step = function(*state.caches, state.keys,
                                     mx.array([[row.token if row else 0] for row in slots], dtype=mx.int32),
                                     mx.array([row.position if row else 0 for row in slots], dtype=mx.int32),
@@ -169,7 +181,6 @@ class ReplayBatcher(Batcher):
                     chunk = queue.run(self.jobs.prefill,
                                       [(prefills.setdefault(id(r), PromptState()), r.prompt, r.sampler)
                                        for r in prefilling])
-                saves: list[tuple[int, list[int]]] = []
                 if step is not None:
                     out, step = await step, None
                     self._read(out, slots, saves)
@@ -195,6 +206,29 @@ class ReplayBatcher(Batcher):
                 for pending in (step, chunk):
                     if pending is not None:
                         pending.cancel()
+
+    async def _grammar_round(self, slots: list[Row | None], saves: list[tuple[int, list[int]]]) -> mx.array | None:
+        """This round's masks {rows, V} bool for the masked step (None: no row is constrained).
+
+        In a thread (llm/constrained.py): each constrained row's grammar takes
+        the tokens it has not seen, then every row's mask is computed at once.
+        A row whose grammar allows only end-of-sequence now stops (as the Python
+        step's end-of-sequence does) and one whose grammar failed gets its
+        ``GrammarStateError``: either frees its slot (listed in `saves` with a
+        prompt cache), and the other rows go on."""
+        grammars = [(row.request.sampler.grammar, row.answer)
+                    if row is not None and row.request.sampler.grammar is not None else None for row in slots]
+        if not any(grammars):
+            return None
+        allowed, ended = await anyio.to_thread.run_sync(batch_masks, grammars, self.decoding.replay.vocab)
+        eos = min(self.decoding.eos_ids)  # a grammar needs them (Engine checks)
+        for slot, error in ended.items():
+            row = slots[slot]
+            self._deliver(row.request.uid, eos, "stop", error)
+            slots[slot] = None
+            if self.decoding.prompt_cache is not None:  # the prompt and the answer its cache holds
+                saves.append((slot, row.request.prompt + row.answer[:-1]))
+        return None if allowed is None else mx.array(allowed)
 
     def _read(self, out: mx.array, slots: list[Row | None], saves: list[tuple[int, list[int]]]) -> bool:
         """One step's tokens {rows, 1} to their rows' consumers (free and finished rows' are
@@ -231,6 +265,8 @@ class ReplayBatcher(Batcher):
         be queued (no traced cache holds the next one), the batch is as it was."""
         replay = self.decoding.replay
         rows = len(slots)
+        if any(row is not None and row.request.sampler.grammar is not None for row in slots):
+            return None  # a constrained row's next mask needs its last token: a round at a time
         # Finished rows' caches go to the prompt cache: no step may write over them.
         keep_finished = self.decoding.prompt_cache is not None
         greedy = all(row is None or row.request.sampler.greedy for row in slots)

@@ -19,12 +19,15 @@ llm/penalties.py); the others keep the plain one.
 steps as a chain on its worker (``TracedFunction.chain``: two steps queued
 ahead, caches updated in place); "batch" mode a step of B rows, each at its
 own position with its own sampler, per batch shape (llm/batch_replay.py).
+Constrained requests (a grammar) take a variant with each row's token mask as
+an input: the mask for step t+1 is computed in a thread as soon as token t
+arrives, and steps whose tokens the grammar forces are queued ahead
+(llm/constrained.py).
 Prompts are prefilled in Python (mlx-lm, chunked, with the prompt cache) and
 copied into the fixed cache. Models whose caches have no fixed-buffer form,
 a trace that fails (an op MLX cannot export) or disagrees with the model, and
 ``step="python"`` use the Python step (mlx-lm's model call; in "batch" mode
-mlx-lm's BatchGenerator), as do requests asking for logprobs, constrained
-requests (a grammar: its mask for step t+1 needs token t, llm/grammar.py) and
+mlx-lm's BatchGenerator), as do requests asking for logprobs and
 prompts past the largest traced cache; ``engine.step_kind`` says which runs and
 ``engine.step_note`` why. ``kv_bits``, ``kv_group_size`` and ``max_kv_size``
 are mlx-lm's KV-cache options (llm/cache_options.py), on either step.
@@ -286,7 +289,7 @@ class Engine:
             self.step_note += f", batches of {decoding.replay.row_buckets} rows"
         if described:
             self.step_note += f"; {described}"
-        self.step_note += "; constrained requests (grammar) take the Python step"
+        self.step_note += "; constrained requests (grammar) take the replayed step with their token mask as an input"
         return self.step_kind
 
     async def save(self, path: str) -> None:
@@ -360,8 +363,9 @@ class Engine:
         ends with "stop" once only end-of-sequence can follow, with
         "length" and what it made at ``max_tokens``, and a failure of the
         grammar while decoding (``GrammarStateError``) raises from this
-        request's iterator alone. Constrained requests run on the Python
-        step (``step_note`` says so). Bad options, token ids outside the
+        request's iterator alone. Constrained requests take the replayed
+        step where one is traced, their token mask an input of it
+        (``step_note`` says so). Bad options, token ids outside the
         vocabulary and prompts that with ``max_tokens`` exceed the model's
         context raise ValueError before anything runs (a grammar that does
         not fit the tokenizer: ``GrammarError``, a ValueError, from the
@@ -490,10 +494,9 @@ class Engine:
         """The decode path for this request: its tokens, then its finish reason."""
         replay = self.decoding.replay
         # The Python step takes what the replayed one cannot: logprobs, and
-        # prompts past the largest traced cache.
-        # Constrained requests too: step t+1's mask needs token t, which the
-        # replayed chain does not wait for (its traced variant is future work).
-        replayed = (replay is not None and sampler.logprobs is None and sampler.grammar is None
+        # prompts past the largest traced cache. Constrained requests take the
+        # masked variant (llm/constrained.py).
+        replayed = (replay is not None and sampler.logprobs is None
                     and replay.size_for(len(prompt) + max_tokens) is not None)
         if self.mode == "batch" and (replayed or self.decoding.cache_options.kv_bits is None):
             batcher = self._replay_batcher if replayed else self._batcher

@@ -390,6 +390,11 @@ class GrammarMatcher:
         self.tokens: list[int] = []
         """The tokens consumed so far."""
 
+    @property
+    def tokenizer(self) -> GrammarTokenizer:
+        """The GrammarTokenizer this state was made by (its ``fill_masks`` computes a batch's masks)."""
+        return self._tokenizer
+
     def mask(self) -> np.ndarray:
         """The packed mask {W} (uint32) of the tokens allowed next. Raises ``GrammarStateError``.
 

@@ -17,6 +17,7 @@ import mlx.core as mx
 from .. import replay as _replay
 from . import penalties as _penalties
 from . import traced as _traced
+from .constrained import StreamMasks
 from .decoding import Decoding
 from .sampling import Sampler
 from .state import PromptState, ReplayStreamState
@@ -24,6 +25,8 @@ from .traces import STAND_IN
 
 # Decode steps queued ahead of the consumer.
 STEPS_AHEAD = 2
+# Masks a constrained stream plans at most per thread hop, through forced tokens (a few KiB each).
+MASKS_AHEAD = 16
 
 
 async def python_tokens(decoding: Decoding, prompt: list[int], max_tokens: int,
@@ -73,13 +76,20 @@ async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int
     updated in place. A cache that fills moves to the next length at the
     next step (padded natively); one whose layers are all bounded (rings,
     states) never fills.
+
+    A constrained stream (``sampler.grammar``) takes the masked step: each
+    step's mask is planned in a thread from the tokens known so far
+    (llm/constrained.py), so a step is queued ahead only where the masks
+    before it forced their tokens; a failure of the grammar raises
+    ``GrammarStateError`` from this stream alone.
     """
     replay, runtime = decoding.replay, decoding.runtime
     assert replay is not None
     size = replay.size_for(len(prompt) + 1)  # it grows as the answer does
     queue = await runtime.acquire_queue()
     state = ReplayStreamState()
-    ahead: collections.deque = collections.deque()  # job futures of the steps queued ahead
+    # (job future, the token its mask forced or None) of the steps queued ahead
+    ahead: collections.deque = collections.deque()
     chained = False
     try:
         token = await queue.run(replay_prefill, decoding, state, prompt, sampler, size)
@@ -89,6 +99,10 @@ async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int
         penalized = sampler.penalties is not None
         bias = state.bias
         extra = _penalties.penalty_inputs(sampler.penalties) if penalized else []
+        # The prefill's sampling fed the first token to the grammar.
+        masks = None if sampler.grammar is None else StreamMasks(sampler.grammar, replay.vocab, decoding.eos_ids)
+        if masks is not None and token not in decoding.eos_ids:
+            await masks.after(None, min(MASKS_AHEAD, max_tokens - 1))
         position = len(prompt)
         steps_left = max_tokens - 1
         while True:
@@ -96,27 +110,43 @@ async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int
                 yield "stop"
                 return
             while len(ahead) < STEPS_AHEAD and steps_left > 0:
+                forced = None
+                if masks is not None:
+                    if not masks.ready:
+                        break  # the next mask waits for a step's token (or the grammar is done)
+                    mask, forced = masks.ready.popleft()
                 # Full: the next length, padded by the chain (a bounded cache never is).
                 size = replay.size_for(position + 1)
-                function = await replay.chained(queue, greedy=sampler.greedy, size=size, penalized=penalized)
+                function = await replay.chained(queue, greedy=sampler.greedy, size=size, penalized=penalized,
+                                                masked=masks is not None)
                 if chained:  # stand-ins: the chain carries the real ones
                     carried, history = [STAND_IN] * (replay.n_caches + 2), [STAND_IN] * 2
                 else:
                     carried, history = [*state.caches, state.key, state.token], [state.counts, state.window]
                     state.clear()  # the first step's job holds them now
                 penalty_args = [*history, bias, *extra] if penalized else []
-                ahead.append(function(*carried, mx.array(position, dtype=mx.int32), *options, *penalty_args,
-                                      queue=queue, fed=chained))
+                mask_arg = [mask] if masks is not None else []
+                ahead.append((function(*carried, mx.array(position, dtype=mx.int32), *options, *penalty_args,
+                                       *mask_arg, queue=queue, fed=chained), forced))
                 chained = True
                 position += 1
                 steps_left -= 1
             yield token
             if not ahead:
                 break
-            token = (await ahead.popleft()).item()
-        yield "length"
+            future, forced = ahead.popleft()
+            token = (await future).item()
+            if masks is not None and token not in decoding.eos_ids:
+                masks.check(token, forced)
+                room = min(MASKS_AHEAD, steps_left)  # the steps not queued yet
+                if forced is None:  # the grammar takes it now, and plans the next masks
+                    await masks.after(token, room)
+                elif not masks.ready and not masks.finished and not (ahead and ahead[-1][1] is None):
+                    await masks.after(None, room)  # every token known (forced): plan on
+        # A finished grammar allows only end-of-sequence: the Python step's answer too.
+        yield "stop" if masks is not None and masks.finished and steps_left > 0 else "length"
     finally:
-        for future in ahead:
+        for future, _ in ahead:
             future.cancel()  # dropped if queued; discarded if running
         state.clear()
         if chained:
@@ -150,7 +180,7 @@ def replay_prefill(decoding: Decoding, state: ReplayStreamState, prompt: list[in
     return token
 
 
-__all__ = ["STEPS_AHEAD", "python_tokens", "replay_prefill", "replayed_tokens"]
+__all__ = ["MASKS_AHEAD", "STEPS_AHEAD", "python_tokens", "replay_prefill", "replayed_tokens"]
 
 
 def _outcome_not_needed(future) -> None:

@@ -47,10 +47,11 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, Rotating
 from .. import NotTraceable as NotTraceable
 from . import penalties as _penalties
 from .cache_options import CacheOptions
+from .grammar import apply_token_mask
 from .traced import sample
 
-__all__ = ["NotTraceable", "CacheSpec", "PENALTY_INPUTS", "forward", "make_step", "check_against_model",
-           "model_weights"]
+__all__ = ["NotTraceable", "CacheSpec", "MASK_INPUT", "PENALTY_INPUTS", "forward", "make_step",
+           "check_against_model", "model_weights"]
 
 
 # ---- what the buffers are --------------------------------------------------------
@@ -478,10 +479,13 @@ def forward(model, spec: CacheSpec, token: mx.array, position: mx.array,
 # The penalized step's inputs after top_k (llm/penalties.py): the chained history, the
 # bias row and the per-row options.
 PENALTY_INPUTS = ("counts", "window", "bias", "presence", "frequency", "repetition", "log_min_p")
+# The masked step's input after those: each row's allowed next tokens, {B, V} bool (a free
+# row all True), unpacked on the host from the grammar's bitmask (one `where` in the graph).
+MASK_INPUT = "allowed"
 
 
 def make_step(model, spec: CacheSpec, *, weights_as_inputs: bool = False, greedy: bool = False,
-              penalized: bool = False) -> Callable[..., Any]:
+              penalized: bool = False, masked: bool = False) -> Callable[..., Any]:
     """step(*buffers, key, token, position, inv_temperature, top_p, top_k[, *weights])
     -> (next_token {B, 1}, key', *buffers'): one decode step with the sampler inside.
 
@@ -500,24 +504,33 @@ def make_step(model, spec: CacheSpec, *, weights_as_inputs: bool = False, greedy
     or ``penalty_rows``), and the counts and window come back after the
     buffers, the fed token recorded: the step's logits go through
     ``penalties.adjust`` before the sampler, min-p among its filters.
+
+    ``masked=True``: ``MASK_INPUT`` follows (after the penalties' inputs
+    when both are asked for), {B, V} bool ({1, V} for one stream), and the
+    logits keep only the allowed tokens (``grammar.apply_token_mask``, after
+    the penalties, as the Python step masks them), so greedy and sampled
+    rows pick only allowed ids; the outputs are the same as without it.
     """
     n = spec.n_buffers
+    n_penalty = len(PENALTY_INPUTS) if penalized else 0
 
     def decode(*inputs: mx.array):
         buffers, (key, token, position, inv_temperature, top_p, top_k, *extra) = inputs[:n], inputs[n:]
         logits, new_buffers = forward(model, spec, token, position, buffers)
         history, log_min_p = [], None
         if penalized:
-            counts, window, bias, presence, frequency, repetition, log_min_p = extra
+            counts, window, bias, presence, frequency, repetition, log_min_p = extra[:n_penalty]
             counts, window = _penalties.record(counts, window, token, position)
             logits = _penalties.adjust(logits, counts, window, bias, presence, frequency, repetition)
             history = [counts, window]
+        if masked:
+            logits = apply_token_mask(logits, extra[n_penalty])
         if greedy:
             return (mx.argmax(logits, axis=-1, keepdims=True).astype(mx.int32), key, *new_buffers, *history)
         next_token, next_key = sample(logits, key, inv_temperature, top_p, top_k, log_min_p)
         return (next_token, next_key, *new_buffers, *history)
 
-    return _with_weights(model, weights_as_inputs, decode, n + 6 + (len(PENALTY_INPUTS) if penalized else 0))
+    return _with_weights(model, weights_as_inputs, decode, n + 6 + n_penalty + (1 if masked else 0))
 
 
 def check_against_model(model, spec: CacheSpec, tokens: Sequence[int] = (1, 2, 3)) -> int:

@@ -1,5 +1,6 @@
 """The replayed step's traces: one per shape (greedy, rows, cache size) and variant
-(with or without the penalties' inputs), made on first use and sharing the model's weights.
+(with or without the penalties' inputs, with or without a token mask), made on first
+use and sharing the model's weights.
 
 The traced step itself (mlx-lm's own model call over fixed cache buffers,
 with sampling inside the graph) is llm/replay_step.py; this module decides
@@ -29,6 +30,8 @@ SMALLEST_CACHE = 64
 UNKNOWN_CONTEXT = 4096
 # What a chained step is given for the inputs its chain carries.
 STAND_IN = mx.array(0, dtype=mx.int32)
+# The step's variants, (penalized, masked): which optional inputs follow top_k (llm/replay_step.py).
+VARIANTS = ((False, False), (True, False), (False, True), (True, True))
 
 
 def cache_sizes(context: int) -> list[int]:
@@ -51,7 +54,8 @@ class ReplayTraces:
     greedy rows) get a step without the sampler, which sorts the
     vocabulary. Load traces the greedy step of every cache size (parallel)
     or every row count at the smallest size (batch); any other shape is
-    traced on the queue that first needs it (a fraction of a second).
+    traced on the queue that first needs it (a fraction of a second), as
+    is every shape of the other variants (``VARIANTS``: penalized, masked).
     """
 
     def __init__(self, model, spec: CacheSpec, sizes: list[int], vocab: int, *, max_concurrent: int):
@@ -60,24 +64,28 @@ class ReplayTraces:
         self.sizes = sizes
         self.vocab = vocab  # the logits' width: top_k at or past it keeps every token
         self.weights = model_weights(model)  # bound to every trace (TracedFunction.bind)
-        self._steps = {(greedy, penalized): make_step(model, spec, weights_as_inputs=True, greedy=greedy,
-                                                      penalized=penalized)
-                       for greedy in (False, True) for penalized in (False, True)}
+        # A variant is (penalized, masked): the step with the penalties' inputs (llm/penalties.py)
+        # and with a token mask (llm/grammar.py), for the requests that have them; the plain
+        # step keeps its inputs and its speed.
+        self._steps = {(greedy, *variant): make_step(model, spec, weights_as_inputs=True, greedy=greedy,
+                                                     penalized=variant[0], masked=variant[1])
+                       for greedy in (False, True) for variant in VARIANTS}
         self.n_caches = n = spec.n_buffers
         self.row_buckets = sorted({2 ** i for i in range(max_concurrent.bit_length())
                                    if 2 ** i <= max_concurrent} | {max_concurrent})
-        self.traced: dict[tuple[bool, int | None, int], Any] = {}
-        # The same shapes with the penalties' inputs (llm/penalties.py), for the requests that
-        # have them: the plain step keeps its inputs and its speed.
-        self.traced_penalized: dict[tuple[bool, int | None, int], Any] = {}
-        # The steps as chains: one stream's (rows None, parallel mode) or a batch's.
-        self.chains: dict[tuple[bool, int | None, int, bool], Any] = {}
+        # Each variant's traces by shape (greedy, rows, size).
+        self.variants: dict[tuple[bool, bool], dict[tuple[bool, int | None, int], Any]] = {v: {} for v in VARIANTS}
+        self.traced = self.variants[False, False]
+        self.traced_penalized = self.variants[True, False]
+        # The steps as chains: one stream's (rows None, parallel mode) or a batch's, by shape and variant.
+        self.chains: dict[tuple[bool, int | None, int, bool, bool], Any] = {}
         # What takes a batch chain's carried arrays back to the loop, per (rows, size, penalized).
         self.takes: dict[tuple[int, int, bool], Any] = {}
         self._tracing = anyio.Lock()
         # Donated: cache buffers -> outputs 2..., key -> output 1, updated in
         # place and published back into the caller's arrays; the penalized
-        # step's counts and window (inputs n + 6, n + 7) -> outputs n + 2, n + 3.
+        # step's counts and window (inputs n + 6, n + 7) -> outputs n + 2, n + 3. A mask is
+        # an input of one step only: never donated, the same indices with or without it.
         self.donate = {**{i: 2 + i for i in range(n)}, n: 1}
         self.donate_penalized = {**self.donate, n + 6: n + 2, n + 7: n + 3}
 
@@ -91,35 +99,38 @@ class ReplayTraces:
         return next((n for n in self.row_buckets if n >= count), 0) if count else 0
 
     def release(self) -> None:
-        for function in [*self.traced.values(), *self.traced_penalized.values(), *self.chains.values(),
-                         *self.takes.values()]:
+        for function in [*(f for traced in self.variants.values() for f in traced.values()),
+                         *self.chains.values(), *self.takes.values()]:
             function.release()
 
-    async def function(self, queue, *, greedy: bool, rows: int | None, size: int, penalized: bool = False) -> Any:
-        """The step of this shape, traced on `queue` the first time it is asked for."""
+    async def function(self, queue, *, greedy: bool, rows: int | None, size: int, penalized: bool = False,
+                       masked: bool = False) -> Any:
+        """The step of this shape and variant, traced on `queue` the first time it is asked for."""
         shape = (greedy, rows, size)
-        traced = self.traced_penalized if penalized else self.traced
+        traced = self.variants[penalized, masked]
         function = traced.get(shape)
         if function is None:
             async with self._tracing:
                 function = traced.get(shape)
                 if function is None:
-                    function = traced[shape] = await self._trace(queue, *shape, penalized)
+                    function = traced[shape] = await self._trace(queue, *shape, penalized, masked)
         return function
 
-    async def chained(self, queue, *, greedy: bool, size: int, penalized: bool = False,
+    async def chained(self, queue, *, greedy: bool, size: int, penalized: bool = False, masked: bool = False,
                       rows: int | None = None) -> Any:
         """The step of this shape as a chain: caches, key and token (and the penalized
-        step's counts and window) carried on the worker; a call returns the token(s)."""
-        function = self.chains.get((greedy, rows, size, penalized))
+        step's counts and window) carried on the worker; a call returns the token(s).
+        A masked step's mask is a per-call input, as the options are."""
+        key = (greedy, rows, size, penalized, masked)
+        function = self.chains.get(key)
         if function is None:
-            step = await self.function(queue, greedy=greedy, rows=rows, size=size, penalized=penalized)
+            step = await self.function(queue, greedy=greedy, rows=rows, size=size, penalized=penalized, masked=masked)
             n = self.n_caches
             carried = {i: 2 + i for i in range(n)}  # caches -> outputs 2...
             carried.update({n: 1, n + 1: 0})  # key <- output 1, token <- output 0
             if penalized:
                 carried.update({n + 6: n + 2, n + 7: n + 3})  # counts, window <- after the caches
-            function = self.chains.setdefault((greedy, rows, size, penalized), step.chain(carried, returned=(0,)))
+            function = self.chains.setdefault(key, step.chain(carried, returned=(0,)))
         return function
 
     async def take(self, queue, *, rows: int, size: int, penalized: bool = False) -> Any:
@@ -142,7 +153,7 @@ class ReplayTraces:
                         traced.release()
         return function
 
-    async def _trace(self, queue, greedy: bool, rows: int | None, size: int, penalized: bool):
+    async def _trace(self, queue, greedy: bool, rows: int | None, size: int, penalized: bool, masked: bool):
         if rows is None:
             per_row = [mx.random.key(0), mx.array([[0]], dtype=mx.int32), mx.array(0, dtype=mx.int32),
                        *_traced.sampling_inputs(0.0, 1.0, 0, 1)]
@@ -153,8 +164,11 @@ class ReplayTraces:
                        mx.zeros((rows,), dtype=mx.int32), *_traced.sampling_rows([GREEDY] * rows, 1)]
             if penalized:
                 per_row += [*self._history(rows), *_penalties.penalty_rows([None] * rows)]
+        if masked:  # every token allowed: the mask's shape and dtype, {rows, V} bool
+            per_row.append(mx.ones((rows or 1, self.vocab), dtype=mx.bool_))
         caches = self.spec.example(rows or 1, size)
-        traced = await _replay.trace(self._steps[greedy, penalized], *caches, *per_row, *self.weights, queue=queue)
+        traced = await _replay.trace(self._steps[greedy, penalized, masked], *caches, *per_row, *self.weights,
+                                     queue=queue)
         try:
             # The weights go to the worker with the graph, once: a step's
             # submit carries the caches and the few per-step inputs only.

@@ -1,7 +1,8 @@
 """Grammar-constrained decoding through Engine.generate (llm/grammar.py in the engine).
 
 Both modes, engines prepared for either step (constrained requests take the
-Python step; free ones beside them keep theirs): JSON schemas that validate,
+replayed step's masked variant where it is traced; free ones beside them keep
+theirs): JSON schemas that validate,
 greedy and seeded, any JSON, a regex, a budget too small to finish ("length"),
 a grammar failure that fails its request alone, constrained and free rows in
 one batch (the free rows' tokens unchanged), and a cancelled constrained
@@ -194,7 +195,7 @@ async def test_bad_grammars_are_refused(rt, gguf, tiny_llama):
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
 async def test_smollm2_answers_a_schema_with_json_that_validates(rt, mode):
     engine = await Engine.load(runtime=rt, mode=mode, max_concurrent=2)
-    assert "constrained requests (grammar) take the Python step" in engine.step_note
+    assert "constrained requests (grammar) take the replayed step" in engine.step_note
     messages = [{"role": "user", "content": "Describe a person called Ann, aged 31, as JSON."}]
     grammar = Grammar.json_schema(PERSON)
     results: dict = {}
@@ -226,7 +227,7 @@ async def test_smollm2_answers_a_schema_with_json_that_validates(rt, mode):
 @one_loop
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
 async def test_a_bias_and_penalties_shape_a_constrained_request_within_its_grammar(rt, gguf, tiny_llama, mode):
-    """Penalties and a bias on a constrained request (the Python step): a bias of 100 picks
+    """Penalties and a bias on a constrained request (the penalized, masked step): a bias of 100 picks
     its token where the grammar allows it and cannot where it does not."""
     tokenizer, _ = gguf
     seven = tokenizer.token_to_id("7")

@@ -39,8 +39,25 @@ def test_decode_benchmarks_fast_step_section_runs_on_a_tiny_model_built_in_code(
                           capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for row in ("fast step: tiny random llama", "(c) mlx-lm BatchGenerator", "(e') batch, Python step",
-                "targets: batch replayed", "(i) batch, penalties", "penalized / plain replayed step"):
+                "targets: batch replayed", "(i) batch, penalties", "penalized / plain replayed step",
+                "constrained / unconstrained replayed step"):
         assert row in done.stdout, done.stdout
+
+
+GRAMMAR = ROOT / "benchmarks" / "grammar.py"
+
+
+@pytest.mark.timeout(300)
+def test_grammar_benchmarks_engine_section_runs_constrained_rows_on_the_replayed_step():
+    done = subprocess.run([sys.executable, str(GRAMMAR), "--engine-only", "--engine-models", "fast", "--engine-streams",
+                           "1,2", "--engine-tokens", "2", "--engine-rounds", "1"], capture_output=True, text=True,
+                          timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for row in ("fast step: tiny random llama", "engine step replay", "regex tok/s", "schema tok/s"):
+        assert row in done.stdout, done.stdout
+    rows = [line.split()[:2] for line in done.stdout.splitlines()]
+    assert all(row in rows for row in (["parallel", "1"], ["parallel", "2"], ["batch", "1"], ["batch", "2"])), \
+        done.stdout
 
 
 SERVE = ROOT / "benchmarks" / "serve.py"
