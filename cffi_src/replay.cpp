@@ -82,6 +82,12 @@ std::shared_ptr<Entry> find_entry(int64_t id) {
   return it->second;
 }
 
+const Trace& find_trace(const Entry& entry, int64_t trace) {
+  if (trace < 0 || trace >= static_cast<int64_t>(entry.traces.size()))
+    throw std::invalid_argument("[replay] no trace " + std::to_string(trace));
+  return entry.traces[trace];
+}
+
 std::string dtype_text(mx::Dtype t) {
   std::ostringstream out;
   out << t;
@@ -334,9 +340,7 @@ int emlx_replay_info(int64_t id, int* shapeless, int64_t* n_traces, int64_t* n_b
 int emlx_replay_trace_info(int64_t id, int64_t trace, int64_t* n_inputs, int64_t* n_outputs, int64_t* n_dims) {
   return emlx::guarded([&] {
     auto entry = emlx::find_entry(id);
-    if (trace < 0 || trace >= static_cast<int64_t>(entry->traces.size()))
-      throw std::invalid_argument("[replay] no trace " + std::to_string(trace));
-    const auto& t = entry->traces[trace];
+    const auto& t = emlx::find_trace(*entry, trace);
     *n_inputs = static_cast<int64_t>(t.inputs.size());
     *n_outputs = static_cast<int64_t>(t.n_outputs);
     int64_t dims = 0;
@@ -349,10 +353,8 @@ int emlx_replay_trace_info(int64_t id, int64_t trace, int64_t* n_inputs, int64_t
 int emlx_replay_trace_inputs(int64_t id, int64_t trace, int* ndims, int64_t* dims, int* dtypes) {
   return emlx::guarded([&] {
     auto entry = emlx::find_entry(id);
-    if (trace < 0 || trace >= static_cast<int64_t>(entry->traces.size()))
-      throw std::invalid_argument("[replay] no trace " + std::to_string(trace));
     size_t at = 0, k = 0;
-    for (const auto& spec : entry->traces[trace].inputs) {
+    for (const auto& spec : emlx::find_trace(*entry, trace).inputs) {
       ndims[k] = static_cast<int>(spec.shape.size());
       dtypes[k++] = static_cast<int>(spec.dtype.val());  // the codes of emlx::dtype_of
       for (auto d : spec.shape) dims[at++] = d;
