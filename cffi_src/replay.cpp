@@ -15,7 +15,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -88,12 +87,6 @@ const Trace& find_trace(const Entry& entry, int64_t trace) {
   return entry.traces[trace];
 }
 
-std::string dtype_text(mx::Dtype t) {
-  std::ostringstream out;
-  out << t;
-  return out.str();
-}
-
 // Imports the entry's bytes through a private temporary file, unlinked at
 // once: the importer keeps its descriptor open to load constants later.
 mx::ImportedFunction import_bytes(const std::string& bytes) {
@@ -137,7 +130,7 @@ bool fits(const Entry& entry, const Spec& want, const mx::array& x) {
 }
 
 std::string spec_text(const Entry& entry, const Spec& want) {
-  return validate::shape_text(want.shape) + " " + dtype_text(want.dtype) +
+  return validate::shape_text(want.shape) + " " + validate::dtype_text(want.dtype) +
          (entry.shapeless ? " (any sizes, same number of axes)" : "");
 }
 
@@ -158,7 +151,7 @@ const Trace& check_inputs(const Entry& entry, const std::vector<mx::array>& xs) 
       const auto& want = specs[k];
       if (xs[k].dtype() != want.dtype)
         throw std::invalid_argument("[replay] input " + std::to_string(k) + ": expected dtype " +
-                                    dtype_text(want.dtype) + ", got " + dtype_text(xs[k].dtype()));
+                                    validate::dtype_text(want.dtype) + ", got " + validate::dtype_text(xs[k].dtype()));
       if (!fits(entry, want, xs[k]))
         throw std::invalid_argument("[replay] input " + std::to_string(k) + ": expected shape " +
                                     validate::shape_text(want.shape) +
@@ -173,7 +166,7 @@ const Trace& check_inputs(const Entry& entry, const std::vector<mx::array>& xs) 
     traces += "\n  (" + one + ")";
   }
   for (const auto& x : xs)
-    got += (got.empty() ? "" : ", ") + validate::shape_text(x.shape()) + " " + dtype_text(x.dtype());
+    got += (got.empty() ? "" : ", ") + validate::shape_text(x.shape()) + " " + validate::dtype_text(x.dtype());
   throw std::invalid_argument("[replay] the inputs (" + got + ") match none of the function's " +
                               std::to_string(entry.traces.size()) + " traces:" + traces);
 }
@@ -226,9 +219,9 @@ mx::array fit_chained(const mx::array& x, const Spec& want, int input, mx::Strea
   }
   if (!grows)
     throw std::invalid_argument("[replay] chained input " + std::to_string(input) + " of " +
-                                validate::shape_text(x.shape()) + " " + dtype_text(x.dtype()) +
+                                validate::shape_text(x.shape()) + " " + validate::dtype_text(x.dtype()) +
                                 " does not fit the expected " + validate::shape_text(want.shape) + " " +
-                                dtype_text(want.dtype));
+                                validate::dtype_text(want.dtype));
   return mx::pad(x, widths, mx::array(0, x.dtype()), "constant", sc);
 }
 
@@ -397,8 +390,8 @@ int emlx_replay_bind(int64_t id, void** arrays, size_t count, int64_t* bound_id)
         if (x.dtype() != want.dtype || (!entry->shapeless && x.shape() != want.shape)) {
           why = "bound array " + std::to_string(k) + " does not fit input " +
                 std::to_string(inputs - bound.size() + k) + " (expected " +
-                emlx::validate::shape_text(want.shape) + " " + emlx::dtype_text(want.dtype) + ", got " +
-                emlx::validate::shape_text(x.shape()) + " " + emlx::dtype_text(x.dtype()) + ")";
+                emlx::validate::shape_text(want.shape) + " " + emlx::validate::dtype_text(want.dtype) + ", got " +
+                emlx::validate::shape_text(x.shape()) + " " + emlx::validate::dtype_text(x.dtype()) + ")";
           break;
         }
       }
