@@ -503,6 +503,17 @@ int submit_op_job(emlx_worker* worker, uint64_t job_id, std::shared_ptr<OpCall> 
 
 }  // namespace emlx
 
+namespace {
+
+// Under worker->mutex: a released or abandoned worker takes no second stop.
+bool already_released(emlx_worker* worker) {
+  if (!worker->stopping && worker->channel != nullptr) return false;
+  emlx::set_last_error("[emlx] the worker is already released", EMLX_ERR_CLOSED);
+  return true;
+}
+
+}  // namespace
+
 extern "C" {
 
 emlx_worker* emlx_worker_acquire(emlx_channel* channel, int device_type) {
@@ -550,10 +561,7 @@ int emlx_worker_release(emlx_worker* worker, uint64_t job_id, int drop_pending) 
     std::shared_ptr<emlx::Channel> target;
     {
       std::lock_guard<std::mutex> lock(worker->mutex);
-      if (worker->stopping || worker->channel == nullptr) {
-        emlx::set_last_error("[emlx] the worker is already released", EMLX_ERR_CLOSED);
-        return -1;
-      }
+      if (already_released(worker)) return -1;
       worker->jobs.push_back(Job{job_id, JobKind::Stop, {}, nullptr});
       if (drop_pending) {
         dropped.swap(worker->jobs);
@@ -576,10 +584,7 @@ int emlx_worker_abandon(emlx_worker* worker) {
     std::deque<Job> discarded;
     {
       std::lock_guard<std::mutex> lock(worker->mutex);
-      if (worker->stopping || worker->channel == nullptr) {
-        emlx::set_last_error("[emlx] the worker is already released", EMLX_ERR_CLOSED);
-        return -1;
-      }
+      if (already_released(worker)) return -1;
       discarded.swap(worker->jobs);
       worker->queued.store(0, std::memory_order_release);
       worker->stopping = true;
