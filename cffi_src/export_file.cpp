@@ -15,7 +15,6 @@
 #include <any>
 #include <cstring>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <tuple>
 #include <type_traits>
@@ -42,12 +41,6 @@ using namespace mlx::core;
 using namespace mlx::core::fast;
 
 [[noreturn]] void bad(const std::string& why) { throw std::invalid_argument("[load_traced] " + why); }
-
-std::string dtype_text(mx::Dtype t) {
-  std::ostringstream out;
-  out << t;
-  return out.str();
-}
 
 // ---- a bounded reader of the file's values ---------------------------------------
 
@@ -438,7 +431,8 @@ void check(const Node& n, mx::Stream sc) {
     if (first && ins[0].dtype != mx::bool_) fail("needs a bool condition");
     auto want = comparison_names().count(name) ? mx::bool_ : ins[first].dtype;
     for (const auto& o : outs)
-      if (o.shape != out.shape || o.dtype != want) fail("makes " + dtype_text(want) + " of its inputs' shape");
+      if (o.shape != out.shape || o.dtype != want)
+        fail("makes " + validate::dtype_text(want) + " of its inputs' shape");
   } else if (unary_names().count(name) || name == "Abs" || name == "AsType") {
     inputs(1);
     makes(ins[0].shape);

@@ -1,8 +1,8 @@
 // Host calls: a custom MLX primitive whose CPU task blocks on the event loop.
 //
-// MLX 0.32 facts: eval_cpu runs before the inputs are computed, so the work
-// is dispatched through the stream's command encoder; an exception thrown in
-// a dispatched task comes back out of mx::eval on the worker.
+// eval_cpu runs before the inputs are computed, so the work is a task
+// dispatched on the stream (mlx_internals::dispatch_cpu_task); an exception it
+// throws comes back out of mx::eval on the worker.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -13,8 +13,8 @@
 #include <sstream>
 
 #include "channel.hpp"
+#include "mlx_internals.hpp"
 #include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "mlx/stream.h"
@@ -59,11 +59,9 @@ class HostCall : public mx::Primitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (auto& in : inputs) encoder.set_input_array(in);
-    for (auto& out : outputs) encoder.set_output_array(out);
-    encoder.dispatch([channel = channel_, call_id = call_id_, backstop = backstop_ms_, inputs,
-                      outputs]() mutable { run(channel, call_id, backstop, inputs, outputs); });
+    emlx::mlx_internals::dispatch_cpu_task(
+        stream(), inputs, outputs, [channel = channel_, call_id = call_id_, backstop = backstop_ms_, inputs,
+                                    outputs]() mutable { run(channel, call_id, backstop, inputs, outputs); });
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {

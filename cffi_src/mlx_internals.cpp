@@ -8,6 +8,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "mlx/backend/cpu/encoder.h"
 #include "mlx/scheduler.h"
 
 namespace emlx::mlx_internals {
@@ -52,6 +53,14 @@ template struct Expose<ThreadsTag, &mx::scheduler::Scheduler::threads_>;
 }  // namespace
 
 size_t stream_threads() { return (mx::scheduler::scheduler().*member(ThreadsTag{})).size(); }
+
+void dispatch_cpu_task(const mx::Stream& stream, const std::vector<mx::array>& inputs,
+                       std::vector<mx::array>& outputs, std::function<void()> task) {
+  auto& encoder = mx::cpu::get_command_encoder(stream);
+  for (auto& in : inputs) encoder.set_input_array(in);
+  for (auto& out : outputs) encoder.set_output_array(out);
+  encoder.dispatch(std::move(task));
+}
 
 bool is_loaded_constant(const mx::array& a) {
   return a.has_primitive() && std::string(a.primitive().name()) == "Load";

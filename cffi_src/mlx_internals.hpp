@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "mlx/array.h"
 #include "mlx/primitives.h"
@@ -44,6 +46,13 @@ mlx::core::Stream& stream_of(mlx::core::Primitive& primitive);
 
 // How many stream threads MLX's scheduler holds (its private map).
 size_t stream_threads();
+
+// Run `task` on `stream`'s CPU thread once `inputs` are computed, from a
+// custom primitive's eval_cpu (which MLX 0.32 calls before its inputs are
+// computed), through the stream's command encoder (a backend header, not
+// public API). An exception `task` throws comes back out of mx::eval.
+void dispatch_cpu_task(const mlx::core::Stream& stream, const std::vector<mlx::core::array>& inputs,
+                       std::vector<mlx::core::array>& outputs, std::function<void()> task);
 
 // Whether `a` is a constant an imported export file loads (MLX's "Load" primitive).
 bool is_loaded_constant(const mlx::core::array& a);

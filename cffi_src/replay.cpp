@@ -15,7 +15,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -82,10 +81,10 @@ std::shared_ptr<Entry> find_entry(int64_t id) {
   return it->second;
 }
 
-std::string dtype_text(mx::Dtype t) {
-  std::ostringstream out;
-  out << t;
-  return out.str();
+const Trace& find_trace(const Entry& entry, int64_t trace) {
+  if (trace < 0 || trace >= static_cast<int64_t>(entry.traces.size()))
+    throw std::invalid_argument("[replay] no trace " + std::to_string(trace));
+  return entry.traces[trace];
 }
 
 // Imports the entry's bytes through a private temporary file, unlinked at
@@ -131,7 +130,7 @@ bool fits(const Entry& entry, const Spec& want, const mx::array& x) {
 }
 
 std::string spec_text(const Entry& entry, const Spec& want) {
-  return validate::shape_text(want.shape) + " " + dtype_text(want.dtype) +
+  return validate::shape_text(want.shape) + " " + validate::dtype_text(want.dtype) +
          (entry.shapeless ? " (any sizes, same number of axes)" : "");
 }
 
@@ -152,7 +151,7 @@ const Trace& check_inputs(const Entry& entry, const std::vector<mx::array>& xs) 
       const auto& want = specs[k];
       if (xs[k].dtype() != want.dtype)
         throw std::invalid_argument("[replay] input " + std::to_string(k) + ": expected dtype " +
-                                    dtype_text(want.dtype) + ", got " + dtype_text(xs[k].dtype()));
+                                    validate::dtype_text(want.dtype) + ", got " + validate::dtype_text(xs[k].dtype()));
       if (!fits(entry, want, xs[k]))
         throw std::invalid_argument("[replay] input " + std::to_string(k) + ": expected shape " +
                                     validate::shape_text(want.shape) +
@@ -167,7 +166,7 @@ const Trace& check_inputs(const Entry& entry, const std::vector<mx::array>& xs) 
     traces += "\n  (" + one + ")";
   }
   for (const auto& x : xs)
-    got += (got.empty() ? "" : ", ") + validate::shape_text(x.shape()) + " " + dtype_text(x.dtype());
+    got += (got.empty() ? "" : ", ") + validate::shape_text(x.shape()) + " " + validate::dtype_text(x.dtype());
   throw std::invalid_argument("[replay] the inputs (" + got + ") match none of the function's " +
                               std::to_string(entry.traces.size()) + " traces:" + traces);
 }
@@ -220,9 +219,9 @@ mx::array fit_chained(const mx::array& x, const Spec& want, int input, mx::Strea
   }
   if (!grows)
     throw std::invalid_argument("[replay] chained input " + std::to_string(input) + " of " +
-                                validate::shape_text(x.shape()) + " " + dtype_text(x.dtype()) +
+                                validate::shape_text(x.shape()) + " " + validate::dtype_text(x.dtype()) +
                                 " does not fit the expected " + validate::shape_text(want.shape) + " " +
-                                dtype_text(want.dtype));
+                                validate::dtype_text(want.dtype));
   return mx::pad(x, widths, mx::array(0, x.dtype()), "constant", sc);
 }
 
@@ -334,9 +333,7 @@ int emlx_replay_info(int64_t id, int* shapeless, int64_t* n_traces, int64_t* n_b
 int emlx_replay_trace_info(int64_t id, int64_t trace, int64_t* n_inputs, int64_t* n_outputs, int64_t* n_dims) {
   return emlx::guarded([&] {
     auto entry = emlx::find_entry(id);
-    if (trace < 0 || trace >= static_cast<int64_t>(entry->traces.size()))
-      throw std::invalid_argument("[replay] no trace " + std::to_string(trace));
-    const auto& t = entry->traces[trace];
+    const auto& t = emlx::find_trace(*entry, trace);
     *n_inputs = static_cast<int64_t>(t.inputs.size());
     *n_outputs = static_cast<int64_t>(t.n_outputs);
     int64_t dims = 0;
@@ -349,10 +346,8 @@ int emlx_replay_trace_info(int64_t id, int64_t trace, int64_t* n_inputs, int64_t
 int emlx_replay_trace_inputs(int64_t id, int64_t trace, int* ndims, int64_t* dims, int* dtypes) {
   return emlx::guarded([&] {
     auto entry = emlx::find_entry(id);
-    if (trace < 0 || trace >= static_cast<int64_t>(entry->traces.size()))
-      throw std::invalid_argument("[replay] no trace " + std::to_string(trace));
     size_t at = 0, k = 0;
-    for (const auto& spec : entry->traces[trace].inputs) {
+    for (const auto& spec : emlx::find_trace(*entry, trace).inputs) {
       ndims[k] = static_cast<int>(spec.shape.size());
       dtypes[k++] = static_cast<int>(spec.dtype.val());  // the codes of emlx::dtype_of
       for (auto d : spec.shape) dims[at++] = d;
@@ -395,8 +390,8 @@ int emlx_replay_bind(int64_t id, void** arrays, size_t count, int64_t* bound_id)
         if (x.dtype() != want.dtype || (!entry->shapeless && x.shape() != want.shape)) {
           why = "bound array " + std::to_string(k) + " does not fit input " +
                 std::to_string(inputs - bound.size() + k) + " (expected " +
-                emlx::validate::shape_text(want.shape) + " " + emlx::dtype_text(want.dtype) + ", got " +
-                emlx::validate::shape_text(x.shape()) + " " + emlx::dtype_text(x.dtype()) + ")";
+                emlx::validate::shape_text(want.shape) + " " + emlx::validate::dtype_text(want.dtype) + ", got " +
+                emlx::validate::shape_text(x.shape()) + " " + emlx::validate::dtype_text(x.dtype()) + ")";
           break;
         }
       }

@@ -9,11 +9,13 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 #include <unordered_set>
 
 #include "mlx/memory.h"
 #include "mlx/ops.h"
+#include "mlx/utils.h"
 
 namespace mx = mlx::core;
 
@@ -94,6 +96,12 @@ std::string shape_text(const mx::Shape& shape) {
   std::string out = "(";
   for (size_t k = 0; k < shape.size(); ++k) out += (k ? ", " : "") + std::to_string(shape[k]);
   return out + (shape.size() == 1 ? ",)" : ")");
+}
+
+std::string dtype_text(mx::Dtype dtype) {
+  std::ostringstream out;
+  out << dtype;
+  return out.str();
 }
 
 size_t allocation_limit() {

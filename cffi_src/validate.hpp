@@ -38,6 +38,9 @@ size_t checked_nbytes(const char* op, const mx::Shape& shape, size_t itemsize);
 // "(2, 3)", as Python prints a shape.
 std::string shape_text(const mx::Shape& shape);
 
+// "float32", as MLX prints a dtype.
+std::string dtype_text(mx::Dtype dtype);
+
 // a + b and a * b for shape arithmetic that must stay a 32-bit MLX dimension.
 int dim_add(const char* op, int64_t a, int64_t b);
 int dim_mul(const char* op, int64_t a, int64_t b);

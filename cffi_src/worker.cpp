@@ -6,13 +6,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <time.h>
 
@@ -76,6 +79,11 @@ struct Job {
 // because the interpreter may be finalizing.
 std::atomic<bool> finalizing{false};
 
+// Worker threads left detached inside a job (abandoned, or busy at shutdown)
+// that have not ended yet: while any remains, exit() must not run MLX's C++
+// static destructors under it (see exit_without_teardown).
+std::atomic<int> detached_alive{0};
+
 }  // namespace
 
 struct emlx_worker {
@@ -90,6 +98,7 @@ struct emlx_worker {
   void spin_for_work();
   int submit(Job&& job);
   void post(const emlx_completion& r);
+  void detach();
 
   const int device_type;
   const mx::Device device;
@@ -110,6 +119,7 @@ struct emlx_worker {
   bool started = false;
   bool finished = false;
   bool busy = false;                // running a job (under `mutex`): emlx_shutdown leaves it at once
+  bool detached = false;            // counted in detached_alive until the thread ends (under `mutex`)
   std::string start_error;
   uint64_t job_started_ns = 0;      // the running job's start, stamped on its records (worker thread only)
 };
@@ -120,7 +130,22 @@ std::mutex registry_mutex;
 std::vector<emlx_worker*> all_workers;  // never shrinks: MLX never frees a stream
 std::vector<emlx_worker*> parked;
 
+thread_local emlx_worker* this_worker = nullptr;  // set on a worker's own thread
+
 }  // namespace
+
+// Let the thread go on alone; until it ends it counts in detached_alive, so
+// that process exit skips the C++ teardown it may still be running in.
+void emlx_worker::detach() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!finished) {
+      detached = true;
+      detached_alive.fetch_add(1);
+    }
+  }
+  thread.detach();
+}
 
 void emlx_worker::post(const emlx_completion& finished) {
   // Every record a worker posts for a job it ran carries the job's run time
@@ -182,6 +207,20 @@ void emlx_worker::main() {
   }
   cv.notify_all();
   if (!started) return;
+  this_worker = this;
+  // However the thread ends (its loop left, or CPython's pthread_exit
+  // unwinding a Python job during finalization), it is no longer in MLX.
+  struct Leaving {
+    emlx_worker* worker;
+    ~Leaving() {
+      // Notified under the lock: a joining emlx_shutdown deletes the worker
+      // as soon as it sees `finished`.
+      std::lock_guard<std::mutex> lock(worker->mutex);
+      worker->finished = true;
+      if (worker->detached) detached_alive.fetch_sub(1);
+      worker->cv.notify_all();
+    }
+  } leaving{this};
 
   for (;;) {
     Job job;
@@ -213,11 +252,6 @@ void emlx_worker::main() {
     }
   }
   mx::clear_streams();
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    finished = true;
-  }
-  cv.notify_all();
 }
 
 void emlx_worker::run(Job& job) {
@@ -391,6 +425,57 @@ void emlx_worker::spin_for_work() {
   spin_backoff_next /= 2;  // a spin that kept its CPU
 }
 
+// ---- process exit with detached workers ----------------------------------
+//
+// A worker left inside a job at exit goes on running in MLX while the
+// process ends, and two things then kill a process that was exiting cleanly
+// with SIGABRT ("terminate called without an active exception"):
+// - exit() runs MLX's C++ static destructors (and the shared libraries'
+//   finalizers) under it;
+// - a Python job returning from an MLX call (mx.eval releases the GIL) after
+//   finalization began is ended by CPython with pthread_exit, whose unwinding
+//   meets a noexcept frame in the binding: std::terminate.
+// So emlx_shutdown (the interpreter's exit hook) arms both guards below.
+namespace {
+
+std::terminate_handler previous_terminate = nullptr;
+
+// A detached worker being ended by the exiting interpreter has nothing left
+// to do: it sleeps until the process is gone instead of aborting it.
+[[noreturn]] void terminate_quietly_at_exit() {
+  if (this_worker != nullptr && finalizing.load()) {
+    for (;;) pause();
+  }
+  if (previous_terminate != nullptr) previous_terminate();
+  std::abort();
+}
+
+#ifdef __GLIBC__
+// Registered during the interpreter's finalization, so it runs before every
+// exit handler registered earlier (C++ static destructors included), and
+// after Python has run its atexit handlers and flushed sys.stdout/stderr.
+// glibc's on_exit hands it the status exit() was given.
+void exit_without_teardown(int status, void*) {
+  if (detached_alive.load() == 0) return;  // nothing runs in MLX: the normal teardown
+  std::fflush(nullptr);
+  _exit(status);
+}
+#endif
+
+void guard_process_exit() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    previous_terminate = std::set_terminate(terminate_quietly_at_exit);
+#ifdef __GLIBC__
+    on_exit(exit_without_teardown, nullptr);
+#endif
+    // Elsewhere (no on_exit) exit() keeps its teardown: skipping it would
+    // lose the exit status.
+  });
+}
+
+}  // namespace
+
 int emlx_worker::submit(Job&& job) {
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -417,6 +502,17 @@ int submit_op_job(emlx_worker* worker, uint64_t job_id, std::shared_ptr<OpCall> 
 }
 
 }  // namespace emlx
+
+namespace {
+
+// Under worker->mutex: a released or abandoned worker takes no second stop.
+bool already_released(emlx_worker* worker) {
+  if (!worker->stopping && worker->channel != nullptr) return false;
+  emlx::set_last_error("[emlx] the worker is already released", EMLX_ERR_CLOSED);
+  return true;
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -465,10 +561,7 @@ int emlx_worker_release(emlx_worker* worker, uint64_t job_id, int drop_pending) 
     std::shared_ptr<emlx::Channel> target;
     {
       std::lock_guard<std::mutex> lock(worker->mutex);
-      if (worker->stopping || worker->channel == nullptr) {
-        emlx::set_last_error("[emlx] the worker is already released", EMLX_ERR_CLOSED);
-        return -1;
-      }
+      if (already_released(worker)) return -1;
       worker->jobs.push_back(Job{job_id, JobKind::Stop, {}, nullptr});
       if (drop_pending) {
         dropped.swap(worker->jobs);
@@ -491,10 +584,7 @@ int emlx_worker_abandon(emlx_worker* worker) {
     std::deque<Job> discarded;
     {
       std::lock_guard<std::mutex> lock(worker->mutex);
-      if (worker->stopping || worker->channel == nullptr) {
-        emlx::set_last_error("[emlx] the worker is already released", EMLX_ERR_CLOSED);
-        return -1;
-      }
+      if (already_released(worker)) return -1;
       discarded.swap(worker->jobs);
       worker->queued.store(0, std::memory_order_release);
       worker->stopping = true;
@@ -505,8 +595,8 @@ int emlx_worker_abandon(emlx_worker* worker) {
       std::lock_guard<std::mutex> lock(registry_mutex);
       all_workers.erase(std::remove(all_workers.begin(), all_workers.end(), worker), all_workers.end());
     }
-    worker->thread.detach();
     worker->cv.notify_all();
+    worker->detach();
     return 0;
     // `discarded` (graph references of jobs that never ran) is destroyed here, outside the locks.
   });
@@ -575,6 +665,7 @@ int emlx_workers_parked(void) {
 
 int emlx_shutdown(int timeout_ms) {
   finalizing.store(true);
+  guard_process_exit();
   std::vector<emlx_worker*> workers;
   {
     std::lock_guard<std::mutex> lock(registry_mutex);
@@ -609,7 +700,7 @@ int emlx_shutdown(int timeout_ms) {
     } else {
       // Inside a job: leave it so exit never waits. The object is leaked on
       // purpose; the thread still uses it until the process ends.
-      w->thread.detach();
+      w->detach();
       ++left_behind;
     }
   }

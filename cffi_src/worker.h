@@ -50,7 +50,10 @@ int emlx_mlx_stream_threads(void);
 /* Stop every worker (interpreter exit). A worker running a job is left
  * detached at once, as a daemon thread is: its job is abandoned, its result
  * dropped, and exit never waits for it. Idle workers are joined, for at most
- * timeout_ms. Returns the number left behind. */
+ * timeout_ms. Returns the number left behind. While a detached worker (left
+ * here or abandoned) is still running at exit(), the process ends with
+ * exit()'s status without C++ static destructors (glibc), and a detached
+ * worker that CPython ends mid-job sleeps instead of aborting the process. */
 int emlx_shutdown(int timeout_ms);
 
 /* Implemented in Python (extern "Python"): runs job `job_id` for the queue

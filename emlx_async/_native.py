@@ -95,7 +95,9 @@ def _shutdown_at_exit() -> None:
     # Stop every worker (parked ones included). A worker inside a job, Python
     # or native, is left detached at once, as a daemon thread is: the job is
     # abandoned, its result dropped, and exit never waits for it (a native
-    # kernel stops with the process). Idle workers are joined.
+    # kernel stops with the process). Idle workers are joined. While such a
+    # worker is still in MLX when exit() comes, the shim ends the process
+    # there with exit()'s status, skipping the C++ teardown (worker.cpp).
     global _exiting
     _exiting = True
     lib.emlx_shutdown(2000)

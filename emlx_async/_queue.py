@@ -55,7 +55,7 @@ from ._errors import EMLXError, HostCallDeadlock, QueueClosed, QueueFull, Runtim
 from ._native import ensure, exiting, ffi, lib
 from ._native import error as native_call_error
 from ._op_table import ARRAY, LIST, LIST_OR_ARRAY, OPS, TUPLE_OR_ARRAY
-from ._routing import prepare_inputs
+from ._routing import prepare_inputs, remove_owner
 from ._trees import iter_arrays
 
 _job_ids = itertools.count(1)
@@ -686,8 +686,4 @@ class CommandQueue:
             self._counters.closed_ns = monotonic_ns()
         self._worker = None
         self._closing = True
-        self._channel.owners.pop((self._native_device, self.stream_index), None)
-
-    @property
-    def _native_device(self) -> int:
-        return lib.EMLX_DEVICE_GPU if self.device == mx.DeviceType.gpu else lib.EMLX_DEVICE_CPU
+        remove_owner(self._channel.owners, self)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from . import _interop
-from ._devices import DeviceLike, device_type, from_native_device
+from ._devices import DeviceLike, device_type, from_native_device, native_device
 from ._errors import ForeignLazyArrayError
 from ._native import lib
 
@@ -65,6 +65,17 @@ def owner_of(owners: Owners, array: mx.array) -> CommandQueue | None:
     """The queue owning a lazy `array`, or None if it is evaluated or no queue of `owners` owns it."""
     state = _interop.array_state(array)
     return _owner(owners, state) if state.state == _interop.LAZY else None
+
+
+# The owners map is keyed here only: a queue by its device and stream, a lazy
+# array by the stream its graph was built on.
+def add_owner(owners: Owners, queue: CommandQueue) -> None:
+    """Route lazy arrays built on `queue`'s stream to `queue`."""
+    owners[(native_device(queue.device), queue.stream_index)] = queue
+
+
+def remove_owner(owners: Owners, queue: CommandQueue) -> None:
+    owners.pop((native_device(queue.device), queue.stream_index), None)
 
 
 def _owner(owners: Owners, state: _interop.ArrayState) -> CommandQueue | None:
@@ -131,4 +142,5 @@ def prepare_inputs(channel: CompletionChannel, arrays: list[mx.array],
     return [owner.eval(*group) for owner, group in elsewhere.items()]
 
 
-__all__ = ["bound_queue", "owner_of", "prepare_inputs", "reset_bound", "route", "set_bound"]
+__all__ = ["add_owner", "bound_queue", "owner_of", "prepare_inputs", "remove_owner", "reset_bound", "route",
+           "set_bound"]

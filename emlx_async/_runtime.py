@@ -25,7 +25,7 @@ from ._devices import DeviceLike, device_type, native_device, require_available
 from ._errors import QueueClosed, QueueReleaseError, RuntimeClosed
 from ._native import check_pointer, ensure_mlx_usable, exiting, lib
 from ._queue import CommandQueue, QueueStats, _Counters
-from ._routing import owner_of, reset_bound, set_bound
+from ._routing import add_owner, owner_of, reset_bound, set_bound
 
 DEFAULT_MAX_PENDING = 1024
 
@@ -372,7 +372,7 @@ class Runtime:
         worker = check_pointer(lib.emlx_worker_acquire(self._channel.native, native_device(kind)),
                                f"cannot start a {kind.name} worker")
         queue = CommandQueue(self._channel, kind, worker, max_pending=self.max_pending, role=role)
-        self._channel.owners[(native_device(kind), queue.stream_index)] = queue
+        add_owner(self._channel.owners, queue)
         self._fold_closed_queues()
         self._made_queues.append(queue)
         return queue

@@ -132,6 +132,7 @@ INTERNALS = {
     r"\bthreads_\b": "reads the scheduler's private stream threads",
     r"sizeof\(PyObject\)": "reads nanobind's object layout",
     r"\"Load\"": "names MLX's Load primitive",
+    r"mlx/backend/|get_command_encoder": "uses MLX's CPU command encoder",
 }
 
 
@@ -157,6 +158,9 @@ def test_internals_check_catches_a_planted_one(tmp_path):
     planted = _copy_with(tmp_path / "internal", "replay.cpp", "auto& stream = mlx_internals::stream_of(p);",
                          "auto& stream = const_cast<mx::Stream&>(p.stream());")
     assert internals_outside(planted) == ["replay.cpp writes a primitive's stream"]
+    planted = _copy_with(tmp_path / "encoder", "host_call.cpp", "emlx::mlx_internals::dispatch_cpu_task(",
+                         "mx::cpu::get_command_encoder(stream()).dispatch(")
+    assert internals_outside(planted) == ["host_call.cpp uses MLX's CPU command encoder"]
 
 
 def _build_checks() -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 import textwrap
@@ -266,3 +267,101 @@ def test_the_end_of_a_run_abandons_a_running_native_job():
     """, timeout=120)
     _assert_quick_clean_exit(result, clock.monotonic() - started, 10.0)
     assert "run ended" in result.stdout
+
+
+# ---- exit while a worker is still inside MLX: status, output, no abort ------------
+#
+# A worker left detached in a job runs in MLX while the process ends. Without
+# care, exit() tears MLX's C++ statics down under it, and CPython ends a
+# Python job returning from mx.eval with pthread_exit, which the binding's
+# noexcept frames turn into std::terminate: SIGABRT instead of the status.
+
+needs_glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc",
+                                 reason="exit without C++ teardown needs glibc's on_exit")
+
+_EXIT_SCRIPT = """
+    import asyncio, atexit, ctypes, sys, time
+    # Registered before emlx_async's own exit hooks, so they run after them.
+    atexit.register(lambda: print("earlier atexit handler ran"))
+    # A C exit handler registered first runs last in exit()'s teardown, with
+    # the C++ static destructors: it ends the process with status 42.
+    libc = ctypes.CDLL(None)
+    libc.__cxa_atexit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    libc.__cxa_atexit(ctypes.cast(libc._exit, ctypes.c_void_p), 42, None)
+
+    import mlx.core as mx
+    import emlx_async as ea
+
+    def evals_until_cut_off():  # a Python job that spends its time inside mx.eval
+        a = mx.random.normal((300, 300))
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            mx.eval(a @ a)
+
+    async def native_chain(q):  # one native job: a chain of matmuls, many seconds here
+        a = mx.random.normal((1000, 1000))
+        x = a
+        for _ in range(200):
+            x = await ea.ops.matmul(x, a, lazy=True, queue=q)
+        return q.eval(x)
+
+    async def main():
+        q = ea.get_runtime().default_queue()
+        job = q.run(evals_until_cut_off) if "{job}" == "python" else await native_chain(q)
+        await asyncio.sleep(0.5)
+        print("job running:", not job.done())  # no flush: exit must still write it
+        print("leaving at", time.time(), file=sys.stderr, flush=True)
+
+    if "{job}" != "none":
+        asyncio.run(main())
+    else:
+        async def idle():
+            async with ea.Runtime() as rt:
+                await rt.default_queue().run(mx.eval, mx.ones(3) + 1)
+        asyncio.run(idle())
+        print("job running: False")
+        print("leaving at", time.time(), file=sys.stderr, flush=True)
+    {end}
+"""
+
+
+def _exit_while(job: str, end: str) -> tuple[subprocess.CompletedProcess, float]:
+    import time as clock
+
+    result = run_python(_EXIT_SCRIPT.format(job=job, end=end), timeout=120)
+    ended = clock.time()
+    left = [line for line in result.stderr.splitlines() if line.startswith("leaving at")]
+    assert left, (result.returncode, result.stderr)
+    return result, ended - float(left[0].split()[-1])
+
+
+@needs_glibc
+@pytest.mark.parametrize("job", ["python", "native"])
+@pytest.mark.parametrize("end, status", [("sys.exit(3)", 3), ("raise KeyError('boom')", 1), ("", 0)])
+def test_exit_while_a_job_runs_in_mlx_keeps_the_status_and_the_output(job, end, status):
+    result, exit_took = _exit_while(job, end)
+    assert result.returncode == status, result.stderr
+    assert "job running: True" in result.stdout, result.stdout
+    assert "earlier atexit handler ran" in result.stdout, result.stdout
+    assert exit_took < 3.0, f"exit took {exit_took:.1f}s with a 20 s job running"
+    assert "terminate" not in result.stderr and "Fatal" not in result.stderr, result.stderr
+    if status == 1:
+        assert "KeyError: 'boom'" in result.stderr, result.stderr
+
+
+@needs_glibc
+def test_repeated_exits_while_a_python_job_is_inside_mx_eval_never_abort():
+    # Before the fix nearly every run ended in SIGABRT.
+    for _ in range(4):
+        result, _took = _exit_while("python", "sys.exit(3)")
+        assert result.returncode == 3, result.stderr
+        assert "terminate called" not in result.stderr, result.stderr
+
+
+@needs_glibc
+def test_an_exit_with_no_job_running_keeps_the_normal_teardown():
+    # The planted C exit handler (status 42) runs: exit()'s teardown was not skipped.
+    result, exit_took = _exit_while("none", "sys.exit(3)")
+    assert result.returncode == 42, result.stderr
+    assert "earlier atexit handler ran" in result.stdout, result.stdout
+    assert exit_took < 3.0

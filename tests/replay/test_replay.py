@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import emlx_async as ea
-from emlx_async._native import lib
+from emlx_async._native import ffi, lib
 from support.arrays import close, matmul_reduce, rand, several
 from support.helpers import Gate, buffer_address, on_loops, wait_started
 
@@ -534,3 +534,21 @@ async def test_replayed_decode_step_gives_mlx_lms_greedy_tokens():
             rt.release_queue(other)
         shared.release()
         step.release()
+
+
+@one_loop
+async def test_a_trace_number_out_of_range_is_refused_by_name():
+    from emlx_async import replay
+
+    x, y = rand(3, 5), rand(3, 5, seed=1)
+    async with ea.Runtime() as rt:
+        f = await ea.trace(elementwise, x, y, queue=rt.default_queue())
+        assert replay._trace(f._id, 0, 0)[1] == 1
+        for k in (1, -1):
+            with pytest.raises(ea.MLXValueError, match=rf"\[replay\] no trace {k}$"):
+                replay._trace(f._id, k, 0)
+            # the specs' own call checks the number as well
+            ints = ffi.new("int[]", 4)
+            assert lib.emlx_replay_trace_inputs(f._id, k, ints, ffi.new("int64_t[]", 4), ints) == -1
+            assert replay.last_error() == f"[replay] no trace {k}"
+        f.release()
