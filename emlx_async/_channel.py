@@ -114,9 +114,10 @@ class CompletionChannel:
                 status = record.status
                 job = jobs.get(record.job_id) if status != _HOST_REQUEST else None
                 try:
-                    if status == _DONE and job is not None and record.message == _NULL and record.payload == _NULL:
+                    if status == _DONE and job is not None and record.message == _NULL:
                         del jobs[record.job_id]  # the common record, without _handle's general path
-                        job.queue._finish(job, _DONE, 0, None, _NULL, 0, record.started_ns, record.finished_ns)
+                        job.queue._finish(job, _DONE, 0, None, record.payload, record.payload_kind,
+                                          record.started_ns, record.finished_ns)
                     else:
                         self._handle(record)
                 except Exception as exc:  # noqa: BLE001 - isolated to its job, reported

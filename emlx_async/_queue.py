@@ -60,6 +60,7 @@ from ._routing import prepare_inputs
 from ._trees import iter_arrays
 
 _job_ids = itertools.count(1)
+_ARRAY = mx.array
 
 # Compared on every submission and completion: module constants, not attribute look-ups on the cffi lib.
 _DONE, _STOPPED, _NULL = lib.EMLX_DONE, lib.EMLX_STOPPED, ffi.NULL
@@ -366,7 +367,12 @@ class CommandQueue:
         single array, or a tuple of them.
         """
         self._check_open()
-        flat = list(arrays) if all(type(x) is mx.array for x in arrays) else list(iter_arrays(arrays))
+        for x in arrays:
+            if type(x) is not _ARRAY:
+                flat = list(iter_arrays(arrays))
+                break
+        else:  # the common call: arrays only
+            flat = list(arrays)
         job = _Job(self, self._backend.new_future(), result=arrays[0] if len(arrays) == 1 else arrays)
         if not _interop.ZERO_COPY:  # pragma: no cover - layout fallback
             job.fn, job.args = (lambda *xs: mx.eval(list(xs))), tuple(flat)
@@ -543,7 +549,7 @@ class CommandQueue:
         if checks_inputs and not (full or deps or self._backlog):
             self._counters.submitted += 1
             job.submitted_ns = monotonic_ns()
-            if self._start(job, check_ready=1):
+            if self._start(job, 1):
                 return job.future
             self._counters.submitted -= 1  # an input needs preparing: the general path below
         waits = prepare_inputs(self._channel, inputs, self) if inputs else []
