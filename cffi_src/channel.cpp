@@ -1,6 +1,7 @@
 #include "channel.hpp"
 
 #include <cstdlib>
+#include <thread>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -42,24 +43,39 @@ void Channel::close() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return;
-    closed_ = true;
+    closed_ = true;  // from here no post signals, and drain reads nothing
     left.swap(records_);
-    ::close(read_fd_);
-    if (write_fd_ != read_fd_) ::close(write_fd_);
   }
+  while (signalling_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  ::close(read_fd_);
+  if (write_fd_ != read_fd_) ::close(write_fd_);
   for (auto& r : left) release(r);
 }
 
 bool Channel::post(const emlx_completion& record) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (closed_) {
-    emlx_completion dropped = record;
-    release(dropped);
-    return false;
+  bool was_empty;
+  {
+    std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+    lock_briefly_contended(lock);
+    if (closed_) {
+      lock.unlock();
+      emlx_completion dropped = record;
+      release(dropped);
+      return false;
+    }
+    was_empty = records_.empty();
+    records_.push_back(record);
+    if (was_empty) signalling_.fetch_add(1, std::memory_order_relaxed);
   }
-  bool was_empty = records_.empty();
-  records_.push_back(record);
-  if (was_empty) signal();  // coalesce: one wake-up per batch
+  // Coalesced (one wake-up per batch), and written after the unlock: the
+  // write wakes the loop thread, whose drain would otherwise find the mutex
+  // still held by this thread inside the system call. A drain that runs
+  // before this write takes the record anyway; the wake-up then finds the
+  // list empty, which is harmless.
+  if (was_empty) {
+    signal();
+    signalling_.fetch_sub(1, std::memory_order_release);
+  }
   return true;
 }
 
@@ -87,8 +103,14 @@ void Channel::clear_signal() {
   }
 }
 
-size_t Channel::drain(emlx_completion* out, size_t capacity) {
+void Channel::wake() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!closed_) signal();
+}
+
+size_t Channel::drain(emlx_completion* out, size_t capacity) {
+  std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+  lock_briefly_contended(lock);
   if (closed_) return 0;
   // Clear the fd first: a record posted after this point either lands in
   // this batch or signals again, so no wake-up is lost.
@@ -126,5 +148,7 @@ size_t emlx_channel_drain(emlx_channel* channel, emlx_completion* out, size_t ca
 }
 
 void emlx_message_free(char* message) { std::free(message); }
+
+void emlx_channel_signal(emlx_channel* channel) { channel->impl->wake(); }
 
 }  // extern "C"

@@ -42,3 +42,6 @@ int emlx_channel_fd(emlx_channel *channel);
 /* Move up to `capacity` records into `out`; returns how many. */
 size_t emlx_channel_drain(emlx_channel *channel, emlx_completion *out, size_t capacity);
 void emlx_message_free(char *message);
+/* Make the fd readable with no record (a closed channel: nothing), so that a
+ * loop-side task waiting on it wakes and re-checks what it waits for. */
+void emlx_channel_signal(emlx_channel *channel);

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -19,6 +20,8 @@ class Channel {
   // frees them) when the channel is closed.
   bool post(const emlx_completion& record);
   size_t drain(emlx_completion* out, size_t capacity);
+  // A wake-up with no record; nothing once closed.
+  void wake();
   // No more records are accepted; pending ones are freed and the fds closed.
   void close();
   int fd() const { return read_fd_; }
@@ -31,6 +34,9 @@ class Channel {
   int read_fd_ = -1;
   int write_fd_ = -1;
   bool closed_ = false;
+  // Posts signalling outside the mutex; close() waits for them before it
+  // closes the fds, so a signal never writes to a closed (or reused) fd.
+  std::atomic<int> signalling_{0};
   std::mutex mutex_;
   std::vector<emlx_completion> records_;
 };

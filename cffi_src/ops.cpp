@@ -454,10 +454,31 @@ void check_finite(const std::vector<mx::array>& outputs, const char* op) {
 
 extern "C" {
 
-int emlx_submit_op(emlx_worker* worker, uint64_t job_id, int op, void** arrays, size_t n_arrays,
+int emlx_submit_op(emlx_worker* worker, uint64_t job_id, int op, const intptr_t* arrays, size_t n_arrays,
                    const int64_t* ints, size_t n_ints, const double* floats, size_t n_floats,
-                   const char* text, int evaluate, int check_finite, const unsigned char* donated) {
+                   const char* text, int evaluate, int check_finite, const unsigned char* donated,
+                   int check_ready) {
   return emlx::guarded([&] {
+    auto object = [&](size_t i) { return reinterpret_cast<void*>(arrays[i]); };
+    std::vector<mx::array> inputs;
+    inputs.reserve(n_arrays);
+    std::vector<size_t> donated_at;
+    if (donated)
+      for (size_t i = 0; i < n_arrays; ++i)
+        if (donated[i]) donated_at.push_back(i);
+    {
+      emlx::GilGuard gil;
+      for (size_t i = 0; i < n_arrays; ++i) {
+        inputs.push_back(emlx::array_of(object(i)));
+        if (check_ready && !emlx::usable_on(worker, inputs.back())) return 1;
+      }
+      // Take the only reference of donated inputs (their objects hold a scalar
+      // until results come back) BEFORE the job is queued: a spinning worker
+      // may start it at once, and a reference still in the caller's object
+      // then makes MLX copy the buffer instead of updating it in place.
+      for (size_t i : donated_at) emlx::array_of(object(i)) = mx::array(0.0f);
+    }
+    // Queued without the GIL: the worker's wake-up is not paid holding it.
     auto call = std::make_shared<emlx::OpCall>();
     call->op = op;
     call->ints.assign(ints, ints + n_ints);
@@ -465,22 +486,10 @@ int emlx_submit_op(emlx_worker* worker, uint64_t job_id, int op, void** arrays, 
     call->text = text ? text : "";
     call->evaluate = evaluate != 0;
     call->check_finite = check_finite != 0;
-    std::vector<size_t> donated_at;
-    if (donated)
-      for (size_t i = 0; i < n_arrays; ++i)
-        if (donated[i]) donated_at.push_back(i);
-    std::vector<mx::array> inputs;
-    inputs.reserve(n_arrays);
-    emlx::GilGuard gil;
-    for (size_t i = 0; i < n_arrays; ++i) inputs.push_back(emlx::array_of(arrays[i]));
-    // Take the only reference of donated inputs (their objects hold a scalar
-    // until results come back) BEFORE the job is queued: a spinning worker
-    // may start it at once, and a reference still in the caller's object
-    // then makes MLX copy the buffer instead of updating it in place.
-    for (size_t i : donated_at) emlx::array_of(arrays[i]) = mx::array(0.0f);
     int status = emlx::submit_op_job(worker, job_id, std::move(call), inputs, donated_at);
-    if (status != 0) {  // not queued: the caller's arrays come back
-      for (size_t i : donated_at) emlx::array_of(arrays[i]) = inputs[i];
+    if (status != 0 && !donated_at.empty()) {  // not queued: the caller's arrays come back
+      emlx::GilGuard gil;
+      for (size_t i : donated_at) emlx::array_of(object(i)) = inputs[i];
     }
     return status;
   });

@@ -10,10 +10,13 @@
  * values), `floats` and one string. With evaluate=1 the outputs are
  * evaluated on the worker; with check_finite=1 as well, a NaN or infinity
  * in a floating-point output fails the job. The record's payload carries
- * the outputs. */
-int emlx_submit_op(emlx_worker *worker, uint64_t job_id, int op, void **arrays, size_t n_arrays,
+ * the outputs. `arrays` are the input objects' addresses (Python's id()); with
+ * check_ready=1 it returns 1 and queues nothing when an input is not usable on
+ * the worker as it is, as emlx_submit_eval does (worker.h). */
+int emlx_submit_op(emlx_worker *worker, uint64_t job_id, int op, const intptr_t *arrays, size_t n_arrays,
                    const int64_t *ints, size_t n_ints, const double *floats, size_t n_floats,
-                   const char *text, int evaluate, int check_finite, const unsigned char *donated);
+                   const char *text, int evaluate, int check_finite, const unsigned char *donated,
+                   int check_ready);
 int emlx_op_count(void);
 /* The digest of the op spec the dispatch was generated from; the package
  * refuses a shim whose digest differs from its own spec's. */

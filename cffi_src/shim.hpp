@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -59,6 +60,24 @@ using mlx_internals::array_of;
 
 // mlx::core::Dtype from its Dtype::Val position (the code Python sends).
 mlx::core::Dtype dtype_of(int code);
+
+// Locks `lock`'s mutex, trying for a moment before blocking. For the
+// mutexes the loop thread and a worker share, each held for well under a
+// microsecond: a thread that blocks on one makes the holder's unlock a futex
+// wake, several us on a small VM, and the woken thread often preempts the
+// waker (measured: an empty job's native submit took 6.8 us against a
+// spinning worker that blocked on its mutex, instead of about 1 us).
+inline void lock_briefly_contended(std::unique_lock<std::mutex>& lock) {
+  for (int i = 0; i < 256; ++i) {
+    if (lock.try_lock()) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+  lock.lock();
+}
 
 // RAII GIL acquisition for code called from cffi, which releases the GIL
 // around every C call.

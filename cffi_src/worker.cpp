@@ -226,7 +226,10 @@ void emlx_worker::main() {
     Job job;
     spin_for_work();
     {
-      std::unique_lock<std::mutex> lock(mutex);
+      std::unique_lock<std::mutex> lock(mutex, std::defer_lock);
+      // A spinning worker sees a new job's count while the submitter still
+      // holds the mutex; blocking there would make the submitter's unlock a futex wake.
+      emlx::lock_briefly_contended(lock);
       cv.wait(lock, [this] { return exit || !jobs.empty(); });
       if (exit) break;
       job = std::move(jobs.front());
@@ -492,6 +495,12 @@ int emlx_worker::submit(Job&& job) {
 
 namespace emlx {
 
+bool usable_on(const emlx_worker* worker, const mx::array& a) {
+  if (a.status() != mx::array::Status::unscheduled || !a.has_primitive()) return true;
+  const mx::Stream& s = a.primitive().stream();
+  return s.device == worker->device && s.index == worker->stream_index;
+}
+
 int submit_op_job(emlx_worker* worker, uint64_t job_id, std::shared_ptr<OpCall> call,
                   std::vector<mx::array>& arrays, std::vector<size_t> donated) {
   Job job{job_id, JobKind::Op, std::move(arrays), nullptr, std::move(call)};
@@ -605,13 +614,17 @@ int emlx_worker_abandon(emlx_worker* worker) {
 int emlx_worker_stream_index(emlx_worker* worker) { return worker->stream_index; }
 int emlx_worker_thread_id(emlx_worker* worker) { return worker->tid; }
 
-int emlx_submit_eval(emlx_worker* worker, uint64_t job_id, void** arrays, size_t count) {
+int emlx_submit_eval(emlx_worker* worker, uint64_t job_id, const intptr_t* arrays, size_t count,
+                     int check_ready) {
   return emlx::guarded([&] {
     Job job{job_id, JobKind::Eval, {}, nullptr};
     job.arrays.reserve(count);
     {
       emlx::GilGuard gil;  // handles can be swapped by in-place ops on other threads
-      for (size_t i = 0; i < count; ++i) job.arrays.push_back(emlx::array_of(arrays[i]));
+      for (size_t i = 0; i < count; ++i) {
+        job.arrays.push_back(emlx::array_of(reinterpret_cast<void*>(arrays[i])));
+        if (check_ready && !emlx::usable_on(worker, job.arrays.back())) return 1;
+      }
     }
     return worker->submit(std::move(job));
   });

@@ -20,8 +20,14 @@ int emlx_worker_thread_id(emlx_worker *worker);
 
 /* Jobs. Each returns 0, or -1 (emlx_last_error) when the worker is stopping
  * or the job could not be made. No C++ exception crosses this ABI. */
-/* Evaluate the given mx.array objects (PyObject*) on the worker's stream. */
-int emlx_submit_eval(emlx_worker *worker, uint64_t job_id, void **arrays, size_t count);
+/* Evaluate the given mx.array objects (their addresses, Python's id()) on the
+ * worker's stream. With check_ready=1 it first checks that each is usable on
+ * the worker as it is (evaluated, or a lazy graph of the worker's stream);
+ * if one is not, it queues nothing and returns 1, for the caller to make the
+ * inputs usable (emlx_async/_routing.py) and submit again with check_ready=0.
+ * Checking here saves the loop a native call per input. */
+int emlx_submit_eval(emlx_worker *worker, uint64_t job_id, const intptr_t *arrays, size_t count,
+                     int check_ready);
 /* Call emlx_python_job(context, job_id) on the worker thread. */
 int emlx_submit_python(emlx_worker *worker, uint64_t job_id, void *context);
 /* Wait for all work on the worker's stream. */

@@ -18,4 +18,9 @@ namespace emlx {
 int submit_op_job(emlx_worker* worker, uint64_t job_id, std::shared_ptr<OpCall> call,
                   std::vector<mlx::core::array>& arrays, std::vector<size_t> donated);
 
+// True when `a` can be used on `worker`'s thread as it is: evaluated (or
+// being evaluated), or a lazy graph of the worker's own stream. A lazy graph
+// of any other stream must be made usable first (_routing.prepare_inputs).
+bool usable_on(const emlx_worker* worker, const mlx::core::array& a);
+
 }  // namespace emlx

@@ -20,7 +20,7 @@ from . import _backend
 from ._convert import OptionTypeError as OptionTypeError  # the generated functions catch it
 from ._convert import to_array
 from ._devices import stream_device
-from ._submit import axis_size, check_mode, checked, submit
+from ._submit import axis_size, check_mode, checked, submit, submit_with
 
 scalar = Union[bool, int, float, complex]
 # mlx's own `stream=`: a stream, a device or a device name; it picks a queue of that device.
@@ -33,7 +33,8 @@ def runtime(stream, queue, device, lazy, nowait, check_finite) -> dict[str, Any]
 
 
 def op(name: str, arrays: list, rt: dict, **options: Any):
-    return submit(name, arrays, **rt, **options)
+    return submit_with(name, arrays, rt["queue"], rt["device"], rt["lazy"], rt["nowait"], rt["check_finite"],
+                       options)
 
 
 def _ints(values) -> list[int]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import sys
 import traceback
 from collections.abc import Callable, Coroutine
@@ -115,6 +116,7 @@ class TrioJobFuture(_CoroutineFace):
     _callbacks: list[Callable[[Any], None]] | None = None
     _waiters: list[Any] | None = None  # parked trio tasks
     _retrieved = False
+    _wake: _TrioWakeFd | None = None  # the runtime's second completion fd, set by TrioBackend.new_future
 
     # -- the asyncio.Future surface the runtime uses --------------------------
     def done(self) -> bool:
@@ -168,6 +170,8 @@ class TrioJobFuture(_CoroutineFace):
         if self.done():
             raise asyncio.InvalidStateError("the future is already done")
         self._state, self._result, self._exception = state, value, exc
+        if self._wake is not None:
+            self._wake.settled(self)
         waiters, self._waiters = self._waiters, None
         if waiters:
             reschedule = _trio.lowlevel.reschedule
@@ -179,6 +183,14 @@ class TrioJobFuture(_CoroutineFace):
                 fn(self)
 
     def __await__(self):
+        if not self.done():
+            wake = self._wake
+            if wake is not None and wake.free():
+                try:
+                    yield from wake.wait_for(self).__await__()
+                except BaseException:
+                    self.cancel()  # the job follows its awaiter (nothing happens if it is done)
+                    raise
         if not self.done():
             trio = _trio
             task = trio.lowlevel.current_task()
@@ -195,6 +207,89 @@ class TrioJobFuture(_CoroutineFace):
 
             yield from trio.lowlevel.wait_task_rescheduled(abort).__await__()
         return self.result()
+
+
+class _TrioWakeFd:
+    """A second fd on a runtime's completion channel, for one awaiting trio task at a time.
+
+    trio has no fd callbacks: a watcher task waits on the channel's fd and
+    drains it, and the awaiting task it reschedules runs in the next batch of
+    trio's run loop, one more turn than asyncio's reader callback (about 4 us
+    of the round trip here). trio lets only one task wait on an fd, so one
+    awaiting task at a time waits on a duplicate of it instead and drains the
+    channel itself: it resumes in the batch the record woke it in. While it
+    waits, the watcher parks off the fd (were both waiting, both would wake
+    for each record, and half the time trio would run the watcher's step
+    first), and it is woken when the task stops waiting. Other tasks awaiting
+    meanwhile park as before and are woken by its drain. A future settled
+    other than by that task's drain (a cancel from another task, a queue's
+    close) signals the channel, so the waiting task wakes and sees it.
+    """
+
+    def __init__(self, trio: Any, fd: int, drain: Callable[[], None], signal: Callable[[], None]):
+        self._trio = trio
+        self.fd = os.dup(fd)  # not inherited by child processes (os.dup's default)
+        self._drain = drain
+        self._signal = signal
+        self._context = contextvars.copy_context()  # the drain runs where the watcher's would
+        self.future: TrioJobFuture | None = None  # the one a task waits for here
+        self._draining = False
+        self._closed = False
+        self._parked_watcher: Any = None  # the watcher task, while it leaves the fd to a waiting task
+
+    def free(self) -> bool:
+        return self.future is None and not self._closed
+
+    async def wait_for(self, future: TrioJobFuture) -> None:
+        """Wait until `future` is done, draining the channel whenever it is readable.
+
+        Returns early, the future not done, when the channel closes; the
+        caller then parks as usual. Raises trio's cancellation as is.
+        """
+        trio = self._trio
+        self.future = future
+        try:
+            while not future.done():
+                try:
+                    await trio.lowlevel.wait_readable(self.fd)
+                except (OSError, trio.ClosedResourceError):
+                    return  # closing: notify_closing woke us, or the fd is gone
+                self._draining = True
+                try:
+                    self._context.run(_report_errors, self._drain)
+                finally:
+                    self._draining = False
+        finally:
+            self.future = None
+            watcher, self._parked_watcher = self._parked_watcher, None
+            if watcher is not None:
+                trio.lowlevel.reschedule(watcher)  # the fd is the watcher's again
+
+    async def park_watcher(self) -> None:
+        """The watcher's wait while a task waits on the fd itself; returns when it stops."""
+        trio = self._trio
+        self._parked_watcher = trio.lowlevel.current_task()
+
+        def abort(_raise_cancel: Any) -> Any:
+            self._parked_watcher = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def settled(self, future: TrioJobFuture) -> None:
+        """`future` settled: wake its waiting task unless its own drain did it."""
+        if future is self.future and not self._draining and not self._closed:
+            self._signal()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._trio.lowlevel.notify_closing(self.fd)  # wake a waiting task before the fd closes
+        except RuntimeError:
+            pass  # outside the run: nothing waits
+        os.close(self.fd)
 
 
 class _Handle:
@@ -226,8 +321,12 @@ class AsyncioBackend:
     def new_future(self) -> JobFuture:
         return JobFuture(loop=self.loop)
 
-    def watch(self, fd: int, on_ready: Callable[[], None]) -> Callable[[], None]:
-        """Call `on_ready` on the loop thread whenever `fd` is readable; returns the stop function."""
+    def watch(self, fd: int, on_ready: Callable[[], None],
+              signal: Callable[[], None] | None = None) -> Callable[[], None]:
+        """Call `on_ready` on the loop thread whenever `fd` is readable; returns the stop function.
+
+        (`signal` is for trio's backend: a reader callback needs no wake-up.)
+        """
         self.loop.add_reader(fd, on_ready)
 
         def stop() -> None:
@@ -266,6 +365,7 @@ class TrioBackend:
         self.token = trio.lowlevel.current_trio_token()
         self.key: Any = self.token
         self._closed = False
+        self._wake: _TrioWakeFd | None = None  # made by watch()
 
     def debug(self) -> bool:
         return False
@@ -280,10 +380,19 @@ class TrioBackend:
         return self._closed
 
     def new_future(self) -> TrioJobFuture:
-        return TrioJobFuture()
+        future = TrioJobFuture()
+        future._wake = self._wake
+        return future
 
-    def watch(self, fd: int, on_ready: Callable[[], None]) -> Callable[[], None]:
+    def watch(self, fd: int, on_ready: Callable[[], None],
+              signal: Callable[[], None] | None = None) -> Callable[[], None]:
+        """Call `on_ready` in a task whenever `fd` is readable; returns the stop function.
+
+        `signal` makes `fd` readable; given it, an awaiting task may wait on
+        the fd itself (``_TrioWakeFd``).
+        """
         trio = self._trio
+        wake = self._wake = _TrioWakeFd(trio, fd, on_ready, signal) if signal is not None else None
         # Shielded: trio cancels system tasks when the main task returns, but
         # the runtimes still open then are closed in that cancellation and
         # need their completions; stop() ends the watcher.
@@ -294,11 +403,14 @@ class TrioBackend:
         async def watcher() -> None:
             with scope:
                 while not stopped:
+                    if wake is not None and wake.future is not None:  # a task waits on the fd and drains
+                        await wake.park_watcher()
+                        continue
                     try:
                         await trio.lowlevel.wait_readable(fd)
                     except (OSError, trio.ClosedResourceError):
                         return  # the channel closed its fd (notify_closing, or already gone)
-                    if not stopped:
+                    if not stopped and (wake is None or wake.future is None):  # else that task drains
                         _report_errors(on_ready)
 
         trio.lowlevel.spawn_system_task(watcher, name="emlx_async completion watcher")
@@ -307,6 +419,9 @@ class TrioBackend:
             nonlocal stopped
             stopped = True
             scope.cancel()
+            self._wake = None
+            if wake is not None:
+                wake.close()
             try:
                 trio.lowlevel.notify_closing(fd)  # wake the watcher before the fd closes
             except RuntimeError:

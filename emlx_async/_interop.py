@@ -87,3 +87,8 @@ def array_state(array: mx.array) -> ArrayState:
 def handles(arrays: list[mx.array]):
     """A cffi array of PyObject pointers; the caller keeps `arrays` alive."""
     return ffi.new("void*[]", [ffi.cast("void*", id(a)) for a in arrays])
+
+
+def addresses(arrays: list[mx.array]):
+    """The objects' addresses as a cffi ``intptr_t[]`` (the submit calls' form: no cast per array)."""
+    return ffi.new("intptr_t[]", [id(a) for a in arrays])

@@ -40,8 +40,9 @@ import itertools
 import os
 import threading
 import traceback
+import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import monotonic_ns
 from typing import Any
@@ -59,6 +60,7 @@ from ._routing import prepare_inputs, remove_owner
 from ._trees import iter_arrays
 
 _job_ids = itertools.count(1)
+_ARRAY = mx.array
 
 # Compared on every submission and completion: module constants, not attribute look-ups on the cffi lib.
 _DONE, _STOPPED, _NULL = lib.EMLX_DONE, lib.EMLX_STOPPED, ffi.NULL
@@ -77,8 +79,23 @@ host_call_blocking: contextvars.ContextVar[CommandQueue | None] = contextvars.Co
 
 
 class _Job:
-    __slots__ = ("id", "queue", "future", "fn", "args", "kwargs", "lazy", "result", "exception", "cancelled",
-                 "op_name", "publish_into", "donated", "start", "deps", "host_cause", "submitted_ns")
+    """One submission. Made for every job on the loop thread's hot path, so the
+    fields most jobs never set are class defaults (immutable ones) rather than
+    per-instance stores."""
+
+    fn: Callable | None = None
+    args: tuple = ()
+    kwargs: Any = types.MappingProxyType({})
+    result: Any = None  # what the future resolves to on success
+    exception: BaseException | None = None
+    cancelled = False  # set on the loop when the awaiting task gave up
+    op_name: str | None = None  # native op jobs: their results arrive as a payload
+    publish_into: dict[int, mx.array] | None = None  # result index -> donated input object
+    donated: Sequence[mx.array] = ()  # donated input objects, in input order
+    start: Callable[..., int] | None = None  # hands the job to the worker; 0 on success (see _start)
+    deps: Sequence[Any] = ()  # evaluations on other queues it waits for
+    host_cause: BaseException | None = None  # a host callback's exception that failed it
+    submitted_ns = 0  # time.monotonic_ns() when it took its place in the FIFO (the worker stamps its start)
 
     def __init__(self, queue: CommandQueue, future: JobFuture | TrioJobFuture, fn: Callable | None = None,
                  args: tuple = (), kwargs: dict | None = None, lazy: bool = False, result: Any = None):
@@ -86,20 +103,11 @@ class _Job:
         self.queue = queue
         self.future = future
         future._job = self
-        self.fn = fn
-        self.args = args
-        self.kwargs = kwargs or {}
+        if fn is not None:
+            self.fn, self.args, self.kwargs = fn, args, kwargs or {}
         self.lazy = lazy
-        self.result = result  # what the future resolves to on success
-        self.exception: BaseException | None = None
-        self.cancelled = False  # set on the loop when the awaiting task gave up
-        self.op_name: str | None = None  # native op jobs: their results arrive as a payload
-        self.publish_into: dict[int, mx.array] | None = None  # result index -> donated input object
-        self.donated: list[mx.array] = []  # donated input objects, in input order
-        self.start: Callable[[], int] | None = None  # hands the job to the worker; 0 on success
-        self.deps: list = []  # evaluations on other queues it waits for
-        self.host_cause: BaseException | None = None  # a host callback's exception that failed it
-        self.submitted_ns = 0  # time.monotonic_ns() when it took its place in the FIFO (the worker stamps its start)
+        if result is not None:
+            self.result = result
 
     def run_python(self) -> int:
         """Body of a Python job, on the worker thread (holding the GIL)."""
@@ -359,14 +367,20 @@ class CommandQueue:
         single array, or a tuple of them.
         """
         self._check_open()
-        flat = list(arrays) if all(type(x) is mx.array for x in arrays) else list(iter_arrays(arrays))
+        for x in arrays:
+            if type(x) is not _ARRAY:
+                flat = list(iter_arrays(arrays))
+                break
+        else:  # the common call: arrays only
+            flat = list(arrays)
         job = _Job(self, self._backend.new_future(), result=arrays[0] if len(arrays) == 1 else arrays)
         if not _interop.ZERO_COPY:  # pragma: no cover - layout fallback
             job.fn, job.args = (lambda *xs: mx.eval(list(xs))), tuple(flat)
             job.start = lambda: lib.emlx_submit_python(self._worker, job.id, self._handle)
-        else:
-            job.start = lambda: lib.emlx_submit_eval(self._worker, job.id, _interop.handles(flat), len(flat))
-        return self._submit(job, nowait, flat)
+            return self._submit(job, nowait, flat)
+        job.start = lambda check_ready=0: lib.emlx_submit_eval(self._worker, job.id, _interop.addresses(flat),
+                                                               len(flat), check_ready)
+        return self._submit(job, nowait, flat, checks_inputs=True)
 
     def _submit_op(self, code: int, name: str, inputs: list[mx.array], ints: list[int], floats: list[float],
                    text: str, lazy: bool, nowait: bool, check_finite: bool,
@@ -392,15 +406,15 @@ class CommandQueue:
         # Most ops have no int or float parameters: no allocation for those.
         ints_c = ffi.new("int64_t[]", ints) if ints else _NULL
         floats_c = ffi.new("double[]", floats) if floats else _NULL
-        text_c = text.encode()
+        text_c = text.encode() if text else b""
 
-        def start() -> int:
-            return lib.emlx_submit_op(self._worker, job.id, code, _interop.handles(inputs), len(inputs),
+        def start(check_ready: int = 0) -> int:
+            return lib.emlx_submit_op(self._worker, job.id, code, _interop.addresses(inputs), len(inputs),
                                       ints_c, len(ints), floats_c, len(floats), text_c, int(not lazy),
-                                      int(check_finite), donated)
+                                      int(check_finite), donated, check_ready)
 
         job.start = start
-        return self._submit(job, nowait, inputs, deps)
+        return self._submit(job, nowait, inputs, deps, checks_inputs=True)
 
     def synchronize(self, *, nowait: bool = False) -> JobFuture:
         """Wait until all work queued on this queue's stream has finished."""
@@ -517,8 +531,13 @@ class CommandQueue:
             raise EMLXError("CommandQueue used outside its runtime's event loop thread")
 
     def _submit(self, job: _Job, nowait: bool, inputs: list[mx.array],
-                deps: list | None = None) -> JobFuture:
-        """Give `job` its place in the FIFO; start it now if nothing is ahead of it."""
+                deps: list | None = None, checks_inputs: bool = False) -> JobFuture:
+        """Give `job` its place in the FIFO; start it now if nothing is ahead of it.
+
+        `checks_inputs`: the job's native submit can check that its inputs
+        are usable on the worker (``start(1)``), so the common case, nothing
+        ahead and nothing to prepare, costs one native call.
+        """
         if host_call_blocking.get() is self:
             raise HostCallDeadlock(
                 f"a host callback awaited {self!r}, whose worker is waiting for that same callback; "
@@ -527,6 +546,12 @@ class CommandQueue:
         if nowait and (full or self._backlog):
             raise QueueFull(f"{self!r} has {self.pending} jobs in flight (max_pending="
                             f"{self.max_pending}); retry later or submit without nowait")
+        if checks_inputs and not (full or deps or self._backlog):
+            self._counters.submitted += 1
+            job.submitted_ns = monotonic_ns()
+            if self._start(job, 1):
+                return job.future
+            self._counters.submitted -= 1  # an input needs preparing: the general path below
         waits = prepare_inputs(self._channel, inputs, self) if inputs else []
         if deps:
             waits = [*deps, *waits]
@@ -559,35 +584,48 @@ class CommandQueue:
         if not self._backlog and self._backlog_empty is not None and not self._backlog_empty.done():
             self._backlog_empty.set_result(None)
 
-    def _start(self, job: _Job) -> None:
-        """Hand `job` to the worker (its dependencies are done)."""
+    def _start(self, job: _Job, check_ready: int = 0) -> bool:
+        """Hand `job` to the worker (its dependencies are done).
+
+        With `check_ready` (see ``_submit``) it returns False, having changed
+        nothing, when the native submit found an input that needs preparing;
+        otherwise True: the job started or failed.
+        """
         for dep in job.deps:
             error = QueueClosed("a lazy input's evaluation was cancelled") if dep.cancelled() else dep.exception()
             if error is not None:
                 self._counters.failed += 1
                 job.future.set_exception(error)
-                return
-        job.deps = []
+                return True
+        job.deps = ()
         if self._worker is None:
             self._counters.failed += 1
             job.future.set_exception(QueueClosed(f"{self!r} is closed; the job never ran"))
-            return
-        self._channel.jobs[job.id] = job
+            return True
+        jobs = self._channel.jobs
+        jobs[job.id] = job
         self._pending += 1
-        start, job.start = job.start, None  # the closure refers to the job: no cycle left behind
+        start = job.start
         try:
-            refused = native_call_error(f"{self!r} refused the job") if start() < 0 else None
+            status = start(check_ready) if check_ready else start()
+            refused = native_call_error(f"{self!r} refused the job") if status < 0 else None
         except BaseException as exc:  # noqa: BLE001 - this job fails; the queue goes on
-            refused = exc
+            status, refused = -1, exc
+        if status == 1:  # not queued: an input needs preparing first
+            del jobs[job.id]
+            self._pending -= 1
+            return False
+        job.start = None  # the closure refers to the job: no cycle left behind
         if refused is not None:
             if isinstance(refused, RuntimeClosed):  # the worker is stopping: this queue is closing
                 refused = QueueClosed(str(refused))
-            del self._channel.jobs[job.id]
+            del jobs[job.id]
             self._pending -= 1
             self._counters.failed += 1
             job.future.set_exception(refused)
-            return
+            return True
         self._started[job.id] = job
+        return True
 
     def _on_cancel(self, job: _Job) -> None:
         """The job's future was cancelled (on the loop thread)."""
@@ -652,7 +690,7 @@ class CommandQueue:
             except Exception as exc:  # noqa: BLE001 - this job fails, not the drain
                 result, publish_error = None, exc
             job.publish_into = None
-            job.donated = []
+            job.donated = ()
         job.result = None
         if future.done():
             return  # abandoned by a cancelled awaiter (counted as cancelled then)

@@ -26,8 +26,8 @@ if ffi.string(lib.emlx_op_table_digest()).decode() != dispatch_digest():  # op c
     raise ImportError("emlx_async's shim was built from a different op spec (emlx_async/_op_table.py); "
                       "reinstall the package so build_ffi.py regenerates the dispatch")
 
-_CODES = {op.name: code for code, op in enumerate(OPS)}
-_SPECS = {op.name: (op.arrays, op.params) for op in OPS}
+# What a submission reads of its op, in one look-up: code, array count, parameters, weak pairs.
+_OPS = {op.name: (code, op.arrays, op.params, WEAK_PAIRS.get(op.name, ())) for code, op in enumerate(OPS)}
 
 # The parameter kinds (emlx_async/_op_table.py: KINDS, RULES): values outside
 # the C++ type an integer lands in are refused here, as mlx.core does, never truncated.
@@ -50,7 +50,12 @@ def _int_option(name: str, pname: str, kind: str, rule: str, value: Any) -> int:
     return value
 
 
+_NO_PARAMETERS: tuple[list[int], list[float], str] = ([], [], "")  # never mutated
+
+
 def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], str]:
+    if not params and not options:  # most binary and unary ops
+        return _NO_PARAMETERS
     ints: list[int] = []
     floats: list[float] = []
     text = ""
@@ -130,16 +135,22 @@ def submit(name: str, arrays: Sequence[Any], *, queue=None, device=None, lazy: b
     if it matches, else the default) whatever device its inputs came from;
     lazy inputs owned by other queues are evaluated there first.
     """
-    expected, params = _SPECS[name]
+    return submit_with(name, arrays, queue, device, lazy, nowait, check_finite, options, donate, _deps)
+
+
+def submit_with(name: str, arrays: Sequence[Any], queue, device, lazy: bool, nowait: bool,
+                check_finite: bool | None, options: dict[str, Any], donate: dict[int, int] | None = None,
+                deps: list | None = None):
+    """``submit`` with its keywords as arguments (the generated ops' path: no keyword packing)."""
+    code, expected, params, weak_pairs = _OPS[name]
     if expected != VARIADIC and len(arrays) != expected:
         raise TypeError(f"[{name}] takes {expected} array argument(s), got {len(arrays)}")
-    inputs = _inputs(arrays, WEAK_PAIRS.get(name, ()))
-    ints, floats, text = _encode(name, params, dict(options))
-    target = route(inputs, queue, device, runtime=get_runtime)
+    inputs = _inputs(arrays, weak_pairs)
+    ints, floats, text = _encode(name, params, dict(options)) if options or params else _NO_PARAMETERS
+    target = queue if queue is not None else route(inputs, None, device, runtime=get_runtime)
     if check_finite is None:
         check_finite = _check_finite_default
-    return target._submit_op(_CODES[name], name, inputs, ints, floats, text, lazy, nowait, check_finite, donate,
-                             _deps)
+    return target._submit_op(code, name, inputs, ints, floats, text, lazy, nowait, check_finite, donate, deps)
 
 
 # ---- bounds checks of indices, off by default ----------------------------------

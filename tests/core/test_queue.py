@@ -281,3 +281,34 @@ async def test_runtime_needs_a_running_loop():
 
     with pytest.raises(RuntimeError, match="inside a running event loop"):
         await anyio.to_thread.run_sync(make)
+
+
+@on_every_loop
+async def test_a_submission_whose_inputs_need_nothing_checks_them_in_its_one_native_call(monkeypatch):
+    """Evaluated inputs, or lazy ones of the target's own stream: no per-input state call from Python.
+
+    Inputs that do need preparing (a graph built on the loop thread, or
+    owned by another queue) are still found: the native submit refuses them
+    unqueued, and the general path prepares them.
+    """
+    async with ea.Runtime() as rt:
+        q, other = rt.default_queue(), rt.callback_queue()
+        a, b = mx.ones((4, 4)), mx.full((4, 4), 2.0)
+        mx.eval(a, b)
+        own = await ea.ops.add(a, b, queue=q, lazy=True)  # a graph of q's stream
+        real_state, calls = _interop.array_state, []
+
+        def counting_state(array):
+            calls.append(array)
+            return real_state(array)
+
+        monkeypatch.setattr(_interop, "array_state", counting_state)
+        assert np.array(await q.eval(a)).tolist() == np.ones((4, 4)).tolist()
+        assert np.array(await ea.ops.add(a, b, queue=q)).tolist() == np.full((4, 4), 3.0).tolist()
+        assert np.array(await ea.ops.multiply(own, b, queue=q)).tolist() == np.full((4, 4), 6.0).tolist()
+        assert calls == []
+        on_loop = a + 1  # lazy, on the loop thread's stream: evaluated there first
+        elsewhere = await ea.ops.add(a, 1.0, queue=other, lazy=True)  # owned by another queue
+        assert np.array(await ea.ops.add(on_loop, elsewhere, queue=q)).tolist() == np.full((4, 4), 4.0).tolist()
+        assert len(calls) == 2 and is_evaluated(on_loop) and is_evaluated(elsewhere)
+        assert q.stats().submitted == 5 and q.stats().failed == 0  # each submission counted once

@@ -6,6 +6,7 @@ Each test drives its own ``trio.run``; the leak checks of conftest apply.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 
@@ -110,6 +111,59 @@ def test_fail_after_around_an_op_raises_timeout_and_the_queue_goes_on():
             gate.open()
             await blocked
             np.testing.assert_array_equal(np.array(await ea.ops.add(mx.ones(2), 1.0, queue=q)), [2.0, 2.0])
+
+    trio.run(main)
+
+
+def test_an_awaiting_task_drains_the_channel_itself_and_wakes_for_a_settle_from_elsewhere():
+    """One awaiting task at a time waits on the completion fd itself (the watcher parks off it).
+
+    A future that another task settles (here: cancels) while that task waits
+    must wake it at once, though no record arrives: without the channel's
+    signal it would wait until the gated job ends, past fail_after.
+    """
+    async def main():
+        async with ea.Runtime() as rt:
+            q = rt.default_queue()
+            wake = rt._backend._wake
+            gate = Gate()
+            blocked = q.run(gate, "gated")
+            await _wait_started(gate)
+            outcome = []
+
+            async def waiter():
+                try:
+                    await blocked
+                except asyncio.CancelledError:  # its job was cancelled by another task
+                    outcome.append("cancelled")
+
+            with anyio.fail_after(5):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(waiter)
+                    while wake.future is not blocked:  # the waiter waits on the fd, not parked
+                        await trio.sleep(0.001)
+                    second = q.eval(mx.ones(3))  # a second awaiter parks and is woken by the first one's drain
+                    nursery.start_soon(lambda: second)
+                    await trio.sleep(0.01)
+                    blocked.cancel()  # settled by this task, not by a drain
+                    while not outcome:
+                        await trio.sleep(0.001)
+                    assert not second.done()  # behind the gated job, which still runs
+                    gate.open()
+            assert outcome == ["cancelled"]
+            assert wake.future is None
+            assert second.done()
+            np.testing.assert_array_equal(np.array(await q.eval(mx.ones(2))), [1.0, 1.0])  # the watcher is back
+            results = []
+
+            async def job(i):
+                results.append(await ea.ops.add(mx.ones(2), float(i), queue=q))
+
+            with anyio.fail_after(10):
+                async with trio.open_nursery() as nursery:  # many awaiters: one on the fd, the rest parked
+                    for i in range(20):
+                        nursery.start_soon(job, i)
+            assert sorted(float(r[0]) for r in results) == [1.0 + i for i in range(20)]
 
     trio.run(main)
 

@@ -64,7 +64,7 @@ def test_every_op_is_reached_where_its_spec_says():
                 assert op.name in adapters[fn.adapter], f"{op.name}: _adapters.{fn.adapter} never submits it"
         for where in op.via:
             if where == "submit":  # only through ea.ops.submit, by name
-                assert op.name in _submit._CODES
+                assert op.name in _submit._OPS
             elif where.startswith("_adapters."):
                 assert op.name in adapters[where.split(".", 1)[1]], f"{op.name}: {where} never submits it"
             else:
