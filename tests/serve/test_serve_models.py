@@ -43,6 +43,14 @@ def test_names_from_flags(tmp_path):
     odd = tmp_path / "a=b"
     odd.mkdir()
     assert parse_model(str(odd)) == ModelSpec("a=b", str(odd))  # an existing path is a path
+    # Split at the first '=' only where the text before it reads as a name, not a path.
+    assert parse_model("/models/a=b") == ModelSpec("a=b", "/models/a=b")
+    assert parse_model("./a=b") == ModelSpec("a=b", "./a=b")
+    assert parse_model("~/m/x=1.gguf") == ModelSpec("x=1", "~/m/x=1.gguf")
+    assert parse_model("smol.gguf=x") == ModelSpec("smol.gguf=x", "smol.gguf=x")
+    assert parse_model("fast=/models/a=b") == ModelSpec("fast", "/models/a=b")
+    assert parse_model(f"odd={odd}") == ModelSpec("odd", str(odd))
+    assert model_specs(["/models/a=b"], "smol") == (ModelSpec("smol", "/models/a=b"),)
     assert model_specs() == (ModelSpec(DEFAULT_MODEL_NAME, None),)
     assert model_specs([], "smol") == (ModelSpec("smol", None),)
     assert model_specs(["/m/x.gguf"], "smol") == (ModelSpec("smol", "/m/x.gguf"),)
@@ -65,6 +73,11 @@ def test_the_cli_refuses_bad_models_before_loading(capsys):
         main(["serve", "--model", "x=/m/a", "--model", "x=/m/b"])
     with pytest.raises(SystemExit, match="distributed: serves one --model"):
         main(["serve", "--distributed", "--model", "a=/m/a", "--model", "b=/m/b"])
+    # A path that names nothing is refused before anything loads (a mis-split one would be too).
+    with pytest.raises(SystemExit, match="'/nowhere/a=b' \\(model 'a=b'\\): no such GGUF file or mlx-lm folder"):
+        main(["serve", "--model", "/nowhere/a=b"])
+    with pytest.raises(SystemExit, match="'/nowhere/x' \\(model 'fast'\\)"):
+        main(["serve", "--model", "fast=/nowhere/x"])
 
 
 # ---- in process: stand-in engines ---------------------------------------------------------
