@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from starlette.requests import ClientDisconnect, Request
@@ -330,13 +331,20 @@ class Service:
         return self.encode_with_text(served, request)[0]
 
     async def encode_off_loop(self, served: ServedModel, request: GenerationRequest) -> tuple[list[int], str]:
-        """`encode_with_text` in a worker thread, at most _ENCODE_THREADS at once, for every
-        endpoint that encodes (generations and count_tokens alike). Rendering the template
-        and tokenizing take time per message and per character (25,000 tiny messages:
-        ~4 s): never on the event loop, and never more threads than that fighting for the GIL."""
+        """`encode_with_text` in a worker thread (`off_loop`), for every endpoint that encodes
+        (generations and count_tokens alike)."""
+        return await self.off_loop(self.encode_with_text, served, request)
+
+    async def off_loop(self, function: Callable[..., Any], *args: Any) -> Any:
+        """`function(*args)` in a worker thread, at most _ENCODE_THREADS at once: parsing a
+        request and encoding its prompt. Both take time with the request's size: rendering
+        the template and tokenizing per message and per character (25,000 tiny messages:
+        ~4 s), parsing per byte of a tool or response schema, whose grammar is compiled
+        and checked then (a 1 MB schema: ~7 s, which held /health that long on the loop).
+        Never on the event loop, and never more threads than that fighting for the GIL."""
         if self._encoders is None:
             self._encoders = anyio.CapacityLimiter(_ENCODE_THREADS)
-        return await anyio.to_thread.run_sync(self.encode_with_text, served, request, limiter=self._encoders)
+        return await anyio.to_thread.run_sync(function, *args, limiter=self._encoders)
 
     def encode_with_text(self, served: ServedModel, request: GenerationRequest) -> tuple[list[int], str]:
         """The request's prompt ids and the prompt's text (the rendered chat), or APIError 400."""
