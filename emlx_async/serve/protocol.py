@@ -96,13 +96,21 @@ def _text(value: Any, param: str) -> str:
 MAX_ARGUMENT_DEPTH = 64
 
 
-def checked_json(value: Any, param: str, *, max_depth: int | None = MAX_ARGUMENT_DEPTH) -> Any:
+# Properties in one JSON schema (a tool's parameters, a response_format schema). The grammar
+# engine's time grows faster than their count: the first token mask of a schema of 2,000
+# took 1.3 s on a 2-core CPU, of 4,000 6.9 s, of 8,000 27 s (and its check while parsing
+# 7 s more); past some size its parser fails after the first token, a 500 from the decode.
+MAX_SCHEMA_PROPERTIES = 2000
+
+
+def checked_json(value: Any, param: str, *, max_depth: int | None = MAX_ARGUMENT_DEPTH, schema: bool = False) -> Any:
     """`value`, a JSON value of a request that reaches the prompt or a grammar (a call's
     arguments, a tool's schema), refused naming `param` unless it is JSON the response
     and the tokenizer can hold: every string, keys too, valid Unicode, no NaN or
     infinity (Python's parser takes them; JSON has none), and at most `max_depth`
-    levels deep (None: any depth; a grammar bounds its own). Walked without recursion."""
-    pending = [(value, 1)]
+    levels deep (None: any depth; a grammar bounds its own). A `schema` has at most
+    MAX_SCHEMA_PROPERTIES properties in all. Walked without recursion."""
+    pending, properties = [(value, 1)], 0
     while pending:
         item, depth = pending.pop()
         if max_depth is not None and depth > max_depth:
@@ -113,6 +121,11 @@ def checked_json(value: Any, param: str, *, max_depth: int | None = MAX_ARGUMENT
         elif isinstance(item, float) and not math.isfinite(item):
             raise invalid(param, f"'{param}' holds {item}, which JSON does not have")
         elif isinstance(item, dict):
+            if schema and isinstance(item.get("properties"), dict):
+                properties += len(item["properties"])
+                if properties > MAX_SCHEMA_PROPERTIES:
+                    raise invalid(param, f"'{param}' has more than {MAX_SCHEMA_PROPERTIES} properties: the grammar "
+                                  "engine would take minutes over it", "schema_too_large")
             for key, child in item.items():
                 pending += [(key, depth), (child, depth + 1)]
         elif isinstance(item, list):
@@ -433,7 +446,7 @@ def _parse_response_format(body: dict):
             if not isinstance(schema, dict):
                 raise invalid("response_format.json_schema.schema", "'schema' must be a JSON schema object",
                               "invalid_type")
-            checked_json(schema, "response_format.json_schema.schema", max_depth=None)
+            checked_json(schema, "response_format.json_schema.schema", max_depth=None, schema=True)
             strict = spec.get("strict")
             if strict is not None and not isinstance(strict, bool):
                 raise invalid("response_format.json_schema.strict", "'strict' must be a boolean", "invalid_type")
@@ -462,6 +475,8 @@ def _parse_guided(body: dict):
         if name == "guided_json":
             if not isinstance(value, (dict, str)):
                 raise invalid(name, f"'{name}' must be a JSON schema (an object or JSON text)", "invalid_type")
+            if isinstance(value, dict):
+                checked_json(value, name, max_depth=None, schema=True)
             return Grammar.json_schema(value)
         return (Grammar.regex if name == "guided_regex" else Grammar.lark)(_text(value, name))
     except (GrammarError, RecursionError) as exc:
@@ -486,7 +501,8 @@ def checked_tool(name: Any, description: Any, parameters: Any, names: set[str], 
         if not isinstance(parameters, dict):
             raise invalid(where["parameters"], f"'{where['parameters']}' must be a JSON schema object",
                           "invalid_type")
-        _check_schema(checked_json(parameters, where["parameters"], max_depth=None), where["parameters"])
+        checked_json(parameters, where["parameters"], max_depth=None, schema=True)
+        _check_schema(parameters, where["parameters"])
         entry["parameters"] = parameters
     return {"type": "function", "function": entry}
 

@@ -158,6 +158,48 @@ def samples(text: str, name: str) -> dict[str, float]:
 
 
 @on_every_loop
+async def test_requests_are_parsed_off_the_event_loop(monkeypatch):
+    """Parsing compiles and checks a tool schema's grammar (a big one took seconds): with a
+    stand-in check that holds its thread for a second, /health must not wait for it."""
+    import threading
+
+    from emlx_async.serve import protocol
+
+    checked = []
+
+    def slow_check(schema, param):
+        checked.append(threading.current_thread() is threading.main_thread())
+        time.sleep(1.0)
+
+    monkeypatch.setattr(protocol, "_check_schema", slow_check)
+    app, service, engines = gated_app()
+    schema = {"type": "object", "properties": {"x": {"type": "string"}}}
+    bodies = [("/v1/chat/completions", chat("a", tools=[{"type": "function", "function": {"name": "f",
+                                                                                          "parameters": schema}}])),
+              ("/v1/messages", chat("a", tools=[{"name": "f", "input_schema": schema}])),
+              ("/v1/messages/count_tokens", {"model": "a", "messages": USER, "tools": [{"name": "f",
+                                                                                        "input_schema": schema}]}),
+              ("/v1/responses", {"model": "a", "input": "x", "tools": [{"type": "function", "name": "f",
+                                                                         "parameters": schema}]})]
+    async with client_for(app) as client:
+        for path, body in bodies:
+            answers: dict = {}
+
+            async def post() -> None:
+                answers["post"] = await client.post(path, json=body)
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(post)
+                await anyio.sleep(0.2)  # the body is being parsed
+                started = time.monotonic()
+                assert (await client.get("/health")).status_code == 200
+                waited = time.monotonic() - started
+            assert answers["post"].status_code == 200, (path, answers["post"].text)
+            assert waited < 0.5, f"{path}: /health waited {waited:.2f}s for the parse"
+    assert checked == [False] * len(bodies)  # each in a worker thread
+
+
+@on_every_loop
 async def test_a_requests_model_picks_its_engine_on_every_endpoint():
     app, service, _ = gated_app()
     async with client_for(app) as http:
