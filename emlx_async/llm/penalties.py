@@ -126,14 +126,22 @@ def adjust(logits: mx.array, counts: mx.array, window: mx.array, bias: mx.array,
     generation (`counts`). The options are scalars or {B}, cast to the logits' dtype
     as mlx-lm's Python floats are; neutral options leave a row's logits unchanged."""
     dtype = logits.dtype
-    presence, frequency, repetition = (mx.reshape(x, (-1, 1)).astype(dtype) for x in (presence, frequency, repetition))
+    presence, repetition = (mx.reshape(x, (-1, 1)).astype(dtype) for x in (presence, repetition))
+    frequency = mx.reshape(frequency, (-1, 1)).astype(mx.float32)
     logits = logits + bias.astype(dtype)
     # mlx-lm's gather and scatter of the window's logits (W of them, not a pass over V;
     # a token twice in the window is written twice with the same value).
     recent = mx.take_along_axis(logits, window, axis=-1)
     logits = mx.put_along_axis(logits, window, mx.where(recent < 0, recent * repetition, recent / repetition), axis=-1)
     logits = mx.where(counts > 0, logits - presence, logits)
-    return logits - frequency * counts.astype(dtype)
+    # The frequency term in float32 whatever the logits' dtype: a count (int32, bounded by
+    # the context) is not exact in float16 past 2048, and frequency * count leaves
+    # float16's range past 65504 / |frequency| (32,752 repeats at 2): inf, then NaN
+    # logprobs. The sum is capped at the dtype's largest value, since a negative penalty
+    # that lifts a logit past it would make it +inf; a logit pushed below the range
+    # is -inf, a token ruled out, as a bias of -100 would.
+    penalized = logits.astype(mx.float32) - frequency * counts.astype(mx.float32)
+    return mx.minimum(penalized, mx.finfo(dtype).max).astype(dtype)
 
 
 def filter_min_p(logprobs: mx.array, log_min_p: mx.array) -> mx.array:

@@ -37,7 +37,8 @@ from .service import Generation, Service
 from .common import (JSON, AnswerParts, Collected, boolean, checked_text, count, event, generation_route, integer,
                      joined_text, number, optional_object, read_object, required_text, string, string_list,
                      type_name, wrong_type)
-from .protocol import APIError, GenerationRequest, checked_tool, choose_tools, invalid, show
+from .protocol import (APIError, GenerationRequest, ToolCallIds, checked_json, checked_tool, choose_tools, invalid,
+                       show)
 from .tools import json_pieces
 
 MESSAGES, COUNT_TOKENS = "/v1/messages", "/v1/messages/count_tokens"
@@ -136,12 +137,15 @@ def _text_blocks(content, param: str) -> str:
 
 
 
-def _turn(role: str, content, where: str, tool_use_ids: set[str]) -> list[dict]:
-    """One message as chat messages: an assistant's text and tool calls, or a user's tool
-    results (each a tool message, naming one of `tool_use_ids`) and then its text."""
+def _turn(role: str, content, where: str, ids: ToolCallIds) -> list[dict]:
+    """One message as chat messages: an assistant's text and tool calls (their ids go to
+    `ids`), or a user's tool results (each a tool message, answering a tool_use of the
+    assistant turn before, once) and then its text."""
     if not isinstance(content, list):
+        if role == "assistant":
+            ids.made([], [])
         return [{"role": role, "content": _text_blocks(content, where)}]
-    texts, calls, results = [], [], []
+    texts, calls, results, params = [], [], [], []
     for j, block in enumerate(content):
         at = f"{where}[{j}]"
         if not isinstance(block, dict):
@@ -153,13 +157,13 @@ def _turn(role: str, content, where: str, tool_use_ids: set[str]) -> list[dict]:
             arguments = block.get("input")
             if not isinstance(arguments, dict):
                 raise wrong_type(f"{at}.input", "an object", arguments)
+            checked_json(arguments, f"{at}.input")
             calls.append({"type": "function", "id": required_text(block, "id", at),
                           "function": {"name": required_text(block, "name", at), "arguments": arguments}})
+            params.append(f"{at}.id")
         elif kind == "tool_result" and role == "user":
             call_id = required_text(block, "tool_use_id", at)
-            if call_id not in tool_use_ids:
-                raise invalid(f"{at}.tool_use_id", f"{at}.tool_use_id: no tool_use block of the assistant "
-                              f"message before has the id {show(call_id)}", "unknown_tool_use")
+            ids.answered(call_id, f"{at}.tool_use_id")
             is_error = block.get("is_error")
             if is_error is not None and not isinstance(is_error, bool):
                 raise wrong_type(f"{at}.is_error", "a boolean", is_error)
@@ -173,6 +177,8 @@ def _turn(role: str, content, where: str, tool_use_ids: set[str]) -> list[dict]:
             raise invalid(f"{at}.type", f"{at}.type: only 'text', 'tool_use' and 'tool_result' content blocks "
                           "are supported", "unsupported_value")
     text = "".join(texts)
+    if role == "assistant":
+        ids.made([call["id"] for call in calls], params)
     if calls:
         return [{"role": "assistant", "content": text, "tool_calls": calls}]
     return [*results, {"role": role, "content": text}] if text or not results else results
@@ -202,7 +208,7 @@ def parse_conversation(body: dict) -> list[dict]:
         raise wrong_type("messages", "an array of messages", messages)
     if not messages:
         raise invalid("messages", "messages: at least one message is required")
-    tool_use_ids: set[str] = set()  # those of the last assistant message
+    ids = ToolCallIds("tool_use block")
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -213,10 +219,9 @@ def parse_conversation(body: dict) -> list[dict]:
                           + ("" if isinstance(role, str) else f", got {type_name(role)}"), "invalid_value")
         if "content" not in message:
             raise invalid(f"{where}.content", f"{where}.content: field required", "missing_required_parameter")
-        turns = _turn(role, message["content"], f"{where}.content", tool_use_ids)
-        if role == "assistant":
-            tool_use_ids = {call["id"] for turn in turns for call in turn.get("tool_calls", ())}
-        out += turns
+        out += _turn(role, message["content"], f"{where}.content", ids)
+        if role == "user":
+            ids.made([], [])  # its results answered the turn before; the next answers the next one
     if messages[-1]["role"] == "assistant":
         # Anthropic continues a final assistant turn; the chat template would close it and start another.
         raise invalid(f"messages[{len(messages) - 1}].role", f"messages[{len(messages) - 1}].role: a final "
@@ -392,7 +397,7 @@ def routes(service: Service) -> list[Route]:
         try:
             service.check_ready()
             body = await read_object(request, config.max_body_bytes, config.body_timeout)
-            parsed = parse_prompt(body)
+            parsed = await service.off_loop(parse_prompt, body)
             async with service.model_in_use(parsed.model) as served:  # 404 for a model not served, as generations
                 ids, _ = await service.encode_off_loop(served, parsed)
         except APIError as error:

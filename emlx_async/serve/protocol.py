@@ -91,6 +91,56 @@ def _text(value: Any, param: str) -> str:
     return value
 
 
+# Nesting of a tool call's arguments in the history: the template renders them recursively
+# (a few hundred levels ran past Python's stack there, a 400 that named no field).
+MAX_ARGUMENT_DEPTH = 64
+
+
+# Properties in one JSON schema (a tool's parameters, a response_format schema). The grammar
+# engine's time grows faster than their count: the first token mask of a schema of 2,000
+# took 1.3 s on a 2-core CPU, of 4,000 6.9 s, of 8,000 27 s (and its check while parsing
+# 7 s more); past some size its parser fails after the first token, a 500 from the decode.
+MAX_SCHEMA_PROPERTIES = 2000
+
+
+def checked_json(value: Any, param: str, *, max_depth: int | None = MAX_ARGUMENT_DEPTH, schema: bool = False) -> Any:
+    """`value`, a JSON value of a request that reaches the prompt or a grammar (a call's
+    arguments, a tool's schema), refused naming `param` unless it is JSON the response
+    and the tokenizer can hold: every string, keys too, valid Unicode, no NaN or
+    infinity (Python's parser takes them; JSON has none), and at most `max_depth`
+    levels deep (None: any depth; a grammar bounds its own). A `schema` has at most
+    MAX_SCHEMA_PROPERTIES properties in all. Walked without recursion."""
+    pending, properties = [(value, 1)], 0
+    while pending:
+        item, depth = pending.pop()
+        if max_depth is not None and depth > max_depth:
+            raise invalid(param, f"'{param}' is nested more than {max_depth} levels deep")
+        if isinstance(item, str):
+            if not item.isascii() and not _encodable(item):
+                raise invalid(param, f"'{param}' holds text that is not valid Unicode (a lone surrogate)")
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise invalid(param, f"'{param}' holds {item}, which JSON does not have")
+        elif isinstance(item, dict):
+            if schema and isinstance(item.get("properties"), dict):
+                properties += len(item["properties"])
+                if properties > MAX_SCHEMA_PROPERTIES:
+                    raise invalid(param, f"'{param}' has more than {MAX_SCHEMA_PROPERTIES} properties: the grammar "
+                                  "engine would take minutes over it", "schema_too_large")
+            for key, child in item.items():
+                pending += [(key, depth), (child, depth + 1)]
+        elif isinstance(item, list):
+            pending += [(child, depth + 1) for child in item]
+    return value
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass
 class GenerationRequest:
     """One parsed /v1/chat/completions or /v1/completions request."""
@@ -265,6 +315,7 @@ def _parse_messages(body: dict, max_messages: int) -> list[dict]:
         raise invalid("messages", f"at most {max_messages} messages per request, got {len(messages)}",
                       "too_many_messages")
     out = []
+    calls = ToolCallIds()
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise invalid(f"messages[{i}]", f"messages[{i}] must be an object, got {show(message)}", "invalid_type")
@@ -274,11 +325,15 @@ def _parse_messages(body: dict, max_messages: int) -> list[dict]:
                           f"{sorted(_CHAT_ROLES)}, got {show(role)}", "unsupported_value")
         # The template knows system, user and assistant; "developer" is OpenAI's new name for system.
         parsed: dict[str, Any] = {"role": "system" if role == "developer" else role}
-        calls = message.get("tool_calls")
-        if calls is not None and (role != "assistant" or calls != []):
+        history_calls = message.get("tool_calls")
+        if history_calls is not None and (role != "assistant" or history_calls != []):
             if role != "assistant":
                 raise invalid(f"messages[{i}].tool_calls", "only assistant messages have 'tool_calls'")
-            parsed["tool_calls"] = _parse_history_calls(calls, f"messages[{i}].tool_calls")
+            parsed["tool_calls"] = _parse_history_calls(history_calls, f"messages[{i}].tool_calls")
+            calls.made([call.get("id") for call in parsed["tool_calls"]],
+                       [f"messages[{i}].tool_calls[{j}].id" for j in range(len(parsed["tool_calls"]))])
+        elif role != "tool":
+            calls.made([], [])  # a turn between a call and its result: the call can no longer be answered
         content = message.get("content")
         # An assistant message that calls tools may have no content (OpenAI sends null).
         parsed["content"] = "" if content is None and "tool_calls" in parsed else \
@@ -290,8 +345,47 @@ def _parse_messages(body: dict, max_messages: int) -> list[dict]:
                               f"got {show(call_id)}", "invalid_type" if call_id is not None
                               else "missing_required_parameter")
             parsed["tool_call_id"] = _text(call_id, f"messages[{i}].tool_call_id")
+            calls.answered(call_id, f"messages[{i}].tool_call_id")
         out.append(parsed)
     return out
+
+
+class ToolCallIds:
+    """The tool-call ids of a conversation's history, as OpenAI checks them (and Anthropic its
+    tool_use ids): no id is used by two calls, and each result answers, once, a call of
+    the assistant turn just before it (with `any_earlier`: of any turn before it, as the
+    Responses API's items may). `call` is what a call is named in the API's errors."""
+
+    def __init__(self, call: str = "tool call", *, any_earlier: bool = False):
+        self._call, self._any_earlier = call, any_earlier
+        self._seen: set[str] = set()     # every call's id so far
+        self._open: set[str] = set()     # those a result may still answer
+        self._answered: set[str] = set()
+
+    def made(self, ids: list[str | None], params: list[str]) -> None:
+        """An assistant turn (or, with no ids, any other turn that is not a result) and the
+        ids of its calls (None: a call without an id), each named by its param."""
+        if not self._any_earlier:
+            self._open = set()
+        for call_id, param in zip(ids, params):
+            if call_id is None:
+                continue
+            if call_id in self._seen:
+                raise invalid(param, f"{param}: the id {show(call_id)} is already used by an earlier {self._call}; "
+                              f"every {self._call} needs its own id", "duplicate_tool_call_id")
+            self._seen.add(call_id)
+            self._open.add(call_id)
+
+    def answered(self, call_id: str, param: str) -> None:
+        """A result naming `call_id`."""
+        if call_id in self._answered:
+            raise invalid(param, f"{param}: the {self._call} {show(call_id)} already has a result",
+                          "duplicate_tool_call_id")
+        if call_id not in self._open:
+            before = "before" if self._any_earlier else "of the assistant turn just before"
+            raise invalid(param, f"{param}: no {self._call} {before} has the id {show(call_id)}",
+                          "unknown_tool_call_id")
+        self._answered.add(call_id)
 
 
 def _parse_history_calls(calls: Any, param: str) -> list[dict]:
@@ -315,6 +409,7 @@ def _parse_history_calls(calls: Any, param: str) -> list[dict]:
                 raise invalid(f"{where}.function.arguments", "'arguments' must be JSON text of an object") from None
         if not isinstance(arguments, dict):
             raise invalid(f"{where}.function.arguments", "'arguments' must be a JSON object", "invalid_type")
+        checked_json(arguments, f"{where}.function.arguments")
         call_id = call.get("id")
         parsed = {"type": "function", "function": {"name": name, "arguments": arguments}}
         if call_id is not None:
@@ -351,6 +446,7 @@ def _parse_response_format(body: dict):
             if not isinstance(schema, dict):
                 raise invalid("response_format.json_schema.schema", "'schema' must be a JSON schema object",
                               "invalid_type")
+            checked_json(schema, "response_format.json_schema.schema", max_depth=None, schema=True)
             strict = spec.get("strict")
             if strict is not None and not isinstance(strict, bool):
                 raise invalid("response_format.json_schema.strict", "'strict' must be a boolean", "invalid_type")
@@ -379,6 +475,8 @@ def _parse_guided(body: dict):
         if name == "guided_json":
             if not isinstance(value, (dict, str)):
                 raise invalid(name, f"'{name}' must be a JSON schema (an object or JSON text)", "invalid_type")
+            if isinstance(value, dict):
+                checked_json(value, name, max_depth=None, schema=True)
             return Grammar.json_schema(value)
         return (Grammar.regex if name == "guided_regex" else Grammar.lark)(_text(value, name))
     except (GrammarError, RecursionError) as exc:
@@ -403,6 +501,7 @@ def checked_tool(name: Any, description: Any, parameters: Any, names: set[str], 
         if not isinstance(parameters, dict):
             raise invalid(where["parameters"], f"'{where['parameters']}' must be a JSON schema object",
                           "invalid_type")
+        checked_json(parameters, where["parameters"], max_depth=None, schema=True)
         _check_schema(parameters, where["parameters"])
         entry["parameters"] = parameters
     return {"type": "function", "function": entry}
@@ -466,6 +565,10 @@ def _parse_tools(body: dict, request: GenerationRequest) -> None:
             raise invalid(f"tools[{i}]", "a tool must be {'type': 'function', 'function': {'name', ...}}",
                           "invalid_type")
         where = {key: f"tools[{i}].function.{key}" for key in ("name", "description", "parameters")}
+        strict = function.get("strict")
+        if strict is not None and not isinstance(strict, bool):  # a schema follows it or not: no third way
+            raise invalid(f"tools[{i}].function.strict", f"'strict' must be a boolean, got {show(strict)}",
+                          "invalid_type")
         parsed.append(checked_tool(function.get("name"), function.get("description"), function.get("parameters"),
                                    names, where))
     name = None
@@ -487,8 +590,12 @@ def _parse_tools(body: dict, request: GenerationRequest) -> None:
     choose_tools(request, parsed, choice, name)
 
 
-# What the service itself passes the chat template: a chat_template_kwargs key may not replace it.
-TEMPLATE_RESERVED = ("messages", "tools", "add_generation_prompt")
+# What the template reads besides the options, which a chat_template_kwargs key would replace:
+# what the service passes it, render()'s own "self", the helpers the engine's renderer adds
+# (llm/text.py) and Jinja's globals (jinja2.defaults.DEFAULT_NAMESPACE; a test holds both equal).
+# A template calling namespace() got 1 instead: a TypeError, a 400 that named no field.
+TEMPLATE_RESERVED = ("messages", "tools", "add_generation_prompt", "self", "raise_exception", "strftime_now",
+                     "range", "dict", "lipsum", "cycler", "joiner", "namespace")
 
 
 def _parse_template_kwargs(body: dict) -> dict[str, Any]:
@@ -499,13 +606,15 @@ def _parse_template_kwargs(body: dict) -> dict[str, Any]:
         raise invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object", "invalid_type")
     for key, item in value.items():
         # Plain values only: the template renders them, and a reserved name would replace what it renders.
-        if key in TEMPLATE_RESERVED or not key.isidentifier():
+        if key in TEMPLATE_RESERVED or not (key.isascii() and key.isidentifier()):
             raise invalid(f"chat_template_kwargs.{show(key)}", f"{show(key)} cannot be set", "unsupported_value")
         if not isinstance(item, (bool, int, float, str)) or (isinstance(item, int) and item.bit_length() > 64):
             raise invalid(f"chat_template_kwargs.{key}", "template options must be booleans, numbers or strings",
                           "invalid_type")
         if isinstance(item, str):
             _text(item, f"chat_template_kwargs.{key}")
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise invalid(f"chat_template_kwargs.{key}", f"template options must be finite, got {item}")
     return dict(value)
 
 

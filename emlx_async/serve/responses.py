@@ -35,7 +35,8 @@ from starlette.routing import Route
 from .service import Generation, Service
 from .common import (JSON, AnswerParts, Collected, boolean, checked_text, event, generation_route, integer,
                      joined_text, number, optional_object, required_text, string, type_name, wrong_type)
-from .protocol import MAX_TOP_LOGPROBS, APIError, GenerationRequest, checked_tool, choose_tools, invalid, show
+from .protocol import (MAX_TOP_LOGPROBS, APIError, GenerationRequest, ToolCallIds, checked_json, checked_tool,
+                       choose_tools, invalid, show)
 from .tools import json_pieces
 
 RESPONSES = "/v1/responses"
@@ -105,6 +106,7 @@ def _function_call(item: dict, where: str) -> dict:
         arguments = None
     if not isinstance(arguments, dict):
         raise invalid(f"{where}.arguments", f"{where}.arguments: expected JSON text of an object", "invalid_value")
+    checked_json(arguments, f"{where}.arguments")
     return {"type": "function", "id": required_text(item, "call_id", where),
             "function": {"name": required_text(item, "name", where), "arguments": arguments}}
 
@@ -124,7 +126,7 @@ def parse_input(body: dict) -> list[dict]:
         raise wrong_type("input", "a string or an array of input items", items)
     if not items:
         raise invalid("input", "input: at least one item is required")
-    call_ids: set[str] = set()
+    ids = ToolCallIds("function_call item", any_earlier=True)
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -132,7 +134,7 @@ def parse_input(body: dict) -> list[dict]:
         kind = item.get("type", "message")
         if kind == "function_call":
             call = _function_call(item, where)
-            call_ids.add(call["id"])
+            ids.made([call["id"]], [f"{where}.call_id"])
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":  # the calls of one turn: one assistant message
                 last.setdefault("tool_calls", []).append(call)
@@ -141,9 +143,7 @@ def parse_input(body: dict) -> list[dict]:
             continue
         if kind == "function_call_output":
             call_id = required_text(item, "call_id", where)
-            if call_id not in call_ids:
-                raise invalid(f"{where}.call_id", f"{where}.call_id: no function_call item before has the "
-                              f"call_id {show(call_id)}", "unknown_call_id")
+            ids.answered(call_id, f"{where}.call_id")
             if "output" not in item:
                 raise invalid(f"{where}.output", f"{where}.output: field required", "missing_required_parameter")
             messages.append({"role": "tool", "tool_call_id": call_id,

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from starlette.requests import ClientDisconnect, Request
@@ -35,6 +36,9 @@ logger = logging.getLogger("emlx_async.serve")
 
 # Requests encoded at once (in worker threads; encoding holds the GIL most of the time).
 _ENCODE_THREADS = 2
+# Tokens a grammar is walked before admission (Service._check_grammar_starts): a forced
+# call's grammar writes its "<tool_call>" marker first, a few tokens.
+_GRAMMAR_PROBE_TOKENS = 8
 
 
 @dataclass
@@ -330,13 +334,20 @@ class Service:
         return self.encode_with_text(served, request)[0]
 
     async def encode_off_loop(self, served: ServedModel, request: GenerationRequest) -> tuple[list[int], str]:
-        """`encode_with_text` in a worker thread, at most _ENCODE_THREADS at once, for every
-        endpoint that encodes (generations and count_tokens alike). Rendering the template
-        and tokenizing take time per message and per character (25,000 tiny messages:
-        ~4 s): never on the event loop, and never more threads than that fighting for the GIL."""
+        """`encode_with_text` in a worker thread (`off_loop`), for every endpoint that encodes
+        (generations and count_tokens alike)."""
+        return await self.off_loop(self.encode_with_text, served, request)
+
+    async def off_loop(self, function: Callable[..., Any], *args: Any) -> Any:
+        """`function(*args)` in a worker thread, at most _ENCODE_THREADS at once: parsing a
+        request and encoding its prompt. Both take time with the request's size: rendering
+        the template and tokenizing per message and per character (25,000 tiny messages:
+        ~4 s), parsing per byte of a tool or response schema, whose grammar is compiled
+        and checked then (a 1 MB schema: ~7 s, which held /health that long on the loop).
+        Never on the event loop, and never more threads than that fighting for the GIL."""
         if self._encoders is None:
             self._encoders = anyio.CapacityLimiter(_ENCODE_THREADS)
-        return await anyio.to_thread.run_sync(self.encode_with_text, served, request, limiter=self._encoders)
+        return await anyio.to_thread.run_sync(function, *args, limiter=self._encoders)
 
     def encode_with_text(self, served: ServedModel, request: GenerationRequest) -> tuple[list[int], str]:
         """The request's prompt ids and the prompt's text (the rendered chat), or APIError 400."""
@@ -451,6 +462,7 @@ class Service:
                 raise invalid(request.grammar_param, f"'{request.grammar_param}' needs constrained decoding, "
                               "which this engine does not have", "unsupported_parameter")
             options["grammar"] = request.grammar
+            await self._check_grammar_starts(engine, request)
         if request.stop_token_ids:
             options["stop_token_ids"] = request.stop_token_ids
         stats = RequestStats()
@@ -468,6 +480,37 @@ class Service:
         self.metrics.prompt_tokens.labels(served.name).inc(len(ids))
         return Generation(self, served, deltas, stats, len(ids),
                           [self.output_splitter(engine, request, prompt_text) for _ in range(n)])
+
+
+    async def _check_grammar_starts(self, engine, request: GenerationRequest) -> None:
+        """Refuse a grammar that fails within its first tokens, 400 naming its field: what
+        the parser's limits cannot hold ({"$ref": "#"} alone, in a response_format schema
+        or a forced call's) shows only once the grammar meets the tokenizer, and was a
+        500 from the decode. Off the loop, along one path (the lowest allowed token each
+        time), at most _GRAMMAR_PROBE_TOKENS masks; the compiled grammar is kept for the
+        generation's own."""
+        grammar_tokenizer = getattr(engine, "grammar_tokenizer", None)
+        if grammar_tokenizer is None:
+            return
+        from emlx_async.llm.grammar import GrammarError, GrammarStateError, unpack_token_mask
+
+        tokenizer = await grammar_tokenizer()
+
+        def walk() -> None:
+            matcher = tokenizer.matcher(request.grammar)
+            for _ in range(_GRAMMAR_PROBE_TOKENS):
+                if matcher.is_finished:
+                    return
+                allowed = unpack_token_mask(matcher.mask(), tokenizer.vocab_size).nonzero()[0]
+                if not allowed.size:
+                    return
+                matcher.advance(int(allowed[0]))
+
+        try:
+            await self.off_loop(walk)
+        except (GrammarError, GrammarStateError) as exc:
+            param = request.grammar_param
+            raise invalid(param, f"'{param}': the grammar cannot start: {exc}", "invalid_grammar") from None
 
 
 class Generation:

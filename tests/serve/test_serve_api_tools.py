@@ -151,6 +151,17 @@ MESSAGES_HOSTILE = [
     ({"messages": [*CALLED[:2], {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
                                                                "is_error": "yes"}]}]},
      "messages[2].content[0].is_error"),
+    # Ids as Anthropic checks them: each tool_use its own, each answered once by the turn just after it.
+    ({"messages": [CALLED[0], {"role": "assistant", "content": [CALLED[1]["content"][1]] * 2}, CALLED[2]]},
+     "messages[1].content[1].id"),
+    ({"messages": [*CALLED, CALLED[1], CALLED[2]]}, "messages[3].content[1].id"),
+    ({"messages": [*CALLED[:2], {"role": "user", "content": CALLED[2]["content"] * 2}]},
+     "messages[2].content[1].tool_use_id"),
+    ({"messages": [*CALLED[:2], {"role": "user", "content": "Well?"}, CALLED[2]]}, "messages[3].content[0].tool_use_id"),
+    # An input reaches the template: JSON the tokenizer can hold, nested within the bound.
+    *[({"messages": [CALLED[0], {"role": "assistant", "content": [{**CALLED[1]["content"][1], "input": value}]},
+                     CALLED[2]]}, "messages[1].content[0].input")
+      for value in ({"\ud800": 1}, {"x": "a\udfffb"}, {"x": float("nan")}, json.loads('{"a":' * 65 + '1' + '}' * 65))],
 ]
 
 
@@ -189,6 +200,12 @@ RESPONSES_HOSTILE = [
     ({"input": [ITEMS[0], {**ITEMS[1], "name": ""}]}, "input[1].name"),
     ({"input": [*ITEMS[:2], {"type": "function_call_output", "call_id": "call_1"}]}, "input[2].output"),
     ({"input": [*ITEMS[:2], {**ITEMS[2], "output": [{"type": "input_image"}]}]}, "input[2].output[0].type"),
+    # Ids as OpenAI checks them: each function_call its own call_id, each answered once.
+    ({"input": [*ITEMS[:2], ITEMS[1], ITEMS[2]]}, "input[2].call_id"),
+    ({"input": [*ITEMS, ITEMS[2]]}, "input[3].call_id"),
+    # Arguments reach the template: JSON the tokenizer can hold, nested within the bound.
+    *[({"input": [ITEMS[0], {**ITEMS[1], "arguments": arguments}]}, "input[1].arguments")
+      for arguments in ('{"\\ud800": 1}', '{"x": NaN}', '{"a":' * 65 + '1' + '}' * 65)],
 ]
 
 

@@ -41,6 +41,14 @@ def test_names_from_flags(tmp_path):
     odd = tmp_path / "a=b"
     odd.mkdir()
     assert parse_model(str(odd)) == ModelSpec("a=b", str(odd))  # an existing path is a path
+    # Split at the first '=' only where the text before it reads as a name, not a path.
+    assert parse_model("/models/a=b") == ModelSpec("a=b", "/models/a=b")
+    assert parse_model("./a=b") == ModelSpec("a=b", "./a=b")
+    assert parse_model("~/m/x=1.gguf") == ModelSpec("x=1", "~/m/x=1.gguf")
+    assert parse_model("smol.gguf=x") == ModelSpec("smol.gguf=x", "smol.gguf=x")
+    assert parse_model("fast=/models/a=b") == ModelSpec("fast", "/models/a=b")
+    assert parse_model(f"odd={odd}") == ModelSpec("odd", str(odd))
+    assert model_specs(["/models/a=b"], "smol") == (ModelSpec("smol", "/models/a=b"),)
     assert model_specs() == (ModelSpec(DEFAULT_MODEL_NAME, None),)
     assert model_specs([], "smol") == (ModelSpec("smol", None),)
     assert model_specs(["/m/x.gguf"], "smol") == (ModelSpec("smol", "/m/x.gguf"),)
@@ -63,6 +71,11 @@ def test_the_cli_refuses_bad_models_before_loading(capsys):
         main(["serve", "--model", "x=/m/a", "--model", "x=/m/b"])
     with pytest.raises(SystemExit, match="distributed: serves one --model"):
         main(["serve", "--distributed", "--model", "a=/m/a", "--model", "b=/m/b"])
+    # A path that names nothing is refused before anything loads (a mis-split one would be too).
+    with pytest.raises(SystemExit, match="'/nowhere/a=b' \\(model 'a=b'\\): no such GGUF file or mlx-lm folder"):
+        main(["serve", "--model", "/nowhere/a=b"])
+    with pytest.raises(SystemExit, match="'/nowhere/x' \\(model 'fast'\\)"):
+        main(["serve", "--model", "fast=/nowhere/x"])
 
 
 # ---- in process: stand-in engines ---------------------------------------------------------
@@ -140,6 +153,48 @@ def samples(text: str, name: str) -> dict[str, float]:
 
     return {sample.labels["model"]: sample.value for family in text_string_to_metric_families(text)
             for sample in family.samples if sample.name == name}
+
+
+@on_every_loop
+async def test_requests_are_parsed_off_the_event_loop(monkeypatch):
+    """Parsing compiles and checks a tool schema's grammar (a big one took seconds): with a
+    stand-in check that holds its thread for a second, /health must not wait for it."""
+    import threading
+
+    from emlx_async.serve import protocol
+
+    checked = []
+
+    def slow_check(schema, param):
+        checked.append(threading.current_thread() is threading.main_thread())
+        time.sleep(1.0)
+
+    monkeypatch.setattr(protocol, "_check_schema", slow_check)
+    app, service, engines = gated_app()
+    schema = {"type": "object", "properties": {"x": {"type": "string"}}}
+    bodies = [("/v1/chat/completions", chat("a", tools=[{"type": "function", "function": {"name": "f",
+                                                                                          "parameters": schema}}])),
+              ("/v1/messages", chat("a", tools=[{"name": "f", "input_schema": schema}])),
+              ("/v1/messages/count_tokens", {"model": "a", "messages": USER, "tools": [{"name": "f",
+                                                                                        "input_schema": schema}]}),
+              ("/v1/responses", {"model": "a", "input": "x", "tools": [{"type": "function", "name": "f",
+                                                                         "parameters": schema}]})]
+    async with client_for(app) as client:
+        for path, body in bodies:
+            answers: dict = {}
+
+            async def post() -> None:
+                answers["post"] = await client.post(path, json=body)
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(post)
+                await anyio.sleep(0.2)  # the body is being parsed
+                started = time.monotonic()
+                assert (await client.get("/health")).status_code == 200
+                waited = time.monotonic() - started
+            assert answers["post"].status_code == 200, (path, answers["post"].text)
+            assert waited < 0.5, f"{path}: /health waited {waited:.2f}s for the parse"
+    assert checked == [False] * len(bodies)  # each in a worker thread
 
 
 @on_every_loop

@@ -24,6 +24,10 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age"], "additionalProperties": False}
 
 
+MANY = {"type": "object", "properties": {f"p{i}": {"type": "object", "properties": {"a": {}, "b": {}}}
+                                        for i in range(700)}}  # 2,100 properties in all
+
+
 def _json_schema(schema, **extra):
     return {"type": "json_schema", "json_schema": {"name": "out", "schema": schema, **extra}}
 
@@ -53,6 +57,11 @@ def _json_schema(schema, **extra):
     ({"guided_regex": ["a"]}, False, "guided_regex"),
     ({"guided_grammar": "start: undefined_rule"}, False, "guided_grammar"),
     ({"guided_regex": "a+", "guided_grammar": "start: \"a\""}, False, "guided_grammar"),
+    # Past the bound on properties (the grammar engine's time grows faster than their count).
+    ({"response_format": _json_schema(MANY)}, True, "response_format.json_schema.schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": MANY}}]}, True,
+     "tools[0].function.parameters"),
+    ({"guided_json": {"type": "object", "properties": {"a": MANY}}}, False, "guided_json"),
 ])
 def test_bad_grammars_are_400_naming_the_field(body, chat, param):
     base = {"messages": USER} if chat else {"prompt": "A person:"}
@@ -215,6 +224,31 @@ def test_completions_guided_fields(server):
         import jsonschema
 
         jsonschema.validate(json.loads(body["choices"][0]["text"]), PERSON)
+
+
+# A grammar that compiles but fails before its first token, once it meets the tokenizer.
+UNSTARTABLE = {"$ref": "#"}  # a recursive reference and nothing else: llguidance finds no first token
+
+
+@pytest.mark.model
+@constrained
+def test_a_grammar_that_cannot_start_is_400_naming_its_field(server):
+    schema = UNSTARTABLE
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=300) as http:
+        for body, param in [
+            ({"response_format": _json_schema(schema)}, "response_format"),
+            ({"tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
+              "tool_choice": "required"}, "tool_choice"),
+        ]:
+            for stream in (False, True):
+                response = http.post("/v1/chat/completions",
+                                     json={"messages": USER, "max_tokens": 4, "stream": stream, **body})
+                assert response.status_code == 400, response.text[:300]
+                error = response.json()["error"]
+                assert (error["param"], error["code"]) == (param, "invalid_grammar") and "cannot start" in error["message"]
+        assert http.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 2}).status_code == 200
 
 
 @pytest.mark.model

@@ -56,6 +56,16 @@ ROUND_TRIP = [*USER, {"role": "assistant", "content": None, "tool_calls": [CALL]
     ({"chat_template_kwargs": {"tools": "x"}}, "chat_template_kwargs.'tools'"),
     ({"chat_template_kwargs": {"enable_thinking": {"a": 1}}}, "chat_template_kwargs.enable_thinking"),
     ({"chat_template_kwargs": []}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"x": float("inf")}}, "chat_template_kwargs.x"),  # Python's parser reads Infinity
+    ({"chat_template_kwargs": {"namespace": 1}}, "chat_template_kwargs.'namespace'"),  # the templates' helpers
+    ({"chat_template_kwargs": {"raise_exception": "x"}}, "chat_template_kwargs.'raise_exception'"),
+    ({"chat_template_kwargs": {"self": 1}}, "chat_template_kwargs.'self'"),
+    ({"chat_template_kwargs": {"\u00e9": 1}}, "chat_template_kwargs.'\\xe9'"),  # the document's ASCII rule
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]}, "tools[0].function.strict"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"\ud800": {"type": "string"}}}}}]}, "tools[0].function.parameters"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"description": "\udfff"}}}},
+     "response_format.json_schema.schema"),
 ])
 def test_bad_tool_fields_are_400_naming_the_field(body, param):
     with pytest.raises(APIError) as error:
@@ -74,11 +84,38 @@ def test_bad_tool_fields_are_400_naming_the_field(body, param):
     ([{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "[1]"}}]}],
      "messages[0].tool_calls[0].function.arguments"),
     ([{"role": "assistant", "content": None}], "messages[0].content"),
+    # Ids as OpenAI checks them: each call its own, each result answering a call just before, once.
+    ([*USER, {"role": "assistant", "content": None, "tool_calls": [CALL, CALL]}], "messages[1].tool_calls[1].id"),
+    ([*ROUND_TRIP, {"role": "assistant", "content": None, "tool_calls": [CALL]}], "messages[3].tool_calls[0].id"),
+    ([*ROUND_TRIP[:2], {**ROUND_TRIP[2], "tool_call_id": "call_2"}], "messages[2].tool_call_id"),
+    ([*USER, {"role": "tool", "tool_call_id": "call_1", "content": "x"}], "messages[1].tool_call_id"),
+    ([*ROUND_TRIP, ROUND_TRIP[2]], "messages[3].tool_call_id"),  # answered twice
+    ([*ROUND_TRIP[:2], *USER, ROUND_TRIP[2]], "messages[3].tool_call_id"),  # a turn came between
+    # Arguments reach the template: JSON the tokenizer can hold, nested within the bound.
+    *[([{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": arguments}}]}],
+       "messages[0].tool_calls[0].function.arguments")
+      for arguments in ('{"x": "\\ud800"}', {"\ud800": 1}, '{"x": NaN}', {"x": [float("inf")]},
+                        json.loads('{"a":' * 65 + '1' + '}' * 65))],
 ])
 def test_bad_tool_turns_are_400_naming_the_field(messages, param):
     with pytest.raises(APIError) as error:
         parse_request({"messages": messages}, chat=True)
     assert error.value.status == 400 and error.value.param == param, error.value.message
+
+
+def test_the_template_options_may_replace_none_of_the_renderers_names():
+    """A template reads Jinja's globals and the engine's helpers by name: an option of the same
+    name would replace them (namespace() called on an int: a TypeError, a 400 naming no field)."""
+    import jinja2.defaults
+
+    from emlx_async.llm.text import PromptEncoder
+    from emlx_async.serve.protocol import TEMPLATE_RESERVED
+
+    encoder = PromptEncoder(None, bos_id=None, chat_template="{{ messages[0].content }}", vocab_size=None)
+    assert encoder.render_chat([{"role": "user", "content": "x"}]) == "x"
+    names = set(encoder._template.environment.globals)  # the renderer's, Jinja's defaults among them
+    assert set(jinja2.defaults.DEFAULT_NAMESPACE) <= names
+    assert names | {"messages", "tools", "add_generation_prompt", "self"} == set(TEMPLATE_RESERVED)
 
 
 def test_tools_parse_into_the_request():
@@ -90,6 +127,12 @@ def test_tools_parse_into_the_request():
     assert request.messages[1] == {"role": "assistant", "content": "", "tool_calls": [
         {"type": "function", "id": "call_1", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
     assert request.messages[2] == {"role": "tool", "content": "18 C and sunny", "tool_call_id": "call_1"}
+    # Two calls of one turn, answered in any order.
+    second = {**CALL, "id": "call_2"}
+    two = parse_request({"messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [CALL, second]},
+                                      {"role": "tool", "tool_call_id": "call_2", "content": "B"},
+                                      {"role": "tool", "tool_call_id": "call_1", "content": "A"}]}, chat=True)
+    assert [m.get("tool_call_id") for m in two.messages] == [None, None, "call_2", "call_1"]
     # "none": the model answers in text, the tools are not shown.
     assert parse_request({"messages": USER, "tools": [WEATHER], "tool_choice": "none"}, chat=True).tools is None
 
