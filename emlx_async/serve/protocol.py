@@ -315,7 +315,7 @@ def _parse_messages(body: dict, max_messages: int) -> list[dict]:
         raise invalid("messages", f"at most {max_messages} messages per request, got {len(messages)}",
                       "too_many_messages")
     out = []
-    calls = ToolCallIds()
+    calls = ToolCallIds(per_turn=True)
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise invalid(f"messages[{i}]", f"messages[{i}] must be an object, got {show(message)}", "invalid_type")
@@ -351,13 +351,15 @@ def _parse_messages(body: dict, max_messages: int) -> list[dict]:
 
 
 class ToolCallIds:
-    """The tool-call ids of a conversation's history, as OpenAI checks them (and Anthropic its
-    tool_use ids): no id is used by two calls, and each result answers, once, a call of
-    the assistant turn just before it (with `any_earlier`: of any turn before it, as the
-    Responses API's items may). `call` is what a call is named in the API's errors."""
+    """The tool-call ids of a conversation's history: no id is used by two calls, and each
+    result answers, once, a call of the assistant turn just before it (with `any_earlier`:
+    of any turn before it, as the Responses API's items may). With `per_turn` (chat
+    completions) an id need only be unique within its turn: clients that number each turn's
+    calls from 0 reuse ids across turns. Anthropic's tool_use ids are unique in the whole
+    conversation. `call` is what a call is named in the API's errors."""
 
-    def __init__(self, call: str = "tool call", *, any_earlier: bool = False):
-        self._call, self._any_earlier = call, any_earlier
+    def __init__(self, call: str = "tool call", *, any_earlier: bool = False, per_turn: bool = False):
+        self._call, self._any_earlier, self._per_turn = call, any_earlier, per_turn
         self._seen: set[str] = set()     # every call's id so far
         self._open: set[str] = set()     # those a result may still answer
         self._answered: set[str] = set()
@@ -367,11 +369,13 @@ class ToolCallIds:
         ids of its calls (None: a call without an id), each named by its param."""
         if not self._any_earlier:
             self._open = set()
+        if self._per_turn:
+            self._seen, self._answered = set(), set()
         for call_id, param in zip(ids, params):
             if call_id is None:
                 continue
             if call_id in self._seen:
-                raise invalid(param, f"{param}: the id {show(call_id)} is already used by an earlier {self._call}; "
+                raise invalid(param, f"{param}: the id {show(call_id)} is already used by another {self._call}; "
                               f"every {self._call} needs its own id", "duplicate_tool_call_id")
             self._seen.add(call_id)
             self._open.add(call_id)
