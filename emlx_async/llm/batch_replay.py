@@ -16,6 +16,7 @@ import mlx.core as mx
 from .. import replay as _replay
 from . import penalties as _penalties
 from . import traced as _traced
+from .batch_prefill import BatchPrefill
 from .batching import Batcher, BatchRequest
 from .decoding import Decoding
 from .parallel import STEPS_AHEAD
@@ -41,26 +42,18 @@ class ReplayBatchJobs:
     def __init__(self, decoding: Decoding):
         self.decoding = decoding
 
-    def prefill(self, joining: Sequence[tuple[PromptState, list[int], Sampler]]) -> list[int | None]:
-        """One chunk's worth (prefill_chunk tokens) of the joining prompts, in order:
-        the rest of the first, then the next, ... Returns each prompt's first
-        token, or None while it has more to go (or got no budget); a finished one
-        leaves its mlx-lm cache and random key in its state."""
-        d = self.decoding
-        budget, tokens = d.prefill_chunk, []
-        for state, prompt, sampler in joining:
-            if budget == 0:
-                break
-            if not state.started:
-                d.begin_prefill(state, prompt)
-            used = min(state.unread.size, budget)
-            token = d.feed_chunk(state, prompt, sampler, used)
-            budget -= used
+    def prefill(self, group: BatchPrefill, joining: Sequence[tuple[PromptState, list[int], Sampler]]
+                ) -> list[int | None]:
+        """One chunk of the joining prompts, prefilled together (``BatchPrefill.chunk``).
+        Returns each prompt's first token, or None while it has more to go; a finished
+        one leaves its mlx-lm cache and random key (evaluated) in its state."""
+        tokens = group.chunk(joining)
+        for (state, _, sampler), token in zip(joining, tokens):
             if token is not None:
                 # The Python sampler's key (and token history) after the first token: the graph continues them.
                 state.key, state.history, sampler.history = sampler.first_key(), sampler.history, None
-                mx.eval(state.key)
-            tokens.append(token)
+                history = state.history
+                mx.eval(state.key, *([history.counts, history.window, history.bias] if history is not None else []))
         return tokens  # type: ignore[return-value] - no logprobs on this path: ints
 
     def layout(self, state: ReplayBatchState, saves: list[tuple[int, list[int]]], keep: list[int] | None,
@@ -131,6 +124,7 @@ class ReplayBatcher(Batcher):
         slots: list[Row | None] = []
         size = 0
         prefills: dict[int, PromptState] = {}  # id(joining request) -> its prefill state (on the worker)
+        group = BatchPrefill(decoding)  # the joining prompts' batch caches (on the worker)
         next_uid = 0
         while self.waiting or self.joining or self.running or self.leaving:
             if self.leaving:
@@ -139,6 +133,8 @@ class ReplayBatcher(Batcher):
             for request in [r for r in self.joining if r.done]:  # left mid-prompt
                 self.joining.remove(request)
                 prefills.pop(id(request), None)
+                if not self.joining:
+                    group.clear()  # no chunk comes to drop its row
             self.joining += self.waiting
             self.waiting = []
             if any(slots) and not self.joining:  # the batch keeps its rows: a chain of steps
@@ -166,7 +162,7 @@ class ReplayBatcher(Batcher):
                                     queue=queue, donate=replay.donate_penalized if penalized else replay.donate)
                 prefilling = list(self.joining)
                 if prefilling:
-                    chunk = queue.run(self.jobs.prefill,
+                    chunk = queue.run(self.jobs.prefill, group,
                                       [(prefills.setdefault(id(r), PromptState()), r.prompt, r.sampler)
                                        for r in prefilling])
                 saves: list[tuple[int, list[int]]] = []

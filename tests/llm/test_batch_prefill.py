@@ -1,0 +1,189 @@
+"""Batch mode's joining prompts prefilled together (llm/batch_prefill.py): one padded
+model call per chunk, and each prompt's tokens as it gives them alone.
+
+Tiny random models of several architectures (tests/support/tiny_models.py, no
+download); the model is wrapped to count its calls, which only prefills make
+(the decode steps are replayed natively).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import anyio
+import pytest
+
+import emlx_async as ea
+from emlx_async.llm import Engine, PrefixCache
+from support.engine import concurrently, tokens_of
+from support.helpers import on_loops
+from support.tiny_models import IdsTokenizer, mlx_lm_tokens, tiny
+
+SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20)
+# 6, 3, 9 and 1 tokens: in chunks of 4 the second and fourth end in the first chunk,
+# the first in the second, the third in the third.
+PROMPTS = [[3, 17, 5, 9, 100, 42], [7, 1, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19], [2]]
+N = 10
+
+
+class Counting:
+    """The model, with the shapes of the token arrays it is called with."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, []
+
+    def __call__(self, tokens, cache=None):
+        self.calls.append(tuple(tokens.shape))
+        return self.model(tokens, cache=cache)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+@functools.cache
+def model_of(kind: str):
+    return tiny(kind)
+
+
+@functools.cache
+def alone(kind: str, prompt: tuple[int, ...], seed: int | None = None, n: int = N) -> list[int]:
+    """mlx-lm's own tokens for one prompt alone."""
+    return mlx_lm_tokens(model_of(kind), list(prompt), n, seed=seed, **(SAMPLED if seed is not None else {}))
+
+
+async def batch_engine(rt, kind: str, **options) -> tuple[Engine, Counting]:
+    engine = Engine(model_of(kind), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch",
+                    max_concurrent=4, prefill_chunk=4, **options)
+    assert await engine.prepare_step(cache_sizes=(16, 32, 64)) == "replay", engine.step_note
+    counting = engine.model = Counting(engine.model)
+    return engine, counting
+
+
+def requests(seeds=(None, None, None, None)) -> list[dict]:
+    return [dict(prompt=p, max_tokens=N, **({} if s is None else dict(seed=s, **SAMPLED)))
+            for p, s in zip(PROMPTS, seeds)]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "starcoder2"])
+@on_loops("asyncio", "uvloop")
+async def test_prompts_of_different_lengths_joining_at_once_are_prefilled_together(kind):
+    async with ea.Runtime(pool_size=2) as rt:
+        engine, counting = await batch_engine(rt, kind)
+        with anyio.fail_after(60):
+            got = await concurrently(engine, requests())
+        assert got == [alone(kind, tuple(p)) for p in PROMPTS]
+        # Three padded calls (widths 4, 4, 1) over the rows still prefilling, not one call
+        # per prompt chunk (19 tokens in chunks of 4 fed one prompt at a time: 6 calls).
+        assert counting.calls == [(4, 4), (2, 4), (1, 1)], counting.calls
+        counting.calls.clear()
+        seeds = (5, None, 6, 7)
+        with anyio.fail_after(60):
+            got = await concurrently(engine, requests(seeds))
+        assert got == [alone(kind, tuple(p), s) for p, s in zip(PROMPTS, seeds)]
+        assert counting.calls[0] == (4, 4)
+        await engine.wait_idle()
+
+
+@on_loops("asyncio", "uvloop")
+async def test_prompts_joining_a_running_batch_are_prefilled_together_and_decode_with_it():
+    async with ea.Runtime(pool_size=2) as rt:
+        engine, counting = await batch_engine(rt, "llama")
+        results: dict[int, list[int]] = {}
+
+        async def one(i, prompt, n, started=None):
+            results[i] = []
+            async for d in engine.generate(prompt, max_tokens=n):
+                if d.token is not None:
+                    results[i].append(d.token)
+                    if started is not None and len(results[i]) == 3:
+                        started.set()
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                started = anyio.Event()
+                tg.start_soon(one, 0, PROMPTS[1], 20, started)
+                await started.wait()  # decoding: the next two join a running batch
+                calls = len(counting.calls)
+                tg.start_soon(one, 1, PROMPTS[0], N)
+                tg.start_soon(one, 2, PROMPTS[2], N)
+        assert results == {0: alone("llama", tuple(PROMPTS[1]), n=20), 1: alone("llama", tuple(PROMPTS[0])),
+                           2: alone("llama", tuple(PROMPTS[2]))}
+        assert counting.calls[calls] == (2, 4), counting.calls  # the two joiners' first chunk, together
+        await engine.wait_idle()
+
+
+@on_loops("asyncio", "uvloop")
+async def test_a_joiner_that_leaves_mid_prompt_is_dropped_from_the_batched_prefill():
+    async with ea.Runtime(pool_size=2) as rt:
+        engine, counting = await batch_engine(rt, "llama")
+        batcher = engine._replay_batcher
+        rows, groups = [], []  # the rows prefilling together after each chunk (recorded on the worker)
+        real_prefill = batcher.jobs.prefill
+
+        def prefill(group, joining):
+            groups.append(group)
+            tokens = real_prefill(group, joining)
+            rows.append(len(group.rows))
+            return tokens
+
+        batcher.jobs.prefill = prefill
+        long_prompt = list(range(1, 40))  # ten chunks of 4 (replayed: 64 positions hold it)
+        got = []
+        leaver = anyio.CancelScope()
+
+        async def short():
+            got.extend(await tokens_of(engine, PROMPTS[2], max_tokens=N))
+
+        async def long():
+            with leaver:
+                await tokens_of(engine, long_prompt, max_tokens=N)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(short)
+                tg.start_soon(long)
+                while len(rows) < 2:  # both prefilled together for two chunks
+                    await anyio.sleep(0.001)
+                leaver.cancel()  # the long prompt's reader leaves mid-prompt
+        assert got == alone("llama", tuple(PROMPTS[2]))
+        assert rows[0] == 2 and len(rows) < 10, rows
+        await engine.wait_idle()
+        group = groups[-1]
+        assert not group.rows and group.cache is None  # nothing kept of the one that left
+        # The next prompts prefill on a batch that kept nothing of the one that left.
+        with anyio.fail_after(60):
+            assert await concurrently(engine, requests()) == [alone("llama", tuple(p)) for p in PROMPTS]
+        await engine.wait_idle()
+        assert engine.active_requests == 0 and not batcher.joining and not batcher.running
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@on_loops("asyncio", "uvloop")
+async def test_prompt_cache_hits_prefill_only_their_tails_while_batched(kind):
+    async with ea.Runtime(pool_size=2) as rt:
+        cache = PrefixCache(1000)
+        engine, counting = await batch_engine(rt, kind, prompt_cache=cache)
+        base = [21, 22, 23, 24, 25, 26, 27, 28, 29]
+        assert await tokens_of(engine, base, max_tokens=3) == alone(kind, tuple(base), n=3)
+        await engine.wait_idle()
+        counting.calls.clear()
+        # Two prompts extending the kept one (tails of 2 and 5 tokens) and a fresh one of 3.
+        prompts = [base + [30, 31], base + [40, 41, 42, 43, 44], [50, 51, 52]]
+        with anyio.fail_after(60):
+            got = await concurrently(engine, [dict(prompt=p, max_tokens=N) for p in prompts])
+        assert got == [alone(kind, tuple(p)) for p in prompts]
+        assert cache.hits >= 2 and cache.reused_tokens >= 2 * len(base)
+        # Only the tails are fed: 4 columns (2, 4 and 3 tokens), then the last one.
+        assert counting.calls == [(3, 4), (1, 1)], counting.calls
+        await engine.wait_idle()
+
+
+@on_loops("asyncio", "uvloop")
+async def test_rotating_caches_prefill_one_prompt_after_another_with_the_same_tokens():
+    # gemma3's sliding-window layer is a RotatingKVCache: the padding would evict its own tokens.
+    async with ea.Runtime(pool_size=2) as rt:
+        engine, counting = await batch_engine(rt, "gemma3_text")
+        with anyio.fail_after(60):
+            assert await concurrently(engine, requests()) == [alone("gemma3_text", tuple(p)) for p in PROMPTS]
+        assert {rows for rows, _ in counting.calls} == {1}, counting.calls
+        await engine.wait_idle()
