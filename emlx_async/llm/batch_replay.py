@@ -52,8 +52,10 @@ class ReplayBatchJobs:
             if token is not None:
                 # The Python sampler's key (and token history) after the first token: the graph continues them.
                 state.key, state.history, sampler.history = sampler.first_key(), sampler.history, None
+                # Evaluated: the layout job that moves them into the batch may run on another worker.
                 history = state.history
-                mx.eval(state.key, *([history.counts, history.window, history.bias] if history is not None else []))
+                mx.eval(state.key, [c.state for c in state.cache],
+                        *([history.counts, history.window, history.bias] if history is not None else []))
         return tokens  # type: ignore[return-value] - no logprobs on this path: ints
 
     def layout(self, state: ReplayBatchState, saves: list[tuple[int, list[int]]], keep: list[int] | None,
@@ -110,11 +112,19 @@ class ReplayBatcher(Batcher):
     def __init__(self, decoding: Decoding):
         super().__init__(decoding)
         self.jobs = ReplayBatchJobs(decoding)
+        # A second pooled queue the joining prompts prefill on while the batch chains its steps
+        # (None: none was free, they prefill on the batch queue between steps), and its chunk in flight.
+        self._aside = None
+        self._prefilling = None
 
     def _new_state(self) -> ReplayBatchState:
         return ReplayBatchState()
 
     async def _close(self, queue, state: ReplayBatchState) -> None:
+        if self._prefilling is not None:  # the driver failed mid-chunk: its result is dropped
+            self._prefilling.cancel()
+            self._prefilling = None
+        self._give_back_aside()
         state.clear()
         await queue.run(_replay.end_chain_here)  # a chain the driver left mid-way
 
@@ -124,7 +134,8 @@ class ReplayBatcher(Batcher):
         slots: list[Row | None] = []
         size = 0
         prefills: dict[int, PromptState] = {}  # id(joining request) -> its prefill state (on the worker)
-        group = BatchPrefill(decoding)  # the joining prompts' batch caches (on the worker)
+        group = BatchPrefill(decoding)  # the joining prompts' batch caches (on the worker that prefills)
+        prefilling: list[BatchRequest] = []  # the requests of the chunk in flight
         next_uid = 0
         while self.waiting or self.joining or self.running or self.leaving:
             if self.leaving:
@@ -133,16 +144,25 @@ class ReplayBatcher(Batcher):
             for request in [r for r in self.joining if r.done]:  # left mid-prompt
                 self.joining.remove(request)
                 prefills.pop(id(request), None)
-                if not self.joining:
-                    group.clear()  # no chunk comes to drop its row
             self.joining += self.waiting
             self.waiting = []
-            if any(slots) and not self.joining:  # the batch keeps its rows: a chain of steps
+            if not self.joining and self._prefilling is None:
+                group.clear()  # rows left of requests that left mid-prompt
+                self._give_back_aside()
+            if self.joining and self._prefilling is None:
+                self._aside = self._aside or decoding.runtime.try_acquire_queue()
+                if self._aside is not None:  # the chunk runs there; the batch chains on meanwhile
+                    prefilling = list(self.joining)
+                    self._prefilling = self._aside.run(self.jobs.prefill, group,
+                                                       _joining_states(prefilling, prefills))
+            if any(slots) and (not self.joining or self._prefilling is not None):
+                # The batch keeps its rows: a chain of steps (until the chunk aside is done).
                 chained = await self._chain(queue, state, slots, size)
                 if chained is not None:
                     slots, size = chained
-                    continue
-            step = chunk = None
+                    if self._prefilling is None or not self._prefilling.done():
+                        continue
+            step, chunk, self._prefilling = None, self._prefilling, None
             try:
                 if any(slots):
                     greedy = all(row is None or row.request.sampler.greedy for row in slots)
@@ -160,11 +180,9 @@ class ReplayBatcher(Batcher):
                                     *_traced.sampling_rows([row.request.sampler.options if row else GREEDY
                                                             for row in slots], replay.vocab), *extra,
                                     queue=queue, donate=replay.donate_penalized if penalized else replay.donate)
-                prefilling = list(self.joining)
-                if prefilling:
-                    chunk = queue.run(self.jobs.prefill, group,
-                                      [(prefills.setdefault(id(r), PromptState()), r.prompt, r.sampler)
-                                       for r in prefilling])
+                if chunk is None and self.joining:  # no queue aside: the chunk runs after the step
+                    prefilling = list(self.joining)
+                    chunk = queue.run(self.jobs.prefill, group, _joining_states(prefilling, prefills))
                 saves: list[tuple[int, list[int]]] = []
                 if step is not None:
                     out, step = await step, None
@@ -175,10 +193,10 @@ class ReplayBatcher(Batcher):
                     for request, token in zip(prefilling, tokens):
                         if token is None:
                             continue  # more of its prompt to go
-                        self.joining.remove(request)
-                        prefilled = prefills.pop(id(request))
-                        if request.done:
+                        prefilled = prefills.pop(id(request), None)
+                        if request.done or request not in self.joining:
                             continue  # it left during its last chunk
+                        self.joining.remove(request)
                         request.uid, next_uid = next_uid, next_uid + 1
                         self.running[request.uid] = request
                         finish = decoding.finish(token, request.max_tokens - 1)
@@ -191,6 +209,18 @@ class ReplayBatcher(Batcher):
                 for pending in (step, chunk):
                     if pending is not None:
                         pending.cancel()
+
+    def _interrupted(self) -> bool:
+        """What stops a chain besides its rows: a row leaving, or a prompt to join (one waiting
+        while no chunk prefills aside, or the chunk aside done)."""
+        if self.leaving:
+            return True
+        return bool(self.waiting) if self._prefilling is None else self._prefilling.done()
+
+    def _give_back_aside(self) -> None:
+        if self._aside is not None:
+            self.decoding.runtime.release_queue(self._aside)
+            self._aside = None
 
     def _read(self, out: mx.array, slots: list[Row | None], saves: list[tuple[int, list[int]]]) -> bool:
         """One step's tokens {rows, 1} to their rows' consumers (free and finished rows' are
@@ -247,7 +277,7 @@ class ReplayBatcher(Batcher):
                     positions = [row.position + len(ahead) if on else 0 for row, on in zip(slots, going)]
                     next_size = replay.size_for(max(positions) + 1)
                     done = [row is not None and not on for row, on in zip(slots, going)]
-                    stop = bool(self.waiting or self.leaving) or next_size is None or \
+                    stop = self._interrupted() or next_size is None or \
                         (any(done) if keep_finished else replay.rows_for(sum(going)) < rows)
                     if stop:
                         break
@@ -319,6 +349,12 @@ class ReplayBatcher(Batcher):
         new_slots += [None] * (rows - len(new_slots))
         await queue.run(self.jobs.layout, state, saves, keep, placed, rows, new_size)
         return new_slots, new_size
+
+
+def _joining_states(requests: list[BatchRequest], prefills: dict[int, PromptState]
+                    ) -> list[tuple[PromptState, list[int], Sampler]]:
+    """A prefill job's joining prompts: each request's prefill state (made at its first chunk)."""
+    return [(prefills.setdefault(id(r), PromptState()), r.prompt, r.sampler) for r in requests]
 
 
 def _moved(old: mx.array, keep: Sequence[int], rows: int, dims: tuple[int, ...] | None = None,

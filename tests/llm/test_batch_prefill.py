@@ -187,3 +187,97 @@ async def test_rotating_caches_prefill_one_prompt_after_another_with_the_same_to
             assert await concurrently(engine, requests()) == [alone("gemma3_text", tuple(p)) for p in PROMPTS]
         assert {rows for rows, _ in counting.calls} == {1}, counting.calls
         await engine.wait_idle()
+
+
+@pytest.mark.parametrize("free", [True, False])
+@on_loops("asyncio", "uvloop")
+async def test_the_running_rows_chain_on_while_a_joiner_prefills_on_a_queue_aside(free):
+    import threading
+
+    async with ea.Runtime(pool_size=2) as rt:
+        engine, counting = await batch_engine(rt, "llama")
+        held = None if free else await rt.acquire_queue()  # the batch's queue is then the last free one
+        batcher, replay = engine._replay_batcher, engine.decoding.replay
+        events = []  # ("chunk", thread) on the worker, ("step", rows) as a chained step is queued
+        real_prefill, real_chained = batcher.jobs.prefill, replay.chained
+
+        def prefill(group, joining):
+            events.append(("chunk", threading.get_ident()))
+            return real_prefill(group, joining)
+
+        async def chained(queue, **shape):
+            function = await real_chained(queue, **shape)
+
+            def step(*arrays, **options):
+                events.append(("step", shape["rows"]))
+                return function(*arrays, **options)
+            return step
+
+        batcher.jobs.prefill, replay.chained = prefill, chained
+        long_prompt = list(range(1, 40))  # ten chunks of 4
+        got: dict[int, list[int]] = {0: [], 1: []}
+
+        async def one(i, prompt, n, started=None):
+            async for d in engine.generate(prompt, max_tokens=n):
+                if d.token is not None:
+                    got[i].append(d.token)
+                    if started is not None and len(got[i]) == 2:
+                        started.set()
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                started = anyio.Event()
+                tg.start_soon(one, 0, PROMPTS[1], 24, started)
+                await started.wait()
+                events.clear()
+                tg.start_soon(one, 1, long_prompt, N)
+        assert got == {0: alone("llama", tuple(PROMPTS[1]), n=24), 1: alone("llama", tuple(long_prompt))}
+        chunks = [i for i, e in enumerate(events) if e[0] == "chunk"]
+        assert len(chunks) == 10, events
+        stepped = [e for e in events[chunks[0]:chunks[-1]] if e[0] == "step"]
+        if free:
+            # A queue of its own for the prefill: the running row's steps chain on meanwhile.
+            assert stepped and len({e[1] for e in events if e[0] == "chunk"}) == 1, events
+        else:  # no queue free: the chunks run on the batch queue between unchained steps
+            assert not stepped, events
+        await engine.wait_idle()
+        assert not batcher.joining and batcher._aside is None  # the queue aside is given back
+        if held is not None:
+            rt.release_queue(held)
+
+
+@on_loops("asyncio", "uvloop")
+async def test_a_prefill_failing_aside_fails_the_batchs_requests_and_gives_its_queue_back():
+    from emlx_async.llm import BatchDriverError
+
+    async with ea.Runtime(pool_size=2) as rt:
+        engine, counting = await batch_engine(rt, "llama")
+        batcher = engine._replay_batcher
+        reference = await tokens_of(engine, PROMPTS[0], max_tokens=6)
+        boom = RuntimeError("injected prefill failure")
+        real_prefill = batcher.jobs.prefill
+
+        def failing(group, joining):
+            if len(joining) == 2:  # two prompts joining at once
+                raise boom
+            return real_prefill(group, joining)
+
+        batcher.jobs.prefill = failing
+        errors = []
+
+        async def one(prompt):
+            try:
+                await tokens_of(engine, prompt, max_tokens=N)
+            except BatchDriverError as exc:
+                errors.append(exc)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, PROMPTS[0])
+                tg.start_soon(one, PROMPTS[1])
+        assert len(errors) == 2 and all(e.__cause__ is boom for e in errors)
+        await engine.wait_idle()
+        assert batcher._aside is None and batcher._prefilling is None
+        batcher.jobs.prefill = real_prefill
+        assert await tokens_of(engine, PROMPTS[0], max_tokens=6) == reference
+        await engine.wait_idle()

@@ -220,7 +220,8 @@ async def test_a_chained_batch_queues_the_next_step_before_reading_a_token_and_k
         replay.chained, batcher._read = chained, read
         # Two rows chain; a third joins (4 rows), rows finish (fewer rows), and the
         # longest outgrows 16 positions inside a chain (its caches padded on the worker).
-        requests = [dict(prompt=BATCH_PROMPTS[0], max_tokens=18), dict(prompt=BATCH_PROMPTS[1], max_tokens=8)]
+        # (The second runs on while the third prefills: long enough that the third finds it.)
+        requests = [dict(prompt=BATCH_PROMPTS[0], max_tokens=22), dict(prompt=BATCH_PROMPTS[1], max_tokens=18)]
         late = dict(prompt=BATCH_PROMPTS[3], max_tokens=6)
         for options in ({}, SAMPLED):
             events.clear()
