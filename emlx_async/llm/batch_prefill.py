@@ -11,6 +11,12 @@ the rows that end in it, whose last token's logits give their first token);
 so n prompts cost one model call per chunk, not one each, as in mlx-lm's
 ``BatchGenerator``.
 
+With a prompt cache, a prompt that shares most of what it has left with a row
+still prefilling (a chat's system prompt) waits for that row: once through,
+the row's prompt is kept, and the waiting prompt restores the shared part
+instead of computing the same keys and values in the same call (on a CPU a
+prompt costs per token, batched or not).
+
 Rows never carry padding inside: a row takes a whole chunk's width or ends
 in the chunk, and the padding after its end is cut off by its extraction.
 Only plain KVCache layers batch this way (``batchable``): rotating layers
@@ -85,7 +91,11 @@ class BatchPrefill:
             if not state.started:
                 d.begin_prefill(state, prompt)
                 if state.logits is None and self.batchable(state.cache):
-                    fresh.append(_Row(state, prompt, sampler, state.unread.tolist()))
+                    left = state.unread.tolist()
+                    if self._waits(prompt, len(prompt) - len(left), self.rows + fresh):
+                        state.clear()  # it begins again at a later chunk
+                        continue
+                    fresh.append(_Row(state, prompt, sampler, left))
                     state.unread = None
                     continue
             serial.append((state, prompt, sampler))
@@ -105,6 +115,16 @@ class BatchPrefill:
         if self.rows:
             tokens.update(self._feed())
         return [tokens.get(id(state)) for state, _, _ in joining]
+
+    def _waits(self, prompt: list[int], reused: int, prefilling: list[_Row]) -> bool:
+        """Whether a prompt waits for a row still prefilling that shares most of what it has left
+        (with a prompt cache, which keeps that row's prompt once through: the prompt then
+        restores the shared part instead of computing the same keys and values again; on
+        a CPU a prompt costs per token, batched or not). A chat's system prompt is the usual case."""
+        if self.decoding.prompt_cache is None:
+            return False
+        left = len(prompt) - reused
+        return any(_shared(prompt, row.prompt) - reused > left // 2 for row in prefilling)
 
     def _join(self, fresh: list[_Row]) -> None:
         """New rows into the batch caches: their restored prefixes merged (left-padded to a
@@ -165,6 +185,16 @@ class BatchPrefill:
 
     def clear(self) -> None:
         self.rows, self.cache = [], None
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    """The length of the common prefix of two prompts."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 __all__ = ["BatchPrefill"]

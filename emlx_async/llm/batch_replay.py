@@ -99,11 +99,15 @@ class ReplayBatcher(Batcher):
 
     The batch is ``slots`` rows (the smallest traced row count that holds the
     live streams) over caches of ``size`` positions (the smallest traced size
-    that holds every row's next position: it grows with the longest row). A
-    round submits one replayed step for every row and one chunk's worth
-    (`prefill_chunk` tokens) of the joining prompts in arrival order (a Python
-    job, mlx-lm's prefill with the prompt cache): running streams stall for
-    at most one chunk, and short prompts join several at a time. Only when
+    that holds every row's next position: it grows with the longest row).
+    The joining prompts are prefilled together, a chunk (`prefill_chunk`
+    tokens of each) per Python job, in one padded model call
+    (llm/batch_prefill.py, with the prompt cache). That job runs on a second
+    pooled queue when one is free, while the running rows' steps chain on
+    the batch queue (the chain stops when the chunk is done, and the rows
+    whose prompt is through join); with no queue free a round submits one
+    replayed step for every row and then the chunk, so running streams stall
+    for at most one chunk. Only when
     a stream joins, finishes with a prompt cache to fill, or the batch's shape
     changes does a Python job move rows (``ReplayBatchJobs.layout``).
     Free rows decode greedily at position 0 and their tokens are dropped.

@@ -179,6 +179,23 @@ async def test_prompt_cache_hits_prefill_only_their_tails_while_batched(kind):
 
 
 @on_loops("asyncio", "uvloop")
+async def test_prompts_sharing_a_prefix_with_one_prefilling_wait_to_restore_it_from_the_prompt_cache():
+    async with ea.Runtime(pool_size=2) as rt:
+        cache = PrefixCache(1000)
+        engine, counting = await batch_engine(rt, "llama", prompt_cache=cache)
+        system = list(range(70, 82))  # 12 tokens every chat prompt but the last starts with
+        prompts = [system + [30], system + [40, 41], system + [50, 51, 52], [60, 61]]
+        with anyio.fail_after(60):
+            got = await concurrently(engine, [dict(prompt=p, max_tokens=N) for p in prompts])
+        assert got == [alone("llama", tuple(p)) for p in prompts]
+        # The first and the unrelated one prefill together; the two others wait for the
+        # first's prompt to be kept, then restore its 12 tokens and feed only their tails.
+        assert counting.calls == [(2, 4), (1, 4), (1, 4), (1, 1), (2, 3)], counting.calls
+        assert cache.hits == 2 and cache.reused_tokens == 2 * len(system)
+        await engine.wait_idle()
+
+
+@on_loops("asyncio", "uvloop")
 async def test_rotating_caches_prefill_one_prompt_after_another_with_the_same_tokens():
     # gemma3's sliding-window layer is a RotatingKVCache: the padding would evict its own tokens.
     async with ea.Runtime(pool_size=2) as rt:
