@@ -19,6 +19,10 @@ prompt costs per token, batched or not).
 
 Rows never carry padding inside: a row takes a whole chunk's width or ends
 in the chunk, and the padding after its end is cut off by its extraction.
+The last tokens of the prompts that end in a chunk then run in a call of
+their own (one column), so that the vocabulary projection, which mlx-lm's
+models apply to every position they are given, runs for those positions
+alone.
 Only plain KVCache layers batch this way (``batchable``): rotating layers
 (sliding windows, ``max_kv_size``) would evict their own tokens for the
 padding, quantized ones (``kv_bits``) quantize after every call, and state
@@ -147,28 +151,55 @@ class BatchPrefill:
         whose prompt ends in it are extracted and sample their first token."""
         d, rows = self.decoding, self.rows
         width = min(d.prefill_chunk, max(len(row.left) for row in rows))
-        tokens = mx.array([row.left[:width] + [0] * (width - len(row.left[:width])) for row in rows],
-                          dtype=mx.int32)
-        logits = d.model(tokens, cache=self.cache)
         ending = [i for i, row in enumerate(rows) if len(row.left) <= width]
-        # Each ending row's last token's logits {k, V} (mlx-lm's model gives every position's).
-        last = logits[mx.array(ending), mx.array([len(rows[i].left) - 1 for i in ending])] if ending else None
-        mx.eval([c.state for c in self.cache], *([last] if ending else []))
+        # The ending rows' last tokens run apart, after (``_first_tokens``): mlx-lm's model ends in
+        # the vocabulary projection of every position it is given, and only theirs are wanted
+        # (unread logits are never computed).
+        fed = [row.left[:len(row.left) - 1] if i in ending else row.left[:width] for i, row in enumerate(rows)]
+        body = max(map(len, fed))
+        if body:
+            d.model(mx.array([part + [0] * (body - len(part)) for part in fed], dtype=mx.int32), cache=self.cache)
+            mx.eval([c.state for c in self.cache])
         out = {}
-        for k, i in enumerate(ending):
-            row = rows[i]
-            cache = []
-            for layer in self.cache:
-                one = layer.extract(i)
-                one.trim(width - len(row.left))  # the padding after its end
-                cache.append(one)
-            mx.eval([c.state for c in cache])  # evaluated: any worker may read it
-            row.state.cache = cache
-            out[id(row.state)] = d.first_token(row.state, last[k:k + 1], row.sampler, row.prompt)
-        for row in rows:
-            row.left = row.left[width:]
+        if ending:
+            # Each ending row's cache, the padding after its end cut off.
+            caches = [self._extract(i, body - len(fed[i])) for i in ending]
+            out = self._first_tokens([rows[i] for i in ending], caches)
+        for row, part in zip(rows, fed):
+            row.left = row.left[len(part):]
         if ending:
             self._drop(ending)
+        return out
+
+    def _extract(self, index: int, padding: int) -> list:
+        """Row `index`'s mlx-lm caches (KVCache per layer), without the `padding` positions after its end."""
+        from mlx_lm.models.cache import KVCache
+
+        cache = []
+        for layer in self.cache:
+            if layer.keys is None:  # nothing fed yet (one-token prompts): empty
+                cache.append(KVCache())
+                continue
+            one = layer.extract(index)
+            one.trim(padding)
+            cache.append(one)
+        return cache
+
+    def _first_tokens(self, rows: list[_Row], caches: list[list]) -> dict[int, int | tuple]:
+        """The last prompt token of each row, together (their caches merged again), and from
+        their logits each row's first token; each row's cache (evaluated: any worker may read
+        it) goes to its state."""
+        from mlx_lm.models.cache import BatchKVCache
+
+        d = self.decoding
+        merged = [BatchKVCache.merge([cache[layer] for cache in caches]) for layer in range(len(caches[0]))]
+        logits = d.model(mx.array([row.left[-1:] for row in rows], dtype=mx.int32), cache=merged)[:, -1, :]
+        mx.eval(logits, [c.state for c in merged])
+        out = {}
+        for k, row in enumerate(rows):
+            row.state.cache = [layer.extract(k) for layer in merged]
+            mx.eval([c.state for c in row.state.cache])
+            out[id(row.state)] = d.first_token(row.state, logits[k:k + 1], row.sampler, row.prompt)
         return out
 
     def _drop(self, indices: list[int]) -> None:

@@ -1,8 +1,9 @@
 """Mode "batch", replayed step: B streams decode in one native job.
 
-The batcher (``ReplayBatcher``) runs on the loop; its Python jobs on the batch
-queue (``ReplayBatchJobs``) prefill joining prompts and move rows between
-layouts of the batch caches.
+The batcher (``ReplayBatcher``) runs on the loop; its Python jobs
+(``ReplayBatchJobs``) prefill joining prompts (on a second queue while the
+batch steps, when one is free) and move rows between layouts of the batch
+caches (on the batch queue).
 """
 
 from __future__ import annotations

@@ -72,9 +72,10 @@ async def test_prompts_of_different_lengths_joining_at_once_are_prefilled_togeth
         with anyio.fail_after(60):
             got = await concurrently(engine, requests())
         assert got == [alone(kind, tuple(p)) for p in PROMPTS]
-        # Three padded calls (widths 4, 4, 1) over the rows still prefilling, not one call
-        # per prompt chunk (19 tokens in chunks of 4 fed one prompt at a time: 6 calls).
-        assert counting.calls == [(4, 4), (2, 4), (1, 1)], counting.calls
+        # A padded call per chunk over the rows still prefilling (widths 4, 4, then nothing
+        # left but a last token), each followed by one over the last tokens of the prompts
+        # ending in it, not one call per prompt and chunk.
+        assert counting.calls == [(4, 4), (2, 1), (2, 4), (1, 1), (1, 1)], counting.calls
         counting.calls.clear()
         seeds = (5, None, 6, 7)
         with anyio.fail_after(60):
@@ -173,8 +174,9 @@ async def test_prompt_cache_hits_prefill_only_their_tails_while_batched(kind):
             got = await concurrently(engine, [dict(prompt=p, max_tokens=N) for p in prompts])
         assert got == [alone(kind, tuple(p)) for p in prompts]
         assert cache.hits >= 2 and cache.reused_tokens >= 2 * len(base)
-        # Only the tails are fed: 4 columns (2, 4 and 3 tokens), then the last one.
-        assert counting.calls == [(3, 4), (1, 1)], counting.calls
+        # Only the tails are fed: 4 columns (2, 4 and 3 tokens, the ending ones' last apart),
+        # then the last token of the longest.
+        assert counting.calls == [(3, 4), (2, 1), (1, 1)], counting.calls
         await engine.wait_idle()
 
 
@@ -190,7 +192,7 @@ async def test_prompts_sharing_a_prefix_with_one_prefilling_wait_to_restore_it_f
         assert got == [alone("llama", tuple(p)) for p in prompts]
         # The first and the unrelated one prefill together; the two others wait for the
         # first's prompt to be kept, then restore its 12 tokens and feed only their tails.
-        assert counting.calls == [(2, 4), (1, 4), (1, 4), (1, 1), (2, 3)], counting.calls
+        assert counting.calls == [(2, 4), (1, 1), (1, 4), (1, 4), (1, 1), (2, 2), (2, 1)], counting.calls
         assert cache.hits == 2 and cache.reused_tokens == 2 * len(system)
         await engine.wait_idle()
 
