@@ -14,8 +14,7 @@ so n prompts cost one model call per chunk, not one each, as in mlx-lm's
 With a prompt cache, a prompt that shares most of what it has left with a row
 still prefilling (a chat's system prompt) waits for that row: once through,
 the row's prompt is kept, and the waiting prompt restores the shared part
-instead of computing the same keys and values in the same call (on a CPU a
-prompt costs per token, batched or not).
+instead of computing the same keys and values in the same call.
 
 Rows never carry padding inside: a row takes a whole chunk's width or ends
 in the chunk, and the padding after its end is cut off by its extraction.
@@ -123,8 +122,9 @@ class BatchPrefill:
     def _waits(self, prompt: list[int], reused: int, prefilling: list[_Row]) -> bool:
         """Whether a prompt waits for a row still prefilling that shares most of what it has left
         (with a prompt cache, which keeps that row's prompt once through: the prompt then
-        restores the shared part instead of computing the same keys and values again; on
-        a CPU a prompt costs per token, batched or not). A chat's system prompt is the usual case."""
+        restores the shared part instead of computing the same keys and values again).
+        A chat's system prompt is the usual case. (A restore it makes before waiting
+        counts in the prompt cache's hits.)"""
         if self.decoding.prompt_cache is None:
             return False
         left = len(prompt) - reused
