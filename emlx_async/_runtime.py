@@ -61,16 +61,8 @@ class _Pool:
 
     async def acquire(self) -> CommandQueue:
         while True:
-            while self._idle:
-                queue = self._idle.popleft()
-                if not queue._closing:
-                    self._lent.add(queue)
-                    return queue
-            self.queues = [q for q in self.queues if not q._closing]
-            if len(self.queues) < self.size:
-                queue = self._runtime._new_queue(self._kind, role="pool")
-                self.queues.append(queue)
-                self._lent.add(queue)
+            queue = self.try_acquire()
+            if queue is not None:
                 return queue
             waiter = self._runtime._backend.new_future()
             self._waiters.append(waiter)
@@ -79,6 +71,21 @@ class _Pool:
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
+
+    def try_acquire(self) -> CommandQueue | None:
+        """An idle queue (or a new one while the pool is below its size), None if every one is lent."""
+        while self._idle:
+            queue = self._idle.popleft()
+            if not queue._closing:
+                self._lent.add(queue)
+                return queue
+        self.queues = [q for q in self.queues if not q._closing]
+        if len(self.queues) < self.size:
+            queue = self._runtime._new_queue(self._kind, role="pool")
+            self.queues.append(queue)
+            self._lent.add(queue)
+            return queue
+        return None
 
     def release(self, queue: CommandQueue) -> None:
         if queue not in self._lent:
@@ -265,13 +272,21 @@ class Runtime:
 
     async def acquire_queue(self, device: DeviceLike = None) -> CommandQueue:
         """Borrow a pooled queue; give it back with ``release_queue`` (once)."""
+        return await self._pool(device).acquire()
+
+    def try_acquire_queue(self, device: DeviceLike = None) -> CommandQueue | None:
+        """Borrow a pooled queue if one is free now, without waiting (None: every one is lent);
+        give it back with ``release_queue`` (once)."""
+        return self._pool(device).try_acquire()
+
+    def _pool(self, device: DeviceLike) -> _Pool:
         self._check_open()
         kind = device_type(device)
         require_available(kind)
         pool = self._pools.get(kind)
         if pool is None:
             pool = self._pools[kind] = _Pool(self, kind, self.pool_size)
-        return await pool.acquire()
+        return pool
 
     def release_queue(self, queue: CommandQueue) -> None:
         """Give back a queue from ``acquire_queue``.

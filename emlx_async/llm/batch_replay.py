@@ -1,8 +1,9 @@
 """Mode "batch", replayed step: B streams decode in one native job.
 
-The batcher (``ReplayBatcher``) runs on the loop; its Python jobs on the batch
-queue (``ReplayBatchJobs``) prefill joining prompts and move rows between
-layouts of the batch caches.
+The batcher (``ReplayBatcher``) runs on the loop; its Python jobs
+(``ReplayBatchJobs``) prefill joining prompts (on a second queue while the
+batch steps, when one is free) and move rows between layouts of the batch
+caches (on the batch queue).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import mlx.core as mx
 from .. import replay as _replay
 from . import penalties as _penalties
 from . import traced as _traced
+from .batch_prefill import BatchPrefill
 from .batching import Batcher, BatchRequest
 from .constrained import batch_masks
 from .decoding import Decoding
@@ -43,26 +45,20 @@ class ReplayBatchJobs:
     def __init__(self, decoding: Decoding):
         self.decoding = decoding
 
-    def prefill(self, joining: Sequence[tuple[PromptState, list[int], Sampler]]) -> list[int | None]:
-        """One chunk's worth (prefill_chunk tokens) of the joining prompts, in order:
-        the rest of the first, then the next, ... Returns each prompt's first
-        token, or None while it has more to go (or got no budget); a finished one
-        leaves its mlx-lm cache and random key in its state."""
-        d = self.decoding
-        budget, tokens = d.prefill_chunk, []
-        for state, prompt, sampler in joining:
-            if budget == 0:
-                break
-            if not state.started:
-                d.begin_prefill(state, prompt)
-            used = min(state.unread.size, budget)
-            token = d.feed_chunk(state, prompt, sampler, used)
-            budget -= used
+    def prefill(self, group: BatchPrefill, joining: Sequence[tuple[PromptState, list[int], Sampler]]
+                ) -> list[int | None]:
+        """One chunk of the joining prompts, prefilled together (``BatchPrefill.chunk``).
+        Returns each prompt's first token, or None while it has more to go; a finished
+        one leaves its mlx-lm cache and random key (evaluated) in its state."""
+        tokens = group.chunk(joining)
+        for (state, _, sampler), token in zip(joining, tokens):
             if token is not None:
                 # The Python sampler's key (and token history) after the first token: the graph continues them.
                 state.key, state.history, sampler.history = sampler.first_key(), sampler.history, None
-                mx.eval(state.key)
-            tokens.append(token)
+                # Evaluated: the layout job that moves them into the batch may run on another worker.
+                history = state.history
+                mx.eval(state.key, [c.state for c in state.cache],
+                        *([history.counts, history.window, history.bias] if history is not None else []))
         return tokens  # type: ignore[return-value] - no logprobs on this path: ints
 
     def layout(self, state: ReplayBatchState, saves: list[tuple[int, list[int]]], keep: list[int] | None,
@@ -106,11 +102,15 @@ class ReplayBatcher(Batcher):
 
     The batch is ``slots`` rows (the smallest traced row count that holds the
     live streams) over caches of ``size`` positions (the smallest traced size
-    that holds every row's next position: it grows with the longest row). A
-    round submits one replayed step for every row and one chunk's worth
-    (`prefill_chunk` tokens) of the joining prompts in arrival order (a Python
-    job, mlx-lm's prefill with the prompt cache): running streams stall for
-    at most one chunk, and short prompts join several at a time. Only when
+    that holds every row's next position: it grows with the longest row).
+    The joining prompts are prefilled together, a chunk (`prefill_chunk`
+    tokens of each) per Python job, in one padded model call
+    (llm/batch_prefill.py, with the prompt cache). That job runs on a second
+    pooled queue when one is free, while the running rows' steps chain on
+    the batch queue (the chain stops when the chunk is done, and the rows
+    whose prompt is through join); with no queue free a round submits one
+    replayed step for every row and then the chunk, so running streams stall
+    for at most one chunk. Only when
     a stream joins, finishes with a prompt cache to fill, or the batch's shape
     changes does a Python job move rows (``ReplayBatchJobs.layout``).
     Free rows decode greedily at position 0 and their tokens are dropped.
@@ -122,11 +122,19 @@ class ReplayBatcher(Batcher):
     def __init__(self, decoding: Decoding):
         super().__init__(decoding)
         self.jobs = ReplayBatchJobs(decoding)
+        # A second pooled queue the joining prompts prefill on while the batch chains its steps
+        # (None: none was free, they prefill on the batch queue between steps), and its chunk in flight.
+        self._aside = None
+        self._prefilling = None
 
     def _new_state(self) -> ReplayBatchState:
         return ReplayBatchState()
 
     async def _close(self, queue, state: ReplayBatchState) -> None:
+        if self._prefilling is not None:  # the driver failed mid-chunk: its result is dropped
+            self._prefilling.cancel()
+            self._prefilling = None
+        self._give_back_aside()
         state.clear()
         await queue.run(_replay.end_chain_here)  # a chain the driver left mid-way
 
@@ -136,6 +144,8 @@ class ReplayBatcher(Batcher):
         slots: list[Row | None] = []
         size = 0
         prefills: dict[int, PromptState] = {}  # id(joining request) -> its prefill state (on the worker)
+        group = BatchPrefill(decoding)  # the joining prompts' batch caches (on the worker that prefills)
+        prefilling: list[BatchRequest] = []  # the requests of the chunk in flight
         next_uid = 0
         while self.waiting or self.joining or self.running or self.leaving:
             if self.leaving:
@@ -146,12 +156,23 @@ class ReplayBatcher(Batcher):
                 prefills.pop(id(request), None)
             self.joining += self.waiting
             self.waiting = []
-            if any(slots) and not self.joining:  # the batch keeps its rows: a chain of steps
+            if not self.joining and self._prefilling is None:
+                group.clear()  # rows left of requests that left mid-prompt
+                self._give_back_aside()
+            if self.joining and self._prefilling is None:
+                self._aside = self._aside or decoding.runtime.try_acquire_queue()
+                if self._aside is not None:  # the chunk runs there; the batch chains on meanwhile
+                    prefilling = list(self.joining)
+                    self._prefilling = self._aside.run(self.jobs.prefill, group,
+                                                       _joining_states(prefilling, prefills))
+            if any(slots) and (not self.joining or self._prefilling is not None):
+                # The batch keeps its rows: a chain of steps (until the chunk aside is done).
                 chained = await self._chain(queue, state, slots, size)
                 if chained is not None:
                     slots, size = chained
-                    continue
-            step = chunk = None
+                    if self._prefilling is None or not self._prefilling.done():
+                        continue
+            step, chunk, self._prefilling = None, self._prefilling, None
             saves: list[tuple[int, list[int]]] = []
             try:
                 # Constrained rows: their grammars take the last tokens and give this round's
@@ -176,11 +197,9 @@ class ReplayBatcher(Batcher):
                                     *_traced.sampling_rows([row.request.sampler.options if row else GREEDY
                                                             for row in slots], replay.vocab), *extra,
                                     queue=queue, donate=replay.donate_penalized if penalized else replay.donate)
-                prefilling = list(self.joining)
-                if prefilling:
-                    chunk = queue.run(self.jobs.prefill,
-                                      [(prefills.setdefault(id(r), PromptState()), r.prompt, r.sampler)
-                                       for r in prefilling])
+                if chunk is None and self.joining:  # no queue aside: the chunk runs after the step
+                    prefilling = list(self.joining)
+                    chunk = queue.run(self.jobs.prefill, group, _joining_states(prefilling, prefills))
                 if step is not None:
                     out, step = await step, None
                     self._read(out, slots, saves)
@@ -190,10 +209,10 @@ class ReplayBatcher(Batcher):
                     for request, token in zip(prefilling, tokens):
                         if token is None:
                             continue  # more of its prompt to go
-                        self.joining.remove(request)
-                        prefilled = prefills.pop(id(request))
-                        if request.done:
+                        prefilled = prefills.pop(id(request), None)
+                        if request.done or request not in self.joining:
                             continue  # it left during its last chunk
+                        self.joining.remove(request)
                         request.uid, next_uid = next_uid, next_uid + 1
                         self.running[request.uid] = request
                         finish = decoding.finish(token, request.max_tokens - 1)
@@ -229,6 +248,18 @@ class ReplayBatcher(Batcher):
             if self.decoding.prompt_cache is not None:  # the prompt and the answer its cache holds
                 saves.append((slot, row.request.prompt + row.answer[:-1]))
         return None if allowed is None else mx.array(allowed)
+
+    def _interrupted(self) -> bool:
+        """What stops a chain besides its rows: a row leaving, or a prompt to join (one waiting
+        while no chunk prefills aside, or the chunk aside done)."""
+        if self.leaving:
+            return True
+        return bool(self.waiting) if self._prefilling is None else self._prefilling.done()
+
+    def _give_back_aside(self) -> None:
+        if self._aside is not None:
+            self.decoding.runtime.release_queue(self._aside)
+            self._aside = None
 
     def _read(self, out: mx.array, slots: list[Row | None], saves: list[tuple[int, list[int]]]) -> bool:
         """One step's tokens {rows, 1} to their rows' consumers (free and finished rows' are
@@ -287,7 +318,7 @@ class ReplayBatcher(Batcher):
                     positions = [row.position + len(ahead) if on else 0 for row, on in zip(slots, going)]
                     next_size = replay.size_for(max(positions) + 1)
                     done = [row is not None and not on for row, on in zip(slots, going)]
-                    stop = bool(self.waiting or self.leaving) or next_size is None or \
+                    stop = self._interrupted() or next_size is None or \
                         (any(done) if keep_finished else replay.rows_for(sum(going)) < rows)
                     if stop:
                         break
@@ -359,6 +390,12 @@ class ReplayBatcher(Batcher):
         new_slots += [None] * (rows - len(new_slots))
         await queue.run(self.jobs.layout, state, saves, keep, placed, rows, new_size)
         return new_slots, new_size
+
+
+def _joining_states(requests: list[BatchRequest], prefills: dict[int, PromptState]
+                    ) -> list[tuple[PromptState, list[int], Sampler]]:
+    """A prefill job's joining prompts: each request's prefill state (made at its first chunk)."""
+    return [(prefills.setdefault(id(r), PromptState()), r.prompt, r.sampler) for r in requests]
 
 
 def _moved(old: mx.array, keep: Sequence[int], rows: int, dims: tuple[int, ...] | None = None,

@@ -83,6 +83,12 @@ class Decoding:
         logits = self._feed(state, limit)
         if logits is None:
             return None
+        return self.first_token(state, logits, sampler, prompt)
+
+    def first_token(self, state: PromptState, logits: mx.array, sampler: Sampler,
+                    prompt: list[int]) -> int | tuple:
+        """The first token from the prompt's last logits {1, V}, once state.cache holds the whole
+        prompt, which the prompt cache keeps."""
         item = self._pick(state, logits, sampler, prompt)
         if self.prompt_cache is not None:
             self.prompt_cache.save(prompt, state.cache)  # the prompt's keys and values, for later prompts

@@ -237,6 +237,19 @@ async def test_pool_is_bounded_and_reuses_queues():
 
 
 @on_every_loop
+async def test_try_acquire_lends_a_free_queue_or_none_without_waiting():
+    async with ea.Runtime(pool_size=2) as rt:
+        first = rt.try_acquire_queue()
+        second = await rt.acquire_queue()
+        assert first is not None and first is not second
+        assert rt.try_acquire_queue() is None  # every queue lent: no wait, no new queue
+        rt.release_queue(first)
+        assert rt.try_acquire_queue() is first  # the idle one again
+        for q in (first, second):
+            rt.release_queue(q)
+
+
+@on_every_loop
 async def test_gpu_queue_on_cpu_build_is_a_clear_error():
     async with ea.Runtime(pool_size=4) as rt:
         if mx.is_available(mx.gpu):

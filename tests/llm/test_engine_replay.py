@@ -170,24 +170,27 @@ async def test_batch_mode_replays_each_row_at_its_own_position_with_its_own_key(
 
 
 @on_every_loop
-async def test_a_round_prefills_one_chunks_worth_of_the_joining_prompts():
+async def test_a_round_prefills_one_chunk_of_every_joining_prompt_together():
+    from emlx_async.llm.batch_prefill import BatchPrefill
     from emlx_async.llm.sampling import Sampler
     from emlx_async.llm.state import PromptState
 
     async with ea.Runtime(pool_size=2) as rt:
         # Chunks of 4 tokens over prompts of 3, 6, 1 and 7 tokens.
         replayed, python = await batch_pair(rt, max_concurrent=4, prefill_chunk=4)
+        group = BatchPrefill(replayed.decoding)
         joining = [(PromptState(), prompt, Sampler(0.0, 1.0, 0, 0)) for prompt in BATCH_PROMPTS]
         rounds = []
         async with rt.queue() as q:
             while joining:
-                tokens = await q.run(replayed._replay_batcher.jobs.prefill, joining)
+                tokens = await q.run(replayed._replay_batcher.jobs.prefill, group, joining)
                 rounds.append(tokens)
-                joining = [j for j, token in zip(joining, tokens + [None] * len(joining)) if token is None]
-        # The first round finishes the first prompt and starts the second; the
-        # third finishes the second and the third and starts the fourth, ...
+                joining = [j for j, token in zip(joining, tokens) if token is None]
+        # The first round feeds every prompt its first 4 tokens: the prompts of 3 and 1
+        # end there; the second feeds the other two the rest (2 and 3 tokens).
         firsts = [(await tokens_of(python, p, max_tokens=1))[0] for p in BATCH_PROMPTS]
-        assert rounds == [[firsts[0], None], [None], [firsts[1], firsts[2], None], [None], [firsts[3]]]
+        assert rounds == [[firsts[0], None, firsts[2], None], [firsts[1], firsts[3]]]
+        assert not group.rows and group.cache is None
         # End to end, joiners arriving together or apart get the Python step's tokens.
         assert await concurrently(replayed, batch_requests()) == [await tokens_of(python, **r)
                                                                   for r in batch_requests()]
@@ -217,7 +220,8 @@ async def test_a_chained_batch_queues_the_next_step_before_reading_a_token_and_k
         replay.chained, batcher._read = chained, read
         # Two rows chain; a third joins (4 rows), rows finish (fewer rows), and the
         # longest outgrows 16 positions inside a chain (its caches padded on the worker).
-        requests = [dict(prompt=BATCH_PROMPTS[0], max_tokens=18), dict(prompt=BATCH_PROMPTS[1], max_tokens=8)]
+        # (The second runs on while the third prefills: long enough that the third finds it.)
+        requests = [dict(prompt=BATCH_PROMPTS[0], max_tokens=22), dict(prompt=BATCH_PROMPTS[1], max_tokens=18)]
         late = dict(prompt=BATCH_PROMPTS[3], max_tokens=6)
         for options in ({}, SAMPLED):
             events.clear()

@@ -37,7 +37,8 @@ SUBPACKAGE_ORDER = {
     "llm": [
         "_gguf", "types", "prompt_cache", "cache_options", "penalties", "traced", "grammar", "replay_step", "state", "sampling",
         "text", "loading",
-        "decoding", "traces", "constrained", "parallel", "batching", "batch_replay", "save", "engine", "sharded", "__init__",
+        "decoding", "traces", "constrained", "parallel", "batching", "batch_prefill", "batch_replay", "save", "engine",
+        "sharded", "__init__",
     ],
     "serve": ["metrics", "tools", "protocol", "middleware", "connections", "models", "service", "common", "anthropic",
               "responses", "openapi", "app", "cli", "__init__", "__main__"],
