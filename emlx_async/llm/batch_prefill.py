@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .decoding import Decoding
+from .grammar import GrammarStateError
 from .prompt_cache import restorable
 from .sampling import Sampler
 from .state import PromptState
@@ -71,9 +72,10 @@ class BatchPrefill:
         """Whether a prompt's fresh mlx-lm cache can join the padded batch (see the module)."""
         return restorable(cache) and self.decoding.cache_options.kv_bits is None
 
-    def chunk(self, joining: Joining) -> list[int | tuple | None]:
+    def chunk(self, joining: Joining) -> list[int | tuple | GrammarStateError | None]:
         """One chunk of the joining prompts: each one's first token (None while it has more
-        to go, or got no budget); a finished one leaves its mlx-lm cache in its state.
+        to go, or got no budget; the GrammarStateError of one whose grammar failed taking
+        it); a finished one leaves its mlx-lm cache in its state.
 
         The prompts that can batch take one model call together; the others (see
         the module) share one chunk's worth of tokens, the rest of the first, then
@@ -84,7 +86,7 @@ class BatchPrefill:
         gone = [i for i, row in enumerate(self.rows) if id(row.state) not in present]
         if gone:
             self._drop(gone)
-        tokens: dict[int, int | tuple | None] = {}
+        tokens: dict[int, int | tuple | GrammarStateError | None] = {}
         batched = {id(row.state) for row in self.rows}
         fresh: list[_Row] = []
         serial = []
@@ -105,13 +107,13 @@ class BatchPrefill:
         budget = d.prefill_chunk
         for state, prompt, sampler in serial:
             if state.logits is not None:  # a held prefill: its first token needs no model call
-                tokens[id(state)] = d.feed_chunk(state, prompt, sampler)
+                tokens[id(state)] = _or_grammar_error(d.feed_chunk, state, prompt, sampler)
                 continue
             if budget == 0:
                 tokens[id(state)] = None
                 continue
             used = min(state.unread.size, budget)
-            tokens[id(state)] = d.feed_chunk(state, prompt, sampler, used)
+            tokens[id(state)] = _or_grammar_error(d.feed_chunk, state, prompt, sampler, used)
             budget -= used
         if fresh:
             self._join(fresh)
@@ -146,7 +148,7 @@ class BatchPrefill:
                 mine.extend(theirs)
         self.rows += fresh
 
-    def _feed(self) -> dict[int, int | tuple]:
+    def _feed(self) -> dict[int, int | tuple | GrammarStateError]:
         """One padded model call over every row: up to prefill_chunk tokens each. The rows
         whose prompt ends in it are extracted and sample their first token."""
         d, rows = self.decoding, self.rows
@@ -185,7 +187,7 @@ class BatchPrefill:
             cache.append(one)
         return cache
 
-    def _first_tokens(self, rows: list[_Row], caches: list[list]) -> dict[int, int | tuple]:
+    def _first_tokens(self, rows: list[_Row], caches: list[list]) -> dict[int, int | tuple | GrammarStateError]:
         """The last prompt token of each row, together (their caches merged again), and from
         their logits each row's first token; each row's cache (evaluated: any worker may read
         it) goes to its state."""
@@ -199,7 +201,8 @@ class BatchPrefill:
         for k, row in enumerate(rows):
             row.state.cache = [layer.extract(k) for layer in merged]
             mx.eval([c.state for c in row.state.cache])
-            out[id(row.state)] = d.first_token(row.state, logits[k:k + 1], row.sampler, row.prompt)
+            out[id(row.state)] = _or_grammar_error(d.first_token, row.state, logits[k:k + 1], row.sampler,
+                                                   row.prompt)
         return out
 
     def _drop(self, indices: list[int]) -> None:
@@ -216,6 +219,15 @@ class BatchPrefill:
 
     def clear(self) -> None:
         self.rows, self.cache = [], None
+
+
+def _or_grammar_error(first_token, *args):
+    """A prompt's first token, or the GrammarStateError its grammar raised taking it: that
+    request fails alone, the chunk's other prompts go on."""
+    try:
+        return first_token(*args)
+    except GrammarStateError as error:
+        return error
 
 
 def _shared(a: list[int], b: list[int]) -> int:

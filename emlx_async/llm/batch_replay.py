@@ -22,6 +22,7 @@ from .batch_prefill import BatchPrefill
 from .batching import Batcher, BatchRequest
 from .constrained import batch_masks
 from .decoding import Decoding
+from .grammar import GrammarStateError
 from .parallel import STEPS_AHEAD
 from .sampling import GREEDY, Sampler
 from .state import PromptState, ReplayBatchState
@@ -46,13 +47,14 @@ class ReplayBatchJobs:
         self.decoding = decoding
 
     def prefill(self, group: BatchPrefill, joining: Sequence[tuple[PromptState, list[int], Sampler]]
-                ) -> list[int | None]:
+                ) -> list[int | GrammarStateError | None]:
         """One chunk of the joining prompts, prefilled together (``BatchPrefill.chunk``).
-        Returns each prompt's first token, or None while it has more to go; a finished
+        Returns each prompt's first token, or None while it has more to go (or the
+        GrammarStateError of one whose grammar failed taking it); a finished
         one leaves its mlx-lm cache and random key (evaluated) in its state."""
         tokens = group.chunk(joining)
         for (state, _, sampler), token in zip(joining, tokens):
-            if token is not None:
+            if token is not None and not isinstance(token, GrammarStateError):
                 # The Python sampler's key (and token history) after the first token: the graph continues them.
                 state.key, state.history, sampler.history = sampler.first_key(), sampler.history, None
                 # Evaluated: the layout job that moves them into the batch may run on another worker.
@@ -215,6 +217,9 @@ class ReplayBatcher(Batcher):
                         self.joining.remove(request)
                         request.uid, next_uid = next_uid, next_uid + 1
                         self.running[request.uid] = request
+                        if isinstance(token, GrammarStateError):  # its grammar failed: it fails alone
+                            self._deliver(request.uid, min(decoding.eos_ids), "stop", token)
+                            continue
                         finish = decoding.finish(token, request.max_tokens - 1)
                         self._deliver(request.uid, token, finish)
                         if finish is None:

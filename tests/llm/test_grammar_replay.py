@@ -206,7 +206,8 @@ async def test_a_grammar_that_cannot_finish_in_the_budget_ends_with_length(rt, g
 
 @on_loops("asyncio", "uvloop")
 @pytest.mark.parametrize("mode", MODES)
-async def test_a_grammar_failure_on_the_replayed_step_fails_its_request_alone(rt, gguf, mode, monkeypatch):
+@pytest.mark.parametrize("at", [0, 2], ids=["first token", "third token"])  # the first one is the prefill's
+async def test_a_grammar_failure_on_the_replayed_step_fails_its_request_alone(rt, gguf, mode, at, monkeypatch):
     engine = await engine_of(rt, gguf, "llama", mode, "auto", max_concurrent=3)
     free = dict(prompt="Once upon", max_tokens=16)
     alone = await collect(engine, **free)
@@ -216,8 +217,8 @@ async def test_a_grammar_failure_on_the_replayed_step_fails_its_request_alone(rt
     async def matcher(self, grammar):
         m = await made(self, grammar)
         if grammar == failing:
-            def advance(token, m=m):  # the grammar engine fails on the third token
-                if len(m.tokens) == 2:
+            def advance(token, m=m):  # the grammar engine fails on token `at`
+                if len(m.tokens) == at:
                     raise m._fail("a failure for the test")
                 GrammarMatcher.advance(m, token)
             m.advance = advance
