@@ -100,6 +100,11 @@ def _shutdown_at_exit() -> None:
     # there with exit()'s status, skipping the C++ teardown (worker.cpp).
     global _exiting
     _exiting = True
+    if _forked_after_mlx:
+        # A fork child: the workers in the registry are the parent's, with no thread here
+        # to leave its loop (waiting for them held each such exit for the whole timeout),
+        # and the child could start none of its own (ensure_mlx_usable).
+        return
     lib.emlx_shutdown(2000)
 
 

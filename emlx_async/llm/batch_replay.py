@@ -180,7 +180,9 @@ class ReplayBatcher(Batcher):
                 # Constrained rows: their grammars take the last tokens and give this round's
                 # masks (a thread); a row whose grammar is done or failed ends here.
                 mask = await self._grammar_round(slots, saves)
-                if any(slots):
+                # A row it ended with a save goes to the prompt cache first (the layout below):
+                # a step now would write its slot's position 0, a free row's, over what the save reads.
+                if any(slots) and not saves:
                     greedy = all(row is None or row.request.sampler.greedy for row in slots)
                     # One penalized row makes the round take the penalized step (neutral
                     # options leave the other rows' logits as they are); one constrained

@@ -125,6 +125,32 @@ def test_a_fork_child_of_a_process_that_used_mlx_refuses_a_runtime_at_once(paren
     assert "'spawn'" in result.stdout and "'forkserver'" in result.stdout
 
 
+def test_a_fork_child_that_exits_normally_keeps_its_status_and_output_and_waits_for_no_worker():
+    """The parent's workers have no thread in a fork child: its exit hook must not wait for
+    them to leave their loops (it waited its whole 2 s timeout for each exit)."""
+    result = run_python("""
+        import asyncio, os, signal, sys, time
+        import mlx.core as mx
+        import emlx_async as ea
+
+        async def use():
+            assert (await ea.ops.add(mx.ones(3), 1.0)).tolist() == [2.0, 2.0, 2.0]
+
+        asyncio.run(use())
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)  # a hang ends the child instead of its parent's wait
+            print("child output", flush=False)  # flushed by the child's own exit
+            sys.exit(7)
+        _, status = os.waitpid(pid, 0)
+        print("child exit %d in %.1fs" % (os.waitstatus_to_exitcode(status), time.monotonic() - started))
+    """, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "child output" in result.stdout, result.stdout
+    assert "child exit 7 in 0." in result.stdout, result.stdout
+
+
 def test_a_multiprocessing_fork_worker_gets_the_error_and_spawn_works(tmp_path):
     script = tmp_path / "fork_then_spawn.py"  # spawn re-imports the main module: it must be a file
     script.write_text(textwrap.dedent("""

@@ -164,6 +164,28 @@ async def test_a_batch_mixes_constrained_and_free_rows_on_the_masked_step(rt, gg
 
 
 @on_loops("asyncio")
+async def test_a_row_its_grammar_ends_beside_running_rows_saves_an_intact_prompt_cache(rt, gguf):
+    """A row whose grammar ends in a batch round (only end-of-sequence may follow) leaves its
+    slot before that round's step: the step must not write the free slot's position 0 over
+    the cache its prompt-cache save reads, or the next request with its prompt restores
+    wrong keys and values (other tokens than the Python step's)."""
+    from emlx_async.llm import PrefixCache
+
+    python = await engine_of(rt, gguf, "llama", "parallel", "python")
+    batch = await engine_of(rt, gguf, "llama", "batch", "auto", max_concurrent=4,
+                            prompt_cache=PrefixCache(1000, 1 << 28))
+    constrained_row = dict(prompt=[9, 8], grammar=Grammar.regex(r"[0-9]{3}-[a-z]{2,4}"), max_tokens=30,
+                           temperature=1.0, seed=5)
+    want = await collect(python, **constrained_row)
+    running = dict(prompt=[100, 101, 102], max_tokens=24)  # still decoding when the grammar ends
+    got = await at_once(batch, {"running": running, "constrained": constrained_row})
+    assert got["constrained"] == want and want[2] == "stop"
+    # Its prompt now restores from what the save kept.
+    assert await collect(batch, **constrained_row) == want
+    await batch.wait_idle()
+
+
+@on_loops("asyncio")
 @pytest.mark.parametrize("mode, step", [("parallel", "python"), ("parallel", "auto"), ("batch", "python"),
                                         ("batch", "auto")])
 async def test_random_schemas_validate_on_either_step_beside_free_rows(rt, gguf, mode, step):
