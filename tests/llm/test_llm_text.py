@@ -162,9 +162,13 @@ ENCODE_TABLE = [
 @needs_model
 @pytest.mark.parametrize("text", ENCODE_TABLE)
 def test_encode_text_gives_the_tokenizers_own_ids(gguf_tokenizer, text):
-    from emlx_async.llm.text import encode_text
+    from emlx_async.llm.text import PromptEncoder, encode_text
 
     assert encode_text(gguf_tokenizer, text) == gguf_tokenizer.encode(text, add_special_tokens=False).ids
+    encoder = PromptEncoder(gguf_tokenizer, bos_id=None, chat_template=None, vocab_size=None)
+    plain = encoder._encode_plain(text)  # special-token text kept as text, through the same call
+    assert plain == encoder._plain_tokenizer.encode(text, add_special_tokens=False).ids
+    assert ("<|im_end|>" in text) == (plain != encode_text(gguf_tokenizer, text))
 
 
 @needs_model
