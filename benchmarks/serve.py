@@ -16,16 +16,34 @@ ours/peer at each N for each peer server run, the targets (parallel mode at
 8 clients: at least 1.3x each peer's tokens/s with a lower p99 time to first
 token; at 1 client: no slower), and whether the greedy texts agree.
 
+--constrained adds constrained rows: at each N, right after the free row,
+the same load with every request constrained (`schema`: a response_format
+json_schema, strict; `tool`: one tool and tool_choice "required", the call
+streamed as delta.tool_calls), then their tokens/s over the same server's
+free row (target: at least 0.9x), each kind's warm-up having sent every
+prompt once (so the prompt cache is as warm for one row as for the other).
+A server that ignores the field or
+refuses it is not a failed run: the row's "field" column says what it did
+with it (kept: the answer is JSON that starts an object, or a call of the
+tool; cut: max_tokens ended the answer before the call was whole, which
+our server streams once it has parsed, so give the tool rows --tokens 40
+on SmolLM2; ignored: free text;
+or the HTTP status it answered with). mlx-lm's server ignores
+response_format (its issue #1007); vllm-mlx's structured output needs
+Metal, and a json_schema request is reported to get a 500 on Linux.
+
 vllm-mlx is no dependency of this project: with torch and the rest of its
 dependencies it takes several GB, so it is left out of the default
 --servers. Naming it installs it once into a virtual environment of its own
 (--vllm-venv, by default .bench/vllm-mlx in the repository, which git
 ignores) with the same MLX build as ours; a failed install (no network)
 skips it with a message. It runs with its continuous-batching engine and
-its other defaults (its structured output needs Metal, and is not used).
+its other defaults (its structured output needs Metal: --constrained rows
+show its answer).
 
     python benchmarks/serve.py [--servers parallel,batch,mlx-lm[,vllm-mlx]] [--clients 1,4,8,16]
                                [--requests 2] [--tokens 16] [--max-concurrent 8] [--vllm-venv DIR]
+                               [--constrained [schema,tool]]
 """
 
 from __future__ import annotations
@@ -58,6 +76,24 @@ VLLM_MLX_MODEL_NAME = "smollm2"
 REQUEST_MODEL = {VLLM_MLX: VLLM_MLX_MODEL_NAME}
 # The distributions that make up an MLX build: the same ones, same versions, go into vllm-mlx's venv.
 MLX_DISTRIBUTIONS = ("mlx", "mlx-cpu", "mlx-cuda-12", "mlx-cuda-13", "mlx-metal")
+
+# What each kind of row adds to the request body. The schema's strings are long enough that
+# the answer runs to max_tokens (no early finish to flatter the rate).
+FREE = "free"
+ANSWER_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["title", "summary", "tags"],
+                 "properties": {"title": {"type": "string"}, "summary": {"type": "string"},
+                                "tags": {"type": "array", "items": {"type": "string"}}}}
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather forecast for a city",
+    "parameters": {"type": "object", "required": ["city", "days"],
+                   "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
+KINDS = {
+    FREE: {},
+    "schema": {"response_format": {"type": "json_schema",
+                                   "json_schema": {"name": "answer", "strict": True, "schema": ANSWER_SCHEMA}}},
+    "tool": {"tools": [WEATHER_TOOL], "tool_choice": "required"},
+}
+CONSTRAINED = tuple(kind for kind in KINDS if kind != FREE)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -159,21 +195,30 @@ async def wait_ready(url: str, process: subprocess.Popen, timeout: float = 600.0
     raise RuntimeError("the server did not become ready")
 
 
+class HTTPStatusError(RuntimeError):
+    def __init__(self, status: int, text: str):
+        super().__init__(f"HTTP {status}: {text[:200]}")
+        self.status = status
+
+
 async def one_request(client: httpx.AsyncClient, model: str | None, prompt: str, tokens: int, ttfts: list,
-                      itls: list) -> tuple[int, str]:
-    """Streams one chat completion; returns (its completion tokens from the usage chunk, its text)."""
+                      itls: list, kind: str = FREE) -> tuple[int, str, str]:
+    """Streams one chat completion of `kind` (a key of KINDS); returns its completion tokens (from
+    the usage chunk), its text, and what the server did with the kind's field (field_outcome)."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}, **KINDS[kind]}
     if model is not None:
         body["model"] = model
     start = time.perf_counter()
     last = None
     generated = 0
     text = []
+    calls: list[str] = []  # the names of the tool calls streamed
+    finish = None
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             await response.aread()
-            raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+            raise HTTPStatusError(response.status_code, response.text)
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -182,22 +227,43 @@ async def one_request(client: httpx.AsyncClient, model: str | None, prompt: str,
                 raise RuntimeError(chunk["error"]["message"])
             if chunk.get("usage"):
                 generated = chunk["usage"]["completion_tokens"]
-            content = chunk["choices"][0]["delta"].get("content") if chunk.get("choices") else None
-            if content:
+            delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
+            finish = (chunk["choices"][0].get("finish_reason") if chunk.get("choices") else None) or finish
+            content = delta.get("content")
+            # A call's arguments stream in pieces as content does: they time the same way.
+            pieces = [call.get("function") or {} for call in delta.get("tool_calls") or []]
+            calls += [piece["name"] for piece in pieces if piece.get("name")]
+            arguments = "".join(piece.get("arguments") or "" for piece in pieces)
+            if content or arguments:
                 now = time.perf_counter()
                 if last is None:
                     ttfts.append(now - start)
                 else:
                     itls.append(now - last)
                 last = now
-                text.append(content)
-    return generated, "".join(text)
+                text.append((content or "") + arguments)
+    return generated, "".join(text), field_outcome(kind, "".join(text), calls, finish)
 
 
-async def load(url: str, model: str | None, clients: int, requests: int, tokens: int) -> dict:
+def field_outcome(kind: str, text: str, calls: list[str], finish: str | None) -> str:
+    """"kept" where the answer is what the kind's field asks for (a schema's answer opens a JSON
+    object, which max_tokens may cut; a required call calls the tool), else "ignored". A call
+    streams once it has parsed: one that max_tokens cut before then is "cut" (our server gives its
+    text as content)."""
+    if kind == FREE:
+        return "-"
+    if kind == "tool":
+        if calls:
+            return "kept" if all(name == WEATHER_TOOL["function"]["name"] for name in calls) else "ignored"
+        return "cut" if finish == "length" and text.lstrip().startswith("<") else "ignored"
+    return "kept" if text.lstrip().startswith("{") else "ignored"
+
+
+async def load(url: str, model: str | None, clients: int, requests: int, tokens: int, kind: str = FREE) -> dict:
     ttfts: list[float] = []
     itls: list[float] = []
     errors: list[str] = []
+    outcomes: list[str] = []  # per request: field_outcome's answer, or "HTTP <status>"
     texts: dict[str, str] = {}
     total = 0
 
@@ -207,43 +273,67 @@ async def load(url: str, model: str | None, clients: int, requests: int, tokens:
             for r in range(requests):
                 prompt = PROMPTS[(index + r) % len(PROMPTS)]
                 try:
-                    generated, text = await one_request(client, model, prompt, tokens, ttfts, itls)
+                    generated, text, outcome = await one_request(client, model, prompt, tokens, ttfts, itls, kind)
                     total += generated  # not `total += await ...`: that reads total before the await
                     texts.setdefault(prompt, text)
+                    outcomes.append(outcome)
                 except Exception as exc:  # noqa: BLE001 - counted and reported
                     errors.append(f"{type(exc).__name__}: {exc}")
+                    outcomes.append(f"HTTP {exc.status}" if isinstance(exc, HTTPStatusError) else "error")
 
     start = time.perf_counter()
     await asyncio.gather(*(client_loop(i) for i in range(clients)))
     wall = time.perf_counter() - start
-    return {"clients": clients, "tokens": total, "wall": wall, "tok_s": total / wall,
+    return {"clients": clients, "kind": kind, "tokens": total, "wall": wall, "tok_s": total / wall,
             "ttft_p50": pct(ttfts, 0.5), "ttft_p99": pct(ttfts, 0.99),
-            "itl_p50": pct(itls, 0.5), "itl_p99": pct(itls, 0.99), "errors": errors, "texts": texts}
+            "itl_p50": pct(itls, 0.5), "itl_p99": pct(itls, 0.99), "errors": errors, "texts": texts,
+            "field": summarize_outcomes(outcomes)}
 
 
-def print_row(server: str, row: dict) -> None:
+def summarize_outcomes(outcomes: list[str]) -> str:
+    """The row's "field" column: each outcome with its count, e.g. "kept 8/8" or "HTTP 500 8/8"."""
+    if not outcomes or set(outcomes) == {"-"}:
+        return "-"
+    counts = {outcome: outcomes.count(outcome) for outcome in dict.fromkeys(outcomes)}
+    return ", ".join(f"{outcome} {count}/{len(outcomes)}" for outcome, count in counts.items())
+
+
+def print_header(constrained: bool) -> None:
+    print(f"{'server':<9} {'clients':>7} {'tokens':>6} {'tok/s':>7} {'ttft p50':>9} {'ttft p99':>9} "
+          f"{'itl p50':>8} {'itl p99':>8} {'errors':>6}" + (f" {'kind':<6} field" if constrained else ""))
+
+
+def print_row(server: str, row: dict, constrained: bool = False) -> None:
     print(f"{server:<9} {row['clients']:>7} {row['tokens']:>6} {row['tok_s']:>7.2f} "
           f"{row['ttft_p50']:>8.2f}s {row['ttft_p99']:>8.2f}s {row['itl_p50'] * 1e3:>6.0f}ms "
-          f"{row['itl_p99'] * 1e3:>6.0f}ms {len(row['errors']):>6}", flush=True)
+          f"{row['itl_p99'] * 1e3:>6.0f}ms {len(row['errors']):>6}"
+          + (f" {row['kind']:<6} {row['field']}" if constrained else ""), flush=True)
     for error in row["errors"][:3]:
         print(f"    error: {error}")
 
 
 async def bench_server(server: str, command: list[str], env: dict | None, port: int, counts: list[int],
-                       requests: int, tokens: int) -> list[dict]:
+                       requests: int, tokens: int, constrained: tuple[str, ...] = ()) -> list[dict]:
+    """The rows of one server: at each N its free row, then its constrained rows of each kind."""
     url = f"http://127.0.0.1:{port}"
     model = REQUEST_MODEL.get(server)
     with tempfile.TemporaryFile() as log:
         process = start_server(command, log, env)
         try:
             await wait_ready(url, process)
-            await load(url, model, 1, 1, 2)  # warm-up: the first request pays one-time costs
+            # Warm-up: the first request pays one-time costs. With constrained rows, each kind warms
+            # every prompt the rows send (their grammar's tokenizer, and the prompt cache, which the
+            # first row at N would otherwise fill alone: the ratios compare rows that saw the same cache).
+            warm_clients = min(len(PROMPTS), max(counts) + requests - 1) if constrained else 1
+            for kind in (FREE, *constrained):
+                await load(url, model, warm_clients, 1, 2, kind)
             rows = []
             for n in counts:
-                rows.append(await load(url, model, n, requests, tokens))
-                print_row(server, rows[-1])
-                if rows[-1]["errors"]:
-                    _print_log_tail(log)
+                for kind in (FREE, *constrained):
+                    rows.append(await load(url, model, n, requests, tokens, kind))
+                    print_row(server, rows[-1], bool(constrained))
+                    if rows[-1]["errors"]:
+                        _print_log_tail(log)
             return rows
         except Exception:
             _print_log_tail(log)
@@ -270,7 +360,14 @@ def main() -> None:
     parser.add_argument("--max-concurrent", type=int, default=8, help="our server's --max-concurrent")
     parser.add_argument("--vllm-venv", type=Path, default=DEFAULT_VLLM_VENV,
                         help=f"the virtual environment {VLLM_MLX} is installed into and run from")
+    parser.add_argument("--constrained", nargs="?", const=",".join(CONSTRAINED), default="",
+                        metavar="KINDS",
+                        help=f"also constrained rows of these kinds ({', '.join(CONSTRAINED)}; all when no list is "
+                             "given), each against the same server's free rows")
     args = parser.parse_args()
+    constrained = tuple(kind for kind in args.constrained.split(",") if kind)
+    if any(kind not in CONSTRAINED for kind in constrained):
+        parser.error(f"--constrained takes {', '.join(CONSTRAINED)}, got {args.constrained}")
     counts = [int(n) for n in args.clients.split(",")]
     servers = args.servers.split(",")
     unknown = [server for server in servers if server not in OURS + PEERS]
@@ -287,9 +384,9 @@ def main() -> None:
     peers = [server for server in servers if server in PEERS]
     print(f"streamed greedy chat completions, {args.requests} per client, max_tokens {args.tokens}; "
           f"ours with --max-concurrent {args.max_concurrent}"
-          + "".join(f", {_peer_description(peer)}" for peer in peers))
-    print(f"{'server':<9} {'clients':>7} {'tokens':>6} {'tok/s':>7} {'ttft p50':>9} {'ttft p99':>9} "
-          f"{'itl p50':>8} {'itl p99':>8} {'errors':>6}")
+          + "".join(f", {_peer_description(peer)}" for peer in peers)
+          + (f"; constrained rows: {', '.join(constrained)}" if constrained else ""))
+    print_header(bool(constrained))
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="emlx-serve-bench-") as tmp:
         folder = None
@@ -307,10 +404,26 @@ def main() -> None:
                 # HOME of its own in the run's temporary directory, so nothing carries over or stays.
                 env = {**os.environ, "HOME": tempfile.mkdtemp(prefix="vllm-mlx-home-", dir=tmp)}
             results[server] = asyncio.run(bench_server(server, command, env, port, counts, args.requests,
-                                                       args.tokens))
+                                                       args.tokens, constrained))
+    if constrained:
+        print_constrained(results, constrained)
+    free = {server: [row for row in rows if row["kind"] == FREE] for server, rows in results.items()}
     for peer in peers:
-        print_comparison(results, peer, counts)
-    print_targets(results, peers)
+        print_comparison(free, peer, counts)
+    print_targets(free, peers)
+
+
+def print_constrained(results: dict[str, list[dict]], kinds: tuple[str, ...]) -> None:
+    """Each constrained row's tokens/s over the same server's free row at the same N (target 0.9x)."""
+    print("\nconstrained / free, the same server at the same N (tok/s: at least 0.90x)")
+    print(f"{'server':<9} {'clients':>7} " + " ".join(f"{kind:>8}" for kind in kinds) + "  field")
+    for server, rows in results.items():
+        by_key = {(row["clients"], row["kind"]): row for row in rows}
+        for n in dict.fromkeys(row["clients"] for row in rows):
+            free = by_key[(n, FREE)]["tok_s"]
+            ratios = [by_key[(n, kind)]["tok_s"] / free if free else float("nan") for kind in kinds]
+            fields = "; ".join(f"{kind}: {by_key[(n, kind)]['field']}" for kind in kinds)
+            print(f"{server:<9} {n:>7} " + " ".join(f"{ratio:>7.2f}x" for ratio in ratios) + f"  {fields}")
 
 
 def print_comparison(results: dict[str, list[dict]], peer: str, counts: list[int]) -> None:

@@ -142,3 +142,96 @@ def test_token_bytes_of_a_character_split_over_tokens_join_to_its_utf8(gguf_toke
     for text in TEXTS:
         ids = gguf_tokenizer.encode(text, add_special_tokens=False).ids
         assert b"".join(encoder.token_bytes(t) for t in ids) == text.encode()
+
+
+# ---- encoding a long text without one long hold of the GIL ------------------------
+
+ENCODE_TABLE = [
+    "",
+    "plain words, then punctuation!?",
+    "Café 🎉 naïve — 東京 ok, ünïcödé déjà vu",     # multi-byte characters, some split over tokens
+    "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>",  # special-token text: tokens where it is parsed
+    "<|im_start|x <|im_end  |im_start|> <|<|im_end|>|>",  # special-token look-alikes around real ones
+    "   leading spaces, trailing spaces   \n\n\n\t tabs\r\n",
+    "unbreakablewordwithnospacesatall" * 40,       # a long word: merges across any piece
+    "1234567890" * 30 + " 3.14159e-10 0x1F",
+    '{"type": "function", "function": {"name": "f", "parameters": {"a": [1, 2]}}}',
+]
+
+
+@needs_model
+@pytest.mark.parametrize("text", ENCODE_TABLE)
+def test_encode_text_gives_the_tokenizers_own_ids(gguf_tokenizer, text):
+    from emlx_async.llm.text import PromptEncoder, encode_text
+
+    assert encode_text(gguf_tokenizer, text) == gguf_tokenizer.encode(text, add_special_tokens=False).ids
+    encoder = PromptEncoder(gguf_tokenizer, bos_id=None, chat_template=None, vocab_size=None)
+    plain = encoder._encode_plain(text)  # special-token text kept as text, through the same call
+    assert plain == encoder._plain_tokenizer.encode(text, add_special_tokens=False).ids
+    assert ("<|im_end|>" in text) == (plain != encode_text(gguf_tokenizer, text))
+
+
+@needs_model
+def test_encode_text_gives_the_tokenizers_own_ids_for_any_text(gguf_tokenizer):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from emlx_async.llm.text import encode_text
+
+    pieces = st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|", "|>", " ", "\n", "é", "東",
+                              "🎉", "word", "'s", "12"])
+    texts = st.lists(st.one_of(st.text(max_size=12), pieces), max_size=30).map("".join)
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(texts)
+    def check(text):
+        assert encode_text(gguf_tokenizer, text) == gguf_tokenizer.encode(text, add_special_tokens=False).ids
+
+    check()
+
+
+def _longest_pause(function) -> tuple[float, float]:
+    """(the longest a ticking Python thread waited for the GIL while `function` ran, how long it ran)."""
+    import threading
+    import time
+
+    pauses, done = [0.0], threading.Event()
+
+    def tick():
+        last = time.perf_counter()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            pauses.append(now - last)
+            last = now
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        time.sleep(0.02)
+        started = time.perf_counter()
+        function()
+        took = time.perf_counter() - started
+    finally:
+        done.set()
+        ticker.join()
+    return max(pauses), took
+
+
+@needs_model
+def test_a_long_text_encodes_without_holding_the_gil_throughout(gguf_tokenizer):
+    """About 1 MB of tools JSON (what a fallback system prompt carries) is one call into the
+    tokenizer, ~0.6 s; another thread (the event loop's) must get the GIL meanwhile."""
+    import json
+
+    from emlx_async.llm.text import PromptEncoder, encode_text
+
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": f"tool {i}: café 東京 🎉",
+                                                "parameters": {"type": "object", "properties": {"a": {}}}}}
+             for i in range(4000)]
+    text = json.dumps(tools, ensure_ascii=False)
+    encoder = PromptEncoder(gguf_tokenizer, bos_id=None, chat_template=None, vocab_size=None)
+    for encode in (lambda: encode_text(gguf_tokenizer, text), lambda: encoder._encode_plain(text)):
+        pause, took = _longest_pause(encode)
+        assert took > 0.2, f"the encode took {took:.2f}s: too quick to show anything"
+        assert pause < took / 4, f"another thread waited {pause:.2f}s for the GIL in a {took:.2f}s encode"

@@ -89,3 +89,20 @@ def test_serve_benchmark_skips_vllm_mlx_with_a_message_when_its_install_fails(tm
     assert "vllm-mlx: skipped, its install failed" in done.stdout, done.stdout
     assert not any(line.startswith("vllm-mlx ") for line in done.stdout.splitlines()), done.stdout  # no row
     assert not (venv / ".installed").exists()
+
+
+def test_serve_benchmarks_constrained_rows_run_against_the_same_servers_free_rows():
+    done = subprocess.run([sys.executable, str(SERVE), "--servers", "parallel", "--clients", "1", "--requests", "1",
+                           "--tokens", "2", "--constrained"], capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {tuple(line.split()[:2] + line.split()[9:10]): line for line in done.stdout.splitlines()}
+    for kind in ("free", "schema", "tool"):
+        assert ("parallel", "1", kind) in rows, done.stdout
+    assert "schema kept 1/1" in rows[("parallel", "1", "schema")], done.stdout  # the answer opens a JSON object
+    assert "constrained / free, the same server at the same N" in done.stdout, done.stdout
+    ratios = [line.split() for line in done.stdout.split("constrained / free")[1].splitlines()]
+    assert any(row[:2] == ["parallel", "1"] and row[2].endswith("x") and row[3].endswith("x") for row in ratios), \
+        done.stdout
+    bad = subprocess.run([sys.executable, str(SERVE), "--constrained", "regex"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "--constrained takes schema, tool, got regex" in bad.stderr, bad.stderr

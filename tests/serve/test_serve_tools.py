@@ -527,3 +527,62 @@ async def test_a_grammar_that_fails_fails_its_request_only(smollm2_tokenizer):
         with pytest.raises(openai.APIError, match="grammar failed"):
             async for _ in stream:
                 pass
+
+
+# ---- live: a tiny model, a huge tools block in the fallback system prompt ---------
+
+@pytest.fixture(scope="module")
+def fallback_server(tmp_path_factory, smollm2_tokenizer):
+    from support.helpers import ServerProcess
+    from support.tiny_models import tiny_model_folder
+
+    _, smollm2_template = smollm2_tokenizer  # renders no tools: they go into the fallback block
+    folder = tiny_model_folder(tmp_path_factory.mktemp("fallback"), smollm2_template)
+    # Room for a body of several MB, and a prompt bound that the rendered text's cheap bound passes and
+    # its real token count does not: the request is encoded in full, then refused.
+    with ServerProcess("--model", str(folder), "--log-level", "warning", "--max-body-bytes", "8000000",
+                       "--max-prompt-tokens", "100000") as live:
+        yield live
+
+
+@pytest.mark.model
+@pytest.mark.timeout(180)
+def test_health_answers_while_a_huge_tools_block_is_encoded(fallback_server):
+    """~1.3 MB of tools rendered into the fallback system prompt is one call into the tokenizer;
+    /health must not wait for it (a call that holds the GIL throughout held it ~0.6 s idle)."""
+    import threading
+    import time
+
+    import httpx
+
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": f"tool {i}: café 東京 🎉",
+                                                "parameters": {"type": "object", "properties": {"a": {}}}}}
+             for i in range(6000)]
+    body = {"messages": USER, "tools": tools, "max_tokens": 1}
+    answer: list = []
+
+    def post_big() -> None:
+        with httpx.Client(base_url=fallback_server.url, timeout=120) as own:
+            answer.append(own.post("/v1/chat/completions", json=body))
+
+    with httpx.Client(base_url=fallback_server.url, timeout=30) as http:
+        assert http.get("/health").status_code == 200  # the connection is open before the clock starts
+        big = threading.Thread(target=post_big)
+        started = time.monotonic()
+        big.start()
+        worst = 0.0
+        try:
+            while big.is_alive() and time.monotonic() - started < 100:
+                asked = time.monotonic()
+                assert http.get("/health").status_code == 200
+                worst = max(worst, time.monotonic() - asked)
+                time.sleep(0.02)
+        finally:
+            big.join()
+    took = time.monotonic() - started
+    assert answer[0].status_code == 400, answer[0].text  # encoded in full: past the prompt bound
+    assert answer[0].json()["error"]["code"] == "context_length_exceeded", answer[0].text
+    # Held throughout, the tokenizer's call is about 0.4 of the request's time (0.6 s of 1.5 s idle);
+    # let go of, /health waits for the GIL a few switch intervals (longer on a loaded machine).
+    assert worst < max(0.25, took / 8), \
+        f"/health waited {worst:.2f}s while the tools were encoded ({took:.1f}s in all)"
