@@ -19,6 +19,7 @@ import anyio
 import mlx.core as mx
 import pytest
 
+from support.engine import answer_of
 from support.helpers import needs_model, on_loops
 from support.tiny_models import smollm2_vocab_llama
 
@@ -60,34 +61,23 @@ async def tiny_engine(rt, gguf, model, mode: str, step: str, **options) -> Engin
     return engine
 
 
-async def collect(engine: Engine, prompt="Hello", **kwargs) -> tuple[str, list[int], str | None]:
-    text, tokens, finish = "", [], None
-    with anyio.fail_after(60):
-        async for delta in engine.generate(prompt, **kwargs):
-            text += delta.text
-            if delta.token is not None:
-                tokens.append(delta.token)
-            finish = delta.finish_reason
-    return text, tokens, finish
-
-
 @one_loop
 @pytest.mark.parametrize("mode, step", MODES_AND_STEPS)
 async def test_a_schema_request_validates_greedy_and_seeded_alone_and_beside_free_rows(rt, gguf, tiny_llama,
                                                                                         mode, step):
     engine = await tiny_engine(rt, gguf, tiny_llama, mode, step, max_concurrent=4)
     free = [dict(prompt="Once upon", max_tokens=8), dict(prompt="a b c", max_tokens=8, temperature=0.8, seed=3)]
-    alone = [await collect(engine, **r) for r in free]
+    alone = [await answer_of(engine, **r) for r in free]
     grammar = Grammar.json_schema(PERSON)
     for sampling in (dict(), dict(temperature=1.0, seed=7)):
-        text, tokens, finish = await collect(engine, grammar=grammar, max_tokens=48, **sampling)
+        text, tokens, finish = await answer_of(engine, grammar=grammar, max_tokens=48, **sampling)
         jsonschema.validate(json.loads(text), PERSON)
         assert finish == "stop" and len(tokens) < 48
     async with anyio.create_task_group() as tg:
         results: dict = {}
 
         async def run(name, **kwargs):
-            results[name] = await collect(engine, **kwargs)
+            results[name] = await answer_of(engine, **kwargs)
 
         tg.start_soon(lambda: run("constrained", grammar=grammar, max_tokens=48, temperature=1.0, seed=7))
         for i, r in enumerate(free):
@@ -102,15 +92,15 @@ async def test_a_schema_request_validates_greedy_and_seeded_alone_and_beside_fre
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
 async def test_any_json_a_regex_and_a_budget_too_small_to_finish(rt, gguf, tiny_llama, mode):
     engine = await tiny_engine(rt, gguf, tiny_llama, mode, "auto")
-    text, _, finish = await collect(engine, grammar=Grammar.json_object(), max_tokens=40)
+    text, _, finish = await answer_of(engine, grammar=Grammar.json_object(), max_tokens=40)
     # Any JSON object, or (a random model may never close it) one cut at the budget.
     if finish == "stop":
         assert isinstance(json.loads(text), dict)
     else:
         assert finish == "length" and text.startswith("{")
-    text, tokens, finish = await collect(engine, grammar=Grammar.regex(r"[0-9]{3}-[a-z]{2}"), max_tokens=12)
+    text, tokens, finish = await answer_of(engine, grammar=Grammar.regex(r"[0-9]{3}-[a-z]{2}"), max_tokens=12)
     assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", text) and finish == "stop"  # the first token is masked too
-    text, tokens, finish = await collect(engine, grammar=Grammar.regex(r"[a-z]{300}"), max_tokens=5)
+    text, tokens, finish = await answer_of(engine, grammar=Grammar.regex(r"[a-z]{300}"), max_tokens=5)
     assert finish == "length" and len(tokens) == 5 and re.fullmatch(r"[a-z]+", text)
     await engine.wait_idle()
 
@@ -120,7 +110,7 @@ async def test_any_json_a_regex_and_a_budget_too_small_to_finish(rt, gguf, tiny_
 async def test_a_grammar_failure_fails_its_request_alone(rt, gguf, tiny_llama, mode, monkeypatch):
     engine = await tiny_engine(rt, gguf, tiny_llama, mode, "python", max_concurrent=3)
     free = dict(prompt="Once upon", max_tokens=10)
-    alone = await collect(engine, **free)
+    alone = await answer_of(engine, **free)
     failing = Grammar.regex(r"[a-z]{40}")
     made = Engine._matcher
 
@@ -139,7 +129,7 @@ async def test_a_grammar_failure_fails_its_request_alone(rt, gguf, tiny_llama, m
 
     async def run(name, **kwargs):
         try:
-            results[name] = await collect(engine, **kwargs)
+            results[name] = await answer_of(engine, **kwargs)
         except GrammarStateError as exc:
             results[name] = exc
 
@@ -152,7 +142,7 @@ async def test_a_grammar_failure_fails_its_request_alone(rt, gguf, tiny_llama, m
     jsonschema.validate(json.loads(results["json"][0]), PERSON)
     assert results["free"][1] == alone[1]
     # The engine goes on.
-    assert (await collect(engine, **free))[1] == alone[1]
+    assert (await answer_of(engine, **free))[1] == alone[1]
     await engine.wait_idle()
 
 
@@ -170,7 +160,7 @@ async def test_cancelling_a_constrained_stream_frees_its_slot(rt, gguf, tiny_lla
         await stream.aclose()
         assert engine.active_requests == 0
         # wait=False: the slot is free now, not after the 200 tokens.
-        text, _, finish = await collect(engine, grammar=Grammar.regex(r"[0-9]{2}"), max_tokens=4, wait=False)
+        text, _, finish = await answer_of(engine, grammar=Grammar.regex(r"[0-9]{2}"), max_tokens=4, wait=False)
     assert re.fullmatch(r"[0-9]{2}", text) and finish == "stop"
     await engine.wait_idle()
 
@@ -201,9 +191,9 @@ async def test_smollm2_answers_a_schema_with_json_that_validates(rt, mode):
     results: dict = {}
 
     async def run(name, **kwargs):
-        results[name] = await collect(engine, prompt=None, messages=messages, **kwargs)
+        results[name] = await answer_of(engine, prompt=None, messages=messages, **kwargs)
 
-    alone = await collect(engine, prompt=None, messages=messages, max_tokens=6)
+    alone = await answer_of(engine, prompt=None, messages=messages, max_tokens=6)
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: run("greedy", grammar=grammar, max_tokens=32))
         tg.start_soon(lambda: run("seeded", grammar=grammar, max_tokens=32, temperature=0.7, seed=1))
@@ -233,7 +223,7 @@ async def test_a_bias_and_penalties_shape_a_constrained_request_within_its_gramm
     seven = tokenizer.token_to_id("7")
     engine = await tiny_engine(rt, gguf, tiny_llama, mode, "auto")
     pattern = r"[0-9]{3}-[a-z]{2}"
-    text, _, finish = await collect(engine, grammar=Grammar.regex(pattern), max_tokens=12,
+    text, _, finish = await answer_of(engine, grammar=Grammar.regex(pattern), max_tokens=12,
                                     logit_bias={seven: 100}, presence_penalty=2.0, repetition_penalty=1.5)
     assert re.fullmatch(pattern, text) and text.startswith("777-") and finish == "stop", text
     await engine.wait_idle()

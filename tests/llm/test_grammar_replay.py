@@ -22,6 +22,7 @@ import anyio
 import mlx.core as mx
 import pytest
 
+from support.engine import answer_of
 from support.helpers import needs_model, on_loops
 from support.schemas import random_schema
 from support.tiny_models import smollm2_vocab_llama, tiny
@@ -66,24 +67,13 @@ async def engine_of(rt, gguf, kind: str, mode: str, step: str, **options) -> Eng
     return engine
 
 
-async def collect(engine: Engine, prompt="Hello", **kwargs) -> tuple[str, list[int], str | None]:
-    text, tokens, finish = "", [], None
-    with anyio.fail_after(60):
-        async for delta in engine.generate(prompt, **kwargs):
-            text += delta.text
-            if delta.token is not None:
-                tokens.append(delta.token)
-            finish = delta.finish_reason
-    return text, tokens, finish
-
-
 async def at_once(engine: Engine, requests: dict) -> dict:
     """Each named request's (text, tokens, finish), or its exception, all running at once."""
     results: dict = {}
 
     async def run(name, kwargs):
         try:
-            results[name] = await collect(engine, **kwargs)
+            results[name] = await answer_of(engine, **kwargs)
         except GrammarStateError as exc:
             results[name] = exc
 
@@ -110,8 +100,8 @@ async def test_replayed_constrained_tokens_are_the_python_steps(rt, gguf, mode):
     assert "constrained requests (grammar) take the replayed step" in replayed.step_note
     for name, make in GRAMMARS.items():
         for sampling in (GREEDY, SEEDED, SAMPLED):
-            want = await collect(python, grammar=make(), max_tokens=40, **sampling)
-            got = await collect(replayed, grammar=make(), max_tokens=40, **sampling)
+            want = await answer_of(python, grammar=make(), max_tokens=40, **sampling)
+            got = await answer_of(replayed, grammar=make(), max_tokens=40, **sampling)
             assert got == want, (name, sampling)
             assert want[2] == "stop", (name, sampling, want)
     # Greedy and sampled masked steps ran (one stream's, or a batch's of one row).
@@ -136,8 +126,8 @@ async def test_forced_tokens_let_a_stream_plan_several_masks_per_thread_hop(rt, 
     monkeypatch.setattr(constrained, "plan_masks", counted)
     for sampling in (GREEDY, SEEDED):
         hops.clear()
-        want = await collect(python, grammar=Grammar.json_schema(PERSON), max_tokens=40, **sampling)
-        got = await collect(replayed, grammar=Grammar.json_schema(PERSON), max_tokens=40, **sampling)
+        want = await answer_of(python, grammar=Grammar.json_schema(PERSON), max_tokens=40, **sampling)
+        got = await answer_of(replayed, grammar=Grammar.json_schema(PERSON), max_tokens=40, **sampling)
         assert got == want and got[2] == "stop"
         jsonschema.validate(json.loads(got[0]), PERSON)
         assert max(hops) >= 2 and len(hops) < len(got[1]) / 2, (hops, len(got[1]))
@@ -151,8 +141,8 @@ async def test_a_batch_mixes_constrained_and_free_rows_on_the_masked_step(rt, gg
             "free seeded": dict(prompt="a b c", max_tokens=24, **SEEDED)}
     constrained_rows = {"schema": dict(grammar=Grammar.json_schema(PERSON), max_tokens=40, **SEEDED),
                         "regex": dict(grammar=Grammar.regex(r"[0-9]{3}-[a-z]{2,4}"), max_tokens=20)}
-    alone = {name: await collect(batch, **r) for name, r in free.items()}
-    want = {name: await collect(python, **r) for name, r in constrained_rows.items()}
+    alone = {name: await answer_of(batch, **r) for name, r in free.items()}
+    want = {name: await answer_of(python, **r) for name, r in constrained_rows.items()}
     got = await at_once(batch, {**free, **constrained_rows})
     for name in free:  # the free rows decode as they do with no constrained neighbour
         assert got[name] == alone[name], name
@@ -176,12 +166,12 @@ async def test_a_row_its_grammar_ends_beside_running_rows_saves_an_intact_prompt
                             prompt_cache=PrefixCache(1000, 1 << 28))
     constrained_row = dict(prompt=[9, 8], grammar=Grammar.regex(r"[0-9]{3}-[a-z]{2,4}"), max_tokens=30,
                            temperature=1.0, seed=5)
-    want = await collect(python, **constrained_row)
+    want = await answer_of(python, **constrained_row)
     running = dict(prompt=[100, 101, 102], max_tokens=24)  # still decoding when the grammar ends
     got = await at_once(batch, {"running": running, "constrained": constrained_row})
     assert got["constrained"] == want and want[2] == "stop"
     # Its prompt now restores from what the save kept.
-    assert await collect(batch, **constrained_row) == want
+    assert await answer_of(batch, **constrained_row) == want
     await batch.wait_idle()
 
 
@@ -214,13 +204,13 @@ async def test_random_schemas_validate_on_either_step_beside_free_rows(rt, gguf,
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_grammar_that_cannot_finish_in_the_budget_ends_with_length(rt, gguf, mode):
     engine = await engine_of(rt, gguf, "llama", mode, "auto")
-    text, tokens, finish = await collect(engine, grammar=Grammar.regex(r"[a-z]{300}"), max_tokens=5)
+    text, tokens, finish = await answer_of(engine, grammar=Grammar.regex(r"[a-z]{300}"), max_tokens=5)
     assert finish == "length" and len(tokens) == 5 and re.fullmatch(r"[a-z]+", text)
     # Forced all the way (one token allowed at every step): cut at the budget all the same.
     forced = Grammar.json_schema({"const": {"answer": "yes", "reason": "none at all"}})
-    text, tokens, finish = await collect(engine, grammar=forced, max_tokens=4, **SEEDED)
+    text, tokens, finish = await answer_of(engine, grammar=forced, max_tokens=4, **SEEDED)
     assert finish == "length" and len(tokens) == 4 and text.startswith('{"')
-    text, tokens, finish = await collect(engine, grammar=forced, max_tokens=40, **SEEDED)
+    text, tokens, finish = await answer_of(engine, grammar=forced, max_tokens=40, **SEEDED)
     assert finish == "stop" and json.loads(text) == {"answer": "yes", "reason": "none at all"}
     assert masked_shapes(engine)
     await engine.wait_idle()
@@ -232,7 +222,7 @@ async def test_a_grammar_that_cannot_finish_in_the_budget_ends_with_length(rt, g
 async def test_a_grammar_failure_on_the_replayed_step_fails_its_request_alone(rt, gguf, mode, at, monkeypatch):
     engine = await engine_of(rt, gguf, "llama", mode, "auto", max_concurrent=3)
     free = dict(prompt="Once upon", max_tokens=16)
-    alone = await collect(engine, **free)
+    alone = await answer_of(engine, **free)
     failing = Grammar.regex(r"[a-z]{40}")
     made = Engine._matcher
 
@@ -255,7 +245,7 @@ async def test_a_grammar_failure_on_the_replayed_step_fails_its_request_alone(rt
     jsonschema.validate(json.loads(results["json"][0]), PERSON)
     assert results["free"] == alone
     assert masked_shapes(engine)
-    assert (await collect(engine, **free)) == alone  # the engine goes on
+    assert (await answer_of(engine, **free)) == alone  # the engine goes on
     await engine.wait_idle()
 
 
@@ -268,7 +258,7 @@ async def test_other_architectures_replay_the_python_steps_constrained_tokens(rt
     replayed = await engine_of(rt, gguf, kind, mode, "auto", max_concurrent=2)
     requests = {"schema": dict(grammar=Grammar.json_schema(PERSON), max_tokens=32, **SEEDED),
                 "regex": dict(grammar=Grammar.regex(r"[0-9]{3}-[a-z]{2,4}"), max_tokens=16)}
-    want = {name: await collect(python, **r) for name, r in requests.items()}
+    want = {name: await answer_of(python, **r) for name, r in requests.items()}
     assert await at_once(replayed, requests) == want
     assert masked_shapes(replayed)
     await replayed.wait_idle()

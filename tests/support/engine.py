@@ -22,6 +22,18 @@ async def collect(engine, **kwargs):
     return text, tokens
 
 
+async def answer_of(engine, prompt="Hello", **kwargs) -> tuple[str, list[int], str | None]:
+    """The text, token ids and finish reason of one ``engine.generate(prompt, **kwargs)``, within 60 s."""
+    text, tokens, finish = "", [], None
+    with anyio.fail_after(60):
+        async for delta in engine.generate(prompt, **kwargs):
+            text += delta.text
+            if delta.token is not None:
+                tokens.append(delta.token)
+            finish = delta.finish_reason
+    return text, tokens, finish
+
+
 async def tokens_of(engine, prompt, **options) -> list[int]:
     """The token ids of one ``engine.generate(prompt, **options)``."""
     return [d.token async for d in engine.generate(prompt, **options) if d.token is not None]
