@@ -14,6 +14,7 @@ function per worker thread, made lazily inside the queue job.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -306,6 +307,35 @@ def load_traced(path: str | os.PathLike, *, verify: bool = False, verify_timeout
     return _register(data, path)
 
 
+# MLX cannot serialize its Contiguous primitive, and mlx-lm's state-space models
+# (qwen3_next, qwen3_5, kimi_linear, olmo_hybrid, ...) pass their conv state through
+# mx.contiguous in every step. While a trace is built, mx.contiguous is a flatten and
+# reshape: the same values, row-contiguous (a non-contiguous input is copied), from ops
+# that export. It is a correct mx.contiguous for any other thread calling it meanwhile.
+_MLX_CONTIGUOUS = mx.contiguous
+_exporting_lock = threading.Lock()
+_exporting = 0
+
+
+def _exportable_contiguous(a: mx.array, /, allow_col_major: bool = False, *, stream=None) -> mx.array:
+    return mx.reshape(mx.flatten(a, stream=stream), a.shape, stream=stream)
+
+
+@contextlib.contextmanager
+def _exportable_ops():
+    global _exporting
+    with _exporting_lock:
+        _exporting += 1
+        mx.contiguous = _exportable_contiguous
+    try:
+        yield
+    finally:
+        with _exporting_lock:
+            _exporting -= 1
+            if not _exporting:
+                mx.contiguous = _MLX_CONTIGUOUS
+
+
 def _outputs(result: Any) -> list:
     return list(result) if isinstance(result, (list, tuple)) else [result]
 
@@ -331,7 +361,8 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
             return _outputs(fn(*a))
 
         def export(*xs):
-            mx.export_function(path, traced, *xs, shapeless=shapeless)
+            with _exportable_ops():
+                mx.export_function(path, traced, *xs, shapeless=shapeless)
             if save is not None:
                 _seal(path)
             return _register(_read_export(path))

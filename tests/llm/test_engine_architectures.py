@@ -3,8 +3,7 @@
 Tiny random models (tests/support/tiny_models.py, no download) of the architectures
 users serve most (and gpt2, mamba2 and qwen3_next), each in "parallel" and "batch" mode: greedy and seeded
 tokens, alone and four at once, must be mlx-lm's ``generate_step``'s, and
-the step must be the replayed one, or the documented fallback (qwen3_next:
-MLX cannot export the Contiguous op its conv state goes through).
+the step must be the replayed one.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ N = 14  # past gemma3's window of 8, and the longest prompt past the 16-position
 SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20)
 # Two seeded requests among the four at once.
 AT_ONCE = [dict(), dict(seed=6, **SAMPLED), dict(), dict(seed=7, **SAMPLED)]
-FALLBACKS = {"qwen3_next": "Contiguous"}  # model type -> what step_note names
 
 
 @functools.cache
@@ -64,8 +62,6 @@ async def check_engine(kind: str, mode: str, model_options: tuple = (), cache: t
         step_kind = await engine.prepare_step(step, cache_sizes=(16, 32))
         if step == "python":
             assert step_kind == "python"
-        elif kind in FALLBACKS:
-            assert step_kind == "python" and FALLBACKS[kind] in engine.step_note
         else:
             assert step_kind == "replay", engine.step_note
         want = functools.partial(reference, kind, options=model_options, cache=cache)

@@ -141,6 +141,27 @@ async def test_what_cannot_be_traced_raises_at_trace_time():
 
 
 @one_loop
+async def test_mx_contiguous_is_traced_as_ops_mlx_can_export():
+    """mx.export_function cannot serialize Contiguous; a trace holds it as a flatten and reshape,
+    the same values, and mx.contiguous is MLX's own again once the trace is built (or failed)."""
+    mlx_contiguous = mx.contiguous
+
+    def tail(a):  # a transposed slice: not contiguous, so mx.contiguous copies it
+        return mx.contiguous(a.T[:, -3:]) * 2.0
+
+    x = rand(5, 4)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(tail, x, queue=q)
+        assert mx.contiguous is mlx_contiguous
+        assert mx.array_equal(await f(x, queue=q), tail(x)).item()
+        with pytest.raises(ValueError, match="eval"):
+            await ea.trace(lambda a: mx.contiguous(a) + a.sum().item(), x, queue=q)
+        assert mx.contiguous is mlx_contiguous
+        f.release()
+
+
+@one_loop
 async def test_bad_inputs_raise_and_the_queue_keeps_working():
     x, y = rand(4, 8), rand(8, 6)
     async with ea.Runtime() as rt:
