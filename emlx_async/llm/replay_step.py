@@ -21,6 +21,8 @@ Which stand-in each layer gets follows ``make_prompt_cache``:
   mlx-lm's attention takes its quantized path.
 * ``ArraysCache`` (SSM and linear-attention layers): its arrays in and out,
   fixed-shape states that need no position.
+* ``CacheList`` (a layer with several caches, as falcon_h1's state and
+  keys): each of its caches' buffers in turn.
 
 Anything else raises ``NotTraceable`` naming it. ``CacheSpec`` describes the
 buffers (per layer: shapes per rows and size, dtypes) and moves mlx-lm
@@ -42,7 +44,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, QuantizedKVCache, RotatingKVCache
 
 from .. import NotTraceable as NotTraceable
 from . import penalties as _penalties
@@ -195,7 +197,42 @@ class ArraysLayer:
         return cache
 
 
-Layer = KVLayer | QuantizedLayer | ArraysLayer
+@dataclass(frozen=True)
+class ListLayer:
+    """A CacheList's caches (a hybrid layer's state and keys): each part's buffers in turn."""
+    parts: tuple[KVLayer | QuantizedLayer | ArraysLayer, ...]
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]:
+        return tuple(buffer for part in self.parts for buffer in part.buffers)
+
+    def stand_in(self, arrays: Sequence[mx.array], position: mx.array, masks: list) -> CacheList:
+        return CacheList(*(part.stand_in(a, position, masks) for part, a in zip(self.parts, self._split(arrays))))
+
+    def outputs(self, cache: Any) -> list[mx.array]:
+        return [array for part, c in zip(self.parts, cache.caches) for array in part.outputs(c)]
+
+    def from_mlx(self, cache: Any, size: int) -> list[mx.array]:
+        if type(cache) is not CacheList or len(cache.caches) != len(self.parts):
+            raise TypeError(f"this layer takes a CacheList of {len(self.parts)} caches, got {type(cache).__name__}")
+        return [array for part, c in zip(self.parts, cache.caches) for array in part.from_mlx(c, size)]
+
+    def to_mlx(self, arrays: Sequence[mx.array], row: int, length: int):
+        return CacheList(*(part.to_mlx(a, row, length) for part, a in zip(self.parts, self._split(arrays))))
+
+    def _split(self, arrays: Sequence[mx.array]) -> list[list[mx.array]]:
+        out, at = [], 0
+        for part in self.parts:
+            out.append(list(arrays[at:at + len(part.buffers)]))
+            at += len(part.buffers)
+        return out
+
+
+Layer = KVLayer | QuantizedLayer | ArraysLayer | ListLayer
+
+
+def _parts(layer: Layer) -> tuple[KVLayer | QuantizedLayer | ArraysLayer, ...]:
+    return layer.parts if isinstance(layer, ListLayer) else (layer,)
 
 
 @dataclass(frozen=True)
@@ -235,7 +272,7 @@ class CacheSpec:
         layer is bounded (rings hold their max_size, states no positions at all), so a
         max_kv_size stream (or an SSM's) replays at any length."""
         bounds = [layer.max_size if isinstance(layer, KVLayer) else 0 if isinstance(layer, ArraysLayer) else None
-                  for layer in self.layers]
+                  for parts in map(_parts, self.layers) for layer in parts]
         if any(bound is None for bound in bounds):
             return tokens
         return max(1, min(tokens, max(bounds, default=0)))
@@ -245,7 +282,8 @@ class CacheSpec:
         return sum(len(layer.buffers) for layer in self.layers)
 
     def shapes(self, rows: int, size: int) -> list[tuple[int, ...]]:
-        return [_shape(buffer, rows, layer.length(size)) for layer in self.layers for buffer in layer.buffers]
+        return [_shape(buffer, rows, part.length(size))
+                for layer in self.layers for part in _parts(layer) for buffer in part.buffers]
 
     def dtypes(self) -> list[mx.Dtype]:
         return [buffer.dtype for layer in self.layers for buffer in layer.buffers]
@@ -315,6 +353,11 @@ def _layer_of(cache: Any, index: int) -> Layer:
     if kind is QuantizedKVCache:
         return QuantizedLayer(tuple(_timed(x) for x in cache.keys), tuple(_timed(x) for x in cache.values),
                               bits=cache.bits, group_size=cache.group_size)
+    if kind is CacheList:
+        parts = tuple(_layer_of(part, index) for part in cache.caches)
+        if any(isinstance(part, ListLayer) for part in parts):
+            raise NotTraceable(f"a CacheList inside a CacheList (layer {index}) has no fixed-buffer form")
+        return ListLayer(parts)
     if isinstance(cache, ArraysCache):
         if any(state is None for state in cache.cache):
             raise NotTraceable(f"{kind.__name__} of layer {index} is not filled by a decode step")
@@ -469,7 +512,7 @@ def forward(model, spec: CacheSpec, token: mx.array, position: mx.array,
     masks: list = []
     caches = [layer.stand_in(arrays, position, masks) for layer, arrays in zip(spec.layers, spec._split(buffers))]
     logits = model(token, cache=caches)
-    if not masks and any(not isinstance(layer, ArraysLayer) for layer in spec.layers):
+    if not masks and any(not isinstance(part, ArraysLayer) for layer in spec.layers for part in _parts(layer)):
         # Without a mask the positions past a row's own (zeros, or an earlier
         # request's) would be attended: refuse rather than decode wrong tokens.
         raise NotTraceable("the model attends without asking its cache for a mask")

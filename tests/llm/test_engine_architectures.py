@@ -1,7 +1,7 @@
 """Every architecture through the engine, both modes: mlx-lm's own tokens, replayed natively.
 
 Tiny random models (tests/support/tiny_models.py, no download) of the architectures
-users serve most (and gpt2, mamba2 and qwen3_next), each in "parallel" and "batch" mode: greedy and seeded
+users serve most (and gpt2, and the state-space mamba2, qwen3_next, qwen3_5 and falcon_h1), each in "parallel" and "batch" mode: greedy and seeded
 tokens, alone and four at once, must be mlx-lm's ``generate_step``'s, and
 the step must be the replayed one.
 """
@@ -18,7 +18,7 @@ import emlx_async as ea
 from emlx_async.llm import Engine
 from emlx_async.llm.cache_options import CacheOptions
 from support.helpers import on_loops
-from support.tiny_models import ARCHITECTURES, QUANTIZABLE, IdsTokenizer, mlx_lm_tokens, tiny
+from support.tiny_models import ARCHITECTURES, QUANTIZABLE, STATE_ARCHITECTURES, IdsTokenizer, mlx_lm_tokens, tiny
 
 PROMPTS = [[3, 17, 5, 9, 100, 42], [7, 1, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19], [2]]
 N = 14  # past gemma3's window of 8, and the longest prompt past the 16-position trace
@@ -75,7 +75,7 @@ async def check_engine(kind: str, mode: str, model_options: tuple = (), cache: t
 
 @on_loops("asyncio", "uvloop")
 @pytest.mark.parametrize("mode", ["parallel", "batch"])
-@pytest.mark.parametrize("kind", [*ARCHITECTURES, "gpt2", "mamba2", "qwen3_next"])
+@pytest.mark.parametrize("kind", [*ARCHITECTURES, "gpt2", *STATE_ARCHITECTURES])
 async def test_every_architecture_gives_mlx_lms_tokens(kind, mode):
     await check_engine(kind, mode)
 

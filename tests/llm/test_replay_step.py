@@ -215,6 +215,19 @@ async def test_a_hybrid_model_whose_conv_state_goes_through_contiguous_replays(r
         [mlx_lm_tokens(model, p, 10) for p in BATCH_PROMPTS]
 
 
+@on_loops("asyncio", "uvloop")
+async def test_a_layer_of_several_caches_replays(rt):
+    """falcon_h1's layers are CacheLists (a Mamba-2 state beside a KVCache): each part's buffers
+    in turn, the key-value part masked and positioned as a plain layer."""
+    model = tiny("falcon_h1")
+    spec = CacheSpec.of(model)
+    assert [[type(part).__name__ for part in layer.parts] for layer in spec.layers] == [["ArraysLayer", "KVLayer"]] * 2
+    check_against_model(model, spec)
+    assert await replayed_tokens(rt, model, spec, PROMPT, STEPS) == mlx_lm_tokens(model, PROMPT, STEPS)
+    assert await replayed_batch(rt, model, spec, BATCH_PROMPTS, 10) == \
+        [mlx_lm_tokens(model, p, 10) for p in BATCH_PROMPTS]
+
+
 def test_cache_options_mlx_lm_or_mlx_refuse_are_refused_with_their_message():
     with pytest.raises(ValueError, match="kv_bits: mlx-lm cannot quantize.*RotatingKVCache Quantization NYI"):
         CacheSpec.of(tiny("gemma3_text", **QUANTIZABLE),

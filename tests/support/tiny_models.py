@@ -40,6 +40,12 @@ STATE_ARCHITECTURES = {
                        linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4,
                        num_experts_per_tok=2, decoder_sparse_step=1, shared_expert_intermediate_size=32,
                        mlp_only_layers=[], moe_intermediate_size=32, partial_rotary_factor=0.5, head_dim=16),
+    # Qwen3.5's text model: qwen3_next's linear attention without the experts.
+    "qwen3_5": dict(full_attention_interval=2, linear_num_value_heads=2, linear_num_key_heads=2,
+                    linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, head_dim=16),
+    # Every layer a CacheList: a Mamba-2 state beside a KVCache.
+    "falcon_h1": dict(head_dim=16, mamba_d_ssm=64, mamba_d_state=16, mamba_d_head=16, mamba_n_heads=4,
+                      mamba_chunk_size=8),
 }
 # One query head of 32 per key-value head: a whole quantization group of 32 (kv_group_size=32).
 QUANTIZABLE = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32)
