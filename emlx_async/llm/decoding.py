@@ -130,8 +130,11 @@ class Decoding:
         if state.logits is not None:  # a held prefill: the whole prompt is in the cache
             logits, state.logits = state.logits, None
             return logits
-        if self.cache_options.kv_bits is not None and tokens.size > 1:
-            # generate_step's order: the last token alone, after the rest is quantized.
+        if tokens.size > 1 and (self.cache_options.kv_bits is not None or not restorable(cache)):
+            # generate_step's order: the last token alone, after the rest (quantized with
+            # kv_bits). Rotating and state caches can depend on it: plamo3's sliding mask is
+            # one wider than its ring, so a prompt past the window in one call gives other
+            # logits than mlx-lm's.
             self._forward(tokens[None, :-1], cache)
             tokens = tokens[-1:]
         return self._forward(tokens[None], cache)[:, -1, :]

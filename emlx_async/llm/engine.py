@@ -73,6 +73,7 @@ from .penalties import Penalties, check_penalties
 from .prompt_cache import HeldPrefill, PrefixCache
 from .sampling import SAMPLER_OPTIONS, SEED_RANGE, Sampler, check_sampling
 from .text import PromptEncoder, find_stop, stop_prefix_len
+from .replay_step import CacheSpec, NotTraceable, check_batch_against_rows
 from .traces import UNKNOWN_CONTEXT, ReplayTraces, cache_sizes
 from .types import MAX_CHOICES, MAX_TOP_LOGPROBS, BatchDriverError, Delta, EngineBusy, RequestStats, is_int
 
@@ -269,6 +270,8 @@ class Engine:
         options = decoding.cache_options
         async with self.runtime.queue() as queue:  # options the model cannot take fail either step
             await queue.run(options.probe, self.model)
+            if self.mode == "batch":  # a model that batches wrongly does so on both steps
+                await queue.run(_check_batching, self.model, options)
         described = options.describe()
         if step == "python":
             self.step_note = "the Python step was asked for" + (f" ({described})" if described else "")
@@ -662,6 +665,19 @@ async def _first_of_each(streams: list[AsyncGenerator[Delta, None]]) -> dict[int
 
 def _seed(seed: int | None) -> int:
     return int.from_bytes(os.urandom(8), "little") if seed is None else int(seed) % SEED_RANGE
+
+
+def _check_batching(model, options: CacheOptions) -> None:
+    """Refuse batch mode for a model whose batch gives its rows other logits than alone."""
+    try:
+        spec = CacheSpec.of(model, options)
+    except NotTraceable:
+        return  # no fixed-buffer form to step a batch of: nothing to compare
+    try:
+        check_batch_against_rows(model, spec)
+    except ValueError as exc:
+        raise ValueError(f"mode 'batch' cannot serve model type {_model_type(model)!r}: {exc}; "
+                         "mode 'parallel' runs each request alone") from exc
 
 
 def _model_type(model) -> str:

@@ -53,7 +53,7 @@ from .grammar import apply_token_mask
 from .traced import sample
 
 __all__ = ["NotTraceable", "CacheSpec", "MASK_INPUT", "PENALTY_INPUTS", "forward", "make_step",
-           "check_against_model", "model_weights"]
+           "check_against_model", "check_batch_against_rows", "model_weights"]
 
 
 # ---- what the buffers are --------------------------------------------------------
@@ -593,6 +593,36 @@ def check_against_model(model, spec: CacheSpec, tokens: Sequence[int] = (1, 2, 3
         if not mx.allclose(logits.astype(mx.float32), want.astype(mx.float32), rtol=1e-2, atol=1e-2).item():
             raise ValueError("the fixed-cache step disagrees with the model's own forward")
     return int(logits.shape[-1])
+
+
+def check_batch_against_rows(model, spec: CacheSpec, prompts: Sequence[Sequence[int]] = ((1, 2, 3, 4), (5, 6))) -> None:
+    """A batch's logits are its rows' own: rows at different positions stepped together and
+    each alone. Raises ValueError naming what differs. mlx-lm's gemma2 adds a batch's mask
+    {B, 1, 1, S} to scores it has split into {B, heads, repeats, 1, S}: the rows' mask lands
+    on the key-value heads, so a batch of it is wrong (or fails) on both steps."""
+    rows = [spec.from_prompt_cache(_prefilled_cache(model, spec, prompt[:-1]), 8) for prompt in prompts]
+    buffers = spec.zeros(len(prompts), 8)
+    for row, one_row in enumerate(rows):
+        spec.write_row(buffers, row, one_row)
+    tokens = mx.array([[prompt[-1]] for prompt in prompts], dtype=mx.int32)
+    positions = mx.array([len(prompt) - 1 for prompt in prompts], dtype=mx.int32)
+    try:
+        together, _ = forward(model, spec, tokens, positions, buffers)
+        mx.eval(together)
+    except Exception as exc:  # noqa: BLE001 - mlx's broadcasting error, say
+        raise ValueError(f"a batch of {len(prompts)} rows fails in the model's own code: {exc}") from exc
+    for row, (prompt, one_row) in enumerate(zip(prompts, rows)):
+        alone, _ = forward(model, spec, tokens[row:row + 1], positions[row], one_row)
+        if not mx.allclose(together[row:row + 1].astype(mx.float32), alone.astype(mx.float32),
+                           rtol=1e-2, atol=1e-2).item():
+            raise ValueError(f"the model gives a batch's row {row} other logits than the same row alone")
+
+
+def _prefilled_cache(model, spec: CacheSpec, tokens: Sequence[int]) -> list[Any]:
+    cache = spec.prompt_cache(model)
+    model(mx.array([list(tokens)], dtype=mx.int32), cache=cache)
+    spec.quantize(cache)
+    return cache
 
 
 def model_weights(model) -> list[mx.array]:

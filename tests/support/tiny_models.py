@@ -47,14 +47,65 @@ STATE_ARCHITECTURES = {
     "falcon_h1": dict(head_dim=16, mamba_d_ssm=64, mamba_d_state=16, mamba_d_head=16, mamba_n_heads=4,
                       mamba_chunk_size=8),
 }
+# The long tail of mlx-lm's families (tests/llm/test_model_families.py): each built from
+# FAMILY_BASE, which gives most of them every field they need, plus its own fields.
+FAMILY_BASE = dict(head_dim=16, num_experts=4, num_experts_per_tok=2, n_routed_experts=4, n_shared_experts=1,
+                   moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+                   num_local_experts=4, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None,
+                   qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, routed_scaling_factor=1.0,
+                   topk_method="noaux_tc", n_group=1, topk_group=1, sliding_window=WINDOW, layer_norm_eps=1e-5,
+                   layer_norm_epsilon=1e-5, norm_eps=1e-5, partial_rotary_factor=0.5, attention_bias=False,
+                   mlp_bias=False, rope_scaling=None, hidden_act="silu")
+_LINEAR = dict(linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+               linear_conv_kernel_dim=4)
+_TEXT = dict(BASE, head_dim=16)
+FAMILIES = {
+    **{kind: {} for kind in (
+        "Klear", "bailing_moe_v3", "cohere", "deepseek", "deepseek_v3", "dots1", "gemma", "gemma2", "glm", "glm4",
+        "glm4_moe_lite", "gpt_oss", "helium", "hunyuan_v1_dense", "internlm2", "internlm3", "iquestloopcoder",
+        "laguna", "mimo", "mistral", "mixtral", "muse_glimmer", "nanbeige", "nanochat", "nemotron", "olmoe", "phi",
+        "phimoe", "plamo2", "plamo3", "qwen2", "qwen2_vl", "qwen3_vl", "seed_oss", "smollm3", "solar_open",
+        "talkie", "telechat3", "youtu_llm")},
+    "deepseek_v2": dict(rope_scaling=dict(type="yarn", factor=1.0, original_max_position_embeddings=512,
+                                          mscale_all_dim=0)),
+    "glm4_moe": dict(use_qk_norm=True),
+    "exaone4": dict(sliding_window_pattern="LG"),
+    "ernie4_5": dict(use_bias=False),
+    "minimax": dict(shared_intermediate_size=32, rotary_dim=8),
+    "minicpm": dict(dim_model_base=64, scale_depth=1.4, scale_emb=12),
+    "olmo3": dict(layer_types=["sliding_attention", "full_attention"]),
+    "plamo3": dict(sliding_window_pattern=2),  # a sliding layer, then a full one, as its checkpoints
+    # Multimodal wrappers: the text model's config inside.
+    "gemma3": dict(text_config=dict(_TEXT, model_type="gemma3_text", sliding_window=WINDOW, sliding_window_pattern=2,
+                                    query_pre_attn_scalar=16)),
+    "mistral3": dict(text_config=dict(_TEXT, model_type="ministral3", rope_parameters=dict(
+        rope_theta=10000.0, llama_4_scaling_beta=0.1, original_max_position_embeddings=512))),
+    # Two of four layers share the keys and values of earlier ones.
+    "gemma4_text": dict(num_hidden_layers=4, num_kv_shared_layers=2, sliding_window_pattern=2, global_head_dim=32,
+                        num_key_value_heads=1, vocab_size_per_layer_input=256, hidden_size_per_layer_input=16,
+                        num_experts=None),
+    "llama4_text": dict(num_hidden_layers=4, intermediate_size_mlp=128, no_rope_layers=[1, 1, 1, 0], use_qk_norm=True,
+                        attention_chunk_size=8, num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=1),
+    # Hybrids: convolution, Mamba-2 and linear-attention states beside key-value layers.
+    "lfm2": dict(conv_bias=False, conv_L_cache=3, block_dim=64, block_multiple_of=16, block_ffn_dim_multiplier=1.0,
+                 block_auto_adjust_ff_dim=False, block_ff_dim=128, full_attn_idxs=[1]),
+    "nemotron_h": dict(mamba_num_heads=4, mamba_head_dim=16, mamba_proj_bias=False, ssm_state_size=16, conv_kernel=4,
+                       n_groups=1, use_conv_bias=True, use_bias=False, hybrid_override_pattern=["M", "*", "-"],
+                       num_hidden_layers=3, time_step_limit=(0.0, 1e9)),
+    "kimi_linear": dict(linear_attn_config=dict(kda_layers=[1], num_heads=2, head_dim=16, short_conv_kernel_size=4),
+                        model_max_length=512),
+    "olmo_hybrid": dict(_LINEAR, linear_allow_neg_eigval=False, layer_types=["linear_attention", "full_attention"]),
+    "qwen3_5_moe": dict(_LINEAR, full_attention_interval=2, shared_expert_intermediate_size=32),
+}
 # One query head of 32 per key-value head: a whole quantization group of 32 (kv_group_size=32).
 QUANTIZABLE = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32)
 
 
 def tiny(kind: str, **overrides):
     """A random `kind` model (seeded: the same weights every time), evaluated so any worker can read it."""
+    family = {**FAMILY_BASE, **FAMILIES[kind]} if kind in FAMILIES else {}
     config = {**BASE, **ARCHITECTURES.get(kind, {}), **POSITION_EMBEDDING_ARCHITECTURES.get(kind, {}),
-              **STATE_ARCHITECTURES.get(kind, {}), **overrides, "model_type": kind}
+              **STATE_ARCHITECTURES.get(kind, {}), **family, **overrides, "model_type": kind}
     model_class, args_class = _get_classes(config)
     mx.random.seed(0)
     model = model_class(args_class.from_dict(config))

@@ -1,0 +1,69 @@
+"""The long tail of mlx-lm's families replays natively and gives mlx-lm's own tokens.
+
+Tiny random models (tests/support/tiny_models.py's FAMILIES: about fifty more
+families than test_engine_architectures.py's deep checks, multimodal wrappers
+and hybrids of state and key-value layers among them), each through the engine
+in "parallel" and "batch" mode: the step must be the replayed one, and two
+greedy requests at once must give mlx-lm's ``generate_step`` tokens. A family
+whose own code batches wrongly (``BATCH_REFUSED``) is refused batch mode at load.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import emlx_async as ea
+from emlx_async.llm import Engine
+from support.engine import tokens_of
+from support.helpers import on_loops
+from support.tiny_models import FAMILIES, IdsTokenizer, mlx_lm_tokens, tiny
+
+PROMPTS = [[3, 17, 5, 9, 100, 42, 8, 1, 6, 2, 11, 19], [7, 1, 4]]
+N = 10  # the first prompt crosses the 16-position trace into the 32
+# mlx-lm's gemma2 adds a batch's mask along its key-value heads (its attention splits
+# the query heads into groups by hand): a batch's rows get other logits than alone.
+BATCH_REFUSED = {"gemma2": "other logits than the same row alone"}
+
+
+@on_loops("asyncio")
+@pytest.mark.parametrize("kind", sorted(FAMILIES))
+async def test_family_replays_with_mlx_lms_tokens(kind):
+    model = tiny(kind)
+    want = [mlx_lm_tokens(model, prompt, N) for prompt in PROMPTS]
+    async with ea.Runtime(pool_size=2) as rt:
+        for mode in ("parallel", "batch"):
+            engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode=mode,
+                            max_concurrent=2)
+            if mode == "batch" and kind in BATCH_REFUSED:
+                for step in ("auto", "python"):
+                    with pytest.raises(ValueError, match=f"mode 'batch' cannot serve model type '{kind}': "
+                                                         f".*{BATCH_REFUSED[kind]}.*mode 'parallel'"):
+                        await engine.prepare_step(step)
+                await engine.close()
+                continue
+            assert await engine.prepare_step(cache_sizes=(16, 32)) == "replay", engine.step_note
+            got = [None, None]
+
+            async def one(i):
+                got[i] = await tokens_of(engine, PROMPTS[i], max_tokens=N)
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as tg:
+                    for i in range(len(PROMPTS)):
+                        tg.start_soon(one, i)
+            assert got == want, mode
+            await engine.wait_idle()
+            await engine.close()
+
+
+@on_loops("asyncio")
+async def test_a_batch_that_fails_in_the_models_own_code_is_refused_by_name():
+    """gemma2 with 4 key-value heads: a batch of 2 rows does not even broadcast in its attention."""
+    model = tiny("gemma2", num_attention_heads=8, num_key_value_heads=4)
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch")
+        with pytest.raises(ValueError, match="mode 'batch' cannot serve model type 'gemma2': a batch of 2 rows "
+                                             "fails in the model's own code"):
+            await engine.prepare_step()
+        await engine.close()
