@@ -126,11 +126,22 @@ class BatchPrefill:
         (with a prompt cache, which keeps that row's prompt once through: the prompt then
         restores the shared part instead of computing the same keys and values again).
         A chat's system prompt is the usual case. (A restore it makes before waiting
-        counts in the prompt cache's hits.)"""
-        if self.decoding.prompt_cache is None:
+        counts in the prompt cache's hits.)
+
+        Only for a row whose prompt the cache will keep (within its bounds), and
+        whose own part past the shared one is no longer than the shared part: the
+        wait delays the prompt's first token by that much, and saves computing
+        the shared part (a short chat must not wait for a long document that
+        starts with the same system prompt)."""
+        cache = self.decoding.prompt_cache
+        if cache is None:
             return False
         left = len(prompt) - reused
-        return any(_shared(prompt, row.prompt) - reused > left // 2 for row in prefilling)
+        for row in prefilling:
+            saved = _shared(prompt, row.prompt) - reused  # what restoring gives it over its own prefill
+            if saved > left // 2 and len(row.left) - saved <= saved and cache.fits(len(row.prompt)):
+                return True
+        return False
 
     def _join(self, fresh: list[_Row]) -> None:
         """New rows into the batch caches: their restored prefixes merged (left-padded to a

@@ -93,6 +93,8 @@ class PrefixCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.reused_tokens = 0
+        # Bytes of keys and values per token, from the last sequence offered (None: none yet).
+        self._token_bytes: float | None = None
 
     @property
     def tokens(self) -> int:
@@ -106,6 +108,14 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def fits(self, tokens: int) -> bool:
+        """Whether a sequence of `tokens` tokens is within the bounds, so that ``save`` would keep it
+        (the bytes judged by the last sequence offered; none offered yet: by the tokens alone)."""
+        if tokens > self.max_tokens:
+            return False
+        per_token = self._token_bytes
+        return self.max_bytes is None or per_token is None or tokens * per_token <= self.max_bytes
 
     def restore(self, prompt: list[int], cache: list) -> int:
         """Loads the longest usable prefix of `prompt` into the fresh `cache`; returns its length (0: none)."""
@@ -144,6 +154,7 @@ class PrefixCache:
         layers = [(_copy(layer.keys[..., :layer.offset, :]), _copy(layer.values[..., :layer.offset, :]))
                   for layer in cache]
         nbytes = sum(keys.nbytes + values.nbytes for keys, values in layers)
+        self._token_bytes = nbytes / len(key)
         if self.max_bytes is not None and nbytes > self.max_bytes:
             return
         mx.eval(layers)  # evaluated on this worker: readable from any thread

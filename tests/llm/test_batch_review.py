@@ -1,0 +1,228 @@
+"""Hostile cases of batch mode's newest paths: the joining prompts' batched prefill
+(llm/batch_prefill.py) with the prompt cache, the queue aside it prefills on
+(llm/batch_replay.py), and token logprobs under a grammar's mask.
+
+Each prompt's tokens must stay mlx-lm's own for it alone; the model is wrapped
+to count its calls (only prefills make them: the decode steps are replayed).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import anyio
+import mlx.core as mx
+import pytest
+
+import emlx_async as ea
+from emlx_async.llm import Engine, PrefixCache
+from support.engine import concurrently, tokens_of
+from support.helpers import needs_model, on_loops
+from support.tiny_models import IdsTokenizer, mlx_lm_tokens, smollm2_vocab_llama, tiny
+
+N = 8
+SYSTEM = list(range(70, 94))  # 24 tokens: six chunks of 4
+
+
+class Counting:
+    """The model, with the shapes of the token arrays it is called with."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, []
+
+    def __call__(self, tokens, cache=None):
+        self.calls.append(tuple(tokens.shape))
+        return self.model(tokens, cache=cache)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+@functools.cache
+def llama():
+    return tiny("llama")
+
+
+@functools.cache
+def alone(prompt: tuple[int, ...], n: int = N) -> list[int]:
+    """mlx-lm's own greedy tokens for one prompt alone."""
+    return mlx_lm_tokens(llama(), list(prompt), n)
+
+
+async def batch_engine(rt, **options) -> tuple[Engine, Counting]:
+    engine = Engine(llama(), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch",
+                    max_concurrent=4, prefill_chunk=4, **options)
+    assert await engine.prepare_step(cache_sizes=(16, 32, 64)) == "replay", engine.step_note
+    counting = engine.model = Counting(engine.model)
+    return engine, counting
+
+
+@pytest.mark.parametrize("bound", ["tokens", "bytes"])
+@on_loops("asyncio", "uvloop")
+async def test_a_prompt_does_not_wait_for_a_row_whose_prompt_the_cache_will_not_keep(bound):
+    """Waiting for a row sharing the prompt's start pays only if the prompt cache keeps that row's
+    prompt: past its bounds (in tokens, or in bytes as the last sequence offered measured them),
+    the waiter would wait the row's whole prefill and then compute the shared part anyway."""
+    async with ea.Runtime(pool_size=2) as rt:
+        cache = PrefixCache(10) if bound == "tokens" else PrefixCache(1000, max_bytes=1000)
+        engine, counting = await batch_engine(rt, prompt_cache=cache)
+        if bound == "bytes":  # one sequence offered: the cache learns its bytes per token (too many)
+            assert await tokens_of(engine, [5, 6, 7], max_tokens=2) == alone((5, 6, 7), 2)
+            await engine.wait_idle()
+            assert len(cache) == 0
+            counting.calls.clear()
+        prompts = [SYSTEM + [9], SYSTEM + [8, 7]]
+        with anyio.fail_after(60):
+            got = await concurrently(engine, [dict(prompt=p, max_tokens=N) for p in prompts])
+        assert got == [alone(tuple(p)) for p in prompts]
+        # Prefilled together from the first chunk, not one after the other.
+        assert counting.calls[:6] == [(2, 4)] * 6, counting.calls
+        await engine.wait_idle()
+
+
+@on_loops("asyncio", "uvloop")
+async def test_a_short_prompt_does_not_wait_for_a_long_one_that_only_starts_the_same():
+    """A short chat sharing its system prompt with a long document still prefilling: waiting for the
+    document would delay its first token by the document's whole length, to save the system
+    prompt's few chunks. It prefills beside it instead; a prompt whose wait is short still waits."""
+    async with ea.Runtime(pool_size=2) as rt:
+        cache = PrefixCache(1000)
+        engine, counting = await batch_engine(rt, prompt_cache=cache)
+        system = SYSTEM[:8]
+        document = system + list(range(100, 140))  # 48 tokens: twelve chunks
+        short = system + [9]
+        first: dict[str, int] = {}
+
+        async def one(name, prompt):
+            async for d in engine.generate(prompt, max_tokens=N):
+                first.setdefault(name, len(counting.calls))  # model calls made before its first token
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, "document", document)
+                tg.start_soon(one, "short", short)
+        assert counting.calls[0] == (2, 4), counting.calls  # side by side from the first chunk
+        assert first["short"] <= 6 < first["document"], (first, counting.calls)
+        counting.calls.clear()
+        # Its tokens, and the document's, are each prompt's own.
+        with anyio.fail_after(60):
+            assert await concurrently(engine, [dict(prompt=document, max_tokens=N), dict(prompt=short, max_tokens=N)]) \
+                == [alone(tuple(document)), alone(tuple(short))]
+        await engine.wait_idle()
+
+
+@on_loops("asyncio", "uvloop")
+async def test_a_prompt_waiting_for_a_prefix_whose_request_leaves_prefills_on_its_own():
+    async with ea.Runtime(pool_size=2) as rt:
+        cache = PrefixCache(1000)
+        engine, counting = await batch_engine(rt, prompt_cache=cache)
+        batcher = engine._replay_batcher
+        chunks = []  # the number of joining prompts of each chunk
+        real_prefill = batcher.jobs.prefill
+
+        def prefill(group, joining):
+            chunks.append(len(joining))
+            return real_prefill(group, joining)
+
+        batcher.jobs.prefill = prefill
+        leaver, waiter = SYSTEM + [1], SYSTEM + [2, 3]  # the second waits for the first's prompt
+        got = []
+        scope = anyio.CancelScope()
+
+        async def leaving():
+            with scope:
+                await tokens_of(engine, leaver, max_tokens=N)
+
+        async def waiting():
+            got.extend(await tokens_of(engine, waiter, max_tokens=N))
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(leaving)
+                tg.start_soon(waiting)
+                while len(chunks) < 2:
+                    await anyio.sleep(0.001)
+                assert counting.calls[0] == (1, 4), counting.calls  # it waits: the first alone
+                scope.cancel()  # the prompt it waits for leaves mid-prompt
+        assert got == alone(tuple(waiter))
+        assert cache.hits == 0  # nothing of the one that left was kept to restore
+        await engine.wait_idle()
+        assert not batcher.joining and not batcher.running and batcher._aside is None
+
+
+@on_loops("asyncio", "uvloop")
+async def test_a_queue_aside_that_cannot_start_leaves_the_chunks_to_the_batch_queue():
+    """A second queue is a speed-up for the joining prompts' chunks: a worker that cannot start
+    (try_acquire_queue raising) must not fail the batch's requests."""
+    async with ea.Runtime(pool_size=2) as rt:
+        engine, counting = await batch_engine(rt)  # its queue (made by the tracing) is idle in the pool
+        batcher, real_new_queue = engine._replay_batcher, rt._new_queue
+
+        def cannot_start(kind, *, role):
+            raise RuntimeError("cannot start a CPU worker (for the test)")
+
+        rt._new_queue = cannot_start
+        long_prompt = list(range(5, 30))
+        got: dict[int, list[int]] = {0: [], 1: []}
+
+        async def one(i, prompt, n, started=None):
+            async for d in engine.generate(prompt, max_tokens=n):
+                if d.token is not None:
+                    got[i].append(d.token)
+                    if started is not None and len(got[i]) == 2:
+                        started.set()
+
+        try:
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    started = anyio.Event()
+                    tg.start_soon(one, 0, [1, 2, 3], 20, started)
+                    await started.wait()  # decoding: the next one joins a running batch
+                    tg.start_soon(one, 1, long_prompt, N)
+        finally:
+            rt._new_queue = real_new_queue
+        assert got == {0: alone((1, 2, 3), 20), 1: alone(tuple(long_prompt))}
+        await engine.wait_idle()
+        assert batcher._aside is None and not batcher.driving
+
+
+@pytest.fixture(scope="module")
+def gguf():
+    """(tokenizers.Tokenizer, eos ids) from the SmolLM2 GGUF, as the engine builds them."""
+    from emlx_async.llm import _gguf
+
+    _, meta = mx.load(_gguf.smollm2_path(), return_metadata=True)
+    _, eos = _gguf.gguf_special_ids(meta)
+    return _gguf.gguf_tokenizer(meta), eos
+
+
+@needs_model
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+@on_loops("asyncio")
+async def test_top_logprobs_under_a_grammar_list_only_tokens_it_allows(gguf, mode):
+    """A forced token's mask leaves one token: the alternatives are that one, not tokens at -inf
+    (which is no JSON number: a service answer holding it would not parse)."""
+    pytest.importorskip("llguidance")
+    from emlx_async.llm import Grammar
+
+    tokenizer, eos = gguf
+    forced = Grammar.json_schema({"const": {"answer": "yes"}})
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = Engine(smollm2_vocab_llama(), tokenizer, eos_ids=eos, chat_template=None, runtime=rt, mode=mode,
+                        context_length=512)
+        await engine.prepare_step(cache_sizes=(128,))
+        deltas = []
+        with anyio.fail_after(60):
+            async for d in engine.generate("Hello", grammar=forced, max_tokens=20, logprobs=True, top_logprobs=5):
+                deltas.append(d)
+        text = "".join(d.text for d in deltas)
+        assert json.loads(text) == {"answer": "yes"} and deltas[-1].finish_reason == "stop"
+        tops = [d.top_logprobs for d in deltas if d.token is not None]
+        # Forced text leaves few tokens (any that starts it): fewer than five alternatives, all finite.
+        assert tops and all(math.isfinite(value) for top in tops for _, value in top), tops
+        assert any(len(top) < 5 for top in tops), tops
+        assert all(math.isfinite(d.logprob) for d in deltas if d.token is not None)
+        json.dumps([list(top) for top in tops], allow_nan=False)
+        await engine.wait_idle()
