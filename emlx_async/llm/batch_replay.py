@@ -162,7 +162,7 @@ class ReplayBatcher(Batcher):
                 group.clear()  # rows left of requests that left mid-prompt
                 self._give_back_aside()
             if self.joining and self._prefilling is None:
-                self._aside = self._aside or decoding.runtime.try_acquire_queue()
+                self._aside = self._aside or self._free_queue()
                 if self._aside is not None:  # the chunk runs there; the batch chains on meanwhile
                     prefilling = list(self.joining)
                     self._prefilling = self._aside.run(self.jobs.prefill, group,
@@ -262,6 +262,14 @@ class ReplayBatcher(Batcher):
         if self.leaving:
             return True
         return bool(self.waiting) if self._prefilling is None else self._prefilling.done()
+
+    def _free_queue(self):
+        """A second pooled queue for the joining prompts' chunks, if one is free and starts (None:
+        they prefill on the batch queue; a worker that cannot start must not fail the batch)."""
+        try:
+            return self.decoding.runtime.try_acquire_queue()
+        except Exception:  # noqa: BLE001 - e.g. "cannot start a CPU worker": the batch queue does it
+            return None
 
     def _give_back_aside(self) -> None:
         if self._aside is not None:
