@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import collections
 import threading
+import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 
@@ -95,6 +97,7 @@ class PrefixCache:
         self.reused_tokens = 0
         # Bytes of keys and values per token, from the last sequence offered (None: none yet).
         self._token_bytes: float | None = None
+        self._model: weakref.ref | None = None  # the model whose keys and values these are (bind)
 
     @property
     def tokens(self) -> int:
@@ -108,6 +111,24 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def bind(self, model: Any) -> None:
+        """Keep the keys and values of `model` alone (an Engine binds its prompt cache to its model).
+
+        Another model's prompt would restore them without an error and decode
+        wrong tokens, so a second model raises ValueError while the first is
+        alive; once it is gone, the cache is emptied and binds to the new one.
+        """
+        with self._lock:
+            bound = self._model() if self._model is not None else None
+            if bound is model:
+                return
+            if bound is not None:
+                raise ValueError(f"this PrefixCache keeps the keys and values of another model "
+                                 f"({type(bound).__name__}); give each engine's model a PrefixCache of its own")
+            for key in list(self._entries):  # a collected model's: of no use to any other
+                self._remove(key)
+            self._model = weakref.ref(model)
 
     def fits(self, tokens: int) -> bool:
         """Whether a sequence of `tokens` tokens is within the bounds, so that ``save`` would keep it

@@ -226,3 +226,35 @@ async def test_top_logprobs_under_a_grammar_list_only_tokens_it_allows(gguf, mod
         assert all(math.isfinite(d.logprob) for d in deltas if d.token is not None)
         json.dumps([list(top) for top in tops], allow_nan=False)
         await engine.wait_idle()
+
+
+@on_loops("asyncio")
+async def test_a_prompt_cache_keeps_one_models_keys_and_values():
+    """Two models sharing one PrefixCache: the second restored the first's keys and values without
+    an error and decoded other tokens than its own. The second engine is refused; once the first
+    model is gone, the cache (emptied) serves another."""
+    import gc
+
+    from mlx.utils import tree_map
+
+    other = tiny("llama")
+    other.update(tree_map(lambda w: w * 1.5, other.parameters()))  # the same shapes, other weights
+    mx.eval(other.parameters())
+    prompt = list(range(10, 30))
+    async with ea.Runtime(pool_size=2) as rt:
+        cache = PrefixCache(1000)
+        first = tiny("llama")
+        engine = Engine(first, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, prompt_cache=cache)
+        again = Engine(first, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, prompt_cache=cache)
+        assert await tokens_of(engine, prompt, max_tokens=4) == await tokens_of(again, prompt, max_tokens=4)
+        assert len(cache) == 1 and cache.hits == 1  # the same model: shared
+        with pytest.raises(ValueError, match="another model"):
+            Engine(other, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, prompt_cache=cache)
+        await engine.close()
+        await again.close()
+        del engine, again, first
+        gc.collect()
+        engine = Engine(other, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, prompt_cache=cache)
+        assert len(cache) == 0  # nothing of the collected model's is restored into this one
+        assert await tokens_of(engine, prompt, max_tokens=4) == mlx_lm_tokens(other, prompt, 4)
+        await engine.close()
