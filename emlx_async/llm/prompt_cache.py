@@ -143,13 +143,7 @@ class PrefixCache:
         if not restorable(cache):
             return 0
         with self._lock:
-            node, depth = self._root, 0
-            for token in prompt:
-                child = node.children.get(token)
-                if child is None:
-                    break
-                node, depth = child, depth + 1
-            reuse = min(depth, len(prompt) - 1)  # the last token must run to give logits
+            node, reuse = self._deepest(prompt)
             if reuse < 1:
                 return 0
             assert node.through is not None  # a node is kept only while some sequence passes through
@@ -160,6 +154,12 @@ class PrefixCache:
         for layer, (keys, values) in zip(cache, entry.layers):
             layer.keys, layer.values, layer.offset = keys[..., :reuse, :], values[..., :reuse, :], reuse
         return reuse
+
+    def reusable(self, prompt: list[int]) -> int:
+        """How many tokens of `prompt` a restore would give now (into plain KVCache layers),
+        without restoring them: no hit is counted, no entry made more recent."""
+        with self._lock:
+            return max(self._deepest(prompt)[1], 0)
 
     def save(self, tokens: list[int], cache: list) -> None:
         """Keep `cache`, which holds the keys and values of exactly `tokens`, evaluating it here."""
@@ -187,6 +187,17 @@ class PrefixCache:
                 self._remove(next(iter(self._entries)))
 
     # ---- the trie (under the lock) ------------------------------------------------
+
+    def _deepest(self, prompt: list[int]) -> tuple[_Node, int]:
+        """The deepest node `prompt` reaches, and how many of its tokens may be restored from it:
+        its depth, leaving the last token to run (it gives the logits)."""
+        node, depth = self._root, 0
+        for token in prompt:
+            child = node.children.get(token)
+            if child is None:
+                break
+            node, depth = child, depth + 1
+        return node, min(depth, len(prompt) - 1)
 
     def _covered(self, key: tuple[int, ...]) -> bool:
         """True (and the covering entry made most recent) if a kept sequence starts with `key`."""
@@ -285,6 +296,11 @@ class HeldPrefills:
             entry[1] -= 1
             if entry[1] == 0:
                 del self._held[prefill.tokens]
+
+    def holds(self, prompt: list[int]) -> bool:
+        """Whether a prefill is held for exactly `prompt`."""
+        with self._lock:
+            return tuple(prompt) in self._held
 
     def get(self, prompt: list[int], cache: list) -> HeldPrefill | None:
         """The prefill held for exactly `prompt`, if `cache` (fresh) can take it."""

@@ -153,6 +153,28 @@ async def test_a_prompt_waiting_for_a_prefix_whose_request_leaves_prefills_on_it
 
 
 @on_loops("asyncio", "uvloop")
+async def test_a_prompt_waiting_for_a_prefix_counts_one_hit_in_the_prompt_cache():
+    """The prompt cache's hits and reused tokens (the service's metrics) count what prompts did not
+    prefill: a prompt that waits for a row sharing its start restores once, when it starts, not
+    once per chunk it waits (each such restore was thrown away)."""
+    async with ea.Runtime(pool_size=2) as rt:
+        cache = PrefixCache(1000)
+        engine, counting = await batch_engine(rt, prompt_cache=cache)
+        older = SYSTEM[:8] + [1]
+        assert await tokens_of(engine, older, max_tokens=2) == alone(tuple(older), 2)
+        await engine.wait_idle()
+        hits, reused = cache.hits, cache.reused_tokens
+        # Both restore the older prompt's 8 tokens; the second then waits for the first's 24.
+        prompts = [SYSTEM + [9], SYSTEM + [8, 7]]
+        with anyio.fail_after(60):
+            got = await concurrently(engine, [dict(prompt=p, max_tokens=N) for p in prompts])
+        assert got == [alone(tuple(p)) for p in prompts]
+        assert counting.calls[0] == (1, 4), counting.calls  # it waited
+        assert (cache.hits - hits, cache.reused_tokens - reused) == (2, 8 + len(SYSTEM))
+        await engine.wait_idle()
+
+
+@on_loops("asyncio", "uvloop")
 async def test_a_queue_aside_that_cannot_start_leaves_the_chunks_to_the_batch_queue():
     """A second queue is a speed-up for the joining prompts' chunks: a worker that cannot start
     (try_acquire_queue raising) must not fail the batch's requests."""
