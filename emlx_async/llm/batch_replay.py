@@ -174,7 +174,11 @@ class ReplayBatcher(Batcher):
                     slots, size = chained
                     if self._prefilling is None or not self._prefilling.done():
                         continue
-            step, chunk, self._prefilling = None, self._prefilling, None
+            step = chunk = None
+            # The chunk aside joins the round once done (or when no row is left to step); until
+            # then rounds go on without it: a constrained row steps a round at a time, unchained.
+            if self._prefilling is not None and (self._prefilling.done() or not any(slots)):
+                chunk, self._prefilling = self._prefilling, None
             saves: list[tuple[int, list[int]]] = []
             try:
                 # Constrained rows: their grammars take the last tokens and give this round's
@@ -201,7 +205,8 @@ class ReplayBatcher(Batcher):
                                     *_traced.sampling_rows([row.request.sampler.options if row else GREEDY
                                                             for row in slots], replay.vocab), *extra,
                                     queue=queue, donate=replay.donate_penalized if penalized else replay.donate)
-                if chunk is None and self.joining:  # no queue aside: the chunk runs after the step
+                if chunk is None and self.joining and self._prefilling is None:
+                    # No queue aside: the chunk runs after the step.
                     prefilling = list(self.joining)
                     chunk = queue.run(self.jobs.prefill, group, _joining_states(prefilling, prefills))
                 if step is not None:

@@ -280,3 +280,79 @@ async def test_a_prompt_cache_keeps_one_models_keys_and_values():
         assert len(cache) == 0  # nothing of the collected model's is restored into this one
         assert await tokens_of(engine, prompt, max_tokens=4) == mlx_lm_tokens(other, prompt, 4)
         await engine.close()
+
+
+@needs_model
+@on_loops("asyncio", "uvloop")
+async def test_a_constrained_row_steps_on_while_a_joiner_prefills_on_a_queue_aside(gguf):
+    """Constrained rows take a round at a time (each mask needs the last token), but a joining
+    prompt's chunk on the queue aside must not hold them: a round waited for the chunk, so the
+    constrained row made one token per chunk of the joiner's, as if no queue were aside."""
+    pytest.importorskip("llguidance")
+    import threading
+    import time
+
+    from emlx_async.llm import Grammar
+    from support.engine import answer_of
+
+    tokenizer, eos = gguf
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = Engine(smollm2_vocab_llama(), tokenizer, eos_ids=eos, chat_template=None, runtime=rt, mode="batch",
+                        max_concurrent=4, prefill_chunk=4, context_length=512)
+        assert await engine.prepare_step(cache_sizes=(128,)) == "replay"
+        batcher, replay = engine._replay_batcher, engine.decoding.replay
+        constrained_row = dict(prompt="Letters:", grammar=Grammar.regex("[a-z]{80}"), max_tokens=30)
+        long_prompt = list(range(100, 139))  # ten chunks of 4
+        alone = await answer_of(engine, **constrained_row)
+        joiner_alone = await answer_of(engine, long_prompt, max_tokens=4)
+        events = []  # "start" and "chunk" (a chunk's job on the worker aside), "masked" (a masked step submitted)
+        real_prefill, real_function = batcher.jobs.prefill, replay.function
+
+        def prefill(group, joining):
+            events.append(("start", None))
+            time.sleep(0.05)  # a chunk that takes a while, as a real model's does
+            tokens = real_prefill(group, joining)
+            events.append(("chunk", threading.get_ident()))
+            return tokens
+
+        async def function(queue, **shape):
+            step = await real_function(queue, **shape)
+            if not shape.get("masked"):
+                return step
+
+            def masked(*arrays, **options):
+                events.append(("masked", None))
+                return step(*arrays, **options)
+            return masked
+
+        batcher.jobs.prefill, replay.function = prefill, function
+        got = {}
+        started = anyio.Event()
+
+        async def constrained():
+            text, tokens, finish = "", [], None
+            async for d in engine.generate(**constrained_row):
+                text, finish = text + d.text, d.finish_reason
+                if d.token is not None:
+                    tokens.append(d.token)
+                    if len(tokens) == 2:
+                        started.set()
+            got["constrained"] = (text, tokens, finish)
+
+        async def joiner():
+            got["joiner"] = await answer_of(engine, long_prompt, max_tokens=4)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(constrained)
+                await started.wait()
+                events.clear()
+                tg.start_soon(joiner)
+        assert got == {"constrained": alone, "joiner": joiner_alone}
+        chunks = [i for i, (kind, _) in enumerate(events) if kind == "chunk"]
+        assert len(chunks) == 10 and len({events[i][1] for i in chunks}) == 1, events
+        # Several constrained rounds while the first chunk ran (waiting for it: one at most).
+        first = events.index(("start", None))
+        assert sum(kind == "masked" for kind, _ in events[first:chunks[0]]) >= 2, events
+        await engine.wait_idle()
+        assert batcher._aside is None and batcher._prefilling is None
