@@ -356,3 +356,99 @@ async def test_a_constrained_row_steps_on_while_a_joiner_prefills_on_a_queue_asi
         assert sum(kind == "masked" for kind, _ in events[first:chunks[0]]) >= 2, events
         await engine.wait_idle()
         assert batcher._aside is None and batcher._prefilling is None
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no prompt cache", "prompt cache"])
+@on_loops("asyncio", "uvloop")
+async def test_choices_left_after_their_first_tokens_hand_back_the_held_prefill_and_every_row(cached):
+    """n choices from one held prefill join the batch beside a running row; the reader leaves after
+    the first deltas: nothing is held any more, the running row keeps its own tokens, and the
+    same choices again give the tokens they gave."""
+    async with ea.Runtime(pool_size=2) as rt:
+        engine, counting = await batch_engine(rt, prompt_cache=PrefixCache(1000) if cached else None)
+        batcher = engine._replay_batcher
+        prompt = list(range(40, 51))  # three chunks of 4
+        options = dict(max_tokens=N, temperature=0.9, top_p=0.9, top_k=20, seed=3)
+
+        async def choices(leave_after=None):
+            out: dict[int, list[int]] = {}
+            async for i, d in engine.generate_choices(prompt, n=3, **options):
+                if d.token is not None:
+                    out.setdefault(i, []).append(d.token)
+                if leave_after is not None and sum(map(len, out.values())) >= leave_after:
+                    break
+            return out
+
+        with anyio.fail_after(60):
+            whole = await choices()
+        assert sorted(whole) == [0, 1, 2] and all(len(t) == N for t in whole.values())
+        assert whole[0] == await tokens_of(engine, prompt, **options)  # choice 0 is the plain request
+        running: list[int] = []
+        started = anyio.Event()
+
+        async def run():
+            async for d in engine.generate([1, 2, 3], max_tokens=20):
+                if d.token is not None:
+                    running.append(d.token)
+                    started.set()
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run)
+                await started.wait()
+                part = await choices(leave_after=4)
+        assert running == alone((1, 2, 3), 20)
+        assert all(whole[i][:len(t)] == t for i, t in part.items()), (part, whole)
+        await engine.wait_idle()
+        assert len(engine.decoding.held) == 0 and engine.active_requests == 0
+        assert not batcher.joining and not batcher.running and batcher._aside is None
+        with anyio.fail_after(60):
+            assert await choices() == whole
+        await engine.wait_idle()
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no prompt cache", "prompt cache"])
+@on_loops("asyncio", "uvloop")
+async def test_joins_during_a_chunk_aside_and_at_the_slot_bound_keep_every_rows_tokens(cached):
+    """A running row; a long prompt prefilling aside; a short one arriving while that chunk is in
+    flight (it joins the next chunk); two more waiting for a slot (max_concurrent 3) and joining
+    as rows finish: each its own tokens alone."""
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = Engine(llama(), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch",
+                        max_concurrent=3, prefill_chunk=4, prompt_cache=PrefixCache(1000) if cached else None)
+        assert await engine.prepare_step(cache_sizes=(16, 32, 64)) == "replay"
+        batcher = engine._replay_batcher
+        chunks: list[list[int]] = []  # the joining prompts' lengths of each chunk
+        real_prefill = batcher.jobs.prefill
+
+        def prefill(group, joining):
+            chunks.append([len(prompt) for _, prompt, _ in joining])
+            return real_prefill(group, joining)
+
+        batcher.jobs.prefill = prefill
+        requests = [([1, 2, 3], 30), (list(range(5, 44)), 8), ([9, 8, 7, 6, 5], 12), ([50, 51], 6),
+                    (list(range(60, 66)), 5)]
+        got: dict[int, list[int]] = {}
+        first = anyio.Event()
+
+        async def one(i):
+            prompt, n = requests[i]
+            got[i] = []
+            async for d in engine.generate(prompt, max_tokens=n):
+                if d.token is not None:
+                    got[i].append(d.token)
+                    first.set()
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, 0)
+                await first.wait()
+                tg.start_soon(one, 1)
+                while len(chunks) < 2:  # the long prompt's first chunk is done, the next in flight
+                    await anyio.sleep(0.001)
+                for i in (2, 3, 4):
+                    tg.start_soon(one, i)
+        assert got == {i: alone(tuple(p), n) for i, (p, n) in enumerate(requests)}
+        assert [39, 5] in chunks, chunks  # the short one prefilled beside the long one
+        await engine.wait_idle()
+        assert not batcher.joining and not batcher.running and batcher._aside is None
