@@ -94,13 +94,11 @@ class BatchPrefill:
             if id(state) in batched:
                 continue
             if not state.started:
+                if self._waits(prompt, self.rows + fresh):
+                    continue  # it begins at a later chunk
                 d.begin_prefill(state, prompt)
                 if state.logits is None and self.batchable(state.cache):
-                    left = state.unread.tolist()
-                    if self._waits(prompt, len(prompt) - len(left), self.rows + fresh):
-                        state.clear()  # it begins again at a later chunk
-                        continue
-                    fresh.append(_Row(state, prompt, sampler, left))
+                    fresh.append(_Row(state, prompt, sampler, state.unread.tolist()))
                     state.unread = None
                     continue
             serial.append((state, prompt, sampler))
@@ -121,16 +119,29 @@ class BatchPrefill:
             tokens.update(self._feed())
         return [tokens.get(id(state)) for state, _, _ in joining]
 
-    def _waits(self, prompt: list[int], reused: int, prefilling: list[_Row]) -> bool:
-        """Whether a prompt waits for a row still prefilling that shares most of what it has left
-        (with a prompt cache, which keeps that row's prompt once through: the prompt then
-        restores the shared part instead of computing the same keys and values again).
-        A chat's system prompt is the usual case. (A restore it makes before waiting
-        counts in the prompt cache's hits.)"""
-        if self.decoding.prompt_cache is None:
+    def _waits(self, prompt: list[int], prefilling: list[_Row]) -> bool:
+        """Whether a prompt not started yet waits for a row still prefilling that shares most of
+        what it has left (with a prompt cache, which keeps that row's prompt once through: the
+        prompt then restores the shared part instead of computing the same keys and values
+        again). A chat's system prompt is the usual case. Judged before the prompt restores
+        anything, so a prompt counts one hit in the prompt cache however long it waits; a
+        prompt held for its choices never waits (it restores whole).
+
+        Only for a row whose prompt the cache will keep (within its bounds), and
+        whose own part past the shared one is no longer than the shared part: the
+        wait delays the prompt's first token by that much, and saves computing
+        the shared part (a short chat must not wait for a long document that
+        starts with the same system prompt)."""
+        cache = self.decoding.prompt_cache
+        if cache is None or not prefilling or self.decoding.held.holds(prompt):
             return False
+        reused = cache.reusable(prompt)  # rows prefill together: the model's caches are plain ones
         left = len(prompt) - reused
-        return any(_shared(prompt, row.prompt) - reused > left // 2 for row in prefilling)
+        for row in prefilling:
+            saved = _shared(prompt, row.prompt) - reused  # what restoring gives it over its own prefill
+            if saved > left // 2 and len(row.left) - saved <= saved and cache.fits(len(row.prompt)):
+                return True
+        return False
 
     def _join(self, fresh: list[_Row]) -> None:
         """New rows into the batch caches: their restored prefixes merged (left-padded to a

@@ -162,7 +162,7 @@ class ReplayBatcher(Batcher):
                 group.clear()  # rows left of requests that left mid-prompt
                 self._give_back_aside()
             if self.joining and self._prefilling is None:
-                self._aside = self._aside or decoding.runtime.try_acquire_queue()
+                self._aside = self._aside or self._free_queue()
                 if self._aside is not None:  # the chunk runs there; the batch chains on meanwhile
                     prefilling = list(self.joining)
                     self._prefilling = self._aside.run(self.jobs.prefill, group,
@@ -174,7 +174,11 @@ class ReplayBatcher(Batcher):
                     slots, size = chained
                     if self._prefilling is None or not self._prefilling.done():
                         continue
-            step, chunk, self._prefilling = None, self._prefilling, None
+            step = chunk = None
+            # The chunk aside joins the round once done (or when no row is left to step); until
+            # then rounds go on without it: a constrained row steps a round at a time, unchained.
+            if self._prefilling is not None and (self._prefilling.done() or not any(slots)):
+                chunk, self._prefilling = self._prefilling, None
             saves: list[tuple[int, list[int]]] = []
             try:
                 # Constrained rows: their grammars take the last tokens and give this round's
@@ -201,7 +205,8 @@ class ReplayBatcher(Batcher):
                                     *_traced.sampling_rows([row.request.sampler.options if row else GREEDY
                                                             for row in slots], replay.vocab), *extra,
                                     queue=queue, donate=replay.donate_penalized if penalized else replay.donate)
-                if chunk is None and self.joining:  # no queue aside: the chunk runs after the step
+                if chunk is None and self.joining and self._prefilling is None:
+                    # No queue aside: the chunk runs after the step.
                     prefilling = list(self.joining)
                     chunk = queue.run(self.jobs.prefill, group, _joining_states(prefilling, prefills))
                 if step is not None:
@@ -262,6 +267,14 @@ class ReplayBatcher(Batcher):
         if self.leaving:
             return True
         return bool(self.waiting) if self._prefilling is None else self._prefilling.done()
+
+    def _free_queue(self):
+        """A second pooled queue for the joining prompts' chunks, if one is free and starts (None:
+        they prefill on the batch queue; a worker that cannot start must not fail the batch)."""
+        try:
+            return self.decoding.runtime.try_acquire_queue()
+        except Exception:  # noqa: BLE001 - e.g. "cannot start a CPU worker": the batch queue does it
+            return None
 
     def _give_back_aside(self) -> None:
         if self._aside is not None:

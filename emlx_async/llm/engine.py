@@ -142,6 +142,8 @@ class Engine:
         self.decoding = Decoding(model=model, runtime=runtime, eos_ids=set(eos_ids), prefill_chunk=prefill_chunk,
                                  max_concurrent=max_concurrent or runtime.pool_size, prompt_cache=prompt_cache,
                                  cache_options=cache_options or CacheOptions())
+        if prompt_cache is not None:  # its keys and values are this model's (another's would decode wrong tokens)
+            prompt_cache.bind(model)
         self._slots = anyio.Semaphore(self.max_concurrent)  # request slots, on any anyio backend
         # One request taking several slots at a time: two taking theirs at once could each hold some and wait.
         self._taking = anyio.Lock()

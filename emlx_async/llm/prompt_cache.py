@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import collections
 import threading
+import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 
@@ -93,6 +95,9 @@ class PrefixCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.reused_tokens = 0
+        # Bytes of keys and values per token, from the last sequence offered (None: none yet).
+        self._token_bytes: float | None = None
+        self._model: weakref.ref | None = None  # the model whose keys and values these are (bind)
 
     @property
     def tokens(self) -> int:
@@ -107,18 +112,38 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def bind(self, model: Any) -> None:
+        """Keep the keys and values of `model` alone (an Engine binds its prompt cache to its model).
+
+        Another model's prompt would restore them without an error and decode
+        wrong tokens, so a second model raises ValueError while the first is
+        alive; once it is gone, the cache is emptied and binds to the new one.
+        """
+        with self._lock:
+            bound = self._model() if self._model is not None else None
+            if bound is model:
+                return
+            if bound is not None:
+                raise ValueError(f"this PrefixCache keeps the keys and values of another model "
+                                 f"({type(bound).__name__}); give each engine's model a PrefixCache of its own")
+            for key in list(self._entries):  # a collected model's: of no use to any other
+                self._remove(key)
+            self._model = weakref.ref(model)
+
+    def fits(self, tokens: int) -> bool:
+        """Whether a sequence of `tokens` tokens is within the bounds, so that ``save`` would keep it
+        (the bytes judged by the last sequence offered; none offered yet: by the tokens alone)."""
+        if tokens > self.max_tokens:
+            return False
+        per_token = self._token_bytes
+        return self.max_bytes is None or per_token is None or tokens * per_token <= self.max_bytes
+
     def restore(self, prompt: list[int], cache: list) -> int:
         """Loads the longest usable prefix of `prompt` into the fresh `cache`; returns its length (0: none)."""
         if not restorable(cache):
             return 0
         with self._lock:
-            node, depth = self._root, 0
-            for token in prompt:
-                child = node.children.get(token)
-                if child is None:
-                    break
-                node, depth = child, depth + 1
-            reuse = min(depth, len(prompt) - 1)  # the last token must run to give logits
+            node, reuse = self._deepest(prompt)
             if reuse < 1:
                 return 0
             assert node.through is not None  # a node is kept only while some sequence passes through
@@ -129,6 +154,12 @@ class PrefixCache:
         for layer, (keys, values) in zip(cache, entry.layers):
             layer.keys, layer.values, layer.offset = keys[..., :reuse, :], values[..., :reuse, :], reuse
         return reuse
+
+    def reusable(self, prompt: list[int]) -> int:
+        """How many tokens of `prompt` a restore would give now (into plain KVCache layers),
+        without restoring them: no hit is counted, no entry made more recent."""
+        with self._lock:
+            return max(self._deepest(prompt)[1], 0)
 
     def save(self, tokens: list[int], cache: list) -> None:
         """Keep `cache`, which holds the keys and values of exactly `tokens`, evaluating it here."""
@@ -144,6 +175,7 @@ class PrefixCache:
         layers = [(_copy(layer.keys[..., :layer.offset, :]), _copy(layer.values[..., :layer.offset, :]))
                   for layer in cache]
         nbytes = sum(keys.nbytes + values.nbytes for keys, values in layers)
+        self._token_bytes = nbytes / len(key)
         if self.max_bytes is not None and nbytes > self.max_bytes:
             return
         mx.eval(layers)  # evaluated on this worker: readable from any thread
@@ -155,6 +187,17 @@ class PrefixCache:
                 self._remove(next(iter(self._entries)))
 
     # ---- the trie (under the lock) ------------------------------------------------
+
+    def _deepest(self, prompt: list[int]) -> tuple[_Node, int]:
+        """The deepest node `prompt` reaches, and how many of its tokens may be restored from it:
+        its depth, leaving the last token to run (it gives the logits)."""
+        node, depth = self._root, 0
+        for token in prompt:
+            child = node.children.get(token)
+            if child is None:
+                break
+            node, depth = child, depth + 1
+        return node, min(depth, len(prompt) - 1)
 
     def _covered(self, key: tuple[int, ...]) -> bool:
         """True (and the covering entry made most recent) if a kept sequence starts with `key`."""
@@ -253,6 +296,11 @@ class HeldPrefills:
             entry[1] -= 1
             if entry[1] == 0:
                 del self._held[prefill.tokens]
+
+    def holds(self, prompt: list[int]) -> bool:
+        """Whether a prefill is held for exactly `prompt`."""
+        with self._lock:
+            return tuple(prompt) in self._held
 
     def get(self, prompt: list[int], cache: list) -> HeldPrefill | None:
         """The prefill held for exactly `prompt`, if `cache` (fresh) can take it."""

@@ -129,7 +129,10 @@ def token_logprobs(logits: mx.array, token: int, top: int) -> tuple[float, tuple
     ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
     values = logprobs[ids]
     mx.eval(chosen, ids, values)
-    pairs = sorted(zip(ids.tolist(), values.tolist()), key=lambda pair: -pair[1])
+    # A token the step could not sample (a grammar's mask made it -inf) is no alternative:
+    # fewer than `top` are listed then (and -inf is no JSON number).
+    pairs = sorted(((i, v) for i, v in zip(ids.tolist(), values.tolist()) if v != -math.inf),
+                   key=lambda pair: -pair[1])
     return chosen.item(), tuple(pairs)
 
 
