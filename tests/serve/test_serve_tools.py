@@ -13,9 +13,9 @@ import json
 import pytest
 
 pytest.importorskip("starlette")
-from emlx_async.serve.protocol import APIError, parse_request, tool_call_deltas  # noqa: E402
-from emlx_async.serve.tools import (OutputSplitter, ToolCallFormat, fallback_messages,  # noqa: E402
-                                    template_renders_tools)
+from emlx_async.serve.protocol import APIError, parse_request  # noqa: E402
+from emlx_async.serve.tools import (CallArguments, CallEnd, CallStart, OutputSplitter, ToolCallFormat,  # noqa: E402
+                                    fallback_messages, template_renders_tools)
 
 from support.helpers import needs, on_loops  # noqa: E402
 from support.serve_bodies import WEATHER_USER as USER  # noqa: E402
@@ -196,12 +196,18 @@ def test_a_prompt_that_opened_the_reasoning_and_text_without_markers():
     assert _split_all(OutputSplitter(), ["<think>x</think>y"]) == ("", "<think>x</think>y", [])
 
 
-def test_a_block_that_does_not_parse_stays_content_and_an_unfinished_one_too():
+def test_a_block_that_does_not_parse_stays_content_until_its_name_is_whole():
     splitter = OutputSplitter(tool_format=ToolCallFormat.hermes())
     assert _split_all(splitter, ["a <tool_call>not json</tool_call> b"]) == \
         ("", "a <tool_call>not json</tool_call> b", [])
-    assert _split_all(OutputSplitter(tool_format=ToolCallFormat.hermes()), ['<tool_call>{"name": "f", "argu']) == \
-        ("", '<tool_call>{"name": "f", "argu', [])
+    assert splitter.finish_reason("stop") == "stop"
+    # Cut before the name's string ended: nothing was sent as a call, so it is text.
+    assert _split_all(OutputSplitter(tool_format=ToolCallFormat.hermes()), ['<tool_call>{"name": "f']) == \
+        ("", '<tool_call>{"name": "f', [])
+    # A name that is no string is no call either.
+    assert _split_all(OutputSplitter(tool_format=ToolCallFormat.hermes()),
+                      ['<tool_call>{"name": 3, "arguments": {}}</tool_call>']) == \
+        ("", '<tool_call>{"name": 3, "arguments": {}}</tool_call>', [])
 
 
 def test_the_call_format_follows_the_template_as_mlx_lm_chooses():
@@ -211,14 +217,6 @@ def test_the_call_format_follows_the_template_as_mlx_lm_chooses():
     assert ToolCallFormat.for_template(hermes).start == "<tool_call>"
     assert ToolCallFormat.for_template("{{ messages }}").name == "json_tools"  # the fallback's own format
     assert not template_renders_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
-
-
-def test_a_call_streams_as_openai_does():
-    call = {"id": "call_x", "type": "function", "function": {"name": "f", "arguments": '{"city": "Paris, France"}'}}
-    deltas = tool_call_deltas(2, call, piece_chars=8)
-    assert deltas[0] == [{"index": 2, "id": "call_x", "type": "function", "function": {"name": "f", "arguments": ""}}]
-    assert all(d[0].keys() == {"index", "function"} and d[0]["index"] == 2 for d in deltas[1:])
-    assert "".join(d[0]["function"]["arguments"] for d in deltas) == call["function"]["arguments"]
 
 
 # ---- rendering ---------------------------------------------------------------
