@@ -354,6 +354,8 @@ class _StreamedCall:
             if self.opaque or self._json.failed or self._json.complete:
                 return  # what follows the object (or a fault in it) changes nothing already read
             events = self._json.push(ch)
+            if self._json.failed:
+                return  # not JSON: `ch` is not sent, nor anything after it
             keep = self._member is not None
             for event in events:
                 if event[0] == "start" and event[1] == 0 and ch != "{":
@@ -552,6 +554,7 @@ class OutputSplitter:
         self.thinking = thinking
         self._in_reasoning = in_reasoning
         self._may_open = thinking and not in_reasoning  # <think> only at the start
+        self._after_reasoning = False
         self._format = tool_format
         self._tools = tools
         self._max_calls = max_calls
@@ -598,9 +601,13 @@ class OutputSplitter:
                 self._pending = rest
                 if not found:
                     break
-                self._in_reasoning = False
-                self._pending = self._pending.lstrip("\n") if self._pending.strip() else self._pending
+                self._in_reasoning, self._after_reasoning = False, True
                 continue
+            if self._after_reasoning:  # the newlines after </think> are no answer (all of it, if nothing else)
+                stripped = self._pending.lstrip("\n")
+                if not stripped and not final:
+                    break
+                self._pending, self._after_reasoning = stripped or self._pending, False
             if self._block is not None:
                 assert self._format is not None
                 done, rest, found = _cut(self._pending, self._format.end, final)
@@ -621,8 +628,10 @@ class OutputSplitter:
                     self._open_block(self._awaiting)
                     self._awaiting = None
                     continue
-                if start.startswith(self._pending) and not final:
-                    break
+                if start.startswith(self._pending):
+                    if not final:
+                        break
+                    self._pending = ""  # cut before the marker was whole: the marker was the call's
                 self._end_call(self._awaiting, out)  # it never came
                 self._awaiting = None
                 continue
@@ -635,8 +644,7 @@ class OutputSplitter:
         if final:
             if self._block is not None:  # an unfinished block: the model stopped mid-call
                 self._close_block(out, complete=False)
-            if self._awaiting is not None:  # cut before its marker was whole: the marker was the call's
-                self._pending = ""
+            if self._awaiting is not None:  # nothing at all was written
                 self._end_call(self._awaiting, out)
                 self._awaiting = None
         return out
