@@ -18,7 +18,11 @@ Tools run on the chat endpoint's machinery (serve/tools.py): function
 auto, none, required or a named function (the last two constrained by the
 call grammar) and ``parallel_tool_calls``. In the input, ``function_call``
 items are the assistant's tool calls and ``function_call_output`` items
-(each naming an earlier call's call_id) the tool results.
+(each naming an earlier call's call_id) the tool results. A call streams as
+the model writes it: ``response.output_item.added`` once its name is
+written, ``response.function_call_arguments.delta`` pieces as its arguments
+come, then ``.done`` and ``response.output_item.done``; a call whose
+arguments are no whole object (cut by max_output_tokens) is "incomplete".
 """
 
 from __future__ import annotations

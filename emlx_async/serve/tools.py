@@ -432,11 +432,15 @@ def _is_object(text: str) -> bool:
 
 @dataclass(frozen=True)
 class Reasoning:
+    """Reasoning text (between ``<think>`` and ``</think>``), markers left out."""
+
     text: str
 
 
 @dataclass(frozen=True)
 class Content:
+    """Answer text."""
+
     text: str
 
 
@@ -479,14 +483,16 @@ class Split:
     parts: list[Part] = field(default_factory=list)
 
     def add(self, part: Part) -> None:
-        last = self.parts[-1] if self.parts else None
-        if isinstance(part, (Reasoning, Content)) and not part.text:
+        """Append `part`, joined to the last part when both are text of one kind or pieces of
+        one call's arguments; empty text is dropped."""
+        if isinstance(part, (Reasoning, Content, CallArguments)) and not part.text:
             return
-        if type(last) is type(part) and isinstance(part, (Reasoning, Content)):
+        last = self.parts[-1] if self.parts else None
+        if isinstance(part, (Reasoning, Content)) and type(last) is type(part):
             self.parts[-1] = type(part)(last.text + part.text)
         elif isinstance(part, CallArguments) and isinstance(last, CallArguments) and last.index == part.index:
             self.parts[-1] = CallArguments(part.index, last.text + part.text)
-        elif not (isinstance(part, CallArguments) and not part.text):
+        else:
             self.parts.append(part)
 
     @property

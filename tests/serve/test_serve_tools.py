@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("starlette")
 from emlx_async.serve.protocol import APIError, parse_request  # noqa: E402
-from emlx_async.serve.tools import (CallArguments, CallEnd, CallStart, OutputSplitter, ToolCallFormat,  # noqa: E402
-                                    fallback_messages, template_renders_tools)
+from emlx_async.serve.tools import (OutputSplitter, ToolCallFormat, fallback_messages,  # noqa: E402
+                                    template_renders_tools)
 
 from support.helpers import needs, on_loops  # noqa: E402
 from support.serve_bodies import WEATHER_USER as USER  # noqa: E402
@@ -313,6 +313,30 @@ def test_tools_auto_with_the_official_client_streamed_and_not(openai_client):
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason == choice.finish_reason
     assert streamed == (choice.message.content or "")
+
+
+@pytest.mark.model
+@needs_model
+def test_a_required_call_streams_as_smollm2_writes_it(openai_client):
+    """The call grammar makes SmolLM2 write a valid call. Streamed, its head (id and name)
+    comes first, then its arguments in several pieces that join, byte for byte, to the
+    arguments of the same answer unstreamed."""
+    bounded = {"type": "function", "function": {"name": "get_weather", "parameters": {  # a 135M model's
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
+    ask = dict(model="SmolLM2-135M-Instruct", messages=USER, tools=[bounded, other], tool_choice="required",
+               parallel_tool_calls=False, max_tokens=60, temperature=0)
+    answer = openai_client.chat.completions.create(**ask)
+    chunks = list(openai_client.chat.completions.create(**ask, stream=True))
+    entries = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or ()]
+    head, pieces = entries[0], [t.function.arguments for t in entries[1:]]
+    assert head.id and head.function.name in ("get_weather", "get_time") and head.function.arguments == ""
+    assert len(pieces) >= 2 and all(t.id is None and t.index == 0 for t in entries[1:])
+    [call] = answer.choices[0].message.tool_calls
+    assert "".join(pieces) == call.function.arguments and isinstance(json.loads(call.function.arguments), dict)
+    assert call.function.name == head.function.name
+    assert chunks[-1].choices[0].finish_reason == answer.choices[0].finish_reason == "tool_calls"
 
 
 @pytest.mark.model
