@@ -25,9 +25,8 @@ prompt once (so the prompt cache is as warm for one row as for the other).
 A server that ignores the field or
 refuses it is not a failed run: the row's "field" column says what it did
 with it (kept: the answer is JSON that starts an object, or a call of the
-tool; cut: max_tokens ended the answer before the call was whole, which
-our server streams once it has parsed, so give the tool rows --tokens 40
-on SmolLM2; ignored: free text;
+tool, its head counted as its first token; cut: max_tokens ended the
+answer before the call's name was whole; ignored: free text;
 or the HTTP status it answered with). mlx-lm's server ignores
 response_format (its issue #1007); vllm-mlx's structured output needs
 Metal, and a json_schema request is reported to get a 500 on Linux.
@@ -230,11 +229,13 @@ async def one_request(client: httpx.AsyncClient, model: str | None, prompt: str,
             delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
             finish = (chunk["choices"][0].get("finish_reason") if chunk.get("choices") else None) or finish
             content = delta.get("content")
-            # A call's arguments stream in pieces as content does: they time the same way.
+            # A call's head (its name) and its arguments' pieces stream as content does: they time
+            # the same way (the head is the first a client sees of a call).
             pieces = [call.get("function") or {} for call in delta.get("tool_calls") or []]
-            calls += [piece["name"] for piece in pieces if piece.get("name")]
+            names = [piece["name"] for piece in pieces if piece.get("name")]
+            calls += names
             arguments = "".join(piece.get("arguments") or "" for piece in pieces)
-            if content or arguments:
+            if content or arguments or names:
                 now = time.perf_counter()
                 if last is None:
                     ttfts.append(now - start)
@@ -248,8 +249,8 @@ async def one_request(client: httpx.AsyncClient, model: str | None, prompt: str,
 def field_outcome(kind: str, text: str, calls: list[str], finish: str | None) -> str:
     """"kept" where the answer is what the kind's field asks for (a schema's answer opens a JSON
     object, which max_tokens may cut; a required call calls the tool), else "ignored". A call
-    streams once it has parsed: one that max_tokens cut before then is "cut" (our server gives its
-    text as content)."""
+    streams from its name on: one that max_tokens cut before its name was whole is "cut" (our
+    server gives its text as content)."""
     if kind == FREE:
         return "-"
     if kind == "tool":

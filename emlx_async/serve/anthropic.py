@@ -18,8 +18,12 @@ assistant's ``tool_use`` blocks are its tool calls and a user's
 ``tool_result`` blocks (each naming a tool_use of the assistant turn
 before) are tool messages, rendered by the template as chat renders them.
 An answer's calls are ``tool_use`` blocks with stop_reason "tool_use";
-streamed, each is a content_block_start with the id and name, then its
-input in ``input_json_delta`` pieces.
+streamed, each is a content_block_start with the id and name as soon as the
+name is written, then its input in ``input_json_delta`` pieces as the model
+writes them (serve/tools.py's OutputSplitter), then its content_block_stop. A
+call whose input is not a whole object (cut by max_tokens, or written wrong
+under tool_choice auto) keeps what was streamed and stops with max_tokens or
+end_turn, not tool_use.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from .common import (JSON, AnswerParts, Collected, boolean, checked_text, count,
                      type_name, wrong_type)
 from .protocol import (APIError, GenerationRequest, ToolCallIds, checked_json, checked_tool, choose_tools, invalid,
                        show)
-from .tools import json_pieces
+from .tools import CallArguments, CallEnd, CallStart
 
 MESSAGES, COUNT_TOKENS = "/v1/messages", "/v1/messages/count_tokens"
 # A documented bound (Anthropic publishes none): each one is checked after every token.
@@ -289,19 +293,20 @@ def text_block(text: str) -> dict:
     return {"type": "text", "text": text}
 
 
-def tool_use_block(call: dict) -> tuple[dict, str]:
-    """A chat tool call as a tool_use block, and its input as the JSON text that streams."""
-    arguments = call["function"]["arguments"]
+def tool_use_block(call: dict) -> dict:
+    """A chat tool call as a tool_use block. Its input is an object: a call whose arguments
+    are none (max_tokens cut it, or the model wrote no JSON object) has what they hold of one,
+    which is nothing: {}."""
     try:
-        value = json.loads(arguments)
-    except ValueError:
+        value = json.loads(call["function"]["arguments"])
+    except (ValueError, RecursionError):
         value = None
-    if not isinstance(value, dict):  # tool_use input is an object: a call that wrote another value keeps it whole
-        value = {"arguments": arguments}
-        arguments = json.dumps(value, ensure_ascii=False)
-    block = {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": call["function"]["name"],
-             "input": value}
-    return block, arguments
+    return {"type": "tool_use", "id": tool_use_id(call["id"]), "name": call["function"]["name"],
+            "input": value if isinstance(value, dict) else {}}
+
+
+def tool_use_id(call_id: str) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
 
 
 def _error_event(error: APIError) -> bytes:
@@ -321,7 +326,7 @@ class MessagesReply:
         return _error_event(error)
 
     def _stop(self, finish_reason: str, last_token: int | None, tokens: list[int]) -> tuple[str, str | None]:
-        if self.parts.calls and finish_reason == "stop":
+        if self.parts.finish_reason(finish_reason) == "tool_calls":  # whole calls: the client runs them
             return "tool_use", None
         return stop_reason(self.generation, finish_reason, last_token, tokens, self.request.stop_sequences)
 
@@ -329,7 +334,7 @@ class MessagesReply:
         return usage(self.generation.prompt_tokens, self.generation.stats.generated_tokens)
 
     def body(self, collected: Collected) -> dict:
-        content = [text_block(part) if isinstance(part, str) else tool_use_block(part)[0]
+        content = [text_block(part) if isinstance(part, str) else tool_use_block(part.call)
                    for part in self.parts.whole(collected.pieces)] or [text_block("")]
         reason, sequence = self._stop(self.generation.finish_reason, collected.last_token, collected.tokens)
         return message_body(self.id, self.model, content, reason, sequence, self._usage())
@@ -366,15 +371,17 @@ class MessagesReply:
                         text_open = True
                     yield block_delta({"type": "text_delta", "text": part})
                     continue
-                if text_open:
+                if isinstance(part, CallStart):
+                    if text_open:
+                        yield block_stop()
+                        index, text_open = index + 1, False
+                    yield block_start({"type": "tool_use", "id": tool_use_id(part.id), "name": part.name,
+                                       "input": {}})
+                elif isinstance(part, CallArguments):
+                    yield block_delta({"type": "input_json_delta", "partial_json": part.text})
+                elif isinstance(part, CallEnd):
                     yield block_stop()
-                    index, text_open = index + 1, False
-                block, arguments = tool_use_block(part)
-                yield block_start({**block, "input": {}})
-                for piece in json_pieces(arguments):
-                    yield block_delta({"type": "input_json_delta", "partial_json": piece})
-                yield block_stop()
-                index += 1
+                    index += 1
             if final:
                 if not text_open and index == 0:  # nothing at all: one empty text block, as unstreamed
                     yield block_start(text_block(""))

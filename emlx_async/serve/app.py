@@ -22,11 +22,11 @@ from starlette.routing import Route
 from .. import DistributedError
 from . import anthropic, middleware, openapi, responses
 from .metrics import CONTENT_TYPE
-from .protocol import MAX_CHOICES, APIError, GenerationRequest, chunk_body, completion_body, completion_choice, \
-    new_id, parse_request, tool_call_deltas, usage_chunk_body
+from .protocol import MAX_CHOICES, APIError, GenerationRequest, call_arguments_delta, call_head_delta, chunk_body, \
+    completion_body, completion_choice, new_id, parse_request, usage_chunk_body
 from .service import (EventStream, Generation, ServeConfig, Service, distributed_cause, error_response,
                       grammar_error, group_broken_error, read_json, shutdown_error, sse, until_disconnected)
-from .tools import allowed_calls
+from .tools import CallArguments, CallStart, Content, Reasoning
 
 logger = logging.getLogger("emlx_async.serve")
 
@@ -94,14 +94,15 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         choices = []
         for index, (text, splitter) in enumerate(zip(texts, generation.splitters)):
             answer, reasoning, calls = "".join(text), None, None
-            if splitter is not None:  # each choice cut on its own (its own tool calls)
+            finish = generation.finish_reasons[index]
+            if splitter is not None:  # each choice cut on its own (its own tool calls), as its stream is
                 first, last = splitter.feed(answer), splitter.flush()
                 answer = first.content + last.content
                 if splitter.thinking:
                     reasoning = first.reasoning + last.reasoning
-                calls = allowed_calls(first.tool_calls + last.tool_calls, parsed.parallel_tool_calls) or None
-            choices.append(completion_choice(parsed, index=index, text=answer,
-                                             finish_reason=generation.finish_reasons[index],
+                calls = splitter.tool_calls or None
+                finish = splitter.finish_reason(finish)
+            choices.append(completion_choice(parsed, index=index, text=answer, finish_reason=finish,
                                              logprobs=entries[index], reasoning=reasoning, tool_calls=calls))
         body = completion_body(parsed, id=id_, model=generation.model_name, choices=choices,
                                prompt_tokens=generation.prompt_tokens,
@@ -122,7 +123,6 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             # text is held back (part of a character, maybe a stop string) goes
             # out with the next chunk that has text, or with the last one.
             pending: list[list[dict] | None] = [[] if parsed.logprobs else None for _ in range(parsed.n)]
-            calls = [0] * parsed.n
             async for index, delta in deltas:
                 chunk = functools.partial(chunk_body, parsed, **fields, index=index)
                 if pending[index] is not None and (entry := generation.logprob_entry(delta)) is not None:
@@ -132,21 +132,25 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                     pieces = [splitter.feed(delta.text)] if delta.text else []
                     if delta.finish_reason is not None:
                         pieces.append(splitter.flush())
-                    for piece in pieces:
-                        if piece.reasoning:
-                            yield sse(chunk(text=None, reasoning=piece.reasoning, finish_reason=None))
-                        if piece.content:
-                            yield sse(chunk(text=piece.content, finish_reason=None, logprobs=pending[index]))
+                    # A call streams as it is written: its head (id, name) once the name is whole, then its
+                    # arguments in pieces; its end sends nothing more (the pieces were its arguments).
+                    for part in (part for piece in pieces for part in piece.parts):
+                        if isinstance(part, Reasoning):
+                            yield sse(chunk(text=None, reasoning=part.text, finish_reason=None))
+                        elif isinstance(part, Content):
+                            yield sse(chunk(text=part.text, finish_reason=None, logprobs=pending[index]))
                             pending[index] = [] if parsed.logprobs else None
-                        for call in allowed_calls(piece.tool_calls, parsed.parallel_tool_calls, already=calls[index]):
-                            for entries in tool_call_deltas(calls[index], call):
-                                yield sse(chunk(text=None, tool_calls=entries, finish_reason=None))
-                            calls[index] += 1
+                        elif isinstance(part, CallStart):
+                            yield sse(chunk(text=None, tool_calls=call_head_delta(part.index, part.id, part.name),
+                                            finish_reason=None))
+                        elif isinstance(part, CallArguments):
+                            yield sse(chunk(text=None, tool_calls=call_arguments_delta(part.index, part.text),
+                                            finish_reason=None))
                 elif delta.text:
                     yield sse(chunk(text=delta.text, finish_reason=None, logprobs=pending[index]))
                     pending[index] = [] if parsed.logprobs else None
                 if delta.finish_reason is not None:
-                    finish = "tool_calls" if calls[index] and delta.finish_reason == "stop" else delta.finish_reason
+                    finish = delta.finish_reason if splitter is None else splitter.finish_reason(delta.finish_reason)
                     yield sse(chunk(text=None if parsed.chat else "", finish_reason=finish,
                                     logprobs=pending[index] or None))
             if parsed.include_usage:

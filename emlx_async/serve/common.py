@@ -32,7 +32,7 @@ from .service import (EventStream, Generation, Service, distributed_cause, gramm
 # An integer as JSON Schema (and so the OpenAPI document) counts them: 8.0 is one.
 from .protocol import _is_int as is_int
 from .protocol import APIError, GenerationRequest, invalid
-from .tools import THINK_END, THINK_START, allowed_calls
+from .tools import THINK_END, THINK_START, CallArguments, CallEnd, CallStart, Content, Reasoning
 
 logger = logging.getLogger("emlx_async.serve")
 
@@ -358,47 +358,57 @@ class AnswerParts:
 
     Without tools the text is the engine's, as it comes. With tools the
     service's OutputSplitter cuts it, the chat endpoint's own parser (one
-    call format per template); calls past the one allowed when parallel calls
-    are off are dropped, as chat drops them; whitespace that ends a text is
-    held until more text follows it, so no text ends in the newline before a
-    call; reasoning of a template that thinks stays in the text, between its
+    call format per template, calls past the one allowed when parallel calls
+    are off dropped, a call streamed as it is written: its CallStart, its
+    CallArguments pieces, its CallEnd); whitespace that ends a text is held
+    until more text follows it, so no text ends in the newline before a call;
+    reasoning of a template that thinks stays in the text, between its
     markers (neither API has a reasoning block here).
     """
 
     def __init__(self, request: GenerationRequest, generation: Generation):
         self._splitter = generation.splitter if request.tools is not None else None
-        self._parallel = request.parallel_tool_calls
         self._in_reasoning = False
         self._held = ""
-        self.calls: list[dict] = []
+        self.calls: list[dict] = []  # the calls that ended
 
     @property
     def tools(self) -> bool:
         """Whether the answer may hold calls (the request has tools)."""
         return self._splitter is not None
 
-    def feed(self, text: str, final: bool = False) -> list[str | dict]:
-        """What `text` adds, in order: texts, and calls (dicts in chat's shape);
-        `final`: the answer ends here."""
+    def finish_reason(self, reason: str | None) -> str | None:
+        """Chat's finish_reason for the answer (OutputSplitter.finish_reason): "tool_calls" once it
+        stopped after whole calls."""
+        return reason if self._splitter is None else self._splitter.finish_reason(reason)
+
+    def feed(self, text: str, final: bool = False) -> list[str | CallStart | CallArguments | CallEnd]:
+        """What `text` adds, in order: texts, and the calls' events; `final`: the answer ends here."""
         if self._splitter is None:
             return [text] if text else []
-        pieces = [self._splitter.feed(text)] if text else []
+        splits = [self._splitter.feed(text)] if text else []
         if final:
-            pieces.append(self._splitter.flush())
-        out: list[str | dict] = []
-        for piece in pieces:
-            if piece.reasoning:
-                self._text(out, piece.reasoning if self._in_reasoning else THINK_START + piece.reasoning)
-                self._in_reasoning = True
-            if self._in_reasoning and (piece.content or piece.tool_calls):
-                # The splitter drops the newlines after the marker when text follows at once.
-                self._text(out, THINK_END + ("\n\n" if piece.content and not piece.content[0].isspace() else ""))
-                self._in_reasoning = False
-            self._text(out, piece.content)
-            for call in allowed_calls(piece.tool_calls, self._parallel, already=len(self.calls)):
-                self._held = ""  # the whitespace before a call
-                out.append(call)
-                self.calls.append(call)
+            splits.append(self._splitter.flush())
+        out: list[str | CallStart | CallArguments | CallEnd] = []
+        for split in splits:
+            for part in split.parts:
+                if isinstance(part, Reasoning):
+                    self._text(out, part.text if self._in_reasoning else THINK_START + part.text)
+                    self._in_reasoning = True
+                    continue
+                if self._in_reasoning:
+                    # The splitter drops the newlines after the marker when text follows at once.
+                    gap = "\n\n" if isinstance(part, Content) and not part.text[0].isspace() else ""
+                    self._text(out, THINK_END + gap)
+                    self._in_reasoning = False
+                if isinstance(part, Content):
+                    self._text(out, part.text)
+                    continue
+                if isinstance(part, CallStart):
+                    self._held = ""  # the whitespace before a call
+                elif isinstance(part, CallEnd):
+                    self.calls.append(part.call)
+                out.append(part)
         if final and self._held and not self.calls:  # nothing but text: all of it
             if out and isinstance(out[-1], str):
                 out[-1] += self._held
@@ -407,7 +417,7 @@ class AnswerParts:
             self._held = ""
         return out
 
-    def _text(self, out: list[str | dict], text: str) -> None:
+    def _text(self, out: list, text: str) -> None:
         """Add `text`, its whitespace at the end held back."""
         if not text:
             return
@@ -420,13 +430,14 @@ class AnswerParts:
             else:
                 out.append(kept)
 
-    def whole(self, pieces: list[str]) -> list[str | dict]:
-        """A collected answer (the texts of its deltas) as the stream would cut it, texts joined."""
-        out: list[str | dict] = []
+    def whole(self, pieces: list[str]) -> list[str | CallEnd]:
+        """A collected answer (the texts of its deltas) as the stream would cut it: texts
+        joined, and each call as its CallEnd."""
+        out: list[str | CallEnd] = []
         for i, piece in enumerate(pieces or [""]):
             for part in self.feed(piece, final=i == len(pieces or [""]) - 1):
                 if isinstance(part, str) and out and isinstance(out[-1], str):
                     out[-1] += part
-                else:
+                elif isinstance(part, (str, CallEnd)):
                     out.append(part)
         return out

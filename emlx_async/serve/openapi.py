@@ -505,7 +505,9 @@ _FUNCTION_CALL = {"type": "object", "required": ["type", "id", "call_id", "name"
                                  "call_id": {"type": "string"}, "name": {"type": "string"},
                                  "arguments": {"type": "string",
                                                "description": "JSON text; \"\" while in progress"},
-                                 "status": {"enum": ["in_progress", "completed"]}}}
+                                 "status": {"enum": ["in_progress", "completed", "incomplete"],
+                                            "description": "incomplete: its arguments are not a whole "
+                                                           "object (max_output_tokens cut it)"}}}
 _OUTPUT_ITEM = {"oneOf": [_ref("ResponseOutputMessage"), _ref("ResponseFunctionCall")]}
 
 _RESPONSES_USAGE = {

@@ -763,7 +763,8 @@ def choice_logprobs(entries: list[dict] | None) -> dict | None:
 def completion_choice(request: GenerationRequest, *, index: int = 0, text: str, finish_reason: str | None,
                       logprobs: list[dict] | None = None, reasoning: str | None = None,
                       tool_calls: list[dict] | None = None) -> dict:
-    """One choice of a non-streamed answer."""
+    """One choice of a non-streamed answer (its finish_reason as the stream ends it:
+    OutputSplitter.finish_reason says "tool_calls")."""
     if not request.chat:
         return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
     message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -773,8 +774,6 @@ def completion_choice(request: GenerationRequest, *, index: int = 0, text: str, 
         # OpenAI's shape: content null when the answer is only calls.
         message["tool_calls"] = tool_calls
         message["content"] = text if text.strip() else None
-        if finish_reason == "stop":
-            finish_reason = "tool_calls"
     return {"index": index, "message": message, "logprobs": choice_logprobs(logprobs),
             "finish_reason": finish_reason}
 
@@ -792,7 +791,7 @@ def chunk_body(request: GenerationRequest, *, id: str, model: str, created: int,
                finish_reason: str | None, first: bool = False, logprobs: list[dict] | None = None,
                reasoning: str | None = None, tool_calls: list[dict] | None = None, index: int = 0) -> dict:
     """One streamed chunk with a single choice, choice `index` (`logprobs`: the entries of this
-    chunk's tokens; `tool_calls`: delta entries, see ``tool_call_deltas``)."""
+    chunk's tokens; `tool_calls`: delta entries, ``call_head_delta`` and ``call_arguments_delta``)."""
     if request.chat:
         delta: dict[str, Any] = {}
         if first:
@@ -815,15 +814,14 @@ def chunk_body(request: GenerationRequest, *, id: str, model: str, created: int,
     return body
 
 
-def tool_call_deltas(index: int, call: dict, piece_chars: int = 16) -> list[list[dict]]:
-    """One finished call as OpenAI streams it: a delta with its index, id and name
-    (arguments ""), then the arguments in pieces."""
-    arguments = call["function"]["arguments"]
-    out = [[{"index": index, "id": call["id"], "type": "function",
-             "function": {"name": call["function"]["name"], "arguments": ""}}]]
-    for start in range(0, len(arguments), piece_chars):
-        out.append([{"index": index, "function": {"arguments": arguments[start:start + piece_chars]}}])
-    return out
+def call_head_delta(index: int, call_id: str, name: str) -> list[dict]:
+    """A streamed call's first delta.tool_calls, as OpenAI sends it: index, id and name (arguments "")."""
+    return [{"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}]
+
+
+def call_arguments_delta(index: int, text: str) -> list[dict]:
+    """A piece of call `index`'s arguments: the pieces joined are its arguments."""
+    return [{"index": index, "function": {"arguments": text}}]
 
 
 def usage_chunk_body(request: GenerationRequest, *, id: str, model: str, created: int,

@@ -18,7 +18,11 @@ Tools run on the chat endpoint's machinery (serve/tools.py): function
 auto, none, required or a named function (the last two constrained by the
 call grammar) and ``parallel_tool_calls``. In the input, ``function_call``
 items are the assistant's tool calls and ``function_call_output`` items
-(each naming an earlier call's call_id) the tool results.
+(each naming an earlier call's call_id) the tool results. A call streams as
+the model writes it: ``response.output_item.added`` once its name is
+written, ``response.function_call_arguments.delta`` pieces as its arguments
+come, then ``.done`` and ``response.output_item.done``; a call whose
+arguments are no whole object (cut by max_output_tokens) is "incomplete".
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from .common import (JSON, AnswerParts, Collected, boolean, checked_text, event,
                      joined_text, number, optional_object, required_text, string, type_name, wrong_type)
 from .protocol import (MAX_TOP_LOGPROBS, APIError, GenerationRequest, ToolCallIds, checked_json, checked_tool,
                        choose_tools, invalid, show)
-from .tools import json_pieces
+from .tools import CallArguments, CallEnd, CallStart
 
 RESPONSES = "/v1/responses"
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -256,11 +260,18 @@ def message_item(id_: str, status: str, content: list[dict]) -> dict:
     return {"type": "message", "id": id_, "status": status, "role": "assistant", "content": content}
 
 
-def function_call_item(call: dict, status: str = "completed", arguments: str | None = None) -> dict:
+def function_call_item(call_id: str, name: str, arguments: str, status: str) -> dict:
     """A chat tool call as a function_call output item (its call_id is the call's id)."""
-    return {"type": "function_call", "id": "fc_" + call["id"].removeprefix("call_"), "call_id": call["id"],
-            "name": call["function"]["name"],
-            "arguments": call["function"]["arguments"] if arguments is None else arguments, "status": status}
+    return {"type": "function_call", "id": "fc_" + call_id.removeprefix("call_"), "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+def ended_call_item(end: CallEnd) -> dict:
+    """A call that ended as its output item: "incomplete" when its arguments are not a whole
+    object (max_output_tokens cut it, or the model wrote them wrong), as streamed."""
+    function = end.call["function"]
+    return function_call_item(end.call["id"], function["name"], function["arguments"],
+                              "completed" if end.valid else "incomplete")
 
 
 def _new_message_id() -> str:
@@ -297,7 +308,7 @@ class ResponsesReply:
     def body(self, collected: Collected) -> dict:
         status = self._status(self.generation.finish_reason)
         output = [message_item(_new_message_id(), status, [output_text(part)]) if isinstance(part, str)
-                  else function_call_item(part) for part in self.parts.whole(collected.pieces)]
+                  else ended_call_item(part) for part in self.parts.whole(collected.pieces)]
         return self.response(status, output or [message_item(_new_message_id(), status, [output_text("")])],
                              self._usage())
 
@@ -316,6 +327,7 @@ class ResponsesReply:
         output: list[dict] = []  # the items done
         message: dict | None = None  # the message item being written, and its text so far
         texts: list[str] = []
+        call: dict = {}  # the function_call item being written
 
         def where() -> dict:
             return {"item_id": message["id"], "output_index": len(output), "content_index": 0}
@@ -351,21 +363,21 @@ class ResponsesReply:
                     texts.append(part)
                     yield self.event("response.output_text.delta", **where(), delta=part, logprobs=[])
                     continue
-                if message is not None:
-                    for chunk in close_message("completed"):
-                        yield chunk
-                index = len(output)
-                item = function_call_item(part, "in_progress", "")
-                yield self.event("response.output_item.added", output_index=index, item=item)
-                arguments = part["function"]["arguments"]
-                for piece in json_pieces(arguments):
-                    yield self.event("response.function_call_arguments.delta", item_id=item["id"],
-                                     output_index=index, delta=piece)
-                yield self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                                 name=item["name"], arguments=arguments)
-                done = function_call_item(part)
-                yield self.event("response.output_item.done", output_index=index, item=done)
-                output.append(done)
+                if isinstance(part, CallStart):
+                    if message is not None:
+                        for chunk in close_message("completed"):
+                            yield chunk
+                    call = function_call_item(part.id, part.name, "", "in_progress")
+                    yield self.event("response.output_item.added", output_index=len(output), item=call)
+                elif isinstance(part, CallArguments):
+                    yield self.event("response.function_call_arguments.delta", item_id=call["id"],
+                                     output_index=len(output), delta=part.text)
+                elif isinstance(part, CallEnd):
+                    done = ended_call_item(part)
+                    yield self.event("response.function_call_arguments.done", item_id=done["id"],
+                                     output_index=len(output), name=done["name"], arguments=done["arguments"])
+                    yield self.event("response.output_item.done", output_index=len(output), item=done)
+                    output.append(done)
             if final:
                 status = self._status(delta.finish_reason)
                 if message is None and not output:  # nothing at all: one empty message, as unstreamed

@@ -383,14 +383,23 @@ class Service:
         if not thinking and request.tools is None:
             return None
         in_reasoning = thinking and prompt_text.rstrip().endswith(THINK_START)
+        forced_name = None
         if request.tools is None:
             tool_format = None
         elif request.grammar is not None and request.grammar_param == "tool_choice":
             tool_format = ToolCallFormat.hermes()  # what call_grammar makes the model write
+            # The grammar writes the call from the first token: no reasoning before it, and
+            # the first call's name is known before it is written where only one fits.
+            thinking = in_reasoning = False
+            if request.tool_choice == "function":
+                forced_name = request.tool_name
+            elif len(request.tools) == 1:
+                forced_name = request.tools[0]["function"]["name"]
         else:
             tool_format = ToolCallFormat.for_template(template)
         return OutputSplitter(thinking=thinking, in_reasoning=in_reasoning, tool_format=tool_format,
-                              tools=request.tools)
+                              tools=request.tools, max_calls=None if request.parallel_tool_calls else 1,
+                              forced_name=forced_name)
 
     async def ensure_loaded(self, served: ServedModel) -> None:
         """Load `served` if it was unloaded (its requests wait for that one load), or APIError 503."""

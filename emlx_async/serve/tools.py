@@ -13,7 +13,8 @@ its answer is split into.
 - ``call_grammar``: for ``tool_choice`` "required" or a named function, a
   grammar that only lets the model write valid calls of the given tools.
 - ``OutputSplitter``: the streamed text cut into reasoning (``<think>``),
-  content and tool calls.
+  content and tool calls, a Hermes call streamed as the model writes it (its
+  name first, then its arguments in pieces; ``JsonScanner`` checks them).
 """
 
 from __future__ import annotations
@@ -98,6 +99,13 @@ class ToolCallFormat:
         module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
         return cls(module.tool_call_start, module.tool_call_end, module.parse_tool_call, name)
 
+    @property
+    def streams(self) -> bool:
+        """Whether a call streams as it is written (Hermes JSON: OutputSplitter reads it as it
+        comes). mlx-lm's other parsers read a whole block (XML-like tags, Python calls, a
+        format's own separators): their calls are sent once their block has ended."""
+        return self.name == "json_tools"
+
     @classmethod
     def hermes(cls) -> ToolCallFormat:
         from mlx_lm.tool_parsers import json_tools
@@ -140,23 +148,377 @@ def call_grammar(tools: list[dict], *, name: str | None, parallel: bool):
     return Grammar.lark(text)
 
 
-def json_pieces(text: str, piece_chars: int = 16) -> list[str]:
-    """A call's arguments (JSON text) in the pieces a stream sends them in."""
-    return [text[i:i + piece_chars] for i in range(0, len(text), piece_chars)] or [""]
+# ---- a call's JSON, read as it is written ---------------------------------------------
+
+_WHITESPACE = frozenset(" \t\n\r")
+_DIGITS = frozenset("0123456789")
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+_ESCAPED = frozenset('"\\/bfnrt')
+_LITERALS = {"t": "true", "f": "false", "n": "null"}
+# A number's states (JSON's grammar): where a digit, ".", "e" or a sign may lead, and which may end it.
+_NUMBER_STEPS = {
+    "minus": {"0": "zero", "digit": "int"},
+    "zero": {".": "dot", "e": "e"},
+    "int": {"digit": "int", ".": "dot", "e": "e"},
+    "dot": {"digit": "frac"},
+    "frac": {"digit": "frac", "e": "e"},
+    "e": {"sign": "exp_sign", "digit": "exp"},
+    "exp_sign": {"digit": "exp"},
+    "exp": {"digit": "exp"},
+}
+_NUMBER_ENDS = frozenset({"zero", "int", "frac", "exp"})
 
 
-def allowed_calls(calls: list[dict], parallel: bool, already: int = 0) -> list[dict]:
-    """The calls a request lets through, `already` sent: one in all when parallel calls are off."""
-    return calls if parallel else calls[:max(0, 1 - already)]
+class JsonScanner:
+    """Checks JSON text as it arrives, one character at a time, and says where its
+    values begin and end: a pushdown automaton, so each character is read once and
+    whatever it has accepted is the start of some valid JSON text.
+
+    ``push(ch)`` returns the events `ch` causes, in order: ``("start", depth)``, a
+    value begins with `ch`; ``("end", depth, True)``, `ch` was a value's last
+    character; ``("end", depth, False)``, a number ended just before `ch` (a number's
+    end shows only at the character after it); ``("key", depth, raw)``, the text of
+    an object's key (still escaped) is whole. `depth` counts the containers around
+    the value (the top value's is 0, its members' 1). A character JSON cannot have
+    there sets `failed`, and nothing more is read; `complete`: the top value ended.
+    """
+
+    def __init__(self) -> None:
+        # Per open container: "{" or "[", and what it expects next: "key_or_close",
+        # "key", "colon", "value", "value_or_close" or "comma_or_close".
+        self._stack: list[list[str]] = []
+        self._scalar: str | None = None  # inside "string", "key", "number" or "literal"
+        self._state = ""  # the number's state; the literal's remaining letters
+        self._escape = 0  # in a string: 1 after a backslash, 2..5 reading \u's hex digits
+        self._key: list[str] = []
+        self.complete = False
+        self.failed = False
+
+    def push(self, ch: str) -> list[tuple]:
+        if self.failed:
+            return []
+        events: list[tuple] = []
+        if self._scalar is not None:
+            if not self._scalar_char(ch, events):
+                return events  # `ch` was the scalar's
+            if self.failed:
+                return events
+        if ch in _WHITESPACE:
+            return events
+        if not self._stack:
+            if self.complete:
+                self.failed = True  # text after the top value
+            else:
+                self._begin_value(ch, events)
+            return events
+        top = self._stack[-1]
+        kind, expect = top
+        if expect in ("value", "value_or_close"):
+            if ch == "]" and expect == "value_or_close":
+                self._close(events)
+            else:
+                self._begin_value(ch, events)
+        elif expect in ("key_or_close", "key"):
+            if ch == '"':
+                self._scalar, self._escape, self._key = "key", 0, []
+            elif ch == "}" and expect == "key_or_close":
+                self._close(events)
+            else:
+                self.failed = True
+        elif expect == "colon":
+            if ch == ":":
+                top[1] = "value"
+            else:
+                self.failed = True
+        else:  # comma_or_close
+            if ch == ",":
+                top[1] = "key" if kind == "{" else "value"
+            elif ch == ("}" if kind == "{" else "]"):
+                self._close(events)
+            else:
+                self.failed = True
+        return events
+
+    def _begin_value(self, ch: str, events: list[tuple]) -> None:
+        depth = len(self._stack)
+        if ch == "{" or ch == "[":
+            events.append(("start", depth))
+            self._stack.append([ch, "key_or_close" if ch == "{" else "value_or_close"])
+        elif ch == '"':
+            events.append(("start", depth))
+            self._scalar, self._escape = "string", 0
+        elif ch == "-" or ch in _DIGITS:
+            events.append(("start", depth))
+            self._scalar = "number"
+            self._state = "minus" if ch == "-" else "zero" if ch == "0" else "int"
+        elif ch in _LITERALS:
+            events.append(("start", depth))
+            self._scalar, self._state = "literal", _LITERALS[ch][1:]
+        else:
+            self.failed = True
+
+    def _close(self, events: list[tuple]) -> None:
+        self._stack.pop()
+        events.append(("end", len(self._stack), True))
+        self._value_done()
+
+    def _value_done(self) -> None:
+        if self._stack:
+            self._stack[-1][1] = "comma_or_close"
+        else:
+            self.complete = True
+
+    def _scalar_char(self, ch: str, events: list[tuple]) -> bool:
+        """Read `ch` inside a scalar; True when it is not the scalar's (a number ended
+        before it) and is still to be read as structure."""
+        kind = self._scalar
+        if kind in ("string", "key"):
+            if self._escape == 1:
+                if ch == "u":
+                    self._escape = 2
+                elif ch in _ESCAPED:
+                    self._escape = 0
+                else:
+                    self.failed = True
+            elif self._escape:
+                if ch not in _HEX_DIGITS:
+                    self.failed = True
+                self._escape = 0 if self._escape == 5 else self._escape + 1
+            elif ch == "\\":
+                self._escape = 1
+            elif ch == '"':
+                self._scalar = None
+                if kind == "key":
+                    events.append(("key", len(self._stack), "".join(self._key)))
+                    self._stack[-1][1] = "colon"
+                    return False
+                events.append(("end", len(self._stack), True))
+                self._value_done()
+                return False
+            elif ch < " ":
+                self.failed = True  # JSON strings hold no raw control characters
+            if kind == "key":
+                self._key.append(ch)
+            return False
+        if kind == "literal":
+            if not self._state.startswith(ch):
+                self.failed = True
+                return False
+            self._state = self._state[1:]
+            if not self._state:
+                self._scalar = None
+                events.append(("end", len(self._stack), True))
+                self._value_done()
+            return False
+        # A number.
+        step = "digit" if ch in _DIGITS and not (self._state == "minus" and ch == "0") else \
+            "e" if ch in "eE" else "sign" if ch in "+-" else ch
+        following = _NUMBER_STEPS[self._state].get(step)
+        if following is not None:
+            self._state = following
+            return False
+        self._scalar = None
+        if self._state not in _NUMBER_ENDS:
+            self.failed = True
+            return False
+        events.append(("end", len(self._stack), False))
+        self._value_done()
+        return True
+
+
+class _StreamedCall:
+    """One Hermes call block's JSON, ``{"name": ..., "arguments": {...}}``, read as it
+    arrives: the name once its string is whole, then the arguments' text as the model
+    writes it, every character checked (JsonScanner), so what has been handed out is
+    always the start of valid JSON and, once the value has ended, all of it.
+
+    An arguments value that is a string (JSON text inside a string, as some models
+    write it) is handed out whole, decoded, once it has ended; text that is no JSON
+    object is ``opaque`` and left to the format's parser at the block's end.
+    """
+
+    def __init__(self) -> None:
+        self._json = JsonScanner()
+        self.opaque = False
+        self.name: str | None = None
+        self.object_done = False  # the call's object closed
+        self._key: str | None = None
+        self._member: str | None = None  # the top-level member whose value is being read
+        self._raw: list[str] = []  # the name's raw text while it is read
+        self.arguments = ""  # the arguments value's text so far (raw JSON)
+        self.arguments_done = False
+        self.sent = ""  # the arguments handed out: the call's arguments text
+
+    def feed(self, text: str) -> None:
+        for ch in text:
+            if self.opaque or self._json.failed or self._json.complete:
+                return  # what follows the object (or a fault in it) changes nothing already read
+            events = self._json.push(ch)
+            if self._json.failed:
+                return  # not JSON: `ch` is not sent, nor anything after it
+            keep = self._member is not None
+            for event in events:
+                if event[0] == "start" and event[1] == 0 and ch != "{":
+                    self.opaque = True
+                    return
+                if event[0] == "key" and event[1] == 1:
+                    self._key = _decoded_key(event[2])
+                elif event[0] == "start" and event[1] == 1:
+                    self._member, keep = self._key, True
+                    if self._member == "arguments" and (self.arguments or self.arguments_done):
+                        self._member = "duplicate"  # the first one counts: it may have been sent
+                elif event[0] == "end" and event[1] == 1:
+                    if event[2]:
+                        self._take(ch)
+                    self._end_member()
+                    keep = False
+                elif event[0] == "end" and event[1] == 0:
+                    self.object_done = True
+            if keep:
+                self._take(ch)
+
+    def _take(self, ch: str) -> None:
+        if self._member == "name":
+            self._raw.append(ch)
+        elif self._member == "arguments":
+            self.arguments += ch
+
+    def _end_member(self) -> None:
+        if self._member == "name" and self.name is None:
+            value = json.loads("".join(self._raw))
+            if isinstance(value, str):
+                self.name = value
+        elif self._member == "arguments":
+            self.arguments_done = True
+        self._member, self._raw = None, []
+
+    def take_arguments(self) -> str:
+        """The arguments' text not handed out yet (nothing before the name is known)."""
+        if self.name is None:
+            return ""
+        if self.arguments.startswith('"'):  # a string: handed out whole once decoded
+            text = json.loads(self.arguments) if self.arguments_done and not self.sent else ""
+        else:
+            text = self.arguments[len(self.sent):]
+        self.sent += text
+        return text
+
+    def final_arguments(self) -> tuple[str, bool]:
+        """What remains to hand out at the block's end, and whether the call is whole: its
+        arguments a complete JSON object (none at all, in a closed object: ``{}``)."""
+        rest = self.take_arguments()
+        if not self.arguments:
+            if self.object_done and self.name is not None:
+                self.sent = "{}"
+                return "{}", True
+            return rest, False
+        if not self.arguments_done:
+            return rest, False
+        return rest, _is_object(self.sent)
+
+
+def _decoded_key(raw: str) -> str:
+    return json.loads(f'"{raw}"')
+
+
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+# ---- the answer, cut as it streams ----------------------------------------------------
+
+@dataclass(frozen=True)
+class Reasoning:
+    """Reasoning text (between ``<think>`` and ``</think>``), markers left out."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Content:
+    """Answer text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class CallStart:
+    """A tool call's head, sent as soon as its name is known: `index` counts the answer's calls."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class CallArguments:
+    """More of call `index`'s arguments text (the pieces joined are the call's arguments)."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class CallEnd:
+    """Call `index` is over: `call` in OpenAI's shape (its arguments the CallArguments
+    joined). `valid`: its arguments are a whole JSON object; a call that max_tokens
+    cut, or whose arguments the model wrote wrong, has what was sent of them."""
+
+    index: int
+    call: dict
+    valid: bool
+
+
+Part = Reasoning | Content | CallStart | CallArguments | CallEnd
 
 
 @dataclass
 class Split:
-    """What one piece of output text adds: reasoning, answer text, finished tool calls."""
+    """What one piece of output text adds, in order: reasoning, answer text, and
+    tool calls (their heads, pieces of their arguments, their ends)."""
 
-    reasoning: str = ""
-    content: str = ""
-    tool_calls: list[dict] = field(default_factory=list)
+    parts: list[Part] = field(default_factory=list)
+
+    def add(self, part: Part) -> None:
+        """Append `part`, joined to the last part when both are text of one kind or pieces of
+        one call's arguments; empty text is dropped."""
+        if isinstance(part, (Reasoning, Content, CallArguments)) and not part.text:
+            return
+        last = self.parts[-1] if self.parts else None
+        if isinstance(part, (Reasoning, Content)) and type(last) is type(part):
+            self.parts[-1] = type(part)(last.text + part.text)
+        elif isinstance(part, CallArguments) and isinstance(last, CallArguments) and last.index == part.index:
+            self.parts[-1] = CallArguments(part.index, last.text + part.text)
+        else:
+            self.parts.append(part)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(p.text for p in self.parts if isinstance(p, Reasoning))
+
+    @property
+    def content(self) -> str:
+        return "".join(p.text for p in self.parts if isinstance(p, Content))
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        """The calls that ended in this piece."""
+        return [p.call for p in self.parts if isinstance(p, CallEnd)]
+
+
+@dataclass
+class _Block:
+    """One tool-call block being read: its text, and its call once it has a head."""
+
+    text: str = ""
+    scanner: _StreamedCall | None = None
+    index: int | None = None  # the call's, once its head was sent
+    id: str = ""
+    name: str = ""
+    dropped: bool = False  # past the calls allowed (parallel calls off): its call is not sent
 
 
 class OutputSplitter:
@@ -164,22 +526,51 @@ class OutputSplitter:
 
     `thinking`: the answer may open with ``<think>`` (or the prompt already
     opened it: `in_reasoning`), and everything up to ``</think>`` is
-    reasoning. `tool_format`: blocks between its markers are tool calls
-    (held back until the block ends, then parsed; a block that does not
-    parse stays content). A marker split across pieces is held back until
-    it is whole, so nothing of it leaks into content.
+    reasoning. `tool_format`: blocks between its markers are tool calls. A
+    marker split across pieces is held back until it is whole, so nothing of
+    it leaks into content.
+
+    A call streams as it is written where its format allows it (Hermes JSON,
+    ``ToolCallFormat.streams``): its head (id and name) once the name's string
+    is whole, then its arguments' text as it comes, checked character by
+    character, so the pieces sent are always the start of valid JSON and the
+    call's final arguments are exactly the pieces joined (the model's own text,
+    its whitespace included). Formats whose arguments cannot be cut while
+    incomplete (mlx-lm's other tool parsers) are held until the block ends, then
+    parsed and sent whole; a block that does not parse, and has sent nothing,
+    stays content, as does anything before a name is whole.
+
+    What was sent cannot be taken back: a block that has sent its head is a call
+    whatever follows. If it ends without whole arguments (max_tokens cut it, the
+    model stopped or wrote something that is not JSON), it keeps the arguments
+    text sent so far and is not `valid`; `finish_reason` then stays the engine's
+    ("stop" or "length") rather than "tool_calls", which promises calls to run.
+    Text after the arguments' end inside the block (a missing closing brace, a
+    stray key) does not unmake a call whose name and arguments are whole.
+
+    `max_calls`: calls past it (parallel calls off: 1) are read and dropped.
+    `forced_name`: a grammar makes the answer open with a call of this name
+    (a named tool_choice, or "required" with one tool): its head is sent with
+    the first piece, before the model has written it.
     """
 
     def __init__(self, *, thinking: bool = False, in_reasoning: bool = False,
-                 tool_format: ToolCallFormat | None = None, tools: list[dict] | None = None):
+                 tool_format: ToolCallFormat | None = None, tools: list[dict] | None = None,
+                 max_calls: int | None = None, forced_name: str | None = None):
         self.thinking = thinking
         self._in_reasoning = in_reasoning
         self._may_open = thinking and not in_reasoning  # <think> only at the start
+        self._after_reasoning = False
         self._format = tool_format
         self._tools = tools
+        self._max_calls = max_calls
+        self._forced_name = forced_name if tool_format is not None else None
+        self._awaiting: _Block | None = None  # a forced call's block, its head sent, before its marker
         self._pending = ""  # text not yet assigned
-        self._call: str | None = None  # inside a tool-call block: its text so far
-        self.tool_calls: list[dict] = []
+        self._block: _Block | None = None  # inside a tool-call block
+        self._started = 0  # call heads sent
+        self.tool_calls: list[dict] = []  # the calls that ended
+        self._all_valid = True
 
     def feed(self, text: str) -> Split:
         self._pending += text
@@ -188,8 +579,18 @@ class OutputSplitter:
     def flush(self) -> Split:
         return self._drain(final=True)
 
+    def finish_reason(self, reason: str | None) -> str | None:
+        """Chat's finish_reason for an answer the engine ended with `reason`: "tool_calls"
+        when it stopped after calls that are all whole."""
+        if reason == "stop" and self.tool_calls and self._all_valid:
+            return "tool_calls"
+        return reason
+
     def _drain(self, final: bool) -> Split:
         out = Split()
+        if self._forced_name is not None:
+            self._awaiting = self._head(_Block(), self._forced_name, out)
+            self._forced_name = None
         while self._pending:
             if self._may_open:
                 stripped = self._pending.lstrip()
@@ -202,47 +603,121 @@ class OutputSplitter:
                 self._may_open = False
             if self._in_reasoning:
                 done, rest, found = _cut(self._pending, THINK_END, final)
-                out.reasoning += done
+                out.add(Reasoning(done))
                 self._pending = rest
                 if not found:
                     break
-                self._in_reasoning = False
-                self._pending = self._pending.lstrip("\n") if self._pending.strip() else self._pending
+                self._in_reasoning, self._after_reasoning = False, True
                 continue
-            if self._call is not None:
+            if self._after_reasoning:  # the newlines after </think> are no answer (all of it, if nothing else)
+                stripped = self._pending.lstrip("\n")
+                if not stripped and not final:
+                    break
+                self._pending, self._after_reasoning = stripped or self._pending, False
+            if self._block is not None:
                 assert self._format is not None
                 done, rest, found = _cut(self._pending, self._format.end, final)
-                self._call += done
                 self._pending = rest
+                self._read_block(done, out)
                 if not found:
                     break
-                self._close_call(out, complete=True)
+                self._close_block(out, complete=True)
                 continue
             if self._format is None:
-                out.content += self._pending
+                out.add(Content(self._pending))
                 self._pending = ""
                 break
+            if self._awaiting is not None:  # the grammar writes the forced call's marker first
+                start = self._format.start
+                if self._pending.startswith(start):
+                    self._pending = self._pending[len(start):]
+                    self._open_block(self._awaiting)
+                    self._awaiting = None
+                    continue
+                if start.startswith(self._pending):
+                    if not final:
+                        break
+                    self._pending = ""  # cut before the marker was whole: the marker was the call's
+                self._end_call(self._awaiting, out)  # it never came
+                self._awaiting = None
+                continue
             done, rest, found = _cut(self._pending, self._format.start, final)
-            out.content += done
+            out.add(Content(done))
             self._pending = rest
             if not found:
                 break
-            self._call = ""
-        if final and self._call is not None:  # an unfinished block: the model stopped mid-call
-            self._close_call(out, complete=False)
+            self._open_block(_Block())
+        if final:
+            if self._block is not None:  # an unfinished block: the model stopped mid-call
+                self._close_block(out, complete=False)
+            if self._awaiting is not None:  # nothing at all was written
+                self._end_call(self._awaiting, out)
+                self._awaiting = None
         return out
 
-    def _close_call(self, out: Split, complete: bool) -> None:
+    def _room(self) -> int:
+        return 1 << 30 if self._max_calls is None else self._max_calls - self._started
+
+    def _open_block(self, block: _Block) -> None:
         assert self._format is not None
-        text, self._call = self._call or "", None
-        try:
-            calls = self._format.calls(text, self._tools)
-        except Exception:  # noqa: BLE001 - parsers raise what they like; unparsed text stays text
-            end = self._format.end if complete else ""
-            out.content += self._format.start + text + end
+        if block.index is None and self._room() <= 0:
+            block.dropped = True
+        if self._format.streams and not block.dropped:
+            block.scanner = _StreamedCall()
+        self._block = block
+
+    def _head(self, block: _Block, name: str, out: Split) -> _Block:
+        block.index, block.id, block.name = self._started, new_call_id(), name
+        self._started += 1
+        out.add(CallStart(block.index, block.id, name))
+        return block
+
+    def _read_block(self, text: str, out: Split) -> None:
+        block = self._block
+        assert block is not None
+        block.text += text
+        scanner = block.scanner
+        if scanner is None:
             return
-        out.tool_calls += calls
-        self.tool_calls += calls
+        scanner.feed(text)
+        if block.index is None and scanner.name is not None:
+            self._head(block, scanner.name, out)
+        if block.index is not None:
+            out.add(CallArguments(block.index, scanner.take_arguments()))
+
+    def _close_block(self, out: Split, complete: bool) -> None:
+        """The block ends (`complete`: at its end marker, else where the answer stopped)."""
+        assert self._format is not None
+        block, self._block = self._block, None
+        assert block is not None
+        if block.index is not None:  # its head was sent: a call, whole or not
+            self._end_call(block, out)
+            return
+        try:
+            calls = self._format.calls(block.text, self._tools)
+        except Exception:  # noqa: BLE001 - parsers raise what they like; unparsed text stays text
+            out.add(Content(self._format.start + block.text + (self._format.end if complete else "")))
+            return
+        for call in calls[:max(0, self._room())]:
+            whole = self._head(_Block(), call["function"]["name"], out)
+            arguments = call["function"]["arguments"]
+            out.add(CallArguments(whole.index, arguments))
+            self._finish(whole, arguments, _is_object(arguments), out)
+
+    def _end_call(self, block: _Block, out: Split) -> None:
+        """End a call whose head was sent, with what its text holds."""
+        scanner = block.scanner
+        rest, valid = scanner.final_arguments() if scanner is not None else ("", False)
+        out.add(CallArguments(block.index, rest))
+        # A forced name that the model did not write after all is not the call it was sent as.
+        valid = valid and scanner is not None and scanner.name == block.name
+        self._finish(block, scanner.sent if scanner is not None else "", valid, out)
+
+    def _finish(self, block: _Block, arguments: str, valid: bool, out: Split) -> None:
+        call = {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}}
+        self.tool_calls.append(call)
+        self._all_valid = self._all_valid and valid
+        out.add(CallEnd(block.index, call, valid))
 
 
 def _cut(text: str, marker: str, final: bool) -> tuple[str, str, bool]:

