@@ -132,6 +132,27 @@ std::vector<emlx_worker*> parked;
 
 thread_local emlx_worker* this_worker = nullptr;  // set on a worker's own thread
 
+// fork() copies the registry but none of the worker threads: in the child
+// every registered worker is a ghost. Left registered, a new lease took a
+// parked ghost (its jobs never ran) and the exit hook waited its whole
+// timeout for ghosts to leave their loops (2 s per exit of any child of a
+// parent that had started a runtime). The child forgets them: their objects
+// are leaked on purpose (a std::thread that was never joined aborts in its
+// destructor, and the parent's Python objects may still point at them).
+// The registry lock is held across fork() so that the child's copy is never
+// one a vanished thread held.
+void lock_registry_for_fork() { registry_mutex.lock(); }
+void unlock_registry_after_fork() { registry_mutex.unlock(); }
+void forget_parent_workers() {
+  all_workers.clear();
+  parked.clear();
+  detached_alive.store(0);  // the parent's detached threads do not run here either
+  registry_mutex.unlock();
+}
+
+const int fork_handlers_installed =
+    pthread_atfork(lock_registry_for_fork, unlock_registry_after_fork, forget_parent_workers);
+
 }  // namespace
 
 // Let the thread go on alone; until it ends it counts in detached_alive, so
