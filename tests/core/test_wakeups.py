@@ -10,13 +10,16 @@ wait past its deadline (every wait is bounded), never a silent pass.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import random
 
 import anyio
 import mlx.core as mx
+import pytest
 
 import emlx_async as ea
-from support.helpers import on_every_loop
+from support.helpers import on_every_loop, on_loops
 
 TASKS, JOBS_PER_TASK, QUEUES = 12, 300, 3
 WAIT_S = 10  # far above a round trip (tens of us), far below the suite's timeout
@@ -93,3 +96,28 @@ async def test_tiny_jobs_from_many_tasks_on_several_queues_never_lose_a_wake_up_
 
     assert outcomes["done"] + outcomes["cancelled"] == TASKS * JOBS_PER_TASK
     assert outcomes["cancelled"] > 0 and outcomes["done"] > TASKS * JOBS_PER_TASK // 2
+
+
+def _thread_cpu_ns(thread_id: int) -> int:
+    with open(f"/proc/self/task/{thread_id}/schedstat") as stat:  # time on a CPU, in ns
+        return int(stat.read().split()[0])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="Linux's per-thread schedstat")
+@on_loops("asyncio")
+async def test_a_worker_whose_jobs_come_spaced_apart_parks_at_once_instead_of_spinning():
+    """The spin before parking pays only while the next job follows within its window (50 us);
+    jobs 2 ms apart used to cost the whole window each on an idle machine."""
+    a = mx.ones(4)
+    mx.eval(a)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        for _ in range(20):  # back to back: the worker spins, as it should
+            await q.eval(a)
+        jobs, before = 200, _thread_cpu_ns(q.thread_id)
+        for _ in range(jobs):
+            await asyncio.sleep(0.002)
+            with anyio.fail_after(WAIT_S):
+                await q.eval(a)
+        per_job_us = (_thread_cpu_ns(q.thread_id) - before) / jobs / 1000
+    assert per_job_us < 25, f"the worker spent {per_job_us:.1f} us of CPU per isolated job"
