@@ -336,6 +336,33 @@ void emlx_worker::run(Job& job) {
   }
 }
 
+namespace {
+
+bool cpus_to_spare();
+
+// mx::eval of a small op's outputs, watching them for a moment before
+// blocking. MLX runs the op's kernels on its stream thread and eval then
+// waits on a condition variable: the stream thread's signal is one more
+// futex wake (a thread hop, 5-6 us here) on every op's round trip. A tiny op
+// is done within a few microseconds, so the worker polls the outputs first,
+// yielding its CPU to other runnable threads (the stream thread among them),
+// and blocks as before once the window has passed or CPUs are short.
+void evaluate_watching(std::vector<mx::array>& outputs) {
+  constexpr auto kWatch = std::chrono::microseconds(20);
+  if (!cpus_to_spare()) return mx::eval(outputs);
+  mx::async_eval(outputs);
+  const auto until = std::chrono::steady_clock::now() + kWatch;
+  auto all_available = [&] {
+    for (auto& out : outputs)
+      if (!out.is_available()) return false;
+    return true;
+  };
+  while (!all_available() && std::chrono::steady_clock::now() < until) sched_yield();
+  mx::eval(outputs);  // returns at once for available outputs; rethrows the stream's errors
+}
+
+}  // namespace
+
 void emlx_worker::run_op_job(Job& job) {
   const OpCall& call = *job.op;
   std::vector<mx::array> outputs;
@@ -350,7 +377,7 @@ void emlx_worker::run_op_job(Job& job) {
   }
   job.arrays.clear();  // from here the graph holds the only references
   try {
-    if (call.evaluate) mx::eval(outputs);
+    if (call.evaluate) evaluate_watching(outputs);
   } catch (...) {
     post(failure(job.id, std::current_exception()));
     return;
