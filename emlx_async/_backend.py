@@ -92,6 +92,7 @@ class JobFuture(_CoroutineFace, asyncio.Future[_T]):  # generic, so ops can say 
 
 
 _PENDING, _DONE, _CANCELLED = 0, 1, 2
+_INFINITY = float("inf")
 
 _trio: Any = None  # the trio module, imported by the first TrioBackend (trio is optional)
 
@@ -224,13 +225,26 @@ class _TrioWakeFd:
     meanwhile park as before and are woken by its drain. A future settled
     other than by that task's drain (a cancel from another task, a queue's
     close) signals the channel, so the waiting task wakes and sees it.
+
+    When that task stops waiting with no job left in flight, the watcher stays
+    parked: in a loop of awaited round trips, the watcher's step after each
+    one (about 2 us, and in the way of the next record's drain) is saved. A
+    job submitted meanwhile arms the park's deadline, `LINGER_S` on: if no
+    task has waited on the fd by then, the watcher watches it again, so a
+    completion nobody awaits (a job's done-callbacks, a host call of an
+    unawaited job) is read within that time instead of at once.
     """
 
-    def __init__(self, trio: Any, fd: int, drain: Callable[[], None], signal: Callable[[], None]):
+    LINGER_S = 0.005
+
+    def __init__(self, trio: Any, fd: int, drain: Callable[[], None], signal: Callable[[], None],
+                 in_flight: Callable[[], bool]):
         self._trio = trio
         self.fd = os.dup(fd)  # not inherited by child processes (os.dup's default)
         self._drain = drain
         self._signal = signal
+        self._in_flight = in_flight
+        self._park_scope: Any = None  # the parked watcher's deadline scope
         self._context = contextvars.copy_context()  # the drain runs where the watcher's would
         self.future: TrioJobFuture | None = None  # the one a task waits for here
         self._draining = False
@@ -261,12 +275,14 @@ class _TrioWakeFd:
                     self._draining = False
         finally:
             self.future = None
-            watcher, self._parked_watcher = self._parked_watcher, None
-            if watcher is not None:
+            watcher = self._parked_watcher
+            if watcher is not None and self._in_flight():  # else it sleeps on (see the class docstring)
+                self._parked_watcher = None
                 trio.lowlevel.reschedule(watcher)  # the fd is the watcher's again
 
     async def park_watcher(self) -> None:
-        """The watcher's wait while a task waits on the fd itself; returns when it stops."""
+        """The watcher's wait while a task waits on the fd itself; returns when it stops
+        waiting with jobs in flight, or when a job submitted meanwhile found no task waiting."""
         trio = self._trio
         self._parked_watcher = trio.lowlevel.current_task()
 
@@ -274,7 +290,17 @@ class _TrioWakeFd:
             self._parked_watcher = None
             return trio.lowlevel.Abort.SUCCEEDED
 
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        with trio.CancelScope() as self._park_scope:
+            try:
+                await trio.lowlevel.wait_task_rescheduled(abort)
+            finally:
+                self._park_scope = None
+
+    def submitted(self) -> None:
+        """A job is being submitted: a watcher parked with no deadline gets one."""
+        scope = self._park_scope
+        if scope is not None and scope.deadline == _INFINITY:
+            scope.deadline = self._trio.current_time() + self.LINGER_S
 
     def settled(self, future: TrioJobFuture) -> None:
         """`future` settled: wake its waiting task unless its own drain did it."""
@@ -321,11 +347,11 @@ class AsyncioBackend:
     def new_future(self) -> JobFuture:
         return JobFuture(loop=self.loop)
 
-    def watch(self, fd: int, on_ready: Callable[[], None],
-              signal: Callable[[], None] | None = None) -> Callable[[], None]:
+    def watch(self, fd: int, on_ready: Callable[[], None], signal: Callable[[], None] | None = None,
+              in_flight: Callable[[], bool] | None = None) -> Callable[[], None]:
         """Call `on_ready` on the loop thread whenever `fd` is readable; returns the stop function.
 
-        (`signal` is for trio's backend: a reader callback needs no wake-up.)
+        (`signal` and `in_flight` are for trio's backend: a reader callback needs neither.)
         """
         self.loop.add_reader(fd, on_ready)
 
@@ -381,18 +407,22 @@ class TrioBackend:
 
     def new_future(self) -> TrioJobFuture:
         future = TrioJobFuture()
-        future._wake = self._wake
+        wake = future._wake = self._wake
+        if wake is not None:
+            wake.submitted()  # every job's future is made here, as it is submitted
         return future
 
-    def watch(self, fd: int, on_ready: Callable[[], None],
-              signal: Callable[[], None] | None = None) -> Callable[[], None]:
+    def watch(self, fd: int, on_ready: Callable[[], None], signal: Callable[[], None] | None = None,
+              in_flight: Callable[[], bool] | None = None) -> Callable[[], None]:
         """Call `on_ready` in a task whenever `fd` is readable; returns the stop function.
 
-        `signal` makes `fd` readable; given it, an awaiting task may wait on
-        the fd itself (``_TrioWakeFd``).
+        `signal` makes `fd` readable and `in_flight` says whether any job
+        still reports to `fd`; given both, an awaiting task may wait on the
+        fd itself (``_TrioWakeFd``).
         """
         trio = self._trio
-        wake = self._wake = _TrioWakeFd(trio, fd, on_ready, signal) if signal is not None else None
+        wake = self._wake = (_TrioWakeFd(trio, fd, on_ready, signal, in_flight)
+                             if signal is not None and in_flight is not None else None)
         # Shielded: trio cancels system tasks when the main task returns, but
         # the runtimes still open then are closed in that cancellation and
         # need their completions; stop() ends the watcher.

@@ -49,7 +49,7 @@ class CompletionChannel:
         self.owners: dict[tuple[int, int], Any] = {}  # (device, stream index) -> CommandQueue
         self.host_server: Any = None  # set by the host-call layer on first use
         self.owner: Any = None  # a weak reference to the runtime, set by it
-        self._stop_watching = backend.watch(self._fd, self._drain, self._signal)
+        self._stop_watching = backend.watch(self._fd, self._drain, self._signal, self._in_flight)
 
     @property
     def native(self):
@@ -85,6 +85,10 @@ class CompletionChannel:
         if not exiting() and os.getpid() == self.pid:
             lib.emlx_channel_free(self._native)
         self._native = None
+
+    def _in_flight(self) -> bool:
+        """Whether any job may still report here (a host call's request comes from inside one)."""
+        return bool(self.jobs)
 
     def _signal(self) -> None:
         """Make the fd readable with no record: wakes a task waiting on it to re-check (trio)."""

@@ -92,3 +92,28 @@ def handles(arrays: list[mx.array]):
 def addresses(arrays: list[mx.array]):
     """The objects' addresses as a cffi ``intptr_t[]`` (the submit calls' form: no cast per array)."""
     return ffi.new("intptr_t[]", [id(a) for a in arrays])
+
+
+class AddressBuffer:
+    """``addresses`` into one reused ``intptr_t[]``: for the submit calls of one loop thread.
+
+    The native submit reads the addresses during the call and keeps none, and
+    only its own loop thread submits to a queue, so one buffer per queue is
+    never read by two calls at once. Filling it costs 0.3-0.5 us where a new
+    cffi array costs 1 us (a submission's most expensive single step).
+    """
+
+    __slots__ = ("_buffer",)
+    SIZE = 8
+
+    def __init__(self) -> None:
+        self._buffer = ffi.new("intptr_t[]", self.SIZE)
+
+    def of(self, arrays: list[mx.array]):
+        if len(arrays) > self.SIZE:
+            return addresses(arrays)
+        buffer, i = self._buffer, 0
+        for a in arrays:
+            buffer[i] = id(a)
+            i += 1
+        return buffer

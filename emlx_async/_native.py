@@ -98,13 +98,10 @@ def _shutdown_at_exit() -> None:
     # kernel stops with the process). Idle workers are joined. While such a
     # worker is still in MLX when exit() comes, the shim ends the process
     # there with exit()'s status, skipping the C++ teardown (worker.cpp).
+    # (In a fork child the shim has already forgotten the parent's workers, which have no
+    # thread there: this returns at once.)
     global _exiting
     _exiting = True
-    if _forked_after_mlx:
-        # A fork child: the workers in the registry are the parent's, with no thread here
-        # to leave its loop (waiting for them held each such exit for the whole timeout),
-        # and the child could start none of its own (ensure_mlx_usable).
-        return
     lib.emlx_shutdown(2000)
 
 

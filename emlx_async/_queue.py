@@ -301,6 +301,7 @@ class CommandQueue:
         self._closed_future: asyncio.Future | None = None
         self._backlog_empty = None  # a future while close() waits for the backlog
         self._handle = ffi.new_handle(self)  # context for emlx_python_job
+        self._addresses = _interop.AddressBuffer()  # the submit calls' input addresses
         self.role = role
         self._counters = _Counters()
         self._created_at = traceback.format_stack() if self._backend.debug() else None
@@ -378,7 +379,7 @@ class CommandQueue:
             job.fn, job.args = (lambda *xs: mx.eval(list(xs))), tuple(flat)
             job.start = lambda: lib.emlx_submit_python(self._worker, job.id, self._handle)
             return self._submit(job, nowait, flat)
-        job.start = lambda check_ready=0: lib.emlx_submit_eval(self._worker, job.id, _interop.addresses(flat),
+        job.start = lambda check_ready=0: lib.emlx_submit_eval(self._worker, job.id, self._addresses.of(flat),
                                                                len(flat), check_ready)
         return self._submit(job, nowait, flat, checks_inputs=True)
 
@@ -409,7 +410,7 @@ class CommandQueue:
         text_c = text.encode() if text else b""
 
         def start(check_ready: int = 0) -> int:
-            return lib.emlx_submit_op(self._worker, job.id, code, _interop.addresses(inputs), len(inputs),
+            return lib.emlx_submit_op(self._worker, job.id, code, self._addresses.of(inputs), len(inputs),
                                       ints_c, len(ints), floats_c, len(floats), text_c, int(not lazy),
                                       int(check_finite), donated, check_ready)
 

@@ -212,6 +212,50 @@ def test_a_fork_child_of_a_process_that_only_imported_mlx_can_use_it():
     assert "child exit 0" in result.stdout, (result.stdout, result.stderr)
 
 
+@pytest.mark.parametrize("parent", ["imported", "runtime closed", "runtime open", "job run"])
+@pytest.mark.parametrize("child", ["exits", "uses a runtime"])
+def test_a_fork_child_of_a_parent_that_never_evaluated_is_as_fast_as_a_plain_child(parent, child):
+    """The parent's workers have no thread in the child: a new lease must not take a parked one
+    (its jobs never ran) and the child's exit must not wait for them (it waited 2 s)."""
+    result = run_python(f"""
+        import asyncio, os, signal, sys, time
+        import mlx.core as mx
+        import emlx_async as ea
+
+        async def start():
+            rt = ea.Runtime()
+            q = rt.default_queue()
+            if "{parent}" == "job run":
+                assert await q.run(lambda: 1) == 1  # a Python job: nothing evaluated on a stream
+            if "{parent}" != "runtime open":
+                await rt.close()
+            return rt
+
+        loop = asyncio.new_event_loop()
+        if "{parent}" != "imported":
+            runtime = loop.run_until_complete(start())
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)  # a hang ends the child instead of its parent's wait
+            if "{child}" == "uses a runtime":
+                async def use():
+                    async with ea.Runtime():
+                        return (await ea.ops.add(mx.ones(3), 1.0)).tolist()
+                print("child got", asyncio.run(use()), flush=True)
+            sys.exit(5)
+        _, status = os.waitpid(pid, 0)
+        print("child exit %d in %.3fs" % (os.waitstatus_to_exitcode(status), time.monotonic() - started))
+    """, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "terminate" not in result.stderr, result.stderr
+    exit_line = next(line for line in result.stdout.splitlines() if line.startswith("child exit"))
+    assert exit_line.startswith("child exit 5 in "), result.stdout
+    assert float(exit_line.split()[-1][:-1]) < 0.8, result.stdout  # a plain child: tens of ms; it was 2 s
+    if child == "uses a runtime":
+        assert "child got [2.0, 2.0, 2.0]" in result.stdout, result.stdout
+
+
 # ---- exit: a running job is abandoned, as daemon threads are ---------------------
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])

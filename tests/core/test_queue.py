@@ -325,3 +325,16 @@ async def test_a_submission_whose_inputs_need_nothing_checks_them_in_its_one_nat
         assert np.array(await ea.ops.add(on_loop, elsewhere, queue=q)).tolist() == np.full((4, 4), 4.0).tolist()
         assert len(calls) == 2 and is_evaluated(on_loop) and is_evaluated(elsewhere)
         assert q.stats().submitted == 5 and q.stats().failed == 0  # each submission counted once
+
+
+def test_a_queue_s_address_buffer_is_reused_up_to_its_size_and_fresh_past_it():
+    from emlx_async import _interop
+
+    buffer = _interop.AddressBuffer()
+    small = [mx.ones(1), mx.zeros(2)]
+    first = buffer.of(small)
+    assert buffer.of(small[::-1]) is first  # one reused cffi array, no allocation per submit
+    assert [first[0], first[1]] == [id(small[1]), id(small[0])]
+    large = [mx.ones(1) for _ in range(_interop.AddressBuffer.SIZE + 1)]
+    fresh = buffer.of(large)
+    assert fresh is not first and list(fresh) == [id(a) for a in large]

@@ -168,6 +168,35 @@ def test_an_awaiting_task_drains_the_channel_itself_and_wakes_for_a_settle_from_
     trio.run(main)
 
 
+def test_the_watcher_sleeps_through_awaited_round_trips_and_still_reads_unawaited_completions():
+    """After an awaited round trip with nothing left in flight the watcher stays parked (its step
+    per round trip is saved); a job nobody awaits must still complete: its submission arms the
+    parked watcher's deadline, and past it the watcher reads the channel again."""
+    async def main():
+        async with ea.Runtime() as rt:
+            q = rt.default_queue()
+            wake = rt._backend._wake
+            with anyio.fail_after(10):
+                for _ in range(50):
+                    await q.eval(mx.ones(2))
+                await trio.sleep(0.05)  # let a deadline a submission armed pass, if any
+                for _ in range(1000):  # parks in the first round trip whose record it sees first
+                    await q.eval(mx.ones(2))
+                    if wake._parked_watcher is not None:
+                        break
+                assert wake._parked_watcher is not None  # and stays parked: nothing is in flight
+                done = trio.Event()
+                unawaited = q.run(lambda: 5)
+                unawaited.add_done_callback(lambda _: done.set())  # nobody waits on the fd
+                await done.wait()
+                assert unawaited.result() == 5
+                # The watcher watches the fd again, and the next awaiter takes it over as before.
+                assert wake._parked_watcher is None
+                assert (await ea.ops.add(mx.ones(2), 1.0, queue=q)).tolist() == [2.0, 2.0]
+
+    trio.run(main)
+
+
 def test_bindings_are_inherited_by_nursery_children():
     async def main():
         async with ea.Runtime(pool_size=2) as rt:
