@@ -5,15 +5,16 @@ server and vllm-mlx.
 The script converts the GGUF into an mlx-lm folder in a temporary directory
 (`emlx_async.llm.save.convert`, what `emlx-async convert` runs), then for
 each server: starts it on a free loopback port (`python -m emlx_async.serve
---mode M`, or for batchN `--mode batch --batches N`, `python -m mlx_lm server --model DIR`, or `vllm-mlx serve DIR
---continuous-batching`), waits for /health, and for N = 1, 4, 8, 16
+--mode M`, or for batchN `--mode batch --batches N`, `python -m mlx_lm
+server --model DIR`, or `vllm-mlx serve DIR --continuous-batching`), waits
+for /health, and for N = 1, 4, 8, 16
 clients: each client sends streamed greedy chat completions back to back
 (`--requests` each, `--tokens` max_tokens each, the same prompts for every
 server) and times every chunk as it arrives. Prints aggregate tokens/s,
 time to first token p50/p99, inter-token latency p50/p99 and errors; then
 stops the server by its pid (SIGTERM, SIGKILL after 30 s). Last, the ratios
-ours/peer at each N for each peer server run, the targets (parallel mode at
-8 clients: at least 1.3x each peer's tokens/s with a lower p99 time to first
+ours/peer at each N for each peer server run, the targets (each of our
+servers at 8 clients: at least 1.3x each peer's tokens/s with a lower p99 time to first
 token; at 1 client: no slower), and whether the greedy texts agree.
 
 --constrained adds constrained rows: at each N, right after the free row,

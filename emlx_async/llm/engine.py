@@ -238,11 +238,13 @@ class Engine:
         `mode` "parallel" runs each request on its own pooled queue; "batch"
         runs all requests on one queue with continuous batching. `batches`
         (batch mode only, 1 to `max_concurrent`) runs that many batches of the
-        replayed step at once, each on its own queue and so its own core: a
-        new request joins the batch with the fewest streams (rows are not
-        moved between batches later). On a CPU whose decode step costs the
-        same per row at any batch size (quantized layers), one batch uses
-        one core; two use two.
+        replayed step at once, each on its own queue and so its own OS thread:
+        a new request joins the batch with the fewest streams (rows are not
+        moved between batches later), and each batch keeps every contract of
+        one (cancellation, choices, grammars, penalties, the prompt cache).
+        One batch's step runs on one core, so N batches can use N; requests
+        the Python step takes (logprobs, prompts past the largest traced
+        cache) still share one batch.
         `prefill_chunk` (default 32 tokens on CPU, 512 on GPU) bounds how long
         a cancelled prompt keeps its queue and, in batch mode, how long running
         streams stall while a prompt is prefilled. `prompt_cache` (a
@@ -426,9 +428,9 @@ class Engine:
         plain ``generate`` with these options takes; every option of
         ``generate`` applies to each choice (a ``grammar`` constrains each on
         its own). The choices start together (in batch mode they join one
-        round); then each gives its next delta in turn. Choice ``i`` ends with
-        its own Delta whose finish_reason is set, and the iterator ends once
-        every choice has.
+        round of each batch they go to); then each gives its next delta in
+        turn. Choice ``i`` ends with its own Delta whose finish_reason is
+        set, and the iterator ends once every choice has.
 
         `n` is 1 to ``MAX_CHOICES`` and at most ``max_concurrent``: the
         request takes n request slots at once, waiting until n are free

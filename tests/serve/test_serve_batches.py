@@ -79,3 +79,20 @@ async def test_two_batches_serve_each_client_its_alone_answer(tiny_folder):
         finally:
             await service.close()
             tasks.cancel_scope.cancel()
+
+
+def test_the_service_benchmark_names_batches_as_batchN():
+    import runpy
+    import sys
+    from pathlib import Path
+
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path.insert(0, str(benchmarks))  # serve.py imports its prompts from its own folder
+    try:
+        serve = runpy.run_path(str(benchmarks / "serve.py"), run_name="serve_benchmark")
+    finally:
+        sys.path.remove(str(benchmarks))
+    our_mode = serve["our_mode"]
+    assert our_mode("parallel") == ["--mode", "parallel"] and our_mode("batch") == ["--mode", "batch"]
+    assert our_mode("batch2") == ["--mode", "batch", "--batches", "2"]
+    assert our_mode("batchx") is None and our_mode("batch0") is None and our_mode("mlx-lm") is None
