@@ -5,15 +5,16 @@ server and vllm-mlx.
 The script converts the GGUF into an mlx-lm folder in a temporary directory
 (`emlx_async.llm.save.convert`, what `emlx-async convert` runs), then for
 each server: starts it on a free loopback port (`python -m emlx_async.serve
---mode M`, `python -m mlx_lm server --model DIR`, or `vllm-mlx serve DIR
---continuous-batching`), waits for /health, and for N = 1, 4, 8, 16
+--mode M`, or for batchN `--mode batch --batches N`, `python -m mlx_lm
+server --model DIR`, or `vllm-mlx serve DIR --continuous-batching`), waits
+for /health, and for N = 1, 4, 8, 16
 clients: each client sends streamed greedy chat completions back to back
 (`--requests` each, `--tokens` max_tokens each, the same prompts for every
 server) and times every chunk as it arrives. Prints aggregate tokens/s,
 time to first token p50/p99, inter-token latency p50/p99 and errors; then
 stops the server by its pid (SIGTERM, SIGKILL after 30 s). Last, the ratios
-ours/peer at each N for each peer server run, the targets (parallel mode at
-8 clients: at least 1.3x each peer's tokens/s with a lower p99 time to first
+ours/peer at each N for each peer server run, the targets (each of our
+servers at 8 clients: at least 1.3x each peer's tokens/s with a lower p99 time to first
 token; at 1 client: no slower), and whether the greedy texts agree.
 
 --constrained adds constrained rows: at each N, right after the free row,
@@ -40,7 +41,7 @@ skips it with a message. It runs with its continuous-batching engine and
 its other defaults (its structured output needs Metal: --constrained rows
 show its answer).
 
-    python benchmarks/serve.py [--servers parallel,batch,mlx-lm[,vllm-mlx]] [--clients 1,4,8,16]
+    python benchmarks/serve.py [--servers parallel,batch[,batch2],mlx-lm[,vllm-mlx]] [--clients 1,4,8,16]
                                [--requests 2] [--tokens 16] [--max-concurrent 8] [--vllm-venv DIR]
                                [--constrained [schema,tool]]
 """
@@ -64,6 +65,8 @@ import httpx
 from _prompts import PROMPTS  # noqa: E402 - benchmarks/ is the script's directory
 
 OURS = ("parallel", "batch")
+# "batchN" (batch2, batch4): batch mode running N batches at once (`--mode batch --batches N`).
+BATCHES_PREFIX = "batch"
 MLX_LM = "mlx-lm"
 VLLM_MLX = "vllm-mlx"
 PEERS = (MLX_LM, VLLM_MLX)
@@ -100,6 +103,16 @@ def pct(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def our_mode(server: str) -> list[str] | None:
+    """Our server's mode flags for a --servers name (None: not ours)."""
+    if server in OURS:
+        return ["--mode", server]
+    batches = server.removeprefix(BATCHES_PREFIX)
+    if server.startswith(BATCHES_PREFIX) and batches.isdigit() and int(batches) >= 1:
+        return ["--mode", "batch", "--batches", batches]
+    return None
 
 
 def free_port() -> int:
@@ -160,7 +173,7 @@ def server_command(server: str, port: int, max_concurrent: int, folder: str | No
         # batches of 8, decode batches of 32, a prefix cache); offline: the folder is all it may read.
         return [str(vllm_mlx), "serve", folder, *address, "--continuous-batching",
                 "--served-model-name", VLLM_MLX_MODEL_NAME, "--offline"]
-    return [sys.executable, "-m", "emlx_async.serve", "--mode", server, *address,
+    return [sys.executable, "-m", "emlx_async.serve", *our_mode(server), *address,
             "--max-concurrent", str(max_concurrent), "--log-level", "warning"]
 
 
@@ -353,7 +366,8 @@ def _print_log_tail(log, lines: int = 20) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="closed-loop load on the HTTP service and on other MLX servers")
     parser.add_argument("--servers", default=f"parallel,batch,{MLX_LM}",
-                        help=f"our engine modes ({', '.join(OURS)}) and/or the peers ({', '.join(PEERS)}); "
+                        help=f"our engine modes ({', '.join(OURS)}, or batchN: batch mode with --batches N) "
+                             f"and/or the peers ({', '.join(PEERS)}); "
                              f"{VLLM_MLX} is installed on first use into --vllm-venv (default: %(default)s)")
     parser.add_argument("--clients", default="1,4,8,16")
     parser.add_argument("--requests", type=int, default=2, help="requests per client")
@@ -371,9 +385,9 @@ def main() -> None:
         parser.error(f"--constrained takes {', '.join(CONSTRAINED)}, got {args.constrained}")
     counts = [int(n) for n in args.clients.split(",")]
     servers = args.servers.split(",")
-    unknown = [server for server in servers if server not in OURS + PEERS]
+    unknown = [server for server in servers if server not in PEERS and our_mode(server) is None]
     if unknown:
-        parser.error(f"unknown server(s) {', '.join(unknown)}: choose from {', '.join(OURS + PEERS)}")
+        parser.error(f"unknown server(s) {', '.join(unknown)}: choose from {', '.join(OURS + PEERS)} or batchN")
     vllm_mlx = None
     if VLLM_MLX not in servers:
         print(f"{VLLM_MLX}: not in --servers, skipped (naming it installs {VLLM_MLX_REQUIREMENT} into "
@@ -449,12 +463,16 @@ def print_comparison(results: dict[str, list[dict]], peer: str, counts: list[int
 
 
 def print_targets(results: dict[str, list[dict]], peers: list[str]) -> None:
-    """Parallel mode against each peer: at 8 clients at least 1.3x its tokens/s and a lower p99
-    time to first token; at 1 client at least its tokens/s."""
-    if "parallel" not in results or not peers:
-        return
-    ours = {row["clients"]: row for row in results["parallel"]}
-    print("\ntargets, parallel mode against each peer")
+    """Each of our servers against each peer: at 8 clients at least 1.3x its tokens/s and a lower
+    p99 time to first token; at 1 client at least its tokens/s."""
+    for server in results:
+        if server not in PEERS and peers:
+            print_server_targets(results, server, peers)
+
+
+def print_server_targets(results: dict[str, list[dict]], server: str, peers: list[str]) -> None:
+    ours = {row["clients"]: row for row in results[server]}
+    print(f"\ntargets, {server} against each peer")
     for peer in peers:
         theirs = {row["clients"]: row for row in results[peer]}
         checks = []

@@ -69,6 +69,11 @@ class Batcher(abc.ABC):
         self._driving = False  # a driver task runs (it exits when idle)
 
     @property
+    def streams(self) -> int:
+        """Requests it carries: waiting, joining and running."""
+        return len(self.waiting) + len(self.joining) + len(self.running)
+
+    @property
     def driving(self) -> bool:
         """A driver task runs (it holds the batch queue)."""
         return self._driving

@@ -6,6 +6,9 @@
   and MLX streams (llm/parallel.py).
 * "batch": continuous batching on one queue; requests join and leave at
   step boundaries and long prompts are prefilled in chunks (llm/batching.py).
+  With ``batches`` N > 1 the replayed step runs N such batches at once,
+  each on its own queue (an OS thread, so a core), a new request joining
+  the one with the fewest streams.
 
 The decode step: ``Engine.load`` traces a fixed-shape step of any mlx-lm
 model (llm/replay_step.py: mlx-lm's own model call over preallocated cache
@@ -121,9 +124,13 @@ class Engine:
                  max_concurrent: int | None = None, prefill_chunk: int | None = None, mode: str = "parallel",
                  vocab_size: int | None = None, context_length: int | None = None,
                  prompt_cache: PrefixCache | None = None, cache_options: CacheOptions | None = None,
-                 batch_jobs: Callable[[Decoding], BatchJobs] = BatchJobs):
+                 batch_jobs: Callable[[Decoding], BatchJobs] = BatchJobs, batches: int = 1):
         if mode not in ("parallel", "batch"):
             raise ValueError(f"mode must be 'parallel' or 'batch', got {mode!r}")
+        if not is_int(batches) or batches < 1:
+            raise ValueError(f"batches must be a positive int, got {batches!r}")
+        if batches > 1 and mode != "batch":
+            raise ValueError(f"batches ({batches}) needs mode 'batch' (parallel mode runs each request alone)")
         self.mode = mode
         runtime = runtime or get_runtime()
         # Ids past the embedding crash MLX's gather (SIGSEGV), so every prompt is checked.
@@ -144,13 +151,18 @@ class Engine:
                                  cache_options=cache_options or CacheOptions())
         if prompt_cache is not None:  # its keys and values are this model's (another's would decode wrong tokens)
             prompt_cache.bind(model)
+        if batches > self.max_concurrent:
+            raise ValueError(f"batches ({batches}) exceeds max_concurrent ({self.max_concurrent}): "
+                             "a batch would never have a row")
         self._slots = anyio.Semaphore(self.max_concurrent)  # request slots, on any anyio backend
         # One request taking several slots at a time: two taking theirs at once could each hold some and wait.
         self._taking = anyio.Lock()
         self._active = 0
         self.batch_jobs = batch_jobs(self.decoding)
         self._batcher = GeneratorBatcher(self.decoding, self.batch_jobs)  # the Python step
-        self._replay_batcher = ReplayBatcher(self.decoding)
+        # The replayed step's batches, each with its own driver and queue. The Python step keeps
+        # one (the sharded engine's ranks must run their collectives in one order).
+        self._replay_batchers = [ReplayBatcher(self.decoding) for _ in range(batches)]
         self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first constrained request
         self._grammar_lock = anyio.Lock()
         self.step_kind = "python"  # "replay" once prepare_step() has traced the step
@@ -158,6 +170,16 @@ class Engine:
         self.step_note = "the step is not prepared (Engine.load prepares it)"
 
     # One place per fact: the decode paths read these from `decoding`, prompts from `text`.
+
+    @property
+    def batches(self) -> int:
+        """Batches the replayed step runs at once in batch mode (1 in parallel mode)."""
+        return len(self._replay_batchers)
+
+    @property
+    def _replay_batcher(self) -> ReplayBatcher:
+        """The first (with ``batches`` 1, the only) replayed batch."""
+        return self._replay_batchers[0]
 
     @property
     def model(self) -> Any:
@@ -213,11 +235,19 @@ class Engine:
                    prefill_chunk: int | None = None, prompt_cache: PrefixCache | None = None,
                    step: str = "auto", cache_sizes: Sequence[int] | None = None,
                    kv_bits: int | None = None, kv_group_size: int = 64,
-                   max_kv_size: int | None = None) -> Engine:
+                   max_kv_size: int | None = None, batches: int = 1) -> Engine:
         """Load SmolLM2 (path None), a GGUF file, or an mlx-lm model folder.
 
         `mode` "parallel" runs each request on its own pooled queue; "batch"
-        runs all requests on one queue with continuous batching.
+        runs all requests on one queue with continuous batching. `batches`
+        (batch mode only, 1 to `max_concurrent`) runs that many batches of the
+        replayed step at once, each on its own queue and so its own OS thread:
+        a new request joins the batch with the fewest streams (rows are not
+        moved between batches later), and each batch keeps every contract of
+        one (cancellation, choices, grammars, penalties, the prompt cache).
+        One batch's step runs on one core, so N batches can use N; requests
+        the Python step takes (logprobs, prompts past the largest traced
+        cache) still share one batch.
         `prefill_chunk` (default 32 tokens on CPU, 512 on GPU) bounds how long
         a cancelled prompt keeps its queue and, in batch mode, how long running
         streams stall while a prompt is prefilled. `prompt_cache` (a
@@ -244,7 +274,7 @@ class Engine:
 
         async with runtime.queue() as q:
             model, tokenizer, extra = await q.run(load)
-        engine = cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=mode,
+        engine = cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=mode, batches=batches,
                      prefill_chunk=prefill_chunk, prompt_cache=prompt_cache, cache_options=cache_options, **extra)
         await engine.prepare_step(step, cache_sizes=cache_sizes)
         return engine
@@ -292,6 +322,8 @@ class Engine:
         self.step_note = f"traced for caches of {decoding.replay.sizes} tokens"
         if self.mode == "batch":
             self.step_note += f", batches of {decoding.replay.row_buckets} rows"
+            if self.batches > 1:
+                self.step_note += f", {self.batches} batches at once"
         if described:
             self.step_note += f"; {described}"
         self.step_note += "; constrained requests (grammar) take the replayed step with their token mask as an input"
@@ -401,9 +433,9 @@ class Engine:
         plain ``generate`` with these options takes; every option of
         ``generate`` applies to each choice (a ``grammar`` constrains each on
         its own). The choices start together (in batch mode they join one
-        round); then each gives its next delta in turn. Choice ``i`` ends with
-        its own Delta whose finish_reason is set, and the iterator ends once
-        every choice has.
+        round of each batch they go to); then each gives its next delta in
+        turn. Choice ``i`` ends with its own Delta whose finish_reason is
+        set, and the iterator ends once every choice has.
 
         `n` is 1 to ``MAX_CHOICES`` and at most ``max_concurrent``: the
         request takes n request slots at once, waiting until n are free
@@ -504,7 +536,8 @@ class Engine:
         replayed = (replay is not None and sampler.logprobs is None
                     and replay.size_for(len(prompt) + max_tokens) is not None)
         if self.mode == "batch" and (replayed or self.decoding.cache_options.kv_bits is None):
-            batcher = self._replay_batcher if replayed else self._batcher
+            # The batch with the fewest streams (the first of equals): streams spread over the batches.
+            batcher = min(self._replay_batchers, key=lambda b: b.streams) if replayed else self._batcher
             return batched_tokens(self.decoding, prompt, max_tokens, sampler, batcher)
         # mlx-lm's BatchGenerator has no quantized cache: in batch mode with kv_bits a request
         # the replayed step cannot take runs alone on the Python step (as mlx-lm's server does).
@@ -614,7 +647,7 @@ class Engine:
     async def wait_idle(self, timeout: float = 30.0) -> None:
         """Wait until no batch driver runs (their queues are handed back): for tests and shutdown."""
         with anyio.fail_after(timeout):
-            for batcher in (self._batcher, self._replay_batcher):
+            for batcher in (self._batcher, *self._replay_batchers):
                 await batcher.wait_idle(timeout)
 
     async def close(self, timeout: float = 30.0) -> None:
@@ -641,7 +674,7 @@ class Engine:
     @property
     def batch_driving(self) -> bool:
         """A batch driver runs (it holds the batch queue)."""
-        return self._batcher.driving or self._replay_batcher.driving
+        return self._batcher.driving or any(b.driving for b in self._replay_batchers)
 
     @property
     def active_requests(self) -> int:

@@ -43,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="unload a model no request used for this long (its engine, weights and caches); "
                             "the next request for it loads it again (default: never)")
     serve.add_argument("--mode", choices=("parallel", "batch"), default="parallel", help="each model alike")
+    serve.add_argument("--batches", type=int, default=1, metavar="N",
+                       help="--mode batch: run N batches at once, each on its own thread (a core each on a "
+                            "CPU), a new request joining the one with the fewest; at most --max-concurrent "
+                            "(default: 1)")
     serve.add_argument("--step", choices=("auto", "replay", "python"), default="auto",
                        help="the decode step: a traced step replayed natively where the model allows it "
                             "(auto), required (replay), or mlx-lm's Python step; each model alike")
@@ -205,6 +209,11 @@ def serve(args: argparse.Namespace) -> int:
             raise SystemExit("--step-timeout must be positive")
         if len(specs) > 1 or args.idle_unload is not None:
             raise SystemExit("emlx-async serve --distributed: serves one --model, never unloaded (no --idle-unload)")
+    if args.batches < 1 or args.batches > args.max_concurrent:
+        raise SystemExit(f"--batches must be in [1, --max-concurrent ({args.max_concurrent})], got {args.batches}")
+    if args.batches > 1 and (args.mode != "batch" or args.distributed):
+        # A sharded model runs mlx-lm's batch step on every rank: one batch, its collectives in one order.
+        raise SystemExit("--batches needs --mode batch (and serves no --distributed model)")
     missing = missing_paths(specs)
     if missing:  # before loading (or waiting for a distributed group): a server that cannot load is no use
         raise SystemExit("emlx-async serve: --model: " + "; ".join(missing))
@@ -217,7 +226,8 @@ def serve(args: argparse.Namespace) -> int:
         if group.rank() != 0:
             return follow(specs[0].path, args, group)
         args.mode = "batch"  # rank 0 decides each batch step for every rank
-    config = ServeConfig(models=specs, idle_unload=args.idle_unload, mode=args.mode, step=args.step,
+    config = ServeConfig(models=specs, idle_unload=args.idle_unload, mode=args.mode, batches=args.batches,
+                         step=args.step,
                          max_concurrent=args.max_concurrent, max_waiting=args.max_waiting,
                          max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
                          max_messages=args.max_messages, max_prompt_tokens=args.max_prompt_tokens,

