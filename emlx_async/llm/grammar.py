@@ -117,7 +117,9 @@ class Grammar:
     kind: GrammarKind
     source: str
     warnings: tuple[str, ...] = ()
-    _compiled: str = field(default="", repr=False)  # llguidance's grammar (JSON text)
+    _compiled: str = field(default="", repr=False)  # llguidance's grammar (JSON or Lark text)
+    # after_free_text's token budget: what a matcher switches to once it is spent.
+    _budget: _FreeTextBudget | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self._compiled:
@@ -195,6 +197,43 @@ class Grammar:
             raise GrammarError(f"invalid EBNF grammar: {_first_line(str(e))}") from None
         return cls.lark(lark)
 
+    def after_free_text(self, end: str, *, start: str | None = None, max_tokens: int | None = None,
+                        gap: int = 2) -> Grammar:
+        """This grammar, preceded by a block of free text that `end` closes: a model's reasoning
+        (``<think>`` ... ``</think>``) before a constrained answer.
+
+        With `start`, the output may open with the block (``start``, free text, ``end``) or go
+        straight to this grammar; without it, the output opens inside the block (the prompt
+        opened it) and must close it first. Up to `gap` newlines may follow `end`.
+
+        `max_tokens` bounds the block: once that many tokens of it (its markers included) are
+        written without `end`, `end` is forced and this grammar follows, so the answer keeps
+        the rest of a request's tokens. Unbounded (None), only the request's own limit ends
+        a block the model never closes.
+        """
+        if not end or (start is not None and not start):
+            raise GrammarError("a free-text block needs non-empty markers")
+        if max_tokens is not None and max_tokens < 1:
+            raise GrammarError(f"a free-text block's max_tokens must be >= 1, got {max_tokens}")
+        answer = _named_grammars(self._compiled)
+        gap_rule = f'GAP: /\\n{{1,{gap}}}/\n' if gap > 0 else ""
+        tail = f' GAP? @{answer[0]["name"]}' if gap > 0 else f' @{answer[0]["name"]}'
+        body = f'body[suffix={json.dumps(end)}]: /(.|\\n)*/\n'  # lazy: it ends at the first `end`
+        if start is not None:
+            lark = f'start: block?{tail}\nblock: {json.dumps(start)} body\n{body}{gap_rule}'
+        else:
+            lark = f'start: body{tail}\n{body}{gap_rule}'
+        lenient = bool(self.warnings)
+        composed = Grammar._validated(self.kind, self.source, _top_level(lark, answer),
+                                      f"invalid {self.kind} grammar", lenient)
+        budget = None
+        if max_tokens is not None:
+            budget = _FreeTextBudget(max_tokens, start, end, lambda rest: Grammar._validated(
+                self.kind, self.source, _top_level(f'start: {json.dumps(rest)}{tail}\n{gap_rule}', answer),
+                f"invalid {self.kind} grammar", lenient))
+            budget.closing("")  # compiled now: a grammar that fails, fails before any token
+        return Grammar(self.kind, self.source, self.warnings, composed._compiled, budget)
+
     @classmethod
     def _validated(cls, kind: GrammarKind, source: str, compiled: str, what: str,
                    lenient: bool = False) -> Grammar:
@@ -206,6 +245,59 @@ class Grammar:
             # A warning is a part of the grammar that would not be enforced.
             raise GrammarError(f"{what}: {'; '.join(m.strip() for m in messages)}")
         return cls(kind, source, tuple(m.strip() for m in messages), compiled)
+
+
+class _FreeTextBudget:
+    """A free-text block's bound (Grammar.after_free_text): after `tokens` tokens still
+    inside the block, a matcher goes on with `closing(text)`: the rest of the end marker,
+    then the answer."""
+
+    def __init__(self, tokens: int, start: str | None, end: str, build):
+        self.tokens, self.start, self.end = tokens, start, end  # start None: the output opened inside
+        self._build = build  # the closing grammar for what is left of `end`
+        self._closing: dict[str, Grammar] = {}
+
+    def still_open(self, text: str) -> bool:
+        """Whether output `text` is still inside the block."""
+        if self.start is not None:
+            if not text.startswith(self.start):
+                return False
+            text = text[len(self.start):]
+        return self.end not in text
+
+    def closing(self, text: str) -> Grammar:
+        """What follows `text` (still inside the block): the end marker, less the part of it
+        `text` ends with, then the answer."""
+        rest = self.end
+        for n in range(len(self.end) - 1, 0, -1):
+            if text.endswith(self.end[:n]):
+                rest = self.end[n:]
+                break
+        if rest not in self._closing:
+            self._closing[rest] = self._build(rest)
+        return self._closing[rest]
+
+
+_ANSWER_NAME = "emlx_answer"
+
+
+def _named_grammars(compiled: str) -> list[dict]:
+    """llguidance's grammar list for `compiled` (JSON or Lark text), its first one named
+    `_ANSWER_NAME` so that a Lark grammar around it can refer to it (``@emlx_answer``)."""
+    try:
+        top = json.loads(compiled)
+    except ValueError:
+        top = None
+    grammars = [dict(g) for g in top["grammars"]] if isinstance(top, dict) and "grammars" in top \
+        else [{"lark_grammar": compiled}]
+    if any(g.get("name") == _ANSWER_NAME for g in grammars[1:]):
+        raise GrammarError(f"a grammar may not name a part {_ANSWER_NAME!r}")
+    grammars[0]["name"] = _ANSWER_NAME
+    return grammars
+
+
+def _top_level(lark: str, answer: list[dict]) -> str:
+    return json.dumps({"grammars": [{"lark_grammar": lark}, *answer]})
 
 
 def mask_words(vocab_size: int) -> int:
@@ -261,6 +353,14 @@ class GrammarTokenizer:
         """
         if not isinstance(grammar, Grammar):
             raise TypeError(f"matcher() takes a Grammar, got {type(grammar).__name__}")
+        template = self._template(grammar)
+        if grammar._budget is not None:
+            self._template(grammar._budget.closing(""))  # it fails now, if at all, not mid-answer
+        return GrammarMatcher(self, grammar, template.deep_copy())
+
+    def _template(self, grammar: Grammar):
+        """`grammar`'s compiled matcher at its start, kept for the next request (GrammarError if it
+        does not fit this tokenizer)."""
         with self._lock:
             template = self._compiled.get(grammar._compiled)
             if template is not None:
@@ -277,7 +377,7 @@ class GrammarTokenizer:
                 self._compiled[grammar._compiled] = template
                 while len(self._compiled) > self._cache_size:
                     self._compiled.popitem(last=False)
-        return GrammarMatcher(self, grammar, template.deep_copy())
+        return template
 
     def logits_processor(self, grammar: Grammar, *,
                          on_error: Literal["raise", "end"] = "raise") -> GrammarLogitsProcessor:
@@ -445,6 +545,11 @@ class GrammarMatcher:
             raise self._fail(f"token {int(token)} was rejected")
         self.tokens.append(int(token))
         self._mask = None
+        budget = self.grammar._budget
+        if budget is not None and len(self.tokens) == budget.tokens:
+            text = self._tokenizer._tokenizer.decode_bytes(self.tokens).decode("utf-8", "replace")
+            if budget.still_open(text):  # spent: the end marker comes now, then the answer
+                self._matcher = self._tokenizer._template(budget.closing(text)).deep_copy()
 
     def allows(self, token: int) -> bool:
         """Whether `token` may come next (reads the mask, computing it if needed)."""
