@@ -12,6 +12,8 @@ its answer is split into.
   mlx-lm chooses), Hermes JSON otherwise.
 - ``call_grammar``: for ``tool_choice`` "required" or a named function, a
   grammar that only lets the model write valid calls of the given tools.
+- ``after_reasoning``: on a template that thinks, a constrained request's
+  grammar applies after the reasoning (at most REASONING_SHARE of max_tokens).
 - ``OutputSplitter``: the streamed text cut into reasoning (``<think>``),
   content and tool calls, a Hermes call streamed as the model writes it (its
   name first, then its arguments in pieces; ``JsonScanner`` checks them).
