@@ -199,13 +199,16 @@ class Grammar:
         return cls.lark(lark)
 
     def after_free_text(self, end: str, *, start: str | None = None, max_tokens: int | None = None,
-                        gap: int = 2) -> Grammar:
+                        gap: int = 2, start_token: int | None = None, end_token: int | None = None) -> Grammar:
         """This grammar, preceded by a block of free text that `end` closes: a model's reasoning
         (``<think>`` ... ``</think>``) before a constrained answer.
 
         With `start`, the output may open with the block (``start``, free text, ``end``) or go
         straight to this grammar; without it, the output opens inside the block (the prompt
         opened it) and must close it first. Up to `gap` newlines may follow `end`.
+        `start_token` and `end_token`: the tokenizer's own token for a marker (Qwen3's
+        ``</think>`` is one), which the model may write instead of the marker's text
+        (llguidance reads an added token as a token, not as text).
 
         `max_tokens` bounds the block: once that many tokens of it (its markers included) are
         written without `end`, `end` is forced and this grammar follows, so the answer keeps
@@ -219,19 +222,30 @@ class Grammar:
         answer = _named_grammars(self._compiled)
         gap_rule = f'GAP: /\\n{{1,{gap}}}/\n' if gap > 0 else ""
         tail = f' GAP? @{answer[0]["name"]}' if gap > 0 else f' @{answer[0]["name"]}'
-        body = f'body[suffix={json.dumps(end)}]: /(.|\\n)*/\n'  # lazy: it ends at the first `end`
-        if start is not None:
-            lark = f'start: block?{tail}\nblock: {json.dumps(start)} body\n{body}{gap_rule}'
+        # body is lazy: it ends at the first `end`. With an end token, free text without `end`
+        # may end at that token instead.
+        rules = f'body[suffix={json.dumps(end)}]: /(.|\\n)*/\n'
+        inside = "body"
+        if end_token is not None:
+            rules += f'free: FREE\nFREE: /(.|\\n)*/ & ~/(?s:.*){_regex_literal(end)}(?s:.*)/\n'
+            inside = f"(body | free <[{int(end_token)}]>)"
+        if start is None:
+            lark = f'start: {inside}{tail}\n{rules}{gap_rule}'
         else:
-            lark = f'start: body{tail}\n{body}{gap_rule}'
+            opening = json.dumps(start) if start_token is None else f"({json.dumps(start)} | <[{int(start_token)}]>)"
+            lark = f'start: block?{tail}\nblock: {opening} {inside}\n{rules}{gap_rule}'
         lenient = bool(self.warnings)
         composed = Grammar._validated(self.kind, self.source, _top_level(lark, answer),
                                       f"invalid {self.kind} grammar", lenient)
+
+        def closing(rest: str) -> Grammar:
+            marker = json.dumps(rest) if end_token is None else f"({json.dumps(rest)} | <[{int(end_token)}]>)"
+            return Grammar._validated(self.kind, self.source, _top_level(f"start: {marker}{tail}\n{gap_rule}", answer),
+                                      f"invalid {self.kind} grammar", lenient)
+
         budget = None
         if max_tokens is not None:
-            budget = _FreeTextBudget(max_tokens, start, end, lambda rest: Grammar._validated(
-                self.kind, self.source, _top_level(f'start: {json.dumps(rest)}{tail}\n{gap_rule}', answer),
-                f"invalid {self.kind} grammar", lenient))
+            budget = _FreeTextBudget(max_tokens, start, end, closing)
             budget.closing("")  # compiled now: a grammar that fails, fails before any token
         return Grammar(self.kind, self.source, self.warnings, composed._compiled, budget)
 
@@ -240,8 +254,10 @@ class Grammar:
                    lenient: bool = False) -> Grammar:
         llg = _require_llguidance()
         failed, messages = llg.LLMatcher.validate_grammar_with_warnings(compiled, None, limits=_limits())
+        # Token references (<[id]>) are checked once a tokenizer compiles the grammar.
+        messages = [m for m in messages if not m.startswith("no tokenizer - can't validate")]
         if failed:
-            raise GrammarError(f"{what}: {messages[0].strip()}")
+            raise GrammarError(f"{what}: {messages[0].strip() if messages else 'it does not compile'}")
         if messages and not lenient:
             # A warning is a part of the grammar that would not be enforced.
             raise GrammarError(f"{what}: {'; '.join(m.strip() for m in messages)}")
@@ -280,6 +296,15 @@ class _FreeTextBudget:
 
 
 _ANSWER_NAME = "emlx_answer"
+
+
+def _regex_literal(text: str) -> str:
+    """`text` matched literally inside a Lark /regex/ (Rust's syntax: only its metacharacters
+    escaped, as \\< would be a word boundary there; "/" ends the regex in Lark)."""
+    return "".join("\\" + c if c in _REGEX_META else c for c in text)
+
+
+_REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~/")
 
 
 def _named_grammars(compiled: str) -> list[dict]:
@@ -729,6 +754,16 @@ def _backend_tokenizer(tokenizer: Any):
     if not _is_rust_tokenizer(backend):
         raise TypeError(f"grammars need a `tokenizers` (fast) tokenizer, got {type(tokenizer).__name__}")
     return backend
+
+
+def token_of(tokenizer: Any, text: str) -> int | None:
+    """The id of `tokenizer`'s token that is exactly `text` (an added marker token such as
+    Qwen3's ``</think>``), or None (the tokenizer spells it with several)."""
+    try:
+        token = _backend_tokenizer(tokenizer).token_to_id(text)
+    except TypeError:
+        return None
+    return None if token is None else int(token)
 
 
 def _is_rust_tokenizer(obj: Any) -> bool:

@@ -501,7 +501,7 @@ class Service:
         from emlx_async.llm.grammar import GrammarError
 
         try:
-            return await self.off_loop(after_reasoning, request.grammar, state, max_tokens)
+            return await self.off_loop(after_reasoning, request.grammar, state, max_tokens, engine.tokenizer)
         except GrammarError as exc:
             param = request.grammar_param
             raise invalid(param, f"'{param}': {exc}", "invalid_grammar") from None

@@ -130,6 +130,40 @@ def test_forced_calls_and_other_grammars_after_reasoning(grammar_tokenizer, smol
         Grammar.json_object().after_free_text("</think>", max_tokens=0)
 
 
+def test_markers_that_are_tokens_of_their_own():
+    """Qwen3's <think> and </think> are added tokens: llguidance reads such a token as a token,
+    not as its text, so the grammar takes the token as well as the text it spells."""
+    from tokenizers import AddedToken
+
+    from emlx_async.llm.grammar import GrammarTokenizer, token_of
+    from support.helpers import smollm2_tokenizer_and_template
+
+    tokenizer, _ = smollm2_tokenizer_and_template()
+    tokenizer.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
+    opens, closes = token_of(tokenizer, "<think>"), token_of(tokenizer, "</think>")
+    assert closes == opens + 1 and token_of(tokenizer, "<thinking>") is None
+
+    def ids(text):
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    with GrammarTokenizer(tokenizer, eos_ids=[2]) as grammar_tokenizer:
+        for state, head in (("may_open", [opens]), ("open", [])):
+            grammar = after_reasoning(Grammar.json_object(), state, 12, tokenizer)
+            matcher = grammar_tokenizer.matcher(grammar)
+            for token in head + ids("so") + [closes] + ids('\n\n{"a": 1}'):
+                matcher.advance(token)
+            assert matcher.is_accepting
+            # Past the budget (6 tokens) the end marker is forced: its token is allowed.
+            matcher = grammar_tokenizer.matcher(grammar)
+            for token in head + ids("a b c d e f g")[:6 - len(head)]:
+                matcher.advance(token)
+            assert matcher.allows(closes) and not matcher.allows(ids(" h")[0])
+            matcher = grammar_tokenizer.matcher(grammar)
+            with pytest.raises(GrammarStateError):  # the marker token closes the block: no free text after it
+                for token in head + ids("so") + [closes] + ids("more"):
+                    matcher.advance(token)
+
+
 def test_where_the_prompt_leaves_the_reasoning():
     assert reasoning_state(OPENS, "<|im_start|>assistant\n<think>\n") == "open"
     assert reasoning_state(OPENS, "<|im_start|>assistant\n<think>\n\n</think>\n\n") == "closed"
