@@ -6,7 +6,8 @@ Three pieces, from the request down to the step:
   a regular expression, or a Lark grammar (llguidance's dialect; llama.cpp's
   GBNF converts to it). Building one validates it without a tokenizer and
   raises ``GrammarError`` (a ValueError) that names the problem, so a
-  service can answer 400 before any model work.
+  service can answer 400 before any model work. ``after_free_text`` puts a
+  bounded block of free text (a model's reasoning) before any grammar.
 - ``GrammarTokenizer``: the tokenizer as llguidance sees it, built once per
   engine (0.3 to 0.6 s for SmolLM2's 49,152 tokens here). ``matcher(grammar)``
   starts one request's state (compiled grammars are cached, so a repeated
@@ -117,7 +118,9 @@ class Grammar:
     kind: GrammarKind
     source: str
     warnings: tuple[str, ...] = ()
-    _compiled: str = field(default="", repr=False)  # llguidance's grammar (JSON text)
+    _compiled: str = field(default="", repr=False)  # llguidance's grammar (JSON or Lark text)
+    # after_free_text's token budget: what a matcher switches to once it is spent.
+    _budget: _FreeTextBudget | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self._compiled:
@@ -195,17 +198,132 @@ class Grammar:
             raise GrammarError(f"invalid EBNF grammar: {_first_line(str(e))}") from None
         return cls.lark(lark)
 
+    def after_free_text(self, end: str, *, start: str | None = None, max_tokens: int | None = None,
+                        gap: int = 2, start_token: int | None = None, end_token: int | None = None) -> Grammar:
+        """This grammar, preceded by a block of free text that `end` closes: a model's reasoning
+        (``<think>`` ... ``</think>``) before a constrained answer.
+
+        With `start`, the output may open with the block (``start``, free text, ``end``) or go
+        straight to this grammar; without it, the output opens inside the block (the prompt
+        opened it) and must close it first. Up to `gap` newlines may follow `end`.
+        `start_token` and `end_token`: the tokenizer's own token for a marker (Qwen3's
+        ``</think>`` is one), which the model may write instead of the marker's text
+        (llguidance reads an added token as a token, not as text).
+
+        `max_tokens` bounds the block: once that many tokens of it (its markers included) are
+        written without `end`, `end` is forced and this grammar follows, so the answer keeps
+        the rest of a request's tokens. Unbounded (None), only the request's own limit ends
+        a block the model never closes.
+        """
+        if not end or (start is not None and not start):
+            raise GrammarError("a free-text block needs non-empty markers")
+        if max_tokens is not None and max_tokens < 1:
+            raise GrammarError(f"a free-text block's max_tokens must be >= 1, got {max_tokens}")
+        answer = _named_grammars(self._compiled)
+        gap_rule = f'GAP: /\\n{{1,{gap}}}/\n' if gap > 0 else ""
+        tail = f' GAP? @{answer[0]["name"]}' if gap > 0 else f' @{answer[0]["name"]}'
+        # body is lazy: it ends at the first `end`. With an end token, free text without `end`
+        # may end at that token instead.
+        rules = f'body[suffix={json.dumps(end)}]: /(.|\\n)*/\n'
+        inside = "body"
+        if end_token is not None:
+            rules += f'free: FREE\nFREE: /(.|\\n)*/ & ~/(?s:.*){_regex_literal(end)}(?s:.*)/\n'
+            inside = f"(body | free <[{int(end_token)}]>)"
+        if start is None:
+            lark = f'start: {inside}{tail}\n{rules}{gap_rule}'
+        else:
+            opening = json.dumps(start) if start_token is None else f"({json.dumps(start)} | <[{int(start_token)}]>)"
+            lark = f'start: block?{tail}\nblock: {opening} {inside}\n{rules}{gap_rule}'
+        lenient = bool(self.warnings)
+        composed = Grammar._validated(self.kind, self.source, _top_level(lark, answer),
+                                      f"invalid {self.kind} grammar", lenient)
+
+        def closing(rest: str) -> Grammar:
+            marker = json.dumps(rest) if end_token is None else f"({json.dumps(rest)} | <[{int(end_token)}]>)"
+            return Grammar._validated(self.kind, self.source, _top_level(f"start: {marker}{tail}\n{gap_rule}", answer),
+                                      f"invalid {self.kind} grammar", lenient)
+
+        budget = None
+        if max_tokens is not None:
+            budget = _FreeTextBudget(max_tokens, start, end, closing)
+            budget.closing("")  # compiled now: a grammar that fails, fails before any token
+        return Grammar(self.kind, self.source, self.warnings, composed._compiled, budget)
+
     @classmethod
     def _validated(cls, kind: GrammarKind, source: str, compiled: str, what: str,
                    lenient: bool = False) -> Grammar:
         llg = _require_llguidance()
         failed, messages = llg.LLMatcher.validate_grammar_with_warnings(compiled, None, limits=_limits())
+        # Token references (<[id]>) are checked once a tokenizer compiles the grammar.
+        messages = [m for m in messages if not m.startswith("no tokenizer - can't validate")]
         if failed:
-            raise GrammarError(f"{what}: {messages[0].strip()}")
+            raise GrammarError(f"{what}: {messages[0].strip() if messages else 'it does not compile'}")
         if messages and not lenient:
             # A warning is a part of the grammar that would not be enforced.
             raise GrammarError(f"{what}: {'; '.join(m.strip() for m in messages)}")
         return cls(kind, source, tuple(m.strip() for m in messages), compiled)
+
+
+class _FreeTextBudget:
+    """A free-text block's bound (Grammar.after_free_text): after `tokens` tokens still
+    inside the block, a matcher goes on with `closing(text)`: the rest of the end marker,
+    then the answer."""
+
+    def __init__(self, tokens: int, start: str | None, end: str, build):
+        self.tokens, self.start, self.end = tokens, start, end  # start None: the output opened inside
+        self._build = build  # the closing grammar for what is left of `end`
+        self._closing: dict[str, Grammar] = {}
+
+    def still_open(self, text: str) -> bool:
+        """Whether output `text` is still inside the block."""
+        if self.start is not None:
+            if not text.startswith(self.start):
+                return False
+            text = text[len(self.start):]
+        return self.end not in text
+
+    def closing(self, text: str) -> Grammar:
+        """What follows `text` (still inside the block): the end marker, less the part of it
+        `text` ends with, then the answer."""
+        rest = self.end
+        for n in range(len(self.end) - 1, 0, -1):
+            if text.endswith(self.end[:n]):
+                rest = self.end[n:]
+                break
+        if rest not in self._closing:
+            self._closing[rest] = self._build(rest)
+        return self._closing[rest]
+
+
+_ANSWER_NAME = "emlx_answer"
+
+
+def _regex_literal(text: str) -> str:
+    """`text` matched literally inside a Lark /regex/ (Rust's syntax: only its metacharacters
+    escaped, as \\< would be a word boundary there; "/" ends the regex in Lark)."""
+    return "".join("\\" + c if c in _REGEX_META else c for c in text)
+
+
+_REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~/")
+
+
+def _named_grammars(compiled: str) -> list[dict]:
+    """llguidance's grammar list for `compiled` (JSON or Lark text), its first one named
+    `_ANSWER_NAME` so that a Lark grammar around it can refer to it (``@emlx_answer``)."""
+    try:
+        top = json.loads(compiled)
+    except ValueError:
+        top = None
+    grammars = [dict(g) for g in top["grammars"]] if isinstance(top, dict) and "grammars" in top \
+        else [{"lark_grammar": compiled}]
+    if any(g.get("name") == _ANSWER_NAME for g in grammars[1:]):
+        raise GrammarError(f"a grammar may not name a part {_ANSWER_NAME!r}")
+    grammars[0]["name"] = _ANSWER_NAME
+    return grammars
+
+
+def _top_level(lark: str, answer: list[dict]) -> str:
+    return json.dumps({"grammars": [{"lark_grammar": lark}, *answer]})
 
 
 def mask_words(vocab_size: int) -> int:
@@ -261,6 +379,14 @@ class GrammarTokenizer:
         """
         if not isinstance(grammar, Grammar):
             raise TypeError(f"matcher() takes a Grammar, got {type(grammar).__name__}")
+        template = self._template(grammar)
+        if grammar._budget is not None:
+            self._template(grammar._budget.closing(""))  # it fails now, if at all, not mid-answer
+        return GrammarMatcher(self, grammar, template.deep_copy())
+
+    def _template(self, grammar: Grammar):
+        """`grammar`'s compiled matcher at its start, kept for the next request (GrammarError if it
+        does not fit this tokenizer)."""
         with self._lock:
             template = self._compiled.get(grammar._compiled)
             if template is not None:
@@ -277,7 +403,7 @@ class GrammarTokenizer:
                 self._compiled[grammar._compiled] = template
                 while len(self._compiled) > self._cache_size:
                     self._compiled.popitem(last=False)
-        return GrammarMatcher(self, grammar, template.deep_copy())
+        return template
 
     def logits_processor(self, grammar: Grammar, *,
                          on_error: Literal["raise", "end"] = "raise") -> GrammarLogitsProcessor:
@@ -445,6 +571,11 @@ class GrammarMatcher:
             raise self._fail(f"token {int(token)} was rejected")
         self.tokens.append(int(token))
         self._mask = None
+        budget = self.grammar._budget
+        if budget is not None and len(self.tokens) == budget.tokens:
+            text = self._tokenizer._tokenizer.decode_bytes(self.tokens).decode("utf-8", "replace")
+            if budget.still_open(text):  # spent: the end marker comes now, then the answer
+                self._matcher = self._tokenizer._template(budget.closing(text)).deep_copy()
 
     def allows(self, token: int) -> bool:
         """Whether `token` may come next (reads the mask, computing it if needed)."""
@@ -623,6 +754,16 @@ def _backend_tokenizer(tokenizer: Any):
     if not _is_rust_tokenizer(backend):
         raise TypeError(f"grammars need a `tokenizers` (fast) tokenizer, got {type(tokenizer).__name__}")
     return backend
+
+
+def token_of(tokenizer: Any, text: str) -> int | None:
+    """The id of `tokenizer`'s token that is exactly `text` (an added marker token such as
+    Qwen3's ``</think>``), or None (the tokenizer spells it with several)."""
+    try:
+        token = _backend_tokenizer(tokenizer).token_to_id(text)
+    except TypeError:
+        return None
+    return None if token is None else int(token)
 
 
 def _is_rust_tokenizer(obj: Any) -> bool:

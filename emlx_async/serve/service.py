@@ -29,8 +29,8 @@ from . import middleware
 from .metrics import Metrics
 from .models import ModelSpec, Models, ServedModel, model_specs
 from .protocol import DEFAULT_MAX_MESSAGES, APIError, GenerationRequest, invalid, logprob_entry
-from .tools import (THINK_START, OutputSplitter, ToolCallFormat, fallback_messages, template_renders_tools,
-                    template_thinks)
+from .tools import (OutputSplitter, ToolCallFormat, after_reasoning, fallback_messages, reasoning_state,
+                    template_renders_tools)
 
 logger = logging.getLogger("emlx_async.serve")
 
@@ -383,18 +383,18 @@ class Service:
         if not request.chat:
             return None
         template = engine.chat_template
-        thinking = template_thinks(template)
+        state = reasoning_state(template, prompt_text)
+        thinking = state is not None
         if not thinking and request.tools is None:
             return None
-        in_reasoning = thinking and prompt_text.rstrip().endswith(THINK_START)
+        in_reasoning = state == "open"
         forced_name = None
         if request.tools is None:
             tool_format = None
         elif request.grammar is not None and request.grammar_param == "tool_choice":
             tool_format = ToolCallFormat.hermes()  # what call_grammar makes the model write
-            # The grammar writes the call from the first token: no reasoning before it, and
-            # the first call's name is known before it is written where only one fits.
-            thinking = in_reasoning = False
+            # After any reasoning (after_reasoning) the grammar writes the call: the first
+            # call's name is known before it is written where only one fits.
             if request.tool_choice == "function":
                 forced_name = request.tool_name
             elif len(request.tools) == 1:
@@ -474,8 +474,8 @@ class Service:
             if "grammar" not in inspect.signature(engine.generate).parameters:
                 raise invalid(request.grammar_param, f"'{request.grammar_param}' needs constrained decoding, "
                               "which this engine does not have", "unsupported_parameter")
-            options["grammar"] = request.grammar
             await self._check_grammar_starts(engine, request)
+            options["grammar"] = await self._answer_grammar(engine, request, prompt_text, max_tokens)
         if request.stop_token_ids:
             options["stop_token_ids"] = request.stop_token_ids
         stats = RequestStats()
@@ -494,6 +494,21 @@ class Service:
         return Generation(self, served, deltas, stats, len(ids),
                           [self.output_splitter(engine, request, prompt_text) for _ in range(n)])
 
+
+    async def _answer_grammar(self, engine, request: GenerationRequest, prompt_text: str, max_tokens: int):
+        """The request's grammar as the generation applies it: on a template that thinks, after
+        the reasoning (serve/tools.py's after_reasoning; compiled off the loop, as a schema's size
+        costs time)."""
+        state = reasoning_state(engine.chat_template, prompt_text) if request.chat else None
+        if state not in ("open", "may_open"):
+            return request.grammar
+        from emlx_async.llm.grammar import GrammarError
+
+        try:
+            return await self.off_loop(after_reasoning, request.grammar, state, max_tokens, engine.tokenizer)
+        except GrammarError as exc:
+            param = request.grammar_param
+            raise invalid(param, f"'{param}': {exc}", "invalid_grammar") from None
 
     async def _check_grammar_starts(self, engine, request: GenerationRequest) -> None:
         """Refuse a grammar that fails within its first tokens, 400 naming its field: what

@@ -12,6 +12,8 @@ its answer is split into.
   mlx-lm chooses), Hermes JSON otherwise.
 - ``call_grammar``: for ``tool_choice`` "required" or a named function, a
   grammar that only lets the model write valid calls of the given tools.
+- ``after_reasoning``: on a template that thinks, a constrained request's
+  grammar applies after the reasoning (at most REASONING_SHARE of max_tokens).
 - ``OutputSplitter``: the streamed text cut into reasoning (``<think>``),
   content and tool calls, a Hermes call streamed as the model writes it (its
   name first, then its arguments in pieces; ``JsonScanner`` checks them).
@@ -47,6 +49,38 @@ def template_renders_tools(chat_template: str | None) -> bool:
 
 def template_thinks(chat_template: str | None) -> bool:
     return bool(chat_template) and THINK_START in chat_template and THINK_END in chat_template
+
+
+# Under a grammar the reasoning may take at most this share of max_tokens (Grammar.after_free_text's
+# bound): then "</think>" is forced and the constrained answer has the rest.
+REASONING_SHARE = 0.5
+
+
+def reasoning_state(chat_template: str | None, prompt_text: str) -> str | None:
+    """Where a chat prompt leaves the answer of a template that thinks: "open" (the prompt ends
+    inside ``<think>``, as Qwen3's does), "closed" (the template wrote the whole block itself:
+    ``enable_thinking`` false) or "may_open" (the model may open one); None: it does not think."""
+    if not template_thinks(chat_template):
+        return None
+    tail = prompt_text.rstrip()
+    return "open" if tail.endswith(THINK_START) else "closed" if tail.endswith(THINK_END) else "may_open"
+
+
+def after_reasoning(grammar, state: str | None, max_tokens: int, tokenizer=None):
+    """`grammar` as it applies to the answer of a template that thinks: the model reasons first
+    (in a block it may open, or the one the prompt opened), up to REASONING_SHARE of
+    `max_tokens`, then writes what `grammar` allows. Unchanged where the template does not think
+    or the prompt already closed the reasoning. The markers may also come as `tokenizer`'s own
+    tokens, where it has them (Qwen3's)."""
+    if state not in ("open", "may_open"):
+        return grammar
+    from emlx_async.llm.grammar import token_of
+
+    may_open = state == "may_open"
+    return grammar.after_free_text(
+        THINK_END, start=THINK_START if may_open else None, max_tokens=max(1, int(max_tokens * REASONING_SHARE)),
+        start_token=token_of(tokenizer, THINK_START) if may_open and tokenizer is not None else None,
+        end_token=token_of(tokenizer, THINK_END) if tokenizer is not None else None)
 
 
 def fallback_messages(messages: list[dict], tools: list[dict] | None) -> list[dict]:
@@ -551,7 +585,8 @@ class OutputSplitter:
     `max_calls`: calls past it (parallel calls off: 1) are read and dropped.
     `forced_name`: a grammar makes the answer open with a call of this name
     (a named tool_choice, or "required" with one tool): its head is sent with
-    the first piece, before the model has written it.
+    the answer's first piece (after any reasoning), before the model has
+    written it.
     """
 
     def __init__(self, *, thinking: bool = False, in_reasoning: bool = False,
@@ -588,9 +623,6 @@ class OutputSplitter:
 
     def _drain(self, final: bool) -> Split:
         out = Split()
-        if self._forced_name is not None:
-            self._awaiting = self._head(_Block(), self._forced_name, out)
-            self._forced_name = None
         while self._pending:
             if self._may_open:
                 stripped = self._pending.lstrip()
@@ -614,6 +646,9 @@ class OutputSplitter:
                 if not stripped and not final:
                     break
                 self._pending, self._after_reasoning = stripped or self._pending, False
+            if self._forced_name is not None:  # the answer begins: the grammar writes this call
+                self._awaiting = self._head(_Block(), self._forced_name, out)
+                self._forced_name = None
             if self._block is not None:
                 assert self._format is not None
                 done, rest, found = _cut(self._pending, self._format.end, final)
@@ -648,6 +683,9 @@ class OutputSplitter:
                 break
             self._open_block(_Block())
         if final:
+            if self._forced_name is not None and not self.thinking:  # nothing at all was written
+                self._awaiting = self._head(_Block(), self._forced_name, out)
+                self._forced_name = None
             if self._block is not None:  # an unfinished block: the model stopped mid-call
                 self._close_block(out, complete=False)
             if self._awaiting is not None:  # nothing at all was written

