@@ -221,11 +221,7 @@ class ListLayer:
         return CacheList(*(part.to_mlx(a, row, length) for part, a in zip(self.parts, self._split(arrays))))
 
     def _split(self, arrays: Sequence[mx.array]) -> list[list[mx.array]]:
-        out, at = [], 0
-        for part in self.parts:
-            out.append(list(arrays[at:at + len(part.buffers)]))
-            at += len(part.buffers)
-        return out
+        return _split_among(self.parts, arrays)
 
 
 Layer = KVLayer | QuantizedLayer | ArraysLayer | ListLayer
@@ -327,11 +323,16 @@ class CacheSpec:
             buffers[k][row:row + 1] = part
 
     def _split(self, buffers: Sequence[mx.array]) -> list[list[mx.array]]:
-        out, at = [], 0
-        for layer in self.layers:
-            out.append(list(buffers[at:at + len(layer.buffers)]))
-            at += len(layer.buffers)
-        return out
+        return _split_among(self.layers, buffers)
+
+
+def _split_among(owners: Sequence[Any], arrays: Sequence[mx.array]) -> list[list[mx.array]]:
+    """`arrays` cut into each owner's ``buffers``' worth, in order."""
+    out, at = [], 0
+    for owner in owners:
+        out.append(list(arrays[at:at + len(owner.buffers)]))
+        at += len(owner.buffers)
+    return out
 
 
 def _shape(buffer: Buffer, rows: int, length: int) -> tuple[int, ...]:

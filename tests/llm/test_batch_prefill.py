@@ -15,7 +15,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async.llm import Engine, PrefixCache
-from support.engine import concurrently, tokens_of
+from support.engine import Counting, concurrently, tokens_of
 from support.helpers import on_loops
 from support.tiny_models import IdsTokenizer, mlx_lm_tokens, tiny
 
@@ -24,20 +24,6 @@ SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20)
 # the first in the second, the third in the third.
 PROMPTS = [[3, 17, 5, 9, 100, 42], [7, 1, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19], [2]]
 N = 10
-
-
-class Counting:
-    """The model, with the shapes of the token arrays it is called with."""
-
-    def __init__(self, model):
-        self.model, self.calls = model, []
-
-    def __call__(self, tokens, cache=None):
-        self.calls.append(tuple(tokens.shape))
-        return self.model(tokens, cache=cache)
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
 
 
 @functools.cache

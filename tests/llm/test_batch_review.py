@@ -18,26 +18,12 @@ import pytest
 
 import emlx_async as ea
 from emlx_async.llm import Engine, PrefixCache
-from support.engine import concurrently, tokens_of
+from support.engine import Counting, concurrently, tokens_of
 from support.helpers import needs_model, on_loops
 from support.tiny_models import IdsTokenizer, mlx_lm_tokens, smollm2_vocab_llama, tiny
 
 N = 8
 SYSTEM = list(range(70, 94))  # 24 tokens: six chunks of 4
-
-
-class Counting:
-    """The model, with the shapes of the token arrays it is called with."""
-
-    def __init__(self, model):
-        self.model, self.calls = model, []
-
-    def __call__(self, tokens, cache=None):
-        self.calls.append(tuple(tokens.shape))
-        return self.model(tokens, cache=cache)
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
 
 
 @functools.cache
