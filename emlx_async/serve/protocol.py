@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -487,6 +488,10 @@ def _parse_guided(body: dict):
         raise _grammar_error(name, exc) from None
 
 
+TOOL_NAME_MAX = 128
+TOOL_NAME = re.compile(rf"[A-Za-z0-9_.:-]{{1,{TOOL_NAME_MAX}}}")
+
+
 def checked_tool(name: Any, description: Any, parameters: Any, names: set[str], where: dict[str, str]) -> dict:
     """One function tool in the chat shape the template and the call grammar read, from
     any API's fields; `where` names each field for errors (keys name, description,
@@ -495,6 +500,11 @@ def checked_tool(name: Any, description: Any, parameters: Any, names: set[str], 
     if not isinstance(name, str) or not name:
         raise invalid(where["name"], f"a tool needs a 'name' (a string), got {show(name)}",
                       "missing_required_parameter" if name is None else "invalid_type")
+    if not TOOL_NAME.fullmatch(name):
+        # The name is written into the prompt and the call grammar as it is: quotes, newlines or
+        # `</tool_call>` in it would change both, and OpenAI's and Anthropic's rule refuses them too.
+        raise invalid(where["name"], f"a tool's name must be 1 to {TOOL_NAME_MAX} letters, digits, '_', '-', "
+                      f"'.' or ':', got {show(name)}")
     if name in names:
         raise invalid(where["name"], f"two tools are named {show(name)}")
     names.add(_text(name, where["name"]))
