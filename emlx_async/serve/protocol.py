@@ -555,7 +555,25 @@ def choose_tools(request: GenerationRequest, tools: list[dict], choice: str, nam
                                            parallel=request.parallel_tool_calls and choice != "function")
             request.grammar_param = "tool_choice"
         except (GrammarError, RecursionError) as exc:
-            raise _grammar_error("tools", exc) from None
+            raise _tool_schema_error(tools, exc) from None
+
+
+def _tool_schema_error(tools: list[dict], exc: Exception) -> APIError:
+    """The call grammar failed: name the tool whose parameters fail alone, with the schema's own
+    error (the combined grammar's message quotes the whole generated grammar)."""
+    from emlx_async.llm.grammar import Grammar, GrammarError
+
+    for i, tool in enumerate(tools):
+        parameters = tool["function"].get("parameters")
+        if parameters is None:
+            continue
+        try:
+            Grammar.json_schema(parameters)
+        except (GrammarError, RecursionError) as alone:
+            # tools[i] is the same tool on every API (its schema's field name is not).
+            return invalid(f"tools[{i}]", f"tools[{i}] ({show(tool['function']['name'])}): its parameters' "
+                           f"schema cannot constrain a call: {alone}", "invalid_grammar")
+    return _grammar_error("tools", exc)
 
 
 def _parse_tools(body: dict, request: GenerationRequest) -> None:

@@ -168,10 +168,16 @@ def call_grammar(tools: list[dict], *, name: str | None, parallel: bool):
     from emlx_async.llm.grammar import Grammar
 
     chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+    # Each tool's parameters live under $defs, their own "#..." references moved there with
+    # them: nested in the call's schema, "#/$defs/Item" (pydantic's nested models) would
+    # point at the call's root, where nothing is.
+    parameters = {f"tool{i}": _rebased(f.get("parameters") or {"type": "object"}, f"#/$defs/tool{i}")
+                  for i, f in enumerate(chosen)}
     variants = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                 "properties": {"name": {"const": f["name"]},
-                                "arguments": f.get("parameters") or {"type": "object"}}} for f in chosen]
+                 "properties": {"name": {"const": f["name"]}, "arguments": {"$ref": f"#/$defs/tool{i}"}}}
+                for i, f in enumerate(chosen)]
     schema = dict(variants[0]) if len(variants) == 1 else {"anyOf": variants}
+    schema["$defs"] = parameters
     # One canonical JSON layout, as Grammar.json_schema has it: with free whitespace
     # a weak model can write newlines inside the call until max_tokens.
     schema["x-guidance"] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -180,6 +186,16 @@ def call_grammar(tools: list[dict], *, name: str | None, parallel: bool):
             f'call: "{HERMES_START}\\n" body "\\n{HERMES_END}"\n'
             f'body: %json {json.dumps(schema)}\n')
     return Grammar.lark(text)
+
+
+def _rebased(schema: Any, root: str) -> Any:
+    """`schema` with each local reference ("#", "#/...") pointing below `root` instead."""
+    if isinstance(schema, dict):
+        return {key: (root + value[1:] if key == "$ref" and isinstance(value, str) and value.startswith("#")
+                      else _rebased(value, root)) for key, value in schema.items()}
+    if isinstance(schema, list):
+        return [_rebased(value, root) for value in schema]
+    return schema
 
 
 # ---- a call's JSON, read as it is written ---------------------------------------------

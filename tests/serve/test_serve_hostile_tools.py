@@ -54,3 +54,43 @@ async def test_a_tool_name_that_could_change_the_prompt_or_grammar_is_refused(ap
         ok = await http.post("/v1/chat/completions", json={"messages": USER, "tools": [
             {"type": "function", "function": {"name": "get_weather.v2:x-y_z", "parameters": OBJECT}}]})
         assert ok.status_code == 200, ok.text
+
+
+@on_loops("asyncio")
+async def test_a_required_call_of_a_schema_pointing_nowhere_names_the_tool(app):
+    """A $ref to a $defs entry that is not there: the 400 names the tool's schema and says what
+    is missing, not the whole generated call grammar; a nested model's $defs (which the call
+    grammar once looked up at its own root) works."""
+    broken = {"type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}}
+    nested = {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}},
+              "$defs": {"A": {"type": "object", "properties": {"x": {"type": "integer"}}}}}
+    tools = [{"type": "function", "function": {"name": "fine", "parameters": nested}},
+             {"type": "function", "function": {"name": "broken", "parameters": broken}}]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        response = await http.post("/v1/chat/completions", json={"messages": USER, "tool_choice": "required",
+                                                                   "tools": tools})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "tools[1].function.parameters", error
+        assert "/$defs/Missing" in error["message"] and "%json" not in error["message"], error
+        ok = await http.post("/v1/chat/completions", json={"messages": USER, "tool_choice": "required",
+                                                             "tools": tools[:1]})
+        assert ok.status_code == 200, ok.text
+
+
+@on_loops("asyncio")
+async def test_a_schema_a_required_call_cannot_enforce_names_the_tool(app):
+    """A keyword the grammar engine passes under "auto" but cannot enforce for a forced call
+    (an unknown format): the 400 names the tool, with the schema's own error."""
+    lax = {"type": "object", "properties": {"a": {"type": "string", "format": "bogus"}}}
+    tools = [{"type": "function", "function": {"name": "fine", "parameters": OBJECT}},
+             {"type": "function", "function": {"name": "lax", "parameters": lax}}]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        auto = await http.post("/v1/chat/completions", json={"messages": USER, "tools": tools})
+        assert auto.status_code == 200, auto.text
+        response = await http.post("/v1/chat/completions", json={"messages": USER, "tool_choice": "required",
+                                                                   "tools": tools})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "tools[1]" and "'lax'" in error["message"], error
+        assert "format" in error["message"] and "%json" not in error["message"], error

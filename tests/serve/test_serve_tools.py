@@ -479,6 +479,41 @@ def test_the_forced_call_grammar_takes_valid_calls_only(smollm2_tokenizer):
     assert calls[0]["function"] == CALL["function"]
 
 
+def test_the_forced_call_grammar_keeps_each_tools_own_references(smollm2_tokenizer):
+    """Parameters with $defs (pydantic's nested models) and a reference to their own root:
+    nested in the call's schema, their "#..." references must still find what they name."""
+    from emlx_async.llm.grammar import GrammarStateError, GrammarTokenizer
+    from emlx_async.serve.tools import call_grammar
+
+    tokenizer, _ = smollm2_tokenizer
+    place = {"type": "function", "function": {"name": "book", "parameters": {
+        "type": "object", "required": ["where"], "properties": {"where": {"$ref": "#/$defs/Place"}},
+        "$defs": {"Place": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}}}
+    tree = {"type": "function", "function": {"name": "tree", "parameters": {
+        "type": "object", "properties": {"child": {"$ref": "#"}}}}}
+
+    def accepts(grammar, text):
+        matcher = grammar_tokenizer.matcher(grammar)
+        try:
+            for token in tokenizer.encode(text, add_special_tokens=False).ids:
+                matcher.advance(token)
+        except GrammarStateError:
+            return False
+        return matcher.is_accepting
+
+    def call(name, arguments):
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+
+    with GrammarTokenizer(tokenizer, eos_ids=[2]) as grammar_tokenizer:
+        required = call_grammar([place, tree], name=None, parallel=False)
+        assert accepts(required, call("book", '{"where": {"city": "Paris"}}'))
+        assert not accepts(required, call("book", '{"where": {"city": 3}}'))
+        assert accepts(required, call("tree", '{"child": {"child": {}}}'))
+        assert not accepts(required, call("tree", '{"child": {"child": 1}}'))
+        named = call_grammar([place, tree], name="book", parallel=False)
+        assert accepts(named, call("book", '{"where": {"city": "Oslo"}}'))
+
+
 # ---- the app's shapes, from a scripted answer -----------------------------------
 
 def _scripted_client(tokenizer, template, pieces, fail=None):
