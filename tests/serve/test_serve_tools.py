@@ -7,6 +7,8 @@ own that thinks."""
 
 from __future__ import annotations
 
+import functools
+
 import importlib.util
 import json
 
@@ -445,26 +447,31 @@ def test_a_thinking_template_answers_reasoning_apart(thinker):
         assert (reasoning, content) == ("", message["content"])
 
 
+def _accepts(grammar_tokenizer, tokenizer, grammar, text: str) -> bool:
+    """Whether `grammar` takes `text`'s tokens whole."""
+    from emlx_async.llm.grammar import GrammarStateError
+
+    matcher = grammar_tokenizer.matcher(grammar)
+    try:
+        for token in tokenizer.encode(text, add_special_tokens=False).ids:
+            matcher.advance(token)
+    except GrammarStateError:
+        return False
+    return matcher.is_accepting
+
+
 def test_the_forced_call_grammar_takes_valid_calls_only(smollm2_tokenizer):
     """call_grammar through llguidance on SmolLM2's tokens: a call the splitter parses is
     accepted whole; another tool's name, bad arguments or a second call (not parallel) are not."""
-    from emlx_async.llm.grammar import GrammarStateError, GrammarTokenizer
+    from emlx_async.llm.grammar import GrammarTokenizer
     from emlx_async.serve.tools import call_grammar
 
     tokenizer, _ = smollm2_tokenizer
     other = {"type": "function", "function": {"name": "get_time"}}
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
-    def accepts(grammar, text):
-        matcher = grammar_tokenizer.matcher(grammar)
-        try:
-            for token in tokenizer.encode(text, add_special_tokens=False).ids:
-                matcher.advance(token)
-        except GrammarStateError:
-            return False
-        return matcher.is_accepting
-
     with GrammarTokenizer(tokenizer, eos_ids=[2]) as grammar_tokenizer:
+        accepts = functools.partial(_accepts, grammar_tokenizer, tokenizer)
         required = call_grammar([WEATHER, other], name=None, parallel=True)
         assert accepts(required, call) and accepts(required, call + "\n" + call)
         assert accepts(required, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
@@ -482,7 +489,7 @@ def test_the_forced_call_grammar_takes_valid_calls_only(smollm2_tokenizer):
 def test_the_forced_call_grammar_keeps_each_tools_own_references(smollm2_tokenizer):
     """Parameters with $defs (pydantic's nested models) and a reference to their own root:
     nested in the call's schema, their "#..." references must still find what they name."""
-    from emlx_async.llm.grammar import GrammarStateError, GrammarTokenizer
+    from emlx_async.llm.grammar import GrammarTokenizer
     from emlx_async.serve.tools import call_grammar
 
     tokenizer, _ = smollm2_tokenizer
@@ -492,19 +499,11 @@ def test_the_forced_call_grammar_keeps_each_tools_own_references(smollm2_tokeniz
     tree = {"type": "function", "function": {"name": "tree", "parameters": {
         "type": "object", "properties": {"child": {"$ref": "#"}}}}}
 
-    def accepts(grammar, text):
-        matcher = grammar_tokenizer.matcher(grammar)
-        try:
-            for token in tokenizer.encode(text, add_special_tokens=False).ids:
-                matcher.advance(token)
-        except GrammarStateError:
-            return False
-        return matcher.is_accepting
-
     def call(name, arguments):
         return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
 
     with GrammarTokenizer(tokenizer, eos_ids=[2]) as grammar_tokenizer:
+        accepts = functools.partial(_accepts, grammar_tokenizer, tokenizer)
         required = call_grammar([place, tree], name=None, parallel=False)
         assert accepts(required, call("book", '{"where": {"city": "Paris"}}'))
         assert not accepts(required, call("book", '{"where": {"city": 3}}'))
