@@ -8,7 +8,6 @@ own that thinks."""
 from __future__ import annotations
 
 import functools
-
 import importlib.util
 import json
 
