@@ -54,6 +54,7 @@ import numpy as np
 
 from .. import GrammarError as GrammarError
 from .. import GrammarStateError as GrammarStateError
+from .schema_check import recursion_without_end
 
 _llg: Any
 try:
@@ -150,6 +151,9 @@ class Grammar:
             source = json.dumps(parsed, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise GrammarError(f"the JSON schema cannot be written as JSON: {e}") from None
+        endless = recursion_without_end(parsed)
+        if endless is not None:
+            raise GrammarError(f"the JSON schema allows no finite value: {endless}")
         llg = _require_llguidance()
         options = dict(_JSON_OPTIONS, lenient=True) if lenient else _JSON_OPTIONS
         try:

@@ -512,9 +512,9 @@ class Service:
 
     async def _check_grammar_starts(self, engine, request: GenerationRequest) -> None:
         """Refuse a grammar that fails within its first tokens, 400 naming its field: what
-        the parser's limits cannot hold ({"$ref": "#"} alone, in a response_format schema
-        or a forced call's) shows only once the grammar meets the tokenizer, and was a
-        500 from the decode. Off the loop, along one path (the lowest allowed token each
+        the parser's limits cannot hold (a Lark rule with no way to end; a schema with no
+        finite value is refused sooner, when its Grammar is built) shows only once the
+        grammar meets the tokenizer, and was a 500 from the decode. Off the loop, along one path (the lowest allowed token each
         time), at most _GRAMMAR_PROBE_TOKENS masks; the compiled grammar is kept for the
         generation's own."""
         grammar_tokenizer = getattr(engine, "grammar_tokenizer", None)

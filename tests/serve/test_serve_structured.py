@@ -226,28 +226,38 @@ def test_completions_guided_fields(server):
         jsonschema.validate(json.loads(body["choices"][0]["text"]), PERSON)
 
 
-# A grammar that compiles but fails before its first token, once it meets the tokenizer.
-UNSTARTABLE = {"$ref": "#"}  # a recursive reference and nothing else: llguidance finds no first token
+# A schema with no finite value: a recursive reference and nothing else.
+ENDLESS = {"$ref": "#"}
+# A grammar that compiles but fails at its first token, once it meets the tokenizer.
+UNSTARTABLE = 'start: "ab" start'
 
 
 @pytest.mark.model
 @constrained
 def test_a_grammar_that_cannot_start_is_400_naming_its_field(server):
-    schema = UNSTARTABLE
     import httpx
 
     with httpx.Client(base_url=server.url, timeout=300) as http:
-        for body, param in [
-            ({"response_format": _json_schema(schema)}, "response_format"),
-            ({"tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
-              "tool_choice": "required"}, "tool_choice"),
+        for body, param, words in [
+            ({"response_format": _json_schema(ENDLESS)}, "response_format.json_schema.schema", "no finite value"),
+            ({"tools": [{"type": "function", "function": {"name": "f", "parameters": ENDLESS}}],
+              "tool_choice": "required"}, "tools[0].function.parameters", "no finite value"),
+            ({"tools": [{"type": "function", "function": {"name": "f", "parameters": ENDLESS}}]},
+             "tools[0].function.parameters", "no finite value"),
         ]:
             for stream in (False, True):
                 response = http.post("/v1/chat/completions",
                                      json={"messages": USER, "max_tokens": 4, "stream": stream, **body})
                 assert response.status_code == 400, response.text[:300]
                 error = response.json()["error"]
-                assert (error["param"], error["code"]) == (param, "invalid_grammar") and "cannot start" in error["message"]
+                assert (error["param"], error["code"]) == (param, "invalid_grammar") and words in error["message"]
+        for stream in (False, True):
+            response = http.post("/v1/completions", json={"prompt": "Say:", "guided_grammar": UNSTARTABLE,
+                                                          "max_tokens": 4, "stream": stream})
+            assert response.status_code == 400, response.text[:300]
+            error = response.json()["error"]
+            assert (error["param"], error["code"]) == ("guided_grammar", "invalid_grammar")
+            assert "cannot start" in error["message"]
         assert http.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 2}).status_code == 200
 
 
