@@ -16,7 +16,7 @@ import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import DistributedError
@@ -24,7 +24,7 @@ from . import anthropic, middleware, openapi, responses
 from .metrics import CONTENT_TYPE
 from .protocol import MAX_CHOICES, APIError, GenerationRequest, call_arguments_delta, call_head_delta, chunk_body, \
     completion_body, completion_choice, new_id, parse_request, usage_chunk_body
-from .service import (EventStream, Generation, ServeConfig, Service, distributed_cause, error_response,
+from .service import (JSON, EventStream, Generation, ServeConfig, Service, distributed_cause, error_response,
                       grammar_error, group_broken_error, read_json, shutdown_error, sse, until_disconnected)
 from .tools import CallArguments, CallStart, Content, Reasoning
 
@@ -107,7 +107,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         body = completion_body(parsed, id=id_, model=generation.model_name, choices=choices,
                                prompt_tokens=generation.prompt_tokens,
                                completion_tokens=generation.stats.generated_tokens)
-        return count(endpoint, JSONResponse(body))
+        return count(endpoint, JSON(body))
 
     async def _stream_events(parsed: GenerationRequest, id_: str, generation: Generation) -> AsyncIterator[bytes]:
         """Chunks of every choice, each tagged with its index, interleaved as the choices make them;
@@ -185,14 +185,14 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
 
     async def models(request: Request) -> Response:
         body = {"object": "list", "data": [model_entry(name) for name in service.models.names]}
-        return count("/v1/models", JSONResponse(body))
+        return count("/v1/models", JSON(body))
 
     async def model(request: Request) -> Response:
         try:
             served = service.models.lookup(request.path_params["name"])
         except APIError as error:
             return count("/v1/models/{name}", error_response(error))
-        return count("/v1/models/{name}", JSONResponse(model_entry(served.name)))
+        return count("/v1/models/{name}", JSON(model_entry(served.name)))
 
     async def health(request: Request) -> Response:
         # "model" and "step": the default model's; "models": each one's state (loaded or not).
@@ -204,7 +204,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             body["error"] = service.load_error
         if service.broken is not None:
             body["error"] = str(service.broken)
-        return count("/health", JSONResponse(body, status_code=200 if service.status == "ready" else 503))
+        return count("/health", JSON(body, status_code=200 if service.status == "ready" else 503))
 
     async def metrics(request: Request) -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
@@ -213,7 +213,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         # The bounds hold for every model: known once all are loaded, the largest of each.
         engines = [served.engine for served in service.models]
         loaded = all(engine is not None for engine in engines)
-        return JSONResponse(openapi.document(
+        return JSON(openapi.document(
             model_names=service.models.names, max_messages=config.max_messages,
             vocab_size=max(e.vocab_size or 0 for e in engines) or None if loaded else None,
             context_length=max(e.context_length or 0 for e in engines) or None if loaded else None,

@@ -3,9 +3,7 @@
 Each API parses its own body into a GenerationRequest and formats its own answers
 (a ``Reply``); this module holds the parts they have in common: field
 checks whose errors name the field and never echo a value (a repr of a
-deeply nested value can itself fail), JSON that stays encodable when a
-request's text comes back in it (a lone surrogate is valid JSON but not
-UTF-8), the route that admits a request and answers it collected or
+deeply nested value can itself fail), the route that admits a request and answers it collected or
 streamed (a disconnect or the shutdown deadline may cut either short),
 an answer cut into text and tool calls (``AnswerParts``), and streams of
 named server-sent events (``event: NAME``), which both APIs use where chat
@@ -14,7 +12,6 @@ sends bare ``data:`` lines.
 
 from __future__ import annotations
 
-import json
 import logging
 import numbers
 from collections.abc import AsyncIterator, Callable
@@ -27,31 +24,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import DistributedError
-from .service import (EventStream, Generation, Service, distributed_cause, grammar_error, group_broken_error,
-                      read_json, shutdown_error, until_disconnected)
+from .service import (JSON, EventStream, Generation, Service, distributed_cause, encode_json, grammar_error,
+                      group_broken_error, read_json, shutdown_error, until_disconnected)
 # An integer as JSON Schema (and so the OpenAPI document) counts them: 8.0 is one.
 from .protocol import _is_int as is_int
 from .protocol import APIError, GenerationRequest, invalid
 from .tools import THINK_END, THINK_START, CallArguments, CallEnd, CallStart, Content, Reasoning
 
 logger = logging.getLogger("emlx_async.serve")
-
-
-# ---- JSON that can always be sent ---------------------------------------------------
-
-def encode_json(data: Any) -> bytes:
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    try:
-        return text.encode()
-    except UnicodeEncodeError:  # a lone surrogate from the request: send it \u-escaped
-        return json.dumps(data, separators=(",", ":")).encode()
-
-
-class JSON(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return encode_json(content)
 
 
 def event(name: str, data: dict) -> bytes:

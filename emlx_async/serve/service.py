@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from .. import DistributedError
 from . import middleware
@@ -635,8 +635,27 @@ def _is_grammar_error(exc: BaseException) -> bool:
     return isinstance(exc, GrammarError)
 
 
-def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+def encode_json(data: Any) -> bytes:
+    """`data` as UTF-8 JSON, even when it holds a lone surrogate: valid JSON (a request's
+    "\\ud800", or a model's, decoded from a tool call's name or string arguments) but no UTF-8."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: send it \u-escaped
+        return json.dumps(data, separators=(",", ":")).encode()
+
+
+class JSON(Response):
+    """A JSON response that can always be sent (encode_json)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return encode_json(content)
+
+
+def error_response(error: APIError) -> JSON:
+    return JSON(error.body(), status_code=error.status, headers=error.headers)
 
 
 async def read_json(request: Request, limit: int, timeout: float):

@@ -399,18 +399,25 @@ class _StreamedCall:
         self.arguments_done = False
         self.sent = ""  # the arguments handed out: the call's arguments text
 
-    def feed(self, text: str) -> None:
-        for ch in text:
-            if self.opaque or self._json.failed or self._json.complete:
-                return  # what follows the object (or a fault in it) changes nothing already read
+    @property
+    def reading(self) -> bool:
+        """Still inside the call's JSON object: a marker here may be a string's text."""
+        return not (self.opaque or self._json.failed or self._json.complete)
+
+    def feed(self, text: str) -> int:
+        """Read `text`; how many of its characters the JSON took (all, while it is still
+        open; up to its last character once it ends; before the one that is no JSON)."""
+        for used, ch in enumerate(text):
+            if not self.reading:
+                return used  # what follows the object (or a fault in it) changes nothing already read
             events = self._json.push(ch)
             if self._json.failed:
-                return  # not JSON: `ch` is not sent, nor anything after it
+                return used  # not JSON: `ch` is not sent, nor anything after it
             keep = self._member is not None
             for event in events:
                 if event[0] == "start" and event[1] == 0 and ch != "{":
                     self.opaque = True
-                    return
+                    return used
                 if event[0] == "key" and event[1] == 1:
                     self._key = _decoded_key(event[2])
                 elif event[0] == "start" and event[1] == 1:
@@ -426,6 +433,7 @@ class _StreamedCall:
                     self.object_done = True
             if keep:
                 self._take(ch)
+        return len(text)
 
     def _take(self, ch: str) -> None:
         if self._member == "name":
@@ -667,6 +675,13 @@ class OutputSplitter:
                 self._forced_name = None
             if self._block is not None:
                 assert self._format is not None
+                scanner = self._block.scanner
+                if scanner is not None and scanner.reading:
+                    # Inside the call's JSON the end marker may be a string's text ("</tool_call>"
+                    # in arguments that are code): the block can end only after the object.
+                    used = self._read_block(self._pending, out)
+                    self._pending = self._pending[used:]
+                    continue
                 done, rest, found = _cut(self._pending, self._format.end, final)
                 self._pending = rest
                 self._read_block(done, out)
@@ -726,18 +741,24 @@ class OutputSplitter:
         out.add(CallStart(block.index, block.id, name))
         return block
 
-    def _read_block(self, text: str, out: Split) -> None:
+    def _read_block(self, text: str, out: Split) -> int:
+        """Read block text: all of it, or (a scanner still reading) what its JSON took; how much."""
         block = self._block
         assert block is not None
-        block.text += text
         scanner = block.scanner
         if scanner is None:
-            return
-        scanner.feed(text)
+            block.text += text
+            return len(text)
+        reading = scanner.reading
+        used = scanner.feed(text)
+        if not reading:
+            used = len(text)
+        block.text += text[:used]
         if block.index is None and scanner.name is not None:
             self._head(block, scanner.name, out)
         if block.index is not None:
             out.add(CallArguments(block.index, scanner.take_arguments()))
+        return used
 
     def _close_block(self, out: Split, complete: bool) -> None:
         """The block ends (`complete`: at its end marker, else where the answer stopped)."""
