@@ -514,9 +514,9 @@ class Service:
         """Refuse a grammar that fails within its first tokens, 400 naming its field: what
         the parser's limits cannot hold (a Lark rule with no way to end; a schema with no
         finite value is refused sooner, when its Grammar is built) shows only once the
-        grammar meets the tokenizer, and was a 500 from the decode. Off the loop, along one path (the lowest allowed token each
-        time), at most _GRAMMAR_PROBE_TOKENS masks; the compiled grammar is kept for the
-        generation's own."""
+        grammar meets the tokenizer, and was a 500 from the decode. Off the loop, along
+        one path (the lowest allowed token each time), at most _GRAMMAR_PROBE_TOKENS
+        masks; the compiled grammar is kept for the generation's own."""
         grammar_tokenizer = getattr(engine, "grammar_tokenizer", None)
         if grammar_tokenizer is None:
             return

@@ -16,7 +16,7 @@ import signal
 import time
 
 import pytest
-from support.helpers import ServerProcess, metric_total, needs, on_loops
+from support.helpers import ServerProcess, metric_total, needs, on_loops, served_metric, wait_for
 
 pytestmark = [
     pytest.mark.model,
@@ -49,17 +49,6 @@ def alone(server):
         body = client.post("/v1/chat/completions", json={"model": MODEL, "messages": FRANCE, "max_tokens": 8,
                                                          "temperature": 0}).json()
     return body
-
-
-def metric(http, name: str) -> float:
-    return metric_total(http.get("/metrics").text, name)
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def sse_events(response) -> list[str]:
@@ -283,29 +272,29 @@ async def test_503_until_the_model_is_loaded():
 
 
 def test_disconnect_mid_stream_frees_the_slot(http, server):
-    cancelled = metric(http, "emlx_requests_cancelled_total")
+    cancelled = served_metric(http, "emlx_requests_cancelled_total")
     with httpx.Client(base_url=server.url, timeout=60) as leaving:
         with leaving.stream("POST", COMPLETIONS, json={"prompt": "Once upon a time", "max_tokens": 500,
                                                        "temperature": 0, "stream": True}) as response:
             # Keep the iterator: dropping a half-read httpx iterator closes the connection.
             lines = response.iter_lines()
             next(lines)  # a token arrived: the request holds a slot
-            assert metric(http, "emlx_requests_active") == 1
+            assert served_metric(http, "emlx_requests_active") == 1
     # The connection is closed: the slot comes back within a decode step (~0.1-0.3 s on a 2-core CPU).
     closed = time.monotonic()
-    wait_for(lambda: metric(http, "emlx_requests_active") == 0, timeout=10)
+    wait_for(lambda: served_metric(http, "emlx_requests_active") == 0, timeout=10)
     assert time.monotonic() - closed < 3.0
-    assert metric(http, "emlx_requests_waiting") == 0
-    assert metric(http, "emlx_requests_cancelled_total") == cancelled + 1
+    assert served_metric(http, "emlx_requests_waiting") == 0
+    assert served_metric(http, "emlx_requests_cancelled_total") == cancelled + 1
 
 
 def test_a_client_leaving_a_non_streamed_request_frees_the_slot(http, server):
-    cancelled = metric(http, "emlx_requests_cancelled_total")
+    cancelled = served_metric(http, "emlx_requests_cancelled_total")
     with httpx.Client(base_url=server.url, timeout=1.5) as impatient:
         with pytest.raises(httpx.ReadTimeout):  # httpx closes the connection on a timeout
             impatient.post(COMPLETIONS, json={"prompt": "Once upon a time", "max_tokens": 500, "temperature": 0})
-    wait_for(lambda: metric(http, "emlx_requests_active") == 0, timeout=10)
-    assert metric(http, "emlx_requests_cancelled_total") == cancelled + 1
+    wait_for(lambda: served_metric(http, "emlx_requests_active") == 0, timeout=10)
+    assert served_metric(http, "emlx_requests_cancelled_total") == cancelled + 1
 
 
 def test_429_when_the_waiting_room_is_full(http, server):
@@ -323,7 +312,7 @@ def test_429_when_the_waiting_room_is_full(http, server):
         finally:
             for stream in streams:
                 stream.__exit__(None, None, None)
-    wait_for(lambda: metric(http, "emlx_requests_active") + metric(http, "emlx_requests_waiting") == 0)
+    wait_for(lambda: served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 0)
 
 
 def test_metrics(http):
@@ -337,15 +326,16 @@ def test_metrics(http):
         assert name in families, name
     statuses = {s.labels.get("status") for s in families["emlx_requests"].samples if s.name == "emlx_requests_total"}
     assert {"200", "400", "413", "429"} <= statuses
-    assert metric(http, "emlx_generated_tokens_total") > 0
-    assert metric(http, "emlx_time_to_first_token_seconds_count") > 0
-    assert metric(http, "emlx_event_loop_lag_seconds_count") > 0
+    assert served_metric(http, "emlx_generated_tokens_total") > 0
+    assert served_metric(http, "emlx_time_to_first_token_seconds_count") > 0
+    assert served_metric(http, "emlx_event_loop_lag_seconds_count") > 0
     # The decode steps ran as queue jobs: some queue was busy, and its jobs completed.
     assert sum(s.value for s in families["emlx_queue_busy_seconds"].samples) > 0
     completed = [s.value for s in families["emlx_queue_jobs"].samples if s.labels["outcome"] == "completed"]
     assert sum(completed) > 0
     # FRANCE was asked many times: later prefills reused its keys and values.
-    assert metric(http, "emlx_prompt_cache_hits") > 0 and metric(http, "emlx_prompt_cache_reused_tokens") > 0
+    assert served_metric(http, "emlx_prompt_cache_hits") > 0
+    assert served_metric(http, "emlx_prompt_cache_reused_tokens") > 0
 
 
 def test_sigterm_drains_and_exits_0(server):

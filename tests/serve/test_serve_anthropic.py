@@ -12,10 +12,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import signal
-import time
 
 import pytest
-from support.helpers import ServerProcess, needs_model, on_loops
+from support.helpers import ServerProcess, needs_model, on_loops, served_metric, wait_for
 
 pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
@@ -333,19 +332,6 @@ def test_hostile_bodies_against_the_server(http, anthropic_client):
     assert http.get("/health").status_code == 200
 
 
-def metric(http, name: str) -> float:
-    from support.helpers import metric_total
-
-    return metric_total(http.get("/metrics").text, name)
-
-
-def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
-
 LONG = {"model": MODEL, "max_tokens": 500, "messages": [{"role": "user", "content": "Tell me a long story."}],
         "stream": True}
 
@@ -365,26 +351,26 @@ def test_429_rate_limit_error_when_full_and_a_leaving_client_frees_its_slot(http
         finally:
             for stream in streams:
                 stream.__exit__(None, None, None)
-    wait_for(lambda: metric(http, "emlx_requests_active") + metric(http, "emlx_requests_waiting") == 0)
+    wait_for(lambda: served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 0)
 
 
 @pytest.mark.model
 @needs_model
 def test_a_client_leaving_frees_its_slot_streamed_or_not(http, server):
-    cancelled = metric(http, "emlx_requests_cancelled_total")
+    cancelled = served_metric(http, "emlx_requests_cancelled_total")
     with httpx.Client(base_url=server.url, timeout=60) as leaving:
         with leaving.stream("POST", "/v1/messages", json=LONG) as response:
             lines = response.iter_lines()  # kept: dropping a half-read iterator closes the connection
             while not next(lines).startswith("event: content_block_delta"):
                 pass
-            assert metric(http, "emlx_requests_active") == 1
-    wait_for(lambda: metric(http, "emlx_requests_active") == 0)
-    assert metric(http, "emlx_requests_cancelled_total") == cancelled + 1
+            assert served_metric(http, "emlx_requests_active") == 1
+    wait_for(lambda: served_metric(http, "emlx_requests_active") == 0)
+    assert served_metric(http, "emlx_requests_cancelled_total") == cancelled + 1
     with httpx.Client(base_url=server.url, timeout=1.5) as impatient:
         with pytest.raises(httpx.ReadTimeout):  # httpx closes the connection on a timeout
             impatient.post("/v1/messages", json={**LONG, "stream": False})
-    wait_for(lambda: metric(http, "emlx_requests_active") == 0)
-    assert metric(http, "emlx_requests_cancelled_total") == cancelled + 2
+    wait_for(lambda: served_metric(http, "emlx_requests_active") == 0)
+    assert served_metric(http, "emlx_requests_cancelled_total") == cancelled + 2
 
 
 @pytest.mark.model

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from support.helpers import ServerProcess, needs
+from support.helpers import ServerProcess, needs, served_metric
 
 pytestmark = [
     pytest.mark.model,
@@ -65,12 +65,6 @@ def final_response(raw: bytes) -> tuple[int, bytes]:
     return int(head.split()[1]), body
 
 
-def metric(http, name: str) -> float:
-    from support.helpers import metric_total
-
-    return metric_total(http.get("/metrics").text, name)
-
-
 # ---- half-close --------------------------------------------------------------------
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -111,19 +105,19 @@ def test_a_half_closed_http_1_0_client_gets_no_interim_response(server):
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_a_client_that_closes_is_still_cancelled(server, http, stream):
     """A FIN cannot tell a half-close from a close: the probes (or the stream's writes) find the closed client."""
-    cancelled = metric(http, "emlx_requests_cancelled_total")
+    cancelled = served_metric(http, "emlx_requests_cancelled_total")
     with connect(server) as sock:
         sock.sendall(request_bytes("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 500,
                                                        "temperature": 0, "stream": stream}))
         deadline = time.monotonic() + 30
-        while metric(http, "emlx_requests_active") == 0:
+        while served_metric(http, "emlx_requests_active") == 0:
             assert time.monotonic() < deadline
             time.sleep(0.05)
     closed = time.monotonic()
-    while metric(http, "emlx_requests_active") != 0:
+    while served_metric(http, "emlx_requests_active") != 0:
         assert time.monotonic() - closed < 10, "the closed client's generation still runs"
         time.sleep(0.05)
-    assert metric(http, "emlx_requests_cancelled_total") == cancelled + 1
+    assert served_metric(http, "emlx_requests_cancelled_total") == cancelled + 1
 
 
 # ---- slow and incomplete requests ---------------------------------------------------

@@ -295,6 +295,43 @@ def test_required_and_named_tool_calls_are_valid_calls(openai_client):
 
 @pytest.mark.model
 @constrained
+def test_a_client_leaving_mid_call_frees_the_slot_on_every_api(server, http):
+    """A forced call streamed on each API, left once its head has come: the slot and the
+    grammar's state are freed within a few steps, and the next forced call is whole."""
+    import httpx
+
+    from support.helpers import served_metric, wait_for
+
+    long = {"type": "object", "properties": {"story": {"type": "string", "minLength": 400}}, "required": ["story"]}
+    bodies = [
+        ("/v1/chat/completions", {"messages": USER, "tool_choice": "required", "tools": [
+            {"type": "function", "function": {"name": "tell", "parameters": long}}]}, '"tool_calls"'),
+        ("/v1/messages", {"messages": USER, "tool_choice": {"type": "any"},
+                          "tools": [{"name": "tell", "input_schema": long}]}, '"tool_use"'),
+        ("/v1/responses", {"input": "Tell a story.", "tool_choice": "required",
+                           "tools": [{"type": "function", "name": "tell", "parameters": long}]}, '"function_call"'),
+    ]
+    for path, body, head in bodies:
+        cancelled = served_metric(http, "emlx_requests_cancelled_total")
+        with httpx.Client(base_url=server.url, timeout=300) as leaving:
+            with leaving.stream("POST", path, json={**body, "max_tokens": 500, "temperature": 0,
+                                                    "stream": True}) as response:
+                assert response.status_code == 200
+                lines = response.iter_lines()  # kept: dropping a half-read iterator closes the connection
+                assert any(head in line for line in lines), path  # the call's head came
+                assert served_metric(http, "emlx_requests_active") == 1
+        wait_for(lambda: served_metric(http, "emlx_requests_active") == 0)
+        assert served_metric(http, "emlx_requests_cancelled_total") == cancelled + 1, path
+    short = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"]}
+    where = {"type": "function", "function": {"name": "where", "parameters": short}}
+    answer = http.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 40, "tools": [where],
+                                                     "tool_choice": "required", "parallel_tool_calls": False}).json()
+    call = answer["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert answer["choices"][0]["finish_reason"] == "tool_calls" and json.loads(call["arguments"])["city"]
+
+
+@pytest.mark.model
+@constrained
 def test_langchain_with_structured_output(server):
     langchain_openai = pytest.importorskip("langchain_openai")
     from pydantic import BaseModel, Field

@@ -282,6 +282,19 @@ def metric_total(exposition: str, name: str) -> float:
     return sum(values)
 
 
+def served_metric(http, name: str) -> float:
+    """`name`'s value on a live server's /metrics (`http`: an httpx client of it)."""
+    return metric_total(http.get("/metrics").text, name)
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    """Poll `predicate` until it holds; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
 class ServerProcess:
     """`python -m emlx_async.serve ARGS` on a free loopback port, stopped (killed if
     still running) by the test that started it; its output goes to a temporary file."""
