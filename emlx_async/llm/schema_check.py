@@ -22,34 +22,42 @@ __all__ = ["recursion_without_end"]
 
 def recursion_without_end(schema: Mapping[str, Any]) -> str | None:
     """None when `schema` allows some finite JSON value; otherwise why not, in words."""
-    finite = _FiniteValues(schema)
-    if finite.allows(schema):
+    try:
+        if _FiniteValues(schema).allows(schema):
+            return None
+    except RecursionError:  # nested past Python's stack: not judged here (llguidance has its own limits)
         return None
     return ("every value it allows must contain another one through '$ref' without end; "
             "a recursive schema needs a way out (an optional property, an empty array, an anyOf branch)")
 
 
 class _FiniteValues:
-    """The least fixed point of "this (sub)schema has a finite value" over the
-    references' targets: each starts as False and is re-judged until nothing changes,
-    so a reference cycle with no way out stays False."""
+    """The least fixed point of "this (sub)schema has a finite value" over the references'
+    targets, found as a grammar's productive symbols are: each target starts False and is
+    judged again only when a target it refers to turns True, so a reference cycle with no
+    way out stays False, and each target is judged at most once per reference it holds."""
 
     def __init__(self, root: Mapping[str, Any]):
         self.root = root
-        self.targets: dict[int, Any] = {}      # id(target) -> target
-        self.known: dict[int, bool] = {}       # id(target) -> finite value found so far
-        self.changed = False
+        self.targets: dict[int, Any] = {}                # id(target) -> target
+        self.known: dict[int, bool] = {}                 # id(target) -> a finite value found
+        self.dependents: dict[int, set[int]] = {}        # id(target) -> the targets that refer to it
+        self._pending: list[int] = []                    # targets to judge (again)
+        self._judging: int | None = None                 # the target being judged (None: the root)
+        self._resolved: dict[str, Any] = {}              # reference -> its target (None: none)
 
     def allows(self, schema: Any) -> bool:
-        while True:
-            self.changed = False
-            result = self._judge(schema)
-            for key, target in list(self.targets.items()):
-                if not self.known[key] and self._judge(target):
-                    self.known[key] = True
-                    self.changed = True
-            if not self.changed:
-                return result
+        self._judge(schema)  # finds the targets the root refers to
+        while self._pending:
+            key = self._pending.pop()
+            if self.known[key]:
+                continue
+            self._judging = key
+            if self._judge(self.targets[key]):
+                self.known[key] = True
+                self._pending.extend(k for k in self.dependents[key] if not self.known[k])
+        self._judging = None
+        return self._judge(schema)
 
     def _judge(self, schema: Any) -> bool:
         if schema is False:
@@ -95,18 +103,24 @@ class _FiniteValues:
         return True  # a scalar; an unknown type name is llguidance's to refuse
 
     def _reference_allows(self, reference: Any) -> bool:
-        target = self._resolve(reference)
+        if not isinstance(reference, str):
+            return True
+        if reference not in self._resolved:
+            self._resolved[reference] = self._resolve(reference)
+        target = self._resolved[reference]
         if target is None:
             return True  # outside the document, or not found: llguidance reports that itself
         key = id(target)
         if key not in self.targets:
-            self.targets[key], self.known[key] = target, False
-            self.changed = True
+            self.targets[key], self.known[key], self.dependents[key] = target, False, set()
+            self._pending.append(key)
+        if self._judging is not None:
+            self.dependents[key].add(self._judging)
         return self.known[key]
 
-    def _resolve(self, reference: Any) -> Any:
+    def _resolve(self, reference: str) -> Any:
         """The part of the document a local "#..." reference names (None: not local, or missing)."""
-        if not isinstance(reference, str) or not reference.startswith("#"):
+        if not reference.startswith("#"):
             return None
         pointer = unquote(reference[1:])
         node: Any = self.root
