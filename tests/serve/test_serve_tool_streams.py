@@ -416,6 +416,32 @@ async def test_parallel_calls_stream_one_after_the_other(smollm2):
     assert recorder.produced_when('"name":"get_time"') < len(pieces) - 5
 
 
+@on_loops("asyncio")
+async def test_each_of_n_choices_streams_its_own_call(smollm2):
+    """n=2: the choices' calls interleave in one stream; each has its own id, and its
+    pieces joined (by choice and call index) are the call, as the collected answer has it."""
+    pytest.importorskip("openai")
+    tokenizer, template = smollm2
+    recorder, _ = _scripted(tokenizer, template, _tokens(tokenizer, CALL))
+    ask = dict(model=MODEL, messages=USER, tools=[WEATHER, TIME], max_tokens=100, n=2)
+    async with _openai(recorder) as client:
+        chunks = [chunk async for chunk in await client.chat.completions.create(**ask, stream=True)]
+        answer = await client.chat.completions.create(**ask)
+    streamed: dict[int, dict] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            for call in choice.delta.tool_calls or ():
+                entry = streamed.setdefault(choice.index, {"ids": set(), "arguments": ""})
+                entry["ids"] |= {call.id} - {None}
+                entry["arguments"] += call.function.arguments or ""
+    assert sorted(streamed) == [0, 1]
+    assert all(len(e["ids"]) == 1 and e["arguments"] == ARGUMENTS for e in streamed.values())
+    assert streamed[0]["ids"] != streamed[1]["ids"]
+    finishes = {c.index: c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason}
+    assert finishes == {0: "tool_calls", 1: "tool_calls"}
+    assert [c.message.tool_calls[0].function.arguments for c in answer.choices] == [ARGUMENTS, ARGUMENTS]
+
+
 @on_loops("asyncio", "uvloop")
 async def test_messages_streams_a_call_as_input_json_deltas(smollm2):
     tokenizer, template = smollm2

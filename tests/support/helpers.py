@@ -419,6 +419,25 @@ class ScriptedEngine:
 
         return deltas()
 
+    def generate_choices(self, prompt=None, *, n, stats=None, grammar=None, **options):
+        """`n` choices of the same pieces, interleaved as the engine's are: (index, Delta)."""
+        from emlx_async.llm import Delta
+
+        self.grammars.append(grammar)
+
+        async def deltas():
+            if self.fail is not None and grammar is not None:
+                raise self.fail
+            for i, piece in enumerate(self.pieces):
+                for choice in range(n):
+                    if stats is not None:
+                        stats[choice].generated_tokens += 1
+                    yield choice, Delta(piece, i)
+            for choice in range(n):
+                yield choice, Delta("", None, "stop")
+
+        return deltas()
+
 
 def scripted_app(tokenizer, chat_template: str, pieces: list[str], fail: Exception | None = None):
     """The service's app, ready, on a ScriptedEngine (no lifespan: no model loads)."""
