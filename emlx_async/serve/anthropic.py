@@ -41,8 +41,8 @@ from .service import Generation, Service
 from .common import (JSON, AnswerParts, Collected, boolean, checked_text, count, event, generation_route, integer,
                      joined_text, number, optional_object, read_object, required_text, string, string_list,
                      type_name, wrong_type)
-from .protocol import (APIError, GenerationRequest, ToolCallIds, checked_json, checked_tool, choose_tools, invalid,
-                       show)
+from .protocol import (APIError, GenerationRequest, ToolCallIds, checked_json, checked_tool, choose_tools,
+                       constrain_answer, invalid, schema_grammar, show)
 from .tools import CallArguments, CallEnd, CallStart
 
 MESSAGES, COUNT_TOKENS = "/v1/messages", "/v1/messages/count_tokens"
@@ -66,8 +66,11 @@ def error_body(error: APIError) -> dict:
     status = 529 if error.status == 503 else error.status
     kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     message = error.message
-    if error.param and not message.startswith(error.param + ":"):
-        message = f"{error.param}: {message}"  # Anthropic names the field at the head of the message
+    if error.param:
+        # Anthropic names the field at the head of the message, unquoted.
+        message = message.removeprefix(f"'{error.param}': ")
+        if not message.startswith(error.param + ":"):
+            message = f"{error.param}: {message}"
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
@@ -84,10 +87,6 @@ _TOOL_CHOICES = {"auto": "auto", "any": "required", "tool": "function", "none": 
 
 
 def _refuse_unsupported(body: dict) -> None:
-    output_config = optional_object(body, "output_config")  # its "effort" is ignored
-    if output_config is not None and output_config.get("format") is not None:
-        raise invalid("output_config.format", "output_config.format: structured outputs are not supported yet",
-                      "unsupported_parameter")
     thinking = body.get("thinking")
     if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
         raise invalid("thinking", "thinking: extended thinking is not supported", "unsupported_parameter")
@@ -238,7 +237,27 @@ def parse_prompt(body: dict) -> GenerationRequest:
     conversation and the tools, as a chat request without a token limit."""
     generation = GenerationRequest(chat=True, model=string(body, "model"), messages=parse_conversation(body))
     parse_tools(body, generation)
+    _parse_output_format(body, generation)
     return generation
+
+
+def _parse_output_format(body: dict, generation: GenerationRequest) -> None:
+    """`output_config.format`, Anthropic's structured outputs (what client.messages.parse
+    sends): the answer's text is an instance of its JSON schema. Its "effort" is ignored."""
+    output_config = optional_object(body, "output_config")
+    fmt = None if output_config is None else output_config.get("format")
+    if fmt is None:
+        return
+    if not isinstance(fmt, dict):
+        raise wrong_type("output_config.format", "an object", fmt)
+    if fmt.get("type") != "json_schema":
+        raise invalid("output_config.format.type", f"output_config.format.type must be 'json_schema', got "
+                      f"{show(fmt.get('type'))}", "unsupported_value")
+    if "schema" not in fmt:
+        raise invalid("output_config.format.schema", "output_config.format.schema is required",
+                      "missing_required_parameter")
+    # Strict, as Anthropic's are: a keyword the grammar cannot enforce is a 400 naming it.
+    constrain_answer(generation, schema_grammar(fmt["schema"], "output_config.format.schema"), "output_config.format")
 
 
 def parse_request(body: dict) -> MessagesRequest:

@@ -72,8 +72,13 @@ _SAMPLING = {
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
 
-_TEXT_FORMAT = {"type": "object", "properties": {"type": {"const": "text"}},
-                "required": ["type"], "additionalProperties": False}
+_TEXT_FORMAT = {"oneOf": [
+    {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+    {"type": "object", "required": ["type", "name", "schema"],
+     "properties": {"type": {"const": "json_schema"}, "name": {"type": "string", "minLength": 1},
+                    "schema": {"type": "object"}, "strict": {"type": "boolean"}, "description": {"type": "string"}}},
+], "description": "the output text is constrained to the format (client.responses.parse sends a json_schema); "
+                  "a schema the grammar cannot enforce gets 400"}
 
 _CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}
 _HISTORY_CALL = {"type": "object", "required": ["function"],
@@ -339,8 +344,12 @@ _CONVERSATION = {
                     "description": "any and tool (name: one of tools) are constrained by a grammar of the "
                                    "tools' schemas; any and tool need tools"},
     "thinking": {"type": "object", "required": ["type"], "properties": {"type": {"const": "disabled"}}},
-    "output_config": {"type": "object", "properties": {"format": {"type": "null"}},
-                      "description": "its effort is ignored; a format (structured outputs) gets 400"},
+    "output_config": {"type": "object", "properties": {"format": {"anyOf": [{"type": "null"}, {
+        "type": "object", "required": ["type", "schema"],
+        "properties": {"type": {"const": "json_schema"}, "schema": {"type": "object"}}}]}},
+                      "description": "its effort is ignored; format (structured outputs, what client.messages.parse "
+                                     "sends): the text is constrained to the schema, and one the grammar cannot "
+                                     "enforce gets 400"},
 }
 
 _MESSAGES_REQUEST = {

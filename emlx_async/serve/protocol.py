@@ -427,10 +427,40 @@ def _grammar_error(param: str, exc: Exception) -> APIError:
     return invalid(param, f"'{param}': {exc}", "invalid_grammar")
 
 
-def _parse_response_format(body: dict):
-    """response_format as a Grammar (None: free text)."""
+def schema_grammar(schema: Any, param: str, *, strict: bool = True):
+    """The Grammar of a JSON schema a request sent at `param` (every API's structured output
+    ends here). `strict`: keywords the grammar cannot enforce are refused; otherwise they are
+    ignored (the schema's warnings say which)."""
     from emlx_async.llm.grammar import Grammar, GrammarError
 
+    if not isinstance(schema, dict):
+        raise invalid(param, f"'{param}' must be a JSON schema object", "invalid_type")
+    checked_json(schema, param, max_depth=None, schema=True)
+    try:
+        return Grammar.json_schema(schema, lenient=not strict)
+    except (GrammarError, RecursionError) as exc:  # a schema nested past Python's stack
+        raise _grammar_error(param, exc) from None
+
+
+def json_object_grammar():
+    """The Grammar of any JSON object (every API's "json_object" format)."""
+    from emlx_async.llm.grammar import Grammar
+
+    return Grammar.json_object()
+
+
+def constrain_answer(request: GenerationRequest, grammar, param: str) -> None:
+    """The answer follows `grammar` (None: free text), a structured output sent at `param`."""
+    if grammar is None:
+        return
+    if request.grammar is not None:
+        raise invalid(param, f"'{param}' cannot be combined with a tool_choice that forces a call",
+                      "unsupported_value")
+    request.grammar, request.grammar_param = grammar, param
+
+
+def _parse_response_format(body: dict):
+    """response_format as a Grammar (None: free text)."""
     value = _optional(body, "response_format")
     if value is None:
         return None
@@ -439,27 +469,17 @@ def _parse_response_format(body: dict):
     kind = value.get("type")
     if kind == "text":
         return None
-    try:
-        if kind == "json_object":
-            return Grammar.json_object()
-        if kind == "json_schema":
-            spec = value.get("json_schema")
-            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-                raise invalid("response_format.json_schema", "'json_schema' must be an object with a 'name' "
-                              "(and a 'schema')", "invalid_type")
-            schema = spec.get("schema", {})
-            if not isinstance(schema, dict):
-                raise invalid("response_format.json_schema.schema", "'schema' must be a JSON schema object",
-                              "invalid_type")
-            checked_json(schema, "response_format.json_schema.schema", max_depth=None, schema=True)
-            strict = spec.get("strict")
-            if strict is not None and not isinstance(strict, bool):
-                raise invalid("response_format.json_schema.strict", "'strict' must be a boolean", "invalid_type")
-            # strict: keywords the grammar cannot enforce are refused; otherwise they are ignored.
-            return Grammar.json_schema(schema, lenient=not strict)
-    except (GrammarError, RecursionError) as exc:  # a schema nested past Python's stack
-        raise _grammar_error("response_format.json_schema.schema" if kind == "json_schema"
-                             else "response_format", exc) from None
+    if kind == "json_object":
+        return json_object_grammar()
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise invalid("response_format.json_schema", "'json_schema' must be an object with a 'name' "
+                          "(and a 'schema')", "invalid_type")
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise invalid("response_format.json_schema.strict", "'strict' must be a boolean", "invalid_type")
+        return schema_grammar(spec.get("schema", {}), "response_format.json_schema.schema", strict=bool(strict))
     raise invalid("response_format.type", f"'response_format.type' must be 'text', 'json_object' or "
                   f"'json_schema', got {show(kind)}", "unsupported_value")
 
@@ -676,12 +696,7 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
     if chat:
         request.messages = _parse_messages(body, max_messages)
         _parse_tools(body, request)
-        response_format = _parse_response_format(body)
-        if response_format is not None:
-            if request.grammar is not None:
-                raise invalid("response_format", "'response_format' cannot be combined with a tool_choice that "
-                              "forces a call", "unsupported_value")
-            request.grammar, request.grammar_param = response_format, "response_format"
+        constrain_answer(request, _parse_response_format(body), "response_format")
         request.template_kwargs = _parse_template_kwargs(body)
     else:
         request.prompt = _parse_prompt(body)

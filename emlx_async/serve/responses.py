@@ -40,7 +40,7 @@ from .service import Generation, Service
 from .common import (JSON, AnswerParts, Collected, boolean, checked_text, event, generation_route, integer,
                      joined_text, number, optional_object, required_text, string, type_name, wrong_type)
 from .protocol import (MAX_TOP_LOGPROBS, APIError, GenerationRequest, ToolCallIds, checked_json, checked_tool,
-                       choose_tools, invalid, show)
+                       choose_tools, constrain_answer, invalid, json_object_grammar, schema_grammar, show)
 from .tools import CallArguments, CallEnd, CallStart
 
 RESPONSES = "/v1/responses"
@@ -83,11 +83,6 @@ def _refuse_unsupported(body: dict) -> None:
     top_logprobs = integer(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
     if top_logprobs:
         raise _unsupported("top_logprobs", "logprobs in responses")
-    text = optional_object(body, "text")
-    if text is not None:
-        fmt = text.get("format")
-        if fmt is not None and fmt != {"type": "text"}:
-            raise _unsupported("text.format", "a format other than {'type': 'text'}")
     include = body.get("include")
     if include is not None and (not isinstance(include, list) or not all(isinstance(i, str) for i in include)):
         raise wrong_type("include", "an array of strings", include)
@@ -219,6 +214,39 @@ def parse_tools(body: dict, request: GenerationRequest) -> tuple[list[dict], str
     return echoed, echo
 
 
+def _parse_text_format(body: dict, generation: GenerationRequest) -> dict:
+    """`text.format`, the answer's structured output (text, a JSON object, or a JSON schema's
+    instance: what client.responses.parse sends), onto the request; the format as echoed."""
+    text = optional_object(body, "text")
+    fmt = None if text is None else text.get("format")
+    if fmt is None:
+        return {"type": "text"}
+    if not isinstance(fmt, dict):
+        raise wrong_type("text.format", "an object", fmt)
+    kind = fmt.get("type")
+    if kind == "text":
+        return {"type": "text"}
+    if kind == "json_object":
+        constrain_answer(generation, json_object_grammar(), "text.format")
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        raise invalid("text.format.type", f"text.format.type must be 'text', 'json_object' or 'json_schema', "
+                      f"got {show(kind)}", "unsupported_value")
+    name = required_text(fmt, "name", "text.format")
+    description = fmt.get("description")
+    if description is not None and not isinstance(description, str):
+        raise wrong_type("text.format.description", "a string", description)
+    strict = fmt.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise wrong_type("text.format.strict", "a boolean", strict)
+    schema = fmt.get("schema")
+    if schema is None:
+        raise invalid("text.format.schema", "text.format.schema is required for a json_schema format")
+    constrain_answer(generation, schema_grammar(schema, "text.format.schema", strict=bool(strict)), "text.format")
+    return {"type": "json_schema", "name": name, "schema": schema, "strict": bool(strict),
+            **({"description": description} if description is not None else {})}
+
+
 def parse_request(body: dict) -> ResponsesRequest:
     _refuse_unsupported(body)
     model = string(body, "model")
@@ -237,7 +265,8 @@ def parse_request(body: dict) -> ResponsesRequest:
         top_p=number(body, "top_p", 1.0, 0.0, 1.0, low_open=True), stream=boolean(body, "stream"),
         parallel_tool_calls=parallel is not False)
     tools, tool_choice = parse_tools(body, generation)
-    echo = {"instructions": body.get("instructions"), "metadata": metadata or {},
+    text_format = _parse_text_format(body, generation)
+    echo = {"text": {"format": text_format}, "instructions": body.get("instructions"), "metadata": metadata or {},
             "max_output_tokens": generation.max_tokens, "temperature": generation.temperature,
             "top_p": generation.top_p, "parallel_tool_calls": generation.parallel_tool_calls,
             "truncation": body.get("truncation") or "disabled", "tools": tools, "tool_choice": tool_choice}
@@ -295,7 +324,7 @@ class ResponsesReply:
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
                 "model": self.model, "output": output, "usage": usage_, "error": error,
-                "incomplete_details": incomplete, "text": {"format": {"type": "text"}}, "reasoning": None,
+                "incomplete_details": incomplete, "reasoning": None,
                 "store": False, "previous_response_id": None, **self.request.echo}
 
     def _usage(self) -> dict:

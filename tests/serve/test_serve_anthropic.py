@@ -77,7 +77,15 @@ HOSTILE = [
     ({**OK, "tools": "f"}, "tools"),
     ({**OK, "tool_choice": {"type": "any"}}, "tool_choice"),                 # no tools to call
     ({**OK, "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
-    ({**OK, "output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config.format"),
+    ({**OK, "output_config": {"format": {"type": "json_object"}}}, "output_config.format.type"),
+    ({**OK, "output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
+    ({**OK, "output_config": {"format": "json"}}, "output_config.format"),
+    ({**OK, "output_config": {"format": {"type": "json_schema", "schema": {"$ref": "#"}}}},
+     "output_config.format.schema"),                                       # no finite value
+    ({**OK, "output_config": {"format": {"type": "json_schema", "schema": {"not": {}}}}},
+     "output_config.format.schema"),                                       # a keyword it cannot enforce
+    ({**OK, "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"},
+      "output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config.format"),
 ]
 
 

@@ -78,6 +78,11 @@ SENT = [
     ("ChatCompletionRequest", {"messages": FRANCE, "response_format": {"type": "json_schema", "json_schema": {
         "name": "out", "schema": {"type": "object"}, "strict": True}}}),
     ("ChatCompletionRequest", {"messages": FRANCE, "response_format": {"type": "json_object"}}),
+    ("ResponsesRequest", {"input": "x", "text": {"format": {"type": "json_schema", "name": "out", "strict": True,
+                                                            "schema": {"type": "object"}, "description": "d"}}}),
+    ("ResponsesRequest", {"input": "x", "text": {"format": {"type": "json_object"}}}),
+    ("MessagesRequest", {**MESSAGES, "output_config": {"format": {"type": "json_schema", "schema": {
+        "type": "object"}}, "effort": "low"}}),
     ("CompletionRequest", {"prompt": "x", "guided_regex": "[0-9]+"}),
     # test_serve_api_tools.py
     ("MessagesRequest", {**MESSAGES, "tools": [{"name": "get_weather", "description": "The weather in a city",
@@ -145,7 +150,8 @@ REFUSED = [
     ("MessagesRequest", {**MESSAGES, "tools": [{"name": "f", "input_schema": {"type": "object"}}],
                          "tool_choice": {"type": "tool"}}),
     ("MessagesRequest", {**MESSAGES, "thinking": {"type": "enabled", "budget_tokens": 1024}}),
-    ("MessagesRequest", {**MESSAGES, "output_config": {"format": {"type": "json_schema", "schema": {}}}}),
+    ("MessagesRequest", {**MESSAGES, "output_config": {"format": {"type": "json_schema"}}}),
+    ("MessagesRequest", {**MESSAGES, "output_config": {"format": {"type": "json_object", "schema": {}}}}),
     ("CountTokensRequest", {"model": MODEL}),
     ("CountTokensRequest", {"messages": FRANCE, "tools": [{"name": "f"}]}),
     # test_serve_responses.py
@@ -166,7 +172,8 @@ REFUSED = [
     ("ResponsesRequest", {"input": "x", "reasoning": {"effort": "high"}}),
     ("ResponsesRequest", {"input": "x", "tools": [{"type": "web_search"}]}),
     ("ResponsesRequest", {"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": "sometimes"}),
-    ("ResponsesRequest", {"input": "x", "text": {"format": {"type": "json_object"}}}),
+    ("ResponsesRequest", {"input": "x", "text": {"format": {"type": "yaml"}}}),
+    ("ResponsesRequest", {"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}),
     ("ResponsesRequest", {"input": "x", "top_logprobs": 2}),
     ("ResponsesRequest", {"input": "x", "background": True}),
     ("ResponsesRequest", {"input": "x", "include": "x"}),

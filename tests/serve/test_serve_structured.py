@@ -331,6 +331,35 @@ def test_a_client_leaving_mid_call_frees_the_slot_on_every_api(server, http):
 
 
 @pytest.mark.model
+def test_responses_and_messages_parse_into_a_pydantic_model(openai_client, anthropic_client):
+    """The official clients' structured-output helpers on the other two APIs:
+    client.responses.parse (text.format) and client.messages.parse (output_config.format),
+    collected and streamed, each give an instance of the model."""
+    from pydantic import BaseModel, Field
+
+    class Person(BaseModel):
+        name: str = Field(max_length=12)
+        age: int = Field(ge=0, le=120)
+
+    model, ask = "SmolLM2-135M-Instruct", "Invent a person."
+    answer = openai_client.responses.parse(model=model, input=ask, text_format=Person, max_output_tokens=60,
+                                           temperature=0)
+    assert isinstance(answer.output_parsed, Person), answer.output_text
+    assert answer.text.format.type == "json_schema" and answer.text.format.name == "Person"
+    with openai_client.responses.stream(model=model, input=ask, text_format=Person, max_output_tokens=60,
+                                        temperature=0) as stream:
+        assert stream.get_final_response().output_parsed == answer.output_parsed  # greedy: the same person
+    messages = [{"role": "user", "content": ask}]
+    greedy = {"temperature": 0}  # this client's parse() and stream() take no temperature of their own
+    message = anthropic_client.messages.parse(model=model, max_tokens=60, messages=messages, output_format=Person,
+                                              extra_body=greedy)
+    assert isinstance(message.parsed_output, Person), message.content
+    with anthropic_client.messages.stream(model=model, max_tokens=60, messages=messages, output_format=Person,
+                                          extra_body=greedy) as stream:
+        assert Person.model_validate_json(stream.get_final_text()) == message.parsed_output
+
+
+@pytest.mark.model
 @constrained
 def test_langchain_with_structured_output(server):
     langchain_openai = pytest.importorskip("langchain_openai")
