@@ -169,6 +169,12 @@ class Grammar:
         return cls("json_object", grammar.source, (), grammar._compiled)
 
     @classmethod
+    def any_text(cls) -> Grammar:
+        """Any text at all: the answer after ``after_free_text``'s bounded block, where only
+        the block's length is the constraint (a reasoning budget on a free answer)."""
+        return cls.lark("start: /[\\s\\S]*/")
+
+    @classmethod
     def regex(cls, pattern: str) -> Grammar:
         """Output matches `pattern` as a whole (Rust regex syntax: no lookaround, no backreferences)."""
         if not isinstance(pattern, str):

@@ -6,8 +6,13 @@ gets the same greedy answer here as from /v1/chat/completions. Answers,
 streamed events and errors take Anthropic's shapes:
 ``{"type": "error", "error": {"type", "message"}}``, the service's 503 as
 529 ``overloaded_error``. ``max_tokens`` is required, as Anthropic's API has
-it. ``metadata`` is accepted and ignored; extended thinking and server
-tools are refused with a 400 naming the field.
+it. ``metadata`` is accepted and ignored; server tools are refused with a
+400 naming the field.
+
+On a template that thinks the reasoning is a ``thinking`` block (streamed as
+``thinking_delta`` events); ``thinking`` turns the template's thinking on or
+off and its ``budget_tokens`` bounds it; ``output_config.format`` constrains
+the answer to a JSON schema with the chat endpoint's grammar.
 
 Tools run on the chat endpoint's machinery (serve/tools.py): ``tools``
 (name, description, input_schema) become function tools, ``tool_choice``
@@ -43,7 +48,7 @@ from .common import (JSON, AnswerParts, Collected, boolean, checked_text, count,
                      type_name, wrong_type)
 from .protocol import (APIError, GenerationRequest, ToolCallIds, checked_json, checked_tool, choose_tools,
                        constrain_answer, invalid, schema_grammar, show)
-from .tools import CallArguments, CallEnd, CallStart
+from .tools import CallArguments, CallEnd, CallStart, Reasoning
 
 MESSAGES, COUNT_TOKENS = "/v1/messages", "/v1/messages/count_tokens"
 # A documented bound (Anthropic publishes none): each one is checked after every token.
@@ -86,10 +91,22 @@ class MessagesRequest:
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}
 
 
-def _refuse_unsupported(body: dict) -> None:
-    thinking = body.get("thinking")
-    if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
-        raise invalid("thinking", "thinking: extended thinking is not supported", "unsupported_parameter")
+def _parse_thinking(body: dict, generation: GenerationRequest) -> None:
+    """`thinking` onto the chat request: on a template that thinks, "disabled" turns its
+    thinking off (enable_thinking false), "enabled" and "adaptive" on; "enabled"'s
+    budget_tokens bounds the reasoning (then the grammar closes it). Whatever the model
+    reasons comes back as thinking blocks."""
+    thinking = optional_object(body, "thinking")
+    if thinking is None:
+        return
+    kind = thinking.get("type")
+    if kind not in ("enabled", "adaptive", "disabled"):
+        raise invalid("thinking.type", "thinking.type: expected 'enabled', 'adaptive' or 'disabled', got "
+                      f"{show(kind) if isinstance(kind, str) else type_name(kind)}", "unsupported_value")
+    generation.template_kwargs["enable_thinking"] = kind != "disabled"
+    if kind == "enabled":
+        generation.reasoning_budget = integer(thinking, "budget_tokens", low=1, required=True,
+                                              param="thinking.budget_tokens")
 
 
 def parse_tools(body: dict, request: GenerationRequest) -> None:
@@ -173,12 +190,14 @@ def _turn(role: str, content, where: str, ids: ToolCallIds) -> list[dict]:
             text = _text_blocks(block.get("content", ""), f"{at}.content")
             results.append({"role": "tool", "tool_call_id": call_id,
                             "content": f"Error: {text}" if is_error else text})
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue  # an earlier turn's reasoning: the template leaves it out of the prompt, as Anthropic does
         elif kind in ("tool_use", "tool_result"):
             raise invalid(f"{at}.type", f"{at}.type: '{kind}' blocks belong in "
                           f"{'assistant' if kind == 'tool_use' else 'user'} messages", "unsupported_value")
         else:
-            raise invalid(f"{at}.type", f"{at}.type: only 'text', 'tool_use' and 'tool_result' content blocks "
-                          "are supported", "unsupported_value")
+            raise invalid(f"{at}.type", f"{at}.type: only 'text', 'tool_use', 'tool_result' and (an assistant's) "
+                          "'thinking' content blocks are supported", "unsupported_value")
     text = "".join(texts)
     if role == "assistant":
         ids.made([call["id"] for call in calls], params)
@@ -199,7 +218,6 @@ def _one_text(block: dict, at: str) -> str:
 
 def parse_conversation(body: dict) -> list[dict]:
     """`system` and `messages` as the chat messages of the engine's template."""
-    _refuse_unsupported(body)
     out = []
     system = body.get("system")
     if system is not None:
@@ -238,6 +256,7 @@ def parse_prompt(body: dict) -> GenerationRequest:
     generation = GenerationRequest(chat=True, model=string(body, "model"), messages=parse_conversation(body))
     parse_tools(body, generation)
     _parse_output_format(body, generation)
+    _parse_thinking(body, generation)
     return generation
 
 
@@ -267,6 +286,9 @@ def parse_request(body: dict) -> MessagesRequest:
     stop = string_list(body, "stop_sequences", MAX_STOP_SEQUENCES)
     top_k = integer(body, "top_k", low=0)
     generation.max_tokens, generation.stop, generation.top_k = max_tokens, stop, top_k or 0
+    if generation.reasoning_budget is not None and generation.reasoning_budget >= max_tokens:
+        raise invalid("thinking.budget_tokens", f"thinking.budget_tokens ({generation.reasoning_budget}) must be "
+                      f"less than max_tokens ({max_tokens})")
     generation.temperature = number(body, "temperature", 1.0, 0.0, 1.0)  # Anthropic's range and default
     generation.top_p = number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
     generation.stream = boolean(body, "stream")
@@ -312,6 +334,11 @@ def text_block(text: str) -> dict:
     return {"type": "text", "text": text}
 
 
+def thinking_block(text: str) -> dict:
+    """The reasoning of a template that thinks, markers left out (its signature is empty)."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
 def tool_use_block(call: dict) -> dict:
     """A chat tool call as a tool_use block. Its input is an object: a call whose arguments
     are none (max_tokens cut it, or the model wrote no JSON object) has what they hold of one,
@@ -339,7 +366,7 @@ class MessagesReply:
         self.request, self.generation = request, generation
         self.model = generation.model_name
         self.id = new_id()
-        self.parts = AnswerParts(request.generation, generation)
+        self.parts = AnswerParts(generation)
 
     def failed(self, error: APIError) -> bytes:
         return _error_event(error)
@@ -353,8 +380,10 @@ class MessagesReply:
         return usage(self.generation.prompt_tokens, self.generation.stats.generated_tokens)
 
     def body(self, collected: Collected) -> dict:
-        content = [text_block(part) if isinstance(part, str) else tool_use_block(part.call)
-                   for part in self.parts.whole(collected.pieces)] or [text_block("")]
+        content = [text_block(part) if isinstance(part, str) else thinking_block(part.text)
+                   if isinstance(part, Reasoning) else tool_use_block(part.call)
+                   for part in self.parts.whole(collected.pieces)]
+        content = content or [text_block("")]  # an answer has a block, if only an empty text
         reason, sequence = self._stop(self.generation.finish_reason, collected.last_token, collected.tokens)
         return message_body(self.id, self.model, content, reason, sequence, self._usage())
 
@@ -362,7 +391,8 @@ class MessagesReply:
         generation = self.generation
         start = message_body(self.id, self.model, [], None, None, usage(generation.prompt_tokens, 0))
         yield event("message_start", {"type": "message_start", "message": start})
-        index, text_open = 0, False
+        index, text_open, thinking_open = 0, False, False
+        answered = False  # a block was opened
 
         def block_start(block: dict) -> bytes:
             return event("content_block_start", {"type": "content_block_start", "index": index,
@@ -374,9 +404,13 @@ class MessagesReply:
         def block_stop() -> bytes:
             return event("content_block_stop", {"type": "content_block_stop", "index": index})
 
-        if not self.parts.tools:  # one text block, open from the start (with tools it opens at the first text)
+        def thinking_stop() -> list[bytes]:
+            # No signature: nothing here checks one when a client sends the block back.
+            return [block_delta({"type": "signature_delta", "signature": ""}), block_stop()]
+
+        if not self.parts.split:  # one text block, open from the start (else it opens at the first text)
             yield block_start(text_block(""))
-            text_open = True
+            text_open = answered = True
         yield event("ping", {"type": "ping"})
         tokens: list[int] = []
         async for delta in generation.deltas():
@@ -384,10 +418,20 @@ class MessagesReply:
                 tokens.append(delta.token)
             final = delta.finish_reason is not None
             for part in self.parts.feed(delta.text, final):
+                if isinstance(part, Reasoning):
+                    if not thinking_open:
+                        yield block_start(thinking_block(""))
+                        thinking_open = answered = True
+                    yield block_delta({"type": "thinking_delta", "thinking": part.text})
+                    continue
+                if thinking_open:  # the reasoning ended: its block closes before the answer's
+                    for chunk in thinking_stop():
+                        yield chunk
+                    index, thinking_open = index + 1, False
                 if isinstance(part, str):
                     if not text_open:
                         yield block_start(text_block(""))
-                        text_open = True
+                        text_open = answered = True
                     yield block_delta({"type": "text_delta", "text": part})
                     continue
                 if isinstance(part, CallStart):
@@ -396,13 +440,18 @@ class MessagesReply:
                         index, text_open = index + 1, False
                     yield block_start({"type": "tool_use", "id": tool_use_id(part.id), "name": part.name,
                                        "input": {}})
+                    answered = True
                 elif isinstance(part, CallArguments):
                     yield block_delta({"type": "input_json_delta", "partial_json": part.text})
                 elif isinstance(part, CallEnd):
                     yield block_stop()
                     index += 1
             if final:
-                if not text_open and index == 0:  # nothing at all: one empty text block, as unstreamed
+                if thinking_open:  # it ended thinking
+                    for chunk in thinking_stop():
+                        yield chunk
+                    index, thinking_open = index + 1, False
+                if not answered:  # no block at all: one empty text block, as unstreamed
                     yield block_start(text_block(""))
                     text_open = True
                 if text_open:

@@ -29,7 +29,7 @@ from .service import (JSON, EventStream, Generation, Service, distributed_cause,
 # An integer as JSON Schema (and so the OpenAPI document) counts them: 8.0 is one.
 from .protocol import _is_int as is_int
 from .protocol import APIError, GenerationRequest, invalid
-from .tools import THINK_END, THINK_START, CallArguments, CallEnd, CallStart, Content, Reasoning
+from .tools import CallArguments, CallEnd, CallStart, Content, Reasoning
 
 logger = logging.getLogger("emlx_async.serve")
 
@@ -62,8 +62,11 @@ def wrong_type(param: str, expected: str, value: Any) -> APIError:
     return invalid(param, f"{param}: expected {expected}, got {type_name(value)}", "invalid_type")
 
 
-def integer(body: dict, name: str, *, low: int, high: int | None = None, required: bool = False) -> int | None:
+def integer(body: dict, name: str, *, low: int, high: int | None = None, required: bool = False,
+            param: str | None = None) -> int | None:
+    """body[name], an integer in the bounds; errors name `param` (default: `name`)."""
     value = body.get(name)
+    name = param or name
     if value is None:
         if required:
             raise invalid(name, f"{name}: field required", "missing_required_parameter")
@@ -342,19 +345,18 @@ class AnswerParts:
     are off dropped, a call streamed as it is written: its CallStart, its
     CallArguments pieces, its CallEnd); whitespace that ends a text is held
     until more text follows it, so no text ends in the newline before a call;
-    reasoning of a template that thinks stays in the text, between its
-    markers (neither API has a reasoning block here).
+    the reasoning of a template that thinks comes as Reasoning parts of its
+    own (a thinking block, a reasoning item), its markers left out.
     """
 
-    def __init__(self, request: GenerationRequest, generation: Generation):
-        self._splitter = generation.splitter if request.tools is not None else None
-        self._in_reasoning = False
+    def __init__(self, generation: Generation):
+        self._splitter = generation.splitter  # None: no tools, and a template that does not think
         self._held = ""
         self.calls: list[dict] = []  # the calls that ended
 
     @property
-    def tools(self) -> bool:
-        """Whether the answer may hold calls (the request has tools)."""
+    def split(self) -> bool:
+        """Whether the answer is cut into blocks (tools, or reasoning of its own): else it is one text."""
         return self._splitter is not None
 
     def finish_reason(self, reason: str | None) -> str | None:
@@ -362,25 +364,21 @@ class AnswerParts:
         stopped after whole calls."""
         return reason if self._splitter is None else self._splitter.finish_reason(reason)
 
-    def feed(self, text: str, final: bool = False) -> list[str | CallStart | CallArguments | CallEnd]:
-        """What `text` adds, in order: texts, and the calls' events; `final`: the answer ends here."""
+    def feed(self, text: str, final: bool = False) -> list[str | Reasoning | CallStart | CallArguments | CallEnd]:
+        """What `text` adds, in order: texts, reasoning, and the calls' events; `final`: the
+        answer ends here."""
         if self._splitter is None:
             return [text] if text else []
         splits = [self._splitter.feed(text)] if text else []
         if final:
             splits.append(self._splitter.flush())
-        out: list[str | CallStart | CallArguments | CallEnd] = []
+        out: list[str | Reasoning | CallStart | CallArguments | CallEnd] = []
         for split in splits:
             for part in split.parts:
                 if isinstance(part, Reasoning):
-                    self._text(out, part.text if self._in_reasoning else THINK_START + part.text)
-                    self._in_reasoning = True
+                    if part.text:
+                        out.append(part)
                     continue
-                if self._in_reasoning:
-                    # The splitter drops the newlines after the marker when text follows at once.
-                    gap = "\n\n" if isinstance(part, Content) and not part.text[0].isspace() else ""
-                    self._text(out, THINK_END + gap)
-                    self._in_reasoning = False
                 if isinstance(part, Content):
                     self._text(out, part.text)
                     continue
@@ -410,14 +408,16 @@ class AnswerParts:
             else:
                 out.append(kept)
 
-    def whole(self, pieces: list[str]) -> list[str | CallEnd]:
+    def whole(self, pieces: list[str]) -> list[str | Reasoning | CallEnd]:
         """A collected answer (the texts of its deltas) as the stream would cut it: texts
-        joined, and each call as its CallEnd."""
-        out: list[str | CallEnd] = []
+        joined, reasoning joined, and each call as its CallEnd."""
+        out: list[str | Reasoning | CallEnd] = []
         for i, piece in enumerate(pieces or [""]):
             for part in self.feed(piece, final=i == len(pieces or [""]) - 1):
                 if isinstance(part, str) and out and isinstance(out[-1], str):
                     out[-1] += part
-                elif isinstance(part, (str, CallEnd)):
+                elif isinstance(part, Reasoning) and out and isinstance(out[-1], Reasoning):
+                    out[-1] = Reasoning(out[-1].text + part.text)
+                elif isinstance(part, (str, Reasoning, CallEnd)):
                     out.append(part)
         return out

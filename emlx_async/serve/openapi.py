@@ -305,17 +305,21 @@ _ANTHROPIC_CONTENT = {**_CONTENT,
 _TOOL_USE = {"type": "object", "required": ["type", "id", "name", "input"],
              "properties": {"type": {"const": "tool_use"}, "id": {"type": "string", "minLength": 1},
                             "name": {"type": "string", "minLength": 1}, "input": {"type": "object"}}}
+_THINKING = {"type": "object", "required": ["type", "thinking", "signature"],
+             "properties": {"type": {"const": "thinking"}, "thinking": {"type": "string"},
+                            "signature": {"type": "string"}},
+             "description": "the reasoning of a template that thinks, its markers left out (no signature)"}
 _TOOL_RESULT = {"type": "object", "required": ["type", "tool_use_id"],
                 "properties": {"type": {"const": "tool_result"}, "tool_use_id": {"type": "string", "minLength": 1},
                                "content": _CONTENT, "is_error": {"type": "boolean"}},
                 "description": "its tool_use_id names a tool_use block of the assistant message before"}
 
 
-def _turn_content(tool_block: dict) -> dict:
-    """A user's or an assistant's content: text, or text blocks (joined) and its tool blocks."""
-    return {"oneOf": [{"type": "string"}, {"type": "array", "items": {"oneOf": [_TEXT_PART, tool_block]}}],
+def _turn_content(*blocks: dict) -> dict:
+    """A user's or an assistant's content: text, or text blocks (joined) and its other blocks."""
+    return {"oneOf": [{"type": "string"}, {"type": "array", "items": {"oneOf": [_TEXT_PART, *blocks]}}],
             "description": "text, or blocks: text (joined; cache_control and citations are ignored), tool_use "
-                           "(assistant), tool_result (user)"}
+                           "and thinking (assistant; thinking is left out of the prompt), tool_result (user)"}
 
 
 _ANTHROPIC_TOOL = {"type": "object", "required": ["name", "input_schema"],
@@ -325,7 +329,7 @@ _ANTHROPIC_TOOL = {"type": "object", "required": ["name", "input_schema"],
                    "description": "server tools get 400; names are unique"}
 
 # What both /v1/messages and /v1/messages/count_tokens read: the conversation, the
-# tools, and the thinking fields they refuse (only their "off" values pass).
+# tools, and thinking and output_config (both change the prompt or its grammar).
 _CONVERSATION = {
     "model": _SAMPLING["model"],
     "system": _ANTHROPIC_CONTENT,
@@ -334,7 +338,8 @@ _CONVERSATION = {
                      {"type": "object", "required": ["role", "content"],
                       "properties": {"role": {"const": "user"}, "content": _turn_content(_TOOL_RESULT)}},
                      {"type": "object", "required": ["role", "content"],
-                      "properties": {"role": {"const": "assistant"}, "content": _turn_content(_TOOL_USE)}}]},
+                      "properties": {"role": {"const": "assistant"}, "content": _turn_content(_TOOL_USE, {
+                          **_THINKING, "required": ["type"]})}}]},
                  "description": "the last one is the user's: a final assistant message (a prefill) gets 400"},
     "tools": {"type": "array", "items": _ANTHROPIC_TOOL},
     "tool_choice": {"type": "object", "required": ["type"],
@@ -343,7 +348,13 @@ _CONVERSATION = {
                     "if": {"properties": {"type": {"const": "tool"}}}, "then": {"required": ["name"]},
                     "description": "any and tool (name: one of tools) are constrained by a grammar of the "
                                    "tools' schemas; any and tool need tools"},
-    "thinking": {"type": "object", "required": ["type"], "properties": {"type": {"const": "disabled"}}},
+    "thinking": {"oneOf": [
+        {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["disabled", "adaptive"]}}},
+        {"type": "object", "required": ["type", "budget_tokens"],
+         "properties": {"type": {"const": "enabled"}, "budget_tokens": {"type": "integer", "minimum": 1}}}],
+        "description": "on a template that thinks: disabled turns its thinking off, enabled and adaptive on; "
+                       "budget_tokens (less than max_tokens) bounds the reasoning; the reasoning comes back "
+                       "as thinking blocks"},
     "output_config": {"type": "object", "properties": {"format": {"anyOf": [{"type": "null"}, {
         "type": "object", "required": ["type", "schema"],
         "properties": {"type": {"const": "json_schema"}, "schema": {"type": "object"}}}]}},
@@ -380,8 +391,9 @@ _MESSAGE_ANSWER = {
     "properties": {
         "id": {"type": "string", "pattern": "^msg_"}, "type": {"const": "message"}, "role": {"const": "assistant"},
         "model": {"type": "string"},
-        "content": {"type": "array", "items": {"oneOf": [_TEXT_PART, _TOOL_USE]},
-                    "description": "text, then the calls as tool_use blocks (stop_reason tool_use)"},
+        "content": {"type": "array", "items": {"oneOf": [_TEXT_PART, _TOOL_USE, _THINKING]},
+                    "description": "the reasoning as a thinking block (a template that thinks), text, then the "
+                                   "calls as tool_use blocks (stop_reason tool_use)"},
         "stop_reason": {"anyOf": [_STOP_REASON, {"type": "null"}], "description": "null only in message_start"},
         "stop_sequence": {"type": ["string", "null"], "description": "the stop sequence that matched"},
         "usage": _ref("MessagesUsage"),
@@ -410,11 +422,14 @@ _BLOCK_INDEX = {"type": "integer", "minimum": 0}
 _MESSAGE_STREAM_EVENT = {
     "oneOf": [
         _typed("message_start", message=_ref("Message")),
-        _typed("content_block_start", index=_BLOCK_INDEX, content_block={"oneOf": [_TEXT_PART, _TOOL_USE]}),
+        _typed("content_block_start", index=_BLOCK_INDEX,
+               content_block={"oneOf": [_TEXT_PART, _TOOL_USE, _THINKING]}),
         _typed("ping"),
         _typed("content_block_delta", index=_BLOCK_INDEX,
                delta={"oneOf": [_typed("text_delta", text={"type": "string"}),
-                                _typed("input_json_delta", partial_json={"type": "string"})]}),
+                                _typed("input_json_delta", partial_json={"type": "string"}),
+                                _typed("thinking_delta", thinking={"type": "string"}),
+                                _typed("signature_delta", signature={"type": "string"})]}),
         _typed("content_block_stop", index=_BLOCK_INDEX),
         _typed("message_delta", delta={"type": "object", "required": ["stop_reason", "stop_sequence"],
                                        "properties": {"stop_reason": _STOP_REASON,
@@ -424,8 +439,9 @@ _MESSAGE_STREAM_EVENT = {
         _ref("AnthropicError"),
     ],
     "description": "message_start, content_block_start, ping, content_block_delta..., content_block_stop, "
-                   "message_delta, message_stop; with tools a text block opens at the first text and each call "
-                   "is a tool_use block (its input in input_json_delta pieces); an error event ends a stream a "
+                   "message_delta, message_stop; the reasoning of a template that thinks is a thinking block "
+                   "first (thinking_delta pieces, then a signature_delta); with tools or reasoning a text block "
+                   "opens at the first text and each call is a tool_use block (its input in input_json_delta pieces); an error event ends a stream a "
                    "failure or the shutdown cut short",
 }
 
@@ -441,7 +457,7 @@ _INPUT_CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {
 _INPUT_ITEM = {"oneOf": [
     {"type": "object", "required": ["role", "content"],
      "properties": {
-         "type": {"const": "message", "description": "the default; items other than these three get 400"},
+         "type": {"const": "message", "description": "the default; items other than these four get 400"},
          "role": {"enum": ["user", "assistant", "system", "developer"], "description": "developer is system"},
          "content": _INPUT_CONTENT}},
     {"type": "object", "required": ["type", "call_id", "name", "arguments"],
@@ -453,6 +469,8 @@ _INPUT_ITEM = {"oneOf": [
      "properties": {"type": {"const": "function_call_output"}, "call_id": {"type": "string", "minLength": 1},
                     "output": _INPUT_CONTENT, "id": {"type": "string"}, "status": {"type": "string"}},
      "description": "its call_id names an earlier function_call item's"},
+    {"type": "object", "required": ["type"], "properties": {"type": {"const": "reasoning"}},
+     "description": "an earlier answer's reasoning item, sent back: left out of the prompt"},
 ]}
 
 _RESPONSES_TOOL = {"type": "object", "required": ["type", "name"],
@@ -493,7 +511,11 @@ _RESPONSES_REQUEST = {
         **{name: {"type": "null", "description": _REFUSED + f"a stored {what}: send the whole conversation in input"}
            for name, what in (("previous_response_id", "response"), ("conversation", "conversation"),
                               ("prompt", "prompt"))},
-        "reasoning": {"type": "null", "description": _REFUSED + "this model does not reason"},
+        "reasoning": {"type": "object", "properties": {
+            "effort": {"enum": ["none", "minimal", "low", "medium", "high", "xhigh"]},
+            "summary": {"type": "string", "description": "ignored: no summaries are written"}},
+            "description": "on a template that thinks, effort none turns its thinking off and any other on; "
+                           "the reasoning comes back as a reasoning item"},
     },
 }
 
@@ -517,7 +539,15 @@ _FUNCTION_CALL = {"type": "object", "required": ["type", "id", "call_id", "name"
                                  "status": {"enum": ["in_progress", "completed", "incomplete"],
                                             "description": "incomplete: its arguments are not a whole "
                                                            "object (max_output_tokens cut it)"}}}
-_OUTPUT_ITEM = {"oneOf": [_ref("ResponseOutputMessage"), _ref("ResponseFunctionCall")]}
+_REASONING_ITEM = {"type": "object", "required": ["type", "id", "status", "summary", "content"],
+                   "properties": {"type": {"const": "reasoning"}, "id": {"type": "string", "pattern": "^rs_"},
+                                  "status": _STATUS, "summary": {"type": "array", "maxItems": 0},
+                                  "content": {"type": "array", "maxItems": 1, "items": {
+                                      "type": "object", "required": ["type", "text"],
+                                      "properties": {"type": {"const": "reasoning_text"},
+                                                     "text": {"type": "string"}}}}},
+                   "description": "the reasoning of a template that thinks, its markers left out"}
+_OUTPUT_ITEM = {"oneOf": [_ref("ResponseOutputMessage"), _ref("ResponseFunctionCall"), _REASONING_ITEM]}
 
 _RESPONSES_USAGE = {
     "type": "object",
@@ -541,7 +571,8 @@ _RESPONSE = {
         "id": {"type": "string", "pattern": "^resp_"}, "object": {"const": "response"},
         "created_at": {"type": "integer"}, "status": _STATUS, "model": {"type": "string"},
         "output": {"type": "array", "items": _OUTPUT_ITEM,
-                   "description": "a message, then (with tools) function_call items"},
+                   "description": "a reasoning item (a template that thinks), a message, then (with tools) "
+                                  "function_call items"},
         "usage": {"anyOf": [_ref("ResponsesUsage"), {"type": "null"}], "description": "null until it ends"},
         "error": {"anyOf": [{"type": "null"}, {
             "type": "object", "required": ["code", "message"],
@@ -552,7 +583,8 @@ _RESPONSE = {
         # The request's own, echoed (tool_choice "none" when it has no tools and names none).
         "tool_choice": _RESPONSES_TOOL_CHOICE, "tools": {"type": "array", "items": _RESPONSES_TOOL},
         "text": {"type": "object", "required": ["format"], "properties": {"format": _TEXT_FORMAT}},
-        "reasoning": {"type": "null"}, "store": {"const": False}, "previous_response_id": {"type": "null"},
+        "reasoning": {"anyOf": [{"type": "null"}, {"type": "object", "required": ["effort", "summary"]}]},
+        "store": {"const": False}, "previous_response_id": {"type": "null"},
         # The request's own, echoed.
         "instructions": {"type": ["string", "null"]},
         "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
@@ -587,11 +619,15 @@ _RESPONSE_STREAM_EVENT = {
                    output_index=_OUTPUT_INDEX, delta={"type": "string"}),
         _sequenced("response.function_call_arguments.done", item_id={"type": "string"},
                    output_index=_OUTPUT_INDEX, name={"type": "string"}, arguments={"type": "string"}),
+        _sequenced("response.reasoning_text.delta", **_WHERE, delta={"type": "string"}),
+        _sequenced("response.reasoning_text.done", **_WHERE, text={"type": "string"}),
     ],
     "description": "response.created, response.in_progress, response.output_item.added, "
                    "response.content_part.added, response.output_text.delta..., response.output_text.done, "
                    "response.content_part.done, response.output_item.done, then response.completed or "
-                   "response.incomplete (max_output_tokens reached); with tools a message opens at the first "
+                   "response.incomplete (max_output_tokens reached); the reasoning of a template that thinks "
+                   "is a reasoning item first (output_item.added, reasoning_text.delta..., reasoning_text.done, "
+                   "output_item.done); with tools or reasoning a message opens at the first "
                    "text and each call is a function_call item (output_item.added, "
                    "function_call_arguments.delta..., function_call_arguments.done, output_item.done); "
                    "response.failed ends a stream a failure "

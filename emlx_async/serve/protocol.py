@@ -169,6 +169,9 @@ class GenerationRequest:
     tool_name: str | None = None
     parallel_tool_calls: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
+    # Tokens the reasoning of a template that thinks may take (None: REASONING_SHARE of max_tokens
+    # under a grammar, unbounded without one); the Messages API's thinking.budget_tokens.
+    reasoning_budget: int | None = None
     # The penalty, logit_bias and min_p fields that were sent (Engine.generate's options).
     penalties: dict[str, Any] = field(default_factory=dict)
 

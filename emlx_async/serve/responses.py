@@ -9,9 +9,14 @@ message and, with tools, ``function_call`` items; a generation cut off by
 "max_output_tokens" (streamed, its last event is ``response.incomplete``,
 as OpenAI sends it). Errors keep OpenAI's shape. Nothing is stored:
 ``store`` is ignored and ``previous_response_id`` and ``conversation`` are
-refused (send the whole conversation in ``input``). Reasoning, structured
-``text.format``, logprobs, background runs and tools other than functions
-are refused with a 400 naming the field.
+refused (send the whole conversation in ``input``). Logprobs, background
+runs and tools other than functions are refused with a 400 naming the field.
+
+``text.format`` (json_schema or json_object) constrains the answer with the
+chat endpoint's grammar. On a template that thinks the reasoning is a
+``reasoning`` output item of its own (streamed as ``response.reasoning_text``
+deltas), ``reasoning.effort`` "none" turns the thinking off, and reasoning
+items sent back in ``input`` are left out of the prompt.
 
 Tools run on the chat endpoint's machinery (serve/tools.py): function
 ``tools`` (name, description, parameters at the top level), ``tool_choice``
@@ -41,7 +46,7 @@ from .common import (JSON, AnswerParts, Collected, boolean, checked_text, event,
                      joined_text, number, optional_object, required_text, string, type_name, wrong_type)
 from .protocol import (MAX_TOP_LOGPROBS, APIError, GenerationRequest, ToolCallIds, checked_json, checked_tool,
                        choose_tools, constrain_answer, invalid, json_object_grammar, schema_grammar, show)
-from .tools import CallArguments, CallEnd, CallStart
+from .tools import CallArguments, CallEnd, CallStart, Reasoning
 
 RESPONSES = "/v1/responses"
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -74,8 +79,7 @@ def _unsupported(param: str, what: str) -> APIError:
 def _refuse_unsupported(body: dict) -> None:
     for name, what in (("previous_response_id", "a stored response (nothing is stored: send the whole "
                         "conversation in 'input')"), ("conversation", "a stored conversation (nothing is "
-                        "stored: send the whole conversation in 'input')"), ("prompt", "a stored prompt"),
-                       ("reasoning", "reasoning (this model does not reason)")):
+                        "stored: send the whole conversation in 'input')"), ("prompt", "a stored prompt")):
         if body.get(name) is not None:
             raise _unsupported(name, what)
     if boolean(body, "background"):
@@ -148,11 +152,13 @@ def parse_input(body: dict) -> list[dict]:
             messages.append({"role": "tool", "tool_call_id": call_id,
                              "content": _content(item["output"], f"{where}.output")})
             continue
+        if kind == "reasoning":
+            continue  # an earlier turn's reasoning, sent back: the template leaves it out of the prompt
         if kind != "message":
             if not isinstance(kind, str):
                 raise wrong_type(f"{where}.type", "a string", kind)
             raise invalid(f"{where}.type", f"{where}.type: '{kind}' items are not supported: only messages, "
-                          "function_call and function_call_output", "unsupported_value")
+                          "function_call, function_call_output and reasoning", "unsupported_value")
         role = item.get("role")
         if not isinstance(role, str) or role not in _ROLES:
             raise invalid(f"{where}.role", f"{where}.role: expected one of {sorted(_ROLES)}"
@@ -247,6 +253,28 @@ def _parse_text_format(body: dict, generation: GenerationRequest) -> dict:
             **({"description": description} if description is not None else {})}
 
 
+_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def _parse_reasoning(body: dict, generation: GenerationRequest) -> dict | None:
+    """`reasoning` onto the chat request: on a template that thinks, effort "none" turns its
+    thinking off (enable_thinking false) and any other on; the reasoning comes back as
+    reasoning items (its text, no summary). The setting as echoed."""
+    reasoning = optional_object(body, "reasoning")
+    if reasoning is None:
+        return None
+    effort = reasoning.get("effort")
+    if effort is not None and effort not in _EFFORTS:
+        raise invalid("reasoning.effort", f"reasoning.effort must be one of {list(_EFFORTS)}, got "
+                      f"{show(effort) if isinstance(effort, str) else type_name(effort)}", "unsupported_value")
+    summary = reasoning.get("summary")
+    if summary is not None and not isinstance(summary, str):
+        raise wrong_type("reasoning.summary", "a string", summary)
+    if effort is not None:
+        generation.template_kwargs["enable_thinking"] = effort != "none"
+    return {"effort": effort, "summary": None}  # no summaries are written
+
+
 def parse_request(body: dict) -> ResponsesRequest:
     _refuse_unsupported(body)
     model = string(body, "model")
@@ -266,7 +294,7 @@ def parse_request(body: dict) -> ResponsesRequest:
         parallel_tool_calls=parallel is not False)
     tools, tool_choice = parse_tools(body, generation)
     text_format = _parse_text_format(body, generation)
-    echo = {"text": {"format": text_format}, "instructions": body.get("instructions"), "metadata": metadata or {},
+    echo = {"text": {"format": text_format}, "reasoning": _parse_reasoning(body, generation), "instructions": body.get("instructions"), "metadata": metadata or {},
             "max_output_tokens": generation.max_tokens, "temperature": generation.temperature,
             "top_p": generation.top_p, "parallel_tool_calls": generation.parallel_tool_calls,
             "truncation": body.get("truncation") or "disabled", "tools": tools, "tool_choice": tool_choice}
@@ -289,6 +317,12 @@ def message_item(id_: str, status: str, content: list[dict]) -> dict:
     return {"type": "message", "id": id_, "status": status, "role": "assistant", "content": content}
 
 
+def reasoning_item(id_: str, status: str, text: str | None) -> dict:
+    """The reasoning of a template that thinks, markers left out (None: not yet written)."""
+    return {"type": "reasoning", "id": id_, "status": status, "summary": [],
+            "content": [] if text is None else [{"type": "reasoning_text", "text": text}]}
+
+
 def function_call_item(call_id: str, name: str, arguments: str, status: str) -> dict:
     """A chat tool call as a function_call output item (its call_id is the call's id)."""
     return {"type": "function_call", "id": "fc_" + call_id.removeprefix("call_"), "call_id": call_id, "name": name,
@@ -307,6 +341,10 @@ def _new_message_id() -> str:
     return "msg_" + uuid.uuid4().hex
 
 
+def _new_reasoning_id() -> str:
+    return "rs_" + uuid.uuid4().hex
+
+
 class ResponsesReply:
     """The answer to one admitted Responses API request (common.Reply): its ids and
     state, from which each of its shapes is built."""
@@ -317,14 +355,14 @@ class ResponsesReply:
         self.id = "resp_" + uuid.uuid4().hex
         self.created_at = int(time.time())
         self.sequence_number = 0
-        self.parts = AnswerParts(request.generation, generation)
+        self.parts = AnswerParts(generation)
 
     def response(self, status: str, output: list[dict], usage_: dict | None = None,
                  error: dict | None = None) -> dict:
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
                 "model": self.model, "output": output, "usage": usage_, "error": error,
-                "incomplete_details": incomplete, "reasoning": None,
+                "incomplete_details": incomplete,
                 "store": False, "previous_response_id": None, **self.request.echo}
 
     def _usage(self) -> dict:
@@ -337,9 +375,11 @@ class ResponsesReply:
     def body(self, collected: Collected) -> dict:
         status = self._status(self.generation.finish_reason)
         output = [message_item(_new_message_id(), status, [output_text(part)]) if isinstance(part, str)
+                  else reasoning_item(_new_reasoning_id(), status, part.text) if isinstance(part, Reasoning)
                   else ended_call_item(part) for part in self.parts.whole(collected.pieces)]
-        return self.response(status, output or [message_item(_new_message_id(), status, [output_text("")])],
-                             self._usage())
+        if not any(item["type"] != "reasoning" for item in output):  # an answer has a message, if empty
+            output.append(message_item(_new_message_id(), status, [output_text("")]))
+        return self.response(status, output, self._usage())
 
     def event(self, kind: str, **fields) -> bytes:
         data = {"type": kind, "sequence_number": self.sequence_number, **fields}
@@ -357,6 +397,19 @@ class ResponsesReply:
         message: dict | None = None  # the message item being written, and its text so far
         texts: list[str] = []
         call: dict = {}  # the function_call item being written
+        reasoning: dict | None = None  # the reasoning item being written
+        thoughts: list[str] = []
+
+        def close_reasoning(status: str) -> list[bytes]:
+            nonlocal reasoning
+            full = "".join(thoughts)
+            done = reasoning_item(reasoning["id"], status, full)
+            out = [self.event("response.reasoning_text.done", item_id=done["id"], output_index=len(output),
+                              content_index=0, text=full),
+                   self.event("response.output_item.done", output_index=len(output), item=done)]
+            output.append(done)
+            reasoning = None
+            return out
 
         def where() -> dict:
             return {"item_id": message["id"], "output_index": len(output), "content_index": 0}
@@ -379,12 +432,24 @@ class ResponsesReply:
             message = None
             return out
 
-        if not self.parts.tools:  # one message, open from the start (with tools it opens at the first text)
+        if not self.parts.split:  # one message, open from the start (else it opens at the first text)
             for chunk in open_message():
                 yield chunk
         async for delta in self.generation.deltas():
             final = delta.finish_reason is not None
             for part in self.parts.feed(delta.text, final):
+                if isinstance(part, Reasoning):
+                    if reasoning is None:
+                        reasoning = reasoning_item(_new_reasoning_id(), "in_progress", None)
+                        thoughts.clear()
+                        yield self.event("response.output_item.added", output_index=len(output), item=reasoning)
+                    thoughts.append(part.text)
+                    yield self.event("response.reasoning_text.delta", item_id=reasoning["id"],
+                                     output_index=len(output), content_index=0, delta=part.text)
+                    continue
+                if reasoning is not None:  # the reasoning ended: its item is done before the answer's
+                    for chunk in close_reasoning("completed"):
+                        yield chunk
                 if isinstance(part, str):
                     if message is None:
                         for chunk in open_message():
@@ -409,7 +474,11 @@ class ResponsesReply:
                     output.append(done)
             if final:
                 status = self._status(delta.finish_reason)
-                if message is None and not output:  # nothing at all: one empty message, as unstreamed
+                if reasoning is not None:  # it ended reasoning
+                    for chunk in close_reasoning(status):
+                        yield chunk
+                if message is None and not any(item["type"] != "reasoning" for item in output):
+                    # no message nor call: one empty message, as unstreamed
                     for chunk in open_message():
                         yield chunk
                 if message is not None:

@@ -66,19 +66,23 @@ def reasoning_state(chat_template: str | None, prompt_text: str) -> str | None:
     return "open" if tail.endswith(THINK_START) else "closed" if tail.endswith(THINK_END) else "may_open"
 
 
-def after_reasoning(grammar, state: str | None, max_tokens: int, tokenizer=None):
+def after_reasoning(grammar, state: str | None, max_tokens: int, tokenizer=None, budget: int | None = None):
     """`grammar` as it applies to the answer of a template that thinks: the model reasons first
-    (in a block it may open, or the one the prompt opened), up to REASONING_SHARE of
-    `max_tokens`, then writes what `grammar` allows. Unchanged where the template does not think
+    (in a block it may open, or the one the prompt opened), up to `budget` tokens (default:
+    REASONING_SHARE of `max_tokens`), then writes what `grammar` allows (None: any text, so a
+    budget bounds a free answer's reasoning too). Unchanged where the template does not think
     or the prompt already closed the reasoning. The markers may also come as `tokenizer`'s own
     tokens, where it has them (Qwen3's)."""
     if state not in ("open", "may_open"):
         return grammar
-    from emlx_async.llm.grammar import token_of
+    from emlx_async.llm.grammar import Grammar, token_of
 
+    if grammar is None:
+        grammar = Grammar.any_text()
     may_open = state == "may_open"
+    cap = budget if budget is not None else max(1, int(max_tokens * REASONING_SHARE))
     return grammar.after_free_text(
-        THINK_END, start=THINK_START if may_open else None, max_tokens=max(1, int(max_tokens * REASONING_SHARE)),
+        THINK_END, start=THINK_START if may_open else None, max_tokens=cap,
         start_token=token_of(tokenizer, THINK_START) if may_open and tokenizer is not None else None,
         end_token=token_of(tokenizer, THINK_END) if tokenizer is not None else None)
 

@@ -76,7 +76,11 @@ HOSTILE = [
     ({**OK, "system": [{"type": "text", "text": "a\udfffb"}]}, "system[0].text"),
     ({**OK, "tools": "f"}, "tools"),
     ({**OK, "tool_choice": {"type": "any"}}, "tool_choice"),                 # no tools to call
-    ({**OK, "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+    ({**OK, "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking.budget_tokens"),  # >= max_tokens
+    ({**OK, "thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+    ({**OK, "thinking": {"type": "enabled", "budget_tokens": 0}}, "thinking.budget_tokens"),
+    ({**OK, "thinking": {"type": "sometimes"}}, "thinking.type"),
+    ({**OK, "thinking": "on"}, "thinking"),
     ({**OK, "output_config": {"format": {"type": "json_object"}}}, "output_config.format.type"),
     ({**OK, "output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
     ({**OK, "output_config": {"format": "json"}}, "output_config.format"),
@@ -340,8 +344,9 @@ def test_hostile_bodies_against_the_server(http, anthropic_client):
     assert http.get("/health").status_code == 200
 
 
+# Greedy: sampled at Anthropic's default temperature 1, a story may end within a few tokens.
 LONG = {"model": MODEL, "max_tokens": 500, "messages": [{"role": "user", "content": "Tell me a long story."}],
-        "stream": True}
+        "stream": True, "temperature": 0}
 
 
 @pytest.mark.model

@@ -534,9 +534,9 @@ async def test_tool_answers_and_events_follow_the_openapi_document(smollm2):
 
 
 @on_loops("asyncio", "uvloop")
-async def test_reasoning_stays_in_the_text_between_its_markers(smollm2):
-    """Neither API has a reasoning block here: a template that thinks keeps its reasoning in
-    the text, as without tools, and the call after it still comes apart."""
+async def test_reasoning_is_a_block_of_its_own_before_the_text_and_the_call(smollm2):
+    """A template that thinks: the reasoning is a thinking block (Messages) or a reasoning item
+    (Responses), its markers left out, and the text and the call after it still come apart."""
     from support.helpers import scripted_app
 
     tokenizer, template = smollm2
@@ -545,8 +545,9 @@ async def test_reasoning_stays_in_the_text_between_its_markers(smollm2):
                                              *ONLY_CALL])
     async with _anthropic_client(app) as client:
         reply = await client.messages.create(model=MODEL, max_tokens=50, messages=OK["messages"], tools=[WEATHER])
-    assert [(b.type, getattr(b, "text", None)) for b in reply.content] == [
-        ("text", "<think>The user wants Paris.</think>\n\nSure."), ("tool_use", None)]
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in reply.content] == [
+        ("thinking", "The user wants Paris."), ("text", "Sure."), ("tool_use", None)]
     async with _openai_client(app) as client:
         response = await client.responses.create(model=MODEL, input=QUESTION, tools=[FUNCTION])
-    assert response.output_text == reply.content[0].text and response.output[1].type == "function_call"
+    assert [item.type for item in response.output] == ["reasoning", "message", "function_call"]
+    assert response.output[0].content[0].text == "The user wants Paris." and response.output_text == "Sure."

@@ -257,7 +257,7 @@ async def test_parse_and_forced_calls_keep_the_reasoning_apart(smollm2):
 
 
 @on_loops("asyncio", "uvloop")
-async def test_messages_and_responses_show_the_reasoning_as_text_then_the_call(smollm2):
+async def test_the_reasoning_is_a_reasoning_item_and_a_thinking_block(smollm2):
     pytest.importorskip("openai")
     from support.helpers import scripted_app
 
@@ -270,9 +270,9 @@ async def test_messages_and_responses_show_the_reasoning_as_text_then_the_call(s
         response = await client.responses.create(model=MODEL, input="Weather in Paris?", tools=[function],
                                                  tool_choice="required")
     assert app.state.service.engine.grammars[-1]._budget is not None
-    assert response.output[0].type == "message" and "Paris." in response.output_text
-    assert response.output[-1].type == "function_call" and json.loads(response.output[-1].arguments) == \
-        {"city": "Paris"}
+    assert [item.type for item in response.output] == ["reasoning", "function_call"]
+    assert response.output[0].content[0].text == "Paris." and response.output_text == ""
+    assert json.loads(response.output[-1].arguments) == {"city": "Paris"}
     import httpx
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
@@ -280,9 +280,97 @@ async def test_messages_and_responses_show_the_reasoning_as_text_then_the_call(s
             "model": MODEL, "max_tokens": 60, "messages": [{"role": "user", "content": "Weather in Paris?"}],
             "tools": [{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}],
             "tool_choice": {"type": "any"}})).json()
-    assert [block["type"] for block in reply["content"]] == ["text", "tool_use"], reply
-    assert "Paris." in reply["content"][0]["text"] and reply["content"][1]["input"] == {"city": "Paris"}
+    assert [block["type"] for block in reply["content"]] == ["thinking", "tool_use"], reply
+    assert reply["content"][0]["thinking"] == "Paris." and reply["content"][1]["input"] == {"city": "Paris"}
     assert reply["stop_reason"] == "tool_use"
+
+
+@on_loops("asyncio")
+async def test_responses_reasoning_items_streamed_and_parsed(smollm2):
+    """The Responses API on a template that thinks: the reasoning is a reasoning item
+    (streamed as reasoning_text deltas), so client.responses.parse reads the answer alone;
+    reasoning items sent back are left out; effort "none" turns the thinking off."""
+    pytest.importorskip("openai")
+    from pydantic import BaseModel
+
+    from support.helpers import scripted_app
+
+    class City(BaseModel):
+        city: str
+
+    tokenizer, _ = smollm2
+    app = scripted_app(tokenizer, OPENS, ["Hm", ".", "</think>", "\n\n", '{"city": ', '"Paris"}'])
+    async with _client(app) as client:
+        parsed = await client.responses.parse(model=MODEL, input="Capital of France?", text_format=City)
+        assert parsed.output_parsed == City(city="Paris") and parsed.output[0].content[0].text == "Hm."
+        async with client.responses.stream(model=MODEL, input="Capital of France?", text_format=City) as stream:
+            kinds = [e.type async for e in stream]
+            final = await stream.get_final_response()
+        assert final.output_parsed == City(city="Paris")
+        assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+        assert kinds.count("response.reasoning_text.delta") == 2
+        again = await client.responses.create(model=MODEL, reasoning={"effort": "none"}, input=[
+            {"role": "user", "content": "Capital of France?"}, parsed.output[0].model_dump(exclude_none=True),
+            {"role": "assistant", "content": parsed.output_text}, {"role": "user", "content": "And Italy?"}])
+        assert again.reasoning.effort == "none"
+    from emlx_async.serve.responses import parse_request
+
+    assert parse_request({"input": "x", "reasoning": {"effort": "none"}}).generation.template_kwargs == \
+        {"enable_thinking": False}
+
+
+def _anthropic(app):
+    anthropic = pytest.importorskip("anthropic")
+    httpx2 = pytest.importorskip("httpx2")  # the anthropic client's own http library
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test")
+    return anthropic.AsyncAnthropic(base_url="http://test", api_key="unused", max_retries=0, http_client=http)
+
+
+@on_loops("asyncio")
+async def test_messages_thinking_blocks_budget_and_switch(smollm2):
+    """The Messages API's `thinking`: the reasoning is a thinking block (streamed as
+    thinking_delta events, then the text block); budget_tokens bounds it with a grammar
+    (one that allows any answer); "disabled" turns the template's thinking off; an
+    earlier turn's thinking block is accepted and left out; a budget of max_tokens or
+    more is a 400 naming it."""
+    from support.helpers import scripted_app
+
+    tokenizer, _ = smollm2
+    app = scripted_app(tokenizer, OPENS, ["Let me see", ".", "</think>", "\n\n", "Paris", "."])
+    engine = app.state.service.engine
+    user = [{"role": "user", "content": "Capital of France?"}]
+    async with _anthropic(app) as client:
+        reply = await client.messages.create(model=MODEL, max_tokens=60, messages=user)
+        assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in reply.content] == \
+            [("thinking", "Let me see."), ("text", "Paris.")]
+        assert engine.grammars[-1] is None  # no budget: the reasoning is the model's own
+        async with client.messages.stream(model=MODEL, max_tokens=60, messages=user,
+                                          thinking={"type": "enabled", "budget_tokens": 16}) as stream:
+            kinds = [e.delta.type async for e in stream if e.type == "content_block_delta"]
+            streamed = await stream.get_final_message()
+        assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in streamed.content] == \
+            [("thinking", "Let me see."), ("text", "Paris.")]
+        assert kinds == ["thinking_delta", "thinking_delta", "signature_delta", "text_delta", "text_delta"]
+        budgeted = engine.grammars[-1]
+        assert budgeted is not None and budgeted._budget is not None  # it closes the reasoning at 16 tokens
+        history = [*user, {"role": "assistant", "content": [{"type": "thinking", "thinking": "Hm.", "signature": ""},
+                                                            {"type": "text", "text": "Paris."}]},
+                   {"role": "user", "content": "And of Italy?"}]
+        again = await client.messages.create(model=MODEL, max_tokens=60, messages=history,
+                                             thinking={"type": "disabled"})
+        assert engine.grammars[-1] is None and again.content
+        import anthropic
+
+        with pytest.raises(anthropic.BadRequestError, match="thinking.budget_tokens"):
+            await client.messages.create(model=MODEL, max_tokens=16, messages=user,
+                                         thinking={"type": "enabled", "budget_tokens": 16})
+        with pytest.raises(anthropic.BadRequestError, match="thinking.type"):
+            await client.messages.create(model=MODEL, max_tokens=16, messages=user, thinking={"type": "always"})
+    # "disabled": the template closes an empty block itself, so nothing the model writes is reasoning.
+    from emlx_async.serve.anthropic import parse_request
+
+    parsed = parse_request({"model": MODEL, "max_tokens": 8, "messages": user, "thinking": {"type": "disabled"}})
+    assert parsed.generation.template_kwargs == {"enable_thinking": False}
 
 
 # ---- live: a tiny random model whose template thinks ------------------------------
@@ -339,6 +427,23 @@ def test_a_random_model_thinks_then_answers_what_parses(openai_client):
                                                   temperature=0,
                                                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert isinstance(closed.choices[0].message.parsed, Person) and not closed.choices[0].message.reasoning_content
+
+
+@pytest.mark.model
+def test_a_thinking_budget_closes_the_random_models_reasoning(anthropic_client):
+    """Left alone the random model reasons until max_tokens; with budget_tokens the
+    reasoning ends there and the answer has the rest."""
+    from support.helpers import smollm2_tokenizer_and_template
+
+    tokenizer, _ = smollm2_tokenizer_and_template()
+    ask = dict(model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "Hi"}],
+               extra_body={"temperature": 0})  # this client's create() takes no temperature of its own
+    alone = anthropic_client.messages.create(**ask)
+    assert [b.type for b in alone.content] == ["thinking"] and alone.stop_reason == "max_tokens"
+    bounded = anthropic_client.messages.create(**ask, thinking={"type": "enabled", "budget_tokens": 8})
+    assert [b.type for b in bounded.content] == ["thinking", "text"], bounded.content
+    assert len(tokenizer.encode(bounded.content[0].thinking, add_special_tokens=False).ids) <= 12
+    assert bounded.content[1].text
 
 
 @pytest.mark.model
