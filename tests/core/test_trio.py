@@ -256,6 +256,9 @@ def test_keyboard_interrupt_during_a_running_job_ends_the_run():
                 threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGINT)).start()
                 await rt.default_queue().run(time.sleep, 2.0)
 
+        # A child started in the background inherits SIGINT ignored (POSIX shells do that to `cmd &`):
+        # then Python installs no handler, trio none either, and the signal is dropped.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             trio.run(main)
         except KeyboardInterrupt:

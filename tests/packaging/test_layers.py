@@ -35,7 +35,8 @@ ORDER = [
 # Each subpackage's modules, bottom-up, the same way.
 SUBPACKAGE_ORDER = {
     "llm": [
-        "_gguf", "types", "prompt_cache", "cache_options", "penalties", "traced", "grammar", "replay_step", "state", "sampling",
+        "_gguf", "types", "prompt_cache", "cache_options", "penalties", "traced", "schema_check", "grammar", "replay_step",
+        "state", "sampling",
         "text", "loading",
         "decoding", "traces", "constrained", "parallel", "batching", "batch_prefill", "batch_replay", "save", "engine",
         "sharded", "__init__",
