@@ -441,8 +441,8 @@ _MESSAGE_STREAM_EVENT = {
     "description": "message_start, content_block_start, ping, content_block_delta..., content_block_stop, "
                    "message_delta, message_stop; the reasoning of a template that thinks is a thinking block "
                    "first (thinking_delta pieces, then a signature_delta); with tools or reasoning a text block "
-                   "opens at the first text and each call is a tool_use block (its input in input_json_delta pieces); an error event ends a stream a "
-                   "failure or the shutdown cut short",
+                   "opens at the first text and each call is a tool_use block (its input in input_json_delta "
+                   "pieces); an error event ends a stream a failure or the shutdown cut short",
 }
 
 

@@ -294,7 +294,8 @@ def parse_request(body: dict) -> ResponsesRequest:
         parallel_tool_calls=parallel is not False)
     tools, tool_choice = parse_tools(body, generation)
     text_format = _parse_text_format(body, generation)
-    echo = {"text": {"format": text_format}, "reasoning": _parse_reasoning(body, generation), "instructions": body.get("instructions"), "metadata": metadata or {},
+    echo = {"text": {"format": text_format}, "reasoning": _parse_reasoning(body, generation),
+            "instructions": body.get("instructions"), "metadata": metadata or {},
             "max_output_tokens": generation.max_tokens, "temperature": generation.temperature,
             "top_p": generation.top_p, "parallel_tool_calls": generation.parallel_tool_calls,
             "truncation": body.get("truncation") or "disabled", "tools": tools, "tool_choice": tool_choice}
