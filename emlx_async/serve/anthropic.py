@@ -404,9 +404,12 @@ class MessagesReply:
         def block_stop() -> bytes:
             return event("content_block_stop", {"type": "content_block_stop", "index": index})
 
-        def thinking_stop() -> list[bytes]:
+        def close_thinking() -> list[bytes]:
+            nonlocal index, thinking_open
             # No signature: nothing here checks one when a client sends the block back.
-            return [block_delta({"type": "signature_delta", "signature": ""}), block_stop()]
+            events = [block_delta({"type": "signature_delta", "signature": ""}), block_stop()]
+            index, thinking_open = index + 1, False
+            return events
 
         if not self.parts.split:  # one text block, open from the start (else it opens at the first text)
             yield block_start(text_block(""))
@@ -425,9 +428,8 @@ class MessagesReply:
                     yield block_delta({"type": "thinking_delta", "thinking": part.text})
                     continue
                 if thinking_open:  # the reasoning ended: its block closes before the answer's
-                    for chunk in thinking_stop():
+                    for chunk in close_thinking():
                         yield chunk
-                    index, thinking_open = index + 1, False
                 if isinstance(part, str):
                     if not text_open:
                         yield block_start(text_block(""))
@@ -448,9 +450,8 @@ class MessagesReply:
                     index += 1
             if final:
                 if thinking_open:  # it ended thinking
-                    for chunk in thinking_stop():
+                    for chunk in close_thinking():
                         yield chunk
-                    index, thinking_open = index + 1, False
                 if not answered:  # no block at all: one empty text block, as unstreamed
                     yield block_start(text_block(""))
                     text_open = True

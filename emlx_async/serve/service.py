@@ -470,16 +470,17 @@ class Service:
                            f"{self.config.max_waiting} waiting); retry later", type="rate_limit_error",
                            code="server_busy", headers={"Retry-After": str(self.config.retry_after_s)})
         options = {}
-        constrains = "grammar" in inspect.signature(engine.generate).parameters
-        if request.grammar is not None:
-            if not constrains:
-                raise invalid(request.grammar_param, f"'{request.grammar_param}' needs constrained decoding, "
-                              "which this engine does not have", "unsupported_parameter")
-            await self._check_grammar_starts(engine, request)
-        if request.grammar is not None or (request.reasoning_budget is not None and constrains):
-            grammar = await self._answer_grammar(engine, request, prompt_text, max_tokens)
-            if grammar is not None:  # a budget alone binds only a template that thinks
-                options["grammar"] = grammar
+        if request.grammar is not None or request.reasoning_budget is not None:
+            constrains = "grammar" in inspect.signature(engine.generate).parameters
+            if request.grammar is not None:
+                if not constrains:
+                    raise invalid(request.grammar_param, f"'{request.grammar_param}' needs constrained decoding, "
+                                  "which this engine does not have", "unsupported_parameter")
+                await self._check_grammar_starts(engine, request)
+            if constrains:
+                grammar = await self._answer_grammar(engine, request, prompt_text, max_tokens)
+                if grammar is not None:  # a budget alone binds only a template that thinks
+                    options["grammar"] = grammar
         if request.stop_token_ids:
             options["stop_token_ids"] = request.stop_token_ids
         stats = RequestStats()
