@@ -41,7 +41,7 @@ skips it with a message. It runs with its continuous-batching engine and
 its other defaults (its structured output needs Metal: --constrained rows
 show its answer).
 
-    python benchmarks/serve.py [--servers parallel,batch[,batch2],mlx-lm[,vllm-mlx]] [--clients 1,4,8,16]
+    python benchmarks/serve.py [--servers auto,parallel[,batch,batch2],mlx-lm[,vllm-mlx]] [--clients 1,4,8,16]
                                [--requests 2] [--tokens 16] [--max-concurrent 8] [--vllm-venv DIR]
                                [--constrained [schema,tool]]
 """
@@ -64,7 +64,7 @@ import httpx
 
 from _prompts import PROMPTS  # noqa: E402 - benchmarks/ is the script's directory
 
-OURS = ("parallel", "batch")
+OURS = ("auto", "parallel", "batch")  # "auto" is the service's default mode
 # "batchN" (batch2, batch4): batch mode running N batches at once (`--mode batch --batches N`).
 BATCHES_PREFIX = "batch"
 MLX_LM = "mlx-lm"
@@ -365,7 +365,7 @@ def _print_log_tail(log, lines: int = 20) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="closed-loop load on the HTTP service and on other MLX servers")
-    parser.add_argument("--servers", default=f"parallel,batch,{MLX_LM}",
+    parser.add_argument("--servers", default=f"auto,parallel,{MLX_LM}",
                         help=f"our engine modes ({', '.join(OURS)}, or batchN: batch mode with --batches N) "
                              f"and/or the peers ({', '.join(PEERS)}); "
                              f"{VLLM_MLX} is installed on first use into --vllm-venv (default: %(default)s)")

@@ -32,10 +32,11 @@ from .grammar import GrammarStateError as GrammarStateError
 from .penalties import InvalidOption as InvalidOption
 from .prompt_cache import PrefixCache as PrefixCache
 from .types import BatchDriverError as BatchDriverError
+from .types import BatchingRefused as BatchingRefused
 from .types import MAX_CHOICES as MAX_CHOICES
 from .types import Delta as Delta
 from .types import EngineBusy as EngineBusy
 from .types import RequestStats as RequestStats
 
-__all__ = ["BatchDriverError", "CHOICE_SEED_STEP", "Delta", "Engine", "EngineBusy", "Grammar", "GrammarError",
+__all__ = ["BatchDriverError", "BatchingRefused", "CHOICE_SEED_STEP", "Delta", "Engine", "EngineBusy", "Grammar", "GrammarError",
            "GrammarStateError", "InvalidOption", "MAX_CHOICES", "PrefixCache", "RequestStats"]

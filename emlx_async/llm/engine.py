@@ -78,11 +78,13 @@ from .sampling import SAMPLER_OPTIONS, SEED_RANGE, Sampler, check_sampling
 from .text import PromptEncoder, find_stop, stop_prefix_len
 from .replay_step import CacheSpec, NotTraceable, check_batch_against_rows
 from .traces import UNKNOWN_CONTEXT, ReplayTraces, cache_sizes
-from .types import MAX_CHOICES, MAX_TOP_LOGPROBS, BatchDriverError, Delta, EngineBusy, RequestStats, is_int
+from .types import (MAX_CHOICES, MAX_TOP_LOGPROBS, BatchDriverError, BatchingRefused, Delta, EngineBusy,
+                    RequestStats, is_int)
 
 _CPU_PREFILL_CHUNK = 32
 _GPU_PREFILL_CHUNK = 512
 _STEP_CHOICES = ("auto", "replay", "python")
+_MODE_CHOICES = ("parallel", "batch", "auto")  # "auto" is Engine.load's: batch mode where the model batches right
 # Choice i of a seeded request samples with seed + i * CHOICE_SEED_STEP (mod 2**64): choice 0
 # is the plain request, and neighbouring seeds' choices do not coincide (the step is odd, SplitMix64's).
 CHOICE_SEED_STEP = 0x9E3779B97F4A7C15
@@ -132,6 +134,8 @@ class Engine:
         if batches > 1 and mode != "batch":
             raise ValueError(f"batches ({batches}) needs mode 'batch' (parallel mode runs each request alone)")
         self.mode = mode
+        self.mode_note: str | None = None  # why Engine.load's mode "auto" chose this mode
+        self._batching_checked = False  # batch mode: the model's batch checked against its rows alone
         runtime = runtime or get_runtime()
         # Ids past the embedding crash MLX's gather (SIGSEGV), so every prompt is checked.
         self.text = PromptEncoder(tokenizer, bos_id=bos_id, chat_template=chat_template,
@@ -239,8 +243,12 @@ class Engine:
         """Load SmolLM2 (path None), a GGUF file, or an mlx-lm model folder.
 
         `mode` "parallel" runs each request on its own pooled queue; "batch"
-        runs all requests on one queue with continuous batching. `batches`
-        (batch mode only, 1 to `max_concurrent`) runs that many batches of the
+        runs all requests on one queue with continuous batching; "auto" is
+        batch mode unless the model's batch gives a row other logits than
+        the row alone (mlx-lm's gemma2), then parallel mode, with the reason
+        in ``mode_note`` (``mode`` says which was chosen). `batches`
+        (batch mode only, 1 to `max_concurrent`; "auto" drops it to 1 when it
+        chooses parallel mode) runs that many batches of the
         replayed step at once, each on its own queue and so its own OS thread:
         a new request joins the batch with the fewest streams (rows are not
         moved between batches later), and each batch keeps every contract of
@@ -264,6 +272,8 @@ class Engine:
         """
         if step not in _STEP_CHOICES:
             raise ValueError(f"step must be one of {_STEP_CHOICES}, got {step!r}")
+        if mode not in _MODE_CHOICES:
+            raise ValueError(f"mode must be one of {_MODE_CHOICES}, got {mode!r}")
         cache_options = CacheOptions(max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=kv_group_size)
         runtime = runtime or get_runtime()
 
@@ -272,10 +282,22 @@ class Engine:
             mx.eval(model.parameters())  # evaluated weights are usable from any thread
             return model, tokenizer, extra
 
+        chosen, refused = mode, None
         async with runtime.queue() as q:
             model, tokenizer, extra = await q.run(load)
-        engine = cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=mode, batches=batches,
+            if mode == "auto":
+                await q.run(cache_options.probe, model)  # options the model cannot take: their own error
+                try:
+                    await q.run(_check_batching, model, cache_options)
+                    chosen = "batch"
+                except BatchingRefused as exc:
+                    chosen, batches, refused = "parallel", 1, exc
+        engine = cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=chosen, batches=batches,
                      prefill_chunk=prefill_chunk, prompt_cache=prompt_cache, cache_options=cache_options, **extra)
+        if mode == "auto":
+            engine._batching_checked = refused is None
+            engine.mode_note = "mode 'auto' chose batch mode" if refused is None \
+                else f"mode 'auto' chose parallel mode: {refused}"
         await engine.prepare_step(step, cache_sizes=cache_sizes)
         return engine
 
@@ -302,8 +324,10 @@ class Engine:
         options = decoding.cache_options
         async with self.runtime.queue() as queue:  # options the model cannot take fail either step
             await queue.run(options.probe, self.model)
-            if self.mode == "batch":  # a model that batches wrongly does so on both steps
+            # A model that batches wrongly does so on both steps.
+            if self.mode == "batch" and not self._batching_checked:
                 await queue.run(_check_batching, self.model, options)
+                self._batching_checked = True
         described = options.describe()
         if step == "python":
             self.step_note = "the Python step was asked for" + (f" ({described})" if described else "")
@@ -711,8 +735,8 @@ def _check_batching(model, options: CacheOptions) -> None:
     try:
         check_batch_against_rows(model, spec)
     except ValueError as exc:
-        raise ValueError(f"mode 'batch' cannot serve model type {_model_type(model)!r}: {exc}; "
-                         "mode 'parallel' runs each request alone") from exc
+        raise BatchingRefused(f"mode 'batch' cannot serve model type {_model_type(model)!r}: {exc}; "
+                              "mode 'parallel' runs each request alone") from exc
 
 
 def _model_type(model) -> str:

@@ -53,9 +53,14 @@ class RequestStats:
         return (self.generated_tokens - 1) / max(end - self.first_token_at, 1e-9)
 
 
+class BatchingRefused(ValueError):
+    """Batch mode refused for a model whose batch gives its rows other logits than
+    each row alone (mlx-lm's gemma2): parallel mode serves it right."""
+
+
 def is_int(value: Any) -> bool:
     """An integer option (bool excluded: ``True`` is no token count)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-__all__ = ["BatchDriverError", "Delta", "EngineBusy", "MAX_CHOICES", "MAX_TOP_LOGPROBS", "RequestStats", "is_int"]
+__all__ = ["BatchDriverError", "BatchingRefused", "Delta", "EngineBusy", "MAX_CHOICES", "MAX_TOP_LOGPROBS", "RequestStats", "is_int"]

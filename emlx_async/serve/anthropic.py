@@ -382,7 +382,7 @@ class MessagesReply:
     def body(self, collected: Collected) -> dict:
         content = [text_block(part) if isinstance(part, str) else thinking_block(part.text)
                    if isinstance(part, Reasoning) else tool_use_block(part.call)
-                   for part in self.parts.whole(collected.pieces)]
+                   for part in self.parts.whole(collected)]
         content = content or [text_block("")]  # an answer has a block, if only an empty text
         reason, sequence = self._stop(self.generation.finish_reason, collected.last_token, collected.tokens)
         return message_body(self.id, self.model, content, reason, sequence, self._usage())
@@ -420,7 +420,7 @@ class MessagesReply:
             if delta.token is not None:
                 tokens.append(delta.token)
             final = delta.finish_reason is not None
-            for part in self.parts.feed(delta.text, final):
+            for part in self.parts.feed(delta.text, final, token=delta.token is not None):
                 if isinstance(part, Reasoning):
                     if not thinking_open:
                         yield block_start(thinking_block(""))

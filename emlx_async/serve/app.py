@@ -195,11 +195,11 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         return count("/v1/models/{name}", JSON(model_entry(served.name)))
 
     async def health(request: Request) -> Response:
-        # "model" and "step": the default model's; "models": each one's state (loaded or not).
+        # "model", "mode" and "step": the default model's; "models": each one's state (loaded or not).
         body = {"status": service.status, "model": service.model_name, "mode": config.mode,
                 "models": [served.health() for served in service.models]}
-        if service.engine is not None:
-            body["step"] = service.engine.step_kind
+        if service.engine is not None:  # the mode it runs ("auto" chose one)
+            body["mode"], body["step"] = service.engine.mode, service.engine.step_kind
         if service.load_error:
             body["error"] = service.load_error
         if service.broken is not None:

@@ -21,6 +21,7 @@ from typing import NoReturn
 from .connections import ConnectionLimits
 from .middleware import API_KEY_ENV, api_keys, origins
 from .protocol import DEFAULT_MAX_MESSAGES
+from .service import AUTO_BATCHES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,11 +43,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--idle-unload", type=float, default=None, metavar="SECONDS",
                        help="unload a model no request used for this long (its engine, weights and caches); "
                             "the next request for it loads it again (default: never)")
-    serve.add_argument("--mode", choices=("parallel", "batch"), default="parallel", help="each model alike")
-    serve.add_argument("--batches", type=int, default=1, metavar="N",
-                       help="--mode batch: run N batches at once, each on its own thread (a core each on a "
+    serve.add_argument("--mode", choices=("auto", "parallel", "batch"), default="auto",
+                       help="batch: requests decode together in batches; parallel: each request alone on its own "
+                            "thread; auto (the default): batch, or parallel for a model whose batch would give "
+                            "other tokens than each request alone (mlx-lm's gemma2); each model alike")
+    serve.add_argument("--batches", type=int, default=None, metavar="N",
+                       help="batch mode: run N batches at once, each on its own thread (a core each on a "
                             "CPU), a new request joining the one with the fewest; at most --max-concurrent "
-                            "(default: 1)")
+                            f"(default: {AUTO_BATCHES} with --mode auto, 1 with --mode batch)")
     serve.add_argument("--step", choices=("auto", "replay", "python"), default="auto",
                        help="the decode step: a traced step replayed natively where the model allows it "
                             "(auto), required (replay), or mlx-lm's Python step; each model alike")
@@ -209,11 +213,11 @@ def serve(args: argparse.Namespace) -> int:
             raise SystemExit("--step-timeout must be positive")
         if len(specs) > 1 or args.idle_unload is not None:
             raise SystemExit("emlx-async serve --distributed: serves one --model, never unloaded (no --idle-unload)")
-    if args.batches < 1 or args.batches > args.max_concurrent:
+    if args.batches is not None and not 1 <= args.batches <= args.max_concurrent:
         raise SystemExit(f"--batches must be in [1, --max-concurrent ({args.max_concurrent})], got {args.batches}")
-    if args.batches > 1 and (args.mode != "batch" or args.distributed):
+    if args.batches is not None and args.batches > 1 and (args.mode == "parallel" or args.distributed):
         # A sharded model runs mlx-lm's batch step on every rank: one batch, its collectives in one order.
-        raise SystemExit("--batches needs --mode batch (and serves no --distributed model)")
+        raise SystemExit("--batches needs --mode batch or auto (and serves no --distributed model)")
     missing = missing_paths(specs)
     if missing:  # before loading (or waiting for a distributed group): a server that cannot load is no use
         raise SystemExit("emlx-async serve: --model: " + "; ".join(missing))

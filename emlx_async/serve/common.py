@@ -353,6 +353,8 @@ class AnswerParts:
         self._splitter = generation.splitter  # None: no tools, and a template that does not think
         self._held = ""
         self.calls: list[dict] = []  # the calls that ended
+        # Tokens written inside the reasoning block, its markers included (Responses' usage).
+        self.reasoning_tokens = 0
 
     @property
     def split(self) -> bool:
@@ -364,12 +366,16 @@ class AnswerParts:
         stopped after whole calls."""
         return reason if self._splitter is None else self._splitter.finish_reason(reason)
 
-    def feed(self, text: str, final: bool = False) -> list[str | Reasoning | CallStart | CallArguments | CallEnd]:
+    def feed(self, text: str, final: bool = False, *,
+             token: bool = True) -> list[str | Reasoning | CallStart | CallArguments | CallEnd]:
         """What `text` adds, in order: texts, reasoning, and the calls' events; `final`: the
-        answer ends here."""
+        answer ends here; `token`: a token wrote `text` (the engine's last delta may not)."""
         if self._splitter is None:
             return [text] if text else []
+        reasoning = self._splitter.reasoning
         splits = [self._splitter.feed(text)] if text else []
+        if token and (reasoning or self._splitter.reasoning):  # inside, or opening the block
+            self.reasoning_tokens += 1
         if final:
             splits.append(self._splitter.flush())
         out: list[str | Reasoning | CallStart | CallArguments | CallEnd] = []
@@ -408,12 +414,14 @@ class AnswerParts:
             else:
                 out.append(kept)
 
-    def whole(self, pieces: list[str]) -> list[str | Reasoning | CallEnd]:
-        """A collected answer (the texts of its deltas) as the stream would cut it: texts
-        joined, reasoning joined, and each call as its CallEnd."""
+    def whole(self, collected: Collected) -> list[str | Reasoning | CallEnd]:
+        """A collected answer as the stream would cut it: texts joined, reasoning joined,
+        and each call as its CallEnd."""
         out: list[str | Reasoning | CallEnd] = []
-        for i, piece in enumerate(pieces or [""]):
-            for part in self.feed(piece, final=i == len(pieces or [""]) - 1):
+        pieces = collected.pieces or [""]
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            for part in self.feed(piece, final=last, token=not last or collected.last_token is not None):
                 if isinstance(part, str) and out and isinstance(out[-1], str):
                     out[-1] += part
                 elif isinstance(part, Reasoning) and out and isinstance(out[-1], Reasoning):

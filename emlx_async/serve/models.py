@@ -230,7 +230,7 @@ class ServedModel:
     def health(self) -> dict:
         body: dict[str, Any] = {"id": self.name, "status": self.state}
         if self.engine is not None:
-            body["step"] = self.engine.step_kind
+            body["mode"], body["step"] = self.engine.mode, self.engine.step_kind
         if self.load_error and self.state != READY:
             body["error"] = self.load_error
         return body

@@ -20,7 +20,7 @@ from typing import Any
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
 from .protocol import (DEFAULT_MAX_MESSAGES, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS,
                        MAX_SCHEMA_PROPERTIES, MAX_TOP_LOGPROBS, PENALTY_BOUND, REPETITION_BOUNDS,
-                       TEMPLATE_RESERVED)
+                       REASONING_EFFORTS, TEMPLATE_RESERVED)
 
 
 def _ref(name: str) -> dict:
@@ -151,6 +151,9 @@ _CHAT_REQUEST = {
         "tools": {"type": "array", "items": _TOOL},
         "tool_choice": _TOOL_CHOICE,
         "parallel_tool_calls": {"type": "boolean"},
+        "reasoning_effort": {"enum": list(REASONING_EFFORTS),
+                             "description": "on a template that thinks, none turns its thinking off and any other "
+                                            "on (chat_template_kwargs' enable_thinking wins)"},
         "chat_template_kwargs": {"type": "object", "description": "options for the chat template, such as "
                                  "enable_thinking (booleans, finite numbers, strings), named by identifiers; "
                                  "what the template itself reads (messages, tools, add_generation_prompt, "
@@ -250,12 +253,14 @@ _STEP = {"enum": ["replay", "python"]}
 _HEALTH = {"type": "object", "required": ["status", "model", "mode", "models"],
            "properties": {"status": {"enum": ["loading", "ready", "failed", "draining", "broken"]},
                           "model": {"type": "string", "description": "the default model"},
-                          "mode": {"enum": ["parallel", "batch"]},
+                          "mode": {"enum": ["parallel", "batch", "auto"],
+                                   "description": "the default model's mode once loaded (\"auto\" until then)"},
                           "step": _STEP, "error": {"type": "string"},
                           "models": {"type": "array", "description": "every model and whether it is loaded",
                                      "items": {"type": "object", "required": ["id", "status"], "properties": {
                                          "id": {"type": "string"},
                                          "status": {"enum": ["loading", "ready", "failed", "unloading", "unloaded"]},
+                                         "mode": {"enum": ["parallel", "batch"]},
                                          "step": _STEP, "error": {"type": "string"}}}}}}
 
 
@@ -512,7 +517,7 @@ _RESPONSES_REQUEST = {
            for name, what in (("previous_response_id", "response"), ("conversation", "conversation"),
                               ("prompt", "prompt"))},
         "reasoning": {"type": "object", "properties": {
-            "effort": {"enum": ["none", "minimal", "low", "medium", "high", "xhigh"]},
+            "effort": {"enum": list(REASONING_EFFORTS)},
             "summary": {"type": "string", "description": "ignored: no summaries are written"}},
             "description": "on a template that thinks, effort none turns its thinking off and any other on; "
                            "the reasoning comes back as a reasoning item"},

@@ -278,7 +278,8 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
         raise invalid("function_call", "'function_call' (the legacy function calling) is not supported: "
                       "use 'tool_choice'", "unsupported_parameter")
     if not chat:
-        for name in ("tools", "tool_choice", "parallel_tool_calls", "response_format", "chat_template_kwargs"):
+        for name in ("tools", "tool_choice", "parallel_tool_calls", "response_format", "chat_template_kwargs",
+                     "reasoning_effort"):
             if _optional(body, name) is not None:
                 raise invalid(name, f"'{name}' is supported on /v1/chat/completions only", "unsupported_parameter")
     elif any(_optional(body, name) is not None for name in GUIDED_FIELDS):
@@ -653,6 +654,24 @@ TEMPLATE_RESERVED = ("messages", "tools", "add_generation_prompt", "self", "rais
                      "range", "dict", "lipsum", "cycler", "joiner", "namespace")
 
 
+# OpenAI's reasoning efforts: chat's reasoning_effort, Responses' reasoning.effort.
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def think_for_effort(request: GenerationRequest, effort: Any, param: str) -> str | None:
+    """A reasoning effort onto the template: on a template that thinks, "none" turns its
+    thinking off (enable_thinking false) and any other on; chat_template_kwargs' own
+    enable_thinking wins. There are no degrees of effort: the reasoning runs until the
+    model closes it or a budget ends it. The effort, checked."""
+    if effort is None:
+        return None
+    if effort not in REASONING_EFFORTS:
+        raise invalid(param, f"{param} must be one of {list(REASONING_EFFORTS)}, got {show(effort)}",
+                      "unsupported_value")
+    request.template_kwargs.setdefault("enable_thinking", effort != "none")
+    return effort
+
+
 def _parse_template_kwargs(body: dict) -> dict[str, Any]:
     value = _optional(body, "chat_template_kwargs")
     if value is None:
@@ -701,6 +720,7 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
         _parse_tools(body, request)
         constrain_answer(request, _parse_response_format(body), "response_format")
         request.template_kwargs = _parse_template_kwargs(body)
+        think_for_effort(request, _optional(body, "reasoning_effort"), "reasoning_effort")
     else:
         request.prompt = _parse_prompt(body)
         request.grammar = _parse_guided(body)

@@ -45,7 +45,8 @@ from .service import Generation, Service
 from .common import (JSON, AnswerParts, Collected, boolean, checked_text, event, generation_route, integer,
                      joined_text, number, optional_object, required_text, string, type_name, wrong_type)
 from .protocol import (MAX_TOP_LOGPROBS, APIError, GenerationRequest, ToolCallIds, checked_json, checked_tool,
-                       choose_tools, constrain_answer, invalid, json_object_grammar, schema_grammar, show)
+                       choose_tools, constrain_answer, invalid, json_object_grammar, schema_grammar, show,
+                       think_for_effort)
 from .tools import CallArguments, CallEnd, CallStart, Reasoning
 
 RESPONSES = "/v1/responses"
@@ -253,9 +254,6 @@ def _parse_text_format(body: dict, generation: GenerationRequest) -> dict:
             **({"description": description} if description is not None else {})}
 
 
-_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
-
-
 def _parse_reasoning(body: dict, generation: GenerationRequest) -> dict | None:
     """`reasoning` onto the chat request: on a template that thinks, effort "none" turns its
     thinking off (enable_thinking false) and any other on; the reasoning comes back as
@@ -263,15 +261,10 @@ def _parse_reasoning(body: dict, generation: GenerationRequest) -> dict | None:
     reasoning = optional_object(body, "reasoning")
     if reasoning is None:
         return None
-    effort = reasoning.get("effort")
-    if effort is not None and effort not in _EFFORTS:
-        raise invalid("reasoning.effort", f"reasoning.effort must be one of {list(_EFFORTS)}, got "
-                      f"{show(effort) if isinstance(effort, str) else type_name(effort)}", "unsupported_value")
     summary = reasoning.get("summary")
     if summary is not None and not isinstance(summary, str):
         raise wrong_type("reasoning.summary", "a string", summary)
-    if effort is not None:
-        generation.template_kwargs["enable_thinking"] = effort != "none"
+    effort = think_for_effort(generation, reasoning.get("effort"), "reasoning.effort")
     return {"effort": effort, "summary": None}  # no summaries are written
 
 
@@ -304,9 +297,9 @@ def parse_request(body: dict) -> ResponsesRequest:
 
 # ---- answers ------------------------------------------------------------------------
 
-def usage(input_tokens: int, output_tokens: int) -> dict:
+def usage(input_tokens: int, output_tokens: int, reasoning_tokens: int = 0) -> dict:
     return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": input_tokens + output_tokens}
 
 
@@ -367,7 +360,8 @@ class ResponsesReply:
                 "store": False, "previous_response_id": None, **self.request.echo}
 
     def _usage(self) -> dict:
-        return usage(self.generation.prompt_tokens, self.generation.stats.generated_tokens)
+        return usage(self.generation.prompt_tokens, self.generation.stats.generated_tokens,
+                     self.parts.reasoning_tokens)
 
     @staticmethod
     def _status(finish_reason: str | None) -> str:
@@ -377,7 +371,7 @@ class ResponsesReply:
         status = self._status(self.generation.finish_reason)
         output = [message_item(_new_message_id(), status, [output_text(part)]) if isinstance(part, str)
                   else reasoning_item(_new_reasoning_id(), status, part.text) if isinstance(part, Reasoning)
-                  else ended_call_item(part) for part in self.parts.whole(collected.pieces)]
+                  else ended_call_item(part) for part in self.parts.whole(collected)]
         if not any(item["type"] != "reasoning" for item in output):  # an answer has a message, if empty
             output.append(message_item(_new_message_id(), status, [output_text("")]))
         return self.response(status, output, self._usage())
@@ -438,7 +432,7 @@ class ResponsesReply:
                 yield chunk
         async for delta in self.generation.deltas():
             final = delta.finish_reason is not None
-            for part in self.parts.feed(delta.text, final):
+            for part in self.parts.feed(delta.text, final, token=delta.token is not None):
                 if isinstance(part, Reasoning):
                     if reasoning is None:
                         reasoning = reasoning_item(_new_reasoning_id(), "in_progress", None)

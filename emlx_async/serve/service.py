@@ -39,6 +39,10 @@ _ENCODE_THREADS = 2
 # Tokens a grammar is walked before admission (Service._check_grammar_starts): a forced
 # call's grammar writes its "<tool_call>" marker first, a few tokens.
 _GRAMMAR_PROBE_TOKENS = 8
+# Mode "auto"'s batches: on an idle 2-core machine two batches gave 1.39x to 1.46x
+# mlx-lm's server's tokens/s at 8 clients, where one batch and parallel mode did not
+# reach 1.3x (benchmarks/RESULTS.md).
+AUTO_BATCHES = 2
 
 
 @dataclass
@@ -51,9 +55,12 @@ class ServeConfig:
     # Seconds without a request after which a model is unloaded (None: never);
     # the next request loads it again.
     idle_unload: float | None = None
-    mode: str = "parallel"
-    # Batch mode's replayed batches run at once, each on its own queue (Engine.load's batches).
-    batches: int = 1
+    # "auto": batch mode, or parallel mode for a model whose batch gives its
+    # rows other logits than alone (Engine.load's mode); "batch"; "parallel".
+    mode: str = "auto"
+    # Batch mode's replayed batches run at once, each on its own queue (Engine.load's
+    # batches); None: AUTO_BATCHES in mode "auto", 1 in mode "batch".
+    batches: int | None = None
     # The decode step: "auto" replays a traced step where the model allows
     # it, "replay" requires it, "python" forces mlx-lm's (Engine.load's step).
     step: str = "auto"
@@ -97,6 +104,12 @@ class ServeConfig:
     cors_origins: tuple[str, ...] = ()
     access_log: bool = True
 
+    def engine_batches(self) -> int:
+        """The batches each model's engine runs (in batch mode)."""
+        if self.batches is not None:
+            return self.batches
+        return min(AUTO_BATCHES, self.max_concurrent) if self.mode == "auto" else 1
+
     def served_name(self) -> str:
         """The first (default) model's id."""
         return self.model_specs()[0].name
@@ -113,10 +126,10 @@ class Service:
     """The engine, its admission control and the metrics; one per app."""
 
     def __init__(self, config: ServeConfig):
-        if config.mode not in ("parallel", "batch"):
-            raise ValueError(f"mode must be 'parallel' or 'batch', got {config.mode!r}")
-        if config.batches != 1 and config.mode != "batch":
-            raise ValueError(f"batches ({config.batches}) needs mode 'batch'")
+        if config.mode not in ("auto", "parallel", "batch"):
+            raise ValueError(f"mode must be 'auto', 'parallel' or 'batch', got {config.mode!r}")
+        if config.batches not in (None, 1) and config.mode == "parallel":
+            raise ValueError(f"batches ({config.batches}) needs mode 'batch' or 'auto'")
         if config.max_concurrent < 1 or config.max_waiting < 0:
             raise ValueError("max_concurrent must be >= 1 and max_waiting >= 0")
         if not config.body_timeout > 0:
@@ -236,13 +249,15 @@ class Service:
                                               prefill_chunk=config.prefill_chunk, step=config.step)
         else:
             served.prefix_cache = PrefixCache(tokens, config.prompt_cache_bytes) if tokens > 0 else None
-            engine = await Engine.load(path, runtime=self.runtime, mode=config.mode, batches=config.batches,
+            engine = await Engine.load(path, runtime=self.runtime, mode=config.mode, batches=config.engine_batches(),
                                        max_concurrent=config.max_concurrent, prefill_chunk=config.prefill_chunk,
                                        prompt_cache=served.prefix_cache, step=config.step,
                                        kv_bits=config.kv_bits, kv_group_size=config.kv_group_size,
                                        max_kv_size=config.max_kv_size)
+        if engine.mode_note is not None and engine.mode == "parallel":  # auto fell back: say why
+            logger.warning("model %s: %s", served.name, engine.mode_note)
         logger.info("model %s loaded in %.1fs (mode %s, %s step: %s)", served.name,
-                    time.perf_counter() - started, config.mode, engine.step_kind, engine.step_note)
+                    time.perf_counter() - started, engine.mode, engine.step_kind, engine.step_note)
         return engine
 
     def drain(self, deadline: float | None = None) -> None:

@@ -642,6 +642,11 @@ class OutputSplitter:
     def flush(self) -> Split:
         return self._drain(final=True)
 
+    @property
+    def reasoning(self) -> bool:
+        """Inside the reasoning block (its end marker not yet read)."""
+        return self._in_reasoning
+
     def finish_reason(self, reason: str | None) -> str | None:
         """Chat's finish_reason for an answer the engine ended with `reason`: "tool_calls"
         when it stopped after calls that are all whole."""

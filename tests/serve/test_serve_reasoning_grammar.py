@@ -303,10 +303,13 @@ async def test_responses_reasoning_items_streamed_and_parsed(smollm2):
     async with _client(app) as client:
         parsed = await client.responses.parse(model=MODEL, input="Capital of France?", text_format=City)
         assert parsed.output_parsed == City(city="Paris") and parsed.output[0].content[0].text == "Hm."
+        # "Hm", "." and "</think>" are reasoning tokens, of six.
+        assert (parsed.usage.output_tokens, parsed.usage.output_tokens_details.reasoning_tokens) == (6, 3)
         async with client.responses.stream(model=MODEL, input="Capital of France?", text_format=City) as stream:
             kinds = [e.type async for e in stream]
             final = await stream.get_final_response()
         assert final.output_parsed == City(city="Paris")
+        assert final.usage.output_tokens_details.reasoning_tokens == 3
         assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
         assert kinds.count("response.reasoning_text.delta") == 2
         again = await client.responses.create(model=MODEL, reasoning={"effort": "none"}, input=[
@@ -317,6 +320,57 @@ async def test_responses_reasoning_items_streamed_and_parsed(smollm2):
 
     assert parse_request({"input": "x", "reasoning": {"effort": "none"}}).generation.template_kwargs == \
         {"enable_thinking": False}
+
+
+def test_reasoning_tokens_are_the_ones_written_inside_the_block():
+    """Responses' usage.output_tokens_details.reasoning_tokens: the tokens from the one that
+    opens the block (or the first, where the prompt opened it) to the one that closes it;
+    the engine's last delta, no token, is not one."""
+    from types import SimpleNamespace
+
+    from emlx_async.serve.common import AnswerParts, Collected
+    from emlx_async.serve.tools import OutputSplitter
+
+    def counted(pieces: list[str], *, opened: bool, last_token: int | None = None) -> int:
+        parts = AnswerParts(SimpleNamespace(splitter=OutputSplitter(thinking=True, in_reasoning=opened)))
+        parts.whole(Collected("".join(pieces), [], last_token, pieces))
+        return parts.reasoning_tokens
+
+    assert counted(["<think>", "a", "b", "</think>", "\n\n", "x", ""], opened=False) == 4
+    assert counted(["a", "</think>", "x", ""], opened=True) == 2
+    assert counted(["x", "y", ""], opened=False) == 0  # no block: the answer alone
+    assert counted(["a", "b", ""], opened=True) == 2  # never closed: max_tokens ends it
+    assert counted(["a", "b"], opened=True, last_token=1) == 2  # the last delta was a token
+
+
+@on_loops("asyncio")
+async def test_chat_reasoning_effort_none_turns_the_thinking_off(smollm2):
+    """Chat's reasoning_effort as on Responses: "none" renders the template without
+    thinking, so what the model writes is the answer; chat_template_kwargs wins."""
+    pytest.importorskip("openai")
+    import openai
+
+    from emlx_async.serve.protocol import parse_request
+    from support.helpers import scripted_app
+
+    tokenizer, _ = smollm2
+    app = scripted_app(tokenizer, OPENS, ["Paris", "."])
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Capital of France?"}], max_tokens=4)
+    async with _client(app) as client:
+        thinking = (await client.chat.completions.create(**ask, reasoning_effort="high")).choices[0].message
+        assert thinking.content in (None, "") and thinking.reasoning_content == "Paris."
+        plain = (await client.chat.completions.create(**ask, reasoning_effort="none")).choices[0].message
+        assert plain.content == "Paris." and getattr(plain, "reasoning_content", None) in (None, "")
+        with pytest.raises(openai.BadRequestError, match="reasoning_effort must be one of") as refused:
+            await client.chat.completions.create(**ask, extra_body={"reasoning_effort": "extreme"})
+        assert refused.value.body["param"] == "reasoning_effort"
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    assert parse_request({**chat, "reasoning_effort": "none"}, chat=True).template_kwargs == {"enable_thinking": False}
+    assert parse_request({**chat, "reasoning_effort": "low"}, chat=True).template_kwargs == {"enable_thinking": True}
+    both = {**chat, "reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}
+    assert parse_request(both, chat=True).template_kwargs == {"enable_thinking": True}
+    with pytest.raises(Exception, match="supported on /v1/chat/completions only"):
+        parse_request({"prompt": "x", "reasoning_effort": "low"}, chat=False)
 
 
 def _anthropic(app):

@@ -392,7 +392,7 @@ class ScriptedEngine:
     without a model. `fail` is raised by a request with a grammar, as the engine's
     iterator raises a grammar's failure."""
 
-    context_length, active_requests, vocab_size, step_kind = 8192, 0, 49152, "python"
+    context_length, active_requests, vocab_size, step_kind, mode = 8192, 0, 49152, "python", "parallel"
 
     def __init__(self, tokenizer, chat_template: str, pieces: list[str], fail: Exception | None = None):
         from emlx_async.llm.text import PromptEncoder

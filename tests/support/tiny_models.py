@@ -101,11 +101,16 @@ FAMILIES = {
 QUANTIZABLE = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32)
 
 
+def tiny_config(kind: str, **overrides) -> dict:
+    """The config.json of a tiny `kind` model."""
+    family = {**FAMILY_BASE, **FAMILIES[kind]} if kind in FAMILIES else {}
+    return {**BASE, **ARCHITECTURES.get(kind, {}), **POSITION_EMBEDDING_ARCHITECTURES.get(kind, {}),
+            **STATE_ARCHITECTURES.get(kind, {}), **family, **overrides, "model_type": kind}
+
+
 def tiny(kind: str, **overrides):
     """A random `kind` model (seeded: the same weights every time), evaluated so any worker can read it."""
-    family = {**FAMILY_BASE, **FAMILIES[kind]} if kind in FAMILIES else {}
-    config = {**BASE, **ARCHITECTURES.get(kind, {}), **POSITION_EMBEDDING_ARCHITECTURES.get(kind, {}),
-              **STATE_ARCHITECTURES.get(kind, {}), **family, **overrides, "model_type": kind}
+    config = tiny_config(kind, **overrides)
     model_class, args_class = _get_classes(config)
     mx.random.seed(0)
     model = model_class(args_class.from_dict(config))
@@ -149,8 +154,7 @@ def tiny_model_folder(path, chat_template: str, kind: str = "llama"):
     hf_tokenizer(tokenizer, eos_ids=set(eos), bos_id=bos, chat_template=chat_template).save_pretrained(path)
     model = tiny(kind, vocab_size=vocab)
     mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    config = {**BASE, **ARCHITECTURES.get(kind, {}), "vocab_size": vocab, "model_type": kind,
-              "eos_token_id": sorted(eos)}
+    config = {**tiny_config(kind, vocab_size=vocab), "eos_token_id": sorted(eos)}
     (path / "config.json").write_text(json.dumps(config))
     return path
 
