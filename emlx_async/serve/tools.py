@@ -111,6 +111,11 @@ def fallback_messages(messages: list[dict], tools: list[dict] | None) -> list[di
     return out
 
 
+# A call's arguments member: "arguments" (Hermes, OpenAI) or "parameters", as Llama 3's
+# templates ask for and models trained on them write; the first one a call has counts.
+ARGUMENT_KEYS = ("arguments", "parameters")
+
+
 @dataclass(frozen=True)
 class ToolCallFormat:
     """How one template's model writes a tool call: start and end markers and a parser
@@ -158,7 +163,7 @@ class ToolCallFormat:
         for call in parsed:
             if not isinstance(call, dict) or not isinstance(call.get("name"), str):
                 raise ValueError(f"a tool call without a name: {text[:60]!r}")
-            arguments = call.get("arguments", {})
+            arguments = next((call[key] for key in ARGUMENT_KEYS if key in call), {})
             if not isinstance(arguments, str):
                 arguments = json.dumps(arguments, ensure_ascii=False)
             out.append({"id": new_call_id(), "type": "function",
@@ -425,7 +430,7 @@ class _StreamedCall:
                 if event[0] == "key" and event[1] == 1:
                     self._key = _decoded_key(event[2])
                 elif event[0] == "start" and event[1] == 1:
-                    self._member, keep = self._key, True
+                    self._member, keep = ("arguments" if self._key in ARGUMENT_KEYS else self._key), True
                     if self._member == "arguments" and (self.arguments or self.arguments_done):
                         self._member = "duplicate"  # the first one counts: it may have been sent
                 elif event[0] == "end" and event[1] == 1:

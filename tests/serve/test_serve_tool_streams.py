@@ -165,6 +165,8 @@ def test_the_head_goes_as_soon_as_the_name_is_whole():
     ('{"name": "get_time"}', "{}"),  # no arguments
     ('{"name": "get_time", "arguments": {"a": 1}\n', '{"a": 1}'),  # its closing brace forgotten: still whole
     ('{"name": "get_time", "arguments": {"a": 1}, "id": 7}}', '{"a": 1}'),  # what follows changes nothing
+    ('{"name": "get_time", "parameters": {"a": 1}}', '{"a": 1}'),  # Llama 3's name for them
+    ('{"name": "get_time", "parameters": {"a": 1}, "arguments": {"b": 2}}', '{"a": 1}'),  # the first counts
 ])
 def test_calls_as_models_write_them(block, arguments):
     for size in (1, 4, len(block)):
@@ -174,6 +176,14 @@ def test_calls_as_models_write_them(block, arguments):
         assert end.valid and end.call["function"] == {"name": "get_time", "arguments": arguments}
         assert "".join(p.text for p in parts if isinstance(p, CallArguments)) == arguments
         assert splitter.finish_reason("stop") == "tool_calls"
+
+
+def test_a_whole_block_reads_parameters_as_the_arguments():
+    """The parse of a whole block (mlx-lm's parsers; the streamed Hermes reader above) too."""
+    from emlx_async.serve.tools import ToolCallFormat
+
+    [call] = ToolCallFormat.hermes().calls('{"name": "get_time", "parameters": {"a": 1}}', None)
+    assert call["function"] == {"name": "get_time", "arguments": '{"a": 1}'}
 
 
 @pytest.mark.parametrize("text, sent", [
