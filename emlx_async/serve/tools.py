@@ -180,7 +180,8 @@ def call_grammar(tools: list[dict], *, name: str | None, parallel: bool):
     # Each tool's parameters live under $defs, their own "#..." references moved there with
     # them: nested in the call's schema, "#/$defs/Item" (pydantic's nested models) would
     # point at the call's root, where nothing is.
-    parameters = {f"tool{i}": _rebased(f.get("parameters") or {"type": "object"}, f"#/$defs/tool{i}")
+    parameters = {f"tool{i}": _rebased(closed_objects(f.get("parameters") or {"type": "object"}),
+                                       f"#/$defs/tool{i}")
                   for i, f in enumerate(chosen)}
     variants = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                  "properties": {"name": {"const": f["name"]}, "arguments": {"$ref": f"#/$defs/tool{i}"}}}
@@ -195,6 +196,65 @@ def call_grammar(tools: list[dict], *, name: str | None, parallel: bool):
             f'call: "{HERMES_START}\\n" body "\\n{HERMES_END}"\n'
             f'body: %json {json.dumps(schema)}\n')
     return Grammar.lark(text)
+
+
+# Keywords whose subschemas add to the object they sit in: where one is used, an object
+# closed on its own would refuse members they allow, so nothing is closed.
+_MERGING = frozenset(("if", "then", "else", "dependentSchemas", "unevaluatedProperties", "$dynamicRef"))
+_OPENS = ("additionalProperties", "patternProperties")  # an object that says itself what else it allows
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_ONE = ("items", "additionalProperties", "not", "contains", "propertyNames")
+
+
+def closed_objects(schema: Any) -> Any:
+    """A tool's parameters with every object that names its members (``properties``) and
+    says nothing of others closed to them (``additionalProperties: false``), as
+    xgrammar's strict mode and OpenAI's strict tools have it. JSON Schema's default lets
+    a forced call's arguments hold keys the tool never named, and a small model sampled
+    freely writes such keys until max_tokens. Schemas that merge subschemas into one
+    object (``allOf`` of several, ``if``/``then``, members beside ``anyOf`` or a
+    ``$ref``, ...) are kept as sent, and so is an object whose ``required`` names a
+    member it does not list."""
+    if _merges(schema):
+        return schema
+    return _close(schema)
+
+
+def _merges(schema: Any) -> bool:
+    if isinstance(schema, list):
+        return any(_merges(item) for item in schema)
+    if not isinstance(schema, dict):
+        return False
+    if any(key in schema for key in _MERGING):
+        return True
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        return True
+    # Members listed beside subschemas that apply to the same object (its variants, a base).
+    if "properties" in schema and any(key in schema for key in ("allOf", "anyOf", "oneOf", "$ref")):
+        return True
+    return any(_merges(value) for value in schema.values())
+
+
+def _close(schema: Any) -> Any:
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _close(sub) for name, sub in value.items()}
+        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            out[key] = [_close(sub) for sub in value]
+        elif key in _SUBSCHEMA_ONE:
+            out[key] = _close(value)
+        else:
+            out[key] = value
+    members = schema.get("properties")
+    required = schema.get("required", [])
+    if (isinstance(members, dict) and not any(key in schema for key in _OPENS)
+            and isinstance(required, list) and all(name in members for name in required)):
+        out["additionalProperties"] = False
+    return out
 
 
 def _rebased(schema: Any, root: str) -> Any:

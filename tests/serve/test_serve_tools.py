@@ -512,6 +512,65 @@ def test_the_forced_call_grammar_keeps_each_tools_own_references(smollm2_tokeniz
         assert accepts(named, call("book", '{"where": {"city": "Oslo"}}'))
 
 
+def test_the_forced_call_grammar_closes_objects_the_tool_did_not_leave_open(smollm2_tokenizer):
+    """A forced call's arguments hold the members the tool names, no others (JSON Schema's
+    default would let a small model write keys until max_tokens); a schema that allows
+    others keeps them."""
+    from emlx_async.llm.grammar import GrammarTokenizer
+    from emlx_async.serve.tools import call_grammar
+
+    tokenizer, _ = smollm2_tokenizer
+    open_ = {"type": "function", "function": {"name": "tag", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True}}}
+
+    def call(name, arguments):
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+
+    with GrammarTokenizer(tokenizer, eos_ids=[2]) as grammar_tokenizer:
+        accepts = functools.partial(_accepts, grammar_tokenizer, tokenizer)
+        grammar = call_grammar([WEATHER, open_], name=None, parallel=False)
+        assert accepts(grammar, call("get_weather", '{"city": "Paris"}'))
+        assert not accepts(grammar, call("get_weather", '{"city": "Paris", "units": "C"}'))
+        assert accepts(grammar, call("tag", '{"a": 1, "b": 2}'))
+
+
+@pytest.mark.parametrize("schema, closed", [
+    ({"type": "object", "properties": {"a": {"type": "string"}}},
+     {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": False}),
+    # Nested objects and pydantic's $defs are closed too; an object naming no members stays any object.
+    ({"properties": {"p": {"$ref": "#/$defs/P"}, "free": {"type": "object"}},
+      "$defs": {"P": {"properties": {"x": {"type": "integer"}}}}},
+     {"properties": {"p": {"$ref": "#/$defs/P"}, "free": {"type": "object"}},
+      "$defs": {"P": {"properties": {"x": {"type": "integer"}}, "additionalProperties": False}},
+      "additionalProperties": False}),
+    ({"anyOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},  # each variant is a whole object
+     {"anyOf": [{"properties": {"a": {}}, "additionalProperties": False},
+                {"properties": {"b": {}}, "additionalProperties": False}]}),
+    ({"type": "array", "items": {"properties": {"a": {}}}},
+     {"type": "array", "items": {"properties": {"a": {}}, "additionalProperties": False}}),
+])
+def test_closed_objects_closes_what_names_its_members(schema, closed):
+    from emlx_async.serve.tools import closed_objects
+
+    assert closed_objects(schema) == closed
+
+
+@pytest.mark.parametrize("schema", [
+    {"properties": {"a": {}}, "additionalProperties": {"type": "integer"}},  # it says what else
+    {"properties": {"a": {}}, "patternProperties": {"^x": {}}},
+    {"properties": {"a": {}}, "required": ["a", "b"]},  # b is required and not listed: closing refuses all
+    {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},  # merged into one object
+    {"properties": {"kind": {}}, "anyOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+    {"properties": {"a": {}}, "$ref": "#/$defs/Base", "$defs": {"Base": {"properties": {"b": {}}}}},
+    {"properties": {"a": {}}, "if": {"properties": {"a": {"const": 1}}}, "then": {"properties": {"b": {}}}},
+    {"properties": {"o": {"properties": {"a": {}}, "unevaluatedProperties": False}}},
+])
+def test_closed_objects_keeps_schemas_that_merge_or_say_what_else(schema):
+    from emlx_async.serve.tools import closed_objects
+
+    assert closed_objects(schema) == schema
+
+
 # ---- the app's shapes, from a scripted answer -----------------------------------
 
 def _scripted_client(tokenizer, template, pieces, fail=None):
