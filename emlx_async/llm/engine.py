@@ -287,11 +287,8 @@ class Engine:
             model, tokenizer, extra = await q.run(load)
             if mode == "auto":
                 await q.run(cache_options.probe, model)  # options the model cannot take: their own error
-                try:
-                    await q.run(_check_batching, model, cache_options)
-                    chosen = "batch"
-                except BatchingRefused as exc:
-                    chosen, batches, refused = "parallel", 1, exc
+                refused = await q.run(_batching_refusal, model, cache_options)
+                chosen, batches = ("batch", batches) if refused is None else ("parallel", 1)
         engine = cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=chosen, batches=batches,
                      prefill_chunk=prefill_chunk, prompt_cache=prompt_cache, cache_options=cache_options, **extra)
         if mode == "auto":
@@ -724,6 +721,22 @@ async def _first_of_each(streams: list[AsyncGenerator[Delta, None]]) -> dict[int
 
 def _seed(seed: int | None) -> int:
     return int.from_bytes(os.urandom(8), "little") if seed is None else int(seed) % SEED_RANGE
+
+
+def _batching_refusal(model, options: CacheOptions) -> str | None:
+    """Mode "auto"'s check: why batch mode should not serve `model` (None: it batches right).
+    A model whose batch cannot be checked (no fixed-buffer form of its caches) or whose
+    check fails is served alone, as parallel mode serves any model."""
+    try:
+        CacheSpec.of(model, options)
+        _check_batching(model, options)
+    except NotTraceable as exc:
+        return f"its batch cannot be checked against its rows alone ({exc})"
+    except BatchingRefused as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - any failure of a batch: serve each request alone
+        return f"checking its batch failed: {exc!r}"
+    return None
 
 
 def _check_batching(model, options: CacheOptions) -> None:

@@ -254,7 +254,8 @@ _HEALTH = {"type": "object", "required": ["status", "model", "mode", "models"],
            "properties": {"status": {"enum": ["loading", "ready", "failed", "draining", "broken"]},
                           "model": {"type": "string", "description": "the default model"},
                           "mode": {"enum": ["parallel", "batch", "auto"],
-                                   "description": "the default model's mode once loaded (\"auto\" until then)"},
+                                   "description": "the default model's mode while it is loaded; the configured "
+                                                  "one (\"auto\" by default) while it is not"},
                           "step": _STEP, "error": {"type": "string"},
                           "models": {"type": "array", "description": "every model and whether it is loaded",
                                      "items": {"type": "object", "required": ["id", "status"], "properties": {

@@ -130,6 +130,10 @@ class Service:
             raise ValueError(f"mode must be 'auto', 'parallel' or 'batch', got {config.mode!r}")
         if config.batches not in (None, 1) and config.mode == "parallel":
             raise ValueError(f"batches ({config.batches}) needs mode 'batch' or 'auto'")
+        if config.batches is not None and not (isinstance(config.batches, int)
+                                               and 1 <= config.batches <= config.max_concurrent):
+            raise ValueError(f"batches must be in [1, max_concurrent ({config.max_concurrent})], "
+                             f"got {config.batches!r}")
         if config.max_concurrent < 1 or config.max_waiting < 0:
             raise ValueError("max_concurrent must be >= 1 and max_waiting >= 0")
         if not config.body_timeout > 0:

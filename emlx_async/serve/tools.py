@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import json
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -163,7 +164,8 @@ class ToolCallFormat:
         for call in parsed:
             if not isinstance(call, dict) or not isinstance(call.get("name"), str):
                 raise ValueError(f"a tool call without a name: {text[:60]!r}")
-            arguments = next((call[key] for key in ARGUMENT_KEYS if key in call), {})
+            # The first of them in the text, as the streamed reader takes it.
+            arguments = next((value for key, value in call.items() if key in ARGUMENT_KEYS), {})
             if not isinstance(arguments, str):
                 arguments = json.dumps(arguments, ensure_ascii=False)
             out.append({"id": new_call_id(), "type": "function",
@@ -200,11 +202,16 @@ def call_grammar(tools: list[dict], *, name: str | None, parallel: bool):
 
 # Keywords whose subschemas add to the object they sit in: where one is used, an object
 # closed on its own would refuse members they allow, so nothing is closed.
-_MERGING = frozenset(("if", "then", "else", "dependentSchemas", "unevaluatedProperties", "$dynamicRef"))
+_MERGING = frozenset(("if", "then", "else", "dependentSchemas", "dependencies", "unevaluatedProperties",
+                      "$dynamicRef"))
+# Two of these at one level describe one object together (a base and its variants).
+_COMBINED = ("properties", "$ref", "allOf", "anyOf", "oneOf")
 _OPENS = ("additionalProperties", "patternProperties")  # an object that says itself what else it allows
+# Where subschemas sit (not "not" or "contains": closing inside them would widen or narrow
+# what the schema allows).
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_ONE = ("items", "additionalProperties", "not", "contains", "propertyNames")
+_SUBSCHEMA_ONE = ("items", "additionalProperties")
 
 
 def closed_objects(schema: Any) -> Any:
@@ -213,27 +220,36 @@ def closed_objects(schema: Any) -> Any:
     xgrammar's strict mode and OpenAI's strict tools have it. JSON Schema's default lets
     a forced call's arguments hold keys the tool never named, and a small model sampled
     freely writes such keys until max_tokens. Schemas that merge subschemas into one
-    object (``allOf`` of several, ``if``/``then``, members beside ``anyOf`` or a
-    ``$ref``, ...) are kept as sent, and so is an object whose ``required`` names a
-    member it does not list."""
+    object (``allOf`` of several, members beside ``anyOf`` or a ``$ref``, a ``$ref``
+    beside variants, ``if``/``then``, ...) are kept as sent, and so is an object whose
+    ``required`` names a member it does not list or whose ``minProperties`` asks for
+    more members than it lists."""
     if _merges(schema):
         return schema
     return _close(schema)
 
 
+def _subschemas(schema: dict) -> Iterator[tuple[str, Any]]:
+    """(keyword, subschema) for each subschema directly in `schema`."""
+    for key, value in schema.items():
+        if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            yield from ((key, sub) for sub in value.values())
+        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            yield from ((key, sub) for sub in value)
+        elif key in _SUBSCHEMA_ONE:
+            yield key, value
+
+
 def _merges(schema: Any) -> bool:
-    if isinstance(schema, list):
-        return any(_merges(item) for item in schema)
     if not isinstance(schema, dict):
         return False
     if any(key in schema for key in _MERGING):
         return True
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
         return True
-    # Members listed beside subschemas that apply to the same object (its variants, a base).
-    if "properties" in schema and any(key in schema for key in ("allOf", "anyOf", "oneOf", "$ref")):
+    if sum(key in schema for key in _COMBINED) > 1:
         return True
-    return any(_merges(value) for value in schema.values())
+    return any(_merges(sub) for _, sub in _subschemas(schema))
 
 
 def _close(schema: Any) -> Any:
@@ -251,8 +267,10 @@ def _close(schema: Any) -> Any:
             out[key] = value
     members = schema.get("properties")
     required = schema.get("required", [])
+    least = schema.get("minProperties", 0)
     if (isinstance(members, dict) and not any(key in schema for key in _OPENS)
-            and isinstance(required, list) and all(name in members for name in required)):
+            and isinstance(required, list) and all(name in members for name in required)
+            and not (isinstance(least, (int, float)) and least > len(members))):
         out["additionalProperties"] = False
     return out
 

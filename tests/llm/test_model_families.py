@@ -67,3 +67,38 @@ async def test_a_batch_that_fails_in_the_models_own_code_is_refused_by_name():
                                              "fails in the model's own code"):
             await engine.prepare_step()
         await engine.close()
+
+
+def test_mode_auto_serves_alone_a_model_whose_batch_is_wrong_unchecked_or_fails(monkeypatch):
+    """Engine.load(mode="auto")'s check: None where the batch gives each row its logits
+    alone, else the reason parallel mode is chosen."""
+    from mlx_lm.models import llama
+    from mlx_lm.models.cache import ChunkedKVCache
+
+    from emlx_async.llm.cache_options import CacheOptions
+    from emlx_async.llm.engine import _batching_refusal
+    from support.tiny_models import BASE
+
+    class Chunked(llama.Model):
+        def make_cache(self):
+            return [ChunkedKVCache(4) for _ in self.layers]
+
+    class FailsBatched(llama.Model):
+        def __call__(self, inputs, *args, **kwargs):
+            if inputs.shape[0] > 1:
+                raise RuntimeError("no batches here")
+            return super().__call__(inputs, *args, **kwargs)
+
+    args = llama.ModelArgs.from_dict({**BASE, "model_type": "llama"})
+    options = CacheOptions()
+    assert _batching_refusal(tiny("llama"), options) is None
+    assert "mode 'batch' cannot serve model type 'gemma2'" in _batching_refusal(tiny("gemma2"), options)
+    assert "its batch cannot be checked" in _batching_refusal(Chunked(args), options)
+    assert "a batch of 2 rows fails in the model's own code: no batches here" in \
+        _batching_refusal(FailsBatched(args), options)
+
+    def broken(model, spec):
+        raise KeyError("a buffer")
+
+    monkeypatch.setattr("emlx_async.llm.engine.check_batch_against_rows", broken)
+    assert _batching_refusal(tiny("llama"), options) == "checking its batch failed: KeyError('a buffer')"

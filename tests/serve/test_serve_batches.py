@@ -35,6 +35,9 @@ def test_batches_are_refused_where_they_cannot_apply():
         create_app(ServeConfig(mode="parallel", batches=2))
     with pytest.raises(ValueError, match="mode must be 'auto', 'parallel' or 'batch', got 'fast'"):
         create_app(ServeConfig(mode="fast"))
+    for batches in (0, 5, 2.0):
+        with pytest.raises(ValueError, match=r"batches must be in \[1, max_concurrent \(4\)\]"):
+            create_app(ServeConfig(batches=batches, max_concurrent=4))
 
 
 def test_the_default_mode_runs_two_batches_where_there_are_slots_for_them():

@@ -184,6 +184,9 @@ def test_a_whole_block_reads_parameters_as_the_arguments():
 
     [call] = ToolCallFormat.hermes().calls('{"name": "get_time", "parameters": {"a": 1}}', None)
     assert call["function"] == {"name": "get_time", "arguments": '{"a": 1}'}
+    # The first of the two in the text, as the streamed reader takes it.
+    [call] = ToolCallFormat.hermes().calls('{"name": "f", "parameters": {"a": 1}, "arguments": {"b": 2}}', None)
+    assert call["function"]["arguments"] == '{"a": 1}'
 
 
 @pytest.mark.parametrize("text, sent", [

@@ -563,11 +563,25 @@ def test_closed_objects_closes_what_names_its_members(schema, closed):
     {"properties": {"a": {}}, "$ref": "#/$defs/Base", "$defs": {"Base": {"properties": {"b": {}}}}},
     {"properties": {"a": {}}, "if": {"properties": {"a": {"const": 1}}}, "then": {"properties": {"b": {}}}},
     {"properties": {"o": {"properties": {"a": {}}, "unevaluatedProperties": False}}},
+    # A base by reference beside its variants: closing each alone would leave no value.
+    {"$defs": {"Base": {"properties": {"id": {}}, "required": ["id"]}}, "$ref": "#/$defs/Base",
+     "oneOf": [{"properties": {"kind": {"const": "a"}}}, {"properties": {"kind": {"const": "b"}}}]},
+    {"allOf": [{"$ref": "#/$defs/Base"}], "anyOf": [{"properties": {"x": {}}}],
+     "$defs": {"Base": {"properties": {"id": {}}}}},
+    {"properties": {"a": {}}, "required": ["a"], "minProperties": 2},  # a, and one more
 ])
 def test_closed_objects_keeps_schemas_that_merge_or_say_what_else(schema):
     from emlx_async.serve.tools import closed_objects
 
     assert closed_objects(schema) == schema
+
+
+def test_closed_objects_reads_only_subschemas():
+    """A parameter named "if" or a default holding "then" is no conditional: still closed."""
+    from emlx_async.serve.tools import closed_objects
+
+    schema = {"properties": {"if": {"type": "string", "default": {"then": 1}}, "else": {"enum": [{"if": 1}]}}}
+    assert closed_objects(schema) == {**schema, "additionalProperties": False}
 
 
 # ---- the app's shapes, from a scripted answer -----------------------------------
