@@ -13,6 +13,7 @@ from ._context import bind as bind
 from ._api import current_queue as current_queue
 from ._routing import bound_queue as bound_queue
 from ._errors import BatchDriverError as BatchDriverError
+from ._errors import BatchingRefused as BatchingRefused
 from ._errors import DeviceUnavailable as DeviceUnavailable
 from ._errors import DistributedError as DistributedError
 from ._errors import EMLXError as EMLXError
@@ -62,8 +63,8 @@ from .replay import trace as trace  # noqa: E402
 
 __all__ = [
     "CommandQueue", "CompiledFunction", "TracedFunction", "compile", "load_traced", "trace",
-    "BatchDriverError", "DeviceUnavailable", "DistributedError", "EMLXError", "EngineBusy", "ForeignLazyArrayError",
-    "ForkedProcessError", "GrammarError", "GrammarStateError",
+    "BatchDriverError", "BatchingRefused", "DeviceUnavailable", "DistributedError", "EMLXError", "EngineBusy",
+    "ForeignLazyArrayError", "ForkedProcessError", "GrammarError", "GrammarStateError",
     "HostCallDeadlock", "HostCallError", "InvalidOption", "JobFuture", "TrioJobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
     "MLXValueError", "NotTraceable", "QueueClosed", "QueueFull", "QueueReleaseError", "QueueStats", "Runtime",
     "RuntimeClosed", "RuntimeStats", "SharedMemoryError",

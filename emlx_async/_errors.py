@@ -107,6 +107,11 @@ class BatchDriverError(EMLXError, RuntimeError):
     """The batch driver failed; each request it carried gets one, chained to the cause."""
 
 
+class BatchingRefused(EMLXError, ValueError):
+    """Batch mode refused for a model whose batch gives its rows other logits than
+    each row alone (mlx-lm's gemma2): parallel mode serves it right."""
+
+
 class GrammarError(EMLXError, ValueError):
     """A grammar that cannot be used: invalid, unsupported, or unsatisfiable. The message names why."""
 

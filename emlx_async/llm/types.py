@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import BatchDriverError as BatchDriverError
+from .. import BatchingRefused as BatchingRefused
 from .. import EngineBusy as EngineBusy
 
 # OpenAI's bound on top_logprobs.
@@ -51,11 +52,6 @@ class RequestStats:
             return 0.0
         end = self.finished_at or time.perf_counter()
         return (self.generated_tokens - 1) / max(end - self.first_token_at, 1e-9)
-
-
-class BatchingRefused(ValueError):
-    """Batch mode refused for a model whose batch gives its rows other logits than
-    each row alone (mlx-lm's gemma2): parallel mode serves it right."""
 
 
 def is_int(value: Any) -> bool:

@@ -106,6 +106,8 @@ MOVED = [
     ("emlx_async.llm.grammar", "GrammarStateError", RuntimeError),
     ("emlx_async.llm", "BatchDriverError", RuntimeError),
     ("emlx_async.llm.types", "BatchDriverError", RuntimeError),
+    ("emlx_async.llm", "BatchingRefused", ValueError),
+    ("emlx_async.llm.engine", "BatchingRefused", ValueError),
     ("emlx_async.llm", "EngineBusy", ea.QueueFull),
     ("emlx_async.llm.engine", "EngineBusy", ea.QueueFull),
     ("emlx_async.llm.replay_step", "NotTraceable", ValueError),
