@@ -255,7 +255,7 @@ _HEALTH = {"type": "object", "required": ["status", "model", "mode", "models"],
                           "model": {"type": "string", "description": "the default model"},
                           "mode": {"enum": ["parallel", "batch", "auto"],
                                    "description": "the default model's mode while it is loaded; the configured "
-                                                  "one (\"auto\" by default) while it is not"},
+                                                  "one while it is not"},
                           "step": _STEP, "error": {"type": "string"},
                           "models": {"type": "array", "description": "every model and whether it is loaded",
                                      "items": {"type": "object", "required": ["id", "status"], "properties": {
@@ -496,7 +496,10 @@ _RESPONSES_REQUEST = {
     "properties": {
         "model": _SAMPLING["model"],
         "input": {"oneOf": [{"type": "string", "description": "one user message"},
-                            {"type": "array", "items": _INPUT_ITEM, "minItems": 1}]},
+                            {"type": "array", "items": _INPUT_ITEM, "minItems": 1,
+                             "contains": {"not": {"type": "object", "required": ["type"],
+                                                  "properties": {"type": {"const": "reasoning"}}}},
+                             "description": "at least one item that is no reasoning item"}]},
         "instructions": {"type": "string", "description": "a system message before the input"},
         "max_output_tokens": _SAMPLING["max_tokens"],
         "temperature": _SAMPLING["temperature"],

@@ -167,6 +167,9 @@ def parse_input(body: dict) -> list[dict]:
         if "content" not in item:
             raise invalid(f"{where}.content", f"{where}.content: field required", "missing_required_parameter")
         messages.append({"role": _ROLES[role], "content": _content(item["content"], f"{where}.content")})
+    if all(isinstance(item, dict) and item.get("type") == "reasoning" for item in items):
+        raise invalid("input", "input: reasoning items are left out of the prompt: at least one message, "
+                      "function_call or function_call_output item is required")
     return messages
 
 

@@ -176,6 +176,7 @@ REFUSED = [
     ("ResponsesRequest", {"input": "x", "previous_response_id": "resp_1"}),
     ("ResponsesRequest", {"input": "x", "conversation": "conv_1"}),
     ("ResponsesRequest", {"input": "x", "reasoning": {"effort": "extreme"}}),
+    ("ResponsesRequest", {"input": [{"type": "reasoning"}]}),
     ("ChatCompletionRequest", {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "extreme"}),
     ("ResponsesRequest", {"input": "x", "tools": [{"type": "web_search"}]}),
     ("ResponsesRequest", {"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": "sometimes"}),

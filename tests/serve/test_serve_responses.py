@@ -71,6 +71,7 @@ HOSTILE = [
     ({**OK, "tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({**OK, "tool_choice": "required"}, "tool_choice"),
     ({**OK, "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+    ({**OK, "input": [{"type": "reasoning"}], "instructions": "x"}, "input"),  # no turn left (schemathesis)
     ({**OK, "reasoning": "high"}, "reasoning"),
     ({**OK, "reasoning": {"summary": 1}}, "reasoning.summary"),
     ({**OK, "text": {"format": {"type": "yaml"}}}, "text.format.type"),
