@@ -38,5 +38,5 @@ from .types import Delta as Delta
 from .types import EngineBusy as EngineBusy
 from .types import RequestStats as RequestStats
 
-__all__ = ["BatchDriverError", "BatchingRefused", "CHOICE_SEED_STEP", "Delta", "Engine", "EngineBusy", "Grammar", "GrammarError",
-           "GrammarStateError", "InvalidOption", "MAX_CHOICES", "PrefixCache", "RequestStats"]
+__all__ = ["BatchDriverError", "BatchingRefused", "CHOICE_SEED_STEP", "Delta", "Engine", "EngineBusy", "Grammar",
+           "GrammarError", "GrammarStateError", "InvalidOption", "MAX_CHOICES", "PrefixCache", "RequestStats"]

@@ -728,23 +728,21 @@ def _batching_refusal(model, options: CacheOptions) -> str | None:
     A model whose batch cannot be checked (no fixed-buffer form of its caches) or whose
     check fails is served alone, as parallel mode serves any model."""
     try:
-        CacheSpec.of(model, options)
-        _check_batching(model, options)
-    except NotTraceable as exc:
-        return f"its batch cannot be checked against its rows alone ({exc})"
+        unchecked = _check_batching(model, options)
     except BatchingRefused as exc:
         return str(exc)
     except Exception as exc:  # noqa: BLE001 - any failure of a batch: serve each request alone
         return f"checking its batch failed: {exc!r}"
-    return None
+    return None if unchecked is None else f"its batch cannot be checked against its rows alone ({unchecked})"
 
 
-def _check_batching(model, options: CacheOptions) -> None:
-    """Refuse batch mode for a model whose batch gives its rows other logits than alone."""
+def _check_batching(model, options: CacheOptions) -> NotTraceable | None:
+    """Refuse batch mode for a model whose batch gives its rows other logits than alone;
+    why the batch could not be checked (no fixed-buffer form to step a batch of), if so."""
     try:
         spec = CacheSpec.of(model, options)
-    except NotTraceable:
-        return  # no fixed-buffer form to step a batch of: nothing to compare
+    except NotTraceable as exc:
+        return exc
     try:
         check_batch_against_rows(model, spec)
     except ValueError as exc:

@@ -59,4 +59,5 @@ def is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-__all__ = ["BatchDriverError", "BatchingRefused", "Delta", "EngineBusy", "MAX_CHOICES", "MAX_TOP_LOGPROBS", "RequestStats", "is_int"]
+__all__ = ["BatchDriverError", "BatchingRefused", "Delta", "EngineBusy", "MAX_CHOICES", "MAX_TOP_LOGPROBS",
+           "RequestStats", "is_int"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -229,15 +229,16 @@ def closed_objects(schema: Any) -> Any:
     return _close(schema)
 
 
-def _subschemas(schema: dict) -> Iterator[tuple[str, Any]]:
-    """(keyword, subschema) for each subschema directly in `schema`."""
-    for key, value in schema.items():
-        if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
-            yield from ((key, sub) for sub in value.values())
-        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
-            yield from ((key, sub) for sub in value)
-        elif key in _SUBSCHEMA_ONE:
-            yield key, value
+def _mapped(key: str, value: Any, each: Callable[[Any], Any]) -> Any:
+    """`value` of keyword `key` with `each` applied to every subschema it holds (the one
+    place that says where subschemas sit); other values as they are."""
+    if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+        return {name: each(sub) for name, sub in value.items()}
+    if key in _SUBSCHEMA_LISTS and isinstance(value, list):
+        return [each(sub) for sub in value]
+    if key in _SUBSCHEMA_ONE:
+        return each(value)
+    return value
 
 
 def _merges(schema: Any) -> bool:
@@ -249,22 +250,16 @@ def _merges(schema: Any) -> bool:
         return True
     if sum(key in schema for key in _COMBINED) > 1:
         return True
-    return any(_merges(sub) for _, sub in _subschemas(schema))
+    subschemas: list = []
+    for key, value in schema.items():
+        _mapped(key, value, subschemas.append)
+    return any(_merges(sub) for sub in subschemas)
 
 
 def _close(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
-    out = {}
-    for key, value in schema.items():
-        if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: _close(sub) for name, sub in value.items()}
-        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
-            out[key] = [_close(sub) for sub in value]
-        elif key in _SUBSCHEMA_ONE:
-            out[key] = _close(value)
-        else:
-            out[key] = value
+    out = {key: _mapped(key, value, _close) for key, value in schema.items()}
     members = schema.get("properties")
     required = schema.get("required", [])
     least = schema.get("minProperties", 0)
