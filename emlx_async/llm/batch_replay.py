@@ -96,6 +96,9 @@ class ReplayBatchJobs:
                                                               (history.counts, history.window, history.bias))
                 state.counts[slot], state.window[slot], state.bias[slot] = \
                     history.counts[0], history.window[0], history.bias[0]
+            elif state.counts is not None:
+                # A slot a penalized row left keeps its entries: its logit bias would apply to this row.
+                state.counts[slot], state.window[slot], state.bias[slot] = 0, 0, 0
         mx.eval(caches, keys, *(a for a in (state.counts, state.window, state.bias) if a is not None))
 
 

@@ -38,11 +38,13 @@ the buffers.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, QuantizedKVCache, RotatingKVCache
 
@@ -558,7 +560,7 @@ def make_step(model, spec: CacheSpec, *, weights_as_inputs: bool = False, greedy
     n = spec.n_buffers
     n_penalty = len(PENALTY_INPUTS) if penalized else 0
 
-    def decode(*inputs: mx.array):
+    def decode(model, *inputs: mx.array):
         buffers, (key, token, position, inv_temperature, top_p, top_k, *extra) = inputs[:n], inputs[n:]
         logits, new_buffers = forward(model, spec, token, position, buffers)
         history, log_min_p = [], None
@@ -632,22 +634,35 @@ def model_weights(model) -> list[mx.array]:
 
 
 def _with_weights(model, weights_as_inputs: bool, body: Callable[..., Any], n_fixed: int) -> Callable[..., Any]:
-    """`body(*fixed)` as a step taking the model's weights after its `n_fixed` inputs when asked."""
+    """`body(model, *fixed)` as a step taking the model's weights after its `n_fixed` inputs when asked."""
     names = [name for name, _ in tree_flatten(model.parameters())]
 
     def step(*inputs: mx.array):
         if not weights_as_inputs:
-            return body(*inputs)
+            return body(model, *inputs)
         fixed, weights = inputs[:n_fixed], inputs[n_fixed:]
         if len(weights) != len(names):
             raise ValueError(f"the step takes the model's {len(names)} weights after its inputs, got {len(weights)}")
-        # Swap the given arrays in for the parameters while the graph is
-        # built (traced: they become inputs), then put the model back.
-        saved = model.parameters()
-        model.update(tree_unflatten(list(zip(names, weights))))
-        try:
-            return body(*fixed)
-        finally:
-            model.update(saved)
+        # The given arrays stand in for the parameters (traced: they become inputs) in a copy of
+        # the model's modules: other threads run the model itself meanwhile (a prompt prefilling
+        # beside a trace), and would read the stand-ins, which have no values.
+        standing_in = _modules_copy(model)
+        standing_in.update(tree_unflatten(list(zip(names, weights))))
+        return body(standing_in, *fixed)
 
     return step
+
+
+def _modules_copy(value: Any) -> Any:
+    """`value` (a module, or what a module holds) with modules, lists and dicts of its own all
+    the way down and the same arrays: updating the copy's parameters leaves `value` as it was."""
+    if isinstance(value, nn.Module):
+        new = copy.copy(value)  # its own dict (the parameters and children) and attributes
+        for name, child in value.items():
+            dict.__setitem__(new, name, _modules_copy(child))
+        return new
+    if type(value) in (list, tuple):
+        return type(value)(_modules_copy(v) for v in value)
+    if type(value) is dict:
+        return {k: _modules_copy(v) for k, v in value.items()}
+    return value

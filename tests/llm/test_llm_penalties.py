@@ -6,8 +6,10 @@ official openai client."""
 
 from __future__ import annotations
 
+import functools
 import math
 
+import anyio
 import mlx.core as mx
 import pytest
 from mlx_lm.sample_utils import apply_min_p, make_logits_processors
@@ -257,6 +259,36 @@ async def test_replayed_penalties_draw_the_python_steps_tokens(mode):
         assert want[0] != await tokens_of(python, PROMPTS[0], max_tokens=14)
         for engine in (replayed, python):
             await engine.wait_idle()
+
+
+@on_every_loop
+async def test_a_row_taking_the_slot_a_biased_row_left_starts_neutral():
+    # The batch keeps its shape when a row leaves (4 rows for 3 streams): the next row takes
+    # that slot as it is, and must not inherit the logit bias (or counts) left in it while a
+    # penalized row keeps the batch on the penalized step.
+    from emlx_async.llm import Engine
+
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt,
+                        mode="batch", max_concurrent=4)
+        assert await engine.prepare_step("replay", cache_sizes=(64,)) == "replay"
+        alone = await tokens_of(engine, PROMPTS[2], max_tokens=6)
+        assert 11 not in alone
+        results = {}
+
+        async def run(name, **request):
+            results[name] = await tokens_of(engine, **request)
+
+        async with anyio.create_task_group() as tg:
+            for k in range(3):
+                tg.start_soon(functools.partial(run, k, prompt=PROMPTS[k], max_tokens=40,
+                                                **(dict(presence_penalty=0.5) if k == 0 else {})))
+            await run("biased", prompt=PROMPTS[3], max_tokens=2, logit_bias={11: 30.0})
+            await run("after", prompt=PROMPTS[2], max_tokens=6)
+        assert results["biased"] == [11, 11]
+        assert results["after"] == alone
+        assert all(len(results[k]) == 40 for k in range(3))  # they were running when "after" joined
+        await engine.wait_idle()
 
 
 @on_every_loop

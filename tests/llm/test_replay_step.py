@@ -228,6 +228,33 @@ async def test_a_layer_of_several_caches_replays(rt):
         [mlx_lm_tokens(model, p, 10) for p in BATCH_PROMPTS]
 
 
+def test_a_step_taking_the_weights_leaves_the_model_its_own_while_it_runs(monkeypatch):
+    # A trace runs the step on stand-ins for the weights while other workers run the model
+    # itself (a prompt prefilling beside it): had the model held the stand-ins meanwhile,
+    # those calls would fail ("eval an array without a primitive").
+    from emlx_async.llm import replay_step
+
+    model = tiny("llama")
+    spec = CacheSpec.of(model)
+    weights = model_weights(model)
+    during = []
+
+    def watched(*args):
+        during.append(all(a is b for a, b in zip(model_weights(model), weights)))
+        return forward(*args)
+
+    monkeypatch.setattr(replay_step, "forward", watched)
+    step = make_step(model, spec, weights_as_inputs=True, greedy=True)
+    inputs = [*spec.zeros(1, 8), mx.random.key(0), mx.array([[5]], dtype=mx.int32), mx.array(0, dtype=mx.int32),
+              *sampling_inputs(0.0, 1.0, 0, 256)]
+    with_model, *_ = step(*inputs, *weights)
+    # The step reads the weights it is given: other ones give other logits (here every token ties).
+    with_zeros, *_ = step(*inputs, *(mx.zeros_like(w) for w in weights))
+    assert during == [True, True]
+    assert with_zeros.item() == 0 and with_model.item() == int(mx.argmax(model(mx.array([[5]]))[0, -1]).item())
+    assert all(a is b for a, b in zip(model_weights(model), weights))
+
+
 def test_cache_options_mlx_lm_or_mlx_refuse_are_refused_with_their_message():
     with pytest.raises(ValueError, match="kv_bits: mlx-lm cannot quantize.*RotatingKVCache Quantization NYI"):
         CacheSpec.of(tiny("gemma3_text", **QUANTIZABLE),
