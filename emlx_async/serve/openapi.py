@@ -255,7 +255,7 @@ _HEALTH = {"type": "object", "required": ["status", "model", "mode", "models"],
                           "model": {"type": "string", "description": "the default model"},
                           "mode": {"enum": ["parallel", "batch", "auto"],
                                    "description": "the default model's mode while it is loaded; the configured "
-                                                  "one while it is not"},
+                                                  "one (\"auto\" by default) while it is not"},
                           "step": _STEP, "error": {"type": "string"},
                           "models": {"type": "array", "description": "every model and whether it is loaded",
                                      "items": {"type": "object", "required": ["id", "status"], "properties": {

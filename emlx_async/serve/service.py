@@ -55,10 +55,9 @@ class ServeConfig:
     # Seconds without a request after which a model is unloaded (None: never);
     # the next request loads it again.
     idle_unload: float | None = None
-    # "parallel"; "batch"; "auto": batch mode, or parallel mode for a model whose batch
-    # gives its rows other logits than alone (Engine.load's mode). Not yet the default:
-    # two batches under many concurrent constrained requests once failed a batch step.
-    mode: str = "parallel"
+    # "auto": batch mode, or parallel mode for a model whose batch gives its
+    # rows other logits than alone (Engine.load's mode); "batch"; "parallel".
+    mode: str = "auto"
     # Batch mode's replayed batches run at once, each on its own queue (Engine.load's
     # batches); None: AUTO_BATCHES in mode "auto", 1 in mode "batch".
     batches: int | None = None

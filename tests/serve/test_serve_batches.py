@@ -1,6 +1,6 @@
 """The service's modes and --batches (batch mode running N batches at once): refused
-where they cannot apply; mode "auto" serves a model in batch mode with two batches and
-gemma2 (whose batch mlx-lm gets wrong) in parallel mode; and a tiny model
+where they cannot apply; the default mode "auto" serves a model in batch mode with two
+batches and gemma2 (whose batch mlx-lm gets wrong) in parallel mode; and a tiny model
 served in process with two batches gives every concurrent client the answer it gets alone."""
 
 from __future__ import annotations
@@ -32,17 +32,17 @@ def test_batches_are_refused_where_they_cannot_apply():
     with pytest.raises(SystemExit, match="no --distributed"):
         main(["serve", "--mode", "batch", "--batches", "2", "--distributed"])
     with pytest.raises(ValueError, match="needs mode 'batch' or 'auto'"):
-        create_app(ServeConfig(batches=2))
+        create_app(ServeConfig(mode="parallel", batches=2))
     with pytest.raises(ValueError, match="mode must be 'auto', 'parallel' or 'batch', got 'fast'"):
         create_app(ServeConfig(mode="fast"))
     for batches in (0, 5, 2.0):
         with pytest.raises(ValueError, match=r"batches must be in \[1, max_concurrent \(4\)\]"):
-            create_app(ServeConfig(mode="auto", batches=batches, max_concurrent=4))
+            create_app(ServeConfig(batches=batches, max_concurrent=4))
 
 
-def test_mode_auto_runs_two_batches_where_there_are_slots_for_them():
-    assert ServeConfig().mode == "parallel" and ServeConfig(mode="auto").engine_batches() == 2
-    assert ServeConfig(mode="auto", max_concurrent=1).engine_batches() == 1  # a batch would never have a row
+def test_the_default_mode_runs_two_batches_where_there_are_slots_for_them():
+    assert ServeConfig().mode == "auto" and ServeConfig().engine_batches() == 2
+    assert ServeConfig(max_concurrent=1).engine_batches() == 1  # a batch would never have a row
     assert ServeConfig(mode="batch").engine_batches() == 1 and ServeConfig(mode="parallel").engine_batches() == 1
     assert ServeConfig(batches=3).engine_batches() == 3
 
@@ -119,7 +119,7 @@ async def test_mode_auto_batches_a_model_and_serves_gemma2_alone_saying_why(llam
     from emlx_async.llm import Engine
 
     config = ServeConfig(models=tuple(ModelSpec(kind, path) for kind, path in llama_and_gemma2.items()),
-                         mode="auto", max_concurrent=4)
+                         max_concurrent=4)
     ask = {"messages": [{"role": "user", "content": "Count to 3"}], "max_tokens": 6, "temperature": 0}
     caplog.set_level(logging.WARNING, logger="emlx_async.serve.service")
     async with serving(config) as (service, http):
