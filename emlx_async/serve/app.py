@@ -56,7 +56,8 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                                                    generation))
 
         # Not streamed: still cancel the generation if the client leaves or the shutdown deadline passes.
-        texts: list[list[str]] = [[] for _ in range(parsed.n)]
+        # Each choice's deltas: their text, and whether a token wrote it (the last may not).
+        texts: list[list[tuple[str, bool]]] = [[] for _ in range(parsed.n)]
         entries: list[list[dict] | None] = [[] if parsed.logprobs else None for _ in range(parsed.n)]
         shutdown_scope = anyio.CancelScope()
         try:
@@ -64,7 +65,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                 async with anyio.create_task_group() as group:
                     async def collect() -> None:
                         async for index, delta in generation.choice_deltas():
-                            texts[index].append(delta.text)
+                            texts[index].append((delta.text, delta.token is not None))
                             kept = entries[index]
                             if kept is not None and (entry := generation.logprob_entry(delta)) is not None:
                                 kept.append(entry)
@@ -92,21 +93,22 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                 return count(endpoint, error_response(shutdown_error()))
             return count(endpoint, Response(status_code=499))  # the client is gone: nobody reads this
         choices = []
-        for index, (text, splitter) in enumerate(zip(texts, generation.splitters)):
-            answer, reasoning, calls = "".join(text), None, None
+        for index, (pieces, splitter) in enumerate(zip(texts, generation.splitters)):
+            answer, reasoning, calls = "".join(text for text, _ in pieces), None, None
             finish = generation.finish_reasons[index]
             if splitter is not None:  # each choice cut on its own (its own tool calls), as its stream is
-                first, last = splitter.feed(answer), splitter.flush()
-                answer = first.content + last.content
+                splits = [splitter.feed(text, token=token) for text, token in pieces] + [splitter.flush()]
+                answer = "".join(split.content for split in splits)
                 if splitter.thinking:
-                    reasoning = first.reasoning + last.reasoning
+                    reasoning = "".join(split.reasoning for split in splits)
                 calls = splitter.tool_calls or None
                 finish = splitter.finish_reason(finish)
             choices.append(completion_choice(parsed, index=index, text=answer, finish_reason=finish,
                                              logprobs=entries[index], reasoning=reasoning, tool_calls=calls))
         body = completion_body(parsed, id=id_, model=generation.model_name, choices=choices,
                                prompt_tokens=generation.prompt_tokens,
-                               completion_tokens=generation.stats.generated_tokens)
+                               completion_tokens=generation.stats.generated_tokens,
+                               reasoning_tokens=generation.reasoning_tokens)
         return count(endpoint, JSON(body))
 
     async def _stream_events(parsed: GenerationRequest, id_: str, generation: Generation) -> AsyncIterator[bytes]:
@@ -129,7 +131,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                     pending[index].append(entry)
                 splitter = generation.splitters[index]
                 if splitter is not None:
-                    pieces = [splitter.feed(delta.text)] if delta.text else []
+                    pieces = [splitter.feed(delta.text, token=delta.token is not None)]
                     if delta.finish_reason is not None:
                         pieces.append(splitter.flush())
                     # A call streams as it is written: its head (id, name) once the name is whole, then its
@@ -155,7 +157,8 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                                     logprobs=pending[index] or None))
             if parsed.include_usage:
                 yield sse(usage_chunk_body(parsed, **fields, prompt_tokens=generation.prompt_tokens,
-                                           completion_tokens=generation.stats.generated_tokens))
+                                           completion_tokens=generation.stats.generated_tokens,
+                                           reasoning_tokens=generation.reasoning_tokens))
         except Exception as exc:  # noqa: BLE001 - the status line is gone; the error goes in the stream
             broken = distributed_cause(exc)
             failed = grammar_error(exc, parsed) if parsed.grammar is not None else None

@@ -353,8 +353,11 @@ class AnswerParts:
         self._splitter = generation.splitter  # None: no tools, and a template that does not think
         self._held = ""
         self.calls: list[dict] = []  # the calls that ended
-        # Tokens written inside the reasoning block, its markers included (Responses' usage).
-        self.reasoning_tokens = 0
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Tokens written inside the reasoning block (OutputSplitter.reasoning_tokens)."""
+        return 0 if self._splitter is None else self._splitter.reasoning_tokens
 
     @property
     def split(self) -> bool:
@@ -372,10 +375,7 @@ class AnswerParts:
         answer ends here; `token`: a token wrote `text` (the engine's last delta may not)."""
         if self._splitter is None:
             return [text] if text else []
-        reasoning = self._splitter.reasoning
-        splits = [self._splitter.feed(text)] if text else []
-        if token and (reasoning or self._splitter.reasoning):  # inside, or opening the block
-            self.reasoning_tokens += 1
+        splits = [self._splitter.feed(text, token=token)]
         if final:
             splits.append(self._splitter.flush())
         out: list[str | Reasoning | CallStart | CallArguments | CallEnd] = []

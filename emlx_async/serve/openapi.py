@@ -185,8 +185,12 @@ _COMPLETION_REQUEST = {
 }
 
 _USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
-          "properties": {name: {"type": "integer", "minimum": 0}
-                         for name in ("prompt_tokens", "completion_tokens", "total_tokens")}}
+          "properties": {**{name: {"type": "integer", "minimum": 0}
+                            for name in ("prompt_tokens", "completion_tokens", "total_tokens")},
+                         "completion_tokens_details": {
+                             "type": "object", "required": ["reasoning_tokens"],
+                             "description": "chat: the completion tokens written inside the reasoning block",
+                             "properties": {"reasoning_tokens": {"type": "integer", "minimum": 0}}}}}
 
 _LOGPROB = {"type": "object", "required": ["token", "logprob", "bytes"],
             "properties": {"token": {"type": "string"}, "logprob": {"type": "number"},

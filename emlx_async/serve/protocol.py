@@ -805,9 +805,13 @@ def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> dict:
+    """OpenAI's usage; a chat's also says how many completion tokens were reasoning."""
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens}
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return out
 
 
 def logprob_entry(text_bytes: bytes, logprob: float, top: list[tuple[bytes, float]]) -> dict:
@@ -845,12 +849,12 @@ def completion_choice(request: GenerationRequest, *, index: int = 0, text: str, 
 
 
 def completion_body(request: GenerationRequest, *, id: str, model: str, choices: list[dict],
-                    prompt_tokens: int, completion_tokens: int) -> dict:
+                    prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0) -> dict:
     """A non-streamed answer: its choices (``completion_choice``); usage counts the prompt once
-    and the completion tokens of every choice, as OpenAI does."""
+    and the completion tokens of every choice, as OpenAI does (a chat's reasoning tokens too)."""
     obj = "chat.completion" if request.chat else "text_completion"
-    return {"id": id, "object": obj, "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+    return {"id": id, "object": obj, "created": int(time.time()), "model": model, "choices": choices,
+            "usage": usage(prompt_tokens, completion_tokens, reasoning_tokens if request.chat else None)}
 
 
 def chunk_body(request: GenerationRequest, *, id: str, model: str, created: int, text: str | None,
@@ -891,7 +895,7 @@ def call_arguments_delta(index: int, text: str) -> list[dict]:
 
 
 def usage_chunk_body(request: GenerationRequest, *, id: str, model: str, created: int,
-                     prompt_tokens: int, completion_tokens: int) -> dict:
+                     prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0) -> dict:
     obj = "chat.completion.chunk" if request.chat else "text_completion"
     return {"id": id, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens, reasoning_tokens if request.chat else None)}

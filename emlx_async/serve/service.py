@@ -595,6 +595,11 @@ class Generation:
         return self.splitters[0]
 
     @property
+    def reasoning_tokens(self) -> int:
+        """The choices' tokens inside their reasoning blocks so far, summed (their splitters count them)."""
+        return sum(splitter.reasoning_tokens for splitter in self.splitters if splitter is not None)
+
+    @property
     def finish_reason(self) -> str | None:
         """The first choice's finish reason once every choice has finished (None: cut short)."""
         return None if None in self.finish_reasons else self.finish_reasons[0]

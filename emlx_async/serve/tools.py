@@ -712,10 +712,19 @@ class OutputSplitter:
         self._started = 0  # call heads sent
         self.tool_calls: list[dict] = []  # the calls that ended
         self._all_valid = True
+        # Tokens written inside the reasoning block, the one opening it and its end marker
+        # included (chat's completion_tokens_details, Responses' output_tokens_details).
+        self.reasoning_tokens = 0
 
-    def feed(self, text: str) -> Split:
+    def feed(self, text: str, *, token: bool = True) -> Split:
+        """What `text` adds; `token`: a token wrote it (the engine's last delta may not), counted
+        in `reasoning_tokens` when it is inside the block or opens it."""
+        inside = self._in_reasoning
         self._pending += text
-        return self._drain(final=False)
+        split = self._drain(final=False)
+        if token and (inside or self._in_reasoning):
+            self.reasoning_tokens += 1
+        return split
 
     def flush(self) -> Split:
         return self._drain(final=True)

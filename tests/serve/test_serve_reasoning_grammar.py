@@ -224,9 +224,14 @@ async def test_parse_and_forced_calls_keep_the_reasoning_apart(smollm2):
         message = parsed.choices[0].message
         assert message.parsed == Person(name="Ann", age=3) and message.reasoning_content == "Ann is 3."
         assert engine.grammars[-1]._budget.tokens == 40  # the grammar let the model think first
+        # "Ann", " is", " 3." and "</think>" are reasoning tokens (the prompt opened the block).
+        assert parsed.usage.completion_tokens_details.reasoning_tokens == 4
         stream = await client.chat.completions.create(model=MODEL, messages=USER, max_tokens=80, stream=True,
-                                                      response_format={"type": "json_object"})
-        deltas = [c.choices[0].delta async for c in stream if c.choices]
+                                                      response_format={"type": "json_object"},
+                                                      stream_options={"include_usage": True})
+        chunks = [c async for c in stream]
+        assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == 4
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
         assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "Ann is 3."
         assert json.loads("".join(d.content or "" for d in deltas)) == {"name": "Ann", "age": 3}
         # enable_thinking false: the template closed the reasoning, the answer is constrained at once.
