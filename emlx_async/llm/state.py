@@ -76,7 +76,8 @@ class ReplayBatchState:
     caches: list[mx.array] | None = None
     keys: mx.array | None = None
     # The penalized rows' token histories and bias rows ({rows, V}, {rows, W}, {rows, V}),
-    # made when the first penalized row joins; other rows' entries are never read.
+    # made when the first penalized row joins. The penalized step reads every row's: the
+    # others' must be neutral (zeros; a row joining a slot a penalized row left zeroes them).
     counts: mx.array | None = None
     window: mx.array | None = None
     bias: mx.array | None = None

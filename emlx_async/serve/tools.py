@@ -712,8 +712,10 @@ class OutputSplitter:
         self._started = 0  # call heads sent
         self.tool_calls: list[dict] = []  # the calls that ended
         self._all_valid = True
-        # Tokens written inside the reasoning block, the one opening it and its end marker
-        # included (chat's completion_tokens_details, Responses' output_tokens_details).
+        # Tokens written inside the reasoning block, the one that completes its opening marker
+        # and its end marker included (chat's completion_tokens_details, Responses'
+        # output_tokens_details); pieces of a marker written in several tokens are held before
+        # it is whole, so only its last counts.
         self.reasoning_tokens = 0
 
     def feed(self, text: str, *, token: bool = True) -> Split:
