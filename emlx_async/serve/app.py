@@ -94,9 +94,11 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             return count(endpoint, Response(status_code=499))  # the client is gone: nobody reads this
         choices = []
         for index, (pieces, splitter) in enumerate(zip(texts, generation.splitters)):
-            answer, reasoning, calls = "".join(text for text, _ in pieces), None, None
+            reasoning, calls = None, None
             finish = generation.finish_reasons[index]
-            if splitter is not None:  # each choice cut on its own (its own tool calls), as its stream is
+            if splitter is None:
+                answer = "".join(text for text, _ in pieces)
+            else:  # each choice cut on its own (its own tool calls), as its stream is
                 splits = [splitter.feed(text, token=token) for text, token in pieces] + [splitter.flush()]
                 answer = "".join(split.content for split in splits)
                 if splitter.thinking:

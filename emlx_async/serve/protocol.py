@@ -814,6 +814,12 @@ def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | No
     return out
 
 
+def _answer_usage(request: GenerationRequest, prompt_tokens: int, completion_tokens: int,
+                  reasoning_tokens: int) -> dict:
+    """An answer's usage: a chat's says its reasoning tokens, a completion's has no such field."""
+    return usage(prompt_tokens, completion_tokens, reasoning_tokens if request.chat else None)
+
+
 def logprob_entry(text_bytes: bytes, logprob: float, top: list[tuple[bytes, float]]) -> dict:
     """One token of a chat choice's ``logprobs.content``, in OpenAI's shape.
 
@@ -854,7 +860,7 @@ def completion_body(request: GenerationRequest, *, id: str, model: str, choices:
     and the completion tokens of every choice, as OpenAI does (a chat's reasoning tokens too)."""
     obj = "chat.completion" if request.chat else "text_completion"
     return {"id": id, "object": obj, "created": int(time.time()), "model": model, "choices": choices,
-            "usage": usage(prompt_tokens, completion_tokens, reasoning_tokens if request.chat else None)}
+            "usage": _answer_usage(request, prompt_tokens, completion_tokens, reasoning_tokens)}
 
 
 def chunk_body(request: GenerationRequest, *, id: str, model: str, created: int, text: str | None,
@@ -898,4 +904,4 @@ def usage_chunk_body(request: GenerationRequest, *, id: str, model: str, created
                      prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0) -> dict:
     obj = "chat.completion.chunk" if request.chat else "text_completion"
     return {"id": id, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens, reasoning_tokens if request.chat else None)}
+            "usage": _answer_usage(request, prompt_tokens, completion_tokens, reasoning_tokens)}
