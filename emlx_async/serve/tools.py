@@ -9,7 +9,8 @@ its answer is split into.
   written the same way.
 - ``ToolCallFormat``: where a call starts and ends in the output and how its
   text parses, from mlx-lm's ``tool_parsers`` (chosen from the template as
-  mlx-lm chooses), Hermes JSON otherwise.
+  mlx-lm chooses); Llama 3's bare JSON (no markers: an answer that is a call
+  object), which mlx-lm has no parser for; Hermes JSON otherwise.
 - ``call_grammar``: for ``tool_choice`` "required" or a named function, a
   grammar that only lets the model write valid calls of the given tools.
 - ``after_reasoning``: on a template that thinks, a constrained request's
@@ -31,6 +32,10 @@ from typing import Any
 
 THINK_START, THINK_END = "<think>", "</think>"
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
+# Llama 3.1 to 3.3's templates ask for calls as a bare JSON answer, in these words; a model
+# may write its tool-call token first, and separates several calls with ";".
+LLAMA3_ASKS = '"parameters": dictionary of argument name and its value'
+LLAMA3_PYTHON_TAG = "<|python_tag|>"
 
 FALLBACK_INSTRUCTIONS = (
     "You can call functions. The available functions, as JSON schemas:\n{tools}\n"
@@ -139,16 +144,27 @@ class ToolCallFormat:
         except Exception:  # noqa: BLE001 - any failure here just means Hermes
             name = None
         if name is None:
-            return cls.hermes()
+            return cls.bare_json() if LLAMA3_ASKS in chat_template else cls.hermes()
         module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
         return cls(module.tool_call_start, module.tool_call_end, module.parse_tool_call, name)
 
     @property
     def streams(self) -> bool:
-        """Whether a call streams as it is written (Hermes JSON: OutputSplitter reads it as it
+        """Whether a call streams as it is written (JSON: OutputSplitter reads it as it
         comes). mlx-lm's other parsers read a whole block (XML-like tags, Python calls, a
         format's own separators): their calls are sent once their block has ended."""
-        return self.name == "json_tools"
+        return self.name in ("json_tools", "llama3_json")
+
+    @property
+    def markerless(self) -> bool:
+        """Calls have no markers: an answer that opens with a JSON object is a call (Llama 3's)."""
+        return not self.start
+
+    @classmethod
+    def bare_json(cls) -> ToolCallFormat:
+        """Llama 3's calls: the answer is ``{"name": ..., "parameters": {...}}`` (``;`` between
+        several), perhaps after ``<|python_tag|>``."""
+        return cls("", "", _parse_bare_json, "llama3_json")
 
     @classmethod
     def hermes(cls) -> ToolCallFormat:
@@ -171,6 +187,13 @@ class ToolCallFormat:
             out.append({"id": new_call_id(), "type": "function",
                         "function": {"name": call["name"], "arguments": arguments}})
         return out
+
+
+def _parse_bare_json(text: str, tools: list[dict] | None) -> dict:
+    call = json.loads(text)
+    if not isinstance(call, dict):
+        raise ValueError("a call is a JSON object")
+    return call
 
 
 def call_grammar(tools: list[dict], *, name: str | None, parallel: bool):
@@ -659,6 +682,7 @@ class _Block:
     id: str = ""
     name: str = ""
     dropped: bool = False  # past the calls allowed (parallel calls off): its call is not sent
+    lead: str = ""  # a bare call's text before its object (whitespace, ";", the call token)
 
 
 class OutputSplitter:
@@ -710,6 +734,10 @@ class OutputSplitter:
         self._pending = ""  # text not yet assigned
         self._block: _Block | None = None  # inside a tool-call block
         self._started = 0  # call heads sent
+        # A format without markers (Llama 3's): a call may open only where the answer starts
+        # or after a call; once the answer is text, it stays text.
+        self._bare_opens = True
+        self._after_call = False
         self.tool_calls: list[dict] = []  # the calls that ended
         self._all_valid = True
         # Tokens written inside the reasoning block, the one that completes its opening marker
@@ -780,6 +808,11 @@ class OutputSplitter:
                     used = self._read_block(self._pending, out)
                     self._pending = self._pending[used:]
                     continue
+                if self._format.markerless:  # the object ended (or was no JSON): so did the call
+                    calls = len(self.tool_calls)
+                    self._close_block(out, complete=True)
+                    self._after_call = len(self.tool_calls) > calls
+                    continue
                 done, rest, found = _cut(self._pending, self._format.end, final)
                 self._pending = rest
                 self._read_block(done, out)
@@ -787,10 +820,16 @@ class OutputSplitter:
                     break
                 self._close_block(out, complete=True)
                 continue
-            if self._format is None:
+            if self._format is None or (self._format.markerless and not self._bare_opens):
                 out.add(Content(self._pending))
                 self._pending = ""
                 break
+            if self._format.markerless:
+                opened = self._bare_call_opens(final)
+                if opened is None:
+                    break  # only whitespace, or the start of the call token, so far
+                self._bare_opens = opened
+                continue
             if self._awaiting is not None:  # the grammar writes the forced call's marker first
                 start = self._format.start
                 if self._pending.startswith(start):
@@ -822,6 +861,22 @@ class OutputSplitter:
                 self._awaiting = None
         return out
 
+    def _bare_call_opens(self, final: bool) -> bool | None:
+        """At a place a bare call may open: open its block (True), or say the rest is text
+        (False); None: too little text yet to tell."""
+        text = self._pending.lstrip()
+        if self._after_call and text.startswith(";"):
+            text = text[1:].lstrip()
+        if text.startswith(LLAMA3_PYTHON_TAG):
+            text = text[len(LLAMA3_PYTHON_TAG):].lstrip()
+        if text.startswith("{"):
+            lead, self._pending = self._pending[:len(self._pending) - len(text)], text
+            self._open_block(_Block(lead=lead))
+            return True
+        if not final and (not text or LLAMA3_PYTHON_TAG.startswith(text)):
+            return None
+        return False
+
     def _room(self) -> int:
         return 1 << 30 if self._max_calls is None else self._max_calls - self._started
 
@@ -829,7 +884,8 @@ class OutputSplitter:
         assert self._format is not None
         if block.index is None and self._room() <= 0:
             block.dropped = True
-        if self._format.streams and not block.dropped:
+        # A bare call's block ends where its object does, so even a dropped one is read.
+        if self._format.streams and (not block.dropped or self._format.markerless):
             block.scanner = _StreamedCall()
         self._block = block
 
@@ -852,7 +908,7 @@ class OutputSplitter:
         if not reading:
             used = len(text)
         block.text += text[:used]
-        if block.index is None and scanner.name is not None:
+        if block.index is None and scanner.name is not None and not block.dropped:
             self._head(block, scanner.name, out)
         if block.index is not None:
             out.add(CallArguments(block.index, scanner.take_arguments()))
@@ -869,7 +925,7 @@ class OutputSplitter:
         try:
             calls = self._format.calls(block.text, self._tools)
         except Exception:  # noqa: BLE001 - parsers raise what they like; unparsed text stays text
-            out.add(Content(self._format.start + block.text + (self._format.end if complete else "")))
+            out.add(Content(block.lead + self._format.start + block.text + (self._format.end if complete else "")))
             return
         for call in calls[:max(0, self._room())]:
             whole = self._head(_Block(), call["function"]["name"], out)

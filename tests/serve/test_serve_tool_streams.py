@@ -252,6 +252,78 @@ def test_formats_that_cannot_stream_send_a_call_whole_at_its_end():
     assert json.loads(parts[1].text) == {"city": "Paris"} and parts[2].valid
 
 
+# Llama 3.1's template asks for calls in these words; its answer is the call's JSON alone.
+BARE_CALL = f'{{"name": "get_weather", "parameters": {ARGUMENTS}}}'
+
+
+def _bare(**options) -> OutputSplitter:
+    return OutputSplitter(tool_format=ToolCallFormat.bare_json(), tools=[WEATHER, TIME], **options)
+
+
+def test_a_llama3_template_gets_bare_json_calls():
+    llama3 = ("{% if tools %}Respond in the format {\"name\": function name, \"parameters\": dictionary of "
+              "argument name and its value}.{% endif %}")
+    assert ToolCallFormat.for_template(llama3).markerless and ToolCallFormat.for_template(llama3).streams
+    assert not ToolCallFormat.hermes().markerless
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, len(BARE_CALL)])
+def test_a_bare_call_streams_its_head_then_its_arguments(size):
+    parts = _parts(_bare(), _cuts(BARE_CALL, size))
+    assert type(parts[0]) is CallStart and parts[0].name == "get_weather" and type(parts[-1]) is CallEnd
+    pieces = [p.text for p in parts[1:-1]]
+    assert all(isinstance(p, CallArguments) for p in parts[1:-1])
+    assert "".join(pieces) == ARGUMENTS == parts[-1].call["function"]["arguments"] and parts[-1].valid
+    if size < 10:
+        assert len(pieces) > 1
+
+
+@pytest.mark.parametrize("text, names", [
+    (BARE_CALL, ["get_weather"]),
+    ("\n " + BARE_CALL + "\n", ["get_weather"]),  # whitespace around it
+    ("<|python_tag|>" + BARE_CALL, ["get_weather"]),  # the call token first, as Llama 3.1 may write
+    (BARE_CALL + '; {"name": "get_time", "parameters": {}}', ["get_weather", "get_time"]),  # several
+    (BARE_CALL + '\n{"name": "get_time", "parameters": {}}', ["get_weather", "get_time"]),
+])
+def test_bare_calls_as_llama3_writes_them(text, names):
+    for size in (1, 3, len(text)):
+        splitter = _bare()
+        parts = _parts(splitter, _cuts(text, size))
+        assert [p.name for p in parts if isinstance(p, CallStart)] == names
+        assert all(p.valid for p in parts if isinstance(p, CallEnd))
+        assert "".join(p.text for p in parts if isinstance(p, Content)).strip() == ""
+        assert splitter.finish_reason("stop") == "tool_calls"
+
+
+@pytest.mark.parametrize("text", [
+    "Paris is sunny.",
+    'The call would be {"name": "get_weather"}',  # a call only where the answer starts
+    '  {"answer": 42} and more',  # a JSON answer that is no call: all of it, as written
+    "{not json at all",
+    "<|python_ta",  # cut inside the call token
+])
+def test_an_answer_that_is_no_bare_call_stays_text(text):
+    for size in (1, 4, len(text)):
+        splitter = _bare()
+        parts = _parts(splitter, _cuts(text, size))
+        assert all(isinstance(p, Content) for p in parts) and "".join(p.text for p in parts) == text
+        assert splitter.tool_calls == [] and splitter.finish_reason("stop") == "stop"
+
+
+def test_bare_calls_past_the_one_allowed_are_dropped_and_a_broken_one_keeps_what_was_sent():
+    two = BARE_CALL + '; {"name": "get_time", "parameters": {}}'
+    splitter = _bare(max_calls=1)
+    parts = _parts(splitter, _cuts(two, 3))
+    assert [p.name for p in parts if isinstance(p, CallStart)] == ["get_weather"]
+    assert len(splitter.tool_calls) == 1 and splitter.finish_reason("stop") == "tool_calls"
+    broken = _bare()
+    parts = _parts(broken, _cuts('{"name": "get_time", "parameters": {when}} and so', 2))
+    [end] = [p for p in parts if isinstance(p, CallEnd)]
+    assert not end.valid and end.call["function"]["arguments"] == "{"
+    assert "".join(p.text for p in parts if isinstance(p, Content)) == "when}} and so"
+    assert broken.finish_reason("stop") == "stop"
+
+
 def test_reasoning_streams_before_the_call():
     splitter = OutputSplitter(thinking=True, tool_format=ToolCallFormat.hermes())
     parts = _parts(splitter, _cuts("<think>Paris, then.</think>\n\n" + CALL, 4))
@@ -306,9 +378,11 @@ def _scripted(tokenizer, template, pieces, finish="stop"):
 
     class Counting(ScriptedEngine):
         produced = 0
+        prompts: list = []
 
         def generate(self, prompt, *, max_tokens, stats, grammar=None, **options):
             self.grammars.append(grammar)
+            self.prompts.append(prompt)
 
             async def deltas():
                 self.produced = 0
@@ -386,6 +460,50 @@ async def test_chat_streams_a_call_as_it_is_written(smollm2, choice):
     name_written = next(i + 1 for i in range(len(pieces)) if '"get_weather"' in "".join(pieces[:i + 1]))
     assert head_produced == (1 if choice == "named" else name_written)
     assert recorder.produced_when('"arguments":"{') < _last_call_token(pieces) - 5
+
+
+# Llama 3.1's template, shortened: tools in the system turn with its request for bare JSON,
+# assistant calls written back the same way, results in an "ipython" turn.
+LLAMA3_TEMPLATE = (
+    "{% if tools %}<|start_header_id|>system<|end_header_id|>\n\nRespond in the format {\"name\": function "
+    "name, \"parameters\": dictionary of argument name and its value}.{% for t in tools %}\n{{ t | tojson }}"
+    "{% endfor %}<|eot_id|>{% endif %}"
+    "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% for c in m.tool_calls %}{\"name\": \""
+    "{{ c.function.name }}\", \"parameters\": {{ c.function.arguments | tojson }}}{% endfor %}<|eot_id|>"
+    "{% elif m.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
+    "{% else %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+
+@on_loops("asyncio", "uvloop")
+async def test_a_llama3_models_bare_call_is_a_tool_call_streamed_and_not(smollm2):
+    """Llama 3's answer is the call's JSON alone, with "parameters": the client gets
+    tool_calls in OpenAI's shape, streamed as it is written, and the round trip renders."""
+    pytest.importorskip("openai")
+    tokenizer, _ = smollm2
+    pieces = _tokens(tokenizer, BARE_CALL)
+    recorder, engine = _scripted(tokenizer, LLAMA3_TEMPLATE, pieces)
+    ask = dict(model=MODEL, messages=USER, tools=[WEATHER, TIME], max_tokens=100)
+    async with _openai(recorder) as client:
+        answer = await client.chat.completions.create(**ask)
+        stream = await client.chat.completions.create(**ask, stream=True)
+        chunks = [chunk async for chunk in stream]
+        [call] = answer.choices[0].message.tool_calls
+        assert (call.function.name, call.function.arguments) == ("get_weather", ARGUMENTS)
+        assert answer.choices[0].finish_reason == "tool_calls" and answer.choices[0].message.content is None
+        entries = [t for c in chunks for t in c.choices[0].delta.tool_calls or ()]
+        assert entries[0].function.name == "get_weather" and entries[0].id.startswith("call_")
+        assert len(entries) > 2 and "".join(t.function.arguments or "" for t in entries) == ARGUMENTS
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+        # The round trip: the call and its result go back through the template.
+        history = USER + [answer.choices[0].message.model_dump(exclude_none=True),
+                          {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+        await client.chat.completions.create(**{**ask, "messages": history})
+    prompt = tokenizer.decode(engine.prompts[-1])
+    assert '{"name": "get_weather", "parameters": {"city": ' in prompt
+    assert "<|start_header_id|>ipython<|end_header_id|>\n\nsunny" in prompt
 
 
 @on_loops("asyncio", "uvloop")
