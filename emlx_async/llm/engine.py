@@ -68,7 +68,7 @@ from .batch_replay import ReplayBatcher
 from .batching import BatchJobs, GeneratorBatcher, batched_tokens
 from .cache_options import CacheOptions
 from .decoding import Decoding
-from .grammar import Grammar, GrammarMatcher, GrammarTokenizer
+from .grammar import Grammar, GrammarMatcher, GrammarTokenizer, MaskTime
 from .loading import context_length as model_context_length
 from .loading import embedding_rows, load_model_files
 from .penalties import OPTIONS as PENALTY_OPTIONS
@@ -542,6 +542,12 @@ class Engine:
                     return GrammarTokenizer(self.tokenizer, eos_ids=self.eos_ids, vocab_size=self.vocab_size)
                 self._grammar_tokenizer = await anyio.to_thread.run_sync(build)
             return self._grammar_tokenizer
+
+    @property
+    def mask_time(self) -> MaskTime | None:
+        """What constrained requests' token masks have cost since the grammar tokenizer was built
+        (None before the first constrained request); the service's metrics read it."""
+        return None if self._grammar_tokenizer is None else self._grammar_tokenizer.mask_time
 
     async def _matcher(self, grammar: Grammar) -> GrammarMatcher:
         """A new request's grammar state; compiling a large schema takes up to a second, so off the loop."""

@@ -43,6 +43,7 @@ import json
 import math
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -63,7 +64,8 @@ except ImportError:  # the engine works without it; grammars need it
     _llg = None
 
 __all__ = ["ALL_ALLOWED", "Grammar", "GrammarError", "GrammarLogitsProcessor", "GrammarMatcher",
-           "GrammarStateError", "GrammarTokenizer", "apply_token_mask", "mask_words", "unpack_token_mask"]
+           "GrammarStateError", "GrammarTokenizer", "MaskTime", "apply_token_mask", "mask_words",
+           "unpack_token_mask"]
 
 GrammarKind = Literal["json_schema", "json_object", "regex", "lark"]
 
@@ -341,6 +343,26 @@ def mask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
+class MaskTime:
+    """What computing masks has cost one GrammarTokenizer's requests (the service's
+    metrics): `computations` (one mask, or one batch round's rows at once), `masks`
+    (rows' masks) and `seconds` (their wall time: a round's rows, computed in
+    parallel, count theirs once). Mean mask time per step: seconds / computations.
+    Written from the mask threads, hence the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.computations = 0
+        self.masks = 0
+        self.seconds = 0.0
+
+    def add(self, masks: int, seconds: float) -> None:
+        with self._lock:
+            self.computations += 1
+            self.masks += masks
+            self.seconds += seconds
+
+
 class GrammarTokenizer:
     """A tokenizer as llguidance sees it, with the threads that compute masks; one per engine.
 
@@ -380,6 +402,7 @@ class GrammarTokenizer:
         self._cache_size = cache_size
         self._finalizer: weakref.finalize | None = None
         self._closed = False
+        self.mask_time = MaskTime()
 
     def matcher(self, grammar: Grammar) -> GrammarMatcher:
         """A new request's state for `grammar`.
@@ -459,7 +482,9 @@ class GrammarTokenizer:
                 pending.append((i, m))
         if pending:
             rows_of = [(m._matcher, i) for i, m in pending]
+            start = time.perf_counter()
             _llg_executor().unsafe_compute_mask_ptr(rows_of, out.ctypes.data, self.words * 4, rows)
+            self.mask_time.add(len(pending), time.perf_counter() - start)
             for i, m in pending:
                 errors[i] = m._record(out[i])
                 if errors[i] is not None:
@@ -540,9 +565,7 @@ class GrammarMatcher:
         """
         self._join()
         if self._mask is None and self._error is None:
-            out = np.empty(self._tokenizer.words, dtype=np.uint32)
-            self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
-            self._record(out, owned=True)
+            self._record(self._computed(), owned=True)
         if self._error is not None:
             raise self._error
         assert self._mask is not None
@@ -613,9 +636,16 @@ class GrammarMatcher:
         self._join()
         return self._error
 
-    def _compute(self) -> np.ndarray:
+    def _computed(self) -> np.ndarray:
+        """The next mask, freshly computed (timed in the tokenizer's ``mask_time``)."""
         out = np.empty(self._tokenizer.words, dtype=np.uint32)
+        start = time.perf_counter()
         self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+        self._tokenizer.mask_time.add(1, time.perf_counter() - start)
+        return out
+
+    def _compute(self) -> np.ndarray:
+        out = self._computed()
         error = self._record(out, owned=True)
         if error is not None:
             raise error

@@ -58,8 +58,9 @@ class QueueCollector:
 
 class ModelCollector:
     """Each served model's state, read at scrape time, labelled by model: its
-    slots, its prompt cache (since it was last loaded), whether it is loaded,
-    and how often it was loaded and unloaded (serve/models.py's ServedModel)."""
+    slots, its prompt cache and its constrained requests' mask time (since it was
+    last loaded), whether it is loaded, and how often it was loaded and unloaded
+    (serve/models.py's ServedModel)."""
 
     def __init__(self, models: Callable[[], Iterable[Any]]):
         self._models = models
@@ -81,6 +82,15 @@ class ModelCollector:
                                     labels=["model"])
         unloads = CounterMetricFamily("emlx_model_unloads", "Times the model was unloaded for being idle",
                                       labels=["model"])
+        # Since the model was loaded. Mean mask time per step: mask_seconds / mask_computations.
+        masks = CounterMetricFamily("emlx_grammar_masks", "Token masks computed for constrained requests",
+                                    labels=["model"])
+        computations = CounterMetricFamily("emlx_grammar_mask_computations",
+                                           "Mask computations: one row's mask, or a batch round's rows at once",
+                                           labels=["model"])
+        mask_seconds = CounterMetricFamily("emlx_grammar_mask_seconds", "Wall time spent computing token masks "
+                                           "(off the model's worker; a batch round's rows count once)",
+                                           labels=["model"])
         for served in self._models():
             key = [served.name]
             cache = served.prefix_cache
@@ -92,7 +102,11 @@ class ModelCollector:
             loaded.add_metric(key, 1 if served.engine is not None else 0)
             loads.add_metric(key, served.loads)
             unloads.add_metric(key, served.unloads)
-        yield from (active, waiting, hits, reused, nbytes, loaded, loads, unloads)
+            mask_time = getattr(served.engine, "mask_time", None)  # no engine while unloaded
+            masks.add_metric(key, mask_time.masks if mask_time else 0)
+            computations.add_metric(key, mask_time.computations if mask_time else 0)
+            mask_seconds.add_metric(key, mask_time.seconds if mask_time else 0.0)
+        yield from (active, waiting, hits, reused, nbytes, loaded, loads, unloads, masks, computations, mask_seconds)
 
 
 class Metrics:

@@ -231,6 +231,26 @@ def test_a_batchs_masks_at_once_equal_each_rows_own(gguf, tokenizer):
         tokenizer.fill_masks(rows, np.zeros((4, tokenizer.words), dtype=np.int32))
 
 
+def test_mask_time_counts_each_computation_once(gguf):
+    """The service's mask metrics: a mask computed inline or in the background is one
+    computation of one mask; a batch round's rows at once are one computation of as many;
+    a mask already computed costs nothing more."""
+    hf, eos = gguf
+    with GrammarTokenizer(hf, eos_ids=eos) as fresh:
+        grammar = Grammar.json_schema(PERSON)
+        first, second, third = (fresh.matcher(grammar) for _ in range(3))
+        assert (fresh.mask_time.computations, fresh.mask_time.masks, fresh.mask_time.seconds) == (0, 0, 0.0)
+        first.mask()
+        first.mask()  # kept: not computed again
+        second.start_mask().result(timeout=10)
+        assert (fresh.mask_time.computations, fresh.mask_time.masks) == (2, 2)
+        third.advance(encode(hf, "{")[0])
+        first.advance(encode(hf, "{")[0])
+        fresh.fill_masks([first, None, second, third])  # second's mask was kept: two rows computed
+        assert (fresh.mask_time.computations, fresh.mask_time.masks) == (3, 4)
+        assert fresh.mask_time.seconds > 0
+
+
 # ---- the mask in MLX ------------------------------------------------------------
 
 def reference(logits: np.ndarray, packed: np.ndarray, vocab: int) -> np.ndarray:

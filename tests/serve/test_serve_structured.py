@@ -207,15 +207,26 @@ def test_fifty_random_schemas_validate_streamed_and_not(openai_client):
     assert finished >= 45, [r for r in results if r[2] != "stop"][:3]
 
 
+MASK_METRICS = ("emlx_grammar_masks_total", "emlx_grammar_mask_computations_total",
+                "emlx_grammar_mask_seconds_total")
+
+
 @pytest.mark.model
 @constrained
 def test_completions_guided_fields(server):
     import httpx
 
+    from support.helpers import served_metric
+
     with httpx.Client(base_url=server.url, timeout=120) as http:
+        before = {name: served_metric(http, name) for name in MASK_METRICS}
         body = http.post("/v1/completions", json={"prompt": "Three digits:", "guided_regex": "[0-9]{3}",
                                                   "max_tokens": 10, "temperature": 0}).json()
         assert len(body["choices"][0]["text"]) == 3 and body["choices"][0]["text"].isdigit()
+        # Its masks are in the metrics: at least one per token it wrote (the start probe's too).
+        grown = {name: served_metric(http, name) - before[name] for name in MASK_METRICS}
+        assert grown["emlx_grammar_masks_total"] >= 3 and grown["emlx_grammar_mask_computations_total"] >= 1
+        assert grown["emlx_grammar_mask_seconds_total"] > 0
         body = http.post("/v1/completions", json={"prompt": "Answer:", "guided_grammar": 'start: "yes" | "no"',
                                                   "max_tokens": 10}).json()
         assert body["choices"][0]["text"] in ("yes", "no")
