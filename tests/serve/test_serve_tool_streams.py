@@ -324,6 +324,30 @@ def test_bare_calls_past_the_one_allowed_are_dropped_and_a_broken_one_keeps_what
     assert broken.finish_reason("stop") == "stop"
 
 
+MISTRAL = ToolCallFormat.for_template("{% if tools %}[AVAILABLE_TOOLS]{{ tools }}{% endif %}[TOOL_CALLS]")
+
+
+@pytest.mark.parametrize("text, calls", [
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', [("get_weather", {"city": "Paris"})]),
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}get_time[ARGS]{}',  # several, one after the other
+     [("get_weather", {"city": "Paris"}), ("get_time", {})]),
+    ('[TOOL_CALLS][{"name": "get_time", "arguments": {"tz": "UTC"}}]', [("get_time", {"tz": "UTC"})]),  # older
+])
+def test_a_format_without_an_end_marker_reads_its_calls_to_the_answers_end(text, calls):
+    """Mistral's calls have no end marker: the block runs to the end of the answer (it was
+    closed at once, and every call came out as text)."""
+    assert (MISTRAL.name, MISTRAL.end) == ("mistral", "")
+    for size in (1, 4, len(text)):
+        splitter = OutputSplitter(tool_format=MISTRAL, tools=[WEATHER, TIME])
+        parts = _parts(splitter, _cuts("Let me look. " + text, size))
+        assert "".join(p.text for p in parts if isinstance(p, Content)) == "Let me look. "
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in splitter.tool_calls] == calls
+        assert splitter.finish_reason("stop") == "tool_calls"
+    cut = OutputSplitter(tool_format=MISTRAL, tools=[WEATHER])  # cut by max_tokens: text, as it was written
+    parts = _parts(cut, ['[TOOL_CALLS]get_weather[ARGS]{"ci'])
+    assert parts == [Content('[TOOL_CALLS]get_weather[ARGS]{"ci')] and cut.tool_calls == []
+
+
 def test_reasoning_streams_before_the_call():
     splitter = OutputSplitter(thinking=True, tool_format=ToolCallFormat.hermes())
     parts = _parts(splitter, _cuts("<think>Paris, then.</think>\n\n" + CALL, 4))
