@@ -808,15 +808,15 @@ class OutputSplitter:
                     used = self._read_block(self._pending, out)
                     self._pending = self._pending[used:]
                     continue
-                if not self._format.end:  # no end marker (Mistral's): the block runs to the answer's end
-                    self._read_block(self._pending, out)
-                    self._pending = ""
-                    break
                 if self._format.markerless:  # the object ended (or was no JSON): so did the call
                     calls = len(self.tool_calls)
                     self._close_block(out, complete=True)
                     self._after_call = len(self.tool_calls) > calls
                     continue
+                if not self._format.end:  # no end marker (Mistral's): the block runs to the answer's end
+                    self._read_block(self._pending, out)
+                    self._pending = ""
+                    break
                 done, rest, found = _cut(self._pending, self._format.end, final)
                 self._pending = rest
                 self._read_block(done, out)
