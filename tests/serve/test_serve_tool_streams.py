@@ -348,6 +348,38 @@ def test_a_format_without_an_end_marker_reads_its_calls_to_the_answers_end(text,
     assert parts == [Content('[TOOL_CALLS]get_weather[ARGS]{"ci')] and cut.tool_calls == []
 
 
+# One call of get_weather(city="Paris") as each of mlx-lm's formats writes it (its parser
+# reads the block between its markers).
+MLX_LM_FORMATS = {
+    "glm47": "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",
+    "minimax_m2": ('<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+                   "</invoke>\n</minimax:tool_call>"),
+    "kimi_k2": ("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+                '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>'),
+    "gemma4": '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>',
+    "function_gemma": "<start_function_call>call:get_weather{city:<escape>Paris<escape>}<end_function_call>",
+    "pythonic": '<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>',
+    "minicpm5": '<function name="get_weather"><param name="city">Paris</param></function>',
+    "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+    "longcat": '<longcat_tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</longcat_tool_call>',
+    "mistral": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
+}
+
+
+@pytest.mark.parametrize("name", sorted(MLX_LM_FORMATS))
+def test_each_of_mlx_lms_formats_gives_its_call_however_the_text_is_cut(name):
+    module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
+    call_format = ToolCallFormat(module.tool_call_start, module.tool_call_end, module.parse_tool_call, name)
+    text = "Let me look. " + MLX_LM_FORMATS[name]
+    for size in (1, 5, len(text)):
+        splitter = OutputSplitter(tool_format=call_format, tools=[WEATHER])
+        parts = _parts(splitter, _cuts(text, size))
+        assert "".join(p.text for p in parts if isinstance(p, Content)) == "Let me look. "
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in splitter.tool_calls] == \
+            [("get_weather", {"city": "Paris"})]
+        assert splitter.finish_reason("stop") == "tool_calls"
+
+
 def test_reasoning_streams_before_the_call():
     splitter = OutputSplitter(thinking=True, tool_format=ToolCallFormat.hermes())
     parts = _parts(splitter, _cuts("<think>Paris, then.</think>\n\n" + CALL, 4))
