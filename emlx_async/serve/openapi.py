@@ -154,6 +154,9 @@ _CHAT_REQUEST = {
         "reasoning_effort": {"enum": list(REASONING_EFFORTS),
                              "description": "on a template that thinks, none turns its thinking off and any other "
                                             "on (chat_template_kwargs' enable_thinking wins)"},
+        "thinking_token_budget": {"type": "integer", "minimum": 1,
+                                  "description": "on a template that thinks, the reasoning's most tokens: then "
+                                                 "its end marker is forced and the answer follows"},
         "chat_template_kwargs": {"type": "object", "description": "options for the chat template, such as "
                                  "enable_thinking (booleans, finite numbers, strings), named by identifiers; "
                                  "what the template itself reads (messages, tools, add_generation_prompt, "

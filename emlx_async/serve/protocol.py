@@ -279,7 +279,7 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
                       "use 'tool_choice'", "unsupported_parameter")
     if not chat:
         for name in ("tools", "tool_choice", "parallel_tool_calls", "response_format", "chat_template_kwargs",
-                     "reasoning_effort"):
+                     "reasoning_effort", "thinking_token_budget"):
             if _optional(body, name) is not None:
                 raise invalid(name, f"'{name}' is supported on /v1/chat/completions only", "unsupported_parameter")
     elif any(_optional(body, name) is not None for name in GUIDED_FIELDS):
@@ -672,6 +672,21 @@ def think_for_effort(request: GenerationRequest, effort: Any, param: str) -> str
     return effort
 
 
+def _thinking_budget(body: dict) -> int | None:
+    """Chat's ``thinking_token_budget`` (vllm's name): on a template that thinks, the reasoning
+    takes at most this many tokens, then its end marker is forced and the answer follows;
+    a template that does not think has no reasoning to bound."""
+    value = _optional(body, "thinking_token_budget")
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise invalid("thinking_token_budget", f"'thinking_token_budget' must be an integer, got {show(value)}",
+                      "invalid_type")
+    if value < 1:
+        raise invalid("thinking_token_budget", f"'thinking_token_budget' must be at least 1, got {show(value)}")
+    return int(value)
+
+
 def _parse_template_kwargs(body: dict) -> dict[str, Any]:
     value = _optional(body, "chat_template_kwargs")
     if value is None:
@@ -721,6 +736,7 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
         constrain_answer(request, _parse_response_format(body), "response_format")
         request.template_kwargs = _parse_template_kwargs(body)
         think_for_effort(request, _optional(body, "reasoning_effort"), "reasoning_effort")
+        request.reasoning_budget = _thinking_budget(body)
     else:
         request.prompt = _parse_prompt(body)
         request.grammar = _parse_guided(body)

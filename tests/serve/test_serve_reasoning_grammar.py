@@ -506,6 +506,43 @@ def test_a_thinking_budget_closes_the_random_models_reasoning(anthropic_client):
 
 
 @pytest.mark.model
+def test_chats_thinking_token_budget_closes_the_random_models_reasoning(openai_client):
+    """Chat's budget (vllm's thinking_token_budget), as budget_tokens is the Messages API's."""
+    from support.helpers import smollm2_tokenizer_and_template
+
+    tokenizer, _ = smollm2_tokenizer_and_template()
+    ask = dict(model=MODEL, max_tokens=40, messages=USER, temperature=0)
+    alone = openai_client.chat.completions.create(**ask)
+    assert not alone.choices[0].message.content and alone.choices[0].finish_reason == "length"
+    for stream in (False, True):
+        bounded = openai_client.chat.completions.create(**ask, stream=stream, extra_body={"thinking_token_budget": 8})
+        if stream:
+            deltas = [c.choices[0].delta for c in bounded if c.choices]
+            reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+            content = "".join(d.content or "" for d in deltas)
+        else:
+            reasoning, content = bounded.choices[0].message.reasoning_content, bounded.choices[0].message.content
+        assert reasoning and content, bounded
+        assert len(tokenizer.encode(reasoning, add_special_tokens=False).ids) <= 12
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"thinking_token_budget": 0}, "at least 1"),
+    ({"thinking_token_budget": "8"}, "an integer"),
+    ({"thinking_token_budget": True}, "an integer"),
+])
+def test_a_bad_thinking_token_budget_is_400_naming_it(body, message):
+    from emlx_async.serve.protocol import APIError, parse_request
+
+    with pytest.raises(APIError, match=message) as caught:
+        parse_request({"messages": USER, **body}, chat=True)
+    assert caught.value.param == "thinking_token_budget"
+    assert parse_request({"messages": USER, "thinking_token_budget": 8}, chat=True).reasoning_budget == 8
+    with pytest.raises(APIError, match="chat/completions only"):
+        parse_request({"prompt": "x", "thinking_token_budget": 8}, chat=False)
+
+
+@pytest.mark.model
 def test_a_template_the_model_may_open_gets_a_parsed_answer(tmp_path_factory):
     import openai
 
