@@ -420,6 +420,8 @@ class Service:
                 forced_name = request.tools[0]["function"]["name"]
         else:
             tool_format = ToolCallFormat.for_template(template)
+            if tool_format.markerless and request.grammar is not None:
+                tool_format = None  # response_format's JSON answer would read as a bare call
         return OutputSplitter(thinking=thinking, in_reasoning=in_reasoning, tool_format=tool_format,
                               tools=request.tools, max_calls=None if request.parallel_tool_calls else 1,
                               forced_name=forced_name)

@@ -16,14 +16,17 @@ its answer is split into.
 - ``after_reasoning``: on a template that thinks, a constrained request's
   grammar applies after the reasoning (at most REASONING_SHARE of max_tokens).
 - ``OutputSplitter``: the streamed text cut into reasoning (``<think>``),
-  content and tool calls, a Hermes call streamed as the model writes it (its
-  name first, then its arguments in pieces; ``JsonScanner`` checks them).
+  content and tool calls, a JSON call (Hermes, Llama 3's) streamed as the model
+  writes it (its name first, then its arguments in pieces; ``JsonScanner``
+  checks them); other formats' first call names itself early (``first_name``),
+  their arguments come when the block ends.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -149,6 +152,13 @@ class ToolCallFormat:
         return cls(module.tool_call_start, module.tool_call_end, module.parse_tool_call, name)
 
     @property
+    def first_name(self) -> re.Pattern | None:
+        """Where a whole-block format's first call names itself in the block (group 1: the
+        name, once nothing can lengthen it), so that call's head goes out before the block
+        ends; None: the head waits for the block's parse."""
+        return _FIRST_NAMES.get(self.name)
+
+    @property
     def streams(self) -> bool:
         """Whether a call streams as it is written (JSON: OutputSplitter reads it as it
         comes). mlx-lm's other parsers read a whole block (XML-like tags, Python calls, a
@@ -189,11 +199,32 @@ class ToolCallFormat:
         return out
 
 
+# The first call's name in a block of mlx-lm's whole-block formats, each ending at what follows
+# the name (a longer name cannot match early).
+_FIRST_NAMES = {name: re.compile(pattern) for name, pattern in {
+    "qwen3_coder": r"^\s*<function=([^>\s]+)>",
+    "minimax_m2": r'^\s*<invoke name="([^"]+)">',
+    "minicpm5": r'^\s*"([^"]+)"\s*>',
+    "glm47": r"^\s*([^\s<]+)\s*<arg_key>",
+    "kimi_k2": r"^\s*<\|tool_call_begin\|>\s*(?:functions\.)?([^\s:<]+):\d+\s*<\|tool_call_argument_begin\|>",
+    "gemma4": r"^\s*call:([^{\s]+)\{",
+    "function_gemma": r"^\s*call:([^{\s]+)\{",
+    "pythonic": r"^\s*\[([A-Za-z_][\w.]*)\(",
+    "mistral": r"^\s*([\w-]+)\s*\[ARGS\]",
+}.items()}
+
+
 def _parse_bare_json(text: str, tools: list[dict] | None) -> dict:
     call = json.loads(text)
-    if not isinstance(call, dict):
-        raise ValueError("a call is a JSON object")
+    if not isinstance(call, dict) or not _names_a_tool(call.get("name"), tools):
+        raise ValueError("a bare call is a JSON object naming one of the tools")
     return call
+
+
+def _names_a_tool(name: Any, tools: list[dict] | None) -> bool:
+    """Whether a bare object's "name" is a tool's: without markers, JSON that merely has a
+    "name" member ({"name": "Alice", "age": 30}) is an answer, not a call."""
+    return isinstance(name, str) and (tools is None or any(t["function"]["name"] == name for t in tools))
 
 
 def call_grammar(tools: list[dict], *, name: str | None, parallel: bool):
@@ -700,8 +731,9 @@ class OutputSplitter:
     character, so the pieces sent are always the start of valid JSON and the
     call's final arguments are exactly the pieces joined (the model's own text,
     its whitespace included). Formats whose arguments cannot be cut while
-    incomplete (mlx-lm's other tool parsers) are held until the block ends, then
-    parsed and sent whole; a block that does not parse, and has sent nothing,
+    incomplete (mlx-lm's other tool parsers) send their first call's head once
+    its name is written (``ToolCallFormat.first_name``), and the rest when the
+    block ends and parses; a block that does not parse, and has sent nothing,
     stays content, as does anything before a name is whole.
 
     What was sent cannot be taken back: a block that has sent its head is a call
@@ -809,9 +841,13 @@ class OutputSplitter:
                     self._pending = self._pending[used:]
                     continue
                 if self._format.markerless:  # the object ended (or was no JSON): so did the call
-                    calls = len(self.tool_calls)
+                    block = self._block
                     self._close_block(out, complete=True)
-                    self._after_call = len(self.tool_calls) > calls
+                    # A call (one dropped, past the calls allowed, too) may be followed by more;
+                    # an object that is no call made the answer text.
+                    self._after_call = block.index is not None or (
+                        block.dropped and _names_a_tool(block.scanner.name, self._tools))
+                    self._bare_opens = self._after_call
                     continue
                 if not self._format.end:  # no end marker (Mistral's): the block runs to the answer's end
                     self._read_block(self._pending, out)
@@ -906,13 +942,21 @@ class OutputSplitter:
         scanner = block.scanner
         if scanner is None:
             block.text += text
+            early = self._format.first_name if self._format is not None else None
+            if early is not None and block.index is None and not block.dropped:
+                named = early.search(block.text)
+                if named is not None:
+                    self._head(block, named.group(1), out)
             return len(text)
         reading = scanner.reading
         used = scanner.feed(text)
         if not reading:
             used = len(text)
         block.text += text[:used]
-        if block.index is None and scanner.name is not None and not block.dropped:
+        assert self._format is not None
+        named = scanner.name is not None and (not self._format.markerless
+                                              or _names_a_tool(scanner.name, self._tools))
+        if block.index is None and named and not block.dropped:
             self._head(block, scanner.name, out)
         if block.index is not None:
             out.add(CallArguments(block.index, scanner.take_arguments()))
@@ -923,6 +967,19 @@ class OutputSplitter:
         assert self._format is not None
         block, self._block = self._block, None
         assert block is not None
+        if block.index is not None and block.scanner is None:  # a whole block whose first name went early
+            try:
+                calls = self._format.calls(block.text, self._tools)
+            except Exception:  # noqa: BLE001 - parsers raise what they like
+                calls = []
+            if calls and calls[0]["function"]["name"] == block.name:
+                arguments = calls.pop(0)["function"]["arguments"]
+                out.add(CallArguments(block.index, arguments))
+                self._finish(block, arguments, _is_object(arguments), out)
+            else:  # sent is sent: a call, with no arguments, not valid
+                self._finish(block, "", False, out)
+            self._whole_calls(calls, out)
+            return
         if block.index is not None:  # its head was sent: a call, whole or not
             self._end_call(block, out)
             return
@@ -931,6 +988,10 @@ class OutputSplitter:
         except Exception:  # noqa: BLE001 - parsers raise what they like; unparsed text stays text
             out.add(Content(block.lead + self._format.start + block.text + (self._format.end if complete else "")))
             return
+        self._whole_calls(calls, out)
+
+    def _whole_calls(self, calls: list[dict], out: Split) -> None:
+        """Send parsed calls whole (head, arguments, end), as many as the calls allowed leave room for."""
         for call in calls[:max(0, self._room())]:
             whole = self._head(_Block(), call["function"]["name"], out)
             arguments = call["function"]["arguments"]

@@ -240,16 +240,16 @@ def test_a_forced_calls_head_goes_with_the_first_piece():
     assert cut.finish_reason("length") == "length"
 
 
-def test_formats_that_cannot_stream_send_a_call_whole_at_its_end():
+def test_formats_that_cannot_stream_send_the_head_early_and_the_arguments_at_the_end():
     qwen_coder = ToolCallFormat.for_template("{% if tools %}<tool_call>\n<function=x>{% endif %}")
     assert not qwen_coder.streams and ToolCallFormat.hermes().streams
     text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
     splitter = OutputSplitter(tool_format=qwen_coder, tools=[WEATHER])
     early = [part for piece in _cuts(text, 5)[:-1] for part in splitter.feed(piece).parts]
-    assert early == []
+    assert [type(p) for p in early] == [CallStart] and early[0].name == "get_weather"
     parts = splitter.feed(text[len("".join(_cuts(text, 5)[:-1])):]).parts + splitter.flush().parts
-    assert [type(p) for p in parts] == [CallStart, CallArguments, CallEnd]
-    assert json.loads(parts[1].text) == {"city": "Paris"} and parts[2].valid
+    assert [type(p) for p in parts] == [CallArguments, CallEnd]
+    assert json.loads(parts[0].text) == {"city": "Paris"} and parts[1].valid and parts[1].call["id"] == early[0].id
 
 
 # Llama 3.1's template asks for calls in these words; its answer is the call's JSON alone.
@@ -301,6 +301,9 @@ def test_bare_calls_as_llama3_writes_them(text, names):
     '  {"answer": 42} and more',  # a JSON answer that is no call: all of it, as written
     "{not json at all",
     "<|python_ta",  # cut inside the call token
+    '{"name": "Alice", "age": 30}',  # a "name" that is no tool's: an answer, not a call
+    '{"answer": 1} {"name": "get_time", "parameters": {}}',  # after an object that is no call, text
+    '{{"name": "get_time", "parameters": {}}',
 ])
 def test_an_answer_that_is_no_bare_call_stays_text(text):
     for size in (1, 4, len(text)):
@@ -311,11 +314,13 @@ def test_an_answer_that_is_no_bare_call_stays_text(text):
 
 
 def test_bare_calls_past_the_one_allowed_are_dropped_and_a_broken_one_keeps_what_was_sent():
-    two = BARE_CALL + '; {"name": "get_time", "parameters": {}}'
-    splitter = _bare(max_calls=1)
-    parts = _parts(splitter, _cuts(two, 3))
-    assert [p.name for p in parts if isinstance(p, CallStart)] == ["get_weather"]
-    assert len(splitter.tool_calls) == 1 and splitter.finish_reason("stop") == "tool_calls"
+    time_call = '{"name": "get_time", "parameters": {}}'
+    for three in (f"{BARE_CALL}; {time_call}; {BARE_CALL}", f"{BARE_CALL}\n{time_call}\n{BARE_CALL}"):
+        splitter = _bare(max_calls=1)
+        parts = _parts(splitter, _cuts(three, 3))
+        assert [p.name for p in parts if isinstance(p, CallStart)] == ["get_weather"]
+        assert not "".join(p.text for p in parts if isinstance(p, Content)).strip()  # none leaks as text
+        assert len(splitter.tool_calls) == 1 and splitter.finish_reason("stop") == "tool_calls"
     broken = _bare()
     parts = _parts(broken, _cuts('{"name": "get_time", "parameters": {when}} and so', 2))
     [end] = [p for p in parts if isinstance(p, CallEnd)]
@@ -343,9 +348,12 @@ def test_a_format_without_an_end_marker_reads_its_calls_to_the_answers_end(text,
         assert "".join(p.text for p in parts if isinstance(p, Content)) == "Let me look. "
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in splitter.tool_calls] == calls
         assert splitter.finish_reason("stop") == "tool_calls"
-    cut = OutputSplitter(tool_format=MISTRAL, tools=[WEATHER])  # cut by max_tokens: text, as it was written
+    # Cut by max_tokens: the head went out with the name, so it stays a call, not valid.
+    cut = OutputSplitter(tool_format=MISTRAL, tools=[WEATHER])
     parts = _parts(cut, ['[TOOL_CALLS]get_weather[ARGS]{"ci'])
-    assert parts == [Content('[TOOL_CALLS]get_weather[ARGS]{"ci')] and cut.tool_calls == []
+    assert [type(p) for p in parts] == [CallStart, CallEnd] and not parts[-1].valid
+    assert cut.tool_calls[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert cut.finish_reason("length") == "length"
 
 
 # One call of get_weather(city="Paris") as each of mlx-lm's formats writes it (its parser
@@ -378,6 +386,20 @@ def test_each_of_mlx_lms_formats_gives_its_call_however_the_text_is_cut(name):
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in splitter.tool_calls] == \
             [("get_weather", {"city": "Paris"})]
         assert splitter.finish_reason("stop") == "tool_calls"
+    # Where the format names its call first, the head goes out before the block ends.
+    splitter = OutputSplitter(tool_format=call_format, tools=[WEATHER])
+    written = [part for piece in _cuts(text, 1)[:-1] for part in splitter.feed(piece).parts]
+    heads = [p.name for p in written if isinstance(p, CallStart)]
+    assert heads == (["get_weather"] if call_format.first_name is not None else [])
+    assert name == "longcat" or call_format.first_name is not None  # every format that can, does
+
+
+def test_a_whole_block_whose_head_went_early_and_then_does_not_parse_stays_a_call():
+    qwen_coder = ToolCallFormat.for_template("{% if tools %}<tool_call>\n<function=x>{% endif %}")
+    splitter = OutputSplitter(tool_format=qwen_coder, tools=[WEATHER])
+    parts = _parts(splitter, ["<tool_call>\n<function=get_weather>\n", "<parameter=city>\nPar"])
+    assert [type(p) for p in parts] == [CallStart, CallEnd] and parts[0].name == "get_weather"
+    assert not parts[-1].valid and splitter.finish_reason("length") == "length"
 
 
 def test_reasoning_streams_before_the_call():
@@ -560,6 +582,19 @@ async def test_a_llama3_models_bare_call_is_a_tool_call_streamed_and_not(smollm2
     prompt = tokenizer.decode(engine.prompts[-1])
     assert '{"name": "get_weather", "parameters": {"city": ' in prompt
     assert "<|start_header_id|>ipython<|end_header_id|>\n\nsunny" in prompt
+
+
+@on_loops("asyncio", "uvloop")
+async def test_a_llama3_answer_under_response_format_is_content_even_when_it_looks_like_a_call(smollm2):
+    """With response_format the answer is the schema's JSON: without markers it must not read as a call."""
+    pytest.importorskip("openai")
+    tokenizer, _ = smollm2
+    recorder, _ = _scripted(tokenizer, LLAMA3_TEMPLATE, _tokens(tokenizer, BARE_CALL))
+    async with _openai(recorder) as client:
+        answer = await client.chat.completions.create(model=MODEL, messages=USER, tools=[WEATHER], max_tokens=100,
+                                                      response_format={"type": "json_object"})
+    assert answer.choices[0].message.tool_calls is None and answer.choices[0].message.content == BARE_CALL
+    assert answer.choices[0].finish_reason == "stop"
 
 
 @on_loops("asyncio", "uvloop")
