@@ -22,6 +22,7 @@ def load_model_files(path: str | None) -> tuple[Any, Any, dict[str, Any]]:
         # mlx-lm's TokenizerWrapper: the Hugging Face tokenizer's names pass
         # through it, and its streaming detokenizer is the one mlx-lm chose.
         model, tokenizer = mlx_lm_load(path)
+        fix_batch_masks(model)
         eos = set(tokenizer.eos_token_ids) or {tokenizer.eos_token_id}
         return model, tokenizer, {"eos_ids": eos, "chat_template": tokenizer.chat_template,
                                   "bos_id": added_bos(tokenizer)}
@@ -31,6 +32,46 @@ def load_model_files(path: str | None) -> tuple[Any, Any, dict[str, Any]]:
     tokenizer = _gguf.gguf_tokenizer(meta)
     bos, eos = _gguf.gguf_special_ids(meta)
     return model, tokenizer, {"eos_ids": eos, "chat_template": meta.get("tokenizer.chat_template"), "bos_id": bos}
+
+
+def fix_batch_masks(model) -> bool:
+    """Make a batch of mlx-lm's gemma2 give each row its own logits; whether it changed anything.
+
+    Its attention splits the query heads into {B, kv_heads, repeats, L, S} scores by hand and
+    adds the {B, 1, L, S} mask of a batch to them as it is, so the mask's rows land on the
+    key-value heads: a batch is wrong (mlx-lm's BatchGenerator too) or fails to broadcast.
+    Each attention module becomes a subclass that gives the mask a repeats axis first
+    ({B, 1, 1, L, S}). Done at load, before any worker runs the model (it is read-only
+    afterwards); batch mode's load check (replay_step.check_batch_against_rows) holds it."""
+    try:
+        from mlx_lm.models import gemma2
+    except ImportError:
+        return False
+    fixed = False
+    for layer in getattr(model, "layers", None) or ():
+        attention = getattr(layer, "self_attn", None)
+        if type(attention) is gemma2.Attention:
+            attention.__class__ = _gemma2_batch_attention(gemma2.Attention)
+            fixed = True
+    return fixed
+
+
+_GEMMA2_BATCH_ATTENTION: list[type] = []
+
+
+def _gemma2_batch_attention(base: type) -> type:
+    """gemma2.Attention with a batch's mask put on the rows (made once, mlx-lm imported lazily)."""
+    if not _GEMMA2_BATCH_ATTENTION:
+        import mlx.core as mx
+
+        class BatchMaskAttention(base):  # type: ignore[misc, valid-type]
+            def __call__(self, x, mask=None, cache=None):
+                if isinstance(mask, mx.array) and mask.ndim == 4 and self.repeats > 1:
+                    mask = mx.expand_dims(mask, 2)  # {B, 1, L, S} -> {B, 1, 1, L, S}
+                return super().__call__(x, mask, cache)
+
+        _GEMMA2_BATCH_ATTENTION.append(BatchMaskAttention)
+    return _GEMMA2_BATCH_ATTENTION[0]
 
 
 def added_bos(tokenizer) -> int | None:

@@ -602,7 +602,8 @@ def check_batch_against_rows(model, spec: CacheSpec, prompts: Sequence[Sequence[
     """A batch's logits are its rows' own: rows at different positions stepped together and
     each alone. Raises ValueError naming what differs. mlx-lm's gemma2 adds a batch's mask
     {B, 1, 1, S} to scores it has split into {B, heads, repeats, 1, S}: the rows' mask lands
-    on the key-value heads, so a batch of it is wrong (or fails) on both steps."""
+    on the key-value heads, so a batch of it is wrong (or fails) on both steps, unless
+    loading.fix_batch_masks fixed it."""
     rows = [spec.from_prompt_cache(_prefilled_cache(model, spec, prompt[:-1]), 8) for prompt in prompts]
     buffers = spec.zeros(len(prompts), 8)
     for row, one_row in enumerate(rows):

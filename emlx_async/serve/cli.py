@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--mode", choices=("auto", "parallel", "batch"), default="auto",
                        help="batch: requests decode together in batches; parallel: each request alone on its own "
                             "thread; auto (the default): batch, or parallel for a model whose batch would give "
-                            "other tokens than each request alone (mlx-lm's gemma2); each model alike")
+                            "other tokens than each request alone; each model alike")
     serve.add_argument("--batches", type=int, default=None, metavar="N",
                        help="batch mode: run N batches at once, each on its own thread (a core each on a "
                             "CPU), a new request joining the one with the fewest; at most --max-concurrent "

@@ -22,7 +22,9 @@ from support.tiny_models import FAMILIES, IdsTokenizer, mlx_lm_tokens, tiny
 PROMPTS = [[3, 17, 5, 9, 100, 42, 8, 1, 6, 2, 11, 19], [7, 1, 4]]
 N = 10  # the first prompt crosses the 16-position trace into the 32
 # mlx-lm's gemma2 adds a batch's mask along its key-value heads (its attention splits
-# the query heads into groups by hand): a batch's rows get other logits than alone.
+# the query heads into groups by hand): a batch's rows get other logits than alone. The
+# models here are mlx-lm's own, as a user may hand one to Engine; Engine.load fixes it
+# (loading.fix_batch_masks, below).
 BATCH_REFUSED = {"gemma2": "other logits than the same row alone"}
 
 
@@ -67,6 +69,34 @@ async def test_a_batch_that_fails_in_the_models_own_code_is_refused_by_name():
                                              "fails in the model's own code"):
             await engine.prepare_step()
         await engine.close()
+
+
+@on_loops("asyncio")
+@pytest.mark.parametrize("heads", [(4, 1), (8, 4)])  # a batch of 2 wrong, and failing to broadcast
+async def test_gemma2_with_its_batch_mask_fixed_batches_with_mlx_lms_tokens(heads):
+    from emlx_async.llm.loading import fix_batch_masks
+
+    model = tiny("gemma2", num_attention_heads=heads[0], num_key_value_heads=heads[1])
+    want = [mlx_lm_tokens(model, prompt, N) for prompt in PROMPTS]  # each alone: right before the fix too
+    assert fix_batch_masks(model) and not fix_batch_masks(tiny("llama"))
+    assert [mlx_lm_tokens(model, prompt, N) for prompt in PROMPTS] == want
+    async with ea.Runtime(pool_size=2) as rt:
+        for step in ("python", "auto"):
+            engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch",
+                            max_concurrent=2)
+            assert await engine.prepare_step(step, cache_sizes=(16, 32)) == ("replay" if step == "auto" else "python")
+            got = [None, None]
+
+            async def one(i):
+                got[i] = await tokens_of(engine, PROMPTS[i], max_tokens=N)
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as tg:
+                    for i in range(len(PROMPTS)):
+                        tg.start_soon(one, i)
+            assert got == want, step
+            await engine.wait_idle()
+            await engine.close()
 
 
 def test_mode_auto_serves_alone_a_model_whose_batch_is_wrong_unchecked_or_fails(monkeypatch):

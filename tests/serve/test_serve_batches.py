@@ -1,6 +1,6 @@
 """The service's modes and --batches (batch mode running N batches at once): refused
 where they cannot apply; the default mode "auto" serves a model in batch mode with two
-batches and gemma2 (whose batch mlx-lm gets wrong) in parallel mode; and a tiny model
+batches and a model whose batch is wrong (mlx-lm's gemma2 unfixed) in parallel mode; and a tiny model
 served in process with two batches gives every concurrent client the answer it gets alone."""
 
 from __future__ import annotations
@@ -113,11 +113,14 @@ def llama_and_gemma2(tmp_path_factory):
 
 @on_loops("asyncio")
 @needs_model
-async def test_mode_auto_batches_a_model_and_serves_gemma2_alone_saying_why(llama_and_gemma2, caplog):
+async def test_mode_auto_batches_a_model_and_serves_one_whose_batch_is_wrong_alone_saying_why(
+        llama_and_gemma2, caplog, monkeypatch):
+    """gemma2 as mlx-lm has it (its batch mask unfixed) is the model whose batch is wrong."""
     import logging
 
     from emlx_async.llm import Engine
 
+    monkeypatch.setattr("emlx_async.llm.loading.fix_batch_masks", lambda model: False)
     config = ServeConfig(models=tuple(ModelSpec(kind, path) for kind, path in llama_and_gemma2.items()),
                          max_concurrent=4)
     ask = {"messages": [{"role": "user", "content": "Count to 3"}], "max_tokens": 6, "temperature": 0}
@@ -144,6 +147,16 @@ async def test_mode_auto_batches_a_model_and_serves_gemma2_alone_saying_why(llam
             finally:
                 await alone.close()
             assert reply.json()["choices"][0]["message"]["content"] == want, kind
+
+
+@on_loops("asyncio")
+@needs_model
+async def test_mode_auto_batches_gemma2_once_loading_fixed_its_batch_mask(llama_and_gemma2):
+    config = ServeConfig(models=(ModelSpec("gemma2", llama_and_gemma2["gemma2"]),), max_concurrent=4)
+    async with serving(config) as (service, http):
+        engine = service.models.lookup("gemma2").engine
+        assert (engine.mode, engine.batches, engine.mode_note) == ("batch", 2, "mode 'auto' chose batch mode")
+        assert (await http.get("/health")).json()["models"][0]["mode"] == "batch"
 
 
 def test_the_service_benchmark_names_batches_as_batchN():
