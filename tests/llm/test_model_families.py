@@ -28,6 +28,22 @@ N = 10  # the first prompt crosses the 16-position trace into the 32
 BATCH_REFUSED = {"gemma2": "other logits than the same row alone"}
 
 
+async def _prompts_at_once(engine) -> list:
+    """PROMPTS' greedy tokens, decoded at once by `engine`, which is closed afterwards."""
+    got = [None] * len(PROMPTS)
+
+    async def one(i):
+        got[i] = await tokens_of(engine, PROMPTS[i], max_tokens=N)
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            for i in range(len(PROMPTS)):
+                tg.start_soon(one, i)
+    await engine.wait_idle()
+    await engine.close()
+    return got
+
+
 @on_loops("asyncio")
 @pytest.mark.parametrize("kind", sorted(FAMILIES))
 async def test_family_replays_with_mlx_lms_tokens(kind):
@@ -45,18 +61,7 @@ async def test_family_replays_with_mlx_lms_tokens(kind):
                 await engine.close()
                 continue
             assert await engine.prepare_step(cache_sizes=(16, 32)) == "replay", engine.step_note
-            got = [None, None]
-
-            async def one(i):
-                got[i] = await tokens_of(engine, PROMPTS[i], max_tokens=N)
-
-            with anyio.fail_after(120):
-                async with anyio.create_task_group() as tg:
-                    for i in range(len(PROMPTS)):
-                        tg.start_soon(one, i)
-            assert got == want, mode
-            await engine.wait_idle()
-            await engine.close()
+            assert await _prompts_at_once(engine) == want, mode
 
 
 @on_loops("asyncio")
@@ -85,18 +90,7 @@ async def test_gemma2_with_its_batch_mask_fixed_batches_with_mlx_lms_tokens(head
             engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch",
                             max_concurrent=2)
             assert await engine.prepare_step(step, cache_sizes=(16, 32)) == ("replay" if step == "auto" else "python")
-            got = [None, None]
-
-            async def one(i):
-                got[i] = await tokens_of(engine, PROMPTS[i], max_tokens=N)
-
-            with anyio.fail_after(120):
-                async with anyio.create_task_group() as tg:
-                    for i in range(len(PROMPTS)):
-                        tg.start_soon(one, i)
-            assert got == want, step
-            await engine.wait_idle()
-            await engine.close()
+            assert await _prompts_at_once(engine) == want, step
 
 
 def test_mode_auto_serves_alone_a_model_whose_batch_is_wrong_unchecked_or_fails(monkeypatch):
