@@ -16,7 +16,7 @@ its answer is split into.
 - ``after_reasoning``: on a template that thinks, a constrained request's
   grammar applies after the reasoning (at most REASONING_SHARE of max_tokens).
 - ``OutputSplitter``: the streamed text cut into reasoning (``<think>``),
-  content and tool calls, a JSON call (Hermes, Llama 3's) streamed as the model
+  content and tool calls, a JSON call (Hermes, Llama 3's, Mistral's) streamed as the model
   writes it (its name first, then its arguments in pieces; ``JsonScanner``
   checks them); other formats' first call names itself early (``first_name``),
   their arguments come when the block ends.
@@ -160,10 +160,16 @@ class ToolCallFormat:
 
     @property
     def streams(self) -> bool:
-        """Whether a call streams as it is written (JSON: OutputSplitter reads it as it
-        comes). mlx-lm's other parsers read a whole block (XML-like tags, Python calls, a
-        format's own separators): their calls are sent once their block has ended."""
-        return self.name in ("json_tools", "llama3_json")
+        """Whether a call streams as it is written (JSON arguments: OutputSplitter reads them
+        as they come). mlx-lm's other parsers read a whole block (XML-like tags, Python
+        calls, a format's own separators): their calls are sent once their block has ended."""
+        return self.name in ("json_tools", "llama3_json", "mistral")
+
+    def scanner(self) -> _StreamedCall | _HeaderCall | None:
+        """A reader of one call as it streams (None: the format does not stream)."""
+        if self.name == "mistral":
+            return _HeaderCall()
+        return _StreamedCall() if self.streams else None
 
     @property
     def markerless(self) -> bool:
@@ -210,7 +216,6 @@ _FIRST_NAMES = {name: re.compile(pattern) for name, pattern in {
     "gemma4": r"^\s*call:([^{\s]+)\{",
     "function_gemma": r"^\s*call:([^{\s]+)\{",
     "pythonic": r"^\s*\[([A-Za-z_][\w.]*)\(",
-    "mistral": r"^\s*([\w-]+)\s*\[ARGS\]",
 }.items()}
 
 
@@ -611,6 +616,64 @@ class _StreamedCall:
         return rest, _is_object(self.sent)
 
 
+_HEADER = re.compile(r"\s*([\w-]+)\s*\[ARGS\]")
+_HEADER_SO_FAR = re.compile(r"\s*[\w-]*\s*(?:\[(?:A(?:R(?:G(?:S)?)?)?)?)?")
+
+
+class _HeaderCall:
+    """One Mistral call, ``name[ARGS]{...}``, read as it arrives (``_StreamedCall``'s
+    interface): the name once ``[ARGS]`` follows it, then the arguments' JSON as the
+    model writes it, every character checked. Text that is no such header (the older
+    ``[{"name": ...}]`` list) is ``opaque``: left to mlx-lm's parser at the answer's end."""
+
+    def __init__(self) -> None:
+        self._json = JsonScanner()
+        self._header = ""
+        self.opaque = False
+        self.name: str | None = None
+        self.arguments = ""
+        self.sent = ""
+
+    @property
+    def object_done(self) -> bool:
+        return self._json.complete
+
+    @property
+    def reading(self) -> bool:
+        return not (self.opaque or self._json.failed or self._json.complete)
+
+    def feed(self, text: str) -> int:
+        for used, ch in enumerate(text):
+            if not self.reading:
+                return used
+            if self.name is None:
+                self._header += ch
+                named = _HEADER.fullmatch(self._header)
+                if named is not None:
+                    self.name = named.group(1)
+                elif _HEADER_SO_FAR.fullmatch(self._header) is None:
+                    self.opaque = True
+                    return used
+                continue
+            events = self._json.push(ch)
+            if self._json.failed or ("end", 0, False) in events:
+                return used  # no JSON (or a top-level number ended before it): `ch` is not the arguments'
+            if self.arguments or events:
+                self.arguments += ch
+        return len(text)
+
+    def take_arguments(self) -> str:
+        if self.name is None:
+            return ""
+        text = self.arguments[len(self.sent):]
+        self.sent += text
+        return text
+
+    def final_arguments(self) -> tuple[str, bool]:
+        rest = self.take_arguments()
+        return rest, self._json.complete and _is_object(self.sent)
+
+
 def _decoded_key(raw: str) -> str:
     return json.loads(f'"{raw}"')
 
@@ -714,6 +777,7 @@ class _Block:
     name: str = ""
     dropped: bool = False  # past the calls allowed (parallel calls off): its call is not sent
     lead: str = ""  # a bare call's text before its object (whitespace, ";", the call token)
+    marked: bool = True  # opened by the start marker (not a call after a Mistral call)
 
 
 class OutputSplitter:
@@ -725,9 +789,9 @@ class OutputSplitter:
     marker split across pieces is held back until it is whole, so nothing of
     it leaks into content.
 
-    A call streams as it is written where its format allows it (Hermes JSON,
-    ``ToolCallFormat.streams``): its head (id and name) once the name's string
-    is whole, then its arguments' text as it comes, checked character by
+    A call streams as it is written where its format allows it (JSON arguments:
+    Hermes, Llama 3's, Mistral's; ``ToolCallFormat.streams``): its head (id and
+    name) once the name is whole, then its arguments' text as it comes, checked character by
     character, so the pieces sent are always the start of valid JSON and the
     call's final arguments are exactly the pieces joined (the model's own text,
     its whitespace included). Formats whose arguments cannot be cut while
@@ -850,6 +914,10 @@ class OutputSplitter:
                     self._bare_opens = self._after_call
                     continue
                 if not self._format.end:  # no end marker (Mistral's): the block runs to the answer's end
+                    if scanner is not None and scanner.object_done and self._block.index is not None:
+                        self._close_block(out, complete=True)  # a call ended: the next may follow
+                        self._open_block(_Block(marked=False))
+                        continue
                     self._read_block(self._pending, out)
                     self._pending = ""
                     break
@@ -925,8 +993,8 @@ class OutputSplitter:
         if block.index is None and self._room() <= 0:
             block.dropped = True
         # A bare call's block ends where its object does, so even a dropped one is read.
-        if self._format.streams and (not block.dropped or self._format.markerless):
-            block.scanner = _StreamedCall()
+        if not block.dropped or self._format.markerless:
+            block.scanner = self._format.scanner()
         self._block = block
 
     def _head(self, block: _Block, name: str, out: Split) -> _Block:
@@ -986,7 +1054,8 @@ class OutputSplitter:
         try:
             calls = self._format.calls(block.text, self._tools)
         except Exception:  # noqa: BLE001 - parsers raise what they like; unparsed text stays text
-            out.add(Content(block.lead + self._format.start + block.text + (self._format.end if complete else "")))
+            start = self._format.start if block.marked else ""
+            out.add(Content(block.lead + start + block.text + (self._format.end if complete else "")))
             return
         self._whole_calls(calls, out)
 

@@ -348,11 +348,11 @@ def test_a_format_without_an_end_marker_reads_its_calls_to_the_answers_end(text,
         assert "".join(p.text for p in parts if isinstance(p, Content)) == "Let me look. "
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in splitter.tool_calls] == calls
         assert splitter.finish_reason("stop") == "tool_calls"
-    # Cut by max_tokens: the head went out with the name, so it stays a call, not valid.
+    # Cut by max_tokens: the head and a piece went out, so it stays a call, not valid.
     cut = OutputSplitter(tool_format=MISTRAL, tools=[WEATHER])
     parts = _parts(cut, ['[TOOL_CALLS]get_weather[ARGS]{"ci'])
-    assert [type(p) for p in parts] == [CallStart, CallEnd] and not parts[-1].valid
-    assert cut.tool_calls[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert [type(p) for p in parts] == [CallStart, CallArguments, CallEnd] and not parts[-1].valid
+    assert cut.tool_calls[0]["function"] == {"name": "get_weather", "arguments": '{"ci'}  # what was sent
     assert cut.finish_reason("length") == "length"
 
 
@@ -390,8 +390,24 @@ def test_each_of_mlx_lms_formats_gives_its_call_however_the_text_is_cut(name):
     splitter = OutputSplitter(tool_format=call_format, tools=[WEATHER])
     written = [part for piece in _cuts(text, 1)[:-1] for part in splitter.feed(piece).parts]
     heads = [p.name for p in written if isinstance(p, CallStart)]
-    assert heads == (["get_weather"] if call_format.first_name is not None else [])
-    assert name == "longcat" or call_format.first_name is not None  # every format that can, does
+    early = call_format.streams or call_format.first_name is not None
+    assert heads == (["get_weather"] if early else [])
+    assert name == "longcat" or early  # every format that can, does
+
+
+@pytest.mark.parametrize("size", [1, 3, 7])
+def test_mistral_calls_stream_their_arguments_as_written(size):
+    text = f'[TOOL_CALLS]get_weather[ARGS]{ARGUMENTS}get_time [ARGS] {{"tz": [1, {{"a": "}}"}}]}}\n'
+    splitter = OutputSplitter(tool_format=MISTRAL, tools=[WEATHER, TIME])
+    parts = _parts(splitter, _cuts(text, size))
+    heads = [p for p in parts if isinstance(p, CallStart)]
+    assert [h.name for h in heads] == ["get_weather", "get_time"]
+    for index, want in ((0, ARGUMENTS), (1, '{"tz": [1, {"a": "}"}]}')):
+        pieces = [p.text for p in parts if isinstance(p, CallArguments) and p.index == index]
+        assert "".join(pieces) == want and (size > 5 or len(pieces) > 2)
+    assert [c["function"]["arguments"] for c in splitter.tool_calls] == [ARGUMENTS, '{"tz": [1, {"a": "}"}]}']
+    assert splitter.finish_reason("stop") == "tool_calls"
+    assert "".join(p.text for p in parts if isinstance(p, Content)) == "\n"
 
 
 def test_a_whole_block_whose_head_went_early_and_then_does_not_parse_stays_a_call():
