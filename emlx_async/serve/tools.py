@@ -190,7 +190,7 @@ class ToolCallFormat:
 
     def calls(self, text: str, tools: list[dict] | None) -> list[dict]:
         """The calls in one block's text, in OpenAI's shape (arguments as JSON text); ValueError if none parse."""
-        parsed = self.parse(text, tools)
+        parsed = self.parse(text.strip(), tools)  # qwen3_coder's ends at </function>, no whitespace after
         parsed = parsed if isinstance(parsed, list) else [parsed]
         out = []
         for call in parsed:
@@ -206,15 +206,17 @@ class ToolCallFormat:
 
 
 # The first call's name in a block of mlx-lm's whole-block formats, each ending at what follows
-# the name (a longer name cannot match early).
+# the name (a longer name cannot match early), searched for in the block's first
+# _NAME_WINDOW characters only (a regex run over a long block at every piece is quadratic).
+_NAME_WINDOW = 512
 _FIRST_NAMES = {name: re.compile(pattern) for name, pattern in {
     "qwen3_coder": r"^\s*<function=([^>\s]+)>",
     "minimax_m2": r'^\s*<invoke name="([^"]+)">',
     "minicpm5": r'^\s*"([^"]+)"\s*>',
     "glm47": r"^\s*([^\s<]+)\s*<arg_key>",
     "kimi_k2": r"^\s*<\|tool_call_begin\|>\s*(?:functions\.)?([^\s:<]+):\d+\s*<\|tool_call_argument_begin\|>",
-    "gemma4": r"^\s*call:([^{\s]+)\{",
-    "function_gemma": r"^\s*call:([^{\s]+)\{",
+    "gemma4": r"^\s*call:([\w-]+)\{",  # the parsers' own name classes
+    "function_gemma": r"^\s*call:(\w+)\{",
     "pythonic": r"^\s*\[([A-Za-z_][\w.]*)\(",
 }.items()}
 
@@ -1011,8 +1013,9 @@ class OutputSplitter:
         if scanner is None:
             block.text += text
             early = self._format.first_name if self._format is not None else None
-            if early is not None and block.index is None and not block.dropped:
-                named = early.search(block.text)
+            seeking = len(block.text) - len(text) < _NAME_WINDOW
+            if early is not None and block.index is None and not block.dropped and seeking:
+                named = early.search(block.text[:_NAME_WINDOW])
                 if named is not None:
                     self._head(block, named.group(1), out)
             return len(text)
@@ -1046,7 +1049,8 @@ class OutputSplitter:
                 self._finish(block, arguments, _is_object(arguments), out)
             else:  # sent is sent: a call, with no arguments, not valid
                 self._finish(block, "", False, out)
-            self._whole_calls(calls, out)
+            if complete:  # a cut block's parse is no call list (kimi_k2's reads its name wrong)
+                self._whole_calls(calls, out)
             return
         if block.index is not None:  # its head was sent: a call, whole or not
             self._end_call(block, out)

@@ -410,6 +410,40 @@ def test_mistral_calls_stream_their_arguments_as_written(size):
     assert "".join(p.text for p in parts if isinstance(p, Content)) == "\n"
 
 
+def _mlx_lm_format(name: str) -> ToolCallFormat:
+    module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
+    return ToolCallFormat(module.tool_call_start, module.tool_call_end, module.parse_tool_call, name)
+
+
+def test_early_heads_name_only_what_the_parser_reads_and_a_cut_block_gives_one_call():
+    # A name the parser refuses (gemma4's are [\w-]+): no head, the block stays text, as before.
+    text = "<|tool_call>call:ns.lookup{a:1}<tool_call|>"
+    splitter = OutputSplitter(tool_format=_mlx_lm_format("gemma4"), tools=[WEATHER])
+    assert _parts(splitter, _cuts(text, 3)) == [Content(text)]
+    # Cut before its call's end marker, kimi_k2's parse names the call "<|tool_call_begin|>functions...":
+    # the head sent stays the one call.
+    cut = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+           '{"city": "Paris"}')
+    splitter = OutputSplitter(tool_format=_mlx_lm_format("kimi_k2"), tools=[WEATHER])
+    _parts(splitter, _cuts(cut, 4))
+    assert [c["function"]["name"] for c in splitter.tool_calls] == ["get_weather"]
+    # Whitespace before the end marker (qwen3_coder's parser wants </function> last).
+    spaced = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n\n</tool_call>"
+    splitter = OutputSplitter(tool_format=_mlx_lm_format("qwen3_coder"), tools=[WEATHER])
+    _parts(splitter, _cuts(spaced, 4))
+    assert [json.loads(c["function"]["arguments"]) for c in splitter.tool_calls] == [{"city": "Paris"}]
+
+
+def test_a_long_block_is_not_searched_for_its_name_at_every_piece():
+    import time
+
+    text = '<tool_call>{"name":"write_file","arguments":{"content":"' + "x" * 40000 + '"}}</tool_call>'
+    splitter = OutputSplitter(tool_format=_mlx_lm_format("glm47"), tools=None)
+    start = time.perf_counter()
+    _parts(splitter, _cuts(text, 4))
+    assert time.perf_counter() - start < 1.0  # searching the whole block each time: about 3 s
+
+
 def test_a_whole_block_whose_head_went_early_and_then_does_not_parse_stays_a_call():
     qwen_coder = ToolCallFormat.for_template("{% if tools %}<tool_call>\n<function=x>{% endif %}")
     splitter = OutputSplitter(tool_format=qwen_coder, tools=[WEATHER])
