@@ -8,9 +8,11 @@ max_completion_tokens, the Responses API's max_output_tokens) becomes 2 (JSON
 Schema counts 5.0 as an integer, so floats too). Values past the documented
 maximum (EMLX_SCHEMA_MAX_TOKENS) are left for the server to refuse.
 
-One rule of the Messages API no JSON Schema can say: its last message is the
-user's (a final assistant message, a prefill, gets 400). A generated final
-assistant message becomes the user's; any other fault in the case stays.
+Two rules of the Messages API no JSON Schema can say: its last message is the
+user's (a final assistant message, a prefill, gets 400), and thinking's
+budget_tokens is less than max_tokens. A generated final assistant message
+becomes the user's, and a budget of max_tokens or more becomes max_tokens - 1
+(thinking is taken out where max_tokens is 1); any other fault in the case stays.
 
 Tools, tool turns and grammars (tools, tool_choice, parallel_tool_calls, role
 "tool" and assistant tool_calls in the history, json_schema and guided_*
@@ -87,3 +89,21 @@ def before_call(context, case, kwargs):
     if case.operation.path in MESSAGES_API and isinstance(messages, list) and messages \
             and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
         messages[-1] = {**messages[-1], "role": "user"}
+    if case.operation.path in MESSAGES_API:
+        _budget_below_max_tokens(body)
+
+
+def _budget_below_max_tokens(body: dict) -> None:
+    """thinking.budget_tokens under max_tokens (see the docstring), where both are integers."""
+    thinking, limit = body.get("thinking"), body.get("max_tokens")
+    if not isinstance(thinking, dict) or not _integer(limit) or not _integer(thinking.get("budget_tokens")):
+        return
+    if thinking["budget_tokens"] >= limit:
+        if limit >= 2:
+            body["thinking"] = {**thinking, "budget_tokens": int(limit) - 1}
+        else:
+            body.pop("thinking")
+
+
+def _integer(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer()
