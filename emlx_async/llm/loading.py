@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -56,22 +57,18 @@ def fix_batch_masks(model) -> bool:
     return fixed
 
 
-_GEMMA2_BATCH_ATTENTION: list[type] = []
-
-
+@functools.cache
 def _gemma2_batch_attention(base: type) -> type:
     """gemma2.Attention with a batch's mask put on the rows (made once, mlx-lm imported lazily)."""
-    if not _GEMMA2_BATCH_ATTENTION:
-        import mlx.core as mx
+    import mlx.core as mx
 
-        class BatchMaskAttention(base):  # type: ignore[misc, valid-type]
-            def __call__(self, x, mask=None, cache=None):
-                if isinstance(mask, mx.array) and mask.ndim == 4 and self.repeats > 1:
-                    mask = mx.expand_dims(mask, 2)  # {B, 1, L, S} -> {B, 1, 1, L, S}
-                return super().__call__(x, mask, cache)
+    class BatchMaskAttention(base):  # type: ignore[misc, valid-type]
+        def __call__(self, x, mask=None, cache=None):
+            if isinstance(mask, mx.array) and mask.ndim == 4 and self.repeats > 1:
+                mask = mx.expand_dims(mask, 2)  # {B, 1, L, S} -> {B, 1, 1, L, S}
+            return super().__call__(x, mask, cache)
 
-        _GEMMA2_BATCH_ATTENTION.append(BatchMaskAttention)
-    return _GEMMA2_BATCH_ATTENTION[0]
+    return BatchMaskAttention
 
 
 def added_bos(tokenizer) -> int | None:

@@ -1025,9 +1025,8 @@ class OutputSplitter:
             used = len(text)
         block.text += text[:used]
         assert self._format is not None
-        named = scanner.name is not None and (not self._format.markerless
-                                              or _names_a_tool(scanner.name, self._tools))
-        if block.index is None and named and not block.dropped:
+        if block.index is None and scanner.name is not None and not block.dropped and (
+                not self._format.markerless or _names_a_tool(scanner.name, self._tools)):
             self._head(block, scanner.name, out)
         if block.index is not None:
             out.add(CallArguments(block.index, scanner.take_arguments()))
@@ -1039,10 +1038,7 @@ class OutputSplitter:
         block, self._block = self._block, None
         assert block is not None
         if block.index is not None and block.scanner is None:  # a whole block whose first name went early
-            try:
-                calls = self._format.calls(block.text, self._tools)
-            except Exception:  # noqa: BLE001 - parsers raise what they like
-                calls = []
+            calls = self._parsed(block) or []
             if calls and calls[0]["function"]["name"] == block.name:
                 arguments = calls.pop(0)["function"]["arguments"]
                 out.add(CallArguments(block.index, arguments))
@@ -1055,13 +1051,20 @@ class OutputSplitter:
         if block.index is not None:  # its head was sent: a call, whole or not
             self._end_call(block, out)
             return
-        try:
-            calls = self._format.calls(block.text, self._tools)
-        except Exception:  # noqa: BLE001 - parsers raise what they like; unparsed text stays text
+        calls = self._parsed(block)
+        if calls is None:  # unparsed text stays text
             start = self._format.start if block.marked else ""
             out.add(Content(block.lead + start + block.text + (self._format.end if complete else "")))
             return
         self._whole_calls(calls, out)
+
+    def _parsed(self, block: _Block) -> list[dict] | None:
+        """The calls the format's parser reads in the block's text (None: it reads none)."""
+        assert self._format is not None
+        try:
+            return self._format.calls(block.text, self._tools)
+        except Exception:  # noqa: BLE001 - parsers raise what they like
+            return None
 
     def _whole_calls(self, calls: list[dict], out: Split) -> None:
         """Send parsed calls whole (head, arguments, end), as many as the calls allowed leave room for."""
