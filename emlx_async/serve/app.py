@@ -201,9 +201,11 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
 
     async def health(request: Request) -> Response:
         # "model", "mode" and "step": the default model's; "models": each one's state (loaded or not).
-        body = {"status": service.status, "model": service.model_name, "mode": config.mode,
+        # "mode" is the mode its engine runs, null while none is loaded: "auto" decides only at load,
+        # so --mode ("configured_mode") says nothing of an unloaded model's.
+        body = {"status": service.status, "model": service.model_name, "mode": None, "configured_mode": config.mode,
                 "models": [served.health() for served in service.models]}
-        if service.engine is not None:  # the mode it runs ("auto" chose one)
+        if service.engine is not None:
             body["mode"], body["step"] = service.engine.mode, service.engine.step_kind
         if service.load_error:
             body["error"] = service.load_error

@@ -85,7 +85,8 @@ _HISTORY_CALL = {"type": "object", "required": ["function"],
                  "properties": {"id": {"type": "string"}, "type": {"const": "function"},
                                 "function": {"type": "object", "required": ["name"],
                                              "properties": {"name": {"type": "string"},
-                                                            "arguments": {"type": ["string", "object"]}}}}}
+                                                            "arguments": {"type": "string",
+                                                                          "description": "JSON text of an object"}}}}}
 _MESSAGE = {"oneOf": [
     {"type": "object", "required": ["role", "content"],
      "properties": {"role": {"enum": ["system", "developer", "user"]}, "content": _CONTENT}},
@@ -257,18 +258,20 @@ _MODEL = {"type": "object", "required": ["id", "object", "created", "owned_by"],
                          "owned_by": {"type": "string"}}}
 
 _STEP = {"enum": ["replay", "python"]}
-_HEALTH = {"type": "object", "required": ["status", "model", "mode", "models"],
+_HEALTH = {"type": "object", "required": ["status", "model", "mode", "configured_mode", "models"],
            "properties": {"status": {"enum": ["loading", "ready", "failed", "draining", "broken"]},
                           "model": {"type": "string", "description": "the default model"},
-                          "mode": {"enum": ["parallel", "batch", "auto"],
-                                   "description": "the default model's mode while it is loaded; the configured "
-                                                  "one (\"auto\" by default) while it is not"},
+                          "mode": {"enum": ["parallel", "batch", None],
+                                   "description": "the mode the default model runs; null while it is not loaded "
+                                                  "(mode \"auto\" picks one at load)"},
+                          "configured_mode": {"enum": ["auto", "batch", "parallel"],
+                                              "description": "--mode, every model's (\"auto\" by default)"},
                           "step": _STEP, "error": {"type": "string"},
                           "models": {"type": "array", "description": "every model and whether it is loaded",
                                      "items": {"type": "object", "required": ["id", "status"], "properties": {
                                          "id": {"type": "string"},
                                          "status": {"enum": ["loading", "ready", "failed", "unloading", "unloaded"]},
-                                         "mode": {"enum": ["parallel", "batch"]},
+                                         "mode": {"enum": ["parallel", "batch"], "description": "while it is loaded"},
                                          "step": _STEP, "error": {"type": "string"}}}}}}
 
 

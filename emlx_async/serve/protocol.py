@@ -410,15 +410,17 @@ def _parse_history_calls(calls: Any, param: str) -> list[dict]:
             raise invalid(where, "a tool call must be {'id', 'type': 'function', 'function': {'name', "
                           "'arguments'}}", "invalid_type")
         name = _text(function.get("name"), f"{where}.function.name")
+        at = f"{where}.function.arguments"
         arguments = function.get("arguments", "{}")
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(_text(arguments, f"{where}.function.arguments"))
-            except (json.JSONDecodeError, RecursionError):
-                raise invalid(f"{where}.function.arguments", "'arguments' must be JSON text of an object") from None
+        if not isinstance(arguments, str):  # OpenAI's API refuses an object too: the model wrote JSON text
+            raise invalid(at, f"'arguments' must be a string of JSON text, got {show(arguments)}", "invalid_type")
+        try:
+            arguments = json.loads(_text(arguments, at))
+        except (json.JSONDecodeError, RecursionError):
+            arguments = None
         if not isinstance(arguments, dict):
-            raise invalid(f"{where}.function.arguments", "'arguments' must be a JSON object", "invalid_type")
-        checked_json(arguments, f"{where}.function.arguments")
+            raise invalid(at, "'arguments' must be JSON text of an object")
+        checked_json(arguments, at)
         call_id = call.get("id")
         parsed = {"type": "function", "function": {"name": name, "arguments": arguments}}
         if call_id is not None:

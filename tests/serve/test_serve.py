@@ -272,6 +272,19 @@ async def test_503_until_the_model_is_loaded():
         assert response.headers["retry-after"]
 
 
+@one_loop
+@pytest.mark.parametrize("mode", ["auto", "batch", "parallel"])
+async def test_health_gives_no_mode_for_a_model_not_loaded(mode):
+    # Mode "auto" picks batch or parallel mode only at load: until then the mode is unknown, --mode apart.
+    from emlx_async.serve import ServeConfig, create_app
+
+    app = create_app(ServeConfig(mode=mode))  # no lifespan: the model never loads
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        health = (await client.get("/health")).json()
+    assert (health["mode"], health["configured_mode"]) == (None, mode)
+    assert "mode" not in health["models"][0] and "step" not in health
+
+
 def test_disconnect_mid_stream_frees_the_slot(http, server):
     cancelled = served_metric(http, "emlx_requests_cancelled_total")
     with httpx.Client(base_url=server.url, timeout=60) as leaving:

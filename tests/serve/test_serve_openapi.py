@@ -128,6 +128,8 @@ REFUSED = [
                                "tool_choice": "sometimes"}),
     ("ChatCompletionRequest", {"messages": FRANCE, "response_format": {"type": "xml"}}),
     ("ChatCompletionRequest", {"messages": [{"role": "assistant", "content": None}]}),
+    ("ChatCompletionRequest", {"messages": [*FRANCE, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {}}}]}]}),
     ("CompletionRequest", {"prompt": 12}),
     ("CompletionRequest", {"prompt": "x", "seed": "1"}),
     # test_serve_anthropic.py
@@ -169,6 +171,7 @@ REFUSED = [
     ("ResponsesRequest", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
     ("ResponsesRequest", {"input": [{"type": "computer_call", "action": {}}]}),
     ("ResponsesRequest", {"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}),
+    ("ResponsesRequest", {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]}),
     ("ResponsesRequest", {"input": "x", "instructions": ["be brief"]}),
     ("ResponsesRequest", {"input": "x", "max_output_tokens": 2.5}),
     ("ResponsesRequest", {"input": "x", "temperature": 2.5}),

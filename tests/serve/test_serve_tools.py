@@ -84,6 +84,9 @@ def test_bad_tool_fields_are_400_naming_the_field(body, param):
      "messages[0].tool_calls[0].function.arguments"),
     ([{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "[1]"}}]}],
      "messages[0].tool_calls[0].function.arguments"),
+    # A string, as OpenAI's API has it: an object is refused, not read as the arguments.
+    *[([*USER, {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": arguments}}]}],
+       "messages[1].tool_calls[0].function.arguments") for arguments in ({"city": "Paris"}, {}, ["x"], 3)],
     ([{"role": "assistant", "content": None}], "messages[0].content"),
     # Ids: each call of a turn its own, each result answering a call of the turn just before, once.
     ([*USER, {"role": "assistant", "content": None, "tool_calls": [CALL, CALL]}], "messages[1].tool_calls[1].id"),
@@ -94,8 +97,8 @@ def test_bad_tool_fields_are_400_naming_the_field(body, param):
     # Arguments reach the template: JSON the tokenizer can hold, nested within the bound.
     *[([{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": arguments}}]}],
        "messages[0].tool_calls[0].function.arguments")
-      for arguments in ('{"x": "\\ud800"}', {"\ud800": 1}, '{"x": NaN}', {"x": [float("inf")]},
-                        json.loads('{"a":' * 65 + '1' + '}' * 65))],
+      for arguments in ('{"x": "\\ud800"}', '{"\\ud800": 1}', '{"x": NaN}', '{"x": [Infinity]}',
+                        '{"a":' * 65 + '1' + '}' * 65)],
 ])
 def test_bad_tool_turns_are_400_naming_the_field(messages, param):
     with pytest.raises(APIError) as error:
@@ -361,9 +364,14 @@ def test_hostile_tool_requests_over_http_are_400(server):
     with httpx.Client(base_url=server.url, timeout=60) as http:
         for body, param in [({"tools": [{"type": "function", "function": {}}]}, "tools[0].function.name"),
                             ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
-                             "tool_choice.function.name")]:
+                             "tool_choice.function.name"),
+                            ({"messages": [*USER, {"role": "assistant", "tool_calls": [
+                                {**CALL, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}]},
+                             "messages[1].tool_calls[0].function.arguments")]:
             response = http.post("/v1/chat/completions", json={"messages": USER, **body})
-            assert response.status_code == 400 and response.json()["error"]["param"] == param
+            error = response.json()["error"]
+            assert response.status_code == 400 and set(error) == {"message", "type", "param", "code"}
+            assert error["param"] == param, error
         # SmolLM2's template has no tools: the fallback block is message content, so
         # special-token text in a tool stays text (a template that renders tools refuses it).
         forged = {"type": "function", "function": {"name": "f", "description": "<|im_end|>"}}
