@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from .xml_arguments import Qwen3CoderArguments
+
 THINK_START, THINK_END = "<think>", "</think>"
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 # Llama 3.1 to 3.3's templates ask for calls as a bare JSON answer, in these words; a model
@@ -162,8 +164,17 @@ class ToolCallFormat:
     def streams(self) -> bool:
         """Whether a call streams as it is written (JSON arguments: OutputSplitter reads them
         as they come). mlx-lm's other parsers read a whole block (XML-like tags, Python
-        calls, a format's own separators): their calls are sent once their block has ended."""
+        calls, a format's own separators): their calls are sent once their block has ended,
+        but for the head (``first_name``) and, in qwen3_coder's, the arguments (``preview``)."""
         return self.name in ("json_tools", "llama3_json", "mistral")
+
+    def preview(self, name: str, tools: list[dict] | None) -> Qwen3CoderArguments | None:
+        """A whole-block format's reader of the JSON its parser will make of a call's arguments,
+        from the text after the call's name (``first_name``), as it is written (None: the
+        arguments go out once the block has ended and parsed)."""
+        if self.name == "qwen3_coder":
+            return Qwen3CoderArguments.for_call(name, tools)
+        return None
 
     def scanner(self) -> _StreamedCall | _HeaderCall | None:
         """A reader of one call as it streams (None: the format does not stream)."""
@@ -779,6 +790,7 @@ class _Block:
     name: str = ""
     dropped: bool = False  # past the calls allowed (parallel calls off): its call is not sent
     lead: str = ""  # a bare call's text before its object (whitespace, ";", the call token)
+    preview: Qwen3CoderArguments | None = None  # a whole block's arguments as they are written
     marked: bool = True  # opened by the start marker (not a call after a Mistral call)
 
 
@@ -800,7 +812,11 @@ class OutputSplitter:
     incomplete (mlx-lm's other tool parsers) send their first call's head once
     its name is written (``ToolCallFormat.first_name``), and the rest when the
     block ends and parses; a block that does not parse, and has sent nothing,
-    stays content, as does anything before a name is whole.
+    stays content, as does anything before a name is whole. Qwen3-Coder's XML
+    calls also send their arguments as the JSON its parser will make of them,
+    while they are written (``ToolCallFormat.preview``); the parse at the block's
+    end sends the rest, or, where what was sent is not its start, leaves the call
+    not `valid`.
 
     What was sent cannot be taken back: a block that has sent its head is a call
     whatever follows. If it ends without whole arguments (max_tokens cut it, the
@@ -1012,12 +1028,17 @@ class OutputSplitter:
         scanner = block.scanner
         if scanner is None:
             block.text += text
+            new_text = text  # what the block's preview has not read
             early = self._format.first_name if self._format is not None else None
             seeking = len(block.text) - len(text) < _NAME_WINDOW
             if early is not None and block.index is None and not block.dropped and seeking:
                 named = early.search(block.text[:_NAME_WINDOW])
                 if named is not None:
                     self._head(block, named.group(1), out)
+                    block.preview = self._format.preview(block.name, self._tools)
+                    new_text = block.text[named.end():]
+            if block.preview is not None:
+                out.add(CallArguments(block.index, block.preview.feed(new_text)))
             return len(text)
         reading = scanner.reading
         used = scanner.feed(text)
@@ -1039,12 +1060,14 @@ class OutputSplitter:
         assert block is not None
         if block.index is not None and block.scanner is None:  # a whole block whose first name went early
             calls = self._parsed(block) or []
-            if calls and calls[0]["function"]["name"] == block.name:
-                arguments = calls.pop(0)["function"]["arguments"]
-                out.add(CallArguments(block.index, arguments))
+            sent = block.preview.sent if block.preview is not None else ""
+            first_named = calls and calls[0]["function"]["name"] == block.name
+            arguments = calls.pop(0)["function"]["arguments"] if first_named else None
+            if arguments is not None and arguments.startswith(sent):
+                out.add(CallArguments(block.index, arguments[len(sent):]))
                 self._finish(block, arguments, _is_object(arguments), out)
-            else:  # sent is sent: a call, with no arguments, not valid
-                self._finish(block, "", False, out)
+            else:  # sent is sent: a call with what was sent of its arguments, not valid
+                self._finish(block, sent, False, out)
             if complete:  # a cut block's parse is no call list (kimi_k2's reads its name wrong)
                 self._whole_calls(calls, out)
             return

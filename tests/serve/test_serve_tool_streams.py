@@ -241,10 +241,10 @@ def test_a_forced_calls_head_goes_with_the_first_piece():
 
 
 def test_formats_that_cannot_stream_send_the_head_early_and_the_arguments_at_the_end():
-    qwen_coder = ToolCallFormat.for_template("{% if tools %}<tool_call>\n<function=x>{% endif %}")
-    assert not qwen_coder.streams and ToolCallFormat.hermes().streams
-    text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
-    splitter = OutputSplitter(tool_format=qwen_coder, tools=[WEATHER])
+    minimax = _mlx_lm_format("minimax_m2")
+    assert not minimax.streams and minimax.preview("get_weather", [WEATHER]) is None and ToolCallFormat.hermes().streams
+    text = MLX_LM_FORMATS["minimax_m2"]
+    splitter = OutputSplitter(tool_format=minimax, tools=[WEATHER])
     early = [part for piece in _cuts(text, 5)[:-1] for part in splitter.feed(piece).parts]
     assert [type(p) for p in early] == [CallStart] and early[0].name == "get_weather"
     parts = splitter.feed(text[len("".join(_cuts(text, 5)[:-1])):]).parts + splitter.flush().parts
@@ -448,8 +448,9 @@ def test_a_whole_block_whose_head_went_early_and_then_does_not_parse_stays_a_cal
     qwen_coder = ToolCallFormat.for_template("{% if tools %}<tool_call>\n<function=x>{% endif %}")
     splitter = OutputSplitter(tool_format=qwen_coder, tools=[WEATHER])
     parts = _parts(splitter, ["<tool_call>\n<function=get_weather>\n", "<parameter=city>\nPar"])
-    assert [type(p) for p in parts] == [CallStart, CallEnd] and parts[0].name == "get_weather"
+    assert [type(p) for p in parts] == [CallStart, CallArguments, CallEnd] and parts[0].name == "get_weather"
     assert not parts[-1].valid and splitter.finish_reason("length") == "length"
+    assert splitter.tool_calls[0]["function"]["arguments"] == parts[1].text == '{"city": "Par'  # what was sent
 
 
 def test_reasoning_streams_before_the_call():
@@ -645,6 +646,42 @@ async def test_a_llama3_answer_under_response_format_is_content_even_when_it_loo
                                                       response_format={"type": "json_object"})
     assert answer.choices[0].message.tool_calls is None and answer.choices[0].message.content == BARE_CALL
     assert answer.choices[0].finish_reason == "stop"
+
+
+# Qwen3-Coder's template, shortened: it shows the XML call format, so mlx-lm's qwen3_coder parser reads the calls.
+QWEN3_CODER_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}Call a tool as "
+    "<tool_call>\n<function=NAME>\n<parameter=ARGUMENT>\nVALUE\n</parameter>\n</function>\n</tool_call>"
+    "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+XML_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis, the \"Ville Lumi\u00e8re\"\n"
+            "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+
+
+@on_loops("asyncio", "uvloop")
+async def test_a_qwen3_coder_call_streams_its_arguments_as_json_while_written(smollm2):
+    """The XML call's arguments go out as JSON while the model writes them (a string as its
+    characters come, the integer at its </parameter>), typed from the tool's schema as
+    mlx-lm's parser types them, the pieces joined the non-streamed call's arguments."""
+    pytest.importorskip("openai")
+    tokenizer, _ = smollm2
+    pieces = _tokens(tokenizer, XML_CALL)
+    recorder, _ = _scripted(tokenizer, QWEN3_CODER_TEMPLATE, pieces)
+    ask = dict(model=MODEL, messages=USER, tools=[WEATHER], max_tokens=100)
+    async with _openai(recorder) as client:
+        stream = await client.chat.completions.create(**ask, stream=True)
+        chunks = [chunk async for chunk in stream]
+        answer = await client.chat.completions.create(**ask)
+    [call] = answer.choices[0].message.tool_calls
+    want = json.dumps({"city": 'Paris, the "Ville Lumi\u00e8re"', "days": 3}, ensure_ascii=False)
+    assert call.function.arguments == want and answer.choices[0].finish_reason == "tool_calls"
+    entries = [t for c in chunks for t in c.choices[0].delta.tool_calls or ()]
+    assert entries[0].function.name == "get_weather" and entries[0].function.arguments == ""
+    assert len(entries) > 5 and "".join(t.function.arguments or "" for t in entries) == want
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # The city's first characters went out while the model was still writing it.
+    city_written = next(i + 1 for i in range(len(pieces)) if "Ville" in "".join(pieces[:i + 1]))
+    assert recorder.produced_when("Paris") < city_written  # the first body holding it: a streamed chunk
 
 
 @on_loops("asyncio", "uvloop")
