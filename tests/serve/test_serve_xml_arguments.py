@@ -50,8 +50,8 @@ def _parsed(text: str) -> dict:
 
 def test_each_value_goes_out_as_the_parser_types_it():
     text = _block([("city", 'Paris, "la Ville Lumière"\n\\n {x}'), ("days", "3"), ("units", "null"),
-                   ("hourly", "True"), ("options", '{"a": [1, 2]}'), ("ratio", "2.50"), ("untyped", "</para and <parameter=x>"),
-                   ("other", "NULLs")])
+                   ("hourly", "True"), ("options", '{"a": [1, 2]}'), ("ratio", "2.50"),
+                   ("untyped", "</para and <parameter=x>"), ("other", "NULLs")])
     for size in (1, 2, 5, len(text)):
         parts, splitter = _run(text, size)
         [call] = splitter.tool_calls
