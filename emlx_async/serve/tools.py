@@ -549,9 +549,12 @@ class _StreamedCall:
         self._key: str | None = None
         self._member: str | None = None  # the top-level member whose value is being read
         self._raw: list[str] = []  # the name's raw text while it is read
-        self.arguments = ""  # the arguments value's text so far (raw JSON)
+        # The arguments value's raw JSON so far and what was handed out, as lists of pieces:
+        # appending to a str attribute copies it, which made a long value quadratic.
+        self._arguments: list[str] = []
+        self._taken = 0  # pieces of _arguments handed out
         self.arguments_done = False
-        self.sent = ""  # the arguments handed out: the call's arguments text
+        self._sent: list[str] = []
 
     @property
     def reading(self) -> bool:
@@ -576,7 +579,7 @@ class _StreamedCall:
                     self._key = _decoded_key(event[2])
                 elif event[0] == "start" and event[1] == 1:
                     self._member, keep = ("arguments" if self._key in ARGUMENT_KEYS else self._key), True
-                    if self._member == "arguments" and (self.arguments or self.arguments_done):
+                    if self._member == "arguments" and (self._arguments or self.arguments_done):
                         self._member = "duplicate"  # the first one counts: it may have been sent
                 elif event[0] == "end" and event[1] == 1:
                     if event[2]:
@@ -593,7 +596,7 @@ class _StreamedCall:
         if self._member == "name":
             self._raw.append(ch)
         elif self._member == "arguments":
-            self.arguments += ch
+            self._arguments.append(ch)
 
     def _end_member(self) -> None:
         if self._member == "name" and self.name is None:
@@ -608,20 +611,27 @@ class _StreamedCall:
         """The arguments' text not handed out yet (nothing before the name is known)."""
         if self.name is None:
             return ""
-        if self.arguments.startswith('"'):  # a string: handed out whole once decoded
-            text = json.loads(self.arguments) if self.arguments_done and not self.sent else ""
+        if self._arguments and self._arguments[0] == '"':  # a string: handed out whole once decoded
+            text = json.loads("".join(self._arguments)) if self.arguments_done and not self._sent else ""
         else:
-            text = self.arguments[len(self.sent):]
-        self.sent += text
+            text = "".join(self._arguments[self._taken:])
+            self._taken = len(self._arguments)
+        if text:
+            self._sent.append(text)
         return text
+
+    @property
+    def sent(self) -> str:
+        """The arguments handed out: the call's arguments text."""
+        return "".join(self._sent)
 
     def final_arguments(self) -> tuple[str, bool]:
         """What remains to hand out at the block's end, and whether the call is whole: its
         arguments a complete JSON object (none at all, in a closed object: ``{}``)."""
         rest = self.take_arguments()
-        if not self.arguments:
+        if not self._arguments:
             if self.object_done and self.name is not None:
-                self.sent = "{}"
+                self._sent = ["{}"]
                 return "{}", True
             return rest, False
         if not self.arguments_done:
@@ -631,6 +641,7 @@ class _StreamedCall:
 
 _HEADER = re.compile(r"\s*([\w-]+)\s*\[ARGS\]")
 _HEADER_SO_FAR = re.compile(r"\s*[\w-]*\s*(?:\[(?:A(?:R(?:G(?:S)?)?)?)?)?")
+_LONGEST_HEADER = 256  # longer is no call: the header is matched again at each character
 
 
 class _HeaderCall:
@@ -644,8 +655,9 @@ class _HeaderCall:
         self._header = ""
         self.opaque = False
         self.name: str | None = None
-        self.arguments = ""
-        self.sent = ""
+        self._arguments: list[str] = []  # pieces, as _StreamedCall's
+        self._taken = 0
+        self._sent: list[str] = []
 
     @property
     def object_done(self) -> bool:
@@ -664,23 +676,29 @@ class _HeaderCall:
                 named = _HEADER.fullmatch(self._header)
                 if named is not None:
                     self.name = named.group(1)
-                elif _HEADER_SO_FAR.fullmatch(self._header) is None:
+                elif len(self._header) > _LONGEST_HEADER or _HEADER_SO_FAR.fullmatch(self._header) is None:
                     self.opaque = True
                     return used
                 continue
             events = self._json.push(ch)
             if self._json.failed or ("end", 0, False) in events:
                 return used  # no JSON (or a top-level number ended before it): `ch` is not the arguments'
-            if self.arguments or events:
-                self.arguments += ch
+            if self._arguments or events:
+                self._arguments.append(ch)
         return len(text)
 
     def take_arguments(self) -> str:
         if self.name is None:
             return ""
-        text = self.arguments[len(self.sent):]
-        self.sent += text
+        text = "".join(self._arguments[self._taken:])
+        self._taken = len(self._arguments)
+        if text:
+            self._sent.append(text)
         return text
+
+    @property
+    def sent(self) -> str:
+        return "".join(self._sent)
 
     def final_arguments(self) -> tuple[str, bool]:
         rest = self.take_arguments()
@@ -826,7 +844,12 @@ class OutputSplitter:
     Text after the arguments' end inside the block (a missing closing brace, a
     stray key) does not unmake a call whose name and arguments are whole.
 
-    `max_calls`: calls past it (parallel calls off: 1) are read and dropped.
+    A format without an end marker (Mistral's) ends a call where its JSON ends (or
+    breaks off); another call may follow, after its own marker or not, and any
+    other text after the calls is the answer's.
+
+    `max_calls`: calls past it (parallel calls off: 1) are read and dropped, whole
+    or not, once they have named themselves.
     `forced_name`: a grammar makes the answer open with a call of this name
     (a named tool_choice, or "required" with one tool): its head is sent with
     the answer's first piece (after any reasoning), before the model has
@@ -931,11 +954,19 @@ class OutputSplitter:
                         block.dropped and _names_a_tool(block.scanner.name, self._tools))
                     self._bare_opens = self._after_call
                     continue
-                if not self._format.end:  # no end marker (Mistral's): the block runs to the answer's end
-                    if scanner is not None and scanner.object_done and self._block.index is not None:
-                        self._close_block(out, complete=True)  # a call ended: the next may follow
+                if not self._format.end:  # no end marker (Mistral's): a call ends where its JSON does
+                    block = self._block
+                    if scanner is not None and (block.index is not None or scanner.name is not None):
+                        # Its JSON ended or broke off (a call past those allowed too): another call
+                        # may follow, with or without the start marker, or the answer's text.
+                        self._close_block(out, complete=True)
                         self._open_block(_Block(marked=False))
                         continue
+                    if scanner is not None and scanner.opaque and not block.marked:
+                        # No call after a call: the answer's text, in which a marker opens a block again.
+                        self._pending, self._block = block.text + self._pending, None
+                        continue
+                    # After the start marker, no header: the older [{"name": ...}] list, read to the end.
                     self._read_block(self._pending, out)
                     self._pending = ""
                     break
@@ -1010,9 +1041,9 @@ class OutputSplitter:
         assert self._format is not None
         if block.index is None and self._room() <= 0:
             block.dropped = True
-        # A bare call's block ends where its object does, so even a dropped one is read.
-        if not block.dropped or self._format.markerless:
-            block.scanner = self._format.scanner()
+        # Even a dropped call is read: a bare call's block (and a Mistral call's) ends where
+        # its JSON does, and a broken one is dropped, not sent as text, once it has named itself.
+        block.scanner = self._format.scanner()
         self._block = block
 
     def _head(self, block: _Block, name: str, out: Split) -> _Block:
@@ -1058,6 +1089,8 @@ class OutputSplitter:
         assert self._format is not None
         block, self._block = self._block, None
         assert block is not None
+        if block.dropped and self._named_a_call(block):
+            return  # past the calls allowed: read and dropped, whole or not
         if block.index is not None and block.scanner is None:  # a whole block whose first name went early
             calls = self._parsed(block) or []
             sent = block.preview.sent if block.preview is not None else ""
@@ -1080,6 +1113,13 @@ class OutputSplitter:
             out.add(Content(block.lead + start + block.text + (self._format.end if complete else "")))
             return
         self._whole_calls(calls, out)
+
+    def _named_a_call(self, block: _Block) -> bool:
+        """Whether a streamed block's JSON named its call (a tool's, where the format has no
+        markers): a call, whatever follows the name."""
+        assert self._format is not None
+        name = block.scanner.name if block.scanner is not None else None
+        return name is not None and (not self._format.markerless or _names_a_tool(name, self._tools))
 
     def _parsed(self, block: _Block) -> list[dict] | None:
         """The calls the format's parser reads in the block's text (None: it reads none)."""

@@ -410,6 +410,64 @@ def test_mistral_calls_stream_their_arguments_as_written(size):
     assert "".join(p.text for p in parts if isinstance(p, Content)) == "\n"
 
 
+@pytest.mark.parametrize("text, calls, content", [
+    # Mistral's own templates put the marker before every call.
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz":"UTC"}',
+     [("get_weather", '{"city": "Paris"}', True), ("get_time", '{"tz":"UTC"}', True)], ""),
+    # Text after the calls is the answer's, even where it names a call.
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}\n\nI will now call get_time[ARGS]{"b": 2}',
+     [("get_weather", '{"city": "Paris"}', True)], '\n\nI will now call get_time[ARGS]{"b": 2}'),
+    # A call whose JSON breaks off ends there; the calls after it still stream, and nothing is lost.
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": Paris}[TOOL_CALLS]get_time[ARGS]{}',
+     [("get_weather", '{"city": ', False), ("get_time", "{}", True)], "Paris}"),
+])
+def test_mistral_calls_after_their_own_markers_stream_and_text_after_them_stays(text, calls, content):
+    for size in (1, 5, len(text)):
+        splitter = OutputSplitter(tool_format=MISTRAL, tools=[WEATHER, TIME])
+        parts = _parts(splitter, _cuts(text, size))
+        ends = [p for p in parts if isinstance(p, CallEnd)]
+        assert [(e.call["function"]["name"], e.call["function"]["arguments"], e.valid) for e in ends] == calls
+        for end in ends:  # each call's arguments streamed, its pieces joined its arguments
+            pieces = [p.text for p in parts if isinstance(p, CallArguments) and p.index == end.index]
+            assert "".join(pieces) == end.call["function"]["arguments"]
+        assert "".join(p.text for p in parts if isinstance(p, Content)) == content
+
+
+@pytest.mark.parametrize("call_format, text", [
+    # Cut by max_tokens (JSON that breaks off ends the call there, and what follows is read anew).
+    (ToolCallFormat.bare_json(), f'{BARE_CALL}; {{"name": "get_time", "parameters": {{"b'),
+    (MISTRAL, f'[TOOL_CALLS]get_weather[ARGS]{ARGUMENTS}get_time[ARGS]{{"b":'),
+    (MISTRAL, f'[TOOL_CALLS]get_weather[ARGS]{ARGUMENTS}[TOOL_CALLS]get_time[ARGS]{{"b": 1'),
+    (ToolCallFormat.hermes(), f'{CALL}\n<tool_call>\n{{"name": "get_time", "arguments": {{bad}}\n</tool_call>'),
+])
+def test_a_broken_call_past_the_one_allowed_is_dropped_not_sent_as_text(call_format, text):
+    splitter = OutputSplitter(tool_format=call_format, tools=[WEATHER, TIME], max_calls=1)
+    parts = _parts(splitter, _cuts(text, 3))
+    assert [p.name for p in parts if isinstance(p, CallStart)] == ["get_weather"]
+    assert not "".join(p.text for p in parts if isinstance(p, Content)).strip("\n ")
+    assert splitter.tool_calls[0]["function"]["arguments"] == ARGUMENTS
+
+
+@pytest.mark.parametrize("call_format, text", [
+    (MISTRAL, "[TOOL_CALLS]" + "a" * 40_000),  # a name that never ends
+    (MISTRAL, f"[TOOL_CALLS]get_weather[ARGS]{ARGUMENTS}" + "\n" * 40_000),  # newlines until max_tokens
+    (ToolCallFormat.hermes(), '<tool_call>{"name": "get_weather", "arguments": {"city": "' + "x" * 400_000 + '"}}'),
+    (MISTRAL, '[TOOL_CALLS]get_weather[ARGS]{"city": "' + "x" * 400_000 + '"}'),
+    (ToolCallFormat.bare_json(), '{"name": "get_weather", "parameters": {"city": "' + "x" * 400_000 + '"}}'),
+])
+def test_long_output_is_read_in_linear_time(call_format, text):
+    """Each of these took seconds to a minute: a header matched again at each character, the
+    arguments kept in a str attribute that every character copied."""
+    import time
+
+    splitter = OutputSplitter(tool_format=call_format, tools=[WEATHER, TIME])
+    start = time.perf_counter()
+    parts = _parts(splitter, _cuts(text, 4))
+    assert time.perf_counter() - start < 3.0
+    sent = "".join(p.text for p in parts if isinstance(p, (Content, CallArguments)))
+    assert len(sent) >= len(text) - 60  # nothing lost but the markers and names
+
+
 def _mlx_lm_format(name: str) -> ToolCallFormat:
     module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
     return ToolCallFormat(module.tool_call_start, module.tool_call_end, module.parse_tool_call, name)
