@@ -24,6 +24,7 @@ its answer is split into.
 
 from __future__ import annotations
 
+import abc
 import importlib
 import json
 import re
@@ -530,18 +531,56 @@ class JsonScanner:
         return True
 
 
-class _StreamedCall:
+class _Arguments(abc.ABC):
+    """A streamed call's arguments: the raw JSON read so far and what was handed out, as
+    lists of pieces (appending to a str attribute copies it, which made a long value
+    quadratic). A value that is a string (JSON text inside a string, as some models write
+    it; mlx-lm's parsers take it as the arguments' text) is handed out whole, decoded,
+    once it has ended."""
+
+    name: str | None
+
+    def __init__(self) -> None:
+        self._arguments: list[str] = []
+        self._taken = 0  # pieces of _arguments handed out
+        self._sent: list[str] = []
+
+    @property
+    @abc.abstractmethod
+    def _arguments_done(self) -> bool:
+        """Whether the arguments' value has ended (each reader knows where)."""
+
+    def take_arguments(self) -> str:
+        """The arguments' text not handed out yet (nothing before the name is known)."""
+        if self.name is None:
+            return ""
+        if self._arguments and self._arguments[0] == '"':
+            text = json.loads("".join(self._arguments)) if self._arguments_done and not self._sent else ""
+        else:
+            text = "".join(self._arguments[self._taken:])
+            self._taken = len(self._arguments)
+        if text:
+            self._sent.append(text)
+        return text
+
+    @property
+    def sent(self) -> str:
+        """The arguments handed out: the call's arguments text."""
+        return "".join(self._sent)
+
+
+class _StreamedCall(_Arguments):
     """One Hermes call block's JSON, ``{"name": ..., "arguments": {...}}``, read as it
     arrives: the name once its string is whole, then the arguments' text as the model
     writes it, every character checked (JsonScanner), so what has been handed out is
     always the start of valid JSON and, once the value has ended, all of it.
 
-    An arguments value that is a string (JSON text inside a string, as some models
-    write it) is handed out whole, decoded, once it has ended; text that is no JSON
-    object is ``opaque`` and left to the format's parser at the block's end.
+    Text that is no JSON object is ``opaque`` and left to the format's parser at the
+    block's end.
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self._json = JsonScanner()
         self.opaque = False
         self.name: str | None = None
@@ -549,12 +588,7 @@ class _StreamedCall:
         self._key: str | None = None
         self._member: str | None = None  # the top-level member whose value is being read
         self._raw: list[str] = []  # the name's raw text while it is read
-        # The arguments value's raw JSON so far and what was handed out, as lists of pieces:
-        # appending to a str attribute copies it, which made a long value quadratic.
-        self._arguments: list[str] = []
-        self._taken = 0  # pieces of _arguments handed out
         self.arguments_done = False
-        self._sent: list[str] = []
 
     @property
     def reading(self) -> bool:
@@ -607,23 +641,9 @@ class _StreamedCall:
             self.arguments_done = True
         self._member, self._raw = None, []
 
-    def take_arguments(self) -> str:
-        """The arguments' text not handed out yet (nothing before the name is known)."""
-        if self.name is None:
-            return ""
-        if self._arguments and self._arguments[0] == '"':  # a string: handed out whole once decoded
-            text = json.loads("".join(self._arguments)) if self.arguments_done and not self._sent else ""
-        else:
-            text = "".join(self._arguments[self._taken:])
-            self._taken = len(self._arguments)
-        if text:
-            self._sent.append(text)
-        return text
-
     @property
-    def sent(self) -> str:
-        """The arguments handed out: the call's arguments text."""
-        return "".join(self._sent)
+    def _arguments_done(self) -> bool:
+        return self.arguments_done
 
     def final_arguments(self) -> tuple[str, bool]:
         """What remains to hand out at the block's end, and whether the call is whole: its
@@ -644,20 +664,18 @@ _HEADER_SO_FAR = re.compile(r"\s*[\w-]*\s*(?:\[(?:A(?:R(?:G(?:S)?)?)?)?)?")
 _LONGEST_HEADER = 256  # longer is no call: the header is matched again at each character
 
 
-class _HeaderCall:
+class _HeaderCall(_Arguments):
     """One Mistral call, ``name[ARGS]{...}``, read as it arrives (``_StreamedCall``'s
     interface): the name once ``[ARGS]`` follows it, then the arguments' JSON as the
     model writes it, every character checked. Text that is no such header (the older
     ``[{"name": ...}]`` list) is ``opaque``: left to mlx-lm's parser at the answer's end."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._json = JsonScanner()
         self._header = ""
         self.opaque = False
         self.name: str | None = None
-        self._arguments: list[str] = []  # pieces, as _StreamedCall's
-        self._taken = 0
-        self._sent: list[str] = []
 
     @property
     def object_done(self) -> bool:
@@ -687,18 +705,9 @@ class _HeaderCall:
                 self._arguments.append(ch)
         return len(text)
 
-    def take_arguments(self) -> str:
-        if self.name is None:
-            return ""
-        text = "".join(self._arguments[self._taken:])
-        self._taken = len(self._arguments)
-        if text:
-            self._sent.append(text)
-        return text
-
     @property
-    def sent(self) -> str:
-        return "".join(self._sent)
+    def _arguments_done(self) -> bool:
+        return self._json.complete
 
     def final_arguments(self) -> tuple[str, bool]:
         rest = self.take_arguments()

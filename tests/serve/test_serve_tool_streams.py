@@ -420,6 +420,8 @@ def test_mistral_calls_stream_their_arguments_as_written(size):
     # A call whose JSON breaks off ends there; the calls after it still stream, and nothing is lost.
     ('[TOOL_CALLS]get_weather[ARGS]{"city": Paris}[TOOL_CALLS]get_time[ARGS]{}',
      [("get_weather", '{"city": ', False), ("get_time", "{}", True)], "Paris}"),
+    # Arguments written as a JSON string holding the object: its text, decoded, as mlx-lm's parser reads it.
+    ('[TOOL_CALLS]get_time[ARGS]"{\\"tz\\": \\"UTC\\"}"', [("get_time", '{"tz": "UTC"}', True)], ""),
 ])
 def test_mistral_calls_after_their_own_markers_stream_and_text_after_them_stays(text, calls, content):
     for size in (1, 5, len(text)):
