@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from .xml_arguments import Qwen3CoderArguments
+from .xml_arguments import TaggedArguments, arguments_reader
 
 THINK_START, THINK_END = "<think>", "</think>"
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
@@ -166,16 +166,14 @@ class ToolCallFormat:
         """Whether a call streams as it is written (JSON arguments: OutputSplitter reads them
         as they come). mlx-lm's other parsers read a whole block (XML-like tags, Python
         calls, a format's own separators): their calls are sent once their block has ended,
-        but for the head (``first_name``) and, in qwen3_coder's, the arguments (``preview``)."""
+        but for the head (``first_name``) and, in the XML-like formats, the arguments (``preview``)."""
         return self.name in ("json_tools", "llama3_json", "mistral")
 
-    def preview(self, name: str, tools: list[dict] | None) -> Qwen3CoderArguments | None:
+    def preview(self, name: str, tools: list[dict] | None) -> TaggedArguments | None:
         """A whole-block format's reader of the JSON its parser will make of a call's arguments,
         from the text after the call's name (``first_name``), as it is written (None: the
         arguments go out once the block has ended and parsed)."""
-        if self.name == "qwen3_coder":
-            return Qwen3CoderArguments.for_call(name, tools)
-        return None
+        return arguments_reader(self.name, name, tools)
 
     def scanner(self) -> _StreamedCall | _HeaderCall | None:
         """A reader of one call as it streams (None: the format does not stream)."""
@@ -222,10 +220,10 @@ class ToolCallFormat:
 # _NAME_WINDOW characters only (a regex run over a long block at every piece is quadratic).
 _NAME_WINDOW = 512
 _FIRST_NAMES = {name: re.compile(pattern) for name, pattern in {
-    "qwen3_coder": r"^\s*<function=([^>\s]+)>",
+    "qwen3_coder": r"^\s*<function=([^\s<>]+)>",
     "minimax_m2": r'^\s*<invoke name="([^"]+)">',
     "minicpm5": r'^\s*"([^"]+)"\s*>',
-    "glm47": r"^\s*([^\s<]+)\s*<arg_key>",
+    "glm47": r"^\s*([^\s<]+)\s*(?=<arg_key>)",  # its reader reads from <arg_key>
     "kimi_k2": r"^\s*<\|tool_call_begin\|>\s*(?:functions\.)?([^\s:<]+):\d+\s*<\|tool_call_argument_begin\|>",
     "gemma4": r"^\s*call:([\w-]+)\{",  # the parsers' own name classes
     "function_gemma": r"^\s*call:(\w+)\{",
@@ -719,10 +717,15 @@ def _decoded_key(raw: str) -> str:
 
 
 def _is_object(text: str) -> bool:
+    """Whether `text` is a JSON object (NaN and Infinity, which Python writes and reads, are no JSON)."""
     try:
-        return isinstance(json.loads(text), dict)
+        return isinstance(json.loads(text, parse_constant=_no_constant), dict)
     except (ValueError, RecursionError):
         return False
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
 
 
 # ---- the answer, cut as it streams ----------------------------------------------------
@@ -810,15 +813,26 @@ class Split:
 class _Block:
     """One tool-call block being read: its text, and its call once it has a head."""
 
-    text: str = ""
+    pieces: list[str] = field(default_factory=list)  # its text, joined when read (a long block is not copied per piece)
+    length: int = 0
     scanner: _StreamedCall | None = None
     index: int | None = None  # the call's, once its head was sent
     id: str = ""
     name: str = ""
     dropped: bool = False  # past the calls allowed (parallel calls off): its call is not sent
     lead: str = ""  # a bare call's text before its object (whitespace, ";", the call token)
-    preview: Qwen3CoderArguments | None = None  # a whole block's arguments as they are written
+    preview: TaggedArguments | None = None  # a whole block's arguments as they are written
     marked: bool = True  # opened by the start marker (not a call after a Mistral call)
+
+    @property
+    def text(self) -> str:
+        if len(self.pieces) > 1:
+            self.pieces[:] = ["".join(self.pieces)]
+        return self.pieces[0] if self.pieces else ""
+
+    def add(self, text: str) -> None:
+        self.pieces.append(text)
+        self.length += len(text)
 
 
 class OutputSplitter:
@@ -1067,10 +1081,10 @@ class OutputSplitter:
         assert block is not None
         scanner = block.scanner
         if scanner is None:
-            block.text += text
+            block.add(text)
             new_text = text  # what the block's preview has not read
             early = self._format.first_name if self._format is not None else None
-            seeking = len(block.text) - len(text) < _NAME_WINDOW
+            seeking = block.length - len(text) < _NAME_WINDOW
             if early is not None and block.index is None and not block.dropped and seeking:
                 named = early.search(block.text[:_NAME_WINDOW])
                 if named is not None:
@@ -1084,7 +1098,7 @@ class OutputSplitter:
         used = scanner.feed(text)
         if not reading:
             used = len(text)
-        block.text += text[:used]
+        block.add(text[:used])
         assert self._format is not None
         if block.index is None and scanner.name is not None and not block.dropped and (
                 not self._format.markerless or _names_a_tool(scanner.name, self._tools)):
@@ -1103,8 +1117,8 @@ class OutputSplitter:
         if block.index is not None and block.scanner is None:  # a whole block whose first name went early
             calls = self._parsed(block) or []
             sent = block.preview.sent if block.preview is not None else ""
-            first_named = calls and calls[0]["function"]["name"] == block.name
-            arguments = calls.pop(0)["function"]["arguments"] if first_named else None
+            first = calls.pop(0)["function"] if calls else None  # the head's call, whatever its name
+            arguments = first["arguments"] if first is not None and first["name"] == block.name else None
             if arguments is not None and arguments.startswith(sent):
                 out.add(CallArguments(block.index, arguments[len(sent):]))
                 self._finish(block, arguments, _is_object(arguments), out)

@@ -1,77 +1,79 @@
-"""The arguments of a call in Qwen3-Coder's XML format, sent as JSON while the model writes them.
+"""The arguments of a call in an XML-like tool-call format, sent as JSON while the model writes them.
 
-Qwen3-Coder (and Qwen3.5, Qwen3-Next) write a call as::
+Three of mlx-lm's formats write each argument between tags of their own::
 
-    <tool_call>
-    <function=get_weather>
-    <parameter=city>
-    Paris
-    </parameter>
-    </function>
-    </tool_call>
+    qwen3_coder (Qwen3-Coder, Qwen3.5, Qwen3-Next)   <parameter=city>\\nParis\\n</parameter>
+    glm47 (GLM-4.5 to 4.7)                           <arg_key>city</arg_key><arg_value>Paris</arg_value>
+    minimax_m2 (MiniMax-M2)                          <parameter name="city">Paris</parameter>
 
-mlx-lm's parser (``mlx_lm.tool_parsers.qwen3_coder``) reads a whole block and types each
-value from the tool's schema. `Qwen3CoderArguments` reads the block as it comes and hands out
-the start of the JSON text that parser will make of it (``json.dumps`` of its arguments): each
-key once its name is whole, a string's characters as they are written (an untyped parameter's
-too), any other value once its ``</parameter>`` has come, converted by mlx-lm's own function.
-The closing brace is left to the parse of the whole block, which is the call's truth: what was
-handed out is a prefix of it whenever the model wrote the format as its parser reads it. A
-parameter named twice (the parser keeps the last value at the first one's place) or a block
-the parser reads otherwise makes what was sent no prefix; the call is then not valid, as a
-streamed JSON call cut short is not.
+mlx-lm's parsers (``mlx_lm.tool_parsers.<format>``) read a whole block and type each value
+from the tool's schema. A `TaggedArguments` reads the block as it comes and hands out the
+start of the JSON text that parser will make of it (``json.dumps`` of its arguments): each key
+once its name is whole, a string's characters as they are written, any other value once its
+closing tag has come, converted by the parser's own function. Whether a parameter is a string
+is asked of that function too (`_keeps_text`), so no typing rule is copied here. The closing
+brace is left to the parse of the whole block, which is the call's truth: what was handed out
+is a prefix of it whenever the model wrote the format as its parser reads it. A parameter
+named twice (the parsers keep the last value at the first one's place) or a block the parser
+reads otherwise makes what was sent no prefix; the call is then not valid, as a streamed JSON
+call cut short is not.
 """
 
 from __future__ import annotations
 
+import abc
 import importlib
 import json
 from types import ModuleType
+from typing import Any
 
-PARAMETER_OPEN = "<parameter="
-PARAMETER_CLOSE = "</parameter>"
-_NAME_ENDS = set("<>")  # and whitespace: the parser's names are [^\s<>]+
 _LONGEST_NAME = 256
-_NULL = "null"  # any case: the parser makes it None whatever the type
+# Texts a string parameter keeps as they are; a converter that changes any of them types the
+# parameter otherwise (a number, a boolean, JSON, a Python literal), so it is not streamed.
+_STRING_PROBES = ("12", "-1.5", "1e3", "true", "False", "0", "yes", "off", "{}", "[1]", "'a'", "(1,)", "x y")
+_NONE_WORDS = ("null", "none", "nil")  # any case: the words a parser may read as None
 
 
-def _parser() -> ModuleType | None:
-    """mlx-lm's qwen3_coder parser, if it still has the private pieces this reader uses."""
-    try:
-        module = importlib.import_module("mlx_lm.tool_parsers.qwen3_coder")
-    except ImportError:
-        return None
-    needed = ("_convert_param_value", "_get_arguments_config", "_string_types")
-    return module if all(hasattr(module, name) for name in needed) else None
+class TaggedArguments(abc.ABC):
+    """One call's arguments, read from the text after the call's name (``ToolCallFormat.first_name``)."""
 
-
-class Qwen3CoderArguments:
-    """One qwen3_coder call's arguments, read from the text after ``<function=NAME>``."""
+    OPEN: str  # a parameter's opening tag, before its name
+    CLOSE: str  # the tag ending its value
+    STOP: str | None = None  # a tag ending the call (its parameters after it are not the call's)
+    STRIPPED = True  # the parser strips a value's whitespace (False: one newline at each end)
+    PARSER_NEEDS: tuple[str, ...] = ()  # the parser module's private names this reader uses
 
     def __init__(self, name: str, tools: list[dict] | None, parser: ModuleType) -> None:
         self._parser = parser
-        self._config = parser._get_arguments_config(name, tools)
+        self._config = self._configure(name, tools)
         self._text = ""
         self._at = 0  # where reading resumes in _text
         self._state = "between"  # "between" parameters, in a parameter's "name", in its "value"
         self._key = ""
         self._value_start = 0
         self._keys: set[str] = set()
-        self._search = 0  # where ``</parameter>`` is sought next
+        self._string_keys: dict[str, bool] = {}
+        self._search = 0  # where a closing tag is sought next
         self._opened = False  # a string value's opening quote was sent
         self._streamed = 0  # where a string value's unsent characters begin in _text
+        self._scan = 0  # where a value's characters not yet looked at begin in _text
+        self._first_solid: int | None = None  # a stripped value's first character not whitespace
+        self._last_solid = 0  # and the end of its last one looked at
         self._frozen = False  # read something the JSON so far cannot follow: send nothing more
         self._sent: list[str] = []
+        self._ends = (self.CLOSE,) if self.STOP is None else (self.CLOSE, self.STOP)
+
+    @classmethod
+    def for_call(cls, name: str, tools: list[dict] | None) -> TaggedArguments | None:
+        parser = _parser(cls.FORMAT, cls.PARSER_NEEDS)
+        return None if parser is None else cls(name, tools, parser)
+
+    FORMAT: str  # mlx-lm's name of the format
 
     @property
     def sent(self) -> str:
         """The JSON text handed out."""
         return "".join(self._sent)
-
-    @classmethod
-    def for_call(cls, name: str, tools: list[dict] | None) -> Qwen3CoderArguments | None:
-        parser = _parser()
-        return None if parser is None else cls(name, tools, parser)
 
     def feed(self, text: str) -> str:
         """Read more of the call's text; the JSON text it adds to what was sent."""
@@ -79,86 +81,175 @@ class Qwen3CoderArguments:
         before = len(self._sent)
         while not self._frozen and self._step():
             pass
+        self._forget_read()
         return "".join(self._sent[before:])
+
+    def _forget_read(self) -> None:
+        """Drop the text read and no longer needed, so that a long call is not copied whole at
+        every piece (a value being converted at its end is kept: it is needed whole)."""
+        if self._state != "value":
+            keep = self._at
+        elif self._opened:
+            keep = min(self._streamed, self._search, self._scan)
+        else:
+            keep = self._value_start
+        if keep < 1 << 16 or keep < len(self._text) // 2:
+            return  # amortized: each character is dropped once
+        self._text = self._text[keep:]
+        self._at, self._value_start, self._search = self._at - keep, self._value_start - keep, self._search - keep
+        self._streamed, self._scan, self._last_solid = self._streamed - keep, self._scan - keep, self._last_solid - keep
+        if self._first_solid is not None:
+            self._first_solid -= keep
+
+    # What each format says for itself.
+
+    @abc.abstractmethod
+    def _configure(self, name: str, tools: list[dict] | None) -> Any:
+        """What the parser knows of the call's parameters, from the tools."""
+
+    @abc.abstractmethod
+    def _convert(self, value: str, key: str) -> Any:
+        """The parser's value for a parameter's (trimmed) text."""
+
+    @abc.abstractmethod
+    def _name_at(self, at: int) -> tuple[str, int] | None | bool:
+        """The parameter's name written from `at`, and where its value begins; None: not yet
+        known; False: not a name this reader follows."""
+
+    # The reading, common to the formats.
 
     def _step(self) -> bool:
         """Read as far as the text allows in the current state; whether the state changed."""
         if self._state == "between":
-            at = self._text.find(PARAMETER_OPEN, self._at)
-            if at < 0:
-                self._at = max(self._at, len(self._text) - len(PARAMETER_OPEN) + 1)
+            at = self._text.find(self.OPEN, self._at)
+            stop = -1 if self.STOP is None else self._text.find(self.STOP, self._at, None if at < 0 else at)
+            if stop >= 0:
+                self._frozen = True  # the call ended: its parameters are all sent
                 return False
-            self._at, self._state = at + len(PARAMETER_OPEN), "name"
+            if at < 0:
+                self._at = max(self._at, len(self._text) - max(map(len, self._ends + (self.OPEN,))) + 1)
+                return False
+            self._at, self._state = at + len(self.OPEN), "name"
             return True
         if self._state == "name":
             return self._read_name()
         return self._read_value()
 
     def _read_name(self) -> bool:
-        head = self._text[self._at:self._at + _LONGEST_NAME]
-        start = len(head) - len(head.lstrip())
-        end = start
-        while end < len(head) and not (head[end].isspace() or head[end] in _NAME_ENDS):
-            end += 1
-        if end == len(head):
-            self._frozen = len(head) == _LONGEST_NAME  # no schema names one so long; it is not followed
-            return False  # the name may go on
-        if end == start:
-            self._frozen = True  # no name: the parser skips this parameter, a case not followed here
+        named = self._name_at(self._at)
+        if named is None:
             return False
-        key = head[start:end]
+        if named is False:
+            self._frozen = True  # the parser skips such a parameter, or reads it another way
+            return False
+        key, self._value_start = named
         if key in self._keys:
             self._frozen = True  # named twice: the parser keeps the last value at the first place
             return False
         self._keys.add(key)
-        self._key, self._state = key, "value"
-        self._value_start = self._search = self._at + end + (head[end] == ">")
+        self._key, self._state, self._search = key, "value", self._value_start
+        self._scan, self._first_solid, self._last_solid = self._value_start, None, self._value_start
         self._send(("{" if not self._sent else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
         return True
 
     def _read_value(self) -> bool:
-        text, start = self._text, self._value_start
-        if start == len(text):
-            return False  # the first character tells whether a newline is dropped
-        if text[start] == "\n":
-            start += 1
-        close = text.find(PARAMETER_CLOSE, max(start, self._search))
+        text = self._text
+        close = text.find(self.CLOSE, self._search)
+        stop = -1 if self.STOP is None else text.find(self.STOP, self._search, None if close < 0 else close)
+        if stop >= 0:  # the call ends inside the value: the parser drops the parameter
+            if self._is_string(self._key):
+                self._stream(stop)  # what a cut just before the tag would have sent, whatever the cuts
+            self._frozen = True
+            return False
         if close >= 0:
-            end = close - (close > start and text[close - 1] == "\n")
-            self._end_value(start, end)
-            self._at, self._state, self._opened = close + len(PARAMETER_CLOSE), "between", False
+            self._end_value(close)
+            self._at, self._state, self._opened = close + len(self.CLOSE), "between", False
             return True
-        self._search = len(text) - len(PARAMETER_CLOSE) + 1  # a marker cut here begins after this
-        if self._is_string():
-            tail = text[max(start, len(text) - len(PARAMETER_CLOSE) - 1):]
-            self._stream(text, start, len(text) - _held_back(tail))
+        self._search = max(self._value_start, len(text) - max(map(len, self._ends)) + 1)
+        if self._is_string(self._key):
+            self._stream()
         return False
 
-    def _is_string(self) -> bool:
-        """Whether the parser keeps this parameter's text as it is (unless it reads "null")."""
-        schema = self._config.get(self._key, False)
-        if not schema:
-            return True
-        return "type" in schema and str(schema["type"]).strip().lower() in self._parser._string_types
+    def _trimmed(self, start: int, close: int) -> tuple[int, int]:
+        """Where the value's text, trimmed as the parser trims it, begins and ends, from `start`
+        (its start, or where its unsent characters begin) to its closing tag at `close`."""
+        raw = self._text[start:close]
+        if self.STRIPPED:
+            lead = 0 if self._opened else len(raw) - len(raw.lstrip())
+            return start + lead, max(start + lead, start + len(raw.rstrip()))
+        start += not self._opened and raw.startswith("\n")
+        return start, close - (close > start and raw.endswith("\n"))
 
-    def _stream(self, text: str, start: int, ready: int) -> None:
-        """Send a string value's characters text[start:ready] (all of it that cannot yet be its end)."""
+    def _unfinished(self, end: int | None = None) -> tuple[int, int] | None:
+        """(start, ready) of a value whose closing tag has not come: where its text begins, as
+        the parser trims it, and up to where nothing can be its end any more; None: it has not
+        begun; `end`: the text ends there. Each character is looked at once (a long value or run
+        of whitespace stays linear)."""
+        text = self._text
+        # Characters after `limit` may begin a closing tag.
+        limit = end if end is not None else len(text) - _tag_start(text, self._ends)
+        if not self.STRIPPED:
+            self._scan = max(self._scan, limit)
+            if self._opened:
+                start = self._streamed
+            elif limit <= self._value_start:
+                return None  # its first character says whether a newline is dropped
+            else:
+                start = self._value_start + (text[self._value_start] == "\n")
+            return start, max(start, limit - (limit > start and text[limit - 1] == "\n"))
+        new = text[self._scan:limit]
+        solid = len(new.rstrip())
+        if solid:  # the whitespace the parser strips at the end is held back until more follows
+            if self._first_solid is None:
+                self._first_solid = self._scan + len(new) - len(new.lstrip())
+            self._last_solid = self._scan + solid
+        self._scan = max(self._scan, limit)
+        return None if self._first_solid is None else (self._first_solid, self._last_solid)
+
+    def _is_string(self, key: str) -> bool:
+        """Whether the parser keeps this parameter's text as it is (unless a word of None)."""
+        if key not in self._string_keys:
+            self._string_keys[key] = all(self._keeps_text(probe, key) for probe in _STRING_PROBES)
+        return self._string_keys[key]
+
+    def _keeps_text(self, text: str, key: str) -> bool:
+        try:
+            return self._convert(text, key) == text
+        except Exception:  # noqa: BLE001 - a typed parameter's converter refused the text
+            return False
+
+    def _stream(self, end: int | None = None) -> None:
+        """Send the string value's characters that cannot yet be its end (before `end`)."""
+        bounds = self._unfinished(end)
+        if bounds is None:
+            return
+        start, ready = bounds
         if not self._opened:
-            if _NULL.startswith(text[start:ready].lower()):
-                return  # may still be "null", which is no string
+            so_far = self._text[start:ready].lower() if ready - start <= max(map(len, _NONE_WORDS)) else "-"
+            if any(word.startswith(so_far) and self._keeps_none(word) for word in _NONE_WORDS):
+                return  # may still be a word the parser reads as None, which is no string
             self._opened, self._streamed = True, start
             self._send('"')
         if ready > self._streamed:
-            self._send(_escaped(text[self._streamed:ready]))
+            self._send(_escaped(self._text[self._streamed:ready]))
             self._streamed = ready
 
-    def _end_value(self, start: int, end: int) -> None:
+    def _keeps_none(self, word: str) -> bool:
+        """Whether the parser reads `word` as None for this parameter."""
+        try:
+            return self._convert(word, self._key) is None
+        except Exception:  # noqa: BLE001 - a converter refusing the word does not make it None
+            return False
+
+    def _end_value(self, close: int) -> None:
+        """Send the rest of the value closed at `close`: a string's last characters, else the
+        parser's value for the whole text."""
+        start, end = self._trimmed(self._streamed if self._opened else self._value_start, close)
         if self._opened:
-            self._send(_escaped(self._text[self._streamed:end]) + '"')
+            self._send(_escaped(self._text[start:end]) + '"')
             return
         try:
-            converted = self._parser._convert_param_value(self._text[start:end], self._key, self._config)
-            self._send(json.dumps(converted, ensure_ascii=False))
+            self._send(json.dumps(self._convert(self._text[start:end], self._key), ensure_ascii=False))
         except Exception:  # noqa: BLE001 - the parse will fail on it too: the call is not valid
             self._frozen = True
 
@@ -166,16 +257,119 @@ class Qwen3CoderArguments:
         self._sent.append(text)
 
 
+class Qwen3CoderArguments(TaggedArguments):
+    """``<parameter=NAME>\\nVALUE\\n</parameter>``, typed by mlx-lm's ``_convert_param_value``."""
+
+    FORMAT = "qwen3_coder"
+    OPEN, CLOSE, STRIPPED = "<parameter=", "</parameter>", False
+    PARSER_NEEDS = ("_convert_param_value", "_get_arguments_config", "_name_regex")
+
+    def _configure(self, name, tools):
+        return self._parser._get_arguments_config(name, tools)
+
+    def _convert(self, value, key):
+        return self._parser._convert_param_value(value, key, self._config)
+
+    def _name_at(self, at):
+        head = self._text[at:at + _LONGEST_NAME]
+        named = self._parser._name_regex.match(head)  # the parser's own: \s*([^\s<>]+)>?
+        if named is None:  # whitespace, then "<", ">" or nothing yet
+            return False if len(head) == _LONGEST_NAME or "<" in head or ">" in head else None
+        if named.end(1) == len(head):
+            return False if len(head) == _LONGEST_NAME else None  # the name may go on; none is so long
+        return named.group(1), at + named.end()
+
+
+class Glm47Arguments(TaggedArguments):
+    """``<arg_key>NAME</arg_key><arg_value>VALUE</arg_value>``: a declared string kept, any other
+    value read by mlx-lm's ``_deserialize`` (JSON, a Python literal, else the text)."""
+
+    FORMAT = "glm47"
+    OPEN, CLOSE = "<arg_key>", "</arg_value>"
+    KEY_END, VALUE_OPEN = "</arg_key>", "<arg_value>"
+    PARSER_NEEDS = ("_get_string_arg_names", "_deserialize")
+
+    def _configure(self, name, tools):
+        return self._parser._get_string_arg_names(name, tools)
+
+    def _convert(self, value, key):
+        return value if key in self._config else self._parser._deserialize(value)
+
+    def _name_at(self, at):
+        text = self._text
+        end = text.find(self.KEY_END, at, at + _LONGEST_NAME + len(self.KEY_END))
+        if end < 0:
+            return False if len(text) - at >= _LONGEST_NAME + len(self.KEY_END) else None
+        # Between the tags the parser allows whitespace and the two characters "\n".
+        i = end + len(self.KEY_END)
+        while i < len(text) and (text[i].isspace() or text.startswith("\\n", i)):
+            i += 2 if text[i] == "\\" else 1
+            if i - end > _LONGEST_NAME:
+                return False  # read again at every piece, a long run would be quadratic
+        rest = text[i:i + len(self.VALUE_OPEN)]
+        if rest == self.VALUE_OPEN:
+            return text[at:end].strip(), i + len(self.VALUE_OPEN)
+        return None if self.VALUE_OPEN.startswith(rest) or rest == "\\" else False
+
+
+class MiniMaxArguments(TaggedArguments):
+    """``<parameter name="NAME">VALUE</parameter>`` inside ``<invoke name="...">...</invoke>``,
+    typed by mlx-lm's ``_convert_param_value_with_types`` from the schema's types."""
+
+    FORMAT = "minimax_m2"
+    OPEN, CLOSE, STOP = "<parameter name=", "</parameter>", "</invoke>"
+    PARSER_NEEDS = ("_convert_param_value_with_types", "_get_param_types_from_config", "_extract_name")
+
+    def _configure(self, name, tools):
+        for tool in tools or []:
+            function = tool.get("function") or {}
+            if function.get("name") == name:
+                return (function.get("parameters") or {}).get("properties", {})
+        return {}
+
+    def _convert(self, value, key):
+        types = self._parser._get_param_types_from_config(key, self._config)
+        return self._parser._convert_param_value_with_types(value, types)
+
+    def _name_at(self, at):
+        text = self._text
+        end = text.find(">", at, at + _LONGEST_NAME)
+        if end < 0:
+            return False if len(text) - at >= _LONGEST_NAME else None
+        raw = text[at:end]
+        if not raw or self.CLOSE in raw or self.STOP in raw:
+            return False  # the parser reads no name here
+        return self._parser._extract_name(raw), end + 1
+
+
+_READERS = {reader.FORMAT: reader for reader in (Qwen3CoderArguments, Glm47Arguments, MiniMaxArguments)}
+
+
+def arguments_reader(format_name: str, name: str, tools: list[dict] | None) -> TaggedArguments | None:
+    """A reader of call `name`'s arguments in mlx-lm's format `format_name` (None: the format
+    has none, or its parser lacks what the reader uses)."""
+    reader = _READERS.get(format_name)
+    return None if reader is None else reader.for_call(name, tools)
+
+
+def _parser(format_name: str, needed: tuple[str, ...]) -> ModuleType | None:
+    """mlx-lm's parser of the format, if it still has the private pieces a reader uses."""
+    try:
+        module = importlib.import_module(f"mlx_lm.tool_parsers.{format_name}")
+    except ImportError:
+        return None
+    return module if all(hasattr(module, name) for name in needed) else None
+
+
+def _tag_start(text: str, tags: tuple[str, ...]) -> int:
+    """How many of the text's last characters begin one of `tags`."""
+    for n in range(min(len(text), max(map(len, tags))), 0, -1):
+        if any(tag.startswith(text[-n:]) for tag in tags):
+            return n
+    return 0
+
+
 def _escaped(text: str) -> str:
     """`text` as it reads inside a JSON string (json.dumps escapes each character alone, so
     pieces escaped apart join to the whole's escape)."""
     return json.dumps(text, ensure_ascii=False)[1:-1]
-
-
-def _held_back(raw: str) -> int:
-    """How many of a value's last characters may yet be its end: the start of ``</parameter>``,
-    after the one newline the parser drops before it."""
-    for n in range(min(len(raw), len(PARAMETER_CLOSE)), 0, -1):
-        if PARAMETER_CLOSE.startswith(raw[-n:]):
-            return n + (raw[:-n].endswith("\n"))
-    return 1 if raw.endswith("\n") else 0

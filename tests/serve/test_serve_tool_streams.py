@@ -241,10 +241,10 @@ def test_a_forced_calls_head_goes_with_the_first_piece():
 
 
 def test_formats_that_cannot_stream_send_the_head_early_and_the_arguments_at_the_end():
-    minimax = _mlx_lm_format("minimax_m2")
-    assert not minimax.streams and minimax.preview("get_weather", [WEATHER]) is None and ToolCallFormat.hermes().streams
-    text = MLX_LM_FORMATS["minimax_m2"]
-    splitter = OutputSplitter(tool_format=minimax, tools=[WEATHER])
+    kimi = _mlx_lm_format("kimi_k2")
+    assert not kimi.streams and kimi.preview("get_weather", [WEATHER]) is None and ToolCallFormat.hermes().streams
+    text = MLX_LM_FORMATS["kimi_k2"]
+    splitter = OutputSplitter(tool_format=kimi, tools=[WEATHER])
     early = [part for piece in _cuts(text, 5)[:-1] for part in splitter.feed(piece).parts]
     assert [type(p) for p in early] == [CallStart] and early[0].name == "get_weather"
     parts = splitter.feed(text[len("".join(_cuts(text, 5)[:-1])):]).parts + splitter.flush().parts
@@ -914,3 +914,18 @@ async def test_langchain_tool_call_chunks_add_up_to_the_call(smollm2):
     assert chunks >= 3  # the head and two pieces at least
     assert total.tool_calls == [{"name": "get_weather", "args": json.loads(ARGUMENTS), "id": total.tool_calls[0]["id"],
                                  "type": "tool_call"}]
+
+
+@pytest.mark.parametrize("make, text", [
+    (_hermes, '<tool_call>{"name": "get_weather", "arguments": "{\\"days\\": Infinity}"}</tool_call>'),
+    (_hermes, '<tool_call>{"name": "get_weather", "arguments": {"days": NaN}}</tool_call>'),
+    (lambda: OutputSplitter(tool_format=MISTRAL, tools=[WEATHER]), '[TOOL_CALLS]get_weather[ARGS]"{\\"days\\": NaN}"'),
+])
+def test_arguments_holding_nan_or_infinity_are_not_a_valid_call(make, text):
+    """Python writes and reads NaN and Infinity, but they are no JSON: a client's JSON.parse
+    refuses them, so such a call is sent as written and not valid (finish_reason not "tool_calls")."""
+    for size in (1, len(text)):
+        splitter = make()
+        parts = _parts(splitter, _cuts(text, size))
+        assert [p.valid for p in parts if isinstance(p, CallEnd)] == [False]
+        assert splitter.finish_reason("stop") == "stop"
