@@ -709,31 +709,48 @@ async def test_a_llama3_answer_under_response_format_is_content_even_when_it_loo
 
 
 # Qwen3-Coder's template, shortened: it shows the XML call format, so mlx-lm's qwen3_coder parser reads the calls.
-QWEN3_CODER_TEMPLATE = (
-    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}Call a tool as "
-    "<tool_call>\n<function=NAME>\n<parameter=ARGUMENT>\nVALUE\n</parameter>\n</function>\n</tool_call>"
-    "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-XML_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis, the \"Ville Lumi\u00e8re\"\n"
-            "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+def _xml_template(how: str) -> str:
+    """A chat template that asks for calls written as `how` (mlx-lm infers the format from it)."""
+    return ("{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}Call a tool as "
+            + how + "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+            "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+CITY = 'Paris, the "Ville Lumi\u00e8re"'
+# (the template's instruction, the model's call of get_weather(city=CITY, days=3)) per XML-like format
+XML_FORMATS = {
+    "qwen3_coder": ("<tool_call>\n<function=NAME>\n<parameter=ARGUMENT>\nVALUE\n</parameter>\n</function>\n</tool_call>",
+                    f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{CITY}\n</parameter>\n"
+                    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"),
+    "glm47": ("<tool_call>NAME\n<arg_key>ARGUMENT</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>",
+              f"<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>{CITY}</arg_value>\n"
+              "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"),
+    "minimax_m2": ('<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="ARGUMENT">VALUE</parameter>\n'
+                   "</invoke>\n</minimax:tool_call>",
+                   f'<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">{CITY}</parameter>\n'
+                   '<parameter name="days">3</parameter>\n</invoke>\n</minimax:tool_call>'),
+}
 
 
 @on_loops("asyncio", "uvloop")
-async def test_a_qwen3_coder_call_streams_its_arguments_as_json_while_written(smollm2):
+@pytest.mark.parametrize("name", sorted(XML_FORMATS))
+async def test_an_xml_call_streams_its_arguments_as_json_while_written(smollm2, name):
     """The XML call's arguments go out as JSON while the model writes them (a string as its
-    characters come, the integer at its </parameter>), typed from the tool's schema as
+    characters come, the integer at its closing tag), typed from the tool's schema as
     mlx-lm's parser types them, the pieces joined the non-streamed call's arguments."""
     pytest.importorskip("openai")
     tokenizer, _ = smollm2
-    pieces = _tokens(tokenizer, XML_CALL)
-    recorder, _ = _scripted(tokenizer, QWEN3_CODER_TEMPLATE, pieces)
+    how, call_text = XML_FORMATS[name]
+    assert ToolCallFormat.for_template(_xml_template(how)).name == name
+    pieces = _tokens(tokenizer, call_text)
+    recorder, _ = _scripted(tokenizer, _xml_template(how), pieces)
     ask = dict(model=MODEL, messages=USER, tools=[WEATHER], max_tokens=100)
     async with _openai(recorder) as client:
         stream = await client.chat.completions.create(**ask, stream=True)
         chunks = [chunk async for chunk in stream]
         answer = await client.chat.completions.create(**ask)
     [call] = answer.choices[0].message.tool_calls
-    want = json.dumps({"city": 'Paris, the "Ville Lumi\u00e8re"', "days": 3}, ensure_ascii=False)
+    want = json.dumps({"city": CITY, "days": 3}, ensure_ascii=False)
     assert call.function.arguments == want and answer.choices[0].finish_reason == "tool_calls"
     entries = [t for c in chunks for t in c.choices[0].delta.tool_calls or ()]
     assert entries[0].function.name == "get_weather" and entries[0].function.arguments == ""
