@@ -76,7 +76,8 @@ from .penalties import Penalties, check_penalties
 from .prompt_cache import HeldPrefill, PrefixCache
 from .sampling import SAMPLER_OPTIONS, SEED_RANGE, Sampler, check_sampling
 from .text import PromptEncoder, find_stop, stop_prefix_len
-from .replay_step import CacheSpec, NotTraceable, check_batch_against_rows
+from .replay_step import (CacheSpec, NotTraceable, check_against_model, check_batch_against_rows,
+                          check_mlx_batch_against_rows)
 from .traces import UNKNOWN_CONTEXT, ReplayTraces, cache_sizes
 from .types import (MAX_CHOICES, MAX_TOP_LOGPROBS, BatchDriverError, BatchingRefused, Delta, EngineBusy,
                     RequestStats, is_int)
@@ -745,16 +746,34 @@ def _batching_refusal(model, options: CacheOptions) -> str | None:
 
 def _check_batching(model, options: CacheOptions) -> NotTraceable | None:
     """Refuse batch mode for a model whose batch gives its rows other logits than alone;
-    why the batch could not be checked (no fixed-buffer form to step a batch of), if so."""
+    why the batch could not be checked (no fixed-buffer form to step a batch of), if so.
+    Where the buffers cannot vouch for the batch (no fixed-buffer form, or stand-ins that
+    do not step as the model does: its Python step serves the batch), mlx-lm's own batch
+    is checked: one it cannot make (a cache without ``merge``) or that is wrong is refused."""
     try:
         spec = CacheSpec.of(model, options)
     except NotTraceable as exc:
-        return exc
+        unchecked = exc
+    else:
+        try:
+            check_batch_against_rows(model, spec)
+        except ValueError as exc:
+            raise _batch_refused(model, exc) from exc
+        try:
+            check_against_model(model, spec)
+            return None
+        except ValueError as exc:
+            unchecked = exc
     try:
-        check_batch_against_rows(model, spec)
+        check_mlx_batch_against_rows(model, options)
     except ValueError as exc:
-        raise BatchingRefused(f"mode 'batch' cannot serve model type {_model_type(model)!r}: {exc}; "
-                              "mode 'parallel' runs each request alone") from exc
+        raise _batch_refused(model, exc) from exc
+    return unchecked
+
+
+def _batch_refused(model, reason: Exception) -> BatchingRefused:
+    return BatchingRefused(f"mode 'batch' cannot serve model type {_model_type(model)!r}: {reason}; "
+                           "mode 'parallel' runs each request alone")
 
 
 def _model_type(model) -> str:

@@ -55,7 +55,7 @@ from .grammar import apply_token_mask
 from .traced import sample
 
 __all__ = ["NotTraceable", "CacheSpec", "MASK_INPUT", "PENALTY_INPUTS", "forward", "make_step",
-           "check_against_model", "check_batch_against_rows", "model_weights"]
+           "check_against_model", "check_batch_against_rows", "check_mlx_batch_against_rows", "model_weights"]
 
 
 # ---- what the buffers are --------------------------------------------------------
@@ -481,6 +481,11 @@ class _PositionedKVCache(_Positioned, KVCache):
         self.keys, self.values = _write(self.keys, keys, slots), _write(self.values, values, slots)
         return self.keys, self.values
 
+    def keys_and_values(self):
+        # What a layer sharing another's cache reads (gemma3n's): the whole buffer, as
+        # update_and_fetch gives it, the mask hiding what is past each row's position.
+        return self.keys, self.values
+
 
 class _PositionedQuantizedKVCache(_Positioned, QuantizedKVCache):
     """QuantizedKVCache's interface over fixed quantized buffers (``bits`` and
@@ -501,6 +506,9 @@ class _PositionedQuantizedKVCache(_Positioned, QuantizedKVCache):
         new_values = mx.quantize(values, group_size=self.group_size, bits=self.bits)
         self.keys = tuple(_write(b, n, slots) for b, n in zip(self.keys, new_keys))
         self.values = tuple(_write(b, n, slots) for b, n in zip(self.values, new_values))
+        return self.keys, self.values
+
+    def keys_and_values(self):
         return self.keys, self.values
 
 
@@ -620,6 +628,36 @@ def check_batch_against_rows(model, spec: CacheSpec, prompts: Sequence[Sequence[
         if not mx.allclose(together[row:row + 1].astype(mx.float32), alone.astype(mx.float32),
                            rtol=1e-2, atol=1e-2).item():
             raise ValueError(f"the model gives a batch's row {row} other logits than the same row alone")
+
+
+def check_mlx_batch_against_rows(model, options: CacheOptions | None = None,
+                                 prompts: Sequence[Sequence[int]] = ((1, 2, 3, 4), (5, 6))) -> None:
+    """mlx-lm's own batch (the Python step's: BatchGenerator merges each row's caches, keys
+    left-padded) gives its rows their logits alone. Raises ValueError naming a cache mlx-lm
+    cannot batch (no ``merge``: ``ChunkedKVCache``, say) or what differs. The check for a
+    batch the buffers cannot vouch for: a model whose caches have no buffer form, or whose
+    stand-ins do not step as it does."""
+    options = options or CacheOptions()
+    rows = []
+    for prompt in prompts:
+        cache = options.prompt_cache(model)
+        model(mx.array([list(prompt[:-1])], dtype=mx.int32), cache=cache)
+        rows.append(cache)
+    for index, cache in enumerate(rows[0]):
+        if not hasattr(cache, "merge"):
+            raise ValueError(f"mlx-lm cannot batch its {type(cache).__name__} (layer {index})")
+    tokens = mx.array([[prompt[-1]] for prompt in prompts], dtype=mx.int32)
+    try:
+        merged = [cache.merge([row[index] for row in rows]) for index, cache in enumerate(rows[0])]
+        together = model(tokens, cache=merged)[:, -1, :]
+        mx.eval(together)
+    except Exception as exc:  # noqa: BLE001 - mlx's broadcasting error, say
+        raise ValueError(f"mlx-lm's batch of {len(prompts)} rows fails in the model's own code: {exc}") from exc
+    for row, cache in enumerate(rows):
+        alone = model(tokens[row:row + 1], cache=cache)[:, -1, :]
+        if not mx.allclose(together[row:row + 1].astype(mx.float32), alone.astype(mx.float32),
+                           rtol=1e-2, atol=1e-2).item():
+            raise ValueError(f"mlx-lm's batch gives row {row} other logits than the same row alone")
 
 
 def _prefilled_cache(model, spec: CacheSpec, tokens: Sequence[int]) -> list[Any]:
