@@ -18,8 +18,9 @@ its answer is split into.
 - ``OutputSplitter``: the streamed text cut into reasoning (``<think>``),
   content and tool calls, a JSON call (Hermes, Llama 3's, Mistral's) streamed as the model
   writes it (its name first, then its arguments in pieces; ``JsonScanner``
-  checks them); other formats' first call names itself early (``first_name``),
-  their arguments come when the block ends.
+  checks them); other formats' first call names itself early (``first_name``), and its
+  arguments stream where a reader knows the format (``preview``: the XML-like ones in
+  ``xml_arguments``, Kimi K2's JSON); the rest come when the block ends.
 """
 
 from __future__ import annotations
@@ -169,10 +170,12 @@ class ToolCallFormat:
         but for the head (``first_name``) and, in the XML-like formats, the arguments (``preview``)."""
         return self.name in ("json_tools", "llama3_json", "mistral")
 
-    def preview(self, name: str, tools: list[dict] | None) -> TaggedArguments | None:
-        """A whole-block format's reader of the JSON its parser will make of a call's arguments,
-        from the text after the call's name (``first_name``), as it is written (None: the
-        arguments go out once the block has ended and parsed)."""
+    def preview(self, name: str, tools: list[dict] | None) -> TaggedArguments | _JsonArguments | None:
+        """A whole-block format's reader of a call's arguments, from the text after the call's
+        name (``first_name``), as it is written (None: the arguments go out once the block has
+        ended and parsed)."""
+        if self.name in _JSON_ARGUMENTS:
+            return _JsonArguments()
         return arguments_reader(self.name, name, tools)
 
     def scanner(self) -> _StreamedCall | _HeaderCall | None:
@@ -657,6 +660,54 @@ class _StreamedCall(_Arguments):
         return rest, _is_object(self.sent)
 
 
+# Whole-block formats whose call's arguments are JSON written after its name.
+_JSON_ARGUMENTS = ("kimi_k2",)
+
+
+class _JsonArguments:
+    """A call's arguments written as a JSON object after its name (Kimi K2's
+    ``functions.NAME:0<|tool_call_argument_begin|>{...}``), handed out as the model writes
+    them, every character checked (JsonScanner): the model's own text, as a Hermes call's
+    is. The parse of the whole block decides (`OutputSplitter._close_block`)."""
+
+    def __init__(self) -> None:
+        self._json = JsonScanner()
+        self._stopped = False  # read no object, or read past its end
+        self._sent: list[str] = []
+
+    @property
+    def sent(self) -> str:
+        return "".join(self._sent)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the object has ended."""
+        return self._json.complete and bool(self._sent)
+
+    def feed(self, text: str) -> str:
+        out: list[str] = []
+        for ch in text:
+            if self._stopped or self._json.complete:
+                break
+            events = self._json.push(ch)
+            if self._json.failed or any(e[:2] == ("start", 0) for e in events) and ch != "{":
+                self._stopped = True  # no JSON object (a Python literal, say): the parse decides
+                break
+            if self._sent or out or ch not in _WHITESPACE:
+                out.append(ch)
+        piece = "".join(out)
+        if piece:
+            self._sent.append(piece)
+        return piece
+
+
+def _same_json(a: str, b: str) -> bool:
+    try:
+        return json.loads(a, parse_constant=_no_constant) == json.loads(b, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return False
+
+
 _HEADER = re.compile(r"\s*([\w-]+)\s*\[ARGS\]")
 _HEADER_SO_FAR = re.compile(r"\s*[\w-]*\s*(?:\[(?:A(?:R(?:G(?:S)?)?)?)?)?")
 _LONGEST_HEADER = 256  # longer is no call: the header is matched again at each character
@@ -821,7 +872,7 @@ class _Block:
     name: str = ""
     dropped: bool = False  # past the calls allowed (parallel calls off): its call is not sent
     lead: str = ""  # a bare call's text before its object (whitespace, ";", the call token)
-    preview: TaggedArguments | None = None  # a whole block's arguments as they are written
+    preview: TaggedArguments | _JsonArguments | None = None  # a whole block's arguments as they are written
     marked: bool = True  # opened by the start marker (not a call after a Mistral call)
 
     @property
@@ -1119,7 +1170,10 @@ class OutputSplitter:
             sent = block.preview.sent if block.preview is not None else ""
             first = calls.pop(0)["function"] if calls else None  # the head's call, whatever its name
             arguments = first["arguments"] if first is not None and first["name"] == block.name else None
-            if arguments is not None and arguments.startswith(sent):
+            if arguments is not None and isinstance(block.preview, _JsonArguments) and block.preview.complete \
+                    and _same_json(sent, arguments):
+                self._finish(block, sent, _is_object(sent), out)  # the model's own JSON, as the parse reads it
+            elif arguments is not None and arguments.startswith(sent):
                 out.add(CallArguments(block.index, arguments[len(sent):]))
                 self._finish(block, arguments, _is_object(arguments), out)
             else:  # sent is sent: a call with what was sent of its arguments, not valid

@@ -241,10 +241,10 @@ def test_a_forced_calls_head_goes_with_the_first_piece():
 
 
 def test_formats_that_cannot_stream_send_the_head_early_and_the_arguments_at_the_end():
-    kimi = _mlx_lm_format("kimi_k2")
-    assert not kimi.streams and kimi.preview("get_weather", [WEATHER]) is None and ToolCallFormat.hermes().streams
-    text = MLX_LM_FORMATS["kimi_k2"]
-    splitter = OutputSplitter(tool_format=kimi, tools=[WEATHER])
+    gemma4 = _mlx_lm_format("gemma4")
+    assert not gemma4.streams and gemma4.preview("get_weather", [WEATHER]) is None and ToolCallFormat.hermes().streams
+    text = MLX_LM_FORMATS["gemma4"]
+    splitter = OutputSplitter(tool_format=gemma4, tools=[WEATHER])
     early = [part for piece in _cuts(text, 5)[:-1] for part in splitter.feed(piece).parts]
     assert [type(p) for p in early] == [CallStart] and early[0].name == "get_weather"
     parts = splitter.feed(text[len("".join(_cuts(text, 5)[:-1])):]).parts + splitter.flush().parts
@@ -946,3 +946,41 @@ def test_arguments_holding_nan_or_infinity_are_not_a_valid_call(make, text):
         parts = _parts(splitter, _cuts(text, size))
         assert [p.valid for p in parts if isinstance(p, CallEnd)] == [False]
         assert splitter.finish_reason("stop") == "stop"
+
+
+def _kimi(*calls: str) -> str:
+    body = "".join(f"<|tool_call_begin|>functions.get_weather:{i}<|tool_call_argument_begin|>{arguments}<|tool_call_end|>"
+                   for i, arguments in enumerate(calls))
+    return f"<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>"
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+@pytest.mark.parametrize("calls, want, valid", [
+    # The model's own JSON goes out as it is written (its spacing too), as a Hermes call's.
+    (['{"city":"Paris, \\"la\\" {Ville}","days":3}'], ['{"city":"Paris, \\"la\\" {Ville}","days":3}'], [True]),
+    # No JSON (a Python literal, which mlx-lm's parser reads too): the parse's JSON, after the "{" sent.
+    (["{'city': 'Paris'}"], ['{"city": "Paris"}'], [True]),
+    # Several calls: the first streams, the others come whole from the parse.
+    (['{"city": "Rome"}', '{"days":2}'], ['{"city": "Rome"}', '{"days": 2}'], [True, True]),
+    # Text after the object in the call: the parser reads it all as a string, no object: not valid.
+    (['{"city":"Paris"} and more'], ['{"city":"Paris"} and more'], [False]),
+])
+def test_kimi_k2s_calls_stream_their_json_arguments(calls, want, valid, size):
+    kimi = _mlx_lm_format("kimi_k2")
+    text = _kimi(*calls)
+    splitter = OutputSplitter(tool_format=kimi, tools=[WEATHER])
+    parts = _parts(splitter, _cuts(text, size))
+    assert [c["function"]["arguments"] for c in splitter.tool_calls] == want
+    assert [p.valid for p in parts if isinstance(p, CallEnd)] == valid
+    first = [p.text for p in parts if isinstance(p, CallArguments) and p.index == 0]
+    assert "".join(first) == want[0]
+    if size == 1 and calls[0].startswith('{"'):
+        assert len([piece for piece in first if piece]) > 10  # streamed as written
+
+
+def test_a_kimi_k2_call_cut_short_keeps_what_was_sent():
+    splitter = OutputSplitter(tool_format=_mlx_lm_format("kimi_k2"), tools=[WEATHER])
+    text = _kimi('{"city": "Paris", "days": 3}')
+    parts = _parts(splitter, _cuts(text[:text.index("3")], 2))
+    assert splitter.tool_calls[0]["function"]["arguments"] == '{"city": "Paris", "days": '
+    assert not parts[-1].valid and splitter.finish_reason("length") == "length"
