@@ -130,7 +130,8 @@ FAMILIES = {
     "granitemoehybrid": dict(_GRANITE, layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_head=16,
                              mamba_proj_bias=False, mamba_d_state=16, mamba_d_conv=4, mamba_n_groups=1,
                              mamba_conv_bias=True, shared_intermediate_size=32),
-    "hunyuan": dict(moe_topk=2, num_shared_expert=1, use_mixed_mlp_moe=True, use_qk_norm=True, use_cla=False,
+    # Cross-layer attention: layer 1 attends with layer 0's keys and values.
+    "hunyuan": dict(moe_topk=2, num_shared_expert=1, use_mixed_mlp_moe=True, use_qk_norm=True, use_cla=True,
                     cla_share_factor=2, rope_scaling=dict(alpha=1.0, factor=1.0, type="dynamic")),
     "jamba": dict(attn_layer_offset=1, attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2,
                   mamba_d_conv=4, mamba_d_state=16, mamba_expand=2),
@@ -171,8 +172,9 @@ FAMILIES = {
                                      hidden_size_per_layer_input=16, altup_num_inputs=4, altup_coef_clip=120.0,
                                      altup_correct_scale=True, altup_active_idx=0, laurel_rank=8)),
     "gemma4": dict(text_config=dict(_FAMILY_TEXT, num_hidden_layers=4, num_kv_shared_layers=2,
-                                    sliding_window_pattern=2, global_head_dim=32, num_key_value_heads=1, vocab_size_per_layer_input=256,
-                                    hidden_size_per_layer_input=16, num_experts=None)),
+                                    sliding_window_pattern=2, global_head_dim=32, num_key_value_heads=1,
+                                    vocab_size_per_layer_input=256, hidden_size_per_layer_input=16,
+                                    num_experts=None)),
     "kimi_k25": dict(text_config=dict(_FAMILY_TEXT, model_type="deepseek_v3")),
     "kimi_vl": dict(text_config=dict(_FAMILY_TEXT, model_type="deepseek_v3")),
     "lfm2-vl": dict(text_config=dict(_FAMILY_TEXT, model_type="lfm2", conv_bias=False, conv_L_cache=3, block_dim=64,
@@ -181,6 +183,12 @@ FAMILIES = {
     "minimax_m3_vl": dict(text_config=dict(_FAMILY_TEXT, model_type="minimax_m3", moe_layer_freq=[0, 1])),
     "pixtral": dict(text_config=dict(_FAMILY_TEXT, model_type="llama")),
     "qwen3_vl_moe": dict(text_config=dict(_FAMILY_TEXT, model_type="qwen3_moe")),
+    # qwen3_5 with one Hadamard-rotated 2-bit layer (a pack's manifest: its input rotated in blocks of 512),
+    # its packed weights random (_fill_packs).
+    "prism_hadamard_qwen35": dict(
+        text_config=dict(BASE, **STATE_ARCHITECTURES["qwen3_5"], intermediate_size=512), schema_version=1,
+        tensor_namespace="mlx-lm-text", quantization=dict(bits=2, group_size=128, mode="affine"),
+        modules=[dict(path="model.layers.0.mlp.down_proj", embedding=False, dtype="float16", block=512)]),
     # These fall back to the Python step (test_model_families.FALLS_BACK says why).
     "afm7": dict(hidden_dim=64, num_layers=3, num_kv_reuse_layers=1, num_heads=4, num_kv_heads=2,
                  hidden_dim_scale_factor=2.0),
@@ -215,8 +223,20 @@ def tiny(kind: str, **overrides):
     model_class, args_class = _get_classes(config)
     mx.random.seed(0)
     model = model_class(args_class.from_dict(config))
+    _fill_packs(model)
     mx.eval(model.parameters())
     return model
+
+
+def _fill_packs(model) -> None:
+    """Random values in the layers of a weight pack (prism_hadamard_qwen35's, built as zeros)."""
+    for _, module in model.named_modules():
+        if type(module).__name__ == "HadamardQuantizedLinear":
+            module.weight = mx.random.randint(0, 2**31, module.weight.shape).astype(mx.uint32)
+            module.scales = (mx.random.normal(module.scales.shape) * 0.05).astype(mx.float16)
+            module.biases = (mx.random.normal(module.biases.shape) * 0.05).astype(mx.float16)
+            if "signs" in module:
+                module.signs = mx.where(mx.random.bernoulli(0.5, module.signs.shape), 1.0, -1.0)
 
 
 def mlx_lm_tokens(model, prompt: list[int], n: int, *, seed: int | None = None, temperature: float = 0.0,
