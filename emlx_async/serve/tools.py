@@ -205,16 +205,22 @@ class ToolCallFormat:
         """The calls in one block's text, in OpenAI's shape (arguments as JSON text); ValueError if none parse."""
         parsed = self.parse(text.strip(), tools)  # qwen3_coder's ends at </function>, no whitespace after
         parsed = parsed if isinstance(parsed, list) else [parsed]
-        out = []
+        out, readable = [], False
         for call in parsed:
             if not isinstance(call, dict) or not isinstance(call.get("name"), str):
                 raise ValueError(f"a tool call without a name: {text[:60]!r}")
             # The first of them in the text, as the streamed reader takes it.
             arguments = next((value for key, value in call.items() if key in ARGUMENT_KEYS), {})
             if not isinstance(arguments, str):
-                arguments = json.dumps(arguments, ensure_ascii=False)
+                try:
+                    arguments = json.dumps(arguments, ensure_ascii=False)
+                except (TypeError, ValueError):  # a Python literal JSON cannot hold (a set, bytes)
+                    arguments = ""  # this call is not valid; the block's others may be
+            readable = readable or bool(arguments)
             out.append({"id": new_call_id(), "type": "function",
                         "function": {"name": call["name"], "arguments": arguments}})
+        if out and not readable:
+            raise ValueError(f"no tool call's arguments are JSON: {text[:60]!r}")
         return out
 
 
@@ -224,7 +230,7 @@ class ToolCallFormat:
 _NAME_WINDOW = 512
 _FIRST_NAMES = {name: re.compile(pattern) for name, pattern in {
     "qwen3_coder": r"^\s*<function=([^\s<>]+)>",
-    "minimax_m2": r'^\s*<invoke name="([^"]+)">',
+    "minimax_m2": r'^\s*<invoke name="([^">]+)">',  # the parser's name ends at the first ">"
     "minicpm5": r'^\s*"([^"]+)"\s*>',
     "glm47": r"^\s*([^\s<]+)\s*(?=<arg_key>)",  # its reader reads from <arg_key>
     "kimi_k2": r"^\s*<\|tool_call_begin\|>\s*(?:functions\.)?([^\s:<]+):\d+\s*<\|tool_call_argument_begin\|>",

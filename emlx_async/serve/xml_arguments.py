@@ -62,11 +62,18 @@ class TaggedArguments(abc.ABC):
         self._frozen = False  # read something the JSON so far cannot follow: send nothing more
         self._sent: list[str] = []
         self._ends = (self.CLOSE,) if self.STOP is None else (self.CLOSE, self.STOP)
+        self._end_starts = {end[:n] for end in self._ends for n in range(1, len(end))}
+        self._longest_end = max(map(len, self._ends))
 
     @classmethod
     def for_call(cls, name: str, tools: list[dict] | None) -> TaggedArguments | None:
         parser = _parser(cls.FORMAT, cls.PARSER_NEEDS)
-        return None if parser is None else cls(name, tools, parser)
+        if parser is None:
+            return None
+        try:
+            return cls(name, tools, parser)
+        except Exception:  # noqa: BLE001 - the parser cannot read these tools (a schema of `true`): the parse decides
+            return None
 
     FORMAT: str  # mlx-lm's name of the format
 
@@ -77,6 +84,8 @@ class TaggedArguments(abc.ABC):
 
     def feed(self, text: str) -> str:
         """Read more of the call's text; the JSON text it adds to what was sent."""
+        if self._frozen:
+            return ""  # nothing more is sent: the text need not be kept
         self._text += text
         before = len(self._sent)
         while not self._frozen and self._step():
@@ -187,7 +196,7 @@ class TaggedArguments(abc.ABC):
         of whitespace stays linear)."""
         text = self._text
         # Characters after `limit` may begin a closing tag.
-        limit = end if end is not None else len(text) - _tag_start(text, self._ends)
+        limit = end if end is not None else len(text) - self._tag_start()
         if not self.STRIPPED:
             self._scan = max(self._scan, limit)
             if self._opened:
@@ -203,8 +212,18 @@ class TaggedArguments(abc.ABC):
             if self._first_solid is None:
                 self._first_solid = self._scan + len(new) - len(new.lstrip())
             self._last_solid = self._scan + solid
+        elif self._first_solid is None:
+            self._value_start = max(self._value_start, limit)  # the parser strips it: need not be kept
         self._scan = max(self._scan, limit)
         return None if self._first_solid is None else (self._first_solid, self._last_solid)
+
+    def _tag_start(self) -> int:
+        """How many of the text's last characters begin a closing tag."""
+        text = self._text
+        for n in range(min(len(text), self._longest_end - 1), 0, -1):
+            if text[-n:] in self._end_starts:
+                return n
+        return 0
 
     def _is_string(self, key: str) -> bool:
         """Whether the parser keeps this parameter's text as it is (unless a word of None)."""
@@ -302,7 +321,7 @@ class Glm47Arguments(TaggedArguments):
             return False if len(text) - at >= _LONGEST_NAME + len(self.KEY_END) else None
         # Between the tags the parser allows whitespace and the two characters "\n".
         i = end + len(self.KEY_END)
-        while i < len(text) and (text[i].isspace() or text.startswith("\\n", i)):
+        while i < len(text) and (_regex_space(text[i]) or text.startswith("\\n", i)):
             i += 2 if text[i] == "\\" else 1
             if i - end > _LONGEST_NAME:
                 return False  # read again at every piece, a long run would be quadratic
@@ -337,7 +356,7 @@ class MiniMaxArguments(TaggedArguments):
         if end < 0:
             return False if len(text) - at >= _LONGEST_NAME else None
         raw = text[at:end]
-        if not raw or self.CLOSE in raw or self.STOP in raw:
+        if not raw or self.CLOSE in text[at:end + 1] or self.STOP in text[at:end + 1]:
             return False  # the parser reads no name here
         return self._parser._extract_name(raw), end + 1
 
@@ -361,12 +380,10 @@ def _parser(format_name: str, needed: tuple[str, ...]) -> ModuleType | None:
     return module if all(hasattr(module, name) for name in needed) else None
 
 
-def _tag_start(text: str, tags: tuple[str, ...]) -> int:
-    """How many of the text's last characters begin one of `tags`."""
-    for n in range(min(len(text), max(map(len, tags))), 0, -1):
-        if any(tag.startswith(text[-n:]) for tag in tags):
-            return n
-    return 0
+def _regex_space(ch: str) -> bool:
+    """Whether the parsers' regex module reads `ch` as whitespace (\\s): Python's isspace also
+    takes the separators \\x1c-\\x1f."""
+    return ch.isspace() and ch not in "\x1c\x1d\x1e\x1f"
 
 
 def _escaped(text: str) -> str:

@@ -303,3 +303,53 @@ def test_a_name_as_the_parser_reads_it():
             [call] = splitter.tool_calls
             assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == want
             assert parts[-1].valid
+
+
+def _calls(fmt: Format, text: str, tools: list[dict], size: int = 1) -> list[tuple[str, str, bool]]:
+    splitter = OutputSplitter(tool_format=fmt.tool_format, tools=tools)
+    parts = []
+    for i in range(0, len(text), size):
+        parts += splitter.feed(text[i:i + size]).parts
+    parts += splitter.flush().parts
+    valid = [p.valid for p in parts if isinstance(p, CallEnd)]
+    return [(c["function"]["name"], c["function"]["arguments"], v) for c, v in zip(splitter.tool_calls, valid)]
+
+
+@pytest.mark.parametrize("schema", [True, False])
+def test_a_glm_call_with_a_schema_its_parser_cannot_read_does_not_raise(schema):
+    """mlx-lm's glm47 reads each property's schema as a dict; `true` and `false` are valid JSON
+    Schema (the API takes them): the reader is off, the parse decides (it fails: not valid)."""
+    fmt = FORMATS["glm47"]
+    for size in (1, 1000):
+        [(name, _, valid)] = _calls(fmt, fmt.block([("x", "5")], "f"), [_odd_tool(schema)], size)
+        assert name == "f" and not valid
+
+
+def test_minimax_blocks_read_as_its_parser_reads_them():
+    fmt = FORMATS["minimax_m2"]
+    string_s = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string"}, "x": {"type": "object"}}}}}]
+    start, end = fmt.parser.tool_call_start, fmt.parser.tool_call_end
+    cases = [
+        # A parameter's name running into </invoke>: no parameter; the next invoke is its own call.
+        (f'{start}\n<invoke name="f">\n<parameter name=a</invoke>\n<invoke name="f">\n'
+         f'<parameter name="s">v</parameter>\n</invoke>\n{end}', [("f", "{}", True), ("f", '{"s": "v"}', True)]),
+        # An invoke whose value no JSON can hold (a set) is not valid; its sibling is.
+        (f'{start}\n<invoke name="f">\n<parameter name="x">{{"a": 1}}</parameter>\n</invoke>\n<invoke name="f">\n'
+         f'<parameter name="x">{{1, 2}}</parameter>\n</invoke>\n{end}', [("f", '{"x": {"a": 1}}', True), ("f", "", False)]),
+        # The parser's name ends at the first ">".
+        (f'{start}\n<invoke name="a>b">\n<parameter name="s">v</parameter>\n</invoke>\n{end}', [('"a', '{"s": "v"}', True)]),
+    ]
+    for text, want in cases:
+        for size in (1, 3, len(text)):
+            assert _calls(fmt, text, string_s, size) == want
+
+
+def test_glm_tags_are_apart_only_by_what_its_parser_reads_as_whitespace():
+    """Between </arg_key> and <arg_value> GLM's parser allows \\s of the regex module and "\\n"
+    written out; \\x1c (whitespace to Python's isspace) is neither, so no argument is read."""
+    fmt = FORMATS["glm47"]
+    for sep, want in (("\\n \t", '{"city": "Paris"}'), ("\x1c", "{}")):
+        text = f"<tool_call>get_weather\n<arg_key>city</arg_key>{sep}<arg_value>Paris</arg_value>\n</tool_call>"
+        for size in (1, len(text)):
+            assert _calls(fmt, text, [WEATHER], size) == [("get_weather", want, True)]
