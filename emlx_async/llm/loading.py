@@ -24,6 +24,7 @@ def load_model_files(path: str | None) -> tuple[Any, Any, dict[str, Any]]:
         # through it, and its streaming detokenizer is the one mlx-lm chose.
         model, tokenizer = mlx_lm_load(path)
         fix_batch_masks(model)
+        fix_weight_rewrites(model)
         eos = set(tokenizer.eos_token_ids) or {tokenizer.eos_token_id}
         return model, tokenizer, {"eos_ids": eos, "chat_template": tokenizer.chat_template,
                                   "bos_id": added_bos(tokenizer)}
@@ -55,6 +56,63 @@ def fix_batch_masks(model) -> bool:
             attention.__class__ = _gemma2_batch_attention(gemma2.Attention)
             fixed = True
     return fixed
+
+
+def fix_weight_rewrites(model) -> list[str]:
+    """Keep a model from rewriting its own weights in every call; the weights it rewrote.
+
+    mlx-lm's gemma3n casts and clips two coefficient matrices of each layer in its forward
+    and assigns the results back (``self.prediction_coefs.weight = mx.clip(...)``): lazy
+    arrays of the calling thread, which another thread calling the model at the same time
+    reads before they are evaluated (MLX: "There is no Stream(cpu, n) in current thread",
+    or a crash). The rewrite gives the same values every time, so it is done once here
+    (a one-token call), evaluated, and later assignments to those weights are dropped.
+    A rewrite that changes the weights again on a second call is left as it is, and
+    ValueError says so: such a model cannot serve two requests at once."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    before = dict(tree_flatten(model.parameters()))  # held: an id alone may be reused once freed
+    _one_token_call(model)
+    rewritten = {key: value for key, value in tree_flatten(model.parameters()) if before.get(key) is not value}
+    if not rewritten:
+        return []
+    mx.eval(list(rewritten.values()))
+    _one_token_call(model)
+    again = dict(tree_flatten(model.parameters()))
+    if any(not mx.array_equal(again[key], value).item() for key, value in rewritten.items()):
+        raise ValueError(f"the model rewrites its weights ({', '.join(sorted(rewritten))}) with other "
+                         "values in each call")
+    model.update(tree_unflatten(list(rewritten.items())))
+    for key in rewritten:
+        *path, name = key.split(".")
+        owner = model
+        for part in path:
+            owner = owner[int(part)] if isinstance(owner, list) else owner[part]
+        owner.__class__ = _fixed_weights(type(owner))
+        object.__setattr__(owner, "_fixed_weights", frozenset(getattr(owner, "_fixed_weights", ())) | {name})
+    return sorted(rewritten)
+
+
+def _one_token_call(model) -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    mx.eval(model(mx.array([[0]], dtype=mx.int32), cache=make_prompt_cache(model)))
+
+
+@functools.cache
+def _fixed_weights(base: type) -> type:
+    """`base` with assignments to the weights named in ``_fixed_weights`` dropped (made once per class)."""
+
+    class FixedWeights(base):  # type: ignore[misc, valid-type]
+        def __setattr__(self, name, value):
+            if name in getattr(self, "_fixed_weights", ()):
+                return  # the same values, computed once at load
+            super().__setattr__(name, value)
+
+    FixedWeights.__name__ = FixedWeights.__qualname__ = base.__name__
+    return FixedWeights
 
 
 @functools.cache

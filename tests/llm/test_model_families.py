@@ -19,6 +19,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async.llm import Engine
+from emlx_async.llm.loading import fix_weight_rewrites
 from support.engine import tokens_of
 from support.helpers import on_loops
 from support.tiny_models import FAMILIES, IdsTokenizer, mlx_lm_tokens, tiny
@@ -39,8 +40,9 @@ BATCH_REFUSED = {"gemma2": "other logits than the same row alone",
                  "phi3small": "other logits than the same row alone"}
 # mlx-lm's gemma3n writes its own weights in every call (its AltUp's coefficients cast and
 # clipped, lazily, on the calling thread's stream), so two threads calling it at once race
-# (MLX: "There is no Stream(cpu, n) in current thread", or a crash): checked alone below.
-NOT_THREAD_SAFE = {"gemma3n"}
+# (MLX: "There is no Stream(cpu, n) in current thread", or a crash): loading.fix_weight_rewrites
+# (which Engine.load applies) does the rewrite once. The only family that rewrites its weights.
+REWRITES_ITS_WEIGHTS = {"gemma3n"}
 # Families whose step cannot replay: the Python step serves them, step_note naming why
 # (and still mlx-lm's tokens).
 FALLS_BACK = {
@@ -75,9 +77,10 @@ async def _prompts_at_once(engine) -> list:
 
 
 @on_loops("asyncio")
-@pytest.mark.parametrize("kind", sorted(set(FAMILIES) - NOT_THREAD_SAFE))
+@pytest.mark.parametrize("kind", sorted(FAMILIES))
 async def test_family_replays_with_mlx_lms_tokens(kind):
     model = tiny(kind)
+    assert bool(fix_weight_rewrites(model)) == (kind in REWRITES_ITS_WEIGHTS)  # as Engine.load does
     want = [mlx_lm_tokens(model, prompt, N) for prompt in PROMPTS]
     async with ea.Runtime(pool_size=2) as rt:
         for mode in ("parallel", "batch"):

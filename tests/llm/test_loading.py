@@ -1,0 +1,49 @@
+"""llm/loading.py's fixes to a loaded mlx-lm model (gemma2's batch mask is in test_model_families)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from emlx_async.llm.loading import fix_weight_rewrites
+
+
+class _Rewriting(nn.Module):
+    """A model whose forward assigns a weight computed from itself, as mlx-lm's gemma3n does."""
+
+    def __init__(self, rewrite):
+        super().__init__()
+        self.inner = nn.Linear(2, 2)
+        self.rewrite = rewrite
+
+    def make_cache(self):
+        return []
+
+    def __call__(self, x, cache=None):
+        self.inner.weight = self.rewrite(self.inner.weight)
+        return self.inner(mx.ones((1, 2)))
+
+
+def test_a_weight_rewritten_the_same_every_call_is_rewritten_once():
+    model = _Rewriting(lambda w: mx.clip(w, -0.125, 0.125))
+    assert fix_weight_rewrites(model) == ["inner.weight"]
+    fixed = model.inner.weight
+    assert mx.abs(fixed).max().item() <= 0.125
+    model(mx.array([[0]]))
+    assert model.inner.weight is fixed  # the forward's assignment dropped: no lazy array of this thread
+    assert isinstance(model.inner, nn.Linear) and type(model.inner).__name__ == "Linear"
+    model.update({"inner": {"weight": mx.zeros((2, 2))}})  # loading weights still works
+    assert mx.array_equal(model.inner.weight, mx.zeros((2, 2))).item()
+    assert fix_weight_rewrites(model) == []
+
+
+def test_a_model_that_rewrites_nothing_is_left_as_it_is():
+    model = _Rewriting(lambda w: w)
+    assert fix_weight_rewrites(model) == [] and type(model.inner) is nn.Linear
+
+
+def test_a_rewrite_with_other_values_each_call_is_refused_by_name():
+    model = _Rewriting(lambda w: w * 2)
+    with pytest.raises(ValueError, match=r"rewrites its weights \(inner.weight\) with other values in each call"):
+        fix_weight_rewrites(model)
