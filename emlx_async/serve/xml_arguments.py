@@ -37,6 +37,7 @@ _NONE_WORDS = ("null", "none", "nil")  # any case: the words a parser may read a
 class TaggedArguments(abc.ABC):
     """One call's arguments, read from the text after the call's name (``ToolCallFormat.first_name``)."""
 
+    FORMAT: str  # mlx-lm's name of the format (its parser's module)
     OPEN: str  # a parameter's opening tag, before its name
     CLOSE: str  # the tag ending its value
     STOP: str | None = None  # a tag ending the call (its parameters after it are not the call's)
@@ -74,8 +75,6 @@ class TaggedArguments(abc.ABC):
             return cls(name, tools, parser)
         except Exception:  # noqa: BLE001 - the parser cannot read these tools (a schema of `true`): the parse decides
             return None
-
-    FORMAT: str  # mlx-lm's name of the format
 
     @property
     def sent(self) -> str:
