@@ -354,8 +354,8 @@ class MiniMaxArguments(TaggedArguments):
         end = text.find(">", at, at + _LONGEST_NAME)
         if end < 0:
             return False if len(text) - at >= _LONGEST_NAME else None
-        raw = text[at:end]
-        if not raw or self.CLOSE in text[at:end + 1] or self.STOP in text[at:end + 1]:
+        raw, tagged = text[at:end], text[at:end + 1]  # with its ">": a closing tag may end there
+        if not raw or self.CLOSE in tagged or self.STOP in tagged:
             return False  # the parser reads no name here
         return self._parser._extract_name(raw), end + 1
 
