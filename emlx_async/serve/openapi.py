@@ -83,7 +83,7 @@ _TEXT_FORMAT = {"oneOf": [
 _CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}
 _HISTORY_CALL = {"type": "object", "required": ["function"],
                  "properties": {"id": {"type": "string"}, "type": {"const": "function"},
-                                "function": {"type": "object", "required": ["name"],
+                                "function": {"type": "object", "required": ["name", "arguments"],
                                              "properties": {"name": {"type": "string"},
                                                             "arguments": {"type": "string",
                                                                           "description": "JSON text of an object"}}}}}

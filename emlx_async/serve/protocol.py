@@ -411,7 +411,10 @@ def _parse_history_calls(calls: Any, param: str) -> list[dict]:
                           "'arguments'}}", "invalid_type")
         name = _text(function.get("name"), f"{where}.function.name")
         at = f"{where}.function.arguments"
-        arguments = function.get("arguments", "{}")
+        arguments = function.get("arguments")
+        if arguments is None:  # required by OpenAI's API: a call without them was never written so
+            raise invalid(at, f"'{at}' is required: the JSON text of the call's arguments",
+                          "missing_required_parameter")
         if not isinstance(arguments, str):  # OpenAI's API refuses an object too: the model wrote JSON text
             raise invalid(at, f"'arguments' must be a string of JSON text, got {show(arguments)}", "invalid_type")
         try:

@@ -87,6 +87,9 @@ def test_bad_tool_fields_are_400_naming_the_field(body, param):
     # A string, as OpenAI's API has it: an object is refused, not read as the arguments.
     *[([*USER, {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": arguments}}]}],
        "messages[1].tool_calls[0].function.arguments") for arguments in ({"city": "Paris"}, {}, ["x"], 3)],
+    # Required, as in OpenAI's API: a call without arguments is not read as "{}".
+    ([*USER, {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f"}}]}],
+     "messages[1].tool_calls[0].function.arguments"),
     ([{"role": "assistant", "content": None}], "messages[0].content"),
     # Ids: each call of a turn its own, each result answering a call of the turn just before, once.
     ([*USER, {"role": "assistant", "content": None, "tool_calls": [CALL, CALL]}], "messages[1].tool_calls[1].id"),
