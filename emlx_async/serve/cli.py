@@ -213,6 +213,9 @@ def serve(args: argparse.Namespace) -> int:
             raise SystemExit("--step-timeout must be positive")
         if len(specs) > 1 or args.idle_unload is not None:
             raise SystemExit("emlx-async serve --distributed: serves one --model, never unloaded (no --idle-unload)")
+        if args.mode == "parallel":  # every rank must run the same step at once: rank 0's batch
+            raise SystemExit("emlx-async serve --distributed runs its model in batch mode (one batch step on "
+                             "every rank): --mode parallel cannot be sharded; give --mode batch or auto")
     if args.batches is not None and not 1 <= args.batches <= args.max_concurrent:
         raise SystemExit(f"--batches must be in [1, --max-concurrent ({args.max_concurrent})], got {args.batches}")
     if args.batches is not None and args.batches > 1 and (args.mode == "parallel" or args.distributed):

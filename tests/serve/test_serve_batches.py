@@ -31,6 +31,8 @@ def test_batches_are_refused_where_they_cannot_apply():
         main(["serve", "--mode", "batch", "--batches", "5", "--max-concurrent", "4"])
     with pytest.raises(SystemExit, match="no --distributed"):
         main(["serve", "--mode", "batch", "--batches", "2", "--distributed"])
+    with pytest.raises(SystemExit, match="--mode parallel cannot be sharded"):  # not silently batch mode
+        main(["serve", "--mode", "parallel", "--distributed"])
     with pytest.raises(ValueError, match="needs mode 'batch' or 'auto'"):
         create_app(ServeConfig(mode="parallel", batches=2))
     with pytest.raises(ValueError, match="mode must be 'auto', 'parallel' or 'batch', got 'fast'"):
