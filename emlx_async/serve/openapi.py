@@ -532,7 +532,11 @@ _RESPONSES_REQUEST = {
                               ("prompt", "prompt"))},
         "reasoning": {"type": "object", "properties": {
             "effort": {"enum": list(REASONING_EFFORTS)},
-            "summary": {"type": "string", "description": "ignored: no summaries are written"}},
+            "summary": {"enum": ["auto", "concise", "detailed"],
+                        "description": "the reasoning item's summary is the reasoning itself (a local model's "
+                                       "reasoning is not hidden), streamed as reasoning_summary_text deltas"},
+            "generate_summary": {"enum": ["auto", "concise", "detailed"],
+                                 "description": "summary's older name"}},
             "description": "on a template that thinks, effort none turns its thinking off and any other on; "
                            "the reasoning comes back as a reasoning item"},
     },
@@ -558,9 +562,13 @@ _FUNCTION_CALL = {"type": "object", "required": ["type", "id", "call_id", "name"
                                  "status": {"enum": ["in_progress", "completed", "incomplete"],
                                             "description": "incomplete: its arguments are not a whole "
                                                            "object (max_output_tokens cut it)"}}}
+_SUMMARY_TEXT = {"type": "object", "required": ["type", "text"],
+                 "properties": {"type": {"const": "summary_text"}, "text": {"type": "string"}}}
 _REASONING_ITEM = {"type": "object", "required": ["type", "id", "status", "summary", "content"],
                    "properties": {"type": {"const": "reasoning"}, "id": {"type": "string", "pattern": "^rs_"},
-                                  "status": _STATUS, "summary": {"type": "array", "maxItems": 0},
+                                  "status": _STATUS,
+                                  "summary": {"type": "array", "maxItems": 1, "items": _SUMMARY_TEXT,
+                                              "description": "with reasoning.summary: the reasoning itself"},
                                   "content": {"type": "array", "maxItems": 1, "items": {
                                       "type": "object", "required": ["type", "text"],
                                       "properties": {"type": {"const": "reasoning_text"},
@@ -615,6 +623,7 @@ _RESPONSE = {
 
 _OUTPUT_INDEX = {"type": "integer", "minimum": 0}
 _WHERE = {"item_id": {"type": "string"}, "output_index": _OUTPUT_INDEX, "content_index": {"const": 0}}
+_SUMMARY_WHERE = {"item_id": {"type": "string"}, "output_index": _OUTPUT_INDEX, "summary_index": {"const": 0}}
 _NO_LOGPROBS = {"type": "array", "maxItems": 0}
 
 
@@ -640,13 +649,19 @@ _RESPONSE_STREAM_EVENT = {
                    output_index=_OUTPUT_INDEX, name={"type": "string"}, arguments={"type": "string"}),
         _sequenced("response.reasoning_text.delta", **_WHERE, delta={"type": "string"}),
         _sequenced("response.reasoning_text.done", **_WHERE, text={"type": "string"}),
+        *(_sequenced(kind, **_SUMMARY_WHERE, part=_SUMMARY_TEXT)
+          for kind in ("response.reasoning_summary_part.added", "response.reasoning_summary_part.done")),
+        _sequenced("response.reasoning_summary_text.delta", **_SUMMARY_WHERE, delta={"type": "string"}),
+        _sequenced("response.reasoning_summary_text.done", **_SUMMARY_WHERE, text={"type": "string"}),
     ],
     "description": "response.created, response.in_progress, response.output_item.added, "
                    "response.content_part.added, response.output_text.delta..., response.output_text.done, "
                    "response.content_part.done, response.output_item.done, then response.completed or "
                    "response.incomplete (max_output_tokens reached); the reasoning of a template that thinks "
                    "is a reasoning item first (output_item.added, reasoning_text.delta..., reasoning_text.done, "
-                   "output_item.done); with tools or reasoning a message opens at the first "
+                   "output_item.done; with reasoning.summary reasoning_summary_part.added, "
+                   "reasoning_summary_text.delta..., reasoning_summary_text.done, reasoning_summary_part.done "
+                   "instead); with tools or reasoning a message opens at the first "
                    "text and each call is a function_call item (output_item.added, "
                    "function_call_arguments.delta..., function_call_arguments.done, output_item.done); "
                    "response.failed ends a stream a failure "

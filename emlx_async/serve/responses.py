@@ -16,7 +16,11 @@ runs and tools other than functions are refused with a 400 naming the field.
 chat endpoint's grammar. On a template that thinks the reasoning is a
 ``reasoning`` output item of its own (streamed as ``response.reasoning_text``
 deltas), ``reasoning.effort`` "none" turns the thinking off, and reasoning
-items sent back in ``input`` are left out of the prompt.
+items sent back in ``input`` are left out of the prompt. With
+``reasoning.summary`` ("auto", "concise" or "detailed") the item's summary is
+the reasoning itself, streamed as ``response.reasoning_summary_text`` deltas
+instead: a local model's reasoning is not hidden, so nothing is summarized
+away, and clients that show only summaries (Codex) show it.
 
 Tools run on the chat endpoint's machinery (serve/tools.py): function
 ``tools`` (name, description, parameters at the top level), ``tool_choice``
@@ -257,18 +261,30 @@ def _parse_text_format(body: dict, generation: GenerationRequest) -> dict:
             **({"description": description} if description is not None else {})}
 
 
+SUMMARIES = ("auto", "concise", "detailed")
+
+
 def _parse_reasoning(body: dict, generation: GenerationRequest) -> dict | None:
     """`reasoning` onto the chat request: on a template that thinks, effort "none" turns its
     thinking off (enable_thinking false) and any other on; the reasoning comes back as
-    reasoning items (its text, no summary). The setting as echoed."""
+    reasoning items, with a summary when one is asked for (``generate_summary`` is its
+    older name). The setting as echoed."""
     reasoning = optional_object(body, "reasoning")
     if reasoning is None:
         return None
-    summary = reasoning.get("summary")
-    if summary is not None and not isinstance(summary, str):
-        raise wrong_type("reasoning.summary", "a string", summary)
+    summary = None
+    for name in ("summary", "generate_summary"):
+        value = reasoning.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise wrong_type(f"reasoning.{name}", "a string", value)
+        if value not in SUMMARIES:
+            raise invalid(f"reasoning.{name}", f"reasoning.{name} must be one of {list(SUMMARIES)}, "
+                          f"got {value!r}", "unsupported_value")
+        summary = summary or value
     effort = think_for_effort(generation, reasoning.get("effort"), "reasoning.effort")
-    return {"effort": effort, "summary": None}  # no summaries are written
+    return {"effort": effort, "summary": summary}
 
 
 def parse_request(body: dict) -> ResponsesRequest:
@@ -314,10 +330,16 @@ def message_item(id_: str, status: str, content: list[dict]) -> dict:
     return {"type": "message", "id": id_, "status": status, "role": "assistant", "content": content}
 
 
-def reasoning_item(id_: str, status: str, text: str | None) -> dict:
-    """The reasoning of a template that thinks, markers left out (None: not yet written)."""
-    return {"type": "reasoning", "id": id_, "status": status, "summary": [],
+def reasoning_item(id_: str, status: str, text: str | None, summarized: bool = False) -> dict:
+    """The reasoning of a template that thinks, markers left out (None: not yet written);
+    `summarized`: its summary, asked for, is the reasoning itself."""
+    return {"type": "reasoning", "id": id_, "status": status,
+            "summary": [summary_text(text)] if summarized and text is not None else [],
             "content": [] if text is None else [{"type": "reasoning_text", "text": text}]}
+
+
+def summary_text(text: str) -> dict:
+    return {"type": "summary_text", "text": text}
 
 
 def function_call_item(call_id: str, name: str, arguments: str, status: str) -> dict:
@@ -353,6 +375,7 @@ class ResponsesReply:
         self.created_at = int(time.time())
         self.sequence_number = 0
         self.parts = AnswerParts(generation)
+        self.summarized = bool((request.echo.get("reasoning") or {}).get("summary"))
 
     def response(self, status: str, output: list[dict], usage_: dict | None = None,
                  error: dict | None = None) -> dict:
@@ -373,7 +396,8 @@ class ResponsesReply:
     def body(self, collected: Collected) -> dict:
         status = self._status(self.generation.finish_reason)
         output = [message_item(_new_message_id(), status, [output_text(part)]) if isinstance(part, str)
-                  else reasoning_item(_new_reasoning_id(), status, part.text) if isinstance(part, Reasoning)
+                  else reasoning_item(_new_reasoning_id(), status, part.text, self.summarized)
+                  if isinstance(part, Reasoning)
                   else ended_call_item(part) for part in self.parts.whole(collected)]
         if not any(item["type"] != "reasoning" for item in output):  # an answer has a message, if empty
             output.append(message_item(_new_message_id(), status, [output_text("")]))
@@ -398,13 +422,30 @@ class ResponsesReply:
         reasoning: dict | None = None  # the reasoning item being written
         thoughts: list[str] = []
 
+        # Where a reasoning delta goes: the summary (asked for; the reasoning itself) or the content.
+        place = ({"summary_index": 0}, "response.reasoning_summary_text") if self.summarized \
+            else ({"content_index": 0}, "response.reasoning_text")
+
+        def open_reasoning() -> list[bytes]:
+            nonlocal reasoning
+            reasoning = reasoning_item(_new_reasoning_id(), "in_progress", None)
+            thoughts.clear()
+            out = [self.event("response.output_item.added", output_index=len(output), item=reasoning)]
+            if self.summarized:
+                out.append(self.event("response.reasoning_summary_part.added", item_id=reasoning["id"],
+                                      output_index=len(output), summary_index=0, part=summary_text("")))
+            return out
+
         def close_reasoning(status: str) -> list[bytes]:
             nonlocal reasoning
             full = "".join(thoughts)
-            done = reasoning_item(reasoning["id"], status, full)
-            out = [self.event("response.reasoning_text.done", item_id=done["id"], output_index=len(output),
-                              content_index=0, text=full),
-                   self.event("response.output_item.done", output_index=len(output), item=done)]
+            done = reasoning_item(reasoning["id"], status, full, self.summarized)
+            out = [self.event(place[1] + ".done", item_id=done["id"], output_index=len(output), **place[0],
+                              text=full)]
+            if self.summarized:
+                out.append(self.event("response.reasoning_summary_part.done", item_id=done["id"],
+                                      output_index=len(output), summary_index=0, part=summary_text(full)))
+            out.append(self.event("response.output_item.done", output_index=len(output), item=done))
             output.append(done)
             reasoning = None
             return out
@@ -438,12 +479,11 @@ class ResponsesReply:
             for part in self.parts.feed(delta.text, final, token=delta.token is not None):
                 if isinstance(part, Reasoning):
                     if reasoning is None:
-                        reasoning = reasoning_item(_new_reasoning_id(), "in_progress", None)
-                        thoughts.clear()
-                        yield self.event("response.output_item.added", output_index=len(output), item=reasoning)
+                        for chunk in open_reasoning():
+                            yield chunk
                     thoughts.append(part.text)
-                    yield self.event("response.reasoning_text.delta", item_id=reasoning["id"],
-                                     output_index=len(output), content_index=0, delta=part.text)
+                    yield self.event(place[1] + ".delta", item_id=reasoning["id"], output_index=len(output),
+                                     **place[0], delta=part.text)
                     continue
                 if reasoning is not None:  # the reasoning ended: its item is done before the answer's
                     for chunk in close_reasoning("completed"):

@@ -327,6 +327,58 @@ async def test_responses_reasoning_items_streamed_and_parsed(smollm2):
         {"enable_thinking": False}
 
 
+@on_loops("asyncio")
+async def test_responses_reasoning_summaries_are_the_reasoning_itself(smollm2):
+    """reasoning.summary asked for (Codex asks "auto" and shows only summaries): the reasoning
+    item's summary is the reasoning, streamed as reasoning_summary_text deltas in OpenAI's
+    event order, every event as the OpenAPI document says; a summary nobody asked for is
+    empty, an unknown one a 400 naming it."""
+    pytest.importorskip("openai")
+    jsonschema = pytest.importorskip("jsonschema")
+    import httpx
+    import openai
+
+    from support.helpers import scripted_app
+
+    tokenizer, _ = smollm2
+    app = scripted_app(tokenizer, OPENS, ["Hm", ".", "</think>", "\n\n", "Paris", "."])
+    async with _client(app) as client:
+        plain = await client.responses.create(model=MODEL, input="Capital of France?")
+        assert plain.output[0].summary == [] and plain.output[0].content[0].text == "Hm."
+        for summary in ("auto", "concise", "detailed"):
+            reply = await client.responses.create(model=MODEL, input="Capital of France?",
+                                                  reasoning={"summary": summary})
+            assert [(s.type, s.text) for s in reply.output[0].summary] == [("summary_text", "Hm.")]
+            assert reply.output[0].content[0].text == "Hm." and reply.output_text == "Paris."
+            assert reply.reasoning.summary == summary
+        older = await client.responses.create(model=MODEL, input="x", reasoning={"generate_summary": "auto"})
+        assert older.output[0].summary[0].text == "Hm."
+        async with client.responses.stream(model=MODEL, input="Capital of France?",
+                                           reasoning={"effort": "low", "summary": "auto"}) as stream:
+            events = [e async for e in stream]
+            final = await stream.get_final_response()
+        with pytest.raises(openai.BadRequestError, match="reasoning.summary must be one of"):
+            await client.responses.create(model=MODEL, input="x", reasoning={"summary": "brief"})
+    kinds = [e.type for e in events]
+    assert kinds[kinds.index("response.output_item.added"):kinds.index("response.output_item.done") + 1] == [
+        "response.output_item.added", "response.reasoning_summary_part.added",
+        *["response.reasoning_summary_text.delta"] * 2, "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done", "response.output_item.done"]
+    assert "response.reasoning_text.delta" not in kinds  # the reasoning streams once
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_summary_text.delta") == "Hm."
+    assert final.output[0].summary[0].text == "Hm." and final.output_text == "Paris."
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        doc = (await http.get("/openapi.json")).json()
+        body = {"model": MODEL, "input": "x", "reasoning": {"summary": "auto"}}
+        streamed = (await http.post("/v1/responses", json={**body, "stream": True})).text
+        answer = (await http.post("/v1/responses", json=body)).json()
+    for name, value in [("ResponsesRequest", body), ("Response", answer),
+                        *(("ResponseStreamEvent", json.loads(block.split("\ndata: ")[1]))
+                          for block in streamed.strip().split("\n\n"))]:
+        jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{name}",
+                                         "components": doc["components"]}).validate(value)
+
+
 def test_reasoning_tokens_are_the_ones_written_inside_the_block():
     """Responses' usage.output_tokens_details.reasoning_tokens: the tokens from the one that
     opens the block (or the first, where the prompt opened it) to the one that closes it;

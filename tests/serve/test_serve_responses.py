@@ -74,6 +74,8 @@ HOSTILE = [
     ({**OK, "input": [{"type": "reasoning"}], "instructions": "x"}, "input"),  # no turn left (schemathesis)
     ({**OK, "reasoning": "high"}, "reasoning"),
     ({**OK, "reasoning": {"summary": 1}}, "reasoning.summary"),
+    ({**OK, "reasoning": {"summary": "brief"}}, "reasoning.summary"),
+    ({**OK, "reasoning": {"generate_summary": True}}, "reasoning.generate_summary"),
     ({**OK, "text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({**OK, "text": {"format": "json"}}, "text.format"),
     ({**OK, "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
