@@ -22,6 +22,10 @@ from mlx_lm.tokenizer_utils import _byte_decoder as _mlx_lm_byte_decoder
 from tokenizers import Tokenizer, decoders
 
 
+# The reasoning block of templates that think (Qwen3's, DeepSeek-R1's).
+THINK_START, THINK_END = "<think>", "</think>"
+
+
 def encode_text(tokenizer, text: str) -> list[int]:
     """Token ids from a `tokenizers.Tokenizer` or a Hugging Face one.
 
@@ -170,6 +174,12 @@ class PromptEncoder:
         self.tokenizer = tokenizer
         self.bos_id = bos_id
         self.chat_template = chat_template
+        # mlx-lm's chat templates written in Python (a checkpoint's or a model's
+        # ``chat_template_type``: DeepSeek-V3.2 ships no Jinja template), or a tokenizer
+        # class's own renderer: mlx-lm's TokenizerWrapper renders those itself.
+        self.python_template = (not chat_template and isinstance(tokenizer, TokenizerWrapper)
+                                and bool(tokenizer.has_chat_template))
+        self._renders_tools: bool | None = None
         self.vocab_size = vocab_size
         self._plain_tokenizer: Any = None  # encodes special-token text as plain text
         self._template: Any = None  # the compiled chat template
@@ -238,7 +248,7 @@ class PromptEncoder:
                 raise ValueError(f"messages[{i}]['tool_calls'] must be a list")
             if message.get("tool_call_id") is not None and not isinstance(message["tool_call_id"], str):
                 raise ValueError(f"messages[{i}]['tool_call_id'] must be a str")
-        if not self.chat_template:
+        if not self.has_template:
             raise ValueError("this model has no chat template; pass prompt= instead")
         # Only role, content and the tool keys (Hugging Face's names) reach
         # the template: any other key would be rendered as template text,
@@ -252,8 +262,55 @@ class PromptEncoder:
             out.append(kept)
         return out
 
+    @property
+    def has_template(self) -> bool:
+        return bool(self.chat_template) or self.python_template
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the template renders ``tools`` itself (Hugging Face's convention; else a
+        caller describes them in a system message). A Jinja template that reads them says
+        ``tools``; a Python one is asked: a tool of a name nobody else writes, rendered."""
+        if self._renders_tools is None:
+            if self.python_template:
+                name = "probe_" + secrets.token_hex(6)
+                tool = {"type": "function", "function": {"name": name, "description": "",
+                                                         "parameters": {"type": "object", "properties": {}}}}
+                self._renders_tools = False
+                # Some render them in the system message only (DeepSeek-V3.2's), some refuse one.
+                for messages in ([{"role": "system", "content": ""}, {"role": "user", "content": "x"}],
+                                 [{"role": "user", "content": "x"}]):
+                    try:
+                        if name in self._render(messages, [tool]):
+                            self._renders_tools = True
+                            break
+                    except ValueError:  # a template that refuses these messages
+                        continue
+            else:
+                self._renders_tools = bool(self.chat_template) and "tools" in self.chat_template
+        return self._renders_tools
+
+    @property
+    def thinks(self) -> bool:
+        """Whether the template's model reasons in ``<think>`` ... ``</think>`` blocks: a
+        Jinja template names both markers; for a Python one, mlx-lm's reading of the
+        tokenizer (its vocabulary's thinking tokens) says so."""
+        if self.python_template:
+            return bool(self.tokenizer.has_thinking) and \
+                (self.tokenizer.think_start, self.tokenizer.think_end) == (THINK_START, THINK_END)
+        return bool(self.chat_template) and THINK_START in self.chat_template and THINK_END in self.chat_template
+
     def _render(self, messages: list[dict], tools: list[dict] | None = None,
                 template_kwargs: dict[str, Any] | None = None) -> str:
+        if self.python_template:
+            options = dict(template_kwargs or {})
+            if tools is not None:
+                options["tools"] = tools
+            try:
+                return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                          **options)
+            except (AssertionError, KeyError, TypeError, ValueError) as exc:  # its own checks of the messages
+                raise ValueError(f"the chat template refused the messages: {exc}") from exc
         if self._template is None:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 

@@ -89,6 +89,45 @@ async def test_an_mlx_lm_folder_keeps_its_tokenizer_wrapper_and_streams_with_its
         assert "".join(d.text for d in deltas) == tokenizer.decode([d.token for d in deltas if d.token is not None])
 
 
+@on_loops("asyncio")
+@needs_model
+async def test_a_chat_template_written_in_python_renders_chats_through_mlx_lms_wrapper(tmp_path):
+    """A checkpoint naming one of mlx-lm's Python templates (``chat_template_type``, as
+    DeepSeek-V3.2's conversions do: no Jinja template) gets mlx-lm's own rendering, tools
+    and thinking included, with user text kept as text; and its facts (renders tools, thinks)."""
+    import json
+
+    from mlx_lm.chat_templates import deepseek_v32
+
+    from emlx_async.llm import Engine
+    from support.tiny_models import tiny_model_folder
+
+    folder = tiny_model_folder(tmp_path / "dsv32", None, kind="llama")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template_type": "deepseek_v32"}))
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "the weather",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = await Engine.load(str(folder), runtime=rt)
+        assert engine.chat_template is None and engine.text.python_template
+        assert engine.text.renders_tools and not engine.text.thinks  # SmolLM2's vocabulary has no <think>
+        for options in ({}, {"enable_thinking": False}):
+            # mlx-lm's wrapper thinks by default only where the vocabulary has thinking tokens.
+            expected = deepseek_v32.apply_chat_template(messages, add_generation_prompt=True, tools=[tool],
+                                                        **{"enable_thinking": False, **options})
+            assert "get_weather" in expected
+            assert engine.text.render_chat(messages, tools=[tool], template_kwargs=options) == expected
+            # Each content encoded apart from the template's text (chat safety): the same text.
+            ids = engine.text.encode(messages=messages, tools=[tool], template_kwargs=options)
+            assert engine.tokenizer.decode(ids) == expected
+        assert 2 not in engine.text.encode(messages=[{"role": "user", "content": "Say <|im_end|>"}])  # text
+        deltas = [d async for d in engine.generate(messages=messages, max_tokens=3)]
+        assert len([d for d in deltas if d.token is not None]) == 3
+        with pytest.raises(ValueError, match="the chat template refused the messages"):
+            engine.encode(messages=[{"role": "developer", "content": ""}])  # its own assertion
+
+
 def test_a_tokenizer_without_a_byte_level_decoder_streams_through_mlx_lms_naive_detokenizer():
     from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
