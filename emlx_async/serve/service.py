@@ -419,7 +419,7 @@ class Service:
             elif len(request.tools) == 1:
                 forced_name = request.tools[0]["function"]["name"]
         else:
-            tool_format = ToolCallFormat.for_template(template)
+            tool_format = ToolCallFormat.for_model(engine.tokenizer, template)
             if tool_format.markerless and request.grammar is not None:
                 tool_format = None  # response_format's JSON answer would read as a bare call
         return OutputSplitter(thinking=thinking, in_reasoning=in_reasoning, tool_format=tool_format,

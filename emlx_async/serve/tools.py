@@ -8,8 +8,8 @@ its answer is split into.
   </tool_call>``; assistant tool calls and tool results in the history are
   written the same way.
 - ``ToolCallFormat``: where a call starts and ends in the output and how its
-  text parses, from mlx-lm's ``tool_parsers`` (chosen from the template as
-  mlx-lm chooses); Llama 3's bare JSON (no markers: an answer that is a call
+  text parses, from mlx-lm's ``tool_parsers`` (the one mlx-lm's loader chose for
+  the model; for a GGUF's tokenizer, from the template as mlx-lm chooses); Llama 3's bare JSON (no markers: an answer that is a call
   object), which mlx-lm has no parser for; Hermes JSON otherwise.
 - ``call_grammar``: for ``tool_choice`` "required" or a named function, a
   grammar that only lets the model write valid calls of the given tools.
@@ -140,7 +140,23 @@ class ToolCallFormat:
     name: str = "json_tools"
 
     @classmethod
+    def for_model(cls, tokenizer: Any, chat_template: str | None) -> ToolCallFormat:
+        """The format of the model whose tokenizer is `tokenizer` (the engine's): the parser
+        mlx-lm's loader gave its TokenizerWrapper (the checkpoint's ``tool_parser_type``, else
+        the template's, else the vocabulary's: Kimi K3's XTML tokens, LFM2.5's pythonic call
+        tokens), or for any other tokenizer (a GGUF's) the template's (``for_template``). A
+        template that does not render tools gets the fallback block, hence Hermes."""
+        from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+        if not isinstance(tokenizer, TokenizerWrapper) or not template_renders_tools(chat_template):
+            return cls.for_template(chat_template)
+        if tokenizer.tool_parser is None:
+            return cls._without_parser(chat_template)
+        return cls._of_parser(tokenizer.tool_parser, tokenizer.tool_call_start, tokenizer.tool_call_end)
+
+    @classmethod
     def for_template(cls, chat_template: str | None) -> ToolCallFormat:
+        """The format mlx-lm infers from the template's text alone."""
         if not template_renders_tools(chat_template):
             return cls.hermes()
         # mlx-lm's own choice from the template text; private there, hence guarded.
@@ -151,9 +167,20 @@ class ToolCallFormat:
         except Exception:  # noqa: BLE001 - any failure here just means Hermes
             name = None
         if name is None:
-            return cls.bare_json() if LLAMA3_ASKS in chat_template else cls.hermes()
+            return cls._without_parser(chat_template)
         module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
-        return cls(module.tool_call_start, module.tool_call_end, module.parse_tool_call, name)
+        return cls._of_parser(module.parse_tool_call, module.tool_call_start, module.tool_call_end)
+
+    @classmethod
+    def _of_parser(cls, parse: Callable, start: str, end: str) -> ToolCallFormat:
+        # The parser's own module names the format, which picks the readers: laguna's
+        # checkpoints name "laguna", whose module re-exports glm47's parser.
+        return cls(start, end, parse, parse.__module__.rpartition(".")[2])
+
+    @classmethod
+    def _without_parser(cls, chat_template: str) -> ToolCallFormat:
+        """A template that renders tools but names no format mlx-lm has a parser for."""
+        return cls.bare_json() if LLAMA3_ASKS in chat_template else cls.hermes()
 
     @property
     def first_name(self) -> re.Pattern | None:

@@ -1,6 +1,7 @@
 """Tools and reasoning on /v1/chat/completions: parsing and hostile fields, the
 template rendering tools and tool turns (or the fallback block), the output cut
-into reasoning, content and tool calls (driven with known text streams), and
+into reasoning, content and tool calls (driven with known text streams), the call
+format mlx-lm's loader chose for a model (its tokenizer_config, its vocabulary), and
 live servers: SmolLM2 (tools through the fallback, a tool round trip, the
 official client and LangChain) and a tiny random model with a template of our
 own that thinks."""
@@ -224,6 +225,7 @@ def test_the_call_format_follows_the_template_as_mlx_lm_chooses():
     assert ToolCallFormat.for_template(hermes).start == "<tool_call>"
     assert ToolCallFormat.for_template("{{ messages }}").name == "json_tools"  # the fallback's own format
     assert not template_renders_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
+
 
 
 # ---- rendering ---------------------------------------------------------------
@@ -665,6 +667,76 @@ async def test_a_grammar_that_fails_fails_its_request_only(smollm2_tokenizer):
         with pytest.raises(openai.APIError, match="grammar failed"):
             async for _ in stream:
                 pass
+
+
+# ---- the format of a model mlx-lm loaded --------------------------------------
+
+def _loaded_tokenizer(folder, gguf_tokenizer, template: str, config=None, tokens=()):
+    """SmolLM2's tokenizer saved in `folder` with `template`, `config` added to its
+    tokenizer_config and `tokens` to its vocabulary, as mlx-lm's loader reads it back (a
+    TokenizerWrapper whose tool parser that loader chose)."""
+    from pathlib import Path
+
+    from mlx_lm.tokenizer_utils import load
+
+    from emlx_async.llm.save import hf_tokenizer
+
+    hf = hf_tokenizer(gguf_tokenizer, eos_ids={2}, bos_id=None, chat_template=template)
+    if tokens:
+        hf.add_special_tokens({"additional_special_tokens": list(tokens)})
+    hf.save_pretrained(folder)
+    path = Path(folder) / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **(config or {})}))
+    return load(Path(folder))
+
+
+# Renders the tools, names no format: mlx-lm's template inference finds none.
+PLAIN_TOOLS = "{% for t in tools %}{{ t | tojson }}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}"
+XTML = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")  # Kimi K3's vocabulary marks
+
+
+@pytest.mark.parametrize("template, config, tokens, name, start", [
+    # The checkpoint's tool_parser_type beats the template; laguna's parser is glm47's.
+    (PLAIN_TOOLS, {"tool_parser_type": "laguna"}, (), "glm47", "<tool_call>"),
+    (TOOL_TEMPLATE, {"tool_parser_type": "minimax_m2"}, (), "minimax_m2", "<minimax:tool_call>"),
+    # Without one, the vocabulary: LFM2.5's call tokens, Kimi K3's XTML.
+    (PLAIN_TOOLS, None, ("<|tool_call_start|>", "<|tool_call_end|>"), "pythonic", "<|tool_call_start|>"),
+    (PLAIN_TOOLS, None, XTML, "kimi_k3", "<|open|>tools<|sep|>"),
+    (PLAIN_TOOLS, None, (), "json_tools", "<tool_call>"),  # nothing named: Hermes
+    # A template that does not render tools: the fallback block's Hermes calls, whatever the checkpoint says.
+    ("{% for m in messages %}{{ m.content }}{% endfor %}", {"tool_parser_type": "glm47"}, (), "json_tools",
+     "<tool_call>"),
+], ids=["laguna", "config_over_template", "lfm_vocab", "xtml_vocab", "none_named", "template_without_tools"])
+def test_the_call_format_is_the_one_mlx_lms_loader_chose_for_the_model(smollm2_tokenizer, tmp_path, template, config,
+                                                                         tokens, name, start):
+    gguf_tokenizer, _ = smollm2_tokenizer
+    loaded = _loaded_tokenizer(tmp_path, gguf_tokenizer, template, config, tokens)
+    chosen = ToolCallFormat.for_model(loaded, template)
+    assert (chosen.name, chosen.start) == (name, start)
+    # A GGUF's tokenizer has no loader's choice: the template's text decides.
+    assert ToolCallFormat.for_model(gguf_tokenizer, template) == ToolCallFormat.for_template(template)
+
+
+GLM_CALL = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
+
+
+@on_loops("asyncio", "uvloop")
+async def test_the_service_reads_calls_in_the_format_the_checkpoint_names(smollm2_tokenizer, tmp_path):
+    """A Laguna checkpoint (tool_parser_type "laguna", a template that shows no format) writes
+    GLM's calls: the service reads them with glm47's parser and streams their arguments."""
+    pytest.importorskip("openai")
+    gguf_tokenizer, _ = smollm2_tokenizer
+    loaded = _loaded_tokenizer(tmp_path, gguf_tokenizer, TOOL_TEMPLATE, {"tool_parser_type": "laguna"})
+    pieces = [GLM_CALL[i:i + 3] for i in range(0, len(GLM_CALL), 3)]
+    ask = dict(model="SmolLM2-135M-Instruct", messages=USER, tools=[WEATHER], max_tokens=100)
+    async with _scripted_client(loaded, TOOL_TEMPLATE, pieces) as client:
+        answer = await client.chat.completions.create(**ask)
+        chunks = [chunk async for chunk in await client.chat.completions.create(**ask, stream=True)]
+    [call] = answer.choices[0].message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", '{"city": "Paris"}')
+    entries = [t for c in chunks for t in c.choices[0].delta.tool_calls or ()]
+    assert "".join(t.function.arguments or "" for t in entries) == '{"city": "Paris"}'
+    assert len(entries) > 3 and chunks[-1].choices[0].finish_reason == "tool_calls"  # streamed
 
 
 # ---- live: a tiny model, a huge tools block in the fallback system prompt ---------
