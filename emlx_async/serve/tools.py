@@ -203,7 +203,7 @@ class ToolCallFormat:
         ended and parsed)."""
         if self.name in _JSON_ARGUMENTS:
             return _JsonArguments()
-        return arguments_reader(self.name, name, tools)
+        return arguments_reader(self.name, name, tools, json_object=_JsonArguments)
 
     def scanner(self) -> _StreamedCall | _HeaderCall | None:
         """A reader of one call as it streams (None: the format does not stream)."""
@@ -260,6 +260,10 @@ _FIRST_NAMES = {name: re.compile(pattern) for name, pattern in {
     "minimax_m2": r'^\s*<invoke name="([^">]+)">',  # the parser's name ends at the first ">"
     "minicpm5": r'^\s*"([^"]+)"\s*>',
     "glm47": r"^\s*([^\s<]+)\s*(?=<arg_key>)",  # its reader reads from <arg_key>
+    "longcat": r"^\s*([^\s<{][^\s<]*)\s*(?=<longcat_arg_key>)",  # its parser reads text opening with "{" as JSON
+    # The name once the call's attributes have ended (a later tool="..." would be the parser's),
+    # none that the parser would unescape.
+    "kimi_k3": r'^\s*<\|open\|>call\s+tool="([^"&]+)"(?:\s+(?!tool=)\w+="[^"<]*")*\s*<\|sep\|>',
     "kimi_k2": r"^\s*<\|tool_call_begin\|>\s*(?:functions\.)?([^\s:<]+):\d+\s*<\|tool_call_argument_begin\|>",
     "gemma4": r"^\s*call:([\w-]+)\{",  # the parsers' own name classes
     "function_gemma": r"^\s*call:(\w+)\{",
@@ -937,11 +941,12 @@ class OutputSplitter:
     incomplete (mlx-lm's other tool parsers) send their first call's head once
     its name is written (``ToolCallFormat.first_name``), and the rest when the
     block ends and parses; a block that does not parse, and has sent nothing,
-    stays content, as does anything before a name is whole. Qwen3-Coder's XML
-    calls also send their arguments as the JSON its parser will make of them,
-    while they are written (``ToolCallFormat.preview``); the parse at the block's
-    end sends the rest, or, where what was sent is not its start, leaves the call
-    not `valid`.
+    stays content, as does anything before a name is whole. The XML-like formats'
+    calls (``xml_arguments``) also send their arguments as the JSON their parser
+    will make of them, while they are written, and Kimi K2's (and a Kimi K3 JSON
+    block's) as the model writes the JSON (``ToolCallFormat.preview``); the parse at
+    the block's end sends the rest, or, where what was sent is not its start (its
+    value, for JSON the model wrote), leaves the call not `valid`.
 
     What was sent cannot be taken back: a block that has sent its head is a call
     whatever follows. If it ends without whole arguments (max_tokens cut it, the
@@ -1203,7 +1208,7 @@ class OutputSplitter:
             sent = block.preview.sent if block.preview is not None else ""
             first = calls.pop(0)["function"] if calls else None  # the head's call, whatever its name
             arguments = first["arguments"] if first is not None and first["name"] == block.name else None
-            if arguments is not None and isinstance(block.preview, _JsonArguments) and block.preview.complete \
+            if arguments is not None and block.preview is not None and block.preview.complete \
                     and _same_json(sent, arguments):
                 self._finish(block, sent, _is_object(sent), out)  # the model's own JSON, as the parse reads it
             elif arguments is not None and arguments.startswith(sent):

@@ -1,10 +1,17 @@
 """The arguments of a call in an XML-like tool-call format, sent as JSON while the model writes them.
 
-Three of mlx-lm's formats write each argument between tags of their own::
+Six of mlx-lm's formats write each argument between tags of their own::
 
     qwen3_coder (Qwen3-Coder, Qwen3.5, Qwen3-Next)   <parameter=city>\\nParis\\n</parameter>
-    glm47 (GLM-4.5 to 4.7)                           <arg_key>city</arg_key><arg_value>Paris</arg_value>
+    glm47 (GLM-4.5 to 4.7, Laguna)                   <arg_key>city</arg_key><arg_value>Paris</arg_value>
+    longcat (LongCat)                                <longcat_arg_key>city</longcat_arg_key><longcat_arg_value>...
     minimax_m2 (MiniMax-M2)                          <parameter name="city">Paris</parameter>
+    minicpm5 (MiniCPM5)                              <param name="city"><![CDATA[Paris]]></param>
+    kimi_k3 (Kimi K3's XTML)                         <|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>
+
+Kimi K3 may instead carry the arguments as one JSON object (``<|open|>json ...<|sep|>{...}``): that
+object goes out as the model writes it, read by the JSON reader the caller gives (tools'
+``_JsonArguments``), and the parse compares it by value.
 
 mlx-lm's parsers (``mlx_lm.tool_parsers.<format>``) read a whole block and type each value
 from the tool's schema. A `TaggedArguments` reads the block as it comes and hands out the
@@ -22,16 +29,28 @@ call cut short is not.
 from __future__ import annotations
 
 import abc
+import functools
 import importlib
 import json
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 _LONGEST_NAME = 256
 # Texts a string parameter keeps as they are; a converter that changes any of them types the
 # parameter otherwise (a number, a boolean, JSON, a Python literal), so it is not streamed.
 _STRING_PROBES = ("12", "-1.5", "1e3", "true", "False", "0", "yes", "off", "{}", "[1]", "'a'", "(1,)", "x y")
 _NONE_WORDS = ("null", "none", "nil")  # any case: the words a parser may read as None
+
+
+class ObjectReader(Protocol):
+    """A reader of a JSON object's text as the model writes it (tools' ``_JsonArguments``)."""
+
+    sent: str
+    complete: bool  # the object has ended
+
+    def feed(self, text: str) -> str:
+        """Read more text; the part of it that is the object's, to send."""
 
 
 class TaggedArguments(abc.ABC):
@@ -41,11 +60,14 @@ class TaggedArguments(abc.ABC):
     OPEN: str  # a parameter's opening tag, before its name
     CLOSE: str  # the tag ending its value
     STOP: str | None = None  # a tag ending the call (its parameters after it are not the call's)
-    STRIPPED = True  # the parser strips a value's whitespace (False: one newline at each end)
+    # How the parser trims a value: "strip" its whitespace, one "newline" at each end, or "none".
+    TRIM = "strip"
     PARSER_NEEDS: tuple[str, ...] = ()  # the parser module's private names this reader uses
 
-    def __init__(self, name: str, tools: list[dict] | None, parser: ModuleType) -> None:
+    def __init__(self, name: str, tools: list[dict] | None, parser: ModuleType,
+                 json_object: Callable[[], ObjectReader] | None = None) -> None:
         self._parser = parser
+        self._json_object = json_object
         self._config = self._configure(name, tools)
         self._text = ""
         self._at = 0  # where reading resumes in _text
@@ -67,12 +89,13 @@ class TaggedArguments(abc.ABC):
         self._longest_end = max(map(len, self._ends))
 
     @classmethod
-    def for_call(cls, name: str, tools: list[dict] | None) -> TaggedArguments | None:
+    def for_call(cls, name: str, tools: list[dict] | None,
+                 json_object: Callable[[], ObjectReader] | None = None) -> TaggedArguments | None:
         parser = _parser(cls.FORMAT, cls.PARSER_NEEDS)
         if parser is None:
             return None
         try:
-            return cls(name, tools, parser)
+            return cls(name, tools, parser, json_object)
         except Exception:  # noqa: BLE001 - the parser cannot read these tools (a schema of `true`): the parse decides
             return None
 
@@ -80,6 +103,12 @@ class TaggedArguments(abc.ABC):
     def sent(self) -> str:
         """The JSON text handed out."""
         return "".join(self._sent)
+
+    @property
+    def complete(self) -> bool:
+        """Whether what was sent is a whole JSON object as the model wrote it (to be compared
+        with the parse by value); the tagged parameters' closing brace is the parse's."""
+        return False
 
     def feed(self, text: str) -> str:
         """Read more of the call's text; the JSON text it adds to what was sent."""
@@ -170,6 +199,8 @@ class TaggedArguments(abc.ABC):
             self._frozen = True
             return False
         if close >= 0:
+            if self._is_string(self._key):
+                self._stream(close)  # as a cut before the tag would have: the same whatever the cuts
             self._end_value(close)
             self._at, self._state, self._opened = close + len(self.CLOSE), "between", False
             return True
@@ -178,13 +209,16 @@ class TaggedArguments(abc.ABC):
             self._stream()
         return False
 
-    def _trimmed(self, start: int, close: int) -> tuple[int, int]:
+    def _trimmed(self, start: int, close: int) -> tuple[int, int] | None:
         """Where the value's text, trimmed as the parser trims it, begins and ends, from `start`
-        (its start, or where its unsent characters begin) to its closing tag at `close`."""
+        (its start, or where its unsent characters begin) to its closing tag at `close` (None:
+        the parser does not read it as it was streamed)."""
         raw = self._text[start:close]
-        if self.STRIPPED:
+        if self.TRIM == "strip":
             lead = 0 if self._opened else len(raw) - len(raw.lstrip())
             return start + lead, max(start + lead, start + len(raw.rstrip()))
+        if self.TRIM == "none":
+            return start, close
         start += not self._opened and raw.startswith("\n")
         return start, close - (close > start and raw.endswith("\n"))
 
@@ -196,8 +230,11 @@ class TaggedArguments(abc.ABC):
         text = self._text
         # Characters after `limit` may begin a closing tag.
         limit = end if end is not None else len(text) - self._tag_start()
-        if not self.STRIPPED:
+        if self.TRIM != "strip":
             self._scan = max(self._scan, limit)
+            if self.TRIM == "none":
+                start = self._streamed if self._opened else self._value_start
+                return start, max(start, limit)
             if self._opened:
                 start = self._streamed
             elif limit <= self._value_start:
@@ -262,7 +299,11 @@ class TaggedArguments(abc.ABC):
     def _end_value(self, close: int) -> None:
         """Send the rest of the value closed at `close`: a string's last characters, else the
         parser's value for the whole text."""
-        start, end = self._trimmed(self._streamed if self._opened else self._value_start, close)
+        bounds = self._trimmed(self._streamed if self._opened else self._value_start, close)
+        if bounds is None:  # the parser reads the value otherwise than it was streamed
+            self._frozen = True
+            return
+        start, end = bounds
         if self._opened:
             self._send(_escaped(self._text[start:end]) + '"')
             return
@@ -279,7 +320,7 @@ class Qwen3CoderArguments(TaggedArguments):
     """``<parameter=NAME>\\nVALUE\\n</parameter>``, typed by mlx-lm's ``_convert_param_value``."""
 
     FORMAT = "qwen3_coder"
-    OPEN, CLOSE, STRIPPED = "<parameter=", "</parameter>", False
+    OPEN, CLOSE, TRIM = "<parameter=", "</parameter>", "newline"
     PARSER_NEEDS = ("_convert_param_value", "_get_arguments_config", "_name_regex")
 
     def _configure(self, name, tools):
@@ -360,14 +401,180 @@ class MiniMaxArguments(TaggedArguments):
         return self._parser._extract_name(raw), end + 1
 
 
-_READERS = {reader.FORMAT: reader for reader in (Qwen3CoderArguments, Glm47Arguments, MiniMaxArguments)}
+class LongCatArguments(Glm47Arguments):
+    """GLM's shape with LongCat's tags, ``<longcat_arg_key>NAME</longcat_arg_key><longcat_arg_value>
+    VALUE</longcat_arg_value>``: a declared string kept (mlx-lm's ``_is_string_type``), any other
+    value read by its ``_deserialize``."""
+
+    FORMAT = "longcat"
+    OPEN, CLOSE = "<longcat_arg_key>", "</longcat_arg_value>"
+    KEY_END, VALUE_OPEN = "</longcat_arg_key>", "<longcat_arg_value>"
+    PARSER_NEEDS = ("_is_string_type", "_deserialize")
+
+    def _configure(self, name, tools):
+        return name, tools
+
+    def _convert(self, value, key):
+        name, tools = self._config
+        return value if self._parser._is_string_type(name, key, tools) else self._parser._deserialize(value)
 
 
-def arguments_reader(format_name: str, name: str, tools: list[dict] | None) -> TaggedArguments | None:
+class MiniCpm5Arguments(MiniMaxArguments):
+    """``<param name="NAME">VALUE</param>``, the value wrapped in ``<![CDATA[...]]>`` where it holds
+    ``<``, ``&`` or newlines (kept as written inside, else stripped: mlx-lm's ``_param_value``),
+    typed as MiniMax's are (mlx-lm's minicpm5 imports that converter). Each call is a block of
+    its own (``<function name=...>``), so nothing inside one ends the call."""
+
+    FORMAT = "minicpm5"
+    OPEN, CLOSE, STOP = "<param", "</param>", None
+    CDATA_OPEN, CDATA_CLOSE = "<![CDATA[", "]]>"
+    PARSER_NEEDS = ("_param_regex", "_cdata_regex", "_extract_name", "_convert_param_value_with_types",
+                    "_get_param_types_from_config")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._head = _head_regex(self._parser._param_regex, "(?P<value>")
+        self._cdata: bool | None = None  # whether the value being streamed is CDATA (None: not known yet)
+
+    def _name_at(self, at):
+        # The parser's own regex up to the value, matched where it may still be cut short.
+        start = at - len(self.OPEN)
+        window = self._text[start:start + _LONGEST_NAME]
+        named = self._head.match(window, partial=True)
+        if named is None:
+            return False
+        if named.partial:
+            return False if len(window) == _LONGEST_NAME else None
+        self._cdata = None
+        return self._parser._extract_name(named.group("name")), start + named.end()
+
+    def _unfinished(self, end=None):
+        bounds = super()._unfinished(end)  # stripped, as a value without CDATA is
+        if bounds is None or self._cdata is False:
+            return bounds
+        start, ready = bounds  # from its first character that is not whitespace
+        text = self._text
+        if self._cdata is None:
+            head = text[start:ready]
+            if len(head) < len(self.CDATA_OPEN) and self.CDATA_OPEN.startswith(head):
+                return None  # CDATA or not, its first characters say
+            self._cdata = text.startswith(self.CDATA_OPEN, start)
+            if not self._cdata:
+                return bounds
+        start += len(self.CDATA_OPEN)
+        # The end's "]]>" (the whitespace after it is held already) may be being written;
+        # what was sent is never its end.
+        floor = self._streamed if self._opened else start
+        for n in range(len(self.CDATA_CLOSE), 0, -1):
+            if text.endswith(self.CDATA_CLOSE[:n], floor, ready):
+                ready -= n
+                break
+        return start, max(floor, ready)
+
+    def _trimmed(self, start, close):
+        if not self._opened:  # read whole: the parser's own reading of it
+            cdata = self._parser._cdata_regex.match(self._text[start:close])
+            return (start + cdata.start(1), start + cdata.end(1)) if cdata is not None \
+                else super()._trimmed(start, close)
+        if not self._cdata:
+            return super()._trimmed(start, close)
+        end = start + len(self._text[start:close].rstrip())
+        if not self._text.endswith(self.CDATA_CLOSE, start, end):
+            return None  # the CDATA never closed: the parser keeps the whole text, its opening too
+        return start, end - len(self.CDATA_CLOSE)
+
+
+class KimiK3Arguments(TaggedArguments):
+    """Kimi K3's XTML, ``<|open|>argument key="NAME" type="TYPE"<|sep|>VALUE<|close|>argument<|sep|>``
+    inside ``<|open|>call ...<|sep|>...<|close|>call<|sep|>``: the value kept as written, typed by
+    mlx-lm's ``_decode_value`` from the type the model wrote (the schema is not read). Or the
+    arguments as one JSON object, ``<|open|>json type="object"<|sep|>{...}<|close|>json<|sep|>``,
+    which the parser takes over any argument: streamed by the JSON reader the caller gives."""
+
+    FORMAT = "kimi_k3"
+    OPEN, CLOSE, STOP, TRIM = "<|open|>", "<|close|>argument<|sep|>", "<|close|>call<|sep|>", "none"
+    SEP, ARGUMENT, JSON = "<|sep|>", "argument", "json"  # what follows OPEN: an argument, or the object
+    PARSER_NEEDS = ("_parse_attrs", "_decode_value")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._object: ObjectReader | None = None  # the arguments' JSON object, once its block opened
+
+    @property
+    def complete(self) -> bool:
+        return self._object is not None and self._object.complete
+
+    def _configure(self, name, tools):
+        return {}  # each argument's type as the model wrote it, filled as they come
+
+    def _convert(self, value, key):
+        return self._parser._decode_value(value, self._config[key])
+
+    def _step(self):
+        if self._object is not None:
+            self._send(self._object.feed(self._text[self._at:]))
+            self._at = len(self._text)
+            return False
+        if self._state == "name" and self._text.startswith(self.JSON, self._at):
+            return self._open_object()
+        return super()._step()
+
+    def _open_object(self) -> bool:
+        at = self._at + len(self.JSON)
+        sep = self._attributes_end(at)
+        if sep is None or sep is False:
+            self._frozen = sep is False
+            return False
+        if self._sent or self._json_object is None:
+            self._frozen = True  # the parse takes the object, not the arguments sent before it
+            return False
+        self._object, self._at = self._json_object(), sep + len(self.SEP)
+        return True
+
+    def _name_at(self, at):
+        text = self._text
+        if not text.startswith(self.ARGUMENT, at):
+            cut = any(len(text) - at < len(tag) and tag.startswith(text[at:]) for tag in (self.ARGUMENT, self.JSON))
+            return None if cut else False  # another block: the parser skips it
+        start = at + len(self.ARGUMENT)
+        sep = self._attributes_end(start)
+        if sep is None or sep is False:
+            return sep
+        attributes = self._parser._parse_attrs(text[start:sep])
+        if "key" not in attributes:
+            return False  # the parser drops the whole call
+        self._config[attributes["key"]] = attributes.get("type", "string")  # the parser's default
+        return attributes["key"], sep + len(self.SEP)
+
+    def _attributes_end(self, at: int) -> int | None | bool:
+        """Where a block's attributes, written from `at`, end (at its <|sep|>); None: not yet
+        known; False: none the parser reads in this call."""
+        sep = self._text.find(self.SEP, at, at + _LONGEST_NAME + len(self.SEP))
+        if sep < 0:
+            return False if len(self._text) - at >= _LONGEST_NAME + len(self.SEP) else None
+        return False if self.STOP in self._text[at:sep + len(self.SEP)] else sep
+
+
+_READERS = {reader.FORMAT: reader for reader in (Qwen3CoderArguments, Glm47Arguments, MiniMaxArguments,
+                                                 LongCatArguments, MiniCpm5Arguments, KimiK3Arguments)}
+
+
+def arguments_reader(format_name: str, name: str, tools: list[dict] | None,
+                     json_object: Callable[[], ObjectReader] | None = None) -> TaggedArguments | None:
     """A reader of call `name`'s arguments in mlx-lm's format `format_name` (None: the format
-    has none, or its parser lacks what the reader uses)."""
+    has none, or its parser lacks what the reader uses); `json_object` reads arguments that a
+    format writes as one JSON object (Kimi K3's may)."""
     reader = _READERS.get(format_name)
-    return None if reader is None else reader.for_call(name, tools)
+    return None if reader is None else reader.for_call(name, tools, json_object)
+
+
+@functools.cache
+def _head_regex(pattern: Any, up_to: str) -> Any:
+    """The start of a parser's regex, up to the group `up_to` (its value), compiled alike by the
+    regex module (mlx-lm's), whose matches may be partial."""
+    import regex
+
+    return regex.compile(pattern.pattern[:pattern.pattern.index(up_to)], pattern.flags)
 
 
 def _parser(format_name: str, needed: tuple[str, ...]) -> ModuleType | None:

@@ -671,37 +671,17 @@ async def test_a_grammar_that_fails_fails_its_request_only(smollm2_tokenizer):
 
 # ---- the format of a model mlx-lm loaded --------------------------------------
 
-def _loaded_tokenizer(folder, gguf_tokenizer, template: str, config=None, tokens=()):
-    """SmolLM2's tokenizer saved in `folder` with `template`, `config` added to its
-    tokenizer_config and `tokens` to its vocabulary, as mlx-lm's loader reads it back (a
-    TokenizerWrapper whose tool parser that loader chose)."""
-    from pathlib import Path
-
-    from mlx_lm.tokenizer_utils import load
-
-    from emlx_async.llm.save import hf_tokenizer
-
-    hf = hf_tokenizer(gguf_tokenizer, eos_ids={2}, bos_id=None, chat_template=template)
-    if tokens:
-        hf.add_special_tokens({"additional_special_tokens": list(tokens)})
-    hf.save_pretrained(folder)
-    path = Path(folder) / "tokenizer_config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **(config or {})}))
-    return load(Path(folder))
-
-
 # Renders the tools, names no format: mlx-lm's template inference finds none.
 PLAIN_TOOLS = "{% for t in tools %}{{ t | tojson }}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}"
-XTML = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")  # Kimi K3's vocabulary marks
 
 
 @pytest.mark.parametrize("template, config, tokens, name, start", [
     # The checkpoint's tool_parser_type beats the template; laguna's parser is glm47's.
     (PLAIN_TOOLS, {"tool_parser_type": "laguna"}, (), "glm47", "<tool_call>"),
     (TOOL_TEMPLATE, {"tool_parser_type": "minimax_m2"}, (), "minimax_m2", "<minimax:tool_call>"),
-    # Without one, the vocabulary: LFM2.5's call tokens, Kimi K3's XTML.
+    # Without one, the vocabulary: LFM2.5's call tokens, Kimi K3's XTML ("xtml": support.tiny_models.XTML).
     (PLAIN_TOOLS, None, ("<|tool_call_start|>", "<|tool_call_end|>"), "pythonic", "<|tool_call_start|>"),
-    (PLAIN_TOOLS, None, XTML, "kimi_k3", "<|open|>tools<|sep|>"),
+    (PLAIN_TOOLS, None, "xtml", "kimi_k3", "<|open|>tools<|sep|>"),
     (PLAIN_TOOLS, None, (), "json_tools", "<tool_call>"),  # nothing named: Hermes
     # A template that does not render tools: the fallback block's Hermes calls, whatever the checkpoint says.
     ("{% for m in messages %}{{ m.content }}{% endfor %}", {"tool_parser_type": "glm47"}, (), "json_tools",
@@ -709,8 +689,10 @@ XTML = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")  # Kimi K3's vocab
 ], ids=["laguna", "config_over_template", "lfm_vocab", "xtml_vocab", "none_named", "template_without_tools"])
 def test_the_call_format_is_the_one_mlx_lms_loader_chose_for_the_model(smollm2_tokenizer, tmp_path, template, config,
                                                                          tokens, name, start):
+    from support.tiny_models import XTML, loaded_tokenizer
+
     gguf_tokenizer, _ = smollm2_tokenizer
-    loaded = _loaded_tokenizer(tmp_path, gguf_tokenizer, template, config, tokens)
+    loaded = loaded_tokenizer(tmp_path, gguf_tokenizer, template, config, XTML if tokens == "xtml" else tokens)
     chosen = ToolCallFormat.for_model(loaded, template)
     assert (chosen.name, chosen.start) == (name, start)
     # A GGUF's tokenizer has no loader's choice: the template's text decides.
@@ -725,8 +707,10 @@ async def test_the_service_reads_calls_in_the_format_the_checkpoint_names(smollm
     """A Laguna checkpoint (tool_parser_type "laguna", a template that shows no format) writes
     GLM's calls: the service reads them with glm47's parser and streams their arguments."""
     pytest.importorskip("openai")
+    from support.tiny_models import loaded_tokenizer
+
     gguf_tokenizer, _ = smollm2_tokenizer
-    loaded = _loaded_tokenizer(tmp_path, gguf_tokenizer, TOOL_TEMPLATE, {"tool_parser_type": "laguna"})
+    loaded = loaded_tokenizer(tmp_path, gguf_tokenizer, TOOL_TEMPLATE, {"tool_parser_type": "laguna"})
     pieces = [GLM_CALL[i:i + 3] for i in range(0, len(GLM_CALL), 3)]
     ask = dict(model="SmolLM2-135M-Instruct", messages=USER, tools=[WEATHER], max_tokens=100)
     async with _scripted_client(loaded, TOOL_TEMPLATE, pieces) as client:

@@ -1,5 +1,6 @@
 """The XML-like tool-call formats stream their arguments as JSON (serve/xml_arguments.py, driven
-by serve/tools.py's OutputSplitter): Qwen3-Coder's, GLM-4.7's and MiniMax-M2's. What goes out
+by serve/tools.py's OutputSplitter): Qwen3-Coder's, GLM-4.7's, LongCat's, MiniMax-M2's, MiniCPM5's
+and Kimi K3's. What goes out
 while the model writes is always the start of the JSON mlx-lm's parser makes of the whole block,
 and the pieces joined are the call's final arguments, however the text is cut."""
 
@@ -30,7 +31,7 @@ class Format:
     """One of mlx-lm's XML-like formats: how its model writes a block, and its parser."""
 
     name: str
-    parameter: str  # a parameter as the format writes it, {k} and {v}
+    parameter: str  # a parameter as the format writes it, {k} and {v} (and {t}, its type, where it says one)
     call: str  # the block between its markers, {name} and {body}
     tags: tuple[str, ...]  # the format's own tags, which a value holding them confuses
 
@@ -45,7 +46,7 @@ class Format:
 
     def block(self, parameters: list[tuple[str, str]], function: str = "get_weather", junk=None) -> str:
         junk = junk or [""] * len(parameters)
-        body = "".join(self.parameter.format(k=k, v=v) + j for (k, v), j in zip(parameters, junk))
+        body = "".join(self.parameter.format(k=k, v=v, t=_written_type(k)) + j for (k, v), j in zip(parameters, junk))
         p = self.parser
         return p.tool_call_start + self.call.format(name=function, body=body) + p.tool_call_end
 
@@ -60,6 +61,12 @@ class Format:
         return (parsed[0] if isinstance(parsed, list) else parsed)["arguments"]  # the first call's
 
 
+def _written_type(key: str) -> str:
+    """A parameter's type as a model that writes types (Kimi K3) writes it: the schema's, else "string"."""
+    written = PROPERTIES.get(key, {}).get("type", "string")
+    return written if isinstance(written, str) else written[0]
+
+
 FORMATS = {f.name: f for f in (
     Format("qwen3_coder", "<parameter={k}>\n{v}\n</parameter>\n", "\n<function={name}>\n{body}</function>\n",
            ("<function=", "</function>", "<parameter=", "</parameter>")),
@@ -67,7 +74,16 @@ FORMATS = {f.name: f for f in (
            ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")),
     Format("minimax_m2", '<parameter name="{k}">{v}</parameter>\n', '\n<invoke name="{name}">\n{body}</invoke>\n',
            ("<invoke name=", "</invoke>", "<parameter name=", "</parameter>")),
+    Format("longcat", "<longcat_arg_key>{k}</longcat_arg_key>\n<longcat_arg_value>{v}</longcat_arg_value>\n",
+           "{name}\n{body}", ("<longcat_arg_key>", "</longcat_arg_key>", "<longcat_arg_value>", "</longcat_arg_value>")),
+    Format("minicpm5", '<param name="{k}">{v}</param>', '"{name}">{body}',
+           ("<function name=", "</function>", "<![CDATA[", "]]>", "<param name=", "</param>")),
+    Format("kimi_k3", '<|open|>argument key="{k}" type="{t}"<|sep|>{v}<|close|>argument<|sep|>\n',
+           '\n<|open|>call tool="{name}" index="1"<|sep|>\n{body}<|close|>call<|sep|>\n',
+           ("<|open|>call", "<|close|>call<|sep|>", "<|open|>json", "<|close|>json<|sep|>", "<|open|>argument",
+            "<|close|>argument<|sep|>")),
 )}
+KEEPS_WHITESPACE = ("qwen3_coder", "kimi_k3")  # whose parsers strip no value (qwen3_coder: but one newline)
 each_format = pytest.mark.parametrize("fmt", list(FORMATS.values()), ids=list(FORMATS))
 
 
@@ -115,12 +131,12 @@ def test_a_string_streams_as_it_is_written_and_other_values_at_their_end(fmt):
 
 @each_format
 def test_whitespace_the_parser_trims_is_held_until_more_follows(fmt):
-    """GLM's and MiniMax's parsers strip a value; Qwen3-Coder's drops one newline at each end."""
+    """Most parsers strip a value; Qwen3-Coder's drops one newline at each end, Kimi K3's keeps it all."""
     text = fmt.block([("city", "  New   York \n ")])
     splitter = OutputSplitter(tool_format=fmt.tool_format, tools=[WEATHER])
     cut = text.index("York") + 4 + 3
     sent = "".join(_sent(splitter.feed(ch).parts) for ch in text[:cut])
-    early = "  New   York \\n " if fmt.name == "qwen3_coder" else "New   York"  # JSON-escaped
+    early = "  New   York \\n " if fmt.name in KEEPS_WHITESPACE else "New   York"  # JSON-escaped
     assert sent == '{"city": "' + early
     if fmt.name == "qwen3_coder":  # the newline before </parameter> may be the one it drops
         newline = text.index("York \n \n") + 7
@@ -133,8 +149,9 @@ def test_whitespace_the_parser_trims_is_held_until_more_follows(fmt):
 # The words each parser reads as None in a string parameter ("city") and, in MiniMax's, one
 # that may be null ("note": the others do not read its type list as a string); any other text
 # stays the string.
-NONE_WORDS = {"qwen3_coder": {"city": {"null"}}, "glm47": {"city": set()},
-              "minimax_m2": {"city": {"null"}, "note": {"null", "none", "nil"}}}
+NONE_WORDS = {"qwen3_coder": {"city": {"null"}}, "glm47": {"city": set()}, "longcat": {"city": set()},
+              "minimax_m2": {"city": {"null"}, "note": {"null", "none", "nil"}},
+              "minicpm5": {"city": {"null"}, "note": {"null", "none", "nil"}}, "kimi_k3": {"city": set()}}
 
 
 @each_format
@@ -253,7 +270,7 @@ def test_whatever_the_model_writes_what_was_sent_is_the_parse_or_the_call_is_not
 
 
 def test_other_whole_block_formats_have_no_preview():
-    for name in ("pythonic", "gemma4", "minicpm5"):
+    for name in ("pythonic", "gemma4"):
         module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
         call_format = ToolCallFormat(module.tool_call_start, module.tool_call_end, module.parse_tool_call, name)
         assert call_format.preview("get_weather", [WEATHER]) is None
@@ -353,3 +370,110 @@ def test_glm_tags_are_apart_only_by_what_its_parser_reads_as_whitespace():
         text = f"<tool_call>get_weather\n<arg_key>city</arg_key>{sep}<arg_value>Paris</arg_value>\n</tool_call>"
         for size in (1, len(text)):
             assert _calls(fmt, text, [WEATHER], size) == [("get_weather", want, True)]
+
+
+def test_a_minicpm5_cdata_value_streams_what_is_inside_it():
+    """MiniCPM5 wraps a value holding "<", "&" or newlines in CDATA: the text inside goes out as it
+    is written (its whitespace kept), a "]]>" held until what follows shows it is not the end."""
+    fmt = FORMATS["minicpm5"]
+    text = fmt.block([("city", "<![CDATA[ a <b> & ]]x\n]]> "), ("days", "<![CDATA[3]]>")])
+    splitter = OutputSplitter(tool_format=fmt.tool_format, tools=[WEATHER])
+    sent_at, sent = {}, ""
+    for end in range(1, len(text) + 1):
+        sent += _sent(splitter.feed(text[end - 1]).parts)
+        sent_at[end] = sent
+    at = text.index
+    assert sent_at[at("<b>") + 3] == '{"city": " a <b>'
+    assert sent_at[at("]]x") + 2] == '{"city": " a <b> & '  # "]]" may begin the end
+    assert sent_at[at("]]x") + 3] == '{"city": " a <b> & ]]x'
+    assert sent_at[at("</param>")] == '{"city": " a <b> & ]]x\\n'  # "]]> " held: it may be the end
+    assert sent + _sent(splitter.flush().parts) == json.dumps(fmt.parsed(text)) == '{"city": " a <b> & ]]x\\n", "days": 3}'
+
+
+def test_a_minicpm5_cdata_that_never_closes_is_not_valid_however_cut():
+    """The parser then keeps the whole text, "<![CDATA[" too, which the characters streamed
+    cannot become: what was sent stays, the same for every cut."""
+    fmt = FORMATS["minicpm5"]
+    text = fmt.block([("city", "<![CDATA[Paris")])
+    for size in (1, 4, len(text)):
+        [(_, arguments, valid)] = _calls(fmt, text, [WEATHER], size)
+        assert (arguments, valid) == ('{"city": "Paris', False)
+
+
+def test_minicpm5_calls_each_in_their_own_block_all_stream():
+    fmt = FORMATS["minicpm5"]
+    text = fmt.block([("city", "Paris")]) + "\n" + fmt.block([("city", "Rome"), ("days", "2")])
+    parts, splitter = _run(fmt, text, 1)
+    assert [c["function"]["arguments"] for c in splitter.tool_calls] == ['{"city": "Paris"}',
+                                                                         '{"city": "Rome", "days": 2}']
+    assert all(p.valid for p in parts if isinstance(p, CallEnd))
+    for index in (0, 1):
+        assert len([p for p in parts if isinstance(p, CallArguments) and p.index == index]) > 3
+
+
+def _kimi_k3(*calls: str) -> str:
+    fmt = FORMATS["kimi_k3"]
+    body = "".join(f'<|open|>call tool="get_weather" index="{i}"<|sep|>{c}<|close|>call<|sep|>'
+                   for i, c in enumerate(calls))
+    return fmt.parser.tool_call_start + body + fmt.parser.tool_call_end
+
+
+def _kimi_k3_argument(key: str, value: str, kind: str | None = "string") -> str:
+    written = "" if kind is None else f' type="{kind}"'
+    return f'<|open|>argument key="{key}"{written}<|sep|>{value}<|close|>argument<|sep|>'
+
+
+def test_kimi_k3_types_each_value_as_the_model_wrote_its_type():
+    """Kimi K3's parser reads the type the model wrote, not the schema's (no type: a string)."""
+    fmt = FORMATS["kimi_k3"]
+    text = _kimi_k3(_kimi_k3_argument("days", "3", "string") + _kimi_k3_argument("city", "7", "integer")
+                    + _kimi_k3_argument("note", "[1, 2]", None) + _kimi_k3_argument("ratio", "x", "number"))
+    for size in (1, 3, len(text)):
+        [(_, arguments, valid)] = _calls(fmt, text, [WEATHER], size)
+        assert arguments == '{"days": "3", "city": 7, "note": "[1, 2]", "ratio": "x"}' and valid
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_kimi_k3_json_arguments_stream_as_the_model_writes_them(size):
+    """A JSON block's object goes out as written (its spacing too), the parse compared by value;
+    the block's other calls come whole from the parse."""
+    fmt = FORMATS["kimi_k3"]
+    own = '{"city":"Paris, \\"la\\" {Ville}","days":3}'
+    text = _kimi_k3(f'\n<|open|>json type="object"<|sep|> {own}\n<|close|>json<|sep|>\n',
+                    '<|open|>json<|sep|>{"city": "Rome"}<|close|>json<|sep|>')
+    parts, splitter = _run(fmt, text, size)
+    assert [c["function"]["arguments"] for c in splitter.tool_calls] == [own, '{"city": "Rome"}']
+    assert all(p.valid for p in parts if isinstance(p, CallEnd))
+    first = [p.text for p in parts if isinstance(p, CallArguments) and p.index == 0]
+    assert "".join(first) == own and (size > 1 or len(first) > 10)
+
+
+def test_kimi_k3_arguments_before_a_json_block_are_not_the_call():
+    """The parser takes a JSON block over the arguments: those sent before it make the call not valid."""
+    fmt = FORMATS["kimi_k3"]
+    text = _kimi_k3(_kimi_k3_argument("city", "Paris") + '<|open|>json<|sep|>{"days": 2}<|close|>json<|sep|>')
+    for size in (1, len(text)):
+        [(_, arguments, valid)] = _calls(fmt, text, [WEATHER], size)
+        assert (arguments, valid) == ('{"city": "Paris"', False)
+        assert fmt.parsed(text) == {"days": 2}
+
+
+@pytest.mark.parametrize("value", ["<![CDATA[" + "x" * 1_000_000 + "]]" * 1000 + "]]>", "y" * 1_000_000])
+def test_a_long_minicpm5_value_streams_in_linear_time(value):
+    fmt = FORMATS["minicpm5"]
+    text = fmt.block([("city", value)])
+    start = time.perf_counter()
+    parts, splitter = _run(fmt, text, 4)
+    assert time.perf_counter() - start < 10.0  # quadratic: hours
+    assert splitter.tool_calls[0]["function"]["arguments"] == json.dumps(fmt.parsed(text))
+
+
+def test_a_long_kimi_k3_json_object_streams_in_linear_time():
+    fmt = FORMATS["kimi_k3"]
+    own = json.dumps({"city": "x" * 1_000_000})
+    text = _kimi_k3(f"<|open|>json<|sep|>{own}<|close|>json<|sep|>")
+    start = time.perf_counter()
+    parts, splitter = _run(fmt, text, 4)
+    assert time.perf_counter() - start < 10.0
+    assert splitter.tool_calls[0]["function"]["arguments"] == own
+    assert len([p for p in parts if isinstance(p, CallArguments)]) > 200_000  # streamed, a piece per feed

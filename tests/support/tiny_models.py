@@ -280,6 +280,29 @@ def tiny_model_folder(path, chat_template: str, kind: str = "llama"):
     return path
 
 
+def loaded_tokenizer(folder, tokenizer, chat_template: str, config: dict | None = None, tokens=()):
+    """`tokenizer` (a GGUF's, SmolLM2's) saved in `folder` with `chat_template`, `config` added
+    to its tokenizer_config and `tokens` to its vocabulary, as mlx-lm's loader reads it back: a
+    TokenizerWrapper, with the tool parser that loader chose for it."""
+    import json
+    from pathlib import Path
+
+    from mlx_lm.tokenizer_utils import load
+
+    from emlx_async.llm.save import hf_tokenizer
+
+    hf = hf_tokenizer(tokenizer, eos_ids={2}, bos_id=None, chat_template=chat_template)
+    if tokens:
+        hf.add_special_tokens({"additional_special_tokens": list(tokens)})
+    hf.save_pretrained(folder)
+    path = Path(folder) / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **(config or {})}))
+    return load(Path(folder))
+
+
+XTML = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")  # Kimi K3's vocabulary marks, which name its format
+
+
 def smollm2_vocab_llama():
     """A random llama with SmolLM2's vocabulary: a fast step, meaningless logits (for grammar tests
     that need the real tokenizer, not a meaningful model)."""
