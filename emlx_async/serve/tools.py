@@ -205,6 +205,13 @@ class ToolCallFormat:
             return _JsonArguments()
         return arguments_reader(self.name, name, tools, json_object=_JsonArguments)
 
+    @property
+    def cut_block_calls_whole(self) -> bool:
+        """Whether the parse of a block cut short (max_tokens) holds, after its first call (the
+        head's), only calls whose end was written, so that those are sent; another format's cut
+        block sends only its head's call."""
+        return self.name in _CUT_BLOCK_CALLS_WHOLE
+
     def scanner(self) -> _StreamedCall | _HeaderCall | None:
         """A reader of one call as it streams (None: the format does not stream)."""
         if self.name == "mistral":
@@ -269,6 +276,14 @@ _FIRST_NAMES = {name: re.compile(pattern) for name, pattern in {
     "function_gemma": r"^\s*call:(\w+)\{",
     "pythonic": r"^\s*\[([A-Za-z_][\w.]*)\(",
 }.items()}
+
+
+# Formats whose parser reads a call of several in a block only up to that call's end (mlx-lm's
+# regexes: minimax_m2's <invoke ...</invoke>, kimi_k2's <|tool_call_begin|>...<|tool_call_end|>,
+# kimi_k3's <|open|>call...<|close|>call<|sep|>, gemma4's balanced braces). Kimi K2's reads a cut
+# call only where no call ended, as the block's one call (named "<|tool_call_begin|>functions.NAME",
+# which is not the head's: that call is not valid).
+_CUT_BLOCK_CALLS_WHOLE = ("minimax_m2", "kimi_k2", "kimi_k3", "gemma4")
 
 
 def _parse_bare_json(text: str, tools: list[dict] | None) -> dict:
@@ -1216,7 +1231,7 @@ class OutputSplitter:
                 self._finish(block, arguments, _is_object(arguments), out)
             else:  # sent is sent: a call with what was sent of its arguments, not valid
                 self._finish(block, sent, False, out)
-            if complete:  # a cut block's parse is no call list (kimi_k2's reads its name wrong)
+            if complete or self._format.cut_block_calls_whole:
                 self._whole_calls(calls, out)
             return
         if block.index is not None:  # its head was sent: a call, whole or not

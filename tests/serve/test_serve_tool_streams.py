@@ -477,7 +477,7 @@ def _mlx_lm_format(name: str) -> ToolCallFormat:
     return ToolCallFormat(module.tool_call_start, module.tool_call_end, module.parse_tool_call, name)
 
 
-def test_early_heads_name_only_what_the_parser_reads_and_a_cut_block_gives_one_call():
+def test_early_heads_name_only_what_the_parser_reads_and_a_cut_block_gives_its_whole_calls():
     # A name the parser refuses (gemma4's are [\w-]+): no head, the block stays text, as before.
     text = "<|tool_call>call:ns.lookup{a:1}<tool_call|>"
     splitter = OutputSplitter(tool_format=_mlx_lm_format("gemma4"), tools=[WEATHER])
@@ -489,6 +489,19 @@ def test_early_heads_name_only_what_the_parser_reads_and_a_cut_block_gives_one_c
     splitter = OutputSplitter(tool_format=_mlx_lm_format("kimi_k2"), tools=[WEATHER])
     _parts(splitter, _cuts(cut, 4))
     assert [c["function"]["name"] for c in splitter.tool_calls] == ["get_weather"]
+    # Cut in its third call: the two whole ones are the calls, the cut one none.
+    cut = _kimi('{"city": "Paris"}', '{"city": "Rome"}', '{"city": "Lyon"}')
+    cut = cut[:cut.index("Lyon")]
+    for size in (1, 4, len(cut)):
+        splitter = OutputSplitter(tool_format=_mlx_lm_format("kimi_k2"), tools=[WEATHER])
+        parts = _parts(splitter, _cuts(cut, size))
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in splitter.tool_calls] == \
+            [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Rome"}')]
+        assert [p.valid for p in parts if isinstance(p, CallEnd)] == [True, True]
+    gemma4 = '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}call:get_weather{city:<|"|>Rome<|"|>}call:get_w'
+    splitter = OutputSplitter(tool_format=_mlx_lm_format("gemma4"), tools=[WEATHER])
+    _parts(splitter, _cuts(gemma4, 3))
+    assert [json.loads(c["function"]["arguments"]) for c in splitter.tool_calls] == [{"city": "Paris"}, {"city": "Rome"}]
     # LongCat's parser reads a block opening with "{" as a JSON call: no head is read early from it.
     json_call = '<longcat_tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</longcat_tool_call>'
     splitter = OutputSplitter(tool_format=_mlx_lm_format("longcat"), tools=[WEATHER])

@@ -215,6 +215,31 @@ def test_a_minimax_call_ends_at_its_invoke():
             assert len(first) > 3  # streamed
 
 
+@pytest.mark.parametrize("rest", ["", '\n<invoke name="get_weather">\n<parameter name="city">Lon'])
+def test_a_minimax_block_cut_after_whole_invokes_gives_each_of_them(rest):
+    """max_tokens ends the block without its end marker: each invoke written whole is a call
+    (MiniMax's parser reads an invoke only up to its </invoke>), the cut one none."""
+    fmt = FORMATS["minimax_m2"]
+    inner = lambda t: t.removeprefix(fmt.parser.tool_call_start).removesuffix(fmt.parser.tool_call_end)  # noqa: E731
+    text = fmt.parser.tool_call_start + inner(fmt.block([("city", "Paris")])) + inner(
+        fmt.block([("city", "Rome"), ("days", "2")])) + rest
+    for size in (1, 3, len(text)):
+        parts, splitter = _run(fmt, text, size)
+        assert [(c["function"]["arguments"], p.valid) for c, p in zip(
+            splitter.tool_calls, [p for p in parts if isinstance(p, CallEnd)])] == \
+            [('{"city": "Paris"}', True), ('{"city": "Rome", "days": 2}', True)]
+        assert splitter.finish_reason("length") == "length"
+
+
+def test_a_kimi_k3_block_cut_after_a_whole_call_gives_it():
+    fmt = FORMATS["kimi_k3"]
+    text = _kimi_k3(_kimi_k3_argument("city", "Paris"), _kimi_k3_argument("city", "Rome"))
+    text = text[:text.index("<|close|>tools")] + '<|open|>call tool="get_time"<|sep|>'  # a third call, cut
+    for size in (1, len(text)):
+        assert [(name, json.loads(arguments), valid) for name, arguments, valid in _calls(fmt, text, [WEATHER], size)] \
+            == [("get_weather", {"city": "Paris"}, True), ("get_weather", {"city": "Rome"}, True)]
+
+
 @each_format
 def test_a_long_value_streams_in_linear_time(fmt):
     tail = fmt.tags[-1][:5]
