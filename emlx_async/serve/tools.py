@@ -20,7 +20,7 @@ its answer is split into.
   writes it (its name first, then its arguments in pieces; ``JsonScanner``
   checks them); other formats' first call names itself early (``first_name``), and its
   arguments stream where a reader knows the format (``preview``: the XML-like ones in
-  ``xml_arguments``, Kimi K2's JSON); the rest come when the block ends.
+  ``xml_arguments``, Kimi K2's JSON, Gemma 4's read as JSON); the rest come when the block ends.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from .xml_arguments import TaggedArguments, arguments_reader
+from .xml_arguments import TaggedArguments, _escaped, arguments_reader
 
 THINK_START, THINK_END = "<think>", "</think>"
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
@@ -202,7 +202,7 @@ class ToolCallFormat:
         name (``first_name``), as it is written (None: the arguments go out once the block has
         ended and parsed)."""
         if self.name in _JSON_ARGUMENTS:
-            return _JsonArguments()
+            return _JSON_ARGUMENTS[self.name].for_parser(self.parse)
         return arguments_reader(self.name, name, tools, json_object=_JsonArguments)
 
     @property
@@ -712,10 +712,6 @@ class _StreamedCall(_Arguments):
         return rest, _is_object(self.sent)
 
 
-# Whole-block formats whose call's arguments are JSON written after its name.
-_JSON_ARGUMENTS = ("kimi_k2",)
-
-
 class _JsonArguments:
     """A call's arguments written as a JSON object after its name (Kimi K2's
     ``functions.NAME:0<|tool_call_argument_begin|>{...}``), handed out as the model writes
@@ -726,6 +722,11 @@ class _JsonArguments:
         self._json = JsonScanner()
         self._stopped = False  # read no object, or read past its end
         self._sent: list[str] = []
+
+    @classmethod
+    def for_parser(cls, parse: Callable) -> _JsonArguments | None:
+        """A reader for the format whose parser is `parse` (None: it is not the one this reads)."""
+        return cls()
 
     @property
     def sent(self) -> str:
@@ -751,6 +752,79 @@ class _JsonArguments:
         if piece:
             self._sent.append(piece)
         return piece
+
+
+class _Gemma4Arguments(_JsonArguments):
+    """Gemma 4's arguments, ``{city:<|"|>Paris<|"|>,days:3}`` (after ``call:NAME``), read as
+    the JSON that mlx-lm's parser makes of them (``_gemma4_args_to_json``: each ``<|"|>`` string
+    a JSON string, each bare key right after "{" or "," quoted) as the model writes them, then
+    checked and sent as Kimi K2's JSON is; the parse of the whole block is compared by value,
+    so a reading that differs from the parser's makes the call not valid, never another call.
+    Each character is read once (a long string or key stays linear)."""
+
+    QUOTE = '<|"|>'  # the format's string delimiter
+    PARSER_NEEDS = "_gemma4_args_to_json"  # what this reading follows; gone, the parse alone decides
+
+    def __init__(self) -> None:
+        import regex  # mlx-lm's parsers' regex module: its \w is the key rule's
+
+        super().__init__()
+        self._word = regex.compile(r"\w+")
+        self._pending = ""  # read, not yet turned into JSON: a key that may go on, a delimiter's start
+        self._in_string = False
+        self._before = "{"  # the last character outside strings ("\x00" after one, as the parser sees it)
+        self._word_known = 0  # how many of _pending's first characters are a word's
+        self._opening = "{"  # consumed with the name (ToolCallFormat.first_name)
+
+    @classmethod
+    def for_parser(cls, parse):
+        module = importlib.import_module(parse.__module__)
+        return cls() if hasattr(module, cls.PARSER_NEEDS) else None
+
+    def feed(self, text: str) -> str:
+        if self._stopped or self._json.complete:
+            return ""
+        pending, at, out = self._pending + text, 0, [self._opening]
+        self._opening = ""
+        while at < len(pending):
+            if self._in_string:
+                end = pending.find(self.QUOTE, at)
+                if end < 0:  # the delimiter's start may be being written
+                    keep = next((n for n in range(min(len(self.QUOTE) - 1, len(pending) - at), 0, -1)
+                                 if self.QUOTE.startswith(pending[len(pending) - n:])), 0)
+                    out.append(_escaped(pending[at:len(pending) - keep]))
+                    at = len(pending) - keep
+                    break
+                out.append(_escaped(pending[at:end]) + '"')
+                at, self._in_string, self._before = end + len(self.QUOTE), False, "\x00"
+                continue
+            if pending.startswith(self.QUOTE, at):
+                out.append('"')
+                at, self._in_string = at + len(self.QUOTE), True
+                continue
+            if self.QUOTE.startswith(pending[at:]):
+                break
+            if self._before in "{,":
+                end = at + (self._word_known if at == 0 else 0)
+                word = self._word.match(pending, end)
+                end = word.end() if word is not None else end
+                if end == len(pending):
+                    self._word_known = end - at
+                    break  # a key, if ":" follows it
+                self._word_known = 0
+                if end > at and pending[end] == ":":
+                    out.append(json.dumps(pending[at:end], ensure_ascii=False) + ":")
+                    at, self._before = end + 1, ":"
+                    continue
+            out.append(pending[at])
+            self._before = pending[at]
+            at += 1
+        self._pending = pending[at:]
+        return super().feed("".join(out))
+
+
+# Whole-block formats whose call's arguments are a JSON object (or read as one) written after its name.
+_JSON_ARGUMENTS: dict[str, type[_JsonArguments]] = {"kimi_k2": _JsonArguments, "gemma4": _Gemma4Arguments}
 
 
 def _same_json(a: str, b: str) -> bool:
@@ -959,7 +1033,8 @@ class OutputSplitter:
     stays content, as does anything before a name is whole. The XML-like formats'
     calls (``xml_arguments``) also send their arguments as the JSON their parser
     will make of them, while they are written, and Kimi K2's (and a Kimi K3 JSON
-    block's) as the model writes the JSON (``ToolCallFormat.preview``); the parse at
+    block's, and Gemma 4's read as JSON) as the model writes the JSON
+    (``ToolCallFormat.preview``); the parse at
     the block's end sends the rest, or, where what was sent is not its start (its
     value, for JSON the model wrote), leaves the call not `valid`.
 

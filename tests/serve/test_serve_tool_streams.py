@@ -241,10 +241,10 @@ def test_a_forced_calls_head_goes_with_the_first_piece():
 
 
 def test_formats_that_cannot_stream_send_the_head_early_and_the_arguments_at_the_end():
-    gemma4 = _mlx_lm_format("gemma4")
-    assert not gemma4.streams and gemma4.preview("get_weather", [WEATHER]) is None and ToolCallFormat.hermes().streams
-    text = MLX_LM_FORMATS["gemma4"]
-    splitter = OutputSplitter(tool_format=gemma4, tools=[WEATHER])
+    pythonic = _mlx_lm_format("pythonic")
+    assert not pythonic.streams and pythonic.preview("get_weather", [WEATHER]) is None and ToolCallFormat.hermes().streams
+    text = MLX_LM_FORMATS["pythonic"]
+    splitter = OutputSplitter(tool_format=pythonic, tools=[WEATHER])
     early = [part for piece in _cuts(text, 5)[:-1] for part in splitter.feed(piece).parts]
     assert [type(p) for p in early] == [CallStart] and early[0].name == "get_weather"
     parts = splitter.feed(text[len("".join(_cuts(text, 5)[:-1])):]).parts + splitter.flush().parts
@@ -738,8 +738,9 @@ def _xml_template(how: str) -> str:
 
 
 CITY = 'Paris, the "Ville Lumi\u00e8re"'
-# (the template's instruction, the model's call of get_weather(city=CITY, days=3)) per XML-like format
-XML_FORMATS = {
+# (the template's instruction, the model's call of get_weather(city=CITY, days=3)) per whole-block
+# format whose arguments stream (the XML-like ones, Gemma 4's)
+BLOCK_FORMATS = {
     "qwen3_coder": ("<tool_call>\n<function=NAME>\n<parameter=ARGUMENT>\nVALUE\n</parameter>\n</function>\n</tool_call>",
                     f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{CITY}\n</parameter>\n"
                     "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"),
@@ -755,6 +756,8 @@ XML_FORMATS = {
                 f"<longcat_tool_call>get_weather\n<longcat_arg_key>city</longcat_arg_key>\n<longcat_arg_value>{CITY}"
                 "</longcat_arg_value>\n<longcat_arg_key>days</longcat_arg_key>\n<longcat_arg_value>3</longcat_arg_value>\n"
                 "</longcat_tool_call>"),
+    "gemma4": ('<|tool_call>call:NAME{ARGUMENT:<|"|>VALUE<|"|>}<tool_call|>',
+               f'<|tool_call>call:get_weather{{city:<|"|>{CITY}<|"|>,days:3}}<tool_call|>'),
     "minicpm5": ('<function name="NAME"><param name="ARGUMENT">VALUE</param></function>',
                  f'<function name="get_weather"><param name="city"><![CDATA[{CITY}]]></param>'
                  '<param name="days">3</param></function>'),
@@ -770,17 +773,17 @@ VOCABULARIES = {"kimi_k3": "XTML"}  # the formats mlx-lm's loader reads off the 
 
 
 @on_loops("asyncio", "uvloop")
-@pytest.mark.parametrize("name", sorted(XML_FORMATS))
-async def test_an_xml_call_streams_its_arguments_as_json_while_written(smollm2, tmp_path, name):
-    """The XML call's arguments go out as JSON while the model writes them (a string as its
+@pytest.mark.parametrize("name", sorted(BLOCK_FORMATS))
+async def test_a_block_formats_call_streams_its_arguments_as_json_while_written(smollm2, tmp_path, name):
+    """The call's arguments go out as JSON while the model writes them (a string as its
     characters come, the integer at its closing tag), typed as mlx-lm's parser types them
-    (from the tool's schema, or Kimi K3's from the type it wrote), the pieces joined the
-    non-streamed call's arguments."""
+    (from the tool's schema, Kimi K3's from the type it wrote, Gemma 4's from its JSON-like
+    text), the pieces joined the non-streamed call's arguments."""
     pytest.importorskip("openai")
     from support import tiny_models
 
     tokenizer, _ = smollm2
-    how, call_text = XML_FORMATS[name]
+    how, call_text = BLOCK_FORMATS[name]
     template = _xml_template(how)
     engine_tokenizer = tokenizer if name not in VOCABULARIES else tiny_models.loaded_tokenizer(
         tmp_path, tokenizer, template, tokens=getattr(tiny_models, VOCABULARIES[name]))
@@ -793,7 +796,8 @@ async def test_an_xml_call_streams_its_arguments_as_json_while_written(smollm2, 
         chunks = [chunk async for chunk in stream]
         answer = await client.chat.completions.create(**ask)
     [call] = answer.choices[0].message.tool_calls
-    want = json.dumps({"city": CITY, "days": 3}, ensure_ascii=False)
+    # The parse's JSON; Gemma 4's the JSON read from the model's text, as it wrote it.
+    want = json.dumps({"city": CITY, "days": 3}, ensure_ascii=False, separators=(",", ":") if name == "gemma4" else None)
     assert call.function.arguments == want and answer.choices[0].finish_reason == "tool_calls"
     entries = [t for c in chunks for t in c.choices[0].delta.tool_calls or ()]
     assert entries[0].function.name == "get_weather" and entries[0].function.arguments == ""
@@ -1027,3 +1031,98 @@ def test_a_kimi_k2_call_cut_short_keeps_what_was_sent():
     parts = _parts(splitter, _cuts(text[:text.index("3")], 2))
     assert splitter.tool_calls[0]["function"]["arguments"] == '{"city": "Paris", "days": '
     assert not parts[-1].valid and splitter.finish_reason("length") == "length"
+
+
+def _gemma4(*bodies: str) -> str:
+    """A Gemma 4 block of calls of get_weather, each `body` its arguments as the model writes them."""
+    return "<|tool_call>" + "".join(f"call:get_weather{body}" for body in bodies) + "<tool_call|>"
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+@pytest.mark.parametrize("bodies, want, valid", [
+    # Strings between <|"|> (quotes, braces, commas and colons in them are text), bare keys, nesting.
+    (['{city:<|"|>Paris, "la" {Ville}: x,y<|"|>,days:3,o:{a:[1,{b:true}],n:null}}'],
+     ['{"city":"Paris, \\"la\\" {Ville}: x,y","days":3,"o":{"a":[1,{"b":true}],"n":null}}'], [True]),
+    (["{}"], ["{}"], [True]),
+    # Several calls: the first streams, the others come whole from the parse.
+    (['{city:<|"|>Rome<|"|>}', "{days:2}"], ['{"city":"Rome"}', '{"days": 2}'], [True, True]),
+    # A key after a space: the parser quotes none there, so its JSON fails: not valid.
+    (["{ city:1}"], ["{ "], [False]),
+])
+def test_gemma4_calls_stream_the_json_their_parser_makes(bodies, want, valid, size):
+    splitter = OutputSplitter(tool_format=_mlx_lm_format("gemma4"), tools=[WEATHER])
+    parts = _parts(splitter, _cuts(_gemma4(*bodies), size))
+    assert [c["function"]["arguments"] for c in splitter.tool_calls] == want
+    assert [p.valid for p in parts if isinstance(p, CallEnd)] == valid
+    first = [p.text for p in parts if isinstance(p, CallArguments) and p.index == 0 and p.text]
+    assert "".join(first) == want[0]
+    if size == 1 and valid[0] and len(want[0]) > 2:
+        assert len(first) > len(want[0]) // 3  # streamed as written
+
+
+def test_a_long_gemma4_string_or_key_streams_in_linear_time():
+    import time
+
+    for body in ("{content:<|\"|>" + "x" * 1_000_000 + "<|\"|>}", "{" + "k" * 1_000_000 + ":1}"):
+        splitter = OutputSplitter(tool_format=_mlx_lm_format("gemma4"), tools=None)
+        start = time.perf_counter()
+        parts = _parts(splitter, _cuts(_gemma4(body), 4))
+        assert time.perf_counter() - start < 10.0  # quadratic: hours
+        assert json.loads(splitter.tool_calls[0]["function"]["arguments"]) == \
+            json.loads(_mlx_lm_format("gemma4").calls(_gemma4(body)[12:-12], None)[0]["function"]["arguments"])
+        assert [p.valid for p in parts if isinstance(p, CallEnd)] == [True]
+
+
+def _gemma4_written(value) -> str:
+    """A JSON value as Gemma 4 writes it: <|"|> strings, bare keys."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_gemma4_written(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(map(_gemma4_written, value)) + "]"
+    return f'<|"|>{value}<|"|>' if isinstance(value, str) else json.dumps(value)
+
+
+_gemma4_text = st.lists(st.sampled_from(list('ab {}[],:"\\\n<|>é') + ['<|"|', "|>"]), max_size=8).map("".join)
+_gemma4_keys = st.from_regex(r"[a-z_][a-z0-9_]{0,4}", fullmatch=True)
+_gemma4_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 500) | st.floats(-1e3, 1e3, allow_nan=False) | _gemma4_text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_gemma4_keys, inner, max_size=3),
+    max_leaves=8)
+_gemma4_junk = st.sampled_from(["", " ", ",", "{", "}", ":", '<|"|>', "<|", "x:", "\n"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_gemma4_keys, _gemma4_values, max_size=4),
+       st.lists(st.tuples(st.integers(0, 60), _gemma4_junk), max_size=2), st.integers(1, 9), st.booleans())
+def test_whatever_gemma4_writes_what_was_sent_is_the_parse_or_the_call_is_not_valid(arguments, junk, size, cut):
+    """The contract on any text: the same calls however it is cut, the pieces joined the call's
+    arguments, a valid call's the value of mlx-lm's parse, and a call written as the format
+    says (its strings without the delimiter) valid."""
+    body = _gemma4_written(arguments)
+    for at, piece in junk:
+        body = body[:at] + piece + body[at:]
+    text = _gemma4(body)
+    if cut:
+        text = text[:len(text) * 2 // 3]
+    gemma4 = _mlx_lm_format("gemma4")
+    results = []
+    for cuts in (size, len(text)):
+        splitter = OutputSplitter(tool_format=gemma4, tools=None)
+        parts = _parts(splitter, _cuts(text, cuts))
+        calls = splitter.tool_calls
+        ends = [p for p in parts if isinstance(p, CallEnd)]
+        results.append([(c["function"]["name"], c["function"]["arguments"], e.valid) for c, e in zip(calls, ends)])
+        if calls:
+            assert "".join(p.text for p in parts if isinstance(p, CallArguments) and p.index == 0) == \
+                calls[0]["function"]["arguments"]
+    assert results[0] == results[1]
+    try:
+        want = json.loads(gemma4.calls(text.removeprefix("<|tool_call>").removesuffix("<tool_call|>"),
+                                       None)[0]["function"]["arguments"])
+    except Exception:  # noqa: BLE001 - the parser refuses the block
+        want = None
+    if results[0] and results[0][0][2]:
+        assert json.loads(results[0][0][1]) == want
+    strings_plain = '<|"|>' not in json.dumps(arguments) and "|>" not in json.dumps(arguments)
+    if not cut and not junk and strings_plain:
+        assert results[0] and results[0][0][2], text

@@ -295,7 +295,7 @@ def test_whatever_the_model_writes_what_was_sent_is_the_parse_or_the_call_is_not
 
 
 def test_other_whole_block_formats_have_no_preview():
-    for name in ("pythonic", "gemma4"):
+    for name in ("pythonic", "function_gemma"):
         module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
         call_format = ToolCallFormat(module.tool_call_start, module.tool_call_end, module.parse_tool_call, name)
         assert call_format.preview("get_weather", [WEATHER]) is None
