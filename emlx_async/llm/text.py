@@ -26,6 +26,16 @@ from tokenizers import Tokenizer, decoders
 THINK_START, THINK_END = "<think>", "</think>"
 
 
+def jinja_renders_tools(chat_template: str | None) -> bool:
+    """Whether a Jinja template reads ``tools`` (Hugging Face's convention)."""
+    return bool(chat_template) and "tools" in chat_template
+
+
+def jinja_thinks(chat_template: str | None) -> bool:
+    """Whether a Jinja template's model reasons in think blocks: it names both markers."""
+    return bool(chat_template) and THINK_START in chat_template and THINK_END in chat_template
+
+
 def encode_text(tokenizer, text: str) -> list[int]:
     """Token ids from a `tokenizers.Tokenizer` or a Hugging Face one.
 
@@ -287,7 +297,7 @@ class PromptEncoder:
                     except ValueError:  # a template that refuses these messages
                         continue
             else:
-                self._renders_tools = bool(self.chat_template) and "tools" in self.chat_template
+                self._renders_tools = jinja_renders_tools(self.chat_template)
         return self._renders_tools
 
     @property
@@ -298,7 +308,7 @@ class PromptEncoder:
         if self.python_template:
             return bool(self.tokenizer.has_thinking) and \
                 (self.tokenizer.think_start, self.tokenizer.think_end) == (THINK_START, THINK_END)
-        return bool(self.chat_template) and THINK_START in self.chat_template and THINK_END in self.chat_template
+        return jinja_thinks(self.chat_template)
 
     def _render(self, messages: list[dict], tools: list[dict] | None = None,
                 template_kwargs: dict[str, Any] | None = None) -> str:

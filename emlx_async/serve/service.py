@@ -29,8 +29,7 @@ from . import middleware
 from .metrics import Metrics
 from .models import ModelSpec, Models, ServedModel, model_specs
 from .protocol import DEFAULT_MAX_MESSAGES, APIError, GenerationRequest, invalid, logprob_entry
-from .tools import (OutputSplitter, ToolCallFormat, after_reasoning, fallback_messages, reasoning_state,
-                    template_renders_tools)
+from .tools import OutputSplitter, ToolCallFormat, after_reasoning, fallback_messages, reasoning_state
 
 logger = logging.getLogger("emlx_async.serve")
 
@@ -345,7 +344,7 @@ class Service:
     def chat_inputs(self, engine, request: GenerationRequest) -> tuple[list[dict], list[dict] | None]:
         """The messages and tools the template gets: as they are when it renders tools,
         else with the tools in a system block (serve/tools.py's fallback)."""
-        if template_renders_tools(engine.chat_template):
+        if engine.text.renders_tools:
             return request.messages, request.tools
         has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in request.messages)
         if request.tools is None and not has_tool_turns:
@@ -401,8 +400,7 @@ class Service:
         """How a chat answer splits into reasoning, content and tool calls (None: all content)."""
         if not request.chat:
             return None
-        template = engine.chat_template
-        state = reasoning_state(template, prompt_text)
+        state = reasoning_state(engine.text.thinks, prompt_text)
         thinking = state is not None
         if not thinking and request.tools is None:
             return None
@@ -419,7 +417,8 @@ class Service:
             elif len(request.tools) == 1:
                 forced_name = request.tools[0]["function"]["name"]
         else:
-            tool_format = ToolCallFormat.for_model(engine.tokenizer, template)
+            tool_format = ToolCallFormat.for_model(engine.tokenizer, engine.chat_template,
+                                                   renders_tools=engine.text.renders_tools)
             if tool_format.markerless and request.grammar is not None:
                 tool_format = None  # response_format's JSON answer would read as a bare call
         return OutputSplitter(thinking=thinking, in_reasoning=in_reasoning, tool_format=tool_format,
@@ -525,7 +524,7 @@ class Service:
         """The request's grammar as the generation applies it: on a template that thinks, after
         the reasoning (serve/tools.py's after_reasoning; compiled off the loop, as a schema's size
         costs time)."""
-        state = reasoning_state(engine.chat_template, prompt_text) if request.chat else None
+        state = reasoning_state(engine.text.thinks, prompt_text) if request.chat else None
         if state not in ("open", "may_open"):
             return request.grammar
         from emlx_async.llm.grammar import GrammarError

@@ -37,6 +37,8 @@ from typing import Any
 
 from .xml_arguments import TaggedArguments, _escaped, arguments_reader
 
+# emlx_async.llm.text's markers, whose PromptEncoder.thinks reads them (the service imports
+# no model code before a model loads; a test keeps them equal).
 THINK_START, THINK_END = "<think>", "</think>"
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 # Llama 3.1 to 3.3's templates ask for calls as a bare JSON answer, in these words; a model
@@ -55,25 +57,17 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def template_renders_tools(chat_template: str | None) -> bool:
-    """Whether the template reads ``tools`` (Hugging Face's convention); else the fallback block is used."""
-    return bool(chat_template) and "tools" in chat_template
-
-
-def template_thinks(chat_template: str | None) -> bool:
-    return bool(chat_template) and THINK_START in chat_template and THINK_END in chat_template
-
-
 # Under a grammar the reasoning may take at most this share of max_tokens (Grammar.after_free_text's
 # bound): then "</think>" is forced and the constrained answer has the rest.
 REASONING_SHARE = 0.5
 
 
-def reasoning_state(chat_template: str | None, prompt_text: str) -> str | None:
-    """Where a chat prompt leaves the answer of a template that thinks: "open" (the prompt ends
-    inside ``<think>``, as Qwen3's does), "closed" (the template wrote the whole block itself:
-    ``enable_thinking`` false) or "may_open" (the model may open one); None: it does not think."""
-    if not template_thinks(chat_template):
+def reasoning_state(thinks: bool, prompt_text: str) -> str | None:
+    """Where a chat prompt leaves the answer of a template that thinks (`thinks`: the engine's
+    ``text.thinks``): "open" (the prompt ends inside ``<think>``, as Qwen3's does), "closed"
+    (the template wrote the whole block itself: ``enable_thinking`` false) or "may_open" (the
+    model may open one); None: it does not think."""
+    if not thinks:
         return None
     tail = prompt_text.rstrip()
     return "open" if tail.endswith(THINK_START) else "closed" if tail.endswith(THINK_END) else "may_open"
@@ -140,15 +134,22 @@ class ToolCallFormat:
     name: str = "json_tools"
 
     @classmethod
-    def for_model(cls, tokenizer: Any, chat_template: str | None) -> ToolCallFormat:
+    def for_model(cls, tokenizer: Any, chat_template: str | None, *,
+                  renders_tools: bool | None = None) -> ToolCallFormat:
         """The format of the model whose tokenizer is `tokenizer` (the engine's): the parser
         mlx-lm's loader gave its TokenizerWrapper (the checkpoint's ``tool_parser_type``, else
         the template's, else the vocabulary's: Kimi K3's XTML tokens, LFM2.5's pythonic call
         tokens), or for any other tokenizer (a GGUF's) the template's (``for_template``). A
-        template that does not render tools gets the fallback block, hence Hermes."""
+        template that does not render tools gets the fallback block, hence Hermes
+        (`renders_tools`: the engine's ``text.renders_tools``, which knows templates written
+        in Python; None: the Jinja template's text says)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-        if not isinstance(tokenizer, TokenizerWrapper) or not template_renders_tools(chat_template):
+        from emlx_async.llm.text import jinja_renders_tools
+
+        if renders_tools is None:
+            renders_tools = jinja_renders_tools(chat_template)
+        if not isinstance(tokenizer, TokenizerWrapper) or not renders_tools:
             return cls.for_template(chat_template)
         if tokenizer.tool_parser is None:
             return cls._without_parser(chat_template)
@@ -157,7 +158,9 @@ class ToolCallFormat:
     @classmethod
     def for_template(cls, chat_template: str | None) -> ToolCallFormat:
         """The format mlx-lm infers from the template's text alone."""
-        if not template_renders_tools(chat_template):
+        from emlx_async.llm.text import jinja_renders_tools
+
+        if not jinja_renders_tools(chat_template):
             return cls.hermes()
         # mlx-lm's own choice from the template text; private there, hence guarded.
         try:
@@ -178,9 +181,9 @@ class ToolCallFormat:
         return cls(start, end, parse, parse.__module__.rpartition(".")[2])
 
     @classmethod
-    def _without_parser(cls, chat_template: str) -> ToolCallFormat:
+    def _without_parser(cls, chat_template: str | None) -> ToolCallFormat:
         """A template that renders tools but names no format mlx-lm has a parser for."""
-        return cls.bare_json() if LLAMA3_ASKS in chat_template else cls.hermes()
+        return cls.bare_json() if chat_template and LLAMA3_ASKS in chat_template else cls.hermes()
 
     @property
     def first_name(self) -> re.Pattern | None:

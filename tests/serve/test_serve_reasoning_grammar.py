@@ -165,10 +165,12 @@ def test_markers_that_are_tokens_of_their_own():
 
 
 def test_where_the_prompt_leaves_the_reasoning():
-    assert reasoning_state(OPENS, "<|im_start|>assistant\n<think>\n") == "open"
-    assert reasoning_state(OPENS, "<|im_start|>assistant\n<think>\n\n</think>\n\n") == "closed"
-    assert reasoning_state(MAY_OPEN, "<|im_start|>assistant\n") == "may_open"
-    assert reasoning_state(BODY, "<|im_start|>assistant\n") is None
+    from emlx_async.llm.text import jinja_thinks
+
+    assert reasoning_state(jinja_thinks(OPENS), "<|im_start|>assistant\n<think>\n") == "open"
+    assert reasoning_state(jinja_thinks(OPENS), "<|im_start|>assistant\n<think>\n\n</think>\n\n") == "closed"
+    assert reasoning_state(jinja_thinks(MAY_OPEN), "<|im_start|>assistant\n") == "may_open"
+    assert reasoning_state(jinja_thinks(BODY), "<|im_start|>assistant\n") is None
     person = Grammar.json_schema(PERSON)
     assert after_reasoning(person, "closed", 100) is person and after_reasoning(person, None, 100) is person
     bounded = after_reasoning(person, "open", 100)

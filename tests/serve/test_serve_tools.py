@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("starlette")
 from emlx_async.serve.protocol import APIError, parse_request  # noqa: E402
-from emlx_async.serve.tools import (OutputSplitter, ToolCallFormat, fallback_messages,  # noqa: E402
-                                    template_renders_tools)
+from emlx_async.llm.text import jinja_renders_tools  # noqa: E402
+from emlx_async.serve.tools import OutputSplitter, ToolCallFormat, fallback_messages  # noqa: E402
 
 from support.helpers import needs, on_loops  # noqa: E402
 from support.serve_bodies import WEATHER_USER as USER  # noqa: E402
@@ -224,7 +224,7 @@ def test_the_call_format_follows_the_template_as_mlx_lm_chooses():
     hermes = "{% for tool in tools %}{{ tool | tojson }}{% endfor %}<tool_call>{{ tool_call.name }}"
     assert ToolCallFormat.for_template(hermes).start == "<tool_call>"
     assert ToolCallFormat.for_template("{{ messages }}").name == "json_tools"  # the fallback's own format
-    assert not template_renders_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert not jinja_renders_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
 
 
 
@@ -280,7 +280,7 @@ def test_the_fallback_block_for_a_template_without_tools(smollm2_tokenizer):
     from emlx_async.llm.text import PromptEncoder
 
     tokenizer, smollm2_template = smollm2_tokenizer
-    assert not template_renders_tools(smollm2_template)
+    assert not jinja_renders_tools(smollm2_template)
     messages = parse_request({"messages": [{"role": "system", "content": "Be brief."}, *ROUND_TRIP]},
                              chat=True).messages
     fallback = fallback_messages(messages, [WEATHER])
@@ -780,3 +780,41 @@ def test_health_answers_while_a_huge_tools_block_is_encoded(fallback_server):
     # let go of, /health waits for the GIL a few switch intervals (longer on a loaded machine).
     assert worst < max(0.25, took / 8), \
         f"/health waited {worst:.2f}s while the tools were encoded ({took:.1f}s in all)"
+
+
+@on_loops("asyncio")
+async def test_a_python_template_renders_the_tools_itself_and_its_reasoning_comes_apart(smollm2_tokenizer, tmp_path):
+    """A checkpoint whose template is one of mlx-lm's written in Python (DeepSeek-V3.2's,
+    ``chat_template_type``): the service asks the engine's PromptEncoder what it does, so
+    the tools reach that template (not the fallback block) and, with thinking tokens in
+    the vocabulary, the reasoning comes back apart from the call."""
+    import httpx
+
+    from support.helpers import scripted_app
+    from support.tiny_models import loaded_tokenizer
+
+    from emlx_async.llm.text import THINK_END as LLM_THINK_END
+    from emlx_async.llm.text import THINK_START as LLM_THINK_START
+    from emlx_async.serve.tools import THINK_END, THINK_START
+
+    assert (THINK_START, THINK_END) == (LLM_THINK_START, LLM_THINK_END)  # one fact, kept in two places
+    gguf, _ = smollm2_tokenizer
+    wrapper = loaded_tokenizer(tmp_path, gguf, None, {"chat_template_type": "deepseek_v32"},
+                               tokens=("<think>", "</think>"))
+    app = scripted_app(wrapper, None, ["Hm", ".", "</think>", "<tool_call>",
+                                       '{"name": "get_weather", "arguments": {"city": "Paris"}}', "</tool_call>"])
+    engine = app.state.service.engine
+    engine.text.vocab_size = len(wrapper.get_vocab())  # the thinking tokens added
+    assert engine.text.python_template and engine.text.renders_tools and engine.text.thinks
+    prompts = []
+    generate = engine.generate
+    engine.generate = lambda prompt, **options: (prompts.append(prompt), generate(prompt, **options))[1]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        reply = await http.post("/v1/chat/completions", json={
+            "messages": [{"role": "system", "content": "Be brief."}, *USER], "tools": [WEATHER]})
+    assert reply.status_code == 200, reply.text
+    message = reply.json()["choices"][0]["message"]
+    assert message["reasoning_content"] == "Hm." and message["tool_calls"][0]["function"]["name"] == "get_weather"
+    rendered = wrapper.decode(prompts[0])
+    assert "## Tools" in rendered and "get_weather" in rendered  # DeepSeek-V3.2's own tools block
+    assert "<tool_call>" not in rendered.split("## Tools")[0]  # no fallback block before it
