@@ -33,6 +33,7 @@ end_turn, not tool_use.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -46,8 +47,8 @@ from .service import Generation, Service
 from .common import (JSON, AnswerParts, Collected, boolean, checked_text, count, event, generation_route, integer,
                      joined_text, number, optional_object, read_object, required_text, string, string_list,
                      type_name, wrong_type)
-from .protocol import (APIError, GenerationRequest, ToolCallIds, checked_json, checked_tool, choose_tools,
-                       constrain_answer, invalid, schema_grammar, show)
+from .protocol import (DEFAULT_MAX_MESSAGES, APIError, GenerationRequest, ToolCallIds, check_message_count,
+                       checked_json, checked_tool, choose_tools, constrain_answer, invalid, schema_grammar, show)
 from .tools import CallArguments, CallEnd, CallStart, Reasoning
 
 MESSAGES, COUNT_TOKENS = "/v1/messages", "/v1/messages/count_tokens"
@@ -216,7 +217,7 @@ def _one_text(block: dict, at: str) -> str:
     return checked_text(text, f"{at}.text")
 
 
-def parse_conversation(body: dict) -> list[dict]:
+def parse_conversation(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> list[dict]:
     """`system` and `messages` as the chat messages of the engine's template."""
     out = []
     system = body.get("system")
@@ -229,6 +230,7 @@ def parse_conversation(body: dict) -> list[dict]:
         raise wrong_type("messages", "an array of messages", messages)
     if not messages:
         raise invalid("messages", "messages: at least one message is required")
+    check_message_count(messages, "messages", max_messages)
     ids = ToolCallIds("tool_use block")
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
@@ -250,10 +252,11 @@ def parse_conversation(body: dict) -> list[dict]:
     return out
 
 
-def parse_prompt(body: dict) -> GenerationRequest:
+def parse_prompt(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> GenerationRequest:
     """What /v1/messages/count_tokens reads (and /v1/messages first): the model, the
     conversation and the tools, as a chat request without a token limit."""
-    generation = GenerationRequest(chat=True, model=string(body, "model"), messages=parse_conversation(body))
+    generation = GenerationRequest(chat=True, model=string(body, "model"),
+                                   messages=parse_conversation(body, max_messages))
     parse_tools(body, generation)
     _parse_output_format(body, generation)
     _parse_thinking(body, generation)
@@ -279,8 +282,8 @@ def _parse_output_format(body: dict, generation: GenerationRequest) -> None:
     constrain_answer(generation, schema_grammar(fmt["schema"], "output_config.format.schema"), "output_config.format")
 
 
-def parse_request(body: dict) -> MessagesRequest:
-    generation = parse_prompt(body)
+def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> MessagesRequest:
+    generation = parse_prompt(body, max_messages)
     max_tokens = integer(body, "max_tokens", low=1, required=True)
     optional_object(body, "metadata")  # accepted, and ignored
     stop = string_list(body, "stop_sequences", MAX_STOP_SEQUENCES)
@@ -473,12 +476,14 @@ def routes(service: Service) -> list[Route]:
         try:
             service.check_ready()
             body = await read_object(request, config.max_body_bytes, config.body_timeout)
-            parsed = await service.off_loop(parse_prompt, body)
+            parsed = await service.off_loop(functools.partial(parse_prompt, max_messages=config.max_messages),
+                                            body)
             async with service.model_in_use(parsed.model) as served:  # 404 for a model not served, as generations
                 ids, _ = await service.encode_off_loop(served, parsed)
         except APIError as error:
             return count(service, COUNT_TOKENS, error_response(error))
         return count(service, COUNT_TOKENS, JSON({"input_tokens": len(ids)}))
 
-    return [generation_route(service, MESSAGES, parse_request, MessagesReply, error_response),
+    parse = functools.partial(parse_request, max_messages=config.max_messages)
+    return [generation_route(service, MESSAGES, parse, MessagesReply, error_response),
             Route(COUNT_TOKENS, count_tokens, methods=["POST"])]

@@ -745,7 +745,12 @@ def document(model_names: Sequence[str] | None = None, max_messages: int = DEFAU
         for name, limits in _REQUESTS.items():
             for field in limits:
                 schemas[name]["properties"][field]["maximum"] = context_length - 1
-    schemas["ChatCompletionRequest"]["properties"]["messages"]["maxItems"] = max_messages
+    for name, field in (("ChatCompletionRequest", "messages"), ("MessagesRequest", "messages"),
+                        ("ResponsesRequest", "input")):
+        schema = schemas[name]["properties"][field]
+        for variant in schema.get("oneOf", [schema]):  # Responses' input: a string or the items
+            if variant.get("type") == "array":
+                variant["maxItems"] = max_messages
     if vocab_size is not None:
         prompt = schemas["CompletionRequest"]["properties"]["prompt"]["oneOf"]
         for ids in (prompt[1], prompt[2]["items"]["oneOf"][1]):

@@ -310,15 +310,19 @@ def _message_text(content: Any, param: str) -> str:
                   "invalid_type")
 
 
+def check_message_count(items: list, param: str, max_messages: int) -> None:
+    """--max-messages, on every API's list of turns (chat's messages, Messages' messages,
+    Responses' input), before any is looked at: encoding costs time per message."""
+    if len(items) > max_messages:
+        raise invalid(param, f"at most {max_messages} {param} per request, got {len(items)}", "too_many_messages")
+
+
 def _parse_messages(body: dict, max_messages: int) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", "'messages' must be a non-empty list of {'role', 'content'} objects",
                       "invalid_type" if messages is not None else "missing_required_parameter")
-    # Checked before any message is looked at: encoding costs time per message.
-    if len(messages) > max_messages:
-        raise invalid("messages", f"at most {max_messages} messages per request, got {len(messages)}",
-                      "too_many_messages")
+    check_message_count(messages, "messages", max_messages)
     out = []
     calls = ToolCallIds(per_turn=True)
     for i, message in enumerate(messages):

@@ -36,6 +36,7 @@ arguments are no whole object (cut by max_output_tokens) is "incomplete".
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -48,7 +49,8 @@ from starlette.routing import Route
 from .service import Generation, Service
 from .common import (JSON, AnswerParts, Collected, boolean, checked_text, event, generation_route, integer,
                      joined_text, number, optional_object, required_text, string, type_name, wrong_type)
-from .protocol import (MAX_TOP_LOGPROBS, APIError, GenerationRequest, ToolCallIds, checked_json, checked_tool,
+from .protocol import (DEFAULT_MAX_MESSAGES, MAX_TOP_LOGPROBS, APIError, GenerationRequest, ToolCallIds,
+                       check_message_count, checked_json, checked_tool,
                        choose_tools, constrain_answer, invalid, json_object_grammar, schema_grammar, show,
                        think_for_effort)
 from .tools import CallArguments, CallEnd, CallStart, Reasoning
@@ -119,7 +121,7 @@ def _function_call(item: dict, where: str) -> dict:
             "function": {"name": required_text(item, "name", where), "arguments": arguments}}
 
 
-def parse_input(body: dict) -> list[dict]:
+def parse_input(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> list[dict]:
     """`instructions` and `input` as the chat messages of the engine's template."""
     messages: list[dict] = []
     instructions = string(body, "instructions")
@@ -134,6 +136,7 @@ def parse_input(body: dict) -> list[dict]:
         raise wrong_type("input", "a string or an array of input items", items)
     if not items:
         raise invalid("input", "input: at least one item is required")
+    check_message_count(items, "input", max_messages)
     ids = ToolCallIds("function_call item", any_earlier=True)
     for i, item in enumerate(items):
         where = f"input[{i}]"
@@ -287,10 +290,10 @@ def _parse_reasoning(body: dict, generation: GenerationRequest) -> dict | None:
     return {"effort": effort, "summary": summary}
 
 
-def parse_request(body: dict) -> ResponsesRequest:
+def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> ResponsesRequest:
     _refuse_unsupported(body)
     model = string(body, "model")
-    messages = parse_input(body)
+    messages = parse_input(body, max_messages)
     metadata = optional_object(body, "metadata")
     if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
         raise invalid("metadata", "metadata: values must be strings", "invalid_type")
@@ -529,4 +532,5 @@ class ResponsesReply:
 # ---- routes -------------------------------------------------------------------------
 
 def routes(service: Service) -> list[Route]:
-    return [generation_route(service, RESPONSES, parse_request, ResponsesReply, error_response)]
+    parse = functools.partial(parse_request, max_messages=service.config.max_messages)
+    return [generation_route(service, RESPONSES, parse, ResponsesReply, error_response)]

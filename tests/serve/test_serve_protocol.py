@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("starlette")
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.helpers import on_loops
 from support.serve_bodies import FIELDS, bodies, json_values
 from starlette.responses import JSONResponse
 
@@ -72,6 +73,42 @@ def test_message_count_is_bounded_before_messages_are_read():
     assert len(parse_request({"messages": many[:10]}, chat=True, max_messages=10).messages) == 10
     # The count is checked first: an 11th message that is itself bad does not matter.
     assert refused({"messages": many[:10] + [7]}, max_messages=10).code == "too_many_messages"
+
+
+def test_every_apis_turns_are_bounded_by_max_messages():
+    """--max-messages holds on the Messages and Responses APIs and count_tokens too (30,000
+    turns were encoded there: ~10 s each, on the encoder threads every request shares)."""
+    from emlx_async.serve import anthropic, responses
+
+    many = [{"role": "user", "content": "x"}] * 11
+    for parse, body, param in ((anthropic.parse_prompt, {"messages": many}, "messages"),
+                               (anthropic.parse_request, {"messages": many, "max_tokens": 5}, "messages"),
+                               (responses.parse_request, {"input": many}, "input")):
+        with pytest.raises(APIError) as refusal:
+            parse(body, max_messages=10)
+        assert (refusal.value.param, refusal.value.code) == (param, "too_many_messages")
+        assert f"at most 10 {param} per request, got 11" in refusal.value.message
+        parse({**body, next(iter(body)): many[:10]}, max_messages=10)  # ten are fine
+
+
+@on_loops("asyncio")
+async def test_the_configured_max_messages_reaches_every_route():
+    import httpx
+
+    from emlx_async.serve import ServeConfig, create_app
+    from support.helpers import ScriptedEngine
+
+    app = create_app(ServeConfig(max_messages=2))
+    service = app.state.service
+    service.engine, service.status = ScriptedEngine(None, "{{ messages }}", ["ok"]), "ready"
+    three = [{"role": "user", "content": "x"}] * 3
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        for path, body in (("/v1/chat/completions", {"messages": three}),
+                           ("/v1/messages", {"messages": three, "max_tokens": 5}),
+                           ("/v1/messages/count_tokens", {"messages": three}),
+                           ("/v1/responses", {"input": three})):
+            reply = await http.post(path, json={"model": "m", **body})
+            assert reply.status_code == 400 and "at most 2" in reply.text, (path, reply.text)
 
 
 @settings(max_examples=400, deadline=None)
