@@ -425,13 +425,19 @@ def find_stop(text: str, stop: list[str]) -> int | None:
 
 
 def stop_prefix_len(text: str, stop: list[str]) -> int:
-    """Length of the longest suffix of `text` that starts some stop string."""
+    """Length of the longest suffix of `text` that starts some stop string. Only the suffixes
+    that begin with a stop string's first character are compared with it (found by
+    ``str.find``), longest first; the service bounds a stop string's length, since the
+    worst case (a run of one character) still costs the square of it at every token."""
     best = 0
     for s in stop:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if s.startswith(text[-n:]):
-                best = n
+        tail = text[len(text) - min(len(s) - 1, len(text)):]
+        at = tail.find(s[0])
+        while at != -1 and len(tail) - at > best:
+            if s.startswith(tail[at:]):
+                best = len(tail) - at
                 break
+            at = tail.find(s[0], at + 1)
     return best
 
 

@@ -48,6 +48,7 @@ from .common import (JSON, AnswerParts, Collected, boolean, checked_text, count,
                      joined_text, number, optional_object, read_object, required_text, string, string_list,
                      type_name, wrong_type)
 from .protocol import (DEFAULT_MAX_MESSAGES, APIError, GenerationRequest, ToolCallIds, check_message_count,
+                       check_stop_lengths,
                        checked_json, checked_tool, choose_tools, constrain_answer, invalid, schema_grammar, show)
 from .tools import CallArguments, CallEnd, CallStart, Reasoning
 
@@ -286,7 +287,7 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> Messa
     generation = parse_prompt(body, max_messages)
     max_tokens = integer(body, "max_tokens", low=1, required=True)
     optional_object(body, "metadata")  # accepted, and ignored
-    stop = string_list(body, "stop_sequences", MAX_STOP_SEQUENCES)
+    stop = check_stop_lengths(string_list(body, "stop_sequences", MAX_STOP_SEQUENCES), "stop_sequences")
     top_k = integer(body, "top_k", low=0)
     generation.max_tokens, generation.stop, generation.top_k = max_tokens, stop, top_k or 0
     if generation.reasoning_budget is not None and generation.reasoning_budget >= max_tokens:

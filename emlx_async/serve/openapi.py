@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
-from .protocol import (DEFAULT_MAX_MESSAGES, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS,
+from .protocol import (DEFAULT_MAX_MESSAGES, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_STOP_CHARS, MAX_STOP_SEQUENCES,
+                       MAX_STOP_TOKEN_IDS,
                        MAX_SCHEMA_PROPERTIES, MAX_TOP_LOGPROBS, PENALTY_BOUND, REPETITION_BOUNDS,
                        REASONING_EFFORTS, TEMPLATE_RESERVED)
 
@@ -40,8 +41,8 @@ _SAMPLING = {
     "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "top_k": {"type": "integer", "minimum": -1, "maximum": (1 << 63) - 1, "description": "0 or -1: all tokens"},
     "seed": {"type": "integer", "minimum": -(1 << 63), "maximum": (1 << 64) - 1},
-    "stop": {"oneOf": [{"type": "string", "minLength": 1},
-                       {"type": "array", "items": {"type": "string", "minLength": 1},
+    "stop": {"oneOf": [{"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS},
+                       {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS},
                         "maxItems": MAX_STOP_SEQUENCES}]},
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}},
@@ -387,7 +388,8 @@ _MESSAGES_REQUEST = {
         "temperature": {"type": "number", "minimum": 0, "maximum": 1, "description": "0 is greedy; default 1"},
         "top_p": _SAMPLING["top_p"],
         "top_k": {"type": "integer", "minimum": 0, "description": "0: all tokens"},
-        "stop_sequences": {"type": "array", "items": {"type": "string", "minLength": 1},
+        "stop_sequences": {"type": "array", "items": {"type": "string", "minLength": 1,
+                                                      "maxLength": MAX_STOP_CHARS},
                            "maxItems": ANTHROPIC_MAX_STOP_SEQUENCES},
         "stream": _SAMPLING["stream"],
         "metadata": {"type": "object", "description": "ignored"},

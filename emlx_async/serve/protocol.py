@@ -26,6 +26,9 @@ MAX_TOP_LOGPROBS = 20
 # Choices per request (`n`): the engine's bound, emlx_async.llm.MAX_CHOICES (a test keeps them equal;
 # the engine is imported only when a request runs). The server's --max-concurrent bounds n too.
 MAX_CHOICES = 16
+# Characters per stop sequence: the text that may begin one is held back and compared with it at
+# every token (llm.text.stop_prefix_len), so a longer one costs every token more; OpenAI states no bound.
+MAX_STOP_CHARS = 1024
 # stop_token_ids (vLLM's extension) per request.
 MAX_STOP_TOKEN_IDS = 256
 # Chat messages per request unless the service sets its own bound (`emlx-async serve --max-messages`).
@@ -308,6 +311,14 @@ def _message_text(content: Any, param: str) -> str:
         return "".join(parts)
     raise invalid(param, f"message content must be a string or a list of text parts, got {show(content)}",
                   "invalid_type")
+
+
+def check_stop_lengths(stop: list[str], param: str) -> list[str]:
+    """`stop`, refused naming `param` (and the index) if one is longer than MAX_STOP_CHARS."""
+    for i, text in enumerate(stop):
+        if len(text) > MAX_STOP_CHARS:
+            raise invalid(f"{param}[{i}]", f"{param}[{i}]: at most {MAX_STOP_CHARS} characters, got {len(text)}")
+    return stop
 
 
 def check_message_count(items: list, param: str, max_messages: int) -> None:
@@ -791,7 +802,7 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
             raise invalid("stop", "'stop' must be a non-empty string or a list of them", "invalid_type")
         if len(stop) > MAX_STOP_SEQUENCES:
             raise invalid("stop", f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(stop)}")
-        request.stop = [_text(s, "stop") for s in stop]
+        request.stop = check_stop_lengths([_text(s, "stop") for s in stop], "stop")
 
     if chat:
         logprobs = _optional(body, "logprobs")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import emlx_async as ea
 from support.helpers import needs_model, on_loops
@@ -274,3 +276,34 @@ def test_a_long_text_encodes_without_holding_the_gil_throughout(gguf_tokenizer):
         pause, took = _longest_pause(encode)
         assert took > 0.2, f"the encode took {took:.2f}s: too quick to show anything"
         assert pause < took / 4, f"another thread waited {pause:.2f}s for the GIL in a {took:.2f}s encode"
+
+
+def _longest_stop_prefix(text: str, stop: list[str]) -> int:
+    """The definition, by brute force: the longest suffix of `text` that starts a stop string."""
+    return max((n for s in stop for n in range(min(len(s) - 1, len(text)) + 1) if s.startswith(text[len(text) - n:])),
+               default=0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="ab !", max_size=40), stop=st.lists(st.text(alphabet="ab !", min_size=1, max_size=12),
+                                                                  min_size=1, max_size=4))
+def test_the_held_back_text_is_the_longest_suffix_that_starts_a_stop_string(text, stop):
+    from emlx_async.llm.text import stop_prefix_len
+
+    assert stop_prefix_len(text, stop) == _longest_stop_prefix(text, stop)
+
+
+def test_holding_back_text_for_a_long_stop_string_costs_little_per_token():
+    """The service's longest stop string, written almost whole (a run of one character, the
+    worst case): a token's check stays far under a millisecond-scale budget."""
+    import time
+
+    from emlx_async.llm.text import stop_prefix_len
+    from emlx_async.serve.protocol import MAX_STOP_CHARS
+
+    stop = [" " * (MAX_STOP_CHARS - 1) + "!", "x" * MAX_STOP_CHARS]
+    text = " " * (MAX_STOP_CHARS - 1)
+    start = time.perf_counter()
+    for _ in range(100):
+        assert stop_prefix_len(text, stop) == MAX_STOP_CHARS - 1
+    assert (time.perf_counter() - start) / 100 < 0.005

@@ -91,6 +91,22 @@ def test_every_apis_turns_are_bounded_by_max_messages():
         parse({**body, next(iter(body)): many[:10]}, max_messages=10)  # ten are fine
 
 
+def test_a_stop_string_is_bounded_in_length_on_both_apis():
+    """The text that may start a stop string is held back and compared at every token, so
+    a 200,000-character stop string made each token cost tens of milliseconds on the loop."""
+    from emlx_async.serve import anthropic
+    from emlx_async.serve.protocol import MAX_STOP_CHARS
+
+    long = "z" * (MAX_STOP_CHARS + 1)
+    for stop, param in ((long, "stop[0]"), (["ok", long], "stop[1]")):
+        error = refused({"messages": FRANCE, "stop": stop})
+        assert error.param == param and f"at most {MAX_STOP_CHARS} characters" in error.message
+    assert parse_request({"messages": FRANCE, "stop": long[1:]}, chat=True).stop == [long[1:]]
+    with pytest.raises(APIError) as refusal:
+        anthropic.parse_request({"messages": FRANCE, "max_tokens": 5, "stop_sequences": [long]})
+    assert refusal.value.param == "stop_sequences[0]"
+
+
 @on_loops("asyncio")
 async def test_the_configured_max_messages_reaches_every_route():
     import httpx
