@@ -26,6 +26,16 @@ from tokenizers import Tokenizer, decoders
 THINK_START, THINK_END = "<think>", "</think>"
 
 
+class SpecialTokenText(ValueError):
+    """Special-token text where the template renders it as it is (a tool, a call's arguments,
+    a template option): `field` says where, as (``"tools"``, index), (``"template_kwargs"``,
+    name) or (``"messages"``, index, key)."""
+
+    def __init__(self, message: str, field: tuple):
+        super().__init__(message)
+        self.field = field
+
+
 def jinja_renders_tools(chat_template: str | None) -> bool:
     """Whether a Jinja template reads ``tools`` (Hugging Face's convention)."""
     return bool(chat_template) and "tools" in chat_template
@@ -379,15 +389,19 @@ class PromptEncoder:
         template_kwargs = template_kwargs or {}
         for i, message in enumerate(messages):
             if self._has_special_text(message["role"]):
-                raise ValueError(f"messages[{i}]['role'] contains special-token text: {message['role']!r}")
+                raise SpecialTokenText(f"messages[{i}]['role'] contains special-token text: {message['role']!r}",
+                                       ("messages", i, "role"))
             for key in ("tool_calls", "tool_call_id", "name"):
                 if key in message and self._has_special_text(json.dumps(message[key], ensure_ascii=False)):
-                    raise ValueError(f"messages[{i}]['{key}'] contains special-token text")
+                    raise SpecialTokenText(f"messages[{i}]['{key}'] contains special-token text", ("messages", i, key))
         if tools is not None and self._has_special_text(json.dumps(tools, ensure_ascii=False)):
-            raise ValueError("tools contain special-token text")
+            at = next(i for i, tool in enumerate(tools)  # which one: checked one by one only once one has it
+                      if self._has_special_text(json.dumps(tool, ensure_ascii=False)))
+            raise SpecialTokenText(f"tools contain special-token text (tools[{at}])", ("tools", at))
         for key, value in template_kwargs.items():
             if isinstance(value, str) and self._has_special_text(value):
-                raise ValueError(f"template option {key!r} contains special-token text")
+                raise SpecialTokenText(f"template option {key!r} contains special-token text",
+                                       ("template_kwargs", key))
         nonce = secrets.token_hex(8)
         markers = {f"[[content:{nonce}:{i}]]": m["content"] for i, m in enumerate(messages)}
         marked = self._render([{**m, "content": k} for k, m in zip(markers, messages)], tools, template_kwargs)

@@ -390,7 +390,7 @@ class Service:
             ids = engine.text.encode(messages=messages, **options) if request.chat \
                 else engine.encode(prompt=request.prompt)
         except (ValueError, TypeError, RecursionError) as exc:  # recursion: tools nested past the stack
-            raise invalid(param, str(exc)) from None
+            raise invalid(_field_of(exc, param), str(exc)) from None
         # Past the context itself, start_generation says whether the prompt or max_tokens is to blame.
         if self.config.max_prompt_tokens is not None and len(ids) > limit:
             raise invalid(param, f"{too_long} ({len(ids)} tokens)", "context_length_exceeded")
@@ -513,7 +513,7 @@ class Service:
             # A sampling option the engine refuses (a logit_bias id outside the vocabulary) names its own.
             param = request.grammar_param if _is_grammar_error(exc) else \
                 exc.option if isinstance(exc, InvalidOption) else None
-            raise invalid(param, str(exc)) from None
+            raise invalid(_field_of(exc, param), str(exc)) from None
         served.admitted += n
         self.metrics.prompt_tokens.labels(served.name).inc(len(ids))
         return Generation(self, served, deltas, stats, len(ids),
@@ -659,6 +659,19 @@ class Generation:
 
 
 # ---- HTTP -------------------------------------------------------------------------
+
+def _field_of(exc: BaseException, default: str) -> str:
+    """The request field a refused prompt names: the tool or the chat_template_kwargs entry
+    that holds special-token text (llm.text.SpecialTokenText), else `default`. A message's
+    index is the template's, which the fallback block and the other APIs' turns shift, so
+    those stay `default` (the message says which)."""
+    field = getattr(exc, "field", None)
+    if isinstance(field, tuple) and field[0] == "tools":
+        return f"tools[{field[1]}]"
+    if isinstance(field, tuple) and field[0] == "template_kwargs":
+        return f"chat_template_kwargs.{field[1]}"
+    return default
+
 
 def _is_grammar_error(exc: BaseException) -> bool:
     from emlx_async.llm.grammar import GrammarError
