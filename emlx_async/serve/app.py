@@ -127,6 +127,9 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             # text is held back (part of a character, maybe a stop string) goes
             # out with the next chunk that has text, or with the last one.
             pending: list[list[dict] | None] = [[] if parsed.logprobs else None for _ in range(parsed.n)]
+            # Per choice, whitespace content before any other: an answer of calls and whitespace has
+            # content null (completion_choice), so it goes out only once text or the end says it stays.
+            spaces, spoke = [""] * parsed.n, [False] * parsed.n
             async for index, delta in deltas:
                 chunk = functools.partial(chunk_body, parsed, **fields, index=index)
                 if pending[index] is not None and (entry := generation.logprob_entry(delta)) is not None:
@@ -142,8 +145,13 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                         if isinstance(part, Reasoning):
                             yield sse(chunk(text=None, reasoning=part.text, finish_reason=None))
                         elif isinstance(part, Content):
-                            yield sse(chunk(text=part.text, finish_reason=None, logprobs=pending[index]))
-                            pending[index] = [] if parsed.logprobs else None
+                            if not spoke[index] and not part.text.strip():
+                                spaces[index] += part.text
+                                continue
+                            spoke[index] = True
+                            yield sse(chunk(text=spaces[index] + part.text, finish_reason=None,
+                                            logprobs=pending[index]))
+                            spaces[index], pending[index] = "", [] if parsed.logprobs else None
                         elif isinstance(part, CallStart):
                             yield sse(chunk(text=None, tool_calls=call_head_delta(part.index, part.id, part.name),
                                             finish_reason=None))
@@ -154,6 +162,9 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                     yield sse(chunk(text=delta.text, finish_reason=None, logprobs=pending[index]))
                     pending[index] = [] if parsed.logprobs else None
                 if delta.finish_reason is not None:
+                    if spaces[index] and not splitter.tool_calls:  # whitespace alone is the answer's content
+                        yield sse(chunk(text=spaces[index], finish_reason=None, logprobs=pending[index]))
+                        pending[index] = [] if parsed.logprobs else None
                     finish = delta.finish_reason if splitter is None else splitter.finish_reason(delta.finish_reason)
                     yield sse(chunk(text=None if parsed.chat else "", finish_reason=finish,
                                     logprobs=pending[index] or None))

@@ -845,3 +845,28 @@ async def test_special_token_text_in_a_tool_or_a_template_option_names_that_fiel
             error = reply.json()["error"]
             # OpenAI's shape names the field; Anthropic's has no param, its message does.
             assert error["param"] == param if "param" in error else param in error["message"], (path, error)
+
+
+@on_loops("asyncio")
+@pytest.mark.parametrize("pieces, content", [
+    ([*["<tool_call>\n", '{"name": "get_weather", "arguments": {}}', "\n</tool_call>"], "\n",
+      *["<tool_call>\n", '{"name": "get_weather", "arguments": {}}', "\n</tool_call>"]], None),  # calls only
+    (["Sure.", "\n", "<tool_call>\n", '{"name": "get_weather", "arguments": {}}', "\n</tool_call>"], "Sure.\n"),
+    (["\n", "  "], "\n  "),  # whitespace alone, no call: the answer's content
+])
+async def test_a_streamed_chat_answer_has_the_content_of_the_unstreamed_one(smollm2_tokenizer, pieces, content):
+    """Whitespace between or before calls: content null in the body (OpenAI's shape for calls
+    alone), so the stream sends no whitespace-only content before it knows the answer has text."""
+    import httpx
+
+    from support.helpers import scripted_app
+
+    tokenizer, _ = smollm2_tokenizer
+    app = scripted_app(tokenizer, TOOL_TEMPLATE, pieces)
+    body = {"messages": USER, "tools": [WEATHER]}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        plain = (await http.post("/v1/chat/completions", json=body)).json()["choices"][0]["message"]
+        lines = (await http.post("/v1/chat/completions", json={**body, "stream": True})).text.split("\n\n")
+    deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in lines if line.startswith("data: {")]
+    streamed = "".join(d.get("content") or "" for d in deltas)
+    assert plain["content"] == content and streamed == (content or "")
