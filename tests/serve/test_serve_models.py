@@ -85,6 +85,7 @@ class GatedEngine:
     once `gate` is set (None: at once); `ids` are what every prompt encodes to."""
 
     context_length, vocab_size, step_kind, mode, chat_template = 4096, 256, "python", "parallel", None
+    renders_tools, thinks = False, False  # as its PromptEncoder (self.text) says of a plain template
 
     def __init__(self, reply: str, ids: list[int]):
         self.reply, self.ids = reply, ids
