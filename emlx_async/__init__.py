@@ -35,6 +35,7 @@ from ._errors import QueueReleaseError as QueueReleaseError
 from ._errors import RuntimeClosed as RuntimeClosed
 from ._errors import HostCallError as HostCallError
 from ._errors import SharedMemoryError as SharedMemoryError
+from ._errors import SpecialTokenText as SpecialTokenText
 from ._host_call import host_call as host_call
 from ._queue import CommandQueue as CommandQueue
 from ._queue import QueueStats as QueueStats
@@ -67,7 +68,7 @@ __all__ = [
     "ForeignLazyArrayError", "ForkedProcessError", "GrammarError", "GrammarStateError",
     "HostCallDeadlock", "HostCallError", "InvalidOption", "JobFuture", "TrioJobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
     "MLXValueError", "NotTraceable", "QueueClosed", "QueueFull", "QueueReleaseError", "QueueStats", "Runtime",
-    "RuntimeClosed", "RuntimeStats", "SharedMemoryError",
+    "RuntimeClosed", "RuntimeStats", "SharedMemoryError", "SpecialTokenText",
     "__version__", "attention", "bind", "bound_queue", "cancelled", "current_queue", "distributed", "eval", "fast", "fft",
     "get_runtime", "host_call", "ipc", "item", "linalg", "memory", "ops", "random", "replay", "run", "synchronize",
     "to_numpy",

@@ -133,6 +133,16 @@ class InvalidOption(EMLXError, ValueError):
         self.option = option
 
 
+class SpecialTokenText(EMLXError, ValueError):
+    """Special-token text where the template renders it as it is (a tool, a call's arguments,
+    a template option): `field` says where, as (``"tools"``, index), (``"template_kwargs"``,
+    name) or (``"messages"``, index, key)."""
+
+    def __init__(self, message: str, field: tuple):
+        super().__init__(message)
+        self.field = field
+
+
 class NotTraceable(EMLXError, ValueError):
     """The model's caches (or its use of them) cannot be written as fixed buffers; the message says which."""
 

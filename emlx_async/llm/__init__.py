@@ -31,6 +31,7 @@ from .grammar import GrammarError as GrammarError
 from .grammar import GrammarStateError as GrammarStateError
 from .penalties import InvalidOption as InvalidOption
 from .prompt_cache import PrefixCache as PrefixCache
+from .text import SpecialTokenText as SpecialTokenText
 from .types import BatchDriverError as BatchDriverError
 from .types import BatchingRefused as BatchingRefused
 from .types import MAX_CHOICES as MAX_CHOICES
@@ -39,4 +40,5 @@ from .types import EngineBusy as EngineBusy
 from .types import RequestStats as RequestStats
 
 __all__ = ["BatchDriverError", "BatchingRefused", "CHOICE_SEED_STEP", "Delta", "Engine", "EngineBusy", "Grammar",
-           "GrammarError", "GrammarStateError", "InvalidOption", "MAX_CHOICES", "PrefixCache", "RequestStats"]
+           "GrammarError", "GrammarStateError", "InvalidOption", "MAX_CHOICES", "PrefixCache", "RequestStats",
+           "SpecialTokenText"]

@@ -21,19 +21,11 @@ from mlx_lm.tokenizer_utils import (BPEStreamingDetokenizer, NaiveStreamingDetok
 from mlx_lm.tokenizer_utils import _byte_decoder as _mlx_lm_byte_decoder
 from tokenizers import Tokenizer, decoders
 
+from .. import SpecialTokenText as SpecialTokenText
+
 
 # The reasoning block of templates that think (Qwen3's, DeepSeek-R1's).
 THINK_START, THINK_END = "<think>", "</think>"
-
-
-class SpecialTokenText(ValueError):
-    """Special-token text where the template renders it as it is (a tool, a call's arguments,
-    a template option): `field` says where, as (``"tools"``, index), (``"template_kwargs"``,
-    name) or (``"messages"``, index, key)."""
-
-    def __init__(self, message: str, field: tuple):
-        super().__init__(message)
-        self.field = field
 
 
 def jinja_renders_tools(chat_template: str | None) -> bool:

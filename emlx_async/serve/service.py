@@ -513,7 +513,7 @@ class Service:
             # A sampling option the engine refuses (a logit_bias id outside the vocabulary) names its own.
             param = request.grammar_param if _is_grammar_error(exc) else \
                 exc.option if isinstance(exc, InvalidOption) else None
-            raise invalid(_field_of(exc, param), str(exc)) from None
+            raise invalid(param, str(exc)) from None
         served.admitted += n
         self.metrics.prompt_tokens.labels(served.name).inc(len(ids))
         return Generation(self, served, deltas, stats, len(ids),

@@ -793,8 +793,7 @@ class _Gemma4Arguments(_JsonArguments):
             if self._in_string:
                 end = pending.find(self.QUOTE, at)
                 if end < 0:  # the delimiter's start may be being written
-                    keep = next((n for n in range(min(len(self.QUOTE) - 1, len(pending) - at), 0, -1)
-                                 if self.QUOTE.startswith(pending[len(pending) - n:])), 0)
+                    keep = _marker_start(pending[at:], self.QUOTE)
                     out.append(_escaped(pending[at:len(pending) - keep]))
                     at = len(pending) - keep
                     break
@@ -1369,9 +1368,13 @@ def _cut(text: str, marker: str, final: bool) -> tuple[str, str, bool]:
         return text[:at], text[at + len(marker):], True
     if final:
         return text, "", False
-    keep = 0
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            keep = n
-            break
+    keep = _marker_start(text, marker)
     return text[:len(text) - keep], text[len(text) - keep:], False
+
+
+def _marker_start(text: str, marker: str) -> int:
+    """How many of `text`'s last characters begin `marker` (it may be being written)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[len(text) - n:]):
+            return n
+    return 0
