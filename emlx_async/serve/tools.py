@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from .xml_arguments import TaggedArguments, _escaped, arguments_reader
+from . import literal_arguments
+from .xml_arguments import TaggedArguments, _escaped, _marker_start, arguments_reader
 
 # emlx_async.llm.text's markers, whose PromptEncoder.thinks reads them (the service imports
 # no model code before a model loads; a test keeps them equal).
@@ -200,12 +201,15 @@ class ToolCallFormat:
         but for the head (``first_name``) and, in the XML-like formats, the arguments (``preview``)."""
         return self.name in ("json_tools", "llama3_json", "mistral")
 
-    def preview(self, name: str, tools: list[dict] | None) -> TaggedArguments | _JsonArguments | None:
+    def preview(self, name: str, tools: list[dict] | None
+                ) -> TaggedArguments | _JsonArguments | literal_arguments.CodeArguments | None:
         """A whole-block format's reader of a call's arguments, from the text after the call's
         name (``first_name``), as it is written (None: the arguments go out once the block has
         ended and parsed)."""
         if self.name in _JSON_ARGUMENTS:
             return _JSON_ARGUMENTS[self.name].for_parser(self.parse)
+        if self.name in literal_arguments.READERS:
+            return literal_arguments.READERS[self.name].for_parser(self.parse)
         return arguments_reader(self.name, name, tools, json_object=_JsonArguments)
 
     @property
@@ -1000,7 +1004,7 @@ class _Block:
     name: str = ""
     dropped: bool = False  # past the calls allowed (parallel calls off): its call is not sent
     lead: str = ""  # a bare call's text before its object (whitespace, ";", the call token)
-    preview: TaggedArguments | _JsonArguments | None = None  # a whole block's arguments as they are written
+    preview: TaggedArguments | _JsonArguments | literal_arguments.CodeArguments | None = None  # a whole block's arguments as they are written
     marked: bool = True  # opened by the start marker (not a call after a Mistral call)
 
     @property
@@ -1370,11 +1374,3 @@ def _cut(text: str, marker: str, final: bool) -> tuple[str, str, bool]:
         return text, "", False
     keep = _marker_start(text, marker)
     return text[:len(text) - keep], text[len(text) - keep:], False
-
-
-def _marker_start(text: str, marker: str) -> int:
-    """How many of `text`'s last characters begin `marker` (it may be being written)."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[len(text) - n:]):
-            return n
-    return 0

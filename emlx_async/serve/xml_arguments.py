@@ -596,3 +596,11 @@ def _escaped(text: str) -> str:
     """`text` as it reads inside a JSON string (json.dumps escapes each character alone, so
     pieces escaped apart join to the whole's escape)."""
     return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def _marker_start(text: str, marker: str) -> int:
+    """How many of `text`'s last characters begin `marker` (it may be being written)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[len(text) - n:]):
+            return n
+    return 0

@@ -41,7 +41,7 @@ SUBPACKAGE_ORDER = {
         "decoding", "traces", "constrained", "parallel", "batching", "batch_prefill", "batch_replay", "save", "engine",
         "sharded", "__init__",
     ],
-    "serve": ["metrics", "xml_arguments", "tools", "protocol", "middleware", "connections", "models", "service", "common",
+    "serve": ["metrics", "xml_arguments", "literal_arguments", "tools", "protocol", "middleware", "connections", "models", "service", "common",
               "anthropic", "responses", "openapi", "app", "cli", "__init__", "__main__"],
 }
 

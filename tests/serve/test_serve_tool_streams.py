@@ -240,18 +240,6 @@ def test_a_forced_calls_head_goes_with_the_first_piece():
     assert cut.finish_reason("length") == "length"
 
 
-def test_formats_that_cannot_stream_send_the_head_early_and_the_arguments_at_the_end():
-    pythonic = _mlx_lm_format("pythonic")
-    assert not pythonic.streams and pythonic.preview("get_weather", [WEATHER]) is None and ToolCallFormat.hermes().streams
-    text = MLX_LM_FORMATS["pythonic"]
-    splitter = OutputSplitter(tool_format=pythonic, tools=[WEATHER])
-    early = [part for piece in _cuts(text, 5)[:-1] for part in splitter.feed(piece).parts]
-    assert [type(p) for p in early] == [CallStart] and early[0].name == "get_weather"
-    parts = splitter.feed(text[len("".join(_cuts(text, 5)[:-1])):]).parts + splitter.flush().parts
-    assert [type(p) for p in parts] == [CallArguments, CallEnd]
-    assert json.loads(parts[0].text) == {"city": "Paris"} and parts[1].valid and parts[1].call["id"] == early[0].id
-
-
 # Llama 3.1's template asks for calls in these words; its answer is the call's JSON alone.
 BARE_CALL = f'{{"name": "get_weather", "parameters": {ARGUMENTS}}}'
 
@@ -467,7 +455,7 @@ def test_long_output_is_read_in_linear_time(call_format, text):
     splitter = OutputSplitter(tool_format=call_format, tools=[WEATHER, TIME])
     start = time.perf_counter()
     parts = _parts(splitter, _cuts(text, 4))
-    assert time.perf_counter() - start < 3.0
+    assert time.perf_counter() - start < 10.0  # quadratic: a minute or more
     sent = "".join(p.text for p in parts if isinstance(p, (Content, CallArguments)))
     assert len(sent) >= len(text) - 60  # nothing lost but the markers and names
 
@@ -518,11 +506,11 @@ def test_early_heads_name_only_what_the_parser_reads_and_a_cut_block_gives_its_w
 def test_a_long_block_is_not_searched_for_its_name_at_every_piece():
     import time
 
-    text = '<tool_call>{"name":"write_file","arguments":{"content":"' + "x" * 40000 + '"}}</tool_call>'
+    text = '<tool_call>{"name":"write_file","arguments":{"content":"' + "x" * 200_000 + '"}}</tool_call>'
     splitter = OutputSplitter(tool_format=_mlx_lm_format("glm47"), tools=None)
     start = time.perf_counter()
     _parts(splitter, _cuts(text, 4))
-    assert time.perf_counter() - start < 1.0  # searching the whole block each time: about 3 s
+    assert time.perf_counter() - start < 5.0  # searching the whole block each time: over a minute
 
 
 def test_a_whole_block_whose_head_went_early_and_then_does_not_parse_stays_a_call():
@@ -1067,7 +1055,7 @@ def test_a_long_gemma4_string_or_key_streams_in_linear_time():
         splitter = OutputSplitter(tool_format=_mlx_lm_format("gemma4"), tools=None)
         start = time.perf_counter()
         parts = _parts(splitter, _cuts(_gemma4(body), 4))
-        assert time.perf_counter() - start < 10.0  # quadratic: hours
+        assert time.perf_counter() - start < 30.0  # quadratic: hours; linear about 5 s on a loaded CPU
         assert json.loads(splitter.tool_calls[0]["function"]["arguments"]) == \
             json.loads(_mlx_lm_format("gemma4").calls(_gemma4(body)[12:-12], None)[0]["function"]["arguments"])
         assert [p.valid for p in parts if isinstance(p, CallEnd)] == [True]

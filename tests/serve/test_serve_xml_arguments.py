@@ -246,7 +246,7 @@ def test_a_long_value_streams_in_linear_time(fmt):
     text = fmt.block([("city", "x" * 200_000 + "\n" + f"{tail} " * 2000 + " " * 50_000 + "y")])
     start = time.perf_counter()
     parts, splitter = _run(fmt, text, 4)
-    assert time.perf_counter() - start < 5.0  # quadratic: minutes
+    assert time.perf_counter() - start < 15.0  # quadratic: minutes; linear 1-3 s
     assert splitter.tool_calls[0]["function"]["arguments"] == json.dumps(fmt.parsed(text))
     assert len([p for p in parts if isinstance(p, CallArguments)]) > 50_000  # streamed, a piece per feed
 
@@ -489,7 +489,7 @@ def test_a_long_minicpm5_value_streams_in_linear_time(value):
     text = fmt.block([("city", value)])
     start = time.perf_counter()
     parts, splitter = _run(fmt, text, 4)
-    assert time.perf_counter() - start < 10.0  # quadratic: hours
+    assert time.perf_counter() - start < 30.0  # quadratic: hours; linear about 5 s on a loaded CPU
     assert splitter.tool_calls[0]["function"]["arguments"] == json.dumps(fmt.parsed(text))
 
 
@@ -499,6 +499,6 @@ def test_a_long_kimi_k3_json_object_streams_in_linear_time():
     text = _kimi_k3(f"<|open|>json<|sep|>{own}<|close|>json<|sep|>")
     start = time.perf_counter()
     parts, splitter = _run(fmt, text, 4)
-    assert time.perf_counter() - start < 10.0
+    assert time.perf_counter() - start < 30.0  # quadratic: hours; linear about 12 s on a loaded CPU
     assert splitter.tool_calls[0]["function"]["arguments"] == own
     assert len([p for p in parts if isinstance(p, CallArguments)]) > 200_000  # streamed, a piece per feed
