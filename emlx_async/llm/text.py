@@ -38,6 +38,21 @@ def jinja_thinks(chat_template: str | None) -> bool:
     return bool(chat_template) and THINK_START in chat_template and THINK_END in chat_template
 
 
+def _arguments_as_text(message: dict) -> dict:
+    """`message` with its tool calls' arguments as JSON text, as OpenAI sends them and a chat
+    template written in Python reads them (DeepSeek-V3.2's ``json.loads`` them); Jinja
+    templates get the object, Hugging Face's convention."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    def as_text(call: Any) -> Any:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or isinstance(function.get("arguments", ""), str):
+            return call
+        return {**call, "function": {**function, "arguments": json.dumps(function["arguments"], ensure_ascii=False)}}
+    return {**message, "tool_calls": [as_text(call) for call in calls]}
+
+
 def encode_text(tokenizer, text: str) -> list[int]:
     """Token ids from a `tokenizers.Tokenizer` or a Hugging Face one.
 
@@ -192,6 +207,7 @@ class PromptEncoder:
         self.python_template = (not chat_template and isinstance(tokenizer, TokenizerWrapper)
                                 and bool(tokenizer.has_chat_template))
         self._renders_tools: bool | None = None
+        self._tools_need_system = False  # a Python template that writes tools in a system message only
         self.vocab_size = vocab_size
         self._plain_tokenizer: Any = None  # encodes special-token text as plain text
         self._template: Any = None  # the compiled chat template
@@ -288,16 +304,17 @@ class PromptEncoder:
                 name = "probe_" + secrets.token_hex(6)
                 tool = {"type": "function", "function": {"name": name, "description": "",
                                                          "parameters": {"type": "object", "properties": {}}}}
-                self._renders_tools = False
                 # Some render them in the system message only (DeepSeek-V3.2's), some refuse one.
+                rendered: list[bool] = []
+                self._renders_tools = False  # while probing: _render adds no system message
                 for messages in ([{"role": "system", "content": ""}, {"role": "user", "content": "x"}],
                                  [{"role": "user", "content": "x"}]):
                     try:
-                        if name in self._render(messages, [tool]):
-                            self._renders_tools = True
-                            break
+                        rendered.append(name in self._render(messages, [tool]))
                     except ValueError:  # a template that refuses these messages
-                        continue
+                        rendered.append(False)
+                self._renders_tools = any(rendered)
+                self._tools_need_system = rendered == [True, False]
             else:
                 self._renders_tools = jinja_renders_tools(self.chat_template)
         return self._renders_tools
@@ -318,6 +335,9 @@ class PromptEncoder:
             options = dict(template_kwargs or {})
             if tools is not None:
                 options["tools"] = tools
+                if self.renders_tools and self._tools_need_system and not any(m["role"] in ("system", "developer") for m in messages):
+                    messages = [{"role": "system", "content": ""}, *messages]  # where it writes the tools
+            messages = [_arguments_as_text(m) for m in messages]
             try:
                 return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                                           **options)

@@ -130,6 +130,45 @@ async def test_a_chat_template_written_in_python_renders_chats_through_mlx_lms_w
             engine.encode(messages=[{"role": "developer", "content": ""}])  # its own assertion
 
 
+@on_loops("asyncio")
+@needs_model
+async def test_a_python_template_gets_a_tool_round_trip_and_the_tools_without_a_system_message(tmp_path):
+    """DeepSeek-V3.2's template writes tools in a system message only and reads a history
+    call's arguments as JSON text (OpenAI's form): a chat of a user message and tools gets
+    them (an empty system message is added), and a history with a call and its result renders."""
+    import json
+
+    from mlx_lm.chat_templates import deepseek_v32
+
+    from emlx_async.llm import Engine
+    from support.tiny_models import tiny_model_folder
+
+    folder = tiny_model_folder(tmp_path / "dsv32", None, kind="llama")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template_type": "deepseek_v32"}))
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "the weather",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    asked = [{"role": "user", "content": "Weather in Paris?"}]
+    # The history as the service hands it over: the arguments an object (Jinja templates' form).
+    history = [*asked, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = await Engine.load(str(folder), runtime=rt)
+        rendered = engine.text.render_chat(asked, tools=[tool])
+        assert "get_weather" in rendered
+        assert rendered == deepseek_v32.apply_chat_template([{"role": "system", "content": ""}, *asked],
+                                                            add_generation_prompt=True, tools=[tool],
+                                                            enable_thinking=False)
+        assert "get_weather" not in engine.text.render_chat(asked)
+        text = engine.text.render_chat(history, tools=[tool])
+        after = text.split("Weather in Paris?")[-1]
+        assert "Paris" in after and "sunny" in after  # the call's arguments, then its result
+        ids = engine.text.encode(messages=history, tools=[tool])
+        assert engine.tokenizer.decode(ids) == text
+        assert history[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}  # the caller's, untouched
+
+
 def test_a_tokenizer_without_a_byte_level_decoder_streams_through_mlx_lms_naive_detokenizer():
     from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
