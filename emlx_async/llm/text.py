@@ -38,6 +38,13 @@ def jinja_thinks(chat_template: str | None) -> bool:
     return bool(chat_template) and THINK_START in chat_template and THINK_END in chat_template
 
 
+# Hugging Face's apply_chat_template keywords that are not the template's (a Python template's
+# options arrive as keywords beside them).
+_TOKENIZER_OPTIONS = frozenset({"chat_template", "tokenize", "return_dict", "return_tensors", "padding", "truncation",
+                                "max_length", "continue_final_message", "return_assistant_tokens_mask",
+                                "tokenizer_kwargs", "documents", "conversation", "add_generation_prompt", "messages"})
+
+
 def _arguments_as_text(message: dict) -> dict:
     """`message` with its tool calls' arguments as JSON text, as OpenAI sends them and a chat
     template written in Python reads them (DeepSeek-V3.2's ``json.loads`` them); Jinja
@@ -333,6 +340,10 @@ class PromptEncoder:
                 template_kwargs: dict[str, Any] | None = None) -> str:
         if self.python_template:
             options = dict(template_kwargs or {})
+            # A Python template's options are apply_chat_template's keywords: the tokenizer's own
+            # (a Jinja template of the caller's, say) are no template option.
+            for key in sorted(options.keys() & _TOKENIZER_OPTIONS):
+                raise ValueError(f"template option {key!r} is the tokenizer's, not one the template reads")
             if tools is not None:
                 options["tools"] = tools
                 if self.renders_tools and self._tools_need_system and not any(m["role"] in ("system", "developer") for m in messages):
@@ -457,6 +468,8 @@ def stop_prefix_len(text: str, stop: list[str]) -> int:
     worst case (a run of one character) still costs the square of it at every token."""
     best = 0
     for s in stop:
+        if not s:
+            continue  # an empty string starts everything and stops nothing
         tail = text[len(text) - min(len(s) - 1, len(text)):]
         at = tail.find(s[0])
         while at != -1 and len(tail) - at > best:

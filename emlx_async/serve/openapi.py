@@ -534,10 +534,10 @@ _RESPONSES_REQUEST = {
                               ("prompt", "prompt"))},
         "reasoning": {"type": "object", "properties": {
             "effort": {"enum": list(REASONING_EFFORTS)},
-            "summary": {"enum": ["auto", "concise", "detailed"],
+            "summary": {"enum": ["auto", "concise", "detailed", "none"],
                         "description": "the reasoning item's summary is the reasoning itself (a local model's "
                                        "reasoning is not hidden), streamed as reasoning_summary_text deltas"},
-            "generate_summary": {"enum": ["auto", "concise", "detailed"],
+            "generate_summary": {"enum": ["auto", "concise", "detailed", "none"],
                                  "description": "summary's older name"}},
             "description": "on a template that thinks, effort none turns its thinking off and any other on; "
                            "the reasoning comes back as a reasoning item"},

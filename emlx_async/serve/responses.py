@@ -17,7 +17,7 @@ chat endpoint's grammar. On a template that thinks the reasoning is a
 ``reasoning`` output item of its own (streamed as ``response.reasoning_text``
 deltas), ``reasoning.effort`` "none" turns the thinking off, and reasoning
 items sent back in ``input`` are left out of the prompt. With
-``reasoning.summary`` ("auto", "concise" or "detailed") the item's summary is
+``reasoning.summary`` ("auto", "concise" or "detailed"; "none" asks for none) the item's summary is
 the reasoning itself, streamed as ``response.reasoning_summary_text`` deltas
 instead: a local model's reasoning is not hidden, so nothing is summarized
 away, and clients that show only summaries (Codex) show it.
@@ -136,7 +136,9 @@ def parse_input(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> list[di
         raise wrong_type("input", "a string or an array of input items", items)
     if not items:
         raise invalid("input", "input: at least one item is required")
-    check_message_count(items, "input", max_messages)
+    # Reasoning items sent back (an agent's every turn has one) are left out of the prompt, and of the count.
+    check_message_count([i for i in items if not (isinstance(i, dict) and i.get("type") == "reasoning")],
+                        "input", max_messages)
     ids = ToolCallIds("function_call item", any_earlier=True)
     for i, item in enumerate(items):
         where = f"input[{i}]"
@@ -264,7 +266,8 @@ def _parse_text_format(body: dict, generation: GenerationRequest) -> dict:
             **({"description": description} if description is not None else {})}
 
 
-SUMMARIES = ("auto", "concise", "detailed")
+# "none": no summary (Codex sends it); the others give the reasoning itself as the summary.
+SUMMARIES = ("auto", "concise", "detailed", "none")
 
 
 def _parse_reasoning(body: dict, generation: GenerationRequest) -> dict | None:
@@ -378,7 +381,7 @@ class ResponsesReply:
         self.created_at = int(time.time())
         self.sequence_number = 0
         self.parts = AnswerParts(generation)
-        self.summarized = bool((request.echo.get("reasoning") or {}).get("summary"))
+        self.summarized = (request.echo.get("reasoning") or {}).get("summary") not in (None, "none")
 
     def response(self, status: str, output: list[dict], usage_: dict | None = None,
                  error: dict | None = None) -> dict:

@@ -212,12 +212,23 @@ class ToolCallFormat:
             return literal_arguments.READERS[self.name].for_parser(self.parse)
         return arguments_reader(self.name, name, tools, json_object=_JsonArguments)
 
-    @property
-    def cut_block_calls_whole(self) -> bool:
-        """Whether the parse of a block cut short (max_tokens) holds, after its first call (the
-        head's), only calls whose end was written, so that those are sent; another format's cut
-        block sends only its head's call."""
-        return self.name in _CUT_BLOCK_CALLS_WHOLE
+    def cut_block_calls(self, text: str) -> int:
+        """How many of the calls the parser reads in a block cut short (max_tokens) were
+        written whole, one after another from the block's start, so that they can be sent: a
+        format whose parse reads a call only to its own end (``_CUT_BLOCK_CALLS``). A call the
+        parser finds further on may be text inside the cut call (a string holding
+        ``call:rm{...}``): it is none. 0 for any other format: its cut block sends only its
+        head's call."""
+        pattern = _CUT_BLOCK_CALLS.get(self.name)
+        regex = getattr(importlib.import_module(self.parse.__module__), pattern, None) if pattern else None
+        if regex is None:
+            return 0
+        text, count, at = text.strip(), 0, 0  # the parse reads the stripped block (calls)
+        for match in regex.finditer(text):
+            if text[at:match.start()].strip():
+                break  # text between: what follows may be inside a call left open
+            count, at = count + 1, match.end()
+        return count
 
     def scanner(self) -> _StreamedCall | _HeaderCall | None:
         """A reader of one call as it streams (None: the format does not stream)."""
@@ -290,7 +301,8 @@ _FIRST_NAMES = {name: re.compile(pattern) for name, pattern in {
 # kimi_k3's <|open|>call...<|close|>call<|sep|>, gemma4's balanced braces). Kimi K2's reads a cut
 # call only where no call ended, as the block's one call (named "<|tool_call_begin|>functions.NAME",
 # which is not the head's: that call is not valid).
-_CUT_BLOCK_CALLS_WHOLE = ("minimax_m2", "kimi_k2", "kimi_k3", "gemma4")
+_CUT_BLOCK_CALLS = {"minimax_m2": "_invoke_complete_regex", "kimi_k2": "_tool_call_split_regex",
+                    "kimi_k3": "_call_regex", "gemma4": "_tool_call_regex"}  # format -> its parser's call regex
 
 
 def _parse_bare_json(text: str, tools: list[dict] | None) -> dict:
@@ -1312,8 +1324,10 @@ class OutputSplitter:
                 self._finish(block, arguments, _is_object(arguments), out)
             else:  # sent is sent: a call with what was sent of its arguments, not valid
                 self._finish(block, sent, False, out)
-            if complete or self._format.cut_block_calls_whole:
+            if complete:
                 self._whole_calls(calls, out)
+            else:  # the head's call was the first of those written whole, if any were
+                self._whole_calls(calls[:max(0, self._format.cut_block_calls(block.text) - 1)], out)
             return
         if block.index is not None:  # its head was sent: a call, whole or not
             self._end_call(block, out)

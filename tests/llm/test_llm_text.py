@@ -167,6 +167,10 @@ async def test_a_python_template_gets_a_tool_round_trip_and_the_tools_without_a_
         ids = engine.text.encode(messages=history, tools=[tool])
         assert engine.tokenizer.decode(ids) == text
         assert history[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}  # the caller's, untouched
+        # Its options arrive as apply_chat_template's keywords: the tokenizer's own are refused.
+        for key in ("chat_template", "tokenize"):
+            with pytest.raises(ValueError, match=f"template option '{key}' is the tokenizer's"):
+                engine.text.render_chat(asked, template_kwargs={key: "{{ 'x' }}"})
 
 
 def test_a_tokenizer_without_a_byte_level_decoder_streams_through_mlx_lms_naive_detokenizer():
@@ -330,6 +334,12 @@ def test_the_held_back_text_is_the_longest_suffix_that_starts_a_stop_string(text
     from emlx_async.llm.text import stop_prefix_len
 
     assert stop_prefix_len(text, stop) == _longest_stop_prefix(text, stop)
+
+
+def test_an_empty_stop_string_holds_nothing_back():
+    from emlx_async.llm.text import stop_prefix_len
+
+    assert stop_prefix_len("abc", ["", "c!"]) == 1 and stop_prefix_len("abc", [""]) == 0
 
 
 def test_holding_back_text_for_a_long_stop_string_costs_little_per_token():

@@ -89,6 +89,9 @@ def test_every_apis_turns_are_bounded_by_max_messages():
         assert (refusal.value.param, refusal.value.code) == (param, "too_many_messages")
         assert f"at most 10 {param} per request, got 11" in refusal.value.message
         parse({**body, next(iter(body)): many[:10]}, max_messages=10)  # ten are fine
+    # Reasoning items sent back (left out of the prompt) are not counted.
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": []}
+    responses.parse_request({"input": [*many[:10], reasoning, reasoning]}, max_messages=10)
 
 
 def test_a_stop_string_is_bounded_in_length_on_both_apis():

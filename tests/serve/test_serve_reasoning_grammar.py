@@ -353,6 +353,11 @@ async def test_responses_reasoning_summaries_are_the_reasoning_itself(smollm2):
             assert [(s.type, s.text) for s in reply.output[0].summary] == [("summary_text", "Hm.")]
             assert reply.output[0].content[0].text == "Hm." and reply.output_text == "Paris."
             assert reply.reasoning.summary == summary
+        # "none" (Codex's setting when summaries are off): accepted, no summary.
+        unsummarized = await client.responses.create(model=MODEL, input="Capital of France?",
+                                                     reasoning={"summary": "none"})
+        assert unsummarized.output[0].summary == [] and unsummarized.output[0].content[0].text == "Hm."
+        assert unsummarized.reasoning.summary == "none"
         older = await client.responses.create(model=MODEL, input="x", reasoning={"generate_summary": "auto"})
         assert older.output[0].summary[0].text == "Hm."
         async with client.responses.stream(model=MODEL, input="Capital of France?",

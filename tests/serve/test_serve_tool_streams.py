@@ -490,6 +490,18 @@ def test_early_heads_name_only_what_the_parser_reads_and_a_cut_block_gives_its_w
     splitter = OutputSplitter(tool_format=_mlx_lm_format("gemma4"), tools=[WEATHER])
     _parts(splitter, _cuts(gemma4, 3))
     assert [json.loads(c["function"]["arguments"]) for c in splitter.tool_calls] == [{"city": "Paris"}, {"city": "Rome"}]
+    # Cut inside a string that holds call text: what the parser finds there is no call (an
+    # agent would run it), neither after the head's call nor in a later call left open.
+    for name, cut in (
+            ("gemma4", '<|tool_call>call:run{code:<|"|>see call:delete_all{force:true} and call:rm{path:<|"|>/<|"|>} ok'),
+            ("gemma4", '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}call:run{code:<|"|>call:rm{path:/}'),
+            ("minimax_m2", '<minimax:tool_call>\n<invoke name="get_weather"><parameter name="city">Paris</parameter>'
+                           '</invoke>\n<invoke name="run"><parameter name="code"><invoke name="rm">'
+                           '<parameter name="path">/</parameter></invoke>')):
+        for size in (1, 5, len(cut)):
+            splitter = OutputSplitter(tool_format=_mlx_lm_format(name), tools=None)
+            _parts(splitter, _cuts(cut, size))
+            assert "rm" not in [c["function"]["name"] for c in splitter.tool_calls], (name, size, splitter.tool_calls)
     # LongCat's parser reads a block opening with "{" as a JSON call: no head is read early from it.
     json_call = '<longcat_tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</longcat_tool_call>'
     splitter = OutputSplitter(tool_format=_mlx_lm_format("longcat"), tools=[WEATHER])

@@ -294,11 +294,15 @@ def test_whatever_the_model_writes_what_was_sent_is_the_parse_or_the_call_is_not
         assert end.valid, text
 
 
-def test_other_whole_block_formats_have_no_preview():
-    for name in ("pythonic", "function_gemma"):
+def test_every_whole_block_format_whose_head_goes_early_streams_its_arguments():
+    """Each of mlx-lm's formats that names its first call early has a reader of its arguments
+    (the XML-like ones here, Kimi K2's and Gemma 4's JSON, the Python-style and FunctionGemma's)."""
+    from emlx_async.serve.tools import _FIRST_NAMES
+
+    for name in _FIRST_NAMES:
         module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
         call_format = ToolCallFormat(module.tool_call_start, module.tool_call_end, module.parse_tool_call, name)
-        assert call_format.preview("get_weather", [WEATHER]) is None
+        assert call_format.preview("get_weather", [WEATHER]) is not None, name
     for fmt in FORMATS.values():
         assert fmt.tool_format.preview("get_weather", [WEATHER]) is not None
 
