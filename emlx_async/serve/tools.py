@@ -197,8 +197,8 @@ class ToolCallFormat:
     def streams(self) -> bool:
         """Whether a call streams as it is written (JSON arguments: OutputSplitter reads them
         as they come). mlx-lm's other parsers read a whole block (XML-like tags, Python
-        calls, a format's own separators): their calls are sent once their block has ended,
-        but for the head (``first_name``) and, in the XML-like formats, the arguments (``preview``)."""
+        calls, a format's own separators): their first call's head (``first_name``) and
+        arguments (``preview``) go out as written, the block's other calls once it has ended."""
         return self.name in ("json_tools", "llama3_json", "mistral")
 
     def preview(self, name: str, tools: list[dict] | None
