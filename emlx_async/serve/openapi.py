@@ -519,6 +519,8 @@ _RESPONSES_REQUEST = {
         "stream": _SAMPLING["stream"],
         "metadata": {"type": "object", "additionalProperties": {"type": "string"}, "description": "echoed"},
         "parallel_tool_calls": {"type": "boolean"},
+        "max_tool_calls": {"type": "integer", "minimum": 1,
+                           "description": "the calls an answer may hold: later ones are dropped"},
         "truncation": {"enum": ["auto", "disabled"], "description": "echoed"},
         "text": {"type": "object", "properties": {"format": {"anyOf": [_TEXT_FORMAT, {"type": "null"}]}}},
         "include": {"type": "array", "items": {"type": "string"}, "description": "ignored"},
@@ -620,6 +622,7 @@ _RESPONSE = {
         "max_output_tokens": {"type": ["integer", "null"], "minimum": 1},
         "temperature": _SAMPLING["temperature"], "top_p": _SAMPLING["top_p"],
         "parallel_tool_calls": {"type": "boolean"}, "truncation": {"enum": ["auto", "disabled"]},
+        "max_tool_calls": {"type": ["integer", "null"], "minimum": 1},
     },
 }
 

@@ -171,6 +171,7 @@ class GenerationRequest:
     tool_choice: str = "auto"  # "auto", "required" or "function" (then tool_name)
     tool_name: str | None = None
     parallel_tool_calls: bool = True
+    max_tool_calls: int | None = None  # Responses' max_tool_calls: calls past it are read and dropped
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
     # Tokens the reasoning of a template that thinks may take (None: REASONING_SHARE of max_tokens
     # under a grammar, unbounded without one); the Messages API's thinking.budget_tokens.
@@ -596,7 +597,8 @@ def choose_tools(request: GenerationRequest, tools: list[dict], choice: str, nam
     if choice != "auto":
         try:
             request.grammar = call_grammar(tools, name=name,
-                                           parallel=request.parallel_tool_calls and choice != "function")
+                                           parallel=request.parallel_tool_calls and choice != "function"
+                                           and request.max_tool_calls != 1)
             request.grammar_param = "tool_choice"
         except (GrammarError, RecursionError) as exc:
             raise _tool_schema_error(tools, exc) from None

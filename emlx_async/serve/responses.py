@@ -309,13 +309,14 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> Respo
         chat=True, model=model, messages=messages, max_tokens=integer(body, "max_output_tokens", low=1),
         temperature=number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=number(body, "top_p", 1.0, 0.0, 1.0, low_open=True), stream=boolean(body, "stream"),
-        parallel_tool_calls=parallel is not False)
+        parallel_tool_calls=parallel is not False, max_tool_calls=integer(body, "max_tool_calls", low=1))
     tools, tool_choice = parse_tools(body, generation)
     text_format = _parse_text_format(body, generation)
     echo = {"text": {"format": text_format}, "reasoning": _parse_reasoning(body, generation),
             "instructions": body.get("instructions"), "metadata": metadata or {},
             "max_output_tokens": generation.max_tokens, "temperature": generation.temperature,
             "top_p": generation.top_p, "parallel_tool_calls": generation.parallel_tool_calls,
+            "max_tool_calls": generation.max_tool_calls,
             "truncation": body.get("truncation") or "disabled", "tools": tools, "tool_choice": tool_choice}
     return ResponsesRequest(generation, echo)
 

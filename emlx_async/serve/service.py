@@ -141,6 +141,11 @@ class Service:
             raise ValueError("max_messages and max_prompt_tokens must be >= 1")
         if config.idle_unload is not None and not config.idle_unload > 0:
             raise ValueError(f"idle_unload must be positive, got {config.idle_unload!r}")
+        # Each of these at 0 (or below) made a server that answered every request wrongly or refused it.
+        for name, low in (("default_max_tokens", 1), ("max_body_bytes", 1), ("prompt_cache_tokens", 0),
+                          ("prompt_cache_bytes", 0)):
+            if getattr(config, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(config, name)!r}")
         self.config = config
         self.models = Models(config.model_specs(), self._load_engine)
         if config.distributed and (len(self.models) > 1 or config.idle_unload is not None):
@@ -405,11 +410,12 @@ class Service:
         if not thinking and request.tools is None:
             return None
         in_reasoning = state == "open"
-        forced_name = None
+        forced_name, calls_only = None, False
         if request.tools is None:
             tool_format = None
         elif request.grammar is not None and request.grammar_param == "tool_choice":
             tool_format = ToolCallFormat.hermes()  # what call_grammar makes the model write
+            calls_only = True  # and nothing else: a marker cut by max_tokens is no answer text
             # After any reasoning (after_reasoning) the grammar writes the call: the first
             # call's name is known before it is written where only one fits.
             if request.tool_choice == "function":
@@ -422,8 +428,8 @@ class Service:
             if tool_format.markerless and request.grammar is not None:
                 tool_format = None  # response_format's JSON answer would read as a bare call
         return OutputSplitter(thinking=thinking, in_reasoning=in_reasoning, tool_format=tool_format,
-                              tools=request.tools, max_calls=None if request.parallel_tool_calls else 1,
-                              forced_name=forced_name)
+                              tools=request.tools, max_calls=_max_calls(request),
+                              forced_name=forced_name, calls_only=calls_only)
 
     async def ensure_loaded(self, served: ServedModel) -> None:
         """Load `served` if it was unloaded (its requests wait for that one load), or APIError 503."""
@@ -671,6 +677,13 @@ def _field_of(exc: BaseException, default: str) -> str:
     if isinstance(field, tuple) and field[0] == "template_kwargs":
         return f"chat_template_kwargs.{field[1]}"
     return default
+
+
+def _max_calls(request: GenerationRequest) -> int | None:
+    """The calls an answer may hold (None: any number): one without parallel calls, at most
+    Responses' max_tool_calls."""
+    limits = [n for n in (None if request.parallel_tool_calls else 1, request.max_tool_calls) if n is not None]
+    return min(limits) if limits else None
 
 
 def _is_grammar_error(exc: BaseException) -> bool:

@@ -1074,11 +1074,13 @@ class OutputSplitter:
     (a named tool_choice, or "required" with one tool): its head is sent with
     the answer's first piece (after any reasoning), before the model has
     written it.
+    `calls_only`: a grammar lets the answer hold calls alone (tool_choice "required" or
+    named): text outside them (whitespace, a marker that max_tokens cut) is no content.
     """
 
     def __init__(self, *, thinking: bool = False, in_reasoning: bool = False,
                  tool_format: ToolCallFormat | None = None, tools: list[dict] | None = None,
-                 max_calls: int | None = None, forced_name: str | None = None):
+                 max_calls: int | None = None, forced_name: str | None = None, calls_only: bool = False):
         self.thinking = thinking
         self._in_reasoning = in_reasoning
         self._may_open = thinking and not in_reasoning  # <think> only at the start
@@ -1087,6 +1089,7 @@ class OutputSplitter:
         self._tools = tools
         self._max_calls = max_calls
         self._forced_name = forced_name if tool_format is not None else None
+        self._calls_only = calls_only and tool_format is not None
         self._awaiting: _Block | None = None  # a forced call's block, its head sent, before its marker
         self._pending = ""  # text not yet assigned
         self._block: _Block | None = None  # inside a tool-call block
@@ -1222,7 +1225,8 @@ class OutputSplitter:
                 self._awaiting = None
                 continue
             done, rest, found = _cut(self._pending, self._format.start, final)
-            out.add(Content(done))
+            if not self._calls_only:
+                out.add(Content(done))
             self._pending = rest
             if not found:
                 break
@@ -1333,9 +1337,10 @@ class OutputSplitter:
             self._end_call(block, out)
             return
         calls = self._parsed(block)
-        if calls is None:  # unparsed text stays text
+        if calls is None:  # unparsed text stays text (under a grammar of calls alone, a call cut before its name)
             start = self._format.start if block.marked else ""
-            out.add(Content(block.lead + start + block.text + (self._format.end if complete else "")))
+            if not self._calls_only:
+                out.add(Content(block.lead + start + block.text + (self._format.end if complete else "")))
             return
         self._whole_calls(calls, out)
 

@@ -339,6 +339,11 @@ async def test_responses_answers_calls_as_function_call_items(smollm2):
                                                                           tools=[FUNCTION], stream=True)]
         one = await client.responses.create(model=MODEL, input=QUESTION, tools=[FUNCTION], parallel_tool_calls=False)
         assert [item.type for item in one.output] == ["message", "function_call"]
+        # max_tool_calls bounds them too (it was ignored), and is echoed.
+        capped = await client.responses.create(model=MODEL, input=QUESTION, tools=[FUNCTION], max_tool_calls=1)
+        assert [item.type for item in capped.output] == ["message", "function_call"] and capped.max_tool_calls == 1
+        two = await client.responses.create(model=MODEL, input=QUESTION, tools=[FUNCTION], max_tool_calls=2)
+        assert [item.type for item in two.output] == ["message", "function_call", "function_call"]
     kinds = [e.type for e in events]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     call_events = ["response.output_item.added", "response.function_call_arguments.delta",

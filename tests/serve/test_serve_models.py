@@ -78,6 +78,21 @@ def test_the_cli_refuses_bad_models_before_loading(capsys):
         main(["serve", "--model", "fast=/nowhere/x"])
 
 
+def test_the_cli_refuses_settings_that_make_a_server_of_no_use(capsys):
+    """Each of these started a server that refused every request or served on another port."""
+    from emlx_async.serve.cli import main
+
+    for flags, says in ((["--default-max-tokens", "0"], "default_max_tokens must be >= 1"),
+                        (["--max-body-bytes", "0"], "max_body_bytes must be >= 1"),
+                        (["--prompt-cache-tokens", "-1"], "prompt_cache_tokens must be >= 0"),
+                        (["--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0")):
+        with pytest.raises(SystemExit, match=says):
+            main(["serve", *flags])
+    with pytest.raises(SystemExit):
+        main(["serve", "--port", "99999"])
+    assert "a port is in 0..65535, got 99999" in capsys.readouterr().err
+
+
 # ---- in process: stand-in engines ---------------------------------------------------------
 
 class GatedEngine:

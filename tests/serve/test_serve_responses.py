@@ -92,6 +92,8 @@ HOSTILE = [
     ({**OK, "include": "x"}, "include"),
     ({**OK, "truncation": "sometimes"}, "truncation"),
     ({**OK, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({**OK, "max_tool_calls": 0}, "max_tool_calls"),
+    ({**OK, "max_tool_calls": "1"}, "max_tool_calls"),
 ]
 
 

@@ -240,6 +240,21 @@ def test_a_forced_calls_head_goes_with_the_first_piece():
     assert cut.finish_reason("length") == "length"
 
 
+def test_a_grammar_of_calls_alone_gives_no_content_when_max_tokens_cuts_the_next_call():
+    """tool_choice "required": the grammar writes calls and the whitespace between them only, so
+    a second call's marker cut by max_tokens is neither content nor a call (it leaked as
+    content "\n<tool_" on every API)."""
+    for cut in ("\n<tool_", "\n<", "\n", "\n<tool_call>\n{\"name\": \"get_w"):
+        for size in (1, 4, 1000):
+            splitter = _hermes(calls_only=True)
+            parts = _parts(splitter, _cuts(CALL + cut, size))
+            assert not [p for p in parts if isinstance(p, Content) and p.text], (cut, size)
+            assert json.loads(splitter.tool_calls[0]["function"]["arguments"]) == json.loads(ARGUMENTS)
+    # Without the grammar the same text is the answer's.
+    parts = _parts(_hermes(), [CALL, "\n<"])
+    assert "".join(p.text for p in parts if isinstance(p, Content)).strip() == "<"
+
+
 # Llama 3.1's template asks for calls in these words; its answer is the call's JSON alone.
 BARE_CALL = f'{{"name": "get_weather", "parameters": {ARGUMENTS}}}'
 
