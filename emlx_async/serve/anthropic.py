@@ -57,6 +57,7 @@ MESSAGES, COUNT_TOKENS = "/v1/messages", "/v1/messages/count_tokens"
 MAX_STOP_SEQUENCES = 16
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+               415: "invalid_request_error",
                429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens"}  # "stop": end_turn or stop_sequence, told apart by the last delta
 

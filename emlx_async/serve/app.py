@@ -251,6 +251,9 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
         error = APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type=kind,
                          headers=dict(exc.headers or {}))
+        path = request.url.path  # a wrong method or path under the Messages API: Anthropic's shape
+        if path == middleware.ANTHROPIC_PREFIX or path.startswith(middleware.ANTHROPIC_PREFIX + "/"):
+            return anthropic.error_response(error)
         return error_response(error)
 
     async def server_error(request: Request, exc: Exception) -> Response:

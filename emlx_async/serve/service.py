@@ -718,6 +718,10 @@ def error_response(error: APIError) -> JSON:
 async def read_json(request: Request, limit: int, timeout: float):
     """The JSON body, refusing more than `limit` bytes (413) before reading them all,
     and a body not complete within `timeout` seconds (408)."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):  # a gzip body read as JSON failed on its first byte, naming none
+        raise APIError(415, f"Content-Encoding {encoding!r} is not supported: send the body uncompressed",
+                       code="unsupported_content_encoding")
     declared = request.headers.get("content-length")
     # isdecimal() alone takes other scripts' digits, which int() then reads.
     if declared is not None and declared.isascii() and declared.isdecimal() \

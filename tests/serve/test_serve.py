@@ -248,6 +248,10 @@ def test_errors_do_not_disturb_a_running_stream(http):
         check_error(http.post(CHAT, content=b"{not json"), 400)
         check_error(http.post(CHAT, content=b"[1, 2]"), 400)
         check_error(http.post(CHAT, content=b"x" * (2 << 20)), 413)
+        import gzip  # a compressed body is refused by its encoding, not read as broken JSON
+        zipped = http.post(CHAT, content=gzip.compress(json.dumps({"messages": FRANCE}).encode()),
+                           headers={"Content-Encoding": "gzip"})
+        assert "Content-Encoding 'gzip' is not supported" in check_error(zipped, 415)["message"]
         check_error(http.get("/v1/nothing"), 404)
         assert check_error(http.post(CHAT, json={"messages": FRANCE, "model": "gpt-4o"}), 404,
                            "model")["code"] == "model_not_found"  # as OpenAI answers an unknown model

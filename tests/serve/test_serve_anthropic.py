@@ -130,6 +130,7 @@ def test_errors_take_anthropics_types_and_statuses():
     assert shaped(400) == (400, "invalid_request_error")
     assert shaped(404) == (404, "not_found_error")
     assert shaped(413) == (413, "request_too_large")
+    assert shaped(415) == (415, "invalid_request_error")
     assert shaped(429) == (429, "rate_limit_error")
     assert shaped(500) == (500, "api_error")
     assert shaped(503) == (529, "overloaded_error")  # the service's own 503 (loading, draining)
@@ -325,6 +326,9 @@ def test_hostile_bodies_against_the_server(http, anthropic_client):
         message = check_error(http.post("/v1/messages", content=content), 400, "invalid_request_error", param)
         assert len(message) < 1000
     check_error(http.post("/v1/messages", content=b"x" * (2 << 20)), 413, "request_too_large")
+    # A wrong method or path under the Messages API (the SDK's batches) is answered in Anthropic's shape too.
+    check_error(http.get("/v1/messages"), 405, "invalid_request_error")
+    check_error(http.post("/v1/messages/batches", json={}), 404, "not_found_error")
     # A model this server does not serve (even one no tokenizer could encode) is not found.
     check_error(http.post("/v1/messages", content=json.dumps({**OK, "model": "claude-\ud800"})), 404,
                 "not_found_error", "model")
