@@ -121,12 +121,12 @@ class PythonicArguments(CodeArguments):
                     continue
                 if ch == ")":
                     self._close(out)
-                elif ch.isidentifier():
+                elif ch.isascii() and ch.isidentifier():  # Python reads others NFKC-normalized
                     self._state, self._name = "name", [ch]
                 else:
                     self._stop()
             elif state == "name":
-                if (ch == "_" or ch.isalnum()) and ("a" + ch).isidentifier():
+                if ch.isascii() and (ch == "_" or ch.isalnum()):
                     self._name.append(ch)
                 elif ch in _SPACE or ch == "=":
                     self._state = "equals"
@@ -190,7 +190,11 @@ class PythonicArguments(CodeArguments):
             else:
                 self._stop()
             return len(text)
-        out.append(_escaped(ast.literal_eval('"' + escape.group() + '"')))
+        try:
+            out.append(_escaped(ast.literal_eval('"' + escape.group() + '"')))
+        except (SyntaxError, ValueError):  # \U past U+10FFFF: Python's parse fails too
+            self._stop()
+            return len(text)
         return escape.end()
 
     def _read_bare(self, text: str, at: int, out: list[str]) -> int:
@@ -206,11 +210,14 @@ class PythonicArguments(CodeArguments):
                     self._in_quote = ""
             elif ch in "\"'":
                 self._in_quote = ch
+            elif ch == "#":  # a comment: a "," or ")" in it ends nothing
+                self._stop()
+                return len(text)
             elif ch in "([{":
                 self._depth += 1
             elif ch in ")]}" and self._depth > 0:
                 self._depth -= 1
-            elif ch in ",)":
+            elif ch in ",)" and self._depth == 0:
                 self._bare.append(text[start:at])
                 value = _literal("".join(self._bare))
                 if value is None:
@@ -259,21 +266,29 @@ class FunctionGemmaArguments(CodeArguments):
         self._state = "key"  # key, value, string, skip, bare
         self._key: list[str] = []
         self._bare: list[str] = []
+        self._brace: int | None = None  # where the piece's next "}" is (-1: none); None: not looked for
+
+    def _next_brace(self, text: str, at: int) -> int:
+        """The next "}" of `text` from `at`, each character searched once a piece (a whole text
+        fed at once stays linear)."""
+        if self._brace is None or 0 <= self._brace < at:
+            self._brace = text.find("}", at)
+        return self._brace
 
     def _read(self, text: str, out: list[str]) -> None:
-        at, self._pending = 0, ""
+        at, self._pending, self._brace = 0, "", None
         while at < len(text) and not (self._stopped or self._done):
             state = self._state
             if state == "key":
                 at = self._read_key(text, at, out)
             elif state == "value":
-                rest = text[at:]
-                if rest.startswith(self.ESCAPE):
+                head = text[at:at + len(self.ESCAPE)]  # not text[at:]: a copy of the rest at each value
+                if head == self.ESCAPE:
                     self._state = "string"
                     out.append('"')
                     at += len(self.ESCAPE)
-                elif self.ESCAPE.startswith(rest):
-                    self._pending = rest  # the marker may be being written
+                elif self.ESCAPE.startswith(head):
+                    self._pending = head  # the marker may be being written (head is the text's end)
                     return
                 else:
                     self._state, self._bare = "bare", []
@@ -289,7 +304,7 @@ class FunctionGemmaArguments(CodeArguments):
                 at = self._read_bare(text, at, out)
 
     def _read_key(self, text: str, at: int, out: list[str]) -> int:
-        colon, brace = text.find(":", at), text.find("}", at)
+        colon, brace = text.find(":", at), self._next_brace(text, at)
         if brace >= 0 and (colon < 0 or brace < colon):
             self._key.append(text[at:brace])
             if "".join(self._key):
@@ -306,7 +321,7 @@ class FunctionGemmaArguments(CodeArguments):
         return colon + 1
 
     def _read_string(self, text: str, at: int, out: list[str]) -> int:
-        marker, brace = text.find(self.ESCAPE, at), text.find("}", at)
+        marker, brace = text.find(self.ESCAPE, at), self._next_brace(text, at)
         if brace >= 0 and (marker < 0 or brace < marker):
             out.append(_escaped(text[at:brace]))  # as a cut before the brace would have sent
             self._stop()  # the parser's call ends here, inside the string
@@ -321,7 +336,7 @@ class FunctionGemmaArguments(CodeArguments):
         return marker + len(self.ESCAPE)
 
     def _read_bare(self, text: str, at: int, out: list[str]) -> int:
-        comma, brace = text.find(",", at), text.find("}", at)
+        comma, brace = text.find(",", at), self._next_brace(text, at)
         ends = [i for i in (comma, brace) if i >= 0]
         if not ends:
             self._bare.append(text[at:])
@@ -331,9 +346,9 @@ class FunctionGemmaArguments(CodeArguments):
         value = "".join(self._bare)
         try:
             decoded: Any = json.loads(value)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError:  # the parser keeps such a value as text
             decoded = value
-        except RecursionError:
+        except (ValueError, RecursionError):  # past int's digits, nested too deep: its parse fails too
             self._stop()
             return len(text)
         out.append(json.dumps(decoded, ensure_ascii=False))

@@ -212,23 +212,26 @@ class ToolCallFormat:
             return literal_arguments.READERS[self.name].for_parser(self.parse)
         return arguments_reader(self.name, name, tools, json_object=_JsonArguments)
 
-    def cut_block_calls(self, text: str) -> int:
-        """How many of the calls the parser reads in a block cut short (max_tokens) were
-        written whole, one after another from the block's start, so that they can be sent: a
-        format whose parse reads a call only to its own end (``_CUT_BLOCK_CALLS``). A call the
-        parser finds further on may be text inside the cut call (a string holding
-        ``call:rm{...}``): it is none. 0 for any other format: its cut block sends only its
-        head's call."""
+    def cut_block_calls(self, text: str, tools: list[dict] | None) -> list[dict]:
+        """The calls of a block cut short (max_tokens) that were written whole, one after
+        another from the block's start (the head's first), so that they can be sent: a format
+        whose parse reads a call only to its own end (``_CUT_BLOCK_CALLS``), its parse of that
+        run alone. A call the parser finds further on may be text inside the cut call (a
+        string holding ``call:rm{...}``): it is none. Another format's cut block sends only
+        its head's call ([])."""
         pattern = _CUT_BLOCK_CALLS.get(self.name)
         regex = getattr(importlib.import_module(self.parse.__module__), pattern, None) if pattern else None
         if regex is None:
-            return 0
-        text, count, at = text.strip(), 0, 0  # the parse reads the stripped block (calls)
+            return []
+        text, end = text.strip(), 0  # the parse reads the stripped block (calls)
         for match in regex.finditer(text):
-            if text[at:match.start()].strip():
+            if text[end:match.start()].strip():
                 break  # text between: what follows may be inside a call left open
-            count, at = count + 1, match.end()
-        return count
+            end = match.end()
+        try:
+            return self.calls(text[:end], tools) if end else []
+        except Exception:  # noqa: BLE001 - parsers raise what they like
+            return []
 
     def scanner(self) -> _StreamedCall | _HeaderCall | None:
         """A reader of one call as it streams (None: the format does not stream)."""
@@ -846,10 +849,29 @@ _JSON_ARGUMENTS: dict[str, type[_JsonArguments]] = {"kimi_k2": _JsonArguments, "
 
 
 def _same_json(a: str, b: str) -> bool:
+    """Whether two JSON texts hold the same value: a key named twice (readers keep the first or
+    the last) is none, and true, 1 and 1.0 differ (Python's == has them equal)."""
     try:
-        return json.loads(a, parse_constant=_no_constant) == json.loads(b, parse_constant=_no_constant)
+        return _strict(json.loads(a, parse_constant=_no_constant, object_pairs_hook=_unique_keys)) == \
+            _strict(json.loads(b, parse_constant=_no_constant, object_pairs_hook=_unique_keys))
     except (ValueError, RecursionError):
         return False
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("a key named twice")
+    return out
+
+
+def _strict(value: Any) -> Any:
+    """`value` with each scalar tagged by its type, so == tells true, 1 and 1.0 apart."""
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strict(v) for v in value]
+    return type(value).__name__, value
 
 
 _HEADER = re.compile(r"\s*([\w-]+)\s*\[ARGS\]")
@@ -1331,7 +1353,7 @@ class OutputSplitter:
             if complete:
                 self._whole_calls(calls, out)
             else:  # the head's call was the first of those written whole, if any were
-                self._whole_calls(calls[:max(0, self._format.cut_block_calls(block.text) - 1)], out)
+                self._whole_calls(self._format.cut_block_calls(block.text, self._tools)[1:], out)
             return
         if block.index is not None:  # its head was sent: a call, whole or not
             self._end_call(block, out)

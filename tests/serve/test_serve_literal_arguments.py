@@ -90,6 +90,13 @@ def test_a_string_streams_before_it_ends():
         assert "".join(p.text for p in parts if isinstance(p, CallArguments)) == '{"city": "Par'
 
 
+def test_a_container_value_goes_out_at_its_end_and_the_next_string_streams():
+    splitter = OutputSplitter(tool_format=_format("pythonic"), tools=None)
+    parts = splitter.feed(_format("pythonic").start + '[get_weather(o={"a": [1, (2, 3)]}, days=[4, 5], city="Par').parts
+    assert "".join(p.text for p in parts if isinstance(p, CallArguments)) == \
+        '{"o": {"a": [1, [2, 3]]}, "days": [4, 5], "city": "Par'
+
+
 def test_later_calls_of_a_python_block_come_whole_from_the_parse():
     _, pieces, ends = _run("pythonic", _block("pythonic", '[a(x=1), b(y="z")]'), 2)
     assert "".join(pieces) == '{"x": 1}'
@@ -105,6 +112,59 @@ def test_later_calls_of_a_python_block_come_whole_from_the_parse():
 def test_text_the_parser_refuses_keeps_what_was_sent_and_is_not_valid(name, body, sent):
     results = {size: _run(name, _block(name, body), size)[2] for size in (1, 4, 1000)}
     assert results[1] == results[4] == results[1000] == [("get_weather", sent, False)]
+
+
+@pytest.mark.parametrize("name, body, sent, valid", [
+    # A number past int's digits (mlx-lm's parse fails too), a \U escape past U+10FFFF: no exception.
+    ("function_gemma", "call:get_weather{n:" + "1" * 4301 + "}", '{"n": ', False),
+    ("pythonic", '[get_weather(a="\\UFFFFFFFF")]', '{"a": "\\\\UFFFFFFFF"}', True),  # the regex's reading
+    # A comment's "," or ")" ends no value: nothing the parse does not read goes out.
+    ("pythonic", "[get_weather(a=1 # x, y=2\n)]", '{"a": 1}', True),
+    ("pythonic", "[get_weather(a=1 # )\n, b=2)]", '{"a": 1, "b": 2}', True),
+    # A key named twice: the parse keeps the last, so the streamed text is not the call's value.
+    ("pythonic", "[get_weather(a=1, a=2)]", None, False),
+    ("function_gemma", "call:get_weather{a:1,a:2}", '{"a": 1, "a": 2}', False),
+    # A key Python reads NFKC-normalized: the parse's, from the block.
+    ("pythonic", '[get_weather(\uff43ity="x")]', '{"city": "x"}', True),
+])
+def test_text_the_readers_do_not_follow_is_the_parses(name, body, sent, valid):
+    results = {size: _run(name, _block(name, body), size)[2] for size in (1, 4, 1000)}
+    assert results[1] == results[4] == results[1000]
+    [(called, arguments, was_valid)] = results[1]
+    assert called == "get_weather" and was_valid == valid
+    if sent is not None:
+        assert arguments == sent
+
+
+def test_a_cut_block_sends_the_calls_written_whole_in_a_row_as_its_parse_of_them_reads():
+    """Kimi K3's parser skips a call without a tool attribute: the run of whole calls is parsed
+    alone, so a call after text (inside a cut value, say) is never sent."""
+    start = '<|open|>tools<|sep|>'
+    first = '<|open|>call tool="f"<|sep|><|open|>argument key="a"<|sep|>1<|close|>argument<|sep|><|close|>call<|sep|>'
+    skipped = "<|open|>call<|sep|><|close|>call<|sep|>"
+    later = ('<|open|>call tool="rm"<|sep|><|open|>argument key="p"<|sep|>/<|close|>argument<|sep|>'
+             "<|close|>call<|sep|>")
+    text = start + first + skipped + "note: " + later + '<|open|>call tool="g'
+    for size in (1, 7, len(text)):
+        splitter = OutputSplitter(tool_format=_format("kimi_k3"), tools=None)
+        for at in range(0, len(text), size):
+            splitter.feed(text[at:at + size])
+        splitter.flush()
+        assert [c["function"]["name"] for c in splitter.tool_calls] == ["f"]
+
+
+def test_a_function_gemma_text_fed_whole_reads_in_linear_time():
+    """The reader alone (mlx-lm's own parse at the block's end is quadratic here: 4 s at 50k
+    arguments): each value's search for "}" and a copy of the rest at each value made it so."""
+    from emlx_async.serve.literal_arguments import FunctionGemmaArguments
+
+    arguments = 200_000
+    text = ",".join(f"k{i}:<escape>v<escape>" for i in range(arguments)) + "}"
+    start = time.perf_counter()
+    reader = FunctionGemmaArguments()
+    sent = reader.feed(text)
+    assert time.perf_counter() - start < 15.0  # quadratic: minutes; linear about 1 s
+    assert reader.complete and len(json.loads(sent)) == arguments
 
 
 def test_without_the_parsers_pieces_the_arguments_come_at_the_blocks_end(monkeypatch):
