@@ -151,7 +151,7 @@ def parse_tools(body: dict, request: GenerationRequest) -> None:
         if name not in names:
             raise invalid("tool_choice.name", f"tool_choice.name: {show(name)} is not one of the tools",
                           "unknown_tool")
-    choose_tools(request, parsed, _TOOL_CHOICES[kind], name, param="tool_choice")
+    choose_tools(request, parsed, _TOOL_CHOICES[kind], name, param="tool_choice", said=kind)
 
 
 def _text_blocks(content, param: str) -> str:

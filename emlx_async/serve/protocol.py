@@ -579,9 +579,10 @@ def _check_schema(schema: dict, param: str) -> None:
 
 
 def choose_tools(request: GenerationRequest, tools: list[dict], choice: str, name: str | None = None,
-                 *, param: str = "tool_choice") -> None:
+                 *, param: str = "tool_choice", said: str | None = None) -> None:
     """Set the request's tools and tool_choice ("auto", "none", "required", or "function"
-    with `name`), with the grammar a forced call needs; every API's tool fields end here."""
+    with `name`), with the grammar a forced call needs; every API's tool fields end here.
+    `said`: the choice as the API spells it (Messages' "any"), for errors."""
     from emlx_async.llm.grammar import GrammarError
 
     from .tools import call_grammar
@@ -592,7 +593,7 @@ def choose_tools(request: GenerationRequest, tools: list[dict], choice: str, nam
     request.tools = tools or None
     if request.tools is None:
         if choice != "auto":
-            raise invalid(param, f"tool_choice {show(choice)} needs at least one tool")
+            raise invalid(param, f"tool_choice {show(said or choice)} needs at least one tool")
         return
     if choice != "auto":
         try:

@@ -80,6 +80,9 @@ def test_messages_tool_choice_maps_to_chats():
     assert "get_weather" not in named.grammar.source
     assert parsed({"type": "none"}).tools is None  # the model answers in text: the tools are not shown
     assert not parsed({"type": "auto", "disable_parallel_tool_use": True}).parallel_tool_calls
+    # Refused in the API's own words: "any", not chat's "required".
+    with pytest.raises(APIError, match="tool_choice 'any' needs at least one tool"):
+        messages_api.parse_request({**OK, "tool_choice": {"type": "any"}})
 
 
 def test_responses_tools_become_the_chat_requests():
