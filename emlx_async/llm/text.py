@@ -342,11 +342,13 @@ class PromptEncoder:
             options = dict(template_kwargs or {})
             # A Python template's options are apply_chat_template's keywords: the tokenizer's own
             # (a Jinja template of the caller's, say) are no template option.
-            for key in sorted(options.keys() & _TOKENIZER_OPTIONS):
-                raise ValueError(f"template option {key!r} is the tokenizer's, not one the template reads")
+            refused = sorted(options.keys() & _TOKENIZER_OPTIONS)
+            if refused:
+                raise ValueError(f"template option {refused[0]!r} is the tokenizer's, not one the template reads")
             if tools is not None:
                 options["tools"] = tools
-                if self.renders_tools and self._tools_need_system and not any(m["role"] in ("system", "developer") for m in messages):
+                has_system = any(m["role"] in ("system", "developer") for m in messages)
+                if self.renders_tools and self._tools_need_system and not has_system:
                     messages = [{"role": "system", "content": ""}, *messages]  # where it writes the tools
             messages = [_arguments_as_text(m) for m in messages]
             try:

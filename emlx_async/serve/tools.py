@@ -1038,7 +1038,8 @@ class _Block:
     name: str = ""
     dropped: bool = False  # past the calls allowed (parallel calls off): its call is not sent
     lead: str = ""  # a bare call's text before its object (whitespace, ";", the call token)
-    preview: TaggedArguments | _JsonArguments | literal_arguments.CodeArguments | None = None  # a whole block's arguments as they are written
+    # A whole block's arguments as they are written.
+    preview: TaggedArguments | _JsonArguments | literal_arguments.CodeArguments | None = None
     marked: bool = True  # opened by the start marker (not a call after a Mistral call)
 
     @property
