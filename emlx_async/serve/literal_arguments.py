@@ -14,9 +14,11 @@ does not begin with is not valid).
 
 from __future__ import annotations
 
+import abc
 import ast
 import importlib
 import json
+import keyword
 import re
 from collections.abc import Callable
 from typing import Any
@@ -29,10 +31,10 @@ _SPACE = " \t\r\n\f\v"
 # The escapes a streamed Python string decodes (one whole escape at the text's start); any
 # other (octal, \N{...}, a line continuation, an unknown one) stops the reader.
 _PYTHON_ESCAPE = re.compile(r'\\(?:[\\\'"abfnrtv]|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})')
-_LONGEST_ESCAPE = 10  # \UXXXXXXXX
+_LONGEST_ESCAPE = 10  # a \U escape: the backslash, U and eight hex digits
 
 
-class CodeArguments:
+class CodeArguments(abc.ABC):
     """What both readers share: the JSON handed out, whether the call's arguments ended, and
     whether the reader stopped following the text."""
 
@@ -71,8 +73,9 @@ class CodeArguments:
             self._sent.append(piece)
         return piece
 
+    @abc.abstractmethod
     def _read(self, text: str, out: list[str]) -> None:
-        raise NotImplementedError
+        """Read `text` (what was pending, then the new piece), appending the JSON it makes to `out`."""
 
     def _open_item(self, key: str, out: list[str]) -> None:
         out.append(("{" if self._items == 0 else _ITEM) + json.dumps(key, ensure_ascii=False) + _KEY)
@@ -159,7 +162,11 @@ class PythonicArguments(CodeArguments):
                     self._stop()
 
     def _equals(self, out: list[str]) -> None:
-        self._open_item("".join(self._name), out)
+        name = "".join(self._name)
+        if keyword.iskeyword(name):  # Python's parse fails (if=1): the parser's regex reads the call
+            self._stop()
+            return
+        self._open_item(name, out)
         self._state = "value"
 
     def _after_value(self, ch: str, out: list[str]) -> None:
