@@ -5,9 +5,9 @@ life), ops/, replay/, ipc/, distributed/ (with llm/sharded.py), llm/ (with
 llm/replay_step.py), serve/, packaging/ (layers, typing, benchmarks); shared
 helpers and the scripts tests start are in support/.
 
-After each test: no worker is still leased to a queue, no fd is left open,
-and nothing called the loop's exception handler. pytest-timeout and
-faulthandler (pyproject.toml) turn a deadlock into a failure with stacks.
+After each test (and, after a full collection, each module): no worker is
+still leased to a queue, no fd is left open, and nothing called the loop's
+exception handler. pytest-timeout and faulthandler (pyproject.toml) turn a deadlock into a failure with stacks.
 """
 
 from __future__ import annotations
@@ -57,12 +57,31 @@ def _faulthandler_follows_the_test_timeout(request):
         faulthandler.dump_traceback_later(max(float(mark.args[0]) - 5, default), file=sys.__stderr__)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def no_leaks_in_old_garbage(_warm_up_loops):
+    # A test's leftovers that lived long enough to reach the oldest generation
+    # (a long test's task, say) are found here, after the module's fixtures.
+    fds_before = testing.open_fds()
+    yield
+    gc.collect()
+    calls, handler_calls[:] = list(handler_calls), []
+    assert not calls, f"the loop's exception handler was called by the module's full collection: {calls}"
+    assert testing.active_workers() == 0, "a worker is still leased after the module"
+    leaked = testing.open_fds() - fds_before
+    assert not leaked, f"fds left open by the module: {_describe(leaked)}"
+
+
 @pytest.fixture(autouse=True)
 def no_leaks(_warm_up_loops):
     fds_before = testing.open_fds()
     handler_calls.clear()
     yield
-    gc.collect()
+    # What the test made is in the young generations; a full collection costs
+    # 0.1-0.3 s with the suite's imports (most of the suite's time, once), so
+    # it runs only when something looks leaked, and once per module below.
+    gc.collect(1)
+    if testing.active_workers() or testing.open_fds() - fds_before:
+        gc.collect()
     calls, handler_calls[:] = list(handler_calls), []
     assert not calls, f"the loop's exception handler was called: {calls}"
     assert testing.active_workers() == 0, "a worker is still leased after the test"

@@ -124,4 +124,6 @@ async def test_a_worker_whose_jobs_come_spaced_apart_parks_at_once_instead_of_sp
             await asyncio.sleep(0.0002)  # past the spin window, had it spun
             per_job.append(_thread_cpu_ns(q.thread_id) - before)
         per_job_us = statistics.median(per_job) / 1000  # the median: a shared machine's odd slow job aside
-    assert per_job_us < 30, f"the worker spent {per_job_us:.1f} us of CPU per isolated job"
+    # A spin costs the whole window (50 us of CPU) on top of the job; the job alone took
+    # 10-31 us on loaded 2-core CI machines, so the bound sits between the two.
+    assert per_job_us < 45, f"the worker spent {per_job_us:.1f} us of CPU per isolated job"
