@@ -715,6 +715,39 @@ def error_response(error: APIError) -> JSON:
     return JSON(error.body(), status_code=error.status, headers=error.headers)
 
 
+class RequestBody(dict):
+    """A request's top-level JSON object that remembers which fields the parser read.
+
+    The rest were ignored: `log_ignored` names them in the log, as vLLM does, so
+    a misspelt field ('max_token') is visible to whoever runs the service, while
+    clients that send fields of other servers still get their answers."""
+
+    def __init__(self, fields: dict) -> None:
+        super().__init__(fields)
+        self.read: set[str] = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key) -> bool:
+        self.read.add(key)
+        return super().__contains__(key)
+
+    def ignored(self) -> list[str]:
+        return sorted(name for name in self if name not in self.read)
+
+
+def log_ignored(body: Any, path: str) -> None:
+    """One warning naming the fields of a parsed request `body` that nothing read."""
+    if isinstance(body, RequestBody) and (names := body.ignored()):
+        logger.warning("%s: ignored fields %s", path, ", ".join(repr(name)[:80] for name in names[:20]))
+
+
 async def read_json(request: Request, limit: int, timeout: float):
     """The JSON body, refusing more than `limit` bytes (413) before reading them all,
     and a body not complete within `timeout` seconds (408)."""
@@ -744,11 +777,12 @@ async def read_json(request: Request, limit: int, timeout: float):
         raise APIError(400, "the client closed the connection before the body was complete",
                        code="incomplete_body") from None
     try:
-        return json.loads(b"".join(chunks))
+        body = json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     except RecursionError:
         raise APIError(400, "the request body is nested too deeply", code="invalid_json") from None
+    return RequestBody(body) if isinstance(body, dict) else body
 
 
 async def until_disconnected(receive) -> None:

