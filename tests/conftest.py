@@ -64,11 +64,7 @@ def no_leaks_in_old_garbage(_warm_up_loops):
     fds_before = testing.open_fds()
     yield
     gc.collect()
-    calls, handler_calls[:] = list(handler_calls), []
-    assert not calls, f"the loop's exception handler was called by the module's full collection: {calls}"
-    assert testing.active_workers() == 0, "a worker is still leased after the module"
-    leaked = testing.open_fds() - fds_before
-    assert not leaked, f"fds left open by the module: {_describe(leaked)}"
+    _assert_clean(fds_before, "by the module (found by its full collection)")
 
 
 @pytest.fixture(autouse=True)
@@ -78,15 +74,19 @@ def no_leaks(_warm_up_loops):
     yield
     # What the test made is in the young generations; a full collection costs
     # 0.1-0.3 s with the suite's imports (most of the suite's time, once), so
-    # it runs only when something looks leaked, and once per module below.
+    # it runs only when something looks leaked, and once per module (above).
     gc.collect(1)
     if testing.active_workers() or testing.open_fds() - fds_before:
         gc.collect()
+    _assert_clean(fds_before, "by the test")
+
+
+def _assert_clean(fds_before: set[int], by: str) -> None:
     calls, handler_calls[:] = list(handler_calls), []
-    assert not calls, f"the loop's exception handler was called: {calls}"
-    assert testing.active_workers() == 0, "a worker is still leased after the test"
+    assert not calls, f"the loop's exception handler was called {by}: {calls}"
+    assert testing.active_workers() == 0, f"a worker is still leased, left {by}"
     leaked = testing.open_fds() - fds_before
-    assert not leaked, f"fds left open: {_describe(leaked)}"
+    assert not leaked, f"fds left open {by}: {_describe(leaked)}"
 
 
 def _describe(fds):
