@@ -172,6 +172,8 @@ class GenerationRequest:
     tool_name: str | None = None
     parallel_tool_calls: bool = True
     max_tool_calls: int | None = None  # Responses' max_tool_calls: calls past it are read and dropped
+    # Responses' truncation "auto": the oldest turns go while the prompt does not fit the context.
+    drop_old_turns: bool = False
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
     # Tokens the reasoning of a template that thinks may take (None: REASONING_SHARE of max_tokens
     # under a grammar, unbounded without one); the Messages API's thinking.budget_tokens.

