@@ -7,7 +7,8 @@ helpers and the scripts tests start are in support/.
 
 After each test (and, after a full collection, each module): no worker is
 still leased to a queue, no fd is left open, and nothing called the loop's
-exception handler. pytest-timeout and faulthandler (pyproject.toml) turn a deadlock into a failure with stacks.
+exception handler. pytest-timeout and faulthandler (pyproject.toml) turn a
+deadlock into a failure with stacks.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .service import Generation, Service, log_ignored
+from .service import Generation, Service
 from .common import (JSON, AnswerParts, Collected, boolean, checked_text, count, event, generation_route, integer,
                      joined_text, number, optional_object, read_object, required_text, string, string_list,
                      type_name, wrong_type)
@@ -478,9 +478,8 @@ def routes(service: Service) -> list[Route]:
         try:
             service.check_ready()
             body = await read_object(request, config.max_body_bytes, config.body_timeout)
-            parsed = await service.off_loop(functools.partial(parse_prompt, max_messages=config.max_messages),
-                                            body)
-            log_ignored(body, COUNT_TOKENS)
+            parsed = await service.parse_off_loop(functools.partial(parse_prompt, max_messages=config.max_messages),
+                                                  body, COUNT_TOKENS)
             async with service.model_in_use(parsed.model) as served:  # 404 for a model not served, as generations
                 ids, _ = await service.encode_off_loop(served, parsed)
         except APIError as error:

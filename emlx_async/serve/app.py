@@ -25,8 +25,7 @@ from .metrics import CONTENT_TYPE
 from .protocol import MAX_CHOICES, APIError, GenerationRequest, call_arguments_delta, call_head_delta, chunk_body, \
     completion_body, completion_choice, new_id, parse_request, usage_chunk_body
 from .service import (JSON, EventStream, Generation, ServeConfig, Service, distributed_cause, error_response,
-                      grammar_error, group_broken_error, log_ignored, read_json, shutdown_error, sse,
-                      until_disconnected)
+                      grammar_error, group_broken_error, read_json, shutdown_error, sse, until_disconnected)
 from .tools import CallArguments, CallStart, Content, Reasoning
 
 logger = logging.getLogger("emlx_async.serve")
@@ -44,9 +43,9 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         try:
             service.check_ready()
             body = await read_json(request, config.max_body_bytes, config.body_timeout)
-            parsed = await service.off_loop(functools.partial(parse_request, chat=chat,
-                                                              max_messages=config.max_messages), body)
-            log_ignored(body, endpoint)
+            parsed = await service.parse_off_loop(functools.partial(parse_request, chat=chat,
+                                                                    max_messages=config.max_messages),
+                                                  body, endpoint)
             generation = await service.start_generation(parsed)
         except APIError as error:
             return count(endpoint, error_response(error))

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from .. import DistributedError
 from .service import (JSON, EventStream, Generation, Service, distributed_cause, encode_json, grammar_error,
-                      group_broken_error, log_ignored, read_json, shutdown_error, until_disconnected)
+                      group_broken_error, read_json, shutdown_error, until_disconnected)
 # An integer as JSON Schema (and so the OpenAPI document) counts them: 8.0 is one.
 from .protocol import _is_int as is_int
 from .protocol import APIError, GenerationRequest, invalid
@@ -310,8 +310,7 @@ def generation_route(service: Service, path: str, parse: Callable[[dict], Parsed
             service.check_ready()
             # Off the loop: a tool schema's grammar is compiled and checked while parsing.
             body = await read_object(request, config.max_body_bytes, config.body_timeout)
-            parsed = await service.off_loop(parse, body)
-            log_ignored(body, path)
+            parsed = await service.parse_off_loop(parse, body, path)
             generation = await service.start_generation(parsed.generation)
         except APIError as error:
             return count(service, path, error_response(error))

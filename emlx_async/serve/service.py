@@ -366,6 +366,12 @@ class Service:
         (generations and count_tokens alike)."""
         return await self.off_loop(self.encode_with_text, served, request)
 
+    async def parse_off_loop(self, parse: Callable[[Any], Any], body: Any, path: str) -> Any:
+        """`parse(body)` off the loop, then one warning naming the fields of `body` it never read."""
+        parsed = await self.off_loop(parse, body)
+        log_ignored(body, path)
+        return parsed
+
     async def off_loop(self, function: Callable[..., Any], *args: Any) -> Any:
         """`function(*args)` in a worker thread, at most _ENCODE_THREADS at once: parsing a
         request and encoding its prompt. Both take time with the request's size: rendering
@@ -532,17 +538,12 @@ class Service:
         fewest oldest turns dropped (whole turns: from a user message on; the leading system
         and developer messages stay) for the prompt and max_tokens to fit the context.
         Found by bisection: a few encodings, not one per turn. Where even the last turn alone
-        does not fit, the 400 is the whole prompt's, as without truncation."""
-        too_long: APIError | None = None
-        try:
-            ids, text = await self.encode_off_loop(served, request)
-        except APIError as error:
-            if not request.drop_old_turns or error.code != "context_length_exceeded":
-                raise
-            too_long = error
-        else:
-            if not request.drop_old_turns or self._fits(served, ids, request):
-                return ids, text
+        does not fit, the answer is the whole prompt's, as without truncation."""
+        if not request.drop_old_turns:
+            return await self.encode_off_loop(served, request)
+        whole = await self._encoded_if_it_fits(served, request)
+        if whole is not None:
+            return whole
         messages = request.messages or []
         head = 0
         while head < len(messages) and messages[head]["role"] in ("system", "developer"):
@@ -552,26 +553,27 @@ class Service:
         while low <= high:  # the earliest turn start from which the rest fits
             middle = (low + high) // 2
             trial = dataclasses.replace(request, messages=messages[:head] + messages[starts[middle]:])
-            try:
-                fitted = await self.encode_off_loop(served, trial)
-            except APIError as error:
-                if error.code != "context_length_exceeded":
-                    raise
-                fitted = None
-            if fitted is not None and self._fits(served, fitted[0], trial):
+            fitted = await self._encoded_if_it_fits(served, trial)
+            if fitted is not None:
                 kept, high = (trial.messages, fitted), middle - 1
             else:
                 low = middle + 1
-        if kept is None:
-            if too_long is not None:
-                raise too_long
-            return ids, text  # _admit says whether the prompt or max_tokens is to blame
+        if kept is None:  # the whole prompt's 400 (or _admit's, naming prompt or max_tokens)
+            return await self.encode_off_loop(served, request)
         request.messages = kept[0]
         return kept[1]
 
-    @staticmethod
-    def _fits(served: ServedModel, ids: list[int], request: GenerationRequest) -> bool:
-        return (served.engine.context_length or 1 << 30) - len(ids) >= (request.max_tokens or 1)
+    async def _encoded_if_it_fits(self, served: ServedModel,
+                                  request: GenerationRequest) -> tuple[list[int], str] | None:
+        """`encode_off_loop`, or None where the prompt and max_tokens do not fit the context."""
+        try:
+            ids, text = await self.encode_off_loop(served, request)
+        except APIError as error:
+            if error.code != "context_length_exceeded":
+                raise
+            return None
+        room = (served.engine.context_length or 1 << 30) - len(ids)
+        return (ids, text) if room >= (request.max_tokens or 1) else None
 
     async def _answer_grammar(self, engine, request: GenerationRequest, prompt_text: str, max_tokens: int):
         """The request's grammar as the generation applies it: on a template that thinks, after
