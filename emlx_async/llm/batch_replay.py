@@ -230,7 +230,7 @@ class ReplayBatcher(Batcher):
                         if isinstance(token, GrammarStateError):  # its grammar failed: it fails alone
                             self._deliver(request.uid, min(decoding.eos_ids), "stop", token)
                             continue
-                        finish = decoding.finish(token, request.max_tokens - 1)
+                        finish = decoding.finish(token, request.max_tokens - 1, request.sampler)
                         self._deliver(request.uid, token, finish)
                         if finish is None:
                             row = Row(request, len(request.prompt), token, request.max_tokens - 1, [token])
@@ -295,7 +295,7 @@ class ReplayBatcher(Batcher):
                 continue
             row.answer.append(token)
             row.position, row.token, row.left = row.position + 1, token, row.left - 1
-            finish = decoding.finish(token, row.left)
+            finish = decoding.finish(token, row.left, row.request.sampler)
             self._deliver(row.request.uid, token, finish)
             if finish is not None:
                 slots[slot], finished = None, True

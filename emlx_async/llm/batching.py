@@ -179,13 +179,15 @@ class BatchJobs:
         return await queue.run(self.close, state)
 
     def start(self, state: GeneratorState) -> None:
-        from mlx_lm.generate import BatchGenerator
+        from mlx_lm.generate import BatchGenerator, StopSequences
 
         d = self.decoding
+        # Keyed by the row's ignore_eos.
+        state.stops = {False: StopSequences([[e] for e in d.eos_ids]), True: StopSequences()}
         # The queue's stream: mlx-lm's default is a thread-local stream, which
         # would make another MLX thread for this worker.
         state.generator = BatchGenerator(
-            d.model, stop_tokens=[[e] for e in d.eos_ids], prefill_step_size=d.prefill_chunk,
+            d.model, prefill_step_size=d.prefill_chunk,
             completion_batch_size=max(d.max_concurrent, 1), prefill_batch_size=max(d.max_concurrent, 1),
             max_kv_size=d.cache_options.max_kv_size, stream=mx.default_stream(mx.default_device()))
 
@@ -220,6 +222,7 @@ class BatchJobs:
                          for r in joining]
             uids = generator.insert(prompts, max_tokens=[r.max_tokens for r in joining],
                                     samplers=[r.sampler for r in joining], caches=caches, all_tokens=cached_tokens,
+                                    stop_sequences=[state.stops[r.sampler.ignore_eos] for r in joining],
                                     logits_processors=[[p for p in pair if p is not None]
                                                        for pair in zip(penalties, processors)])
             for request, uid, processor in zip(joining, uids, processors):
@@ -308,7 +311,7 @@ async def batched_tokens(decoding: Decoding, prompt: list[int], max_tokens: int,
             token, finish, info = item
             if isinstance(info, BaseException):  # this request's failure (its grammar), not the batch's
                 raise info
-            if token in decoding.eos_ids:
+            if decoding.ends(token, sampler):
                 yield "stop"
                 return
             yield token if info is None else (token, *info)

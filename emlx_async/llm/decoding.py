@@ -183,9 +183,13 @@ class Decoding:
         # them takes this step even where a faster one exists.
         return (token, *token_logprobs(logits[0], token, sampler.logprobs))
 
-    def finish(self, token: int, left: int) -> str | None:
+    def ends(self, token: int, sampler: Sampler) -> bool:
+        """`token` ends the request: end-of-sequence, unless the request ignores it."""
+        return token in self.eos_ids and not sampler.ignore_eos
+
+    def finish(self, token: int, left: int, sampler: Sampler) -> str | None:
         """The finish reason after `token` with `left` tokens still allowed (None: go on)."""
-        return "stop" if token in self.eos_ids else "length" if left == 0 else None
+        return "stop" if self.ends(token, sampler) else "length" if left == 0 else None
 
 
 __all__ = ["Decoding"]

@@ -103,10 +103,11 @@ class _Request:
     penalties: Penalties | None
     logprobs: int | None
     grammar: Grammar | None
+    ignore_eos: bool
 
     def sampler(self, seed: int) -> Sampler:
         sampler = Sampler(*self.sampling, seed, self.penalties)
-        sampler.logprobs = self.logprobs
+        sampler.logprobs, sampler.ignore_eos = self.logprobs, self.ignore_eos
         return sampler
 
 
@@ -396,12 +397,16 @@ class Engine:
                  max_tokens: int = 256, stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
                  seed: int | None = None, wait: bool = True, stats: RequestStats | None = None,
                  logprobs: bool = False, top_logprobs: int = 0, grammar: Grammar | None = None,
-                 **sampling: Any) -> AsyncIterator[Delta]:
+                 ignore_eos: bool = False, **sampling: Any) -> AsyncIterator[Delta]:
         """Stream one request's text as `Delta`s.
 
         Options: ``max_tokens``; ``stop`` strings (not included in the text);
         ``stop_token_ids``, token ids (in the vocabulary) that end the request
         with "stop" as end-of-sequence does, their text not included;
+        ``ignore_eos=True`` (vLLM's option, for benchmarks that need
+        answers of a fixed length) decodes on past end-of-sequence tokens
+        until ``max_tokens`` or a stop; those tokens are counted and give no
+        text (not with a ``grammar``, whose end is end-of-sequence);
         sampling ``temperature`` (0 = greedy, the default; finite, >= 0),
         ``top_p`` (in (0, 1]), ``top_k`` (an int >= 0; 0 keeps every token),
         ``min_p`` (in [0, 1]), applied in mlx-lm's order: top-p, min-p,
@@ -436,7 +441,7 @@ class Engine:
             ...     print(delta.text, end="")
         """
         request = self._check(prompt, messages, max_tokens, stop, stop_token_ids, seed, logprobs, top_logprobs,
-                              grammar, sampling)
+                              grammar, ignore_eos, sampling)
         if not wait and self._slots.value == 0:
             raise EngineBusy(f"all {self.max_concurrent} request slots are busy")
         return self._slot_stream(request, request.sampler(_seed(seed)), stats or RequestStats())
@@ -485,7 +490,8 @@ class Engine:
             raise ValueError(f"stats must hold n ({n}) RequestStats, got {len(stats)}")
         request = self._check(prompt, messages, options.pop("max_tokens", 256), options.pop("stop", ()),
                               options.pop("stop_token_ids", ()), seed, options.pop("logprobs", False),
-                              options.pop("top_logprobs", 0), options.pop("grammar", None), options)
+                              options.pop("top_logprobs", 0), options.pop("grammar", None),
+                              options.pop("ignore_eos", False), options)
         if not wait and self._slots.value < n:
             raise EngineBusy(f"{n} request slots are needed and {self._slots.value} of "
                              f"{self.max_concurrent} are free")
@@ -496,7 +502,7 @@ class Engine:
                              list(stats) if stats is not None else [RequestStats() for _ in range(n)])
 
     def _check(self, prompt, messages, max_tokens, stop, stop_token_ids, seed, logprobs, top_logprobs, grammar,
-               sampling: dict[str, Any]) -> _Request:
+               ignore_eos, sampling: dict[str, Any]) -> _Request:
         """The request's options checked (ValueError naming the bad one) and its prompt encoded."""
         if self._closed:
             raise RuntimeError("the engine is closed")
@@ -528,12 +534,18 @@ class Engine:
                              f".ebnf), got {type(grammar).__name__}")
         if grammar is not None and not self.eos_ids:
             raise ValueError("a grammar needs the engine's end-of-sequence ids (eos_ids) to end the output")
+        if not isinstance(ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {ignore_eos!r}")
+        if ignore_eos and grammar is not None:
+            # A finished grammar allows only end-of-sequence: decoding on would repeat it to max_tokens.
+            raise ValueError("ignore_eos cannot be combined with a grammar, which ends the output "
+                             "with end-of-sequence")
         tokens = self.encode(prompt, messages)
         if self.context_length is not None and len(tokens) + max_tokens > self.context_length:
             raise ValueError(f"the prompt ({len(tokens)} tokens) plus max_tokens ({max_tokens}) exceeds "
                              f"the model's context of {self.context_length} tokens")
         return _Request(tokens, max_tokens, list(stop), frozenset(int(t) for t in stop_token_ids), options,
-                        penalties, int(top_logprobs) if logprobs else None, grammar)
+                        penalties, int(top_logprobs) if logprobs else None, grammar, ignore_eos)
 
     async def grammar_tokenizer(self) -> GrammarTokenizer:
         """The tokenizer as the grammar engine sees it: built once, on first use (0.3 to 0.6 s, off the loop)."""
@@ -660,6 +672,9 @@ class Engine:
                 if stats.first_token_at is None:
                     stats.first_token_at = time.perf_counter()
                 stats.generated_tokens += 1
+                if request.ignore_eos and token in self.eos_ids:  # decoded past: a marker, not text
+                    yield Delta("", token, None, logprob, top)
+                    continue
                 text = held + detok.add(token)
                 cut = find_stop(text, stop)
                 if cut is not None:

@@ -47,7 +47,7 @@ async def python_tokens(decoding: Decoding, prompt: list[int], max_tokens: int,
     try:
         item = await queue.run(decoding.prefill, state, prompt, sampler)
         while True:
-            if (item[0] if isinstance(item, tuple) else item) in decoding.eos_ids:
+            if decoding.ends(item[0] if isinstance(item, tuple) else item, sampler):
                 yield "stop"
                 return
             while len(ahead) < STEPS_AHEAD and steps_left > 0:
@@ -106,7 +106,7 @@ async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int
         position = len(prompt)
         steps_left = max_tokens - 1
         while True:
-            if token in decoding.eos_ids:
+            if decoding.ends(token, sampler):
                 yield "stop"
                 return
             while len(ahead) < STEPS_AHEAD and steps_left > 0:

@@ -64,6 +64,8 @@ class Sampler:
         # The request's grammar state (llm/grammar.py), or None: the Python steps mask the
         # logits with it before sampling and feed it each token they take.
         self.grammar: GrammarMatcher | None = None
+        # End-of-sequence does not end the request (vLLM's ignore_eos): every path asks Decoding.ends.
+        self.ignore_eos = False
 
     @property
     def options(self) -> tuple[float, float, int]:

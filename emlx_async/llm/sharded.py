@@ -137,6 +137,20 @@ def _penalties_from_plan(plan: dict | None) -> Penalties | None:
     return Penalties(**{**plan, "logit_bias": tuple((int(i), float(b)) for i, b in plan["logit_bias"])})
 
 
+def _join_plan(request: Joining) -> list:
+    """A request joining rank 0's batch, as JSON for the followers (each must sample and end it alike)."""
+    sampler = request.sampler
+    return [request.prompt, request.max_tokens, sampler.temperature, sampler.top_p, sampler.top_k, sampler.seed,
+            _penalties_plan(sampler.penalties), sampler.ignore_eos]
+
+
+def _planned_join(plan: list) -> _PlannedJoin:
+    prompt, max_tokens, temperature, top_p, top_k, seed, penalties, ignore_eos = plan
+    sampler = Sampler(temperature, top_p, top_k, seed, _penalties_from_plan(penalties))
+    sampler.ignore_eos = ignore_eos
+    return _PlannedJoin(prompt, max_tokens, sampler)
+
+
 class ShardedBatchJobs(BatchJobs):
     """The batch step's jobs on every rank: rank 0 broadcasts each job's plan
     (which requests join, with their sampling and seed, and which leave) and
@@ -156,8 +170,7 @@ class ShardedBatchJobs(BatchJobs):
         return await self._lead({"op": "start"}, self.start, state)
 
     async def run_step(self, queue, state: GeneratorState, joining: Sequence[Joining], leaving: list[int]):
-        join = [[r.prompt, r.max_tokens, r.sampler.temperature, r.sampler.top_p, r.sampler.top_k,
-                 r.sampler.seed, _penalties_plan(r.sampler.penalties)] for r in joining]
+        join = [_join_plan(r) for r in joining]
         return await self._lead({"op": "step", "join": join, "leave": list(leaving)},
                                 self.step, state, joining, leaving)
 
@@ -209,9 +222,7 @@ class ShardedBatchJobs(BatchJobs):
         if op == "start":
             self.start(state)
         elif op == "step":
-            joining = [_PlannedJoin(prompt, max_tokens, Sampler(t, p, k, seed, _penalties_from_plan(penalties)))
-                       for prompt, max_tokens, t, p, k, seed, penalties in plan["join"]]
-            self.step(state, joining, plan["leave"])
+            self.step(state, [_planned_join(join) for join in plan["join"]], plan["leave"])
         elif op == "close":
             self.close(state)
         elif op == "hold":

@@ -60,9 +60,12 @@ class GeneratorState:
     generator: Any = None
     logprobs: dict[int, int] = field(default_factory=dict)  # uid -> top alternatives, rows that asked
     grammars: dict[int, Any] = field(default_factory=dict)  # uid -> GrammarLogitsProcessor, constrained rows
+    # mlx-lm's StopSequences a row ends on: the engine's end-of-sequence ids, or none (ignore_eos).
+    stops: dict[bool, Any] = field(default_factory=dict)
 
     def clear(self) -> None:
         self.generator = None
+        self.stops = {}
         self.logprobs.clear()
         self.grammars.clear()
 

@@ -53,6 +53,9 @@ _SAMPLING = {
     "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": MAX_STOP_TOKEN_IDS,
                        "description": "vLLM's extension: token ids (in the vocabulary) that end a choice with "
                                       "finish_reason 'stop', their text left out"},
+    "ignore_eos": {"type": "boolean",
+                   "description": "vLLM's extension: end-of-sequence tokens do not end a choice, which runs to "
+                                  "max_tokens or a stop (their text left out; not with response_format or tools)"},
     "best_of": {"const": 1},
     "presence_penalty": {"type": "number", "minimum": -PENALTY_BOUND, "maximum": PENALTY_BOUND,
                          "description": "OpenAI's: off each token generated so far"},

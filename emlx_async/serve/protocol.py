@@ -160,6 +160,7 @@ class GenerationRequest:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)  # vLLM's extension; the vocabulary is the service's check
+    ignore_eos: bool = False   # vLLM's extension: decode past end-of-sequence to max_tokens (fixed-length benchmarks)
     n: int = 1                 # choices, each sampled on its own from one prefill
     stream: bool = False
     include_usage: bool = False
@@ -798,6 +799,10 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
         if len(ids) > MAX_STOP_TOKEN_IDS:
             raise invalid("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} stop token ids, got {len(ids)}")
         request.stop_token_ids = [int(t) for t in ids]
+    ignore_eos = _optional(body, "ignore_eos")
+    if ignore_eos is not None and not isinstance(ignore_eos, bool):
+        raise invalid("ignore_eos", f"'ignore_eos' must be a boolean, got {show(ignore_eos)}", "invalid_type")
+    request.ignore_eos = bool(ignore_eos)
 
     stop = _optional(body, "stop")
     if isinstance(stop, str):

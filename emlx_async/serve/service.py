@@ -516,6 +516,12 @@ class Service:
                     options["grammar"] = grammar
         if request.stop_token_ids:
             options["stop_token_ids"] = request.stop_token_ids
+        if request.ignore_eos:
+            if "grammar" in options:  # a grammar's end is end-of-sequence: nothing could end it but max_tokens
+                given = request.grammar_param or "thinking_token_budget"
+                raise invalid("ignore_eos", f"'ignore_eos' cannot be combined with '{given}', "
+                              "whose output ends with end-of-sequence")
+            options["ignore_eos"] = True
         stats = RequestStats()
         common = dict(prompt=ids, max_tokens=max_tokens, stop=request.stop, seed=request.seed,
                       logprobs=request.logprobs, top_logprobs=request.top_logprobs, **options, **request.sampling())

@@ -1,4 +1,4 @@
-"""Engine.generate_choices (n answers from one prefill) and stop_token_ids, in both modes, on both steps."""
+"""Engine.generate_choices (n answers from one prefill), stop_token_ids and ignore_eos, in both modes, on both steps."""
 
 from __future__ import annotations
 
@@ -177,6 +177,76 @@ async def test_stop_token_ids_end_with_stop_and_leave_the_token_out(rt, mode, st
             engine.generate(PROMPT, stop_token_ids=bad)
     assert_idle(engine)
     await engine.wait_idle()
+
+
+@pytest.mark.parametrize("mode,step", PATHS)
+@on_every_loop
+async def test_ignore_eos_decodes_past_end_of_sequence_to_max_tokens(rt, mode, step):
+    from emlx_async.llm.grammar import Grammar
+
+    engine = await engine_on(rt, mode, step)
+    greedy = await tokens_of(engine, PROMPT, max_tokens=10)
+    eos_at = next(k for k, t in enumerate(greedy) if t not in greedy[:k] and k >= 2)
+    eos = greedy[eos_at]
+    engine.eos_ids = {eos}
+    assert await tokens_of(engine, PROMPT, max_tokens=10) == greedy[:eos_at]
+    deltas = [d async for d in engine.generate(PROMPT, max_tokens=10, ignore_eos=True)]
+    assert [d.token for d in deltas if d.token is not None] == greedy and deltas[-1].finish_reason == "length"
+    # The end-of-sequence token is counted and gives no text.
+    assert "".join(d.text for d in deltas) == "".join(f"<{t}>" for t in greedy if t != eos)
+    # A stop token id still ends it; so does max_tokens at the end-of-sequence token itself.
+    after = greedy[eos_at + 1]
+    stopped = [d async for d in engine.generate(PROMPT, max_tokens=10, ignore_eos=True, stop_token_ids=[after])]
+    assert [d.token for d in stopped if d.token is not None] == greedy[:eos_at + 1]
+    assert stopped[-1].finish_reason == "stop"
+    cut = [d async for d in engine.generate(PROMPT, max_tokens=eos_at + 1, ignore_eos=True)]
+    assert [d.token for d in cut if d.token is not None] == greedy[:eos_at + 1]
+    assert cut[-1].finish_reason == "length"
+    tokens, finish = await choices_of(engine, PROMPT, 2, max_tokens=10, ignore_eos=True)
+    assert tokens == [greedy] * 2 and finish == ["length", "length"]
+    # Requests beside it still end at end-of-sequence (in batch mode, rows of one batch).
+    async with anyio.create_task_group() as tg:
+        ended = []
+        tg.start_soon(lambda: choices_of(engine, PROMPT, 1, max_tokens=10, ignore_eos=True))
+
+        async def plain():
+            ended.append(await tokens_of(engine, PROMPT, max_tokens=10))
+        tg.start_soon(plain)
+    assert ended == [greedy[:eos_at]]
+    with pytest.raises(ValueError, match="ignore_eos must be a bool"):
+        engine.generate(PROMPT, ignore_eos="yes")
+    with pytest.raises(ValueError, match="ignore_eos cannot be combined with a grammar"):
+        engine.generate(PROMPT, ignore_eos=True, grammar=Grammar.regex("a+"))
+    assert_idle(engine)
+    await engine.wait_idle()
+
+
+@on_every_loop
+async def test_the_sharded_engine_plans_ignore_eos_for_every_rank(rt):
+    from emlx_async import distributed
+    from emlx_async.llm.sharded import ShardedEngine
+    from emlx_async.llm.sharded import _planned_join as planned_join
+
+    engine = ShardedEngine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None,
+                           runtime=rt, group=distributed.init())
+    greedy = await tokens_of(engine, PROMPT, max_tokens=8)
+    eos_at = next(k for k, t in enumerate(greedy) if t not in greedy[:k] and k >= 2)
+    engine.eos_ids = {greedy[eos_at]}
+    await engine.wait_idle()  # the next driver's generator ends rows at the new end-of-sequence
+    assert await tokens_of(engine, PROMPT, max_tokens=8) == greedy[:eos_at]
+    await engine.wait_idle()
+    sent = []
+    jobs = engine.batch_jobs
+    lead = jobs._lead
+
+    async def recording(plan, job, *args):
+        sent.append(plan)
+        return await lead(plan, job, *args)
+    jobs._lead = recording
+    assert await tokens_of(engine, PROMPT, max_tokens=8, ignore_eos=True) == greedy
+    joins = [planned_join(row) for plan in sent if plan["op"] == "step" for row in plan["join"]]
+    assert [j.sampler.ignore_eos for j in joins] == [True]  # as a follower reads the plan
+    await engine.close()
 
 
 @on_every_loop

@@ -1,4 +1,4 @@
-"""`n` choices and `stop_token_ids` on /v1/chat/completions and /v1/completions: parsing,
+"""`n` choices, `stop_token_ids` and `ignore_eos` on /v1/chat/completions and /v1/completions: parsing,
 and live servers in both modes driven by the official openai client, streamed and not."""
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def test_the_bound_is_the_engines():
     ({"stop_token_ids": [True]}, "stop_token_ids"),
     ({"stop_token_ids": list(range(257))}, "stop_token_ids"),
     ({"best_of": 2}, "best_of"),
+    ({"ignore_eos": "true"}, "ignore_eos"),
+    ({"ignore_eos": 1}, "ignore_eos"),
 ])
 def test_bad_n_and_stop_token_ids_are_400_naming_the_field(body, param):
     for chat, extra in ((True, {"messages": FRANCE}), (False, {"prompt": "x"})):
@@ -48,6 +50,8 @@ def test_bad_n_and_stop_token_ids_are_400_naming_the_field(body, param):
 def test_n_and_stop_token_ids_are_parsed():
     request = parse_request({"messages": FRANCE, "n": MAX_CHOICES, "stop_token_ids": [2, 7.0]}, chat=True)
     assert (request.n, request.stop_token_ids) == (MAX_CHOICES, [2, 7])
+    assert not request.ignore_eos
+    assert parse_request({"prompt": "x", "ignore_eos": True}, chat=False).ignore_eos
     assert parse_request({"prompt": "x", "n": None}, chat=False).n == 1
 
 
@@ -133,6 +137,36 @@ def test_stop_token_ids_end_a_choice_with_stop(openai_client):
     for choice in stopped.choices:
         assert choice.finish_reason == "stop"
         assert choice.text == tokenizer.decode(ids[:2])
+
+
+@needs_model
+def test_ignore_eos_runs_each_choice_to_max_tokens(openai_client):
+    import openai
+
+    plain = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, max_tokens=40,
+                                                  temperature=0)
+    assert plain.choices[0].finish_reason == "stop"  # it ends at end-of-sequence, well before 40
+    longer = plain.usage.completion_tokens + 8
+    answer = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, max_tokens=longer,
+                                                   temperature=0, n=2, extra_body={"ignore_eos": True})
+    assert answer.usage.completion_tokens == 2 * longer
+    for choice in answer.choices:
+        assert choice.finish_reason == "length"
+        assert choice.message.content.startswith(plain.choices[0].message.content)
+        assert "<|im_end|>" not in choice.message.content  # the end-of-sequence token gives no text
+    streamed = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE,
+                                                     max_tokens=longer, temperature=0, stream=True,
+                                                     stream_options={"include_usage": True},
+                                                     extra_body={"ignore_eos": True})
+    chunks = list(streamed)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+        answer.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == longer
+    with pytest.raises(openai.BadRequestError) as error:
+        openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, max_tokens=4,
+                                              response_format={"type": "json_object"},
+                                              extra_body={"ignore_eos": True})
+    assert error.value.body["param"] == "ignore_eos" and "response_format" in error.value.body["message"]
 
 
 @needs_model
