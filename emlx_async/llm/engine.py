@@ -405,8 +405,9 @@ class Engine:
         with "stop" as end-of-sequence does, their text not included;
         ``ignore_eos=True`` (vLLM's option, for benchmarks that need
         answers of a fixed length) decodes on past end-of-sequence tokens
-        until ``max_tokens`` or a stop; those tokens are counted and give no
-        text (not with a ``grammar``, whose end is end-of-sequence);
+        until ``max_tokens`` or a stop; those tokens, and the tokenizer's
+        other special tokens, are counted and give no text (not with a
+        ``grammar``, whose end is end-of-sequence);
         sampling ``temperature`` (0 = greedy, the default; finite, >= 0),
         ``top_p`` (in (0, 1]), ``top_k`` (an int >= 0; 0 keeps every token),
         ``min_p`` (in [0, 1]), applied in mlx-lm's order: top-p, min-p,
@@ -656,6 +657,9 @@ class Engine:
             self._active -= 1
             raise
         source = self._source(prompt, request.max_tokens, sampler)
+        # Past end-of-sequence the model writes the template's control tokens: text for nobody
+        # (vLLM's skip_special_tokens leaves them out too).
+        textless = (self.eos_ids | self.text.special_ids) if request.ignore_eos else frozenset()
         try:
             detok = self.text.detokenizer()
             held = ""  # text that may be the start of a stop string
@@ -672,7 +676,7 @@ class Engine:
                 if stats.first_token_at is None:
                     stats.first_token_at = time.perf_counter()
                 stats.generated_tokens += 1
-                if request.ignore_eos and token in self.eos_ids:  # decoded past: a marker, not text
+                if token in textless:
                     yield Delta("", token, None, logprob, top)
                     continue
                 text = held + detok.add(token)

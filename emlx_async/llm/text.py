@@ -220,6 +220,16 @@ class PromptEncoder:
         self._template: Any = None  # the compiled chat template
         self._token_bytes: dict[int, bytes] = {}
         self._detokenizer: _Prototype | None = None  # built on the first generation
+        self._special_ids: frozenset[int] | None = None
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The tokenizer's special tokens (control tokens such as ``<|im_start|>``)."""
+        if self._special_ids is None:
+            backend = getattr(self.tokenizer, "backend_tokenizer", self.tokenizer)
+            added = backend.get_added_tokens_decoder() if hasattr(backend, "get_added_tokens_decoder") else {}
+            self._special_ids = frozenset(i for i, token in added.items() if token.special)
+        return self._special_ids
 
     def detokenizer(self) -> Detokenizer:
         """A fresh streaming detokenizer for one generation."""

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
-from .protocol import (DEFAULT_MAX_MESSAGES, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_STOP_CHARS, MAX_STOP_SEQUENCES,
+from .protocol import (DEFAULT_MAX_MESSAGES, GUIDED_FIELDS, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_STOP_CHARS, MAX_STOP_SEQUENCES,
                        MAX_STOP_TOKEN_IDS,
                        MAX_SCHEMA_PROPERTIES, MAX_TOP_LOGPROBS, PENALTY_BOUND, REPETITION_BOUNDS,
                        REASONING_EFFORTS, TEMPLATE_RESERVED)
@@ -55,7 +55,9 @@ _SAMPLING = {
                                       "finish_reason 'stop', their text left out"},
     "ignore_eos": {"type": "boolean",
                    "description": "vLLM's extension: end-of-sequence tokens do not end a choice, which runs to "
-                                  "max_tokens or a stop (their text left out; not with response_format or tools)"},
+                                  "max_tokens or a stop (their text and other special tokens' left out); not "
+                                  "with what constrains the output (a JSON response_format, a required or named "
+                                  "tool, guided_*, thinking_token_budget on a template that thinks)"},
     "best_of": {"const": 1},
     "presence_penalty": {"type": "number", "minimum": -PENALTY_BOUND, "maximum": PENALTY_BOUND,
                          "description": "OpenAI's: off each token generated so far"},
@@ -139,13 +141,26 @@ _TOP_LOGPROBS_NEED_LOGPROBS = {"if": {"required": ["top_logprobs"],
                                       "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
                                "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
 
+
+def _ignore_eos_without(*grammars: dict) -> dict:
+    """ignore_eos: true is refused beside what makes a grammar (its end is end-of-sequence)."""
+    return {"if": {"required": ["ignore_eos"], "properties": {"ignore_eos": {"const": True}}},
+            "then": {"not": {"anyOf": list(grammars)}}}
+
+
+_JSON_RESPONSE_FORMAT = {"required": ["response_format"], "properties": {"response_format": {
+    "type": "object", "required": ["type"], "properties": {"type": {"enum": ["json_object", "json_schema"]}}}}}
+_TOOL_REQUIRED = {"required": ["tool_choice"],
+                  "properties": {"tool_choice": {"anyOf": [{"const": "required"}, {"type": "object"}]}}}
+
 _ONE_TOKEN_LIMIT = {"not": {"required": ["max_tokens", "max_completion_tokens"],
                             "properties": {"max_tokens": {"type": "number"},
                                            "max_completion_tokens": {"type": "number"}}}}
 
 _CHAT_REQUEST = {
     "type": "object", "required": ["messages"],
-    "allOf": [_STREAM_OPTIONS_NEED_STREAM, _TOP_LOGPROBS_NEED_LOGPROBS, _ONE_TOKEN_LIMIT],
+    "allOf": [_STREAM_OPTIONS_NEED_STREAM, _TOP_LOGPROBS_NEED_LOGPROBS, _ONE_TOKEN_LIMIT,
+              _ignore_eos_without(_JSON_RESPONSE_FORMAT, _TOOL_REQUIRED)],
     "properties": {
         "messages": {"type": "array", "items": _MESSAGE, "minItems": 1, "maxItems": DEFAULT_MAX_MESSAGES,
                      "description": "at most --max-messages (default shown)"},
@@ -177,7 +192,9 @@ _PROMPT_TEXT = {"type": "string", "minLength": 1}
 _PROMPT_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 
 _COMPLETION_REQUEST = {
-    "type": "object", "required": ["prompt"], "allOf": [_STREAM_OPTIONS_NEED_STREAM, _ONE_TOKEN_LIMIT],
+    "type": "object", "required": ["prompt"],
+    "allOf": [_STREAM_OPTIONS_NEED_STREAM, _ONE_TOKEN_LIMIT,
+              _ignore_eos_without(*({"required": [name]} for name in GUIDED_FIELDS))],
     "properties": {
         "prompt": {"oneOf": [_PROMPT_TEXT, _PROMPT_IDS,
                              {"type": "array", "items": {"oneOf": [_PROMPT_TEXT, _PROMPT_IDS]},

@@ -53,6 +53,13 @@ async def choices_of(engine, prompt, n, **options) -> tuple[list[list[int]], lis
     return tokens, finish
 
 
+async def greedy_and_a_fresh_token(engine, max_tokens=10) -> tuple[list[int], int]:
+    """The greedy answer to PROMPT and the index of its first token, from the third on, not
+    seen before it (a token to end it at)."""
+    greedy = await tokens_of(engine, PROMPT, max_tokens=max_tokens)
+    return greedy, next(k for k, t in enumerate(greedy) if t not in greedy[:k] and k >= 2)
+
+
 def assert_idle(engine):
     assert engine.active_requests == 0
     assert engine._slots.value == engine.max_concurrent
@@ -164,8 +171,7 @@ async def test_leaving_early_ends_every_choice(rt, mode):
 @on_every_loop
 async def test_stop_token_ids_end_with_stop_and_leave_the_token_out(rt, mode, step):
     engine = await engine_on(rt, mode, step)
-    greedy = await tokens_of(engine, PROMPT, max_tokens=10)
-    stop_at = next(k for k, t in enumerate(greedy) if t not in greedy[:k] and k >= 2)
+    greedy, stop_at = await greedy_and_a_fresh_token(engine)
     deltas = [d async for d in engine.generate(PROMPT, max_tokens=10, stop_token_ids=[greedy[stop_at], 255])]
     assert [d.token for d in deltas if d.token is not None] == greedy[:stop_at]
     assert "".join(d.text for d in deltas) == "".join(f"<{t}>" for t in greedy[:stop_at])
@@ -185,8 +191,7 @@ async def test_ignore_eos_decodes_past_end_of_sequence_to_max_tokens(rt, mode, s
     from emlx_async.llm.grammar import Grammar
 
     engine = await engine_on(rt, mode, step)
-    greedy = await tokens_of(engine, PROMPT, max_tokens=10)
-    eos_at = next(k for k, t in enumerate(greedy) if t not in greedy[:k] and k >= 2)
+    greedy, eos_at = await greedy_and_a_fresh_token(engine)
     eos = greedy[eos_at]
     engine.eos_ids = {eos}
     assert await tokens_of(engine, PROMPT, max_tokens=10) == greedy[:eos_at]
@@ -229,8 +234,7 @@ async def test_the_sharded_engine_plans_ignore_eos_for_every_rank(rt):
 
     engine = ShardedEngine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None,
                            runtime=rt, group=distributed.init())
-    greedy = await tokens_of(engine, PROMPT, max_tokens=8)
-    eos_at = next(k for k, t in enumerate(greedy) if t not in greedy[:k] and k >= 2)
+    greedy, eos_at = await greedy_and_a_fresh_token(engine, max_tokens=8)
     engine.eos_ids = {greedy[eos_at]}
     await engine.wait_idle()  # the next driver's generator ends rows at the new end-of-sequence
     assert await tokens_of(engine, PROMPT, max_tokens=8) == greedy[:eos_at]

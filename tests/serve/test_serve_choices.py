@@ -55,6 +55,29 @@ def test_n_and_stop_token_ids_are_parsed():
     assert parse_request({"prompt": "x", "n": None}, chat=False).n == 1
 
 
+def test_the_document_refuses_ignore_eos_beside_what_constrains_the_output():
+    jsonschema = pytest.importorskip("jsonschema")
+    from emlx_async.serve import openapi
+
+    schemas = openapi.document(vocab_size=100, max_choices=3)["components"]["schemas"]
+    chat, completion = schemas["ChatCompletionRequest"], schemas["CompletionRequest"]
+    function = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    refused = [(chat, {"messages": FRANCE, "response_format": {"type": "json_object"}}),
+               (chat, {"messages": FRANCE, "tools": [function], "tool_choice": "required"}),
+               (chat, {"messages": FRANCE, "tools": [function],
+                       "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+               (completion, {"prompt": "x", "guided_regex": "a+"})]
+    accepted = [(chat, {"messages": FRANCE, "response_format": {"type": "text"}}),
+                (chat, {"messages": FRANCE, "tools": [function], "tool_choice": "auto"}),
+                (completion, {"prompt": "x"})]
+    for schema, body in refused + accepted:
+        validator = jsonschema.Draft202012Validator(schema)
+        assert validator.is_valid(body), body  # alone, valid
+        assert validator.is_valid({**body, "ignore_eos": True}) == ((schema, body) in accepted), body
+    for schema, body in accepted:  # and the parser takes what the document accepts
+        parse_request({**body, "ignore_eos": True}, chat=schema is chat)
+
+
 def test_the_document_bounds_n_by_the_servers_slots_and_stop_token_ids_by_the_vocabulary():
     from emlx_async.serve import openapi
 
@@ -153,7 +176,8 @@ def test_ignore_eos_runs_each_choice_to_max_tokens(openai_client):
     for choice in answer.choices:
         assert choice.finish_reason == "length"
         assert choice.message.content.startswith(plain.choices[0].message.content)
-        assert "<|im_end|>" not in choice.message.content  # the end-of-sequence token gives no text
+        # The end-of-sequence token and the template's control tokens after it give no text.
+        assert "<|im_end|>" not in choice.message.content and "<|im_start|>" not in choice.message.content
     streamed = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE,
                                                      max_tokens=longer, temperature=0, stream=True,
                                                      stream_options={"include_usage": True},
