@@ -549,12 +549,15 @@ _RESPONSES_REQUEST = {
         "tools": {"type": "array", "items": _RESPONSES_TOOL},
         "top_logprobs": {"const": 0, "description": _REFUSED + "logprobs are not supported in responses"},
         "background": {"const": False, "description": _REFUSED + "a background response"},
-        "store": {"description": "ignored: nothing is stored"},
+        "store": {"type": "boolean", "description": "keep the response (default true) in the server's memory, "
+                  "bounded (the oldest go first) and gone when it stops: GET and DELETE /v1/responses/{id}, "
+                  "and previous_response_id"},
+        "previous_response_id": {"type": "string", "description": "continue a stored response's conversation: its "
+                                 "input and output come before this input (its instructions do not)"},
         **{name: {"type": "string", "description": "ignored"}
            for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier")},
         **{name: {"type": "null", "description": _REFUSED + f"a stored {what}: send the whole conversation in input"}
-           for name, what in (("previous_response_id", "response"), ("conversation", "conversation"),
-                              ("prompt", "prompt"))},
+           for name, what in (("conversation", "conversation"), ("prompt", "prompt"))},
         "reasoning": {"type": "object", "properties": {
             "effort": {"enum": list(REASONING_EFFORTS)},
             "summary": {"enum": ["auto", "concise", "detailed", "none"],
@@ -636,7 +639,7 @@ _RESPONSE = {
         "tool_choice": _RESPONSES_TOOL_CHOICE, "tools": {"type": "array", "items": _RESPONSES_TOOL},
         "text": {"type": "object", "required": ["format"], "properties": {"format": _TEXT_FORMAT}},
         "reasoning": {"anyOf": [{"type": "null"}, {"type": "object", "required": ["effort", "summary"]}]},
-        "store": {"const": False}, "previous_response_id": {"type": "null"},
+        "store": {"type": "boolean"}, "previous_response_id": {"type": ["string", "null"]},
         # The request's own, echoed.
         "instructions": {"type": ["string", "null"]},
         "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
@@ -694,6 +697,8 @@ _RESPONSE_STREAM_EVENT = {
                    "or the shutdown cut short",
 }
 
+_RESPONSE_ID = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+
 
 _DOCUMENT: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -714,6 +719,16 @@ _DOCUMENT: dict[str, Any] = {
         "/v1/responses": _generation("OpenAI Responses API", "ResponsesRequest", "Response",
                                      events=_named_event("ResponseStreamEvent"),
                                      streamed="server-sent named events (`event: NAME`)"),
+        "/v1/responses/{response_id}": {
+            "get": {"summary": "A stored response", "parameters": _RESPONSE_ID, "responses": {
+                "200": {"description": "the response as it was answered", "content": _json(_ref("Response"))},
+                "404": {"description": "no stored response has this id", "content": _json(_ref("Error"))}}},
+            "delete": {"summary": "Drop a stored response", "parameters": _RESPONSE_ID, "responses": {
+                "200": {"description": "dropped", "content": _json({
+                    "type": "object", "required": ["id", "object", "deleted"],
+                    "properties": {"id": {"type": "string"}, "object": {"const": "response.deleted"},
+                                   "deleted": {"const": True}}})},
+                "404": {"description": "no stored response has this id", "content": _json(_ref("Error"))}}}},
         "/v1/models": {"get": {"summary": "The served models", "responses": {"200": {
             "description": "every model the server serves, loaded or not", "content": _json({
                 "type": "object", "required": ["object", "data"],

@@ -7,10 +7,13 @@ runs, so a conversation gets the same greedy answer as from
 message and, with tools, ``function_call`` items; a generation cut off by
 ``max_output_tokens`` is ``incomplete`` with ``incomplete_details.reason``
 "max_output_tokens" (streamed, its last event is ``response.incomplete``,
-as OpenAI sends it). Errors keep OpenAI's shape. Nothing is stored:
-``store`` is ignored and ``previous_response_id`` and ``conversation`` are
-refused (send the whole conversation in ``input``). Logprobs, background
-runs and tools other than functions are refused with a 400 naming the field.
+as OpenAI sends it). Errors keep OpenAI's shape. A response is stored
+(``store``, true by default, as OpenAI's) in the server's memory
+(serve/stored_responses.py): ``GET``/``DELETE /v1/responses/{id}`` read and
+drop it, and ``previous_response_id`` continues its conversation (its input
+and output come before the new input; its ``instructions`` do not). A
+stored ``conversation`` or ``prompt``, logprobs, background runs and tools
+other than functions are refused with a 400 naming the field.
 
 ``text.format`` (json_schema or json_object) constrains the answer with the
 chat endpoint's grammar. On a template that thinks the reasoning is a
@@ -40,13 +43,15 @@ import functools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from .service import Generation, Service
+from .stored_responses import StoredResponse, StoredResponses
 from .common import (JSON, AnswerParts, Collected, boolean, checked_text, event, generation_route, integer,
                      joined_text, number, optional_object, required_text, string, type_name, wrong_type)
 from .protocol import (DEFAULT_MAX_MESSAGES, MAX_TOP_LOGPROBS, APIError, GenerationRequest, ToolCallIds,
@@ -77,6 +82,9 @@ class ResponsesRequest:
     generation: GenerationRequest
     # Echoed in the response object, as OpenAI does.
     echo: dict = field(default_factory=dict)
+    # Where the response is kept (None: store false), with the input items of its conversation.
+    store: StoredResponses | None = None
+    conversation: list[dict] = field(default_factory=list)
 
 
 def _unsupported(param: str, what: str) -> APIError:
@@ -84,9 +92,8 @@ def _unsupported(param: str, what: str) -> APIError:
 
 
 def _refuse_unsupported(body: dict) -> None:
-    for name, what in (("previous_response_id", "a stored response (nothing is stored: send the whole "
-                        "conversation in 'input')"), ("conversation", "a stored conversation (nothing is "
-                        "stored: send the whole conversation in 'input')"), ("prompt", "a stored prompt")):
+    for name, what in (("conversation", "a stored conversation (send the conversation in 'input', or "
+                        "continue a stored response with 'previous_response_id')"), ("prompt", "a stored prompt")):
         if body.get(name) is not None:
             raise _unsupported(name, what)
     if boolean(body, "background"):
@@ -121,27 +128,36 @@ def _function_call(item: dict, where: str) -> dict:
             "function": {"name": required_text(item, "name", where), "arguments": arguments}}
 
 
-def parse_input(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> list[dict]:
-    """`instructions` and `input` as the chat messages of the engine's template."""
-    messages: list[dict] = []
-    instructions = string(body, "instructions")
-    if instructions is not None:
-        messages.append({"role": "system", "content": checked_text(instructions, "instructions")})
+def input_items(body: dict) -> list:
+    """`input` as a list of items (a string is one user message)."""
     items = body.get("input")
     if items is None:
         raise invalid("input", "input: field required", "missing_required_parameter")
     if isinstance(items, str):
-        return [*messages, {"role": "user", "content": checked_text(items, "input")}]
+        return [{"type": "message", "role": "user", "content": checked_text(items, "input")}]
     if not isinstance(items, list):
         raise wrong_type("input", "a string or an array of input items", items)
     if not items:
         raise invalid("input", "input: at least one item is required")
+    return items
+
+
+def parse_input(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES, earlier: Sequence[dict] = ()) -> list[dict]:
+    """`instructions` and `input` as the chat messages of the engine's template; `earlier`: the
+    items of the conversation a stored response holds, before the input."""
+    messages: list[dict] = []
+    instructions = string(body, "instructions")
+    if instructions is not None:
+        messages.append({"role": "system", "content": checked_text(instructions, "instructions")})
+    items = input_items(body)
     # Reasoning items sent back (an agent's every turn has one) are left out of the prompt, and of the count.
-    check_message_count([i for i in items if not (isinstance(i, dict) and i.get("type") == "reasoning")],
+    check_message_count([i for i in (*earlier, *items) if not (isinstance(i, dict) and i.get("type") == "reasoning")],
                         "input", max_messages)
     ids = ToolCallIds("function_call item", any_earlier=True)
-    for i, item in enumerate(items):
-        where = f"input[{i}]"
+    # A stored item was checked when it was sent: a fault can only come from the new ones, named by index.
+    named = [("previous_response_id", item) for item in earlier] + [(f"input[{i}]", item) for i, item in
+                                                                    enumerate(items)]
+    for where, item in named:
         if not isinstance(item, dict):
             raise wrong_type(where, "an input item object", item)
         kind = item.get("type", "message")
@@ -293,10 +309,30 @@ def _parse_reasoning(body: dict, generation: GenerationRequest) -> dict | None:
     return {"effort": effort, "summary": summary}
 
 
-def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> ResponsesRequest:
+def _previous(body: dict, stored: StoredResponses | None) -> StoredResponse | None:
+    """The stored response `previous_response_id` names (None: none named)."""
+    name = string(body, "previous_response_id")
+    if name is None:
+        return None
+    previous = None if stored is None else stored.get(name)
+    if previous is None:  # OpenAI's words and code
+        raise invalid("previous_response_id", f"Previous response with id {show(name)} not found.",
+                      "previous_response_not_found")
+    return previous
+
+
+def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES,
+                  stored: StoredResponses | None = None) -> ResponsesRequest:
+    """A request to the Responses API; `stored`: the server's stored responses."""
     _refuse_unsupported(body)
     model = string(body, "model")
-    messages = parse_input(body, max_messages)
+    previous = _previous(body, stored)
+    earlier = list(previous.items) if previous is not None else []
+    messages = parse_input(body, max_messages, earlier)
+    store = body.get("store")
+    if store is not None and not isinstance(store, bool):
+        raise wrong_type("store", "a boolean", store)
+    store = store is not False and stored is not None
     metadata = optional_object(body, "metadata")
     if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
         raise invalid("metadata", "metadata: values must be strings", "invalid_type")
@@ -318,8 +354,9 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> Respo
             "max_output_tokens": generation.max_tokens, "temperature": generation.temperature,
             "top_p": generation.top_p, "parallel_tool_calls": generation.parallel_tool_calls,
             "max_tool_calls": generation.max_tool_calls,
-            "truncation": body.get("truncation") or "disabled", "tools": tools, "tool_choice": tool_choice}
-    return ResponsesRequest(generation, echo)
+            "truncation": body.get("truncation") or "disabled", "tools": tools, "tool_choice": tool_choice,
+            "store": store, "previous_response_id": body.get("previous_response_id")}
+    return ResponsesRequest(generation, echo, stored if store else None, [*earlier, *input_items(body)])
 
 
 # ---- answers ------------------------------------------------------------------------
@@ -390,8 +427,17 @@ class ResponsesReply:
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
                 "model": self.model, "output": output, "usage": usage_, "error": error,
-                "incomplete_details": incomplete,
-                "store": False, "previous_response_id": None, **self.request.echo}
+                "incomplete_details": incomplete, **self.request.echo}
+
+    def _kept(self, response: dict) -> dict:
+        """`response`, ended, stored where the request asked (store): its conversation is
+        the request's and the output's items."""
+        if self.request.store is not None:
+            # A call whose arguments are no whole object (cut short) cannot be sent back as input.
+            output = [item for item in response["output"]
+                      if not (item["type"] == "function_call" and item["status"] == "incomplete")]
+            self.request.store.put(response, [*self.request.conversation, *output])
+        return response
 
     def _usage(self) -> dict:
         return usage(self.generation.prompt_tokens, self.generation.stats.generated_tokens,
@@ -409,7 +455,7 @@ class ResponsesReply:
                   else ended_call_item(part) for part in self.parts.whole(collected)]
         if not any(item["type"] != "reasoning" for item in output):  # an answer has a message, if empty
             output.append(message_item(_new_message_id(), status, [output_text("")]))
-        return self.response(status, output, self._usage())
+        return self._kept(self.response(status, output, self._usage()))
 
     def event(self, kind: str, **fields) -> bytes:
         data = {"type": kind, "sequence_number": self.sequence_number, **fields}
@@ -531,11 +577,31 @@ class ResponsesReply:
                     for chunk in close_message(status):
                         yield chunk
                 yield self.event("response.incomplete" if status == "incomplete" else "response.completed",
-                                 response=self.response(status, output, self._usage()))
+                                 response=self._kept(self.response(status, output, self._usage())))
 
 
 # ---- routes -------------------------------------------------------------------------
 
+def _not_found(response_id: str) -> Response:
+    return error_response(APIError(404, f"Response with id {show(response_id)} not found.", param="response_id",
+                                   code="not_found"))
+
+
 def routes(service: Service) -> list[Route]:
-    parse = functools.partial(parse_request, max_messages=service.config.max_messages)
-    return [generation_route(service, RESPONSES, parse, ResponsesReply, error_response)]
+    stored = StoredResponses()
+    parse = functools.partial(parse_request, max_messages=service.config.max_messages, stored=stored)
+
+    async def retrieve(request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        kept = stored.get(response_id)
+        return _not_found(response_id) if kept is None else JSON(kept.response)
+
+    async def delete(request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        if not stored.delete(response_id):
+            return _not_found(response_id)
+        return JSON({"id": response_id, "object": "response.deleted", "deleted": True})
+
+    return [generation_route(service, RESPONSES, parse, ResponsesReply, error_response),
+            Route(RESPONSES + "/{response_id}", retrieve, methods=["GET"]),
+            Route(RESPONSES + "/{response_id}", delete, methods=["DELETE"])]

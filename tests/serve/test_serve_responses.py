@@ -68,6 +68,8 @@ HOSTILE = [
     ({**OK, "metadata": {"k": 1}}, "metadata"),
     ({**OK, "previous_response_id": "resp_1"}, "previous_response_id"),
     ({**OK, "conversation": "conv_1"}, "conversation"),
+    ({**OK, "previous_response_id": 5}, "previous_response_id"),
+    ({**OK, "store": "yes"}, "store"),
     ({**OK, "tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({**OK, "tool_choice": "required"}, "tool_choice"),
     ({**OK, "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
@@ -150,8 +152,57 @@ def test_parsing_is_total():
               "top_p": st.floats() | values, "stream": values, "model": values, "metadata": values,
               "tools": st.lists(tool, max_size=2) | values, "tool_choice": values, "text": values,
               "include": values, "truncation": values, "previous_response_id": values, "top_logprobs": values,
-              "background": values, "parallel_tool_calls": values}
+              "background": values, "parallel_tool_calls": values, "store": values}
     check_parsing_is_total(responses_api.parse_request, responses_api.error_response, fields)
+
+
+def test_a_stored_conversation_comes_before_the_input_and_its_calls_can_be_answered():
+    from emlx_async.serve.stored_responses import StoredResponses
+
+    stored = StoredResponses()
+    call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": '{"x": 1}',
+            "status": "completed"}
+    first = responses_api.parse_request({**OK, "instructions": "Be brief."}, stored=stored)
+    assert first.echo["store"] is True and first.store is stored and first.echo["previous_response_id"] is None
+    assert first.conversation == [{"type": "message", "role": "user", "content": QUESTION}]
+    stored.put({"id": "resp_1", "output": [call]}, [*first.conversation, call])
+    answer = {"type": "function_call_output", "call_id": "call_1", "output": "42"}
+    second = responses_api.parse_request({"input": [answer], "previous_response_id": "resp_1",
+                                          "instructions": "Be kind."}, stored=stored)
+    # The stored conversation, then the input; the earlier instructions are not carried over.
+    assert second.generation.messages == [
+        {"role": "system", "content": "Be kind."}, {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "id": "call_1", "function": {"name": "f", "arguments": {"x": 1}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+    assert second.conversation == [*first.conversation, call, answer]
+    assert second.echo["previous_response_id"] == "resp_1"
+    # A result answering no call, and a call id used before, name the new item.
+    for bad, param in (({**answer, "call_id": "call_9"}, "input[0].call_id"),
+                       ({**call, "id": "fc_2"}, "input[0].call_id")):
+        with pytest.raises(APIError) as caught:
+            responses_api.parse_request({"input": [bad], "previous_response_id": "resp_1"}, stored=stored)
+        assert caught.value.param == param, caught.value.message
+    unstored = responses_api.parse_request({**OK, "store": False}, stored=stored)
+    assert unstored.store is None and unstored.echo["store"] is False
+    with pytest.raises(APIError) as caught:
+        responses_api.parse_request({**OK, "previous_response_id": "resp_2"}, stored=stored)
+    assert (caught.value.param, caught.value.code) == ("previous_response_id", "previous_response_not_found")
+
+
+def test_the_store_keeps_the_newest_within_its_bounds():
+    from emlx_async.serve.stored_responses import StoredResponses
+
+    stored = StoredResponses(max_responses=2, max_chars=400)
+    for i in range(3):
+        stored.put({"id": f"resp_{i}"}, [{"role": "user", "content": "x"}])
+    assert (stored.get("resp_0"), len(stored)) == (None, 2) and stored.get("resp_2") is not None
+    stored.put({"id": "resp_big"}, [{"role": "user", "content": "x" * 300}])  # the two before it must go
+    assert [stored.get(f"resp_{i}") for i in (1, 2)] == [None, None] and len(stored) == 1
+    stored.put({"id": "resp_huge"}, [{"role": "user", "content": "x" * 500}])  # larger than the store: not kept
+    assert stored.get("resp_huge") is None and stored.get("resp_big") is not None
+    assert stored.delete("resp_big") and not stored.delete("resp_big") and len(stored) == 0
+    assert stored._chars == 0
 
 
 @one_loop
@@ -261,6 +312,47 @@ def test_the_answer_is_the_chat_endpoints(http, openai_client):
     check_usage(reply.usage, usage)
 
 
+@pytest.mark.model
+@needs_model
+def test_previous_response_id_continues_a_stored_conversation(http, openai_client):
+    import openai
+
+    first = openai_client.responses.create(model=MODEL, instructions="Be brief.", input=QUESTION,
+                                           max_output_tokens=8, temperature=0)
+    assert first.store is True and first.previous_response_id is None
+    kept = openai_client.responses.retrieve(first.id)
+    assert (kept.id, kept.output_text, kept.usage) == (first.id, first.output_text, first.usage)
+    second = openai_client.responses.create(model=MODEL, previous_response_id=first.id, input="And of Italy?",
+                                            max_output_tokens=8, temperature=0)
+    # The chat endpoint's answer to the whole conversation (the first instructions not carried over).
+    history = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": first.output_text},
+               {"role": "user", "content": "And of Italy?"}]
+    text, _, usage = chat(http, history)
+    assert second.output_text == text and second.previous_response_id == first.id
+    check_usage(second.usage, usage)
+    # A streamed response is stored too, under its id, and continues the chain.
+    events = list(openai_client.responses.create(model=MODEL, previous_response_id=second.id, input="Thanks!",
+                                                 max_output_tokens=4, temperature=0, stream=True))
+    final = events[-1].response
+    assert openai_client.responses.retrieve(final.id).output_text == final.output_text
+    # Deleting one keeps the later ones, which hold the whole conversation.
+    deleted = http.delete(f"/v1/responses/{first.id}").json()
+    assert deleted == {"id": first.id, "object": "response.deleted", "deleted": True}
+    with pytest.raises(openai.NotFoundError):
+        openai_client.responses.retrieve(first.id)
+    assert http.delete(f"/v1/responses/{first.id}").status_code == 404
+    again = openai_client.responses.create(model=MODEL, previous_response_id=second.id, input="And of Italy?",
+                                           max_output_tokens=4, temperature=0)
+    assert again.status in ("completed", "incomplete")
+    with pytest.raises(openai.BadRequestError) as gone:
+        openai_client.responses.create(model=MODEL, previous_response_id=first.id, input="hi", max_output_tokens=2)
+    assert gone.value.code == "previous_response_not_found"
+    unstored = openai_client.responses.create(model=MODEL, input="hi", max_output_tokens=2, store=False)
+    assert unstored.store is False
+    with pytest.raises(openai.NotFoundError):
+        openai_client.responses.retrieve(unstored.id)
+
+
 EVENTS_BEFORE = ["response.created", "response.in_progress", "response.output_item.added",
                  "response.content_part.added"]
 EVENTS_AFTER = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
@@ -314,8 +406,9 @@ def test_hostile_bodies_against_the_server(http, openai_client):
     check_error(http.post("/v1/responses", json={**OK, "input": "x " * 9000}), 400, "input")  # past the context
     check_error(http.post("/v1/responses", content=json.dumps({**OK, "model": "gpt-\ud800"})), 404, "model")
     check_error(http.post("/v1/responses", content=b"x" * (2 << 20)), 413)
-    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+    with pytest.raises(openai.BadRequestError, match="resp_123") as unknown:
         openai_client.responses.create(model=MODEL, input="hi", previous_response_id="resp_123")
+    assert (unknown.value.code, unknown.value.param) == ("previous_response_not_found", "previous_response_id")
     with pytest.raises(openai.BadRequestError, match="tool_choice.name"):
         openai_client.responses.create(model=MODEL, input="hi", tool_choice={"type": "function", "name": "g"},
                                        tools=[{"type": "function", "name": "f", "parameters": {"type": "object"}}])

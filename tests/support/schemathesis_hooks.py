@@ -25,7 +25,8 @@ tests/serve/test_serve_tools.py, test_serve_api_tools.py and
 test_serve_structured.py send those fields, hostile ones included. So is
 logit_bias: its keys must be token ids below the model's vocabulary size, a
 bound the document cannot state (tests/llm/test_llm_penalties.py sends it, bad
-keys included)."""
+keys included), and the Responses API's previous_response_id, an id only the
+server gives (tests/serve/test_serve_responses.py sends it)."""
 
 import numbers
 import os
@@ -65,6 +66,8 @@ def _without_tool_turns(body: dict, path: str) -> None:
                 kept = [b for b in content
                         if not (isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result"))]
                 message["content"] = kept or "x"
+    if path == RESPONSES:  # a stored response's id is the server's to give
+        body.pop("previous_response_id", None)
     items = body.get("input")
     for i, item in enumerate(items if path == RESPONSES and isinstance(items, list) else ()):
         if isinstance(item, dict) and item.get("type") in ("function_call", "function_call_output"):
