@@ -488,8 +488,9 @@ class Service:
                               f"the prompt ({len(ids)} tokens) fills the model's context of "
                               f"{engine.context_length} tokens", "context_length_exceeded")
             max_tokens = min(self.config.default_max_tokens, room)
-        elif max_tokens > room:
-            raise invalid("max_tokens", f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds "
+        elif max_tokens > room:  # the prompt is to blame where it fills the context alone
+            raise invalid("max_tokens" if room > 0 else "messages" if request.chat else "prompt",
+                          f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds "
                           f"the model's context of {engine.context_length} tokens", "context_length_exceeded")
         n = request.n
         if n > self.config.max_concurrent:  # each choice takes a slot: more could never run
@@ -543,43 +544,44 @@ class Service:
         """The prompt's ids and text; for `drop_old_turns` (Responses' truncation "auto"), the
         fewest oldest turns dropped (whole turns: from a user message on; the leading system
         and developer messages stay) for the prompt and max_tokens to fit the context.
-        Found by bisection: a few encodings, not one per turn. Where even the last turn alone
-        does not fit, the answer is the whole prompt's, as without truncation."""
+        Found by bisection: a few encodings, not one per turn. Without max_tokens the answer's
+        room is the default's (else the most that leaves one token). Where even the last turn
+        alone does not fit, the answer is the whole prompt's, as without truncation."""
         if not request.drop_old_turns:
             return await self.encode_off_loop(served, request)
-        whole = await self._encoded_if_it_fits(served, request)
-        if whole is not None:
-            return whole
         messages = request.messages or []
         head = 0
         while head < len(messages) and messages[head]["role"] in ("system", "developer"):
             head += 1
         starts = [i for i in range(head + 1, len(messages)) if messages[i]["role"] == "user"]
-        kept, low, high = None, 0, len(starts) - 1
-        while low <= high:  # the earliest turn start from which the rest fits
-            middle = (low + high) // 2
-            trial = dataclasses.replace(request, messages=messages[:head] + messages[starts[middle]:])
-            fitted = await self._encoded_if_it_fits(served, trial)
-            if fitted is not None:
-                kept, high = (trial.messages, fitted), middle - 1
-            else:
-                low = middle + 1
-        if kept is None:  # the whole prompt's 400 (or _admit's, naming prompt or max_tokens)
-            return await self.encode_off_loop(served, request)
-        request.messages = kept[0]
-        return kept[1]
+        for room in [request.max_tokens] if request.max_tokens is not None else [self.config.default_max_tokens, 1]:
+            whole = await self._encoded_if_it_fits(served, request, room)
+            if whole is not None:
+                return whole
+            kept, low, high = None, 0, len(starts) - 1
+            while low <= high:  # the earliest turn start from which the rest fits
+                middle = (low + high) // 2
+                trial = dataclasses.replace(request, messages=messages[:head] + messages[starts[middle]:])
+                fitted = await self._encoded_if_it_fits(served, trial, room)
+                if fitted is not None:
+                    kept, high = (trial.messages, fitted), middle - 1
+                else:
+                    low = middle + 1
+            if kept is not None:
+                request.messages = kept[0]
+                return kept[1]
+        return await self.encode_off_loop(served, request)  # the whole prompt's 400 (or _admit's)
 
-    async def _encoded_if_it_fits(self, served: ServedModel,
-                                  request: GenerationRequest) -> tuple[list[int], str] | None:
-        """`encode_off_loop`, or None where the prompt and max_tokens do not fit the context."""
+    async def _encoded_if_it_fits(self, served: ServedModel, request: GenerationRequest,
+                                  room: int) -> tuple[list[int], str] | None:
+        """`encode_off_loop`, or None where the prompt and `room` tokens do not fit the context."""
         try:
             ids, text = await self.encode_off_loop(served, request)
         except APIError as error:
             if error.code != "context_length_exceeded":
                 raise
             return None
-        room = (served.engine.context_length or 1 << 30) - len(ids)
-        return (ids, text) if room >= (request.max_tokens or 1) else None
+        return (ids, text) if (served.engine.context_length or 1 << 30) - len(ids) >= room else None
 
     async def _answer_grammar(self, engine, request: GenerationRequest, prompt_text: str, max_tokens: int):
         """The request's grammar as the generation applies it: on a template that thinks, after
@@ -800,7 +802,8 @@ class RequestBody(dict):
 def log_ignored(body: Any, path: str) -> None:
     """One warning naming the fields of a parsed request `body` that nothing read."""
     if isinstance(body, RequestBody) and (names := body.ignored()):
-        logger.warning("%s: ignored fields %s", path, ", ".join(repr(name)[:80] for name in names[:20]))
+        more = f" (and {len(names) - 20} more)" if len(names) > 20 else ""
+        logger.warning("%s: ignored fields %s%s", path, ", ".join(repr(name)[:80] for name in names[:20]), more)
 
 
 async def read_json(request: Request, limit: int, timeout: float):

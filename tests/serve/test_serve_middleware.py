@@ -247,12 +247,15 @@ async def test_fields_no_parser_read_are_named_in_one_warning_per_request(caplog
         messages = await http.post("/v1/messages", json={**MESSAGES, "stop_sequence": ["x"]})
         responses = await http.post("/v1/responses", json={"model": MODEL, "input": "Hi", "max_tokens": 3})
         clean = await http.post("/v1/chat/completions", json={**CHAT, "temperature": 0, "n": 1})
-    assert [r.status_code for r in (chat, plain, messages, responses, clean)] == [200] * 5
+        many = await http.post("/v1/chat/completions", json={**CHAT, **{f"x{i:02}": 1 for i in range(25)}})
+    assert [r.status_code for r in (chat, plain, messages, responses, clean, many)] == [200] * 6
     warnings = [r.getMessage() for r in caplog.records if r.name == "emlx_async.serve" and "ignored" in r.getMessage()]
     assert warnings == ["/v1/chat/completions: ignored fields 'max_token', 'temprature'",
                         "/v1/chat/completions: ignored fields 'user'",
                         "/v1/messages: ignored fields 'stop_sequence'",
-                        "/v1/responses: ignored fields 'max_tokens'"]
+                        "/v1/responses: ignored fields 'max_tokens'",
+                        "/v1/chat/completions: ignored fields "
+                        + ", ".join(f"'x{i:02}'" for i in range(20)) + " (and 5 more)"]
 
 
 class FakeStats:

@@ -255,11 +255,20 @@ async def test_truncation_auto_drops_the_oldest_whole_turns_until_the_input_fits
         body_one_more = {**body, "input": turns[2 * first - 2:] + body["input"][-1:]}
         with pytest.raises(openai.BadRequestError):
             await client.responses.create(**body_one_more)
-        # Where the last turn alone does not fit either, the 400 is the whole prompt's.
+        # Where the last turn alone does not fit either, the 400 is the whole prompt's, naming the input.
         long = {**body, "input": [{"role": "user", "content": "word " * 400}]}
         with pytest.raises(openai.BadRequestError) as still:
             await client.responses.create(**long, truncation="auto")
-        assert still.value.code == "context_length_exceeded"
+        assert (still.value.code, still.value.param) == ("context_length_exceeded", "input")
+        # Without max_output_tokens the answer keeps the server's default room where it can...
+        app.state.service.config.default_max_tokens = 40
+        unbounded = {key: value for key, value in body.items() if key != "max_output_tokens"}
+        await client.responses.create(**unbounded, truncation="auto")
+        assert len(prompts[-1]) <= 160 - 40 and QUESTION in tokenizer.decode(prompts[-1])
+        # ... and else the most that leaves one token.
+        app.state.service.config.default_max_tokens = 150
+        await client.responses.create(**unbounded, truncation="auto")
+        assert 160 - 40 < len(prompts[-1]) < 160 and QUESTION in tokenizer.decode(prompts[-1])
 
 
 @pytest.fixture(scope="module")
