@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -61,6 +62,7 @@ from .protocol import (DEFAULT_MAX_MESSAGES, MAX_TOP_LOGPROBS, APIError, Generat
 from .tools import CallArguments, CallEnd, CallStart, Reasoning
 
 RESPONSES = "/v1/responses"
+logger = logging.getLogger("emlx_async.serve")
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text")
 
@@ -82,9 +84,11 @@ class ResponsesRequest:
     generation: GenerationRequest
     # Echoed in the response object, as OpenAI does.
     echo: dict = field(default_factory=dict)
-    # Where the response is kept (None: store false), with the input items of its conversation.
+    # Where the response is kept (None: store false), after the stored conversation it continues,
+    # with its own input items.
     store: StoredResponses | None = None
-    conversation: list[dict] = field(default_factory=list)
+    earlier: StoredResponse | None = None
+    input_items: list[dict] = field(default_factory=list)
 
 
 def _unsupported(param: str, what: str) -> APIError:
@@ -150,8 +154,9 @@ def parse_input(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES, earlier: S
     if instructions is not None:
         messages.append({"role": "system", "content": checked_text(instructions, "instructions")})
     items = input_items(body)
-    # Reasoning items sent back (an agent's every turn has one) are left out of the prompt, and of the count.
-    check_message_count([i for i in (*earlier, *items) if not (isinstance(i, dict) and i.get("type") == "reasoning")],
+    # Reasoning items sent back (an agent's every turn has one) are left out of the prompt, and of the
+    # count; so is a stored conversation, which was counted as it came and may grow turn by turn.
+    check_message_count([i for i in items if not (isinstance(i, dict) and i.get("type") == "reasoning")],
                         "input", max_messages)
     ids = ToolCallIds("function_call item", any_earlier=True)
     # A stored item was checked when it was sent: a fault can only come from the new ones, named by index.
@@ -327,8 +332,7 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES,
     _refuse_unsupported(body)
     model = string(body, "model")
     previous = _previous(body, stored)
-    earlier = list(previous.items) if previous is not None else []
-    messages = parse_input(body, max_messages, earlier)
+    messages = parse_input(body, max_messages, previous.items() if previous is not None else ())
     store = body.get("store")
     if store is not None and not isinstance(store, bool):
         raise wrong_type("store", "a boolean", store)
@@ -356,7 +360,7 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES,
             "max_tool_calls": generation.max_tool_calls,
             "truncation": body.get("truncation") or "disabled", "tools": tools, "tool_choice": tool_choice,
             "store": store, "previous_response_id": body.get("previous_response_id")}
-    return ResponsesRequest(generation, echo, stored if store else None, [*earlier, *input_items(body)])
+    return ResponsesRequest(generation, echo, stored if store else None, previous, input_items(body))
 
 
 # ---- answers ------------------------------------------------------------------------
@@ -432,11 +436,14 @@ class ResponsesReply:
     def _kept(self, response: dict) -> dict:
         """`response`, ended, stored where the request asked (store): its conversation is
         the request's and the output's items."""
-        if self.request.store is not None:
+        request = self.request
+        if request.store is not None:
             # A call whose arguments are no whole object (cut short) cannot be sent back as input.
             output = [item for item in response["output"]
                       if not (item["type"] == "function_call" and item["status"] == "incomplete")]
-            self.request.store.put(response, [*self.request.conversation, *output])
+            if not request.store.put(response, [*request.input_items, *output], request.earlier):
+                logger.warning("response %s not stored: its conversation is larger than the store "
+                               "(%d characters)", self.id, request.store.max_chars)
         return response
 
     def _usage(self) -> dict:
@@ -591,17 +598,19 @@ def routes(service: Service) -> list[Route]:
     stored = StoredResponses()
     parse = functools.partial(parse_request, max_messages=service.config.max_messages, stored=stored)
 
-    async def retrieve(request: Request) -> Response:
+    async def stored_response(request: Request) -> Response:
+        """GET: the stored response as it was answered; DELETE: drop it."""
         response_id = request.path_params["response_id"]
+        if request.method == "DELETE":
+            if not stored.delete(response_id):
+                return _not_found(response_id)
+            return JSON({"id": response_id, "object": "response.deleted", "deleted": True})
+        if request.query_params.get("stream", "false").lower() not in ("false", "0"):
+            return error_response(_unsupported("stream", "replaying a stored response's events"))
         kept = stored.get(response_id)
-        return _not_found(response_id) if kept is None else JSON(kept.response)
-
-    async def delete(request: Request) -> Response:
-        response_id = request.path_params["response_id"]
-        if not stored.delete(response_id):
+        if kept is None:
             return _not_found(response_id)
-        return JSON({"id": response_id, "object": "response.deleted", "deleted": True})
+        return Response(kept.response_json, media_type="application/json")
 
     return [generation_route(service, RESPONSES, parse, ResponsesReply, error_response),
-            Route(RESPONSES + "/{response_id}", retrieve, methods=["GET"]),
-            Route(RESPONSES + "/{response_id}", delete, methods=["DELETE"])]
+            Route(RESPONSES + "/{response_id}", stored_response, methods=["GET", "DELETE"])]

@@ -1,14 +1,18 @@
 """The Responses API's stored responses (``store``, ``previous_response_id``), in memory.
 
 A stored response keeps its object (``GET /v1/responses/{id}`` answers it)
-and its conversation as input items: the input it was given (after the
-conversation of its ``previous_response_id``, if any) and its output. A
+and its conversation as input items: the conversation of the response it
+continued (held by reference, not copied), then its own input and output. A
 request naming it continues that conversation. ``instructions`` are not
 items, so they are not carried over, as OpenAI's are not.
 
-The store is bounded, oldest first out: at most `max_responses` responses
-and `max_chars` characters of their JSON; one larger than that alone is not
-kept. It lives in the server's process and is gone when the server stops.
+Each response is kept as JSON text, so what the store holds is about what it
+counts. A response is counted with its whole conversation (the earlier
+responses it holds stay in memory while it does, kept or not), so the bound
+holds whatever was dropped: at most `max_responses` responses and
+`max_chars` characters, the oldest out first; a response whose conversation
+alone is larger is not kept. The store lives in the server's process and is
+gone when the server stops.
 """
 
 from __future__ import annotations
@@ -16,17 +20,34 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 
 MAX_STORED_RESPONSES = 1024
 MAX_STORED_CHARS = 64 << 20
 
 
-@dataclass(frozen=True)
 class StoredResponse:
-    response: dict        # the response object as it was answered
-    items: tuple          # its conversation: input items, then its output items
-    chars: int            # what it holds, for the bound
+    """One kept response: its object and its conversation, as JSON text."""
+
+    __slots__ = ("response_json", "_items_json", "_earlier", "chars")
+
+    def __init__(self, response: dict, items: list[dict], earlier: StoredResponse | None):
+        self.response_json = json.dumps(response)
+        self._items_json = json.dumps(items)
+        self._earlier = earlier
+        # Its own text and all its conversation holds (the earlier responses stay while it does).
+        self.chars = len(self.response_json) + len(self._items_json) + (earlier.conversation_chars if earlier else 0)
+
+    @property
+    def conversation_chars(self) -> int:
+        return self.chars - len(self.response_json)
+
+    def items(self) -> list[dict]:
+        """The conversation's input items, oldest first (parsed anew: the caller may change them)."""
+        chain, stored = [], self
+        while stored is not None:
+            chain.append(stored._items_json)
+            stored = stored._earlier
+        return [item for text in reversed(chain) for item in json.loads(text)]
 
 
 class StoredResponses:
@@ -45,18 +66,19 @@ class StoredResponses:
         with self._lock:
             return self._responses.get(response_id)
 
-    def put(self, response: dict, items: list[dict]) -> None:
-        """Keep `response` (its id is its key) with its conversation's `items`."""
-        chars = len(json.dumps(response)) + len(json.dumps(items))
-        if chars > self.max_chars:
-            return
-        stored = StoredResponse(response, tuple(items), chars)
+    def put(self, response: dict, items: list[dict], earlier: StoredResponse | None = None) -> bool:
+        """Keep `response` (its id is its key) with its own conversation `items`, after the
+        conversation of `earlier`; False where it alone is larger than the store."""
+        stored = StoredResponse(response, items, earlier)
+        if stored.chars > self.max_chars:
+            return False
         with self._lock:
             self._drop(response["id"])
             self._responses[response["id"]] = stored
-            self._chars += chars
+            self._chars += stored.chars
             while len(self._responses) > self.max_responses or self._chars > self.max_chars:
                 self._drop(next(iter(self._responses)))
+        return True
 
     def delete(self, response_id: str) -> bool:
         with self._lock:

@@ -164,19 +164,23 @@ def test_a_stored_conversation_comes_before_the_input_and_its_calls_can_be_answe
             "status": "completed"}
     first = responses_api.parse_request({**OK, "instructions": "Be brief."}, stored=stored)
     assert first.echo["store"] is True and first.store is stored and first.echo["previous_response_id"] is None
-    assert first.conversation == [{"type": "message", "role": "user", "content": QUESTION}]
-    stored.put({"id": "resp_1", "output": [call]}, [*first.conversation, call])
+    assert first.input_items == [{"type": "message", "role": "user", "content": QUESTION}]
+    assert first.earlier is None
+    stored.put({"id": "resp_1", "output": [call]}, [*first.input_items, call])
     answer = {"type": "function_call_output", "call_id": "call_1", "output": "42"}
     second = responses_api.parse_request({"input": [answer], "previous_response_id": "resp_1",
-                                          "instructions": "Be kind."}, stored=stored)
+                                          "instructions": "Be kind."}, stored=stored, max_messages=1)
     # The stored conversation, then the input; the earlier instructions are not carried over.
     assert second.generation.messages == [
         {"role": "system", "content": "Be kind."}, {"role": "user", "content": QUESTION},
         {"role": "assistant", "content": "", "tool_calls": [
             {"type": "function", "id": "call_1", "function": {"name": "f", "arguments": {"x": 1}}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
-    assert second.conversation == [*first.conversation, call, answer]
+    assert second.input_items == [answer] and second.earlier is stored.get("resp_1")
     assert second.echo["previous_response_id"] == "resp_1"
+    # Its conversation: the earlier one held by reference, then its own items.
+    stored.put({"id": "resp_2", "output": []}, second.input_items, second.earlier)
+    assert stored.get("resp_2").items() == [*first.input_items, call, answer]
     # A result answering no call, and a call id used before, name the new item.
     for bad, param in (({**answer, "call_id": "call_9"}, "input[0].call_id"),
                        ({**call, "id": "fc_2"}, "input[0].call_id")):
@@ -186,7 +190,7 @@ def test_a_stored_conversation_comes_before_the_input_and_its_calls_can_be_answe
     unstored = responses_api.parse_request({**OK, "store": False}, stored=stored)
     assert unstored.store is None and unstored.echo["store"] is False
     with pytest.raises(APIError) as caught:
-        responses_api.parse_request({**OK, "previous_response_id": "resp_2"}, stored=stored)
+        responses_api.parse_request({**OK, "previous_response_id": "resp_3"}, stored=stored)
     assert (caught.value.param, caught.value.code) == ("previous_response_id", "previous_response_not_found")
 
 
@@ -195,12 +199,22 @@ def test_the_store_keeps_the_newest_within_its_bounds():
 
     stored = StoredResponses(max_responses=2, max_chars=400)
     for i in range(3):
-        stored.put({"id": f"resp_{i}"}, [{"role": "user", "content": "x"}])
+        assert stored.put({"id": f"resp_{i}"}, [{"role": "user", "content": "x"}])
     assert (stored.get("resp_0"), len(stored)) == (None, 2) and stored.get("resp_2") is not None
     stored.put({"id": "resp_big"}, [{"role": "user", "content": "x" * 300}])  # the two before it must go
     assert [stored.get(f"resp_{i}") for i in (1, 2)] == [None, None] and len(stored) == 1
-    stored.put({"id": "resp_huge"}, [{"role": "user", "content": "x" * 500}])  # larger than the store: not kept
+    # Larger than the store: not kept.
+    assert not stored.put({"id": "resp_huge"}, [{"role": "user", "content": "x" * 500}])
     assert stored.get("resp_huge") is None and stored.get("resp_big") is not None
+    # A continuation counts the conversation it holds: the earlier response stays in memory while it does.
+    big = stored.get("resp_big")
+    assert not stored.put({"id": "resp_next"}, [{"role": "user", "content": "y" * 100}], big)
+    small = StoredResponses(max_chars=600)
+    small.put({"id": "a"}, [{"role": "user", "content": "x" * 100}])
+    small.put({"id": "b"}, [{"role": "user", "content": "y" * 100}], small.get("a"))
+    assert small.get("b").chars > small.get("a").chars + 100 and small._chars <= 600
+    small.put({"id": "c"}, [{"role": "user", "content": "z"}], small.get("b"))  # over the bound: the oldest go
+    assert small.get("a") is None and [i["content"][0] for i in small.get("c").items()] == ["x", "y", "z"]
     assert stored.delete("resp_big") and not stored.delete("resp_big") and len(stored) == 0
     assert stored._chars == 0
 
@@ -344,6 +358,8 @@ def test_previous_response_id_continues_a_stored_conversation(http, openai_clien
                                                  max_output_tokens=4, temperature=0, stream=True))
     final = events[-1].response
     assert openai_client.responses.retrieve(final.id).output_text == final.output_text
+    replay = http.get(f"/v1/responses/{final.id}", params={"stream": "true"})  # no events to replay: said so
+    assert replay.status_code == 400 and replay.json()["error"]["param"] == "stream"
     # Deleting one keeps the later ones, which hold the whole conversation.
     deleted = http.delete(f"/v1/responses/{first.id}").json()
     assert deleted == {"id": first.id, "object": "response.deleted", "deleted": True}
