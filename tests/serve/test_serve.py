@@ -220,7 +220,7 @@ BAD_REQUESTS = [
     (CHAT, {}, "messages"),
     (COMPLETIONS, {"prompt": 12}, "prompt"),
     (COMPLETIONS, {"prompt": ["a", "b"]}, "prompt"),
-    (COMPLETIONS, {"prompt": [1] * 9000, "max_tokens": 1}, "max_tokens"),  # past the 8192-token context
+    (COMPLETIONS, {"prompt": [1] * 9000, "max_tokens": 1}, "prompt"),  # alone past the 8192-token context
     (COMPLETIONS, {"prompt": [10**9]}, "prompt"),                           # outside the vocabulary
     (COMPLETIONS, {"prompt": "x", "seed": "1"}, "seed"),
     (CHAT, {"messages": FRANCE, "logprobs": 1}, "logprobs"),

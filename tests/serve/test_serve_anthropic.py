@@ -321,7 +321,7 @@ def test_hostile_bodies_against_the_server(http, anthropic_client):
     raw = [(b"{not json", None), (b"[1, 2]", None), (b"[" * 100_000, None), (b'{"a":' * 50_000, None),
            (json.dumps({**OK, "max_tokens": 10**30}).encode(), "max_tokens"),     # past the context
            (b'{"max_tokens": 1' + b"0" * 5000 + b', "messages": []}', None),       # past Python's int digits
-           (json.dumps({**OK, "messages": [{"role": "user", "content": "x " * 9000}]}).encode(), "max_tokens")]
+           (json.dumps({**OK, "messages": [{"role": "user", "content": "x " * 9000}]}).encode(), "messages")]
     for content, param in raw:
         message = check_error(http.post("/v1/messages", content=content), 400, "invalid_request_error", param)
         assert len(message) < 1000
