@@ -146,14 +146,17 @@ def input_items(body: dict) -> list:
     return items
 
 
-def parse_input(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES, earlier: Sequence[dict] = ()) -> list[dict]:
+def parse_input(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES, earlier: Sequence[dict] = (),
+                items: list | None = None) -> list[dict]:
     """`instructions` and `input` as the chat messages of the engine's template; `earlier`: the
-    items of the conversation a stored response holds, before the input."""
+    items of the conversation a stored response holds, before the input; `items`: the input as
+    ``input_items`` read it (default: read here)."""
     messages: list[dict] = []
     instructions = string(body, "instructions")
     if instructions is not None:
         messages.append({"role": "system", "content": checked_text(instructions, "instructions")})
-    items = input_items(body)
+    if items is None:
+        items = input_items(body)
     # Reasoning items sent back (an agent's every turn has one) are left out of the prompt, and of the
     # count; so is a stored conversation, which was counted as it came and may grow turn by turn.
     check_message_count([i for i in items if not (isinstance(i, dict) and i.get("type") == "reasoning")],
@@ -332,11 +335,10 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES,
     _refuse_unsupported(body)
     model = string(body, "model")
     previous = _previous(body, stored)
-    messages = parse_input(body, max_messages, previous.items() if previous is not None else ())
-    store = body.get("store")
-    if store is not None and not isinstance(store, bool):
-        raise wrong_type("store", "a boolean", store)
-    store = store is not False and stored is not None
+    items = input_items(body)
+    messages = parse_input(body, max_messages, previous.items() if previous is not None else (), items)
+    # OpenAI's default is true: only an explicit false keeps nothing.
+    store = (body.get("store") is None or boolean(body, "store")) and stored is not None
     metadata = optional_object(body, "metadata")
     if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
         raise invalid("metadata", "metadata: values must be strings", "invalid_type")
@@ -360,7 +362,7 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES,
             "max_tool_calls": generation.max_tool_calls,
             "truncation": body.get("truncation") or "disabled", "tools": tools, "tool_choice": tool_choice,
             "store": store, "previous_response_id": body.get("previous_response_id")}
-    return ResponsesRequest(generation, echo, stored if store else None, previous, input_items(body))
+    return ResponsesRequest(generation, echo, stored if store else None, previous, items)
 
 
 # ---- answers ------------------------------------------------------------------------

@@ -553,35 +553,45 @@ class Service:
         head = 0
         while head < len(messages) and messages[head]["role"] in ("system", "developer"):
             head += 1
-        starts = [i for i in range(head + 1, len(messages)) if messages[i]["role"] == "user"]
+        # Where the kept part may start: the whole prompt (-1), or each later user turn.
+        starts = [-1] + [i for i in range(head + 1, len(messages)) if messages[i]["role"] == "user"]
+        context = served.engine.context_length or 1 << 30
+        encoded: dict[int, tuple[list[dict], tuple[list[int], str] | None]] = {}  # one encoding per start
+
+        async def kept_from(k: int) -> tuple[list[dict], tuple[list[int], str] | None]:
+            if k not in encoded:
+                kept = messages if starts[k] < 0 else messages[:head] + messages[starts[k]:]
+                encoded[k] = kept, await self._encoded_or_none(served, dataclasses.replace(request, messages=kept))
+            return encoded[k]
+
+        def fits(entry: tuple, room: int) -> bool:
+            return entry[1] is not None and context - len(entry[1][0]) >= room
+
         for room in [request.max_tokens] if request.max_tokens is not None else [self.config.default_max_tokens, 1]:
-            whole = await self._encoded_if_it_fits(served, request, room)
-            if whole is not None:
-                return whole
-            kept, low, high = None, 0, len(starts) - 1
-            while low <= high:  # the earliest turn start from which the rest fits
+            found, low, high = None, 1, len(starts) - 1
+            whole = await kept_from(0)
+            if fits(whole, room):
+                found, high = whole, 0  # the whole prompt fits: nothing to drop
+            while low <= high:  # the earliest later start from which the rest fits
                 middle = (low + high) // 2
-                trial = dataclasses.replace(request, messages=messages[:head] + messages[starts[middle]:])
-                fitted = await self._encoded_if_it_fits(served, trial, room)
-                if fitted is not None:
-                    kept, high = (trial.messages, fitted), middle - 1
+                entry = await kept_from(middle)
+                if fits(entry, room):
+                    found, high = entry, middle - 1
                 else:
                     low = middle + 1
-            if kept is not None:
-                request.messages = kept[0]
-                return kept[1]
+            if found is not None:
+                request.messages = found[0]
+                return found[1]
         return await self.encode_off_loop(served, request)  # the whole prompt's 400 (or _admit's)
 
-    async def _encoded_if_it_fits(self, served: ServedModel, request: GenerationRequest,
-                                  room: int) -> tuple[list[int], str] | None:
-        """`encode_off_loop`, or None where the prompt and `room` tokens do not fit the context."""
+    async def _encoded_or_none(self, served: ServedModel, request: GenerationRequest) -> tuple[list[int], str] | None:
+        """`encode_off_loop`, or None where the prompt alone exceeds the context."""
         try:
-            ids, text = await self.encode_off_loop(served, request)
+            return await self.encode_off_loop(served, request)
         except APIError as error:
             if error.code != "context_length_exceeded":
                 raise
             return None
-        return (ids, text) if (served.engine.context_length or 1 << 30) - len(ids) >= room else None
 
     async def _answer_grammar(self, engine, request: GenerationRequest, prompt_text: str, max_tokens: int):
         """The request's grammar as the generation applies it: on a template that thinks, after
@@ -799,11 +809,16 @@ class RequestBody(dict):
         return sorted(name for name in self if name not in self.read)
 
 
+# Ignored fields a warning names (each repr'd, at most 80 characters); the rest are counted.
+_NAMED_FIELDS = 20
+
+
 def log_ignored(body: Any, path: str) -> None:
     """One warning naming the fields of a parsed request `body` that nothing read."""
     if isinstance(body, RequestBody) and (names := body.ignored()):
-        more = f" (and {len(names) - 20} more)" if len(names) > 20 else ""
-        logger.warning("%s: ignored fields %s%s", path, ", ".join(repr(name)[:80] for name in names[:20]), more)
+        more = f" (and {len(names) - _NAMED_FIELDS} more)" if len(names) > _NAMED_FIELDS else ""
+        logger.warning("%s: ignored fields %s%s", path,
+                       ", ".join(repr(name)[:80] for name in names[:_NAMED_FIELDS]), more)
 
 
 async def read_json(request: Request, limit: int, timeout: float):
