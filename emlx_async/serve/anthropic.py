@@ -288,6 +288,7 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> Messa
     generation = parse_prompt(body, max_messages)
     max_tokens = integer(body, "max_tokens", low=1, required=True)
     optional_object(body, "metadata")  # accepted, and ignored
+    string(body, "service_tier")  # accepted, and ignored: one tier here
     stop = check_stop_lengths(string_list(body, "stop_sequences", MAX_STOP_SEQUENCES), "stop_sequences")
     top_k = integer(body, "top_k", low=0)
     generation.max_tokens, generation.stop, generation.top_k = max_tokens, stop, top_k or 0
@@ -375,6 +376,9 @@ class MessagesReply:
 
     def failed(self, error: APIError) -> bytes:
         return _error_event(error)
+
+    def ended_early(self, error: APIError | None) -> None:
+        """Nothing of a Messages API answer is kept, so nothing records how it ended."""
 
     def _stop(self, finish_reason: str, last_token: int | None, tokens: list[int]) -> tuple[str, str | None]:
         if self.parts.finish_reason(finish_reason) == "tool_calls":  # whole calls: the client runs them

@@ -256,20 +256,32 @@ async def collect(service: Service, generation: Generation, request: Request, id
     return Collected("".join(text), tokens, last[0], text)
 
 
-async def guarded(events: AsyncIterator[bytes], generation: Generation, id_: str,
-                  failed: Callable[[APIError], bytes],
+async def guarded(answer: Reply, generation: Generation,
                   request: GenerationRequest | None = None) -> AsyncIterator[bytes]:
-    """`events`, ended by `failed(error)` if they raise (the status line is gone by then);
-    the generation is closed however they end."""
+    """`answer`'s events, ended by its `failed` event if they raise (the status line is gone
+    by then); the answer is told when it ended early, and the generation is closed however
+    they end."""
+    events = answer.events()
+    ended = False
     try:
         async for chunk in events:
             yield chunk
+        ended = True
     except Exception as exc:  # noqa: BLE001 - the error goes in the stream
-        yield failed(failure(exc, id_, request))
+        ended = True
+        yield last_event(answer, failure(exc, answer.id, request))
     finally:
+        if not ended:  # the client left (a shutdown's trailer, sent after this, says why instead)
+            answer.ended_early(None)
         with anyio.CancelScope(shield=True):
             await events.aclose()  # type: ignore[attr-defined]
             await generation.aclose()
+
+
+def last_event(answer: Reply, error: APIError) -> bytes:
+    """The event that ends `answer`'s stream that `error` cut short, the answer told so."""
+    answer.ended_early(error)
+    return answer.failed(error)
 
 
 def count(service: Service, endpoint: str, response: Response) -> Response:
@@ -297,6 +309,10 @@ class Reply(Protocol):
     def body(self, collected: Collected) -> dict:
         """The collected answer."""
 
+    def ended_early(self, error: APIError | None) -> None:
+        """The answer ended before its last event or body: `error` ended it, or (None) the
+        client left. An answer that is kept (a stored response) keeps how it ended."""
+
 
 def generation_route(service: Service, path: str, parse: Callable[[dict], Parsed],
                      reply: Callable[[Parsed, Generation], Reply],
@@ -318,14 +334,16 @@ def generation_route(service: Service, path: str, parse: Callable[[dict], Parsed
             return count(service, path, error_response(group_broken_error(exc)))
         answer = reply(parsed, generation)
         if parsed.generation.stream:
-            events = guarded(answer.events(), generation, answer.id, answer.failed, parsed.generation)
+            events = guarded(answer, generation, parsed.generation)
             return count(service, path, EventStream(events, service, generation,
-                                                    lambda: answer.failed(shutdown_error())))
+                                                    lambda: last_event(answer, shutdown_error())))
         try:
             collected = await collect(service, generation, request, answer.id, parsed.generation)
         except APIError as error:
+            answer.ended_early(error)
             return count(service, path, error_response(error))
         if collected is None:
+            answer.ended_early(None)
             return count(service, path, Response(status_code=499))  # the client is gone: nobody reads this
         return count(service, path, JSON(answer.body(collected)))
 

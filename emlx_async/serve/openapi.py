@@ -20,7 +20,7 @@ from typing import Any
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
 from .protocol import (DEFAULT_MAX_MESSAGES, GUIDED_FIELDS, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_STOP_CHARS,
                        MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, MAX_SCHEMA_PROPERTIES, MAX_TOP_LOGPROBS, PENALTY_BOUND, REPETITION_BOUNDS,
-                       REASONING_EFFORTS, TEMPLATE_RESERVED)
+                       NO_EFFECT_TEXT_FIELDS, REASONING_EFFORTS, TEMPLATE_RESERVED)
 
 
 def _ref(name: str) -> dict:
@@ -183,6 +183,9 @@ _CHAT_REQUEST = {
                                  "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$",
                                                    "not": {"enum": list(TEMPLATE_RESERVED)}},
                                  "additionalProperties": {"type": ["boolean", "number", "string"]}},
+        **{name: {"type": "string", "description": "ignored"} for name in NO_EFFECT_TEXT_FIELDS},
+        "store": {"type": "boolean", "description": "ignored: chat completions are not stored"},
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}, "description": "ignored"},
         **_SAMPLING,
     },
 }
@@ -204,6 +207,7 @@ _COMPLETION_REQUEST = {
         "guided_regex": {"type": "string", "description": "extension: the output matches this regular expression"},
         "guided_grammar": {"type": "string", "description": "extension: the output follows this Lark grammar "
                            "(llguidance's dialect)"},
+        "user": {"type": "string", "description": "ignored"},
         **_SAMPLING,
     },
 }
@@ -412,6 +416,7 @@ _MESSAGES_REQUEST = {
                            "maxItems": ANTHROPIC_MAX_STOP_SEQUENCES},
         "stream": _SAMPLING["stream"],
         "metadata": {"type": "object", "description": "ignored"},
+        "service_tier": {"type": "string", "description": "ignored"},
     },
 }
 
@@ -550,9 +555,10 @@ _RESPONSES_REQUEST = {
         "background": {"const": False, "description": _REFUSED + "a background response"},
         "store": {"type": "boolean", "description": "keep the response (default true) in the server's memory, "
                   "bounded (the oldest go first) and gone when it stops: GET and DELETE /v1/responses/{id}, "
-                  "and previous_response_id"},
+                  "GET /v1/responses/{id}/input_items, and previous_response_id"},
         "previous_response_id": {"type": "string", "description": "continue a stored response's conversation: its "
-                                 "input and output come before this input (its instructions do not)"},
+                                 "input and output come before this input (its instructions do not); one "
+                                 "still in progress is a 400"},
         **{name: {"type": "string", "description": "ignored"}
            for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier")},
         **{name: {"type": "null", "description": _REFUSED + f"a stored {what}: send the whole conversation in input"}
@@ -623,7 +629,9 @@ _RESPONSE = {
                  "metadata", "max_output_tokens", "temperature", "top_p", "parallel_tool_calls", "truncation"],
     "properties": {
         "id": {"type": "string", "pattern": "^resp_"}, "object": {"const": "response"},
-        "created_at": {"type": "integer"}, "status": _STATUS, "model": {"type": "string"},
+        "created_at": {"type": "integer"}, "model": {"type": "string"},
+        "status": {"enum": [*_STATUS["enum"], "cancelled"],
+                   "description": "a stored response is in_progress until it ends; cancelled: its client left"},
         "output": {"type": "array", "items": _OUTPUT_ITEM,
                    "description": "a reasoning item (a template that thinks), a message, then (with tools) "
                                   "function_call items"},
@@ -697,6 +705,13 @@ _RESPONSE_STREAM_EVENT = {
 }
 
 _RESPONSE_ID = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+_PAGE_PARAMETERS = [
+    {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"], "default": "desc"}},
+    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}},
+    {"name": "after", "in": "query", "schema": {"type": "string"}, "description": "the id of the item the page "
+     "starts after"},
+    {"name": "before", "in": "query", "schema": {"type": "string"}, "description": "the id of the item the page "
+     "ends before"}]
 
 
 _DOCUMENT: dict[str, Any] = {
@@ -727,6 +742,20 @@ _DOCUMENT: dict[str, Any] = {
                     "type": "object", "required": ["id", "object", "deleted"],
                     "properties": {"id": {"type": "string"}, "object": {"const": "response.deleted"},
                                    "deleted": {"const": True}}})},
+                "404": {"description": "no stored response has this id", "content": _json(_ref("Error"))}}}},
+        "/v1/responses/{response_id}/input_items": {"get": {
+            "summary": "The input items a stored response's answer came from (the earlier conversation, then "
+                       "its input), a page at a time",
+            "parameters": [*_RESPONSE_ID, *_PAGE_PARAMETERS],
+            "responses": {
+                "200": {"description": "a page of items", "content": _json({
+                    "type": "object", "required": ["object", "data", "first_id", "last_id", "has_more"],
+                    "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {
+                                       "type": "object", "required": ["id", "type"]}},
+                                   "first_id": {"type": ["string", "null"]}, "last_id": {"type": ["string", "null"]},
+                                   "has_more": {"type": "boolean"}}})},
+                "400": {"description": "a query parameter out of range, or a cursor naming no item of the "
+                                       "response", "content": _json(_ref("Error"))},
                 "404": {"description": "no stored response has this id", "content": _json(_ref("Error"))}}}},
         "/v1/models": {"get": {"summary": "The served models", "responses": {"200": {
             "description": "every model the server serves, loaded or not", "content": _json({

@@ -749,6 +749,27 @@ def _parse_prompt(body: dict) -> str | list[int]:
     raise invalid("prompt", "'prompt' must be a string or a list of token ids", "invalid_type")
 
 
+# OpenAI's fields that change nothing on this server (no accounts, tiers, stored chat completions
+# or shared prompt caches): checked and read, so the ignored-fields warning keeps to the fields
+# nothing knows (a misspelt one), not those clients send on every request.
+NO_EFFECT_TEXT_FIELDS = ("user", "service_tier", "prompt_cache_key", "safety_identifier")
+
+
+def _check_no_effect_fields(body: dict, chat: bool) -> None:
+    for name in NO_EFFECT_TEXT_FIELDS if chat else ("user",):
+        value = _optional(body, name)
+        if value is not None:
+            _text(value, name)
+    if not chat:
+        return
+    store = _optional(body, "store")
+    if store is not None and not isinstance(store, bool):
+        raise invalid("store", f"'store' must be a boolean, got {show(store)}", "invalid_type")
+    metadata = _optional(body, "metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise invalid("metadata", "'metadata' must be an object of strings", "invalid_type")
+
+
 def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESSAGES) -> GenerationRequest:
     """The request in `body` (parsed JSON), or APIError (400) naming the first bad field."""
     if not isinstance(body, dict):
@@ -828,6 +849,7 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
         raise invalid("top_logprobs", "'top_logprobs' is supported on /v1/chat/completions only",
                       "unsupported_parameter")
 
+    _check_no_effect_fields(body, chat)
     stream = _optional(body, "stream")
     if stream is not None and not isinstance(stream, bool):
         raise invalid("stream", f"'stream' must be a boolean, got {show(stream)}", "invalid_type")

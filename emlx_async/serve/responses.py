@@ -9,9 +9,12 @@ message and, with tools, ``function_call`` items; a generation cut off by
 "max_output_tokens" (streamed, its last event is ``response.incomplete``,
 as OpenAI sends it). Errors keep OpenAI's shape. A response is stored
 (``store``, true by default, as OpenAI's) in the server's memory
-(serve/stored_responses.py): ``GET``/``DELETE /v1/responses/{id}`` read and
-drop it, and ``previous_response_id`` continues its conversation (its input
-and output come before the new input; its ``instructions`` do not). A
+(serve/stored_responses.py) from its start (``in_progress``) to its end
+(completed, incomplete, failed, or cancelled when the client left):
+``GET``/``DELETE /v1/responses/{id}`` read and drop it, ``GET
+/v1/responses/{id}/input_items`` lists the items its answer came from, and
+``previous_response_id`` continues its conversation (its input and output
+come before the new input; its ``instructions`` do not). A
 stored ``conversation`` or ``prompt``, logprobs, background runs and tools
 other than functions are refused with a 400 naming the field.
 
@@ -47,6 +50,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -326,6 +330,9 @@ def _previous(body: dict, stored: StoredResponses | None) -> StoredResponse | No
     if previous is None:  # OpenAI's words and code
         raise invalid("previous_response_id", f"Previous response with id {show(name)} not found.",
                       "previous_response_not_found")
+    if previous.status == "in_progress":  # its output is not known yet
+        raise invalid("previous_response_id", f"Previous response with id {show(name)} is still in progress: "
+                      "continue it once it has ended.", "previous_response_in_progress")
     return previous
 
 
@@ -407,6 +414,26 @@ def ended_call_item(end: CallEnd) -> dict:
                               "completed" if end.valid else "incomplete")
 
 
+_ITEM_ID_PREFIXES = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
+
+
+def listed_item(item: dict) -> dict:
+    """An input item as it is stored and listed (GET .../input_items): OpenAI's full form, with
+    a type, an id (one of the server's where the client sent none) and a status, and a message's
+    text as content parts. Parsing it again gives the same prompt."""
+    kind = item.get("type", "message")
+    listed = {**item, "type": kind}
+    if not isinstance(listed.get("id"), str) or not listed["id"]:
+        listed["id"] = _ITEM_ID_PREFIXES.get(kind, "item_") + uuid.uuid4().hex
+    if kind != "reasoning":
+        listed.setdefault("status", "completed")
+    if kind == "message" and isinstance(item.get("content"), str):
+        text = item["content"]
+        listed["content"] = [output_text(text) if item.get("role") == "assistant"
+                             else {"type": "input_text", "text": text}]
+    return listed
+
+
 def _new_message_id() -> str:
     return "msg_" + uuid.uuid4().hex
 
@@ -427,6 +454,12 @@ class ResponsesReply:
         self.sequence_number = 0
         self.parts = AnswerParts(generation)
         self.summarized = (request.echo.get("reasoning") or {}).get("summary") not in (None, "none")
+        # Kept (store): its input items with ids, encoded once; its end replaces its start.
+        self._input_json = None if request.store is None else json.dumps(
+            [listed_item(item) for item in request.input_items])
+        self._ended: str | None = None  # "answered", or "early" (a failure, or the client gone)
+        if not request.generation.stream:  # a stream is kept from its first event
+            self._keep(self.response("in_progress", []))
 
     def response(self, status: str, output: list[dict], usage_: dict | None = None,
                  error: dict | None = None) -> dict:
@@ -435,18 +468,31 @@ class ResponsesReply:
                 "model": self.model, "output": output, "usage": usage_, "error": error,
                 "incomplete_details": incomplete, **self.request.echo}
 
-    def _kept(self, response: dict) -> dict:
-        """`response`, ended, stored where the request asked (store): its conversation is
-        the request's and the output's items."""
+    def _keep(self, response: dict) -> None:
+        """Store `response` where the request asked (store), with its input and output items."""
         request = self.request
-        if request.store is not None:
-            # A call whose arguments are no whole object (cut short) cannot be sent back as input.
-            output = [item for item in response["output"]
-                      if not (item["type"] == "function_call" and item["status"] == "incomplete")]
-            if not request.store.put(response, [*request.input_items, *output], request.earlier):
-                logger.warning("response %s not stored: its conversation is larger than the store "
-                               "(%d characters)", self.id, request.store.max_chars)
+        if request.store is None:
+            return
+        # A call whose arguments are no whole object (cut short) cannot be sent back as input.
+        output = [item for item in response["output"]
+                  if not (item["type"] == "function_call" and item["status"] == "incomplete")]
+        if not request.store.put(response, self._input_json, output, request.earlier):
+            logger.warning("response %s not stored: its conversation is larger than the store "
+                           "(%d characters)", self.id, request.store.max_chars)
+
+    def _kept(self, response: dict) -> dict:
+        """`response`, the answer's end, stored where the request asked."""
+        self._ended = "answered"
+        self._keep(response)
         return response
+
+    def ended_early(self, error: APIError | None) -> None:
+        """Kept as "failed" with the error, or "cancelled" when the client left (its output is not kept)."""
+        # A shutdown's failure comes after the stream's close (the client still there), so it wins.
+        if self._ended == "answered" or (self._ended and error is None):
+            return
+        self._ended = "early"
+        self._keep(self.response("cancelled", []) if error is None else self._failed_response(error))
 
     def _usage(self) -> dict:
         return usage(self.generation.prompt_tokens, self.generation.stats.generated_tokens,
@@ -471,12 +517,16 @@ class ResponsesReply:
         self.sequence_number += 1
         return event(kind, data)
 
+    def _failed_response(self, error: APIError) -> dict:
+        return self.response("failed", [], error={"code": "server_error", "message": error.message})
+
     def failed(self, error: APIError) -> bytes:
-        return self.event("response.failed", response=self.response(
-            "failed", [], error={"code": "server_error", "message": error.message}))
+        return self.event("response.failed", response=self._failed_response(error))
 
     async def events(self) -> AsyncIterator[bytes]:
-        yield self.event("response.created", response=self.response("in_progress", []))
+        created = self.response("in_progress", [])
+        self._keep(created)
+        yield self.event("response.created", response=created)
         yield self.event("response.in_progress", response=self.response("in_progress", []))
         output: list[dict] = []  # the items done
         message: dict | None = None  # the message item being written, and its text so far
@@ -596,6 +646,39 @@ def _not_found(response_id: str) -> Response:
                                    code="not_found"))
 
 
+MAX_LISTED_ITEMS = 100  # OpenAI's bound on a page
+
+
+def page_of_items(kept: StoredResponse, query) -> dict:
+    """A page of `kept`'s input items as OpenAI lists them: ``order``
+    desc (the default) or asc, then those after the item ``after`` names and before the one
+    ``before`` names, at most ``limit`` (1 to 100, default 20)."""
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid("order", f"order: expected 'asc' or 'desc', got {show(order)}")
+    raw = query.get("limit", "20")
+    limit = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 4 else 0
+    if not 1 <= limit <= MAX_LISTED_ITEMS:
+        raise invalid("limit", f"limit: expected an integer from 1 to {MAX_LISTED_ITEMS}, got {show(raw)}")
+    items = kept.input_items()
+    ordered = items if order == "asc" else items[::-1]
+    ids = [item.get("id") for item in ordered]
+    start, end = 0, len(ordered)
+    for param in ("after", "before"):
+        name = query.get(param)
+        if name is None:
+            continue
+        if name not in ids:
+            raise invalid(param, f"{param}: no input item of this response has the id {show(name)}")
+        if param == "after":
+            start = ids.index(name) + 1
+        else:
+            end = ids.index(name)
+    data = ordered[start:min(end, start + limit)] if start < end else []
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": start + len(data) < end}
+
+
 def routes(service: Service) -> list[Route]:
     stored = StoredResponses()
     parse = functools.partial(parse_request, max_messages=service.config.max_messages, stored=stored)
@@ -614,5 +697,19 @@ def routes(service: Service) -> list[Route]:
             return _not_found(response_id)
         return Response(kept.response_json, media_type="application/json")
 
+    async def stored_input_items(request: Request) -> Response:
+        """GET: the input items a stored response was generated from, a page at a time."""
+        response_id = request.path_params["response_id"]
+        kept = stored.get(response_id)
+        if kept is None:
+            return _not_found(response_id)
+        try:
+            # Off the loop: a long conversation is many items to parse.
+            page = await anyio.to_thread.run_sync(page_of_items, kept, request.query_params)
+        except APIError as error:
+            return error_response(error)
+        return JSON(page)
+
     return [generation_route(service, RESPONSES, parse, ResponsesReply, error_response),
-            Route(RESPONSES + "/{response_id}", stored_response, methods=["GET", "DELETE"])]
+            Route(RESPONSES + "/{response_id}", stored_response, methods=["GET", "DELETE"]),
+            Route(RESPONSES + "/{response_id}/input_items", stored_input_items, methods=["GET"])]

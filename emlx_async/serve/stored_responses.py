@@ -1,18 +1,22 @@
 """The Responses API's stored responses (``store``, ``previous_response_id``), in memory.
 
 A stored response keeps its object (``GET /v1/responses/{id}`` answers it)
-and its conversation as input items: the conversation of the response it
-continued (held by reference, not copied), then its own input and output. A
-request naming it continues that conversation. ``instructions`` are not
-items, so they are not carried over, as OpenAI's are not.
+and its conversation as items: the conversation of the response it continued
+(held by reference, not copied), then its own input and output. The input
+items, the earlier conversation's and its own, are what
+``GET /v1/responses/{id}/input_items`` lists. A request naming it continues
+that conversation. ``instructions`` are not items, so they are not carried
+over, as OpenAI's are not.
 
-Each response is kept as JSON text, so what the store holds is about what it
-counts. A response is counted with its whole conversation (the earlier
-responses it holds stay in memory while it does, kept or not), so the bound
-holds whatever was dropped: at most `max_responses` responses and
-`max_chars` characters, the oldest out first; a response whose conversation
-alone is larger is not kept. The store lives in the server's process and is
-gone when the server stops.
+A response is kept from its start, ``in_progress``, and replaced by its end
+(completed, incomplete, failed, or cancelled when the client left). Each is
+kept as JSON text, so what the store holds is about what it counts. A
+response is counted with its whole conversation (the earlier responses it
+holds stay in memory while it does, kept or not), so the bound holds
+whatever was dropped: at most `max_responses` responses and `max_chars`
+characters, the oldest out first; a response whose conversation alone is
+larger is not kept. The store lives in the server's process and is gone when
+the server stops.
 """
 
 from __future__ import annotations
@@ -26,28 +30,42 @@ MAX_STORED_CHARS = 64 << 20
 
 
 class StoredResponse:
-    """One kept response: its object and its conversation, as JSON text."""
+    """One kept response: its object, and its input and output items, as JSON text."""
 
-    __slots__ = ("response_json", "_items_json", "_earlier", "chars")
+    __slots__ = ("response_json", "status", "input_json", "_output_json", "_earlier", "chars")
 
-    def __init__(self, response: dict, items: list[dict], earlier: StoredResponse | None):
+    def __init__(self, response: dict, input_json: str, output: list[dict], earlier: StoredResponse | None):
+        # `input_json`: its input items as JSON text (encoded once, at the response's start).
         self.response_json = json.dumps(response)
-        self._items_json = json.dumps(items)
+        self.status: str = response.get("status", "completed")
+        self.input_json = input_json
+        self._output_json = json.dumps(output)
         self._earlier = earlier
         # Its own text and all its conversation holds (the earlier responses stay while it does).
-        self.chars = len(self.response_json) + len(self._items_json) + (earlier.conversation_chars if earlier else 0)
+        self.chars = (len(self.response_json) + len(input_json) + len(self._output_json)
+                      + (earlier.conversation_chars if earlier else 0))
 
     @property
     def conversation_chars(self) -> int:
         return self.chars - len(self.response_json)
 
-    def items(self) -> list[dict]:
-        """The conversation's input items, oldest first (parsed anew: the caller may change them)."""
+    def _chain(self) -> list[StoredResponse]:
         chain, stored = [], self
         while stored is not None:
-            chain.append(stored._items_json)
+            chain.append(stored)
             stored = stored._earlier
-        return [item for text in reversed(chain) for item in json.loads(text)]
+        return chain[::-1]
+
+    def items(self) -> list[dict]:
+        """The conversation's items, oldest first: each response's input, then its output
+        (parsed anew: the caller may change them)."""
+        return [item for stored in self._chain()
+                for text in (stored.input_json, stored._output_json) for item in json.loads(text)]
+
+    def input_items(self) -> list[dict]:
+        """The items its answer was generated from: the earlier conversation, then its own input."""
+        earlier = self._earlier.items() if self._earlier is not None else []
+        return earlier + json.loads(self.input_json)
 
 
 class StoredResponses:
@@ -66,14 +84,16 @@ class StoredResponses:
         with self._lock:
             return self._responses.get(response_id)
 
-    def put(self, response: dict, items: list[dict], earlier: StoredResponse | None = None) -> bool:
-        """Keep `response` (its id is its key) with its own conversation `items`, after the
-        conversation of `earlier`; False where it alone is larger than the store."""
-        stored = StoredResponse(response, items, earlier)
-        if stored.chars > self.max_chars:
-            return False
+    def put(self, response: dict, input_json: str, output: list[dict] = (),
+            earlier: StoredResponse | None = None) -> bool:
+        """Keep `response` (its id is its key; one kept under it is replaced) with its input
+        items (`input_json`, JSON text) and `output` items, after the conversation of
+        `earlier`; False where it alone is larger than the store."""
+        stored = StoredResponse(response, input_json, list(output), earlier)
         with self._lock:
-            self._drop(response["id"])
+            self._drop(response["id"])  # its start, replaced by its end even where the end is too large
+            if stored.chars > self.max_chars:
+                return False
             self._responses[response["id"]] = stored
             self._chars += stored.chars
             while len(self._responses) > self.max_responses or self._chars > self.max_chars:

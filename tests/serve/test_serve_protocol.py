@@ -46,6 +46,12 @@ def refused(body, chat=True, **limits) -> APIError:
     ({"messages": FRANCE, "repetition_penalty": 1e-39}, "repetition_penalty"),  # logits / it: inf, NaN logprobs
     ({"messages": FRANCE, "repetition_penalty": 10**400}, "repetition_penalty"),
     ({"messages": FRANCE, "logprobs": True, "top_logprobs": 10**400}, "top_logprobs"),
+    # Fields read and ignored are still checked, as OpenAI checks them.
+    ({"messages": FRANCE, "user": 5}, "user"),
+    ({"messages": FRANCE, "service_tier": "\ud800"}, "service_tier"),
+    ({"messages": FRANCE, "store": "yes"}, "store"),
+    ({"messages": FRANCE, "metadata": {"k": 1}}, "metadata"),
+    ({"messages": FRANCE, "metadata": ["k"]}, "metadata"),
 ])
 def test_hostile_fields_are_400s_naming_the_field(body, param):
     assert refused(body).param == param

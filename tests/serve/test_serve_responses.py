@@ -166,7 +166,7 @@ def test_a_stored_conversation_comes_before_the_input_and_its_calls_can_be_answe
     assert first.echo["store"] is True and first.store is stored and first.echo["previous_response_id"] is None
     assert first.input_items == [{"type": "message", "role": "user", "content": QUESTION}]
     assert first.earlier is None
-    stored.put({"id": "resp_1", "output": [call]}, [*first.input_items, call])
+    stored.put({"id": "resp_1"}, json.dumps(first.input_items), [call])
     answer = {"type": "function_call_output", "call_id": "call_1", "output": "42"}
     second = responses_api.parse_request({"input": [answer], "previous_response_id": "resp_1",
                                           "instructions": "Be kind."}, stored=stored, max_messages=1)
@@ -179,7 +179,7 @@ def test_a_stored_conversation_comes_before_the_input_and_its_calls_can_be_answe
     assert second.input_items == [answer] and second.earlier is stored.get("resp_1")
     assert second.echo["previous_response_id"] == "resp_1"
     # Its conversation: the earlier one held by reference, then its own items.
-    stored.put({"id": "resp_2", "output": []}, second.input_items, second.earlier)
+    stored.put({"id": "resp_2"}, json.dumps(second.input_items), [], second.earlier)
     assert stored.get("resp_2").items() == [*first.input_items, call, answer]
     # A result answering no call, and a call id used before, name the new item.
     for bad, param in (({**answer, "call_id": "call_9"}, "input[0].call_id"),
@@ -194,29 +194,133 @@ def test_a_stored_conversation_comes_before_the_input_and_its_calls_can_be_answe
     assert (caught.value.param, caught.value.code) == ("previous_response_id", "previous_response_not_found")
 
 
+def put(stored, response_id, content, earlier=None):
+    """Store a response whose input is one user message of `content`."""
+    return stored.put({"id": response_id}, json.dumps([{"role": "user", "content": content}]), [], earlier)
+
+
 def test_the_store_keeps_the_newest_within_its_bounds():
     from emlx_async.serve.stored_responses import StoredResponses
 
     stored = StoredResponses(max_responses=2, max_chars=400)
     for i in range(3):
-        assert stored.put({"id": f"resp_{i}"}, [{"role": "user", "content": "x"}])
+        assert put(stored, f"resp_{i}", "x")
     assert (stored.get("resp_0"), len(stored)) == (None, 2) and stored.get("resp_2") is not None
-    stored.put({"id": "resp_big"}, [{"role": "user", "content": "x" * 300}])  # the two before it must go
+    put(stored, "resp_big", "x" * 300)  # the two before it must go
     assert [stored.get(f"resp_{i}") for i in (1, 2)] == [None, None] and len(stored) == 1
     # Larger than the store: not kept.
-    assert not stored.put({"id": "resp_huge"}, [{"role": "user", "content": "x" * 500}])
+    assert not put(stored, "resp_huge", "x" * 500)
     assert stored.get("resp_huge") is None and stored.get("resp_big") is not None
     # A continuation counts the conversation it holds: the earlier response stays in memory while it does.
     big = stored.get("resp_big")
-    assert not stored.put({"id": "resp_next"}, [{"role": "user", "content": "y" * 100}], big)
+    assert not put(stored, "resp_next", "y" * 100, big)
     small = StoredResponses(max_chars=600)
-    small.put({"id": "a"}, [{"role": "user", "content": "x" * 100}])
-    small.put({"id": "b"}, [{"role": "user", "content": "y" * 100}], small.get("a"))
+    put(small, "a", "x" * 100)
+    put(small, "b", "y" * 100, small.get("a"))
     assert small.get("b").chars > small.get("a").chars + 100 and small._chars <= 600
-    small.put({"id": "c"}, [{"role": "user", "content": "z"}], small.get("b"))  # over the bound: the oldest go
+    put(small, "c", "z", small.get("b"))  # over the bound: the oldest go
     assert small.get("a") is None and [i["content"][0] for i in small.get("c").items()] == ["x", "y", "z"]
     assert stored.delete("resp_big") and not stored.delete("resp_big") and len(stored) == 0
     assert stored._chars == 0
+
+
+def test_input_items_are_kept_with_ids_and_listed_a_page_at_a_time():
+    from emlx_async.serve.stored_responses import StoredResponses
+
+    sent = [{"role": "user", "content": "Hi!"},
+            {"type": "message", "role": "assistant", "content": "Hello.", "id": "msg_mine"},
+            {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "42"},
+            {"type": "reasoning", "summary": []}]
+    listed = [responses_api.listed_item(item) for item in sent]
+    prefixes = ("msg_", "msg_mine", "fc_", "fco_", "rs_")
+    assert all(item["id"].startswith(prefix) for item, prefix in zip(listed, prefixes)), listed
+    assert len({item["id"] for item in listed}) == 5
+    assert listed[0] == {"type": "message", "role": "user", "id": listed[0]["id"], "status": "completed",
+                         "content": [{"type": "input_text", "text": "Hi!"}]}
+    assert listed[1]["content"] == [responses_api.output_text("Hello.")] and "status" not in listed[4]
+    # What was sent gives the same prompt as what is listed (a continuation parses the listed form).
+    assert responses_api.parse_input({}, items=listed) == responses_api.parse_input({}, items=sent)
+
+    stored = StoredResponses()
+    stored.put({"id": "resp_1"}, json.dumps(listed[:2]), [{"type": "message", "id": "msg_out", "role": "assistant",
+                                                            "content": [], "status": "completed"}])
+    stored.put({"id": "resp_2"}, json.dumps(listed[2:]), [], stored.get("resp_1"))
+    # Its input items: the earlier conversation (its output too), then its own input; not its own output.
+    kept = stored.get("resp_2")
+    ids = [item["id"] for item in kept.input_items()]
+    assert ids == [listed[0]["id"], "msg_mine", "msg_out", *[item["id"] for item in listed[2:]]]
+
+    def page(**query):
+        return responses_api.page_of_items(kept, {k: str(v) for k, v in query.items()})
+
+    first = page()  # newest first, 20 at most
+    assert [item["id"] for item in first["data"]] == ids[::-1] and first["has_more"] is False
+    assert (first["object"], first["first_id"], first["last_id"]) == ("list", ids[-1], ids[0])
+    assert [item["id"] for item in page(order="asc", limit=2)["data"]] == ids[:2]
+    assert page(order="asc", limit=2)["has_more"] is True
+    walked, after = [], None  # every page in turn, as the client's auto-pagination walks them
+    while True:
+        got = page(order="asc", limit=2, **({"after": after} if after else {}))
+        walked += [item["id"] for item in got["data"]]
+        if not got["has_more"]:
+            break
+        after = got["last_id"]
+    assert walked == ids
+    assert [item["id"] for item in page(order="asc", before=ids[3])["data"]] == ids[:3]
+    assert [item["id"] for item in page(after=ids[4], before=ids[1])["data"]] == ids[3:1:-1]
+    assert page(after=ids[0]) == {"object": "list", "data": [], "first_id": None, "last_id": None,
+                                  "has_more": False}
+    for query, param in (({"order": "up"}, "order"), ({"limit": 0}, "limit"), ({"limit": 101}, "limit"),
+                         ({"limit": "x"}, "limit"), ({"limit": "\u0661"}, "limit"), ({"after": "msg_none"}, "after"),
+                         ({"before": "msg_none"}, "before")):
+        with pytest.raises(APIError) as caught:
+            page(**query)
+        assert (caught.value.status, caught.value.param) == (400, param), query
+
+
+def test_a_response_is_kept_from_its_start_to_however_it_ended():
+    from types import SimpleNamespace
+
+    from emlx_async.serve.stored_responses import StoredResponses
+
+    stored = StoredResponses()
+    generation = SimpleNamespace(model_name=MODEL, splitter=None, prompt_tokens=3,
+                                 stats=SimpleNamespace(generated_tokens=0), finish_reason=None)
+
+    def reply(stream=False):
+        request = responses_api.parse_request({**OK, "stream": stream}, stored=stored)
+        return responses_api.ResponsesReply(request, generation)
+
+    def status(answer):
+        return json.loads(stored.get(answer.id).response_json)["status"]
+
+    collected = reply()
+    assert status(collected) == "in_progress"
+    with pytest.raises(APIError) as caught:  # nothing to continue yet
+        responses_api.parse_request({**OK, "previous_response_id": collected.id}, stored=stored)
+    assert (caught.value.param, caught.value.code) == ("previous_response_id", "previous_response_in_progress")
+    assert [item["role"] for item in stored.get(collected.id).input_items()] == ["user"]
+    collected.ended_early(None)  # the client left
+    assert status(collected) == "cancelled"
+    failed = reply()
+    failed.ended_early(APIError(500, "broke"))
+    kept = json.loads(stored.get(failed.id).response_json)
+    assert (kept["status"], kept["error"]["message"]) == ("failed", "broke")
+    # A stream is kept from its first event; a shutdown's failure follows the stream's close and wins.
+    streamed = reply(stream=True)
+    assert stored.get(streamed.id) is None
+    streamed.ended_early(None)
+    streamed.ended_early(APIError(503, "the server shut down"))
+    assert status(streamed) == "failed"
+    # An answer that ended is not overwritten by a late failure.
+    answered = reply()
+    answered._kept(answered.response("completed", []))
+    answered.ended_early(APIError(503, "the server shut down"))
+    assert status(answered) == "completed"
+    # A failed or cancelled response can be continued: its input is the conversation so far.
+    again = responses_api.parse_request({**OK, "previous_response_id": failed.id}, stored=stored)
+    assert [m["content"] for m in again.generation.messages] == [QUESTION, QUESTION]
 
 
 @one_loop
@@ -376,6 +480,47 @@ def test_previous_response_id_continues_a_stored_conversation(http, openai_clien
     assert unstored.store is False
     with pytest.raises(openai.NotFoundError):
         openai_client.responses.retrieve(unstored.id)
+
+
+@pytest.mark.model
+@needs_model
+def test_input_items_and_a_response_in_progress_as_the_client_sees_them(http, openai_client):
+    import time
+
+    first = openai_client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=4, temperature=0)
+    second = openai_client.responses.create(
+        model=MODEL, previous_response_id=first.id, max_output_tokens=4, temperature=0,
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "And of Italy?"}]}])
+    # The items its answer came from, newest first: its input, then the earlier conversation.
+    items = list(openai_client.responses.input_items.list(second.id))
+    assert [item.type for item in items] == ["message", "message", "message"]
+    assert [item.role for item in items] == ["user", "assistant", "user"]
+    assert items[0].content[0].text == "And of Italy?" and items[2].content[0].text == QUESTION
+    assert items[1].id == first.output[0].id and items[1].content[0].text == first.output_text
+    # The client's auto-pagination, a page of one at a time, oldest first: the same items.
+    paged = openai_client.responses.input_items.list(second.id, limit=1, order="asc")
+    assert [item.id for item in paged] == [item.id for item in reversed(items)]
+    with pytest.raises(openai.NotFoundError):
+        openai_client.responses.input_items.list("resp_none")
+    with pytest.raises(openai.BadRequestError) as bad:
+        openai_client.responses.input_items.list(second.id, limit=500)
+    assert bad.value.body["param"] == "limit"
+
+    # A stream is kept from its start: in progress while it runs, cancelled once its client left.
+    long = {"model": MODEL, "input": "Tell me a long story.", "max_output_tokens": 300, "stream": True}
+    with http.stream("POST", "/v1/responses", json=long) as response:
+        lines = response.iter_lines()
+        assert next(lines) == "event: response.created"
+        response_id = json.loads(next(lines)[len("data: "):])["response"]["id"]
+        running = openai_client.responses.retrieve(response_id)
+        assert (running.status, running.output) == ("in_progress", [])
+        with pytest.raises(openai.BadRequestError) as early:
+            openai_client.responses.create(model=MODEL, previous_response_id=response_id, input="hi")
+        assert early.value.code == "previous_response_in_progress"
+    deadline = time.monotonic() + 60
+    while openai_client.responses.retrieve(response_id).status == "in_progress" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert openai_client.responses.retrieve(response_id).status == "cancelled"
 
 
 EVENTS_BEFORE = ["response.created", "response.in_progress", "response.output_item.added",
