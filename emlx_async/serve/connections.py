@@ -13,7 +13,10 @@ behaviour here, from the same `ConnectionLimits`:
   after `keep_alive_timeout` without a word;
 - a request line and headers over `max_header_bytes` get 431;
 - past `max_connections` open connections a new one gets 503 and is closed;
-- the body's read timeout is the app's, `ServeConfig.body_timeout` (408).
+- the body's read timeout is the app's, `ServeConfig.body_timeout` (408);
+- a request that is not HTTP/1.1 (a bad Content-Length, chunked framing that
+  breaks, garbage) gets a 400 in the app's JSON error shape, where uvicorn
+  answers plain text and hypercorn an empty body.
 
 A client that half-closes is answered. A FIN after a complete request only
 means the client has nothing more to send: the connection stays open for the
@@ -49,7 +52,10 @@ from typing import Any
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"  # the probe of a half-closed client (see above)
 _BLANK_LINE = re.compile(b"\n\r?\n")  # the end of a request's head, as h11 finds it
-_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large",
+            503: b"Service Unavailable"}
+# What a request that is not HTTP/1.1 gets (uvicorn's words; hypercorn names no cause).
+INVALID_HTTP = "Invalid HTTP request received."
 
 
 @dataclass
@@ -71,12 +77,17 @@ class ConnectionLimits:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-def error_bytes(status: int, message: str) -> bytes:
-    """A whole HTTP/1.1 error response that closes the connection, in the app's JSON error shape."""
+def error_body(message: str) -> bytes:
+    """The app's JSON error shape, for answers the servers give before the app sees a request."""
     import json
 
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+    return json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
                                  "code": None}}).encode()
+
+
+def error_bytes(status: int, message: str) -> bytes:
+    """A whole HTTP/1.1 error response that closes the connection, in the app's JSON error shape."""
+    body = error_body(message)
     return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
             b"connection: close\r\n\r\n" % (status, _REASONS[status], len(body))) + body
 
@@ -144,8 +155,8 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
         def send_400_response(self, msg: str) -> None:
             if self._header_bytes > limits.max_header_bytes:  # raised by on_url / on_header below
                 self._refuse(431, f"the request headers exceed {limits.max_header_bytes} bytes")
-            else:
-                super().send_400_response(msg)
+            else:  # uvicorn's answer is plain text: clients parse the app's JSON shape
+                self._refuse(400, msg)
 
         def _count(self, size: int) -> None:
             self._header_bytes += size
@@ -231,6 +242,10 @@ def check_hypercorn() -> None:
     server = getattr(tcp_server, "TCPServer", None)
     missing = [name for name in ("run", "_read_data", "_idle_timeout", "_initiate_server_close", "_close",
                                  "protocol_send") if not callable(getattr(server, name, None))]
+    from hypercorn.protocol.h11 import H11Protocol
+
+    missing += [f"H11Protocol.{name}" for name in ("_send_error_response", "_send_h11_event")
+                if not callable(getattr(H11Protocol, name, None))]
     if (missing or getattr(run, "TCPServer", None) is not server
             or "TCPServer" not in run.worker_serve.__code__.co_names):
         raise RuntimeError(f"hypercorn {version} does not have the trio worker it should "
@@ -247,12 +262,30 @@ def hypercorn_connections(limits: ConnectionLimits) -> Iterator[None]:
     check_hypercorn()
     import hypercorn.trio.run as run
 
-    original = run.TCPServer
+    from hypercorn.protocol.h11 import H11Protocol
+
+    original, original_error = run.TCPServer, H11Protocol._send_error_response
     run.TCPServer = hypercorn_tcp_server(limits)  # type: ignore[misc, assignment]
+    H11Protocol._send_error_response = _json_error_response  # type: ignore[method-assign]
     try:
         yield
     finally:
         run.TCPServer = original  # type: ignore[misc]
+        H11Protocol._send_error_response = original_error  # type: ignore[method-assign]
+
+
+async def _json_error_response(self, status_code: int) -> None:
+    """hypercorn's H11Protocol._send_error_response (a request that is not HTTP/1.1, or an
+    upgrade it refuses) with a body in the app's JSON shape, where hypercorn's is empty."""
+    import h11
+
+    reason = _REASONS.get(status_code, b"")
+    body = error_body(INVALID_HTTP if status_code == 400 else f"HTTP {status_code} {reason.decode()}".strip())
+    await self._send_h11_event(h11.Response(status_code=status_code, headers=[
+        (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), (b"connection", b"close"),
+        *self.config.response_headers("h11")]))
+    await self._send_h11_event(h11.Data(data=body))
+    await self._send_h11_event(h11.EndOfMessage())
 
 
 def hypercorn_tcp_server(limits: ConnectionLimits) -> type:

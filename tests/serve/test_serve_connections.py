@@ -197,6 +197,23 @@ def test_headers_past_the_limit_get_431(server, http):
     assert http.get("/health").status_code == 200
 
 
+@pytest.mark.parametrize("head", [b"GET /health HTTP/1.1\r\nHost: test\r\nContent-Length: x\r\n\r\n",
+                                  b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Length: 1\r\n"
+                                  b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
+                                  b"NOT HTTP AT ALL\r\n\r\n"], ids=["length", "framing", "garbage"])
+def test_a_request_that_is_not_http_gets_a_400_in_the_apps_json_shape(server, http, head):
+    """Both servers answer it before the app sees it: in plain text (uvicorn) or with no body (hypercorn)."""
+    with connect(server) as sock:
+        sock.sendall(head)
+        raw = read_all(sock)
+    status, body = final_response(raw)
+    assert status == 400, raw
+    assert b"content-type: application/json" in raw.lower(), raw
+    assert json.loads(body)["error"] == {"message": "Invalid HTTP request received.", "type": "invalid_request_error",
+                                         "param": None, "code": None}
+    assert http.get("/health").status_code == 200
+
+
 def test_connections_past_the_limit_get_503(server, http):
     socks = [connect(server) for _ in range(MAX_CONNECTIONS + 4)]
     try:
