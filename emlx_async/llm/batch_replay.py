@@ -38,6 +38,14 @@ class Row:
     token: int
     left: int  # tokens it may still generate
     answer: list[int] = field(default_factory=list)  # generated so far
+    # The plain bias row its slot takes once min_tokens are generated (its slot has the
+    # banned one until then; None: nothing left to lift).
+    unban: mx.array | None = None
+
+    @property
+    def banned_steps(self) -> int:
+        """How many more steps sample with its banned ids at -inf (0 when none are banned)."""
+        return 0 if self.unban is None else max(0, self.request.sampler.penalties.min_tokens - len(self.answer))
 
 
 class ReplayBatchJobs:
@@ -64,14 +72,18 @@ class ReplayBatchJobs:
         return tokens  # type: ignore[return-value] - no logprobs on this path: ints
 
     def layout(self, state: ReplayBatchState, saves: list[tuple[int, list[int]]], keep: list[int] | None,
-               joined: list[tuple[int, PromptState]], rows: int, size: int) -> None:
+               joined: list[tuple[int, PromptState]], rows: int, size: int,
+               unbans: Sequence[tuple[int, mx.array]] = ()) -> None:
         """Move rows between layouts of the batch caches.
 
         `saves` (slot, tokens): finished rows whose keys and values go to the
         prompt cache first. `keep` None: the layout stays; else a new one of
         `rows` rows and `size` positions holds old rows `keep` in slots 0, 1,
         ... (0 rows drops the caches). `joined` (slot, prefill state): new
-        rows' prompts and keys, each written into its slot.
+        rows' prompts and keys, each written into its slot (a bias row with the
+        banned ids of one that has not generated min_tokens). `unbans` (slot,
+        bias row), in the new layout's slots: rows that reached min_tokens take
+        their plain bias rows.
         """
         spec = self.decoding.replay.spec
         caches, keys = state.caches, state.keys
@@ -94,11 +106,14 @@ class ReplayBatchJobs:
                 if state.counts is None:  # the first penalized row: every row gets its entries
                     state.counts, state.window, state.bias = (_moved(a, [], keys.shape[0]) for a in
                                                               (history.counts, history.window, history.bias))
+                # It joins with its first token generated.
                 state.counts[slot], state.window[slot], state.bias[slot] = \
-                    history.counts[0], history.window[0], history.bias[0]
+                    history.counts[0], history.window[0], history.bias_for(1)[0]
             elif state.counts is not None:
                 # A slot a penalized row left keeps its entries: its logit bias would apply to this row.
                 state.counts[slot], state.window[slot], state.bias[slot] = 0, 0, 0
+        for slot, bias in unbans:
+            state.bias[slot] = bias[0]
         mx.eval(caches, keys, *(a for a in (state.counts, state.window, state.bias) if a is not None))
 
 
@@ -234,6 +249,9 @@ class ReplayBatcher(Batcher):
                         self._deliver(request.uid, token, finish)
                         if finish is None:
                             row = Row(request, len(request.prompt), token, request.max_tokens - 1, [token])
+                            history = prefilled.history
+                            if history is not None and history.bias_for(1) is history.banned_bias:
+                                row.unban = history.bias
                             joined.append((row, prefilled))
                 slots, size = await self._relayout(queue, state, slots, size, saves, joined)
             finally:
@@ -341,7 +359,10 @@ class ReplayBatcher(Batcher):
                     positions = [row.position + len(ahead) if on else 0 for row, on in zip(slots, going)]
                     next_size = replay.size_for(max(positions) + 1)
                     done = [row is not None and not on for row, on in zip(slots, going)]
-                    stop = self._interrupted() or next_size is None or \
+                    # A row that reaches min_tokens takes its plain bias row between chains.
+                    unbanned = any(row is not None and row.unban is not None and row.banned_steps <= len(ahead)
+                                   for row in slots)
+                    stop = self._interrupted() or next_size is None or unbanned or \
                         (any(done) if keep_finished else replay.rows_for(sum(going)) < rows)
                     if stop:
                         break
@@ -397,12 +418,13 @@ class ReplayBatcher(Batcher):
         # The cache holds every row's next write (it grows and shrinks with the longest row).
         new_size = replay.size_for(max(row.position + 1 for row in live)) if live else 0
         if rows == len(slots) and new_size == size:
-            if not saves and not joined:
+            unbans = _unbans(slots)
+            if not saves and not joined and not unbans:
                 return slots, size
             free = [slot for slot, row in enumerate(slots) if row is None]
             placed = list(zip(free, joined))
             await queue.run(self.jobs.layout, state, saves, None,
-                            [(slot, prefilled) for slot, (_, prefilled) in placed], rows, size)
+                            [(slot, prefilled) for slot, (_, prefilled) in placed], rows, size, unbans)
             for slot, (row, _) in placed:
                 slots[slot] = row
             return slots, size
@@ -411,8 +433,19 @@ class ReplayBatcher(Batcher):
         placed = [(len(new_slots) + k, prefilled) for k, (_, prefilled) in enumerate(joined)]
         new_slots += [row for row, _ in joined]
         new_slots += [None] * (rows - len(new_slots))
-        await queue.run(self.jobs.layout, state, saves, keep, placed, rows, new_size)
+        await queue.run(self.jobs.layout, state, saves, keep, placed, rows, new_size, _unbans(new_slots))
         return new_slots, new_size
+
+
+def _unbans(slots: list[Row | None]) -> list[tuple[int, mx.array]]:
+    """(slot, plain bias row) of the rows that have generated min_tokens and still hold their
+    banned bias rows; each is lifted once (the layout job writes it)."""
+    out = []
+    for slot, row in enumerate(slots):
+        if row is not None and row.unban is not None and row.banned_steps == 0:
+            out.append((slot, row.unban))
+            row.unban = None
+    return out
 
 
 def _joining_states(requests: list[BatchRequest], prefills: dict[int, PromptState]

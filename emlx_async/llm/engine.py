@@ -53,6 +53,7 @@ text (llm/text.py).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
@@ -72,7 +73,8 @@ from .grammar import Grammar, GrammarMatcher, GrammarTokenizer, MaskTime
 from .loading import context_length as model_context_length
 from .loading import embedding_rows, load_model_files
 from .penalties import OPTIONS as PENALTY_OPTIONS
-from .penalties import Penalties, check_penalties
+from .penalties import NEUTRAL as NEUTRAL_PENALTIES
+from .penalties import InvalidOption, Penalties, check_penalties
 from .prompt_cache import HeldPrefill, PrefixCache
 from .sampling import SAMPLER_OPTIONS, SEED_RANGE, Sampler, check_sampling
 from .text import PromptEncoder, find_stop, stop_prefix_len
@@ -416,7 +418,10 @@ class Engine:
         vocabulary), ``repetition_penalty`` ([0.01, 100], mlx-lm's: over the last 20
         tokens of prompt and answer), ``presence_penalty`` and
         ``frequency_penalty`` (in [-2, 2], OpenAI's: over the generated
-        tokens); both steps compute them, with the same tokens for the
+        tokens); ``min_tokens`` (vLLM's, 0 to ``max_tokens``): neither
+        end-of-sequence (unless ``ignore_eos``) nor a stop token id is
+        sampled before that many tokens (stop strings still end it; not
+        with a ``grammar``); both steps compute them, with the same tokens for the
         same seed, and requests without them take the step without them
         (a bad one: ``InvalidOption``, a ValueError naming it); ``seed``, any
         int (folded modulo 2**64), for a random stream private to this
@@ -541,12 +546,31 @@ class Engine:
             # A finished grammar allows only end-of-sequence: decoding on would repeat it to max_tokens.
             raise ValueError("ignore_eos cannot be combined with a grammar, which ends the output "
                              "with end-of-sequence")
+        penalties = self._with_min_tokens(penalties, max_tokens, stop_token_ids, ignore_eos, grammar)
         tokens = self.encode(prompt, messages)
         if self.context_length is not None and len(tokens) + max_tokens > self.context_length:
             raise ValueError(f"the prompt ({len(tokens)} tokens) plus max_tokens ({max_tokens}) exceeds "
                              f"the model's context of {self.context_length} tokens")
         return _Request(tokens, max_tokens, list(stop), frozenset(int(t) for t in stop_token_ids), options,
                         penalties, int(top_logprobs) if logprobs else None, grammar, ignore_eos)
+
+    def _with_min_tokens(self, penalties: Penalties | None, max_tokens: int, stop_token_ids: Sequence[int],
+                         ignore_eos: bool, grammar: Grammar | None) -> Penalties | None:
+        """`penalties` with min_tokens' banned ids (vLLM's: the stop token ids, and the
+        end-of-sequence ids unless ignore_eos); None where that leaves nothing to do."""
+        if penalties is None or penalties.min_tokens == 0:
+            return penalties
+        if penalties.min_tokens > max_tokens:
+            raise InvalidOption("min_tokens", f"min_tokens ({penalties.min_tokens}) exceeds max_tokens "
+                                f"({max_tokens})")
+        if grammar is not None:  # a finished grammar allows only end-of-sequence
+            raise InvalidOption("min_tokens", "min_tokens cannot be combined with a grammar, which ends the "
+                                "output with end-of-sequence")
+        banned = set(int(t) for t in stop_token_ids) | (set() if ignore_eos else set(self.eos_ids))
+        if not banned:  # nothing could end it early
+            penalties = dataclasses.replace(penalties, min_tokens=0)
+            return None if penalties == NEUTRAL_PENALTIES else penalties
+        return dataclasses.replace(penalties, banned=tuple(sorted(banned)))
 
     async def grammar_tokenizer(self) -> GrammarTokenizer:
         """The tokenizer as the grammar engine sees it: built once, on first use (0.3 to 0.6 s, off the loop)."""

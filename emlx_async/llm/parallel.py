@@ -97,7 +97,10 @@ async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int
         # Penalized streams take the step with the penalties' inputs: their counts and
         # window ride the chain, the bias row (made on the worker) goes with every step.
         penalized = sampler.penalties is not None
-        bias = state.bias
+        # The banned row until min_tokens are generated (the step at `position` samples
+        # after position - len(prompt) + 1 tokens), then the plain one.
+        bias, banned_bias = state.bias, state.banned_bias
+        banned_until = len(prompt) - 1 + (sampler.penalties.min_tokens if banned_bias is not None else 0)
         extra = _penalties.penalty_inputs(sampler.penalties) if penalized else []
         # The prefill's sampling fed the first token to the grammar.
         masks = None if sampler.grammar is None else StreamMasks(sampler.grammar, replay.vocab, decoding.eos_ids)
@@ -124,7 +127,8 @@ async def replayed_tokens(decoding: Decoding, prompt: list[int], max_tokens: int
                 else:
                     carried, history = [*state.caches, state.key, state.token], [state.counts, state.window]
                     state.clear()  # the first step's job holds them now
-                penalty_args = [*history, bias, *extra] if penalized else []
+                penalty_args = [*history, banned_bias if position < banned_until else bias, *extra] \
+                    if penalized else []
                 mask_arg = [mask] if masks is not None else []
                 ahead.append((function(*carried, mx.array(position, dtype=mx.int32), *options, *penalty_args,
                                        *mask_arg, queue=queue, fed=chained), forced))
@@ -175,8 +179,9 @@ def replay_prefill(decoding: Decoding, state: ReplayStreamState, prompt: list[in
     history = sampler.history
     if history is not None:  # the prompt's window and no counts yet: the chain records from here
         state.counts, state.window, state.bias = history.counts, history.window, history.bias
+        state.banned_bias = history.banned_bias
         sampler.history = None
-    mx.eval(caches, state.key, state.token, state.counts, state.window, state.bias)
+    mx.eval(caches, state.key, state.token, state.counts, state.window, state.bias, state.banned_bias)
     return token
 
 

@@ -10,6 +10,11 @@ and the math both decode steps share.
 * ``logit_bias`` adds a bias to the logits of the given token ids.
 * ``min_p`` is a sampler filter (mlx-lm's ``apply_min_p``, between top-p and
   top-k); it rides here because only the step variant with these inputs has it.
+* ``min_tokens`` (vLLM's) keeps the ``banned`` ids (the engine's end-of-sequence
+  and the request's stop token ids) from being sampled while fewer tokens than
+  it have been generated: the bias row is the banned one (those ids at -inf)
+  until then, and the plain one after, which every step takes as an input, so
+  the graph is the penalized step's as it is.
 
 Logits processors run before the sampler's filters, in mlx-lm's order: bias,
 repetition, presence, frequency. ``adjust`` and ``record`` are graph ops: the
@@ -58,6 +63,9 @@ class Penalties:
     repetition: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
     min_p: float = 0.0
+    # The ids not sampled while fewer than min_tokens tokens are generated (the engine sets them).
+    min_tokens: int = 0
+    banned: tuple[int, ...] = ()
 
     @property
     def log_min_p(self) -> float:
@@ -66,17 +74,19 @@ class Penalties:
 
 
 NEUTRAL = Penalties()
-OPTIONS = frozenset({"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_p"})
+OPTIONS = frozenset({"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_p",
+                     "min_tokens"})
 
 
 def check_penalties(vocab_size: int | None, *, presence_penalty: Any = None, frequency_penalty: Any = None,
-                    repetition_penalty: Any = None, logit_bias: Any = None, min_p: Any = None) -> Penalties | None:
+                    repetition_penalty: Any = None, logit_bias: Any = None, min_p: Any = None,
+                    min_tokens: Any = None) -> Penalties | None:
     """The options as ``Penalties``, None when every one is absent or neutral (the requests
     that take today's step), or InvalidOption naming the bad one.
 
     Bounds: penalties in [-2, 2] (OpenAI's), repetition_penalty in [0.01, 100] (1 is off),
     min_p in [0, 1], logit_bias a dict of token ids (ints below `vocab_size`)
-    to biases in [-100, 100].
+    to biases in [-100, 100], min_tokens an int >= 0 (its banned ids are the engine's to set).
     """
     def real(name: str, value: Any, default: float, low: float, high: float) -> float:
         if value is None:
@@ -103,7 +113,10 @@ def check_penalties(vocab_size: int | None, *, presence_penalty: Any = None, fre
                 raise InvalidOption("logit_bias", f"logit_bias: token id {token!r} is outside the vocabulary "
                                     f"(ids 0 to {'?' if vocab_size is None else vocab_size - 1})")
             bias.append((int(token), real("logit_bias", value, 0.0, -MAX_BIAS, MAX_BIAS)))
-    penalties = Penalties(presence, frequency, repetition, tuple(sorted(b for b in bias if b[1] != 0)), minimum)
+    if min_tokens is not None and (not is_int(min_tokens) or min_tokens < 0):
+        raise InvalidOption("min_tokens", f"min_tokens must be an int >= 0, got {min_tokens!r}")
+    penalties = Penalties(presence, frequency, repetition, tuple(sorted(b for b in bias if b[1] != 0)), minimum,
+                          int(min_tokens or 0))
     return None if penalties == NEUTRAL else penalties
 
 
@@ -164,8 +177,9 @@ def window_of(prompt: Sequence[int], size: int = REPETITION_CONTEXT) -> list[int
     return window
 
 
-def bias_row(penalties: Penalties, vocab: int) -> mx.array:
-    """The logit bias as a dense {1, vocab} float32 row (`vocab`: the logits' width)."""
+def bias_row(penalties: Penalties, vocab: int, banned: bool = False) -> mx.array:
+    """The logit bias as a dense {1, vocab} float32 row (`vocab`: the logits' width);
+    `banned`: with the banned ids at -inf (min_tokens not reached)."""
     row = mx.zeros((1, vocab), dtype=mx.float32)
     if penalties.logit_bias:
         ids, values = zip(*penalties.logit_bias)
@@ -173,6 +187,10 @@ def bias_row(penalties: Penalties, vocab: int) -> mx.array:
             raise InvalidOption("logit_bias", f"logit_bias: token id {ids[-1]} is outside the model's "
                                 f"{vocab} logits")
         row[0, mx.array(ids)] = mx.array(values, dtype=mx.float32)
+    if banned:
+        ids = [i for i in penalties.banned if i < vocab]  # an id past the logits is never sampled anyway
+        if ids:
+            row[0, mx.array(ids)] = -math.inf
     return row
 
 
@@ -211,15 +229,26 @@ class TokenHistory:
         self.counts = mx.zeros((1, vocab), dtype=mx.int32)
         self.window = mx.array([window_of(prompt)], dtype=mx.int32)
         self.bias = bias_row(penalties, vocab)
+        # The bias row while min_tokens are not generated (None: nothing is banned).
+        self.banned_bias = bias_row(penalties, vocab, banned=True) \
+            if penalties.min_tokens > 0 and penalties.banned else None
         self.position = len(prompt)  # where the next recorded token sits
+        self.generated = 0  # tokens recorded: those generated before the next one
+
+    def bias_for(self, generated: int) -> mx.array:
+        """The bias row of the step that samples after `generated` tokens."""
+        if self.banned_bias is not None and generated < self.penalties.min_tokens:
+            return self.banned_bias
+        return self.bias
 
     def record(self, token: int | mx.array) -> None:
         token = mx.array([[token]], dtype=mx.int32) if isinstance(token, int) else token
         self.counts, self.window = record(self.counts, self.window, token, mx.array(self.position, dtype=mx.int32))
         self.position += 1
+        self.generated += 1
 
     def adjust(self, logits: mx.array) -> mx.array:
-        return adjust(logits, self.counts, self.window, self.bias, *self.options)
+        return adjust(logits, self.counts, self.window, self.bias_for(self.generated), *self.options)
 
 
 class PenaltyProcessor:

@@ -134,7 +134,8 @@ def _penalties_plan(penalties: Penalties | None) -> dict | None:
 def _penalties_from_plan(plan: dict | None) -> Penalties | None:
     if plan is None:
         return None
-    return Penalties(**{**plan, "logit_bias": tuple((int(i), float(b)) for i, b in plan["logit_bias"])})
+    return Penalties(**{**plan, "logit_bias": tuple((int(i), float(b)) for i, b in plan["logit_bias"]),
+                        "banned": tuple(int(i) for i in plan["banned"])})
 
 
 def _join_plan(request: Joining) -> list:

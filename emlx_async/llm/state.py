@@ -46,11 +46,12 @@ class ReplayStreamState:
     counts: mx.array | None = None
     window: mx.array | None = None
     bias: mx.array | None = None
+    banned_bias: mx.array | None = None  # the bias row until min_tokens are generated (None: none banned)
 
     def clear(self) -> None:
         self.prompt.clear()
         self.caches, self.key, self.token = [], None, None
-        self.counts = self.window = self.bias = None
+        self.counts = self.window = self.bias = self.banned_bias = None
 
 
 @dataclass

@@ -339,13 +339,20 @@ def generation_route(service: Service, path: str, parse: Callable[[dict], Parsed
                                                     lambda: last_event(answer, shutdown_error())))
         try:
             collected = await collect(service, generation, request, answer.id, parsed.generation)
+            body = None if collected is None else answer.body(collected)
         except APIError as error:
             answer.ended_early(error)
             return count(service, path, error_response(error))
-        if collected is None:
+        except Exception as exc:  # a fault past collect's (it reports its own): not left in progress
+            answer.ended_early(APIError(500, f"the answer failed: {type(exc).__name__}", type="server_error"))
+            raise
+        except BaseException:  # cancelled
+            answer.ended_early(None)
+            raise
+        if body is None:
             answer.ended_early(None)
             return count(service, path, Response(status_code=499))  # the client is gone: nobody reads this
-        return count(service, path, JSON(answer.body(collected)))
+        return count(service, path, JSON(body))
 
     return Route(path, endpoint, methods=["POST"])
 

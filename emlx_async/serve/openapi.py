@@ -52,6 +52,11 @@ _SAMPLING = {
     "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": MAX_STOP_TOKEN_IDS,
                        "description": "vLLM's extension: token ids (in the vocabulary) that end a choice with "
                                       "finish_reason 'stop', their text left out"},
+    "min_tokens": {"type": "integer", "minimum": 0, "maximum": (1 << 63) - 1,
+                   "description": "vLLM's extension: neither end-of-sequence (unless ignore_eos) nor "
+                                  "stop_token_ids is sampled before this many tokens (stop strings still end "
+                                  "a choice); at most max_tokens, which without it is at least this; not with "
+                                  "what constrains the output (as ignore_eos)"},
     "ignore_eos": {"type": "boolean",
                    "description": "vLLM's extension: end-of-sequence tokens do not end a choice, which runs to "
                                   "max_tokens or a stop (their text and other special tokens' left out); not "
@@ -141,10 +146,11 @@ _TOP_LOGPROBS_NEED_LOGPROBS = {"if": {"required": ["top_logprobs"],
                                "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
 
 
-def _ignore_eos_without(*grammars: dict) -> dict:
-    """ignore_eos: true is refused beside what makes a grammar (its end is end-of-sequence)."""
-    return {"if": {"required": ["ignore_eos"], "properties": {"ignore_eos": {"const": True}}},
-            "then": {"not": {"anyOf": list(grammars)}}}
+def _without_a_grammar(*grammars: dict) -> list[dict]:
+    """ignore_eos: true and min_tokens of 1 or more are refused beside what makes a grammar
+    (its end is end-of-sequence)."""
+    return [{"if": {"required": [name], "properties": {name: when}}, "then": {"not": {"anyOf": list(grammars)}}}
+            for name, when in (("ignore_eos", {"const": True}), ("min_tokens", {"type": "integer", "minimum": 1}))]
 
 
 _JSON_RESPONSE_FORMAT = {"required": ["response_format"], "properties": {"response_format": {
@@ -159,7 +165,7 @@ _ONE_TOKEN_LIMIT = {"not": {"required": ["max_tokens", "max_completion_tokens"],
 _CHAT_REQUEST = {
     "type": "object", "required": ["messages"],
     "allOf": [_STREAM_OPTIONS_NEED_STREAM, _TOP_LOGPROBS_NEED_LOGPROBS, _ONE_TOKEN_LIMIT,
-              _ignore_eos_without(_JSON_RESPONSE_FORMAT, _TOOL_REQUIRED)],
+              *_without_a_grammar(_JSON_RESPONSE_FORMAT, _TOOL_REQUIRED)],
     "properties": {
         "messages": {"type": "array", "items": _MESSAGE, "minItems": 1, "maxItems": DEFAULT_MAX_MESSAGES,
                      "description": "at most --max-messages (default shown)"},
@@ -196,7 +202,7 @@ _PROMPT_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "min
 _COMPLETION_REQUEST = {
     "type": "object", "required": ["prompt"],
     "allOf": [_STREAM_OPTIONS_NEED_STREAM, _ONE_TOKEN_LIMIT,
-              _ignore_eos_without(*({"required": [name]} for name in GUIDED_FIELDS))],
+              *_without_a_grammar(*({"required": [name]} for name in GUIDED_FIELDS))],
     "properties": {
         "prompt": {"oneOf": [_PROMPT_TEXT, _PROMPT_IDS,
                              {"type": "array", "items": {"oneOf": [_PROMPT_TEXT, _PROMPT_IDS]},
@@ -558,7 +564,8 @@ _RESPONSES_REQUEST = {
                   "GET /v1/responses/{id}/input_items, and previous_response_id"},
         "previous_response_id": {"type": "string", "description": "continue a stored response's conversation: its "
                                  "input and output come before this input (its instructions do not); one "
-                                 "still in progress is a 400"},
+                                 "still in progress, failed or cancelled is a 400, and so is an input item "
+                                 "whose id the conversation already holds"},
         **{name: {"type": "string", "description": "ignored"}
            for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier")},
         **{name: {"type": "null", "description": _REFUSED + f"a stored {what}: send the whole conversation in input"}

@@ -246,8 +246,8 @@ _TOKEN_ID_DIGITS = 19  # a token id past int64 is surely a mistake
 
 
 def _parse_penalties(body: dict) -> dict[str, Any]:
-    """The penalty, logit-bias and min-p fields that were sent, checked for type and range
-    (whether a logit_bias id is in the vocabulary is the engine's to say)."""
+    """The penalty, logit-bias, min-p and min-tokens fields that were sent, checked for type and
+    range (whether a logit_bias id is in the vocabulary is the engine's to say)."""
     out: dict[str, Any] = {}
     for name in ("presence_penalty", "frequency_penalty"):
         if _optional(body, name) is not None:
@@ -269,6 +269,9 @@ def _parse_penalties(body: dict) -> dict[str, Any]:
                               f"got {show(key)}")
             parsed[int(key)] = _number(bias, key, 0.0, -LOGIT_BIAS_BOUND, LOGIT_BIAS_BOUND, param="logit_bias")
         out["logit_bias"] = parsed
+    min_tokens = _int(body, "min_tokens", 0, _INT64 - 1)
+    if min_tokens:
+        out["min_tokens"] = min_tokens
     return out
 
 
@@ -810,6 +813,9 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
         request.top_k = max(top_k, 0)
     request.seed = _int(body, "seed", -_INT64, (1 << 64) - 1)
     request.penalties = _parse_penalties(body)
+    min_tokens = request.penalties.get("min_tokens", 0)
+    if request.max_tokens is not None and min_tokens > request.max_tokens:
+        raise invalid("min_tokens", f"'min_tokens' ({min_tokens}) exceeds max_tokens ({request.max_tokens})")
 
     request.n = _int(body, "n", 1, MAX_CHOICES) or 1
     ids = _optional(body, "stop_token_ids")

@@ -50,13 +50,12 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from .service import Generation, Service
-from .stored_responses import StoredResponse, StoredResponses
+from .stored_responses import TOO_LARGE, StoredResponse, StoredResponses
 from .common import (JSON, AnswerParts, Collected, boolean, checked_text, event, generation_route, integer,
                      joined_text, number, optional_object, required_text, string, type_name, wrong_type)
 from .protocol import (DEFAULT_MAX_MESSAGES, MAX_TOP_LOGPROBS, APIError, GenerationRequest, ToolCallIds,
@@ -169,9 +168,15 @@ def parse_input(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES, earlier: S
     # A stored item was checked when it was sent: a fault can only come from the new ones, named by index.
     named = [("previous_response_id", item) for item in earlier] + [(f"input[{i}]", item) for i, item in
                                                                     enumerate(items)]
+    item_ids: set[str] = set()  # an item's id is its place in a stored conversation (input_items pages by it)
     for where, item in named:
         if not isinstance(item, dict):
             raise wrong_type(where, "an input item object", item)
+        item_id = item.get("id")
+        if isinstance(item_id, str) and item_id:
+            if item_id in item_ids:  # OpenAI's words
+                raise invalid(f"{where}.id", f"Duplicate item found with id {show(item_id)}.", "duplicate_item")
+            item_ids.add(item_id)
         kind = item.get("type", "message")
         if kind == "function_call":
             call = _function_call(item, where)
@@ -333,6 +338,9 @@ def _previous(body: dict, stored: StoredResponses | None) -> StoredResponse | No
     if previous.status == "in_progress":  # its output is not known yet
         raise invalid("previous_response_id", f"Previous response with id {show(name)} is still in progress: "
                       "continue it once it has ended.", "previous_response_in_progress")
+    if previous.status in ("failed", "cancelled"):  # no answer: its input alone would be a turn without a reply
+        raise invalid("previous_response_id", f"Previous response with id {show(name)} {previous.status}: it has "
+                      "no answer to continue (send its input again).", f"previous_response_{previous.status}")
     return previous
 
 
@@ -459,7 +467,7 @@ class ResponsesReply:
             [listed_item(item) for item in request.input_items])
         self._ended: str | None = None  # "answered", or "early" (a failure, or the client gone)
         if not request.generation.stream:  # a stream is kept from its first event
-            self._keep(self.response("in_progress", []))
+            self._keep(self.response("in_progress", []), start=True)
 
     def response(self, status: str, output: list[dict], usage_: dict | None = None,
                  error: dict | None = None) -> dict:
@@ -468,17 +476,18 @@ class ResponsesReply:
                 "model": self.model, "output": output, "usage": usage_, "error": error,
                 "incomplete_details": incomplete, **self.request.echo}
 
-    def _keep(self, response: dict) -> None:
-        """Store `response` where the request asked (store), with its input and output items."""
+    def _keep(self, response: dict, start: bool = False) -> None:
+        """Store `response` where the request asked (store), with its input and output items:
+        its `start`, or in its start's place (not where that was deleted meanwhile)."""
         request = self.request
         if request.store is None:
             return
         # A call whose arguments are no whole object (cut short) cannot be sent back as input.
         output = [item for item in response["output"]
                   if not (item["type"] == "function_call" and item["status"] == "incomplete")]
-        if not request.store.put(response, self._input_json, output, request.earlier):
-            logger.warning("response %s not stored: its conversation is larger than the store "
-                           "(%d characters)", self.id, request.store.max_chars)
+        why = request.store.put(response, self._input_json, output, request.earlier, replacing=not start)
+        if why == TOO_LARGE:
+            logger.warning("response %s not stored: %s (%d characters)", self.id, why, request.store.max_chars)
 
     def _kept(self, response: dict) -> dict:
         """`response`, the answer's end, stored where the request asked."""
@@ -525,7 +534,7 @@ class ResponsesReply:
 
     async def events(self) -> AsyncIterator[bytes]:
         created = self.response("in_progress", [])
-        self._keep(created)
+        self._keep(created, start=True)
         yield self.event("response.created", response=created)
         yield self.event("response.in_progress", response=self.response("in_progress", []))
         output: list[dict] = []  # the items done
@@ -650,9 +659,10 @@ MAX_LISTED_ITEMS = 100  # OpenAI's bound on a page
 
 
 def page_of_items(kept: StoredResponse, query) -> dict:
-    """A page of `kept`'s input items as OpenAI lists them: ``order``
-    desc (the default) or asc, then those after the item ``after`` names and before the one
-    ``before`` names, at most ``limit`` (1 to 100, default 20)."""
+    """A page of `kept`'s input items as OpenAI lists them: ``order`` desc (the default) or
+    asc, at most ``limit`` (1 to 100, default 20) of them: the first after the item ``after``
+    names (and before ``before``'s), or with ``before`` alone the last before it (the page
+    before; ``has_more``: more precede it)."""
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise invalid("order", f"order: expected 'asc' or 'desc', got {show(order)}")
@@ -674,9 +684,14 @@ def page_of_items(kept: StoredResponse, query) -> dict:
             start = ids.index(name) + 1
         else:
             end = ids.index(name)
-    data = ordered[start:min(end, start + limit)] if start < end else []
+    if query.get("before") is not None and query.get("after") is None:
+        first = max(start, end - limit)  # the page just before it (a page back), and whether more precede it
+        data, more = ordered[first:end], first > start
+    else:
+        data = ordered[start:min(end, start + limit)] if start < end else []
+        more = start + len(data) < end
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": start + len(data) < end}
+            "last_id": data[-1]["id"] if data else None, "has_more": more}
 
 
 def routes(service: Service) -> list[Route]:
@@ -705,7 +720,7 @@ def routes(service: Service) -> list[Route]:
             return _not_found(response_id)
         try:
             # Off the loop: a long conversation is many items to parse.
-            page = await anyio.to_thread.run_sync(page_of_items, kept, request.query_params)
+            page = await service.off_loop(page_of_items, kept, request.query_params)
         except APIError as error:
             return error_response(error)
         return JSON(page)

@@ -487,7 +487,8 @@ class Service:
                 raise invalid("messages" if request.chat else "prompt",
                               f"the prompt ({len(ids)} tokens) fills the model's context of "
                               f"{engine.context_length} tokens", "context_length_exceeded")
-            max_tokens = min(self.config.default_max_tokens, room)
+            # At least min_tokens where the client asked for them (the engine refuses more than the room).
+            max_tokens = min(max(self.config.default_max_tokens, request.penalties.get("min_tokens", 0)), room)
         elif max_tokens > room:  # the prompt is to blame where it fills the context alone
             raise invalid("max_tokens" if room > 0 else "messages" if request.chat else "prompt",
                           f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds "

@@ -9,7 +9,8 @@ that conversation. ``instructions`` are not items, so they are not carried
 over, as OpenAI's are not.
 
 A response is kept from its start, ``in_progress``, and replaced by its end
-(completed, incomplete, failed, or cancelled when the client left). Each is
+(completed, incomplete, failed, or cancelled when the client left), unless
+it was deleted (or dropped) meanwhile. Each is
 kept as JSON text, so what the store holds is about what it counts. A
 response is counted with its whole conversation (the earlier responses it
 holds stay in memory while it does, kept or not), so the bound holds
@@ -27,6 +28,9 @@ from collections import OrderedDict
 
 MAX_STORED_RESPONSES = 1024
 MAX_STORED_CHARS = 64 << 20
+# Why a response was not kept (StoredResponses.put).
+TOO_LARGE = "its conversation is larger than the store"
+GONE = "it was deleted, or dropped for newer ones, while it ran"
 
 
 class StoredResponse:
@@ -85,20 +89,23 @@ class StoredResponses:
             return self._responses.get(response_id)
 
     def put(self, response: dict, input_json: str, output: list[dict] = (),
-            earlier: StoredResponse | None = None) -> bool:
-        """Keep `response` (its id is its key; one kept under it is replaced) with its input
-        items (`input_json`, JSON text) and `output` items, after the conversation of
-        `earlier`; False where it alone is larger than the store."""
+            earlier: StoredResponse | None = None, *, replacing: bool = False) -> str | None:
+        """Keep `response` (its id is its key) with its input items (`input_json`, JSON text)
+        and `output` items, after the conversation of `earlier`. `replacing`: a response's
+        end, kept only in place of its start (not where that was deleted or dropped
+        meanwhile). Returns why it was not kept (None: kept)."""
         stored = StoredResponse(response, input_json, list(output), earlier)
         with self._lock:
-            self._drop(response["id"])  # its start, replaced by its end even where the end is too large
+            if replacing and not self._drop(response["id"]):
+                return GONE
             if stored.chars > self.max_chars:
-                return False
+                return TOO_LARGE
+            self._drop(response["id"])
             self._responses[response["id"]] = stored
             self._chars += stored.chars
             while len(self._responses) > self.max_responses or self._chars > self.max_chars:
                 self._drop(next(iter(self._responses)))
-        return True
+        return None
 
     def delete(self, response_id: str) -> bool:
         with self._lock:
@@ -112,4 +119,4 @@ class StoredResponses:
         return True
 
 
-__all__ = ["MAX_STORED_CHARS", "MAX_STORED_RESPONSES", "StoredResponse", "StoredResponses"]
+__all__ = ["GONE", "MAX_STORED_CHARS", "MAX_STORED_RESPONSES", "TOO_LARGE", "StoredResponse", "StoredResponses"]

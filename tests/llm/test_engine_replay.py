@@ -344,11 +344,11 @@ async def test_a_failing_replayed_batch_fails_its_requests_and_the_next_one_star
         real_layout = replayed._replay_batcher.jobs.layout
         calls = []
 
-        def failing_layout(state, saves, keep, joined, rows, size):
+        def failing_layout(state, saves, keep, joined, *rest):
             calls.append(joined)
             if sum(map(len, calls)) >= 2:  # the second request joining the batch
                 raise boom
-            return real_layout(state, saves, keep, joined, rows, size)
+            return real_layout(state, saves, keep, joined, *rest)
 
         replayed._replay_batcher.jobs.layout = failing_layout
         errors = []

@@ -6,6 +6,7 @@ official openai client."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -261,6 +262,54 @@ async def test_replayed_penalties_draw_the_python_steps_tokens(mode):
             await engine.wait_idle()
 
 
+async def finished(engine, prompt, **options) -> tuple[list[int], str]:
+    """One request's tokens and finish reason."""
+    deltas = [d async for d in engine.generate(prompt, **options)]
+    return [d.token for d in deltas if d.token is not None], deltas[-1].finish_reason
+
+
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+@pytest.mark.parametrize("step", ["replay", "python"])
+@on_every_loop
+async def test_min_tokens_keeps_end_of_sequence_and_stop_ids_out_until_reached(mode, step):
+    from emlx_async.llm import Engine, InvalidOption
+    from emlx_async.llm.grammar import Grammar
+
+    prompt = PROMPTS[1]
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode=mode,
+                        max_concurrent=4)
+        assert await engine.prepare_step(step, cache_sizes=(16, 32)) == step
+        greedy = await tokens_of(engine, prompt, max_tokens=12)
+        j = next(k for k, t in enumerate(greedy) if t not in greedy[:k] and k >= 3)  # first sampled at step j
+        end = greedy[j]
+        # A stop id: min_tokens j lets it end the answer at step j (the ban is lifted exactly there,
+        # a batch's chain of steps included) ...
+        assert await finished(engine, prompt, max_tokens=12, stop_token_ids=[end], min_tokens=j) == \
+            (greedy[:j], "stop")
+        # ... j + 1 keeps it out there: that step takes what a -100 bias on it gives.
+        banned, reason = await finished(engine, prompt, max_tokens=j + 1, stop_token_ids=[end], min_tokens=j + 1)
+        assert banned == await tokens_of(engine, prompt, max_tokens=j + 1, logit_bias={end: -100.0})
+        assert banned[:j] == greedy[:j] and banned[j] != end and reason == "length"
+        # End-of-sequence alike, unless ignore_eos (vLLM's rule: then only the stop ids are banned).
+        engine.eos_ids = {end}
+        assert await finished(engine, prompt, max_tokens=12) == (greedy[:j], "stop")
+        assert await finished(engine, prompt, max_tokens=j + 1, min_tokens=j + 1) == (banned, "length")
+        assert await tokens_of(engine, prompt, max_tokens=j + 1, min_tokens=j + 1, ignore_eos=True) == \
+            greedy[:j + 1]
+        # Beside a plain request (in batch mode, rows of one batch), which still ends at end-of-sequence.
+        assert await concurrently(engine, [dict(prompt=prompt, max_tokens=j + 1, min_tokens=j + 1),
+                                           dict(prompt=prompt, max_tokens=12)]) == [banned, greedy[:j]]
+        for options, words in ((dict(min_tokens=13), "min_tokens \\(13\\) exceeds max_tokens \\(12\\)"),
+                               (dict(min_tokens=2, grammar=Grammar.regex("a+")), "min_tokens cannot be combined"),
+                               (dict(min_tokens=-1), "min_tokens must be an int"),
+                               (dict(min_tokens=1.5), "min_tokens must be an int")):
+            with pytest.raises(InvalidOption, match=words) as error:
+                engine.generate(prompt, max_tokens=12, **options)
+            assert error.value.option == "min_tokens"
+        await engine.wait_idle()
+
+
 @on_every_loop
 async def test_a_row_taking_the_slot_a_biased_row_left_starts_neutral():
     # The batch keeps its shape when a row leaves (4 rows for 3 streams): the next row takes
@@ -380,6 +429,44 @@ async def test_the_service_takes_the_options_through_the_openai_client(tiny_serv
                     assert "token id 99999 is outside the vocabulary" in error.value.body["message"]
 
 
+@pytest.mark.model
+@on_loops("asyncio")
+async def test_the_service_takes_min_tokens_through_the_openai_client(tiny_server):
+    import openai
+
+    from emlx_async.llm import Engine
+    from emlx_async.serve import ServeConfig
+
+    server, folder = tiny_server
+    async with ea.Runtime() as rt:
+        engine = await Engine.load(str(folder), runtime=rt)
+        greedy = await tokens_of(engine, engine.encode("Say hi"), max_tokens=12, ignore_eos=True)
+    j = next(k for k, t in enumerate(greedy) if t not in greedy[:k] and k >= 2)
+    default_max_tokens = ServeConfig().default_max_tokens  # the server's
+    chat = dict(messages=[{"role": "user", "content": "Say hi"}], temperature=0)
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        model = client.models.list().data[0].id
+        for create, where in ((client.completions.create, dict(prompt="Say hi", temperature=0)),
+                              (client.chat.completions.create, chat)):
+            ended = create(model=model, max_tokens=12, **where, extra_body=dict(stop_token_ids=[greedy[j]]))
+            assert (ended.usage.completion_tokens, ended.choices[0].finish_reason) == (j, "stop")
+            kept = create(model=model, max_tokens=12, **where,
+                          extra_body=dict(stop_token_ids=[greedy[j]], min_tokens=j + 1))
+            assert kept.usage.completion_tokens > j  # the stop id was not sampled at step j
+            for bad in (dict(max_tokens=3, extra_body=dict(min_tokens=4)), dict(extra_body=dict(min_tokens=-1)),
+                        dict(extra_body=dict(min_tokens="2"))):
+                with pytest.raises(openai.BadRequestError) as error:
+                    create(model=model, **where, **bad)
+                assert error.value.body["param"] == "min_tokens", error.value.body
+        # Without max_tokens the answer has room for min_tokens, past the server's default.
+        long = client.chat.completions.create(model=model, **chat, extra_body=dict(min_tokens=default_max_tokens + 4))
+        assert long.usage.completion_tokens == default_max_tokens + 4
+        with pytest.raises(openai.BadRequestError) as error:  # a grammar's end is end-of-sequence
+            client.chat.completions.create(model=model, **chat, max_tokens=4, response_format={"type": "json_object"},
+                                           extra_body=dict(min_tokens=2))
+        assert error.value.body["param"] == "min_tokens", error.value.body
+
+
 def test_a_sharded_engines_followers_get_each_rows_penalties():
     """The plan rank 0 broadcasts (JSON) carries a row's penalties whole: the followers
     process its logits alike, or their batches would diverge."""
@@ -388,7 +475,8 @@ def test_a_sharded_engines_followers_get_each_rows_penalties():
     from emlx_async.llm.sharded import _penalties_from_plan, _penalties_plan
 
     penalties = P.check_penalties(97, presence_penalty=0.5, repetition_penalty=1.2, logit_bias={3: -1.5, 9: 2},
-                                  min_p=0.1)
+                                  min_p=0.1, min_tokens=4)
+    penalties = dataclasses.replace(penalties, banned=(2, 50))
     assert _penalties_from_plan(json.loads(json.dumps(_penalties_plan(penalties)))) == penalties
     assert _penalties_from_plan(json.loads(json.dumps(_penalties_plan(None)))) is None
 

@@ -195,8 +195,8 @@ def test_a_stored_conversation_comes_before_the_input_and_its_calls_can_be_answe
 
 
 def put(stored, response_id, content, earlier=None):
-    """Store a response whose input is one user message of `content`."""
-    return stored.put({"id": response_id}, json.dumps([{"role": "user", "content": content}]), [], earlier)
+    """Store a response whose input is one user message of `content`; whether it was kept."""
+    return stored.put({"id": response_id}, json.dumps([{"role": "user", "content": content}]), [], earlier) is None
 
 
 def test_the_store_keeps_the_newest_within_its_bounds():
@@ -268,9 +268,19 @@ def test_input_items_are_kept_with_ids_and_listed_a_page_at_a_time():
         after = got["last_id"]
     assert walked == ids
     assert [item["id"] for item in page(order="asc", before=ids[3])["data"]] == ids[:3]
+    back = page(order="asc", limit=2, before=ids[5])  # the page before it, and more before that
+    assert ([item["id"] for item in back["data"]], back["has_more"]) == (ids[3:5], True)
+    assert page(order="asc", limit=3, before=ids[3])["has_more"] is False
     assert [item["id"] for item in page(after=ids[4], before=ids[1])["data"]] == ids[3:1:-1]
     assert page(after=ids[0]) == {"object": "list", "data": [], "first_id": None, "last_id": None,
                                   "has_more": False}
+    # An item id is its place in the conversation: one sent twice, or again after it was stored, is refused.
+    for items, param in (([{"type": "message", "role": "user", "content": "x", "id": "msg_mine"}], "input[0].id"),
+                         ([{"role": "user", "content": "x", "id": "a"}, {"role": "user", "content": "y", "id": "a"}],
+                          "input[1].id")):
+        with pytest.raises(APIError) as caught:
+            responses_api.parse_request({"input": items, "previous_response_id": "resp_2"}, stored=stored)
+        assert (caught.value.param, caught.value.code) == (param, "duplicate_item"), caught.value.message
     for query, param in (({"order": "up"}, "order"), ({"limit": 0}, "limit"), ({"limit": 101}, "limit"),
                          ({"limit": "x"}, "limit"), ({"limit": "\u0661"}, "limit"), ({"after": "msg_none"}, "after"),
                          ({"before": "msg_none"}, "before")):
@@ -310,6 +320,7 @@ def test_a_response_is_kept_from_its_start_to_however_it_ended():
     # A stream is kept from its first event; a shutdown's failure follows the stream's close and wins.
     streamed = reply(stream=True)
     assert stored.get(streamed.id) is None
+    streamed._keep(streamed.response("in_progress", []), start=True)  # as its first event does
     streamed.ended_early(None)
     streamed.ended_early(APIError(503, "the server shut down"))
     assert status(streamed) == "failed"
@@ -318,9 +329,17 @@ def test_a_response_is_kept_from_its_start_to_however_it_ended():
     answered._kept(answered.response("completed", []))
     answered.ended_early(APIError(503, "the server shut down"))
     assert status(answered) == "completed"
-    # A failed or cancelled response can be continued: its input is the conversation so far.
-    again = responses_api.parse_request({**OK, "previous_response_id": failed.id}, stored=stored)
-    assert [m["content"] for m in again.generation.messages] == [QUESTION, QUESTION]
+    # A failed or cancelled response has no answer to continue.
+    for ended, status in ((failed, "failed"), (collected, "cancelled")):
+        with pytest.raises(APIError) as caught:
+            responses_api.parse_request({**OK, "previous_response_id": ended.id}, stored=stored)
+        assert (caught.value.param, caught.value.code) == ("previous_response_id", f"previous_response_{status}")
+    # One deleted while it runs stays deleted, however it ends.
+    for end in (lambda r: r._kept(r.response("completed", [])), lambda r: r.ended_early(None)):
+        running = reply()
+        assert stored.delete(running.id)
+        end(running)
+        assert stored.get(running.id) is None
 
 
 @one_loop

@@ -13,6 +13,8 @@ user's (a final assistant message, a prefill, gets 400), and thinking's
 budget_tokens is less than max_tokens. A generated final assistant message
 becomes the user's, and a budget of max_tokens or more becomes max_tokens - 1
 (thinking is taken out where max_tokens is 1); any other fault in the case stays.
+Likewise min_tokens past the token limit (chat and completions) becomes the
+limit, or 2 (the test server's default) where none is sent.
 
 Tools, tool turns and grammars (tools, tool_choice, parallel_tool_calls, role
 "tool" and assistant tool_calls in the history, json_schema and guided_*
@@ -86,6 +88,7 @@ def before_call(context, case, kwargs):
             body[name] = 2
     if case.operation.path in (CHAT, "/v1/completions"):
         _without_tools(body)
+        _min_tokens_within_the_limit(body)
     elif case.operation.path in (*MESSAGES_API, RESPONSES):
         _without_tool_turns(body, case.operation.path)
     messages = body.get("messages")
@@ -94,6 +97,15 @@ def before_call(context, case, kwargs):
         messages[-1] = {**messages[-1], "role": "user"}
     if case.operation.path in MESSAGES_API:
         _budget_below_max_tokens(body)
+
+
+def _min_tokens_within_the_limit(body: dict) -> None:
+    """min_tokens at most the token limit (2, the server's default, where none is sent), where
+    both are integers (see the docstring)."""
+    value = body.get("min_tokens")
+    limits = [body[name] for name in TOKEN_LIMITS if _integer(body.get(name))]
+    if _integer(value) and value > (limit := int(limits[0]) if limits else 2) >= 0:
+        body["min_tokens"] = limit
 
 
 def _budget_below_max_tokens(body: dict) -> None:
