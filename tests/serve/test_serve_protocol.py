@@ -96,8 +96,8 @@ def test_every_apis_turns_are_bounded_by_max_messages():
         assert f"at most 10 {param} per request, got 11" in refusal.value.message
         parse({**body, next(iter(body)): many[:10]}, max_messages=10)  # ten are fine
     # Reasoning items sent back (left out of the prompt) are not counted.
-    reasoning = {"type": "reasoning", "id": "rs_1", "summary": []}
-    responses.parse_request({"input": [*many[:10], reasoning, reasoning]}, max_messages=10)
+    reasoning = [{"type": "reasoning", "id": f"rs_{i}", "summary": []} for i in range(2)]
+    responses.parse_request({"input": [*many[:10], *reasoning]}, max_messages=10)
 
 
 def test_a_stop_string_is_bounded_in_length_on_both_apis():
