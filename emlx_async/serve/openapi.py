@@ -740,6 +740,15 @@ _DOCUMENT: dict[str, Any] = {
         "/v1/responses": _generation("OpenAI Responses API", "ResponsesRequest", "Response",
                                      events=_named_event("ResponseStreamEvent"),
                                      streamed="server-sent named events (`event: NAME`)"),
+        "/v1/responses/input_tokens": {"post": {
+            "summary": "The tokens a Responses API request's prompt takes (its usage.input_tokens), stored "
+                       "conversation, tools and truncation included; nothing is generated or stored",
+            "requestBody": {"required": True, "content": _json(_ref("ResponsesRequest"))},
+            "responses": {"200": {"description": "the count", "content": _json({
+                "type": "object", "required": ["object", "input_tokens"],
+                "properties": {"object": {"const": "response.input_tokens"},
+                               "input_tokens": {"type": "integer", "minimum": 0}}})},
+                **_errors("Error")}}},
         "/v1/responses/{response_id}": {
             "get": {"summary": "A stored response", "parameters": _RESPONSE_ID, "responses": {
                 "200": {"description": "the response as it was answered", "content": _json(_ref("Response"))},

@@ -1,4 +1,5 @@
-"""OpenAI's Responses API, for what it shares with chat: ``POST /v1/responses``.
+"""OpenAI's Responses API, for what it shares with chat: ``POST /v1/responses`` (and
+``/v1/responses/input_tokens``, the tokens its prompt takes).
 
 ``input`` (a string, or messages with input_text/output_text parts) and
 ``instructions`` become the chat GenerationRequest the service already
@@ -56,8 +57,9 @@ from starlette.routing import Route
 
 from .service import Generation, Service
 from .stored_responses import TOO_LARGE, StoredResponse, StoredResponses
-from .common import (JSON, AnswerParts, Collected, boolean, checked_text, event, generation_route, integer,
-                     joined_text, number, optional_object, required_text, string, type_name, wrong_type)
+from .common import (JSON, AnswerParts, Collected, boolean, checked_text, count, event, generation_route, integer,
+                     joined_text, number, optional_object, read_object, required_text, string, type_name,
+                     wrong_type)
 from .protocol import (DEFAULT_MAX_MESSAGES, MAX_TOP_LOGPROBS, APIError, GenerationRequest, ToolCallIds,
                        check_message_count, checked_json, checked_tool,
                        choose_tools, constrain_answer, invalid, json_object_grammar, schema_grammar, show,
@@ -65,6 +67,7 @@ from .protocol import (DEFAULT_MAX_MESSAGES, MAX_TOP_LOGPROBS, APIError, Generat
 from .tools import CallArguments, CallEnd, CallStart, Reasoning
 
 RESPONSES = "/v1/responses"
+INPUT_TOKENS = RESPONSES + "/input_tokens"
 logger = logging.getLogger("emlx_async.serve")
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text")
@@ -725,6 +728,19 @@ def routes(service: Service) -> list[Route]:
             return error_response(error)
         return JSON(page)
 
-    return [generation_route(service, RESPONSES, parse, ResponsesReply, error_response),
+    async def input_tokens(request: Request) -> Response:
+        """POST: the tokens a Responses API request's prompt takes, as its usage.input_tokens would say."""
+        try:
+            service.check_ready()
+            body = await read_object(request, service.config.max_body_bytes, service.config.body_timeout)
+            parsed = await service.parse_off_loop(parse, body, INPUT_TOKENS)
+            async with service.model_in_use(parsed.generation.model) as served:  # 404 for a model not served
+                ids, _ = await service.encode_to_fit(served, parsed.generation)  # truncation "auto" applied
+        except APIError as error:
+            return count(service, INPUT_TOKENS, error_response(error))
+        return count(service, INPUT_TOKENS, JSON({"object": "response.input_tokens", "input_tokens": len(ids)}))
+
+    return [Route(INPUT_TOKENS, input_tokens, methods=["POST"]),
+            generation_route(service, RESPONSES, parse, ResponsesReply, error_response),
             Route(RESPONSES + "/{response_id}", stored_response, methods=["GET", "DELETE"]),
             Route(RESPONSES + "/{response_id}/input_items", stored_input_items, methods=["GET"])]

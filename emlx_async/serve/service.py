@@ -479,7 +479,7 @@ class Service:
         from emlx_async.llm import InvalidOption, RequestStats
 
         engine = served.engine
-        ids, prompt_text = await self._encode_to_fit(served, request)
+        ids, prompt_text = await self.encode_to_fit(served, request)
         room = (engine.context_length or 1 << 30) - len(ids)
         max_tokens = request.max_tokens
         if max_tokens is None:
@@ -541,7 +541,7 @@ class Service:
                           [self.output_splitter(engine, request, prompt_text) for _ in range(n)])
 
 
-    async def _encode_to_fit(self, served: ServedModel, request: GenerationRequest) -> tuple[list[int], str]:
+    async def encode_to_fit(self, served: ServedModel, request: GenerationRequest) -> tuple[list[int], str]:
         """The prompt's ids and text; for `drop_old_turns` (Responses' truncation "auto"), the
         fewest oldest turns dropped (whole turns: from a user message on; the leading system
         and developer messages stay) for the prompt and max_tokens to fit the context.

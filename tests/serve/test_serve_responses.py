@@ -542,6 +542,29 @@ def test_input_items_and_a_response_in_progress_as_the_client_sees_them(http, op
     assert openai_client.responses.retrieve(response_id).status == "cancelled"
 
 
+@pytest.mark.model
+@needs_model
+def test_input_tokens_counts_the_prompt_a_response_would_take(http, openai_client):
+    tool = {"type": "function", "name": "weather", "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    first = openai_client.responses.create(model=MODEL, instructions="Be brief.", input=QUESTION, tools=[tool],
+                                           max_output_tokens=4, temperature=0)
+    counted = openai_client.responses.input_tokens.count(model=MODEL, instructions="Be brief.", input=QUESTION,
+                                                         tools=[tool])
+    assert (counted.object, counted.input_tokens) == ("response.input_tokens", first.usage.input_tokens)
+    # A continued conversation counts the stored one too; nothing is stored by counting.
+    follow = dict(model=MODEL, previous_response_id=first.id, input="And of Italy?")
+    counted = openai_client.responses.input_tokens.count(**follow)
+    alone = openai_client.responses.input_tokens.count(model=MODEL, input="And of Italy?")
+    assert counted.input_tokens == openai_client.responses.create(
+        **follow, max_output_tokens=2, temperature=0).usage.input_tokens > alone.input_tokens
+    with pytest.raises(openai.NotFoundError):
+        openai_client.responses.input_tokens.count(model="no-such-model", input="hi")
+    with pytest.raises(openai.BadRequestError) as bad:
+        openai_client.responses.input_tokens.count(model=MODEL, input=[])
+    assert bad.value.body["param"] == "input"
+
+
 EVENTS_BEFORE = ["response.created", "response.in_progress", "response.output_item.added",
                  "response.content_part.added"]
 EVENTS_AFTER = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]

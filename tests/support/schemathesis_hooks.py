@@ -40,6 +40,7 @@ TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 MESSAGES_API = ("/v1/messages", "/v1/messages/count_tokens")
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
+RESPONSES_API = (RESPONSES, "/v1/responses/input_tokens")
 GUIDED = ("guided_json", "guided_regex", "guided_grammar")
 
 
@@ -68,10 +69,10 @@ def _without_tool_turns(body: dict, path: str) -> None:
                 kept = [b for b in content
                         if not (isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result"))]
                 message["content"] = kept or "x"
-    if path == RESPONSES:  # a stored response's id is the server's to give
+    if path in RESPONSES_API:  # a stored response's id is the server's to give
         body.pop("previous_response_id", None)
     items = body.get("input")
-    for i, item in enumerate(items if path == RESPONSES and isinstance(items, list) else ()):
+    for i, item in enumerate(items if path in RESPONSES_API and isinstance(items, list) else ()):
         if isinstance(item, dict) and item.get("type") in ("function_call", "function_call_output"):
             items[i] = {"role": "user", "content": "x"}
 
@@ -89,7 +90,7 @@ def before_call(context, case, kwargs):
     if case.operation.path in (CHAT, "/v1/completions"):
         _without_tools(body)
         _min_tokens_within_the_limit(body)
-    elif case.operation.path in (*MESSAGES_API, RESPONSES):
+    elif case.operation.path in (*MESSAGES_API, *RESPONSES_API):
         _without_tool_turns(body, case.operation.path)
     messages = body.get("messages")
     if case.operation.path in MESSAGES_API and isinstance(messages, list) and messages \
