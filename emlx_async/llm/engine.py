@@ -106,6 +106,7 @@ class _Request:
     logprobs: int | None
     grammar: Grammar | None
     ignore_eos: bool
+    min_tokens: int = 0  # stop strings are looked for only in text after this many tokens
 
     def sampler(self, seed: int) -> Sampler:
         sampler = Sampler(*self.sampling, seed, self.penalties)
@@ -165,6 +166,9 @@ class Engine:
         self._slots = anyio.Semaphore(self.max_concurrent)  # request slots, on any anyio backend
         # One request taking several slots at a time: two taking theirs at once could each hold some and wait.
         self._taking = anyio.Lock()
+        # Likewise their queues in parallel mode (each choice's stream holds one from its first token):
+        # two requests' choices taking theirs at once could each hold some and wait for the rest.
+        self._starting_choices = anyio.Lock()
         self._active = 0
         self.batch_jobs = batch_jobs(self.decoding)
         self._batcher = GeneratorBatcher(self.decoding, self.batch_jobs)  # the Python step
@@ -420,8 +424,8 @@ class Engine:
         ``frequency_penalty`` (in [-2, 2], OpenAI's: over the generated
         tokens); ``min_tokens`` (vLLM's, 0 to ``max_tokens``): neither
         end-of-sequence (unless ``ignore_eos``) nor a stop token id is
-        sampled before that many tokens (stop strings still end it; not
-        with a ``grammar``); both steps compute them, with the same tokens for the
+        sampled before that many tokens, and stop strings are looked for
+        only in the text after them (not with a ``grammar``); both steps compute them, with the same tokens for the
         same seed, and requests without them take the step without them
         (a bad one: ``InvalidOption``, a ValueError naming it); ``seed``, any
         int (folded modulo 2**64), for a random stream private to this
@@ -471,7 +475,9 @@ class Engine:
         turn. Choice ``i`` ends with its own Delta whose finish_reason is
         set, and the iterator ends once every choice has.
 
-        `n` is 1 to ``MAX_CHOICES`` and at most ``max_concurrent``: the
+        `n` is 1 to ``MAX_CHOICES`` and at most ``max_concurrent`` (in
+        parallel mode, where each choice holds a pooled queue, also at most
+        the runtime's ``pool_size``): the
         request takes n request slots at once, waiting until n are free
         (``wait=False``: EngineBusy unless n are free now); a choice's slot is
         handed back when it finishes. With ``seed``, choice i samples with
@@ -492,6 +498,9 @@ class Engine:
         if n > self.max_concurrent:
             raise ValueError(f"n ({n}) exceeds the engine's {self.max_concurrent} request slots "
                              "(each choice takes one)")
+        if self.mode == "parallel" and n > self.runtime.pool_size:
+            raise ValueError(f"n ({n}) exceeds the runtime's {self.runtime.pool_size} pooled queues: in parallel "
+                             "mode each choice decodes on its own queue, and all of them at once")
         if stats is not None and len(stats) != n:
             raise ValueError(f"stats must hold n ({n}) RequestStats, got {len(stats)}")
         request = self._check(prompt, messages, options.pop("max_tokens", 256), options.pop("stop", ()),
@@ -546,13 +555,14 @@ class Engine:
             # A finished grammar allows only end-of-sequence: decoding on would repeat it to max_tokens.
             raise ValueError("ignore_eos cannot be combined with a grammar, which ends the output "
                              "with end-of-sequence")
+        min_tokens = 0 if penalties is None else penalties.min_tokens
         penalties = self._with_min_tokens(penalties, max_tokens, stop_token_ids, ignore_eos, grammar)
         tokens = self.encode(prompt, messages)
         if self.context_length is not None and len(tokens) + max_tokens > self.context_length:
             raise ValueError(f"the prompt ({len(tokens)} tokens) plus max_tokens ({max_tokens}) exceeds "
                              f"the model's context of {self.context_length} tokens")
         return _Request(tokens, max_tokens, list(stop), frozenset(int(t) for t in stop_token_ids), options,
-                        penalties, int(top_logprobs) if logprobs else None, grammar, ignore_eos)
+                        penalties, int(top_logprobs) if logprobs else None, grammar, ignore_eos, min_tokens)
 
     def _with_min_tokens(self, penalties: Penalties | None, max_tokens: int, stop_token_ids: Sequence[int],
                          ignore_eos: bool, grammar: Grammar | None) -> Penalties | None:
@@ -636,7 +646,11 @@ class Engine:
             if n > 1:
                 prefill = await self._hold_prefill(request.tokens)
             streams = [self._stream(request, sampler, stat) for sampler, stat in zip(samplers, stats)]
-            firsts = await _first_of_each(streams)  # started together: they join a batch in one round
+            if self.mode == "parallel" and n > 1:
+                async with self._starting_choices:
+                    firsts = await _first_of_each(streams)
+            else:
+                firsts = await _first_of_each(streams)  # started together: they join a batch in one round
             live = list(range(n))
             while live:
                 for i in list(live):
@@ -693,7 +707,7 @@ class Engine:
                 token, logprob, top = item if isinstance(item, tuple) else (item, None, None)
                 if isinstance(item, str) or token in stop_ids:  # a stop id ends it as end-of-sequence does
                     text = held + detok.flush()  # what the detokenizer held back for the next token
-                    cut = find_stop(text, stop)
+                    cut = find_stop(text, stop) if stats.generated_tokens > request.min_tokens else None
                     reason = "stop" if token in stop_ids else item
                     yield Delta(text, None, reason) if cut is None else Delta(text[:cut], None, "stop")
                     return
@@ -704,6 +718,10 @@ class Engine:
                     yield Delta("", token, None, logprob, top)
                     continue
                 text = held + detok.add(token)
+                if stats.generated_tokens <= request.min_tokens:
+                    # vLLM's min_tokens: stop strings are looked for only in the text after them.
+                    yield Delta(text, token, None, logprob, top)
+                    continue
                 cut = find_stop(text, stop)
                 if cut is not None:
                     yield Delta(text[:cut], token, "stop", logprob, top)

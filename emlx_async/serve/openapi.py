@@ -54,9 +54,9 @@ _SAMPLING = {
                                       "finish_reason 'stop', their text left out"},
     "min_tokens": {"type": "integer", "minimum": 0, "maximum": (1 << 63) - 1,
                    "description": "vLLM's extension: neither end-of-sequence (unless ignore_eos) nor "
-                                  "stop_token_ids is sampled before this many tokens (stop strings still end "
-                                  "a choice); at most max_tokens, which without it is at least this; not with "
-                                  "what constrains the output (as ignore_eos)"},
+                                  "stop_token_ids is sampled before this many tokens, and stop strings are "
+                                  "looked for only in the text after them; at most max_tokens, which without it "
+                                  "is at least this; not with what constrains the output (as ignore_eos)"},
     "ignore_eos": {"type": "boolean",
                    "description": "vLLM's extension: end-of-sequence tokens do not end a choice, which runs to "
                                   "max_tokens or a stop (their text and other special tokens' left out); not "

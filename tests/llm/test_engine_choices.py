@@ -227,6 +227,32 @@ async def test_ignore_eos_decodes_past_end_of_sequence_to_max_tokens(rt, mode, s
 
 
 @on_every_loop
+async def test_parallel_choices_past_the_pool_are_refused_and_concurrent_ones_do_not_deadlock():
+    """In parallel mode each choice's stream holds a pooled queue from its first token: two
+    requests' choices taking theirs at once could each hold some and wait for the rest."""
+    import emlx_async as ea
+    from emlx_async.llm import Engine
+
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt,
+                        mode="parallel", max_concurrent=4)
+        with pytest.raises(ValueError, match="n \\(3\\) exceeds the runtime's 2 pooled queues"):
+            engine.generate_choices(PROMPT, n=3, max_tokens=4)
+        results = []
+
+        async def two_choices(seed):
+            results.append(await choices_of(engine, PROMPT, 2, max_tokens=6, seed=seed, **SAMPLED))
+
+        with anyio.fail_after(30):  # a deadlock fails here, not by hanging
+            for _ in range(3):
+                async with anyio.create_task_group() as tg:
+                    for seed in (1, 2):
+                        tg.start_soon(two_choices, seed)
+        assert len(results) == 6 and all(finish == ["length", "length"] for _, finish in results)
+        assert_idle(engine)
+
+
+@on_every_loop
 async def test_the_sharded_engine_plans_ignore_eos_for_every_rank(rt):
     from emlx_async import distributed
     from emlx_async.llm.sharded import ShardedEngine

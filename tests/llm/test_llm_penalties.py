@@ -307,6 +307,13 @@ async def test_min_tokens_keeps_end_of_sequence_and_stop_ids_out_until_reached(m
             with pytest.raises(InvalidOption, match=words) as error:
                 engine.generate(prompt, max_tokens=12, **options)
             assert error.value.option == "min_tokens"
+        # Stop strings are looked for only in the text after min_tokens (vLLM's rule).
+        engine.eos_ids = set()
+        stop = f"<{greedy[1]}>"  # IdsTokenizer's text of a token
+        assert await finished(engine, prompt, max_tokens=12, stop=[stop]) == (greedy[:2], "stop")
+        again = next((k for k in range(2, 12) if greedy[k] == greedy[1]), None)
+        assert await finished(engine, prompt, max_tokens=12, stop=[stop], min_tokens=2) == \
+            ((greedy, "length") if again is None else (greedy[:again + 1], "stop"))
         await engine.wait_idle()
 
 
@@ -441,6 +448,8 @@ async def test_the_service_takes_min_tokens_through_the_openai_client(tiny_serve
     async with ea.Runtime() as rt:
         engine = await Engine.load(str(folder), runtime=rt)
         greedy = await tokens_of(engine, engine.encode("Say hi"), max_tokens=12, ignore_eos=True)
+        context_length = engine.context_length
+    assert context_length is not None and context_length > ServeConfig().default_max_tokens + 4
     j = next(k for k, t in enumerate(greedy) if t not in greedy[:k] and k >= 2)
     default_max_tokens = ServeConfig().default_max_tokens  # the server's
     chat = dict(messages=[{"role": "user", "content": "Say hi"}], temperature=0)
@@ -458,6 +467,9 @@ async def test_the_service_takes_min_tokens_through_the_openai_client(tiny_serve
                 with pytest.raises(openai.BadRequestError) as error:
                     create(model=model, **where, **bad)
                 assert error.value.body["param"] == "min_tokens", error.value.body
+        with pytest.raises(openai.BadRequestError) as error:  # more than the context leaves
+            client.chat.completions.create(model=model, **chat, extra_body=dict(min_tokens=context_length))
+        assert (error.value.body["param"], error.value.body["code"]) == ("min_tokens", "context_length_exceeded")
         # Without max_tokens the answer has room for min_tokens, past the server's default.
         long = client.chat.completions.create(model=model, **chat, extra_body=dict(min_tokens=default_max_tokens + 4))
         assert long.usage.completion_tokens == default_max_tokens + 4
