@@ -242,10 +242,13 @@ def check_hypercorn() -> None:
     server = getattr(tcp_server, "TCPServer", None)
     missing = [name for name in ("run", "_read_data", "_idle_timeout", "_initiate_server_close", "_close",
                                  "protocol_send") if not callable(getattr(server, name, None))]
+    import hypercorn.protocol as protocol
     from hypercorn.protocol.h11 import H11Protocol
 
     missing += [f"H11Protocol.{name}" for name in ("_send_error_response", "_send_h11_event")
                 if not callable(getattr(H11Protocol, name, None))]
+    if "H11Protocol" not in protocol.ProtocolWrapper.__init__.__code__.co_names:
+        missing.append("ProtocolWrapper building H11Protocol by name")
     if (missing or getattr(run, "TCPServer", None) is not server
             or "TCPServer" not in run.worker_serve.__code__.co_names):
         raise RuntimeError(f"hypercorn {version} does not have the trio worker it should "
@@ -262,30 +265,35 @@ def hypercorn_connections(limits: ConnectionLimits) -> Iterator[None]:
     check_hypercorn()
     import hypercorn.trio.run as run
 
-    from hypercorn.protocol.h11 import H11Protocol
+    import hypercorn.protocol as protocol
 
-    original, original_error = run.TCPServer, H11Protocol._send_error_response
+    original, original_protocol = run.TCPServer, protocol.H11Protocol
     run.TCPServer = hypercorn_tcp_server(limits)  # type: ignore[misc, assignment]
-    H11Protocol._send_error_response = _json_error_response  # type: ignore[method-assign]
+    protocol.H11Protocol = json_error_h11_protocol()  # type: ignore[misc]  # ProtocolWrapper builds it by name
     try:
         yield
     finally:
         run.TCPServer = original  # type: ignore[misc]
-        H11Protocol._send_error_response = original_error  # type: ignore[method-assign]
+        protocol.H11Protocol = original_protocol  # type: ignore[misc]
 
 
-async def _json_error_response(self, status_code: int) -> None:
-    """hypercorn's H11Protocol._send_error_response (a request that is not HTTP/1.1, or an
-    upgrade it refuses) with a body in the app's JSON shape, where hypercorn's is empty."""
+def json_error_h11_protocol() -> type:
+    """hypercorn's H11Protocol whose error answer (a request that is not HTTP/1.1, or an
+    upgrade it refuses) has a body in the app's JSON shape, where hypercorn's is empty."""
     import h11
+    from hypercorn.protocol.h11 import H11Protocol
 
-    reason = _REASONS.get(status_code, b"")
-    body = error_body(INVALID_HTTP if status_code == 400 else f"HTTP {status_code} {reason.decode()}".strip())
-    await self._send_h11_event(h11.Response(status_code=status_code, headers=[
-        (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), (b"connection", b"close"),
-        *self.config.response_headers("h11")]))
-    await self._send_h11_event(h11.Data(data=body))
-    await self._send_h11_event(h11.EndOfMessage())
+    class JSONErrorH11Protocol(H11Protocol):
+        async def _send_error_response(self, status_code: int) -> None:
+            reason = _REASONS.get(status_code, b"")
+            body = error_body(INVALID_HTTP if status_code == 400 else f"HTTP {status_code} {reason.decode()}".strip())
+            await self._send_h11_event(h11.Response(status_code=status_code, headers=[
+                (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                (b"connection", b"close"), *self.config.response_headers("h11")]))
+            await self._send_h11_event(h11.Data(data=body))
+            await self._send_h11_event(h11.EndOfMessage())
+
+    return JSONErrorH11Protocol
 
 
 def hypercorn_tcp_server(limits: ConnectionLimits) -> type:
