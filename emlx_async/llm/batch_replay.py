@@ -250,8 +250,8 @@ class ReplayBatcher(Batcher):
                         if finish is None:
                             row = Row(request, len(request.prompt), token, request.max_tokens - 1, [token])
                             history = prefilled.history
-                            if history is not None and history.bias_for(1) is history.banned_bias:
-                                row.unban = history.bias
+                            if history is not None and history.banned_bias is not None:
+                                row.unban = history.bias  # lifted once it has generated min_tokens
                             joined.append((row, prefilled))
                 slots, size = await self._relayout(queue, state, slots, size, saves, joined)
             finally:

@@ -53,6 +53,7 @@ text (llm/text.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -646,11 +647,9 @@ class Engine:
             if n > 1:
                 prefill = await self._hold_prefill(request.tokens)
             streams = [self._stream(request, sampler, stat) for sampler, stat in zip(samplers, stats)]
-            if self.mode == "parallel" and n > 1:
-                async with self._starting_choices:
-                    firsts = await _first_of_each(streams)
-            else:
-                firsts = await _first_of_each(streams)  # started together: they join a batch in one round
+            # Started together (in batch mode they join a batch in one round).
+            async with self._starting_choices if self.mode == "parallel" and n > 1 else contextlib.nullcontext():
+                firsts = await _first_of_each(streams)
             live = list(range(n))
             while live:
                 for i in list(live):

@@ -39,13 +39,12 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from .service import Generation, Service
-from .common import (JSON, AnswerParts, Collected, boolean, checked_text, count, event, generation_route, integer,
-                     joined_text, number, optional_object, read_object, required_text, string, string_list,
+from .common import (JSON, AnswerParts, Collected, boolean, checked_text, event, generation_route, integer,
+                     joined_text, number, optional_object, prompt_tokens_route, required_text, string, string_list,
                      type_name, wrong_type)
 from .protocol import (DEFAULT_MAX_MESSAGES, APIError, GenerationRequest, ToolCallIds, check_message_count,
                        check_stop_lengths,
@@ -477,19 +476,8 @@ class MessagesReply:
 
 def routes(service: Service) -> list[Route]:
     config = service.config
-
-    async def count_tokens(request: Request) -> Response:
-        try:
-            service.check_ready()
-            body = await read_object(request, config.max_body_bytes, config.body_timeout)
-            parsed = await service.parse_off_loop(functools.partial(parse_prompt, max_messages=config.max_messages),
-                                                  body, COUNT_TOKENS)
-            async with service.model_in_use(parsed.model) as served:  # 404 for a model not served, as generations
-                ids, _ = await service.encode_off_loop(served, parsed)
-        except APIError as error:
-            return count(service, COUNT_TOKENS, error_response(error))
-        return count(service, COUNT_TOKENS, JSON({"input_tokens": len(ids)}))
-
     parse = functools.partial(parse_request, max_messages=config.max_messages)
+    parse_count = functools.partial(parse_prompt, max_messages=config.max_messages)
     return [generation_route(service, MESSAGES, parse, MessagesReply, error_response),
-            Route(COUNT_TOKENS, count_tokens, methods=["POST"])]
+            prompt_tokens_route(service, COUNT_TOKENS, parse_count, lambda tokens: {"input_tokens": tokens},
+                                error_response)]

@@ -357,6 +357,26 @@ def generation_route(service: Service, path: str, parse: Callable[[dict], Parsed
     return Route(path, endpoint, methods=["POST"])
 
 
+def prompt_tokens_route(service: Service, path: str, parse: Callable[[dict], GenerationRequest],
+                        answer: Callable[[int], dict], error_response: Callable[[APIError], Response]) -> Route:
+    """POST `path`: the tokens the prompt of the request `parse` reads takes (``answer(count)``),
+    as a generation's usage would say (truncation included); nothing is generated."""
+    config = service.config
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            service.check_ready()
+            body = await read_object(request, config.max_body_bytes, config.body_timeout)
+            parsed = await service.parse_off_loop(parse, body, path)
+            async with service.model_in_use(parsed.model) as served:  # 404 for a model not served, as generations
+                ids, _ = await service.encode_to_fit(served, parsed)
+        except APIError as error:
+            return count(service, path, error_response(error))
+        return count(service, path, JSON(answer(len(ids))))
+
+    return Route(path, endpoint, methods=["POST"])
+
+
 # ---- text and tool calls ------------------------------------------------------------
 
 class AnswerParts:

@@ -57,8 +57,8 @@ from starlette.routing import Route
 
 from .service import Generation, Service
 from .stored_responses import TOO_LARGE, StoredResponse, StoredResponses
-from .common import (JSON, AnswerParts, Collected, boolean, checked_text, count, event, generation_route, integer,
-                     joined_text, number, optional_object, read_object, required_text, string, type_name,
+from .common import (JSON, AnswerParts, Collected, boolean, checked_text, event, generation_route, integer,
+                     joined_text, number, optional_object, prompt_tokens_route, required_text, string, type_name,
                      wrong_type)
 from .protocol import (DEFAULT_MAX_MESSAGES, MAX_TOP_LOGPROBS, APIError, GenerationRequest, ToolCallIds,
                        check_message_count, checked_json, checked_tool,
@@ -728,19 +728,9 @@ def routes(service: Service) -> list[Route]:
             return error_response(error)
         return JSON(page)
 
-    async def input_tokens(request: Request) -> Response:
-        """POST: the tokens a Responses API request's prompt takes, as its usage.input_tokens would say."""
-        try:
-            service.check_ready()
-            body = await read_object(request, service.config.max_body_bytes, service.config.body_timeout)
-            parsed = await service.parse_off_loop(parse, body, INPUT_TOKENS)
-            async with service.model_in_use(parsed.generation.model) as served:  # 404 for a model not served
-                ids, _ = await service.encode_to_fit(served, parsed.generation)  # truncation "auto" applied
-        except APIError as error:
-            return count(service, INPUT_TOKENS, error_response(error))
-        return count(service, INPUT_TOKENS, JSON({"object": "response.input_tokens", "input_tokens": len(ids)}))
-
-    return [Route(INPUT_TOKENS, input_tokens, methods=["POST"]),
+    return [prompt_tokens_route(service, INPUT_TOKENS, lambda body: parse(body).generation,
+                                lambda tokens: {"object": "response.input_tokens", "input_tokens": tokens},
+                                error_response),
             generation_route(service, RESPONSES, parse, ResponsesReply, error_response),
             Route(RESPONSES + "/{response_id}", stored_response, methods=["GET", "DELETE"]),
             Route(RESPONSES + "/{response_id}/input_items", stored_input_items, methods=["GET"])]

@@ -492,8 +492,7 @@ class Service:
                 raise invalid("min_tokens", f"the prompt ({len(ids)} tokens) leaves {room} of the model's context of "
                               f"{engine.context_length} tokens, fewer than min_tokens ({min_tokens})",
                               "context_length_exceeded")
-            # At least min_tokens where the client asked for them (the engine refuses more than the room).
-            max_tokens = min(max(self.config.default_max_tokens, request.penalties.get("min_tokens", 0)), room)
+            max_tokens = min(max(self.config.default_max_tokens, min_tokens), room)  # at least min_tokens
         elif max_tokens > room:  # the prompt is to blame where it fills the context alone
             raise invalid("max_tokens" if room > 0 else "messages" if request.chat else "prompt",
                           f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds "
