@@ -314,19 +314,24 @@ class Reply(Protocol):
         client left. An answer that is kept (a stored response) keeps how it ended."""
 
 
+async def _parsed(service: Service, request: Request, parse: Callable[[dict], Any], path: str) -> Any:
+    """The request's body read and parsed (APIError: not ready, or a bad body)."""
+    service.check_ready()
+    config = service.config
+    body = await read_object(request, config.max_body_bytes, config.body_timeout)
+    # Off the loop: a tool schema's grammar is compiled and checked while parsing.
+    return await service.parse_off_loop(parse, body, path)
+
+
 def generation_route(service: Service, path: str, parse: Callable[[dict], Parsed],
                      reply: Callable[[Parsed, Generation], Reply],
                      error_response: Callable[[APIError], Response]) -> Route:
     """POST `path`: parse the body, admit it, and answer with `reply`, streamed or
     collected; every error in the API's own shape (`error_response`)."""
-    config = service.config
 
     async def endpoint(request: Request) -> Response:
         try:
-            service.check_ready()
-            # Off the loop: a tool schema's grammar is compiled and checked while parsing.
-            body = await read_object(request, config.max_body_bytes, config.body_timeout)
-            parsed = await service.parse_off_loop(parse, body, path)
+            parsed = await _parsed(service, request, parse, path)
             generation = await service.start_generation(parsed.generation)
         except APIError as error:
             return count(service, path, error_response(error))
@@ -361,13 +366,10 @@ def prompt_tokens_route(service: Service, path: str, parse: Callable[[dict], Gen
                         answer: Callable[[int], dict], error_response: Callable[[APIError], Response]) -> Route:
     """POST `path`: the tokens the prompt of the request `parse` reads takes (``answer(count)``),
     as a generation's usage would say (truncation included); nothing is generated."""
-    config = service.config
 
     async def endpoint(request: Request) -> Response:
         try:
-            service.check_ready()
-            body = await read_object(request, config.max_body_bytes, config.body_timeout)
-            parsed = await service.parse_off_loop(parse, body, path)
+            parsed = await _parsed(service, request, parse, path)
             async with service.model_in_use(parsed.model) as served:  # 404 for a model not served, as generations
                 ids, _ = await service.encode_to_fit(served, parsed)
         except APIError as error:
