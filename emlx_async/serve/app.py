@@ -22,8 +22,8 @@ from starlette.routing import Route
 from .. import DistributedError
 from . import anthropic, middleware, openapi, responses
 from .metrics import CONTENT_TYPE
-from .protocol import MAX_CHOICES, APIError, GenerationRequest, call_arguments_delta, call_head_delta, chunk_body, \
-    completion_body, completion_choice, new_id, parse_request, usage_chunk_body
+from .protocol import MAX_CHOICES, APIError, CompletionLogprobs, GenerationRequest, call_arguments_delta, call_head_delta, \
+    chunk_body, completion_body, completion_choice, new_id, parse_request, usage_chunk_body
 from .service import (JSON, EventStream, Generation, ServeConfig, Service, distributed_cause, error_response,
                       grammar_error, group_broken_error, read_json, shutdown_error, sse, until_disconnected)
 from .tools import CallArguments, CallStart, Content, Reasoning
@@ -128,11 +128,12 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             # text is held back (part of a character, maybe a stop string) goes
             # out with the next chunk that has text, or with the last one.
             pending: list[list[dict] | None] = [[] if parsed.logprobs else None for _ in range(parsed.n)]
+            legacy = [CompletionLogprobs() for _ in range(parsed.n)]  # a text completion's, per choice
             # Per choice, whitespace content before any other: an answer of calls and whitespace has
             # content null (completion_choice), so it goes out only once text or the end says it stays.
             spaces, spoke = [""] * parsed.n, [False] * parsed.n
             async for index, delta in deltas:
-                chunk = functools.partial(chunk_body, parsed, **fields, index=index)
+                chunk = functools.partial(chunk_body, parsed, **fields, index=index, legacy=legacy[index])
                 if pending[index] is not None and (entry := generation.logprob_entry(delta)) is not None:
                     pending[index].append(entry)
                 splitter = generation.splitters[index]

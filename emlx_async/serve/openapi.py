@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
-from .protocol import (DEFAULT_MAX_MESSAGES, GUIDED_FIELDS, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_STOP_CHARS,
-                       MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, MAX_SCHEMA_PROPERTIES, MAX_TOP_LOGPROBS, PENALTY_BOUND, REPETITION_BOUNDS,
-                       NO_EFFECT_TEXT_FIELDS, REASONING_EFFORTS, TEMPLATE_RESERVED)
+from .protocol import (DEFAULT_MAX_MESSAGES, GUIDED_FIELDS, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_COMPLETION_LOGPROBS,
+                       MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, MAX_SCHEMA_PROPERTIES, MAX_TOP_LOGPROBS,
+                       PENALTY_BOUND, REPETITION_BOUNDS, NO_EFFECT_TEXT_FIELDS, REASONING_EFFORTS, TEMPLATE_RESERVED)
 
 
 def _ref(name: str) -> dict:
@@ -214,6 +214,8 @@ _COMPLETION_REQUEST = {
         "guided_grammar": {"type": "string", "description": "extension: the output follows this Lark grammar "
                            "(llguidance's dialect)"},
         "user": {"type": "string", "description": "ignored"},
+        "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS,
+                     "description": "each token's logprob, and this many of the most likely tokens beside it"},
         **_SAMPLING,
     },
 }
@@ -270,7 +272,18 @@ _TEXT_COMPLETION = {
         "choices": {"type": "array", "minItems": 1, "maxItems": MAX_CHOICES, "items": {
             "type": "object", "required": ["index", "text", "finish_reason"],
             "properties": {"index": {"type": "integer", "minimum": 0}, "text": {"type": "string"},
-                           "finish_reason": _FINISH}}},
+                           "finish_reason": _FINISH,
+                           "logprobs": {"oneOf": [{"type": "null"}, {
+                               "type": "object", "required": ["tokens", "token_logprobs", "top_logprobs",
+                                                              "text_offset"],
+                               "properties": {
+                                   "tokens": {"type": "array", "items": {"type": "string"}},
+                                   "token_logprobs": {"type": "array", "items": {"type": "number"}},
+                                   "top_logprobs": {"type": "array", "items": {
+                                       "type": "object", "additionalProperties": {"type": "number"},
+                                       "description": "the most likely tokens and the chosen one"}},
+                                   "text_offset": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                                                   "description": "where each token's text starts"}}}]}}}},
     },
 }
 

@@ -11,6 +11,7 @@ text in a role) is a ValueError that the app also turns into a 400.
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import numbers
@@ -23,6 +24,7 @@ from typing import Any
 # OpenAI's own limits on stop sequences and top_logprobs.
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' `logprobs`
 # Choices per request (`n`): the engine's bound, emlx_async.llm.MAX_CHOICES (a test keeps them equal;
 # the engine is imported only when a request runs). The server's --max-concurrent bounds n too.
 MAX_CHOICES = 16
@@ -296,8 +298,6 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
         name = next(name for name in GUIDED_FIELDS if _optional(body, name) is not None)
         raise invalid(name, f"'{name}' is supported on /v1/completions only: use 'response_format'",
                       "unsupported_parameter")
-    if not chat and _optional(body, "logprobs") is not None:  # the legacy int form
-        raise invalid("logprobs", "'logprobs' is supported on /v1/chat/completions only", "unsupported_parameter")
     if not chat:
         if _optional(body, "echo"):
             raise invalid("echo", "'echo' is not supported", "unsupported_parameter")
@@ -851,9 +851,14 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
             if not request.logprobs:
                 raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true")
             request.top_logprobs = top
-    elif _optional(body, "top_logprobs") is not None:
-        raise invalid("top_logprobs", "'top_logprobs' is supported on /v1/chat/completions only",
-                      "unsupported_parameter")
+    else:
+        if _optional(body, "top_logprobs") is not None:
+            raise invalid("top_logprobs", "'top_logprobs' is supported on /v1/chat/completions only: on "
+                          "/v1/completions 'logprobs' is the number of most likely tokens", "unsupported_parameter")
+        # The legacy form: how many of the most likely tokens to list beside each chosen one.
+        top = _int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+        if top is not None:
+            request.logprobs, request.top_logprobs = True, top
 
     _check_no_effect_fields(body, chat)
     stream = _optional(body, "stream")
@@ -910,13 +915,40 @@ def choice_logprobs(entries: list[dict] | None) -> dict | None:
     return None if entries is None else {"content": entries, "refusal": None}
 
 
+class CompletionLogprobs:
+    """A text completion choice's ``logprobs`` in OpenAI's legacy shape, from the entries
+    ``logprob_entry`` makes, a chunk at a time: each token's text and logprob, its most
+    likely alternatives with the chosen token among them (so up to logprobs + 1, as
+    OpenAI's), and ``text_offset``, where its text starts in the choice's text: a token
+    that ends a UTF-8 character starts where that character does."""
+
+    def __init__(self):
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._offset = 0
+
+    def body(self, entries: list[dict] | None) -> dict | None:
+        if entries is None:
+            return None
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for entry in entries:
+            out["text_offset"].append(self._offset)
+            self._offset += len(self._decoder.decode(bytes(entry["bytes"])))
+            out["tokens"].append(entry["token"])
+            out["token_logprobs"].append(entry["logprob"])
+            top = {alt["token"]: alt["logprob"] for alt in entry["top_logprobs"]}
+            top.setdefault(entry["token"], entry["logprob"])
+            out["top_logprobs"].append(top)
+        return out
+
+
 def completion_choice(request: GenerationRequest, *, index: int = 0, text: str, finish_reason: str | None,
                       logprobs: list[dict] | None = None, reasoning: str | None = None,
                       tool_calls: list[dict] | None = None) -> dict:
     """One choice of a non-streamed answer (its finish_reason as the stream ends it:
     OutputSplitter.finish_reason says "tool_calls")."""
     if not request.chat:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": CompletionLogprobs().body(logprobs),
+                "finish_reason": finish_reason}
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if reasoning is not None:
         message["reasoning_content"] = reasoning
@@ -939,9 +971,11 @@ def completion_body(request: GenerationRequest, *, id: str, model: str, choices:
 
 def chunk_body(request: GenerationRequest, *, id: str, model: str, created: int, text: str | None,
                finish_reason: str | None, first: bool = False, logprobs: list[dict] | None = None,
-               reasoning: str | None = None, tool_calls: list[dict] | None = None, index: int = 0) -> dict:
+               reasoning: str | None = None, tool_calls: list[dict] | None = None, index: int = 0,
+               legacy: CompletionLogprobs | None = None) -> dict:
     """One streamed chunk with a single choice, choice `index` (`logprobs`: the entries of this
-    chunk's tokens; `tool_calls`: delta entries, ``call_head_delta`` and ``call_arguments_delta``)."""
+    chunk's tokens, a text completion's in the shape its choice's `legacy` gives them;
+    `tool_calls`: delta entries, ``call_head_delta`` and ``call_arguments_delta``)."""
     if request.chat:
         delta: dict[str, Any] = {}
         if first:
@@ -956,7 +990,8 @@ def chunk_body(request: GenerationRequest, *, id: str, model: str, created: int,
                   "finish_reason": finish_reason}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text or "",
+                  "logprobs": None if legacy is None else legacy.body(logprobs), "finish_reason": finish_reason}
         obj = "text_completion"
     body = {"id": id, "object": obj, "created": created, "model": model, "choices": [choice]}
     if request.include_usage:

@@ -133,6 +133,36 @@ async def test_logprobs_streamed_and_not_agree_and_rank_the_greedy_token_first(s
     assert [e.top_logprobs for e in bare.choices[0].logprobs.content] == [[], []]
 
 
+@one_loop
+async def test_completion_logprobs_in_the_legacy_shape_streamed_and_not(server, openai_client):
+    import openai
+
+    ask = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "logprobs": 3}
+    reply = openai_client.completions.create(**ask)
+    choice = reply.choices[0]
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == reply.usage.completion_tokens == len(logprobs.token_logprobs)
+    assert "".join(logprobs.tokens) == choice.text  # SmolLM2's answer here is whole characters
+    # Each token's text starts where the ones before it end.
+    ends = logprobs.text_offset[1:] + [len(choice.text)]
+    assert [choice.text[start:end] for start, end in zip(logprobs.text_offset, ends)] == logprobs.tokens
+    for token, value, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        # The 3 most likely and the chosen one (greedy: among them, and the most likely).
+        assert len(top) == 3 and top[token] == pytest.approx(value, abs=1e-6) and value == max(top.values()) <= 0
+
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        chunks = [chunk async for chunk in await client.completions.create(**ask, stream=True)]
+    pieces = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert [t for p in pieces for t in p.tokens] == logprobs.tokens
+    assert [o for p in pieces for o in p.text_offset] == logprobs.text_offset
+    assert [v for p in pieces for v in p.token_logprobs] == pytest.approx(logprobs.token_logprobs, abs=1e-5)
+
+    zero = openai_client.completions.create(**{**ask, "logprobs": 0, "max_tokens": 2}).choices[0].logprobs
+    assert [list(top) for top in zero.top_logprobs] == [[token] for token in zero.tokens]  # the chosen one alone
+    plain = openai_client.completions.create(**{**ask, "max_tokens": 2, "logprobs": None})
+    assert plain.choices[0].logprobs is None  # only when asked
+
+
 def test_concurrent_clients_get_the_text_they_get_alone(server, alone):
     import openai
 
@@ -227,7 +257,9 @@ BAD_REQUESTS = [
     (CHAT, {"messages": FRANCE, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     (CHAT, {"messages": FRANCE, "logprobs": True, "top_logprobs": "3"}, "top_logprobs"),
     (CHAT, {"messages": FRANCE, "top_logprobs": 2}, "top_logprobs"),       # needs logprobs: true
-    (COMPLETIONS, {"prompt": "x", "logprobs": 2}, "logprobs"),             # chat only
+    (COMPLETIONS, {"prompt": "x", "logprobs": 6}, "logprobs"),             # OpenAI's legacy bound: 5
+    (COMPLETIONS, {"prompt": "x", "logprobs": True}, "logprobs"),          # the legacy form is a number
+    (COMPLETIONS, {"prompt": "x", "top_logprobs": 2}, "top_logprobs"),     # chat's name
 ]
 
 

@@ -149,3 +149,30 @@ def test_any_json_gives_a_request_or_a_400_naming_a_field(body, chat):
     # Accepted: every text field is encodable, every number in range.
     json.dumps([request.model, request.messages, request.prompt, request.stop], ensure_ascii=False).encode("utf-8")
     assert 0 <= request.temperature <= 2 and 0 < request.top_p <= 1
+
+
+def test_completion_logprobs_offsets_follow_characters_split_across_tokens():
+    from emlx_async.serve.protocol import CompletionLogprobs, logprob_entry
+
+    e_acute = "é".encode()  # two bytes, written by two tokens here
+    entries = [logprob_entry(b"caf", -0.5, [(b"caf", -0.5), (b"tea", -1.5)]),
+               logprob_entry(e_acute[:1], -0.25, []), logprob_entry(e_acute[1:], -0.125, []),
+               logprob_entry(b"!", -1.0, [(b"?", -0.5)])]
+    legacy = CompletionLogprobs()
+    first, rest = legacy.body(entries[:2]), legacy.body(entries[2:])  # two chunks of one stream
+    assert first["text_offset"] + rest["text_offset"] == [0, 3, 3, 4]  # "café!": é starts at 3
+    assert first["tokens"] == ["caf", "\ufffd"] and first["token_logprobs"] == [-0.5, -0.25]
+    assert first["top_logprobs"][0] == {"caf": -0.5, "tea": -1.5}
+    assert rest["top_logprobs"] == [{"\ufffd": -0.125}, {"?": -0.5, "!": -1.0}]  # the chosen one among them
+    assert CompletionLogprobs().body(entries) == {key: first[key] + rest[key] for key in first}
+    assert legacy.body(None) is None
+
+
+def test_completion_logprobs_is_the_legacy_number():
+    parsed = parse_request({"prompt": "x", "logprobs": 2}, chat=False)
+    assert parsed.logprobs and parsed.top_logprobs == 2
+    assert parse_request({"prompt": "x", "logprobs": 0}, chat=False).logprobs
+    assert not parse_request({"prompt": "x"}, chat=False).logprobs
+    assert refused({"prompt": "x", "logprobs": 6}, chat=False).param == "logprobs"
+    assert refused({"prompt": "x", "logprobs": True}, chat=False).param == "logprobs"
+    assert refused({"prompt": "x", "top_logprobs": 1}, chat=False).param == "top_logprobs"
