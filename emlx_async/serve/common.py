@@ -203,6 +203,8 @@ class Collected:
     tokens: list[int] = field(default_factory=list)
     last_token: int | None = None
     pieces: list[str] = field(default_factory=list)  # the deltas' texts, in order
+    # With the request's logprobs: each delta's logprob entry (None for a delta of no token).
+    logprobs: list[dict | None] = field(default_factory=list)
 
 
 def failure(exc: Exception, id_: str, request: GenerationRequest | None = None) -> APIError:
@@ -227,6 +229,8 @@ async def collect(service: Service, generation: Generation, request: Request, id
     text: list[str] = []
     tokens: list[int] = []
     last: list = [None]
+    entries: list[dict | None] = []
+    logprobs = parsed is not None and parsed.logprobs
     shutdown_scope = anyio.CancelScope()
     try:
         with service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
@@ -237,6 +241,8 @@ async def collect(service: Service, generation: Generation, request: Request, id
                         if delta.token is not None:
                             tokens.append(delta.token)
                         last[0] = delta.token
+                        if logprobs:
+                            entries.append(generation.logprob_entry(delta))
                     group.cancel_scope.cancel()
 
                 async def watch() -> None:
@@ -253,7 +259,7 @@ async def collect(service: Service, generation: Generation, request: Request, id
         if shutdown_scope.cancel_called:
             raise shutdown_error()
         return None
-    return Collected("".join(text), tokens, last[0], text)
+    return Collected("".join(text), tokens, last[0], text, entries)
 
 
 async def guarded(answer: Reply, generation: Generation,
@@ -381,6 +387,36 @@ def prompt_tokens_route(service: Service, path: str, parse: Callable[[dict], Gen
 
 # ---- text and tool calls ------------------------------------------------------------
 
+class TextLogprobs:
+    """Which text of an answer cut into parts each token's logprob entry goes with: the first
+    text its own delta writes, or, when that delta writes nothing yet (part of a character,
+    whitespace held back), the next text; a token that writes reasoning or a call before any
+    text, or is one of the reasoning's (its markers too), has none. Entries left at the end (an end-of-sequence token writes nothing) go with
+    the answer's last text, if it ends in text."""
+
+    def __init__(self):
+        self._pending: list[dict] = []
+
+    def take(self, entry: dict | None, parts: list, reasoning: bool = False) -> list[dict]:
+        """The entries that go with the first text of `parts`, what the delta of `entry` made
+        (none when it made no text); `reasoning`: its token was one of the reasoning's."""
+        if reasoning:
+            self._pending = []
+            return []
+        if entry is not None:
+            self._pending.append(entry)
+        if any(isinstance(part, str) for part in parts):
+            out, self._pending = self._pending, []
+            return out
+        if parts:  # reasoning or a call came first
+            self._pending = []
+        return []
+
+    def left(self) -> list[dict]:
+        out, self._pending = self._pending, []
+        return out
+
+
 class AnswerParts:
     """A chat answer cut into text and tool calls, in order, as it streams, for the APIs
     whose answers are a list of blocks (the Messages API's content, the Responses API's
@@ -400,6 +436,9 @@ class AnswerParts:
         self._splitter = generation.splitter  # None: no tools, and a template that does not think
         self._held = ""
         self.calls: list[dict] = []  # the calls that ended
+        self.text_logprobs: list[list[dict]] = []  # whole()'s texts' logprob entries
+        self._logprobs = TextLogprobs()
+        self.taken: list[dict] = []  # the entries for the first text the last feed gave
 
     @property
     def reasoning_tokens(self) -> int:
@@ -416,10 +455,23 @@ class AnswerParts:
         stopped after whole calls."""
         return reason if self._splitter is None else self._splitter.finish_reason(reason)
 
-    def feed(self, text: str, final: bool = False, *,
-             token: bool = True) -> list[str | Reasoning | CallStart | CallArguments | CallEnd]:
+    def feed(self, text: str, final: bool = False, *, token: bool = True,
+             logprob: dict | None = None) -> list[str | Reasoning | CallStart | CallArguments | CallEnd]:
         """What `text` adds, in order: texts, reasoning, and the calls' events; `final`: the
-        answer ends here; `token`: a token wrote `text` (the engine's last delta may not)."""
+        answer ends here; `token`: a token wrote `text` (the engine's last delta may not);
+        `logprob`: that token's logprob entry, which ``taken`` then holds with the others
+        that go with the first of these texts (TextLogprobs)."""
+        reasoning_tokens = self.reasoning_tokens
+        parts = self._parts(text, final, token)
+        self.taken = self._logprobs.take(logprob, parts, reasoning=self.reasoning_tokens > reasoning_tokens)
+        return parts
+
+    def left_logprobs(self) -> list[dict]:
+        """The entries no text took by the answer's end (TextLogprobs.left)."""
+        return self._logprobs.left()
+
+    def _parts(self, text: str, final: bool,
+               token: bool) -> list[str | Reasoning | CallStart | CallArguments | CallEnd]:
         if self._splitter is None:
             return [text] if text else []
         splits = [self._splitter.feed(text, token=token)]
@@ -463,16 +515,33 @@ class AnswerParts:
 
     def whole(self, collected: Collected) -> list[str | Reasoning | CallEnd]:
         """A collected answer as the stream would cut it: texts joined, reasoning joined,
-        and each call as its CallEnd."""
+        and each call as its CallEnd. With logprobs, ``text_logprobs`` then holds each
+        text's entries, in order (TextLogprobs says which)."""
         out: list[str | Reasoning | CallEnd] = []
+        self.text_logprobs = []
         pieces = collected.pieces or [""]
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
-            for part in self.feed(piece, final=last, token=not last or collected.last_token is not None):
-                if isinstance(part, str) and out and isinstance(out[-1], str):
-                    out[-1] += part
+            parts = self.feed(piece, final=last, token=not last or collected.last_token is not None,
+                              logprob=collected.logprobs[i] if collected.logprobs else None)
+            entries = self.taken
+            for part in parts:
+                if isinstance(part, str):
+                    if out and isinstance(out[-1], str):
+                        out[-1] += part
+                        self.text_logprobs[-1] += entries
+                    else:
+                        out.append(part)
+                        self.text_logprobs.append(entries)
+                    entries = []
                 elif isinstance(part, Reasoning) and out and isinstance(out[-1], Reasoning):
                     out[-1] = Reasoning(out[-1].text + part.text)
-                elif isinstance(part, (str, Reasoning, CallEnd)):
+                elif isinstance(part, (Reasoning, CallEnd)):
                     out.append(part)
+        left = self.left_logprobs()
+        if out and isinstance(out[-1], str):
+            self.text_logprobs[-1] += left
+        elif left and not out and not self.split:  # no text at all: the one text a stream opens at once
+            out.append("")
+            self.text_logprobs.append(left)
         return out

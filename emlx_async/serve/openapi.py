@@ -232,6 +232,10 @@ _LOGPROB = {"type": "object", "required": ["token", "logprob", "bytes"],
             "properties": {"token": {"type": "string"}, "logprob": {"type": "number"},
                            "bytes": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}}}}
 
+_LOGPROBS = {"type": "array", "description": "per token: its logprob and its most likely alternatives",
+             "items": {"allOf": [_LOGPROB, {"type": "object", "properties": {
+                 "top_logprobs": {"type": "array", "items": _LOGPROB}}}]}}
+
 _FINISH = {"enum": ["stop", "length", "tool_calls", None]}
 _CALL = {"type": "object", "required": ["id", "type", "function"],
          "properties": {"id": {"type": "string"}, "type": {"const": "function"},
@@ -256,10 +260,7 @@ _CHAT_COMPLETION = {
                                                                  "description": "templates that think"},
                                            "tool_calls": {"type": "array", "items": _CALL}}},
                 "logprobs": {"oneOf": [{"type": "null"}, {
-                    "type": "object", "required": ["content"],
-                    "properties": {"content": {"type": "array", "items": {
-                        "allOf": [_LOGPROB, {"type": "object", "properties": {
-                            "top_logprobs": {"type": "array", "items": _LOGPROB}}}]}}}}]},
+                    "type": "object", "required": ["content"], "properties": {"content": _ref("Logprobs")}}]},
             }}},
     },
 }
@@ -567,10 +568,12 @@ _RESPONSES_REQUEST = {
         "truncation": {"enum": ["auto", "disabled"],
                        "description": "auto: the oldest turns go while the input does not fit the context"},
         "text": {"type": "object", "properties": {"format": {"anyOf": [_TEXT_FORMAT, {"type": "null"}]}}},
-        "include": {"type": "array", "items": {"type": "string"}, "description": "ignored"},
+        "include": {"type": "array", "items": {"type": "string"},
+                    "description": "message.output_text.logprobs: each output_text's logprobs; others ignored"},
         "tool_choice": _RESPONSES_TOOL_CHOICE,
         "tools": {"type": "array", "items": _RESPONSES_TOOL},
-        "top_logprobs": {"const": 0, "description": _REFUSED + "logprobs are not supported in responses"},
+        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS,
+                         "description": "the most likely tokens beside each one; more than 0 asks for logprobs"},
         "background": {"const": False, "description": _REFUSED + "a background response"},
         "store": {"type": "boolean", "description": "keep the response (default true) in the server's memory, "
                   "bounded (the oldest go first) and gone when it stops: GET and DELETE /v1/responses/{id}, "
@@ -598,7 +601,7 @@ _RESPONSES_REQUEST = {
 _OUTPUT_TEXT = {"type": "object", "required": ["type", "text", "annotations", "logprobs"],
                 "properties": {"type": {"const": "output_text"}, "text": {"type": "string"},
                                "annotations": {"type": "array", "maxItems": 0},
-                               "logprobs": {"type": "array", "maxItems": 0}}}
+                               "logprobs": _ref("Logprobs")}}
 
 _STATUS = {"enum": ["in_progress", "completed", "incomplete", "failed"]}
 
@@ -674,13 +677,13 @@ _RESPONSE = {
         "temperature": _SAMPLING["temperature"], "top_p": _SAMPLING["top_p"],
         "parallel_tool_calls": {"type": "boolean"}, "truncation": {"enum": ["auto", "disabled"]},
         "max_tool_calls": {"type": ["integer", "null"], "minimum": 1},
+        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
     },
 }
 
 _OUTPUT_INDEX = {"type": "integer", "minimum": 0}
 _WHERE = {"item_id": {"type": "string"}, "output_index": _OUTPUT_INDEX, "content_index": {"const": 0}}
 _SUMMARY_WHERE = {"item_id": {"type": "string"}, "output_index": _OUTPUT_INDEX, "summary_index": {"const": 0}}
-_NO_LOGPROBS = {"type": "array", "maxItems": 0}
 
 
 def _sequenced(kind: str, **properties) -> dict:
@@ -697,8 +700,8 @@ _RESPONSE_STREAM_EVENT = {
           for kind in ("response.output_item.added", "response.output_item.done")),
         *(_sequenced(kind, **_WHERE, part=_ref("OutputText"))
           for kind in ("response.content_part.added", "response.content_part.done")),
-        _sequenced("response.output_text.delta", **_WHERE, delta={"type": "string"}, logprobs=_NO_LOGPROBS),
-        _sequenced("response.output_text.done", **_WHERE, text={"type": "string"}, logprobs=_NO_LOGPROBS),
+        _sequenced("response.output_text.delta", **_WHERE, delta={"type": "string"}, logprobs=_ref("Logprobs")),
+        _sequenced("response.output_text.done", **_WHERE, text={"type": "string"}, logprobs=_ref("Logprobs")),
         _sequenced("response.function_call_arguments.delta", item_id={"type": "string"},
                    output_index=_OUTPUT_INDEX, delta={"type": "string"}),
         _sequenced("response.function_call_arguments.done", item_id={"type": "string"},
@@ -812,7 +815,7 @@ _DOCUMENT: dict[str, Any] = {
         "MessageStreamEvent": _MESSAGE_STREAM_EVENT,
         "ResponsesRequest": _RESPONSES_REQUEST, "Response": _RESPONSE, "ResponsesUsage": _RESPONSES_USAGE,
         "ResponseOutputMessage": _OUTPUT_MESSAGE, "ResponseFunctionCall": _FUNCTION_CALL,
-        "OutputText": _OUTPUT_TEXT,
+        "OutputText": _OUTPUT_TEXT, "Logprobs": _LOGPROBS,
         "ResponseStreamEvent": _RESPONSE_STREAM_EVENT,
     }},
 }

@@ -15,9 +15,12 @@ as OpenAI sends it). Errors keep OpenAI's shape. A response is stored
 ``GET``/``DELETE /v1/responses/{id}`` read and drop it, ``GET
 /v1/responses/{id}/input_items`` lists the items its answer came from, and
 ``previous_response_id`` continues its conversation (its input and output
-come before the new input; its ``instructions`` do not). A
-stored ``conversation`` or ``prompt``, logprobs, background runs and tools
-other than functions are refused with a 400 naming the field.
+come before the new input; its ``instructions`` do not). With
+``include`` "message.output_text.logprobs" (or ``top_logprobs``) each
+output_text has its tokens' logprobs, chat's entries (AnswerParts says which
+text each token's goes with). A stored ``conversation`` or ``prompt``,
+background runs and tools other than functions are refused with a 400 naming
+the field.
 
 ``text.format`` (json_schema or json_object) constrains the answer with the
 chat endpoint's grammar. On a template that thinks the reasoning is a
@@ -108,12 +111,6 @@ def _refuse_unsupported(body: dict) -> None:
             raise _unsupported(name, what)
     if boolean(body, "background"):
         raise _unsupported("background", "a background response")
-    top_logprobs = integer(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
-    if top_logprobs:
-        raise _unsupported("top_logprobs", "logprobs in responses")
-    include = body.get("include")
-    if include is not None and (not isinstance(include, list) or not all(isinstance(i, str) for i in include)):
-        raise wrong_type("include", "an array of strings", include)
     truncation = body.get("truncation")
     if truncation is not None and truncation not in ("auto", "disabled"):
         raise invalid("truncation", "truncation: expected 'auto' or 'disabled'")
@@ -329,6 +326,23 @@ def _parse_reasoning(body: dict, generation: GenerationRequest) -> dict | None:
     return {"effort": effort, "summary": summary}
 
 
+# What `include` may name: the answer's logprobs; the others name what a local model has
+# nothing of (encrypted reasoning: its reasoning is sent in the clear), or tools not served.
+LOGPROBS_INCLUDED = "message.output_text.logprobs"
+
+
+def _parse_logprobs(body: dict, generation: GenerationRequest) -> int:
+    """`include`'s "message.output_text.logprobs" and `top_logprobs` (which asks for them
+    too) onto the chat request; top_logprobs as echoed."""
+    include = body.get("include")
+    if include is not None and (not isinstance(include, list) or not all(isinstance(i, str) for i in include)):
+        raise wrong_type("include", "an array of strings", include)
+    top = integer(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS) or 0
+    generation.logprobs = LOGPROBS_INCLUDED in (include or ()) or top > 0
+    generation.top_logprobs = top
+    return top
+
+
 def _previous(body: dict, stored: StoredResponses | None) -> StoredResponse | None:
     """The stored response `previous_response_id` names (None: none named)."""
     name = string(body, "previous_response_id")
@@ -374,6 +388,7 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES,
     tools, tool_choice = parse_tools(body, generation)
     text_format = _parse_text_format(body, generation)
     echo = {"text": {"format": text_format}, "reasoning": _parse_reasoning(body, generation),
+            "top_logprobs": _parse_logprobs(body, generation),
             "instructions": body.get("instructions"), "metadata": metadata or {},
             "max_output_tokens": generation.max_tokens, "temperature": generation.temperature,
             "top_p": generation.top_p, "parallel_tool_calls": generation.parallel_tool_calls,
@@ -391,8 +406,9 @@ def usage(input_tokens: int, output_tokens: int, reasoning_tokens: int = 0) -> d
             "total_tokens": input_tokens + output_tokens}
 
 
-def output_text(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text(text: str, logprobs: list[dict] | None = None) -> dict:
+    """A message's text; `logprobs`: its tokens' entries (with include's logprobs)."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def message_item(id_: str, status: str, content: list[dict]) -> dict:
@@ -516,10 +532,13 @@ class ResponsesReply:
 
     def body(self, collected: Collected) -> dict:
         status = self._status(self.generation.finish_reason)
-        output = [message_item(_new_message_id(), status, [output_text(part)]) if isinstance(part, str)
+        parts = self.parts.whole(collected)
+        logprobs = iter(self.parts.text_logprobs)  # one list per text part, in order
+        output = [message_item(_new_message_id(), status, [output_text(part, next(logprobs))])
+                  if isinstance(part, str)
                   else reasoning_item(_new_reasoning_id(), status, part.text, self.summarized)
                   if isinstance(part, Reasoning)
-                  else ended_call_item(part) for part in self.parts.whole(collected)]
+                  else ended_call_item(part) for part in parts]
         if not any(item["type"] != "reasoning" for item in output):  # an answer has a message, if empty
             output.append(message_item(_new_message_id(), status, [output_text("")]))
         return self._kept(self.response(status, output, self._usage()))
@@ -541,8 +560,10 @@ class ResponsesReply:
         yield self.event("response.created", response=created)
         yield self.event("response.in_progress", response=self.response("in_progress", []))
         output: list[dict] = []  # the items done
-        message: dict | None = None  # the message item being written, and its text so far
+        message: dict | None = None  # the message item being written, its text and logprobs so far
         texts: list[str] = []
+        entries: list[dict] = []
+        logprobs = self.request.generation.logprobs
         call: dict = {}  # the function_call item being written
         reasoning: dict | None = None  # the reasoning item being written
         thoughts: list[str] = []
@@ -582,15 +603,16 @@ class ResponsesReply:
             nonlocal message
             message = message_item(_new_message_id(), "in_progress", [])
             texts.clear()
+            entries.clear()
             return [self.event("response.output_item.added", output_index=len(output), item=message),
                     self.event("response.content_part.added", **where(), part=output_text(""))]
 
         def close_message(status: str) -> list[bytes]:
             nonlocal message
             full = "".join(texts)
-            done = message_item(message["id"], status, [output_text(full)])
-            out = [self.event("response.output_text.done", **where(), text=full, logprobs=[]),
-                   self.event("response.content_part.done", **where(), part=output_text(full)),
+            done = message_item(message["id"], status, [output_text(full, entries)])
+            out = [self.event("response.output_text.done", **where(), text=full, logprobs=list(entries)),
+                   self.event("response.content_part.done", **where(), part=output_text(full, entries)),
                    self.event("response.output_item.done", output_index=len(output), item=done)]
             output.append(done)
             message = None
@@ -601,7 +623,10 @@ class ResponsesReply:
                 yield chunk
         async for delta in self.generation.deltas():
             final = delta.finish_reason is not None
-            for part in self.parts.feed(delta.text, final, token=delta.token is not None):
+            parts = self.parts.feed(delta.text, final, token=delta.token is not None,
+                                    logprob=self.generation.logprob_entry(delta) if logprobs else None)
+            taken = self.parts.taken
+            for part in parts:
                 if isinstance(part, Reasoning):
                     if reasoning is None:
                         for chunk in open_reasoning():
@@ -618,7 +643,9 @@ class ResponsesReply:
                         for chunk in open_message():
                             yield chunk
                     texts.append(part)
-                    yield self.event("response.output_text.delta", **where(), delta=part, logprobs=[])
+                    entries.extend(taken)
+                    yield self.event("response.output_text.delta", **where(), delta=part, logprobs=taken)
+                    taken = []
                     continue
                 if isinstance(part, CallStart):
                     if message is not None:
@@ -637,6 +664,10 @@ class ResponsesReply:
                     output.append(done)
             if final:
                 status = self._status(delta.finish_reason)
+                left = self.parts.left_logprobs()
+                if message is not None and left:  # tokens that wrote nothing at its end (end of sequence)
+                    entries.extend(left)
+                    yield self.event("response.output_text.delta", **where(), delta="", logprobs=left)
                 if reasoning is not None:  # it ended reasoning
                     for chunk in close_reasoning(status):
                         yield chunk

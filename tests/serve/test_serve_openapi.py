@@ -185,7 +185,7 @@ REFUSED = [
     ("ResponsesRequest", {"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": "sometimes"}),
     ("ResponsesRequest", {"input": "x", "text": {"format": {"type": "yaml"}}}),
     ("ResponsesRequest", {"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}),
-    ("ResponsesRequest", {"input": "x", "top_logprobs": 2}),
+    ("ResponsesRequest", {"input": "x", "top_logprobs": 21}),
     ("ResponsesRequest", {"input": "x", "background": True}),
     ("ResponsesRequest", {"input": "x", "include": "x"}),
     ("ResponsesRequest", {"input": "x", "truncation": "sometimes"}),

@@ -615,3 +615,30 @@ def test_a_template_the_model_may_open_gets_a_parsed_answer(tmp_path_factory):
         assert answer.choices[0].finish_reason == "stop", answer
         jsonschema.validate(json.loads(answer.choices[0].message.content), PERSON)
         assert answer.choices[0].message.reasoning_content is not None  # "" unless the model opened <think>
+
+
+def test_logprobs_go_with_the_text_their_tokens_write():
+    """A Responses answer's logprobs (AnswerParts' TextLogprobs): each token's entry goes with
+    the text its delta writes, or, written by nothing yet, the next text; the reasoning's
+    tokens, markers included, and a call's have none; the end of sequence goes with the
+    last text."""
+    from types import SimpleNamespace
+
+    from emlx_async.serve.common import AnswerParts, Collected
+    from emlx_async.serve.tools import OutputSplitter
+
+    def routed(pieces: list[str], names: list[str] | None = None, **splitter) -> list[tuple[str, list[str]]]:
+        parts = AnswerParts(SimpleNamespace(splitter=OutputSplitter(**splitter) if splitter else None))
+        entries = [{"token": name} for name in names or [piece or "<eos>" for piece in pieces]]
+        whole = parts.whole(Collected("".join(pieces), [], 1, pieces, entries))
+        texts = [part for part in whole if isinstance(part, str)]
+        return [(text, [e["token"] for e in got]) for text, got in zip(texts, parts.text_logprobs, strict=True)]
+
+    assert routed(["Par", "is", "."]) == [("Paris.", ["Par", "is", "."])]
+    assert routed(["Par", "is", ""]) == [("Paris", ["Par", "is", "<eos>"])]  # the end of sequence: the last text
+    assert routed([""]) == [("", ["<eos>"])]  # an answer of no text still has its one token
+    thought = routed(["<think>", "a", "</think>", "\n\n", "Par", "is", ""], thinking=True, in_reasoning=False)
+    assert thought == [("Paris", ["\n\n", "Par", "is", "<eos>"])]
+    # A delta of part of a character writes nothing yet: its entry goes with the character's text.
+    assert routed(["caf", "", "é"], ["caf", "\ufffd", "\ufffd"]) == [("café", ["caf", "\ufffd", "\ufffd"])]
+    assert routed(["a", "", "b", ""], ["a", "x", "b", "<eos>"]) == [("ab", ["a", "x", "b", "<eos>"])]

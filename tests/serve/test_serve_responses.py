@@ -89,7 +89,8 @@ HOSTILE = [
      "text.format.schema"),
     ({**OK, "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}], "tool_choice": "required",
       "text": {"format": {"type": "json_object"}}}, "text.format"),
-    ({**OK, "top_logprobs": 2}, "top_logprobs"),
+    ({**OK, "top_logprobs": 21}, "top_logprobs"),
+    ({**OK, "top_logprobs": "2"}, "top_logprobs"),
     ({**OK, "background": True}, "background"),
     ({**OK, "include": "x"}, "include"),
     ({**OK, "truncation": "sometimes"}, "truncation"),
@@ -596,6 +597,38 @@ def test_stream_events_are_in_order_and_complete(http, openai_client, max_tokens
         assert plain.usage.output_tokens == max_tokens
     else:
         assert final.status == plain.status == "completed" and final.incomplete_details is None
+
+
+@pytest.mark.model
+@needs_model
+def test_logprobs_are_the_chat_endpoints_streamed_and_not(http, openai_client):
+    body = http.post("/v1/chat/completions", json={"messages": FRANCE, "max_tokens": 8, "temperature": 0,
+                                                   "logprobs": True, "top_logprobs": 2}).json()
+    want = body["choices"][0]["logprobs"]["content"]
+    ask = {"model": MODEL, "input": FRANCE, "max_output_tokens": 8, "temperature": 0, "top_logprobs": 2,
+           "include": ["message.output_text.logprobs"]}
+    reply = openai_client.responses.create(**ask)
+    assert reply.top_logprobs == 2
+    [part] = reply.output[0].content
+    got = [entry.model_dump() for entry in part.logprobs]
+    assert [(e["token"], e["bytes"]) for e in got] == [(e["token"], e["bytes"]) for e in want]
+    assert [e["logprob"] for e in got] == pytest.approx([e["logprob"] for e in want], abs=1e-5)
+    assert all(len(e["top_logprobs"]) == 2 for e in got)
+
+    events = list(openai_client.responses.create(**ask, stream=True))
+    streamed = [entry.model_dump() for e in events if e.type == "response.output_text.delta" for entry in e.logprobs]
+    [done] = [e for e in events if e.type == "response.output_text.done"]
+    assert [e["token"] for e in streamed] == [e.token for e in done.logprobs] == [e["token"] for e in got]
+    assert [e.token for e in events[-1].response.output[0].content[0].logprobs] == [e["token"] for e in got]
+    # Only when asked; top_logprobs alone asks too.
+    plain = openai_client.responses.create(model=MODEL, input=FRANCE, max_output_tokens=2, temperature=0)
+    assert plain.output[0].content[0].logprobs == [] and plain.top_logprobs == 0
+    bare = openai_client.responses.create(model=MODEL, input=FRANCE, max_output_tokens=2, temperature=0,
+                                          include=["message.output_text.logprobs"])
+    assert [e.top_logprobs for e in bare.output[0].content[0].logprobs] == [[], []]
+    top = openai_client.responses.create(model=MODEL, input=FRANCE, max_output_tokens=2, temperature=0,
+                                         top_logprobs=1)
+    assert [len(e.top_logprobs) for e in top.output[0].content[0].logprobs] == [1, 1]
 
 
 @pytest.mark.model
