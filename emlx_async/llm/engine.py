@@ -167,7 +167,7 @@ class Engine:
         self._slots = anyio.Semaphore(self.max_concurrent)  # request slots, on any anyio backend
         # One request taking several slots at a time: two taking theirs at once could each hold some and wait.
         self._taking = anyio.Lock()
-        # Likewise their queues in parallel mode (each choice's stream holds one from its first token):
+        # Likewise their queues where each choice's stream holds one from its first token (_on_own_queues):
         # two requests' choices taking theirs at once could each hold some and wait for the rest.
         self._starting_choices = anyio.Lock()
         self._active = 0
@@ -499,15 +499,15 @@ class Engine:
         if n > self.max_concurrent:
             raise ValueError(f"n ({n}) exceeds the engine's {self.max_concurrent} request slots "
                              "(each choice takes one)")
-        if self.mode == "parallel" and n > self.runtime.pool_size:
-            raise ValueError(f"n ({n}) exceeds the runtime's {self.runtime.pool_size} pooled queues: in parallel "
-                             "mode each choice decodes on its own queue, and all of them at once")
         if stats is not None and len(stats) != n:
             raise ValueError(f"stats must hold n ({n}) RequestStats, got {len(stats)}")
         request = self._check(prompt, messages, options.pop("max_tokens", 256), options.pop("stop", ()),
                               options.pop("stop_token_ids", ()), seed, options.pop("logprobs", False),
                               options.pop("top_logprobs", 0), options.pop("grammar", None),
                               options.pop("ignore_eos", False), options)
+        if n > self.runtime.pool_size and self._on_own_queues(request):
+            raise ValueError(f"n ({n}) exceeds the runtime's {self.runtime.pool_size} pooled queues: each choice "
+                             "of this request decodes on its own queue, and all of them at once")
         if not wait and self._slots.value < n:
             raise EngineBusy(f"{n} request slots are needed and {self._slots.value} of "
                              f"{self.max_concurrent} are free")
@@ -604,14 +604,23 @@ class Engine:
         tokenizer = await self.grammar_tokenizer()
         return await anyio.to_thread.run_sync(tokenizer.matcher, grammar)
 
+    def _replayed(self, prompt_tokens: int, max_tokens: int, logprobs: int | None) -> bool:
+        """Whether the replayed step takes a request. The Python step takes what it cannot:
+        logprobs, and prompts past the largest traced cache. Constrained requests take the
+        masked variant (llm/constrained.py)."""
+        replay = self.decoding.replay
+        return replay is not None and logprobs is None and replay.size_for(prompt_tokens + max_tokens) is not None
+
+    def _on_own_queues(self, request: _Request) -> bool:
+        """Whether each stream of `request` holds a pooled queue of its own from its first
+        token (``_source``): in parallel mode, and in batch mode with kv_bits where the
+        replayed step cannot take it. Its choices, started together, then need as many."""
+        return self.mode == "parallel" or (self.decoding.cache_options.kv_bits is not None and not self._replayed(
+            len(request.tokens), request.max_tokens, request.logprobs))
+
     def _source(self, prompt: list[int], max_tokens: int, sampler: Sampler) -> AsyncGenerator[Any, None]:
         """The decode path for this request: its tokens, then its finish reason."""
-        replay = self.decoding.replay
-        # The Python step takes what the replayed one cannot: logprobs, and
-        # prompts past the largest traced cache. Constrained requests take the
-        # masked variant (llm/constrained.py).
-        replayed = (replay is not None and sampler.logprobs is None
-                    and replay.size_for(len(prompt) + max_tokens) is not None)
+        replayed = self._replayed(len(prompt), max_tokens, sampler.logprobs)
         if self.mode == "batch" and (replayed or self.decoding.cache_options.kv_bits is None):
             # The batch with the fewest streams (the first of equals): streams spread over the batches.
             batcher = min(self._replay_batchers, key=lambda b: b.streams) if replayed else self._batcher
@@ -648,7 +657,7 @@ class Engine:
                 prefill = await self._hold_prefill(request.tokens)
             streams = [self._stream(request, sampler, stat) for sampler, stat in zip(samplers, stats)]
             # Started together (in batch mode they join a batch in one round).
-            async with self._starting_choices if self.mode == "parallel" and n > 1 else contextlib.nullcontext():
+            async with self._starting_choices if n > 1 and self._on_own_queues(request) else contextlib.nullcontext():
                 firsts = await _first_of_each(streams)
             live = list(range(n))
             while live:
@@ -697,16 +706,25 @@ class Engine:
         # Past end-of-sequence the model writes the template's control tokens: text for nobody
         # (vLLM's skip_special_tokens leaves them out too).
         textless = (self.eos_ids | self.text.special_ids) if request.ignore_eos else frozenset()
+        held = ""  # text not sent yet that may be the start of a stop string
+        # Text sent that may be the start of one: what min_tokens' text ends with (vLLM finds a stop
+        # string that ends past them, though it starts within them; what was sent stays).
+        sent = ""
+
+        def stop_in(text: str) -> int | None:
+            """Where in `text` (after `sent`) a stop string cuts the answer."""
+            cut = find_stop(sent + text, stop, ending_after=len(sent))
+            return None if cut is None else max(0, cut - len(sent))
+
         try:
             detok = self.text.detokenizer()
-            held = ""  # text that may be the start of a stop string
             async for item in source:
                 # A token id, or (id, logprob, top alternatives) when logprobs were asked for;
                 # else the source's finish reason.
                 token, logprob, top = item if isinstance(item, tuple) else (item, None, None)
                 if isinstance(item, str) or token in stop_ids:  # a stop id ends it as end-of-sequence does
                     text = held + detok.flush()  # what the detokenizer held back for the next token
-                    cut = find_stop(text, stop) if stats.generated_tokens > request.min_tokens else None
+                    cut = stop_in(text) if stats.generated_tokens > request.min_tokens else None
                     reason = "stop" if token in stop_ids else item
                     yield Delta(text, None, reason) if cut is None else Delta(text[:cut], None, "stop")
                     return
@@ -719,13 +737,19 @@ class Engine:
                 text = held + detok.add(token)
                 if stats.generated_tokens <= request.min_tokens:
                     # vLLM's min_tokens: stop strings are looked for only in the text after them.
+                    if stop:
+                        sent += text
+                        sent = sent[len(sent) - stop_prefix_len(sent, stop):]
                     yield Delta(text, token, None, logprob, top)
                     continue
-                cut = find_stop(text, stop)
+                cut = stop_in(text)
                 if cut is not None:
                     yield Delta(text[:cut], token, "stop", logprob, top)
                     return
-                held_len = stop_prefix_len(text, stop)
+                window = sent + text
+                prefix = stop_prefix_len(window, stop)
+                held_len = min(prefix, len(text))
+                sent = window[len(window) - prefix:len(window) - held_len]
                 text, held = text[:len(text) - held_len], text[len(text) - held_len:]
                 yield Delta(text, token, None, logprob, top)
         finally:

@@ -467,9 +467,10 @@ def _raise_template_error(message: str):
     raise ValueError(f"the chat template refused the messages: {message}")
 
 
-def find_stop(text: str, stop: list[str]) -> int | None:
-    """Where the first stop string in `text` starts, if any does."""
-    hits = [i for s in stop if (i := text.find(s)) >= 0]
+def find_stop(text: str, stop: list[str], ending_after: int = 0) -> int | None:
+    """Where the first stop string in `text` that ends past its first `ending_after`
+    characters starts, if any does."""
+    hits = [i for s in stop if (i := text.find(s, max(0, ending_after - len(s) + 1))) >= 0]
     return min(hits) if hits else None
 
 

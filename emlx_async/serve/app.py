@@ -22,8 +22,8 @@ from starlette.routing import Route
 from .. import DistributedError
 from . import anthropic, middleware, openapi, responses
 from .metrics import CONTENT_TYPE
-from .protocol import MAX_CHOICES, APIError, CompletionLogprobs, GenerationRequest, call_arguments_delta, call_head_delta, \
-    chunk_body, completion_body, completion_choice, new_id, parse_request, usage_chunk_body
+from .protocol import MAX_CHOICES, APIError, CompletionLogprobs, GenerationRequest, call_arguments_delta, \
+    call_head_delta, chunk_body, completion_body, completion_choice, new_id, parse_request, usage_chunk_body
 from .service import (JSON, EventStream, Generation, ServeConfig, Service, distributed_cause, error_response,
                       grammar_error, group_broken_error, read_json, shutdown_error, sse, until_disconnected)
 from .tools import CallArguments, CallStart, Content, Reasoning

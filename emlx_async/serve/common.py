@@ -391,8 +391,9 @@ class TextLogprobs:
     """Which text of an answer cut into parts each token's logprob entry goes with: the first
     text its own delta writes, or, when that delta writes nothing yet (part of a character,
     whitespace held back), the next text; a token that writes reasoning or a call before any
-    text, or is one of the reasoning's (its markers too), has none. Entries left at the end (an end-of-sequence token writes nothing) go with
-    the answer's last text, if it ends in text."""
+    text, or is one of the reasoning's (its markers too), has none. Entries left at the end
+    (an end-of-sequence token writes nothing) go with the answer's last text, if it ends in
+    text."""
 
     def __init__(self):
         self._pending: list[dict] = []

@@ -522,12 +522,17 @@ class Service:
                     options["grammar"] = grammar
         if request.stop_token_ids:
             options["stop_token_ids"] = request.stop_token_ids
+        # A grammar's end is end-of-sequence: with ignore_eos nothing could end it but max_tokens, and
+        # min_tokens would ban it (the engine refuses both; the request may have named only a budget).
+        given = request.grammar_param or "thinking_token_budget"
         if request.ignore_eos:
-            if "grammar" in options:  # a grammar's end is end-of-sequence: nothing could end it but max_tokens
-                given = request.grammar_param or "thinking_token_budget"
+            if "grammar" in options:
                 raise invalid("ignore_eos", f"'ignore_eos' cannot be combined with '{given}', "
                               "whose output ends with end-of-sequence")
             options["ignore_eos"] = True
+        if request.penalties.get("min_tokens") and "grammar" in options:
+            raise invalid("min_tokens", f"'min_tokens' cannot be combined with '{given}', whose output ends with "
+                          "end-of-sequence")
         stats = RequestStats()
         common = dict(prompt=ids, max_tokens=max_tokens, stop=request.stop, seed=request.seed,
                       logprobs=request.logprobs, top_logprobs=request.top_logprobs, **options, **request.sampling())

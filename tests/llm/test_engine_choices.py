@@ -226,16 +226,23 @@ async def test_ignore_eos_decodes_past_end_of_sequence_to_max_tokens(rt, mode, s
     await engine.wait_idle()
 
 
+@pytest.mark.parametrize("mode", ["parallel", "batch kv_bits"])
 @on_every_loop
-async def test_parallel_choices_past_the_pool_are_refused_and_concurrent_ones_do_not_deadlock():
-    """In parallel mode each choice's stream holds a pooled queue from its first token: two
-    requests' choices taking theirs at once could each hold some and wait for the rest."""
+async def test_choices_on_queues_of_their_own_past_the_pool_are_refused_and_concurrent_ones_do_not_deadlock(mode):
+    """In parallel mode each choice's stream holds a pooled queue from its first token, and so
+    in batch mode with kv_bits does one the replayed step cannot take (the Python step alone):
+    two requests' choices taking theirs at once could each hold some and wait for the rest."""
     import emlx_async as ea
     from emlx_async.llm import Engine
+    from emlx_async.llm.cache_options import CacheOptions
 
     async with ea.Runtime(pool_size=2) as rt:
-        engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt,
-                        mode="parallel", max_concurrent=4)
+        quantized = mode == "batch kv_bits"
+        engine = Engine(tiny("llama", **(QUANTIZABLE if quantized else {})), IdsTokenizer(), eos_ids=set(),
+                        chat_template=None, runtime=rt, mode=mode.split()[0], max_concurrent=4,
+                        cache_options=CacheOptions(kv_bits=8, kv_group_size=32) if quantized else None)
+        if quantized:
+            assert await engine.prepare_step("python") == "python"
         with pytest.raises(ValueError, match="n \\(3\\) exceeds the runtime's 2 pooled queues"):
             engine.generate_choices(PROMPT, n=3, max_tokens=4)
         results = []

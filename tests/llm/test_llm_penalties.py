@@ -314,6 +314,57 @@ async def test_min_tokens_keeps_end_of_sequence_and_stop_ids_out_until_reached(m
         again = next((k for k in range(2, 12) if greedy[k] == greedy[1]), None)
         assert await finished(engine, prompt, max_tokens=12, stop=[stop], min_tokens=2) == \
             ((greedy, "length") if again is None else (greedy[:again + 1], "stop"))
+        # One that starts within them and ends past them is found (vLLM's), the text sent kept.
+        across = f"<{greedy[1]}><{greedy[2]}>"
+        deltas = [d async for d in engine.generate(prompt, max_tokens=12, stop=[across], min_tokens=2)]
+        assert [d.token for d in deltas] == greedy[:3] and deltas[-1].finish_reason == "stop"
+        assert "".join(d.text for d in deltas) == f"<{greedy[0]}><{greedy[1]}>"
+        # One wholly within them is not, though it starts a longer one the text sent ends with.
+        assert await finished(engine, prompt, max_tokens=12, stop=[stop, stop + "x"], min_tokens=2) == \
+            ((greedy, "length") if again is None else (greedy[:again + 1], "stop"))
+        await engine.wait_idle()
+
+
+@on_every_loop
+async def test_min_tokens_is_lifted_exactly_for_a_row_joining_a_batch_and_beside_one_leaving():
+    # A replayed batch lifts a row's ban in a layout job, its chain of steps stopping there: a
+    # row that joins the slot another left takes its ban as it stands, and a row leaving just
+    # before the ban lifts (the chain cut there) must not move the lifting step.
+    from emlx_async.llm import Engine
+
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt,
+                        mode="batch", max_concurrent=4)
+        assert await engine.prepare_step("replay", cache_sizes=(64,)) == "replay"
+        prompt = PROMPTS[2]
+        greedy = await tokens_of(engine, prompt, max_tokens=12)
+        fresh = [k for k in range(1, 12) if greedy[k] not in greedy[:k]]  # steps whose token is new
+        j = next(k for k in fresh if k >= 3)
+        assert fresh[0] == 1  # the second token is not the first: min_tokens 1 bans it at the first step alone
+
+        def ending_at(step: int, min_tokens: int, max_tokens: int = 12) -> dict:
+            return dict(prompt=prompt, max_tokens=max_tokens, stop_token_ids=[greedy[step]], min_tokens=min_tokens)
+
+        results = {}
+
+        async def run(name, **request):
+            results[name] = await tokens_of(engine, **request)
+
+        async with anyio.create_task_group() as tg:
+            for k in range(3):  # with the short one 4 rows; it leaves its slot free (4 rows for 3)
+                tg.start_soon(functools.partial(run, k, prompt=PROMPTS[k], max_tokens=40))
+            await run("short", prompt=PROMPTS[3], max_tokens=2)
+            await run("joined", **ending_at(1, 1))  # its second step samples the stop id
+        assert results["joined"] == greedy[:1]
+        assert all(len(results[k]) == 40 for k in range(3))  # they were running when it joined
+        # Banned through step j (what a -100 bias gives there), however the chain is cut around it.
+        banned = await tokens_of(engine, prompt, max_tokens=j + 1, logit_bias={greedy[j]: -100.0})
+        assert banned[:j] == greedy[:j] and banned[j] != greedy[j]
+        for leaves in range(j - 2, j + 3):
+            plain = dict(prompt=PROMPTS[0], max_tokens=leaves)
+            assert await concurrently(engine, [ending_at(j, j + 1, max_tokens=j + 1), plain]) == \
+                [banned, await tokens_of(engine, **plain)]
+            assert (await concurrently(engine, [ending_at(j, j), plain]))[0] == greedy[:j]  # lifted at j
         await engine.wait_idle()
 
 

@@ -583,6 +583,13 @@ def test_chats_thinking_token_budget_closes_the_random_models_reasoning(openai_c
             reasoning, content = bounded.choices[0].message.reasoning_content, bounded.choices[0].message.content
         assert reasoning and content, bounded
         assert len(tokenizer.encode(reasoning, add_special_tokens=False).ids) <= 12
+    # The budget's grammar ends with end-of-sequence: what would keep it out is refused, naming the budget.
+    import openai
+
+    for field in ({"ignore_eos": True}, {"min_tokens": 2}):
+        with pytest.raises(openai.BadRequestError, match="thinking_token_budget") as error:
+            openai_client.chat.completions.create(**ask, extra_body={"thinking_token_budget": 8, **field})
+        assert error.value.body["param"] == next(iter(field)), error.value.body
 
 
 @pytest.mark.parametrize("body, message", [
