@@ -6,8 +6,8 @@ official openai client."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
 import math
 
 import anyio
@@ -330,12 +330,7 @@ async def test_min_tokens_is_lifted_exactly_for_a_row_joining_a_batch_and_beside
     # A replayed batch lifts a row's ban in a layout job, its chain of steps stopping there: a
     # row that joins the slot another left takes its ban as it stands, and a row leaving just
     # before the ban lifts (the chain cut there) must not move the lifting step.
-    from emlx_async.llm import Engine
-
-    async with ea.Runtime(pool_size=2) as rt:
-        engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt,
-                        mode="batch", max_concurrent=4)
-        assert await engine.prepare_step("replay", cache_sizes=(64,)) == "replay"
+    async with replayed_batch() as engine:
         prompt = PROMPTS[2]
         greedy = await tokens_of(engine, prompt, max_tokens=12)
         fresh = [k for k in range(1, 12) if greedy[k] not in greedy[:k]]  # steps whose token is new
@@ -345,18 +340,10 @@ async def test_min_tokens_is_lifted_exactly_for_a_row_joining_a_batch_and_beside
         def ending_at(step: int, min_tokens: int, max_tokens: int = 12) -> dict:
             return dict(prompt=prompt, max_tokens=max_tokens, stop_token_ids=[greedy[step]], min_tokens=min_tokens)
 
-        results = {}
-
-        async def run(name, **request):
-            results[name] = await tokens_of(engine, **request)
-
-        async with anyio.create_task_group() as tg:
-            for k in range(3):  # with the short one 4 rows; it leaves its slot free (4 rows for 3)
-                tg.start_soon(functools.partial(run, k, prompt=PROMPTS[k], max_tokens=40))
-            await run("short", prompt=PROMPTS[3], max_tokens=2)
-            await run("joined", **ending_at(1, 1))  # its second step samples the stop id
-        assert results["joined"] == greedy[:1]
-        assert all(len(results[k]) == 40 for k in range(3))  # they were running when it joined
+        # Its second step samples the stop id, in the slot a short row left.
+        _, joined = await beside_running_rows(engine, [{}] * 3, dict(prompt=PROMPTS[3], max_tokens=2),
+                                              ending_at(1, 1))
+        assert joined == greedy[:1]
         # Banned through step j (what a -100 bias gives there), however the chain is cut around it.
         banned = await tokens_of(engine, prompt, max_tokens=j + 1, logit_bias={greedy[j]: -100.0})
         assert banned[:j] == greedy[:j] and banned[j] != greedy[j]
@@ -365,7 +352,6 @@ async def test_min_tokens_is_lifted_exactly_for_a_row_joining_a_batch_and_beside
             assert await concurrently(engine, [ending_at(j, j + 1, max_tokens=j + 1), plain]) == \
                 [banned, await tokens_of(engine, **plain)]
             assert (await concurrently(engine, [ending_at(j, j), plain]))[0] == greedy[:j]  # lifted at j
-        await engine.wait_idle()
 
 
 @on_every_loop
@@ -373,29 +359,46 @@ async def test_a_row_taking_the_slot_a_biased_row_left_starts_neutral():
     # The batch keeps its shape when a row leaves (4 rows for 3 streams): the next row takes
     # that slot as it is, and must not inherit the logit bias (or counts) left in it while a
     # penalized row keeps the batch on the penalized step.
+    async with replayed_batch() as engine:
+        alone = await tokens_of(engine, PROMPTS[2], max_tokens=6)
+        assert 11 not in alone
+        biased, after = await beside_running_rows(engine, [dict(presence_penalty=0.5), {}, {}],
+                                                  dict(prompt=PROMPTS[3], max_tokens=2, logit_bias={11: 30.0}),
+                                                  dict(prompt=PROMPTS[2], max_tokens=6))
+        assert biased == [11, 11]
+        assert after == alone
+
+
+@contextlib.asynccontextmanager
+async def replayed_batch():
+    """A batch-mode engine of the tiny llama on the replayed step (one cache of 64 positions),
+    idle once the block ends."""
     from emlx_async.llm import Engine
 
     async with ea.Runtime(pool_size=2) as rt:
         engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt,
                         mode="batch", max_concurrent=4)
         assert await engine.prepare_step("replay", cache_sizes=(64,)) == "replay"
-        alone = await tokens_of(engine, PROMPTS[2], max_tokens=6)
-        assert 11 not in alone
-        results = {}
-
-        async def run(name, **request):
-            results[name] = await tokens_of(engine, **request)
-
-        async with anyio.create_task_group() as tg:
-            for k in range(3):
-                tg.start_soon(functools.partial(run, k, prompt=PROMPTS[k], max_tokens=40,
-                                                **(dict(presence_penalty=0.5) if k == 0 else {})))
-            await run("biased", prompt=PROMPTS[3], max_tokens=2, logit_bias={11: 30.0})
-            await run("after", prompt=PROMPTS[2], max_tokens=6)
-        assert results["biased"] == [11, 11]
-        assert results["after"] == alone
-        assert all(len(results[k]) == 40 for k in range(3))  # they were running when "after" joined
+        yield engine
         await engine.wait_idle()
+
+
+async def beside_running_rows(engine, long_rows: list[dict], *requests: dict) -> list[list[int]]:
+    """Each of `requests`' tokens, run one after another while a batch's long rows (40 tokens
+    of PROMPTS[k], with `long_rows[k]`'s options) run: with the first request 4 rows, so one
+    that leaves keeps its slot for the next (4 rows for 3 streams)."""
+    long, out = [None] * len(long_rows), []
+
+    async def run_long(k):
+        long[k] = await tokens_of(engine, PROMPTS[k], max_tokens=40, **long_rows[k])
+
+    async with anyio.create_task_group() as tg:
+        for k in range(len(long_rows)):
+            tg.start_soon(run_long, k)
+        for request in requests:
+            out.append(await tokens_of(engine, **request))
+    assert all(len(tokens) == 40 for tokens in long)  # they were running when the requests joined
+    return out
 
 
 @on_every_loop
