@@ -114,6 +114,30 @@ class Decoding:
         finally:
             state.clear()
 
+    def prompt_logprobs(self, prompt: list[int], top: int) -> list[tuple[float, tuple]] | None:
+        """Each prompt token after the first: its log-probability given the ones before it, and
+        the `top` most likely (id, logprob) there (``token_logprobs``' shapes); None: cancelled.
+        The model over the prompt but its last token, chunk by chunk, in a cache of its own."""
+        cache = self.cache_options.prompt_cache(self.model)
+        out: list[tuple[float, tuple]] = []
+        inputs = len(prompt) - 1
+        for start in range(0, inputs, self.prefill_chunk):
+            if cancelled():
+                return None
+            chunk = prompt[start:min(start + self.prefill_chunk, inputs)]
+            logits = self._forward(mx.array(chunk)[None], cache)[0].astype(mx.float32)
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            following = mx.array(prompt[start + 1:start + 1 + len(chunk)])[:, None]
+            chosen = mx.take_along_axis(logprobs, following, axis=-1)[:, 0]
+            ids = mx.argpartition(-logprobs, kth=top - 1, axis=-1)[:, :top] if top else None
+            values = None if ids is None else mx.take_along_axis(logprobs, ids, axis=-1)
+            mx.eval(chosen, ids, values, [c.state for c in cache])
+            tops = [()] * len(chunk) if ids is None else [
+                tuple(sorted(zip(row_ids, row_values), key=lambda pair: -pair[1]))
+                for row_ids, row_values in zip(ids.tolist(), values.tolist())]
+            out += zip(chosen.tolist(), tops)
+        return out
+
     def _feed(self, state: PromptState, limit: int | None = None) -> mx.array | None:
         """One chunk of the prompt through the model: the last position's logits {1, V}
         after the last chunk (None: more to go)."""

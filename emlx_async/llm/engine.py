@@ -398,6 +398,34 @@ class Engine:
         """The bytes one token stands for (a byte-level BPE token may be part of a UTF-8 character)."""
         return self.text.token_bytes(token)
 
+    async def prompt_logprobs(self, prompt: str | list[int], *,
+                              top_logprobs: int = 0) -> list[tuple[int, float | None, tuple[tuple[int, float], ...]]]:
+        """Scores a prompt: each of its tokens as (id, its log-probability given the tokens
+        before it, the `top_logprobs` most likely (id, logprob) there), the first with None
+        and no alternatives (nothing precedes it). What a scorer reads (OpenAI's completions
+        with echo and logprobs, lm-eval's loglikelihood). The model runs over the prompt chunk
+        by chunk, in a request slot, on a pooled queue.
+
+        Example:
+            >>> scored = await engine.prompt_logprobs("The capital of France is Paris", top_logprobs=2)
+            >>> sum(logprob for _, logprob, _ in scored[1:])  # the prompt's log-likelihood
+        """
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        if not is_int(top_logprobs) or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs!r}")
+        tokens = self.encode(prompt)
+        if self.context_length is not None and len(tokens) > self.context_length:
+            raise ValueError(f"the prompt ({len(tokens)} tokens) exceeds the model's context of "
+                             f"{self.context_length} tokens")
+        async with self._slots:
+            queue = await self.runtime.acquire_queue()
+            try:
+                scored = await queue.run(self.decoding.prompt_logprobs, tokens, int(top_logprobs))
+            finally:
+                self.runtime.release_queue(queue)
+        return [(tokens[0], None, ())] + [(token, logprob, top) for token, (logprob, top) in zip(tokens[1:], scored)]
+
     # ---- generation ------------------------------------------------------------
 
     def generate(self, prompt: str | list[int] | None = None, *, messages: Sequence[dict] | None = None,

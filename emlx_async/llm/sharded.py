@@ -417,6 +417,10 @@ class ShardedEngine(Engine):
         if options.get("grammar") is not None:  # the followers' rows would decode unconstrained and diverge
             raise ValueError("a sharded engine does not take a grammar: its followers cannot apply the mask")
 
+    async def prompt_logprobs(self, prompt, *, top_logprobs: int = 0):
+        """Not on a sharded engine: its ranks run only the plans of the batch's steps."""
+        raise ValueError("a sharded engine does not score prompts: its ranks run only decode plans")
+
     # ---- rank 0 -------------------------------------------------------------------
 
     async def close(self, timeout: float | None = None) -> None:

@@ -94,9 +94,14 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                 return count(endpoint, error_response(shutdown_error()))
             return count(endpoint, Response(status_code=499))  # the client is gone: nobody reads this
         choices = []
+        echo = generation.echo
         for index, (pieces, splitter) in enumerate(zip(texts, generation.splitters)):
             reasoning, calls = None, None
             finish = generation.finish_reasons[index]
+            if echo is not None:  # a completion's: the prompt, then the answer
+                pieces.insert(0, (echo.text, False))
+                if echo.logprobs is not None and entries[index] is not None:
+                    entries[index][:0] = echo.logprobs
             if splitter is None:
                 answer = "".join(text for text, _ in pieces)
             else:  # each choice cut on its own (its own tool calls), as its stream is
@@ -129,6 +134,12 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             # out with the next chunk that has text, or with the last one.
             pending: list[list[dict] | None] = [[] if parsed.logprobs else None for _ in range(parsed.n)]
             legacy = [CompletionLogprobs() for _ in range(parsed.n)]  # a text completion's, per choice
+            echo = generation.echo
+            if echo is not None:  # a completion's: each choice opens with the prompt
+                for index in range(parsed.n):
+                    yield sse(chunk_body(parsed, **fields, text=echo.text, finish_reason=None, index=index,
+                                         logprobs=None if pending[index] is None else echo.logprobs,
+                                         legacy=legacy[index]))
             # Per choice, whitespace content before any other: an answer of calls and whitespace has
             # content null (completion_choice), so it goes out only once text or the end says it stays.
             spaces, spoke = [""] * parsed.n, [False] * parsed.n

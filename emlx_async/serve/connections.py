@@ -279,11 +279,27 @@ def hypercorn_connections(limits: ConnectionLimits) -> Iterator[None]:
 
 def json_error_h11_protocol() -> type:
     """hypercorn's H11Protocol whose error answer (a request that is not HTTP/1.1, or an
-    upgrade it refuses) has a body in the app's JSON shape, where hypercorn's is empty."""
+    upgrade it refuses) has a body in the app's JSON shape, where hypercorn's is empty, and
+    that reads nothing after a client's last request."""
     import h11
     from hypercorn.protocol.h11 import H11Protocol
 
+    class LastRequestConnection(h11.Connection):
+        """h11's connection that leaves unread the bytes after a client's last request
+        (Connection: close, HTTP/1.0), as uvicorn does: h11 refuses them, and hypercorn
+        then answers 400 and closes while the request's own answer is on its way."""
+
+        def next_event(self):
+            if self.their_state is h11.MUST_CLOSE and self.trailing_data[0]:
+                return h11.ConnectionClosed() if self.trailing_data[1] else h11.NEED_DATA
+            return super().next_event()
+
     class JSONErrorH11Protocol(H11Protocol):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.connection = LastRequestConnection(h11.SERVER,
+                                                    max_incomplete_event_size=self.config.h11_max_incomplete_size)
+
         async def _send_error_response(self, status_code: int) -> None:
             reason = _REASONS.get(status_code, b"")
             body = error_body(INVALID_HTTP if status_code == 400 else f"HTTP {status_code} {reason.decode()}".strip())
@@ -350,6 +366,8 @@ def hypercorn_tcp_server(limits: ConnectionLimits) -> type:
                 if self._headers_too_large(data):
                     await self._refuse(431, f"the request headers exceed {limits.max_header_bytes} bytes")
                     break
+                if data and self._client_done():
+                    continue  # bytes after a last request: h11 would refuse them while its answer is being sent
                 await self.protocol.handle(RawData(bytes(data)))
                 if data == b"":
                     await self._answer_half_closed()
@@ -359,6 +377,18 @@ def hypercorn_tcp_server(limits: ConnectionLimits) -> type:
             # to time, and while it ran the connection stayed open and counted
             # (a client that closed mid-headers held its slot for the whole timeout).
             await self.idle_task.stop()
+
+        def _client_done(self) -> bool:
+            """The client's last request is complete (Connection: close, or HTTP/1.0): the
+            connection closes after its answer, and nothing the client sends is read."""
+            connection = self._h11()
+            return connection is not None and connection.their_state in (h11.MUST_CLOSE, h11.CLOSED)
+
+        async def protocol_send(self, event) -> None:
+            try:
+                await super().protocol_send(event)
+            except trio.BusyResourceError:  # hypercorn's close sends its EOF outside the send lock: it is going
+                await self.protocol.handle(Closed())
 
         def _headers_too_large(self, data: bytes | bytearray) -> bool:
             # h11's own bound (h11_max_incomplete_size) checks only headers that are

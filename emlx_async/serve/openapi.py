@@ -216,6 +216,8 @@ _COMPLETION_REQUEST = {
         "user": {"type": "string", "description": "ignored"},
         "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS,
                      "description": "each token's logprob, and this many of the most likely tokens beside it"},
+        "echo": {"type": "boolean", "description": "the answer opens with the prompt; with logprobs, the prompt's "
+                 "tokens are scored too (the first has null)"},
         **_SAMPLING,
     },
 }
@@ -279,9 +281,10 @@ _TEXT_COMPLETION = {
                                                               "text_offset"],
                                "properties": {
                                    "tokens": {"type": "array", "items": {"type": "string"}},
-                                   "token_logprobs": {"type": "array", "items": {"type": "number"}},
+                                   "token_logprobs": {"type": "array", "items": {"type": ["number", "null"]},
+                                                      "description": "null: an echoed prompt's first token"},
                                    "top_logprobs": {"type": "array", "items": {
-                                       "type": "object", "additionalProperties": {"type": "number"},
+                                       "type": ["object", "null"], "additionalProperties": {"type": "number"},
                                        "description": "the most likely tokens and the chosen one"}},
                                    "text_offset": {"type": "array", "items": {"type": "integer", "minimum": 0},
                                                    "description": "where each token's text starts"}}}]}}}},

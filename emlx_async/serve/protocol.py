@@ -166,8 +166,9 @@ class GenerationRequest:
     n: int = 1                 # choices, each sampled on its own from one prefill
     stream: bool = False
     include_usage: bool = False
-    logprobs: bool = False     # chat only
+    logprobs: bool = False
     top_logprobs: int = 0
+    echo: bool = False         # completions: the prompt comes first in the answer (with logprobs, scored)
     grammar: Any = None        # an llm.grammar.Grammar the output must match
     grammar_param: str | None = None  # the field that gave it (errors name it)
     tools: list[dict] | None = None   # chat: function tools the template shows (None: none, or tool_choice "none")
@@ -299,8 +300,6 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
         raise invalid(name, f"'{name}' is supported on /v1/completions only: use 'response_format'",
                       "unsupported_parameter")
     if not chat:
-        if _optional(body, "echo"):
-            raise invalid("echo", "'echo' is not supported", "unsupported_parameter")
         if _optional(body, "suffix"):
             raise invalid("suffix", "'suffix' is not supported", "unsupported_parameter")
 
@@ -791,6 +790,10 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
         request.prompt = _parse_prompt(body)
         request.grammar = _parse_guided(body)
         request.grammar_param = next((n for n in GUIDED_FIELDS if _optional(body, n) is not None), None)
+        echo = _optional(body, "echo")
+        if echo is not None and not isinstance(echo, bool):
+            raise invalid("echo", f"'echo' must be a boolean, got {show(echo)}", "invalid_type")
+        request.echo = bool(echo)
 
     # max_completion_tokens is the newer name (chat); max_tokens the older one. One of them, not both.
     if _optional(body, "max_tokens") is not None and _optional(body, "max_completion_tokens") is not None:
@@ -899,11 +902,12 @@ def _answer_usage(request: GenerationRequest, prompt_tokens: int, completion_tok
     return usage(prompt_tokens, completion_tokens, reasoning_tokens if request.chat else None)
 
 
-def logprob_entry(text_bytes: bytes, logprob: float, top: list[tuple[bytes, float]]) -> dict:
+def logprob_entry(text_bytes: bytes, logprob: float | None, top: list[tuple[bytes, float]]) -> dict:
     """One token of a chat choice's ``logprobs.content``, in OpenAI's shape.
 
     `token` is the token's text (a token that is part of a UTF-8 character
-    shows U+FFFD; `bytes` has its exact bytes).
+    shows U+FFFD; `bytes` has its exact bytes). An echoed prompt's first token
+    has no logprob (None): nothing precedes it.
     """
     def entry(raw: bytes, value: float) -> dict:
         return {"token": raw.decode("utf-8", errors="replace"), "logprob": value, "bytes": list(raw)}
@@ -935,6 +939,9 @@ class CompletionLogprobs:
             self._offset += len(self._decoder.decode(bytes(entry["bytes"])))
             out["tokens"].append(entry["token"])
             out["token_logprobs"].append(entry["logprob"])
+            if entry["logprob"] is None:  # an echoed prompt's first token (OpenAI's null)
+                out["top_logprobs"].append(None)
+                continue
             top = {alt["token"]: alt["logprob"] for alt in entry["top_logprobs"]}
             top.setdefault(entry["token"], entry["logprob"])
             out["top_logprobs"].append(top)

@@ -544,10 +544,30 @@ class Service:
             param = request.grammar_param if _is_grammar_error(exc) else \
                 exc.option if isinstance(exc, InvalidOption) else None
             raise invalid(param, str(exc)) from None
+        try:  # the deltas start (and take their slots) only when read: the prompt is scored first
+            echo = await self._echo(engine, request, ids) if request.echo else None
+        except BaseException:
+            await deltas.aclose()
+            raise
         served.admitted += n
         self.metrics.prompt_tokens.labels(served.name).inc(len(ids))
         return Generation(self, served, deltas, stats, len(ids),
-                          [self.output_splitter(engine, request, prompt_text) for _ in range(n)])
+                          [self.output_splitter(engine, request, prompt_text) for _ in range(n)], echo)
+
+    async def _echo(self, engine, request: GenerationRequest, ids: list[int]) -> Echo:
+        """The prompt a completion echoes: its text (the prompt as sent, or its ids' text) and,
+        with logprobs, its tokens' entries (the first has no logprob: nothing precedes it)."""
+        token_bytes = engine.token_bytes
+        text = request.prompt if isinstance(request.prompt, str) else \
+            b"".join(token_bytes(t) for t in ids).decode("utf-8", errors="replace")
+        if not request.logprobs:
+            return Echo(text, None)
+        try:
+            scored = await engine.prompt_logprobs(ids, top_logprobs=request.top_logprobs)
+        except ValueError as exc:  # a sharded engine scores no prompt
+            raise invalid("echo", str(exc), "unsupported_parameter") from None
+        return Echo(text, [logprob_entry(token_bytes(token), logprob, [(token_bytes(t), v) for t, v in top])
+                           for token, logprob, top in scored])
 
 
     async def encode_to_fit(self, served: ServedModel, request: GenerationRequest) -> tuple[list[int], str]:
@@ -650,6 +670,14 @@ class Service:
             raise invalid(param, f"'{param}': the grammar cannot start: {exc}", "invalid_grammar") from None
 
 
+@dataclass
+class Echo:
+    """The prompt a completion with ``echo`` answers first (Service._echo)."""
+
+    text: str
+    logprobs: list[dict] | None  # with logprobs: its tokens' entries
+
+
 class Generation:
     """One admitted request of one or more choices. `choice_deltas()` streams
     the engine's deltas as (choice index, Delta), timed for the metrics
@@ -660,7 +688,7 @@ class Generation:
     gone before the first byte), hence not only a finally."""
 
     def __init__(self, service: Service, served: ServedModel, deltas: AsyncIterator, stats, prompt_tokens: int,
-                 splitters: list[OutputSplitter | None] | None = None):
+                 splitters: list[OutputSplitter | None] | None = None, echo: Echo | None = None):
         self.service, self._engine_deltas, self.stats, self.prompt_tokens = service, deltas, stats, prompt_tokens
         self.served = served
         self.engine = served.engine  # loaded until aclose() releases the model
@@ -671,6 +699,8 @@ class Generation:
         """Per choice, chat only, for templates that think or requests with tools: cuts the text
         (serve/tools.py)."""
         self.finish_reasons: list[str | None] = [None] * self.n
+        self.echo = echo
+        """A completion's echoed prompt, which each choice answers first (None: not asked)."""
         self._closed = False
         middleware.count_tokens_of(self)  # in the request's access-log line
 

@@ -163,6 +163,35 @@ async def test_completion_logprobs_in_the_legacy_shape_streamed_and_not(server, 
     assert plain.choices[0].logprobs is None  # only when asked
 
 
+@one_loop
+async def test_echo_scores_the_prompt_as_lm_eval_reads_it(server, openai_client):
+    """lm-eval's loglikelihood: prompt ids, echo, logprobs 1 and max_tokens 1; a prompt
+    token's logprob is the one its generation would have had."""
+    import openai
+
+    ask = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 3, "temperature": 0, "logprobs": 2}
+    plain = openai_client.completions.create(**ask).choices[0]
+    echoed = openai_client.completions.create(**ask, echo=True).choices[0]
+    assert echoed.text == ask["prompt"] + plain.text
+    prompt_tokens = len(echoed.logprobs.tokens) - len(plain.logprobs.tokens)
+    assert echoed.logprobs.tokens[prompt_tokens:] == plain.logprobs.tokens
+    assert "".join(echoed.logprobs.tokens[:prompt_tokens]) == ask["prompt"]
+    assert echoed.logprobs.token_logprobs[0] is None and echoed.logprobs.top_logprobs[0] is None  # OpenAI's nulls
+    assert all(value <= 0 for value in echoed.logprobs.token_logprobs[1:])
+    assert echoed.logprobs.text_offset[prompt_tokens] == len(ask["prompt"])
+    # The prompt with the answer's first token, scored: that token's logprob is the generation's.
+    scored = openai_client.completions.create(model=MODEL, prompt=ask["prompt"] + plain.logprobs.tokens[0],
+                                              max_tokens=1, temperature=0, logprobs=1, echo=True).choices[0]
+    assert scored.logprobs.tokens[prompt_tokens] == plain.logprobs.tokens[0]
+    assert scored.logprobs.token_logprobs[prompt_tokens] == pytest.approx(plain.logprobs.token_logprobs[0], abs=1e-3)
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        streamed = [c.choices[0] async for c in await client.completions.create(**ask, echo=True, stream=True)]
+    assert "".join(c.text for c in streamed) == echoed.text
+    assert [t for c in streamed if c.logprobs for t in c.logprobs.tokens] == echoed.logprobs.tokens
+    bare = openai_client.completions.create(**{**ask, "logprobs": None}, echo=True).choices[0]
+    assert bare.text == echoed.text and bare.logprobs is None
+
+
 def test_concurrent_clients_get_the_text_they_get_alone(server, alone):
     import openai
 
@@ -260,6 +289,7 @@ BAD_REQUESTS = [
     (COMPLETIONS, {"prompt": "x", "logprobs": 6}, "logprobs"),             # OpenAI's legacy bound: 5
     (COMPLETIONS, {"prompt": "x", "logprobs": True}, "logprobs"),          # the legacy form is a number
     (COMPLETIONS, {"prompt": "x", "top_logprobs": 2}, "top_logprobs"),     # chat's name
+    (COMPLETIONS, {"prompt": "x", "echo": 1}, "echo"),
 ]
 
 

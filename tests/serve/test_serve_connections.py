@@ -214,6 +214,24 @@ def test_a_request_that_is_not_http_gets_a_400_in_the_apps_json_shape(server, ht
     assert http.get("/health").status_code == 200
 
 
+def test_bytes_after_a_last_request_are_not_read(server, http):
+    """A client that says Connection: close and sends more (in the same packet, or past its
+    Content-Length) gets its request's whole answer: hypercorn refused the rest, answered
+    400 over it, and its close raced that send, which ended the whole server."""
+    for _ in range(12):
+        with connect(server) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\nGARBAGE")
+            status, _ = final_response(read_all(sock))
+        assert status == 200
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+    with connect(server) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 10\r\nConnection: close\r\n\r\n" + body)
+        status, answer = final_response(read_all(sock))
+    assert status == 400 and json.loads(answer)["error"]["code"] == "invalid_json"  # its 10 bytes, answered whole
+    assert http.get("/health").status_code == 200
+
+
 def test_connections_past_the_limit_get_503(server, http):
     socks = [connect(server) for _ in range(MAX_CONNECTIONS + 4)]
     try:

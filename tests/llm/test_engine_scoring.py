@@ -1,0 +1,47 @@
+"""Engine.prompt_logprobs: a prompt's tokens scored (OpenAI's completions echo with logprobs,
+lm-eval's loglikelihood), checked against one plain forward pass of the model."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+import emlx_async as ea
+from support.helpers import on_every_loop
+from support.tiny_models import IdsTokenizer, tiny
+
+pytest.importorskip("mlx_lm")
+
+PROMPT = [3, 17, 5, 9, 100, 42, 8, 1, 6, 2, 11, 19, 7]
+
+
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+@on_every_loop
+async def test_each_token_is_scored_as_one_forward_pass_gives_it(mode):
+    from emlx_async.llm import Engine
+
+    model = tiny("llama")
+    logits = model(mx.array([PROMPT]))[0].astype(mx.float32)
+    plain = (logits - mx.logsumexp(logits, axis=-1, keepdims=True)).tolist()
+    async with ea.Runtime(pool_size=2) as rt:
+        # Chunks of 4: the prompt runs in pieces, each continuing the cache of the last.
+        engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode=mode,
+                        prefill_chunk=4)
+        scored = await engine.prompt_logprobs(PROMPT, top_logprobs=3)
+        assert [token for token, _, _ in scored] == PROMPT
+        assert scored[0][1:] == (None, ())  # nothing precedes the first
+        for i, (token, logprob, top) in enumerate(scored[1:], start=1):
+            row = plain[i - 1]  # the logits after the tokens before it
+            assert logprob == pytest.approx(row[token], abs=1e-4)
+            best = sorted(range(len(row)), key=lambda t: -row[t])[:3]
+            assert [t for t, _ in top] == best and [v for _, v in top] == pytest.approx([row[t] for t in best], abs=1e-4)
+        assert [s[:2] for s in await engine.prompt_logprobs(PROMPT)] == [s[:2] for s in scored]
+        assert all(top == () for _, _, top in await engine.prompt_logprobs(PROMPT))
+        assert await engine.prompt_logprobs(PROMPT[:1]) == [(PROMPT[0], None, ())]  # one token: nothing to score
+        for bad, words in ((dict(top_logprobs=21), "top_logprobs"), (dict(top_logprobs=-1), "top_logprobs")):
+            with pytest.raises(ValueError, match=words):
+                await engine.prompt_logprobs(PROMPT, **bad)
+        with pytest.raises(ValueError):
+            await engine.prompt_logprobs([10**6])  # outside the vocabulary
+        assert engine.active_requests == 0
+        await engine.close()
