@@ -818,7 +818,8 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
     request.penalties = _parse_penalties(body)
     min_tokens = request.penalties.get("min_tokens", 0)
     if request.max_tokens is not None and min_tokens > request.max_tokens:
-        raise invalid("min_tokens", f"'min_tokens' ({min_tokens}) exceeds max_tokens ({request.max_tokens})")
+        limit = "max_tokens" if _optional(body, "max_tokens") is not None else "max_completion_tokens"
+        raise invalid("min_tokens", f"'min_tokens' ({min_tokens}) exceeds {limit} ({request.max_tokens})")
 
     request.n = _int(body, "n", 1, MAX_CHOICES) or 1
     ids = _optional(body, "stop_token_ids")

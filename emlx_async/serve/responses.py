@@ -739,7 +739,7 @@ def routes(service: Service) -> list[Route]:
             if not stored.delete(response_id):
                 return _not_found(response_id)
             return JSON({"id": response_id, "object": "response.deleted", "deleted": True})
-        if request.query_params.get("stream", "false").lower() not in ("false", "0"):
+        if request.query_params.get("stream", "false").lower() not in ("false", "0", ""):
             return error_response(_unsupported("stream", "replaying a stored response's events"))
         kept = stored.get(response_id)
         if kept is None:

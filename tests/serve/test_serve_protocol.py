@@ -176,3 +176,9 @@ def test_completion_logprobs_is_the_legacy_number():
     assert refused({"prompt": "x", "logprobs": 6}, chat=False).param == "logprobs"
     assert refused({"prompt": "x", "logprobs": True}, chat=False).param == "logprobs"
     assert refused({"prompt": "x", "top_logprobs": 1}, chat=False).param == "top_logprobs"
+
+
+def test_min_tokens_past_the_limit_names_the_limit_the_client_sent():
+    for limit in ("max_tokens", "max_completion_tokens"):
+        error = refused({"messages": FRANCE, limit: 2, "min_tokens": 3})
+        assert error.param == "min_tokens" and f"exceeds {limit} (2)" in error.message, error.message

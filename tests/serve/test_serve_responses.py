@@ -484,6 +484,7 @@ def test_previous_response_id_continues_a_stored_conversation(http, openai_clien
     assert openai_client.responses.retrieve(final.id).output_text == final.output_text
     replay = http.get(f"/v1/responses/{final.id}", params={"stream": "true"})  # no events to replay: said so
     assert replay.status_code == 400 and replay.json()["error"]["param"] == "stream"
+    assert http.get(f"/v1/responses/{final.id}", params={"stream": ""}).json()["id"] == final.id  # empty: false
     # Deleting one keeps the later ones, which hold the whole conversation.
     deleted = http.delete(f"/v1/responses/{first.id}").json()
     assert deleted == {"id": first.id, "object": "response.deleted", "deleted": True}
