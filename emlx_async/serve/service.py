@@ -544,12 +544,13 @@ class Service:
             param = request.grammar_param if _is_grammar_error(exc) else \
                 exc.option if isinstance(exc, InvalidOption) else None
             raise invalid(param, str(exc)) from None
+        served.admitted += n  # from here: scoring the prompt counts against the limits too
         try:  # the deltas start (and take their slots) only when read: the prompt is scored first
             echo = await self._echo(engine, request, ids) if request.echo else None
         except BaseException:
+            served.admitted -= n
             await deltas.aclose()
             raise
-        served.admitted += n
         self.metrics.prompt_tokens.labels(served.name).inc(len(ids))
         return Generation(self, served, deltas, stats, len(ids),
                           [self.output_splitter(engine, request, prompt_text) for _ in range(n)], echo)
@@ -558,16 +559,24 @@ class Service:
         """The prompt a completion echoes: its text (the prompt as sent, or its ids' text) and,
         with logprobs, its tokens' entries (the first has no logprob: nothing precedes it)."""
         token_bytes = engine.token_bytes
-        text = request.prompt if isinstance(request.prompt, str) else \
-            b"".join(token_bytes(t) for t in ids).decode("utf-8", errors="replace")
+        # The BOS the encoder puts before a prompt without one is context, not the client's: it is
+        # scored as such and neither echoed nor listed (lm-eval counts the tokens it sent).
+        sent = request.prompt if isinstance(request.prompt, list) else None
+        bos_added = ids[:1] == [engine.bos_id] and (
+            sent[:1] != ids[:1] if sent is not None
+            else not request.prompt.startswith(token_bytes(ids[0]).decode("utf-8", errors="replace")))
+        skip = 1 if bos_added else 0
+        text = request.prompt if sent is None else \
+            b"".join(token_bytes(t) for t in ids[skip:]).decode("utf-8", errors="replace")
         if not request.logprobs:
             return Echo(text, None)
         try:
             scored = await engine.prompt_logprobs(ids, top_logprobs=request.top_logprobs)
         except ValueError as exc:  # a sharded engine scores no prompt
             raise invalid("echo", str(exc), "unsupported_parameter") from None
+        # After an added BOS the client's first token has a logprob (given the BOS).
         return Echo(text, [logprob_entry(token_bytes(token), logprob, [(token_bytes(t), v) for t, v in top])
-                           for token, logprob, top in scored])
+                           for token, logprob, top in scored[skip:]])
 
 
     async def encode_to_fit(self, served: ServedModel, request: GenerationRequest) -> tuple[list[int], str]:

@@ -45,3 +45,24 @@ async def test_each_token_is_scored_as_one_forward_pass_gives_it(mode):
             await engine.prompt_logprobs([10**6])  # outside the vocabulary
         assert engine.active_requests == 0
         await engine.close()
+
+
+@on_every_loop
+async def test_the_service_echoes_the_clients_tokens_not_the_bos_it_adds():
+    """lm-eval sends a prompt's ids without the BOS and reads its logprobs from its own
+    context length: the BOS the encoder adds is scored as context, never echoed."""
+    pytest.importorskip("starlette")
+    from emlx_async.llm import Engine
+    from emlx_async.serve.protocol import GenerationRequest
+    from emlx_async.serve.service import ServeConfig, Service
+
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, bos_id=1)
+        service = Service(ServeConfig())
+        scored = await engine.prompt_logprobs([1, 5, 6, 7])
+        for prompt, listed in (([5, 6, 7], scored[1:]), ([1, 5, 6, 7], scored)):
+            request = GenerationRequest(chat=False, model=None, prompt=prompt, echo=True, logprobs=True)
+            echo = await service._echo(engine, request, engine.encode(prompt))
+            assert echo.text == "".join(f"<{t}>" for t in prompt)
+            assert [(e["token"], e["logprob"]) for e in echo.logprobs] == [(f"<{t}>", lp) for t, lp, _ in listed]
+        await engine.close()

@@ -190,6 +190,12 @@ async def test_echo_scores_the_prompt_as_lm_eval_reads_it(server, openai_client)
     assert [t for c in streamed if c.logprobs for t in c.logprobs.tokens] == echoed.logprobs.tokens
     bare = openai_client.completions.create(**{**ask, "logprobs": None}, echo=True).choices[0]
     assert bare.text == echoed.text and bare.logprobs is None
+    both = openai_client.completions.create(**ask, echo=True, n=2).choices  # every choice opens with it
+    assert [c.text for c in both] == [echoed.text] * 2
+    assert [c.logprobs.tokens for c in both] == [echoed.logprobs.tokens] * 2
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        chunks = [c.choices[0] async for c in await client.completions.create(**ask, echo=True, n=2, stream=True)]
+    assert ["".join(c.text for c in chunks if c.index == i) for i in (0, 1)] == [echoed.text] * 2
 
 
 def test_concurrent_clients_get_the_text_they_get_alone(server, alone):

@@ -603,10 +603,12 @@ def test_stream_events_are_in_order_and_complete(http, openai_client, max_tokens
 @pytest.mark.model
 @needs_model
 def test_logprobs_are_the_chat_endpoints_streamed_and_not(http, openai_client):
-    body = http.post("/v1/chat/completions", json={"messages": FRANCE, "max_tokens": 8, "temperature": 0,
+    # Room to end at end-of-sequence: its entry is the last, streamed in a delta of no text.
+    body = http.post("/v1/chat/completions", json={"messages": FRANCE, "max_tokens": 24, "temperature": 0,
                                                    "logprobs": True, "top_logprobs": 2}).json()
+    assert body["choices"][0]["finish_reason"] == "stop"
     want = body["choices"][0]["logprobs"]["content"]
-    ask = {"model": MODEL, "input": FRANCE, "max_output_tokens": 8, "temperature": 0, "top_logprobs": 2,
+    ask = {"model": MODEL, "input": FRANCE, "max_output_tokens": 24, "temperature": 0, "top_logprobs": 2,
            "include": ["message.output_text.logprobs"]}
     reply = openai_client.responses.create(**ask)
     assert reply.top_logprobs == 2
