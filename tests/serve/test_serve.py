@@ -399,6 +399,24 @@ def test_429_when_the_waiting_room_is_full(http, server):
             for stream in streams:
                 stream.__exit__(None, None, None)
     wait_for(lambda: served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 0)
+    # A prompt to score first counts as admitted while it is scored: of two such requests with room
+    # for one, the other gets its 429 at once (both were taken, past --max-waiting).
+    scored = {"prompt": "Once upon a time", "max_tokens": 1, "echo": True, "logprobs": 1}
+    with httpx.Client(base_url=server.url, timeout=60,
+                      limits=httpx.Limits(max_connections=MAX_CONCURRENT + MAX_WAITING + 1)) as crowd, \
+            concurrent.futures.ThreadPoolExecutor(2) as pool:
+        streams = [crowd.stream("POST", COMPLETIONS, json=long) for _ in range(MAX_CONCURRENT + MAX_WAITING - 1)]
+        try:
+            for stream in streams:
+                assert stream.__enter__().status_code == 200
+            answers = [pool.submit(crowd.post, COMPLETIONS, json=scored) for _ in range(2)]
+            first = next(concurrent.futures.as_completed(answers, timeout=30)).result()
+            check_error(first, 429)
+        finally:
+            for stream in streams:
+                stream.__exit__(None, None, None)
+        assert sorted(answer.result().status_code for answer in answers) == [200, 429]  # the other, once slots free
+    wait_for(lambda: served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 0)
 
 
 def test_metrics(http):
