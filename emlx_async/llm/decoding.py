@@ -18,7 +18,7 @@ from .cache_options import CacheOptions
 from .prompt_cache import HeldPrefill, HeldPrefills, PrefixCache, held_prefill, restorable
 from .grammar import apply_token_mask, unpack_token_mask
 from .penalties import TokenHistory
-from .sampling import Sampler, token_logprobs
+from .sampling import Sampler, ranked, token_logprobs
 from .state import PromptState
 
 if TYPE_CHECKING:
@@ -133,8 +133,7 @@ class Decoding:
             values = None if ids is None else mx.take_along_axis(logprobs, ids, axis=-1)
             mx.eval(chosen, ids, values, [c.state for c in cache])
             tops = [()] * len(chunk) if ids is None else [
-                tuple(sorted(zip(row_ids, row_values), key=lambda pair: -pair[1]))
-                for row_ids, row_values in zip(ids.tolist(), values.tolist())]
+                ranked(row_ids, row_values) for row_ids, row_values in zip(ids.tolist(), values.tolist())]
             out += zip(chosen.tolist(), tops)
         return out
 

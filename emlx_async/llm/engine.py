@@ -412,8 +412,7 @@ class Engine:
         """
         if self._closed:
             raise RuntimeError("the engine is closed")
-        if not is_int(top_logprobs) or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs!r}")
+        _check_top_logprobs(top_logprobs)
         tokens = self.encode(prompt)
         if self.context_length is not None and len(tokens) > self.context_length:
             raise ValueError(f"the prompt ({len(tokens)} tokens) exceeds the model's context of "
@@ -569,8 +568,7 @@ class Engine:
             raise ValueError(f"seed must be an int, got {seed!r}")
         if not isinstance(logprobs, bool):
             raise ValueError(f"logprobs must be a bool, got {logprobs!r}")
-        if not is_int(top_logprobs) or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs!r}")
+        _check_top_logprobs(top_logprobs)
         if top_logprobs and not logprobs:
             raise ValueError("top_logprobs needs logprobs=True")
         if grammar is not None and not isinstance(grammar, Grammar):
@@ -837,6 +835,11 @@ async def _first_of_each(streams: list[AsyncGenerator[Delta, None]]) -> dict[int
     except BaseExceptionGroup as failed:
         raise failed.exceptions[0] from None
     return firsts
+
+
+def _check_top_logprobs(top_logprobs: Any) -> None:
+    if not is_int(top_logprobs) or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs!r}")
 
 
 def _seed(seed: int | None) -> int:

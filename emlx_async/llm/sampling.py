@@ -131,11 +131,14 @@ def token_logprobs(logits: mx.array, token: int, top: int) -> tuple[float, tuple
     ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
     values = logprobs[ids]
     mx.eval(chosen, ids, values)
-    # A token the step could not sample (a grammar's mask made it -inf) is no alternative:
-    # fewer than `top` are listed then (and -inf is no JSON number).
-    pairs = sorted(((i, v) for i, v in zip(ids.tolist(), values.tolist()) if v != -math.inf),
-                   key=lambda pair: -pair[1])
-    return chosen.item(), tuple(pairs)
+    return chosen.item(), ranked(ids.tolist(), values.tolist())
+
+
+def ranked(ids: list[int], values: list[float]) -> tuple[tuple[int, float], ...]:
+    """Alternatives (argpartition's, unordered) as (id, logprob), most likely first. A token
+    the step could not sample (a grammar's mask made it -inf) is no alternative: fewer are
+    listed then (and -inf is no JSON number)."""
+    return tuple(sorted(((i, v) for i, v in zip(ids, values) if v != -math.inf), key=lambda pair: -pair[1]))
 
 
 __all__ = ["GREEDY", "MIN_TEMPERATURE", "MIN_TOP_P", "SAMPLER_OPTIONS", "SEED_RANGE", "Sampler", "check_sampling", "token_logprobs"]
