@@ -38,6 +38,8 @@ are mlx-lm's KV-cache options (llm/cache_options.py), on either step.
 ``generate_choices`` gives n answers to one prompt: the prompt is prefilled
 once and held (llm/prompt_cache.py's ``HeldPrefills``), and each choice starts
 from it with its own random key, as its own stream on the paths above.
+``generate_batch`` answers several prompts at once the same way (a prompt's
+choices, as ``generate_choices`` gives them, every stream started together).
 
 Cancellation: leaving the ``async for`` early (break, ``aclose()``, task
 cancellation) drops the request's KV cache and hands its queue (or batch row)
@@ -53,6 +55,7 @@ text (llm/text.py).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -521,28 +524,66 @@ class Engine:
             >>> async for i, delta in engine.generate_choices("Once", n=2, seed=1, temperature=0.8):
             ...     texts[i] += delta.text
         """
-        if not is_int(n) or not 1 <= n <= MAX_CHOICES:
-            raise ValueError(f"n must be an int in [1, {MAX_CHOICES}], got {n!r}")
-        if n > self.max_concurrent:
-            raise ValueError(f"n ({n}) exceeds the engine's {self.max_concurrent} request slots "
-                             "(each choice takes one)")
-        if stats is not None and len(stats) != n:
-            raise ValueError(f"stats must hold n ({n}) RequestStats, got {len(stats)}")
-        request = self._check(prompt, messages, options.pop("max_tokens", 256), options.pop("stop", ()),
-                              options.pop("stop_token_ids", ()), seed, options.pop("logprobs", False),
-                              options.pop("top_logprobs", 0), options.pop("grammar", None),
-                              options.pop("ignore_eos", False), options)
-        if n > self.runtime.pool_size and self._on_own_queues(request):
-            raise ValueError(f"n ({n}) exceeds the runtime's {self.runtime.pool_size} pooled queues: each choice "
-                             "of this request decodes on its own queue, and all of them at once")
-        if not wait and self._slots.value < n:
-            raise EngineBusy(f"{n} request slots are needed and {self._slots.value} of "
+        _check_choices(n)
+        request = self._check_options(prompt, messages, seed, options)
+        return self._start_choices([request] * n, n, seed, wait, stats)
+
+    def generate_batch(self, prompts: Sequence[str | list[int]], *, n: int = 1, seed: int | None = None,
+                       wait: bool = True, stats: Sequence[RequestStats] | None = None,
+                       **options: Any) -> AsyncIterator[tuple[int, Delta]]:
+        """Stream answers to several prompts at once as ``(index, Delta)`` pairs, interleaved:
+        `n` choices of each prompt, choice ``i`` of prompt ``j`` at index ``j * n + i``
+        (the order of OpenAI's completions given a list of prompts).
+
+        Each prompt's choices are what ``generate_choices(prompt, n=n, seed=seed)``
+        gives (one prefill per prompt, the same seeds); every option applies to every
+        prompt. All ``len(prompts) * n`` streams take their request slots at once and
+        start together, so at most ``max_concurrent`` of them (and, where each holds a
+        pooled queue, at most the runtime's ``pool_size``); `stats` holds one per stream.
+        Leaving the ``async for`` early ends them all.
+
+        Example:
+            >>> texts = ["", ""]
+            >>> async for i, delta in engine.generate_batch(["Once upon", "The sky"], max_tokens=8):
+            ...     texts[i] += delta.text
+        """
+        _check_choices(n)
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
+            raise ValueError(f"prompts must be a non-empty list of prompts (each a string or token ids), "
+                             f"got {type(prompts).__name__}")
+        checked = [self._check_options(prompt, None, seed, dict(options)) for prompt in prompts]
+        return self._start_choices([request for request in checked for _ in range(n)], n, seed, wait, stats)
+
+    def _check_options(self, prompt, messages, seed, options: dict[str, Any]) -> _Request:
+        return self._check(prompt, messages, options.pop("max_tokens", 256), options.pop("stop", ()),
+                           options.pop("stop_token_ids", ()), seed, options.pop("logprobs", False),
+                           options.pop("top_logprobs", 0), options.pop("grammar", None),
+                           options.pop("ignore_eos", False), options)
+
+    def _start_choices(self, requests: list[_Request], n: int, seed: int | None, wait: bool,
+                       stats: Sequence[RequestStats] | None) -> AsyncIterator[tuple[int, Delta]]:
+        """The streams of `requests` (one per stream; the `n` choices of a prompt share its
+        _Request) checked against the slots and queues they take at once, then started."""
+        total = len(requests)
+        if total > self.max_concurrent:
+            raise ValueError(f"{'n' if total == n else 'the prompts times n'} ({total}) exceeds the engine's "
+                             f"{self.max_concurrent} request slots (each choice takes one)")
+        if stats is not None and len(stats) != total:
+            raise ValueError(f"stats must hold one RequestStats per stream ({total}), got {len(stats)}")
+        own = sum(self._on_own_queues(request) for request in requests)
+        if own > self.runtime.pool_size:
+            raise ValueError(f"{'n' if total == n else 'the prompts times n'} ({own}) exceeds the runtime's "
+                             f"{self.runtime.pool_size} pooled queues: each choice of this request decodes on "
+                             "its own queue, and all of them at once")
+        if not wait and self._slots.value < total:
+            raise EngineBusy(f"{total} request slots are needed and {self._slots.value} of "
                              f"{self.max_concurrent} are free")
         base = _seed(seed)
-        seeds = [(base + i * CHOICE_SEED_STEP) % SEED_RANGE if seed is not None else (base if i == 0 else _seed(None))
-                 for i in range(n)]
-        return self._choices(request, [request.sampler(s) for s in seeds],
-                             list(stats) if stats is not None else [RequestStats() for _ in range(n)])
+        # Choice i of each prompt: seed + i * CHOICE_SEED_STEP (choice 0 draws what generate draws).
+        seeds = [(base + i * CHOICE_SEED_STEP) % SEED_RANGE if seed is not None else (base if s == 0 else _seed(None))
+                 for s in range(total) for i in [s % n]]
+        return self._choices(requests, [request.sampler(s) for request, s in zip(requests, seeds)],
+                             list(stats) if stats is not None else [RequestStats() for _ in range(total)])
 
     def _check(self, prompt, messages, max_tokens, stop, stop_token_ids, seed, logprobs, top_logprobs, grammar,
                ignore_eos, sampling: dict[str, Any]) -> _Request:
@@ -667,23 +708,26 @@ class Engine:
             finally:
                 await stream.aclose()
 
-    async def _choices(self, request: _Request, samplers: list[Sampler],
+    async def _choices(self, requests: list[_Request], samplers: list[Sampler],
                        stats: list[RequestStats]) -> AsyncIterator[tuple[int, Delta]]:
-        """The choices' deltas, taken from each choice in turn (each keeps its steps queued
-        ahead meanwhile), in slots taken at once, from one held prefill."""
-        n, held = len(samplers), 0
+        """The streams' deltas, taken from each in turn (each keeps its steps queued ahead
+        meanwhile), in slots taken at once; a prompt of several streams prefilled once and held."""
+        n, held = len(requests), 0
         streams: list[AsyncGenerator[Delta, None]] = []
-        prefill = None
+        prefills: list[HeldPrefill | None] = []
         try:
             async with self._taking:
                 while held < n:
                     await self._slots.acquire()
                     held += 1
-            if n > 1:
-                prefill = await self._hold_prefill(request.tokens)
-            streams = [self._stream(request, sampler, stat) for sampler, stat in zip(samplers, stats)]
+            # A prompt that more than one stream starts from is prefilled once.
+            prompts = collections.Counter(tuple(request.tokens) for request in requests)
+            for tokens in (tokens for tokens, streams_of in prompts.items() if streams_of > 1):
+                prefills.append(await self._hold_prefill(list(tokens)))
+            streams = [self._stream(request, sampler, stat) for request, sampler, stat in zip(requests, samplers, stats)]
             # Started together (in batch mode they join a batch in one round).
-            async with self._starting_choices if n > 1 and self._on_own_queues(request) else contextlib.nullcontext():
+            own = n > 1 and any(self._on_own_queues(request) for request in requests)
+            async with self._starting_choices if own else contextlib.nullcontext():
                 firsts = await _first_of_each(streams)
             live = list(range(n))
             while live:
@@ -701,8 +745,9 @@ class Engine:
                 for stream in streams:
                     await stream.aclose()
                 try:
-                    if prefill is not None:
-                        await self._release_prefill(prefill)
+                    for prefill in prefills:
+                        if prefill is not None:
+                            await self._release_prefill(prefill)
                 finally:
                     for _ in range(held):
                         self._slots.release()
@@ -835,6 +880,11 @@ async def _first_of_each(streams: list[AsyncGenerator[Delta, None]]) -> dict[int
     except BaseExceptionGroup as failed:
         raise failed.exceptions[0] from None
     return firsts
+
+
+def _check_choices(n: Any) -> None:
+    if not is_int(n) or not 1 <= n <= MAX_CHOICES:
+        raise ValueError(f"n must be an int in [1, {MAX_CHOICES}], got {n!r}")
 
 
 def _check_top_logprobs(top_logprobs: Any) -> None:

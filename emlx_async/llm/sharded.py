@@ -394,6 +394,10 @@ class ShardedEngine(Engine):
         self._check_leader(kwargs)
         return super().generate_choices(*args, **kwargs)
 
+    def generate_batch(self, *args: Any, **kwargs: Any):
+        self._check_leader(kwargs)
+        return super().generate_batch(*args, **kwargs)
+
     # A prefill on rank 0 alone cannot run sharded weights: a request's choices hold theirs on every rank.
 
     async def _hold_prefill(self, tokens: list[int]) -> HeldPrefill | None:

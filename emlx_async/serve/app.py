@@ -58,8 +58,8 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
 
         # Not streamed: still cancel the generation if the client leaves or the shutdown deadline passes.
         # Each choice's deltas: their text, and whether a token wrote it (the last may not).
-        texts: list[list[tuple[str, bool]]] = [[] for _ in range(parsed.n)]
-        entries: list[list[dict] | None] = [[] if parsed.logprobs else None for _ in range(parsed.n)]
+        texts: list[list[tuple[str, bool]]] = [[] for _ in range(generation.n)]
+        entries: list[list[dict] | None] = [[] if parsed.logprobs else None for _ in range(generation.n)]
         shutdown_scope = anyio.CancelScope()
         try:
             with service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
@@ -94,11 +94,11 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                 return count(endpoint, error_response(shutdown_error()))
             return count(endpoint, Response(status_code=499))  # the client is gone: nobody reads this
         choices = []
-        echo = generation.echo
         for index, (pieces, splitter) in enumerate(zip(texts, generation.splitters)):
             reasoning, calls = None, None
             finish = generation.finish_reasons[index]
-            if echo is not None:  # a completion's: the prompt, then the answer
+            if generation.echoes is not None:  # a completion's: its prompt, then the answer
+                echo = generation.echoes[index]
                 pieces.insert(0, (echo.text, False))
                 if echo.logprobs is not None and entries[index] is not None:
                     entries[index][:0] = echo.logprobs
@@ -127,22 +127,21 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         deltas = generation.choice_deltas()
         try:
             if parsed.chat:  # OpenAI opens each choice of a chat stream with the role
-                for index in range(parsed.n):
+                for index in range(generation.n):
                     yield sse(chunk_body(parsed, **fields, text="", finish_reason=None, first=True, index=index))
             # Per choice, logprob entries of tokens not sent yet: a token whose
             # text is held back (part of a character, maybe a stop string) goes
             # out with the next chunk that has text, or with the last one.
-            pending: list[list[dict] | None] = [[] if parsed.logprobs else None for _ in range(parsed.n)]
-            legacy = [CompletionLogprobs() for _ in range(parsed.n)]  # a text completion's, per choice
-            echo = generation.echo
-            if echo is not None:  # a completion's: each choice opens with the prompt
-                for index in range(parsed.n):
+            pending: list[list[dict] | None] = [[] if parsed.logprobs else None for _ in range(generation.n)]
+            legacy = [CompletionLogprobs() for _ in range(generation.n)]  # a text completion's, per choice
+            if generation.echoes is not None:  # a completion's: each choice opens with its prompt
+                for index, echo in enumerate(generation.echoes):
                     yield sse(chunk_body(parsed, **fields, text=echo.text, finish_reason=None, index=index,
                                          logprobs=None if pending[index] is None else echo.logprobs,
                                          legacy=legacy[index]))
             # Per choice, whitespace content before any other: an answer of calls and whitespace has
             # content null (completion_choice), so it goes out only once text or the end says it stays.
-            spaces, spoke = [""] * parsed.n, [False] * parsed.n
+            spaces, spoke = [""] * generation.n, [False] * generation.n
             async for index, delta in deltas:
                 chunk = functools.partial(chunk_body, parsed, **fields, index=index, legacy=legacy[index])
                 if pending[index] is not None and (entry := generation.logprob_entry(delta)) is not None:

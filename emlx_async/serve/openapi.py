@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
-from .protocol import (DEFAULT_MAX_MESSAGES, GUIDED_FIELDS, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_COMPLETION_LOGPROBS,
+from .protocol import (DEFAULT_MAX_MESSAGES, GUIDED_FIELDS, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_COMPLETION_LOGPROBS, MAX_PROMPTS,
                        MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, MAX_SCHEMA_PROPERTIES, MAX_TOP_LOGPROBS,
                        PENALTY_BOUND, REPETITION_BOUNDS, NO_EFFECT_TEXT_FIELDS, REASONING_EFFORTS, TEMPLATE_RESERVED)
 
@@ -199,15 +199,20 @@ _CHAT_REQUEST = {
 _PROMPT_TEXT = {"type": "string", "minLength": 1}
 _PROMPT_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 
+_ZERO_TOKENS_NEED_ECHO = {"if": {"required": ["max_tokens"], "properties": {"max_tokens": {"const": 0}}},
+                          "then": {"required": ["echo"], "properties": {"echo": {"const": True}}}}
+
 _COMPLETION_REQUEST = {
     "type": "object", "required": ["prompt"],
-    "allOf": [_STREAM_OPTIONS_NEED_STREAM, _ONE_TOKEN_LIMIT,
+    "allOf": [_STREAM_OPTIONS_NEED_STREAM, _ONE_TOKEN_LIMIT, _ZERO_TOKENS_NEED_ECHO,
               *_without_a_grammar(*({"required": [name]} for name in GUIDED_FIELDS))],
     "properties": {
         "prompt": {"oneOf": [_PROMPT_TEXT, _PROMPT_IDS,
                              {"type": "array", "items": {"oneOf": [_PROMPT_TEXT, _PROMPT_IDS]},
-                              "minItems": 1, "maxItems": 1}],
-                   "description": "text, or token ids (below the model's vocabulary size); one prompt only"},
+                              "minItems": 1, "maxItems": MAX_PROMPTS}],
+                   "description": "text, or token ids (below the model's vocabulary size), or a list of those: "
+                                  "choice i of prompt j at index j * n + i; the prompts times n at most the "
+                                  "server's concurrent generations"},
         "guided_json": {"type": ["object", "string"], "description": "extension: the output matches this JSON "
                         "schema (one guided_* field per request)"},
         "guided_regex": {"type": "string", "description": "extension: the output matches this regular expression"},
@@ -219,6 +224,8 @@ _COMPLETION_REQUEST = {
         "echo": {"type": "boolean", "description": "the answer opens with the prompt; with logprobs, the prompt's "
                  "tokens are scored too (the first has null)"},
         **_SAMPLING,
+        "max_tokens": {"type": "integer", "minimum": 0,
+                       "description": "0 only with echo: the prompt alone (scored with logprobs), nothing generated"},
     },
 }
 

@@ -28,6 +28,8 @@ MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' `logprobs`
 # Choices per request (`n`): the engine's bound, emlx_async.llm.MAX_CHOICES (a test keeps them equal;
 # the engine is imported only when a request runs). The server's --max-concurrent bounds n too.
 MAX_CHOICES = 16
+# Prompts per completion request (a list of them); the server's --max-concurrent bounds prompts times n.
+MAX_PROMPTS = 64
 # Characters per stop sequence: the text that may begin one is held back and compared with it at
 # every token (llm.text.stop_prefix_len), so a longer one costs every token more; OpenAI states no bound.
 MAX_STOP_CHARS = 1024
@@ -155,6 +157,9 @@ class GenerationRequest:
     model: str | None
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
+    # A completion that sent several prompts (then `prompt` is None): each is answered as `prompt` is,
+    # its n choices at indices j * n .. j * n + n - 1 (OpenAI's order).
+    prompts: list[str | list[int]] | None = None
     max_tokens: int | None = None
     temperature: float = 1.0   # OpenAI's default; 0 is greedy
     top_p: float = 1.0
@@ -735,20 +740,29 @@ def _parse_template_kwargs(body: dict) -> dict[str, Any]:
     return dict(value)
 
 
-def _parse_prompt(body: dict) -> str | list[int]:
+def _parse_prompt(body: dict) -> list[str | list[int]]:
+    """The completion's prompts: one (a string or token ids), or a list of them."""
     prompt = body.get("prompt")
     if prompt is None:
         raise invalid("prompt", "'prompt' is required", "missing_required_parameter")
-    # One prompt: a string or token ids; a list holding exactly one of those is the same.
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
     if isinstance(prompt, str):
-        return _text(prompt, "prompt")
+        return [_text(prompt, "prompt")]
     if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        return [int(t) for t in prompt]
-    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-        raise invalid("prompt", "only one prompt per request is supported", "unsupported_value")
-    raise invalid("prompt", "'prompt' must be a string or a list of token ids", "invalid_type")
+        return [[int(t) for t in prompt]]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid("prompt", f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS} per request")
+        prompts = []
+        for i, one in enumerate(prompt):
+            if isinstance(one, str):
+                prompts.append(_text(one, f"prompt[{i}]"))
+            elif one and all(_is_int(t) for t in one):
+                prompts.append([int(t) for t in one])
+            else:
+                raise invalid(f"prompt[{i}]", f"'prompt[{i}]' must be a string or a non-empty list of token ids",
+                              "invalid_type")
+        return prompts
+    raise invalid("prompt", "'prompt' must be a string, a list of token ids, or a list of those", "invalid_type")
 
 
 # OpenAI's fields that change nothing on this server (no accounts, tiers, stored chat completions
@@ -787,7 +801,8 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
         think_for_effort(request, _optional(body, "reasoning_effort"), "reasoning_effort")
         request.reasoning_budget = _thinking_budget(body)
     else:
-        request.prompt = _parse_prompt(body)
+        prompts = _parse_prompt(body)
+        request.prompt, request.prompts = (prompts[0], None) if len(prompts) == 1 else (None, prompts)
         request.grammar = _parse_guided(body)
         request.grammar_param = next((n for n in GUIDED_FIELDS if _optional(body, n) is not None), None)
         echo = _optional(body, "echo")
@@ -805,8 +820,10 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
             continue
         if not _is_int(value):
             raise invalid(name, f"'{name}' must be an integer, got {show(value)}", "invalid_type")
-        if value < 1:
-            raise invalid(name, f"'{name}' must be at least 1, got {show(value)}")
+        # 0 with echo (legacy completions): the prompt alone, scored with logprobs; nothing generated.
+        if value < 1 and not (value == 0 and name == "max_tokens" and request.echo):
+            raise invalid(name, f"'{name}' must be at least 1{'' if chat else ' (0 only with echo)'}, "
+                          f"got {show(value)}")
         request.max_tokens = int(value)
 
     request.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)

@@ -479,13 +479,19 @@ class Service:
         from emlx_async.llm import InvalidOption, RequestStats
 
         engine = served.engine
-        ids, prompt_text = await self.encode_to_fit(served, request)
+        # A completion of several prompts: each answered as one prompt would be.
+        asked = [request] if request.prompts is None else \
+            [dataclasses.replace(request, prompt=prompt, prompts=None) for prompt in request.prompts]
+        encoded = [await self.encode_to_fit(served, one) for one in asked]
+        # The longest prompt leaves every answer the least room: it bounds max_tokens.
+        longest = max(range(len(encoded)), key=lambda j: len(encoded[j][0]))
+        ids, prompt_text = encoded[longest]
+        prompt_param = "messages" if request.chat else "prompt" if len(asked) == 1 else f"prompt[{longest}]"
         room = (engine.context_length or 1 << 30) - len(ids)
         max_tokens = request.max_tokens
         if max_tokens is None:
             if room < 1:
-                raise invalid("messages" if request.chat else "prompt",
-                              f"the prompt ({len(ids)} tokens) fills the model's context of "
+                raise invalid(prompt_param, f"the prompt ({len(ids)} tokens) fills the model's context of "
                               f"{engine.context_length} tokens", "context_length_exceeded")
             min_tokens = request.penalties.get("min_tokens", 0)
             if min_tokens > room:
@@ -494,17 +500,21 @@ class Service:
                               "context_length_exceeded")
             max_tokens = min(max(self.config.default_max_tokens, min_tokens), room)  # at least min_tokens
         elif max_tokens > room:  # the prompt is to blame where it fills the context alone
-            raise invalid("max_tokens" if room > 0 else "messages" if request.chat else "prompt",
+            raise invalid("max_tokens" if room > 0 else prompt_param,
                           f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds "
                           f"the model's context of {engine.context_length} tokens", "context_length_exceeded")
-        n = request.n
-        if n > self.config.max_concurrent:  # each choice takes a slot: more could never run
-            raise invalid("n", f"'n' ({n}) exceeds the server's {self.config.max_concurrent} concurrent "
-                          "generations (each choice takes one)")
+        n, streams = request.n, request.n * len(asked)
+        if streams > self.config.max_concurrent:  # each choice takes a slot, all at once: more could never run
+            if len(asked) == 1:
+                raise invalid("n", f"'n' ({n}) exceeds the server's {self.config.max_concurrent} concurrent "
+                              "generations (each choice takes one)")
+            raise invalid("prompt", f"{len(asked)} prompts of {n} choice(s) each ({streams} generations) exceed the "
+                          f"server's {self.config.max_concurrent} concurrent generations (each choice takes one, "
+                          "all at once); send fewer prompts per request")
         vocab = engine.vocab_size
         if vocab is not None and any(t >= vocab for t in request.stop_token_ids):
             raise invalid("stop_token_ids", f"'stop_token_ids' must be in the vocabulary [0, {vocab})")
-        if served.admitted + n > self.config.max_concurrent + self.config.max_waiting:
+        if served.admitted + streams > self.config.max_concurrent + self.config.max_waiting:
             raise APIError(429, f"the model '{served.name}' is at capacity ({self.config.max_concurrent} running, "
                            f"{self.config.max_waiting} waiting); retry later", type="rate_limit_error",
                            code="server_busy", headers={"Retry-After": str(self.config.retry_after_s)})
@@ -534,26 +544,38 @@ class Service:
             raise invalid("min_tokens", f"'min_tokens' cannot be combined with '{given}', whose output ends with "
                           "end-of-sequence")
         stats = RequestStats()
-        common = dict(prompt=ids, max_tokens=max_tokens, stop=request.stop, seed=request.seed,
+        common = dict(max_tokens=max_tokens, stop=request.stop, seed=request.seed,
                       logprobs=request.logprobs, top_logprobs=request.top_logprobs, **options, **request.sampling())
         try:
-            # n choices share one prefill and take n slots (Engine.generate_choices).
-            deltas = engine.generate(stats=stats, **common) if n == 1 else engine.generate_choices(n=n, **common)
+            # n choices share one prefill and take n slots (Engine.generate_choices); several prompts
+            # take all their slots at once (Engine.generate_batch).
+            if max_tokens == 0:  # an echo alone: its prompts are scored below, nothing runs
+                deltas = _nothing_generated(streams)
+            elif len(asked) > 1:
+                deltas = engine.generate_batch([ids for ids, _ in encoded], n=n, **common)
+            elif n > 1:
+                deltas = engine.generate_choices(ids, n=n, **common)
+            else:
+                deltas = engine.generate(ids, stats=stats, **common)
         except ValueError as exc:  # a GrammarError (that does not fit the tokenizer) names its field
             # A sampling option the engine refuses (a logit_bias id outside the vocabulary) names its own.
             param = request.grammar_param if _is_grammar_error(exc) else \
                 exc.option if isinstance(exc, InvalidOption) else None
             raise invalid(param, str(exc)) from None
-        served.admitted += n  # from here: scoring the prompt counts against the limits too
-        try:  # the deltas start (and take their slots) only when read: the prompt is scored first
-            echo = await self._echo(engine, request, ids) if request.echo else None
+        served.admitted += streams  # from here: scoring the prompts counts against the limits too
+        try:  # the deltas start (and take their slots) only when read: the prompts are scored first
+            echoes = [await self._echo(engine, one, one_ids) for one, (one_ids, _) in zip(asked, encoded)] \
+                if request.echo else None
         except BaseException:
-            served.admitted -= n
+            served.admitted -= streams
             await deltas.aclose()
             raise
-        self.metrics.prompt_tokens.labels(served.name).inc(len(ids))
-        return Generation(self, served, deltas, stats, len(ids),
-                          [self.output_splitter(engine, request, prompt_text) for _ in range(n)], echo)
+        prompt_tokens = sum(len(one_ids) for one_ids, _ in encoded)
+        self.metrics.prompt_tokens.labels(served.name).inc(prompt_tokens)
+        return Generation(self, served, deltas, stats, prompt_tokens,
+                          [self.output_splitter(engine, one, text) for one, (_, text) in zip(asked, encoded)
+                           for _ in range(n)],
+                          None if echoes is None else [echo for echo in echoes for _ in range(n)])
 
     async def _echo(self, engine, request: GenerationRequest, ids: list[int]) -> Echo:
         """The prompt a completion echoes: its text (the prompt as sent, or its ids' text) and,
@@ -679,6 +701,16 @@ class Service:
             raise invalid(param, f"'{param}': the grammar cannot start: {exc}", "invalid_grammar") from None
 
 
+async def _nothing_generated(streams: int) -> AsyncIterator:
+    """The deltas of `streams` answers of max_tokens 0, as the engine's would come: each one's
+    end at once (a one-stream request's Delta alone)."""
+    from emlx_async.llm import Delta
+
+    for index in range(streams):
+        end = Delta("", None, "length")
+        yield end if streams == 1 else (index, end)
+
+
 @dataclass
 class Echo:
     """The prompt a completion with ``echo`` answers first (Service._echo)."""
@@ -697,7 +729,7 @@ class Generation:
     gone before the first byte), hence not only a finally."""
 
     def __init__(self, service: Service, served: ServedModel, deltas: AsyncIterator, stats, prompt_tokens: int,
-                 splitters: list[OutputSplitter | None] | None = None, echo: Echo | None = None):
+                 splitters: list[OutputSplitter | None] | None = None, echoes: list[Echo] | None = None):
         self.service, self._engine_deltas, self.stats, self.prompt_tokens = service, deltas, stats, prompt_tokens
         self.served = served
         self.engine = served.engine  # loaded until aclose() releases the model
@@ -708,8 +740,8 @@ class Generation:
         """Per choice, chat only, for templates that think or requests with tools: cuts the text
         (serve/tools.py)."""
         self.finish_reasons: list[str | None] = [None] * self.n
-        self.echo = echo
-        """A completion's echoed prompt, which each choice answers first (None: not asked)."""
+        self.echoes = echoes
+        """Per choice, a completion's echoed prompt, which it answers first (None: not asked)."""
         self._closed = False
         middleware.count_tokens_of(self)  # in the request's access-log line
 

@@ -1,4 +1,4 @@
-"""Engine.generate_choices (n answers from one prefill), stop_token_ids and ignore_eos, in both modes, on both steps."""
+"""Engine.generate_choices (n answers from one prefill), generate_batch (several prompts), stop_token_ids and ignore_eos, in both modes, on both steps."""
 
 from __future__ import annotations
 
@@ -85,6 +85,68 @@ async def test_choices_share_one_prefill_and_choice_0_is_the_plain_request(rt, m
     assert greedy == [await tokens_of(engine, PROMPT, max_tokens=10)] * 2
     assert_idle(engine)
     await engine.wait_idle()
+
+
+@pytest.mark.parametrize("mode,step", PATHS)
+@on_every_loop
+async def test_a_batch_of_prompts_gives_each_prompt_its_choices_in_openais_order(rt, mode, step):
+    engine = await engine_on(rt, mode, step)
+    other = [8, 3, 3, 6]
+    prompts = [PROMPT, other]
+    alone = [(await choices_of(engine, prompt, 2, max_tokens=8, seed=11, **SAMPLED))[0] for prompt in prompts]
+    engine.model.prefills.clear()
+    tokens: list[list[int]] = [[] for _ in range(4)]
+    finish: list[str | None] = [None] * 4
+    with anyio.fail_after(60):
+        async for i, delta in engine.generate_batch(prompts, n=2, max_tokens=8, seed=11, **SAMPLED):
+            assert finish[i] is None, f"stream {i} went on after its finish delta"
+            if delta.token is not None:
+                tokens[i].append(delta.token)
+            finish[i] = delta.finish_reason
+    # Choice i of prompt j at j * n + i: what generate_choices gives that prompt alone, same seed.
+    assert tokens == [choice for choices in alone for choice in choices]
+    assert finish == ["length"] * 4
+    assert sorted(engine.model.prefills) == [(1, len(other)), (1, len(PROMPT))]  # one per prompt
+    engine.model.prefills.clear()
+    twice = [t async for t in _batch_tokens(engine, [PROMPT, PROMPT], max_tokens=6, seed=5, **SAMPLED)]
+    assert engine.model.prefills == [(1, len(PROMPT))]  # a prompt sent twice is prefilled once
+    assert twice == [await tokens_of(engine, PROMPT, max_tokens=6, seed=5, **SAMPLED)] * 2  # same seed
+    greedy = [t async for t in _batch_tokens(engine, [other, PROMPT], max_tokens=6)]
+    assert greedy == [await tokens_of(engine, other, max_tokens=6), await tokens_of(engine, PROMPT, max_tokens=6)]
+    assert_idle(engine)
+    await engine.wait_idle()
+
+
+async def _batch_tokens(engine, prompts, **options):
+    """Each prompt's tokens, from one generate_batch of n=1."""
+    tokens: list[list[int]] = [[] for _ in prompts]
+    with anyio.fail_after(60):
+        async for i, delta in engine.generate_batch(prompts, **options):
+            if delta.token is not None:
+                tokens[i].append(delta.token)
+    for answer in tokens:
+        yield answer
+
+
+@on_every_loop
+async def test_a_batch_of_prompts_is_checked_before_it_runs_and_ends_together(rt):
+    engine = await engine_on(rt, "batch", "replay", max_concurrent=4)
+    for bad in ([], "a prompt", None):
+        with pytest.raises(ValueError, match="prompts must be a non-empty list"):
+            engine.generate_batch(bad)
+    with pytest.raises(ValueError, match=r"the prompts times n \(6\) exceeds the engine's 4 request slots"):
+        engine.generate_batch([PROMPT] * 3, n=2)  # could never run
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.generate_batch([PROMPT, [10**6]])  # each prompt is checked
+    with pytest.raises(ValueError, match="stats"):
+        engine.generate_batch([PROMPT, PROMPT], stats=[])
+    with anyio.fail_after(30):
+        async with contextlib.aclosing(engine.generate_batch([PROMPT, [4, 4]], n=2, max_tokens=100,
+                                                             temperature=1.0)) as streams:
+            async for _ in streams:
+                break
+        await engine.wait_idle()
+    assert_idle(engine)
 
 
 @on_every_loop

@@ -170,7 +170,8 @@ async def test_echo_scores_the_prompt_as_lm_eval_reads_it(server, openai_client)
     import openai
 
     ask = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 3, "temperature": 0, "logprobs": 2}
-    plain = openai_client.completions.create(**ask).choices[0]
+    plain_answer = openai_client.completions.create(**ask)
+    plain = plain_answer.choices[0]
     echoed = openai_client.completions.create(**ask, echo=True).choices[0]
     assert echoed.text == ask["prompt"] + plain.text
     prompt_tokens = len(echoed.logprobs.tokens) - len(plain.logprobs.tokens)
@@ -196,6 +197,50 @@ async def test_echo_scores_the_prompt_as_lm_eval_reads_it(server, openai_client)
     async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
         chunks = [c.choices[0] async for c in await client.completions.create(**ask, echo=True, n=2, stream=True)]
     assert ["".join(c.text for c in chunks if c.index == i) for i in (0, 1)] == [echoed.text] * 2
+    # max_tokens 0 with echo (older scorers): the prompt alone, scored; nothing generated.
+    zero = openai_client.completions.create(**{**ask, "max_tokens": 0}, echo=True)
+    assert zero.choices[0].text == ask["prompt"] and zero.choices[0].finish_reason == "length"
+    assert zero.choices[0].logprobs.tokens == echoed.logprobs.tokens[:prompt_tokens]
+    assert zero.choices[0].logprobs.token_logprobs == echoed.logprobs.token_logprobs[:prompt_tokens]
+    assert zero.usage.completion_tokens == 0 and zero.usage.prompt_tokens == plain_answer.usage.prompt_tokens
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        chunks = [c.choices[0] async for c in await client.completions.create(**{**ask, "max_tokens": 0},
+                                                                              echo=True, stream=True)]
+    assert "".join(c.text for c in chunks) == ask["prompt"] and chunks[-1].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match="0 only with echo") as refused:
+        openai_client.completions.create(**{**ask, "max_tokens": 0})
+    assert refused.value.body["param"] == "max_tokens"
+
+
+@one_loop
+async def test_a_list_of_prompts_answers_each_in_openais_order(server, openai_client):
+    """lm-eval with batch_size > 1 sends several prompts: choice i of prompt j at index j * n + i,
+    each what that prompt gets alone, usage summed; streamed the same."""
+    import openai
+
+    prompts = ["The capital of France is", [504, 3575, 282, 4649, 314]]  # text and token ids
+    ask = {"model": MODEL, "max_tokens": 3, "temperature": 0, "logprobs": 1, "echo": True}
+    alone = [openai_client.completions.create(**ask, prompt=prompt) for prompt in prompts]
+    both = openai_client.completions.create(**ask, prompt=prompts, n=2)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    for j, single in enumerate(alone):
+        for choice in both.choices[2 * j:2 * j + 2]:
+            assert choice.text == single.choices[0].text
+            assert choice.logprobs.tokens == single.choices[0].logprobs.tokens
+            assert choice.logprobs.token_logprobs == pytest.approx(single.choices[0].logprobs.token_logprobs,
+                                                                   abs=1e-3)
+    assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert both.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        chunks = [c.choices[0] async for c in await client.completions.create(**ask, prompt=prompts, stream=True)]
+    assert ["".join(c.text for c in chunks if c.index == j) for j in (0, 1)] == [a.choices[0].text for a in alone]
+    # Each prompt's choices take a slot each, all at once: past --max-concurrent it could never run.
+    with pytest.raises(openai.BadRequestError, match="3 prompts of 2 choice") as refused:
+        openai_client.completions.create(**ask, prompt=[prompts[0]] * 3, n=2)
+    assert refused.value.body["param"] == "prompt"
+    with pytest.raises(openai.BadRequestError, match="prompt\\[1\\]") as refused:
+        openai_client.completions.create(**ask, prompt=["fine", []])
+    assert refused.value.body["param"] == "prompt[1]"
 
 
 def test_concurrent_clients_get_the_text_they_get_alone(server, alone):

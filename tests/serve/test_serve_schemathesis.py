@@ -35,13 +35,15 @@ RUN_TIMEOUT = 300 + 20 * int(EXAMPLES)  # seconds; generations are short, but th
 def test_schemathesis_finds_nothing(tmp_path):
     with ServerProcess("--default-max-tokens", "2", "--log-level", "warning") as server:
         document = httpx.get(f"{server.url}/openapi.json").json()
-        maximum = document["components"]["schemas"]["CompletionRequest"]["properties"]["max_tokens"]["anyOf"][0]
+        completion = document["components"]["schemas"]["CompletionRequest"]["properties"]
+        maximum = completion["max_tokens"]["anyOf"][0]
         run = subprocess.run(
             [PYTHON, "-m", "schemathesis.cli", "run", f"{server.url}/openapi.json", "--checks", "all",
              "--max-response-time", "600", "--max-examples", EXAMPLES, "--phases", PHASES, "--workers", "1",
              "--request-timeout", "120", "--no-color"],
             cwd=tmp_path, env={**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks", "PYTHONPATH": str(SUPPORT),
-                            "EMLX_SCHEMA_MAX_TOKENS": str(maximum["maximum"])},
+                            "EMLX_SCHEMA_MAX_TOKENS": str(maximum["maximum"]),
+                            "EMLX_SCHEMA_MAX_CHOICES": str(completion["n"]["anyOf"][0]["maximum"])},
             capture_output=True, text=True, timeout=RUN_TIMEOUT)
         output = server.output()
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]

@@ -16,6 +16,11 @@ becomes the user's, and a budget of max_tokens or more becomes max_tokens - 1
 Likewise min_tokens past the token limit (chat and completions) becomes the
 limit, or 2 (the test server's default) where none is sent.
 
+A completion's list of prompts takes one generation per prompt and choice, all at
+once: where the prompts times n pass the server's concurrent generations
+(EMLX_SCHEMA_MAX_CHOICES, the document's bound on n), n and then the list are cut
+to fit.
+
 Tools, tool turns and grammars (tools, tool_choice, parallel_tool_calls, role
 "tool" and assistant tool_calls in the history, json_schema and guided_*
 grammars; the Messages API's tool_use and tool_result blocks, the Responses
@@ -36,6 +41,7 @@ import os
 import schemathesis
 
 MAXIMUM = float(os.environ.get("EMLX_SCHEMA_MAX_TOKENS", "inf"))
+MAX_CHOICES = int(os.environ.get("EMLX_SCHEMA_MAX_CHOICES", "8"))
 TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 MESSAGES_API = ("/v1/messages", "/v1/messages/count_tokens")
 CHAT = "/v1/chat/completions"
@@ -90,6 +96,7 @@ def before_call(context, case, kwargs):
     if case.operation.path in (CHAT, "/v1/completions"):
         _without_tools(body)
         _min_tokens_within_the_limit(body)
+        _prompts_within_the_generations(body)
     elif case.operation.path in (*MESSAGES_API, *RESPONSES_API):
         _without_tool_turns(body, case.operation.path)
     messages = body.get("messages")
@@ -107,6 +114,19 @@ def _min_tokens_within_the_limit(body: dict) -> None:
     limits = [body[name] for name in TOKEN_LIMITS if _integer(body.get(name))]
     if _integer(value) and value > (limit := int(limits[0]) if limits else 2) >= 0:
         body["min_tokens"] = limit
+
+
+def _prompts_within_the_generations(body: dict) -> None:
+    """A list of prompts times n at most MAX_CHOICES (see the docstring)."""
+    prompts, n = body.get("prompt"), body.get("n")
+    if not (isinstance(prompts, list) and prompts and all(isinstance(p, (str, list)) for p in prompts)):
+        return
+    choices = int(n) if _integer(n) and n >= 1 else 1  # a bad n is refused for itself
+    if len(prompts) * choices <= MAX_CHOICES:
+        return
+    if choices > 1:
+        choices = body["n"] = max(1, MAX_CHOICES // len(prompts))
+    del prompts[MAX_CHOICES // choices:]
 
 
 def _budget_below_max_tokens(body: dict) -> None:
