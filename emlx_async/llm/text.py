@@ -197,6 +197,21 @@ def byte_decoder() -> dict[str, int]:
     return _mlx_lm_byte_decoder()
 
 
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback: one byte a piece
+
+
+def _sentencepiece_decoder(backend) -> bool:
+    """Whether `backend` decodes as SentencePiece does: "▁" for a space, <0xNN> pieces for bytes
+    (Llama 2, Mistral, Gemma: a Metaspace decoder, or a sequence with a Replace of "▁" or ByteFallback)."""
+    decoder = getattr(backend, "decoder", None)
+    if not isinstance(decoder, decoders.Decoder):
+        return False
+    description = json.loads(decoder.__getstate__())
+    parts = description.get("decoders", []) if description.get("type") == "Sequence" else [description]
+    return any(part.get("type") in ("Metaspace", "ByteFallback")
+               or (part.get("type") == "Replace" and part.get("pattern") == {"String": "▁"}) for part in parts)
+
+
 class PromptEncoder:
     """A model's prompts as token ids: raw text, ids, or chat messages through its template.
 
@@ -219,6 +234,7 @@ class PromptEncoder:
         self._plain_tokenizer: Any = None  # encodes special-token text as plain text
         self._template: Any = None  # the compiled chat template
         self._token_bytes: dict[int, bytes] = {}
+        self._added_token_ids: frozenset[int] | None = None
         self._detokenizer: _Prototype | None = None  # built on the first generation
         self._special_ids: frozenset[int] | None = None
 
@@ -393,7 +409,8 @@ class PromptEncoder:
         return encode_text(self._plain_tokenizer, text)
 
     def token_bytes(self, token: int) -> bytes:
-        """The bytes one token stands for (a byte-level BPE token may be part of a UTF-8 character)."""
+        """The bytes one token stands for (a byte-level BPE token or a SentencePiece <0xNN> piece may be
+        part of a UTF-8 character)."""
         cached = self._token_bytes.get(token)
         if cached is None:
             backend = getattr(self.tokenizer, "backend_tokenizer", self.tokenizer)
@@ -402,10 +419,21 @@ class PromptEncoder:
             if piece is not None and "ByteLevel" in str(getattr(backend, "decoder", "")) \
                     and all(c in decoder for c in piece):
                 cached = bytes(decoder[c] for c in piece)
+            elif piece is not None and _sentencepiece_decoder(backend) and token not in self._added_ids(backend):
+                # Decoding one SentencePiece token drops its leading space and turns a <0xNN> piece into U+FFFD.
+                byte = _BYTE_PIECE.fullmatch(piece)
+                cached = bytes([int(byte[1], 16)]) if byte else piece.replace("▁", " ").encode()
             else:
                 cached = self.tokenizer.decode([token]).encode()
             self._token_bytes[token] = cached
         return cached
+
+    def _added_ids(self, backend) -> frozenset[int]:
+        """The added vocabulary's ids (special tokens and the like): their bytes are their decode."""
+        if self._added_token_ids is None:
+            added = backend.get_added_tokens_decoder() if hasattr(backend, "get_added_tokens_decoder") else {}
+            self._added_token_ids = frozenset(added)
+        return self._added_token_ids
 
     def _has_special_text(self, text: str) -> bool:
         return encode_text(self.tokenizer, text) != self._encode_plain(text)

@@ -228,6 +228,61 @@ def test_token_bytes_of_a_character_split_over_tokens_join_to_its_utf8(gguf_toke
         assert b"".join(encoder.token_bytes(t) for t in ids) == text.encode()
 
 
+SPECIAL_PIECES = ["<unk>", "<s>", "</s>"]
+
+
+def sentencepiece_tokenizer(decoder: str):
+    """A tiny Llama-2-style tokenizer: BPE over "▁"-marked words, byte-fallback pieces <0x00>..<0xFF>
+    for what the vocabulary lacks ("é"), and either Llama 2's decoder (Replace "▁", ByteFallback, Fuse,
+    Strip) or a Metaspace one (Mistral's, Gemma's kind)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    words = ["▁hello", "▁world", "▁caf"]
+    letters = sorted({c for word in words for c in word[1:]})
+    merges = [(word[:i], word[i]) for word in words for i in range(1, len(word))]
+    pieces = [*SPECIAL_PIECES, *(f"<0x{b:02X}>" for b in range(256)), "▁", *letters,
+              *(left + right for left, right in merges)]
+    tokenizer = Tokenizer(models.BPE({piece: i for i, piece in enumerate(pieces)}, merges, unk_token="<unk>",
+                                     byte_fallback=True, fuse_unk=True))
+    if decoder == "llama":
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                               decoders.Strip(" ", 1, 0)])
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.decoder = decoders.Metaspace()
+    tokenizer.add_special_tokens([AddedToken(piece, special=True, normalized=False) for piece in SPECIAL_PIECES])
+    return tokenizer
+
+
+@pytest.mark.parametrize("decoder", ["llama", "metaspace"])
+@pytest.mark.parametrize("wrapping", ["tokenizers", "transformers", "mlx-lm"])
+def test_token_bytes_of_sentencepiece_tokens_keep_their_spaces_and_fallback_bytes(decoder, wrapping):
+    from mlx_lm.tokenizer_utils import SPMStreamingDetokenizer, TokenizerWrapper
+    from transformers import PreTrainedTokenizerFast
+
+    from emlx_async.llm.text import PromptEncoder
+
+    backend = sentencepiece_tokenizer(decoder)
+    tokenizer = backend
+    if wrapping != "tokenizers":
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                                            eos_token="</s>")
+    if wrapping == "mlx-lm":
+        tokenizer = TokenizerWrapper(tokenizer, SPMStreamingDetokenizer)
+    encoder = PromptEncoder(tokenizer, bos_id=backend.token_to_id("<s>"), chat_template=None, vocab_size=None)
+    text = "hello world  café"
+    ids = backend.encode(text, add_special_tokens=False).ids
+    assert [backend.id_to_token(t) for t in ids] == ["▁hello", "▁world", "▁", "▁caf", "<0xC3>", "<0xA9>"]
+    # The tokenizer marks the text's start as a word's ("▁hello"): one space more than the text.
+    assert b"".join(encoder.token_bytes(t) for t in ids) == b" " + text.encode()
+    assert encoder.token_bytes(backend.token_to_id("▁world")) == b" world"
+    assert encoder.token_bytes(backend.token_to_id("<0xC3>")) == b"\xc3"
+    for special in SPECIAL_PIECES:  # the added vocabulary's tokens stay their decode
+        token = backend.token_to_id(special)
+        assert encoder.token_bytes(token) == tokenizer.decode([token]).encode()
+
+
 # ---- encoding a long text without one long hold of the GIL ------------------------
 
 ENCODE_TABLE = [
