@@ -117,7 +117,8 @@ class Decoding:
     def prompt_logprobs(self, prompt: list[int], top: int) -> list[tuple[float, tuple]] | None:
         """Each prompt token after the first: its log-probability given the ones before it, and
         the `top` most likely (id, logprob) there (``token_logprobs``' shapes); None: cancelled.
-        The model over the prompt but its last token, chunk by chunk, in a cache of its own."""
+        The model over the prompt but its last token, chunk by chunk, in a cache of its own, which
+        the prompt cache keeps (an echo's generation follows it)."""
         cache = self.cache_options.prompt_cache(self.model)
         out: list[tuple[float, tuple]] = []
         inputs = len(prompt) - 1
@@ -135,6 +136,8 @@ class Decoding:
             tops = [()] * len(chunk) if ids is None else [
                 ranked(row_ids, row_values) for row_ids, row_values in zip(ids.tolist(), values.tolist())]
             out += zip(chosen.tolist(), tops)
+        if self.prompt_cache is not None and inputs > 0:  # its generation then prefills only the last token
+            self.prompt_cache.save(prompt[:inputs], cache)
         return out
 
     def _feed(self, state: PromptState, limit: int | None = None) -> mx.array | None:

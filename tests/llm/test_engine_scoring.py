@@ -47,6 +47,37 @@ async def test_each_token_is_scored_as_one_forward_pass_gives_it(mode):
         await engine.close()
 
 
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+@on_every_loop
+async def test_a_scored_prompt_is_not_prefilled_again_by_its_generation(mode):
+    """An echo with logprobs scores the prompt, then generates: the prompt cache keeps the
+    scoring's keys and values, so the generation runs the last token alone, with the same tokens."""
+    from emlx_async.llm import Engine, PrefixCache
+
+    model = tiny("llama")
+    fed: list[int] = []
+
+    class Counting(type(model)):
+        def __call__(self, inputs, *args, **kwargs):
+            fed.append(inputs.shape[-1])
+            return super().__call__(inputs, *args, **kwargs)
+
+    async with ea.Runtime(pool_size=2) as rt:
+        plain = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode=mode)
+        expected = [d.token async for d in plain.generate(PROMPT, max_tokens=4) if d.token is not None]
+        await plain.close()
+        model.__class__ = Counting
+        engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode=mode,
+                        prompt_cache=PrefixCache(1024))
+        await engine.prompt_logprobs(PROMPT)
+        assert sum(fed) == len(PROMPT) - 1
+        fed.clear()
+        tokens = [d.token async for d in engine.generate(PROMPT, max_tokens=4) if d.token is not None]
+        assert tokens == expected
+        assert fed and max(fed) == 1  # the last token alone, then the steps: no prefill
+        await engine.close()
+
+
 @on_every_loop
 async def test_the_service_echoes_the_clients_tokens_not_the_bos_it_adds():
     """lm-eval sends a prompt's ids without the BOS and reads its logprobs from its own
