@@ -397,6 +397,13 @@ class Engine:
         """The chat template's text for `messages` (special-token text in it is not escaped)."""
         return self.text.render_chat(messages)
 
+    def textless_ids(self, ignore_eos: bool) -> frozenset[int]:
+        """The tokens a request writes as no text (their Deltas' text is ""): with ``ignore_eos``,
+        end-of-sequence and the tokenizer's other special tokens. Past end-of-sequence the model
+        writes the template's control tokens, text for nobody (vLLM's skip_special_tokens leaves
+        them out too)."""
+        return frozenset(self.eos_ids | self.text.special_ids) if ignore_eos else frozenset()
+
     def token_bytes(self, token: int) -> bytes:
         """The bytes one token stands for (a byte-level BPE token may be part of a UTF-8 character)."""
         return self.text.token_bytes(token)
@@ -774,9 +781,7 @@ class Engine:
             self._active -= 1
             raise
         source = self._source(prompt, request.max_tokens, sampler)
-        # Past end-of-sequence the model writes the template's control tokens: text for nobody
-        # (vLLM's skip_special_tokens leaves them out too).
-        textless = (self.eos_ids | self.text.special_ids) if request.ignore_eos else frozenset()
+        textless = self.textless_ids(request.ignore_eos)
         held = ""  # text not sent yet that may be the start of a stop string
         # Text sent that may be the start of one: what min_tokens' text ends with (vLLM finds a stop
         # string that ends past them, though it starts within them; what was sent stays).

@@ -575,7 +575,8 @@ class Service:
         return Generation(self, served, deltas, stats, prompt_tokens,
                           [self.output_splitter(engine, one, text) for one, (_, text) in zip(asked, encoded)
                            for _ in range(n)],
-                          None if echoes is None else [echo for echo in echoes for _ in range(n)])
+                          None if echoes is None else [echo for echo in echoes for _ in range(n)],
+                          engine.textless_ids(request.ignore_eos))
 
     async def _echo(self, engine, request: GenerationRequest, ids: list[int]) -> Echo:
         """The prompt a completion echoes: its text (the prompt as sent, or its ids' text) and,
@@ -729,7 +730,8 @@ class Generation:
     gone before the first byte), hence not only a finally."""
 
     def __init__(self, service: Service, served: ServedModel, deltas: AsyncIterator, stats, prompt_tokens: int,
-                 splitters: list[OutputSplitter | None] | None = None, echoes: list[Echo] | None = None):
+                 splitters: list[OutputSplitter | None] | None = None, echoes: list[Echo] | None = None,
+                 textless: frozenset[int] = frozenset()):
         self.service, self._engine_deltas, self.stats, self.prompt_tokens = service, deltas, stats, prompt_tokens
         self.served = served
         self.engine = served.engine  # loaded until aclose() releases the model
@@ -742,6 +744,9 @@ class Generation:
         self.finish_reasons: list[str | None] = [None] * self.n
         self.echoes = echoes
         """Per choice, a completion's echoed prompt, which it answers first (None: not asked)."""
+        self.textless = textless
+        """The tokens the engine writes as no text (Engine.textless_ids): their entries' text is
+        empty too, so a legacy completion's tokens still spell its text and their offsets stay in it."""
         self._closed = False
         middleware.count_tokens_of(self)  # in the request's access-log line
 
@@ -764,7 +769,8 @@ class Generation:
         if delta.token is None or delta.logprob is None:
             return None
         token_bytes = self.engine.token_bytes
-        return logprob_entry(token_bytes(delta.token), delta.logprob,
+        written = b"" if delta.token in self.textless else token_bytes(delta.token)
+        return logprob_entry(written, delta.logprob,
                              [(token_bytes(t), value) for t, value in delta.top_logprobs or ()])
 
     async def deltas(self) -> AsyncIterator:

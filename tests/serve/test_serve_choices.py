@@ -166,6 +166,8 @@ def test_stop_token_ids_end_a_choice_with_stop(openai_client):
 def test_ignore_eos_runs_each_choice_to_max_tokens(openai_client):
     import openai
 
+    from emlx_async.llm.loading import load_model_files
+
     plain = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, max_tokens=40,
                                                   temperature=0)
     assert plain.choices[0].finish_reason == "stop"  # it ends at end-of-sequence, well before 40
@@ -186,6 +188,19 @@ def test_ignore_eos_runs_each_choice_to_max_tokens(openai_client):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
         answer.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == longer
+    # With logprobs: the tokens that wrote no text have no text in their entries either, so the
+    # entries spell the content, and a legacy completion's text_offset stays within its text.
+    scored = openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, max_tokens=longer,
+                                                   temperature=0, logprobs=True, extra_body={"ignore_eos": True})
+    entries = scored.choices[0].logprobs.content
+    assert len(entries) == longer and "".join(e.token for e in entries) == scored.choices[0].message.content
+    chatml = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    templated = load_model_files(None)[1].encode(chatml).ids  # the control tokens as ids: it ends its turn
+    legacy = openai_client.completions.create(model="SmolLM2-135M-Instruct", prompt=templated, max_tokens=longer,
+                                              temperature=0, logprobs=1, extra_body={"ignore_eos": True}).choices[0]
+    assert len(legacy.logprobs.tokens) == longer and "".join(legacy.logprobs.tokens) == legacy.text
+    assert all(0 <= offset <= len(legacy.text) for offset in legacy.logprobs.text_offset)
+    assert legacy.logprobs.text_offset == sorted(legacy.logprobs.text_offset)
     with pytest.raises(openai.BadRequestError) as error:
         openai_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, max_tokens=4,
                                               response_format={"type": "json_object"},
