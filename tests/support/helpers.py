@@ -404,6 +404,9 @@ class ScriptedEngine:
     def token_bytes(self, token: int) -> bytes:
         return self.pieces[token].encode()
 
+    def textless_ids(self, ignore_eos: bool) -> frozenset[int]:
+        return frozenset()  # every piece is text
+
     def generate(self, prompt, *, max_tokens, stats, grammar=None, **options):
         from emlx_async.llm import Delta
 
