@@ -161,6 +161,7 @@ class GenerationRequest:
     # its n choices at indices j * n .. j * n + n - 1 (OpenAI's order).
     prompts: list[str | list[int]] | None = None
     max_tokens: int | None = None
+    max_tokens_field: str = "max_tokens"  # the name the client sent it under, which errors name
     temperature: float = 1.0   # OpenAI's default; 0 is greedy
     top_p: float = 1.0
     top_k: int = 0
@@ -824,7 +825,7 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
         if value < 1 and not (value == 0 and name == "max_tokens" and request.echo):
             raise invalid(name, f"'{name}' must be at least 1{'' if chat else ' (0 only with echo)'}, "
                           f"got {show(value)}")
-        request.max_tokens = int(value)
+        request.max_tokens, request.max_tokens_field = int(value), name
 
     request.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     request.top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
@@ -835,8 +836,8 @@ def parse_request(body: Any, *, chat: bool, max_messages: int = DEFAULT_MAX_MESS
     request.penalties = _parse_penalties(body)
     min_tokens = request.penalties.get("min_tokens", 0)
     if request.max_tokens is not None and min_tokens > request.max_tokens:
-        limit = "max_tokens" if _optional(body, "max_tokens") is not None else "max_completion_tokens"
-        raise invalid("min_tokens", f"'min_tokens' ({min_tokens}) exceeds {limit} ({request.max_tokens})")
+        raise invalid("min_tokens", f"'min_tokens' ({min_tokens}) exceeds {request.max_tokens_field} "
+                      f"({request.max_tokens})")
 
     request.n = _int(body, "n", 1, MAX_CHOICES) or 1
     ids = _optional(body, "stop_token_ids")

@@ -383,6 +383,7 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES,
         string(body, name)  # accepted, and ignored
     generation = GenerationRequest(
         chat=True, model=model, messages=messages, max_tokens=integer(body, "max_output_tokens", low=1),
+        max_tokens_field="max_output_tokens",
         temperature=number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=number(body, "top_p", 1.0, 0.0, 1.0, low_open=True), stream=boolean(body, "stream"),
         parallel_tool_calls=parallel is not False, max_tool_calls=integer(body, "max_tool_calls", low=1),

@@ -567,7 +567,7 @@ class Service:
                       prompt_param: str | None = None) -> int:
         """The most tokens the answer to a prompt of `prompt_tokens` may take: max_tokens, or the
         server's default within what the context leaves (at least min_tokens). APIError 400 where
-        the context cannot hold them, naming max_tokens or the prompt (`prompt_param`; default
+        the context cannot hold them, naming the token limit as sent or the prompt (`prompt_param`; default
         messages or prompt). Generations and the prompt-counting endpoints both check here, so
         a count says when its request would be refused."""
         prompt_param = prompt_param or ("messages" if request.chat else "prompt")
@@ -585,8 +585,8 @@ class Service:
                               "context_length_exceeded")
             return min(max(self.config.default_max_tokens, min_tokens), room)  # at least min_tokens
         if max_tokens > room:  # the prompt is to blame where it fills the context alone
-            raise invalid("max_tokens" if room > 0 else prompt_param,
-                          f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
+            raise invalid(request.max_tokens_field if room > 0 else prompt_param,
+                          f"the prompt ({prompt_tokens} tokens) plus {request.max_tokens_field} ({max_tokens}) exceeds "
                           f"the model's context of {context} tokens", "context_length_exceeded")
         return max_tokens
 

