@@ -17,7 +17,7 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,6 +160,7 @@ class Service:
         for served in self.models:
             self.metrics.add_model(served.name)
         self._background: anyio.CancelScope | None = None  # the model load and the loop-lag ticker
+        self._tasks: anyio.abc.TaskGroup | None = None  # theirs, and background responses'
         self._encoders: anyio.CapacityLimiter | None = None  # made on the running loop
         self._cut_off_callbacks: set = set()
         self.on_load_failed = None  # the CLI stops the server: a service without its model is no use
@@ -208,10 +209,18 @@ class Service:
         async def background() -> None:
             with scope:
                 async with anyio.create_task_group() as tasks:
+                    self._tasks = tasks
                     tasks.start_soon(self._load, tasks)
                     tasks.start_soon(self.metrics.watch_loop_lag)
 
         task_group.start_soon(background)
+
+    def run_in_background(self, job: Callable[[], Awaitable[None]]) -> None:
+        """Run `job` among the service's own tasks, past the request that started it (a
+        background response); cancelled when the service closes, as every generation is."""
+        if self._tasks is None:
+            raise RuntimeError("the service has not started")
+        self._tasks.start_soon(job)
 
     async def _load(self, tasks: anyio.abc.TaskGroup) -> None:
         """Load every model, then (with idle_unload) start the idle watcher in `tasks`."""
