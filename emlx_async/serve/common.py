@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import numbers
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -220,9 +220,10 @@ def failure(exc: Exception, id_: str, request: GenerationRequest | None = None) 
     return APIError(500, f"generation failed: {type(exc).__name__}", type="server_error")
 
 
-async def collect(service: Service, generation: Generation, request: Request, id_: str,
+async def collect(service: Service, generation: Generation, receive: Callable | None, id_: str,
                   parsed: GenerationRequest | None = None) -> Collected | None:
-    """Run a generation to its end; None when the client left first.
+    """Run a generation to its end; None when the client left first (`receive`, the request's
+    ASGI receive, says so; None: a background run, which has no client to watch).
 
     Raises APIError when the shutdown deadline or a failure ended it.
     """
@@ -246,11 +247,12 @@ async def collect(service: Service, generation: Generation, request: Request, id
                     group.cancel_scope.cancel()
 
                 async def watch() -> None:
-                    await until_disconnected(request.receive)
+                    await until_disconnected(receive)
                     group.cancel_scope.cancel()
 
                 group.start_soon(run)
-                group.start_soon(watch)
+                if receive is not None:
+                    group.start_soon(watch)
     except Exception as exc:  # noqa: BLE001 - reported in the API's own shape
         raise failure(exc, id_, parsed) from None
     finally:
@@ -329,11 +331,36 @@ async def _parsed(service: Service, request: Request, parse: Callable[[dict], An
     return await service.parse_off_loop(parse, body, path)
 
 
+async def collected_body(service: Service, answer: Reply, generation: Generation, parsed: GenerationRequest,
+                         receive: Callable | None = None) -> dict | None:
+    """`answer`'s body once its generation ran to its end (`collect`; None: the client left
+    first), the answer told however it ended early. Raises collect's APIError."""
+    try:
+        collected = await collect(service, generation, receive, answer.id, parsed)
+        body = None if collected is None else answer.body(collected)
+    except APIError as error:
+        answer.ended_early(error)
+        raise
+    except Exception as exc:  # a fault past collect's (it reports its own): not left in progress
+        answer.ended_early(APIError(500, f"the answer failed: {type(exc).__name__}", type="server_error"))
+        raise
+    except BaseException:  # cancelled
+        answer.ended_early(None)
+        raise
+    if body is None:
+        answer.ended_early(None)
+    return body
+
+
 def generation_route(service: Service, path: str, parse: Callable[[dict], Parsed],
                      reply: Callable[[Parsed, Generation], Reply],
-                     error_response: Callable[[APIError], Response]) -> Route:
+                     error_response: Callable[[APIError], Response],
+                     background: Callable[[Parsed, Reply, Generation], Awaitable[Response | None]] | None = None
+                     ) -> Route:
     """POST `path`: parse the body, admit it, and answer with `reply`, streamed or
-    collected; every error in the API's own shape (`error_response`)."""
+    collected; every error in the API's own shape (`error_response`). `background`, given
+    the admitted request, answers at once one that runs on past its request (None: it
+    runs here)."""
 
     async def endpoint(request: Request) -> Response:
         try:
@@ -344,24 +371,19 @@ def generation_route(service: Service, path: str, parse: Callable[[dict], Parsed
         except DistributedError as exc:  # broke between the check and the engine
             return count(service, path, error_response(group_broken_error(exc)))
         answer = reply(parsed, generation)
+        if background is not None:
+            started = await background(parsed, answer, generation)
+            if started is not None:
+                return count(service, path, started)
         if parsed.generation.stream:
             events = guarded(answer, generation, parsed.generation)
             return count(service, path, EventStream(events, service, generation,
                                                     lambda: last_event(answer, shutdown_error())))
         try:
-            collected = await collect(service, generation, request, answer.id, parsed.generation)
-            body = None if collected is None else answer.body(collected)
+            body = await collected_body(service, answer, generation, parsed.generation, request.receive)
         except APIError as error:
-            answer.ended_early(error)
             return count(service, path, error_response(error))
-        except Exception as exc:  # a fault past collect's (it reports its own): not left in progress
-            answer.ended_early(APIError(500, f"the answer failed: {type(exc).__name__}", type="server_error"))
-            raise
-        except BaseException:  # cancelled
-            answer.ended_early(None)
-            raise
         if body is None:
-            answer.ended_early(None)
             return count(service, path, Response(status_code=499))  # the client is gone: nobody reads this
         return count(service, path, JSON(body))
 

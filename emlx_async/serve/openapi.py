@@ -584,7 +584,9 @@ _RESPONSES_REQUEST = {
         "tools": {"type": "array", "items": _RESPONSES_TOOL},
         "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS,
                          "description": "the most likely tokens beside each one; more than 0 asks for logprobs"},
-        "background": {"const": False, "description": _REFUSED + "a background response"},
+        "background": {"type": "boolean", "description": "answer at once, queued, the generation running on "
+                       "in the server: poll GET /v1/responses/{id}, end it with POST /v1/responses/{id}/cancel; "
+                       "needs store (store false is a 400) and is not streamed (stream true is a 400)"},
         "store": {"type": "boolean", "description": "keep the response (default true) in the server's memory, "
                   "bounded (the oldest go first) and gone when it stops: GET and DELETE /v1/responses/{id}, "
                   "GET /v1/responses/{id}/input_items, and previous_response_id"},
@@ -606,6 +608,9 @@ _RESPONSES_REQUEST = {
             "description": "on a template that thinks, effort none turns its thinking off and any other on; "
                            "the reasoning comes back as a reasoning item"},
     },
+    # A background response is read from the store only, never streamed.
+    "if": {"required": ["background"], "properties": {"background": {"const": True}}},
+    "then": {"properties": {"store": {"not": {"const": False}}, "stream": {"not": {"const": True}}}},
 }
 
 _OUTPUT_TEXT = {"type": "object", "required": ["type", "text", "annotations", "logprobs"],
@@ -658,13 +663,15 @@ _RESPONSES_USAGE = {
 _RESPONSE = {
     "type": "object",
     "required": ["id", "object", "created_at", "status", "model", "output", "usage", "error", "incomplete_details",
-                 "tool_choice", "tools", "text", "reasoning", "store", "previous_response_id", "instructions",
+                 "tool_choice", "tools", "text", "reasoning", "store", "previous_response_id", "background",
+                 "instructions",
                  "metadata", "max_output_tokens", "temperature", "top_p", "parallel_tool_calls", "truncation"],
     "properties": {
         "id": {"type": "string", "pattern": "^resp_"}, "object": {"const": "response"},
         "created_at": {"type": "integer"}, "model": {"type": "string"},
-        "status": {"enum": [*_STATUS["enum"], "cancelled"],
-                   "description": "a stored response is in_progress until it ends; cancelled: its client left"},
+        "status": {"enum": [*_STATUS["enum"], "cancelled", "queued"],
+                   "description": "a stored response is in_progress until it ends (a background one queued at "
+                                  "first); cancelled: its client left, or cancelled it"},
         "output": {"type": "array", "items": _OUTPUT_ITEM,
                    "description": "a reasoning item (a template that thinks), a message, then (with tools) "
                                   "function_call items"},
@@ -680,6 +687,7 @@ _RESPONSE = {
         "text": {"type": "object", "required": ["format"], "properties": {"format": _TEXT_FORMAT}},
         "reasoning": {"anyOf": [{"type": "null"}, {"type": "object", "required": ["effort", "summary"]}]},
         "store": {"type": "boolean"}, "previous_response_id": {"type": ["string", "null"]},
+        "background": {"type": "boolean"},
         # The request's own, echoed.
         "instructions": {"type": ["string", "null"]},
         "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
@@ -784,6 +792,13 @@ _DOCUMENT: dict[str, Any] = {
                     "type": "object", "required": ["id", "object", "deleted"],
                     "properties": {"id": {"type": "string"}, "object": {"const": "response.deleted"},
                                    "deleted": {"const": True}}})},
+                "404": {"description": "no stored response has this id", "content": _json(_ref("Error"))}}}},
+        "/v1/responses/{response_id}/cancel": {"post": {
+            "summary": "End a background response's generation (stored cancelled)", "parameters": _RESPONSE_ID,
+            "responses": {
+                "200": {"description": "the response as stored: cancelled, or how it ended before",
+                        "content": _json(_ref("Response"))},
+                "400": {"description": "not a background response", "content": _json(_ref("Error"))},
                 "404": {"description": "no stored response has this id", "content": _json(_ref("Error"))}}}},
         "/v1/responses/{response_id}/input_items": {"get": {
             "summary": "The input items a stored response's answer came from (the earlier conversation, then "

