@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
-from .protocol import (DEFAULT_MAX_MESSAGES, GUIDED_FIELDS, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_COMPLETION_LOGPROBS, MAX_PROMPTS,
-                       MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, MAX_SCHEMA_PROPERTIES, MAX_TOP_LOGPROBS,
+from .protocol import (DEFAULT_MAX_MESSAGES, GUIDED_FIELDS, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_COMPLETION_LOGPROBS,
+                       MAX_PROMPTS, MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, MAX_SCHEMA_PROPERTIES, MAX_TOP_LOGPROBS,
                        PENALTY_BOUND, REPETITION_BOUNDS, NO_EFFECT_TEXT_FIELDS, REASONING_EFFORTS, TEMPLATE_RESERVED)
 
 
@@ -855,10 +855,10 @@ _REQUESTS = {"ChatCompletionRequest": ("max_tokens", "max_completion_tokens"),
 
 def document(model_names: Sequence[str] | None = None, max_messages: int = DEFAULT_MAX_MESSAGES,
              vocab_size: int | None = None, context_length: int | None = None,
-             max_choices: int = MAX_CHOICES) -> dict[str, Any]:
-    """The OpenAPI document, with this server's model ids, message bound, bound on `n`
-    (its concurrent generations, at most MAX_CHOICES) and (once the models are loaded)
-    vocabulary size and context."""
+             max_choices: int = MAX_CHOICES, max_prompts: int = MAX_PROMPTS) -> dict[str, Any]:
+    """The OpenAPI document, with this server's model ids, message bound, bounds on `n` and
+    on a completion's prompts (its concurrent generations, at most MAX_CHOICES and
+    MAX_PROMPTS) and (once the models are loaded) vocabulary size and context."""
     doc = copy.deepcopy(_DOCUMENT)
     schemas = doc["components"]["schemas"]
     for name in ("ChatCompletionRequest", "CompletionRequest"):
@@ -867,6 +867,8 @@ def document(model_names: Sequence[str] | None = None, max_messages: int = DEFAU
             ids = schemas[name]["properties"]["stop_token_ids"]
             schemas[name]["properties"]["stop_token_ids"] = {**ids, "items": {**ids["items"],
                                                                               "maximum": vocab_size - 1}}
+    prompts = schemas["CompletionRequest"]["properties"]["prompt"]["oneOf"][2]
+    prompts["maxItems"] = max_prompts  # each takes a slot at once (their product with n the server checks)
     if context_length is not None:  # the prompt's tokens count against it too
         for name, limits in _REQUESTS.items():
             for field in limits:

@@ -491,7 +491,7 @@ class Service:
         # A completion of several prompts: each answered as one prompt would be.
         asked = [request] if request.prompts is None else \
             [dataclasses.replace(request, prompt=prompt, prompts=None) for prompt in request.prompts]
-        encoded = [await self.encode_to_fit(served, one) for one in asked]
+        encoded = [await self._encoded(served, one, None if len(asked) == 1 else j) for j, one in enumerate(asked)]
         # The longest prompt leaves every answer the least room: it bounds max_tokens.
         longest = max(range(len(encoded)), key=lambda j: len(encoded[j][0]))
         ids, prompt_text = encoded[longest]
@@ -544,6 +544,9 @@ class Service:
             # n choices share one prefill and take n slots (Engine.generate_choices); several prompts
             # take all their slots at once (Engine.generate_batch).
             if max_tokens == 0:  # an echo alone: its prompts are scored below, nothing runs
+                if engine.context_length is None or len(ids) < engine.context_length:
+                    # Its options checked all the same, as a generation's would be (a bad logit_bias id).
+                    await engine.generate(ids, stats=stats, **{**common, "max_tokens": 1}).aclose()
                 deltas = _nothing_generated(streams)
             elif len(asked) > 1:
                 deltas = engine.generate_batch([ids for ids, _ in encoded], n=n, **common)
@@ -571,6 +574,15 @@ class Service:
                            for _ in range(n)],
                           None if echoes is None else [echo for echo in echoes for _ in range(n)],
                           engine.textless_ids(request.ignore_eos))
+
+    async def _encoded(self, served: ServedModel, request: GenerationRequest, index: int | None):
+        """`encode_to_fit`; a refused prompt of a list (`index`) is named as such (prompt[j])."""
+        try:
+            return await self.encode_to_fit(served, request)
+        except APIError as error:
+            if index is not None and error.param == "prompt":
+                error.param, error.message = f"prompt[{index}]", f"prompt[{index}]: {error.message}"
+            raise
 
     def answer_tokens(self, served: ServedModel, request: GenerationRequest, prompt_tokens: int,
                       prompt_param: str | None = None) -> int:

@@ -130,6 +130,8 @@ async def _batch_tokens(engine, prompts, **options):
 
 @on_every_loop
 async def test_a_batch_of_prompts_is_checked_before_it_runs_and_ends_together(rt):
+    from emlx_async.llm import EngineBusy, RequestStats
+
     engine = await engine_on(rt, "batch", "replay", max_concurrent=4)
     for bad in ([], "a prompt", None):
         with pytest.raises(ValueError, match="prompts must be a non-empty list"):
@@ -138,8 +140,16 @@ async def test_a_batch_of_prompts_is_checked_before_it_runs_and_ends_together(rt
         engine.generate_batch([PROMPT] * 3, n=2)  # could never run
     with pytest.raises(ValueError, match="outside the vocabulary"):
         engine.generate_batch([PROMPT, [10**6]])  # each prompt is checked
-    with pytest.raises(ValueError, match="stats"):
-        engine.generate_batch([PROMPT, PROMPT], stats=[])
+    with pytest.raises(ValueError, match="n must be"):
+        engine.generate_batch([PROMPT], n=0)
+    with pytest.raises(ValueError, match=r"one RequestStats per stream \(4\)"):
+        engine.generate_batch([PROMPT, PROMPT], n=2, stats=[RequestStats(), RequestStats()])
+    running = engine.generate(PROMPT, max_tokens=200)
+    with anyio.fail_after(30):
+        await anext(running)  # holds one of the four slots
+        with pytest.raises(EngineBusy, match="4 request slots are needed and 3"):
+            engine.generate_batch([PROMPT, PROMPT], n=2, wait=False)
+        await running.aclose()
     with anyio.fail_after(30):
         async with contextlib.aclosing(engine.generate_batch([PROMPT, [4, 4]], n=2, max_tokens=100,
                                                              temperature=1.0)) as streams:

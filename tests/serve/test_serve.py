@@ -210,6 +210,9 @@ async def test_echo_scores_the_prompt_as_lm_eval_reads_it(server, openai_client)
     with pytest.raises(openai.BadRequestError, match="0 only with echo") as refused:
         openai_client.completions.create(**{**ask, "max_tokens": 0})
     assert refused.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as refused:  # its options are checked all the same
+        openai_client.completions.create(**{**ask, "max_tokens": 0}, echo=True, logit_bias={"999999": 5})
+    assert refused.value.body["param"] == "logit_bias"
 
 
 @one_loop
@@ -218,7 +221,7 @@ async def test_a_list_of_prompts_answers_each_in_openais_order(server, openai_cl
     each what that prompt gets alone, usage summed; streamed the same."""
     import openai
 
-    prompts = ["The capital of France is", [504, 3575, 282, 4649, 314]]  # text and token ids
+    prompts = ["The capital of France is", [504, 3575, 282, 4649, 314, 2286]]  # text, and other ids
     ask = {"model": MODEL, "max_tokens": 3, "temperature": 0, "logprobs": 1, "echo": True}
     alone = [openai_client.completions.create(**ask, prompt=prompt) for prompt in prompts]
     both = openai_client.completions.create(**ask, prompt=prompts, n=2)
@@ -241,6 +244,10 @@ async def test_a_list_of_prompts_answers_each_in_openais_order(server, openai_cl
     with pytest.raises(openai.BadRequestError, match="prompt\\[1\\]") as refused:
         openai_client.completions.create(**ask, prompt=["fine", []])
     assert refused.value.body["param"] == "prompt[1]"
+    for bad in ("", "word " * 10000):  # refused when encoded: named by its place too
+        with pytest.raises(openai.BadRequestError) as refused:
+            openai_client.completions.create(**ask, prompt=["fine", bad])
+        assert refused.value.body["param"] == "prompt[1]", refused.value.body
 
 
 def test_concurrent_clients_get_the_text_they_get_alone(server, alone):
@@ -461,6 +468,22 @@ def test_429_when_the_waiting_room_is_full(http, server):
             for stream in streams:
                 stream.__exit__(None, None, None)
         assert sorted(answer.result().status_code for answer in answers) == [200, 429]  # the other, once slots free
+    wait_for(lambda: served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 0)
+    # A list of prompts is admitted as one generation per prompt: past the room left, a 429 at once;
+    # within it, it takes that room, and the next request finds none.
+    room = MAX_CONCURRENT + MAX_WAITING - 2
+    with httpx.Client(base_url=server.url, timeout=60, limits=httpx.Limits(max_connections=4)) as crowd:
+        streams = [crowd.stream("POST", COMPLETIONS, json=long) for _ in range(2)]
+        try:
+            for stream in streams:
+                assert stream.__enter__().status_code == 200
+            check_error(http.post(COMPLETIONS, json={**long, "prompt": ["Once"] * (room + 1)}), 429)
+            streams.append(crowd.stream("POST", COMPLETIONS, json={**long, "prompt": ["Once", "Twice", "Thrice"]}))
+            assert streams[-1].__enter__().status_code == 200
+            check_error(http.post(COMPLETIONS, json=long), 429)
+        finally:
+            for stream in streams:
+                stream.__exit__(None, None, None)
     wait_for(lambda: served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 0)
 
 

@@ -45,6 +45,8 @@ SENT = [
     ("CompletionRequest", {"model": "SmolLM2-135M-Instruct", "prompt": "The capital of France is",
                            "max_tokens": 4, "temperature": 0, "stop": "."}),
     ("CompletionRequest", {"prompt": [1, 2, 3], "max_tokens": 1, "top_k": 40}),
+    ("CompletionRequest", {"prompt": ["The capital of France is", [1, 2, 3]], "n": 2, "max_tokens": 2}),
+    ("CompletionRequest", {"prompt": "The capital of France is", "max_tokens": 0, "echo": True, "logprobs": 1}),
     # test_serve_anthropic.py
     ("MessagesRequest", {**MESSAGES, "temperature": 0}),
     ("MessagesRequest", {**MESSAGES, "system": "You are a geography teacher.", "temperature": 0}),
@@ -114,6 +116,10 @@ SENT = [
                           "tool_choice": "required"}),
 ]
 REFUSED = [
+    ("CompletionRequest", {"prompt": "x", "max_tokens": 0}),  # 0 only with echo
+    ("CompletionRequest", {"prompt": "x", "max_completion_tokens": 0, "echo": True}),  # max_tokens alone
+    ("CompletionRequest", {"prompt": ["x"] * 65}),
+    ("CompletionRequest", {"prompt": ["x", []]}),
     ("ChatCompletionRequest", {"messages": FRANCE, "temperature": "hot"}),
     ("ChatCompletionRequest", {"messages": FRANCE, "chat_template_kwargs": {"\x93\xd7;\x8d": ""}}),
     ("ChatCompletionRequest", {"messages": FRANCE, "chat_template_kwargs": {"add_generation_prompt": False}}),
@@ -230,6 +236,15 @@ def test_the_document_is_openapi_3_1_and_covers_every_route(document):
                 for media in response.get("content", {}).values():
                     ref = media["schema"].get("$ref")
                     assert ref is None or ref.rsplit("/", 1)[1] in doc["components"]["schemas"], ref
+
+
+def test_a_completions_prompts_are_bounded_by_the_servers_concurrent_generations(document):
+    from emlx_async.serve import openapi
+
+    listed = document[1]["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]["oneOf"][2]
+    assert listed["maxItems"] == ServeConfig().max_concurrent  # each takes a slot, all at once
+    schema = openapi.document(max_prompts=3)["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]
+    assert schema["oneOf"][2]["maxItems"] == 3
 
 
 @pytest.mark.parametrize("name, body", SENT)
