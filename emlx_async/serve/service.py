@@ -978,6 +978,29 @@ async def read_json(request: Request, limit: int, timeout: float):
     return RequestBody(body) if isinstance(body, dict) else body
 
 
+async def unless_disconnected(receive, work: Callable[[], Awaitable[Any]]) -> Any:
+    """`work()`'s result, or None where the client left first: `work` is cancelled then (a
+    long prompt's scoring or encoding before any answer is sent, which nobody would read)."""
+    result = None
+
+    async def run() -> None:
+        nonlocal result
+        result = await work()
+        group.cancel_scope.cancel()
+
+    async def watch() -> None:
+        await until_disconnected(receive)
+        group.cancel_scope.cancel()
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(run)
+            group.start_soon(watch)
+    except BaseExceptionGroup as failed:  # work's own error (an APIError), as itself
+        raise failed.exceptions[0] from None
+    return result
+
+
 async def until_disconnected(receive) -> None:
     """Returns when the client has gone (the body has already been read)."""
     while True:

@@ -435,6 +435,19 @@ def test_a_client_leaving_a_non_streamed_request_frees_the_slot(http, server):
     assert served_metric(http, "emlx_requests_cancelled_total") == cancelled + 1
 
 
+def test_a_client_gone_while_its_prompt_is_scored_stops_the_scoring(http, server):
+    """Echo with logprobs scores the prompt before any answer is sent: a client that leaves
+    meanwhile ends the scoring and hands its admission back, not the whole prompt later."""
+    long_prompt = " ".join(["The capital of France is Paris."] * 250)  # ~2000 tokens: a minute of scoring
+    with httpx.Client(base_url=server.url, timeout=1.5) as impatient:
+        with pytest.raises(httpx.ReadTimeout):
+            impatient.post(COMPLETIONS, json={"prompt": long_prompt, "max_tokens": 1, "echo": True, "logprobs": 1})
+    left = time.monotonic()
+    wait_for(lambda: served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 0,
+             timeout=20)
+    assert time.monotonic() - left < 15.0
+
+
 def test_429_when_the_waiting_room_is_full(http, server):
     long = {"prompt": "Once upon a time", "max_tokens": 500, "temperature": 0, "stream": True}
     with httpx.Client(base_url=server.url, timeout=60,
