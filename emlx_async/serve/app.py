@@ -25,8 +25,7 @@ from .metrics import CONTENT_TYPE
 from .protocol import MAX_CHOICES, MAX_PROMPTS, APIError, CompletionLogprobs, GenerationRequest, call_arguments_delta, \
     call_head_delta, chunk_body, completion_body, completion_choice, new_id, parse_request, usage_chunk_body
 from .service import (JSON, EventStream, Generation, ServeConfig, Service, distributed_cause, error_response,
-                      grammar_error, group_broken_error, read_json, shutdown_error, sse, unless_disconnected,
-                      until_disconnected)
+                      grammar_error, group_broken_error, read_json, shutdown_error, sse, until_disconnected)
 from .tools import CallArguments, CallStart, Content, Reasoning
 
 logger = logging.getLogger("emlx_async.serve")
@@ -47,7 +46,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             parsed = await service.parse_off_loop(functools.partial(parse_request, chat=chat,
                                                                     max_messages=config.max_messages),
                                                   body, endpoint)
-            generation = await unless_disconnected(request.receive, lambda: service.start_generation(parsed))
+            generation = await service.start_generation(parsed, request.receive)
         except APIError as error:
             return count(endpoint, error_response(error))
         except DistributedError as exc:  # broke between the check and the engine

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from .. import DistributedError
 from .service import (JSON, EventStream, Generation, Service, distributed_cause, encode_json, grammar_error,
-                      group_broken_error, read_json, shutdown_error, unless_disconnected, until_disconnected)
+                      group_broken_error, read_json, shutdown_error, until_disconnected)
 # An integer as JSON Schema (and so the OpenAPI document) counts them: 8.0 is one.
 from .protocol import _is_int as is_int
 from .protocol import APIError, GenerationRequest, invalid
@@ -365,8 +365,7 @@ def generation_route(service: Service, path: str, parse: Callable[[dict], Parsed
     async def endpoint(request: Request) -> Response:
         try:
             parsed = await _parsed(service, request, parse, path)
-            generation = await unless_disconnected(request.receive,
-                                                   lambda: service.start_generation(parsed.generation))
+            generation = await service.start_generation(parsed.generation, request.receive)
         except APIError as error:
             return count(service, path, error_response(error))
         except DistributedError as exc:  # broke between the check and the engine

@@ -788,16 +788,20 @@ def routes(service: Service) -> list[Route]:
             except Exception:  # stored as failed; the service's other tasks go on
                 logger.exception("background response %s failed", answer.id)
             finally:
-                del running[answer.id]
+                running.pop(answer.id, None)
                 run.ended.set()
 
+        # Kept and registered before the run can start (a task may start eagerly): its end replaces this.
+        queued = answer.started("queued")
+        running[answer.id] = run
         try:
             service.run_in_background(generate)
         except RuntimeError:  # the service is not running (closed): nothing to run it among
+            running.pop(answer.id, None)
+            stored.delete(answer.id)
             await generation.aclose()
             return error_response(shutdown_error())
-        running[answer.id] = run
-        return JSON(answer.started("queued"))
+        return JSON(queued)
 
     async def cancel(request: Request) -> Response:
         """POST: end a background response's generation (stored cancelled); answer it as stored."""
@@ -818,6 +822,9 @@ def routes(service: Service) -> list[Route]:
         """GET: the stored response as it was answered; DELETE: drop it."""
         response_id = request.path_params["response_id"]
         if request.method == "DELETE":
+            run = running.get(response_id)
+            if run is not None:  # its end could never be read: its slot goes back now
+                run.scope.cancel()
             if not stored.delete(response_id):
                 return _not_found(response_id)
             return JSON({"id": response_id, "object": "response.deleted", "deleted": True})

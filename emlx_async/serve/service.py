@@ -468,21 +468,37 @@ class Service:
         finally:
             served.release()
 
-    async def start_generation(self, request: GenerationRequest):
+    async def start_generation(self, request: GenerationRequest, receive=None):
         """Pick the request's model, validate against it and admit: a Generation,
-        which the caller must aclose().
+        which the caller must aclose(); None where the client left while it was
+        admitted (`receive`, the request's ASGI receive, says so: an echo's long
+        prompt is scored here). The model's load is not the client's to cancel:
+        other requests wait on it.
 
         Raises APIError (400, 404, 429, 503 when the model fails to load);
         nothing is admitted when it does.
         """
         served = self.models.lookup(request.model)
         served.hold()  # from here until the generation ends: not unloaded
+        handed = False  # the hold went to a Generation (its aclose releases it)
+
+        async def drop(generation: Generation) -> None:
+            nonlocal handed
+            handed = True
+            await generation.aclose()
+
         try:
             await self.ensure_loaded(served)
-            return await self._admit(served, request)
+            if receive is None:
+                return await self._admit(served, request)
+            generation = await unless_disconnected(receive, lambda: self._admit(served, request), drop)
         except BaseException:
-            served.release()
+            if not handed:
+                served.release()
             raise
+        if generation is None and not handed:
+            served.release()
+        return generation
 
     async def _admit(self, served: ServedModel, request: GenerationRequest):
         from emlx_async.llm import InvalidOption, RequestStats
@@ -978,10 +994,14 @@ async def read_json(request: Request, limit: int, timeout: float):
     return RequestBody(body) if isinstance(body, dict) else body
 
 
-async def unless_disconnected(receive, work: Callable[[], Awaitable[Any]]) -> Any:
+async def unless_disconnected(receive, work: Callable[[], Awaitable[Any]],
+                              drop: Callable[[Any], Awaitable[None]]) -> Any:
     """`work()`'s result, or None where the client left first: `work` is cancelled then (a
-    long prompt's scoring or encoding before any answer is sent, which nobody would read)."""
-    result = None
+    long prompt's scoring before any answer is sent, which nobody would read). A result
+    made anyway (the client left as it came, or the caller is cancelled) goes to `drop`:
+    the disconnect is read once (hypercorn does not repeat it), so no later watch would
+    see it."""
+    result, gone = None, False
 
     async def run() -> None:
         nonlocal result
@@ -989,15 +1009,27 @@ async def unless_disconnected(receive, work: Callable[[], Awaitable[Any]]) -> An
         group.cancel_scope.cancel()
 
     async def watch() -> None:
+        nonlocal gone
         await until_disconnected(receive)
+        gone = True
         group.cancel_scope.cancel()
 
     try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(run)
-            group.start_soon(watch)
-    except BaseExceptionGroup as failed:  # work's own error (an APIError), as itself
-        raise failed.exceptions[0] from None
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(run)
+                group.start_soon(watch)
+        except BaseExceptionGroup as failed:  # work's own error (an APIError), as itself
+            raise failed.exceptions[0] from None
+    except BaseException:
+        if result is not None:
+            with anyio.CancelScope(shield=True):
+                await drop(result)
+        raise
+    if gone and result is not None:
+        with anyio.CancelScope(shield=True):
+            await drop(result)
+        return None
     return result
 
 

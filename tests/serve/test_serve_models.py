@@ -397,6 +397,36 @@ async def test_a_load_whose_request_left_is_not_a_failed_load():
 
 
 @on_every_loop
+async def test_a_client_gone_while_its_model_loads_leaves_the_load_running():
+    """The load is every waiting request's: a client that leaves meanwhile gets nothing, and the
+    model still loads (a client whose timeout is shorter than the load must not cancel it each try)."""
+    from emlx_async.serve.protocol import parse_request
+
+    app, service, engines = gated_app()
+    served = service.models.lookup("a")
+    release = anyio.Event()
+
+    async def slow_load(_):
+        await release.wait()
+        return engines["a"]
+
+    served.state, served.engine, served._load_engine = UNLOADED, None, slow_load
+    request = parse_request(chat("a"), chat=True)
+
+    async def gone():
+        return {"type": "http.disconnect"}
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tasks:
+            async def leaves() -> None:
+                assert await service.start_generation(request, gone) is None  # nothing admitted for it
+            tasks.start_soon(leaves)
+            await anyio.sleep(0.05)
+            release.set()
+    assert served.state == "ready" and served.admitted == 0 and served.users == 0
+
+
+@on_every_loop
 async def test_count_tokens_encodes_within_the_services_thread_bound():
     # Encoding holds the GIL: count_tokens takes the generations' bound on encoding
     # threads, not anyio's default of 40.

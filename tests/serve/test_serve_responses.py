@@ -15,7 +15,7 @@ import signal
 import time
 
 import pytest
-from support.helpers import ServerProcess, needs_model, on_loops
+from support.helpers import ServerProcess, needs_model, on_loops, served_metric, wait_for
 
 pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
@@ -828,6 +828,15 @@ def test_background_responses_count_against_capacity_and_cancelling_one_frees_it
             cancelled = openai_client.responses.cancel(started.id)
             assert (cancelled.id, cancelled.status, cancelled.output) == (started.id, "cancelled", [])
             assert openai_client.responses.retrieve(started.id).status == "cancelled"
+    # Deleting a running one ends it too (its end could never be read): its slot comes back.
+    running = [openai_client.responses.create(**long, background=True) for _ in range(3)]
+    for started in running:
+        openai_client.responses.delete(started.id)
+    wait_for(lambda: served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 0,
+             timeout=20)
+    running = [openai_client.responses.create(**long, background=True) for _ in range(3)]
+    for started in running:
+        assert openai_client.responses.cancel(started.id).status == "cancelled"
     answered = openai_client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8, temperature=0)
     assert answered.status == "completed" and "Paris" in answered.output_text
     with pytest.raises(openai.BadRequestError) as early:  # a cancelled one has no answer to continue
