@@ -572,14 +572,15 @@ class Engine:
         """The streams of `requests` (one per stream; the `n` choices of a prompt share its
         _Request) checked against the slots and queues they take at once, then started."""
         total = len(requests)
+        asked = "n" if total == n else "the prompts times n"
         if total > self.max_concurrent:
-            raise ValueError(f"{'n' if total == n else 'the prompts times n'} ({total}) exceeds the engine's "
-                             f"{self.max_concurrent} request slots (each choice takes one)")
+            raise ValueError(f"{asked} ({total}) exceeds the engine's {self.max_concurrent} request slots "
+                             "(each choice takes one)")
         if stats is not None and len(stats) != total:
             raise ValueError(f"stats must hold one RequestStats per stream ({total}), got {len(stats)}")
         own = sum(self._on_own_queues(request) for request in requests)
         if own > self.runtime.pool_size:
-            raise ValueError(f"{'n' if total == n else 'the prompts times n'} ({own}) exceeds the runtime's "
+            raise ValueError(f"{asked} ({own}) exceeds the runtime's "
                              f"{self.runtime.pool_size} pooled queues: each choice of this request decodes on "
                              "its own queue, and all of them at once")
         if not wait and self._slots.value < total:
@@ -587,8 +588,8 @@ class Engine:
                              f"{self.max_concurrent} are free")
         base = _seed(seed)
         # Choice i of each prompt: seed + i * CHOICE_SEED_STEP (choice 0 draws what generate draws).
-        seeds = [(base + i * CHOICE_SEED_STEP) % SEED_RANGE if seed is not None else (base if s == 0 else _seed(None))
-                 for s in range(total) for i in [s % n]]
+        seeds = [(base + (s % n) * CHOICE_SEED_STEP) % SEED_RANGE if seed is not None
+                 else (base if s == 0 else _seed(None)) for s in range(total)]
         return self._choices(requests, [request.sampler(s) for request, s in zip(requests, seeds)],
                              list(stats) if stats is not None else [RequestStats() for _ in range(total)])
 
