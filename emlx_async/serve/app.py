@@ -22,7 +22,7 @@ from starlette.routing import Route
 from .. import DistributedError
 from . import anthropic, middleware, openapi, responses
 from .metrics import CONTENT_TYPE
-from .protocol import MAX_CHOICES, MAX_PROMPTS, APIError, CompletionLogprobs, GenerationRequest, call_arguments_delta, \
+from .protocol import MAX_CHOICES, APIError, CompletionLogprobs, GenerationRequest, call_arguments_delta, \
     call_head_delta, chunk_body, completion_body, completion_choice, new_id, parse_request, usage_chunk_body
 from .service import (JSON, EventStream, Generation, ServeConfig, Service, distributed_cause, error_response,
                       grammar_error, group_broken_error, read_json, shutdown_error, sse, until_disconnected)
@@ -249,8 +249,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             model_names=service.models.names, max_messages=config.max_messages,
             vocab_size=max(e.vocab_size or 0 for e in engines) or None if loaded else None,
             context_length=max(e.context_length or 0 for e in engines) or None if loaded else None,
-            max_choices=min(MAX_CHOICES, config.max_concurrent),
-            max_prompts=min(MAX_PROMPTS, config.max_concurrent)))
+            max_choices=min(MAX_CHOICES, config.max_concurrent)))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -211,8 +211,8 @@ _COMPLETION_REQUEST = {
                              {"type": "array", "items": {"oneOf": [_PROMPT_TEXT, _PROMPT_IDS]},
                               "minItems": 1, "maxItems": MAX_PROMPTS}],
                    "description": "text, or token ids (below the model's vocabulary size), or a list of those: "
-                                  "choice i of prompt j at index j * n + i; the prompts times n at most the "
-                                  "server's concurrent generations"},
+                                  "choice i of prompt j at index j * n + i; past the server's concurrent "
+                                  "generations they run in waves"},
         "guided_json": {"type": ["object", "string"], "description": "extension: the output matches this JSON "
                         "schema (one guided_* field per request)"},
         "guided_regex": {"type": "string", "description": "extension: the output matches this regular expression"},
@@ -855,10 +855,10 @@ _REQUESTS = {"ChatCompletionRequest": ("max_tokens", "max_completion_tokens"),
 
 def document(model_names: Sequence[str] | None = None, max_messages: int = DEFAULT_MAX_MESSAGES,
              vocab_size: int | None = None, context_length: int | None = None,
-             max_choices: int = MAX_CHOICES, max_prompts: int = MAX_PROMPTS) -> dict[str, Any]:
-    """The OpenAPI document, with this server's model ids, message bound, bounds on `n` and
-    on a completion's prompts (its concurrent generations, at most MAX_CHOICES and
-    MAX_PROMPTS) and (once the models are loaded) vocabulary size and context."""
+             max_choices: int = MAX_CHOICES) -> dict[str, Any]:
+    """The OpenAPI document, with this server's model ids, message bound, bound on `n` (its
+    concurrent generations, at most MAX_CHOICES) and (once the models are loaded) vocabulary
+    size and context."""
     doc = copy.deepcopy(_DOCUMENT)
     schemas = doc["components"]["schemas"]
     for name in ("ChatCompletionRequest", "CompletionRequest"):
@@ -867,8 +867,6 @@ def document(model_names: Sequence[str] | None = None, max_messages: int = DEFAU
             ids = schemas[name]["properties"]["stop_token_ids"]
             schemas[name]["properties"]["stop_token_ids"] = {**ids, "items": {**ids["items"],
                                                                               "maximum": vocab_size - 1}}
-    prompts = schemas["CompletionRequest"]["properties"]["prompt"]["oneOf"][2]
-    prompts["maxItems"] = max_prompts  # each takes a slot at once (their product with n the server checks)
     if context_length is not None:  # the prompt's tokens count against it too
         for name, limits in _REQUESTS.items():
             for field in limits:

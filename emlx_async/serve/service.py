@@ -514,17 +514,17 @@ class Service:
         max_tokens = self.answer_tokens(served, request, len(ids),
                                         None if len(asked) == 1 else f"prompt[{longest}]")
         n, streams = request.n, request.n * len(asked)
-        if streams > self.config.max_concurrent:  # each choice takes a slot, all at once: more could never run
-            if len(asked) == 1:
-                raise invalid("n", f"'n' ({n}) exceeds the server's {self.config.max_concurrent} concurrent "
-                              "generations (each choice takes one)")
-            raise invalid("prompt", f"{len(asked)} prompts of {n} choice(s) each ({streams} generations) exceed the "
-                          f"server's {self.config.max_concurrent} concurrent generations (each choice takes one, "
-                          "all at once); send fewer prompts per request")
+        if n > self.config.max_concurrent:  # a prompt's choices take a slot each, all at once
+            raise invalid("n", f"'n' ({n}) exceeds the server's {self.config.max_concurrent} concurrent "
+                          "generations (each choice takes one)")
+        # Prompts past the slots run in waves of as many as the slots hold at once (lm-eval's
+        # batch_size above --max-concurrent): the request holds at most one wave's slots.
+        per_wave = self.config.max_concurrent // n
+        admitted = min(streams, per_wave * n)
         vocab = engine.vocab_size
         if vocab is not None and any(t >= vocab for t in request.stop_token_ids):
             raise invalid("stop_token_ids", f"'stop_token_ids' must be in the vocabulary [0, {vocab})")
-        if served.admitted + streams > self.config.max_concurrent + self.config.max_waiting:
+        if served.admitted + admitted > self.config.max_concurrent + self.config.max_waiting:
             raise APIError(429, f"the model '{served.name}' is at capacity ({self.config.max_concurrent} running, "
                            f"{self.config.max_waiting} waiting); retry later", type="rate_limit_error",
                            code="server_busy", headers={"Retry-After": str(self.config.retry_after_s)})
@@ -558,14 +558,17 @@ class Service:
                       logprobs=request.logprobs, top_logprobs=request.top_logprobs, **options, **request.sampling())
         try:
             # n choices share one prefill and take n slots (Engine.generate_choices); several prompts
-            # take all their slots at once (Engine.generate_batch).
+            # take all their slots at once (Engine.generate_batch), wave after wave.
             if max_tokens == 0:  # an echo alone: its prompts are scored below, nothing runs
                 if engine.context_length is None or len(ids) < engine.context_length:
                     # Its options checked all the same, as a generation's would be (a bad logit_bias id).
                     await engine.generate(ids, stats=stats, **{**common, "max_tokens": 1}).aclose()
                 deltas = _nothing_generated(streams)
-            elif len(asked) > 1:
-                deltas = engine.generate_batch([ids for ids, _ in encoded], n=n, **common)
+            elif len(asked) > 1:  # every wave made here, so each is checked before any slot is taken
+                waves = [(start * n, engine.generate_batch([ids for ids, _ in encoded[start:start + per_wave]],
+                                                           n=n, **common))
+                         for start in range(0, len(asked), per_wave)]
+                deltas = waves[0][1] if len(waves) == 1 else _wave_after_wave(waves)
             elif n > 1:
                 deltas = engine.generate_choices(ids, n=n, **common)
             else:
@@ -575,12 +578,12 @@ class Service:
             param = request.grammar_param if _is_grammar_error(exc) else \
                 exc.option if isinstance(exc, InvalidOption) else None
             raise invalid(param, str(exc)) from None
-        served.admitted += streams  # from here: scoring the prompts counts against the limits too
+        served.admitted += admitted  # from here: scoring the prompts counts against the limits too
         try:  # the deltas start (and take their slots) only when read: the prompts are scored first
             echoes = [await self._echo(engine, one, one_ids) for one, (one_ids, _) in zip(asked, encoded)] \
                 if request.echo else None
         except BaseException:
-            served.admitted -= streams
+            served.admitted -= admitted
             await deltas.aclose()
             raise
         prompt_tokens = sum(len(one_ids) for one_ids, _ in encoded)
@@ -589,7 +592,7 @@ class Service:
                           [self.output_splitter(engine, one, text) for one, (_, text) in zip(asked, encoded)
                            for _ in range(n)],
                           None if echoes is None else [echo for echo in echoes for _ in range(n)],
-                          engine.textless_ids(request.ignore_eos))
+                          engine.textless_ids(request.ignore_eos), admitted)
 
     async def _encoded(self, served: ServedModel, request: GenerationRequest, index: int | None):
         """`encode_to_fit`; a refused prompt of a list (`index`) is named as such (prompt[j])."""
@@ -751,6 +754,19 @@ class Service:
             raise invalid(param, f"'{param}': the grammar cannot start: {exc}", "invalid_grammar") from None
 
 
+async def _wave_after_wave(waves: list[tuple[int, AsyncIterator]]) -> AsyncIterator:
+    """The (index, Delta) pairs of each wave's generate_batch in turn, its indexes moved on by
+    its first stream's (`waves`: (first index, deltas)); a wave takes its slots once the one
+    before it has ended. Closing it closes every wave."""
+    try:
+        for first, deltas in waves:
+            async for index, delta in deltas:
+                yield first + index, delta
+    finally:
+        for _, deltas in waves:
+            await deltas.aclose()
+
+
 async def _nothing_generated(streams: int) -> AsyncIterator:
     """The deltas of `streams` answers of max_tokens 0, as the engine's would come: each one's
     end at once (a one-stream request's Delta alone)."""
@@ -780,7 +796,7 @@ class Generation:
 
     def __init__(self, service: Service, served: ServedModel, deltas: AsyncIterator, stats, prompt_tokens: int,
                  splitters: list[OutputSplitter | None] | None = None, echoes: list[Echo] | None = None,
-                 textless: frozenset[int] = frozenset()):
+                 textless: frozenset[int] = frozenset(), admitted: int | None = None):
         self.service, self._engine_deltas, self.stats, self.prompt_tokens = service, deltas, stats, prompt_tokens
         self.served = served
         self.engine = served.engine  # loaded until aclose() releases the model
@@ -791,6 +807,8 @@ class Generation:
         """Per choice, chat only, for templates that think or requests with tools: cuts the text
         (serve/tools.py)."""
         self.finish_reasons: list[str | None] = [None] * self.n
+        self.admitted = self.n if admitted is None else admitted
+        """The generations counted against the model's limits (a list of prompts: one wave's)."""
         self.echoes = echoes
         """Per choice, a completion's echoed prompt, which it answers first (None: not asked)."""
         self.textless = textless
@@ -854,7 +872,7 @@ class Generation:
         if self._closed:
             return
         self._closed = True
-        self.served.admitted -= self.n
+        self.served.admitted -= self.admitted
         metrics = self.service.metrics
         metrics.duration.labels(self.model_name).observe(time.perf_counter() - self.stats.started)
         if self.finish_reason is None:

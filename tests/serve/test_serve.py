@@ -221,26 +221,31 @@ async def test_a_list_of_prompts_answers_each_in_openais_order(server, openai_cl
     each what that prompt gets alone, usage summed; streamed the same."""
     import openai
 
-    prompts = ["The capital of France is", [504, 3575, 282, 4649, 314, 2286]]  # text, and other ids
+    # Text, other ids, and a third: 3 prompts of 2 choices pass the 4 slots, so they run in waves
+    # (two prompts, then one), each prompt's choices what it gets alone all the same.
+    prompts = ["The capital of France is", [504, 3575, 282, 4649, 314, 2286], "Once upon a time"]
     ask = {"model": MODEL, "max_tokens": 3, "temperature": 0, "logprobs": 1, "echo": True}
     alone = [openai_client.completions.create(**ask, prompt=prompt) for prompt in prompts]
-    both = openai_client.completions.create(**ask, prompt=prompts, n=2)
-    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert len({a.choices[0].text for a in alone}) == 3
+    each = openai_client.completions.create(**ask, prompt=prompts, n=2)
+    assert [c.index for c in each.choices] == list(range(6))
     for j, single in enumerate(alone):
-        for choice in both.choices[2 * j:2 * j + 2]:
+        for choice in each.choices[2 * j:2 * j + 2]:
             assert choice.text == single.choices[0].text
             assert choice.logprobs.tokens == single.choices[0].logprobs.tokens
             assert choice.logprobs.token_logprobs == pytest.approx(single.choices[0].logprobs.token_logprobs,
                                                                    abs=1e-3)
-    assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
-    assert both.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
+    assert each.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert each.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
     async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
-        chunks = [c.choices[0] async for c in await client.completions.create(**ask, prompt=prompts, stream=True)]
-    assert ["".join(c.text for c in chunks if c.index == j) for j in (0, 1)] == [a.choices[0].text for a in alone]
-    # Each prompt's choices take a slot each, all at once: past --max-concurrent it could never run.
-    with pytest.raises(openai.BadRequestError, match="3 prompts of 2 choice") as refused:
-        openai_client.completions.create(**ask, prompt=[prompts[0]] * 3, n=2)
-    assert refused.value.body["param"] == "prompt"
+        chunks = [c.choices[0] async for c in await client.completions.create(**ask, prompt=prompts, n=2,
+                                                                              stream=True)]
+    assert ["".join(c.text for c in chunks if c.index == i) for i in range(6)] == \
+        [a.choices[0].text for a in alone for _ in range(2)]
+    # A prompt's own choices take a slot each, all at once: past --max-concurrent they could never run.
+    with pytest.raises(openai.BadRequestError, match="exceeds the server's 4 concurrent") as refused:
+        openai_client.completions.create(**ask, prompt=prompts, n=MAX_CONCURRENT + 1)
+    assert refused.value.body["param"] == "n"
     with pytest.raises(openai.BadRequestError, match="prompt\\[1\\]") as refused:
         openai_client.completions.create(**ask, prompt=["fine", []])
     assert refused.value.body["param"] == "prompt[1]"
@@ -482,8 +487,20 @@ def test_429_when_the_waiting_room_is_full(http, server):
                 stream.__exit__(None, None, None)
         assert sorted(answer.result().status_code for answer in answers) == [200, 429]  # the other, once slots free
     wait_for(lambda: served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 0)
-    # A list of prompts is admitted as one generation per prompt: past the room left, a 429 at once;
-    # within it, it takes that room, and the next request finds none.
+    # A list of prompts is admitted as one generation per prompt of a wave (the slots' worth at
+    # most): past the room left, a 429 at once; within it, it takes that room, and the next
+    # request finds none.
+    with httpx.Client(base_url=server.url, timeout=60, limits=httpx.Limits(max_connections=3)) as crowd:
+        streams = [crowd.stream("POST", COMPLETIONS, json={**long, "prompt": ["Once"] * (3 * MAX_CONCURRENT)})]
+        try:
+            assert streams[0].__enter__().status_code == 200  # one wave's MAX_CONCURRENT, not 3 x that
+            streams.append(crowd.stream("POST", COMPLETIONS, json=long))
+            assert streams[1].__enter__().status_code == 200  # the waiting room's one
+            check_error(http.post(COMPLETIONS, json=long), 429)
+        finally:
+            for stream in streams:
+                stream.__exit__(None, None, None)
+    wait_for(lambda: served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 0)
     room = MAX_CONCURRENT + MAX_WAITING - 2
     with httpx.Client(base_url=server.url, timeout=60, limits=httpx.Limits(max_connections=4)) as crowd:
         streams = [crowd.stream("POST", COMPLETIONS, json=long) for _ in range(2)]

@@ -16,10 +16,10 @@ becomes the user's, and a budget of max_tokens or more becomes max_tokens - 1
 Likewise min_tokens past the token limit (chat and completions) becomes the
 limit, or 2 (the test server's default) where none is sent.
 
-A completion's list of prompts takes one generation per prompt and choice, all at
-once: where the prompts times n pass the server's concurrent generations
-(EMLX_SCHEMA_MAX_CHOICES, the document's bound on n), n and then the list are cut
-to fit.
+A completion's list of prompts takes one generation per prompt and choice (in
+waves past the server's concurrent generations): to keep a case cheap, where the
+prompts times n pass EMLX_SCHEMA_MAX_CHOICES (the document's bound on n), n and
+then the list are cut to fit.
 
 Tools, tool turns and grammars (tools, tool_choice, parallel_tool_calls, role
 "tool" and assistant tool_calls in the history, json_schema and guided_*
