@@ -943,7 +943,9 @@ class CompletionLogprobs:
     ``logprob_entry`` makes, a chunk at a time: each token's text and logprob, its most
     likely alternatives with the chosen token among them (so up to logprobs + 1, as
     OpenAI's), and ``text_offset``, where its text starts in the choice's text: a token
-    that ends a UTF-8 character starts where that character does."""
+    that ends a UTF-8 character starts where that character does. A token that is part of
+    a character is named by its bytes, as OpenAI's (``bytes:\\xe2\\x80``): two such
+    alternatives would otherwise share the key U+FFFD."""
 
     def __init__(self):
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -956,15 +958,26 @@ class CompletionLogprobs:
         for entry in entries:
             out["text_offset"].append(self._offset)
             self._offset += len(self._decoder.decode(bytes(entry["bytes"])))
-            out["tokens"].append(entry["token"])
+            token = _legacy_token(entry)
+            out["tokens"].append(token)
             out["token_logprobs"].append(entry["logprob"])
             if entry["logprob"] is None:  # an echoed prompt's first token (OpenAI's null)
                 out["top_logprobs"].append(None)
                 continue
-            top = {alt["token"]: alt["logprob"] for alt in entry["top_logprobs"]}
-            top.setdefault(entry["token"], entry["logprob"])
+            top = {_legacy_token(alt): alt["logprob"] for alt in entry["top_logprobs"]}
+            top.setdefault(token, entry["logprob"])
             out["top_logprobs"].append(top)
         return out
+
+
+def _legacy_token(entry: dict) -> str:
+    """A legacy logprobs token's name: its text, or ``bytes:`` and its bytes escaped where
+    they are not whole UTF-8 characters."""
+    raw = bytes(entry["bytes"])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{byte:02x}" for byte in raw)
 
 
 def completion_choice(request: GenerationRequest, *, index: int = 0, text: str, finish_reason: str | None,

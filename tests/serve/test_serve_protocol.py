@@ -161,9 +161,13 @@ def test_completion_logprobs_offsets_follow_characters_split_across_tokens():
     legacy = CompletionLogprobs()
     first, rest = legacy.body(entries[:2]), legacy.body(entries[2:])  # two chunks of one stream
     assert first["text_offset"] + rest["text_offset"] == [0, 3, 3, 4]  # "café!": é starts at 3
-    assert first["tokens"] == ["caf", "\ufffd"] and first["token_logprobs"] == [-0.5, -0.25]
+    # Part of a character: named by its bytes, as OpenAI's (not U+FFFD, which two would share).
+    assert first["tokens"] == ["caf", "bytes:\\xc3"] and first["token_logprobs"] == [-0.5, -0.25]
     assert first["top_logprobs"][0] == {"caf": -0.5, "tea": -1.5}
-    assert rest["top_logprobs"] == [{"\ufffd": -0.125}, {"?": -0.5, "!": -1.0}]  # the chosen one among them
+    assert rest["top_logprobs"] == [{"bytes:\\xa9": -0.125}, {"?": -0.5, "!": -1.0}]  # the chosen one among them
+    split = CompletionLogprobs().body([logprob_entry(b"\xe2\x80", -0.5, [(b"\xe2", -0.75), (b"\xe2\x80", -0.5)])])
+    assert split["tokens"] == ["bytes:\\xe2\\x80"]
+    assert split["top_logprobs"] == [{"bytes:\\xe2": -0.75, "bytes:\\xe2\\x80": -0.5}]  # both kept
     assert CompletionLogprobs().body(entries) == {key: first[key] + rest[key] for key in first}
     assert legacy.body(None) is None
 
