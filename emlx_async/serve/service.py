@@ -580,7 +580,7 @@ class Service:
             raise invalid(param, str(exc)) from None
         served.admitted += admitted  # from here: scoring the prompts counts against the limits too
         try:  # the deltas start (and take their slots) only when read: the prompts are scored first
-            echoes = [await self._echo(engine, one, one_ids) for one, (one_ids, _) in zip(asked, encoded)] \
+            echoes = await self._echoes(engine, asked, [one_ids for one_ids, _ in encoded], admitted) \
                 if request.echo else None
         except BaseException:
             served.admitted -= admitted
@@ -629,6 +629,31 @@ class Service:
                           f"the prompt ({prompt_tokens} tokens) plus {request.max_tokens_field} ({max_tokens}) exceeds "
                           f"the model's context of {context} tokens", "context_length_exceeded")
         return max_tokens
+
+    async def _echoes(self, engine, asked: list[GenerationRequest], ids: list[list[int]], at_once: int) -> list[Echo]:
+        """Each prompt's Echo, up to `at_once` (the generations the request was admitted as) scored
+        at a time: a step runs on one core, so a list's prompts scored together keep more busy.
+        The first failure (a 400) is raised as itself, the other scorings cancelled."""
+        if len(asked) == 1:
+            return [await self._echo(engine, asked[0], ids[0])]
+        echoes: list[Echo | None] = [None] * len(asked)
+        failed: list[BaseException] = []
+        limiter = anyio.CapacityLimiter(at_once)
+
+        async def score(j: int) -> None:
+            async with limiter:
+                try:
+                    echoes[j] = await self._echo(engine, asked[j], ids[j])
+                except Exception as exc:  # noqa: BLE001 - raised below, unwrapped from the task group
+                    failed.append(exc)
+                    tasks.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tasks:
+            for j in range(len(asked)):
+                tasks.start_soon(score, j)
+        if failed:
+            raise failed[0]
+        return echoes
 
     async def _echo(self, engine, request: GenerationRequest, ids: list[int]) -> Echo:
         """The prompt a completion echoes: its text (the prompt as sent, or its ids' text) and,

@@ -97,3 +97,51 @@ async def test_the_service_echoes_the_clients_tokens_not_the_bos_it_adds():
             assert echo.text == "".join(f"<{t}>" for t in prompt)
             assert [(e["token"], e["logprob"]) for e in echo.logprobs] == [(f"<{t}>", lp) for t, lp, _ in listed]
         await engine.close()
+
+
+@on_every_loop
+async def test_the_service_scores_a_lists_prompts_together_up_to_its_admission():
+    """A list's echoed prompts are scored at once, as many as the request was admitted as
+    (a step runs on one core), each what it gets alone; a prompt that fails raises its own error."""
+    pytest.importorskip("starlette")
+    import anyio
+
+    from emlx_async.llm import Engine
+    from emlx_async.serve.protocol import APIError, GenerationRequest
+    from emlx_async.serve.service import ServeConfig, Service
+
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14, 15], [16, 17, 18]]
+    async with ea.Runtime(pool_size=4) as rt:
+        engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt,
+                        max_concurrent=4)
+        service = Service(ServeConfig())
+        asked = [GenerationRequest(chat=False, model=None, prompt=p, echo=True, logprobs=True) for p in prompts]
+        alone = [await service._echo(engine, a, p) for a, p in zip(asked, prompts)]
+        scoring, most = 0, 0
+        score = engine.prompt_logprobs
+
+        async def counted(prompt, **options):
+            nonlocal scoring, most
+            scoring += 1
+            most = max(most, scoring)
+            try:
+                await anyio.sleep(0.05)  # the others start meanwhile, as far as the limit lets them
+                return await score(prompt, **options)
+            finally:
+                scoring -= 1
+
+        engine.prompt_logprobs = counted
+        together = await service._echoes(engine, asked, prompts, at_once=2)
+        assert most == 2
+        assert [(e.text, e.logprobs) for e in together] == [(e.text, e.logprobs) for e in alone]
+
+        async def refused(prompt, **options):
+            if prompt == prompts[3]:
+                raise ValueError("no scoring here")
+            return await counted(prompt, **options)
+
+        engine.prompt_logprobs = refused
+        with pytest.raises(APIError, match="no scoring here") as error:
+            await service._echoes(engine, asked, prompts, at_once=2)
+        assert error.value.param == "echo" and scoring == 0
+        await engine.close()
