@@ -586,7 +586,9 @@ _RESPONSES_REQUEST = {
                          "description": "the most likely tokens beside each one; more than 0 asks for logprobs"},
         "background": {"type": "boolean", "description": "answer at once, queued, the generation running on "
                        "in the server: poll GET /v1/responses/{id}, end it with POST /v1/responses/{id}/cancel; "
-                       "needs store (store false is a 400) and is not streamed (stream true is a 400)"},
+                       "needs store (store false, or a conversation larger than the store, is a 400); with stream "
+                       "its events stream (response.created queued), and run on when the client leaves: GET "
+                       "/v1/responses/{id}?stream=true replays them"},
         "store": {"type": "boolean", "description": "keep the response (default true) in the server's memory, "
                   "bounded (the oldest go first) and gone when it stops: GET and DELETE /v1/responses/{id}, "
                   "GET /v1/responses/{id}/input_items, and previous_response_id"},
@@ -608,9 +610,9 @@ _RESPONSES_REQUEST = {
             "description": "on a template that thinks, effort none turns its thinking off and any other on; "
                            "the reasoning comes back as a reasoning item"},
     },
-    # A background response is read from the store only, never streamed.
+    # A background response is read from the store only.
     "if": {"required": ["background"], "properties": {"background": {"const": True}}},
-    "then": {"properties": {"store": {"not": {"const": False}}, "stream": {"not": {"const": True}}}},
+    "then": {"properties": {"store": {"not": {"const": False}}}},
 }
 
 _OUTPUT_TEXT = {"type": "object", "required": ["type", "text", "annotations", "logprobs"],
@@ -746,6 +748,11 @@ _RESPONSE_STREAM_EVENT = {
 }
 
 _RESPONSE_ID = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+_REPLAY_PARAMETERS = [
+    {"name": "stream", "in": "query", "schema": {"type": "boolean", "default": False},
+     "description": "the events of a response created with background and stream true, as server-sent events"},
+    {"name": "starting_after", "in": "query", "schema": {"type": "integer", "minimum": 0},
+     "description": "with stream: the sequence number of the event the replay starts after"}]
 _PAGE_PARAMETERS = [
     {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"], "default": "desc"}},
     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}},
@@ -784,8 +791,14 @@ _DOCUMENT: dict[str, Any] = {
                                "input_tokens": {"type": "integer", "minimum": 0}}})},
                 **_errors("Error")}}},
         "/v1/responses/{response_id}": {
-            "get": {"summary": "A stored response", "parameters": _RESPONSE_ID, "responses": {
-                "200": {"description": "the response as it was answered", "content": _json(_ref("Response"))},
+            "get": {"summary": "A stored response", "parameters": [*_RESPONSE_ID, *_REPLAY_PARAMETERS], "responses": {
+                "200": {"description": "the response as it was answered; with stream true its events, "
+                                       "following a running one's until it ends",
+                        "content": {**_json(_ref("Response")), "text/event-stream": {
+                            "schema": _named_event("ResponseStreamEvent")}}},
+                "400": {"description": "stream true for a response not created with background and stream true "
+                                       "(no events kept), or starting_after not a sequence number",
+                        "content": _json(_ref("Error"))},
                 "404": {"description": "no stored response has this id", "content": _json(_ref("Error"))}}},
             "delete": {"summary": "Drop a stored response", "parameters": _RESPONSE_ID, "responses": {
                 "200": {"description": "dropped", "content": _json({

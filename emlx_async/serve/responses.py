@@ -29,8 +29,15 @@ so a full server answers 429 then): stored from that moment, ``in_progress``
 while it runs, then as a collected answer ends (``GET`` polls it). ``POST
 /v1/responses/{id}/cancel`` ends a running one (stored ``cancelled``) and
 answers it as stored; only background responses can be cancelled. One must be
-stored (``store`` false is a 400) and is not streamed (``stream`` is a 400:
-poll it instead); the server's shutdown cancels it.
+stored (``store`` false is a 400, and so is a conversation larger than the
+store: nobody could read its answer); the server's shutdown cancels it. With
+``stream`` its events stream to its client as a streamed answer's
+(``response.created`` queued, then in progress), and are kept (an EventLog,
+bounded as serve/stored_responses.py says): the client leaving ends its
+reading, not the run, and ``GET /v1/responses/{id}?stream=true`` (with
+``starting_after``, a sequence number) replays them, following a running
+one's until it ends. A response that was not streamed in the background has
+no events to replay: its ``stream`` is a 400, as OpenAI's.
 
 ``text.format`` (json_schema or json_object) constrains the answer with the
 chat endpoint's grammar. On a template that thinks the reasoning is a
@@ -69,11 +76,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .service import Generation, Service, shutdown_error
-from .stored_responses import TOO_LARGE, StoredResponse, StoredResponses
+from .service import Generation, Service, shutdown_error, until_disconnected
+from .stored_responses import TOO_LARGE, EventLog, StoredResponse, StoredResponses, conversation_chars
 from .common import (JSON, AnswerParts, Collected, boolean, checked_text, collected_body, event, generation_route,
-                     integer, joined_text, number, optional_object, prompt_tokens_route, required_text, string,
-                     type_name, wrong_type)
+                     guarded, integer, joined_text, last_event, number, optional_object, prompt_tokens_route,
+                     required_text, string, type_name, wrong_type)
 from .protocol import (DEFAULT_MAX_MESSAGES, MAX_TOP_LOGPROBS, APIError, GenerationRequest, ToolCallIds,
                        check_message_count, checked_json, checked_tool,
                        choose_tools, constrain_answer, invalid, json_object_grammar, schema_grammar, show,
@@ -105,10 +112,11 @@ class ResponsesRequest:
     # Echoed in the response object, as OpenAI does.
     echo: dict = field(default_factory=dict)
     # Where the response is kept (None: store false), after the stored conversation it continues,
-    # with its own input items.
+    # with its own input items (and, kept, as they are stored: encoded once, off the loop).
     store: StoredResponses | None = None
     earlier: StoredResponse | None = None
     input_items: list[dict] = field(default_factory=list)
+    input_json: str | None = None
     # Answered at once, its generation running on past the request.
     background: bool = False
 
@@ -386,8 +394,6 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES,
     background = boolean(body, "background")
     if background and not store_asked:  # its answer is only ever read from the store
         raise invalid("background", "background: a background response must be stored (store false was sent)")
-    if background and boolean(body, "stream"):
-        raise _unsupported("stream", "streaming a background response (poll it with GET /v1/responses/{id})")
     metadata = optional_object(body, "metadata")
     if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
         raise invalid("metadata", "metadata: values must be strings", "invalid_type")
@@ -413,7 +419,22 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES,
             "max_tool_calls": generation.max_tool_calls,
             "truncation": body.get("truncation") or "disabled", "tools": tools, "tool_choice": tool_choice,
             "store": store, "previous_response_id": body.get("previous_response_id"), "background": background}
-    return ResponsesRequest(generation, echo, stored if store else None, previous, items, background)
+    input_json = json.dumps([listed_item(item) for item in items]) if store else None
+    if background and store:
+        _check_room(stored, echo, input_json, previous)
+    return ResponsesRequest(generation, echo, stored if store else None, previous, items, input_json, background)
+
+
+def _check_room(stored: StoredResponses, echo: dict, input_json: str, previous: StoredResponse | None) -> None:
+    """A 400 for a background response the store could not keep (its answer is only ever read
+    from there): its conversation and the request it echoes past the store's bound, before it
+    is admitted. (Its answer's own size is known only at its end, where any response too large
+    is logged and not kept.)"""
+    chars = len(json.dumps(echo)) + conversation_chars(input_json, "[]", previous)
+    if chars > stored.max_chars:
+        raise invalid("background", f"background: a background response is only read from the store, and {TOO_LARGE} "
+                      f"({chars} characters, the store holds {stored.max_chars}): send it without background",
+                      "response_too_large")
 
 
 # ---- answers ------------------------------------------------------------------------
@@ -499,9 +520,6 @@ class ResponsesReply:
         self.sequence_number = 0
         self.parts = AnswerParts(generation)
         self.summarized = (request.echo.get("reasoning") or {}).get("summary") not in (None, "none")
-        # Kept (store): its input items with ids, encoded once; its end replaces its start.
-        self._input_json = None if request.store is None else json.dumps(
-            [listed_item(item) for item in request.input_items])
         self._ended: str | None = None  # "answered", or "early" (a failure, or the client gone)
         # A stream's and a background response's client sees its id before its end.
         self._kept_from_start = request.generation.stream or request.background
@@ -522,7 +540,7 @@ class ResponsesReply:
         # A call whose arguments are no whole object (cut short) cannot be sent back as input.
         output = [item for item in response["output"]
                   if not (item["type"] == "function_call" and item["status"] == "incomplete")]
-        why = request.store.put(response, self._input_json, output, request.earlier, replacing=replacing)
+        why = request.store.put(response, request.input_json, output, request.earlier, replacing=replacing)
         if why == TOO_LARGE:
             logger.warning("response %s not stored: %s (%d characters)", self.id, why, request.store.max_chars)
         return response
@@ -585,8 +603,12 @@ class ResponsesReply:
         return self.event("response.failed", response=self._failed_response(error))
 
     async def events(self) -> AsyncIterator[bytes]:
-        yield self.event("response.created", response=self.started("in_progress"))
-        yield self.event("response.in_progress", response=self.response("in_progress", []))
+        if self.request.background:  # kept queued as it was answered: in progress from here
+            yield self.event("response.created", response=self.response("queued", []))
+            yield self.event("response.in_progress", response=self.started("in_progress", replacing=True))
+        else:
+            yield self.event("response.created", response=self.started("in_progress"))
+            yield self.event("response.in_progress", response=self.response("in_progress", []))
         output: list[dict] = []  # the items done
         message: dict | None = None  # the message item being written, its text and logprobs so far
         texts: list[str] = []
@@ -720,10 +742,55 @@ def _not_found(response_id: str) -> Response:
 @dataclass
 class BackgroundRun:
     """A background response's generation while it runs: cancelling `scope` ends it; `ended` is
-    set once it has ended and its end is stored."""
+    set once it has ended and its end is stored; `events`: a streamed one's, as they come."""
 
     scope: anyio.CancelScope
     ended: anyio.Event
+    events: EventLog | None = None
+
+
+class EventReplay(Response):
+    """A background stream's events as server-sent events: those after `after` (a sequence
+    number; -1: all), then each as its run appends it, until the run ends. The client leaving
+    ends this reading only: the run goes on, its events kept for the next reader."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: EventLog, after: int = -1):
+        # Not Response.__init__: it would declare a content-length of 0.
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.events, self.after = events, after
+
+    async def __call__(self, scope, receive, send) -> None:
+        async with anyio.create_task_group() as group:
+            async def watch() -> None:
+                await until_disconnected(receive)
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            replay = self.events.after(self.after)
+            try:
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                async for chunk in replay:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await replay.aclose()  # type: ignore[attr-defined]
+            group.cancel_scope.cancel()
+
+
+def _starting_after(query) -> int:
+    """``starting_after``, the sequence number a replay starts after (-1: none given, all of it)."""
+    raw = query.get("starting_after")
+    if raw is None:
+        return -1
+    if not (raw.isascii() and raw.isdigit() and len(raw) < 10):
+        raise invalid("starting_after", f"starting_after: expected a sequence number (an integer >= 0), "
+                      f"got {show(raw)}")
+    return int(raw)
 
 
 MAX_LISTED_ITEMS = 100  # OpenAI's bound on a page
@@ -776,18 +843,36 @@ def routes(service: Service) -> list[Route]:
         service's tasks (None: not a background request)."""
         if not parsed.background:
             return None
-        run = BackgroundRun(anyio.CancelScope(), anyio.Event())
+        run = BackgroundRun(anyio.CancelScope(), anyio.Event(), EventLog() if parsed.generation.stream else None)
+
+        async def stream_into(events: EventLog) -> None:
+            """The events of a streamed answer (guarded), ended by response.failed where the
+            shutdown deadline cuts it short, as EventStream's are."""
+            shutdown_scope = anyio.CancelScope()
+            with service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
+                async for chunk in guarded(answer, generation, parsed.generation):
+                    events.append(chunk)
+            if shutdown_scope.cancel_called:
+                events.append(last_event(answer, shutdown_error()))
 
         async def generate() -> None:
             try:
                 with run.scope:
-                    answer.started("in_progress", replacing=True)
-                    await collected_body(service, answer, generation, parsed.generation)
+                    if run.events is not None:
+                        await stream_into(run.events)
+                    else:
+                        answer.started("in_progress", replacing=True)
+                        await collected_body(service, answer, generation, parsed.generation)
             except APIError:
                 pass  # stored as failed, where its client reads it
             except Exception:  # stored as failed; the service's other tasks go on
                 logger.exception("background response %s failed", answer.id)
             finally:
+                if run.events is not None:  # kept with its end, for replay: before it leaves `running`
+                    run.events.close()
+                    if stored.keep_events(answer.id, run.events) == TOO_LARGE:
+                        logger.warning("response %s's events not kept for replay: with them it is larger than the "
+                                       "store (%d characters)", answer.id, stored.max_chars)
                 running.pop(answer.id, None)
                 run.ended.set()
 
@@ -801,7 +886,7 @@ def routes(service: Service) -> list[Route]:
             stored.delete(answer.id)
             await generation.aclose()
             return error_response(shutdown_error())
-        return JSON(queued)
+        return JSON(queued) if run.events is None else EventReplay(run.events)
 
     async def cancel(request: Request) -> Response:
         """POST: end a background response's generation (stored cancelled); answer it as stored."""
@@ -819,7 +904,8 @@ def routes(service: Service) -> list[Route]:
         return Response(kept.response_json, media_type="application/json")
 
     async def stored_response(request: Request) -> Response:
-        """GET: the stored response as it was answered; DELETE: drop it."""
+        """GET: the stored response as it was answered (with ``stream``: its events, EventReplay);
+        DELETE: drop it."""
         response_id = request.path_params["response_id"]
         if request.method == "DELETE":
             run = running.get(response_id)
@@ -828,12 +914,22 @@ def routes(service: Service) -> list[Route]:
             if not stored.delete(response_id):
                 return _not_found(response_id)
             return JSON({"id": response_id, "object": "response.deleted", "deleted": True})
-        if request.query_params.get("stream", "false").lower() not in ("false", "0", ""):
-            return error_response(_unsupported("stream", "replaying a stored response's events"))
         kept = stored.get(response_id)
         if kept is None:
             return _not_found(response_id)
-        return Response(kept.response_json, media_type="application/json")
+        if request.query_params.get("stream", "false").lower() in ("false", "0", ""):
+            return Response(kept.response_json, media_type="application/json")
+        try:
+            after = _starting_after(request.query_params)
+        except APIError as error:
+            return error_response(error)
+        run = running.get(response_id)
+        events = run.events if run is not None else stored.events(response_id)
+        if events is None:  # OpenAI streams only these too
+            return error_response(invalid("stream", "stream: this response has no events kept: only one created "
+                                          "with background and stream true has them (where the store can hold "
+                                          "them); GET it without stream", "not_streamable"))
+        return EventReplay(events, after)
 
     async def stored_input_items(request: Request) -> Response:
         """GET: the input items a stored response was generated from, a page at a time."""

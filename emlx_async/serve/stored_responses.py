@@ -19,6 +19,15 @@ whatever was dropped: at most `max_responses` responses and `max_chars`
 characters, the oldest out first; a response whose conversation alone is
 larger is not kept. The store lives in the server's process and is gone when
 the server stops.
+
+A response streamed in the background keeps its events (an EventLog), which
+``GET /v1/responses/{id}?stream=true`` replays. While it runs they are its
+run's, bounded by its generation (a few events a token, at most its
+max_output_tokens or the context's) and the runs by admission
+(--max-concurrent plus --max-waiting); once it ended they are kept with it,
+counted against the same bounds and dropped with it (not kept where the
+response and its events would not fit the store together). A later response
+that continues it holds its conversation, never its events.
 """
 
 from __future__ import annotations
@@ -26,12 +35,57 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import AsyncIterator
+
+import anyio
 
 MAX_STORED_RESPONSES = 1024
 MAX_STORED_CHARS = 64 << 20
 # Why a response was not kept (StoredResponses.put).
 TOO_LARGE = "its conversation is larger than the store"
 GONE = "it was deleted, or dropped for newer ones, while it ran"
+
+
+def conversation_chars(input_json: str, output_json: str, earlier: StoredResponse | None) -> int:
+    """What a response's conversation counts in the store: its own input and output items (JSON
+    text) and all the earlier conversation it holds."""
+    return len(input_json) + len(output_json) + (earlier.conversation_chars if earlier else 0)
+
+
+class EventLog:
+    """A background stream's events as sent (server-sent events, a byte counted as a
+    character), in order: the event of sequence number n is the n-th. Its run appends
+    them and closes it at its end; each reader follows it (`after`) until then."""
+
+    def __init__(self):
+        self._events: list[bytes] = []
+        self.chars = 0
+        self.closed = False
+        self._grown = anyio.Event()  # set, and replaced, at each event and at the close
+
+    def append(self, event: bytes) -> None:
+        self._events.append(event)
+        self.chars += len(event)
+        self._wake()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._grown.set()
+        self._grown = anyio.Event()
+
+    async def after(self, sequence_number: int) -> AsyncIterator[bytes]:
+        """The events after `sequence_number` (-1: all of them), then each one appended, until closed."""
+        index = sequence_number + 1
+        while True:
+            while index < len(self._events):
+                yield self._events[index]
+                index += 1
+            if self.closed:
+                return
+            await self._grown.wait()
 
 
 class StoredResponse:
@@ -48,8 +102,7 @@ class StoredResponse:
         self._output_json = json.dumps(output)
         self._earlier = earlier
         # Its own text and all its conversation holds (the earlier responses stay while it does).
-        self.chars = (len(self.response_json) + len(input_json) + len(self._output_json)
-                      + (earlier.conversation_chars if earlier else 0))
+        self.chars = len(self.response_json) + conversation_chars(input_json, self._output_json, earlier)
 
     @property
     def conversation_chars(self) -> int:
@@ -80,6 +133,8 @@ class StoredResponses:
     def __init__(self, max_responses: int = MAX_STORED_RESPONSES, max_chars: int = MAX_STORED_CHARS):
         self.max_responses, self.max_chars = max_responses, max_chars
         self._responses: OrderedDict[str, StoredResponse] = OrderedDict()
+        # Background streams' events by their responses' ids (keep_events), counted in _chars too.
+        self._events: dict[str, EventLog] = {}
         self._chars = 0
         self._lock = threading.Lock()
 
@@ -105,20 +160,44 @@ class StoredResponses:
             self._drop(response["id"])
             self._responses[response["id"]] = stored
             self._chars += stored.chars
-            while len(self._responses) > self.max_responses or self._chars > self.max_chars:
-                self._drop(next(iter(self._responses)))
+            self._drop_oldest()
         return None
+
+    def keep_events(self, response_id: str, events: EventLog) -> str | None:
+        """Keep `events`, a background stream's once it ended, with its stored response, counted
+        against the same bounds. Returns why they were not kept (None: kept)."""
+        with self._lock:
+            stored = self._responses.get(response_id)
+            if stored is None:
+                return GONE
+            if stored.chars + events.chars > self.max_chars:
+                return TOO_LARGE
+            self._events[response_id] = events
+            self._chars += events.chars
+            self._drop_oldest()
+        return None
+
+    def events(self, response_id: str) -> EventLog | None:
+        """The events kept with a stored response (None: none were)."""
+        with self._lock:
+            return self._events.get(response_id)
 
     def delete(self, response_id: str) -> bool:
         with self._lock:
             return self._drop(response_id)
 
+    def _drop_oldest(self) -> None:
+        while len(self._responses) > self.max_responses or self._chars > self.max_chars:
+            self._drop(next(iter(self._responses)))
+
     def _drop(self, response_id: str) -> bool:
         stored = self._responses.pop(response_id, None)
         if stored is None:
             return False
-        self._chars -= stored.chars
+        events = self._events.pop(response_id, None)
+        self._chars -= stored.chars + (events.chars if events is not None else 0)
         return True
 
 
-__all__ = ["GONE", "MAX_STORED_CHARS", "MAX_STORED_RESPONSES", "TOO_LARGE", "StoredResponse", "StoredResponses"]
+__all__ = ["GONE", "MAX_STORED_CHARS", "MAX_STORED_RESPONSES", "TOO_LARGE", "EventLog", "StoredResponse",
+           "StoredResponses", "conversation_chars"]

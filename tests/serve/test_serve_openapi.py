@@ -74,6 +74,7 @@ SENT = [
                           "include": [], "parallel_tool_calls": False, "user": "u", "background": False}),
     ("ResponsesRequest", {"input": "x", "max_output_tokens": 2.0, "text": {"format": None}, "reasoning": None}),
     ("ResponsesRequest", {"input": "x", "background": True, "store": True, "stream": False}),
+    ("ResponsesRequest", {"input": "x", "background": True, "stream": True}),
     # test_serve_tools.py, test_serve_structured.py
     ("ChatCompletionRequest", {"messages": [*FRANCE, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
@@ -194,7 +195,6 @@ REFUSED = [
     ("ResponsesRequest", {"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}),
     ("ResponsesRequest", {"input": "x", "top_logprobs": 21}),
     ("ResponsesRequest", {"input": "x", "background": True, "store": False}),
-    ("ResponsesRequest", {"input": "x", "background": True, "stream": True}),
     ("ResponsesRequest", {"input": "x", "include": "x"}),
     ("ResponsesRequest", {"input": "x", "truncation": "sometimes"}),
     ("ResponsesRequest", {"input": "x", "parallel_tool_calls": "yes"}),

