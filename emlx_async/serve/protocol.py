@@ -28,7 +28,7 @@ MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' `logprobs`
 # Choices per request (`n`): the engine's bound, emlx_async.llm.MAX_CHOICES (a test keeps them equal;
 # the engine is imported only when a request runs). The server's --max-concurrent bounds n too.
 MAX_CHOICES = 16
-# Prompts per completion request (a list of them); the server's --max-concurrent bounds prompts times n.
+# Prompts per completion request (a list of them); past the server's --max-concurrent they run in waves.
 MAX_PROMPTS = 64
 # Characters per stop sequence: the text that may begin one is held back and compared with it at
 # every token (llm.text.stop_prefix_len), so a longer one costs every token more; OpenAI states no bound.

@@ -568,7 +568,9 @@ class Service:
                 waves = [(start * n, engine.generate_batch([ids for ids, _ in encoded[start:start + per_wave]],
                                                            n=n, **common))
                          for start in range(0, len(asked), per_wave)]
-                deltas = waves[0][1] if len(waves) == 1 else _wave_after_wave(waves)
+                # A smaller last wave gives back the slots it does not take (once it starts).
+                deltas = waves[0][1] if len(waves) == 1 else \
+                    _wave_after_wave(waves, streams, lambda wave: generation.readmit(wave))
             elif n > 1:
                 deltas = engine.generate_choices(ids, n=n, **common)
             else:
@@ -588,11 +590,12 @@ class Service:
             raise
         prompt_tokens = sum(len(one_ids) for one_ids, _ in encoded)
         self.metrics.prompt_tokens.labels(served.name).inc(prompt_tokens)
-        return Generation(self, served, deltas, stats, prompt_tokens,
-                          [self.output_splitter(engine, one, text) for one, (_, text) in zip(asked, encoded)
-                           for _ in range(n)],
-                          None if echoes is None else [echo for echo in echoes for _ in range(n)],
-                          engine.textless_ids(request.ignore_eos), admitted)
+        generation = Generation(self, served, deltas, stats, prompt_tokens,
+                                [self.output_splitter(engine, one, text) for one, (_, text) in zip(asked, encoded)
+                                 for _ in range(n)],
+                                None if echoes is None else [echo for echo in echoes for _ in range(n)],
+                                engine.textless_ids(request.ignore_eos), admitted)
+        return generation
 
     async def _encoded(self, served: ServedModel, request: GenerationRequest, index: int | None):
         """`encode_to_fit`; a refused prompt of a list (`index`) is named as such (prompt[j])."""
@@ -779,12 +782,16 @@ class Service:
             raise invalid(param, f"'{param}': the grammar cannot start: {exc}", "invalid_grammar") from None
 
 
-async def _wave_after_wave(waves: list[tuple[int, AsyncIterator]]) -> AsyncIterator:
+async def _wave_after_wave(waves: list[tuple[int, AsyncIterator]], streams: int,
+                           readmit: Callable[[int], None]) -> AsyncIterator:
     """The (index, Delta) pairs of each wave's generate_batch in turn, its indexes moved on by
-    its first stream's (`waves`: (first index, deltas)); a wave takes its slots once the one
-    before it has ended. Closing it closes every wave."""
+    its first stream's (`waves`: (first index, deltas); `streams` in all); a wave takes its
+    slots once the one before it has ended, and counts as its own streams from then on
+    (`readmit`). Closing it closes every wave."""
+    ends = [first for first, _ in waves[1:]] + [streams]
     try:
-        for first, deltas in waves:
+        for (first, deltas), end in zip(waves, ends):
+            readmit(end - first)
             async for index, delta in deltas:
                 yield first + index, delta
     finally:
@@ -856,6 +863,12 @@ class Generation:
         """The first choice's finish reason once every choice has finished (None: cut short)."""
         return None if None in self.finish_reasons else self.finish_reasons[0]
 
+    def readmit(self, streams: int) -> None:
+        """Count the request as `streams` generations from now on (a list's next wave)."""
+        if not self._closed:
+            self.served.admitted += streams - self.admitted
+            self.admitted = streams
+
     def logprob_entry(self, delta) -> dict | None:
         """The delta's token in a choice's ``logprobs.content`` (None if it has none)."""
         if delta.token is None or delta.logprob is None:
@@ -873,7 +886,7 @@ class Generation:
 
     async def choice_deltas(self) -> AsyncIterator:
         metrics, stats, name = self.service.metrics, self.stats, self.model_name
-        last = None
+        last, started = None, set()
         try:
             async for item in self._engine_deltas:
                 index, delta = (0, item) if self.n == 1 else item
@@ -881,8 +894,9 @@ class Generation:
                     now = time.perf_counter()
                     if last is None:
                         metrics.ttft.labels(name).observe(now - stats.started)
-                    else:
+                    elif index in started:  # a stream's first token (a later wave's) is no inter-token gap
                         metrics.itl.labels(name).observe(now - last)
+                    started.add(index)
                     last = now
                     metrics.generated_tokens.labels(name).inc()
                     if self.n > 1:  # the engine counts each choice's own; usage sums them

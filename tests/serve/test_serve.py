@@ -242,6 +242,9 @@ async def test_a_list_of_prompts_answers_each_in_openais_order(server, openai_cl
                                                                               stream=True)]
     assert ["".join(c.text for c in chunks if c.index == i) for i in range(6)] == \
         [a.choices[0].text for a in alone for _ in range(2)]
+    # One choice each: six prompts are a wave of four, then one of two.
+    six = openai_client.completions.create(**{**ask, "logprobs": None}, prompt=prompts * 2)
+    assert [(c.index, c.text) for c in six.choices] == [(i, alone[i % 3].choices[0].text) for i in range(6)]
     # A prompt's own choices take a slot each, all at once: past --max-concurrent they could never run.
     with pytest.raises(openai.BadRequestError, match="exceeds the server's 4 concurrent") as refused:
         openai_client.completions.create(**ask, prompt=prompts, n=MAX_CONCURRENT + 1)
@@ -500,6 +503,14 @@ def test_429_when_the_waiting_room_is_full(http, server):
         finally:
             for stream in streams:
                 stream.__exit__(None, None, None)
+    wait_for(lambda: served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 0)
+    # A smaller last wave counts as its own streams once it starts (not as a whole wave, which
+    # would refuse others while slots are free): MAX_CONCURRENT + 1 prompts, a wave of 4, then 1.
+    last_wave = {**long, "prompt": ["Once"] * (MAX_CONCURRENT + 1), "max_tokens": 40, "ignore_eos": True}
+    with http.stream("POST", COMPLETIONS, json=last_wave) as stream:
+        chunks = (json.loads(line[len("data: "):]) for line in stream.iter_lines() if line.startswith("data: {"))
+        next(c for c in chunks if c["choices"] and c["choices"][0]["index"] == MAX_CONCURRENT)
+        assert served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 1
     wait_for(lambda: served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 0)
     room = MAX_CONCURRENT + MAX_WAITING - 2
     with httpx.Client(base_url=server.url, timeout=60, limits=httpx.Limits(max_connections=4)) as crowd:
