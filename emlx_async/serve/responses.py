@@ -430,7 +430,7 @@ def _check_room(stored: StoredResponses, echo: dict, input_json: str, previous: 
     from there): its conversation and the request it echoes past the store's bound, before it
     is admitted. (Its answer's own size is known only at its end, where any response too large
     is logged and not kept.)"""
-    chars = len(json.dumps(echo)) + conversation_chars(input_json, "[]", previous)
+    chars = len(json.dumps(echo)) + _EMPTY_RESPONSE_CHARS + conversation_chars(input_json, "[]", previous)
     if chars > stored.max_chars:
         raise invalid("background", f"background: a background response is only read from the store, and {TOO_LARGE} "
                       f"({chars} characters, the store holds {stored.max_chars}): send it without background",
@@ -443,6 +443,14 @@ def usage(input_tokens: int, output_tokens: int, reasoning_tokens: int = 0) -> d
     return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
             "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": input_tokens + output_tokens}
+
+
+# What a stored response holds besides the request it echoes and its output, counted at its
+# widest (ids, time, usage with token counts of ten digits; its model's name aside).
+_EMPTY_RESPONSE_CHARS = len(json.dumps({
+    "id": "resp_" + "0" * 32, "object": "response", "created_at": 10 ** 10, "status": "in_progress",
+    "model": "", "output": [], "usage": usage(10 ** 9, 10 ** 9, 10 ** 9), "error": None,
+    "incomplete_details": {"reason": "max_output_tokens"}}))
 
 
 def output_text(text: str, logprobs: list[dict] | None = None) -> dict:
@@ -544,6 +552,11 @@ class ResponsesReply:
         if why == TOO_LARGE:
             logger.warning("response %s not stored: %s (%d characters)", self.id, why, request.store.max_chars)
         return response
+
+    @property
+    def answered(self) -> bool:
+        """Whether the answer's end has been made (its last event, or its body)."""
+        return self._ended == "answered"
 
     def started(self, status: str, *, replacing: bool = False) -> dict:
         """The response at its start (`status`: queued or in_progress, no output yet), stored
@@ -852,7 +865,7 @@ def routes(service: Service) -> list[Route]:
             with service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
                 async for chunk in guarded(answer, generation, parsed.generation):
                     events.append(chunk)
-            if shutdown_scope.cancel_called:
+            if shutdown_scope.cancel_called and not answer.answered:  # not cut off once its end is sent
                 events.append(last_event(answer, shutdown_error()))
 
         async def generate() -> None:

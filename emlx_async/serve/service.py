@@ -43,6 +43,11 @@ _GRAMMAR_PROBE_TOKENS = 8
 # mlx-lm's server's tokens/s at 8 clients, where one batch and parallel mode did not
 # reach 1.3x (benchmarks/RESULTS.md).
 AUTO_BATCHES = 2
+# A stream that has written nothing for this many seconds writes an SSE comment, which clients
+# skip: a client that closed while its request waits (for a slot, a list's next wave, a long
+# prefill) is found only by writing, as its FIN reads as a half-close (connections.py).
+STREAM_KEEPALIVE_S = 3.0
+KEEPALIVE_COMMENT = b": keep-alive\n\n"
 
 
 @dataclass
@@ -1123,23 +1128,40 @@ class EventStream(Response):
         shutdown_scope = anyio.CancelScope()
         with self.service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
             async with anyio.create_task_group() as group:
+                sending, written, ended = anyio.Lock(), anyio.current_time(), False
+
+                async def write(body: bytes, more: bool = True) -> None:
+                    nonlocal written, ended
+                    async with sending:
+                        if not ended:  # nothing after the body's end (a keep-alive due at once)
+                            await send({"type": "http.response.body", "body": body, "more_body": more})
+                            written, ended = anyio.current_time(), not more
+
                 async def watch() -> None:
                     await until_disconnected(receive)
                     group.cancel_scope.cancel()
+
+                async def keep_alive() -> None:
+                    while True:
+                        await anyio.sleep(written + STREAM_KEEPALIVE_S - anyio.current_time())
+                        if anyio.current_time() - written >= STREAM_KEEPALIVE_S:
+                            await write(KEEPALIVE_COMMENT)
 
                 group.start_soon(watch)
                 try:
                     await send({"type": "http.response.start", "status": self.status_code,
                                 "headers": self.raw_headers})
+                    written = anyio.current_time()
+                    group.start_soon(keep_alive)
                     async for event in self.events:
-                        await send({"type": "http.response.body", "body": event, "more_body": True})
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                        await write(event)
+                    await write(b"", more=False)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await self.events.aclose()
                         await self.generation.aclose()  # the events may never have started
                 group.cancel_scope.cancel()
-        if shutdown_scope.cancel_called:  # the client is still there: end the stream properly
+        if shutdown_scope.cancel_called and not ended:  # the client is still there: end the stream properly
             await send({"type": "http.response.body", "body": self.trailer(), "more_body": False})
 
 

@@ -55,7 +55,7 @@ def sse_events(response) -> list[str]:
     """The data payloads of a server-sent event stream, checking the framing."""
     raw = "".join(response.iter_text())
     assert raw.endswith("\n\n"), raw[-200:]
-    events = raw[:-2].split("\n\n")
+    events = [e for e in raw[:-2].split("\n\n") if not e.startswith(":")]  # not the keep-alive comments
     assert all(e.startswith("data: ") and "\n" not in e for e in events), events
     return [e[len("data: "):] for e in events]
 
@@ -424,7 +424,7 @@ def test_disconnect_mid_stream_frees_the_slot(http, server):
                                                        "temperature": 0, "stream": True}) as response:
             # Keep the iterator: dropping a half-read httpx iterator closes the connection.
             lines = response.iter_lines()
-            next(lines)  # a token arrived: the request holds a slot
+            next(line for line in lines if line.startswith("data: "))  # a token arrived: the request holds a slot
             assert served_metric(http, "emlx_requests_active") == 1
     # The connection is closed: the slot comes back within a decode step (~0.1-0.3 s on a 2-core CPU).
     closed = time.monotonic()
@@ -432,6 +432,40 @@ def test_disconnect_mid_stream_frees_the_slot(http, server):
     assert time.monotonic() - closed < 3.0
     assert served_metric(http, "emlx_requests_waiting") == 0
     assert served_metric(http, "emlx_requests_cancelled_total") == cancelled + 1
+
+
+def test_a_client_gone_while_its_stream_waits_is_found_by_the_keep_alive(http, server):
+    """A client that read all it got and closed sends a FIN, which reads as a half-close: while
+    its stream waits for a slot it writes nothing, so the keep-alive comment it writes when idle
+    finds the closed connection, and the request's admission comes back."""
+    import socket
+
+    from emlx_async.serve.service import KEEPALIVE_COMMENT, STREAM_KEEPALIVE_S
+
+    long = {"prompt": "Once upon a time", "max_tokens": 500, "temperature": 0, "stream": True}
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    with httpx.Client(base_url=server.url, timeout=60,
+                      limits=httpx.Limits(max_connections=MAX_CONCURRENT)) as crowd:
+        streams = [crowd.stream("POST", COMPLETIONS, json=long) for _ in range(MAX_CONCURRENT)]
+        try:
+            for stream in streams:
+                assert stream.__enter__().status_code == 200
+            body = json.dumps(long).encode()
+            with socket.create_connection((host, int(port)), timeout=30) as waiting:
+                waiting.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                got = b""
+                while KEEPALIVE_COMMENT not in got:  # all of the headers, then the first keep-alive
+                    got += waiting.recv(4096)
+                assert got.startswith(b"HTTP/1.1 200")
+                assert served_metric(http, "emlx_requests_waiting") == 1
+            closed = time.monotonic()  # everything read: a FIN, not a reset
+            wait_for(lambda: served_metric(http, "emlx_requests_waiting") == 0, timeout=4 * STREAM_KEEPALIVE_S)
+            assert time.monotonic() - closed < 2.5 * STREAM_KEEPALIVE_S
+        finally:
+            for stream in streams:
+                stream.__exit__(None, None, None)
+    wait_for(lambda: served_metric(http, "emlx_requests_active") + served_metric(http, "emlx_requests_waiting") == 0)
 
 
 def test_a_client_leaving_a_non_streamed_request_frees_the_slot(http, server):

@@ -207,6 +207,8 @@ def named_events(response) -> list[tuple[str, dict]]:
     assert raw.endswith("\n\n"), raw[-200:]
     out = []
     for block in raw[:-2].split("\n\n"):
+        if block.startswith(":"):  # a keep-alive comment
+            continue
         name, data = block.split("\n")
         assert name.startswith("event: ") and data.startswith("data: "), block
         out.append((name[len("event: "):], json.loads(data[len("data: "):])))

