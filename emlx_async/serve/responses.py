@@ -554,9 +554,9 @@ class ResponsesReply:
         return response
 
     @property
-    def answered(self) -> bool:
-        """Whether the answer's end has been made (its last event, or its body)."""
-        return self._ended == "answered"
+    def ended(self) -> bool:
+        """Whether the answer's end has been made (its last event or body, or its failure's)."""
+        return self._ended is not None
 
     def started(self, status: str, *, replacing: bool = False) -> dict:
         """The response at its start (`status`: queued or in_progress, no output yet), stored
@@ -865,7 +865,7 @@ def routes(service: Service) -> list[Route]:
             with service.on_cut_off(shutdown_scope.cancel), shutdown_scope:
                 async for chunk in guarded(answer, generation, parsed.generation):
                     events.append(chunk)
-            if shutdown_scope.cancel_called and not answer.answered:  # not cut off once its end is sent
+            if shutdown_scope.cancel_called and not answer.ended:  # not cut off once its end is kept
                 events.append(last_event(answer, shutdown_error()))
 
         async def generate() -> None:

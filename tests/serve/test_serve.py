@@ -456,7 +456,9 @@ def test_a_client_gone_while_its_stream_waits_is_found_by_the_keep_alive(http, s
                                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
                 got = b""
                 while KEEPALIVE_COMMENT not in got:  # all of the headers, then the first keep-alive
-                    got += waiting.recv(4096)
+                    read = waiting.recv(4096)
+                    assert read, got  # the server closed first
+                    got += read
                 assert got.startswith(b"HTTP/1.1 200")
                 assert served_metric(http, "emlx_requests_waiting") == 1
             closed = time.monotonic()  # everything read: a FIN, not a reset
