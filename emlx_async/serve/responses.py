@@ -529,6 +529,7 @@ class ResponsesReply:
         self.parts = AnswerParts(generation)
         self.summarized = (request.echo.get("reasoning") or {}).get("summary") not in (None, "none")
         self._ended: str | None = None  # "answered", or "early" (a failure, or the client gone)
+        self._failed = False  # ended early by a failure (its error kept)
         # A stream's and a background response's client sees its id before its end.
         self._kept_from_start = request.generation.stream or request.background
 
@@ -555,8 +556,9 @@ class ResponsesReply:
 
     @property
     def ended(self) -> bool:
-        """Whether the answer's end has been made (its last event or body, or its failure's)."""
-        return self._ended is not None
+        """Whether the answer's end has been made: its last event or body, or a failure's (a
+        client leaving is no end: a shutdown's failure still follows it)."""
+        return self._ended == "answered" or self._failed
 
     def started(self, status: str, *, replacing: bool = False) -> dict:
         """The response at its start (`status`: queued or in_progress, no output yet), stored
@@ -579,6 +581,7 @@ class ResponsesReply:
         if self._ended == "answered" or (self._ended and error is None):
             return
         self._ended = "early"
+        self._failed = self._failed or error is not None
         if self._kept_from_start:
             self._keep(self.response("cancelled", []) if error is None else self._failed_response(error),
                        replacing=True)
