@@ -380,7 +380,8 @@ def test_live_keys_cors_access_log_and_unknown_models(server):
 
     # Anthropic's client sends x-api-key; the key from the environment is one of the server's.
     with anthropic.Anthropic(base_url=server.url, api_key=ENV_KEY, max_retries=0, timeout=60) as client:
-        message = client.messages.create(model=MODEL, max_tokens=3, messages=question, temperature=0)
+        message = client.messages.create(model=MODEL, max_tokens=3, messages=question,
+                                         extra_body={"temperature": 0})  # greedy (this client sends no temperature)
         assert message.usage.output_tokens == 3
         with pytest.raises(anthropic.NotFoundError) as caught:
             client.messages.create(model="claude-sonnet-4-5", max_tokens=3, messages=question)
