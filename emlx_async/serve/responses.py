@@ -76,7 +76,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .service import Generation, Service, shutdown_error, until_disconnected
+from .service import Generation, ServerSentEvents, Service, shutdown_error, until_disconnected
 from .stored_responses import TOO_LARGE, EventLog, StoredResponse, StoredResponses, conversation_chars
 from .common import (JSON, AnswerParts, Collected, boolean, checked_text, collected_body, event, generation_route,
                      guarded, integer, joined_text, last_event, number, optional_object, prompt_tokens_route,
@@ -765,18 +765,13 @@ class BackgroundRun:
     events: EventLog | None = None
 
 
-class EventReplay(Response):
+class EventReplay(ServerSentEvents):
     """A background stream's events as server-sent events: those after `after` (a sequence
     number; -1: all), then each as its run appends it, until the run ends. The client leaving
     ends this reading only: the run goes on, its events kept for the next reader."""
 
-    media_type = "text/event-stream"
-
     def __init__(self, events: EventLog, after: int = -1):
-        # Not Response.__init__: it would declare a content-length of 0.
-        self.status_code = 200
-        self.background = None
-        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__()
         self.events, self.after = events, after
 
     async def __call__(self, scope, receive, send) -> None:

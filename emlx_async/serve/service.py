@@ -1103,25 +1103,33 @@ async def until_disconnected(receive) -> None:
             return
 
 
-class EventStream(Response):
+class ServerSentEvents(Response):
+    """A response of server-sent events, sent by the subclass's ``__call__``: status 200, not
+    cached, not buffered by proxies, and no content-length."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self):
+        # Not Response.__init__: it would declare a content-length of 0.
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+class EventStream(ServerSentEvents):
     """Server-sent events that stop (and close their source) as soon as the client disconnects.
 
     Starlette's StreamingResponse only notices a disconnect when a write
     fails on some servers; this one watches the receive channel all along.
     """
 
-    media_type = "text/event-stream"
-
     def __init__(self, events: AsyncIterator[bytes], service: Service, generation: Generation,
                  trailer: Callable[[], bytes] | None = None):
+        super().__init__()
         # `trailer`: what a client still there gets when the shutdown deadline
         # cuts the stream short (each API has its own closing events).
         self.service, self.generation = service, generation
         self.trailer = trailer or (lambda: sse(shutdown_error().body()) + sse("[DONE]"))
-        # Not Response.__init__: it would declare a content-length of 0.
-        self.status_code = 200
-        self.background = None
-        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.events = events
 
     async def __call__(self, scope, receive, send) -> None:
