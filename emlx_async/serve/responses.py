@@ -421,16 +421,19 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES,
             "store": store, "previous_response_id": body.get("previous_response_id"), "background": background}
     input_json = json.dumps([listed_item(item) for item in items]) if store else None
     if background and store:
-        _check_room(stored, echo, input_json, previous)
+        _check_room(stored, echo, model, input_json, previous)
     return ResponsesRequest(generation, echo, stored if store else None, previous, items, input_json, background)
 
 
-def _check_room(stored: StoredResponses, echo: dict, input_json: str, previous: StoredResponse | None) -> None:
+def _check_room(stored: StoredResponses, echo: dict, model: str | None, input_json: str,
+                previous: StoredResponse | None) -> None:
     """A 400 for a background response the store could not keep (its answer is only ever read
     from there): its conversation and the request it echoes past the store's bound, before it
     is admitted. (Its answer's own size is known only at its end, where any response too large
-    is logged and not kept.)"""
-    chars = len(json.dumps(echo)) + _EMPTY_RESPONSE_CHARS + conversation_chars(input_json, "[]", previous)
+    is logged and not kept.) `model`: the name asked for, which the answer names (None: the
+    server's default, a name of its own configuration)."""
+    chars = (len(json.dumps(echo)) + len(json.dumps(model or "")) + _EMPTY_RESPONSE_CHARS
+             + conversation_chars(input_json, "[]", previous))
     if chars > stored.max_chars:
         raise invalid("background", f"background: a background response is only read from the store, and {TOO_LARGE} "
                       f"({chars} characters, the store holds {stored.max_chars}): send it without background",
@@ -798,10 +801,21 @@ def _starting_after(query) -> int:
     raw = query.get("starting_after")
     if raw is None:
         return -1
-    if not (raw.isascii() and raw.isdigit() and len(raw) < 10):
+    if not (raw.isascii() and raw.isdigit()):
         raise invalid("starting_after", f"starting_after: expected a sequence number (an integer >= 0), "
                       f"got {show(raw)}")
-    return int(raw)
+    # Any larger number is past every event a log can hold (and int() of thousands of digits is refused).
+    return int(raw) if len(raw) <= 18 else 10 ** 18
+
+
+def _streamed(query) -> bool:
+    """The ``stream`` query parameter, a boolean as clients write one in a URL."""
+    raw = query.get("stream", "false")
+    if raw.lower() in ("true", "1"):
+        return True
+    if raw.lower() in ("false", "0", ""):
+        return False
+    raise invalid("stream", f"stream: expected true or false, got {show(raw)}")
 
 
 MAX_LISTED_ITEMS = 100  # OpenAI's bound on a page
@@ -928,12 +942,13 @@ def routes(service: Service) -> list[Route]:
         kept = stored.get(response_id)
         if kept is None:
             return _not_found(response_id)
-        if request.query_params.get("stream", "false").lower() in ("false", "0", ""):
-            return Response(kept.response_json, media_type="application/json")
         try:
+            streamed = _streamed(request.query_params)
             after = _starting_after(request.query_params)
         except APIError as error:
             return error_response(error)
+        if not streamed:
+            return Response(kept.response_json, media_type="application/json")
         run = running.get(response_id)
         events = run.events if run is not None else stored.events(response_id)
         if events is None:  # OpenAI streams only these too

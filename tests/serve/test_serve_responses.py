@@ -1008,8 +1008,14 @@ def test_a_background_stream_is_the_collected_answer_streamed_and_replayed_from_
     for after in (0, 3, len(events) - 2, len(events) - 1, len(events) + 5):
         replayed = openai_client.responses.retrieve(final.id, stream=True, starting_after=after)
         assert [e.model_dump() for e in replayed] == dumped[after + 1:], after
-    bad = http.get(f"/v1/responses/{final.id}", params={"stream": "true", "starting_after": "-1"})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "starting_after"
+    past = http.get(f"/v1/responses/{final.id}", params={"stream": "true", "starting_after": "9" * 40})
+    assert past.status_code == 200 and sse_events(past.text.splitlines()) == []  # past every event: none
+    url = f"/v1/responses/{final.id}"
+    assert http.get(url, params={"stream": "1"}).text == http.get(url, params={"stream": "true"}).text
+    assert http.get(url, params={"stream": "0"}).json() == http.get(url).json()
+    for param, value in (("starting_after", "-1"), ("starting_after", "1.5"), ("stream", "yes")):
+        bad = http.get(f"/v1/responses/{final.id}", params={"stream": "true", param: value})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (param, value)
     # Only a response created with background and stream has events to replay (OpenAI's rule).
     queued = openai_client.responses.create(**ask, background=True)
     ended(openai_client, queued.id)
