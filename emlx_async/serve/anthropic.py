@@ -372,12 +372,14 @@ class MessagesReply:
         self.model = generation.model_name
         self.id = new_id()
         self.parts = AnswerParts(generation)
+        self.ended = False  # its message_stop written, or its error made (common.Reply)
 
     def failed(self, error: APIError) -> bytes:
         return _error_event(error)
 
     def ended_early(self, error: APIError | None) -> None:
-        """Nothing of a Messages API answer is kept, so nothing records how it ended."""
+        """Nothing of a Messages API answer is kept: only a failure's end is recorded."""
+        self.ended = self.ended or error is not None
 
     def _stop(self, finish_reason: str, last_token: int | None, tokens: list[int]) -> tuple[str, str | None]:
         if self.parts.finish_reason(finish_reason) == "tool_calls":  # whole calls: the client runs them
@@ -388,6 +390,7 @@ class MessagesReply:
         return usage(self.generation.prompt_tokens, self.generation.stats.generated_tokens)
 
     def body(self, collected: Collected) -> dict:
+        self.ended = True
         content = [text_block(part) if isinstance(part, str) else thinking_block(part.text)
                    if isinstance(part, Reasoning) else tool_use_block(part.call)
                    for part in self.parts.whole(collected)]
@@ -470,6 +473,7 @@ class MessagesReply:
                                               "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                               "usage": self._usage()})
                 yield event("message_stop", {"type": "message_stop"})
+                self.ended = True  # written: a shutdown's cut-off from here adds no error
 
 
 # ---- routes -------------------------------------------------------------------------

