@@ -284,7 +284,9 @@ class PromptEncoder:
         low, high = min(ids), max(ids)
         if low < 0 or high >= self.vocab_size:
             bad = low if low < 0 else high
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+            # A huge one is not written out: str() of it is slow, and past 4300 digits refused.
+            shown = bad if bad.bit_length() <= 64 else f"of {bad.bit_length()} bits"
+            raise ValueError(f"token id {shown} is outside the vocabulary [0, {self.vocab_size})")
 
     def render_chat(self, messages: Sequence[dict], *, tools: Sequence[dict] | None = None,
                     template_kwargs: dict[str, Any] | None = None) -> str:

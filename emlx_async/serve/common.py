@@ -52,7 +52,7 @@ def type_name(value: Any) -> str:
     if isinstance(value, numbers.Real):
         return "number"
     if isinstance(value, str):
-        return "string"
+        return "string" if value else "an empty string"
     if isinstance(value, list):
         return "array"
     return "object" if isinstance(value, dict) else type(value).__name__

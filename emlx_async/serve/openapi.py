@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
+from .responses import INCLUDABLE
 from .protocol import (DEFAULT_MAX_MESSAGES, GUIDED_FIELDS, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_COMPLETION_LOGPROBS,
                        MAX_PROMPTS, MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, MAX_SCHEMA_PROPERTIES, MAX_TOP_LOGPROBS,
                        PENALTY_BOUND, REPETITION_BOUNDS, NO_EFFECT_TEXT_FIELDS, REASONING_EFFORTS, TEMPLATE_RESERVED)
@@ -578,8 +579,9 @@ _RESPONSES_REQUEST = {
         "truncation": {"enum": ["auto", "disabled"],
                        "description": "auto: the oldest turns go while the input does not fit the context"},
         "text": {"type": "object", "properties": {"format": {"anyOf": [_TEXT_FORMAT, {"type": "null"}]}}},
-        "include": {"type": "array", "items": {"type": "string"},
-                    "description": "message.output_text.logprobs: each output_text's logprobs; others ignored"},
+        "include": {"type": "array", "items": {"enum": list(INCLUDABLE)},
+                    "description": "message.output_text.logprobs: each output_text's logprobs; the others "
+                                   "(outputs of tools this server has not) add nothing"},
         "tool_choice": _RESPONSES_TOOL_CHOICE,
         "tools": {"type": "array", "items": _RESPONSES_TOOL},
         "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS,

@@ -750,14 +750,18 @@ def _parse_prompt(body: dict) -> list[str | list[int]]:
         return [_text(prompt, "prompt")]
     if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
         return [[int(t) for t in prompt]]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+    if isinstance(prompt, list) and prompt and _is_int(prompt[0]):  # token ids, one of them not
+        bad = next(i for i, t in enumerate(prompt) if not _is_int(t))
+        raise invalid(f"prompt[{bad}]", f"'prompt[{bad}]' must be a token id (an integer), got "
+                      f"{show(prompt[bad])}", "invalid_type")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) > MAX_PROMPTS:
             raise invalid("prompt", f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS} per request")
         prompts = []
         for i, one in enumerate(prompt):
             if isinstance(one, str):
                 prompts.append(_text(one, f"prompt[{i}]"))
-            elif one and all(_is_int(t) for t in one):
+            elif isinstance(one, list) and one and all(_is_int(t) for t in one):
                 prompts.append([int(t) for t in one])
             else:
                 raise invalid(f"prompt[{i}]", f"'prompt[{i}]' must be a string or a non-empty list of token ids",

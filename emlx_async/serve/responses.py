@@ -348,6 +348,11 @@ def _parse_reasoning(body: dict, generation: GenerationRequest) -> dict | None:
 # What `include` may name: the answer's logprobs; the others name what a local model has
 # nothing of (encrypted reasoning: its reasoning is sent in the clear), or tools not served.
 LOGPROBS_INCLUDED = "message.output_text.logprobs"
+# OpenAI's `include` values: the rest name outputs of tools and encryption this server has
+# not (Codex sends reasoning.encrypted_content), so they add nothing; any other is a typo.
+INCLUDABLE = ("code_interpreter_call.outputs", "computer_call_output.output.image_url", "file_search_call.results",
+              "message.input_image.image_url", LOGPROBS_INCLUDED, "reasoning.encrypted_content",
+              "web_search_call.action.sources", "web_search_call.results")
 
 
 def _parse_logprobs(body: dict, generation: GenerationRequest) -> int:
@@ -356,6 +361,10 @@ def _parse_logprobs(body: dict, generation: GenerationRequest) -> int:
     include = body.get("include")
     if include is not None and (not isinstance(include, list) or not all(isinstance(i, str) for i in include)):
         raise wrong_type("include", "an array of strings", include)
+    for i, name in enumerate(include or ()):
+        if name not in INCLUDABLE:
+            raise invalid(f"include[{i}]", f"include[{i}]: {show(name)} is not one of OpenAI's values: "
+                          f"{', '.join(INCLUDABLE)}", "invalid_value")
     top = integer(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS) or 0
     generation.logprobs = LOGPROBS_INCLUDED in (include or ()) or top > 0
     generation.top_logprobs = top
@@ -830,7 +839,7 @@ def page_of_items(kept: StoredResponse, query) -> dict:
     if order not in ("asc", "desc"):
         raise invalid("order", f"order: expected 'asc' or 'desc', got {show(order)}")
     raw = query.get("limit", "20")
-    limit = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 4 else 0
+    limit = int(raw) if raw.isascii() and raw.isdigit() and len(raw.lstrip("0")) < 4 else 0
     if not 1 <= limit <= MAX_LISTED_ITEMS:
         raise invalid("limit", f"limit: expected an integer from 1 to {MAX_LISTED_ITEMS}, got {show(raw)}")
     items = kept.input_items()

@@ -1050,7 +1050,9 @@ async def read_json(request: Request, limit: int, timeout: float):
     try:
         body = json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        # Python's own text for an integer of more digits than it converts names its settings.
+        why = "an integer in it has more digits than 4300" if "int_max_str_digits" in str(exc) else exc
+        raise APIError(400, f"the request body is not valid JSON: {why}", code="invalid_json") from None
     except RecursionError:
         raise APIError(400, "the request body is nested too deeply", code="invalid_json") from None
     return RequestBody(body) if isinstance(body, dict) else body

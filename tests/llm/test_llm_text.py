@@ -411,3 +411,15 @@ def test_holding_back_text_for_a_long_stop_string_costs_little_per_token():
     for _ in range(100):
         assert stop_prefix_len(text, stop) == MAX_STOP_CHARS - 1
     assert (time.perf_counter() - start) / 100 < 0.005
+
+
+@needs_model
+def test_an_id_outside_the_vocabulary_is_named_short_however_large(gguf_tokenizer):
+    from emlx_async.llm.text import PromptEncoder
+
+    encoder = PromptEncoder(gguf_tokenizer, bos_id=None, chat_template=None, vocab_size=49152)
+    for ids, named in (([1, 49152], "token id 49152 "), ([-3, 5], "token id -3 "),
+                       ([10 ** 300], "token id of 997 bits "), ([-(10 ** 4000)], "token id of 13288 bits ")):
+        with pytest.raises(ValueError) as caught:
+            encoder.encode(prompt=ids)
+        assert str(caught.value).startswith(named) and len(str(caught.value)) < 100, str(caught.value)[:200]

@@ -105,6 +105,13 @@ def test_hostile_bodies_get_a_400_naming_the_field(body, param):
     messages_api.JSON(shape).body.decode()  # what is sent is UTF-8, whatever the request held
 
 
+def test_an_empty_id_is_called_empty():
+    turn = {"role": "assistant", "content": [{"type": "tool_use", "id": "", "name": "f", "input": {}}]}
+    with pytest.raises(APIError) as caught:
+        messages_api.parse_request({**OK, "messages": [*FRANCE, turn]})
+    assert caught.value.message == "messages[1].content[0].id: expected a non-empty string, got an empty string"
+
+
 def test_a_request_becomes_the_chat_request():
     parsed = messages_api.parse_request({
         **OK, "system": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief.", "cache_control": {}}],

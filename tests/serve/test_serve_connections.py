@@ -232,6 +232,14 @@ def test_bytes_after_a_last_request_are_not_read(server, http):
     assert http.get("/health").status_code == 200
 
 
+def test_an_integer_longer_than_python_converts_is_named_in_the_services_words(server, http):
+    refused = http.post("/v1/chat/completions", content=b'{"max_tokens": ' + b"9" * 5000 + b"}",
+                        headers={"Content-Type": "application/json"})
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and error["code"] == "invalid_json"
+    assert "more digits than 4300" in error["message"] and "sys." not in error["message"], error["message"]
+
+
 def test_connections_past_the_limit_get_503(server, http):
     socks = [connect(server) for _ in range(MAX_CONNECTIONS + 4)]
     try:

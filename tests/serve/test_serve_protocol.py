@@ -57,6 +57,18 @@ def test_hostile_fields_are_400s_naming_the_field(body, param):
     assert refused(body).param == param
 
 
+@pytest.mark.parametrize("prompt, param", [
+    (["a", None], "prompt[1]"),          # a list of prompts names the one that is neither
+    (["a", {}], "prompt[1]"),
+    ([[1, 2], []], "prompt[1]"),
+    ([1, 2.5], "prompt[1]"),             # token ids name the one that is not an id
+    ([1, "a"], "prompt[1]"),
+    ([None], "prompt"),
+])
+def test_a_prompt_list_names_its_bad_item(prompt, param):
+    assert refused({"prompt": prompt}, chat=False).param == param
+
+
 def test_lone_surrogate_in_a_prompt_and_in_an_echo():
     assert refused({"prompt": "\ud800"}, chat=False).param == "prompt"
     error = APIError(400, "the model 'x\ud800' does not exist")

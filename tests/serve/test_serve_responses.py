@@ -94,6 +94,7 @@ HOSTILE = [
     ({**OK, "top_logprobs": "2"}, "top_logprobs"),
     ({**OK, "background": True, "store": False}, "background"),              # read from the store only
     ({**OK, "include": "x"}, "include"),
+    ({**OK, "include": ["message.output_text.logprobs", "bogus"]}, "include[1]"),
     ({**OK, "truncation": "sometimes"}, "truncation"),
     ({**OK, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({**OK, "max_tool_calls": 0}, "max_tool_calls"),
@@ -121,7 +122,7 @@ def test_a_request_becomes_the_chat_request():
                   {"role": "user", "content": "Paris?"}],
         "max_output_tokens": 9, "temperature": 0.5, "top_p": 0.9, "stream": True, "store": True,
         "metadata": {"k": "v"}, "tool_choice": "auto", "text": {"format": {"type": "text"}},
-        "include": [], "truncation": "disabled", "user": "u"})
+        "include": ["reasoning.encrypted_content"], "truncation": "disabled", "user": "u"})  # Codex's: no effect
     request = parsed.generation
     assert request.chat and request.model == MODEL and request.max_tokens == 9 and request.stream
     assert request.messages == [{"role": "system", "content": "Be brief."},
@@ -333,6 +334,7 @@ def test_input_items_are_kept_with_ids_and_listed_a_page_at_a_time():
         with pytest.raises(APIError) as caught:
             page(**query)
         assert (caught.value.status, caught.value.param) == (400, param), query
+    assert page(limit="0002")["data"] == page(limit="2")["data"]  # an integer as written with leading zeros
 
 
 def test_a_stream_is_kept_from_its_start_to_however_it_ended_a_collected_answer_only_answered():
