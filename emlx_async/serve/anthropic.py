@@ -233,6 +233,7 @@ def parse_conversation(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> 
         raise invalid("messages", "messages: at least one message is required")
     check_message_count(messages, "messages", max_messages)
     ids = ToolCallIds("tool_use block")
+    asked: tuple[int, list[str]] | None = None  # an assistant turn's index and its tool_use ids
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -244,6 +245,14 @@ def parse_conversation(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> 
         if "content" not in message:
             raise invalid(f"{where}.content", f"{where}.content: field required", "missing_required_parameter")
         out += _turn(role, message["content"], f"{where}.content", ids)
+        if asked is not None:  # Anthropic's rule: the message after tool_use blocks holds a result of each
+            missing = ids.unanswered() if role == "user" else asked[1]
+            if missing:
+                raise invalid(f"messages[{asked[0]}]", f"messages[{asked[0]}]: tool_use ids were found without "
+                              f"tool_result blocks immediately after: {', '.join(show(m) for m in missing)}. Each "
+                              "tool_use block must have a corresponding tool_result block in the next message.",
+                              "missing_tool_result")
+        asked = (i, ids.unanswered()) if role == "assistant" and ids.unanswered() else None
         if role == "user":
             ids.made([], [])  # its results answered the turn before; the next answers the next one
     if messages[-1]["role"] == "assistant":

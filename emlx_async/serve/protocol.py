@@ -393,14 +393,14 @@ class ToolCallIds:
     def __init__(self, call: str = "tool call", *, any_earlier: bool = False, per_turn: bool = False):
         self._call, self._any_earlier, self._per_turn = call, any_earlier, per_turn
         self._seen: set[str] = set()     # every call's id so far
-        self._open: set[str] = set()     # those a result may still answer
+        self._open: dict[str, None] = {}  # those a result may still answer, in order
         self._answered: set[str] = set()
 
     def made(self, ids: list[str | None], params: list[str]) -> None:
         """An assistant turn (or, with no ids, any other turn that is not a result) and the
         ids of its calls (None: a call without an id), each named by its param."""
         if not self._any_earlier:
-            self._open = set()
+            self._open = {}
         if self._per_turn:
             self._seen, self._answered = set(), set()
         for call_id, param in zip(ids, params):
@@ -410,7 +410,7 @@ class ToolCallIds:
                 raise invalid(param, f"{param}: the id {show(call_id)} is already used by another {self._call}; "
                               f"every {self._call} needs its own id", "duplicate_tool_call_id")
             self._seen.add(call_id)
-            self._open.add(call_id)
+            self._open[call_id] = None
 
     def answered(self, call_id: str, param: str) -> None:
         """A result naming `call_id`."""
@@ -422,6 +422,10 @@ class ToolCallIds:
             raise invalid(param, f"{param}: no {self._call} {before} has the id {show(call_id)}",
                           "unknown_tool_call_id")
         self._answered.add(call_id)
+
+    def unanswered(self) -> list[str]:
+        """The ids of the calls a result may answer that none has yet, in order."""
+        return [call_id for call_id in self._open if call_id not in self._answered]
 
 
 def _parse_history_calls(calls: Any, param: str) -> list[dict]:

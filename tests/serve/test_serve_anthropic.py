@@ -34,6 +34,14 @@ MAX_CONCURRENT, MAX_WAITING, SHUTDOWN_TIMEOUT = 2, 1, 3.0
 # ---- parsing, in process ------------------------------------------------------------
 
 OK = {"model": MODEL, "max_tokens": 8, "messages": FRANCE}
+CALLS_T1_T2 = {"role": "assistant", "content": [{"type": "tool_use", "id": t, "name": "f", "input": {}}
+                                               for t in ("t1", "t2")]}
+
+
+def result_of(*ids: str) -> dict:
+    return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": t, "content": "4"} for t in ids]}
+
+
 HOSTILE = [
     ({"messages": FRANCE}, "max_tokens"),                                    # Anthropic requires it
     ({**OK, "max_tokens": None}, "max_tokens"),
@@ -72,6 +80,11 @@ HOSTILE = [
     ({**OK, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "4"}]}]},
      "messages[0].content[0].tool_use_id"),                                 # no tool_use of that id before
     ({**OK, "messages": [*FRANCE, {"role": "assistant", "content": "The"}]}, "messages[1].role"),  # a prefill
+    # Anthropic's rule: the message after an assistant's tool_use blocks holds a tool_result for each.
+    ({**OK, "messages": [*FRANCE, CALLS_T1_T2, {"role": "user", "content": "no result"}]}, "messages[1]"),
+    ({**OK, "messages": [*FRANCE, CALLS_T1_T2, result_of("t1")]}, "messages[1]"),
+    ({**OK, "messages": [*FRANCE, CALLS_T1_T2, {"role": "assistant", "content": "x"}, result_of("t1")]},
+     "messages[1]"),
     ({**OK, "messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
     ({**OK, "system": [{"type": "text", "text": "a\udfffb"}]}, "system[0].text"),
     ({**OK, "tools": "f"}, "tools"),
@@ -103,6 +116,16 @@ def test_hostile_bodies_get_a_400_naming_the_field(body, param):
     assert shape["type"] == "error" and shape["error"]["type"] == "invalid_request_error"
     assert shape["error"]["message"].startswith(param + ":")
     messages_api.JSON(shape).body.decode()  # what is sent is UTF-8, whatever the request held
+
+
+def test_each_tool_use_is_answered_in_the_next_message():
+    with pytest.raises(APIError) as caught:
+        messages_api.parse_request({**OK, "messages": [*FRANCE, CALLS_T1_T2, result_of("t2")]})
+    assert caught.value.message == ("messages[1]: tool_use ids were found without tool_result blocks immediately "
+                                    "after: 't1'. Each tool_use block must have a corresponding tool_result block "
+                                    "in the next message.")
+    answered = messages_api.parse_request({**OK, "messages": [*FRANCE, CALLS_T1_T2, result_of("t2", "t1")]})
+    assert [m["role"] for m in answered.generation.messages] == ["user", "assistant", "tool", "tool"]
 
 
 def test_an_empty_id_is_called_empty():

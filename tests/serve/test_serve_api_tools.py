@@ -160,7 +160,8 @@ MESSAGES_HOSTILE = [
     ({"messages": [*CALLED, CALLED[1], CALLED[2]]}, "messages[3].content[1].id"),
     ({"messages": [*CALLED[:2], {"role": "user", "content": CALLED[2]["content"] * 2}]},
      "messages[2].content[1].tool_use_id"),
-    ({"messages": [*CALLED[:2], {"role": "user", "content": "Well?"}, CALLED[2]]}, "messages[3].content[0].tool_use_id"),
+    # (its result a turn late: the call's turn is named first, as unanswered in the next message)
+    ({"messages": [*CALLED[:2], {"role": "user", "content": "Well?"}, CALLED[2]]}, "messages[1]"),
     # An input reaches the template: JSON the tokenizer can hold, nested within the bound.
     *[({"messages": [CALLED[0], {"role": "assistant", "content": [{**CALLED[1]["content"][1], "input": value}]},
                      CALLED[2]]}, "messages[1].content[0].input")
