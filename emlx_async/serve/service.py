@@ -401,7 +401,10 @@ class Service:
         """The request's prompt ids and the prompt's text (the rendered chat), or APIError 400."""
         engine, limit = served.engine, self.prompt_limit(served)
         param = "messages" if request.chat else "prompt"
-        too_long = f"the prompt is longer than the limit of {limit} tokens"
+        # A chat's prompt holds its system prompt (instructions, system) and tools too, not its messages alone.
+        prompt = "the prompt (the messages, the system prompt and the tools, as the chat template writes them)" \
+            if request.chat else "the prompt"
+        too_long = f"{prompt} is longer than the limit of {limit} tokens"
         try:
             if request.chat:
                 messages, tools = self.chat_inputs(engine, request)

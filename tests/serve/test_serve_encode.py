@@ -42,6 +42,8 @@ async def test_a_prompt_past_the_bound_is_refused_before_it_is_encoded(service, 
     with pytest.raises(APIError) as refused:
         encode(service, request)
     assert refused.value.code == "context_length_exceeded" and refused.value.param == ("messages" if chat else "prompt")
+    # A chat's prompt is more than its messages: the message says what it holds (a long system prompt).
+    assert ("the system prompt and the tools" in refused.value.message) == chat
     monkeypatch.undo()
 
     # Under the text bound but over the token bound: refused after encoding, with the count.
