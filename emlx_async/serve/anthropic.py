@@ -244,6 +244,9 @@ def parse_conversation(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> 
                           + ("" if isinstance(role, str) else f", got {type_name(role)}"), "invalid_value")
         if "content" not in message:
             raise invalid(f"{where}.content", f"{where}.content: field required", "missing_required_parameter")
+        if message["content"] in ("", []):  # Anthropic's rule and words (a final assistant turn is refused below)
+            raise invalid(f"{where}.content", f"{where}.content: all messages must have non-empty content except "
+                          "for the optional final assistant message")
         out += _turn(role, message["content"], f"{where}.content", ids)
         if asked is not None:  # Anthropic's rule: the message after tool_use blocks holds a result of each
             missing = ids.unanswered() if role == "user" else asked[1]

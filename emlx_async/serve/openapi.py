@@ -388,9 +388,11 @@ _TOOL_RESULT = {"type": "object", "required": ["type", "tool_use_id"],
 
 def _turn_content(*blocks: dict) -> dict:
     """A user's or an assistant's content: text, or text blocks (joined) and its other blocks."""
-    return {"oneOf": [{"type": "string"}, {"type": "array", "items": {"oneOf": [_TEXT_PART, *blocks]}}],
+    return {"oneOf": [{"type": "string", "minLength": 1},
+                      {"type": "array", "items": {"oneOf": [_TEXT_PART, *blocks]}, "minItems": 1}],
             "description": "text, or blocks: text (joined; cache_control and citations are ignored), tool_use "
-                           "and thinking (assistant; thinking is left out of the prompt), tool_result (user)"}
+                           "and thinking (assistant; thinking is left out of the prompt), tool_result (user); "
+                           "not empty"}
 
 
 _ANTHROPIC_TOOL = {"type": "object", "required": ["name", "input_schema"],
@@ -411,7 +413,8 @@ _CONVERSATION = {
                      {"type": "object", "required": ["role", "content"],
                       "properties": {"role": {"const": "assistant"}, "content": _turn_content(_TOOL_USE, {
                           **_THINKING, "required": ["type"]})}}]},
-                 "description": "the last one is the user's: a final assistant message (a prefill) gets 400"},
+                 "description": "the last one is the user's: a final assistant message (a prefill) gets 400; "
+                                "an assistant's tool_use blocks each get a tool_result in the next message"},
     "tools": {"type": "array", "items": _ANTHROPIC_TOOL},
     "tool_choice": {"type": "object", "required": ["type"],
                     "properties": {"type": {"enum": ["auto", "any", "tool", "none"]}, "name": {"type": "string"},

@@ -73,6 +73,8 @@ HOSTILE = [
     ({**OK, "messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),
     ({**OK, "messages": [{"role": "user"}]}, "messages[0].content"),
     ({**OK, "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+    ({**OK, "messages": [{"role": "user", "content": ""}]}, "messages[0].content"),     # non-empty, as Anthropic's
+    ({**OK, "messages": [*FRANCE, {"role": "assistant", "content": []}, *FRANCE]}, "messages[1].content"),
     ({**OK, "messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]}, "messages[0].content[0].text"),
     ({**OK, "messages": [{"role": "user", "content": [{"type": {"x": 1}}]}]}, "messages[0].content[0].type"),
     ({**OK, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
