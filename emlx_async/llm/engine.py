@@ -86,7 +86,7 @@ from .replay_step import (CacheSpec, NotTraceable, check_against_model, check_ba
                           check_mlx_batch_against_rows)
 from .traces import UNKNOWN_CONTEXT, ReplayTraces, cache_sizes
 from .types import (MAX_CHOICES, MAX_TOP_LOGPROBS, BatchDriverError, BatchingRefused, Delta, EngineBusy,
-                    RequestStats, is_int)
+                    RequestStats, brief, is_int)
 
 _CPU_PREFILL_CHUNK = 32
 _GPU_PREFILL_CHUNK = 512
@@ -610,9 +610,10 @@ class Engine:
             stop = [stop]
         if any(not isinstance(s, str) or not s for s in stop):
             raise ValueError("stop must be a list of non-empty strings")
-        if isinstance(stop_token_ids, (str, bytes)) or not all(
-                is_int(t) and 0 <= t < (self.vocab_size or 1 << 62) for t in stop_token_ids):
-            raise ValueError(f"stop_token_ids must be token ids in [0, {self.vocab_size}), got {stop_token_ids!r}")
+        bad = [stop_token_ids] if isinstance(stop_token_ids, (str, bytes)) else \
+            [t for t in stop_token_ids if not (is_int(t) and 0 <= t < (self.vocab_size or 1 << 62))]
+        if bad:
+            raise ValueError(f"stop_token_ids must be token ids in [0, {self.vocab_size}), got {brief(bad[0])}")
         if seed is not None and not is_int(seed):
             raise ValueError(f"seed must be an int, got {seed!r}")
         if not isinstance(logprobs, bool):

@@ -22,6 +22,7 @@ from mlx_lm.tokenizer_utils import _byte_decoder as _mlx_lm_byte_decoder
 from tokenizers import Tokenizer, decoders
 
 from .. import SpecialTokenText as SpecialTokenText
+from .types import brief
 
 
 # The reasoning block of templates that think (Qwen3's, DeepSeek-R1's).
@@ -284,9 +285,7 @@ class PromptEncoder:
         low, high = min(ids), max(ids)
         if low < 0 or high >= self.vocab_size:
             bad = low if low < 0 else high
-            # A huge one is not written out: str() of it is slow, and past 4300 digits refused.
-            shown = bad if bad.bit_length() <= 64 else f"of {bad.bit_length()} bits"
-            raise ValueError(f"token id {shown} is outside the vocabulary [0, {self.vocab_size})")
+            raise ValueError(f"token id {brief(bad)} is outside the vocabulary [0, {self.vocab_size})")
 
     def render_chat(self, messages: Sequence[dict], *, tools: Sequence[dict] | None = None,
                     template_kwargs: dict[str, Any] | None = None) -> str:

@@ -59,5 +59,14 @@ def is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def brief(value: Any) -> str:
+    """A caller's value as an error message may name it: an integer of more than 64 bits by its
+    size (str() of one is slow, and past 4300 digits refused), anything else as its repr, cut."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"<an integer of {value.bit_length()} bits>"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 __all__ = ["BatchDriverError", "BatchingRefused", "Delta", "EngineBusy", "MAX_CHOICES", "MAX_TOP_LOGPROBS",
-           "RequestStats", "is_int"]
+           "RequestStats", "brief", "is_int"]

@@ -45,10 +45,11 @@ from starlette.routing import Route
 from .service import Generation, Service
 from .common import (JSON, AnswerParts, Collected, boolean, checked_text, event, generation_route, integer,
                      joined_text, number, optional_object, prompt_tokens_route, required_text, string, string_list,
-                     type_name, wrong_type)
+                     wrong_type)
 from .protocol import (DEFAULT_MAX_MESSAGES, APIError, GenerationRequest, ToolCallIds, check_message_count,
                        check_stop_lengths,
-                       checked_json, checked_tool, choose_tools, constrain_answer, invalid, schema_grammar, show)
+                       checked_json, checked_tool, choose_tools, constrain_answer, invalid, schema_grammar, show,
+                       type_name)
 from .tools import CallArguments, CallEnd, CallStart, Reasoning
 
 MESSAGES, COUNT_TOKENS = "/v1/messages", "/v1/messages/count_tokens"
@@ -384,7 +385,7 @@ class MessagesReply:
         self.model = generation.model_name
         self.id = new_id()
         self.parts = AnswerParts(generation)
-        self.ended = False  # its message_stop written, or its error made (common.Reply)
+        self.ended = False  # its message_stop written, or its error made (common.Reply; a stream's only)
 
     def failed(self, error: APIError) -> bytes:
         return _error_event(error)
@@ -402,7 +403,6 @@ class MessagesReply:
         return usage(self.generation.prompt_tokens, self.generation.stats.generated_tokens)
 
     def body(self, collected: Collected) -> dict:
-        self.ended = True
         content = [text_block(part) if isinstance(part, str) else thinking_block(part.text)
                    if isinstance(part, Reasoning) else tool_use_block(part.call)
                    for part in self.parts.whole(collected)]

@@ -209,7 +209,9 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         except Exception as exc:  # noqa: BLE001 - the status line is gone; the error goes in the stream
             broken = distributed_cause(exc)
             failed = grammar_error(exc, parsed) if parsed.grammar is not None else None
-            if broken is not None:
+            if written.answer:  # after the whole answer (letting go of the slot): logged, not sent
+                logger.exception("generation %s failed after its answer was written", id_)
+            elif broken is not None:
                 logger.error("generation %s failed: %s", id_, broken)
                 yield sse(group_broken_error(broken).body())
             elif failed is not None:

@@ -28,7 +28,7 @@ from .service import (JSON, EventStream, Generation, Service, distributed_cause,
                       group_broken_error, read_json, shutdown_error, until_disconnected)
 # An integer as JSON Schema (and so the OpenAPI document) counts them: 8.0 is one.
 from .protocol import _is_int as is_int
-from .protocol import APIError, GenerationRequest, invalid
+from .protocol import APIError, GenerationRequest, invalid, type_name
 from .tools import CallArguments, CallEnd, CallStart, Content, Reasoning
 
 logger = logging.getLogger("emlx_async.serve")
@@ -40,23 +40,6 @@ def event(name: str, data: dict) -> bytes:
 
 
 # ---- field checks -------------------------------------------------------------------
-
-def type_name(value: Any) -> str:
-    """The JSON type of a parsed value, for messages that must not echo the value."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, numbers.Integral):
-        return "integer"
-    if isinstance(value, numbers.Real):
-        return "number"
-    if isinstance(value, str):
-        return "string" if value else "an empty string"
-    if isinstance(value, list):
-        return "array"
-    return "object" if isinstance(value, dict) else type(value).__name__
-
 
 def wrong_type(param: str, expected: str, value: Any) -> APIError:
     return invalid(param, f"{param}: expected {expected}, got {type_name(value)}", "invalid_type")
@@ -316,7 +299,8 @@ class Reply(Protocol):
 
     @property
     def ended(self) -> bool:
-        """Whether its end has been made: its last event (written, in a stream) or body, or a failure's."""
+        """Whether its end has been made: its last event or body, or a failure's event (a stream's
+        last event is made as it is written: a single write takes no checkpoint to be cut off at)."""
 
     def events(self) -> AsyncIterator[bytes]:
         """The streamed answer: the API's named events."""

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
-from .responses import INCLUDABLE
 from .protocol import (DEFAULT_MAX_MESSAGES, GUIDED_FIELDS, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_COMPLETION_LOGPROBS,
                        MAX_PROMPTS, MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, MAX_SCHEMA_PROPERTIES, MAX_TOP_LOGPROBS,
                        PENALTY_BOUND, REPETITION_BOUNDS, NO_EFFECT_TEXT_FIELDS, REASONING_EFFORTS, TEMPLATE_RESERVED)
+from .responses import INCLUDABLE
 
 
 def _ref(name: str) -> dict:

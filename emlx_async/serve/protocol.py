@@ -72,6 +72,24 @@ def invalid(param: str | None, message: str, code: str | None = "invalid_value")
     return APIError(400, message, param=param, code=code)
 
 
+def type_name(value: Any) -> str:
+    """The JSON type of a parsed value, for messages that must not echo the value ("an empty
+    string" where a string is there but empty)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, numbers.Integral):
+        return "integer"
+    if isinstance(value, numbers.Real):
+        return "number"
+    if isinstance(value, str):
+        return "string" if value else "an empty string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, dict) else type(value).__name__
+
+
 def show(value: Any) -> str:
     """User input as an error message may echo it: short and ASCII. Containers
     show only their kind (their repr recurses, and a body nested a few
@@ -757,7 +775,7 @@ def _parse_prompt(body: dict) -> list[str | list[int]]:
     if isinstance(prompt, list) and prompt and _is_int(prompt[0]):  # token ids, one of them not
         bad = next(i for i, t in enumerate(prompt) if not _is_int(t))
         raise invalid(f"prompt[{bad}]", f"'prompt[{bad}]' must be a token id (an integer), got "
-                      f"{show(prompt[bad])}", "invalid_type")
+                      f"{type_name(prompt[bad])}", "invalid_type")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) > MAX_PROMPTS:
             raise invalid("prompt", f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS} per request")

@@ -80,11 +80,11 @@ from .service import Generation, ServerSentEvents, Service, shutdown_error, unti
 from .stored_responses import TOO_LARGE, EventLog, StoredResponse, StoredResponses, conversation_chars
 from .common import (JSON, AnswerParts, Collected, boolean, checked_text, collected_body, event, generation_route,
                      guarded, integer, joined_text, last_event, number, optional_object, prompt_tokens_route,
-                     required_text, string, type_name, wrong_type)
+                     required_text, string, wrong_type)
 from .protocol import (DEFAULT_MAX_MESSAGES, MAX_TOP_LOGPROBS, APIError, GenerationRequest, ToolCallIds,
                        check_message_count, checked_json, checked_tool,
                        choose_tools, constrain_answer, invalid, json_object_grammar, schema_grammar, show,
-                       think_for_effort)
+                       think_for_effort, type_name)
 from .tools import CallArguments, CallEnd, CallStart, Reasoning
 
 RESPONSES = "/v1/responses"
@@ -441,7 +441,8 @@ def _check_room(stored: StoredResponses, echo: dict, model: str | None, input_js
     is admitted. (Its answer's own size is known only at its end, where any response too large
     is logged and not kept.) `model`: the name asked for, which the answer names (None: the
     server's default, a name of its own configuration)."""
-    chars = (len(json.dumps(echo)) + len(json.dumps(model or "")) + _EMPTY_RESPONSE_CHARS
+    # (_EMPTY_RESPONSE_CHARS counts the model's name as "": its quotes are counted there.)
+    chars = (len(json.dumps(echo)) + len(json.dumps(model or "")) - 2 + _EMPTY_RESPONSE_CHARS
              + conversation_chars(input_json, "[]", previous))
     if chars > stored.max_chars:
         raise invalid("background", f"background: a background response is only read from the store, and {TOO_LARGE} "
@@ -814,7 +815,8 @@ def _starting_after(query) -> int:
         raise invalid("starting_after", f"starting_after: expected a sequence number (an integer >= 0), "
                       f"got {show(raw)}")
     # Any larger number is past every event a log can hold (and int() of thousands of digits is refused).
-    return int(raw) if len(raw) <= 18 else 10 ** 18
+    digits = raw.lstrip("0")
+    return int(digits or "0") if len(digits) <= 18 else 10 ** 18
 
 
 def _streamed(query) -> bool:
@@ -839,7 +841,8 @@ def page_of_items(kept: StoredResponse, query) -> dict:
     if order not in ("asc", "desc"):
         raise invalid("order", f"order: expected 'asc' or 'desc', got {show(order)}")
     raw = query.get("limit", "20")
-    limit = int(raw) if raw.isascii() and raw.isdigit() and len(raw.lstrip("0")) < 4 else 0
+    digits = raw.lstrip("0")  # an integer as written, leading zeros and all
+    limit = int(digits or "0") if raw.isascii() and raw.isdigit() and len(digits) < 4 else 0
     if not 1 <= limit <= MAX_LISTED_ITEMS:
         raise invalid("limit", f"limit: expected an integer from 1 to {MAX_LISTED_ITEMS}, got {show(raw)}")
     items = kept.input_items()

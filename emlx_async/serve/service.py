@@ -16,6 +16,7 @@ import dataclasses
 import inspect
 import json
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -1054,7 +1055,8 @@ async def read_json(request: Request, limit: int, timeout: float):
         body = json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError) as exc:
         # Python's own text for an integer of more digits than it converts names its settings.
-        why = "an integer in it has more digits than 4300" if "int_max_str_digits" in str(exc) else exc
+        why = f"an integer in it has more digits than {sys.get_int_max_str_digits()}" \
+            if "int_max_str_digits" in str(exc) else exc
         raise APIError(400, f"the request body is not valid JSON: {why}", code="invalid_json") from None
     except RecursionError:
         raise APIError(400, "the request body is nested too deeply", code="invalid_json") from None

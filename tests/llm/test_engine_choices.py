@@ -250,9 +250,12 @@ async def test_stop_token_ids_end_with_stop_and_leave_the_token_out(rt, mode, st
     assert deltas[-1].finish_reason == "stop" and deltas[-1].token is None
     tokens, finish = await choices_of(engine, PROMPT, 2, max_tokens=10, stop_token_ids=(greedy[stop_at],))
     assert tokens == [greedy[:stop_at]] * 2 and finish == ["stop", "stop"]
-    for bad in ([256], [-1], [True], "5", [1.0]):
+    for bad in ([256], [-1], [True], "5", [1.0], [3, None]):
         with pytest.raises(ValueError, match="stop_token_ids"):
             engine.generate(PROMPT, stop_token_ids=bad)
+    with pytest.raises(ValueError) as huge:  # the bad id named, short (it wrote out the whole list)
+        engine.generate(PROMPT, stop_token_ids=[3, 10 ** 4290] * 256)
+    assert str(huge.value).endswith("got <an integer of 14252 bits>"), str(huge.value)[:200]
     assert_idle(engine)
     await engine.wait_idle()
 

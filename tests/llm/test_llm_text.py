@@ -419,7 +419,8 @@ def test_an_id_outside_the_vocabulary_is_named_short_however_large(gguf_tokenize
 
     encoder = PromptEncoder(gguf_tokenizer, bos_id=None, chat_template=None, vocab_size=49152)
     for ids, named in (([1, 49152], "token id 49152 "), ([-3, 5], "token id -3 "),
-                       ([10 ** 300], "token id of 997 bits "), ([-(10 ** 4000)], "token id of 13288 bits ")):
+                       ([10 ** 300], "token id <an integer of 997 bits> "),
+                       ([-(10 ** 4000)], "token id <an integer of 13288 bits> ")):
         with pytest.raises(ValueError) as caught:
             encoder.encode(prompt=ids)
         assert str(caught.value).startswith(named) and len(str(caught.value)) < 100, str(caught.value)[:200]

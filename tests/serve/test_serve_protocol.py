@@ -64,6 +64,9 @@ def test_hostile_fields_are_400s_naming_the_field(body, param):
     ([1, 2.5], "prompt[1]"),             # token ids name the one that is not an id
     ([1, "a"], "prompt[1]"),
     ([None], "prompt"),
+    (["a", 5], "prompt[1]"),             # a list of prompts: each a string or a list of ids
+    (["a", True], "prompt[1]"),
+    ([[1], 2], "prompt[1]"),
 ])
 def test_a_prompt_list_names_its_bad_item(prompt, param):
     assert refused({"prompt": prompt}, chat=False).param == param

@@ -335,6 +335,9 @@ def test_input_items_are_kept_with_ids_and_listed_a_page_at_a_time():
             page(**query)
         assert (caught.value.status, caught.value.param) == (400, param), query
     assert page(limit="0002")["data"] == page(limit="2")["data"]  # an integer as written with leading zeros
+    assert page(limit="0" * 5000 + "5") == page(limit="5")  # however many (int() refuses 4300 digits)
+    assert responses_api._starting_after({"starting_after": "0" * 5000 + "3"}) == 3
+    assert responses_api._starting_after({"starting_after": "1" + "0" * 30}) >= 10 ** 18
 
 
 def test_a_stream_is_kept_from_its_start_to_however_it_ended_a_collected_answer_only_answered():
@@ -1174,3 +1177,25 @@ def test_sigterm_ends_a_running_stream_with_response_failed(server):
     assert numbers == list(range(len(numbers)))
     assert server.process.wait(timeout=SHUTDOWN_TIMEOUT + 15) == 0, server.output()
     assert "Traceback" not in server.output(), server.output()
+
+
+def test_a_background_responses_size_check_counts_the_model_name_it_carries():
+    """The answer names the model it was asked for: a long name counts against the store."""
+    from emlx_async.serve.stored_responses import StoredResponses
+
+    store = StoredResponses(max_chars=4000)
+
+    def fits(chars: int, model: str) -> bool:
+        try:
+            responses_api.parse_request({"model": model, "input": "x" * chars, "background": True}, stored=store)
+        except APIError as error:
+            assert error.code == "response_too_large"
+            return False
+        return True
+
+    low, high = 0, 4000  # the longest input that fits with a one-letter name
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle, "m") else (low, middle)
+    assert fits(low, "m") and not fits(low + 1, "m")
+    assert fits(low - 9, "m" * 10) and not fits(low - 8, "m" * 10)  # each character of the name counts
