@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
@@ -32,34 +33,27 @@ STREAMS = {
 }
 
 
-def _letting_go(engine, after: int, letting_go: anyio.Event, released: anyio.Event) -> None:
-    """The engine's streams wait after their `after`-th delta until `released`, `letting_go` set
-    meanwhile (after all of them: the engine freeing its slot after the last token)."""
+def _wrap_streams(engine, between: Callable[[], Awaitable[None]], after: int | None = None) -> None:
+    """The engine's streams run `between` after their `after`-th delta (None: after the last,
+    where the engine lets go of the slot), then go on."""
     for name in ("generate", "generate_choices"):
         original = getattr(engine, name)
 
-        def slow(*args, _original=original, **kwargs):
+        def wrapped(*args, _original=original, **kwargs):
             inner = _original(*args, **kwargs)
 
             async def deltas():
-                async for count, delta in _counted(inner):
+                given = 0
+                async for delta in inner:
                     yield delta
-                    if count + 1 == after:
+                    given += 1
+                    if given == after:
                         break
-                with anyio.CancelScope(shield=True):
-                    letting_go.set()
-                    await released.wait()
+                await between()
                 async for delta in inner:  # (none left where `after` is all of them)
                     yield delta
             return deltas()
-        setattr(engine, name, slow)
-
-
-async def _counted(iterator):
-    count = 0
-    async for item in iterator:
-        yield count, item
-        count += 1
+        setattr(engine, name, wrapped)
 
 
 def _deltas(api: str) -> int:
@@ -75,7 +69,13 @@ async def _cut_off_stream(api: str, after: int) -> str:
     app = scripted_app(*smollm2_tokenizer_and_template(), ["Paris", "."])
     service = app.state.service
     letting_go, released = anyio.Event(), anyio.Event()
-    _letting_go(service.engine, after, letting_go, released)
+
+    async def let_go() -> None:
+        with anyio.CancelScope(shield=True):
+            letting_go.set()
+            await released.wait()
+
+    _wrap_streams(service.engine, let_go, after)
     got: list[str] = []
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
         async with anyio.create_task_group() as tasks:
@@ -116,20 +116,8 @@ def _assert_usage_last(chunks: list[dict], api: str) -> None:
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == (4 if api == "chat-n2" else 2)
 
 
-def _failing_after_the_end(engine) -> None:
-    """The engine's streams raise once all their deltas were given (letting go of the slot failed)."""
-    for name in ("generate", "generate_choices"):
-        original = getattr(engine, name)
-
-        def failing(*args, _original=original, **kwargs):
-            inner = _original(*args, **kwargs)
-
-            async def deltas():
-                async for delta in inner:
-                    yield delta
-                raise RuntimeError("the slot could not be let go")
-            return deltas()
-        setattr(engine, name, failing)
+async def _fail() -> None:
+    raise RuntimeError("the slot could not be let go")
 
 
 @on_loops("asyncio")
@@ -143,7 +131,7 @@ async def test_a_failure_after_the_last_token_is_logged_not_sent(api, caplog):
 
     path, body, last, _ = STREAMS[api]
     app = scripted_app(*smollm2_tokenizer_and_template(), ["Paris", "."])
-    _failing_after_the_end(app.state.service.engine)
+    _wrap_streams(app.state.service.engine, _fail)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
         text = (await http.post(path, json=body)).text
     events = _events(text)
