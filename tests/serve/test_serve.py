@@ -344,7 +344,7 @@ BAD_REQUESTS = [
     (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
     (CHAT, {}, "messages"),
     (COMPLETIONS, {"prompt": 12}, "prompt"),
-    (COMPLETIONS, {"prompt": ["a", 3]}, "prompt"),                         # neither prompts nor ids
+    (COMPLETIONS, {"prompt": ["a", 3]}, "prompt[1]"),                      # a prompt neither text nor ids
     (COMPLETIONS, {"prompt": [1] * 9000, "max_tokens": 1}, "prompt"),  # alone past the 8192-token context
     (COMPLETIONS, {"prompt": [10**9]}, "prompt"),                           # outside the vocabulary
     (COMPLETIONS, {"prompt": "x", "seed": "1"}, "seed"),
