@@ -256,7 +256,8 @@ def parse_conversation(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> 
                               f"tool_result blocks immediately after: {', '.join(show(m) for m in missing)}. Each "
                               "tool_use block must have a corresponding tool_result block in the next message.",
                               "missing_tool_result")
-        asked = (i, ids.unanswered()) if role == "assistant" and ids.unanswered() else None
+        calls = ids.unanswered() if role == "assistant" else []
+        asked = (i, calls) if calls else None
         if role == "user":
             ids.made([], [])  # its results answered the turn before; the next answers the next one
     if messages[-1]["role"] == "assistant":

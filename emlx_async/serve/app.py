@@ -31,6 +31,7 @@ from .tools import CallArguments, CallStart, Content, Reasoning
 
 logger = logging.getLogger("emlx_async.serve")
 
+
 @dataclasses.dataclass
 class _Written:
     """How far a chat or completion stream got: ``answer``, all of it but the closing [DONE]."""

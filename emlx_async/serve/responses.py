@@ -811,12 +811,20 @@ def _starting_after(query) -> int:
     raw = query.get("starting_after")
     if raw is None:
         return -1
-    if not (raw.isascii() and raw.isdigit()):
+    after = _unsigned(raw, 18)  # any larger number is past every event a log can hold
+    if after is None:
         raise invalid("starting_after", f"starting_after: expected a sequence number (an integer >= 0), "
                       f"got {show(raw)}")
-    # Any larger number is past every event a log can hold (and int() of thousands of digits is refused).
-    digits = raw.lstrip("0")
-    return int(digits or "0") if len(digits) <= 18 else 10 ** 18
+    return after
+
+
+def _unsigned(raw: str, digits: int) -> int | None:
+    """A query's unsigned integer as written (leading zeros and all), at most 10**digits (int()
+    refuses thousands of digits); None: not one."""
+    if not (raw.isascii() and raw.isdigit()):
+        return None
+    significant = raw.lstrip("0")
+    return int(significant or "0") if len(significant) <= digits else 10 ** digits
 
 
 def _streamed(query) -> bool:
@@ -841,8 +849,7 @@ def page_of_items(kept: StoredResponse, query) -> dict:
     if order not in ("asc", "desc"):
         raise invalid("order", f"order: expected 'asc' or 'desc', got {show(order)}")
     raw = query.get("limit", "20")
-    digits = raw.lstrip("0")  # an integer as written, leading zeros and all
-    limit = int(digits or "0") if raw.isascii() and raw.isdigit() and len(digits) < 4 else 0
+    limit = _unsigned(raw, 4) or 0
     if not 1 <= limit <= MAX_LISTED_ITEMS:
         raise invalid("limit", f"limit: expected an integer from 1 to {MAX_LISTED_ITEMS}, got {show(raw)}")
     items = kept.input_items()
