@@ -286,8 +286,11 @@ class CommandQueue:
     """
 
     def __init__(self, channel: CompletionChannel, device: mx.DeviceType, worker, *, max_pending: int,
-                 role: str = "pool"):
+                 role: str = "pool", owner: Any = None):
         self._channel = channel
+        # Its runtime, held strongly: a job's future holds its queue, so a runtime
+        # nobody else references still completes the jobs in flight (then gc warns).
+        self._owner = owner
         self._backend = channel.backend
         self.device = device
         self._worker = worker
@@ -483,11 +486,22 @@ class CommandQueue:
 
     # ---- machinery -----------------------------------------------------------
 
+    _released_quietly = False  # see hand_back_now
+
+    def hand_back_now(self, *, quietly: bool) -> None:
+        """Hand the worker back, its queued jobs dropped, from any thread and without the
+        loop (the runtime was collected, or its loop closed). `quietly`: its runtime answers
+        for it, so it is not reported as unclosed when collected."""
+        if self._worker is not None and not self._closing:
+            lib.emlx_worker_release(self._worker, next(_job_ids), 1)
+            self._worker = None
+        self._released_quietly = self._released_quietly or quietly
+
     def __del__(self, _warn=warnings.warn) -> None:
         # Closed means close() began (the runtime's close calls it) or the
         # queue was abandoned; a worker handed back by a collected runtime
         # does not count, so each unclosed queue warns, in any order.
-        if getattr(self, "_closed_future", True) is not None or self in _abandoned:
+        if getattr(self, "_closed_future", True) is not None or self in _abandoned or self._released_quietly:
             return
         channel = self._channel
         if exiting() or os.getpid() != channel.pid:  # workers are gone (exit) or not ours (fork)

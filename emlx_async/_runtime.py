@@ -71,6 +71,7 @@ class _Pool:
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
+            self._runtime._check_open()  # woken by the close (its waiter's error raised above) or a release
 
     def try_acquire(self) -> CommandQueue | None:
         """An idle queue (or a new one while the pool is below its size), None if every one is lent."""
@@ -86,6 +87,13 @@ class _Pool:
             self._lent.add(queue)
             return queue
         return None
+
+    def close(self) -> None:
+        """The runtime closed: every task waiting for a queue gets RuntimeClosed now."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(RuntimeClosed())
 
     def release(self, queue: CommandQueue) -> None:
         if queue not in self._lent:
@@ -199,8 +207,14 @@ class Runtime:
     async def __aenter__(self) -> Runtime:
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.close()
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None and not isinstance(exc, Exception):
+            # Cancelled, KeyboardInterrupt, SystemExit: nobody will await a job now, and
+            # the caller must stop at once, so nothing is waited for (as at a run's end).
+            await self._close_once(True, abandon_why=f"the runtime's `async with` block ended with "
+                                                     f"{type(exc).__name__} before this job finished")
+        else:
+            await self.close()
 
     def __repr__(self) -> str:
         return (f"<emlx_async.Runtime queues={len(self._channel.owners)} jobs={len(self._channel.jobs)}"
@@ -336,7 +350,7 @@ class Runtime:
 
         Never blocks the loop: worker threads are handed back as they finish.
         """
-        await self._close_once(cancel_pending, run_ending=False)
+        await self._close_once(cancel_pending)
 
     # ---- machinery -------------------------------------------------------------
 
@@ -350,23 +364,27 @@ class Runtime:
         detached until it returns, its result dropped, and the process can
         exit at once. Idle queues close as usual.
         """
-        await self._close_once(False, run_ending=True)
+        await self._close_once(False, abandon_why="the event loop's run ended before this job finished")
 
-    async def _close_once(self, cancel_pending: bool, *, run_ending: bool) -> None:
+    async def _close_once(self, cancel_pending: bool, *, abandon_why: str | None = None) -> None:
+        """Close once (later calls wait for the first). `abandon_why`: queues with jobs
+        in flight are abandoned, not drained, their jobs failing with QueueClosed(why)."""
         if self._close_future is None:
             self._closed = True
             self._close_future = self._backend.new_future()
-            self._backend.spawn(lambda: self._close(cancel_pending, run_ending))
+            self._backend.spawn(lambda: self._close(cancel_pending, abandon_why))
         await _backend.shielded(lambda: self._close_future)
 
-    async def _close(self, cancel_pending: bool, run_ending: bool = False) -> None:
+    async def _close(self, cancel_pending: bool, abandon_why: str | None = None) -> None:
+        for pool in self._pools.values():
+            pool.close()
         try:
             # Each queue's close only hands its worker back and waits for the
             # stop record; awaiting them one by one costs no more than at once.
             for queue in list(self._channel.owners.values()):
-                if run_ending and queue.pending:
-                    queue.abandon(QueueClosed("the event loop's run ended before this job finished; it was "
-                                              "abandoned and its result dropped"), unawaited=True)
+                if abandon_why is not None and queue.pending:
+                    queue.abandon(QueueClosed(f"{abandon_why}; it was abandoned and its result dropped"),
+                                  unawaited=True)
                 else:
                     await queue.close(cancel_pending=cancel_pending)
         finally:
@@ -386,11 +404,19 @@ class Runtime:
         require_available(kind)
         worker = check_pointer(lib.emlx_worker_acquire(self._channel.native, native_device(kind)),
                                f"cannot start a {kind.name} worker")
-        queue = CommandQueue(self._channel, kind, worker, max_pending=self.max_pending, role=role)
+        queue = CommandQueue(self._channel, kind, worker, max_pending=self.max_pending, role=role, owner=self)
         add_owner(self._channel.owners, queue)
         self._fold_closed_queues()
         self._made_queues.append(queue)
         return queue
+
+    def _hand_back_now(self, *, quietly: bool) -> None:
+        """Hand every worker back, dropping its queued jobs, and close the channel, without
+        the loop (from ``__del__``, or for a runtime whose loop was closed). The channel is
+        reference-counted natively: closing it now is safe, the workers' last records are refused."""
+        for queue in list(self._channel.owners.values()):
+            queue.hand_back_now(quietly=quietly)
+        self._channel.close_from_any_thread()
 
     def __del__(self, _warn=warnings.warn) -> None:
         channel = getattr(self, "_channel", None)
@@ -398,17 +424,8 @@ class Runtime:
             return
         if exiting() or os.getpid() != channel.pid:  # workers are gone (exit) or not ours (fork)
             return
-        # Hand the workers back first, dropping their queued jobs (a warning
-        # turned into an error must not stop that). The channel is
-        # reference-counted natively: closing it now is safe, the workers'
-        # last records are refused.
-        from ._queue import _job_ids
-
-        for queue in list(channel.owners.values()):
-            if queue._worker is not None and not queue._closing:
-                lib.emlx_worker_release(queue._worker, next(_job_ids), 1)
-                queue._worker = None
-        channel.close_from_any_thread()
+        # Hand the workers back first (a warning turned into an error must not stop that).
+        self._hand_back_now(quietly=False)
         if not self._closed:
             where = "".join(self._created_at) if self._created_at else ""
             _warn(f"unclosed emlx_async runtime {self!r}; use `async with ea.Runtime()` or "
@@ -463,6 +480,7 @@ def get_runtime() -> Runtime:
     runtime = _registered(key)
     if runtime is not None:
         return runtime
+    _reap_runtimes_of_closed_loops()
     runtime = Runtime(_implicit=True)
     _runtimes[id(key)] = runtime
     _implicit.add(runtime)
@@ -471,6 +489,17 @@ def get_runtime() -> Runtime:
         runtime._shutdown_hook = closer  # the loop holds async generators weakly
         runtime._backend.loop.create_task(closer.__anext__())
     return runtime
+
+
+def _reap_runtimes_of_closed_loops() -> None:
+    """Release the implicit runtimes of asyncio loops closed without shutting down their
+    async generators (``loop.close()`` after ``run_until_complete``): their closer never
+    runs, and each would hold its channel's fd and its workers for good."""
+    for runtime in [r for r in _implicit if r._backend.name != "trio" and r._backend.loop.is_closed()]:
+        _implicit.discard(runtime)
+        if not runtime._closed:
+            runtime._closed = True
+            runtime._hand_back_now(quietly=True)
 
 
 def runtime_of_loop() -> Runtime | None:

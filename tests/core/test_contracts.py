@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import time
 import warnings
+import weakref
 
 import anyio
 import mlx.core as mx
@@ -213,6 +214,91 @@ async def test_close_does_not_block_the_loop():
         gate.open()
         with anyio.fail_after(10):
             await closed.wait()
+
+
+@on_every_loop
+async def test_close_wakes_tasks_waiting_for_a_pooled_queue():
+    runtime = ea.Runtime(pool_size=2)
+    await runtime.acquire_queue()
+    await runtime.acquire_queue()
+    got: list[BaseException] = []
+
+    async def wait_for_a_queue():
+        try:
+            await runtime.acquire_queue()
+        except ea.RuntimeClosed as exc:
+            got.append(exc)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_for_a_queue)
+            await anyio.sleep(0.02)
+            await runtime.close()
+    assert len(got) == 1
+
+
+@on_every_loop
+async def test_cancelled_runtime_block_does_not_wait_for_its_running_job():
+    """A cancelled (or interrupted) `async with ea.Runtime()` leaves at once: nobody can
+    await its jobs any more, so the running one is abandoned, as at a run's end."""
+    gate = Gate()
+    queued = None
+    start = time.monotonic()
+    with anyio.move_on_after(0.2):
+        async with ea.Runtime() as rt:
+            q = rt.default_queue()
+            running, queued = q.run(gate), q.run(lambda: "never")
+            await running
+    left_after = time.monotonic() - start
+    gate.open()
+    assert left_after < 5, f"the block waited {left_after:.1f} s for its running job"
+    with pytest.raises(ea.QueueClosed, match="ended with Cancelled"):
+        await queued
+
+
+@on_every_loop
+async def test_a_job_in_flight_keeps_its_unreferenced_runtime_alive():
+    """A runtime nobody references is not collected under its jobs: they still complete."""
+    runtime = ea.Runtime()
+    future = runtime.default_queue().run(lambda: 7)
+    runtimes = [weakref.ref(runtime)]
+    del runtime
+    orphan = ea.Runtime().default_queue()  # its runtime referenced by the queue alone
+    runtimes.append(weakref.ref(orphan._owner))
+    gc.collect()
+    with anyio.fail_after(10):
+        assert await future == 7
+        assert await orphan.run(lambda: 8) == 8
+    for ref in runtimes:
+        await ref().close()
+
+
+def test_runtimes_of_closed_loops_are_released():
+    """loop.close() after run_until_complete never shuts down async generators, so the
+    implicit runtime's closer never runs: the next one made releases it."""
+    import asyncio
+
+    async def use():
+        await ea.ops.add(mx.ones(2), 1)
+
+    def run_once():
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(use())
+        loop.close()
+
+    run_once()
+    fds, threads = testing.open_fds(), testing.thread_count()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        for _ in range(5):
+            run_once()
+        gc.collect()
+        asyncio.run(use())  # releases the last loop's runtime, and closes its own
+    _wait_for_workers_to_park()
+    assert testing.active_workers() == 0
+    assert len(testing.open_fds() - fds) <= 0
+    # Released workers park and are reused; one may still be parking when the next is wanted.
+    assert testing.thread_count() <= threads + 2
 
 
 @on_every_loop

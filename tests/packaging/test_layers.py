@@ -51,9 +51,7 @@ SUBPACKAGE_ORDER = {
 ALLOWED = {
     # The queue sets the job a future stands for (JobFuture lives in _backend).
     ("private write", "_queue.py", "future._job"),
-    # The runtime gives a queue its worker (CommandQueue lives in _queue) and
-    # installs its own exit hook on a runtime object built elsewhere.
-    ("private write", "_runtime.py", "queue._worker"),
+    # The runtime installs its own exit hook on a runtime object built elsewhere.
     ("private write", "_runtime.py", "runtime._shutdown_hook"),
 }
 
