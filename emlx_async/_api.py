@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar, cast
 
 import mlx.core as mx
 import numpy as np
 
-from ._backend import wait_all
+from ._backend import JobFuture, current_key, wait_all
 from ._devices import DeviceLike
 from ._queue import CommandQueue
 from ._routing import prepare_inputs, route
@@ -15,49 +17,85 @@ from ._runtime import get_runtime
 from ._trees import iter_arrays
 
 
-async def eval(*arrays: Any, queue: CommandQueue | None = None) -> Any:  # noqa: A001 - MLX's name
+_Call = TypeVar("_Call", bound=Callable[..., Any])
+
+# Each call submits its work when called, as ops and ``q.run`` do, so its place in
+# a queue is fixed at the call even when a task group starts it later (trio's
+# nursery.start_soon runs tasks in no fixed order); the awaitable returned (a
+# JobFuture or a coroutine) only waits.
+
+def _submits_at_the_call(call: _Call) -> _Call:
+    """Outside a running loop (``asyncio.run(ea.run(fn))``) nothing can be submitted yet:
+    there the call returns a coroutine that makes it once the loop runs it."""
+
+    @functools.wraps(call)
+    def submitting(*args: Any, **kwargs: Any) -> Any:
+        if current_key() is None:
+            return _in_the_loop(call, args, kwargs)
+        return call(*args, **kwargs)
+
+    return cast(_Call, submitting)
+
+
+async def _in_the_loop(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    return await call(*args, **kwargs)
+
+
+@_submits_at_the_call
+def eval(*arrays: Any, queue: CommandQueue | None = None) -> Coroutine[Any, Any, Any]:  # noqa: A001 - MLX's name
     """Evaluate arrays (or trees of them) without blocking the event loop.
 
     Each lazy array is evaluated natively, without the GIL, on the queue that
     owns it (or on `queue`); lazy graphs built on the loop thread are
-    evaluated there. Returns the argument, or a tuple of the arguments.
+    evaluated there. Awaiting it returns the argument, or a tuple of the arguments.
 
     Example:
         >>> y = await ea.eval(lazy_y)
     """
     flat = list(iter_arrays(arrays))
     if queue is not None:
-        await queue.eval(*flat)
+        pending = [queue.eval(*flat)]
     else:
         # Owned lazy arrays are evaluated on their owners; the loop thread's
         # own here (a foreign one is a clear error).
         pending = prepare_inputs(get_runtime().channel, flat, None)
-        if pending:
-            await wait_all(pending)
-    return arrays[0] if len(arrays) == 1 else arrays
+    return _waited(pending, arrays[0] if len(arrays) == 1 else arrays)
 
 
-async def item(array: mx.array, /, *, queue: CommandQueue | None = None) -> Any:
+@_submits_at_the_call
+def item(array: mx.array, /, *, queue: CommandQueue | None = None) -> Coroutine[Any, Any, Any]:
     """The value of a one-element array as a Python scalar, evaluating it first."""
-    await eval(array, queue=queue)
-    return array.item()
+    return _then(eval(array, queue=queue), lambda: array.item())
 
 
-async def to_numpy(array: mx.array, /, *, queue: CommandQueue | None = None) -> np.ndarray:
+@_submits_at_the_call
+def to_numpy(array: mx.array, /, *, queue: CommandQueue | None = None) -> Coroutine[Any, Any, np.ndarray]:
     """A NumPy copy of `array`, evaluating it first."""
-    await eval(array, queue=queue)
-    return np.array(array, copy=True)
+    return _then(eval(array, queue=queue), lambda: np.array(array, copy=True))
 
 
-async def synchronize(device: DeviceLike = None, *, queue: CommandQueue | None = None) -> None:
+@_submits_at_the_call
+def synchronize(device: DeviceLike = None, *, queue: CommandQueue | None = None) -> JobFuture:
     """Wait for the work queued on `queue` (default: the current queue for `device`)."""
-    await route((), queue, device, runtime=get_runtime).synchronize()
+    return route((), queue, device, runtime=get_runtime).synchronize()
 
 
-async def run(fn: Any, /, *args: Any, queue: CommandQueue | None = None, **kwargs: Any) -> Any:
+@_submits_at_the_call
+def run(fn: Any, /, *args: Any, queue: CommandQueue | None = None, **kwargs: Any) -> JobFuture:
     """``queue.run`` on the routed queue: explicit, owner of a lazy input, bound, default."""
     target = route(iter_arrays((args, kwargs)), queue, runtime=get_runtime)
-    return await target.run(fn, *args, **kwargs)
+    return target.run(fn, *args, **kwargs)
+
+
+async def _waited(pending: list, value: Any) -> Any:
+    if pending:
+        await wait_all(pending)
+    return value
+
+
+async def _then(evaluation: Coroutine[Any, Any, Any], value: Callable[[], Any]) -> Any:
+    await evaluation
+    return value()
 
 
 def current_queue(device: DeviceLike = None) -> CommandQueue:

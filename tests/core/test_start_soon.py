@@ -46,6 +46,35 @@ async def test_a_task_group_starts_every_submitting_call_in_call_order(rt):
 
 
 @on_every_loop
+async def test_the_top_level_calls_take_their_place_at_the_call(rt):
+    """ea.run, ea.eval, ea.item, ea.to_numpy and ea.synchronize submit when called, so a
+    task group (trio's starts its tasks in no fixed order) keeps their call order."""
+    q = rt.default_queue()
+    gate = Gate()
+    blocker = q.run(gate)
+    await started(gate)
+    log: list = []
+    job = _recorder(log)
+    got: dict = {}
+
+    async def keep(name, awaitable):
+        got[name] = await awaitable
+
+    async with anyio.create_task_group() as tg:  # the unbound calls go to q, the default queue
+        for i in range(20):
+            tg.start_soon(ea.run, job, i)
+        tg.start_soon(ea.synchronize)
+        tg.start_soon(keep, "item", ea.item(mx.array(3) + 2))
+        tg.start_soon(keep, "numpy", ea.to_numpy(mx.ones(2)))
+        tg.start_soon(keep, "eval", ea.eval(mx.arange(3) * 2))
+        await anyio.sleep(0.01)
+        gate.open()
+    await blocker
+    assert log == list(range(20))
+    assert got["item"] == 5 and got["numpy"].tolist() == [1.0, 1.0] and got["eval"].tolist() == [0, 2, 4]
+
+
+@on_every_loop
 async def test_a_task_group_gets_the_job_error(rt):
     def fails():
         raise ValueError("from the job")
@@ -124,3 +153,10 @@ async def test_a_task_cancelled_before_its_first_step_cancels_its_job():
         await blocker
         assert await q.run(lambda: "next") == "next"
         assert log == []
+
+
+def test_top_level_calls_made_outside_a_loop_run_when_the_loop_starts_them():
+    assert asyncio.run(ea.run(lambda: 3)) == 3
+    assert asyncio.run(ea.eval(mx.ones(2) * 2)).tolist() == [2.0, 2.0]
+    assert trio.run(ea.item, mx.array(4) + 1) == 5
+    assert asyncio.run(ea.synchronize()) is None
