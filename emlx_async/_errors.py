@@ -158,3 +158,18 @@ def native_error(kind: int, message: str) -> EMLXError:
     """The exception for a native error kind: MLX's message, kept verbatim."""
     cls = _NATIVE_ERROR_CLASSES[kind] if 0 <= kind < len(_NATIVE_ERROR_CLASSES) else MLXRuntimeError
     return cls(message)
+
+
+_MLX_BUILTINS = ((OverflowError, MLXOverflowError), (IndexError, MLXIndexError), (ValueError, MLXValueError),
+                 (RuntimeError, MLXRuntimeError))
+
+
+def mlx_error(exc: Exception) -> Exception:
+    """An exception mlx.core raised (its builtin class) as this package's class for that
+    builtin, message kept; an EMLXError or any other exception is returned as it is."""
+    if isinstance(exc, EMLXError):
+        return exc
+    for builtin, ours in _MLX_BUILTINS:
+        if isinstance(exc, builtin):
+            return ours(*exc.args)
+    return exc

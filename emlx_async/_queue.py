@@ -52,7 +52,7 @@ import mlx.core as mx
 from . import _interop
 from ._backend import JobFuture, TrioJobFuture, shielded
 from ._channel import CompletionChannel
-from ._errors import EMLXError, HostCallDeadlock, QueueClosed, QueueFull, RuntimeClosed, native_error
+from ._errors import EMLXError, HostCallDeadlock, QueueClosed, QueueFull, RuntimeClosed, mlx_error, native_error
 from ._native import ensure, exiting, ffi, lib
 from ._native import error as native_call_error
 from ._op_table import ARRAY, LIST, LIST_OR_ARRAY, OPS, TUPLE_OR_ARRAY
@@ -123,7 +123,14 @@ class _Job:
             if not self.lazy:
                 arrays = list(iter_arrays(result))
                 if arrays:
-                    mx.eval(arrays)  # releases the GIL while MLX computes
+                    try:
+                        mx.eval(arrays)  # releases the GIL while MLX computes
+                    except Exception as exc:  # noqa: BLE001 - the runtime's eval: MLX's error, our class
+                        converted = mlx_error(exc)
+                        if converted is exc:
+                            raise
+                        # From None: a host callback's exception becomes its cause (_with_host_cause).
+                        raise converted from None
             self.result = result
             return lib.EMLX_DONE
         except BaseException as exc:  # noqa: BLE001 - re-raised on the loop with its traceback

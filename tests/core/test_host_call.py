@@ -109,7 +109,7 @@ async def test_raising_callback_fails_the_graph_with_chained_cause():
             raise FilterError("vocabulary file missing")
 
         q = rt.default_queue()
-        with pytest.raises(RuntimeError, match=r"\[host_call\] .*bad raised FilterError") as info:
+        with pytest.raises(ea.MLXRuntimeError, match=r"\[host_call\] .*bad raised FilterError") as info:
             await q.run(lambda x: ea.host_call(bad, x, outputs=[((2,), mx.float32)]), mx.ones(2))
         assert isinstance(info.value.__cause__, FilterError)
         y, = await ea.host_call(bad, mx.ones(2), outputs=[((2,), mx.float32)], queue=q)
