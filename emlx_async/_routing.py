@@ -119,6 +119,7 @@ def prepare_inputs(channel: CompletionChannel, arrays: list[mx.array],
     if not arrays:
         return []
     on_loop: list[mx.array] = []
+    other_streams: list[tuple[mx.array, _interop.ArrayState]] = []  # this thread's other streams, or foreign
     elsewhere: dict[CommandQueue, list[mx.array]] = {}
     array_state, lazy = _interop.array_state, _interop.LAZY
     for array in arrays:
@@ -133,12 +134,22 @@ def prepare_inputs(channel: CompletionChannel, arrays: list[mx.array],
         elif _is_this_threads_stream(state):
             on_loop.append(array)
         else:
-            raise ForeignLazyArrayError(
-                f"a lazy array built on Stream({from_native_device(state.device_type).name}, "
-                f"{state.stream_index}) belongs to a thread that no queue of this runtime owns; "
-                "evaluate it on that thread (mx.eval) before passing it in")
+            other_streams.append((array, state))
     if on_loop:
         mx.eval(on_loop)
+    for array, state in other_streams:
+        # A stream of this thread (mx.new_stream) evaluates here; MLX refuses another
+        # thread's at once, before running anything.
+        try:
+            mx.eval(array)
+        except RuntimeError as exc:
+            if "in current thread" not in str(exc):
+                raise
+            raise ForeignLazyArrayError(
+                f"a lazy array built on Stream({from_native_device(state.device_type).name}, "
+                f"{state.stream_index}) belongs to another thread (no queue of this runtime owns it); "
+                "evaluate it where it was built (mx.eval on that thread, or ea.eval under the runtime "
+                "whose queue built it) before passing it in") from None
     return [owner.eval(*group) for owner, group in elsewhere.items()]
 
 

@@ -118,6 +118,20 @@ async def test_foreign_lazy_array_gets_a_clear_error():
 
 
 @on_every_loop
+async def test_lazy_arrays_on_another_stream_of_the_loop_thread_are_evaluated_there():
+    """mx.new_stream's streams belong to the thread that made them, as the default one does."""
+    async with ea.Runtime() as rt:
+        side = mx.new_stream(mx.cpu)
+        with mx.stream(side):
+            x = mx.ones(2) * 5
+        assert (await ea.ops.multiply(x, 2)).tolist() == [10.0, 10.0]
+        y = mx.add(mx.ones(3), 1, stream=side)
+        assert (await ea.eval(y)).tolist() == [2.0, 2.0, 2.0]
+        z = mx.add(mx.ones(2), 2, stream=side)
+        assert await rt.default_queue().run(lambda v: v.tolist(), z) == [3.0, 3.0]
+
+
+@on_every_loop
 async def test_mlx_error_in_run_keeps_type_and_message_and_queue_works():
     async with ea.Runtime(pool_size=4) as rt:
         async with rt.queue() as q:
