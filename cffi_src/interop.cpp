@@ -1,6 +1,7 @@
 #include "mlx/primitives.h"
 #include "mlx/stream.h"
 #include "shim.hpp"
+#include "validate.hpp"
 
 using mlx::core::array;
 
@@ -34,6 +35,19 @@ int emlx_array_state(void* obj, int* device_type, int* stream_index) {
     default:
       return EMLX_ARRAY_AVAILABLE;
   }
+}
+
+int emlx_check_graph_fits(void** objs, size_t count, const char* what) {
+  return emlx::guarded([&] {
+    std::vector<array> arrays;
+    arrays.reserve(count);
+    {
+      emlx::GilGuard gil;
+      for (size_t i = 0; i < count; ++i) arrays.push_back(emlx::array_of(objs[i]));
+    }
+    emlx::validate::check_fits(what, arrays, {});
+    return 0;
+  });
 }
 
 }  // extern "C"

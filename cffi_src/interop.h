@@ -18,3 +18,9 @@ int emlx_array_state(void *obj, int *device_type, int *stream_index);
 
 /* Index of the calling thread's default stream on the device, or -1. */
 int emlx_thread_stream_index(int device_type);
+
+/* Whether evaluating the arrays `objs` (mx.array objects) fits memory: every
+ * node of their graphs not yet evaluated within the allocation limit (a failed
+ * allocation ends the process in MLX's allocator). 0, or -1 with a message
+ * naming `what` in emlx_last_error. */
+int emlx_check_graph_fits(void **objs, size_t count, const char *what);

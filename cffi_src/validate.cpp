@@ -114,7 +114,9 @@ size_t allocation_limit() {
   return limit > 0 && limit < physical ? limit : physical;
 }
 
-size_t checked_nbytes(const char* op, const mx::Shape& shape, size_t itemsize) {
+namespace {
+
+size_t checked_nbytes_within(const char* op, const mx::Shape& shape, size_t itemsize, size_t limit) {
   // MLX's own size() wraps on overflow, and a failed allocation is a SIGSEGV
   // in MLX's allocator (even under set_memory_limit): refuse both here.
   uint64_t n = itemsize;
@@ -126,13 +128,18 @@ size_t checked_nbytes(const char* op, const mx::Shape& shape, size_t itemsize) {
   bool empty = false;
   for (int d : shape) empty = empty || d == 0;
   if (empty) return 0;
-  size_t limit = allocation_limit();
   if (overflow || n > limit)
     throw std::runtime_error(std::string("[") + op + "] an array of shape " + shape_text(shape) + " needs " +
                              (overflow ? std::string("more than 2**64") : std::to_string(n)) +
                              " bytes, over the allocation limit of " + std::to_string(limit) +
                              " bytes (MLX's memory limit, at most physical memory)");
   return n;
+}
+
+}  // namespace
+
+size_t checked_nbytes(const char* op, const mx::Shape& shape, size_t itemsize) {
+  return checked_nbytes_within(op, shape, itemsize, allocation_limit());
 }
 
 int dim_add(const char* op, int64_t a, int64_t b) {
@@ -165,33 +172,37 @@ std::vector<mx::array> inputs(const char* op, const std::vector<mx::array>& xs, 
   return out;
 }
 
-std::vector<mx::array> outputs(const char* op, std::vector<mx::array> outs, const std::vector<mx::array>& xs,
-                               mx::Stream s) {
+void check_fits(const char* op, const std::vector<mx::array>& outs, const std::vector<mx::array>& xs) {
   // Every node this op added (stopping at its inputs and at evaluated
   // arrays) must fit the allocation limit: creation ops, broadcast, tile,
   // pad, repeat and friends ask for their whole output at once.
   std::unordered_set<std::uintptr_t> seen;
   for (const auto& x : xs) seen.insert(x.id());
   std::vector<mx::array> stack(outs.begin(), outs.end());
-  size_t largest = 0;
+  size_t largest = 0, limit = allocation_limit();  // once: MLX's limit is read under a lock
   while (!stack.empty()) {
     mx::array a = stack.back();
     stack.pop_back();
     if (!seen.insert(a.id()).second) continue;
     if (a.status() != mx::array::Status::unscheduled || !a.has_primitive()) continue;  // allocated already
-    largest = std::max(largest, checked_nbytes(op, a.shape(), a.itemsize()));
+    largest = std::max(largest, checked_nbytes_within(op, a.shape(), a.itemsize(), limit));
     for (const auto& in : a.inputs()) stack.push_back(in);
     for (const auto& sib : a.siblings()) stack.push_back(sib);
   }
   // The limit counts this process's live arrays too: MLX's CPU allocator
   // neither waits nor fails cleanly past it (two 16 GB results on a 23 GB
   // machine end the process). Cached buffers are released to make room.
-  size_t limit = allocation_limit(), active = mx::get_active_memory();
+  size_t active = mx::get_active_memory();
   if (largest > 0 && (active > limit || largest > limit - active))
     throw std::runtime_error(std::string("[") + op + "] needs " + std::to_string(largest) + " bytes at once, but " +
                              std::to_string(active) + " of the allocation limit of " + std::to_string(limit) +
                              " bytes are held by live arrays");
   if (largest > 0 && largest + active + mx::get_cache_memory() > limit) mx::clear_cache();
+}
+
+std::vector<mx::array> outputs(const char* op, std::vector<mx::array> outs, const std::vector<mx::array>& xs,
+                               mx::Stream s) {
+  check_fits(op, outs, xs);
   // Results that are all empty need no kernel, and some MLX kernels crash
   // on them (linalg.inv, lu and solve of 0x0 matrices: SIGFPE in LAPACK
   // set-up): zeros of the same shapes and dtypes are the exact answer.

@@ -21,6 +21,11 @@ namespace emlx::validate {
 // shape and dtype, so the same value), and the per-op guards of kGuards run.
 std::vector<mx::array> inputs(const char* op, const std::vector<mx::array>& xs, mx::Stream s);
 
+// Refuses (naming `op`) when a node of the graphs of `outs` that is not yet
+// evaluated, stopping at `xs`, overflows or exceeds allocation_limit(), or
+// when the largest does not fit beside the live arrays.
+void check_fits(const char* op, const std::vector<mx::array>& outs, const std::vector<mx::array>& xs);
+
 // After the graph is built, before it is evaluated: refuses any new node whose
 // size overflows or exceeds allocation_limit(); outputs that are all empty are
 // replaced by zeros of their shapes and dtypes, so no kernel runs on them.

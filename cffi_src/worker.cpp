@@ -21,6 +21,7 @@
 
 #include "channel.hpp"
 #include "ops.hpp"
+#include "validate.hpp"
 #include "worker.hpp"
 #include "mlx/device.h"
 #include "mlx/stream.h"
@@ -296,8 +297,12 @@ void emlx_worker::run(Job& job) {
     case JobKind::Eval:
     case JobKind::Synchronize:
       try {
-        if (job.kind == JobKind::Eval) mx::eval(job.arrays);
-        else mx::synchronize(mx::default_stream(device));
+        if (job.kind == JobKind::Eval) {
+          emlx::validate::check_fits("eval", job.arrays, {});  // a failed allocation would end the process
+          mx::eval(job.arrays);
+        } else {
+          mx::synchronize(mx::default_stream(device));
+        }
         job.arrays.clear();  // drop graph references here, not on the loop
         post(record(job.id, EMLX_DONE));
       } catch (...) {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ._native import ffi, lib
+from ._native import ensure, ffi, lib
 
 AVAILABLE = lib.EMLX_ARRAY_AVAILABLE
 LAZY = lib.EMLX_ARRAY_LAZY
@@ -87,6 +87,12 @@ def array_state(array: mx.array) -> ArrayState:
 def handles(arrays: list[mx.array]):
     """A cffi array of PyObject pointers; the caller keeps `arrays` alive."""
     return ffi.new("void*[]", [ffi.cast("void*", id(a)) for a in arrays])
+
+
+def check_fits(arrays: list[mx.array], what: str) -> None:
+    """Refuse (MLXRuntimeError naming `what`) to evaluate `arrays` when a node of their
+    graphs cannot be allocated: MLX's allocator ends the process on a failed allocation."""
+    ensure(lib.emlx_check_graph_fits(handles(arrays), len(arrays), what.encode()))
 
 
 def addresses(arrays: list[mx.array]):

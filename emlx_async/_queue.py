@@ -124,6 +124,7 @@ class _Job:
                 arrays = list(iter_arrays(result))
                 if arrays:
                     try:
+                        _interop.check_fits(arrays, "eval")  # a failed allocation would end the process
                         mx.eval(arrays)  # releases the GIL while MLX computes
                     except Exception as exc:  # noqa: BLE001 - the runtime's eval: MLX's error, our class
                         converted = mlx_error(exc)

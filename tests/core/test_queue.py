@@ -132,6 +132,22 @@ async def test_lazy_arrays_on_another_stream_of_the_loop_thread_are_evaluated_th
 
 
 @on_every_loop
+async def test_evaluations_the_runtime_makes_refuse_what_cannot_be_allocated():
+    """MLX's allocator ends the process on a failed allocation (SIGSEGV, even under a memory
+    limit): the loop thread's eval of lazy inputs, q.run's eval of its result and a native
+    eval of an owned graph check the graph first."""
+    huge = (2**20, 2**20)  # 4 TiB of float32
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        owned = await q.run(lambda: mx.zeros(huge), lazy=True)
+        for call in (lambda: ea.ops.add(mx.zeros(huge), 1), lambda: ea.eval(mx.zeros(huge)),
+                     lambda: q.run(lambda: mx.zeros(huge)), lambda: ea.eval(owned)):
+            with pytest.raises(ea.MLXRuntimeError, match=r"\[eval\] an array of shape \(1048576, 1048576\)"):
+                await call()
+        assert (await ea.ops.add(mx.ones(2), 1)).tolist() == [2.0, 2.0]
+
+
+@on_every_loop
 async def test_mlx_error_in_run_keeps_type_and_message_and_queue_works():
     async with ea.Runtime(pool_size=4) as rt:
         async with rt.queue() as q:
