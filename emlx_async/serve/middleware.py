@@ -226,7 +226,7 @@ def install(app, *, api_keys: Iterable[str] = (), metrics_auth: bool = False, co
     if allowed:
         # allow_headers "*": the preflight's requested headers are allowed
         # (Authorization among them, which a bare "*" would not cover).
-        app.add_middleware(CORSMiddleware, allow_origins=list(allowed), allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed), allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["*"], expose_headers=["Retry-After"])
     if access_log:
         app.add_middleware(AccessLog)

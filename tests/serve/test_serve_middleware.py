@@ -166,6 +166,9 @@ async def test_cors_preflight_needs_no_key_and_allows_authorization():
         assert preflight.headers["access-control-allow-origin"] == ORIGIN
         assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
         assert "POST" in preflight.headers["access-control-allow-methods"]
+        # A page can delete a stored response too (DELETE /v1/responses/{id}).
+        deleting = await http.options("/v1/responses/resp_1", headers={**PREFLIGHT, "Access-Control-Request-Method": "DELETE"})
+        assert deleting.status_code == 200 and "DELETE" in deleting.headers["access-control-allow-methods"]
         elsewhere = await http.options("/v1/chat/completions", headers={**PREFLIGHT, "Origin": "http://evil.example"})
         assert elsewhere.status_code == 400 and "access-control-allow-origin" not in elsewhere.headers
         # A page on the origin can read a 401 (and a 503 past the key).
