@@ -44,6 +44,13 @@ class RuntimeStats:
     total: QueueStats
 
 
+def _check_count(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+
+
 class _Pool:
     """Up to `size` queues on one device, lent to one holder at a time.
 
@@ -174,10 +181,9 @@ class Runtime:
         except RuntimeError:
             raise RuntimeError("ea.Runtime() must be created inside a running event loop "
                                "(for example in `async def main()` run by asyncio.run or trio.run)") from None
-        if max_pending < 1:
-            raise ValueError(f"max_pending must be at least 1, got {max_pending}")
-        if pool_size is not None and pool_size < 1:
-            raise ValueError(f"pool_size must be at least 1, got {pool_size}")
+        _check_count("max_pending", max_pending)
+        if pool_size is not None:
+            _check_count("pool_size", pool_size)
         if host_call_timeout is not None and not host_call_timeout > 0:
             raise ValueError(f"host_call_timeout must be positive or None, got {host_call_timeout}")
         ensure_mlx_usable()  # a fork child of a process that used MLX would hang: refuse now

@@ -419,3 +419,14 @@ def test_closed_queues_and_runtimes_never_warn():
 
     held = list(asyncio.run(make()))
     assert _collected_warnings(held.clear) == []
+
+
+@on_every_loop
+async def test_runtime_options_are_checked_by_name():
+    for options, error, words in (({"max_pending": "3"}, TypeError, "max_pending must be an int"),
+                                  ({"max_pending": 0}, ValueError, "max_pending must be at least 1"),
+                                  ({"pool_size": 1.5}, TypeError, "pool_size must be an int"),
+                                  ({"pool_size": True}, TypeError, "pool_size must be an int"),
+                                  ({"pool_size": 0}, ValueError, "pool_size must be at least 1")):
+        with pytest.raises(error, match=words):
+            ea.Runtime(**options)
