@@ -46,7 +46,7 @@ from ._native import ensure, ffi, lib
 from ._native import error as native_call_error
 from ._queue import CommandQueue, current_job, host_call_blocking
 from ._routing import prepare_inputs, route, set_bound
-from ._runtime import Runtime, get_runtime
+from ._runtime import Runtime, check_host_call_timeout, get_runtime
 
 
 _call_ids = itertools.count(1)
@@ -94,6 +94,10 @@ def host_call(fn: Callable[..., Any], /, *inputs: mx.array,
     returns one array (or anything ``mx.array`` accepts, such as a NumPy
     array) per declared output, as a single value or a tuple/list.
 
+    ``timeout`` bounds an async ``fn``'s await: seconds up to 1e6 (about 11
+    days), ``inf`` for no limit, or None for the runtime's
+    ``host_call_timeout``. See the module docstring for failures.
+
     Example:
         >>> masked, = await ea.host_call(keep_allowed, logits, outputs=[(logits.shape, mx.float32)])
         >>> await ea.eval(masked)
@@ -104,8 +108,7 @@ def host_call(fn: Callable[..., Any], /, *inputs: mx.array,
     for i, x in enumerate(inputs):
         if not isinstance(x, mx.array):
             raise TypeError(f"host_call inputs must be mx.arrays; input {i} is {type(x).__name__}")
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout}")
+    check_host_call_timeout("timeout", timeout, "the runtime's host_call_timeout")
     job = current_job()
     if job is not None:  # on a worker thread, inside a queue job
         return _build(job.queue, fn, inputs, specs, timeout)
@@ -120,8 +123,8 @@ def _build(queue: CommandQueue, fn, inputs, specs, timeout) -> list[mx.array]:
     call_id = next(_call_ids)
     server.calls[call_id] = _Call(fn, queue, specs, timeout)
     effective = timeout if timeout is not None else runtime.host_call_timeout
-    # The worker's own bound on the wait, in case the loop never answers.
-    backstop_ms = int((effective * 2 + 10) * 1000) if effective else 0
+    # The worker's own bound on the wait, in case the loop never answers (0: none).
+    backstop_ms = int((effective * 2 + 10) * 1000) if effective and effective != math.inf else 0
     placeholders = [mx.array(0) for _ in specs]
     shapes = [d for shape, _ in specs for d in shape]
     status = lib.emlx_host_call_build(

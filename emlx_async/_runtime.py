@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
+import numbers
 import os
 from time import monotonic_ns
 import traceback
@@ -28,6 +30,22 @@ from ._queue import CommandQueue, QueueStats, _Counters
 from ._routing import add_owner, owner_of, reset_bound, set_bound
 
 DEFAULT_MAX_PENDING = 1024
+
+# The longest finite host-call timeout, in seconds: the worker's own bound on
+# its wait (twice it plus 10 s, in ms) must fit a C int. inf means no limit.
+MAX_HOST_CALL_TIMEOUT = 1_000_000.0
+
+
+def check_host_call_timeout(name: str, value: Any, none_means: str) -> float | None:
+    """`value` if it is a host-call timeout (seconds, or inf for no limit); else a TypeError or ValueError naming `name`."""
+    if value is None:
+        return None
+    allowed = f"seconds in (0, {MAX_HOST_CALL_TIMEOUT:.0f}] (about 11 days), inf for no limit, or None ({none_means})"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {allowed}, got {type(value).__name__}")
+    if not (0 < value <= MAX_HOST_CALL_TIMEOUT or value == math.inf):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,8 +202,7 @@ class Runtime:
         _check_count("max_pending", max_pending)
         if pool_size is not None:
             _check_count("pool_size", pool_size)
-        if host_call_timeout is not None and not host_call_timeout > 0:
-            raise ValueError(f"host_call_timeout must be positive or None, got {host_call_timeout}")
+        check_host_call_timeout("host_call_timeout", host_call_timeout, "no limit")
         ensure_mlx_usable()  # a fork child of a process that used MLX would hang: refuse now
         self.pool_size = max(2, pool_size if pool_size is not None else (os.cpu_count() or 2))
         self.max_pending = max_pending

@@ -158,6 +158,29 @@ async def test_default_timeout_from_the_runtime():
 
 
 @on_every_loop
+async def test_a_timeout_out_of_range_names_its_option_and_inf_means_no_limit():
+    # The worker's backstop (2 * timeout + 10 s, in ms) is a C int: an unchecked 3e6 or inf overflowed it.
+    allowed = r"must be seconds in \(0, 1000000\]"
+    for bad in (3e6, float("nan"), 0, -1.0):
+        with pytest.raises(ValueError, match=f"^host_call_timeout {allowed}"):
+            ea.Runtime(host_call_timeout=bad)
+    with pytest.raises(TypeError, match="^host_call_timeout must be"):
+        ea.Runtime(host_call_timeout="30")
+    async with ea.Runtime(pool_size=2, host_call_timeout=float("inf")) as rt:
+        q = rt.default_queue()
+        for bad in (3e6, float("nan"), 0):
+            with pytest.raises(ValueError, match=f"^timeout {allowed}"):
+                ea.host_call(lambda v: v, mx.ones(2), outputs=[((2,), mx.float32)], timeout=bad, queue=q)
+
+        def tripled(x, timeout):
+            return ea.host_call(lambda v: v * 3, x, outputs=[((2,), mx.float32)], timeout=timeout)[0]
+
+        with anyio.fail_after(10):
+            for timeout in (None, float("inf"), 1e6):  # None: the runtime's inf
+                assert (await q.run(tripled, mx.ones(2), timeout)).tolist() == [3.0, 3.0]
+
+
+@on_every_loop
 async def test_cancelling_the_awaiter_cancels_the_callback_and_unblocks_the_worker():
     async with ea.Runtime(pool_size=4) as rt:
         started, finished = anyio.Event(), []
