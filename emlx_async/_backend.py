@@ -467,7 +467,9 @@ class TrioBackend:
             with scope:
                 try:
                     await fn()
-                except Exception:  # noqa: BLE001 - a system task must not crash trio.run
+                except trio.Cancelled:
+                    raise  # the run's shutdown, or `scope` (which catches its own)
+                except BaseException:  # noqa: BLE001 - a system task's raise would be TrioInternalError
                     traceback.print_exc()
 
         trio.lowlevel.spawn_system_task(body, context=context)

@@ -12,13 +12,23 @@ worker), and awaiting the blocked queue itself raises ``HostCallDeadlock``
 at once. Several queues can wait on callbacks at the same time; each request
 is independent.
 
-Failure: a raising callback, a wrong output shape or dtype, a timeout
-(``timeout=`` per call, else the runtime's ``host_call_timeout``) or a
-cancelled awaiter answers the request with an error; the graph's evaluation
-fails with ``MLXRuntimeError`` whose ``__cause__`` is the callback's
-exception (carried by identity on the job the worker was running), and the
-queue keeps working. Evaluating a host-call output after its runtime closed
-raises ``RuntimeClosed``.
+Failure: a raising callback (any exception, a bare ``BaseException`` such
+as ``GeneratorExit`` too), a wrong output shape or dtype, a timeout
+(``timeout=`` per call, else the runtime's ``host_call_timeout``; ``inf``: no
+limit) or a cancelled awaiter answers the request with an error at once; the
+graph's evaluation fails with ``MLXRuntimeError`` whose ``__cause__`` is the
+callback's exception (carried by identity on the job the worker was
+running), and the queue keeps working. Evaluating a host-call output after
+its runtime closed raises ``RuntimeClosed``.
+
+A callback's ``KeyboardInterrupt`` or ``SystemExit`` answers the request the
+same way, then goes on as it would from any task of the loop: under asyncio
+(and uvloop) it ends the loop's run (``asyncio.run`` raises it; were the
+loop run again, the job's awaiter gets the ``MLXRuntimeError``); under trio,
+where the callback runs in a system task that must not raise, awaiting the
+job whose graph called it raises it (itself, not an ``MLXRuntimeError``), so
+it leaves ``trio.run`` through that task unless caught; with no task
+awaiting that job, it is printed.
 
 Layer: above the runtime and routing; the server attaches itself to the
 runtime's completion channel on first use.
@@ -180,6 +190,7 @@ class HostCallServer:
         name = getattr(call.fn, "__qualname__", repr(call.fn))
         set_bound(self.runtime.callback_queue(call.queue.device))  # its own MLX work goes here
         timeout = call.timeout if call.timeout is not None else self.runtime.host_call_timeout
+        answered = False  # the worker blocks until the request is answered: every exit answers it
         try:
             try:
                 result = call.fn(*inputs)
@@ -187,26 +198,41 @@ class HostCallServer:
                     with anyio.fail_after(timeout):
                         result = await result
             except TimeoutError as exc:
+                answered = True
                 self._fail(request_id, call, exc, f"[host_call] {name} timed out after {timeout}s")
                 return
             except anyio.get_cancelled_exc_class():
+                answered = True
                 self._reply_error(request_id, f"[host_call] {name} was cancelled")
                 raise
-            except Exception as exc:  # noqa: BLE001 - chained onto the graph's error
+            except BaseException as exc:  # noqa: BLE001 - chained onto the graph's error
+                # Also a bare BaseException (GeneratorExit, a custom one): it is the callback's failure.
+                answered = True
                 self._fail(request_id, call, exc, f"[host_call] {name} raised {type(exc).__name__}: {exc}")
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    if self.runtime._backend.name != "trio":
+                        raise  # asyncio ends its run with it, as it does for any task's
+                    # A trio system task must not raise it: the job's awaiter does (_with_host_cause).
+                    job = call.queue.running_job()
+                    if job is None or job.future.done():
+                        self.runtime._backend.report_error(f"[host_call] {name} raised, no awaiter", exc)
                 return
             try:
                 arrays = await self._as_outputs(result, call)
             except Exception as exc:  # noqa: BLE001
+                answered = True
                 self._fail(request_id, call, exc, str(exc))
                 return
             keep = arrays  # alive until the worker has copied them
+            answered = True
             if lib.emlx_host_request_reply(request_id, [ffi.cast("void*", id(a)) for a in keep],
                                            len(keep), ffi.NULL) != 0:
                 refused = native_call_error(cls=HostCallError)
                 self._fail(request_id, call, HostCallError(f"{name}: {refused}"), f"{refused} from {name}")
         finally:
             self._tasks.pop(request_id, None)
+            if not answered:  # cancelled or failed while preparing its outputs
+                self._reply_error(request_id, f"[host_call] {name} ended without an answer")
 
     async def _as_outputs(self, result: Any, call: _Call) -> list[mx.array]:
         values = list(result) if isinstance(result, (tuple, list)) else [result]

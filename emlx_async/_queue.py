@@ -736,10 +736,17 @@ class CommandQueue:
 
     @staticmethod
     def _with_host_cause(job: _Job, exc: BaseException) -> BaseException:
-        """Chain the host callback's own exception (carried by identity) onto the error it caused."""
-        if job.host_cause is not None and exc.__cause__ is None and exc is not job.host_cause:
-            exc.__cause__ = job.host_cause
-        job.host_cause = None
+        """Chain the host callback's own exception (carried by identity) onto the error it caused.
+
+        Under trio a callback's KeyboardInterrupt or SystemExit is raised
+        itself: its system task cannot raise it, so the awaiter passes it on
+        (asyncio's loop already ended its run with it; see _host_call).
+        """
+        cause, job.host_cause = job.host_cause, None
+        if isinstance(cause, (KeyboardInterrupt, SystemExit)) and isinstance(job.future, TrioJobFuture):
+            return cause
+        if cause is not None and exc.__cause__ is None and exc is not cause:
+            exc.__cause__ = cause
         return exc
 
     def _detach(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import anyio
@@ -9,6 +10,7 @@ import anyio
 import mlx.core as mx
 import numpy as np
 import pytest
+import uvloop
 
 import emlx_async as ea
 from support.helpers import Awaiter, on_every_loop
@@ -117,6 +119,68 @@ async def test_raising_callback_fails_the_graph_with_chained_cause():
             await ea.eval(y)
         assert isinstance(info.value.__cause__, FilterError)
         assert await q.run(lambda: 5) == 5  # the queue keeps working
+
+
+class _Stop(BaseException):
+    """A callback's own BaseException that is not an Exception."""
+
+
+@on_every_loop
+@pytest.mark.parametrize("error_cls", [_Stop, GeneratorExit])
+async def test_a_callback_raising_a_bare_base_exception_fails_the_graph_at_once(error_cls):
+    async with ea.Runtime(pool_size=4) as rt:
+        raised = error_cls("from callback")
+
+        def stop(x):
+            raise raised
+
+        q = rt.default_queue()
+        with anyio.fail_after(5):  # unanswered, the worker would wait for its backstop (12 s)
+            with pytest.raises(RuntimeError, match=f"stop raised {error_cls.__name__}") as info:
+                await q.run(lambda x: ea.host_call(stop, x, outputs=[((2,), mx.float32)], timeout=1)[0] * 2,
+                            mx.ones(2))
+            assert info.value.__cause__ is raised
+            assert await q.run(lambda: 5) == 5  # the queue keeps working
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("error_cls", [KeyboardInterrupt, SystemExit])
+def test_under_asyncio_a_callbacks_system_exit_ends_the_run_and_the_worker_is_answered(loop, error_cls):
+    """asyncio's rule for a task's KeyboardInterrupt or SystemExit: it leaves the loop's run.
+    The request is answered first, so the loop, run again, finds the queue free at once."""
+    raised, seen = error_cls(), []
+
+    def interrupt(x):
+        raise raised
+
+    async def main():
+        q = ea.get_runtime().default_queue()
+        try:
+            await q.run(lambda x: ea.host_call(interrupt, x, outputs=[((2,), mx.float32)], timeout=1)[0] * 2,
+                        mx.ones(2))
+        except RuntimeError as exc:
+            seen.append(exc)
+
+    async def first():
+        # main in a task of its own: were the run's own future to finish in the iteration the
+        # exception leaves, its stop() would linger into the next run (uvloop).
+        tasks.append(asyncio.create_task(main()))
+        await asyncio.sleep(5)  # the callback's exception ends the run first
+
+    async def after():
+        with anyio.fail_after(5):  # unanswered, the worker would wait for its backstop (12 s)
+            while not seen:
+                await asyncio.sleep(0.001)
+            return await ea.get_runtime().default_queue().run(lambda: 5)
+
+    tasks = []
+    factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        with pytest.raises(error_cls) as info:
+            runner.run(first())
+        assert info.value is raised
+        assert runner.run(after()) == 5
+        assert len(seen) == 1 and seen[0].__cause__ is raised
 
 
 @on_every_loop

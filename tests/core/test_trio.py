@@ -168,6 +168,50 @@ def test_an_awaiting_task_drains_the_channel_itself_and_wakes_for_a_settle_from_
     trio.run(main)
 
 
+@pytest.mark.parametrize("error_cls", [KeyboardInterrupt, SystemExit])
+def test_a_callbacks_keyboard_interrupt_or_system_exit_reaches_the_awaiter_not_trio_internals(error_cls):
+    """A callback runs in a trio system task, which must not raise (trio.run would raise
+    TrioInternalError): the request is answered and the job's awaiter raises it instead."""
+    raised = error_cls()
+
+    def interrupt(x):
+        raise raised
+
+    async def main():
+        async with ea.Runtime() as rt:
+            q = rt.default_queue()
+            with trio.fail_after(5):  # the worker's backstop (12 s) must not be what answers
+                with pytest.raises(error_cls) as info:
+                    await q.run(lambda x: ea.host_call(interrupt, x, outputs=[((2,), mx.float32)], timeout=1)[0] * 2,
+                                mx.ones(2))
+                assert info.value is raised
+                assert await q.run(lambda: 5) == 5  # the queue keeps working
+
+    try:
+        trio.run(main)
+    except (KeyboardInterrupt, SystemExit) as exc:  # would end pytest's session
+        pytest.fail(f"{exc!r} left trio.run instead of reaching the awaiter")
+
+
+def test_a_background_task_raising_a_bare_base_exception_is_printed_not_a_trio_internal_error(capsys):
+    """rt.start_soon's task is a trio system task: what it raises is printed, as asyncio's
+    handler would report it; raised there, trio.run would raise TrioInternalError."""
+    class Stop(BaseException):
+        pass
+
+    async def stop():
+        raise Stop("from a background task")
+
+    async def main():
+        async with ea.Runtime() as rt:
+            rt.start_soon(stop)
+            await trio.sleep(0.01)
+            assert await rt.default_queue().run(lambda: 5) == 5
+
+    trio.run(main)
+    assert "Stop: from a background task" in capsys.readouterr().err
+
+
 def test_the_watcher_sleeps_through_awaited_round_trips_and_still_reads_unawaited_completions():
     """After an awaited round trip with nothing left in flight the watcher stays parked (its step
     per round trip is saved); a job nobody awaits must still complete: its submission arms the
