@@ -14,6 +14,7 @@ from ._api import current_queue as current_queue
 from ._routing import bound_queue as bound_queue
 from ._errors import BatchDriverError as BatchDriverError
 from ._errors import BatchingRefused as BatchingRefused
+from ._errors import CancelledJob as CancelledJob
 from ._errors import DeviceUnavailable as DeviceUnavailable
 from ._errors import DistributedError as DistributedError
 from ._errors import EMLXError as EMLXError
@@ -64,7 +65,7 @@ from .replay import trace as trace  # noqa: E402
 
 __all__ = [
     "CommandQueue", "CompiledFunction", "TracedFunction", "compile", "load_traced", "trace",
-    "BatchDriverError", "BatchingRefused", "DeviceUnavailable", "DistributedError", "EMLXError", "EngineBusy",
+    "BatchDriverError", "BatchingRefused", "CancelledJob", "DeviceUnavailable", "DistributedError", "EMLXError", "EngineBusy",
     "ForeignLazyArrayError", "ForkedProcessError", "GrammarError", "GrammarStateError",
     "HostCallDeadlock", "HostCallError", "InvalidOption", "JobFuture", "TrioJobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
     "MLXValueError", "NotTraceable", "QueueClosed", "QueueFull", "QueueReleaseError", "QueueStats", "Runtime",

@@ -14,7 +14,9 @@ Cancellation follows each library's semantics:
 * trio: ``TrioJobFuture.__await__`` parks the task with
   ``wait_task_rescheduled``; when the task's cancel scope fires, the abort
   callback cancels the job (a queued job is dropped, a running one is
-  abandoned), exactly the asyncio contract, level-triggered.
+  abandoned), exactly the asyncio contract, level-triggered. Other tasks
+  awaiting that job get ``CancelledJob`` (an ``EMLXError``) where asyncio's
+  get ``CancelledError``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, TypeVar
 
 import sniffio
 
-from ._errors import RuntimeClosed
+from ._errors import CancelledJob, RuntimeClosed
 
 
 _T = TypeVar("_T")
@@ -101,9 +103,11 @@ class TrioJobFuture(_CoroutineFace):
     """The awaitable a job returns under trio: a one-shot result with asyncio.Future's surface.
 
     Await it from any number of trio tasks. Done-callbacks run when it
-    settles. A waiting task that is cancelled cancels the job (see the module
-    docstring); awaiting after that raises ``trio.Cancelled`` in the usual
-    way for that task, or ``CancelledJob`` for one that was not cancelled.
+    settles. A waiting task that is cancelled cancels the job for every
+    awaiter, as under asyncio (see the module docstring): that task gets
+    ``trio.Cancelled`` in the usual way, and any other task awaiting it, then
+    or later, gets ``ea.CancelledJob`` (as do ``result()`` and ``exception()``),
+    where asyncio's would get ``CancelledError``.
     It is also accepted as a coroutine: ``nursery.start_soon(q.run, fn)``
     submits the job at that call and the new task awaits it.
     """
@@ -128,7 +132,7 @@ class TrioJobFuture(_CoroutineFace):
 
     def result(self) -> Any:
         if self._state == _CANCELLED:
-            raise asyncio.CancelledError()
+            raise _cancelled_job()
         if self._state == _PENDING:
             raise asyncio.InvalidStateError("result is not set")
         self._retrieved = True
@@ -138,7 +142,7 @@ class TrioJobFuture(_CoroutineFace):
 
     def exception(self) -> BaseException | None:
         if self._state == _CANCELLED:
-            raise asyncio.CancelledError()
+            raise _cancelled_job()
         if self._state == _PENDING:
             raise asyncio.InvalidStateError("exception is not set")
         self._retrieved = True
@@ -208,6 +212,11 @@ class TrioJobFuture(_CoroutineFace):
 
             yield from trio.lowlevel.wait_task_rescheduled(abort).__await__()
         return self.result()
+
+
+def _cancelled_job() -> CancelledJob:
+    # Not asyncio.CancelledError: in a trio task that was not cancelled it would read as a crash.
+    return CancelledJob("the job was cancelled (by cancel(), or because a task awaiting it was cancelled)")
 
 
 class _TrioWakeFd:

@@ -50,6 +50,15 @@ class QueueReleaseError(EMLXError, RuntimeError):
     """A queue was given back to a pool that did not lend it, or given back twice."""
 
 
+class CancelledJob(EMLXError):
+    """Under trio: the job awaited was cancelled (``cancel()``, or another task awaiting it was).
+
+    A cancelled awaiter cancels the job for every awaiter, as under asyncio,
+    where the others get ``asyncio.CancelledError``; trio has no such error
+    for a task that was not cancelled itself, so they get this one.
+    """
+
+
 class HostCallDeadlock(EMLXError, RuntimeError):
     """A host callback awaited the very queue whose worker is waiting for it."""
 

@@ -6,7 +6,6 @@ Each test drives its own ``trio.run``; the leak checks of conftest apply.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 
@@ -134,7 +133,7 @@ def test_an_awaiting_task_drains_the_channel_itself_and_wakes_for_a_settle_from_
             async def waiter():
                 try:
                     await blocked
-                except asyncio.CancelledError:  # its job was cancelled by another task
+                except ea.CancelledJob:  # its job was cancelled by another task
                     outcome.append("cancelled")
 
             with anyio.fail_after(5):
@@ -164,6 +163,45 @@ def test_an_awaiting_task_drains_the_channel_itself_and_wakes_for_a_settle_from_
                     for i in range(20):
                         nursery.start_soon(job, i)
             assert sorted(float(r[0]) for r in results) == [1.0 + i for i in range(20)]
+
+    trio.run(main)
+
+
+def test_a_job_two_tasks_await_is_cancelled_for_both_when_one_is_cancelled_as_under_asyncio():
+    """asyncio's rule: a cancelled awaiter cancels the future, and the other awaiter gets
+    CancelledError. Under trio the other gets ea.CancelledJob, never asyncio.CancelledError
+    (a BaseException that would crash its nursery)."""
+    async def main():
+        async with ea.Runtime() as rt:
+            q = rt.default_queue()
+            gate = Gate()
+            shared = q.run(gate, "never seen")
+            await _wait_started(gate)
+            outcome = {}
+
+            async def waiter(tag, patience):
+                try:
+                    with trio.move_on_after(patience) as scope:
+                        outcome[tag] = await shared
+                    if scope.cancelled_caught:
+                        outcome[tag] = "its own cancel"
+                except ea.CancelledJob:
+                    outcome[tag] = "CancelledJob"
+
+            try:
+                with trio.fail_after(5):
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(waiter, "short", 0.05)
+                        nursery.start_soon(waiter, "long", 30)
+            finally:
+                gate.open()
+            assert outcome == {"short": "its own cancel", "long": "CancelledJob"}
+            assert shared.cancelled()
+            with pytest.raises(ea.CancelledJob):
+                await shared  # a later awaiter, too
+            with pytest.raises(ea.CancelledJob):
+                shared.result()
+            assert await q.run(lambda: 5) == 5
 
     trio.run(main)
 
