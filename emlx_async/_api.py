@@ -65,12 +65,14 @@ def eval(*arrays: Any, queue: CommandQueue | None = None) -> Coroutine[Any, Any,
 @_submits_at_the_call
 def item(array: mx.array, /, *, queue: CommandQueue | None = None) -> Coroutine[Any, Any, Any]:
     """The value of a one-element array as a Python scalar, evaluating it first."""
+    _check_array("ea.item", array)
     return _then(eval(array, queue=queue), lambda: array.item())
 
 
 @_submits_at_the_call
 def to_numpy(array: mx.array, /, *, queue: CommandQueue | None = None) -> Coroutine[Any, Any, np.ndarray]:
     """A NumPy copy of `array`, evaluating it first."""
+    _check_array("ea.to_numpy", array)
     return _then(eval(array, queue=queue), lambda: np.array(array, copy=True))
 
 
@@ -85,6 +87,11 @@ def run(fn: Any, /, *args: Any, queue: CommandQueue | None = None, **kwargs: Any
     """``queue.run`` on the routed queue: explicit, owner of a lazy input, bound, default."""
     target = route(iter_arrays((args, kwargs)), queue, runtime=get_runtime)
     return target.run(fn, *args, **kwargs)
+
+
+def _check_array(call: str, array: Any) -> None:
+    if not isinstance(array, mx.array):
+        raise TypeError(f"{call} takes an mx.array, got {type(array).__name__}")
 
 
 async def _waited(pending: list, value: Any) -> Any:

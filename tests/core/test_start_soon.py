@@ -160,3 +160,11 @@ def test_top_level_calls_made_outside_a_loop_run_when_the_loop_starts_them():
     assert asyncio.run(ea.eval(mx.ones(2) * 2)).tolist() == [2.0, 2.0]
     assert trio.run(ea.item, mx.array(4) + 1) == 5
     assert asyncio.run(ea.synchronize()) is None
+
+
+@on_every_loop
+async def test_item_and_to_numpy_name_a_value_that_is_not_an_array(rt):
+    for call in (ea.item, ea.to_numpy):
+        for value in (3, None, [1.0]):
+            with pytest.raises(TypeError, match=r"takes an mx.array, got"):
+                call(value)
