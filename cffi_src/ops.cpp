@@ -171,33 +171,15 @@ std::vector<mx::array> guarded_divmod(const mx::array& a, const mx::array& b, mx
   return {int_division(a, b, true, s), int_division(a, b, false, s)};
 }
 
-// MLX's quantized_matmul does not check that scales (and biases) match w for
-// the group size and bits: smaller ones make its kernel read past their end
-// (garbage results, or a crash); an empty inner dimension makes it divide by
-// zero (SIGFPE).
+// MLX builds (and checks) the op first, so its messages come first; then
+// extra::check_quantized refuses what MLX does not check (see there).
 mx::array quantized_matmul(const std::vector<mx::array>& xs, bool transpose, std::optional<int> group_size,
                            std::optional<int> bits, const std::string& mode, mx::Stream s) {
   if (xs.size() != 3 && xs.size() != 4)
     throw std::invalid_argument("[quantized_matmul] expects x, w, scales and optional biases");
-  const auto &w = xs[1], &scales = xs[2];
-  static const std::map<std::string, std::pair<int, int>> defaults = {
-      {"affine", {64, 4}}, {"mxfp4", {32, 4}}, {"mxfp8", {32, 8}}, {"nvfp4", {16, 4}}};
-  auto mode_defaults = defaults.find(mode);
-  if (mode_defaults != defaults.end() && w.ndim() >= 2 && scales.ndim() == w.ndim()) {
-    int64_t gs = group_size.value_or(mode_defaults->second.first), b = bits.value_or(mode_defaults->second.second);
-    if (w.shape(-1) == 0 || (xs[0].ndim() > 0 && xs[0].shape(-1) == 0))
-      throw std::invalid_argument("[quantized_matmul] the inner (contracted) dimension is empty");
-    int64_t groups = static_cast<int64_t>(w.shape(-1)) * 32 / b / gs;
-    auto want = w.shape();
-    want.back() = static_cast<int>(groups);
-    for (size_t k = 2; k < xs.size(); ++k)
-      if (xs[k].shape() != want)
-        throw std::invalid_argument(std::string("[quantized_matmul] ") + (k == 2 ? "scales" : "biases") +
-                                    " have shape " + validate::shape_text(xs[k].shape()) + "; w of shape " +
-                                    validate::shape_text(w.shape()) + " with group_size " + std::to_string(gs) +
-                                    " and bits " + std::to_string(b) + " needs " + validate::shape_text(want));
-  }
-  return mx::quantized_matmul(xs[0], w, scales, optional_at(xs, 3), transpose, group_size, bits, mode, s);
+  auto out = mx::quantized_matmul(xs[0], xs[1], xs[2], optional_at(xs, 3), transpose, group_size, bits, mode, s);
+  extra::check_quantized("quantized_matmul", xs, xs.size() - 2, group_size, bits, mode, true);
+  return out;
 }
 
 // Writes k/v ({B, T, N_kv, D}) into preallocated caches ({B, T_max, N_kv, D})

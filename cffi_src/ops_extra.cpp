@@ -188,37 +188,49 @@ mx::array dequantize_full(const std::vector<mx::array>& xs, std::optional<int> g
 
 namespace emlx::extra {
 
+// What MLX's quantized_matmul and gather_qmm do not check, once they have
+// built (so their own messages come first): scales and biases against w (the
+// kernel reads past smaller ones), an empty inner dimension (SIGFPE at
+// evaluation), and the pinned sizes of the mx/nv modes (MLX takes nvfp4
+// with group_size 32). `n_sb` arrays after x and w are scales and biases.
+void check_quantized(const char* op, const std::vector<mx::array>& xs, size_t n_sb, std::optional<int> group_size,
+                     std::optional<int> bits, const std::string& mode, bool same_ndim_only) {
+  static const std::map<std::string, std::pair<int, int>> defaults = {
+      {"affine", {64, 4}}, {"mxfp4", {32, 4}}, {"mxfp8", {32, 8}}, {"nvfp4", {16, 4}}};
+  auto found = defaults.find(mode);
+  if (found == defaults.end()) return;  // MLX refused it already
+  auto [dg, db] = found->second;
+  if (mode != "affine" && ((group_size && *group_size != dg) || (bits && *bits != db)))
+    throw std::invalid_argument(std::string("[") + op + "] mode '" + mode + "' needs group_size=" +
+                                std::to_string(dg) + " and bits=" + std::to_string(db));
+  const auto &x = xs[0], &w = xs[1];
+  if (w.ndim() < 2) return;
+  if (w.shape(-1) == 0 || (x.ndim() > 0 && x.shape(-1) == 0))
+    throw std::invalid_argument(std::string("[") + op + "] the inner (contracted) dimension is empty");
+  int64_t g = group_size.value_or(dg), b = bits.value_or(db);
+  auto want = w.shape();
+  want.back() = static_cast<int>(static_cast<int64_t>(w.shape(-1)) * 32 / b / g);
+  for (size_t k = 2; k < 2 + n_sb; ++k)
+    if (xs[k].shape() != want && !(same_ndim_only && xs[k].ndim() != w.ndim()))
+      throw std::invalid_argument(std::string("[") + op + "] " + (k == 2 ? "scales" : "biases") + " have shape " +
+                                  validate::shape_text(xs[k].shape()) + "; w of shape " +
+                                  validate::shape_text(w.shape()) + " needs " + validate::shape_text(want));
+}
+
 mx::array gather_qmm(const std::vector<mx::array>& xs, bool has_biases, bool has_lhs, bool has_rhs, bool has_gs,
                      bool transpose, std::optional<int> group_size, std::optional<int> bits, const std::string& mode,
                      bool sorted, mx::Stream s) {
   if (xs.size() != 3u + has_biases + has_lhs + has_rhs + has_gs)
     throw std::invalid_argument("[gather_qmm] expects x, w, scales and the optional arrays given");
-  // MLX does not check scales and biases against w (its kernel reads past
-  // smaller ones), nor an empty inner dimension (SIGFPE): as ops.cpp's
-  // quantized_matmul, refuse those first.
-  const auto &w = xs[1];
-  static const std::map<std::string, std::pair<int, int>> defaults = {
-      {"affine", {64, 4}}, {"mxfp4", {32, 4}}, {"mxfp8", {32, 8}}, {"nvfp4", {16, 4}}};
-  auto mode_defaults = defaults.find(mode);
-  if (mode_defaults != defaults.end() && w.ndim() >= 2) {
-    if (w.shape(-1) == 0 || (xs[0].ndim() > 0 && xs[0].shape(-1) == 0))
-      throw std::invalid_argument("[gather_qmm] the inner (contracted) dimension is empty");
-    int64_t g = group_size.value_or(mode_defaults->second.first), b = bits.value_or(mode_defaults->second.second);
-    auto want = w.shape();
-    want.back() = static_cast<int>(static_cast<int64_t>(w.shape(-1)) * 32 / b / g);
-    for (size_t k = 2; k < 3u + has_biases; ++k)
-      if (xs[k].shape() != want)
-        throw std::invalid_argument(std::string("[gather_qmm] ") + (k == 2 ? "scales" : "biases") + " have shape " +
-                                    validate::shape_text(xs[k].shape()) + "; w of shape " +
-                                    validate::shape_text(w.shape()) + " needs " + validate::shape_text(want));
-  }
   std::optional<mx::array> biases, lhs, rhs, gs;
   size_t k = 3;
   if (has_biases) biases = xs[k++];
   if (has_lhs) lhs = xs[k++];
   if (has_rhs) rhs = xs[k++];
   if (has_gs) gs = xs[k++];
-  return mx::gather_qmm(xs[0], xs[1], xs[2], biases, lhs, rhs, transpose, group_size, bits, mode, gs, sorted, s);
+  auto out = mx::gather_qmm(xs[0], xs[1], xs[2], biases, lhs, rhs, transpose, group_size, bits, mode, gs, sorted, s);
+  check_quantized("gather_qmm", xs, 1 + has_biases, group_size, bits, mode);
+  return out;
 }
 
 // qqmm and gather_qqmm: the optional arrays in xs, in mlx's order, after x and w.

@@ -52,6 +52,9 @@ mx::array roll(const mx::array& a, const mx::Shape& shift, bool scalar_shift, bo
 mx::array dequantize_full(const std::vector<mx::array>& xs, std::optional<int> group_size, std::optional<int> bits,
                           const std::string& mode, bool has_biases, bool has_global_scale,
                           std::optional<mx::Dtype> dtype, mx::Stream s);
+// Throws for what MLX's quantized_matmul/gather_qmm leave unchecked (ops_extra.cpp).
+void check_quantized(const char* op, const std::vector<mx::array>& xs, size_t n_sb, std::optional<int> group_size,
+                     std::optional<int> bits, const std::string& mode, bool same_ndim_only = false);
 // xs = [x, w, scales, biases?, lhs_indices?, rhs_indices?, global_scale?]
 mx::array gather_qmm(const std::vector<mx::array>& xs, bool has_biases, bool has_lhs, bool has_rhs, bool has_gs,
                      bool transpose, std::optional<int> group_size, std::optional<int> bits, const std::string& mode,

@@ -371,14 +371,12 @@ def conv_transpose3d(input, weight, stride, padding, dilation, output_padding, g
 # ---- quantization -----------------------------------------------------------------------
 
 def quantize(w, group_size, bits, mode, global_scale, rt):
-    check_mode("quantize", mode, group_size, bits)
     if global_scale is not None:
         return op("quantize_scaled", [w, global_scale], rt, group_size=group_size, bits=bits, mode=mode)
     return op("quantize", [w], rt, group_size=group_size, bits=bits, mode=mode)
 
 
 def dequantize(w, scales, biases, group_size, bits, mode, global_scale, dtype, rt):
-    check_mode("dequantize", mode, group_size, bits)
     arrays = [w, scales] + [x for x in (biases, global_scale) if x is not None]
     if global_scale is None and dtype is None:
         return op("dequantize", arrays, rt, group_size=group_size, bits=bits, mode=mode)
@@ -387,7 +385,6 @@ def dequantize(w, scales, biases, group_size, bits, mode, global_scale, dtype, r
 
 
 def quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode, rt):
-    check_mode("quantized_matmul", mode, group_size, bits)
     arrays = [x, w, scales] + ([biases] if biases is not None else [])
     return op("quantized_matmul", arrays, rt, transpose=transpose, group_size=group_size, bits=bits, mode=mode)
 
@@ -601,7 +598,6 @@ def unique(a, size, return_index, return_inverse, return_counts, fill_value, rt)
 
 def gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_size, bits, mode, global_scale,
                sorted_indices, rt):
-    check_mode("gather_qmm", mode, group_size, bits)
     optional = (biases, lhs_indices, rhs_indices, global_scale)
     return checked("gather_qmm", [x, w, scales] + [v for v in optional if v is not None],
                          _matrix_checks(lhs_indices, x, rhs_indices, w),
