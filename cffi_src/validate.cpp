@@ -49,8 +49,7 @@ struct Arity {
 const Arity kArity[] = {
     {"dequantize", 2, 3}, {"quantized_matmul", 3, 4}, {"gather", 1, SIZE_MAX},
     {"scatter", 3, SIZE_MAX}, {"scatter_add", 3, SIZE_MAX}, {"kv_cache_attention", 5, 6},
-    {"concatenate", 1, SIZE_MAX}, {"stack", 1, SIZE_MAX},
-};
+};  // concatenate and stack check for no arrays themselves, with MLX's message
 
 // scaled_dot_product_attention {B, N, T, D}: MLX takes the query heads
 // modulo the key heads; keys with no heads are a SIGFPE.
@@ -78,6 +77,8 @@ struct Guard {
 // handled for every op by inputs() and outputs().
 const Guard kGuards[] = {
     {"conv_general", conv_kernel},
+    {"conv_nd", conv_kernel},  // conv1d..conv_transpose3d reach the same kernels
+    {"conv_transpose_nd", conv_kernel},
     {"fast_sdpa", attention_heads},
     {"fast_sdpa_masked", attention_heads},
     {"fast_sdpa_sinks", attention_heads},

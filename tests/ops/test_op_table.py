@@ -125,7 +125,7 @@ def test_parameter_kinds_are_described_once():
             _op_table.op("bad", 1, [("x", bad, 0)], "x0", via=("submit",))
     with pytest.raises(ValueError, match="neither"):
         _op_table.op("bad", 1, [], "x0")
-    with pytest.raises(ValueError, match="must be positive, got 0"):
+    with pytest.raises(ValueError, match="must be nonzero, got 0"):
         ea.ops.submit("conv_general", [mx.ones((1, 4, 1)), mx.ones((1, 1, 1))], groups=0)
 
 
