@@ -36,11 +36,15 @@ _RULES = {rule: (words, RULE_TESTS[rule]) for rule, (words, _) in RULES.items()}
 _INT64 = int_range("int64")
 
 
-def _int_option(name: str, pname: str, kind: str, rule: str, value: Any) -> int:
+def _int_option(name: str, pname: str, kind: str, rule: str, value: Any, bare: bool = False) -> int:
     value = operator.index(value)
     words, low, high = _INT_RANGES[kind]
     if kind == "shape" and _INT64[1] <= value <= _INT64[2] and not low <= value <= high:
-        # mlx's own message for a dimension past int32 (python/src/small_vector.h: its Shape caster)
+        # mlx's own messages for a dimension past int32: a list's (python/src/small_vector.h: its
+        # Shape caster), a bare int's (zeros(2**31): its int | Shape overloads)
+        if bare:
+            raise OverflowError(f"Shape dimension {value} is outside the supported range [{low}, {high}]. "
+                                "MLX currently uses 32-bit integers for shape dimensions.")
         raise OverflowError(f"Integer value {value} is outside the supported range [{low}, {high}].")
     if not low <= value <= high:
         raise OverflowError(f"[{name}] option {pname!r} = {value} is out of range for {words} "
@@ -70,6 +74,8 @@ def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], s
             if kind in ("int", "int64"):
                 ints.append(_int_option(name, pname, kind, rule, value))
             elif kind == "bool":
+                if value is not True and value is not False:  # mlx's bool caster takes no other value
+                    raise TypeError
                 ints.append(1 if value else 0)
             elif kind == "float":
                 try:
@@ -82,8 +88,11 @@ def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], s
                 if value is None and kind == "axes":
                     ints.append(-1)
                 else:
-                    values = [value] if _is_int(value) else list(value)
-                    ints += [len(values), *(_int_option(name, pname, kind, rule, v) for v in values)]
+                    if _is_int(value):
+                        ints += [1, _int_option(name, pname, kind, rule, value, True)]
+                    else:
+                        values = list(value)
+                        ints += [len(values), *(_int_option(name, pname, kind, rule, v) for v in values)]
             elif kind == "dtype":
                 if value is not None and value not in _DTYPE_CODES:
                     raise TypeError
