@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import operator
 import typing
+from collections.abc import Sequence
 from typing import Any, Union
 
 import mlx.core as mx
@@ -20,7 +21,7 @@ from . import _backend
 from ._convert import OptionTypeError as OptionTypeError  # the generated functions catch it
 from ._convert import to_array
 from ._devices import stream_device
-from ._submit import axis_size, check_mode, checked, submit, submit_with
+from ._submit import _is_int, axis_size, check_mode, checked, submit, submit_with
 
 scalar = Union[bool, int, float, complex]
 # mlx's own `stream=`: a stream, a device or a device name; it picks a queue of that device.
@@ -41,14 +42,22 @@ def _ints(values) -> list[int]:
     return [operator.index(v) for v in values]
 
 
-def _per_axis(name: str, param: str, value, n: int) -> list[int]:
-    """An int for every spatial axis, or one per axis."""
-    if isinstance(value, int):
-        return [value] * n
-    values = _ints(value)
-    if len(values) != n:
-        raise ValueError(f"[{name}] {param} needs {n} values, got {len(values)}")
-    return values
+def _per_axis(value, n: int) -> list[int]:
+    """mlx's conv{n}d forms: an int for every spatial axis, or (from 2-D) a sequence of n ints.
+
+    Any other kind or length is an OptionTypeError, answered with mlx's binding's TypeError.
+    """
+    if _is_int(value):
+        return [operator.index(value)] * n
+    if n > 1 and isinstance(value, Sequence) and not isinstance(value, str) and len(value) == n \
+            and all(_is_int(v) for v in value):
+        return _ints(value)
+    raise OptionTypeError(f"expects an int{f' or {n} ints' if n > 1 else ''}, got {value!r}")
+
+
+def _int_or_ints(value):
+    """conv_general's `int | Sequence[int]`: passed on as mlx's binding does, its C++ checks the length."""
+    return [value] if _is_int(value) else value
 
 
 # ---- mlx's overloads, resolved as nanobind resolves them ------------------------------------
@@ -324,24 +333,25 @@ def tensordot(a, b, axes, rt):
 
 
 def conv_general(input, weight, stride, padding, kernel_dilation, input_dilation, groups, flip, rt):  # noqa: A002
-    n = input.ndim - 2
-    if isinstance(padding, int) or all(isinstance(p, int) for p in padding):
-        lo = hi = _per_axis("conv_general", "padding", padding, n)
+    # mlx's binding: an int is one value (MLX broadcasts it), a sequence of ints both sides, else (lo, hi)
+    if _is_int(padding) or (isinstance(padding, Sequence) and all(_is_int(p) for p in padding)):
+        lo = hi = _int_or_ints(padding)
     else:
-        lo, hi = (_per_axis("conv_general", "padding", p, n) for p in padding)
-    return op("conv_general", [input, weight], rt, stride=_per_axis("conv_general", "stride", stride, n),
-              padding_lo=lo, padding_hi=hi,
-              kernel_dilation=_per_axis("conv_general", "kernel_dilation", kernel_dilation, n),
-              input_dilation=_per_axis("conv_general", "input_dilation", input_dilation, n), groups=groups, flip=flip)
+        try:
+            lo, hi = padding
+        except (TypeError, ValueError):
+            raise OptionTypeError(f"[conv_general] padding takes ints or (lo, hi), got {padding!r}") from None
+    return op("conv_general", [input, weight], rt, stride=_int_or_ints(stride), padding_lo=lo, padding_hi=hi,
+              kernel_dilation=_int_or_ints(kernel_dilation), input_dilation=_int_or_ints(input_dilation),
+              groups=groups, flip=flip)
 
 
 def _conv(n: int, name: str, input, weight, stride, padding, dilation, groups, rt, output_padding=None):  # noqa: A002
-    options = dict(stride=_per_axis(name, "stride", stride, n), padding=_per_axis(name, "padding", padding, n),
-                   dilation=_per_axis(name, "dilation", dilation, n), groups=groups)
+    options = dict(stride=_per_axis(stride, n), padding=_per_axis(padding, n), dilation=_per_axis(dilation, n),
+                   groups=groups)
     if output_padding is None:
         return op("conv_nd", [input, weight], rt, **options)
-    return op("conv_transpose_nd", [input, weight], rt,
-              output_padding=_per_axis(name, "output_padding", output_padding, n), **options)
+    return op("conv_transpose_nd", [input, weight], rt, output_padding=_per_axis(output_padding, n), **options)
 
 
 def conv1d(input, weight, stride, padding, dilation, groups, rt):  # noqa: A002
