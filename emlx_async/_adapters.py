@@ -145,10 +145,8 @@ def mlx_type_error(mlx_path: str, function, values: dict[str, Any], error: TypeE
 
 
 def _index_array(value) -> mx.array:
-    """Indices stay integers (a plain int would otherwise be typed like the data)."""
-    if isinstance(value, mx.array):
-        return value
-    return mx.array(value) if not isinstance(value, (list, tuple)) else mx.array(list(value))
+    """Indices stay integers (a plain int would otherwise be typed like the data); mlx refuses lists."""
+    return value if isinstance(value, mx.array) else to_array(value)
 
 
 # ---- creation ----------------------------------------------------------------

@@ -57,13 +57,25 @@ def to_array(value: Any, dtype: mx.Dtype | None = None) -> mx.array:
         return mx.array(value, dtype=out)
     if is_mlx_array(value):
         return _mlx_array(value)
-    if isinstance(value, (np.ndarray, np.generic)):
+    if isinstance(value, (np.ndarray, np.generic)) and (np.ndim(value) == 0 or value.dtype.kind in "biufc"):
         return mx.array(np.asarray(value), dtype=dtype) if dtype is not None else mx.array(np.asarray(value))
     if isinstance(value, complex):
         return mx.array(value, dtype=mx.complex64)
+    if value is None:  # nanobind refuses None before mlx converts: the generated functions ask mlx's message
+        raise OptionTypeError("Invalid type NoneType received in array initialization.")
     kind = type(value)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    raise ValueError(f"Invalid type {name} received in array initialization.")
+    if isinstance(value, np.ndarray):  # one of a dtype mlx takes no array of (object, str): mlx's name
+        name = "ndarray"
+    raise InvalidInputType(f"Invalid type {name} received in array initialization.")
+
+
+class InvalidInputType(OptionTypeError, ValueError):
+    """mlx's ValueError for a value no array is made of (a list, an object ndarray).
+
+    An OptionTypeError too: where mlx's parameter is a plain ``array`` its
+    binding refuses the value with a TypeError, which the generated functions ask mlx for.
+    """
 
 
 def to_arrays(a: Any, b: Any) -> tuple[mx.array, mx.array]:
@@ -80,9 +92,8 @@ def to_arrays(a: Any, b: Any) -> tuple[mx.array, mx.array]:
 def inputs(arrays: Iterable[Any], weak_pairs: Iterable[tuple[int, int]] = ()) -> list[mx.array]:
     """An op's inputs as arrays: each weak pair (i, j) as `to_arrays`, the rest as `to_array`.
 
-    Sequences (a list of numbers) outside a weak pair become arrays too, as
-    ``mx.array`` makes them: the ops mlx gives a plain ``array`` parameter
-    take them here as well.
+    Lists and tuples are refused, as mlx refuses them (mlx 0.32: a ValueError
+    for a ``scalar | array`` parameter, a TypeError for a plain ``array`` one).
     """
     values = list(arrays)
     for value in values:
@@ -96,5 +107,5 @@ def inputs(arrays: Iterable[Any], weak_pairs: Iterable[tuple[int, int]] = ()) ->
         done[i] = done[j] = True
     for i, value in enumerate(values):
         if not done[i] and not isinstance(value, mx.array):
-            values[i] = mx.array(value) if isinstance(value, (list, tuple)) else to_array(value)
+            values[i] = to_array(value)
     return values
