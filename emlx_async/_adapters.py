@@ -117,6 +117,8 @@ def mlx_type_error(mlx_path: str, function, values: dict[str, Any], error: TypeE
     of MLX's C++ runs; should mlx take the call after all, its lazy result is
     dropped unevaluated and `error` stands.
     """
+    if isinstance(values.get("stream"), str):  # a device name, which only our stream= takes
+        values = {**values, "stream": {"cpu": mx.cpu, "gpu": mx.gpu}.get(values["stream"].lower(), values["stream"])}
     args: list = []
     kwargs: dict[str, Any] = {}
     pending: list = []  # positional values at their defaults, passed only if a later one is not
@@ -124,13 +126,16 @@ def mlx_type_error(mlx_path: str, function, values: dict[str, Any], error: TypeE
         if name not in values:
             continue
         value = values[name]
+        optional = parameter.default is not inspect.Parameter.empty
         if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
             args += [*pending, *value]
             pending = []
-        elif parameter.kind is inspect.Parameter.KEYWORD_ONLY:
-            if parameter.default is inspect.Parameter.empty or value is not parameter.default:
+        elif parameter.kind is inspect.Parameter.KEYWORD_ONLY or (
+                optional and parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            # options by keyword, as callers pass them (conv1d(x, w, stride=(1,))): mlx's message names them so
+            if not optional or value is not parameter.default:
                 kwargs[name] = value
-        elif parameter.default is not inspect.Parameter.empty and value is parameter.default:
+        elif optional and value is parameter.default:
             pending.append(value)
         else:
             args += [*pending, value]

@@ -6,7 +6,7 @@ from typing import Union
 
 import mlx.core as mx
 
-from ._errors import DeviceUnavailable
+from ._errors import DeviceUnavailable, OptionTypeError
 from ._native import lib
 
 DeviceLike = Union[str, mx.Device, mx.DeviceType, None]
@@ -48,4 +48,7 @@ def stream_device(stream, device: DeviceLike = None) -> DeviceLike:
     """mlx's ``stream=`` (a Stream, Device or device name) as the ``device=`` of an op; an explicit device wins."""
     if stream is None or device is not None:
         return device
+    if not isinstance(stream, (mx.Stream, mx.Device, mx.DeviceType)) and not (
+            isinstance(stream, str) and stream.lower() in ("cpu", "gpu")):  # mlx's binding refuses it
+        raise OptionTypeError(f"stream= takes an mx.Stream, an mx.Device or a device name, got {stream!r}")
     return getattr(stream, "device", stream)

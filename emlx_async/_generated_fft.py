@@ -32,11 +32,11 @@ def fft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fft1('fft', a, n, axis, norm, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.fft', fft, dict(a=a, n=n, axis=axis, norm=norm), _error) from None
+        raise _ad.mlx_type_error('mx.fft.fft', fft, dict(a=a, n=n, axis=axis, norm=norm, stream=stream), _error) from None
 
 
 def fft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = [-2, -1], norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -46,11 +46,11 @@ def fft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fftn('fft', 'fft2', a, s, axes, norm, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.fft2', fft2, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
+        raise _ad.mlx_type_error('mx.fft.fft2', fft2, dict(a=a, s=s, axes=axes, norm=norm, stream=stream), _error) from None
 
 
 def fftfreq(n: int, d: float = 1.0, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -60,11 +60,11 @@ def fftfreq(n: int, d: float = 1.0, stream: StreamOrDevice = None, *, queue: Com
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fftfreq(False, n, d, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.fftfreq', fftfreq, dict(n=n, d=d), _error) from None
+        raise _ad.mlx_type_error('mx.fft.fftfreq', fftfreq, dict(n=n, d=d, stream=stream), _error) from None
 
 
 def fftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -74,11 +74,11 @@ def fftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fftn('fft', 'fftn', a, s, axes, norm, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.fftn', fftn, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
+        raise _ad.mlx_type_error('mx.fft.fftn', fftn, dict(a=a, s=s, axes=axes, norm=norm, stream=stream), _error) from None
 
 
 def fftshift(a: array, axes: int | Sequence[int] | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -88,11 +88,11 @@ def fftshift(a: array, axes: int | Sequence[int] | None = None, stream: StreamOr
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fftshift(False, a, axes, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.fftshift', fftshift, dict(a=a, axes=axes), _error) from None
+        raise _ad.mlx_type_error('mx.fft.fftshift', fftshift, dict(a=a, axes=axes, stream=stream), _error) from None
 
 
 def ifft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -102,11 +102,11 @@ def ifft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward',
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fft1('ifft', a, n, axis, norm, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.ifft', ifft, dict(a=a, n=n, axis=axis, norm=norm), _error) from None
+        raise _ad.mlx_type_error('mx.fft.ifft', ifft, dict(a=a, n=n, axis=axis, norm=norm, stream=stream), _error) from None
 
 
 def ifft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = [-2, -1], norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -116,11 +116,11 @@ def ifft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fftn('ifft', 'ifft2', a, s, axes, norm, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.ifft2', ifft2, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
+        raise _ad.mlx_type_error('mx.fft.ifft2', ifft2, dict(a=a, s=s, axes=axes, norm=norm, stream=stream), _error) from None
 
 
 def ifftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -130,11 +130,11 @@ def ifftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fftn('ifft', 'ifftn', a, s, axes, norm, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.ifftn', ifftn, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
+        raise _ad.mlx_type_error('mx.fft.ifftn', ifftn, dict(a=a, s=s, axes=axes, norm=norm, stream=stream), _error) from None
 
 
 def ifftshift(a: array, axes: int | Sequence[int] | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -145,11 +145,11 @@ def ifftshift(a: array, axes: int | Sequence[int] | None = None, stream: StreamO
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fftshift(True, a, axes, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.ifftshift', ifftshift, dict(a=a, axes=axes), _error) from None
+        raise _ad.mlx_type_error('mx.fft.ifftshift', ifftshift, dict(a=a, axes=axes, stream=stream), _error) from None
 
 
 def irfft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -159,11 +159,11 @@ def irfft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward'
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fft1('irfft', a, n, axis, norm, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.irfft', irfft, dict(a=a, n=n, axis=axis, norm=norm), _error) from None
+        raise _ad.mlx_type_error('mx.fft.irfft', irfft, dict(a=a, n=n, axis=axis, norm=norm, stream=stream), _error) from None
 
 
 def irfft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = [-2, -1], norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -173,11 +173,11 @@ def irfft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fftn('irfft', 'irfft2', a, s, axes, norm, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.irfft2', irfft2, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
+        raise _ad.mlx_type_error('mx.fft.irfft2', irfft2, dict(a=a, s=s, axes=axes, norm=norm, stream=stream), _error) from None
 
 
 def irfftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -187,11 +187,11 @@ def irfftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fftn('irfft', 'irfftn', a, s, axes, norm, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.irfftn', irfftn, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
+        raise _ad.mlx_type_error('mx.fft.irfftn', irfftn, dict(a=a, s=s, axes=axes, norm=norm, stream=stream), _error) from None
 
 
 def istft(stft_matrix: array, n_fft: int | None = None, hop_length: int | None = None, win_length: int | None = None, window: array | None = None, center: bool = True, norm: str = 'backward', onesided: bool | None = None, length: int | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -201,11 +201,11 @@ def istft(stft_matrix: array, n_fft: int | None = None, hop_length: int | None =
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.istft(stft_matrix, n_fft, hop_length, win_length, window, center, norm, onesided, length, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.istft', istft, dict(stft_matrix=stft_matrix, n_fft=n_fft, hop_length=hop_length, win_length=win_length, window=window, center=center, norm=norm, onesided=onesided, length=length), _error) from None
+        raise _ad.mlx_type_error('mx.fft.istft', istft, dict(stft_matrix=stft_matrix, n_fft=n_fft, hop_length=hop_length, win_length=win_length, window=window, center=center, norm=norm, onesided=onesided, length=length, stream=stream), _error) from None
 
 
 def rfft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -215,11 +215,11 @@ def rfft(a: array, n: int | None = None, axis: int = -1, norm: str = 'backward',
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fft1('rfft', a, n, axis, norm, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.rfft', rfft, dict(a=a, n=n, axis=axis, norm=norm), _error) from None
+        raise _ad.mlx_type_error('mx.fft.rfft', rfft, dict(a=a, n=n, axis=axis, norm=norm, stream=stream), _error) from None
 
 
 def rfft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = [-2, -1], norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -229,11 +229,11 @@ def rfft2(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fftn('rfft', 'rfft2', a, s, axes, norm, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.rfft2', rfft2, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
+        raise _ad.mlx_type_error('mx.fft.rfft2', rfft2, dict(a=a, s=s, axes=axes, norm=norm, stream=stream), _error) from None
 
 
 def rfftfreq(n: int, d: float = 1.0, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -244,11 +244,11 @@ def rfftfreq(n: int, d: float = 1.0, stream: StreamOrDevice = None, *, queue: Co
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fftfreq(True, n, d, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.rfftfreq', rfftfreq, dict(n=n, d=d), _error) from None
+        raise _ad.mlx_type_error('mx.fft.rfftfreq', rfftfreq, dict(n=n, d=d, stream=stream), _error) from None
 
 
 def rfftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -258,11 +258,11 @@ def rfftn(a: array, s: tuple[int, ...] | None = None, axes: Sequence[int] | None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.fftn('rfft', 'rfftn', a, s, axes, norm, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.rfftn', rfftn, dict(a=a, s=s, axes=axes, norm=norm), _error) from None
+        raise _ad.mlx_type_error('mx.fft.rfftn', rfftn, dict(a=a, s=s, axes=axes, norm=norm, stream=stream), _error) from None
 
 
 def stft(x: array, n_fft: int = 2048, hop_length: int | None = None, win_length: int | None = None, window: array | None = None, center: bool = True, pad_mode: str = 'reflect', norm: str = 'backward', onesided: bool | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -272,8 +272,8 @@ def stft(x: array, n_fft: int = 2048, hop_length: int | None = None, win_length:
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.stft(x, n_fft, hop_length, win_length, window, center, pad_mode, norm, onesided, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.fft.stft', stft, dict(x=x, n_fft=n_fft, hop_length=hop_length, win_length=win_length, window=window, center=center, pad_mode=pad_mode, norm=norm, onesided=onesided), _error) from None
+        raise _ad.mlx_type_error('mx.fft.stft', stft, dict(x=x, n_fft=n_fft, hop_length=hop_length, win_length=win_length, window=window, center=center, pad_mode=pad_mode, norm=norm, onesided=onesided, stream=stream), _error) from None

@@ -32,11 +32,11 @@ def cholesky(a: array, upper: bool = False, *, stream: StreamOrDevice = None, qu
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_cholesky', [a], _rt, upper=upper)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.cholesky', cholesky, dict(a=a, upper=upper), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.cholesky', cholesky, dict(a=a, upper=upper, stream=stream), _error) from None
 
 
 def cholesky_inv(a: array, upper: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -47,11 +47,11 @@ def cholesky_inv(a: array, upper: bool = False, *, stream: StreamOrDevice = None
     Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_cholesky_inv', [a], _rt, upper=upper)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.cholesky_inv', cholesky_inv, dict(a=a, upper=upper), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.cholesky_inv', cholesky_inv, dict(a=a, upper=upper, stream=stream), _error) from None
 
 
 def cross(a: array, b: array, axis: int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -61,11 +61,11 @@ def cross(a: array, b: array, axis: int = -1, *, stream: StreamOrDevice = None, 
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_cross', [a, b], _rt, axis=axis)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.cross', cross, dict(a=a, b=b, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.cross', cross, dict(a=a, b=b, axis=axis, stream=stream), _error) from None
 
 
 def det(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -75,11 +75,11 @@ def det(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None =
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_det', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.det', det, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.det', det, dict(a=a, stream=stream), _error) from None
 
 
 def eig(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
@@ -89,11 +89,11 @@ def eig(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None =
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_eig', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.eig', eig, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.eig', eig, dict(a=a, stream=stream), _error) from None
 
 
 def eigh(a: array, UPLO: str = 'L', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
@@ -103,11 +103,11 @@ def eigh(a: array, UPLO: str = 'L', *, stream: StreamOrDevice = None, queue: Com
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_eigh', [a], _rt, UPLO=UPLO)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.eigh', eigh, dict(a=a, UPLO=UPLO), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.eigh', eigh, dict(a=a, UPLO=UPLO, stream=stream), _error) from None
 
 
 def eigvals(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -117,11 +117,11 @@ def eigvals(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_eigvals', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.eigvals', eigvals, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.eigvals', eigvals, dict(a=a, stream=stream), _error) from None
 
 
 def eigvalsh(a: array, UPLO: str = 'L', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -131,11 +131,11 @@ def eigvalsh(a: array, UPLO: str = 'L', *, stream: StreamOrDevice = None, queue:
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_eigvalsh', [a], _rt, UPLO=UPLO)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.eigvalsh', eigvalsh, dict(a=a, UPLO=UPLO), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.eigvalsh', eigvalsh, dict(a=a, UPLO=UPLO, stream=stream), _error) from None
 
 
 def inv(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -145,11 +145,11 @@ def inv(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None =
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_inv', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.inv', inv, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.inv', inv, dict(a=a, stream=stream), _error) from None
 
 
 def lu(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array, array]]:
@@ -159,11 +159,11 @@ def lu(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_lu', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.lu', lu, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.lu', lu, dict(a=a, stream=stream), _error) from None
 
 
 def lu_factor(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
@@ -173,11 +173,11 @@ def lu_factor(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | 
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_lu_factor', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.lu_factor', lu_factor, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.lu_factor', lu_factor, dict(a=a, stream=stream), _error) from None
 
 
 def norm(a: array, /, ord: None | int | float | str = None, axis: None | int | list[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -187,11 +187,11 @@ def norm(a: array, /, ord: None | int | float | str = None, axis: None | int | l
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.norm(a, ord, axis, keepdims, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.norm', norm, dict(a=a, ord=ord, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.norm', norm, dict(a=a, ord=ord, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 def pinv(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -201,11 +201,11 @@ def pinv(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_pinv', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.pinv', pinv, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.pinv', pinv, dict(a=a, stream=stream), _error) from None
 
 
 def qr(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
@@ -215,11 +215,11 @@ def qr(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_qr', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.qr', qr, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.qr', qr, dict(a=a, stream=stream), _error) from None
 
 
 def slogdet(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
@@ -229,11 +229,11 @@ def slogdet(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_slogdet', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.slogdet', slogdet, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.slogdet', slogdet, dict(a=a, stream=stream), _error) from None
 
 
 def solve(a: array, b: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -243,11 +243,11 @@ def solve(a: array, b: array, *, stream: StreamOrDevice = None, queue: CommandQu
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_solve', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.solve', solve, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.solve', solve, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def solve_triangular(a: array, b: array, *, upper: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -257,11 +257,11 @@ def solve_triangular(a: array, b: array, *, upper: bool = False, stream: StreamO
     JobFuture. Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_solve_triangular', [a, b], _rt, upper=upper)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.solve_triangular', solve_triangular, dict(a=a, b=b, upper=upper), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.solve_triangular', solve_triangular, dict(a=a, b=b, upper=upper, stream=stream), _error) from None
 
 
 def svd(a: array, compute_uv: bool = True, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array, array] | array]:
@@ -271,11 +271,11 @@ def svd(a: array, compute_uv: bool = True, *, stream: StreamOrDevice = None, que
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_svd', [a], _rt, compute_uv=compute_uv)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.svd', svd, dict(a=a, compute_uv=compute_uv), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.svd', svd, dict(a=a, compute_uv=compute_uv, stream=stream), _error) from None
 
 
 def tri_inv(a: array, upper: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -285,8 +285,8 @@ def tri_inv(a: array, upper: bool = False, *, stream: StreamOrDevice = None, que
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('linalg_tri_inv', [a], _rt, upper=upper)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linalg.tri_inv', tri_inv, dict(a=a, upper=upper), _error) from None
+        raise _ad.mlx_type_error('mx.linalg.tri_inv', tri_inv, dict(a=a, upper=upper, stream=stream), _error) from None

@@ -32,11 +32,11 @@ def abs(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('abs', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.abs', abs, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.abs', abs, dict(a=a, stream=stream), _error) from None
 
 
 def acos(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -46,11 +46,11 @@ def acos(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('arccos', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.acos', acos, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.acos', acos, dict(a=a, stream=stream), _error) from None
 
 
 def acosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -60,11 +60,11 @@ def acosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('arccosh', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.acosh', acosh, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.acosh', acosh, dict(a=a, stream=stream), _error) from None
 
 
 def add(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -74,11 +74,11 @@ def add(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('add', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.add', add, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.add', add, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def addmm(c: array, a: array, b: array, /, alpha: float = 1.0, beta: float = 1.0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -88,11 +88,11 @@ def addmm(c: array, a: array, b: array, /, alpha: float = 1.0, beta: float = 1.0
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('addmm', [c, a, b], _rt, alpha=alpha, beta=beta)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.addmm', addmm, dict(c=c, a=a, b=b, alpha=alpha, beta=beta), _error) from None
+        raise _ad.mlx_type_error('mx.addmm', addmm, dict(c=c, a=a, b=b, alpha=alpha, beta=beta, stream=stream), _error) from None
 
 
 def all(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -102,11 +102,11 @@ def all(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('all', [a], _rt, axis=axis, keepdims=keepdims)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.all', all, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.all', all, dict(a=a, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 def allclose(a: array, b: array, /, rtol: float = 1e-05, atol: float = 1e-08, *, equal_nan: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -116,11 +116,11 @@ def allclose(a: array, b: array, /, rtol: float = 1e-05, atol: float = 1e-08, *,
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('allclose', [a, b], _rt, rtol=rtol, atol=atol, equal_nan=equal_nan)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.allclose', allclose, dict(a=a, b=b, rtol=rtol, atol=atol, equal_nan=equal_nan), _error) from None
+        raise _ad.mlx_type_error('mx.allclose', allclose, dict(a=a, b=b, rtol=rtol, atol=atol, equal_nan=equal_nan, stream=stream), _error) from None
 
 
 def any(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -130,11 +130,11 @@ def any(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('any', [a], _rt, axis=axis, keepdims=keepdims)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.any', any, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.any', any, dict(a=a, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 @overload
@@ -164,11 +164,11 @@ def arccos(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('arccos', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.arccos', arccos, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.arccos', arccos, dict(a=a, stream=stream), _error) from None
 
 
 def arccosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -178,11 +178,11 @@ def arccosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue |
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('arccosh', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.arccosh', arccosh, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.arccosh', arccosh, dict(a=a, stream=stream), _error) from None
 
 
 def arcsin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -192,11 +192,11 @@ def arcsin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('arcsin', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.arcsin', arcsin, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.arcsin', arcsin, dict(a=a, stream=stream), _error) from None
 
 
 def arcsinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -206,11 +206,11 @@ def arcsinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue |
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('arcsinh', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.arcsinh', arcsinh, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.arcsinh', arcsinh, dict(a=a, stream=stream), _error) from None
 
 
 def arctan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -220,11 +220,11 @@ def arctan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('arctan', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.arctan', arctan, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.arctan', arctan, dict(a=a, stream=stream), _error) from None
 
 
 def arctan2(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -234,11 +234,11 @@ def arctan2(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice =
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('arctan2', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.arctan2', arctan2, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.arctan2', arctan2, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def arctanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -248,11 +248,11 @@ def arctanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue |
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('arctanh', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.arctanh', arctanh, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.arctanh', arctanh, dict(a=a, stream=stream), _error) from None
 
 
 def argmax(a: array, /, axis: None | int = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -262,11 +262,11 @@ def argmax(a: array, /, axis: None | int = None, keepdims: bool = False, *, stre
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('argmax', [a], _rt, axis=axis, keepdims=keepdims)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.argmax', argmax, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.argmax', argmax, dict(a=a, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 def argmin(a: array, /, axis: None | int = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -276,11 +276,11 @@ def argmin(a: array, /, axis: None | int = None, keepdims: bool = False, *, stre
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('argmin', [a], _rt, axis=axis, keepdims=keepdims)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.argmin', argmin, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.argmin', argmin, dict(a=a, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 def argpartition(a: array, /, kth: int, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -290,11 +290,11 @@ def argpartition(a: array, /, kth: int, axis: None | int = -1, *, stream: Stream
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('argpartition', [a], _rt, kth=kth, axis=axis)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.argpartition', argpartition, dict(a=a, kth=kth, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.argpartition', argpartition, dict(a=a, kth=kth, axis=axis, stream=stream), _error) from None
 
 
 def argsort(a: array, /, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -304,11 +304,11 @@ def argsort(a: array, /, axis: None | int = -1, *, stream: StreamOrDevice = None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('argsort', [a], _rt, axis=axis)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.argsort', argsort, dict(a=a, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.argsort', argsort, dict(a=a, axis=axis, stream=stream), _error) from None
 
 
 def array_equal(a: scalar | array, b: scalar | array, equal_nan: bool = False, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -318,11 +318,11 @@ def array_equal(a: scalar | array, b: scalar | array, equal_nan: bool = False, s
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('array_equal', [a, b], _rt, equal_nan=equal_nan)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.array_equal', array_equal, dict(a=a, b=b, equal_nan=equal_nan), _error) from None
+        raise _ad.mlx_type_error('mx.array_equal', array_equal, dict(a=a, b=b, equal_nan=equal_nan, stream=stream), _error) from None
 
 
 def as_strided(a: array, /, shape: Sequence[int] | None = None, strides: Sequence[int] | None = None, offset: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -332,11 +332,11 @@ def as_strided(a: array, /, shape: Sequence[int] | None = None, strides: Sequenc
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.as_strided(a, shape, strides, offset, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.as_strided', as_strided, dict(a=a, shape=shape, strides=strides, offset=offset), _error) from None
+        raise _ad.mlx_type_error('mx.as_strided', as_strided, dict(a=a, shape=shape, strides=strides, offset=offset, stream=stream), _error) from None
 
 
 def asin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -346,11 +346,11 @@ def asin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('arcsin', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.asin', asin, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.asin', asin, dict(a=a, stream=stream), _error) from None
 
 
 def asinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -360,11 +360,11 @@ def asinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('arcsinh', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.asinh', asinh, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.asinh', asinh, dict(a=a, stream=stream), _error) from None
 
 
 def astype(a: array, dtype: Dtype, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -374,11 +374,11 @@ def astype(a: array, dtype: Dtype, /, *, stream: StreamOrDevice = None, queue: C
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('astype', [a], _rt, dtype=dtype)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.astype', astype, dict(a=a, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.astype', astype, dict(a=a, dtype=dtype, stream=stream), _error) from None
 
 
 def atan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -388,11 +388,11 @@ def atan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('arctan', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.atan', atan, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.atan', atan, dict(a=a, stream=stream), _error) from None
 
 
 def atan2(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -402,11 +402,11 @@ def atan2(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('arctan2', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.atan2', atan2, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.atan2', atan2, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def atanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -416,11 +416,11 @@ def atanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('arctanh', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.atanh', atanh, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.atanh', atanh, dict(a=a, stream=stream), _error) from None
 
 
 def atleast_1d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | list[array]]:
@@ -430,11 +430,11 @@ def atleast_1d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.atleast_1d(arys, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.atleast_1d', atleast_1d, dict(arys=arys), _error) from None
+        raise _ad.mlx_type_error('mx.atleast_1d', atleast_1d, dict(arys=arys, stream=stream), _error) from None
 
 
 def atleast_2d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | list[array]]:
@@ -444,11 +444,11 @@ def atleast_2d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.atleast_2d(arys, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.atleast_2d', atleast_2d, dict(arys=arys), _error) from None
+        raise _ad.mlx_type_error('mx.atleast_2d', atleast_2d, dict(arys=arys, stream=stream), _error) from None
 
 
 def atleast_3d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | list[array]]:
@@ -458,11 +458,11 @@ def atleast_3d(*arys: array, stream: StreamOrDevice = None, queue: CommandQueue 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.atleast_3d(arys, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.atleast_3d', atleast_3d, dict(arys=arys), _error) from None
+        raise _ad.mlx_type_error('mx.atleast_3d', atleast_3d, dict(arys=arys, stream=stream), _error) from None
 
 
 def bartlett(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -472,11 +472,11 @@ def bartlett(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.window('bartlett', M, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.bartlett', bartlett, dict(M=M), _error) from None
+        raise _ad.mlx_type_error('mx.bartlett', bartlett, dict(M=M, stream=stream), _error) from None
 
 
 def bitwise_and(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -486,11 +486,11 @@ def bitwise_and(a: scalar | array, b: scalar | array, stream: StreamOrDevice = N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('bitwise_and', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.bitwise_and', bitwise_and, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.bitwise_and', bitwise_and, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def bitwise_invert(a: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -500,11 +500,11 @@ def bitwise_invert(a: scalar | array, stream: StreamOrDevice = None, *, queue: C
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('bitwise_invert', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.bitwise_invert', bitwise_invert, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.bitwise_invert', bitwise_invert, dict(a=a, stream=stream), _error) from None
 
 
 def bitwise_left_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -514,11 +514,11 @@ def bitwise_left_shift(a: scalar | array, b: scalar | array, stream: StreamOrDev
     Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('left_shift', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.bitwise_left_shift', bitwise_left_shift, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.bitwise_left_shift', bitwise_left_shift, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def bitwise_or(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -528,11 +528,11 @@ def bitwise_or(a: scalar | array, b: scalar | array, stream: StreamOrDevice = No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('bitwise_or', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.bitwise_or', bitwise_or, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.bitwise_or', bitwise_or, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def bitwise_right_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -542,11 +542,11 @@ def bitwise_right_shift(a: scalar | array, b: scalar | array, stream: StreamOrDe
     Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('right_shift', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.bitwise_right_shift', bitwise_right_shift, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.bitwise_right_shift', bitwise_right_shift, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def bitwise_xor(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -556,11 +556,11 @@ def bitwise_xor(a: scalar | array, b: scalar | array, stream: StreamOrDevice = N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('bitwise_xor', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.bitwise_xor', bitwise_xor, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.bitwise_xor', bitwise_xor, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def blackman(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -570,11 +570,11 @@ def blackman(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.window('blackman', M, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.blackman', blackman, dict(M=M), _error) from None
+        raise _ad.mlx_type_error('mx.blackman', blackman, dict(M=M, stream=stream), _error) from None
 
 
 def block_masked_mm(a: array, b: array, /, block_size: int = 64, mask_out: array | None = None, mask_lhs: array | None = None, mask_rhs: array | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -584,11 +584,11 @@ def block_masked_mm(a: array, b: array, /, block_size: int = 64, mask_out: array
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.block_masked_mm(a, b, block_size, mask_out, mask_lhs, mask_rhs, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.block_masked_mm', block_masked_mm, dict(a=a, b=b, block_size=block_size, mask_out=mask_out, mask_lhs=mask_lhs, mask_rhs=mask_rhs), _error) from None
+        raise _ad.mlx_type_error('mx.block_masked_mm', block_masked_mm, dict(a=a, b=b, block_size=block_size, mask_out=mask_out, mask_lhs=mask_lhs, mask_rhs=mask_rhs, stream=stream), _error) from None
 
 
 def broadcast_arrays(*arrays: array, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[list[array]]:
@@ -598,11 +598,11 @@ def broadcast_arrays(*arrays: array, stream: StreamOrDevice = None, queue: Comma
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.broadcast_arrays(arrays, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.broadcast_arrays', broadcast_arrays, dict(arrays=arrays), _error) from None
+        raise _ad.mlx_type_error('mx.broadcast_arrays', broadcast_arrays, dict(arrays=arrays, stream=stream), _error) from None
 
 
 def broadcast_to(a: scalar | array, /, shape: Sequence[int], *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -612,11 +612,11 @@ def broadcast_to(a: scalar | array, /, shape: Sequence[int], *, stream: StreamOr
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('broadcast_to', [a], _rt, shape=shape)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.broadcast_to', broadcast_to, dict(a=a, shape=shape), _error) from None
+        raise _ad.mlx_type_error('mx.broadcast_to', broadcast_to, dict(a=a, shape=shape, stream=stream), _error) from None
 
 
 def ceil(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -626,11 +626,11 @@ def ceil(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('ceil', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.ceil', ceil, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.ceil', ceil, dict(a=a, stream=stream), _error) from None
 
 
 def clip(a: array, /, a_min: scalar | array | None, a_max: scalar | array | None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -640,11 +640,11 @@ def clip(a: array, /, a_min: scalar | array | None, a_max: scalar | array | None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.clip(a, a_min, a_max, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.clip', clip, dict(a=a, a_min=a_min, a_max=a_max), _error) from None
+        raise _ad.mlx_type_error('mx.clip', clip, dict(a=a, a_min=a_min, a_max=a_max, stream=stream), _error) from None
 
 
 def concat(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -654,11 +654,11 @@ def concat(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.concatenate(arrays, axis, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.concat', concat, dict(arrays=arrays, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.concat', concat, dict(arrays=arrays, axis=axis, stream=stream), _error) from None
 
 
 def concatenate(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -668,11 +668,11 @@ def concatenate(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDe
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.concatenate(arrays, axis, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.concatenate', concatenate, dict(arrays=arrays, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.concatenate', concatenate, dict(arrays=arrays, axis=axis, stream=stream), _error) from None
 
 
 def conj(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -682,11 +682,11 @@ def conj(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('conjugate', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.conj', conj, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.conj', conj, dict(a=a, stream=stream), _error) from None
 
 
 def conjugate(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -696,11 +696,11 @@ def conjugate(a: array, *, stream: StreamOrDevice = None, queue: CommandQueue | 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('conjugate', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.conjugate', conjugate, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.conjugate', conjugate, dict(a=a, stream=stream), _error) from None
 
 
 def contiguous(a: array, /, allow_col_major: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -710,11 +710,11 @@ def contiguous(a: array, /, allow_col_major: bool = False, *, stream: StreamOrDe
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.contiguous(a, allow_col_major, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.contiguous', contiguous, dict(a=a, allow_col_major=allow_col_major), _error) from None
+        raise _ad.mlx_type_error('mx.contiguous', contiguous, dict(a=a, allow_col_major=allow_col_major, stream=stream), _error) from None
 
 
 def conv1d(input: array, weight: array, /, stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -724,11 +724,11 @@ def conv1d(input: array, weight: array, /, stride: int = 1, padding: int = 0, di
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.conv1d(input, weight, stride, padding, dilation, groups, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.conv1d', conv1d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, groups=groups), _error) from None
+        raise _ad.mlx_type_error('mx.conv1d', conv1d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, groups=groups, stream=stream), _error) from None
 
 
 def conv2d(input: array, weight: array, /, stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -738,11 +738,11 @@ def conv2d(input: array, weight: array, /, stride: int | tuple[int, int] = 1, pa
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.conv2d(input, weight, stride, padding, dilation, groups, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.conv2d', conv2d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, groups=groups), _error) from None
+        raise _ad.mlx_type_error('mx.conv2d', conv2d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, groups=groups, stream=stream), _error) from None
 
 
 def conv3d(input: array, weight: array, /, stride: int | tuple[int, int, int] = 1, padding: int | tuple[int, int, int] = 0, dilation: int | tuple[int, int, int] = 1, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -752,11 +752,11 @@ def conv3d(input: array, weight: array, /, stride: int | tuple[int, int, int] = 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.conv3d(input, weight, stride, padding, dilation, groups, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.conv3d', conv3d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, groups=groups), _error) from None
+        raise _ad.mlx_type_error('mx.conv3d', conv3d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, groups=groups, stream=stream), _error) from None
 
 
 def conv_general(input: array, weight: array, /, stride: int | Sequence[int] = 1, padding: int | Sequence[int] | tuple[Sequence[int], Sequence[int]] = 0, kernel_dilation: int | Sequence[int] = 1, input_dilation: int | Sequence[int] = 1, groups: int = 1, flip: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -766,11 +766,11 @@ def conv_general(input: array, weight: array, /, stride: int | Sequence[int] = 1
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.conv_general(input, weight, stride, padding, kernel_dilation, input_dilation, groups, flip, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.conv_general', conv_general, dict(input=input, weight=weight, stride=stride, padding=padding, kernel_dilation=kernel_dilation, input_dilation=input_dilation, groups=groups, flip=flip), _error) from None
+        raise _ad.mlx_type_error('mx.conv_general', conv_general, dict(input=input, weight=weight, stride=stride, padding=padding, kernel_dilation=kernel_dilation, input_dilation=input_dilation, groups=groups, flip=flip, stream=stream), _error) from None
 
 
 def conv_transpose1d(input: array, weight: array, /, stride: int = 1, padding: int = 0, dilation: int = 1, output_padding: int = 0, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -780,11 +780,11 @@ def conv_transpose1d(input: array, weight: array, /, stride: int = 1, padding: i
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.conv_transpose1d(input, weight, stride, padding, dilation, output_padding, groups, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.conv_transpose1d', conv_transpose1d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, output_padding=output_padding, groups=groups), _error) from None
+        raise _ad.mlx_type_error('mx.conv_transpose1d', conv_transpose1d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, output_padding=output_padding, groups=groups, stream=stream), _error) from None
 
 
 def conv_transpose2d(input: array, weight: array, /, stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1, output_padding: int | tuple[int, int] = 0, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -794,11 +794,11 @@ def conv_transpose2d(input: array, weight: array, /, stride: int | tuple[int, in
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.conv_transpose2d(input, weight, stride, padding, dilation, output_padding, groups, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.conv_transpose2d', conv_transpose2d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, output_padding=output_padding, groups=groups), _error) from None
+        raise _ad.mlx_type_error('mx.conv_transpose2d', conv_transpose2d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, output_padding=output_padding, groups=groups, stream=stream), _error) from None
 
 
 def conv_transpose3d(input: array, weight: array, /, stride: int | tuple[int, int, int] = 1, padding: int | tuple[int, int, int] = 0, dilation: int | tuple[int, int, int] = 1, output_padding: int | tuple[int, int, int] = 0, groups: int = 1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -808,11 +808,11 @@ def conv_transpose3d(input: array, weight: array, /, stride: int | tuple[int, in
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.conv_transpose3d(input, weight, stride, padding, dilation, output_padding, groups, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.conv_transpose3d', conv_transpose3d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, output_padding=output_padding, groups=groups), _error) from None
+        raise _ad.mlx_type_error('mx.conv_transpose3d', conv_transpose3d, dict(input=input, weight=weight, stride=stride, padding=padding, dilation=dilation, output_padding=output_padding, groups=groups, stream=stream), _error) from None
 
 
 def convolve(a: array, v: array, /, mode: str = 'full', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -822,11 +822,11 @@ def convolve(a: array, v: array, /, mode: str = 'full', *, stream: StreamOrDevic
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('convolve', [a, v], _rt, mode=mode)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.convolve', convolve, dict(a=a, v=v, mode=mode), _error) from None
+        raise _ad.mlx_type_error('mx.convolve', convolve, dict(a=a, v=v, mode=mode, stream=stream), _error) from None
 
 
 def copy(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -847,11 +847,11 @@ def cos(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('cos', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.cos', cos, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.cos', cos, dict(a=a, stream=stream), _error) from None
 
 
 def cosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -861,11 +861,11 @@ def cosh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('cosh', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.cosh', cosh, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.cosh', cosh, dict(a=a, stream=stream), _error) from None
 
 
 def count_nonzero(a: array, /, *, axis: None | int | Sequence[int] = None, keepdims: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -875,11 +875,11 @@ def count_nonzero(a: array, /, *, axis: None | int | Sequence[int] = None, keepd
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('count_nonzero', [a], _rt, axis=axis, keepdims=keepdims)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.count_nonzero', count_nonzero, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.count_nonzero', count_nonzero, dict(a=a, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 def cummax(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -889,11 +889,11 @@ def cummax(a: array, /, axis: int | None = None, *, reverse: bool = False, inclu
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('cummax', [a], _rt, axis=axis, reverse=reverse, inclusive=inclusive)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.cummax', cummax, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive), _error) from None
+        raise _ad.mlx_type_error('mx.cummax', cummax, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, stream=stream), _error) from None
 
 
 def cummin(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -903,11 +903,11 @@ def cummin(a: array, /, axis: int | None = None, *, reverse: bool = False, inclu
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('cummin', [a], _rt, axis=axis, reverse=reverse, inclusive=inclusive)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.cummin', cummin, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive), _error) from None
+        raise _ad.mlx_type_error('mx.cummin', cummin, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, stream=stream), _error) from None
 
 
 def cumprod(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, dtype: Dtype | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -917,11 +917,11 @@ def cumprod(a: array, /, axis: int | None = None, *, reverse: bool = False, incl
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.cumprod(a, axis, reverse, inclusive, dtype, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.cumprod', cumprod, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.cumprod', cumprod, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, dtype=dtype, stream=stream), _error) from None
 
 
 def cumsum(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, dtype: Dtype | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -931,11 +931,11 @@ def cumsum(a: array, /, axis: int | None = None, *, reverse: bool = False, inclu
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.cumsum(a, axis, reverse, inclusive, dtype, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.cumsum', cumsum, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.cumsum', cumsum, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, dtype=dtype, stream=stream), _error) from None
 
 
 def cumulative_prod(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, dtype: Dtype | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -945,11 +945,11 @@ def cumulative_prod(a: array, /, axis: int | None = None, *, reverse: bool = Fal
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.cumprod(a, axis, reverse, inclusive, dtype, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.cumulative_prod', cumulative_prod, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.cumulative_prod', cumulative_prod, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, dtype=dtype, stream=stream), _error) from None
 
 
 def cumulative_sum(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, dtype: Dtype | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -959,11 +959,11 @@ def cumulative_sum(a: array, /, axis: int | None = None, *, reverse: bool = Fals
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.cumsum(a, axis, reverse, inclusive, dtype, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.cumulative_sum', cumulative_sum, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.cumulative_sum', cumulative_sum, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, dtype=dtype, stream=stream), _error) from None
 
 
 def degrees(a: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -973,11 +973,11 @@ def degrees(a: scalar | array, /, *, stream: StreamOrDevice = None, queue: Comma
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('degrees', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.degrees', degrees, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.degrees', degrees, dict(a=a, stream=stream), _error) from None
 
 
 def dequantize(w: array, /, scales: array, biases: array | None = None, group_size: int | None = None, bits: int | None = None, mode: str = 'affine', global_scale: array | None = None, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -987,11 +987,11 @@ def dequantize(w: array, /, scales: array, biases: array | None = None, group_si
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.dequantize(w, scales, biases, group_size, bits, mode, global_scale, dtype, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.dequantize', dequantize, dict(w=w, scales=scales, biases=biases, group_size=group_size, bits=bits, mode=mode, global_scale=global_scale, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.dequantize', dequantize, dict(w=w, scales=scales, biases=biases, group_size=group_size, bits=bits, mode=mode, global_scale=global_scale, dtype=dtype, stream=stream), _error) from None
 
 
 def diag(a: array, /, k: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1003,11 +1003,11 @@ def diag(a: array, /, k: int = 0, *, stream: StreamOrDevice = None, queue: Comma
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('diag', [a], _rt, k=k)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.diag', diag, dict(a=a, k=k), _error) from None
+        raise _ad.mlx_type_error('mx.diag', diag, dict(a=a, k=k, stream=stream), _error) from None
 
 
 def diagonal(a: array, offset: int = 0, axis1: int = 0, axis2: int = 1, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1017,11 +1017,11 @@ def diagonal(a: array, offset: int = 0, axis1: int = 0, axis2: int = 1, stream: 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('diagonal', [a], _rt, offset=offset, axis1=axis1, axis2=axis2)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.diagonal', diagonal, dict(a=a, offset=offset, axis1=axis1, axis2=axis2), _error) from None
+        raise _ad.mlx_type_error('mx.diagonal', diagonal, dict(a=a, offset=offset, axis1=axis1, axis2=axis2, stream=stream), _error) from None
 
 
 def diff(a: array, /, n: int = 1, axis: int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1031,11 +1031,11 @@ def diff(a: array, /, n: int = 1, axis: int = -1, *, stream: StreamOrDevice = No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('diff', [a], _rt, n=n, axis=axis)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.diff', diff, dict(a=a, n=n, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.diff', diff, dict(a=a, n=n, axis=axis, stream=stream), _error) from None
 
 
 def divide(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1045,11 +1045,11 @@ def divide(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('divide', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.divide', divide, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.divide', divide, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def divmod(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[list[array]]:
@@ -1059,11 +1059,11 @@ def divmod(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('divmod', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.divmod', divmod, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.divmod', divmod, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def einsum(subscripts: str, *operands, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1073,11 +1073,11 @@ def einsum(subscripts: str, *operands, stream: StreamOrDevice = None, queue: Com
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.einsum(subscripts, operands, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.einsum', einsum, dict(subscripts=subscripts, operands=operands), _error) from None
+        raise _ad.mlx_type_error('mx.einsum', einsum, dict(subscripts=subscripts, operands=operands, stream=stream), _error) from None
 
 
 def einsum_path(subscripts: str, *operands: array) -> JobFuture[tuple[list[tuple[int, int]], str]]:
@@ -1097,11 +1097,11 @@ def empty(shape: int | Sequence[int], dtype: Dtype | None = mx.float32, *, strea
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('zeros', [], _rt, shape=shape, dtype=dtype)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.empty', empty, dict(shape=shape, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.empty', empty, dict(shape=shape, dtype=dtype, stream=stream), _error) from None
 
 
 def empty_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1111,11 +1111,11 @@ def empty_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevic
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.zeros_like(a, dtype, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.empty_like', empty_like, dict(a=a, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.empty_like', empty_like, dict(a=a, dtype=dtype, stream=stream), _error) from None
 
 
 def equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1125,11 +1125,11 @@ def equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('equal', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.equal', equal, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.equal', equal, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def erf(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1139,11 +1139,11 @@ def erf(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('erf', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.erf', erf, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.erf', erf, dict(a=a, stream=stream), _error) from None
 
 
 def erfinv(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1153,11 +1153,11 @@ def erfinv(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('erfinv', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.erfinv', erfinv, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.erfinv', erfinv, dict(a=a, stream=stream), _error) from None
 
 
 def exp(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1167,11 +1167,11 @@ def exp(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('exp', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.exp', exp, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.exp', exp, dict(a=a, stream=stream), _error) from None
 
 
 def expand_dims(a: array, /, axis: int | Sequence[int], *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1181,11 +1181,11 @@ def expand_dims(a: array, /, axis: int | Sequence[int], *, stream: StreamOrDevic
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('expand_dims', [a], _rt, axis=axis)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.expand_dims', expand_dims, dict(a=a, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.expand_dims', expand_dims, dict(a=a, axis=axis, stream=stream), _error) from None
 
 
 def expm1(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1195,11 +1195,11 @@ def expm1(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('expm1', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.expm1', expm1, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.expm1', expm1, dict(a=a, stream=stream), _error) from None
 
 
 def eye(n: int, m: int | None = None, k: int = 0, dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1209,11 +1209,11 @@ def eye(n: int, m: int | None = None, k: int = 0, dtype: Dtype | None = mx.float
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('eye', [], _rt, n=n, m=m, k=k, dtype=dtype)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.eye', eye, dict(n=n, m=m, k=k, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.eye', eye, dict(n=n, m=m, k=k, dtype=dtype, stream=stream), _error) from None
 
 
 def flatten(a: array, /, start_axis: int = 0, end_axis: int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1223,11 +1223,11 @@ def flatten(a: array, /, start_axis: int = 0, end_axis: int = -1, *, stream: Str
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('flatten', [a], _rt, start_axis=start_axis, end_axis=end_axis)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.flatten', flatten, dict(a=a, start_axis=start_axis, end_axis=end_axis), _error) from None
+        raise _ad.mlx_type_error('mx.flatten', flatten, dict(a=a, start_axis=start_axis, end_axis=end_axis, stream=stream), _error) from None
 
 
 def flip(a: array, /, axis: None | int | Sequence[int] = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1237,11 +1237,11 @@ def flip(a: array, /, axis: None | int | Sequence[int] = None, *, stream: Stream
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('flip', [a], _rt, axis=axis)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.flip', flip, dict(a=a, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.flip', flip, dict(a=a, axis=axis, stream=stream), _error) from None
 
 
 def floor(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1251,11 +1251,11 @@ def floor(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('floor', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.floor', floor, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.floor', floor, dict(a=a, stream=stream), _error) from None
 
 
 def floor_divide(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1265,11 +1265,11 @@ def floor_divide(a: scalar | array, b: scalar | array, stream: StreamOrDevice = 
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('floor_divide', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.floor_divide', floor_divide, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.floor_divide', floor_divide, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def from_fp8(x: array, dtype: Dtype = mx.bfloat16, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1279,11 +1279,11 @@ def from_fp8(x: array, dtype: Dtype = mx.bfloat16, *, stream: StreamOrDevice = N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('from_fp8', [x], _rt, dtype=dtype)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.from_fp8', from_fp8, dict(x=x, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.from_fp8', from_fp8, dict(x=x, dtype=dtype, stream=stream), _error) from None
 
 
 def full(shape: int | Sequence[int], vals: scalar | array, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1293,11 +1293,11 @@ def full(shape: int | Sequence[int], vals: scalar | array, dtype: Dtype | None =
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.full(shape, vals, dtype, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.full', full, dict(shape=shape, vals=vals, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.full', full, dict(shape=shape, vals=vals, dtype=dtype, stream=stream), _error) from None
 
 
 def full_like(a: array, vals: scalar | array, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1307,11 +1307,11 @@ def full_like(a: array, vals: scalar | array, dtype: Dtype | None = None, *, str
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.full_like(a, vals, dtype, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.full_like', full_like, dict(a=a, vals=vals, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.full_like', full_like, dict(a=a, vals=vals, dtype=dtype, stream=stream), _error) from None
 
 
 def gather_mm(a: array, b: array, /, lhs_indices: array | None = None, rhs_indices: array | None = None, *, sorted_indices: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1321,11 +1321,11 @@ def gather_mm(a: array, b: array, /, lhs_indices: array | None = None, rhs_indic
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.gather_mm', gather_mm, dict(a=a, b=b, lhs_indices=lhs_indices, rhs_indices=rhs_indices, sorted_indices=sorted_indices), _error) from None
+        raise _ad.mlx_type_error('mx.gather_mm', gather_mm, dict(a=a, b=b, lhs_indices=lhs_indices, rhs_indices=rhs_indices, sorted_indices=sorted_indices, stream=stream), _error) from None
 
 
 def gather_qmm(x: array, w: array, /, scales: array, biases: array | None = None, lhs_indices: array | None = None, rhs_indices: array | None = None, transpose: bool = True, group_size: int | None = None, bits: int | None = None, mode: str = 'affine', global_scale: array | None = None, *, sorted_indices: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1335,11 +1335,11 @@ def gather_qmm(x: array, w: array, /, scales: array, biases: array | None = None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_size, bits, mode, global_scale, sorted_indices, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.gather_qmm', gather_qmm, dict(x=x, w=w, scales=scales, biases=biases, lhs_indices=lhs_indices, rhs_indices=rhs_indices, transpose=transpose, group_size=group_size, bits=bits, mode=mode, global_scale=global_scale, sorted_indices=sorted_indices), _error) from None
+        raise _ad.mlx_type_error('mx.gather_qmm', gather_qmm, dict(x=x, w=w, scales=scales, biases=biases, lhs_indices=lhs_indices, rhs_indices=rhs_indices, transpose=transpose, group_size=group_size, bits=bits, mode=mode, global_scale=global_scale, sorted_indices=sorted_indices, stream=stream), _error) from None
 
 
 def gather_qqmm(x: array, w: array, /, scales: array | None = None, lhs_indices: array | None = None, rhs_indices: array | None = None, group_size: int | None = None, bits: int | None = None, mode: str = 'nvfp4', global_scale_x: array | None = None, global_scale_w: array | None = None, *, sorted_indices: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1349,11 +1349,11 @@ def gather_qqmm(x: array, w: array, /, scales: array | None = None, lhs_indices:
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.gather_qqmm(x, w, scales, lhs_indices, rhs_indices, group_size, bits, mode, global_scale_x, global_scale_w, sorted_indices, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.gather_qqmm', gather_qqmm, dict(x=x, w=w, scales=scales, lhs_indices=lhs_indices, rhs_indices=rhs_indices, group_size=group_size, bits=bits, mode=mode, global_scale_x=global_scale_x, global_scale_w=global_scale_w, sorted_indices=sorted_indices), _error) from None
+        raise _ad.mlx_type_error('mx.gather_qqmm', gather_qqmm, dict(x=x, w=w, scales=scales, lhs_indices=lhs_indices, rhs_indices=rhs_indices, group_size=group_size, bits=bits, mode=mode, global_scale_x=global_scale_x, global_scale_w=global_scale_w, sorted_indices=sorted_indices, stream=stream), _error) from None
 
 
 def greater(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1363,11 +1363,11 @@ def greater(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None,
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('greater', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.greater', greater, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.greater', greater, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def greater_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1377,11 +1377,11 @@ def greater_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice =
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('greater_equal', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.greater_equal', greater_equal, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.greater_equal', greater_equal, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def hadamard_transform(a: array, scale: float | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1391,11 +1391,11 @@ def hadamard_transform(a: array, scale: float | None = None, stream: StreamOrDev
     Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.hadamard_transform(a, scale, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.hadamard_transform', hadamard_transform, dict(a=a, scale=scale), _error) from None
+        raise _ad.mlx_type_error('mx.hadamard_transform', hadamard_transform, dict(a=a, scale=scale, stream=stream), _error) from None
 
 
 def hamming(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1405,11 +1405,11 @@ def hamming(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.window('hamming', M, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.hamming', hamming, dict(M=M), _error) from None
+        raise _ad.mlx_type_error('mx.hamming', hamming, dict(M=M, stream=stream), _error) from None
 
 
 def hanning(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1419,11 +1419,11 @@ def hanning(M: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.window('hanning', M, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.hanning', hanning, dict(M=M), _error) from None
+        raise _ad.mlx_type_error('mx.hanning', hanning, dict(M=M, stream=stream), _error) from None
 
 
 def identity(n: int, dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1433,11 +1433,11 @@ def identity(n: int, dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('eye', [], _rt, n=n, dtype=dtype)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.identity', identity, dict(n=n, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.identity', identity, dict(n=n, dtype=dtype, stream=stream), _error) from None
 
 
 def imag(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1447,11 +1447,11 @@ def imag(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('imag', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.imag', imag, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.imag', imag, dict(a=a, stream=stream), _error) from None
 
 
 def inner(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1462,11 +1462,11 @@ def inner(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: Comman
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('inner', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.inner', inner, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.inner', inner, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def isclose(a: array, b: array, /, rtol: float = 1e-05, atol: float = 1e-08, *, equal_nan: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1476,11 +1476,11 @@ def isclose(a: array, b: array, /, rtol: float = 1e-05, atol: float = 1e-08, *, 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('isclose', [a, b], _rt, rtol=rtol, atol=atol, equal_nan=equal_nan)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.isclose', isclose, dict(a=a, b=b, rtol=rtol, atol=atol, equal_nan=equal_nan), _error) from None
+        raise _ad.mlx_type_error('mx.isclose', isclose, dict(a=a, b=b, rtol=rtol, atol=atol, equal_nan=equal_nan, stream=stream), _error) from None
 
 
 def isfinite(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1490,11 +1490,11 @@ def isfinite(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('isfinite', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.isfinite', isfinite, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.isfinite', isfinite, dict(a=a, stream=stream), _error) from None
 
 
 def isinf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1504,11 +1504,11 @@ def isinf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('isinf', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.isinf', isinf, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.isinf', isinf, dict(a=a, stream=stream), _error) from None
 
 
 def isnan(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1518,11 +1518,11 @@ def isnan(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('isnan', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.isnan', isnan, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.isnan', isnan, dict(a=a, stream=stream), _error) from None
 
 
 def isneginf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1532,11 +1532,11 @@ def isneginf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('isneginf', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.isneginf', isneginf, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.isneginf', isneginf, dict(a=a, stream=stream), _error) from None
 
 
 def isposinf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1546,11 +1546,11 @@ def isposinf(a: array, stream: StreamOrDevice = None, *, queue: CommandQueue | N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('isposinf', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.isposinf', isposinf, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.isposinf', isposinf, dict(a=a, stream=stream), _error) from None
 
 
 def kron(a: array, b: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1560,11 +1560,11 @@ def kron(a: array, b: array, *, stream: StreamOrDevice = None, queue: CommandQue
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('kron', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.kron', kron, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.kron', kron, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def left_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1574,11 +1574,11 @@ def left_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('left_shift', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.left_shift', left_shift, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.left_shift', left_shift, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def less(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1588,11 +1588,11 @@ def less(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *,
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('less', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.less', less, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.less', less, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def less_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1602,11 +1602,11 @@ def less_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('less_equal', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.less_equal', less_equal, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.less_equal', less_equal, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def linspace(start: scalar, stop: scalar, num: int | None = 50, endpoint: bool = True, dtype: Dtype | None = mx.float32, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1616,11 +1616,11 @@ def linspace(start: scalar, stop: scalar, num: int | None = 50, endpoint: bool =
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.linspace(start, stop, num, endpoint, dtype, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.linspace', linspace, dict(start=start, stop=stop, num=num, endpoint=endpoint, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.linspace', linspace, dict(start=start, stop=stop, num=num, endpoint=endpoint, dtype=dtype, stream=stream), _error) from None
 
 
 def log(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1630,11 +1630,11 @@ def log(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('log', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.log', log, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.log', log, dict(a=a, stream=stream), _error) from None
 
 
 def log10(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1644,11 +1644,11 @@ def log10(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('log10', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.log10', log10, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.log10', log10, dict(a=a, stream=stream), _error) from None
 
 
 def log1p(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1658,11 +1658,11 @@ def log1p(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('log1p', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.log1p', log1p, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.log1p', log1p, dict(a=a, stream=stream), _error) from None
 
 
 def log2(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1672,11 +1672,11 @@ def log2(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('log2', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.log2', log2, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.log2', log2, dict(a=a, stream=stream), _error) from None
 
 
 def logaddexp(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1686,11 +1686,11 @@ def logaddexp(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('logaddexp', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.logaddexp', logaddexp, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.logaddexp', logaddexp, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def logcumsumexp(a: array, /, axis: int | None = None, *, reverse: bool = False, inclusive: bool = True, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1700,11 +1700,11 @@ def logcumsumexp(a: array, /, axis: int | None = None, *, reverse: bool = False,
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('logcumsumexp', [a], _rt, axis=axis, reverse=reverse, inclusive=inclusive)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.logcumsumexp', logcumsumexp, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive), _error) from None
+        raise _ad.mlx_type_error('mx.logcumsumexp', logcumsumexp, dict(a=a, axis=axis, reverse=reverse, inclusive=inclusive, stream=stream), _error) from None
 
 
 def logical_and(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1714,11 +1714,11 @@ def logical_and(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('logical_and', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.logical_and', logical_and, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.logical_and', logical_and, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def logical_not(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1728,11 +1728,11 @@ def logical_not(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQue
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('logical_not', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.logical_not', logical_not, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.logical_not', logical_not, dict(a=a, stream=stream), _error) from None
 
 
 def logical_or(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1742,11 +1742,11 @@ def logical_or(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: C
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('logical_or', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.logical_or', logical_or, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.logical_or', logical_or, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def logical_xor(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1756,11 +1756,11 @@ def logical_xor(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevi
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('logical_xor', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.logical_xor', logical_xor, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.logical_xor', logical_xor, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def logsumexp(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1770,11 +1770,11 @@ def logsumexp(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bo
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('logsumexp', [a], _rt, axis=axis, keepdims=keepdims)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.logsumexp', logsumexp, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.logsumexp', logsumexp, dict(a=a, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 def matmul(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1784,11 +1784,11 @@ def matmul(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: Comma
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('matmul', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.matmul', matmul, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.matmul', matmul, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def matrix_norm(a: array, /, ord: None | int | float | str = None, axis: None | int | list[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1798,11 +1798,11 @@ def matrix_norm(a: array, /, ord: None | int | float | str = None, axis: None | 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.norm(a, ord, axis, keepdims, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.matrix_norm', matrix_norm, dict(a=a, ord=ord, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.matrix_norm', matrix_norm, dict(a=a, ord=ord, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 def matrix_transpose(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1812,11 +1812,11 @@ def matrix_transpose(a: array, /, *, stream: StreamOrDevice = None, queue: Comma
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.matrix_transpose(a, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.matrix_transpose', matrix_transpose, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.matrix_transpose', matrix_transpose, dict(a=a, stream=stream), _error) from None
 
 
 def max(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1826,11 +1826,11 @@ def max(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('max', [a], _rt, axis=axis, keepdims=keepdims)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.max', max, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.max', max, dict(a=a, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 def maximum(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1840,11 +1840,11 @@ def maximum(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice =
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('maximum', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.maximum', maximum, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.maximum', maximum, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def mean(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1854,11 +1854,11 @@ def mean(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('mean', [a], _rt, axis=axis, keepdims=keepdims)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.mean', mean, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.mean', mean, dict(a=a, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 def median(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1868,11 +1868,11 @@ def median(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('median', [a], _rt, axis=axis, keepdims=keepdims)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.median', median, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.median', median, dict(a=a, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 def meshgrid(*arrays: array, sparse: bool | None = False, indexing: str | None = 'xy', stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, ...]]:
@@ -1882,11 +1882,11 @@ def meshgrid(*arrays: array, sparse: bool | None = False, indexing: str | None =
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.meshgrid(arrays, sparse, indexing, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.meshgrid', meshgrid, dict(arrays=arrays, sparse=sparse, indexing=indexing), _error) from None
+        raise _ad.mlx_type_error('mx.meshgrid', meshgrid, dict(arrays=arrays, sparse=sparse, indexing=indexing, stream=stream), _error) from None
 
 
 def min(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1896,11 +1896,11 @@ def min(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('min', [a], _rt, axis=axis, keepdims=keepdims)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.min', min, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.min', min, dict(a=a, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 def minimum(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1910,11 +1910,11 @@ def minimum(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice =
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('minimum', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.minimum', minimum, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.minimum', minimum, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def minmax(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, array]]:
@@ -1924,11 +1924,11 @@ def minmax(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('minmax', [a], _rt, axis=axis, keepdims=keepdims)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.minmax', minmax, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.minmax', minmax, dict(a=a, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 def moveaxis(a: array, /, source: int, destination: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1938,11 +1938,11 @@ def moveaxis(a: array, /, source: int, destination: int, *, stream: StreamOrDevi
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('moveaxis', [a], _rt, source=source, destination=destination)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.moveaxis', moveaxis, dict(a=a, source=source, destination=destination), _error) from None
+        raise _ad.mlx_type_error('mx.moveaxis', moveaxis, dict(a=a, source=source, destination=destination, stream=stream), _error) from None
 
 
 def multiply(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1952,11 +1952,11 @@ def multiply(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('multiply', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.multiply', multiply, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.multiply', multiply, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def nan_to_num(a: scalar | array, nan: float = 0, posinf: float | None = None, neginf: float | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1966,11 +1966,11 @@ def nan_to_num(a: scalar | array, nan: float = 0, posinf: float | None = None, n
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.nan_to_num(a, nan, posinf, neginf, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.nan_to_num', nan_to_num, dict(a=a, nan=nan, posinf=posinf, neginf=neginf), _error) from None
+        raise _ad.mlx_type_error('mx.nan_to_num', nan_to_num, dict(a=a, nan=nan, posinf=posinf, neginf=neginf, stream=stream), _error) from None
 
 
 def negative(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1980,11 +1980,11 @@ def negative(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('negative', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.negative', negative, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.negative', negative, dict(a=a, stream=stream), _error) from None
 
 
 def not_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -1994,11 +1994,11 @@ def not_equal(a: scalar | array, b: scalar | array, stream: StreamOrDevice = Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('not_equal', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.not_equal', not_equal, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.not_equal', not_equal, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def ones(shape: int | Sequence[int], dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2008,11 +2008,11 @@ def ones(shape: int | Sequence[int], dtype: Dtype | None = mx.float32, *, stream
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('ones', [], _rt, shape=shape, dtype=dtype)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.ones', ones, dict(shape=shape, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.ones', ones, dict(shape=shape, dtype=dtype, stream=stream), _error) from None
 
 
 def ones_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2022,11 +2022,11 @@ def ones_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevice
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.ones_like(a, dtype, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.ones_like', ones_like, dict(a=a, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.ones_like', ones_like, dict(a=a, dtype=dtype, stream=stream), _error) from None
 
 
 def outer(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2037,11 +2037,11 @@ def outer(a: array, b: array, /, *, stream: StreamOrDevice = None, queue: Comman
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('outer', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.outer', outer, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.outer', outer, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def pad(a: array, pad_width: int | tuple[int] | tuple[int, int] | list[tuple[int, int]], mode: Literal['constant', 'edge', 'reflect', 'symmetric'] = 'constant', constant_values: scalar | array = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2051,11 +2051,11 @@ def pad(a: array, pad_width: int | tuple[int] | tuple[int, int] | list[tuple[int
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.pad(a, pad_width, mode, constant_values, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.pad', pad, dict(a=a, pad_width=pad_width, mode=mode, constant_values=constant_values), _error) from None
+        raise _ad.mlx_type_error('mx.pad', pad, dict(a=a, pad_width=pad_width, mode=mode, constant_values=constant_values, stream=stream), _error) from None
 
 
 def partition(a: array, /, kth: int, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2065,11 +2065,11 @@ def partition(a: array, /, kth: int, axis: None | int = -1, *, stream: StreamOrD
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('partition', [a], _rt, kth=kth, axis=axis)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.partition', partition, dict(a=a, kth=kth, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.partition', partition, dict(a=a, kth=kth, axis=axis, stream=stream), _error) from None
 
 
 def permute_dims(a: array, /, axes: Sequence[int] | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2079,11 +2079,11 @@ def permute_dims(a: array, /, axes: Sequence[int] | None = None, *, stream: Stre
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('transpose', [a], _rt, axes=axes)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.permute_dims', permute_dims, dict(a=a, axes=axes), _error) from None
+        raise _ad.mlx_type_error('mx.permute_dims', permute_dims, dict(a=a, axes=axes, stream=stream), _error) from None
 
 
 def positive(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2093,11 +2093,11 @@ def positive(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('copy', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.positive', positive, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.positive', positive, dict(a=a, stream=stream), _error) from None
 
 
 def pow(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2107,11 +2107,11 @@ def pow(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('power', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.pow', pow, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.pow', pow, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def power(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2121,11 +2121,11 @@ def power(a: scalar | array, b: scalar | array, /, *, stream: StreamOrDevice = N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('power', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.power', power, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.power', power, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def prod(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2135,11 +2135,11 @@ def prod(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('prod', [a], _rt, axis=axis, keepdims=keepdims)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.prod', prod, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.prod', prod, dict(a=a, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 def put_along_axis(a: array, /, indices: array, values: array, axis: int | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2149,11 +2149,11 @@ def put_along_axis(a: array, /, indices: array, values: array, axis: int | None 
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.put_along_axis(a, indices, values, axis, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.put_along_axis', put_along_axis, dict(a=a, indices=indices, values=values, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.put_along_axis', put_along_axis, dict(a=a, indices=indices, values=values, axis=axis, stream=stream), _error) from None
 
 
 def qqmm(x: array, w: array, scales: array | None = None, group_size: int | None = None, bits: int | None = None, mode: str = 'nvfp4', global_scale_x: array | None = None, global_scale_w: array | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2165,11 +2165,11 @@ def qqmm(x: array, w: array, scales: array | None = None, group_size: int | None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.qqmm(x, w, scales, group_size, bits, mode, global_scale_x, global_scale_w, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.qqmm', qqmm, dict(x=x, w=w, scales=scales, group_size=group_size, bits=bits, mode=mode, global_scale_x=global_scale_x, global_scale_w=global_scale_w), _error) from None
+        raise _ad.mlx_type_error('mx.qqmm', qqmm, dict(x=x, w=w, scales=scales, group_size=group_size, bits=bits, mode=mode, global_scale_x=global_scale_x, global_scale_w=global_scale_w, stream=stream), _error) from None
 
 
 def quantize(w: array, /, group_size: int | None = None, bits: int | None = None, mode: str = 'affine', *, global_scale: array | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[list[array]]:
@@ -2179,11 +2179,11 @@ def quantize(w: array, /, group_size: int | None = None, bits: int | None = None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.quantize(w, group_size, bits, mode, global_scale, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.quantize', quantize, dict(w=w, group_size=group_size, bits=bits, mode=mode, global_scale=global_scale), _error) from None
+        raise _ad.mlx_type_error('mx.quantize', quantize, dict(w=w, group_size=group_size, bits=bits, mode=mode, global_scale=global_scale, stream=stream), _error) from None
 
 
 def quantized_matmul(x: array, w: array, /, scales: array, biases: array | None = None, transpose: bool = True, group_size: int | None = None, bits: int | None = None, mode: str = 'affine', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2195,11 +2195,11 @@ def quantized_matmul(x: array, w: array, /, scales: array, biases: array | None 
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.quantized_matmul', quantized_matmul, dict(x=x, w=w, scales=scales, biases=biases, transpose=transpose, group_size=group_size, bits=bits, mode=mode), _error) from None
+        raise _ad.mlx_type_error('mx.quantized_matmul', quantized_matmul, dict(x=x, w=w, scales=scales, biases=biases, transpose=transpose, group_size=group_size, bits=bits, mode=mode, stream=stream), _error) from None
 
 
 def radians(a: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2209,11 +2209,11 @@ def radians(a: scalar | array, /, *, stream: StreamOrDevice = None, queue: Comma
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('radians', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.radians', radians, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.radians', radians, dict(a=a, stream=stream), _error) from None
 
 
 def real(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2223,11 +2223,11 @@ def real(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('real', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.real', real, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.real', real, dict(a=a, stream=stream), _error) from None
 
 
 def reciprocal(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2237,11 +2237,11 @@ def reciprocal(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueu
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('reciprocal', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.reciprocal', reciprocal, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.reciprocal', reciprocal, dict(a=a, stream=stream), _error) from None
 
 
 def remainder(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2251,11 +2251,11 @@ def remainder(a: scalar | array, b: scalar | array, stream: StreamOrDevice = Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('remainder', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.remainder', remainder, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.remainder', remainder, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def repeat(array: array, repeats: int, axis: int | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2265,11 +2265,11 @@ def repeat(array: array, repeats: int, axis: int | None = None, *, stream: Strea
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('repeat', [array], _rt, repeats=repeats, axis=axis)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.repeat', repeat, dict(array=array, repeats=repeats, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.repeat', repeat, dict(array=array, repeats=repeats, axis=axis, stream=stream), _error) from None
 
 
 def reshape(a: array, /, shape: Sequence[int], *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2279,11 +2279,11 @@ def reshape(a: array, /, shape: Sequence[int], *, stream: StreamOrDevice = None,
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('reshape', [a], _rt, shape=shape)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.reshape', reshape, dict(a=a, shape=shape), _error) from None
+        raise _ad.mlx_type_error('mx.reshape', reshape, dict(a=a, shape=shape, stream=stream), _error) from None
 
 
 def right_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2293,11 +2293,11 @@ def right_shift(a: scalar | array, b: scalar | array, stream: StreamOrDevice = N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('right_shift', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.right_shift', right_shift, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.right_shift', right_shift, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def roll(a: array, shift: int | tuple[int], axis: None | int | tuple[int] = None, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2307,11 +2307,11 @@ def roll(a: array, shift: int | tuple[int], axis: None | int | tuple[int] = None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.roll(a, shift, axis, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.roll', roll, dict(a=a, shift=shift, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.roll', roll, dict(a=a, shift=shift, axis=axis, stream=stream), _error) from None
 
 
 def round(a: array, /, decimals: int = 0, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2321,11 +2321,11 @@ def round(a: array, /, decimals: int = 0, stream: StreamOrDevice = None, *, queu
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('round', [a], _rt, decimals=decimals)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.round', round, dict(a=a, decimals=decimals), _error) from None
+        raise _ad.mlx_type_error('mx.round', round, dict(a=a, decimals=decimals, stream=stream), _error) from None
 
 
 def rsqrt(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2335,11 +2335,11 @@ def rsqrt(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('rsqrt', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.rsqrt', rsqrt, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.rsqrt', rsqrt, dict(a=a, stream=stream), _error) from None
 
 
 def searchsorted(sorted_sequence: array, values: array, /, side: str = 'left', *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2349,11 +2349,11 @@ def searchsorted(sorted_sequence: array, values: array, /, side: str = 'left', *
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('searchsorted', [sorted_sequence, values], _rt, side=side)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.searchsorted', searchsorted, dict(sorted_sequence=sorted_sequence, values=values, side=side), _error) from None
+        raise _ad.mlx_type_error('mx.searchsorted', searchsorted, dict(sorted_sequence=sorted_sequence, values=values, side=side, stream=stream), _error) from None
 
 
 def segmented_mm(a: array, b: array, /, segments: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2364,11 +2364,11 @@ def segmented_mm(a: array, b: array, /, segments: array, *, stream: StreamOrDevi
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.segmented_mm(a, b, segments, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.segmented_mm', segmented_mm, dict(a=a, b=b, segments=segments), _error) from None
+        raise _ad.mlx_type_error('mx.segmented_mm', segmented_mm, dict(a=a, b=b, segments=segments, stream=stream), _error) from None
 
 
 def sigmoid(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2378,11 +2378,11 @@ def sigmoid(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue |
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('sigmoid', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.sigmoid', sigmoid, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.sigmoid', sigmoid, dict(a=a, stream=stream), _error) from None
 
 
 def sign(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2392,11 +2392,11 @@ def sign(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('sign', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.sign', sign, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.sign', sign, dict(a=a, stream=stream), _error) from None
 
 
 def sin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2406,11 +2406,11 @@ def sin(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('sin', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.sin', sin, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.sin', sin, dict(a=a, stream=stream), _error) from None
 
 
 def sinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2420,11 +2420,11 @@ def sinh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('sinh', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.sinh', sinh, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.sinh', sinh, dict(a=a, stream=stream), _error) from None
 
 
 def slice(a: array, start_indices: array | Sequence[int] | None = None, axes: Sequence[int] | None = None, slice_size: Sequence[int] | None = None, *, start: Sequence[int] | None = None, stop: Sequence[int] | None = None, strides: Sequence[int] | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2458,11 +2458,11 @@ def softmax(a: array, /, axis: None | int | Sequence[int] = None, *, precise: bo
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('softmax', [a], _rt, axis=axis, precise=precise)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.softmax', softmax, dict(a=a, axis=axis, precise=precise), _error) from None
+        raise _ad.mlx_type_error('mx.softmax', softmax, dict(a=a, axis=axis, precise=precise, stream=stream), _error) from None
 
 
 def sort(a: array, /, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2472,11 +2472,11 @@ def sort(a: array, /, axis: None | int = -1, *, stream: StreamOrDevice = None, q
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('sort', [a], _rt, axis=axis)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.sort', sort, dict(a=a, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.sort', sort, dict(a=a, axis=axis, stream=stream), _error) from None
 
 
 def split(a: array, /, indices_or_sections: int | Sequence[int], axis: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[list[array]]:
@@ -2486,11 +2486,11 @@ def split(a: array, /, indices_or_sections: int | Sequence[int], axis: int = 0, 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.split(a, indices_or_sections, axis, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.split', split, dict(a=a, indices_or_sections=indices_or_sections, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.split', split, dict(a=a, indices_or_sections=indices_or_sections, axis=axis, stream=stream), _error) from None
 
 
 def sqrt(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2500,11 +2500,11 @@ def sqrt(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('sqrt', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.sqrt', sqrt, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.sqrt', sqrt, dict(a=a, stream=stream), _error) from None
 
 
 def square(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2514,11 +2514,11 @@ def square(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('square', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.square', square, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.square', square, dict(a=a, stream=stream), _error) from None
 
 
 def squeeze(a: array, /, axis: None | int | Sequence[int] = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2528,11 +2528,11 @@ def squeeze(a: array, /, axis: None | int | Sequence[int] = None, *, stream: Str
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('squeeze', [a], _rt, axis=axis)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.squeeze', squeeze, dict(a=a, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.squeeze', squeeze, dict(a=a, axis=axis, stream=stream), _error) from None
 
 
 def stack(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2542,11 +2542,11 @@ def stack(arrays: list[array], axis: int | None = 0, *, stream: StreamOrDevice =
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.stack(arrays, axis, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.stack', stack, dict(arrays=arrays, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.stack', stack, dict(arrays=arrays, axis=axis, stream=stream), _error) from None
 
 
 def std(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, ddof: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2556,11 +2556,11 @@ def std(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('std', [a], _rt, axis=axis, keepdims=keepdims, ddof=ddof)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.std', std, dict(a=a, axis=axis, keepdims=keepdims, ddof=ddof), _error) from None
+        raise _ad.mlx_type_error('mx.std', std, dict(a=a, axis=axis, keepdims=keepdims, ddof=ddof, stream=stream), _error) from None
 
 
 def stop_gradient(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2570,11 +2570,11 @@ def stop_gradient(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQ
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('stop_gradient', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.stop_gradient', stop_gradient, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.stop_gradient', stop_gradient, dict(a=a, stream=stream), _error) from None
 
 
 def subtract(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2584,11 +2584,11 @@ def subtract(a: scalar | array, b: scalar | array, stream: StreamOrDevice = None
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('subtract', [a, b], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.subtract', subtract, dict(a=a, b=b), _error) from None
+        raise _ad.mlx_type_error('mx.subtract', subtract, dict(a=a, b=b, stream=stream), _error) from None
 
 
 def sum(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2598,11 +2598,11 @@ def sum(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('sum', [a], _rt, axis=axis, keepdims=keepdims)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.sum', sum, dict(a=a, axis=axis, keepdims=keepdims), _error) from None
+        raise _ad.mlx_type_error('mx.sum', sum, dict(a=a, axis=axis, keepdims=keepdims, stream=stream), _error) from None
 
 
 def swapaxes(a: array, /, axis1: int, axis2: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2612,11 +2612,11 @@ def swapaxes(a: array, /, axis1: int, axis2: int, *, stream: StreamOrDevice = No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('swapaxes', [a], _rt, axis1=axis1, axis2=axis2)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.swapaxes', swapaxes, dict(a=a, axis1=axis1, axis2=axis2), _error) from None
+        raise _ad.mlx_type_error('mx.swapaxes', swapaxes, dict(a=a, axis1=axis1, axis2=axis2, stream=stream), _error) from None
 
 
 def take(a: array, /, indices: int | array, axis: int | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2626,11 +2626,11 @@ def take(a: array, /, indices: int | array, axis: int | None = None, *, stream: 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.take(a, indices, axis, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.take', take, dict(a=a, indices=indices, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.take', take, dict(a=a, indices=indices, axis=axis, stream=stream), _error) from None
 
 
 def take_along_axis(a: array, /, indices: array, axis: int | None = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2640,11 +2640,11 @@ def take_along_axis(a: array, /, indices: array, axis: int | None = -1, *, strea
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.take_along_axis(a, indices, axis, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.take_along_axis', take_along_axis, dict(a=a, indices=indices, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.take_along_axis', take_along_axis, dict(a=a, indices=indices, axis=axis, stream=stream), _error) from None
 
 
 def tan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2654,11 +2654,11 @@ def tan(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('tan', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.tan', tan, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.tan', tan, dict(a=a, stream=stream), _error) from None
 
 
 def tanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2668,11 +2668,11 @@ def tanh(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('tanh', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.tanh', tanh, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.tanh', tanh, dict(a=a, stream=stream), _error) from None
 
 
 def tensordot(a: array, b: array, /, axes: int | list[Sequence[int]] = 2, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2682,11 +2682,11 @@ def tensordot(a: array, b: array, /, axes: int | list[Sequence[int]] = 2, *, str
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.tensordot(a, b, axes, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.tensordot', tensordot, dict(a=a, b=b, axes=axes), _error) from None
+        raise _ad.mlx_type_error('mx.tensordot', tensordot, dict(a=a, b=b, axes=axes, stream=stream), _error) from None
 
 
 def tile(a: array, reps: int | Sequence[int], /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2696,11 +2696,11 @@ def tile(a: array, reps: int | Sequence[int], /, *, stream: StreamOrDevice = Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('tile', [a], _rt, reps=reps)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.tile', tile, dict(a=a, reps=reps), _error) from None
+        raise _ad.mlx_type_error('mx.tile', tile, dict(a=a, reps=reps, stream=stream), _error) from None
 
 
 def to_fp8(x: array, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2710,11 +2710,11 @@ def to_fp8(x: array, *, stream: StreamOrDevice = None, queue: CommandQueue | Non
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('to_fp8', [x], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.to_fp8', to_fp8, dict(x=x), _error) from None
+        raise _ad.mlx_type_error('mx.to_fp8', to_fp8, dict(x=x, stream=stream), _error) from None
 
 
 def topk(a: array, /, k: int, axis: None | int = -1, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2724,11 +2724,11 @@ def topk(a: array, /, k: int, axis: None | int = -1, *, stream: StreamOrDevice =
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('topk', [a], _rt, k=k, axis=axis)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.topk', topk, dict(a=a, k=k, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.topk', topk, dict(a=a, k=k, axis=axis, stream=stream), _error) from None
 
 
 def trace(a: array, /, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2738,11 +2738,11 @@ def trace(a: array, /, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype: D
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('trace', [a], _rt, offset=offset, axis1=axis1, axis2=axis2, dtype=dtype)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.trace', trace, dict(a=a, offset=offset, axis1=axis1, axis2=axis2, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.trace', trace, dict(a=a, offset=offset, axis1=axis1, axis2=axis2, dtype=dtype, stream=stream), _error) from None
 
 
 def transpose(a: array, /, axes: Sequence[int] | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2752,11 +2752,11 @@ def transpose(a: array, /, axes: Sequence[int] | None = None, *, stream: StreamO
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('transpose', [a], _rt, axes=axes)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.transpose', transpose, dict(a=a, axes=axes), _error) from None
+        raise _ad.mlx_type_error('mx.transpose', transpose, dict(a=a, axes=axes, stream=stream), _error) from None
 
 
 def tri(n: int, m: int | None = None, k: int = 0, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2766,11 +2766,11 @@ def tri(n: int, m: int | None = None, k: int = 0, dtype: Dtype | None = None, *,
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('tri', [], _rt, n=n, m=m, k=k, dtype=dtype)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.tri', tri, dict(n=n, m=m, k=k, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.tri', tri, dict(n=n, m=m, k=k, dtype=dtype, stream=stream), _error) from None
 
 
 def tril(x: array, k: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2780,11 +2780,11 @@ def tril(x: array, k: int = 0, *, stream: StreamOrDevice = None, queue: CommandQ
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('tril', [x], _rt, k=k)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.tril', tril, dict(x=x, k=k), _error) from None
+        raise _ad.mlx_type_error('mx.tril', tril, dict(x=x, k=k, stream=stream), _error) from None
 
 
 def triu(x: array, k: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2794,11 +2794,11 @@ def triu(x: array, k: int = 0, *, stream: StreamOrDevice = None, queue: CommandQ
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('triu', [x], _rt, k=k)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.triu', triu, dict(x=x, k=k), _error) from None
+        raise _ad.mlx_type_error('mx.triu', triu, dict(x=x, k=k, stream=stream), _error) from None
 
 
 def trunc(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2808,11 +2808,11 @@ def trunc(a: array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | N
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('trunc', [a], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.trunc', trunc, dict(a=a), _error) from None
+        raise _ad.mlx_type_error('mx.trunc', trunc, dict(a=a, stream=stream), _error) from None
 
 
 def unflatten(a: array, /, axis: int, shape: Sequence[int], *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2822,11 +2822,11 @@ def unflatten(a: array, /, axis: int, shape: Sequence[int], *, stream: StreamOrD
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('unflatten', [a], _rt, axis=axis, shape=shape)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.unflatten', unflatten, dict(a=a, axis=axis, shape=shape), _error) from None
+        raise _ad.mlx_type_error('mx.unflatten', unflatten, dict(a=a, axis=axis, shape=shape, stream=stream), _error) from None
 
 
 def unique(a: array, /, size: int, return_index: bool = False, return_inverse: bool = False, return_counts: bool = False, fill_value: scalar | array | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array | tuple[array, ...]]:
@@ -2836,11 +2836,11 @@ def unique(a: array, /, size: int, return_index: bool = False, return_inverse: b
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.unique(a, size, return_index, return_inverse, return_counts, fill_value, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.unique', unique, dict(a=a, size=size, return_index=return_index, return_inverse=return_inverse, return_counts=return_counts, fill_value=fill_value), _error) from None
+        raise _ad.mlx_type_error('mx.unique', unique, dict(a=a, size=size, return_index=return_index, return_inverse=return_inverse, return_counts=return_counts, fill_value=fill_value, stream=stream), _error) from None
 
 
 def unstack(x: array, /, *, axis: int = 0, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[tuple[array, ...]]:
@@ -2850,11 +2850,11 @@ def unstack(x: array, /, *, axis: int = 0, stream: StreamOrDevice = None, queue:
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('unstack', [x], _rt, axis=axis)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.unstack', unstack, dict(x=x, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.unstack', unstack, dict(x=x, axis=axis, stream=stream), _error) from None
 
 
 def var(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = False, ddof: int = 0, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2864,11 +2864,11 @@ def var(a: array, /, axis: None | int | Sequence[int] = None, keepdims: bool = F
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('var', [a], _rt, axis=axis, keepdims=keepdims, ddof=ddof)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.var', var, dict(a=a, axis=axis, keepdims=keepdims, ddof=ddof), _error) from None
+        raise _ad.mlx_type_error('mx.var', var, dict(a=a, axis=axis, keepdims=keepdims, ddof=ddof, stream=stream), _error) from None
 
 
 def vecdot(a: array, b: array, /, *, axis: int = -1, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2878,11 +2878,11 @@ def vecdot(a: array, b: array, /, *, axis: int = -1, stream: StreamOrDevice = No
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('vecdot', [a, b], _rt, axis=axis)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.vecdot', vecdot, dict(a=a, b=b, axis=axis), _error) from None
+        raise _ad.mlx_type_error('mx.vecdot', vecdot, dict(a=a, b=b, axis=axis, stream=stream), _error) from None
 
 
 def view(a: scalar | array, dtype: Dtype, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2892,11 +2892,11 @@ def view(a: scalar | array, dtype: Dtype, stream: StreamOrDevice = None, *, queu
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('view', [a], _rt, dtype=dtype)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.view', view, dict(a=a, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.view', view, dict(a=a, dtype=dtype, stream=stream), _error) from None
 
 
 def where(condition: scalar | array, x: scalar | array, y: scalar | array, /, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2906,11 +2906,11 @@ def where(condition: scalar | array, x: scalar | array, y: scalar | array, /, *,
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('where', [condition, x, y], _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.where', where, dict(condition=condition, x=x, y=y), _error) from None
+        raise _ad.mlx_type_error('mx.where', where, dict(condition=condition, x=x, y=y, stream=stream), _error) from None
 
 
 def zeros(shape: int | Sequence[int], dtype: Dtype | None = mx.float32, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2920,11 +2920,11 @@ def zeros(shape: int | Sequence[int], dtype: Dtype | None = mx.float32, *, strea
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.op('zeros', [], _rt, shape=shape, dtype=dtype)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.zeros', zeros, dict(shape=shape, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.zeros', zeros, dict(shape=shape, dtype=dtype, stream=stream), _error) from None
 
 
 def zeros_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2934,8 +2934,8 @@ def zeros_like(a: array, /, dtype: Dtype | None = None, *, stream: StreamOrDevic
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.zeros_like(a, dtype, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.zeros_like', zeros_like, dict(a=a, dtype=dtype), _error) from None
+        raise _ad.mlx_type_error('mx.zeros_like', zeros_like, dict(a=a, dtype=dtype, stream=stream), _error) from None

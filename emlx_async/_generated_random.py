@@ -32,11 +32,11 @@ def bernoulli(p: scalar | array = 0.5, shape: Sequence[int] | None = None, key: 
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.random_bernoulli(p, shape, key, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.random.bernoulli', bernoulli, dict(p=p, shape=shape, key=key), _error) from None
+        raise _ad.mlx_type_error('mx.random.bernoulli', bernoulli, dict(p=p, shape=shape, key=key, stream=stream), _error) from None
 
 
 def categorical(logits: array, axis: int = -1, shape: Sequence[int] | None = None, num_samples: int | None = None, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -46,11 +46,11 @@ def categorical(logits: array, axis: int = -1, shape: Sequence[int] | None = Non
     Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.random_categorical(logits, axis, shape, num_samples, key, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.random.categorical', categorical, dict(logits=logits, axis=axis, shape=shape, num_samples=num_samples, key=key), _error) from None
+        raise _ad.mlx_type_error('mx.random.categorical', categorical, dict(logits=logits, axis=axis, shape=shape, num_samples=num_samples, key=key, stream=stream), _error) from None
 
 
 def gumbel(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -60,11 +60,11 @@ def gumbel(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, key: arr
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.random_gumbel(shape, dtype, key, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.random.gumbel', gumbel, dict(shape=shape, dtype=dtype, key=key), _error) from None
+        raise _ad.mlx_type_error('mx.random.gumbel', gumbel, dict(shape=shape, dtype=dtype, key=key, stream=stream), _error) from None
 
 
 def key(seed: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -74,11 +74,11 @@ def key(seed: int, *, stream: StreamOrDevice = None, queue: CommandQueue | None 
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.random_key(seed, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.random.key', key, dict(seed=seed), _error) from None
+        raise _ad.mlx_type_error('mx.random.key', key, dict(seed=seed, stream=stream), _error) from None
 
 
 def laplace(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, loc: float = 0.0, scale: float = 1.0, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -88,11 +88,11 @@ def laplace(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, loc: fl
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.random_laplace(shape, dtype, loc, scale, key, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.random.laplace', laplace, dict(shape=shape, dtype=dtype, loc=loc, scale=scale, key=key), _error) from None
+        raise _ad.mlx_type_error('mx.random.laplace', laplace, dict(shape=shape, dtype=dtype, loc=loc, scale=scale, key=key, stream=stream), _error) from None
 
 
 def multivariate_normal(mean: array, cov: array, shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -102,11 +102,11 @@ def multivariate_normal(mean: array, cov: array, shape: Sequence[int] = [], dtyp
     JobFuture. Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.random_multivariate_normal(mean, cov, shape, dtype, key, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.random.multivariate_normal', multivariate_normal, dict(mean=mean, cov=cov, shape=shape, dtype=dtype, key=key), _error) from None
+        raise _ad.mlx_type_error('mx.random.multivariate_normal', multivariate_normal, dict(mean=mean, cov=cov, shape=shape, dtype=dtype, key=key, stream=stream), _error) from None
 
 
 def normal(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, loc: scalar | array | None = None, scale: scalar | array | None = None, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -116,11 +116,11 @@ def normal(shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, loc: sca
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.random_normal(shape, dtype, loc, scale, key, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.random.normal', normal, dict(shape=shape, dtype=dtype, loc=loc, scale=scale, key=key), _error) from None
+        raise _ad.mlx_type_error('mx.random.normal', normal, dict(shape=shape, dtype=dtype, loc=loc, scale=scale, key=key, stream=stream), _error) from None
 
 
 def permutation(x: int | array, axis: int = 0, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -130,11 +130,11 @@ def permutation(x: int | array, axis: int = 0, key: array | None = None, stream:
     Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.random_permutation(x, axis, key, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.random.permutation', permutation, dict(x=x, axis=axis, key=key), _error) from None
+        raise _ad.mlx_type_error('mx.random.permutation', permutation, dict(x=x, axis=axis, key=key, stream=stream), _error) from None
 
 
 def randint(low: scalar | array, high: scalar | array, shape: Sequence[int] = [], dtype: Dtype | None = mx.int32, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -144,11 +144,11 @@ def randint(low: scalar | array, high: scalar | array, shape: Sequence[int] = []
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.random_randint(low, high, shape, dtype, key, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.random.randint', randint, dict(low=low, high=high, shape=shape, dtype=dtype, key=key), _error) from None
+        raise _ad.mlx_type_error('mx.random.randint', randint, dict(low=low, high=high, shape=shape, dtype=dtype, key=key, stream=stream), _error) from None
 
 
 def split(key: array, num: int = 2, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -158,11 +158,11 @@ def split(key: array, num: int = 2, stream: StreamOrDevice = None, *, queue: Com
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.random_split(key, num, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.random.split', split, dict(key=key, num=num), _error) from None
+        raise _ad.mlx_type_error('mx.random.split', split, dict(key=key, num=num, stream=stream), _error) from None
 
 
 def truncated_normal(lower: scalar | array, upper: scalar | array, shape: Sequence[int] | None = None, dtype: Dtype | None = mx.float32, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -172,11 +172,11 @@ def truncated_normal(lower: scalar | array, upper: scalar | array, shape: Sequen
     JobFuture. Also takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.random_truncated_normal(lower, upper, shape, dtype, key, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.random.truncated_normal', truncated_normal, dict(lower=lower, upper=upper, shape=shape, dtype=dtype, key=key), _error) from None
+        raise _ad.mlx_type_error('mx.random.truncated_normal', truncated_normal, dict(lower=lower, upper=upper, shape=shape, dtype=dtype, key=key, stream=stream), _error) from None
 
 
 def uniform(low: scalar | array = 0, high: scalar | array = 1, shape: Sequence[int] = [], dtype: Dtype | None = mx.float32, key: array | None = None, stream: StreamOrDevice = None, *, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -186,8 +186,8 @@ def uniform(low: scalar | array = 0, high: scalar | array = 1, shape: Sequence[i
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
     try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
         return _ad.random_uniform(low, high, shape, dtype, key, _rt)
     except _ad.OptionTypeError as _error:
-        raise _ad.mlx_type_error('mx.random.uniform', uniform, dict(low=low, high=high, shape=shape, dtype=dtype, key=key), _error) from None
+        raise _ad.mlx_type_error('mx.random.uniform', uniform, dict(low=low, high=high, shape=shape, dtype=dtype, key=key, stream=stream), _error) from None

@@ -266,12 +266,11 @@ def generate(namespace: str) -> str:
                                     100, initial_indent="    ", subsequent_indent="    ")
         out += ["", "", signature, f'    """{docstring}', "", runtime_doc, '    """']
         lines = body(namespace, name, how, params, arrays_count)
-        if how[0] != "at_call" and not override:  # mlx's own message for an option of a type it refuses
-            values = ", ".join(f"{p.lstrip('*')}={p.lstrip('*')}" for p in params)
-            lines = lines[:-1] + ["    try:", "    " + lines[-1],
-                                  "    except _ad.OptionTypeError as _error:",
-                                  f"        raise _ad.mlx_type_error({path + name!r}, {name}, dict({values}), _error) "
-                                  "from None"]
+        if how[0] != "at_call" and not override:  # mlx's own message for an option (or stream=) of a type it refuses
+            values = ", ".join(f"{p.lstrip('*')}={p.lstrip('*')}" for p in [*params, "stream"])
+            lines = ["    try:", *("    " + line for line in lines),
+                     "    except _ad.OptionTypeError as _error:",
+                     f"        raise _ad.mlx_type_error({path + name!r}, {name}, dict({values}), _error) from None"]
         out += lines
     return "\n".join(out) + "\n"
 
