@@ -231,3 +231,102 @@ async def test_an_invalid_axis_gets_mlxs_message_with_bounds_checks_on(rt):
             await ea.ops.take_along_axis(x, mx.array([[0, 7, 0]]), 1)
     finally:
         ea.ops.set_bounds_checks(previous)
+
+
+@async_test
+async def test_campaign_calls_get_mlxs_outcome(rt):
+    """Calls from routing MLX's own tests through ea.ops: mlx's result, or mlx's class and message.
+
+    Each was checked on plain mlx first: none of them crashes it, so mlx's own checks answer them.
+    """
+    a = mx.array([1.0, -2.0])
+    x1, w1 = mx.ones((1, 9, 4)), mx.ones((2, 3, 4))
+    x2, w2 = mx.ones((1, 6, 6, 4)), mx.ones((2, 3, 3, 4))
+    x3, w3 = mx.ones((1, 6, 6, 6, 4)), mx.ones((2, 3, 3, 3, 4))
+    w64, w32 = mx.ones((64, 64)), mx.ones((64, 32))
+    wq, sq, bq = mx.quantize(w64, 64, 4)
+    xq = mx.ones((10, 64))
+    u32, u8 = mx.zeros((64, 8), mx.uint32), mx.zeros((64, 2), mx.uint8)
+    mx.eval(a, x1, w1, x2, w2, x3, w3, w64, w32, wq, sq, bq, xq, u32, u8)
+    quantization = {  # mlx checks modes and pinned sizes itself (D2), and quantized_matmul's shapes (D3)
+        "quantize mode xyz": lambda m: _ops(m).quantize(w64, mode="xyz"),
+        "quantize mxfp4 bits=3": lambda m: _ops(m).quantize(w32, bits=3, mode="mxfp4"),
+        "quantize mxfp4 group_size=64": lambda m: _ops(m).quantize(w32, group_size=64, mode="mxfp4"),
+        "quantize nvfp4 group_size=32": lambda m: _ops(m).quantize(w64, group_size=32, mode="nvfp4"),
+        "quantize mxfp8 bits=4": lambda m: _ops(m).quantize(w64, bits=4, mode="mxfp8"),
+        "dequantize nvfp4 group_size=32": lambda m: _ops(m).dequantize(mx.zeros((64, 2), mx.uint32),
+                                                                       mx.zeros((64, 1), mx.uint8), group_size=32,
+                                                                       mode="nvfp4"),
+        "dequantize mode xyz": lambda m: _ops(m).dequantize(wq, sq, bq, mode="xyz"),
+        "quantized_matmul mode xyz": lambda m: _ops(m).quantized_matmul(xq, wq, sq, bq, mode="xyz"),
+        "quantized_matmul mxfp4 bits=3": lambda m: _ops(m).quantized_matmul(xq, u32, u8, bits=3, mode="mxfp4"),
+        "quantized_matmul mxfp4": lambda m: _ops(m).quantized_matmul(xq, u32, u8, mode="mxfp4"),
+        "quantized_matmul scales (32,8)": lambda m: _ops(m).quantized_matmul(
+            mx.ones((10, 256)), mx.zeros((64, 32), mx.uint32), mx.ones((32, 8)), mx.ones((32, 8))),
+        "quantized_matmul scales and biases differ": lambda m: _ops(m).quantized_matmul(
+            mx.ones((10, 256)), mx.zeros((64, 32), mx.uint32), mx.ones((8, 32)), mx.ones((32, 8))),
+        "gather_qmm mode xyz": lambda m: _ops(m).gather_qmm(xq, wq[None], sq[None], bq[None],
+                                                            rhs_indices=mx.array([0]), mode="xyz"),
+    }
+    shapes = {  # a bare int past int32 gets mlx's message for that form (D4)
+        "zeros 2**31": lambda m: _ops(m).zeros(2**31), "ones 2**31": lambda m: _ops(m).ones(2**31),
+        "full 2**31": lambda m: _ops(m).full(2**31, 0.0), "zeros -1": lambda m: _ops(m).zeros(-1),
+    }
+    conv = {  # the forms mlx's bindings take (D5), conv_general's own length checks (D6), negative groups (D7)
+        "conv1d stride=(1,)": lambda m: _ops(m).conv1d(x1, w1, stride=(1,)),
+        "conv_transpose1d output_padding=(0,)": lambda m: _ops(m).conv_transpose1d(x1, w1, output_padding=(0,)),
+        "conv2d stride=(1,1,1)": lambda m: _ops(m).conv2d(x2, w2, stride=(1, 1, 1)),
+        "conv2d stride=1.5": lambda m: _ops(m).conv2d(x2, w2, stride=1.5),
+        "conv2d padding=None": lambda m: _ops(m).conv2d(x2, w2, padding=None),
+        "conv2d list input": lambda m: _ops(m).conv2d(x2.tolist(), w2),
+        "conv2d stride=[2,1]": lambda m: _ops(m).conv2d(x2, w2, stride=[2, 1]),
+        "conv2d stride=True": lambda m: _ops(m).conv2d(x2, w2, stride=True),
+        "conv2d stride=(np.int64,1)": lambda m: _ops(m).conv2d(x2, w2, stride=(np.int64(2), 1)),
+        "conv3d stride=(1,1)": lambda m: _ops(m).conv3d(x3, w3, stride=(1, 1)),
+        "conv_general stride=[1,1] 1-D": lambda m: _ops(m).conv_general(x1, w1, stride=[1, 1]),
+        "conv_general padding=(1,2) 1-D": lambda m: _ops(m).conv_general(x1, w1, padding=(1, 2)),
+        "conv_general padding=([1],[2]) 2-D": lambda m: _ops(m).conv_general(x2, w2, padding=([1], [2])),
+        "conv_general stride=[] 2-D": lambda m: _ops(m).conv_general(x2, w2, stride=[]),
+        "conv_general kernel_dilation=[2] 2-D": lambda m: _ops(m).conv_general(x2, w2, kernel_dilation=[2]),
+        "conv_general input_dilation=[1,1,1] 2-D": lambda m: _ops(m).conv_general(x2, w2, input_dilation=[1, 1, 1]),
+        "conv_general stride=1.5": lambda m: _ops(m).conv_general(x2, w2, stride=1.5),
+        "conv_general padding=None": lambda m: _ops(m).conv_general(x2, w2, padding=None),
+        "conv1d groups=-1": lambda m: _ops(m).conv1d(x1, w1, groups=-1),
+        "conv_general groups=-1": lambda m: _ops(m).conv_general(x2, w2, groups=-1),
+        "conv_transpose2d groups=-2": lambda m: _ops(m).conv_transpose2d(x2, w2, groups=-2),
+        "conv3d groups=-1": lambda m: _ops(m).conv3d(x3, w3, groups=-1),
+    }
+    options = {  # bool options take only bools (D8); stream= only a stream or device (D9)
+        "conv_general flip=1": lambda m: _ops(m).conv_general(x1, w1, flip=1),
+        "sum keepdims=1": lambda m: _ops(m).sum(a, keepdims=1),
+        "sum keepdims=np.bool_": lambda m: _ops(m).sum(a, keepdims=np.bool_(True)),
+        "sum keepdims=None": lambda m: _ops(m).sum(a, keepdims=None),
+        "cumsum reverse='yes'": lambda m: _ops(m).cumsum(a, reverse="yes"),
+        "add stream=array": lambda m: _ops(m).add(a, a, stream=a),
+        "sum stream=array": lambda m: _ops(m).sum(a, stream=a),
+        "sum stream='x'": lambda m: _ops(m).sum(a, stream="x"),
+        "add stream=mx.cpu": lambda m: _ops(m).add(a, a, stream=mx.cpu),
+    }
+    inputs = {  # mlx 0.32 makes no array of a list (D10); unconvertible values (N1)
+        "abs list": lambda m: _ops(m).abs([1, -2]), "abs tuple": lambda m: _ops(m).abs((1, -2)),
+        "maximum list": lambda m: _ops(m).maximum([1.0, 2.0], 0),
+        "where list": lambda m: _ops(m).where([True, False], a, 1),
+        "matmul lists": lambda m: _ops(m).matmul([[1.0]], [[2.0]]),
+        "reshape list": lambda m: _ops(m).reshape([1, 2], (2,)),
+        "take list indices": lambda m: _ops(m).take(a, [0]),
+        "take int index": lambda m: _ops(m).take(a, 1),
+        "concatenate lists": lambda m: _ops(m).concatenate([[1], [2]]),
+        "stack lists": lambda m: _ops(m).stack([[1], [2]]),
+        "clip list": lambda m: _ops(m).clip([1.0, 2.0], 0, 1),
+        "add object ndarray": lambda m: _ops(m).add(np.array([1, 2], dtype=object), 1),
+        "add str ndarray": lambda m: _ops(m).add(np.array(["a"]), 1),
+        "add None": lambda m: _ops(m).add(None, 1), "abs None": lambda m: _ops(m).abs(None),
+        "add a string": lambda m: _ops(m).add("x", 1), "abs a string": lambda m: _ops(m).abs("x"),
+        "concatenate nothing": lambda m: _ops(m).concatenate([]),
+        "concatenate nothing flat": lambda m: _ops(m).concatenate([], axis=None),
+        "stack nothing": lambda m: _ops(m).stack([]),
+    }
+    await _agree([*quantization.items(), *shapes.items(), *conv.items(), *options.items(), *inputs.items()])
+    # a third positional of add is mlx's stream: mlx's TypeError (its message shows the value as a keyword)
+    with pytest.raises(TypeError, match=r"^add\(\): incompatible function arguments"):
+        ea.ops.add(a, a, a)
