@@ -130,6 +130,9 @@ struct emlx_worker {
   bool finished = false;
   bool busy = false;                // running a job (under `mutex`): emlx_shutdown leaves it at once
   bool detached = false;            // counted in detached_alive until the thread ends (under `mutex`)
+  // Abandoned inside a job (emlx_worker_abandon): when the job returns, the
+  // worker parks instead of reporting (under `mutex`).
+  bool retiring = false;
   std::string start_error;
   uint64_t job_started_ns = 0;      // the running job's start, stamped on its records (worker thread only)
 };
@@ -139,6 +142,11 @@ namespace {
 std::mutex registry_mutex;
 std::vector<emlx_worker*> all_workers;  // never shrinks: MLX never frees a stream
 std::vector<emlx_worker*> parked;
+// Abandoned inside a job: neither leased nor parked until the job returns.
+// Leaving them was a leak: MLX never frees a stream's thread, so each
+// abandoned worker (every run that ended with a job in flight) kept one OS
+// thread for good, while a new worker (and stream) was made for the next run.
+std::vector<emlx_worker*> retiring_workers;
 
 thread_local emlx_worker* this_worker = nullptr;  // set on a worker's own thread
 
@@ -156,6 +164,7 @@ void unlock_registry_after_fork() { registry_mutex.unlock(); }
 void forget_parent_workers() {
   all_workers.clear();
   parked.clear();
+  retiring_workers.clear();
   detached_alive.store(0);  // the parent's detached threads do not run here either
   registry_mutex.unlock();
 }
@@ -287,6 +296,20 @@ void emlx_worker::main() {
     {
       std::lock_guard<std::mutex> lock(mutex);
       busy = false;
+      if (retiring) {
+        // The abandoned job returned (its record was dropped; abandon
+        // discarded the queued ones and submits are refused): back to the
+        // pool, keeping the stream. Not once emlx_shutdown has taken the
+        // registry (then this worker is no longer in retiring_workers).
+        retiring = false;
+        std::lock_guard<std::mutex> registry(registry_mutex);
+        auto it = std::find(retiring_workers.begin(), retiring_workers.end(), this);
+        if (it != retiring_workers.end()) {
+          retiring_workers.erase(it);
+          stopping = false;
+          parked.push_back(this);
+        }
+      }
     }
   }
   mx::clear_streams();
@@ -677,19 +700,29 @@ int emlx_worker_abandon(emlx_worker* worker) {
       if (already_released(worker)) return -1;
       discarded.swap(worker->jobs);
       worker->queued.store(0, std::memory_order_release);
-      worker->stopping = true;
-      worker->exit = true;       // leave the loop once the running job returns
-      worker->channel.reset();   // its record is freed, never posted
+      worker->channel.reset();  // the running job's record is freed, never posted
+      // The worker stays registered (emlx_shutdown leaves it at once while
+      // its job runs, so exit does not wait for it), but leased to no one.
+      // Idle (only queued jobs, now discarded), it parks at once; inside a
+      // job, it parks when the job returns (emlx_worker::main). Either way
+      // its stream is reused: MLX never frees a stream's thread.
+      std::lock_guard<std::mutex> registry(registry_mutex);
+      if (worker->busy) {
+        worker->stopping = true;  // refuse jobs until it parks
+        worker->retiring = true;
+        retiring_workers.push_back(worker);
+      } else {
+        parked.push_back(worker);
+      }
     }
-    {
-      std::lock_guard<std::mutex> lock(registry_mutex);
-      all_workers.erase(std::remove(all_workers.begin(), all_workers.end(), worker), all_workers.end());
-    }
-    worker->cv.notify_all();
-    worker->detach();
     return 0;
     // `discarded` (graph references of jobs that never ran) is destroyed here, outside the locks.
   });
+}
+
+int emlx_worker_retiring(emlx_worker* worker) {
+  std::lock_guard<std::mutex> lock(worker->mutex);
+  return worker->retiring ? 1 : 0;
 }
 
 int emlx_worker_stream_index(emlx_worker* worker) { return worker->stream_index; }
@@ -749,7 +782,7 @@ int emlx_mlx_stream_threads(void) {
 
 int emlx_workers_active(void) {
   std::lock_guard<std::mutex> lock(registry_mutex);
-  return static_cast<int>(all_workers.size() - parked.size());
+  return static_cast<int>(all_workers.size() - parked.size() - retiring_workers.size());
 }
 
 int emlx_workers_parked(void) {
@@ -765,6 +798,7 @@ int emlx_shutdown(int timeout_ms) {
     std::lock_guard<std::mutex> lock(registry_mutex);
     workers.swap(all_workers);
     parked.clear();
+    retiring_workers.clear();  // a retiring worker is in `workers`: left below if still in its job
   }
   // A worker running a job is left at once, as a daemon thread is: its job
   // (Python or native) is abandoned and its result dropped, and exit does

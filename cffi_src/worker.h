@@ -38,13 +38,17 @@ int emlx_submit_synchronize(emlx_worker *worker, uint64_t job_id);
  * order) to publish back into the caller's arrays; otherwise NULL. */
 int emlx_cancel(emlx_worker *worker, uint64_t job_id, void **restored);
 
-/* Give up on a worker stuck in a job that may never end (a collective whose
- * peer stalled): it takes no more jobs, its queued jobs are discarded without
- * records, the record of the running one is discarded too, and it is neither
- * counted, reused nor waited for by emlx_shutdown. The thread ends when its
- * job does; the worker object is leaked on purpose (the thread still uses it).
+/* Give up on a worker's jobs without waiting (a collective whose peer
+ * stalled; the end of a loop's run): its queued jobs are discarded without
+ * records, the record of the running one is discarded too, and it takes no
+ * more jobs from this lease. It is not counted active; emlx_shutdown leaves
+ * it at once while it is still inside its job. When that job returns (at
+ * once if none was running) it parks with its stream for reuse.
  * Returns 0, or -1 if it was already released or abandoned. */
 int emlx_worker_abandon(emlx_worker *worker);
+/* 1 while an abandoned worker is still inside the job it was abandoned in
+ * (the job may still use its queue's handle), else 0. */
+int emlx_worker_retiring(emlx_worker *worker);
 
 /* Counts for leak checks. */
 int emlx_workers_active(void);

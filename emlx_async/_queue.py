@@ -20,8 +20,8 @@ Cancellation contract (the same for every kind of job):
 * When a run ends (for a runtime that closes with it) or the interpreter
   exits, nobody can await a job any more, and nothing waits for one, as for
   daemon threads: queued jobs never run; a running job, Python or native,
-  is abandoned (its worker is detached and ends when the job returns, or
-  with the process; its result is dropped).
+  is abandoned (its result is dropped; its worker goes back to the pool when
+  the job returns, and exit does not wait for it).
 
 Donation (``donate=`` on op jobs): the job takes the only reference to the
 donated inputs when it is queued (before a spinning worker can start it). On every path that does not
@@ -65,9 +65,22 @@ _ARRAY = mx.array
 # Compared on every submission and completion: module constants, not attribute look-ups on the cffi lib.
 _DONE, _STOPPED, _NULL = lib.EMLX_DONE, lib.EMLX_STOPPED, ffi.NULL
 
-# Abandoned queues, kept alive for good: the job their worker may still be
-# running holds their cffi handle.
-_abandoned: list[CommandQueue] = []
+# Abandoned queues, kept alive while their worker may still be inside the job
+# it was abandoned in (the job holds the queue's cffi handle). One whose
+# worker the shim took back (worker set) is dropped once that job has
+# returned and the worker parked for reuse; without it (the shim could not be
+# told: a fork child, interpreter exit), it is kept for good.
+_abandoned: list[tuple[CommandQueue, Any]] = []
+
+
+def _drop_returned_abandoned() -> None:
+    """Forget the abandoned queues whose worker has left the job (called before abandoning
+    another: the same worker, reused, may be abandoned again)."""
+    if exiting():  # after the exit hook the worker pointers are gone
+        return
+    pid = os.getpid()  # a fork child must not touch its parent's workers (their locks)
+    _abandoned[:] = [(q, w) for q, w in _abandoned
+                     if w is None or q._channel.pid != pid or lib.emlx_worker_retiring(w)]
 
 # The job a worker thread is running now, for ea.cancelled().
 _running = threading.local()
@@ -293,6 +306,8 @@ class CommandQueue:
     traceback when the loop runs in debug mode, and hands its worker back.
     """
 
+    _abandoned = False  # set by abandon()
+
     def __init__(self, channel: CompletionChannel, device: mx.DeviceType, worker, *, max_pending: int,
                  role: str = "pool", owner: Any = None):
         self._channel = channel
@@ -465,9 +480,10 @@ class CommandQueue:
         For a job blocked in native code that nothing can interrupt (a
         collective whose peer stalled). Every job of this queue, the running
         one included, fails with `error` at once; the queue closes without
-        waiting; the worker takes no more jobs, is neither reused nor waited
-        for by the runtime's close or the interpreter's exit, and its thread
-        ends when its job returns (its result is discarded). Donated inputs of
+        waiting; the worker takes no more jobs from it, is waited for by
+        neither the runtime's close nor the interpreter's exit, and goes back
+        to the pool (with its stream, which MLX never frees) when its job
+        returns (its result is discarded). Donated inputs of
         jobs that never ran are not given back. Abandoning twice does nothing.
         `unawaited`: nobody can await these jobs any more (the loop's run is
         ending), so their failure is not reported as never retrieved.
@@ -475,10 +491,11 @@ class CommandQueue:
         jobs = [*self._started.values(), *self._backlog]
         self._started.clear()
         self._backlog.clear()
+        self._abandoned = True
         if self._worker is not None:
-            if self._channel.is_alive():
-                lib.emlx_worker_abandon(self._worker)
-            _abandoned.append(self)
+            _drop_returned_abandoned()
+            taken_back = self._channel.is_alive() and lib.emlx_worker_abandon(self._worker) == 0
+            _abandoned.append((self, self._worker if taken_back else None))
             self._detach()
         for job in jobs:
             self._channel.jobs.pop(job.id, None)
@@ -509,7 +526,7 @@ class CommandQueue:
         # Closed means close() began (the runtime's close calls it) or the
         # queue was abandoned; a worker handed back by a collected runtime
         # does not count, so each unclosed queue warns, in any order.
-        if getattr(self, "_closed_future", True) is not None or self in _abandoned or self._released_quietly:
+        if getattr(self, "_closed_future", True) is not None or self._abandoned or self._released_quietly:
             return
         channel = self._channel
         if exiting() or os.getpid() != channel.pid:  # workers are gone (exit) or not ours (fork)

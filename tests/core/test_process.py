@@ -339,6 +339,48 @@ def test_the_end_of_a_run_abandons_a_running_native_job():
     assert "run ended" in result.stdout
 
 
+@pytest.mark.parametrize("left", ["queued", "running"])
+def test_runs_that_end_with_a_job_in_flight_reuse_the_abandoned_worker(left):
+    """An abandoned worker parks, with its stream, once its job returns (at once if it only had
+    queued jobs). MLX never frees a stream's thread: each worker left for good kept one OS
+    thread, and the queue object, per run that ended with a job in flight."""
+    result = run_python(f"""
+        import asyncio, time
+        import mlx.core as mx
+        import emlx_async as ea
+        from emlx_async import _queue, testing
+
+        async def body():
+            await ea.ops.add(mx.ones(10), 1)  # the worker's stream has its thread now
+            q = ea.get_runtime().default_queue()
+            if "{left}" == "running":
+                q.run(time.sleep, 0.02)
+                await asyncio.sleep(0.005)  # running when the run ends
+            else:
+                q.run(time.sleep, 0.001)  # still queued when the run ends
+
+        def run_once():
+            asyncio.run(body())
+            deadline = time.monotonic() + 10
+            while testing.parked_workers() < 1 or testing.active_workers():  # its job has returned
+                assert time.monotonic() < deadline, "the abandoned worker never parked"
+                time.sleep(0.001)
+
+        for _ in range(3):
+            run_once()
+        threads = testing.thread_count()
+        for _ in range(20):
+            run_once()
+        print("threads", threads, testing.thread_count(), "parked", testing.parked_workers(),
+              "abandoned", len(_queue._abandoned), flush=True)
+    """, timeout=120)
+    assert result.returncode == 0, result.stderr
+    counts = result.stdout.split()
+    assert counts[1] == counts[2], result.stdout  # grew by one per run
+    assert int(counts[4]) == 1, result.stdout
+    assert int(counts[6]) <= 1, result.stdout  # only the last run's, if its job had not returned
+
+
 # ---- exit while a worker is still inside MLX: status, output, no abort ------------
 #
 # A worker left detached in a job runs in MLX while the process ends. Without
