@@ -47,6 +47,11 @@ mlx::core::Stream& stream_of(mlx::core::Primitive& primitive);
 // How many stream threads MLX's scheduler holds (its private map).
 size_t stream_threads();
 
+// How many of those threads do not exist in this process (a fork child's
+// inheritance), or -1 when the map's lock stayed taken (a fork child whose
+// parent was making a stream's thread).
+int missing_stream_threads();
+
 // Run `task` on `stream`'s CPU thread once `inputs` are computed, from a
 // custom primitive's eval_cpu (which MLX 0.32 calls before its inputs are
 // computed), through the stream's command encoder (a backend header, not

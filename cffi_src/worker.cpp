@@ -1,5 +1,10 @@
 #include <cxxabi.h>
 #include <fcntl.h>
+#ifdef __APPLE__
+#include <mach/mach.h>
+#else
+#include <dirent.h>
+#endif
 #include <pthread.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -779,6 +784,39 @@ int emlx_mlx_stream_threads(void) {
   // not its threads.
   return static_cast<int>(emlx::mlx_internals::stream_threads());
 }
+
+int emlx_process_thread_ids(uint64_t* out, int capacity) {
+  int count = 0;
+#ifdef __APPLE__
+  // The ids pthread_threadid_np gives (Python's threading.get_native_id).
+  thread_act_array_t threads = nullptr;
+  mach_msg_type_number_t n = 0;
+  if (task_threads(mach_task_self(), &threads, &n) != KERN_SUCCESS) return -1;
+  for (mach_msg_type_number_t i = 0; i < n; ++i) {
+    thread_identifier_info_data_t info{};
+    mach_msg_type_number_t size = THREAD_IDENTIFIER_INFO_COUNT;
+    bool known = thread_info(threads[i], THREAD_IDENTIFIER_INFO, reinterpret_cast<thread_info_t>(&info), &size) ==
+                 KERN_SUCCESS;
+    if (count < capacity) out[count] = known ? info.thread_id : 0;  // 0: a thread, id unknown
+    ++count;
+    mach_port_deallocate(mach_task_self(), threads[i]);
+  }
+  vm_deallocate(mach_task_self(), reinterpret_cast<vm_address_t>(threads), n * sizeof(thread_act_t));
+#else
+  // Kernel thread ids (Python's threading.get_native_id).
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
+    if (count < capacity) out[count] = std::strtoull(entry->d_name, nullptr, 10);
+    ++count;
+  }
+  closedir(dir);
+#endif
+  return count;
+}
+
+int emlx_mlx_stream_threads_missing(void) { return emlx::mlx_internals::missing_stream_threads(); }
 
 int emlx_workers_active(void) {
   std::lock_guard<std::mutex> lock(registry_mutex);

@@ -53,10 +53,18 @@ int emlx_worker_retiring(emlx_worker *worker);
 /* Counts for leak checks. */
 int emlx_workers_active(void);
 int emlx_workers_parked(void);
+/* The ids of this process's live OS threads, as threading.get_native_id
+ * gives them (Linux: /proc/self/task; macOS: task_threads), the first
+ * `capacity` into `out`. Returns how many threads there are, or -1. */
+int emlx_process_thread_ids(uint64_t *out, int capacity);
 /* How many stream threads MLX's scheduler holds (any thread that evaluated
  * on a stream made one). In a fork child they are the parent's, gone: work
  * on their streams would wait forever. */
 int emlx_mlx_stream_threads(void);
+/* How many of those threads do not exist in this process (checked one by
+ * one: their thread descriptors are the parent's in a fork child), or -1 if
+ * MLX's lock on them stayed taken (checked for at most 100 ms). */
+int emlx_mlx_stream_threads_missing(void);
 /* Stop every worker (interpreter exit). A worker running a job is left
  * detached at once, as a daemon thread is: its job is abandoned, its result
  * dropped, and exit never waits for it. Idle workers are joined, for at most

@@ -4,6 +4,10 @@ Native worker threads own MLX streams; every op is an awaitable; command
 queues are actors you bind to tasks. See the README for the tour.
 """
 
+# First: its fork check (see _native) runs before numpy loads, whose BLAS
+# threads, started in a fork child, can take over a gone stream thread's
+# descriptor and hide it.
+from . import _native as _native
 from ._api import eval as eval  # noqa: A004 - MLX's name
 from ._api import item as item
 from ._api import run as run

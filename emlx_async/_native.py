@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
+import threading
 
 # libmlx.so must be loaded (by mlx.core) before the shim, which links it.
 import mlx.core as mx
@@ -110,17 +112,72 @@ atexit.register(_shutdown_at_exit)
 
 # A fork child inherits MLX's scheduler, but not its stream threads: once the
 # parent has evaluated anything, MLX work in the child waits forever (plain
-# MLX hangs there too). Checked once, right after the fork, when only the
-# forking thread exists.
+# MLX hangs there too). Checked right after a fork (the hook below, when only
+# the forking thread exists), at import, and on a runtime's creation in a
+# process other than the one last checked (a fork the hook missed: the parent
+# had not imported emlx_async yet, or fork() was called from C).
 _forked_after_mlx = False
+_checked_pid = 0  # the process the stream threads were last found in
 
 
 def _after_fork_in_child() -> None:
-    global _forked_after_mlx
+    global _forked_after_mlx, _checked_pid
     if lib.emlx_mlx_stream_threads() > 0:
         _forked_after_mlx = True
+    _checked_pid = os.getpid()
 
 
+def _thread_ids() -> list[int] | None:
+    """The ids of this process's OS threads (as threading.get_native_id gives them), or None."""
+    capacity = 256
+    while True:
+        ids = ffi.new("uint64_t[]", capacity)
+        count = lib.emlx_process_thread_ids(ids, capacity)
+        if count < 0:
+            return None
+        if count <= capacity:
+            return list(ids[0:count])
+        capacity = count + 64  # threads were started meanwhile
+
+
+def _stream_threads_missing() -> bool:
+    """Whether MLX's scheduler holds stream threads that do not exist in this process.
+
+    MLX never ends a stream's thread, so in a process that was not forked
+    each one it counts is a live thread of this process; in a fork child
+    they are the parent's, gone. Two checks, each of which a normal process
+    always passes: each stream thread's descriptor names a live thread (a
+    thread the child started may have taken over a gone one's descriptor);
+    and the threads that are neither the main one nor started by Python's
+    threading are at least as many as the stream threads (a fork child has
+    none but what it started from C since).
+    """
+    streams = lib.emlx_mlx_stream_threads()  # before the threads: a stream's thread exists once counted
+    if streams == 0:
+        return False
+    if lib.emlx_mlx_stream_threads_missing() > 0:  # -1: MLX's lock stayed taken; the count decides
+        return True
+    ids = _thread_ids()
+    if ids is None:
+        return False
+    python_made = {t.native_id for t in threading.enumerate() if not isinstance(t, threading._DummyThread)}
+    if threading.current_thread() is threading.main_thread():
+        python_made.add(threading.get_native_id())  # Python 3.11 keeps its parent's id after a fork
+    if sys.platform.startswith("linux"):
+        python_made.add(os.getpid())  # the initial thread (the forking one in a fork child)
+    return sum(1 for tid in ids if tid not in python_made) < streams
+
+
+def _check_for_fork() -> None:
+    global _forked_after_mlx, _checked_pid
+    pid = os.getpid()
+    if _checked_pid != pid:
+        _checked_pid = pid
+        if _stream_threads_missing():
+            _forked_after_mlx = True
+
+
+_check_for_fork()  # the parent may have used MLX before this process imported emlx_async
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 FORK_ADVICE = ("start child processes that use emlx_async with the 'spawn' or 'forkserver' method "
@@ -129,6 +186,7 @@ FORK_ADVICE = ("start child processes that use emlx_async with the 'spawn' or 'f
 
 def ensure_mlx_usable() -> None:
     """Refuse at once in a fork child of a process that had used MLX (it would hang)."""
+    _check_for_fork()  # one getpid() unless this process was not checked yet
     if _forked_after_mlx:
         raise ForkedProcessError(
             "this process was forked from one that had used MLX; the parent's MLX stream threads do not "

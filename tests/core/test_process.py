@@ -125,6 +125,75 @@ def test_a_fork_child_of_a_process_that_used_mlx_refuses_a_runtime_at_once(paren
     assert "'spawn'" in result.stdout and "'forkserver'" in result.stdout
 
 
+@pytest.mark.parametrize("child_use", ["op", "runtime"])
+def test_a_fork_child_of_a_plain_mlx_process_that_imports_emlx_async_only_there_is_refused(child_use):
+    """No at-fork hook ran (the parent never imported emlx_async): the import itself finds the
+    parent's stream threads missing. The op used to hang the loop thread for good."""
+    result = run_python(f"""
+        import asyncio, os, signal, time
+        import mlx.core as mx
+
+        mx.eval(mx.ones(3) + 1)  # plain MLX: the scheduler has a stream thread
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)  # a hang ends the child instead of its parent's wait
+            import emlx_async as ea
+            started = time.monotonic()
+            async def use():
+                if "{child_use}" == "runtime":
+                    ea.Runtime()
+                return await asyncio.wait_for(ea.ops.add(mx.ones(2), 1), 10)
+            try:
+                asyncio.run(use())
+            except ea.ForkedProcessError as exc:
+                print("refused in %.1fs:" % (time.monotonic() - started), exc, flush=True)
+                os._exit(0)
+            os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+    """, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "child exit 0" in result.stdout, result.stdout
+    assert "refused in 0.0s" in result.stdout, result.stdout
+    assert "'spawn'" in result.stdout and "'forkserver'" in result.stdout
+
+
+def test_a_process_that_used_plain_mlx_on_many_streams_and_threads_is_not_taken_for_a_fork_child():
+    """The import's check counts stream threads against live ones: many streams, made from
+    other threads, with Python and native threads around, must not look like a fork child."""
+    result = run_python("""
+        import asyncio, threading
+        import numpy as np
+        import mlx.core as mx
+
+        def evaluate_on_new_streams():
+            for _ in range(3):
+                mx.eval(mx.add(mx.ones(2), 1, stream=mx.new_stream(mx.cpu)))
+
+        threads = [threading.Thread(target=evaluate_on_new_streams) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        mx.eval(mx.ones(3) + 1)
+        np.ones((64, 64)) @ np.ones((64, 64))  # BLAS threads
+        idle = threading.Event()
+        waiting = [threading.Thread(target=idle.wait, daemon=True) for _ in range(4)]
+        for thread in waiting:
+            thread.start()
+
+        import emlx_async as ea
+
+        async def use():
+            return (await ea.ops.add(mx.ones(2), 1)).tolist()
+
+        print("got", asyncio.run(use()), flush=True)
+        idle.set()
+    """, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "got [2.0, 2.0]" in result.stdout, result.stdout
+
+
 def test_a_fork_child_that_exits_normally_keeps_its_status_and_output_and_waits_for_no_worker():
     """The parent's workers have no thread in a fork child: its exit hook must not wait for
     them to leave their loops (it waited its whole 2 s timeout for each exit)."""
