@@ -37,7 +37,7 @@ int emlx_array_state(void* obj, int* device_type, int* stream_index) {
   }
 }
 
-int emlx_check_graph_fits(void** objs, size_t count, const char* what) {
+int emlx_check_evaluable(void** objs, size_t count, const char* what) {
   return emlx::guarded([&] {
     std::vector<array> arrays;
     arrays.reserve(count);
@@ -45,7 +45,7 @@ int emlx_check_graph_fits(void** objs, size_t count, const char* what) {
       emlx::GilGuard gil;
       for (size_t i = 0; i < count; ++i) arrays.push_back(emlx::array_of(objs[i]));
     }
-    emlx::validate::check_fits(what, arrays, {});
+    emlx::validate::check_evaluable(what, arrays);
     return 0;
   });
 }

@@ -19,8 +19,8 @@ int emlx_array_state(void *obj, int *device_type, int *stream_index);
 /* Index of the calling thread's default stream on the device, or -1. */
 int emlx_thread_stream_index(int device_type);
 
-/* Whether evaluating the arrays `objs` (mx.array objects) fits memory: every
- * node of their graphs not yet evaluated within the allocation limit (a failed
- * allocation ends the process in MLX's allocator). 0, or -1 with a message
- * naming `what` in emlx_last_error. */
-int emlx_check_graph_fits(void **objs, size_t count, const char *what);
+/* Whether the arrays `objs` (mx.array objects) can be evaluated: no node of
+ * their graphs not yet evaluated overflows or exceeds the allocation limit
+ * alone (a failed allocation ends the process in MLX's allocator; views count
+ * nothing). 0, or -1 with a message naming `what` in emlx_last_error. */
+int emlx_check_evaluable(void **objs, size_t count, const char *what);

@@ -3,19 +3,9 @@
 
 #include <Python.h>
 
-#include <pthread.h>
-#include <time.h>
-
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <functional>
 #include <memory>
-#include <mutex>
-#include <queue>
-#include <shared_mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 
 #include "mlx/backend/cpu/encoder.h"
@@ -60,60 +50,9 @@ struct Expose {
 };
 template struct Expose<ThreadsTag, &mx::scheduler::Scheduler::threads_>;
 
-struct ThreadsMutexTag {
-  using type = std::shared_mutex mx::scheduler::Scheduler::*;
-  friend type member(ThreadsMutexTag);
-};
-template struct Expose<ThreadsMutexTag, &mx::scheduler::Scheduler::threads_mtx_>;
-
-// MLX 0.32 defines StreamThread in scheduler.cpp, not in a header; it begins
-// with these members, in this order (0.32.0 to 0.32.4).
-struct StreamThreadPrefix {
-  std::mutex mtx;
-  std::queue<std::function<void()>> q;
-  std::condition_variable cond;
-  bool stop;
-  std::thread thread;
-};
-
-// Whether `handle` names a live thread of this process. A fork child keeps
-// the parent's thread descriptors but none of the threads: glibc marks them
-// free (no thread id), and a thread id of the parent is not one of this
-// process's (the kernel refuses its CPU clock); macOS no longer lists them.
-bool thread_alive(pthread_t handle) {
-#ifdef __APPLE__
-  return pthread_kill(handle, 0) == 0;
-#else
-  clockid_t clock;
-  if (pthread_getcpuclockid(handle, &clock) != 0) return false;
-  timespec ts{};
-  return clock_gettime(clock, &ts) == 0;
-#endif
-}
-
 }  // namespace
 
 size_t stream_threads() { return (mx::scheduler::scheduler().*member(ThreadsTag{})).size(); }
-
-int missing_stream_threads() {
-  auto& scheduler = mx::scheduler::scheduler();
-  auto& mutex = scheduler.*member(ThreadsMutexTag{});
-  // Held for writing only while a stream's thread is being made; in a fork
-  // child it may be held for good by a thread that is gone: do not wait long.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-  while (!mutex.try_lock_shared()) {
-    if (std::chrono::steady_clock::now() >= until) return -1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  std::shared_lock<std::shared_mutex> lock(mutex, std::adopt_lock);
-  int missing = 0;
-  for (auto& [index, stream_thread] : scheduler.*member(ThreadsTag{})) {
-    auto& thread = reinterpret_cast<StreamThreadPrefix*>(stream_thread.get())->thread;
-    if (!thread.joinable()) continue;  // never so in MLX: not evidence either way
-    if (!thread_alive(thread.native_handle())) ++missing;
-  }
-  return missing;
-}
 
 void dispatch_cpu_task(const mx::Stream& stream, const std::vector<mx::array>& inputs,
                        std::vector<mx::array>& outputs, std::function<void()> task) {
@@ -125,6 +64,14 @@ void dispatch_cpu_task(const mx::Stream& stream, const std::vector<mx::array>& i
 
 bool is_loaded_constant(const mx::array& a) {
   return a.has_primitive() && std::string(a.primitive().name()) == "Load";
+}
+
+bool is_view(const mx::array& a) {
+  if (!a.has_primitive()) return false;
+  const char* name = const_cast<mx::array&>(a).primitive().name();  // typeinfo is not exported: by name
+  for (const char* view : {"Broadcast", "BroadcastAxes", "AsStrided", "Slice", "Transpose", "ExpandDims", "Squeeze"})
+    if (std::strcmp(name, view) == 0) return true;
+  return false;
 }
 
 }  // namespace emlx::mlx_internals

@@ -47,11 +47,6 @@ mlx::core::Stream& stream_of(mlx::core::Primitive& primitive);
 // How many stream threads MLX's scheduler holds (its private map).
 size_t stream_threads();
 
-// How many of those threads do not exist in this process (a fork child's
-// inheritance), or -1 when the map's lock stayed taken (a fork child whose
-// parent was making a stream's thread).
-int missing_stream_threads();
-
 // Run `task` on `stream`'s CPU thread once `inputs` are computed, from a
 // custom primitive's eval_cpu (which MLX 0.32 calls before its inputs are
 // computed), through the stream's command encoder (a backend header, not
@@ -61,5 +56,9 @@ void dispatch_cpu_task(const mlx::core::Stream& stream, const std::vector<mlx::c
 
 // Whether `a` is a constant an imported export file loads (MLX's "Load" primitive).
 bool is_loaded_constant(const mlx::core::array& a);
+
+// Whether `a`'s primitive makes a view of its input (broadcast, slice,
+// transpose...): evaluating it allocates no buffer of its own.
+bool is_view(const mlx::core::array& a);
 
 }  // namespace emlx::mlx_internals

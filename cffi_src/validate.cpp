@@ -16,6 +16,7 @@
 #include "mlx/memory.h"
 #include "mlx/ops.h"
 #include "mlx/utils.h"
+#include "mlx_internals.hpp"
 
 namespace mx = mlx::core;
 
@@ -173,23 +174,37 @@ std::vector<mx::array> inputs(const char* op, const std::vector<mx::array>& xs, 
   return out;
 }
 
-void check_fits(const char* op, const std::vector<mx::array>& outs, const std::vector<mx::array>& xs) {
-  // Every node this op added (stopping at its inputs and at evaluated
-  // arrays) must fit the allocation limit: creation ops, broadcast, tile,
-  // pad, repeat and friends ask for their whole output at once.
+namespace {
+
+// The largest node of the graphs of `outs` not yet evaluated (stopping at `xs`);
+// throws (naming `op`) for one that overflows or exceeds `limit`.
+size_t largest_node(const char* op, const std::vector<mx::array>& outs, const std::vector<mx::array>& xs,
+                    size_t limit, bool views_free) {
   std::unordered_set<std::uintptr_t> seen;
   for (const auto& x : xs) seen.insert(x.id());
   std::vector<mx::array> stack(outs.begin(), outs.end());
-  size_t largest = 0, limit = allocation_limit();  // once: MLX's limit is read under a lock
+  size_t largest = 0;
   while (!stack.empty()) {
     mx::array a = stack.back();
     stack.pop_back();
     if (!seen.insert(a.id()).second) continue;
     if (a.status() != mx::array::Status::unscheduled || !a.has_primitive()) continue;  // allocated already
-    largest = std::max(largest, checked_nbytes_within(op, a.shape(), a.itemsize(), limit));
+    if (!(views_free && mlx_internals::is_view(a)))
+      largest = std::max(largest, checked_nbytes_within(op, a.shape(), a.itemsize(), limit));
     for (const auto& in : a.inputs()) stack.push_back(in);
     for (const auto& sib : a.siblings()) stack.push_back(sib);
   }
+  return largest;
+}
+
+}  // namespace
+
+void check_fits(const char* op, const std::vector<mx::array>& outs, const std::vector<mx::array>& xs) {
+  // Every node this op added (stopping at its inputs and at evaluated
+  // arrays) must fit the allocation limit: creation ops, broadcast, tile,
+  // pad, repeat and friends ask for their whole output at once.
+  size_t limit = allocation_limit();  // once: MLX's limit is read under a lock
+  size_t largest = largest_node(op, outs, xs, limit, false);
   // The limit counts this process's live arrays too: MLX's CPU allocator
   // neither waits nor fails cleanly past it (two 16 GB results on a 23 GB
   // machine end the process). Cached buffers are released to make room.
@@ -199,6 +214,10 @@ void check_fits(const char* op, const std::vector<mx::array>& outs, const std::v
                              std::to_string(active) + " of the allocation limit of " + std::to_string(limit) +
                              " bytes are held by live arrays");
   if (largest > 0 && largest + active + mx::get_cache_memory() > limit) mx::clear_cache();
+}
+
+void check_evaluable(const char* op, const std::vector<mx::array>& outs) {
+  largest_node(op, outs, {}, allocation_limit(), true);
 }
 
 std::vector<mx::array> outputs(const char* op, std::vector<mx::array> outs, const std::vector<mx::array>& xs,

@@ -26,6 +26,12 @@ std::vector<mx::array> inputs(const char* op, const std::vector<mx::array>& xs, 
 // when the largest does not fit beside the live arrays.
 void check_fits(const char* op, const std::vector<mx::array>& outs, const std::vector<mx::array>& xs);
 
+// For graphs the caller built (plain MLX code) that the runtime evaluates:
+// refuses only a node that could never be allocated (overflow, or past the
+// allocation limit alone, where MLX's allocator ends the process); views
+// allocate nothing, and the live arrays are MLX's own business, as in plain MLX.
+void check_evaluable(const char* op, const std::vector<mx::array>& outs);
+
 // After the graph is built, before it is evaluated: refuses any new node whose
 // size overflows or exceeds allocation_limit(); outputs that are all empty are
 // replaced by zeros of their shapes and dtypes, so no kernel runs on them.

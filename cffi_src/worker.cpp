@@ -326,7 +326,7 @@ void emlx_worker::run(Job& job) {
     case JobKind::Synchronize:
       try {
         if (job.kind == JobKind::Eval) {
-          emlx::validate::check_fits("eval", job.arrays, {});  // a failed allocation would end the process
+          emlx::validate::check_evaluable("eval", job.arrays);  // a failed allocation would end the process
           mx::eval(job.arrays);
         } else {
           mx::synchronize(mx::default_stream(device));
@@ -815,8 +815,6 @@ int emlx_process_thread_ids(uint64_t* out, int capacity) {
 #endif
   return count;
 }
-
-int emlx_mlx_stream_threads_missing(void) { return emlx::mlx_internals::missing_stream_threads(); }
 
 int emlx_workers_active(void) {
   std::lock_guard<std::mutex> lock(registry_mutex);

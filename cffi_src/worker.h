@@ -61,10 +61,6 @@ int emlx_process_thread_ids(uint64_t *out, int capacity);
  * on a stream made one). In a fork child they are the parent's, gone: work
  * on their streams would wait forever. */
 int emlx_mlx_stream_threads(void);
-/* How many of those threads do not exist in this process (checked one by
- * one: their thread descriptors are the parent's in a fork child), or -1 if
- * MLX's lock on them stayed taken (checked for at most 100 ms). */
-int emlx_mlx_stream_threads_missing(void);
 /* Stop every worker (interpreter exit). A worker running a job is left
  * detached at once, as a daemon thread is: its job is abandoned, its result
  * dropped, and exit never waits for it. Idle workers are joined, for at most

@@ -4,9 +4,8 @@ Native worker threads own MLX streams; every op is an awaitable; command
 queues are actors you bind to tasks. See the README for the tour.
 """
 
-# First: its fork check (see _native) runs before numpy loads, whose BLAS
-# threads, started in a fork child, can take over a gone stream thread's
-# descriptor and hide it.
+# First: its fork check (see _native) counts this process's threads before
+# numpy loads, whose BLAS threads, started in a fork child, would hide the fork.
 from . import _native as _native
 from ._api import eval as eval  # noqa: A004 - MLX's name
 from ._api import item as item

@@ -49,8 +49,9 @@ def _per_axis(value, n: int) -> list[int]:
     """
     if _is_int(value):
         return [operator.index(value)] * n
-    if n > 1 and isinstance(value, Sequence) and not isinstance(value, str) and len(value) == n \
-            and all(_is_int(v) for v in value):
+    # nanobind's casters take any sequence: a list or tuple, a NumPy or an mx array.
+    if n > 1 and not isinstance(value, (str, bytes)) and hasattr(value, "__len__") \
+            and hasattr(value, "__getitem__") and len(value) == n and all(_is_int(v) for v in value):
         return _ints(value)
     raise OptionTypeError(f"expects an int{f' or {n} ints' if n > 1 else ''}, got {value!r}")
 

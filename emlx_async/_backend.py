@@ -154,6 +154,10 @@ class TrioJobFuture(_CoroutineFace):
     def set_exception(self, exc: BaseException) -> None:
         self._settle(_DONE, None, exc)
 
+    def awaited(self) -> bool:
+        """Whether a task waits on it now."""
+        return bool(self._waiters) or (self._wake is not None and self._wake.future is self)
+
     def add_done_callback(self, fn: Callable[[Any], None], *, context: Any = None) -> None:
         if self.done():
             fn(self)

@@ -13,6 +13,7 @@ job record is handed to ``job.queue._finish``, and a host-call request to the
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 from ._backend import AsyncioBackend, TrioBackend
@@ -46,7 +47,10 @@ class CompletionChannel:
         self._records = ffi.new("emlx_completion[]", _DRAIN_BATCH)
         self._fd = lib.emlx_channel_fd(self._native)
         self.jobs: dict[int, Any] = {}  # job id -> _queue._Job, every job the workers hold
-        self.owners: dict[tuple[int, int], Any] = {}  # (device, stream index) -> CommandQueue
+        # (device, stream index) -> CommandQueue, held weakly: the loop holds this channel (its
+        # fd's reader), and a queue holds its runtime, so a strong map would keep an unclosed
+        # runtime alive for the whole run. Its runtime holds its open queues.
+        self.owners: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
         self.host_server: Any = None  # set by the host-call layer on first use
         self.owner: Any = None  # a weak reference to the runtime, set by it
         self._stop_watching = backend.watch(self._fd, self._drain, self._signal, self._in_flight)

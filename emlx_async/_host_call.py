@@ -214,7 +214,7 @@ class HostCallServer:
                         raise  # asyncio ends its run with it, as it does for any task's
                     # A trio system task must not raise it: the job's awaiter does (_with_host_cause).
                     job = call.queue.running_job()
-                    if job is None or job.future.done():
+                    if job is None or job.future.done() or not job.future.awaited():
                         self.runtime._backend.report_error(f"[host_call] {name} raised, no awaiter", exc)
                 return
             try:

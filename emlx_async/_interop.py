@@ -89,10 +89,10 @@ def handles(arrays: list[mx.array]):
     return ffi.new("void*[]", [ffi.cast("void*", id(a)) for a in arrays])
 
 
-def check_fits(arrays: list[mx.array], what: str) -> None:
+def check_evaluable(arrays: list[mx.array], what: str) -> None:
     """Refuse (MLXRuntimeError naming `what`) to evaluate `arrays` when a node of their
-    graphs cannot be allocated: MLX's allocator ends the process on a failed allocation."""
-    ensure(lib.emlx_check_graph_fits(handles(arrays), len(arrays), what.encode()))
+    graphs could never be allocated: MLX's allocator ends the process on a failed allocation."""
+    ensure(lib.emlx_check_evaluable(handles(arrays), len(arrays), what.encode()))
 
 
 def addresses(arrays: list[mx.array]):

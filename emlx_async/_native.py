@@ -145,18 +145,15 @@ def _stream_threads_missing() -> bool:
 
     MLX never ends a stream's thread, so in a process that was not forked
     each one it counts is a live thread of this process; in a fork child
-    they are the parent's, gone. Two checks, each of which a normal process
-    always passes: each stream thread's descriptor names a live thread (a
-    thread the child started may have taken over a gone one's descriptor);
-    and the threads that are neither the main one nor started by Python's
-    threading are at least as many as the stream threads (a fork child has
-    none but what it started from C since).
+    they are the parent's, gone. So the threads that are neither the main
+    one nor started by Python's threading are at least as many as the stream
+    threads in a normal process, and fewer in a fork child (it has none but
+    what it started from C since: a child that starts native threads before
+    importing emlx_async can hide the fork).
     """
     streams = lib.emlx_mlx_stream_threads()  # before the threads: a stream's thread exists once counted
     if streams == 0:
         return False
-    if lib.emlx_mlx_stream_threads_missing() > 0:  # -1: MLX's lock stayed taken; the count decides
-        return True
     ids = _thread_ids()
     if ids is None:
         return False

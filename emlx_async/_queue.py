@@ -137,7 +137,7 @@ class _Job:
                 arrays = list(iter_arrays(result))
                 if arrays:
                     try:
-                        _interop.check_fits(arrays, "eval")  # a failed allocation would end the process
+                        _interop.check_evaluable(arrays, "eval")  # a failed allocation would end the process
                         mx.eval(arrays)  # releases the GIL while MLX computes
                     except Exception as exc:  # noqa: BLE001 - the runtime's eval: MLX's error, our class
                         converted = mlx_error(exc)
@@ -492,6 +492,7 @@ class CommandQueue:
         self._started.clear()
         self._backlog.clear()
         self._abandoned = True
+        self._owner = None  # kept in _abandoned until its worker is back: it must not keep its runtime
         if self._worker is not None:
             _drop_returned_abandoned()
             taken_back = self._channel.is_alive() and lib.emlx_worker_abandon(self._worker) == 0

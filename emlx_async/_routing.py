@@ -136,13 +136,13 @@ def prepare_inputs(channel: CompletionChannel, arrays: list[mx.array],
         else:
             other_streams.append((array, state))
     if on_loop:
-        _interop.check_fits(on_loop, "eval")
+        _interop.check_evaluable(on_loop, "eval")
         mx.eval(on_loop)
     for array, state in other_streams:
         # A stream of this thread (mx.new_stream) evaluates here; MLX refuses another
-        # thread's at once, before running anything.
+        # thread's stream when its evaluation reaches it (what came before may have run).
         try:
-            _interop.check_fits([array], "eval")
+            _interop.check_evaluable([array], "eval")
             mx.eval(array)
         except RuntimeError as exc:
             if "in current thread" not in str(exc):

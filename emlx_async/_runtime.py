@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import math
 import numbers
+import operator
 import os
 from time import monotonic_ns
 import traceback
@@ -62,11 +63,16 @@ class RuntimeStats:
     total: QueueStats
 
 
-def _check_count(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+def _check_count(name: str, value: Any) -> int:
+    if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {value!r}")
+    try:
+        value = operator.index(value)  # numpy's ints too
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {value!r}") from None
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
 
 
 class _Pool:
@@ -199,9 +205,9 @@ class Runtime:
         except RuntimeError:
             raise RuntimeError("ea.Runtime() must be created inside a running event loop "
                                "(for example in `async def main()` run by asyncio.run or trio.run)") from None
-        _check_count("max_pending", max_pending)
+        max_pending = _check_count("max_pending", max_pending)
         if pool_size is not None:
-            _check_count("pool_size", pool_size)
+            pool_size = _check_count("pool_size", pool_size)
         check_host_call_timeout("host_call_timeout", host_call_timeout, "no limit")
         ensure_mlx_usable()  # a fork child of a process that used MLX would hang: refuse now
         self.pool_size = max(2, pool_size if pool_size is not None else (os.cpu_count() or 2))
@@ -518,7 +524,7 @@ def _reap_runtimes_of_closed_loops() -> None:
     """Release the implicit runtimes of asyncio loops closed without shutting down their
     async generators (``loop.close()`` after ``run_until_complete``): their closer never
     runs, and each would hold its channel's fd and its workers for good."""
-    for runtime in [r for r in _implicit if r._backend.name != "trio" and r._backend.loop.is_closed()]:
+    for runtime in [r for r in list(_implicit) if r._backend.name != "trio" and r._backend.loop.is_closed()]:
         _implicit.discard(runtime)
         if not runtime._closed:
             runtime._closed = True

@@ -114,7 +114,7 @@ def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], s
 def _is_int(value: Any) -> bool:
     try:
         operator.index(value)
-    except TypeError:
+    except (TypeError, ValueError):  # mx.array's __index__ raises ValueError past one element
         return False
     return True
 

@@ -273,6 +273,34 @@ async def test_a_job_in_flight_keeps_its_unreferenced_runtime_alive():
         await ref().close()
 
 
+@on_every_loop
+async def test_cancelled_runtime_blocks_do_not_keep_their_runtimes():
+    refs = []
+    for _ in range(5):
+        gate = Gate()
+        with anyio.move_on_after(0.05):
+            async with ea.Runtime() as rt:
+                refs.append(weakref.ref(rt))
+                await rt.default_queue().run(gate)
+        gate.open()
+        del rt
+    gc.collect()
+    assert sum(ref() is not None for ref in refs) == 0
+
+
+@on_every_loop
+async def test_an_unclosed_runtime_dropped_while_its_loop_runs_is_collected_and_warns():
+    async def use():
+        runtime = ea.Runtime()
+        await runtime.default_queue().run(lambda: 1)
+        return weakref.ref(runtime)
+
+    ref = await use()
+    messages = _collected_warnings(lambda: None)
+    assert ref() is None
+    assert sum("unclosed emlx_async runtime" in m for m in messages) == 1, messages
+
+
 def test_runtimes_of_closed_loops_are_released():
     """loop.close() after run_until_complete never shuts down async generators, so the
     implicit runtime's closer never runs: the next one made releases it."""

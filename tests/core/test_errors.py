@@ -139,3 +139,15 @@ async def test_use_after_close_says_the_runtime_is_closed():
         rt.default_queue()
     assert str(ea.RuntimeClosed()) == "the emlx_async runtime is closed"  # the one spelling of it
     assert str(ea.RuntimeClosed("the interpreter is exiting")) == "the interpreter is exiting"
+
+
+@pytest.mark.parametrize("raised, ours", [(RuntimeError("[eval] x"), ea.MLXRuntimeError),
+                                          (ValueError("[reshape] x"), ea.MLXValueError),
+                                          (IndexError("[take] x"), ea.MLXIndexError),
+                                          (OverflowError("[arange] x"), ea.MLXOverflowError)])
+def test_mlx_error_gives_mlxs_builtin_as_ours_with_its_message(raised, ours):
+    converted = _errors.mlx_error(raised)
+    assert type(converted) is ours and str(converted) == str(raised)
+    assert _errors.mlx_error(ea.QueueClosed("q")).args == ("q",)  # ours stay as they are
+    other = KeyError("k")
+    assert _errors.mlx_error(other) is other

@@ -145,6 +145,10 @@ async def test_evaluations_the_runtime_makes_refuse_what_cannot_be_allocated():
             with pytest.raises(ea.MLXRuntimeError, match=r"\[eval\] an array of shape \(1048576, 1048576\)"):
                 await call()
         assert (await ea.ops.add(mx.ones(2), 1)).tolist() == [2.0, 2.0]
+        # Views allocate nothing: a huge broadcast read through a small slice evaluates, as in mlx.
+        small = mx.broadcast_to(mx.ones((1,)), huge)[:2, :2].sum()
+        assert (await ea.eval(small)).item() == 4.0
+        assert (await q.run(lambda: mx.broadcast_to(mx.ones((1,)), huge)[:2, :2].sum())).item() == 4.0
 
 
 @on_every_loop

@@ -282,6 +282,10 @@ async def test_campaign_calls_get_mlxs_outcome(rt):
         "conv2d stride=[2,1]": lambda m: _ops(m).conv2d(x2, w2, stride=[2, 1]),
         "conv2d stride=True": lambda m: _ops(m).conv2d(x2, w2, stride=True),
         "conv2d stride=(np.int64,1)": lambda m: _ops(m).conv2d(x2, w2, stride=(np.int64(2), 1)),
+        # nanobind's casters take any sequence: NumPy and mx arrays as well.
+        "conv2d stride=np.array": lambda m: _ops(m).conv2d(x2, w2, stride=np.array([2, 1])),
+        "conv2d padding=mx.array": lambda m: _ops(m).conv2d(x2, w2, padding=mx.array([1, 0])),
+        "conv_transpose2d stride=np.array": lambda m: _ops(m).conv_transpose2d(x2, w2, stride=np.array([1, 1])),
         "conv3d stride=(1,1)": lambda m: _ops(m).conv3d(x3, w3, stride=(1, 1)),
         "conv_general stride=[1,1] 1-D": lambda m: _ops(m).conv_general(x1, w1, stride=[1, 1]),
         "conv_general padding=(1,2) 1-D": lambda m: _ops(m).conv_general(x1, w1, padding=(1, 2)),
