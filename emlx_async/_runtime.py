@@ -443,7 +443,9 @@ class Runtime:
         """Hand every worker back, dropping its queued jobs, and close the channel, without
         the loop (from ``__del__``, or for a runtime whose loop was closed). The channel is
         reference-counted natively: closing it now is safe, the workers' last records are refused."""
-        for queue in list(self._channel.owners.values()):
+        # Its own list, not the channel's weak map: a collection clears weak references
+        # before finalizers run.
+        for queue in list(self._made_queues):
             queue.hand_back_now(quietly=quietly)
         self._channel.close_from_any_thread()
 
