@@ -25,6 +25,7 @@ from ._errors import EngineBusy as EngineBusy
 from ._errors import ForeignLazyArrayError as ForeignLazyArrayError
 from ._errors import ForkedProcessError as ForkedProcessError
 from ._errors import GrammarError as GrammarError
+from ._errors import InvalidInputType as InvalidInputType
 from ._errors import GrammarStateError as GrammarStateError
 from ._errors import HostCallDeadlock as HostCallDeadlock
 from ._errors import MLXIndexError as MLXIndexError
@@ -69,7 +70,7 @@ from .replay import trace as trace  # noqa: E402
 __all__ = [
     "CommandQueue", "CompiledFunction", "TracedFunction", "compile", "load_traced", "trace",
     "BatchDriverError", "BatchingRefused", "CancelledJob", "DeviceUnavailable", "DistributedError", "EMLXError", "EngineBusy",
-    "ForeignLazyArrayError", "ForkedProcessError", "GrammarError", "GrammarStateError",
+    "ForeignLazyArrayError", "ForkedProcessError", "GrammarError", "GrammarStateError", "InvalidInputType",
     "HostCallDeadlock", "HostCallError", "InvalidOption", "JobFuture", "TrioJobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
     "MLXValueError", "NotTraceable", "QueueClosed", "QueueFull", "QueueReleaseError", "QueueStats", "Runtime",
     "RuntimeClosed", "RuntimeStats", "SharedMemoryError", "SpecialTokenText",

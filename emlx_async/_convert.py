@@ -20,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from ._dtypes import INT_RANGES
+from ._errors import InvalidInputType
 from ._errors import OptionTypeError as OptionTypeError  # _adapters reaches it here
 
 # A Python int is checked against the hinted dtype below 64 bits; at 64 the int64_t read decides.
@@ -68,14 +69,6 @@ def to_array(value: Any, dtype: mx.Dtype | None = None) -> mx.array:
     if isinstance(value, np.ndarray):  # one of a dtype mlx takes no array of (object, str): mlx's name
         name = "ndarray"
     raise InvalidInputType(f"Invalid type {name} received in array initialization.")
-
-
-class InvalidInputType(OptionTypeError, ValueError):
-    """mlx's ValueError for a value no array is made of (a list, an object ndarray).
-
-    An OptionTypeError too: where mlx's parameter is a plain ``array`` its
-    binding refuses the value with a TypeError, which the generated functions ask mlx for.
-    """
 
 
 def to_arrays(a: Any, b: Any) -> tuple[mx.array, mx.array]:

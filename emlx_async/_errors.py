@@ -102,6 +102,14 @@ class OptionTypeError(EMLXError, TypeError):
     """An option of a type mlx's binding would refuse; the generated functions ask mlx for its message."""
 
 
+class InvalidInputType(OptionTypeError, MLXValueError):
+    """mlx's ValueError for a value no array is made of (a list, an object ndarray).
+
+    An OptionTypeError too: where mlx's parameter is a plain ``array`` its
+    binding refuses the value with a TypeError, which the generated functions ask mlx for.
+    """
+
+
 class SharedMemoryError(EMLXError, OSError):
     """A shared-memory object could not be created, opened, read or removed."""
 

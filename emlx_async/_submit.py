@@ -41,7 +41,7 @@ def _int_option(name: str, pname: str, kind: str, rule: str, value: Any, bare: b
     words, low, high = _INT_RANGES[kind]
     if kind == "shape" and _INT64[1] <= value <= _INT64[2] and not low <= value <= high:
         # mlx's own messages for a dimension past int32: a list's (python/src/small_vector.h: its
-        # Shape caster), a bare int's (zeros(2**31): its int | Shape overloads)
+        # Shape caster), a bare int's (zeros of one dimension: its int | Shape overloads)
         if bare:
             raise OverflowError(f"Shape dimension {value} is outside the supported range [{low}, {high}]. "
                                 "MLX currently uses 32-bit integers for shape dimensions.")

@@ -284,6 +284,7 @@ async def test_cancelled_runtime_blocks_do_not_keep_their_runtimes():
                 await rt.default_queue().run(gate)
         gate.open()
         del rt
+    await anyio.sleep(0.1)  # the last abandoned job returns; the loop drops what it held of the last block
     gc.collect()
     assert sum(ref() is not None for ref in refs) == 0
 
