@@ -92,6 +92,26 @@ def _assert_quick_clean_exit(result: subprocess.CompletedProcess, elapsed: float
         assert noise not in result.stderr, result.stderr
 
 
+# The end of the fork scripts below: the child (its `use()` defined, `started` taken) exits 0
+# once refused, 3 if it ran; the parent reports the child's exit.
+_CHILD_REFUSED_OR_RAN = """
+            try:
+                asyncio.run(use())
+            except ea.ForkedProcessError as exc:
+                print("refused in %.1fs:" % (time.monotonic() - started), exc, flush=True)
+                os._exit(0)
+            os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status), flush=True)"""
+
+
+def _assert_the_child_was_refused_at_once(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, result.stderr
+    assert "child exit 0" in result.stdout, result.stdout
+    assert "refused in 0.0s" in result.stdout, result.stdout
+    assert "'spawn'" in result.stdout and "'forkserver'" in result.stdout
+
+
 @pytest.mark.parametrize("parent_use", ["emlx_async", "plain mlx"])
 def test_a_fork_child_of_a_process_that_used_mlx_refuses_a_runtime_at_once(parent_use):
     result = run_python(f"""
@@ -110,19 +130,9 @@ def test_a_fork_child_of_a_process_that_used_mlx_refuses_a_runtime_at_once(paren
         if pid == 0:
             signal.alarm(20)  # a hang ends the child instead of its parent's wait
             started = time.monotonic()
-            try:
-                asyncio.run(use())
-            except ea.ForkedProcessError as exc:
-                print("refused in %.1fs:" % (time.monotonic() - started), exc, flush=True)
-                os._exit(0)
-            os._exit(3)
-        _, status = os.waitpid(pid, 0)
-        print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+{_CHILD_REFUSED_OR_RAN}
     """, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert "child exit 0" in result.stdout, result.stdout
-    assert "refused in 0.0s" in result.stdout, result.stdout
-    assert "'spawn'" in result.stdout and "'forkserver'" in result.stdout
+    _assert_the_child_was_refused_at_once(result)
 
 
 @pytest.mark.parametrize("child_use", ["op", "runtime"])
@@ -143,19 +153,9 @@ def test_a_fork_child_of_a_plain_mlx_process_that_imports_emlx_async_only_there_
                 if "{child_use}" == "runtime":
                     ea.Runtime()
                 return await asyncio.wait_for(ea.ops.add(mx.ones(2), 1), 10)
-            try:
-                asyncio.run(use())
-            except ea.ForkedProcessError as exc:
-                print("refused in %.1fs:" % (time.monotonic() - started), exc, flush=True)
-                os._exit(0)
-            os._exit(3)
-        _, status = os.waitpid(pid, 0)
-        print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+{_CHILD_REFUSED_OR_RAN}
     """, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert "child exit 0" in result.stdout, result.stdout
-    assert "refused in 0.0s" in result.stdout, result.stdout
-    assert "'spawn'" in result.stdout and "'forkserver'" in result.stdout
+    _assert_the_child_was_refused_at_once(result)
 
 
 def test_a_process_that_used_plain_mlx_on_many_streams_and_threads_is_not_taken_for_a_fork_child():
