@@ -52,28 +52,21 @@ def eval(*arrays: Any, queue: CommandQueue | None = None) -> Coroutine[Any, Any,
     Example:
         >>> y = await ea.eval(lazy_y)
     """
-    flat = list(iter_arrays(arrays))
-    if queue is not None:
-        pending = [queue.eval(*flat)]
-    else:
-        # Owned lazy arrays are evaluated on their owners; the loop thread's
-        # own here (a foreign one is a clear error).
-        pending = prepare_inputs(get_runtime().channel, flat, None)
-    return _waited(pending, arrays[0] if len(arrays) == 1 else arrays)
+    return _after(_evaluations(list(iter_arrays(arrays)), queue), lambda: arrays[0] if len(arrays) == 1 else arrays)
 
 
 @_submits_at_the_call
 def item(array: mx.array, /, *, queue: CommandQueue | None = None) -> Coroutine[Any, Any, Any]:
     """The value of a one-element array as a Python scalar, evaluating it first."""
     _check_array("ea.item", array)
-    return _then(eval(array, queue=queue), lambda: array.item())
+    return _after(_evaluations([array], queue), array.item)
 
 
 @_submits_at_the_call
 def to_numpy(array: mx.array, /, *, queue: CommandQueue | None = None) -> Coroutine[Any, Any, np.ndarray]:
     """A NumPy copy of `array`, evaluating it first."""
     _check_array("ea.to_numpy", array)
-    return _then(eval(array, queue=queue), lambda: np.array(array, copy=True))
+    return _after(_evaluations([array], queue), lambda: np.array(array, copy=True))
 
 
 @_submits_at_the_call
@@ -94,14 +87,17 @@ def _check_array(call: str, array: Any) -> None:
         raise TypeError(f"{call} takes an mx.array, got {type(array).__name__}")
 
 
-async def _waited(pending: list, value: Any) -> Any:
+def _evaluations(flat: list[mx.array], queue: CommandQueue | None) -> list:
+    """Submit the evaluation of `flat`'s lazy arrays: on `queue`, or each on the queue that owns
+    it (the loop thread's own are evaluated here; a foreign one is a clear error)."""
+    if queue is not None:
+        return [queue.eval(*flat)]
+    return prepare_inputs(get_runtime().channel, flat, None)
+
+
+async def _after(pending: list, value: Callable[[], Any]) -> Any:
     if pending:
         await wait_all(pending)
-    return value
-
-
-async def _then(evaluation: Coroutine[Any, Any, Any], value: Callable[[], Any]) -> Any:
-    await evaluation
     return value()
 
 
