@@ -306,7 +306,7 @@ class CommandQueue:
     traceback when the loop runs in debug mode, and hands its worker back.
     """
 
-    _abandoned = False  # set by abandon()
+    _was_abandoned = False  # set by abandon() (the module's _abandoned lists the queues still held)
 
     def __init__(self, channel: CompletionChannel, device: mx.DeviceType, worker, *, max_pending: int,
                  role: str = "pool", owner: Any = None):
@@ -491,7 +491,7 @@ class CommandQueue:
         jobs = [*self._started.values(), *self._backlog]
         self._started.clear()
         self._backlog.clear()
-        self._abandoned = True
+        self._was_abandoned = True
         self._owner = None  # kept in _abandoned until its worker is back: it must not keep its runtime
         if self._worker is not None:
             _drop_returned_abandoned()
@@ -527,7 +527,7 @@ class CommandQueue:
         # Closed means close() began (the runtime's close calls it) or the
         # queue was abandoned; a worker handed back by a collected runtime
         # does not count, so each unclosed queue warns, in any order.
-        if getattr(self, "_closed_future", True) is not None or self._abandoned or self._released_quietly:
+        if getattr(self, "_closed_future", True) is not None or self._was_abandoned or self._released_quietly:
             return
         channel = self._channel
         if exiting() or os.getpid() != channel.pid:  # workers are gone (exit) or not ours (fork)
