@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Union
 
 import mlx.core as mx
+import numpy as np
 
 from . import _backend
 from ._convert import OptionTypeError as OptionTypeError  # the generated functions catch it
@@ -110,6 +111,11 @@ def resolve(function, mlx_path: str, args: tuple, kwargs: dict) -> dict[str, Any
                     f"{supported}\n\nInvoked with types: {', '.join(types)}")
 
 
+def _crashes_mlx(value: Any) -> bool:
+    """A numpy datetime64 or timedelta64 scalar: mlx 0.32 dies converting one (SIGSEGV)."""
+    return isinstance(value, np.generic) and value.dtype.kind in "mM"
+
+
 def mlx_type_error(mlx_path: str, function, values: dict[str, Any], error: TypeError) -> TypeError:
     """mlx's own TypeError for the call `function(**values)` made to mlx's function, else `error`.
 
@@ -141,6 +147,8 @@ def mlx_type_error(mlx_path: str, function, values: dict[str, Any], error: TypeE
         else:
             args += [*pending, value]
             pending = []
+    if any(_crashes_mlx(value) for value in (*args, *kwargs.values())):
+        return error
     try:
         _MLX[mlx_path](*args, **kwargs)
     except TypeError as theirs:

@@ -58,7 +58,7 @@ def to_array(value: Any, dtype: mx.Dtype | None = None) -> mx.array:
         return mx.array(value, dtype=out)
     if is_mlx_array(value):
         return _mlx_array(value)
-    if isinstance(value, (np.ndarray, np.generic)) and (np.ndim(value) == 0 or value.dtype.kind in "biufc"):
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc":
         return mx.array(np.asarray(value), dtype=dtype) if dtype is not None else mx.array(np.asarray(value))
     if isinstance(value, complex):
         return mx.array(value, dtype=mx.complex64)
@@ -68,6 +68,8 @@ def to_array(value: Any, dtype: mx.Dtype | None = None) -> mx.array:
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
     if isinstance(value, np.ndarray):  # one of a dtype mlx takes no array of (object, str): mlx's name
         name = "ndarray"
+    elif isinstance(value, np.generic):  # a str_, bytes_, void or datetime64 scalar (the last crashes mlx)
+        name = kind.__name__
     raise InvalidInputType(f"Invalid type {name} received in array initialization.")
 
 

@@ -27,13 +27,14 @@ here; ``route`` is given a function returning the running loop's runtime
 from __future__ import annotations
 
 import contextvars
+import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from . import _interop
-from ._devices import DeviceLike, device_type, from_native_device, native_device
+from ._devices import DeviceLike, device_type, native_device
 from ._errors import ForeignLazyArrayError
 from ._native import lib
 
@@ -108,6 +109,22 @@ def _is_this_threads_stream(state: _interop.ArrayState) -> bool:
     return lib.emlx_thread_stream_index(state.device_type) == state.stream_index
 
 
+def _eval_here(arrays: list[mx.array]) -> None:
+    """Evaluate `arrays` on this thread; a node of another thread's stream, at the top
+    or deep in the graph, is a ForeignLazyArrayError naming that stream."""
+    _interop.check_evaluable(arrays, "eval")
+    try:
+        mx.eval(arrays)
+    except RuntimeError as exc:
+        foreign = re.fullmatch(r"There is no (Stream\(.*\)) in current thread\.?", str(exc))
+        if foreign is None:
+            raise
+        raise ForeignLazyArrayError(
+            f"a lazy array built on {foreign.group(1)}, in the graph given, belongs to another thread (no queue "
+            "of this runtime owns it); evaluate it where it was built (mx.eval on that thread, or ea.eval under the runtime "
+            "whose queue built it) before passing it in") from None
+
+
 def prepare_inputs(channel: CompletionChannel, arrays: list[mx.array],
                    target: CommandQueue | None) -> list:
     """Make lazy inputs usable on `target`'s thread (None: on the loop thread, for ``ea.eval``).
@@ -119,7 +136,7 @@ def prepare_inputs(channel: CompletionChannel, arrays: list[mx.array],
     if not arrays:
         return []
     on_loop: list[mx.array] = []
-    other_streams: list[tuple[mx.array, _interop.ArrayState]] = []  # this thread's other streams, or foreign
+    other_streams: list[mx.array] = []  # this thread's other streams, or foreign
     elsewhere: dict[CommandQueue, list[mx.array]] = {}
     array_state, lazy = _interop.array_state, _interop.LAZY
     for array in arrays:
@@ -134,24 +151,13 @@ def prepare_inputs(channel: CompletionChannel, arrays: list[mx.array],
         elif _is_this_threads_stream(state):
             on_loop.append(array)
         else:
-            other_streams.append((array, state))
+            other_streams.append(array)
     if on_loop:
-        _interop.check_evaluable(on_loop, "eval")
-        mx.eval(on_loop)
-    for array, state in other_streams:
+        _eval_here(on_loop)
+    for array in other_streams:
         # A stream of this thread (mx.new_stream) evaluates here; MLX refuses another
         # thread's stream when its evaluation reaches it (what came before may have run).
-        try:
-            _interop.check_evaluable([array], "eval")
-            mx.eval(array)
-        except RuntimeError as exc:
-            if "in current thread" not in str(exc):
-                raise
-            raise ForeignLazyArrayError(
-                f"a lazy array built on Stream({from_native_device(state.device_type).name}, "
-                f"{state.stream_index}) belongs to another thread (no queue of this runtime owns it); "
-                "evaluate it where it was built (mx.eval on that thread, or ea.eval under the runtime "
-                "whose queue built it) before passing it in") from None
+        _eval_here([array])
     return [owner.eval(*group) for owner, group in elsewhere.items()]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import anyio
 
@@ -267,6 +268,33 @@ async def test_cancelling_the_awaiter_cancels_the_callback_and_unblocks_the_work
         with anyio.fail_after(10):
             assert await q.run(lambda: "free") == "free"
         assert finished == ["callback ended"]
+
+
+@on_every_loop
+async def test_cancelled_while_its_outputs_are_prepared_the_callback_still_answers_the_worker():
+    """The callback has returned; its lazy output waits behind another queue's job when the
+    awaiter gives up. The request must still be answered, or the worker stays blocked."""
+    async with ea.Runtime(pool_size=4) as rt, rt.queue() as other:
+        q = rt.default_queue()
+        assert other is not q
+        owned_elsewhere = await other.run(lambda: mx.ones(1) * 5, lazy=True)
+        returned = anyio.Event()
+
+        def gives_a_lazy_output(x):
+            returned.set()
+            return owned_elsewhere  # its evaluation queues behind `other`'s sleep
+
+        async with anyio.create_task_group() as tg:
+            busy = Awaiter(tg, other.run(time.sleep, 3))
+            job = Awaiter(tg, q.run(lambda x: ea.host_call(gives_a_lazy_output, x, outputs=[((1,), mx.float32)]),
+                                    mx.ones(1)))
+            with anyio.fail_after(10):
+                await returned.wait()
+            await anyio.sleep(0.2)  # the server now awaits the output's evaluation
+            job.cancel()
+            with anyio.fail_after(2):  # well before `other` is free again
+                assert await q.run(lambda: "free") == "free"
+        assert job.outcome == "cancelled" and busy.outcome == ("ok", None)
 
 
 @on_every_loop

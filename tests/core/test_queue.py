@@ -118,6 +118,24 @@ async def test_foreign_lazy_array_gets_a_clear_error():
 
 
 @on_every_loop
+async def test_a_foreign_node_deep_in_a_loop_thread_graph_gets_the_same_error():
+    """The top node is the loop thread's own; MLX refuses the foreign one only when it reaches it."""
+    async with ea.Runtime() as rt:
+        import threading
+
+        box = {}
+        thread = threading.Thread(target=lambda: box.setdefault("x", mx.ones(3) + 1))
+        thread.start()
+        thread.join()
+        mixed = mx.ones(3) * box["x"]  # built here, on this thread's default stream
+        for submit in (lambda: ea.eval(mixed), lambda: ea.ops.add(mixed, 1),
+                       lambda: rt.default_queue().run(lambda v: v, mixed)):
+            with pytest.raises(ea.ForeignLazyArrayError, match=r"built on Stream\(cpu, \d+\), in the graph given"):
+                await submit()
+        assert (await ea.ops.add(mx.ones(3) * 2, 1)).tolist() == [3, 3, 3]
+
+
+@on_every_loop
 async def test_lazy_arrays_on_another_stream_of_the_loop_thread_are_evaluated_there():
     """mx.new_stream's streams belong to the thread that made them, as the default one does."""
     async with ea.Runtime() as rt:

@@ -324,6 +324,12 @@ async def test_campaign_calls_get_mlxs_outcome(rt):
         "clip list": lambda m: _ops(m).clip([1.0, 2.0], 0, 1),
         "add object ndarray": lambda m: _ops(m).add(np.array([1, 2], dtype=object), 1),
         "add str ndarray": lambda m: _ops(m).add(np.array(["a"]), 1),
+        # 0-d ones and numpy scalars of such dtypes (they gave std::bad_cast)
+        "add 0-d str ndarray": lambda m: _ops(m).add(np.array("abc"), 1),
+        "add 0-d bytes ndarray": lambda m: _ops(m).add(np.array(b"ab"), 1),
+        "add 0-d object ndarray of an object": lambda m: _ops(m).add(np.array(object()), 1),
+        "add np.str_": lambda m: _ops(m).add(np.str_("x"), 1), "abs np.str_": lambda m: _ops(m).abs(np.str_("x")),
+        "add np.void": lambda m: _ops(m).add(np.void(b"ab"), 1),
         "add None": lambda m: _ops(m).add(None, 1), "abs None": lambda m: _ops(m).abs(None),
         "add a string": lambda m: _ops(m).add("x", 1), "abs a string": lambda m: _ops(m).abs("x"),
         "concatenate nothing": lambda m: _ops(m).concatenate([]),
@@ -331,6 +337,14 @@ async def test_campaign_calls_get_mlxs_outcome(rt):
         "stack nothing": lambda m: _ops(m).stack([]),
     }
     await _agree([*quantization.items(), *shapes.items(), *conv.items(), *options.items(), *inputs.items()])
+    # Where mlx has no answer of its own: it dies on a datetime64 or timedelta64 scalar (SIGSEGV),
+    # also when asked for its TypeError; it makes a complex64 of a 0-d object array holding a number.
+    for value in (np.datetime64("2020-01-01"), np.timedelta64(3)):
+        for call in (lambda: ea.ops.add(value, 1), lambda: ea.ops.matmul(value, a), lambda: ea.ops.take(a, value)):
+            with pytest.raises(ea.InvalidInputType, match=rf"^Invalid type {type(value).__name__} received in"):
+                await call()
+    with pytest.raises(ea.InvalidInputType, match=r"^Invalid type ndarray received in array initialization"):
+        await ea.ops.add(np.array(3, dtype=object), 1)
     # a third positional of add is mlx's stream: mlx's TypeError (its message shows the value as a keyword)
     with pytest.raises(TypeError, match=r"^add\(\): incompatible function arguments"):
         ea.ops.add(a, a, a)
