@@ -15,7 +15,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async.llm import Engine, PrefixCache
-from support.engine import Counting, concurrently, tokens_of
+from support.engine import Counting, concurrently, tokens_into, tokens_of
 from support.helpers import on_loops
 from support.tiny_models import IdsTokenizer, mlx_lm_tokens, tiny
 
@@ -75,24 +75,17 @@ async def test_prompts_of_different_lengths_joining_at_once_are_prefilled_togeth
 async def test_prompts_joining_a_running_batch_are_prefilled_together_and_decode_with_it():
     async with ea.Runtime(pool_size=2) as rt:
         engine, counting = await batch_engine(rt, "llama")
-        results: dict[int, list[int]] = {}
-
-        async def one(i, prompt, n, started=None):
-            results[i] = []
-            async for d in engine.generate(prompt, max_tokens=n):
-                if d.token is not None:
-                    results[i].append(d.token)
-                    if started is not None and len(results[i]) == 3:
-                        started.set()
+        results: dict[int, list[int]] = {0: [], 1: [], 2: []}
 
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 started = anyio.Event()
-                tg.start_soon(one, 0, PROMPTS[1], 20, started)
+                tg.start_soon(functools.partial(tokens_into, results[0], engine, prompt=PROMPTS[1], max_tokens=20,
+                                      started=started, after=3))
                 await started.wait()  # decoding: the next two join a running batch
                 calls = len(counting.calls)
-                tg.start_soon(one, 1, PROMPTS[0], N)
-                tg.start_soon(one, 2, PROMPTS[2], N)
+                tg.start_soon(functools.partial(tokens_into, results[1], engine, prompt=PROMPTS[0], max_tokens=N))
+                tg.start_soon(functools.partial(tokens_into, results[2], engine, prompt=PROMPTS[2], max_tokens=N))
         assert results == {0: alone("llama", tuple(PROMPTS[1]), n=20), 1: alone("llama", tuple(PROMPTS[0])),
                            2: alone("llama", tuple(PROMPTS[2]))}
         assert counting.calls[calls] == (2, 4), counting.calls  # the two joiners' first chunk, together
@@ -222,20 +215,14 @@ async def test_the_running_rows_chain_on_while_a_joiner_prefills_on_a_queue_asid
         long_prompt = list(range(1, 40))  # ten chunks of 4
         got: dict[int, list[int]] = {0: [], 1: []}
 
-        async def one(i, prompt, n, started=None):
-            async for d in engine.generate(prompt, max_tokens=n):
-                if d.token is not None:
-                    got[i].append(d.token)
-                    if started is not None and len(got[i]) == 2:
-                        started.set()
-
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 started = anyio.Event()
-                tg.start_soon(one, 0, PROMPTS[1], 24, started)
+                tg.start_soon(functools.partial(tokens_into, got[0], engine, prompt=PROMPTS[1], max_tokens=24,
+                                      started=started, after=2))
                 await started.wait()
                 events.clear()
-                tg.start_soon(one, 1, long_prompt, N)
+                tg.start_soon(functools.partial(tokens_into, got[1], engine, prompt=long_prompt, max_tokens=N))
         assert got == {0: alone("llama", tuple(PROMPTS[1]), n=24), 1: alone("llama", tuple(long_prompt))}
         chunks = [i for i, e in enumerate(events) if e[0] == "chunk"]
         assert len(chunks) == 10, events

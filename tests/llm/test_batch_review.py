@@ -18,7 +18,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async.llm import Engine, PrefixCache
-from support.engine import Counting, concurrently, tokens_of
+from support.engine import Counting, concurrently, tokens_into, tokens_of
 from support.helpers import needs_model, on_loops
 from support.tiny_models import IdsTokenizer, mlx_lm_tokens, smollm2_vocab_llama, tiny
 
@@ -175,20 +175,14 @@ async def test_a_queue_aside_that_cannot_start_leaves_the_chunks_to_the_batch_qu
         long_prompt = list(range(5, 30))
         got: dict[int, list[int]] = {0: [], 1: []}
 
-        async def one(i, prompt, n, started=None):
-            async for d in engine.generate(prompt, max_tokens=n):
-                if d.token is not None:
-                    got[i].append(d.token)
-                    if started is not None and len(got[i]) == 2:
-                        started.set()
-
         try:
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as tg:
                     started = anyio.Event()
-                    tg.start_soon(one, 0, [1, 2, 3], 20, started)
+                    tg.start_soon(functools.partial(tokens_into, got[0], engine, prompt=[1, 2, 3], max_tokens=20,
+                                          started=started, after=2))
                     await started.wait()  # decoding: the next one joins a running batch
-                    tg.start_soon(one, 1, long_prompt, N)
+                    tg.start_soon(functools.partial(tokens_into, got[1], engine, prompt=long_prompt, max_tokens=N))
         finally:
             rt._new_queue = real_new_queue
         assert got == {0: alone((1, 2, 3), 20), 1: alone(tuple(long_prompt))}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from functools import partial
 
 import anyio
 import mlx.core as mx
@@ -16,7 +17,7 @@ import mlx.nn as nn
 import pytest
 
 import emlx_async as ea
-from support.engine import concurrently, tokens_of
+from support.engine import concurrently, tokens_into, tokens_of
 from support.helpers import buffer_address, needs_model, on_every_loop, on_loops
 
 SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20)
@@ -229,20 +230,13 @@ async def test_a_chained_batch_queues_the_next_step_before_reading_a_token_and_k
             want = [await tokens_of(python, **r) for r in run]
             got: list[list[int]] = [[] for _ in run]
 
-            async def one(i, started=None):
-                async for d in replayed.generate(**run[i]):
-                    if d.token is not None:
-                        got[i].append(d.token)
-                        if started is not None and len(got[i]) == 3:
-                            started.set()
-
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as tg:
                     started = anyio.Event()
-                    tg.start_soon(one, 0, started)
-                    tg.start_soon(one, 1)
+                    tg.start_soon(partial(tokens_into, got[0], replayed, started=started, after=3, **run[0]))
+                    tg.start_soon(partial(tokens_into, got[1], replayed, **run[1]))
                     await started.wait()  # the first two decode: the third joins a running batch
-                    tg.start_soon(one, 2)
+                    tg.start_soon(partial(tokens_into, got[2], replayed, **run[2]))
             assert got == want
             steps = [e for e in events if e[0] == "step"]
             assert {rows for _, rows, _ in steps} >= {1, 2, 4} and {16, 32} <= {size for *_, size in steps}, steps

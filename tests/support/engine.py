@@ -39,6 +39,17 @@ async def tokens_of(engine, prompt, **options) -> list[int]:
     return [d.token async for d in engine.generate(prompt, **options) if d.token is not None]
 
 
+async def tokens_into(into: list[int], engine, *, started: anyio.Event | None = None, after: int = 1,
+                      **request) -> None:
+    """Append the token ids of ``engine.generate(**request)`` to `into` as they come; set
+    `started` once `after` are in (another request may then join a running batch)."""
+    async for delta in engine.generate(**request):
+        if delta.token is not None:
+            into.append(delta.token)
+            if started is not None and len(into) == after:
+                started.set()
+
+
 async def concurrently(engine, requests: list[dict]) -> list[list[int]]:
     """Each request's tokens (a request: generate()'s arguments), all running at once."""
     results: list[list[int]] = [[] for _ in requests]
