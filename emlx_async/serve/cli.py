@@ -129,7 +129,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="no line per request on the emlx_async.serve.access logger")
     serve.add_argument("--server", choices=("uvicorn", "hypercorn"), default="uvicorn",
                        help="uvicorn: asyncio with uvloop; hypercorn: hypercorn's trio worker, the app under trio")
-    serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    serve.add_argument("--log-level", default="info", type=str.lower,
+                       choices=("debug", "info", "warning", "error", "critical"),
+                       help="the service's and the server's log level")
     convert = commands.add_parser(
         "convert", help="write a GGUF (or an mlx-lm folder) as an mlx-lm folder: weights, config, tokenizer",
         description="Writes the model as mlx-lm's convert would, so `mlx_lm.server --model OUT_DIR` and "
@@ -239,10 +241,11 @@ def serve(args: argparse.Namespace) -> int:
     if not args.shutdown_timeout >= 0:
         raise SystemExit(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     if args.batches is not None and not 1 <= args.batches <= args.max_concurrent:
-        raise SystemExit(f"--batches must be in [1, --max-concurrent ({args.max_concurrent})], got {args.batches}")
+        raise SystemExit(f"emlx-async serve: --batches must be in [1, --max-concurrent ({args.max_concurrent})], "
+                         f"got {args.batches}")
     if args.batches is not None and args.batches > 1 and (args.mode == "parallel" or args.distributed):
         # A sharded model runs mlx-lm's batch step on every rank: one batch, its collectives in one order.
-        raise SystemExit("--batches needs --mode batch or auto (and serves no --distributed model)")
+        raise SystemExit("emlx-async serve: --batches needs --mode batch or auto (and serves no --distributed model)")
     missing = missing_paths(specs)
     if missing:  # before loading (or waiting for a distributed group): a server that cannot load is no use
         raise SystemExit("emlx-async serve: --model: " + "; ".join(missing))

@@ -91,6 +91,9 @@ def test_the_cli_refuses_settings_that_make_a_server_of_no_use(capsys):
     with pytest.raises(SystemExit):
         main(["serve", "--port", "99999"])
     assert "a port is in 0..65535, got 99999" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # was a traceback from logging, after the model loaded
+        main(["serve", "--log-level", "loud"])
+    assert "argument --log-level: invalid choice: 'loud'" in capsys.readouterr().err
 
 
 # ---- in process: stand-in engines ---------------------------------------------------------
