@@ -59,9 +59,10 @@ breaks the group. What stays unchecked: the sender of a mismatched
 not drain it), and collectives MLX runs inside ``group.run`` (a sharded
 model's own) are the caller's to match.
 
-Cancellation: a collective not yet running is dropped when its awaiter is
-cancelled; one already running finishes (the other ranks are in it too) and
-its result is discarded.
+Cancellation: a cancelled awaiter is released at once, but its collective
+keeps its place in the group's queue and runs (the other ranks issue it too;
+dropped on one rank alone, every later collective would pair with the wrong
+one); its result is discarded.
 """
 
 from __future__ import annotations
@@ -171,9 +172,14 @@ class Group:
                      timeout: float | None, what: str) -> Any:
         limit = self.timeout if timeout is None else _check_timeout(timeout)
         future = queue.run(job, *args, **kwargs)
+        # Awaited through an event: a cancelled awaiter must not take the job out of the
+        # queue, since the other ranks still issue it and every later collective would pair wrong.
+        settled = anyio.Event()
+        future.add_done_callback(lambda f: (_retrieve(f), settled.set()))
         try:
             with anyio.fail_after(limit) if limit is not None else contextlib.nullcontext():
-                return await future
+                await settled.wait()
+            return future.result()
         except TimeoutError as exc:
             if self.broken is not None and not isinstance(self.broken.__cause__, TimeoutError):
                 raise DistributedError(str(self.broken)) from self.broken
@@ -285,6 +291,12 @@ def _check_timeout(timeout: Any, name: str = "timeout") -> float | None:
     if seconds is None or not seconds > 0:  # NaN too
         raise ValueError(f"{name} must be a positive number of seconds or None, got {timeout!r}")
     return None if seconds == math.inf else seconds
+
+
+def _retrieve(future: Any) -> None:
+    """Mark a discarded job's failure as seen (no "never retrieved" report)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _group_of(group: Group | None) -> Group:

@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 
+import anyio
 import mlx.core as mx
 import pytest
 
@@ -113,6 +114,15 @@ def test_mismatched_collectives_break_the_group_with_a_clear_error(how):
         assert want in got[1]["error"], got[1]["error"]
 
 
+def test_a_collective_cancelled_on_one_rank_still_runs_so_the_ranks_stay_in_step():
+    with launch(2, "cancelled") as ring:
+        codes = ring.wait(timeout=60)
+        assert codes == [0, 0], [ring.errors(r)[-2000:] for r in range(2)]
+        for rank in range(2):
+            (result,) = results(ring, rank)
+            assert result == {"rank": rank, "second": 20.0, "broken": False}, result
+
+
 def test_local_ring_reaps_every_rank():
     ring = launch(2, "stall")
     pids = [p.pid for p in ring.ranks]
@@ -198,6 +208,23 @@ async def test_an_exception_inside_group_run_breaks_the_group():
     assert isinstance(caught.value.__cause__, RuntimeError)
     with pytest.raises(ea.DistributedError):
         await group.run(lambda: 1)
+    await ea.get_runtime().close()
+
+
+@on_every_loop
+async def test_a_cancelled_awaiter_leaves_its_job_in_the_queue():
+    group = fresh_group()
+    release = threading.Event()
+    ran = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(group.run, release.wait, 30)
+        await anyio.sleep(0.05)  # the blocking job is queued first
+        with anyio.move_on_after(0.1) as waiting:
+            await group.run(ran.append, "given up")  # queued behind the blocked job
+        assert waiting.cancelled_caught
+        release.set()
+    await group.run(ran.append, "next")
+    assert ran == ["given up", "next"] and group.broken is None
     await ea.get_runtime().close()
 
 

@@ -142,6 +142,25 @@ async def mismatch(group: dist.Group) -> None:
         report(rank=rank, error=str(exc), elapsed=time.monotonic() - start, broken=group.broken is not None)
 
 
+async def cancelled(group: dist.Group) -> None:
+    """Rank 0 gives up on an all_sum still queued behind a slow job; rank 1 does not. The
+    collective must still run on rank 0, or the next one pairs with rank 1's first."""
+    import anyio
+
+    await dist.all_sum(mx.array([1.0]))  # everyone is up
+    if group.rank() == 0:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(group.run, time.sleep, 0.5)
+            await anyio.sleep(0.05)  # the slow job is queued first
+            with anyio.move_on_after(0.1):
+                await dist.all_sum(mx.array([1.0]))
+    else:
+        first = await dist.all_sum(mx.array([1.0]))
+        assert first.item() == 2.0, first
+    second = await dist.all_sum(mx.array([10.0]), timeout=10)
+    report(rank=group.rank(), second=second.item(), broken=group.broken is not None)
+
+
 PROMPTS = ["The capital of France is", "Water boils at", "My favourite colour is", "Once upon a time"]
 MAX_TOKENS = 6
 
@@ -228,7 +247,7 @@ async def tiny_engine(group: dist.Group) -> None:
 
 
 SCENARIOS = {"engine": engine, "tiny_engine": tiny_engine, "collectives": collectives, "stall": stall, "die": die,
-             "mismatch": mismatch}
+             "mismatch": mismatch, "cancelled": cancelled}
 
 
 def absent() -> None:
