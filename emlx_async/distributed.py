@@ -160,6 +160,9 @@ class Group:
         Example:
             >>> logits = await group.run(lambda t: model(t), tokens, timeout=30)
         """
+        if not callable(fn):  # refused before it is queued: a misuse must not break the group
+            raise TypeError(f"group.run() needs a callable, got {type(fn).__name__}")
+
         def job(*a: Any, **k: Any) -> Any:
             try:
                 return fn(*a, **k)

@@ -228,6 +228,16 @@ async def test_a_cancelled_awaiter_leaves_its_job_in_the_queue():
     await ea.get_runtime().close()
 
 
+@on_every_loop
+async def test_group_run_refuses_a_non_callable_and_the_group_stays_usable():
+    group = fresh_group()
+    with pytest.raises(TypeError, match="needs a callable, got int"):
+        await group.run(5)
+    assert group.broken is None
+    assert await group.run(lambda: 7) == 7
+    await ea.get_runtime().close()
+
+
 def test_a_stuck_collective_does_not_block_interpreter_exit(tmp_path):
     script = tmp_path / "stuck.py"
     script.write_text(textwrap.dedent("""
