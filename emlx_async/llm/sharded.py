@@ -432,6 +432,7 @@ class ShardedEngine(Engine):
         if not self.leader or self._stopped or self.group.broken is not None:
             return
         self._stopped = True
+        self._closed = True  # new requests are refused at once: the followers stop with this close
         limit = timeout if timeout is not None else self.group.timeout
         with anyio.move_on_after(limit if limit is not None else math.inf) as waiting:
             await self.wait_idle(timeout=math.inf)

@@ -93,6 +93,22 @@ def test_two_ranks_give_the_one_process_tokens_greedy_seeded_and_n_choices(tmp_p
         assert "CustomTransforms" in reason  # mlx.nn's sum_gradients, the first node it cannot write
 
 
+def test_a_closed_sharded_engine_refuses_new_requests_at_once_and_keeps_its_group(tmp_path):
+    """close() lets the running request finish and stops the followers; a request after it is
+    refused at once instead of sending a plan to ranks that are gone (which broke the group)."""
+    from support.tiny_models import tiny_model_folder
+
+    folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    with LocalRing(2, [sys.executable, RANK_SCRIPT, "closed_engine", "asyncio"],
+                   env={"RANK_TIMEOUT": str(STEP_TIMEOUT), "TINY_MODEL": str(folder)}) as ring:
+        codes = ring.wait(timeout=240)
+        assert codes == [0, 0], [ring.errors(r)[-3000:] for r in range(2)]
+        result = json.loads(ring.output(0).split("RESULT ", 1)[1])
+    assert result["ran"] == 40
+    assert result["refused"] == "RuntimeError: the engine is closed", result
+    assert result["refused_s"] < 1 and not result["broken"]
+
+
 def test_serve_distributed_with_step_replay_refuses_on_every_rank_naming_why(tmp_path):
     """`--step replay` requires the replayed step: a sharded server has none, so every rank
     ends at load with MLX's reason instead of serving the Python step unasked."""

@@ -246,8 +246,39 @@ async def tiny_engine(group: dist.Group) -> None:
     report(rank=rank, refused=refused, step_kind=sharded.step_kind, step_note=sharded.step_note, **result)
 
 
+async def closed_engine(group: dist.Group) -> None:
+    """Rank 0 closes its sharded engine while a request runs, then asks for another: refused at
+    once (the followers have stopped), the group left intact."""
+    import anyio
+
+    from emlx_async.llm.sharded import ShardedEngine
+
+    sharded = await ShardedEngine.load(os.environ["TINY_MODEL"], group=group)
+    if group.rank() != 0:
+        await sharded.follow()
+        report(rank=group.rank(), followed=True)
+        return
+    running: list = []
+    async with anyio.create_task_group() as tg:
+        async def long() -> None:
+            running.extend([d.token async for d in sharded.generate("Once upon a time", max_tokens=40, ignore_eos=True)
+                            if d.token is not None])
+        tg.start_soon(long)
+        await anyio.sleep(0.2)
+        await sharded.close()
+    start = time.monotonic()
+    try:
+        await tokens_of(sharded, "Water boils at")
+        refused = None
+    except Exception as exc:  # noqa: BLE001 - the test reads what it was
+        refused = f"{type(exc).__name__}: {exc}"
+    report(rank=0, ran=len(running), refused=refused, refused_s=time.monotonic() - start,
+           broken=group.broken is not None)
+
+
 SCENARIOS = {"engine": engine, "tiny_engine": tiny_engine, "collectives": collectives, "stall": stall, "die": die,
-             "mismatch": mismatch, "cancelled": cancelled}
+             "mismatch": mismatch, "cancelled": cancelled,
+             "closed_engine": closed_engine}
 
 
 def absent() -> None:
