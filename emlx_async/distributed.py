@@ -225,7 +225,8 @@ def init(strict: bool = False, backend: str = "any", *, timeout: float | None = 
     NCCL, else the CPU, where the ring, MPI and JACCL backends work).
     ``init_timeout`` bounds the wait for the other ranks to connect (None:
     no bound); past it, ``DistributedError``. Calling it again with the same
-    backend returns the same group (a different ``device`` is an error).
+    backend, or with ``"any"`` once a backend is started, returns the same
+    group (a different ``device`` is an error).
 
     Example:
         >>> group = ea.distributed.init(backend="ring", timeout=30)
@@ -242,6 +243,10 @@ def init(strict: bool = False, backend: str = "any", *, timeout: float | None = 
         if not isinstance(kind, mx.DeviceType):
             raise TypeError(f"[init] device must be an mx.Device or mx.DeviceType, got {device!r}")
     group = _groups.get(backend)
+    if group is None and backend == "any" and _world is not None:
+        # MLX's "any" hands back the backend already started: the same communicator, so the
+        # same Group (a second one would put collectives on the wire from a second thread).
+        group = _groups[backend] = _world
     if group is None:
         if _failed is not None:  # a second attempt would wait behind the first, with the GIL held
             raise DistributedError(str(_failed)) from _failed

@@ -123,6 +123,16 @@ def test_a_collective_cancelled_on_one_rank_still_runs_so_the_ranks_stay_in_step
             assert result == {"rank": rank, "second": 20.0, "broken": False}, result
 
 
+def test_init_any_after_the_ring_is_the_same_group_on_one_queue():
+    with launch(2, "any_after_ring") as ring:
+        codes = ring.wait(timeout=60)
+        assert codes == [0, 0], [ring.errors(r)[-2000:] for r in range(2)]
+        for rank in range(2):
+            (result,) = results(ring, rank)
+            assert result == {"rank": rank, "same": True, "sums_ok": True, "gathers_ok": True,
+                              "broken": False}, result
+
+
 def test_local_ring_reaps_every_rank():
     ring = launch(2, "stall")
     pids = [p.pid for p in ring.ranks]

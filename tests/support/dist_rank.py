@@ -161,6 +161,25 @@ async def cancelled(group: dist.Group) -> None:
     report(rank=group.rank(), second=second.item(), broken=group.broken is not None)
 
 
+async def any_after_ring(group: dist.Group) -> None:
+    """init(backend="any") after the ring is up: MLX gives the same communicator, so it must be
+    the same group, its collectives on one queue (two queues garbled each other's bytes)."""
+    import anyio
+
+    again = dist.init(strict=True, backend="any")
+    sums, gathers = [], []
+
+    async def on(g: dist.Group, op, x, into: list) -> None:
+        into.append((await op(x, group=g, timeout=10)).tolist())
+
+    for _ in range(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(on, group, dist.all_sum, mx.ones(4), sums)
+            tg.start_soon(on, again, dist.all_gather, mx.ones(3), gathers)
+    report(rank=group.rank(), same=again is group, sums_ok=sums == [[2.0] * 4] * 20,
+           gathers_ok=gathers == [[1.0] * 6] * 20, broken=group.broken is not None)
+
+
 PROMPTS = ["The capital of France is", "Water boils at", "My favourite colour is", "Once upon a time"]
 MAX_TOKENS = 6
 
@@ -277,7 +296,7 @@ async def closed_engine(group: dist.Group) -> None:
 
 
 SCENARIOS = {"engine": engine, "tiny_engine": tiny_engine, "collectives": collectives, "stall": stall, "die": die,
-             "mismatch": mismatch, "cancelled": cancelled,
+             "mismatch": mismatch, "cancelled": cancelled, "any_after_ring": any_after_ring,
              "closed_engine": closed_engine}
 
 
