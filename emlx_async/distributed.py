@@ -78,7 +78,7 @@ import anyio
 import mlx.core as mx
 
 from ._dtypes import DTYPE_CODES, DTYPES
-from ._errors import DistributedError
+from ._errors import DistributedError, MLXValueError
 from ._native import last_error, lib
 from ._queue import CommandQueue
 from ._runtime import Runtime, get_runtime
@@ -278,9 +278,9 @@ def _start(strict: bool, backend: str, limit: float | None) -> mx.distributed.Gr
             "start, or exited before init); MLX cannot stop waiting, so this process cannot start a backend again")
         raise _failed
     if status == lib.EMLX_DIST_BAD_VALUE:
-        raise ValueError(last_error())
-    if status != lib.EMLX_DIST_STARTED:
-        raise RuntimeError(last_error())
+        raise MLXValueError(last_error())
+    if status != lib.EMLX_DIST_STARTED:  # no launcher, no MPI library, ...: MLX's reason, as an EMLXError
+        raise DistributedError(f"[init] the {backend!r} backend did not start: {last_error()}")
     return mx.distributed.init(strict=bool(strict), backend=backend)  # MLX's cached group now: at once
 
 

@@ -181,6 +181,22 @@ async def test_arguments_are_refused_before_mlx():
     await ea.get_runtime().close()
 
 
+def test_a_backend_that_cannot_start_raises_distributed_error(monkeypatch):
+    monkeypatch.delenv("MLX_RANK", raising=False)
+    monkeypatch.delenv("MLX_HOSTFILE", raising=False)
+    with pytest.raises(ea.DistributedError, match=r"\[init\] the 'ring' backend did not start: .*MLX_HOSTFILE"):
+        dist.init(strict=True, backend="ring")
+
+
+def test_serve_distributed_without_a_launcher_exits_with_a_message(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("MLX_RANK", "MLX_HOSTFILE")}
+    done = subprocess.run([sys.executable, "-m", "emlx_async.serve", "--distributed", "--distributed-backend",
+                           "ring", "--model", str(tmp_path), "--port", "0"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "the 'ring' backend did not start" in done.stderr
+
+
 def fresh_group(timeout=None) -> dist.Group:
     """A group of its own (breaking it leaves the shared one alone)."""
     return dist.Group(mx.distributed.init(), backend="any", timeout=timeout, device=mx.cpu)
