@@ -148,6 +148,13 @@ class Group:
                 queue.abandon(error)
             registry.clear()
 
+    def limit(self, timeout: float | None) -> float | None:
+        """The seconds a call given `timeout` waits (None: the group's default; inf: no bound).
+
+        None in the result means no bound; a bad `timeout` raises ValueError.
+        """
+        return self.timeout if timeout is None else _check_timeout(timeout)
+
     async def run(self, fn: Callable[..., Any], /, *args: Any, timeout: float | None = None,
                   what: str | None = None, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` on the group's queue, in collective order.
@@ -173,7 +180,7 @@ class Group:
 
     async def _await(self, queue: CommandQueue, job: Callable, args: tuple, kwargs: dict,
                      timeout: float | None, what: str) -> Any:
-        limit = self.timeout if timeout is None else _check_timeout(timeout)
+        limit = self.limit(timeout)
         future = queue.run(job, *args, **kwargs)
         # Awaited through an event: a cancelled awaiter must not take the job out of the
         # queue, since the other ranks still issue it and every later collective would pair wrong.

@@ -428,12 +428,17 @@ class ShardedEngine(Engine):
     # ---- rank 0 -------------------------------------------------------------------
 
     async def close(self, timeout: float | None = None) -> None:
-        """Rank 0: stop the followers (they return from ``follow()``). Idempotent."""
+        """Rank 0: stop the followers (they return from ``follow()``). Idempotent.
+
+        `timeout` (seconds; None: the group's) bounds the wait for the running
+        requests and the stop plan; past it the group is declared broken.
+        """
+        # Checked before any state changes: a bad one must leave the engine closable.
+        limit = self.group.limit(timeout)
         if not self.leader or self._stopped or self.group.broken is not None:
             return
         self._stopped = True
         self._closed = True  # new requests are refused at once: the followers stop with this close
-        limit = timeout if timeout is not None else self.group.timeout
         with anyio.move_on_after(limit if limit is not None else math.inf) as waiting:
             await self.wait_idle(timeout=math.inf)
             if self._ticker_done is not None:

@@ -109,6 +109,20 @@ def test_a_closed_sharded_engine_refuses_new_requests_at_once_and_keeps_its_grou
     assert result["refused_s"] < 1 and not result["broken"]
 
 
+def test_close_with_a_bad_timeout_is_refused_and_leaves_the_engine_closable(tmp_path):
+    from support.tiny_models import tiny_model_folder
+
+    folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    with LocalRing(2, [sys.executable, RANK_SCRIPT, "close_bad_timeout", "asyncio"],
+                   env={"RANK_TIMEOUT": str(STEP_TIMEOUT), "TINY_MODEL": str(folder)}) as ring:
+        codes = ring.wait(timeout=240)
+        assert codes == [0, 0], [ring.errors(r)[-3000:] for r in range(2)]
+        result = json.loads(ring.output(0).split("RESULT ", 1)[1])
+        follower = json.loads(ring.output(1).split("RESULT ", 1)[1])
+    assert result == {"rank": 0, "refused": [True] * 5, "after": 6, "broken": False}, result
+    assert follower == {"rank": 1, "followed": True}
+
+
 def test_serve_distributed_with_step_replay_refuses_on_every_rank_naming_why(tmp_path):
     """`--step replay` requires the replayed step: a sharded server has none, so every rank
     ends at load with MLX's reason instead of serving the Python step unasked."""

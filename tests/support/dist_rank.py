@@ -295,9 +295,31 @@ async def closed_engine(group: dist.Group) -> None:
            broken=group.broken is not None)
 
 
+async def close_bad_timeout(group: dist.Group) -> None:
+    """Rank 0 calls close() with bad timeouts: each refused naming it, the engine still serves
+    and a proper close still stops the followers."""
+    from emlx_async.llm.sharded import ShardedEngine
+
+    sharded = await ShardedEngine.load(os.environ["TINY_MODEL"], group=group)
+    if group.rank() != 0:
+        await sharded.follow()
+        report(rank=group.rank(), followed=True)
+        return
+    refused = []
+    for bad in (float("nan"), -1, 0, True, "5"):
+        try:
+            await sharded.close(timeout=bad)
+        except ValueError as exc:
+            refused.append("timeout" in str(exc))
+    after = await tokens_of(sharded, "Water boils at")
+    await sharded.close()
+    report(rank=0, refused=refused, after=len(after), broken=group.broken is not None)
+
+
 SCENARIOS = {"engine": engine, "tiny_engine": tiny_engine, "collectives": collectives, "stall": stall, "die": die,
              "mismatch": mismatch, "cancelled": cancelled, "any_after_ring": any_after_ring,
-             "closed_engine": closed_engine}
+             "closed_engine": closed_engine,
+             "close_bad_timeout": close_bad_timeout}
 
 
 def absent() -> None:
