@@ -204,8 +204,9 @@ class Group:
             self.declare_broken(error)
             raise error from None
         except _PeerFailure as exc:
+            reason = str(exc.cause) or type(exc.cause).__name__  # AssertionError() says nothing itself
             error = DistributedError(f"[{what}] rank {self.rank()} of {self.size()} failed while it ran "
-                                     f"({exc.cause}); the ranks may be out of step, so the group is broken")
+                                     f"({reason}); the ranks may be out of step, so the group is broken")
             error.__cause__ = exc.cause
             self.declare_broken(error)
             raise error from exc.cause

@@ -264,6 +264,18 @@ async def test_group_run_refuses_a_non_callable_and_the_group_stays_usable():
     await ea.get_runtime().close()
 
 
+@on_every_loop
+async def test_a_failure_without_a_message_is_named_by_its_type():
+    group = fresh_group()
+
+    def failing_step():
+        raise AssertionError
+
+    with pytest.raises(ea.DistributedError, match=r"failed while it ran \(AssertionError\)"):
+        await group.run(failing_step)
+    await ea.get_runtime().close()
+
+
 def test_a_stuck_collective_does_not_block_interpreter_exit(tmp_path):
     script = tmp_path / "stuck.py"
     script.write_text(textwrap.dedent("""
