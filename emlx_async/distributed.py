@@ -407,6 +407,8 @@ async def _collective(name: str, op: Callable, args: tuple, group: Group | None,
                       ) -> mx.array:
     g = _group_of(group)
     g.check()
+    if queue is not None and not isinstance(queue, CommandQueue):
+        raise TypeError(f"[{name}] queue must be an ea CommandQueue or None, got {type(queue).__name__}")
     kwargs: dict[str, Any] = {"group": g.mlx_group}
     if stream is not None:
         kwargs["stream"] = stream

@@ -168,6 +168,8 @@ async def test_arguments_are_refused_before_mlx():
         await dist.all_sum(mx.ones(2), timeout=0)
     with pytest.raises(TypeError, match="ea.distributed.Group"):
         await dist.all_sum(mx.ones(2), group=group.mlx_group)
+    with pytest.raises(TypeError, match=r"\[all_sum\] queue must be an ea CommandQueue or None, got str"):
+        await dist.all_sum(mx.ones(2), queue="the group's")
     with pytest.raises(ValueError, match="backend"):
         dist.init(backend="carrier-pigeon")
     with pytest.raises(ValueError, match="timeout must be"):
