@@ -77,8 +77,8 @@ from typing import Any
 import anyio
 import mlx.core as mx
 
-from ._dtypes import DTYPE_CODES, DTYPES
-from ._errors import DistributedError, MLXValueError
+from ._dtypes import DTYPE_CODES, DTYPES, INT_RANGES, MAX_DIM
+from ._errors import DistributedError, MLXOverflowError, MLXValueError
 from ._native import last_error, lib
 from ._queue import CommandQueue
 from ._runtime import Runtime, get_runtime
@@ -483,9 +483,13 @@ async def recv(shape: Sequence[int], dtype: mx.Dtype, src: int, /, *, group: Gro
         raise ValueError(f"[recv] shape must be a sequence of non-negative ints, got {shape!r}")
     if not isinstance(dtype, mx.Dtype):
         raise TypeError(f"[recv] dtype must be an mx.Dtype, got {dtype!r}")
+    shape = [int(d) for d in shape]
+    # Past these MLX fails inside the job (a bare OverflowError, or std::bad_cast that broke the group).
+    if any(d > MAX_DIM for d in shape) or math.prod(shape) > INT_RANGES[mx.int64][1]:
+        raise MLXOverflowError(f"[recv] shape {tuple(shape)} does not fit MLX: each dimension at most {MAX_DIM}, "
+                               f"and at most {INT_RANGES[mx.int64][1]} elements")
     g = _group_of(group)
     src = _check_peer("recv", "src", src, g)
-    shape = [int(d) for d in shape]
     return await _collective("recv", mx.distributed.recv, (shape, dtype, src), g, stream, queue, timeout,
                              header=("recv", _header("send", shape, dtype), src))
 

@@ -168,6 +168,9 @@ async def test_arguments_are_refused_before_mlx():
         await dist.all_sum(mx.ones(2), timeout=0)
     with pytest.raises(TypeError, match="ea.distributed.Group"):
         await dist.all_sum(mx.ones(2), group=group.mlx_group)
+    for shape in ((1 << 40,), (1 << 21,) * 3):  # a dimension past int32, a count past int64
+        with pytest.raises(ea.MLXOverflowError, match=r"\[recv\] shape .* does not fit MLX"):
+            await dist.recv(shape, mx.float32, 1)
     with pytest.raises(TypeError, match=r"\[all_sum\] queue must be an ea CommandQueue or None, got str"):
         await dist.all_sum(mx.ones(2), queue="the group's")
     with pytest.raises(ValueError, match="backend"):
