@@ -308,6 +308,7 @@ class ShardedEngine(Engine):
         self.leader = group.rank() == 0
         self.idle_interval = float(idle_interval)
         self._stopped = False
+        self._following = False
         self._ticker_done: anyio.Event | None = None
         # Every rank runs rank 0's plan with mlx-lm's BatchGenerator (load says why, see the module docstring).
         self.step_note = "the sharded engine runs mlx-lm's batched Python step on every rank"
@@ -460,14 +461,20 @@ class ShardedEngine(Engine):
         """
         if self.leader:
             raise RuntimeError("rank 0 leads; follow() is for the other ranks")
-        jobs = self._jobs()
-        state = GeneratorState()
-        while True:
-            op = await self.group.run(jobs.follow_one, state, what="sharded follow")
-            if op == "stop":
-                return
-            if op == "idle":  # sleep outside the collective (see the module docstring)
-                await anyio.sleep(self.idle_interval * 0.9)
+        if self._following:  # two loops would each take some of rank 0's plans, with two states
+            raise RuntimeError(f"follow() already runs on rank {self.group.rank()}")
+        self._following = True
+        try:
+            jobs = self._jobs()
+            state = GeneratorState()
+            while True:
+                op = await self.group.run(jobs.follow_one, state, what="sharded follow")
+                if op == "stop":
+                    return
+                if op == "idle":  # sleep outside the collective (see the module docstring)
+                    await anyio.sleep(self.idle_interval * 0.9)
+        finally:
+            self._following = False
 
 
 __all__ = ["ShardedBatchJobs", "ShardedEngine", "check_shardable", "untraceable_step"]

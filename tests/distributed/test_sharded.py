@@ -123,6 +123,31 @@ def test_close_with_a_bad_timeout_is_refused_and_leaves_the_engine_closable(tmp_
     assert follower == {"rank": 1, "followed": True}
 
 
+def test_a_second_follow_on_a_rank_is_refused_and_the_first_keeps_the_ranks_in_step(tmp_path):
+    from emlx_async.llm import Engine
+    from support.dist_rank import MAX_TOKENS, TINY_PROMPTS
+    from support.tiny_models import tiny_model_folder
+
+    folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    with LocalRing(2, [sys.executable, RANK_SCRIPT, "follow_twice", "asyncio"],
+                   env={"RANK_TIMEOUT": str(STEP_TIMEOUT), "TINY_MODEL": str(folder)}) as ring:
+        codes = ring.wait(timeout=240)
+        assert codes == [0, 0], [ring.errors(r)[-3000:] for r in range(2)]
+        result = json.loads(ring.output(0).split("RESULT ", 1)[1])
+        follower = json.loads(ring.output(1).split("RESULT ", 1)[1])
+    assert follower["second"] == ["follow() already runs on rank 1"]
+
+    async def one_process():
+        engine = await Engine.load(str(folder), mode="batch")
+        try:
+            return [[d.token async for d in engine.generate(p, max_tokens=MAX_TOKENS) if d.token is not None]
+                    for p in TINY_PROMPTS[:2]]
+        finally:
+            await engine.runtime.close()
+
+    assert result == {"rank": 0, "tokens": asyncio.run(one_process()), "broken": False}
+
+
 def test_serve_distributed_with_step_replay_refuses_on_every_rank_naming_why(tmp_path):
     """`--step replay` requires the replayed step: a sharded server has none, so every rank
     ends at load with MLX's reason instead of serving the Python step unasked."""

@@ -316,10 +316,35 @@ async def close_bad_timeout(group: dist.Group) -> None:
     report(rank=0, refused=refused, after=len(after), broken=group.broken is not None)
 
 
+async def follow_twice(group: dist.Group) -> None:
+    """A follower calls follow() a second time while the first runs: refused at once, and rank 0's
+    requests still get the one-rank tokens (two loops split its plans and broke the group)."""
+    import anyio
+
+    from emlx_async.llm.sharded import ShardedEngine
+
+    sharded = await ShardedEngine.load(os.environ["TINY_MODEL"], group=group)
+    if group.rank() == 0:
+        tokens = [await tokens_of(sharded, p) for p in TINY_PROMPTS[:2]]
+        await sharded.close()
+        report(rank=0, tokens=tokens, broken=group.broken is not None)
+        return
+    second = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sharded.follow)
+        await anyio.sleep(0.1)
+        try:
+            await sharded.follow()
+        except RuntimeError as exc:
+            second.append(str(exc))
+    report(rank=group.rank(), second=second)
+
+
 SCENARIOS = {"engine": engine, "tiny_engine": tiny_engine, "collectives": collectives, "stall": stall, "die": die,
              "mismatch": mismatch, "cancelled": cancelled, "any_after_ring": any_after_ring,
              "closed_engine": closed_engine,
-             "close_bad_timeout": close_bad_timeout}
+             "close_bad_timeout": close_bad_timeout,
+             "follow_twice": follow_twice}
 
 
 def absent() -> None:
