@@ -317,7 +317,7 @@ class ShardedEngine(Engine):
     async def load(cls, path: str | None = None, *, group: Group, runtime: Runtime | None = None,
                    max_concurrent: int | None = None, prefill_chunk: int | None = None,
                    idle_interval: float = 0.02, load_timeout: float = 600.0, step: str = "auto",
-                   **_ignored: Any) -> ShardedEngine:
+                   **unsupported: Any) -> ShardedEngine:
         """Load the model on this rank (as ``Engine.load``), keep its shard, and
         wait (up to `load_timeout` s) until every rank has done the same; rank 0
         then starts sending idle plans.
@@ -327,6 +327,10 @@ class ShardedEngine(Engine):
         "replay" raises ValueError with that reason, on every rank, before the
         ranks meet.
         """
+        if unsupported:  # Engine.load's other options: silently dropped, a kv_bits would go unquantized
+            raise TypeError(f"ShardedEngine.load does not take {', '.join(sorted(unsupported))}: a sharded engine "
+                            "runs one batch of mlx-lm's Python step on every rank, with a plain KV cache and no "
+                            "prompt cache")
         if step not in ("auto", "replay", "python"):
             raise ValueError(f"step must be one of ('auto', 'replay', 'python'), got {step!r}")
         runtime = runtime or get_runtime()

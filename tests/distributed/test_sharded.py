@@ -148,6 +148,22 @@ def test_a_second_follow_on_a_rank_is_refused_and_the_first_keeps_the_ranks_in_s
     assert result == {"rank": 0, "tokens": asyncio.run(one_process()), "broken": False}
 
 
+def test_load_refuses_the_engine_options_a_sharded_engine_does_not_have():
+    import mlx.core as mx
+
+    from emlx_async import distributed as dist
+    from emlx_async.llm.sharded import ShardedEngine
+
+    group = dist.Group(mx.distributed.init(), backend="any", timeout=None, device=mx.cpu)
+
+    async def load(**options):
+        await ShardedEngine.load(group=group, **options)
+
+    for options in ({"kv_bits": 4}, {"mode": "parallel", "prompt_cache": object()}, {"max_concurent": 2}):
+        with pytest.raises(TypeError, match="ShardedEngine.load does not take " + ", ".join(sorted(options))):
+            asyncio.run(load(**options))
+
+
 def test_serve_distributed_with_step_replay_refuses_on_every_rank_naming_why(tmp_path):
     """`--step replay` requires the replayed step: a sharded server has none, so every rank
     ends at load with MLX's reason instead of serving the Python step unasked."""
