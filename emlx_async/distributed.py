@@ -12,7 +12,7 @@ requires every rank to issue a group's collectives in the same order: two
 collectives issued from different threads can reach the wire in different
 orders on different ranks, and each rank then waits for a message its peer
 never sends (measured: it deadlocks). ``queue=`` overrides this for a call,
-and the caller then owns the ordering.
+and the caller then owns the ordering (a timeout abandons that queue too).
 
 How it runs. There is no native op for a collective (the C ABI cannot take
 MLX's Python ``Group``), so each one is a Python job on the group's worker:
@@ -198,6 +198,8 @@ class Group:
                 f"{limit} s (a peer stalled or died); the group is broken")
             error.__cause__ = exc
             self.declare_broken(error)
+            if not queue.closed:  # a caller's queue= holds the stuck worker: abandoned as the group's are
+                queue.abandon(error)
             raise error from exc
         except _Mismatch as exc:
             error = DistributedError(f"[{what}] rank {self.rank()} of {self.size()}: {exc}; the group is broken")

@@ -228,6 +228,23 @@ async def test_a_timeout_breaks_the_group_releases_its_tasks_and_abandons_the_st
 
 
 @on_every_loop
+async def test_a_timeout_on_a_callers_queue_abandons_that_queue_too():
+    group = fresh_group()
+    runtime = ea.get_runtime()
+    queue = await runtime.acquire_queue()
+    release = threading.Event()
+    stuck = queue.run(release.wait, 60)  # a collective stuck on the caller's queue, as with a stalled peer
+    with pytest.raises(ea.DistributedError, match="within 0.3 s"):
+        await dist.all_sum(mx.ones(2), group=group, queue=queue, timeout=0.3)
+    with pytest.raises(ea.DistributedError):
+        await stuck  # released with the break
+    assert queue.closed and active_workers() == 0
+    with anyio.fail_after(5):
+        await runtime.close()  # does not wait for the stuck worker
+    release.set()
+
+
+@on_every_loop
 async def test_an_exception_inside_group_run_breaks_the_group():
     group = fresh_group()
 
