@@ -392,6 +392,11 @@ def _exchange(name: str, header: list[int], peer: int | None, kwargs: dict) -> N
 
 def _collective_job(op: Callable, args: tuple, kwargs: dict, header: tuple | None = None) -> mx.array:
     """On the group's worker: build the collective, then evaluate it."""
+    stream = kwargs.get("stream")
+    if isinstance(stream, mx.Stream) and stream != mx.default_stream(stream.device):
+        # MLX streams are per thread: evaluating on another thread's fails mid-collective, a break.
+        raise ValueError(f"[{op.__name__}] stream={stream} is another thread's (MLX streams belong to the thread "
+                         "that made them); pass a device such as mx.cpu to run on the group's worker")
     out = op(*args, **kwargs)  # argument errors raise here and leave the group intact
     try:
         if header is not None:

@@ -245,6 +245,16 @@ async def test_a_timeout_on_a_callers_queue_abandons_that_queue_too():
 
 
 @on_every_loop
+async def test_a_stream_of_another_thread_is_refused_and_the_group_stays_usable():
+    group = fresh_group()
+    with pytest.raises(ValueError, match=r"\[all_sum\] stream=.* is another thread's"):
+        await dist.all_sum(mx.ones(2), group=group, stream=mx.new_stream(mx.cpu))
+    assert group.broken is None
+    assert (await dist.all_sum(mx.ones(2), group=group, stream=mx.cpu)).tolist() == [1.0, 1.0]
+    await ea.get_runtime().close()
+
+
+@on_every_loop
 async def test_an_exception_inside_group_run_breaks_the_group():
     group = fresh_group()
 

@@ -57,12 +57,12 @@ async def collectives(group: dist.Group) -> None:
     refused = []
     for bad in (lambda: dist.send(payload, rank), lambda: dist.recv((2,), "float32", left),
                 lambda: dist.all_sum([1, 2]), lambda: dist.all_gather(x, group=raw),
-                lambda: dist.all_sum(x, timeout=-1)):
+                lambda: dist.all_sum(x, timeout=-1), lambda: dist.all_sum(x, stream=mx.new_stream(mx.cpu))):
         try:
             await bad()
         except (ValueError, TypeError) as exc:
             refused.append(type(exc).__name__)
-    checks["refused"] = len(refused) == 5
+    checks["refused"] = len(refused) == 6
     checks["still_usable"] = (await dist.all_sum(mx.array([1.0]))).item() == size
     # The sharded engine's plan broadcast: short, and past its 4 KiB buffer.
     from emlx_async.llm.sharded import _broadcast_bytes
