@@ -238,6 +238,11 @@ def serve(args: argparse.Namespace) -> int:
         if args.mode == "parallel":  # every rank must run the same step at once: rank 0's batch
             raise SystemExit("emlx-async serve --distributed runs its model in batch mode (one batch step on "
                              "every rank): --mode parallel cannot be sharded; give --mode batch or auto")
+        dropped = [flag for flag, value in (("--kv-bits", args.kv_bits), ("--max-kv-size", args.max_kv_size))
+                   if value is not None]
+        if dropped:  # the ranks run mlx-lm's batch step with a plain KV cache: not silently unquantized
+            raise SystemExit(f"emlx-async serve --distributed: {' and '.join(dropped)} cannot apply, the sharded "
+                             "model runs mlx-lm's batch step with a plain KV cache")
     if not args.shutdown_timeout >= 0:
         raise SystemExit(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     if args.batches is not None and not 1 <= args.batches <= args.max_concurrent:

@@ -33,6 +33,8 @@ def test_batches_are_refused_where_they_cannot_apply():
         main(["serve", "--mode", "batch", "--batches", "2", "--distributed"])
     with pytest.raises(SystemExit, match="--mode parallel cannot be sharded"):  # not silently batch mode
         main(["serve", "--mode", "parallel", "--distributed"])
+    with pytest.raises(SystemExit, match="--kv-bits and --max-kv-size cannot apply"):  # were dropped silently
+        main(["serve", "--distributed", "--kv-bits", "4", "--max-kv-size", "512"])
     with pytest.raises(ValueError, match="needs mode 'batch' or 'auto'"):
         create_app(ServeConfig(mode="parallel", batches=2))
     with pytest.raises(ValueError, match="mode must be 'auto', 'parallel' or 'batch', got 'fast'"):
