@@ -243,6 +243,8 @@ def init(strict: bool = False, backend: str = "any", *, timeout: float | None = 
         >>> total = await ea.distributed.all_sum(mx.array([group.rank()]))
     """
     global _world
+    if not isinstance(strict, bool):  # as MLX's init, which takes a bool only
+        raise TypeError(f"[init] strict must be a bool, got {type(strict).__name__}")
     if not isinstance(backend, str) or backend not in _BACKENDS:
         raise ValueError(f"[init] backend must be one of {_BACKENDS}, got {backend!r}")
     timeout = _check_timeout(timeout)

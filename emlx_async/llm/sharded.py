@@ -271,6 +271,11 @@ def untraceable_step(model, group: Group) -> str | None:
             + "; ".join(failures))
 
 
+def _check_idle_interval(seconds: Any) -> None:
+    if isinstance(seconds, bool) or not (isinstance(seconds, (int, float)) and 0 < seconds < 60):
+        raise ValueError(f"idle_interval must be in (0, 60) seconds, got {seconds!r}")
+
+
 def check_shardable(model, size: int) -> None:
     """Refuse a model mlx-lm's ``shard`` cannot split `size` ways (ValueError), before it tries."""
     if not hasattr(model, "shard"):
@@ -302,8 +307,7 @@ class ShardedEngine(Engine):
     def __init__(self, *args: Any, group: Group, idle_interval: float = 0.02, **kwargs: Any):
         kwargs["mode"] = "batch"
         super().__init__(*args, batch_jobs=lambda decoding: ShardedBatchJobs(decoding, group), **kwargs)
-        if not (isinstance(idle_interval, (int, float)) and 0 < idle_interval < 60):
-            raise ValueError(f"idle_interval must be in (0, 60) seconds, got {idle_interval!r}")
+        _check_idle_interval(idle_interval)
         self.group = group
         self.leader = group.rank() == 0
         self.idle_interval = float(idle_interval)
@@ -333,6 +337,7 @@ class ShardedEngine(Engine):
                             "prompt cache")
         if step not in ("auto", "replay", "python"):
             raise ValueError(f"step must be one of ('auto', 'replay', 'python'), got {step!r}")
+        _check_idle_interval(idle_interval)  # before the model loads
         runtime = runtime or get_runtime()
         whole = await Engine.load(path, runtime=runtime, max_concurrent=max_concurrent, mode="batch",
                                   prefill_chunk=prefill_chunk, step="python")  # the unsharded step is never run

@@ -175,6 +175,8 @@ async def test_arguments_are_refused_before_mlx():
         await dist.all_sum(mx.ones(2), queue="the group's")
     with pytest.raises(ValueError, match="backend"):
         dist.init(backend="carrier-pigeon")
+    with pytest.raises(TypeError, match=r"\[init\] strict must be a bool, got str"):  # "yes" was taken as True
+        dist.init(strict="yes")
     with pytest.raises(ValueError, match="timeout must be"):
         dist.init(timeout=10**400)  # past float range: not an OverflowError
     with pytest.raises(ValueError, match="init_timeout must be"):

@@ -162,6 +162,8 @@ def test_load_refuses_the_engine_options_a_sharded_engine_does_not_have():
     for options in ({"kv_bits": 4}, {"mode": "parallel", "prompt_cache": object()}, {"max_concurent": 2}):
         with pytest.raises(TypeError, match="ShardedEngine.load does not take " + ", ".join(sorted(options))):
             asyncio.run(load(**options))
+    with pytest.raises(ValueError, match=r"idle_interval must be in \(0, 60\) seconds, got True"):  # ran as 1 s
+        asyncio.run(load(idle_interval=True))
 
 
 def test_serve_distributed_with_step_replay_refuses_on_every_rank_naming_why(tmp_path):
