@@ -510,6 +510,23 @@ void check(const Node& n, mx::Stream sc) {
     }
     makes(want);
     if (out.dtype != ins[0].dtype) fail("keeps its input's dtype");
+  } else if (name == "Split") {
+    // Its kernel makes views at offsets indices[k] along the axis, and the outputs' shapes are the file's.
+    inputs(1);
+    const auto& [indices, axis] = param<mx::Split>(n);
+    const auto& x = ins[0].shape;
+    axis_in(axis, x.size());
+    if (outs.size() != indices.size() + 1) fail("makes one output per part");
+    auto bounds = indices;
+    bounds.insert(bounds.begin(), 0);
+    bounds.push_back(x[axis]);
+    if (!std::is_sorted(bounds.begin(), bounds.end()))
+      fail("splits at indices out of order or outside its axis");
+    for (size_t k = 0; k < outs.size(); ++k) {
+      auto want = x;
+      want[axis] = bounds[k + 1] - bounds[k];
+      if (outs[k].shape != want || outs[k].dtype != ins[0].dtype) fail("makes parts of another shape or dtype");
+    }
   } else if (name == "SliceUpdate") {
     inputs(2);
     const auto& [kind, start, stop, strides] = param<mx::SliceUpdate>(n);

@@ -399,6 +399,27 @@ def test_constant_indices_out_of_range_are_refused(tmp_path):
         ea.load_traced(path)  # its kernel read 4 GB past its input (SIGSEGV)
 
 
+def _split_indices_patched(data: bytes, indices: list[int]) -> bytes:
+    """`data` with the indices of its one Split node (after its name and count) replaced."""
+    at = data.index(b"Split") + len(b"Split")
+    assert data.count(b"Split") == 1 and int.from_bytes(data[at:at + 8], "little") == len(indices)
+    patched = b"".join(i.to_bytes(4, "little", signed=True) for i in indices)
+    return data[:at + 8] + patched + data[at + 8 + len(patched):]
+
+
+@pytest.mark.parametrize("indices", [[1, 10**6], [-(10**6), 3], [3, 1], [1, 6]])
+def test_split_indices_outside_the_axis_are_refused(tmp_path, indices):
+    # Its kernel makes views at those offsets: a seeded fuzz (seed 17) patched
+    # them and the replay read far outside the input (SIGSEGV).
+    path = tmp_path / "split.mlxfn"
+    mx.export_function(str(path), lambda a: mx.split(a, [1, 3], axis=1)[1] + 1, mx.ones((4, 5)))
+    data = path.read_bytes()
+    ea.load_traced(path).release()
+    path.write_bytes(_split_indices_patched(data, indices))
+    with pytest.raises(ea.MLXValueError, match="Split node splits at indices out of order or outside its axis"):
+        ea.load_traced(path)
+
+
 def test_verify_replays_a_foreign_file_in_a_child_first(tmp_path):
     # A scatter's constant indices are not checked (documented): patched far
     # out of range, the file passes every check, and its kernel writes past
