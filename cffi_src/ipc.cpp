@@ -136,12 +136,16 @@ int emlx_from_shm(const char* name, const int64_t* shape, int ndim, int dtype, v
       return fail(EMLX_SHM_OVERFLOW, "[from_shm] the shape's byte size overflows");
     mx::Shape dims(shape, shape + ndim);
 
-    Fd file{shm_open(name, O_RDONLY | O_CLOEXEC, 0)};
+    // O_NONBLOCK: a FIFO under our name would block the open until a writer came.
+    Fd file{shm_open(name, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0)};
     if (file.fd < 0) return os_fail("from_shm", "no shared memory", name, errno);
     struct stat info;
     if (fstat(file.fd, &info) != 0) return os_fail("from_shm", "cannot stat", name, errno);
     // Ours only: a regular object of this user that nobody else could have written.
-    if (!S_ISREG(info.st_mode) || info.st_uid != geteuid())
+    if (!S_ISREG(info.st_mode))
+      return fail(EMLX_SHM_OS_ERROR, "[from_shm] '" + std::string(name) + "' is not a shared-memory object "
+                                         "(a directory, FIFO or device); refusing it");
+    if (info.st_uid != geteuid())
       return fail(EMLX_SHM_OS_ERROR, "[from_shm] '" + std::string(name) + "' is owned by uid " +
                                          std::to_string(info.st_uid) + ", not by this process's user");
     if ((info.st_mode & 022) != 0) {

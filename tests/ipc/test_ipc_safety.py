@@ -175,6 +175,38 @@ async def test_from_shm_refuses_segments_that_are_not_ours(rt):
     assert (await ea.ops.add(mx.ones(2), 1.0)).tolist() == [2.0, 2.0]
 
 
+def _wake_a_blocked_reader(fifo: str) -> None:
+    """Open `fifo` for writing once, so a reader blocked opening it goes on (nothing when none waits)."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+@on_every_loop
+async def test_from_shm_refuses_a_fifo_or_directory_under_our_name_at_once(rt):
+    if not os.path.isdir(SHM_DIR):
+        pytest.skip("no listing of POSIX shared memory objects on this system")
+    name = f"/emlx-{os.getpid()}-{secrets.token_hex(16)}"
+    path = os.path.join(SHM_DIR, name[1:])
+    os.mkfifo(path, 0o600)
+    try:
+        # Opened blocking, a FIFO held the worker until some writer came: for ever.
+        with anyio.fail_after(10):
+            with pytest.raises(ea.ipc.SharedMemoryError, match="is not a shared-memory object"):
+                await ea.ipc.from_shm(name, (4,), mx.float32)
+    finally:
+        _wake_a_blocked_reader(path)
+        os.unlink(path)
+    os.mkdir(path, 0o700)
+    try:
+        with pytest.raises(ea.ipc.SharedMemoryError, match="is not a shared-memory object"):
+            await ea.ipc.from_shm(name, (4,), mx.float32)
+    finally:
+        os.rmdir(path)
+    assert (await ea.ops.add(mx.ones(2), 1.0)).tolist() == [2.0, 2.0]
+
+
 def _mode(name: str) -> int:
     fd = _posixshmem.shm_open(name, os.O_RDONLY, 0)
     try:
