@@ -51,7 +51,7 @@ import numpy as np
 from . import ops
 from ._dtypes import DTYPE_CODES as _DTYPE_CODES
 from ._dtypes import INT_RANGES, MAX_DIM, NUMPY_DTYPES
-from ._errors import EMLXError
+from ._errors import EMLXError, InvalidInputType
 from ._errors import SharedMemoryError as SharedMemoryError
 from ._native import ffi, last_error, lib
 from ._api import current_queue
@@ -167,6 +167,8 @@ async def data_ptr(x: mx.array, /) -> int:
     """The address of `x`'s data, evaluating it first (valid while `x` lives)."""
     from ._api import eval as ea_eval
 
+    if not isinstance(x, mx.array):  # the shim reads the object as an mx.array
+        raise InvalidInputType(f"[data_ptr] x must be an mx.array, got {type(x).__name__}")
     await ea_eval(x)
     return lib.emlx_data_ptr(ffi.cast("void*", id(x)))
 

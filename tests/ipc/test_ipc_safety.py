@@ -457,3 +457,27 @@ async def test_the_shim_checks_names_shapes_and_permissions_itself(rt):
     name = f"/emlx-{os.getpid()}-{secrets.token_hex(16)}"
     assert lib.emlx_to_shm(ffi.cast("void*", id(x)), name.encode(), 0o600, state, size) == lib.EMLX_SHM_ABANDONED
     assert not segment_exists(name)
+
+
+def test_data_ptr_refuses_what_is_not_an_mx_array():
+    # The shim read a NumPy array (or any object) as an mx.array: SIGSEGV. In a child, as it was fatal.
+    done = run_python("""
+        import asyncio
+        import mlx.core as mx
+        import numpy as np
+        import emlx_async as ea
+
+        async def main():
+            for x in (np.ones(3), [1.0], None, 3):
+                try:
+                    await ea.ipc.data_ptr(x)
+                except TypeError as exc:
+                    assert isinstance(exc, ea.EMLXError), exc
+                    print("refused", type(x).__name__, exc)
+            print("then", (await ea.ops.add(mx.ones(2), 1.0)).tolist())
+
+        asyncio.run(main())
+    """)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.count("refused") == 4 and "must be an mx.array, got ndarray" in done.stdout, done.stdout
+    assert "then [2.0, 2.0]" in done.stdout
