@@ -209,8 +209,10 @@ namespace {
 
 // A chained input for a longer trace than the one that made it (a KV cache
 // moving to the next length): zeros after its end, where the spec is larger.
-mx::array fit_chained(const mx::array& x, const Spec& want, int input, mx::Stream sc) {
+mx::array fit_chained(const mx::array& x, const Spec& want, bool shapeless, int input, mx::Stream sc) {
   if (x.shape() == want.shape && x.dtype() == want.dtype) return x;
+  // A shapeless trace takes any sizes: padding to its example's would refuse a larger input.
+  if (shapeless && x.ndim() == want.shape.size() && x.dtype() == want.dtype) return x;
   bool grows = x.dtype() == want.dtype && x.ndim() == want.shape.size();
   std::vector<std::pair<int, int>> widths;
   for (size_t d = 0; grows && d < want.shape.size(); ++d) {
@@ -273,7 +275,7 @@ std::vector<mx::array> replay_call(const std::vector<mx::array>& given, int64_t 
         throw std::invalid_argument("[replay] the previous chained call did not make output " +
                                     std::to_string(output));
       // Moved out: the graph holds the only reference, so MLX may update it in place.
-      xs[input] = entry->traces.size() == 1 ? fit_chained(it->second, entry->traces[0].inputs[input], input, sc)
+      xs[input] = entry->traces.size() == 1 ? fit_chained(it->second, entry->traces[0].inputs[input], entry->shapeless, input, sc)
                                             : it->second;
     }
     chained.clear();

@@ -357,6 +357,23 @@ async def test_a_chain_carries_outputs_from_call_to_call_on_the_worker():
 
 
 @one_loop
+async def test_a_shapeless_chain_carries_inputs_of_other_sizes_than_its_example():
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(lambda total, x: (total + x, mx.sum(total)), mx.zeros((1, 2)), mx.ones((1, 2)),
+                           queue=q, shapeless=True)
+        c = f.chain({0: 0}, returned=(0,))
+        ones = mx.ones((3, 2))
+        assert (await c(mx.zeros((3, 2)), ones, queue=q)).tolist() == [[1.0, 1.0]] * 3
+        # The carried (3, 2) was padded toward the example's (1, 2): every fed call was refused.
+        assert (await c(mx.array(0.0), ones, queue=q, fed=True)).tolist() == [[2.0, 2.0]] * 3
+        assert (await c(mx.array(0.0), ones, queue=q, fed=True)).tolist() == [[3.0, 3.0]] * 3
+        await q.run(ea.replay.end_chain_here)
+        c.release()
+        f.release()
+
+
+@one_loop
 async def test_a_chained_input_of_another_dtype_names_both_dtypes():
     async with ea.Runtime() as rt:
         q = rt.default_queue()
