@@ -73,9 +73,15 @@ def _read_export(path: str) -> bytes:
     end). A file with our integrity record must match it, and loses it here.
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO opens at once
-    with os.fdopen(fd, "rb") as f:
+    try:
+        # Before fdopen: it refuses a directory without closing the descriptor.
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise MLXValueError(f"[load_traced] {path} is not a regular file")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
         data = f.read()
     if len(data) >= _SEAL_SIZE and data[-_SEAL_SIZE:-32] == _SEAL:
         body = data[:-_SEAL_SIZE]

@@ -343,6 +343,16 @@ def test_a_fifo_is_refused_at_once(tmp_path):
         ea.load_traced(tmp_path / "missing.mlxfn")
 
 
+def test_a_directory_is_refused_by_name_and_its_descriptor_closed(tmp_path):
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no listing of this process's descriptors")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):  # each refusal left a descriptor open
+        with pytest.raises(ea.MLXValueError, match="is not a regular file"):
+            ea.load_traced(tmp_path)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_our_files_carry_a_digest_that_loading_checks(tmp_path):
     path = tmp_path / "sealed.mlxfn"
     x = mx.arange(6, dtype=mx.float32).reshape(2, 3)
