@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import signal
 import stat
@@ -32,7 +33,7 @@ import mlx.core as mx
 from . import _interop
 from . import ops as _ops
 from ._dtypes import DTYPE_CODES, DTYPES
-from ._errors import MLXValueError
+from ._errors import InvalidInputType, MLXValueError, mlx_error
 from ._native import ffi, last_error, lib
 from ._routing import route
 from ._runtime import get_runtime
@@ -169,6 +170,8 @@ class TracedFunction:
         counts = {n for _, n in self.traces} if returned is None else {returned}
         # An output index below this exists whichever trace a call matches.
         self._fewest_outputs = min(counts)
+        # Likewise an input index (bound inputs included) for chain().
+        self._fewest_inputs = min(len(specs) for specs, _ in self.traces) + n_bound[0]
         self.n_outputs = self._fewest_outputs if len(counts) == 1 else 0
         self.input_specs = self.traces[0][0] if len(self.traces) == 1 else None
         self._op = "replay" if self.n_outputs == 1 else "replay_multi"
@@ -188,16 +191,16 @@ class TracedFunction:
         them only stands in.
         """
         if fed and not self._chained:
-            raise ValueError("[replay] fed=True needs a function made by chain()")
+            raise MLXValueError("[replay] fed=True needs a function made by chain()")
         if not self._finalizer.alive:
-            raise ValueError("[replay] this traced function was released")
+            raise MLXValueError("[replay] this traced function was released")
         if donate:
             for index, result in donate.items():
                 if not (isinstance(index, int) and isinstance(result, int) and 0 <= index < len(arrays)
                         and 0 <= result < self._fewest_outputs):
-                    raise ValueError(f"[replay] donate={donate!r} names an input or output that does not exist "
-                                     f"({len(arrays)} input(s) given; the function makes {self._fewest_outputs} "
-                                     "output(s))")
+                    raise MLXValueError(f"[replay] donate={donate!r} names an input or output that does not exist "
+                                        f"({len(arrays)} input(s) given; the function makes {self._fewest_outputs} "
+                                        "output(s))")
         future = _ops.submit(self._op, list(arrays), queue=queue, device=device, lazy=lazy, nowait=nowait,
                              check_finite=check_finite, donate=donate, function=self._id, fed=fed)
         # The job names the graph by id: keep the handle (and so the graph)
@@ -216,10 +219,10 @@ class TracedFunction:
         is released, and shares nothing with this one (release each).
         """
         if not self._finalizer.alive:
-            raise ValueError("[replay] this traced function was released")
+            raise MLXValueError("[replay] this traced function was released")
         for k, x in enumerate(arrays):
             if not isinstance(x, mx.array):
-                raise TypeError(f"[replay] bound array {k} must be an mx.array, got {type(x).__name__}")
+                raise InvalidInputType(f"[replay] bound array {k} must be an mx.array, got {type(x).__name__}")
         out = ffi.new("int64_t *")
         _check(lib.emlx_replay_bind(self._id, _interop.handles(list(arrays)), len(arrays), out))
         bound = TracedFunction(out[0], self.path, None if not self._chained else self.n_outputs)
@@ -242,15 +245,16 @@ class TracedFunction:
         a time. Releasing is separate, as for ``bind``.
         """
         if not self._finalizer.alive:
-            raise ValueError("[replay] this traced function was released")
+            raise MLXValueError("[replay] this traced function was released")
         pairs = list(inputs.items())
         returned = list(returned)
         known = range(self._fewest_outputs)
         if not pairs or not all(isinstance(i, int) and isinstance(o, int) for i, o in pairs) or \
-                not all(o in known for _, o in pairs) or \
+                not all(o in known and i in range(self._fewest_inputs) for i, o in pairs) or \
                 not returned or not all(isinstance(k, int) and k in known for k in returned):
-            raise ValueError(f"[replay] chain({inputs!r}, returned={tuple(returned)!r}) names outputs that do not "
-                             f"exist (the function makes {self._fewest_outputs} output(s))")
+            raise MLXValueError(f"[replay] chain({inputs!r}, returned={tuple(returned)!r}) names inputs or outputs "
+                                f"that do not exist (the function takes {self._fewest_inputs} input(s) and makes "
+                                f"{self._fewest_outputs} output(s))")
         out = ffi.new("int64_t *")
         _check(lib.emlx_replay_chain(self._id, ffi.new("int[]", [i for i, _ in pairs]),
                                      ffi.new("int[]", [o for _, o in pairs]), len(pairs),
@@ -307,6 +311,9 @@ def load_traced(path: str | os.PathLike, *, verify: bool = False, verify_timeout
     loaded with ``await q.run(ea.load_traced, path)``).
     """
     path = os.fspath(path)
+    if verify and not (isinstance(verify_timeout, (int, float)) and not isinstance(verify_timeout, bool)
+                       and 0 < verify_timeout < math.inf):
+        raise MLXValueError(f"[load_traced] verify_timeout must be a positive number of seconds, got {verify_timeout!r}")
     data = _read_export(path)
     if verify:
         _verify_in_child(path, data, verify_timeout)
@@ -356,19 +363,30 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
     """
     for k, x in enumerate(examples):
         if not isinstance(x, mx.array):
-            raise TypeError(f"[trace] example {k} must be an mx.array, got {type(x).__name__}")
+            raise InvalidInputType(f"[trace] example {k} must be an mx.array, got {type(x).__name__}")
         if x.dtype not in DTYPE_CODES:
-            raise ValueError(f"[trace] example {k}: unsupported dtype {x.dtype}")
+            raise MLXValueError(f"[trace] example {k}: unsupported dtype {x.dtype}")
     target = route(list(examples), queue, runtime=get_runtime)
     with tempfile.TemporaryDirectory(prefix="emlx-trace-") as tmp:
         path = os.fspath(save) if save is not None else os.path.join(tmp, "function.mlxfn")
 
+        raised = []  # what fn raised comes back as it is; what MLX raised, as this package's class
+
         def traced(*a):
-            return _outputs(fn(*a))
+            try:
+                return _outputs(fn(*a))
+            except BaseException as exc:
+                raised.append(exc)
+                raise
 
         def export(*xs):
-            with _exportable_ops():
-                mx.export_function(path, traced, *xs, shapeless=shapeless)
+            try:
+                with _exportable_ops():
+                    mx.export_function(path, traced, *xs, shapeless=shapeless)
+            except Exception as exc:
+                if raised and exc is raised[-1]:
+                    raise
+                raise mlx_error(exc) from exc
             if save is not None:
                 _seal(path)
             return _register(_read_export(path))

@@ -180,6 +180,41 @@ async def test_bad_inputs_raise_and_the_queue_keeps_working():
 
 
 @one_loop
+async def test_every_refusal_of_trace_and_its_functions_is_an_emlx_error(tmp_path):
+    x = rand(2, 3)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(lambda a: (a + 1, a * 2), x, queue=q)
+        refusals = {  # each raised a builtin ValueError or TypeError (or cffi's OverflowError)
+            "fed": lambda: f(x, queue=q, fed=True),
+            "donate": lambda: f(x, queue=q, donate={5: 0}),
+            "chain input": lambda: f.chain({10**12: 0}),
+            "chain output": lambda: f.chain({0: 9}),
+            "bind": lambda: f.bind("x"),
+        }
+        for what, refused in refusals.items():
+            with pytest.raises(ea.EMLXError) as caught:
+                refused()
+            assert isinstance(caught.value, (ValueError, TypeError)), what
+        # What MLX's exporter raises, as this package's class; what the traced function raises, as it is.
+        with pytest.raises(ea.MLXValueError, match="Outputs can be either"):
+            await ea.trace(lambda a: {"a": a}, x, queue=q)
+        with pytest.raises(ea.MLXRuntimeError, match="Failed to open"):
+            await ea.trace(lambda a: a + 1, x, queue=q, save=tmp_path)
+        with pytest.raises(ZeroDivisionError):
+            await ea.trace(lambda a: 1 / 0, x, queue=q)
+        with pytest.raises(ea.InvalidInputType, match="must be an mx.array"):
+            await ea.trace(lambda a: a, 1, queue=q)
+        f.release()
+        with pytest.raises(ea.MLXValueError, match="was released"):
+            f(x, queue=q)
+        for timeout in (float("nan"), -1, 0, "5", float("inf")):
+            with pytest.raises(ea.MLXValueError, match="verify_timeout must be a positive number"):
+                ea.load_traced(tmp_path / "never-read.mlxfn", verify=True, verify_timeout=timeout)
+        assert (await ea.ops.add(x, 1.0, queue=q)).shape == (2, 3)
+
+
+@one_loop
 async def test_cancelled_queued_replay_is_dropped():
     x, y = rand(4, 8), rand(8, 6)
     async with ea.Runtime() as rt:
