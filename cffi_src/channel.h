@@ -13,6 +13,7 @@ typedef struct emlx_channel emlx_channel;
 #define EMLX_PY_FAILED 3     /* a Python job raised; the exception is kept in Python */
 #define EMLX_STOPPED 4       /* the worker reached its stop marker and left this channel */
 #define EMLX_HOST_REQUEST 5  /* a host-call node wants an answer (host_call.h); job_id is the request id */
+#define EMLX_HOST_FREED 6    /* a host-call node was freed (host_call.h); job_id is its call id */
 
 /* payload_kind values. */
 #define EMLX_PAYLOAD_RESULTS 0  /* an op job's outputs */

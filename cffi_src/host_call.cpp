@@ -57,7 +57,15 @@ class HostCall : public mx::Primitive {
   HostCall(mx::Stream stream, std::shared_ptr<emlx::Channel> channel, uint64_t call_id, int backstop_ms)
       : mx::Primitive(stream), channel_(std::move(channel)), call_id_(call_id), backstop_ms_(backstop_ms) {}
 
+  // The loop keeps the callback of each node until its request comes; a node
+  // freed unevaluated would keep it for ever (nothing once the runtime closed).
+  // An evaluated one is freed before its task asks: its request pops it.
+  ~HostCall() override {
+    if (!evaluated_) channel_->post({call_id_, EMLX_HOST_FREED, 0, nullptr, nullptr, 0, 0, 0});
+  }
+
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    evaluated_ = true;
     for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
     emlx::mlx_internals::dispatch_cpu_task(
         stream(), inputs, outputs, [channel = channel_, call_id = call_id_, backstop = backstop_ms_, inputs,
@@ -122,6 +130,7 @@ class HostCall : public mx::Primitive {
   std::shared_ptr<emlx::Channel> channel_;
   uint64_t call_id_;
   int backstop_ms_;
+  bool evaluated_ = false;
 };
 
 std::string describe(const mx::Shape& shape, mx::Dtype dtype) {

@@ -34,7 +34,7 @@ def _renew_process_id() -> None:
 
 os.register_at_fork(after_in_child=_renew_process_id)
 # Read per record on the loop: module constants, not attribute look-ups on the cffi lib.
-_HOST_REQUEST, _DONE, _NULL = lib.EMLX_HOST_REQUEST, lib.EMLX_DONE, ffi.NULL
+_HOST_REQUEST, _HOST_FREED, _DONE, _NULL = lib.EMLX_HOST_REQUEST, lib.EMLX_HOST_FREED, lib.EMLX_DONE, ffi.NULL
 
 
 class CompletionChannel:
@@ -120,7 +120,7 @@ class CompletionChannel:
             for i in range(count):
                 record = records[i]
                 status = record.status
-                job = jobs.get(record.job_id) if status != _HOST_REQUEST else None
+                job = jobs.get(record.job_id) if status not in (_HOST_REQUEST, _HOST_FREED) else None
                 try:
                     if status == _DONE and job is not None and record.message == _NULL:
                         del jobs[record.job_id]  # the common record, without _handle's general path
@@ -150,6 +150,10 @@ class CompletionChannel:
             else:  # no host call was ever built here: answer so the worker moves on
                 lib.emlx_host_request_reply(record.job_id, ffi.NULL, 0,
                                             b"[host_call] this runtime serves no host calls")
+            return
+        if record.status == _HOST_FREED:  # job_id is a call id
+            if self.host_server is not None:
+                self.host_server.freed(record.job_id)
             return
         job = self.jobs.pop(record.job_id, None)
         if job is None:

@@ -186,6 +186,10 @@ class HostCallServer:
         handle = self.runtime._backend.spawn(lambda: self._serve(request_id, call, inputs), context=context)
         self._tasks[request_id] = (handle, call.queue)  # both backends start the task later, never inline
 
+    def freed(self, call_id: int) -> None:
+        """A node was freed (called from the channel's drain): unevaluated, its callback is not needed."""
+        self.calls.pop(call_id, None)
+
     async def _serve(self, request_id: int, call: _Call, inputs: list[mx.array]) -> None:
         name = getattr(call.fn, "__qualname__", repr(call.fn))
         set_bound(self.runtime.callback_queue(call.queue.device))  # its own MLX work goes here

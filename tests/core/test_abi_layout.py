@@ -13,7 +13,8 @@ import re
 from support import ROOT
 
 SRC = ROOT / "cffi_src"
-STATUSES = {"EMLX_DONE", "EMLX_FAILED", "EMLX_DROPPED", "EMLX_PY_FAILED", "EMLX_STOPPED", "EMLX_HOST_REQUEST"}
+STATUSES = {"EMLX_DONE", "EMLX_FAILED", "EMLX_DROPPED", "EMLX_PY_FAILED", "EMLX_STOPPED", "EMLX_HOST_REQUEST",
+            "EMLX_HOST_FREED"}
 
 
 def _build_list(name: str) -> list[str]:

@@ -103,6 +103,27 @@ async def test_scalar_and_empty_outputs():
 
 
 @on_every_loop
+async def test_host_calls_never_evaluated_leave_no_callback_behind():
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        x = mx.ones((2, 3))
+        for _ in range(50):  # each kept its callback on the loop for ever
+            y, = await ea.host_call(lambda a: a, x, outputs=[((2, 3), mx.float32)], queue=q)
+            del y
+        calls = q._channel.host_server.calls
+        with anyio.fail_after(10):
+            while calls:  # the freed nodes' records arrive through the channel
+                await anyio.sleep(0.01)
+        y, = await ea.host_call(lambda a: a + 1, x, outputs=[((2, 3), mx.float32)], queue=q)
+        await ea.eval(y)  # an evaluated one is served, then gone too
+        assert y.tolist() == [[2.0] * 3] * 2
+        del y
+        with anyio.fail_after(10):
+            while calls:
+                await anyio.sleep(0.01)
+
+
+@on_every_loop
 async def test_raising_callback_fails_the_graph_with_chained_cause():
     async with ea.Runtime(pool_size=4) as rt:
         class FilterError(Exception):
