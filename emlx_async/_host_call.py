@@ -51,7 +51,7 @@ import mlx.core as mx
 
 from ._backend import wait_all
 from ._dtypes import DTYPE_CODES, MAX_DIM
-from ._errors import HostCallError
+from ._errors import HostCallError, InvalidInputType, MLXOverflowError, MLXValueError
 from ._native import ensure, ffi, lib
 from ._native import error as native_call_error
 from ._queue import CommandQueue, current_job, host_call_blocking
@@ -71,21 +71,25 @@ class _Call:
 
 
 def _check_outputs(outputs: Sequence[tuple[Sequence[int], mx.Dtype]]) -> list[tuple[tuple[int, ...], mx.Dtype]]:
+    try:
+        outputs = list(outputs)
+    except TypeError:  # a number, None: its TypeError named neither host_call nor outputs
+        outputs = []
     if not outputs:
-        raise ValueError("host_call needs outputs=[(shape, dtype), ...] with at least one entry")
+        raise MLXValueError("host_call needs outputs=[(shape, dtype), ...] with at least one entry")
     checked = []
     for i, spec in enumerate(outputs):
         try:
             shape, dtype = spec
             shape = tuple(operator.index(d) for d in shape)
         except (TypeError, ValueError):
-            raise ValueError(f"host_call outputs[{i}] must be a (shape, dtype) pair, got {spec!r}") from None
+            raise MLXValueError(f"host_call outputs[{i}] must be a (shape, dtype) pair, got {spec!r}") from None
         if any(d < 0 for d in shape):
-            raise ValueError(f"host_call outputs[{i}] has a negative dimension: {shape}")
+            raise MLXValueError(f"host_call outputs[{i}] has a negative dimension: {shape}")
         if any(d > MAX_DIM for d in shape) or math.prod(shape) > 2**62:
-            raise OverflowError(f"host_call outputs[{i}] shape {shape} does not fit MLX's int32 dimensions")
-        if dtype not in DTYPE_CODES:
-            raise ValueError(f"host_call outputs[{i}] has unsupported dtype {dtype!r}")
+            raise MLXOverflowError(f"host_call outputs[{i}] shape {shape} does not fit MLX's int32 dimensions")
+        if not isinstance(dtype, mx.Dtype) or dtype not in DTYPE_CODES:  # an unhashable one raised TypeError
+            raise MLXValueError(f"host_call outputs[{i}] has unsupported dtype {dtype!r}")
         checked.append((shape, dtype))
     return checked
 
@@ -117,7 +121,7 @@ def host_call(fn: Callable[..., Any], /, *inputs: mx.array,
     specs = _check_outputs(outputs)
     for i, x in enumerate(inputs):
         if not isinstance(x, mx.array):
-            raise TypeError(f"host_call inputs must be mx.arrays; input {i} is {type(x).__name__}")
+            raise InvalidInputType(f"host_call inputs must be mx.arrays; input {i} is {type(x).__name__}")
     check_host_call_timeout("timeout", timeout, "the runtime's host_call_timeout")
     job = current_job()
     if job is not None:  # on a worker thread, inside a queue job

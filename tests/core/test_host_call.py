@@ -123,6 +123,22 @@ async def test_host_calls_never_evaluated_leave_no_callback_behind():
                 await anyio.sleep(0.01)
 
 
+@pytest.mark.parametrize("outputs, cls, words", [
+    (5, ea.MLXValueError, "needs outputs="),  # was TypeError: 'int' object is not iterable
+    (None, ea.MLXValueError, "needs outputs="),
+    ([((2, 3), [1])], ea.MLXValueError, "unsupported dtype"),  # was TypeError: unhashable type: 'list'
+    ([((2, 3), "float32")], ea.MLXValueError, "unsupported dtype"),
+    ([((2,),)], ea.MLXValueError, "must be a \\(shape, dtype\\) pair"),
+    ([((2, -3), mx.float32)], ea.MLXValueError, "negative dimension"),
+    ([((10**12,), mx.float32)], ea.MLXOverflowError, "int32 dimensions"),
+])
+def test_bad_output_specs_are_refused_by_name_with_emlx_errors(outputs, cls, words):
+    with pytest.raises(cls, match=words):
+        ea.host_call(lambda a: a, mx.ones((2, 3)), outputs=outputs)
+    with pytest.raises(ea.InvalidInputType, match="input 0 is str"):
+        ea.host_call(lambda a: a, "x", outputs=[((2, 3), mx.float32)])
+
+
 @on_every_loop
 async def test_raising_callback_fails_the_graph_with_chained_cause():
     async with ea.Runtime(pool_size=4) as rt:
