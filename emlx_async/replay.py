@@ -366,6 +366,14 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
             raise InvalidInputType(f"[trace] example {k} must be an mx.array, got {type(x).__name__}")
         if x.dtype not in DTYPE_CODES:
             raise MLXValueError(f"[trace] example {k}: unsupported dtype {x.dtype}")
+    if save is not None:
+        try:
+            mode = os.stat(save).st_mode
+        except OSError:
+            mode = None  # a new file; MLX names any problem creating it
+        # MLX's exporter opens it holding the GIL: a FIFO would block the whole process for ever.
+        if mode is not None and not stat.S_ISREG(mode):
+            raise MLXValueError(f"[trace] save={os.fspath(save)!r} exists and is not a regular file")
     target = route(list(examples), queue, runtime=get_runtime)
     with tempfile.TemporaryDirectory(prefix="emlx-trace-") as tmp:
         path = os.fspath(save) if save is not None else os.path.join(tmp, "function.mlxfn")

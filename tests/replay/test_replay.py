@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import gc
+import os
 import re
+import subprocess
+import sys
 import time
 
 import mlx.core as mx
@@ -200,7 +203,7 @@ async def test_every_refusal_of_trace_and_its_functions_is_an_emlx_error(tmp_pat
         with pytest.raises(ea.MLXValueError, match="Outputs can be either"):
             await ea.trace(lambda a: {"a": a}, x, queue=q)
         with pytest.raises(ea.MLXRuntimeError, match="Failed to open"):
-            await ea.trace(lambda a: a + 1, x, queue=q, save=tmp_path)
+            await ea.trace(lambda a: a + 1, x, queue=q, save=tmp_path / "missing" / "f.mlxfn")
         with pytest.raises(ZeroDivisionError):
             await ea.trace(lambda a: 1 / 0, x, queue=q)
         with pytest.raises(ea.InvalidInputType, match="must be an mx.array"):
@@ -212,6 +215,41 @@ async def test_every_refusal_of_trace_and_its_functions_is_an_emlx_error(tmp_pat
             with pytest.raises(ea.MLXValueError, match="verify_timeout must be a positive number"):
                 ea.load_traced(tmp_path / "never-read.mlxfn", verify=True, verify_timeout=timeout)
         assert (await ea.ops.add(x, 1.0, queue=q)).shape == (2, 3)
+
+
+def test_trace_refuses_to_save_over_a_fifo(tmp_path):
+    # MLX's exporter opened the FIFO holding the GIL: the whole process waited for a reader
+    # for ever, so the case runs in a child that can be abandoned.
+    fifo = tmp_path / "pipe.mlxfn"
+    os.mkfifo(fifo)
+    code = f"""if True:
+        import asyncio, mlx.core as mx, emlx_async as ea
+        async def main():
+            try:
+                await ea.trace(lambda a: a + 1, mx.ones(2), save={str(fifo)!r})
+            except ea.MLXValueError as exc:
+                print("refused:", exc)
+            print("then", (await ea.ops.add(mx.ones(2), 1.0)).tolist())
+        asyncio.run(main())
+    """
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("ea.trace(save=<a FIFO>) hung the process")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "exists and is not a regular file" in done.stdout and "then [2.0, 2.0]" in done.stdout, done.stdout
+
+
+@one_loop
+async def test_trace_refuses_to_save_over_a_directory_and_saves_a_new_file(tmp_path):
+    x = rand(2, 3)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        with pytest.raises(ea.MLXValueError, match="exists and is not a regular file"):
+            await ea.trace(lambda a: a + 1, x, queue=q, save=tmp_path)
+        f = await ea.trace(lambda a: a + 1, x, queue=q, save=tmp_path / "f.mlxfn")
+        assert (await f(x, queue=q)).tolist() == (x + 1).tolist()
+        f.release()
 
 
 @one_loop
