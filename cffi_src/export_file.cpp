@@ -703,6 +703,15 @@ void check(const Node& n, mx::Stream sc) {
       if (strides[k] <= 0 || kernel_dilation[k] <= 0 || input_dilation[k] <= 0 || lo[k] < 0 || hi[k] < 0)
         fail("needs positive strides and dilations");
     if (out.shape[0] != x[0] || out.shape.back() != w[0]) fail("makes another batch or channel count");
+    // The kernel reads the input at every output position times its stride: the file's
+    // output sizes must be those the input, kernel and parameters give (MLX's conv_out_shape).
+    for (size_t k = 0; k < spatial; ++k) {
+      int64_t in = 1 + int64_t{input_dilation[k]} * (x[k + 1] - 1);
+      int64_t kernel = 1 + int64_t{kernel_dilation[k]} * (w[k + 1] - 1);
+      int64_t padded = in + lo[k] + hi[k];
+      if (x[k + 1] <= 0 || w[k + 1] <= 0 || padded < kernel || out.shape[k + 1] != (padded - kernel) / strides[k] + 1)
+        fail("makes another spatial size than its input, kernel and parameters give");
+    }
     same_dtype(0);
   } else if (name == "AsStrided") {
     inputs(1);

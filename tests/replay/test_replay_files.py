@@ -430,6 +430,39 @@ def test_split_indices_outside_the_axis_are_refused(tmp_path, indices):
         ea.load_traced(path)
 
 
+_CONVOLUTIONS = {
+    "conv1d": (lambda x: mx.conv1d(x, mx.ones((2, 3, 4)), stride=2, padding=1, dilation=2), (1, 9, 4)),
+    "conv2d": (lambda x: mx.conv2d(x, mx.ones((2, 3, 3, 4)), stride=2, padding=1), (1, 8, 8, 4)),
+    "grouped": (lambda x: mx.conv2d(x, mx.ones((4, 3, 3, 2)), groups=2), (1, 6, 6, 4)),
+    "transposed": (lambda x: mx.conv_transpose2d(x, mx.ones((2, 3, 3, 4)), stride=2, padding=1), (1, 5, 5, 4)),
+    "conv3d": (lambda x: mx.conv3d(x, mx.ones((2, 2, 2, 2, 3)), stride=(1, 2, 1)), (1, 4, 5, 3, 3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CONVOLUTIONS))
+def test_convolution_strides_that_do_not_give_its_output_are_refused(tmp_path, name):
+    # A seeded fuzz (its conv2d, seed 3) flipped a bit of a stride: the kernel
+    # read the input at output position times 2097154 (SIGSEGV).
+    fn, shape = _CONVOLUTIONS[name]
+    x = _rand(*shape)
+    path = tmp_path / f"{name}.mlxfn"
+    mx.export_function(str(path), fn, x)
+    data = path.read_bytes()
+    f = ea.load_traced(path)  # the files MLX writes pass
+    assert _bytes(asyncio.run(_replay(f, x))) == _bytes(fn(x))
+    f.release()
+    at = data.index(b"Convolution") + len(b"Convolution") + 8  # the strides, after their count
+    stride = int.from_bytes(data[at:at + 4], "little")
+    path.write_bytes(data[:at] + (stride | 1 << 21).to_bytes(4, "little") + data[at + 4:])
+    with pytest.raises(ea.MLXValueError, match="Convolution node makes another spatial size"):
+        ea.load_traced(path)
+
+
+async def _replay(f, *xs):
+    async with ea.Runtime(pool_size=1) as rt:
+        return await f(*xs, queue=rt.default_queue())
+
+
 def test_verify_replays_a_foreign_file_in_a_child_first(tmp_path):
     # A scatter's constant indices are not checked (documented): patched far
     # out of range, the file passes every check, and its kernel writes past
