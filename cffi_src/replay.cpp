@@ -389,7 +389,9 @@ int emlx_replay_bind(int64_t id, void** arrays, size_t count, int64_t* bound_id)
       for (; k < bound.size(); ++k) {
         const auto& want = trace.inputs[inputs - bound.size() + k];
         const auto& x = bound[k];
-        if (x.dtype() != want.dtype || (!entry->shapeless && x.shape() != want.shape)) {
+        // Shapeless: any sizes, but the number of axes is the trace's (each call checks it too).
+        if (x.dtype() != want.dtype ||
+            (entry->shapeless ? x.ndim() != want.shape.size() : x.shape() != want.shape)) {
           why = "bound array " + std::to_string(k) + " does not fit input " +
                 std::to_string(inputs - bound.size() + k) + " (expected " +
                 emlx::validate::shape_text(want.shape) + " " + emlx::validate::dtype_text(want.dtype) + ", got " +

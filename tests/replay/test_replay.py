@@ -392,6 +392,22 @@ def accumulate(total, step):
 
 
 @one_loop
+async def test_a_shapeless_bind_refuses_an_array_of_another_number_of_axes():
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(lambda a, w: a @ w, mx.ones((2, 3)), mx.ones((3, 4)), queue=q, shapeless=True)
+        w, wide = mx.ones((3,)), mx.ones((3, 5))
+        mx.eval(w, wide)
+        # It was bound, and every call then failed on an input 1 the caller never passed.
+        with pytest.raises(ea.MLXValueError, match=re.escape("bound array 0 does not fit input 1")):
+            f.bind(w)
+        g = f.bind(wide)  # other sizes, same axes: fine
+        assert (await g(mx.ones((2, 3)), queue=q)).tolist() == [[3.0] * 5] * 2
+        g.release()
+        f.release()
+
+
+@one_loop
 async def test_a_chain_carries_outputs_from_call_to_call_on_the_worker():
     one = mx.array([1.0, 1.0])
     async with ea.Runtime() as rt:
