@@ -275,8 +275,9 @@ std::vector<mx::array> replay_call(const std::vector<mx::array>& given, int64_t 
         throw std::invalid_argument("[replay] the previous chained call did not make output " +
                                     std::to_string(output));
       // Moved out: the graph holds the only reference, so MLX may update it in place.
-      xs[input] = entry->traces.size() == 1 ? fit_chained(it->second, entry->traces[0].inputs[input], entry->shapeless, input, sc)
-                                            : it->second;
+      xs[input] = entry->traces.size() == 1
+                      ? fit_chained(it->second, entry->traces[0].inputs[input], entry->shapeless, input, sc)
+                      : it->second;
     }
     chained.clear();
   }

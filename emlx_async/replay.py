@@ -313,7 +313,8 @@ def load_traced(path: str | os.PathLike, *, verify: bool = False, verify_timeout
     path = os.fspath(path)
     if verify and not (isinstance(verify_timeout, (int, float)) and not isinstance(verify_timeout, bool)
                        and 0 < verify_timeout < math.inf):
-        raise MLXValueError(f"[load_traced] verify_timeout must be a positive number of seconds, got {verify_timeout!r}")
+        raise MLXValueError("[load_traced] verify_timeout must be a positive number of seconds, "
+                            f"got {verify_timeout!r}")
     data = _read_export(path)
     if verify:
         _verify_in_child(path, data, verify_timeout)
