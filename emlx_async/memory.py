@@ -3,7 +3,12 @@ are plain functions safe to call from the loop (no queue is involved)."""
 
 from __future__ import annotations
 
+import operator
+from typing import Any
+
 import mlx.core as mx
+
+from ._dtypes import INT_RANGES
 
 
 def memory_info() -> dict[str, int]:
@@ -22,13 +27,22 @@ def reset_peak_memory() -> None:
 
 def set_memory_limit(limit: int) -> int:
     """Set the memory limit in bytes; returns the previous one."""
-    if limit < 0:
-        raise ValueError(f"memory limit must be non-negative, got {limit}")
-    return mx.set_memory_limit(limit)
+    return mx.set_memory_limit(_bytes("memory", limit))
 
 
 def set_cache_limit(limit: int) -> int:
     """Set the cache limit in bytes; returns the previous one."""
-    if limit < 0:
-        raise ValueError(f"cache limit must be non-negative, got {limit}")
-    return mx.set_cache_limit(limit)
+    return mx.set_cache_limit(_bytes("cache", limit))
+
+
+def _bytes(what: str, limit: Any) -> int:
+    """`limit` as MLX's size_t: an int (a bool is not one: True set a 1-byte limit)."""
+    if isinstance(limit, bool):
+        raise TypeError(f"{what} limit must be an int of bytes, got a bool")
+    try:
+        limit = operator.index(limit)
+    except TypeError:
+        raise TypeError(f"{what} limit must be an int of bytes, got {type(limit).__name__}") from None
+    if not 0 <= limit <= INT_RANGES[mx.uint64][1]:
+        raise ValueError(f"{what} limit must be non-negative and fit 64 bits, got {limit}")
+    return limit

@@ -158,6 +158,13 @@ def test_memory_controls_return_previous_values():
     ea.memory.clear_cache()
     with pytest.raises(ValueError, match="non-negative"):
         ea.memory.set_cache_limit(-1)
+    with pytest.raises(ValueError, match="fit 64 bits"):
+        ea.memory.set_memory_limit(2**70)
+    for bad in (True, "1", None, 1.5):  # True set a 1-byte limit; the others failed inside the comparison
+        with pytest.raises(TypeError, match="memory limit must be an int of bytes"):
+            ea.memory.set_memory_limit(bad)
+    assert ea.memory.set_memory_limit(np.int64(1 << 34)) == previous
+    assert ea.memory.set_memory_limit(previous) == 1 << 34
 
 
 def test_generated_functions_reach_submit_by_import():
