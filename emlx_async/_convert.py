@@ -59,7 +59,8 @@ def to_array(value: Any, dtype: mx.Dtype | None = None) -> mx.array:
     if is_mlx_array(value):
         return _mlx_array(value)
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc":
-        return mx.array(np.asarray(value), dtype=dtype) if dtype is not None else mx.array(np.asarray(value))
+        value = numeric_numpy(value)
+        return mx.array(value, dtype=dtype) if dtype is not None else mx.array(value)
     if isinstance(value, complex):
         return mx.array(value, dtype=mx.complex64)
     if value is None:  # nanobind refuses None before mlx converts: the generated functions ask mlx's message
@@ -71,6 +72,15 @@ def to_array(value: Any, dtype: mx.Dtype | None = None) -> mx.array:
     elif isinstance(value, np.generic):  # a str_, bytes_, void or datetime64 scalar (the last crashes mlx)
         name = kind.__name__
     raise InvalidInputType(f"Invalid type {name} received in array initialization.")
+
+
+def numeric_numpy(value: np.ndarray | np.generic) -> np.ndarray:
+    """A NumPy value as an array mlx can take: in the machine's byte order (mlx fails on
+    another with std::bad_cast); one of a dtype mlx has no array of is refused by name."""
+    value = np.asarray(value)
+    if value.dtype.kind not in "biufc":
+        raise InvalidInputType("Invalid type ndarray received in array initialization.")
+    return value if value.dtype.isnative else value.astype(value.dtype.newbyteorder("="))
 
 
 def to_arrays(a: Any, b: Any) -> tuple[mx.array, mx.array]:

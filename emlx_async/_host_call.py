@@ -48,8 +48,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from ._backend import wait_all
+from ._convert import numeric_numpy
 from ._dtypes import DTYPE_CODES, MAX_DIM
 from ._errors import HostCallError, InvalidInputType, MLXOverflowError, MLXValueError
 from ._native import ensure, ffi, lib
@@ -248,7 +250,13 @@ class HostCallServer:
             raise HostCallError(f"[host_call] expected {len(call.outputs)} outputs, got {len(values)}")
         arrays = []
         for i, (value, (shape, dtype)) in enumerate(zip(values, call.outputs)):
-            array = value if isinstance(value, mx.array) else mx.array(value)
+            try:
+                if isinstance(value, (np.ndarray, np.generic)):
+                    value = numeric_numpy(value)
+                array = value if isinstance(value, mx.array) else mx.array(value)
+            except (ValueError, TypeError) as exc:  # not something mlx makes an array of
+                why = "" if type(exc) is TypeError else f": {exc}"  # nanobind's TypeError lists its overloads
+                raise HostCallError(f"[host_call] output {i} ({type(value).__name__}) is not an array{why}") from None
             if tuple(array.shape) != shape or array.dtype != dtype:
                 raise HostCallError(f"[host_call] output {i} must be {shape} {dtype}, "
                                     f"got {tuple(array.shape)} {array.dtype}")

@@ -49,6 +49,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import ops
+from ._convert import numeric_numpy
 from ._dtypes import DTYPE_CODES as _DTYPE_CODES
 from ._dtypes import INT_RANGES, MAX_DIM, NUMPY_DTYPES
 from ._errors import EMLXError, InvalidInputType
@@ -184,7 +185,7 @@ def from_numpy(a: np.ndarray, /, *, copy: bool = True) -> mx.array:
     written while MLX may read it; elsewhere (MLX's Linux CPU build) MLX makes
     one copy. Anything else is copied here.
     """
-    a = np.asarray(a)
+    a = numeric_numpy(a)
     dtype = NUMPY_DTYPES.get(a.dtype)
     if copy or dtype is None or not a.flags.c_contiguous or not a.flags.aligned or a.size == 0:
         return mx.array(a)

@@ -231,6 +231,16 @@ async def test_wrong_output_shape_or_dtype_is_rejected():
             await q.run(lambda x: ea.host_call(lambda v: v, x, outputs=[((2,), mx.float32)] * 2), mx.ones(2))
         with pytest.raises(ValueError, match=r"outputs\[0\] must be a \(shape, dtype\) pair"):
             ea.host_call(lambda v: v, mx.ones(2), outputs=[(2,)])
+        # What mlx makes no array of (these gave std::bad_cast or nanobind's list of overloads)
+        for value, says in ((np.array(["a", "b"]), r"\(ndarray\) is not an array: Invalid type ndarray"),
+                            (np.array([object(), 1]), r"\(ndarray\) is not an array"),
+                            (None, r"\(NoneType\) is not an array$")):
+            with pytest.raises(RuntimeError, match=r"\[host_call\] output 0 " + says):
+                await q.run(lambda x: ea.host_call(lambda v: value, x, outputs=[((2,), mx.float32)]), mx.ones(2))
+        # NumPy's other byte order is read as its values (mlx fails on it)
+        swapped, = await q.run(lambda x: ea.host_call(lambda v: np.array([3.0, 4.0], dtype=">f4"), x,
+                                                      outputs=[((2,), mx.float32)]), mx.ones(2))
+        assert swapped.tolist() == [3.0, 4.0]
         assert await q.run(lambda: "ok") == "ok"
 
 

@@ -63,6 +63,17 @@ async def test_data_ptr_and_to_device(rt):
 
 
 @on_every_loop
+async def test_from_numpy_reads_the_other_byte_order_and_refuses_what_mlx_has_no_array_of(rt):
+    swapped = np.arange(6, dtype=">i8").reshape(2, 3)  # mlx fails on it (std::bad_cast)
+    for copy in (True, False):
+        got = ea.ipc.from_numpy(swapped, copy=copy)
+        assert got.dtype == mx.int64 and got.tolist() == swapped.tolist()
+    for value in (np.array(["a"]), np.array([np.datetime64("2020-01-01")]), np.array(3, dtype=object)):
+        with pytest.raises(ea.InvalidInputType, match="Invalid type ndarray received in array initialization"):
+            ea.ipc.from_numpy(value)
+
+
+@on_every_loop
 async def test_from_numpy_shares_or_copies(rt):
     import sys
 

@@ -345,6 +345,10 @@ async def test_campaign_calls_get_mlxs_outcome(rt):
                 await call()
     with pytest.raises(ea.InvalidInputType, match=r"^Invalid type ndarray received in array initialization"):
         await ea.ops.add(np.array(3, dtype=object), 1)
+    # mlx fails on NumPy's other byte order (std::bad_cast): its values are read
+    swapped = np.array([1.5, -2.0], dtype=">f4")
+    assert (await ea.ops.add(swapped, 1)).tolist() == [2.5, -1.0]
+    assert (await ea.ops.multiply(mx.array([2.0, 2.0]), swapped)).tolist() == [3.0, -4.0]
     # a third positional of add is mlx's stream: mlx's TypeError (its message shows the value as a keyword)
     with pytest.raises(TypeError, match=r"^add\(\): incompatible function arguments"):
         ea.ops.add(a, a, a)
