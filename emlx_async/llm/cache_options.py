@@ -39,6 +39,11 @@ class CacheOptions:
             # make_prompt_cache keeps the first 4 tokens; the ring rotates what follows.
             raise ValueError(f"max_kv_size must be more than 4 (the tokens mlx-lm always keeps), "
                              f"got {self.max_kv_size}")
+        # mlx checks the rest, but divides by the group size first: 0 killed the process (SIGFPE).
+        for name in ("kv_bits", "kv_group_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
 
     def prompt_cache(self, model) -> list[Any]:
         """A fresh cache for a prompt (mlx-lm's make_prompt_cache)."""
