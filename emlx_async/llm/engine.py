@@ -420,19 +420,23 @@ class Engine:
             >>> scored = await engine.prompt_logprobs("The capital of France is Paris", top_logprobs=2)
             >>> sum(logprob for _, logprob, _ in scored[1:])  # the prompt's log-likelihood
         """
-        if self._closed:
-            raise RuntimeError("the engine is closed")
+        self._check_open()
         _check_top_logprobs(top_logprobs)
         tokens = self.encode(prompt)
         if self.context_length is not None and len(tokens) > self.context_length:
             raise ValueError(f"the prompt ({len(tokens)} tokens) exceeds the model's context of "
                              f"{self.context_length} tokens")
         async with self._slots:
-            queue = await self.runtime.acquire_queue()
+            self._check_open()  # close() may have run while this waited for a slot
+            self._active += 1  # close() refuses while it runs: it would drop the model under it
             try:
-                scored = await queue.run(self.decoding.prompt_logprobs, tokens, int(top_logprobs))
+                queue = await self.runtime.acquire_queue()
+                try:
+                    scored = await queue.run(self.decoding.prompt_logprobs, tokens, int(top_logprobs))
+                finally:
+                    self.runtime.release_queue(queue)
             finally:
-                self.runtime.release_queue(queue)
+                self._active -= 1
         return [(tokens[0], None, ())] + [(token, logprob, top) for token, (logprob, top) in zip(tokens[1:], scored)]
 
     # ---- generation ------------------------------------------------------------
@@ -596,8 +600,7 @@ class Engine:
     def _check(self, prompt, messages, max_tokens, stop, stop_token_ids, seed, logprobs, top_logprobs, grammar,
                ignore_eos, sampling: dict[str, Any]) -> _Request:
         """The request's options checked (ValueError naming the bad one) and its prompt encoded."""
-        if self._closed:
-            raise RuntimeError("the engine is closed")
+        self._check_open()
         unknown = set(sampling) - SAMPLER_OPTIONS - PENALTY_OPTIONS
         if unknown:
             raise ValueError(f"unknown sampling option(s) {sorted(unknown)}; "
@@ -640,6 +643,10 @@ class Engine:
                              f"the model's context of {self.context_length} tokens")
         return _Request(tokens, max_tokens, list(stop), frozenset(int(t) for t in stop_token_ids), options,
                         penalties, int(top_logprobs) if logprobs else None, grammar, ignore_eos, min_tokens)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the engine is closed")
 
     def _with_min_tokens(self, penalties: Penalties | None, max_tokens: int, stop_token_ids: Sequence[int],
                          ignore_eos: bool, grammar: Grammar | None) -> Penalties | None:
@@ -729,6 +736,7 @@ class Engine:
                 while held < n:
                     await self._slots.acquire()
                     held += 1
+            self._check_open()  # a stream made before close() starts after it: no model to run
             # A prompt that more than one stream starts from is prefilled once.
             prompts = collections.Counter(tuple(request.tokens) for request in requests)
             for tokens in (tokens for tokens, streams_of in prompts.items() if streams_of > 1):
@@ -774,6 +782,7 @@ class Engine:
     async def _stream(self, request: _Request, sampler: Sampler, stats: RequestStats) -> AsyncIterator[Delta]:
         """Turn a token source (either mode) into text deltas (the caller holds the request's slot)."""
         prompt, stop, stop_ids = request.tokens, request.stop, request.stop_token_ids
+        self._check_open()  # a stream made before close() starts after it: no model to run
         stats.prompt_tokens = len(prompt)
         self._active += 1
         try:

@@ -306,3 +306,32 @@ async def test_close_frees_the_steps_and_weights_and_refuses_later_requests(rt, 
     mx.clear_cache()
     # Its ~25 MB of weights (49152 x 64 float32, embedding and head) are gone.
     assert mx.get_active_memory() - before < 5e6
+
+
+@on_loops("asyncio")
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+async def test_requests_made_before_close_are_refused_after_it_and_scoring_holds_it_off(rt, mode):
+    """A stream made before close() (or waiting for a slot then) is refused when it starts,
+    not run on the freed model; close() refuses while a prompt is scored."""
+    import anyio
+    from support.tiny_models import IdsTokenizer, tiny
+
+    from emlx_async.llm import Engine
+
+    engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode=mode,
+                    max_concurrent=1, prefill_chunk=8)
+    await engine.prepare_step("replay", cache_sizes=(64,))
+    scoring = engine.prompt_logprobs([1] + [5] * 200)
+    async with anyio.create_task_group() as group:
+        async def score():
+            assert len(await scoring) == 201
+        group.start_soon(score)
+        await anyio.sleep(0.02)  # the scoring runs, in the only slot
+        with pytest.raises(RuntimeError, match="still runs 1 request"):
+            await engine.close()
+    made = [engine.generate([1, 2, 3], max_tokens=2), engine.generate_choices([1, 2, 3], n=1, max_tokens=2)]
+    await engine.close()
+    for stream in made:
+        with pytest.raises(RuntimeError, match="the engine is closed"):
+            await anext(stream)
+        await stream.aclose()
