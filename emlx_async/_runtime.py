@@ -361,6 +361,13 @@ class Runtime:
             queue = registry[kind] = self._new_queue(kind, role=role)
         return queue
 
+    def check_current(self) -> None:
+        """Raise RuntimeClosed unless this runtime is open and the caller runs on its event loop
+        (a task fed from another loop's thread would never be woken)."""
+        self._check_open()
+        if not self._backend.is_current():
+            raise RuntimeClosed("the runtime belongs to another event loop; use one made on this loop")
+
     def start_soon(self, fn, *, context=None) -> None:
         """Start ``await fn()`` as a background task on this runtime's loop.
 

@@ -79,6 +79,9 @@ class Batcher(abc.ABC):
         return self._driving
 
     def submit(self, request: BatchRequest) -> None:
+        # The driver runs on the runtime's loop and feeds each request's stream there: a request
+        # from another loop would wait forever (a closed one's: a driver that never starts).
+        self.decoding.runtime.check_current()
         self.waiting.append(request)
         if not self._driving:
             self._start_driver()
@@ -302,8 +305,8 @@ async def batched_tokens(decoding: Decoding, prompt: list[int], max_tokens: int,
                          batcher: Batcher) -> AsyncGenerator[int | tuple | str, None]:
     """One request's tokens from `batcher`, then its finish reason."""
     request = BatchRequest(prompt, max_tokens, sampler)
-    batcher.submit(request)
     try:
+        batcher.submit(request)
         while True:
             item = await request.inbox.receive()
             if isinstance(item, BaseException):
