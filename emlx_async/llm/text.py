@@ -22,7 +22,7 @@ from mlx_lm.tokenizer_utils import _byte_decoder as _mlx_lm_byte_decoder
 from tokenizers import Tokenizer, decoders
 
 from .. import SpecialTokenText as SpecialTokenText
-from .types import brief
+from .types import brief, is_int
 
 
 # The reasoning block of templates that think (Qwen3's, DeepSeek-R1's).
@@ -266,8 +266,14 @@ class PromptEncoder:
             raise ValueError("give exactly one of prompt= or messages=")
         if messages is not None:
             ids = self._encode_chat(messages, tools, template_kwargs or {})
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)  # already token ids
+        elif isinstance(prompt, (list, tuple)):  # already token ids
+            # A bool is no token id (True reached the model as a bool index, which MLX refuses);
+            # numpy's integers are ids like any int.
+            bad = next((i for i, t in enumerate(prompt) if not is_int(t)), None)
+            if bad is not None:
+                raise TypeError(f"prompt token ids must be ints, got {type(prompt[bad]).__name__} "
+                                f"at index {bad}")
+            ids = [int(t) for t in prompt]
         elif isinstance(prompt, str):
             ids = encode_text(self.tokenizer, prompt)
         else:

@@ -424,3 +424,20 @@ def test_an_id_outside_the_vocabulary_is_named_short_however_large(gguf_tokenize
         with pytest.raises(ValueError) as caught:
             encoder.encode(prompt=ids)
         assert str(caught.value).startswith(named) and len(str(caught.value)) < 100, str(caught.value)[:200]
+
+
+@needs_model
+def test_prompt_token_ids_are_ints_bools_refused_numpy_integers_taken(gguf_tokenizer):
+    import numpy as np
+
+    from emlx_async.llm.text import PromptEncoder
+
+    encoder = PromptEncoder(gguf_tokenizer, bos_id=None, chat_template=None, vocab_size=49152)
+    # [True, True] passed as ids 1, 1 in a bool array, which MLX's embedding refused as bool indices.
+    for prompt, at in (([True, True], "bool at index 0"), ([5, 2.0], "float at index 1"), ([5, "6"], "str at index 1")):
+        with pytest.raises(TypeError, match=f"prompt token ids must be ints, got {at}"):
+            encoder.encode(prompt)
+    ids = encoder.encode([np.int64(5), np.uint16(6), 7])
+    assert ids == [5, 6, 7] and all(type(t) is int for t in ids)
+    with pytest.raises(ValueError, match="token id 49152 is outside the vocabulary"):
+        encoder.encode([np.int32(49152)])
