@@ -69,10 +69,26 @@ def encode_text(tokenizer, text: str) -> list[int]:
     ~0.6 s in which the event loop cannot run) where `encode_batch` lets
     go of it. Hugging Face's fast tokenizers already encode that way.
     """
-    if isinstance(tokenizer, Tokenizer):
-        return tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
-    out = tokenizer.encode(text, add_special_tokens=False)
+    try:
+        if isinstance(tokenizer, Tokenizer):
+            return tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+        out = tokenizer.encode(text, add_special_tokens=False)
+    except TypeError:
+        # A lone surrogate ("\ud800", which JSON's escapes can spell) has no UTF-8 form: the
+        # tokenizers refuse it as "TextEncodeInput must be Union[...]", naming nothing.
+        _check_utf8(text)
+        raise
     return list(getattr(out, "ids", out))
+
+
+def _check_utf8(text: Any) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"the text has no UTF-8 form: {text[exc.start]!r} (a lone surrogate) at index "
+                         f"{exc.start}") from None
+    except AttributeError:  # not a str: the tokenizer's own TypeError stands
+        pass
 
 
 class Detokenizer:

@@ -441,3 +441,17 @@ def test_prompt_token_ids_are_ints_bools_refused_numpy_integers_taken(gguf_token
     assert ids == [5, 6, 7] and all(type(t) is int for t in ids)
     with pytest.raises(ValueError, match="token id 49152 is outside the vocabulary"):
         encoder.encode([np.int32(49152)])
+
+
+@needs_model
+def test_text_with_a_lone_surrogate_is_refused_by_name(gguf_tokenizer):
+    from emlx_async.llm.text import PromptEncoder
+
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    encoder = PromptEncoder(gguf_tokenizer, bos_id=None, chat_template=template, vocab_size=49152)
+    # The tokenizer's TypeError named nothing: "TextEncodeInput must be Union[TextInputSequence, ...]".
+    with pytest.raises(ValueError, match=r"no UTF-8 form: '\\ud800' \(a lone surrogate\) at index 2"):
+        encoder.encode("hi\ud800")
+    with pytest.raises(ValueError, match="no UTF-8 form"):
+        encoder.encode(messages=[{"role": "user", "content": "a\udfff"}])
+    assert encoder.encode("hi \U0001F600") == gguf_tokenizer.encode("hi \U0001F600", add_special_tokens=False).ids
