@@ -139,7 +139,7 @@ class Engine:
         if mode not in ("parallel", "batch"):
             raise ValueError(f"mode must be 'parallel' or 'batch', got {mode!r}")
         if not is_int(batches) or batches < 1:
-            raise ValueError(f"batches must be a positive int, got {batches!r}")
+            raise ValueError(f"batches must be a positive int, got {brief(batches)}")
         if batches > 1 and mode != "batch":
             raise ValueError(f"batches ({batches}) needs mode 'batch' (parallel mode runs each request alone)")
         self.mode = mode
@@ -151,7 +151,7 @@ class Engine:
                                   vocab_size=vocab_size or embedding_rows(model))
         self.context_length = context_length or model_context_length(model)
         if prefill_chunk is not None and (not is_int(prefill_chunk) or prefill_chunk < 1):
-            raise ValueError(f"prefill_chunk must be a positive int, got {prefill_chunk!r}")
+            raise ValueError(f"prefill_chunk must be a positive int, got {brief(prefill_chunk)}")
         # The chunk bounds how long a cancelled prompt keeps its queue (and, in
         # batch mode, how long running streams stall). On CPU a pass costs the
         # same per token at any chunk size (SmolLM2: ~10 tokens/s on 2 cores,
@@ -606,7 +606,7 @@ class Engine:
             raise ValueError(f"unknown sampling option(s) {sorted(unknown)}; "
                              f"expected {sorted(SAMPLER_OPTIONS | PENALTY_OPTIONS)}")
         if not is_int(max_tokens) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+            raise ValueError(f"max_tokens must be a positive int, got {brief(max_tokens)}")
         penalties = check_penalties(self.vocab_size, **{k: v for k, v in sampling.items() if k in PENALTY_OPTIONS})
         options = check_sampling(**{k: v for k, v in sampling.items() if k in SAMPLER_OPTIONS})
         if isinstance(stop, str):
@@ -618,9 +618,9 @@ class Engine:
         if bad:
             raise ValueError(f"stop_token_ids must be token ids in [0, {self.vocab_size}), got {brief(bad[0])}")
         if seed is not None and not is_int(seed):
-            raise ValueError(f"seed must be an int, got {seed!r}")
+            raise ValueError(f"seed must be an int, got {brief(seed)}")
         if not isinstance(logprobs, bool):
-            raise ValueError(f"logprobs must be a bool, got {logprobs!r}")
+            raise ValueError(f"logprobs must be a bool, got {brief(logprobs)}")
         _check_top_logprobs(top_logprobs)
         if top_logprobs and not logprobs:
             raise ValueError("top_logprobs needs logprobs=True")
@@ -630,7 +630,7 @@ class Engine:
         if grammar is not None and not self.eos_ids:
             raise ValueError("a grammar needs the engine's end-of-sequence ids (eos_ids) to end the output")
         if not isinstance(ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {ignore_eos!r}")
+            raise ValueError(f"ignore_eos must be a bool, got {brief(ignore_eos)}")
         if ignore_eos and grammar is not None:
             # A finished grammar allows only end-of-sequence: decoding on would repeat it to max_tokens.
             raise ValueError("ignore_eos cannot be combined with a grammar, which ends the output "
@@ -639,7 +639,7 @@ class Engine:
         penalties = self._with_min_tokens(penalties, max_tokens, stop_token_ids, ignore_eos, grammar)
         tokens = self.encode(prompt, messages)
         if self.context_length is not None and len(tokens) + max_tokens > self.context_length:
-            raise ValueError(f"the prompt ({len(tokens)} tokens) plus max_tokens ({max_tokens}) exceeds "
+            raise ValueError(f"the prompt ({len(tokens)} tokens) plus max_tokens ({brief(max_tokens)}) exceeds "
                              f"the model's context of {self.context_length} tokens")
         return _Request(tokens, max_tokens, list(stop), frozenset(int(t) for t in stop_token_ids), options,
                         penalties, int(top_logprobs) if logprobs else None, grammar, ignore_eos, min_tokens)
@@ -655,8 +655,8 @@ class Engine:
         if penalties is None or penalties.min_tokens == 0:
             return penalties
         if penalties.min_tokens > max_tokens:
-            raise InvalidOption("min_tokens", f"min_tokens ({penalties.min_tokens}) exceeds max_tokens "
-                                f"({max_tokens})")
+            raise InvalidOption("min_tokens", f"min_tokens ({brief(penalties.min_tokens)}) exceeds "
+                                f"max_tokens ({max_tokens})")
         if grammar is not None:  # a finished grammar allows only end-of-sequence
             raise InvalidOption("min_tokens", "min_tokens cannot be combined with a grammar, which ends the "
                                 "output with end-of-sequence")
@@ -900,12 +900,12 @@ async def _first_of_each(streams: list[AsyncGenerator[Delta, None]]) -> dict[int
 
 def _check_choices(n: Any) -> None:
     if not is_int(n) or not 1 <= n <= MAX_CHOICES:
-        raise ValueError(f"n must be an int in [1, {MAX_CHOICES}], got {n!r}")
+        raise ValueError(f"n must be an int in [1, {MAX_CHOICES}], got {brief(n)}")
 
 
 def _check_top_logprobs(top_logprobs: Any) -> None:
     if not is_int(top_logprobs) or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
-        raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs!r}")
+        raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {brief(top_logprobs)}")
 
 
 def _seed(seed: int | None) -> int:

@@ -39,7 +39,7 @@ import numpy as np
 from mlx_lm.sample_utils import make_logits_processors
 
 from .. import InvalidOption as InvalidOption
-from .types import is_int
+from .types import brief, is_int
 
 # mlx-lm's default context of the repetition penalty (make_logits_processors).
 REPETITION_CONTEXT: int = inspect.signature(make_logits_processors).parameters["repetition_context_size"].default
@@ -96,7 +96,7 @@ def check_penalties(vocab_size: int | None, *, presence_penalty: Any = None, fre
         except OverflowError:  # an int past float's range
             number = math.nan
         if not math.isfinite(number) or number < low or number > high:
-            raise InvalidOption(name, f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
+            raise InvalidOption(name, f"{name} must be a number in [{low:g}, {high:g}], got {brief(value)}")
         return number
 
     presence = real("presence_penalty", presence_penalty, 0.0, -MAX_PENALTY, MAX_PENALTY)
@@ -110,11 +110,11 @@ def check_penalties(vocab_size: int | None, *, presence_penalty: Any = None, fre
                                 f"got {type(logit_bias).__name__}")
         for token, value in logit_bias.items():
             if not is_int(token) or token < 0 or (vocab_size is not None and token >= vocab_size):
-                raise InvalidOption("logit_bias", f"logit_bias: token id {token!r} is outside the vocabulary "
+                raise InvalidOption("logit_bias", f"logit_bias: token id {brief(token)} is outside the vocabulary "
                                     f"(ids 0 to {'?' if vocab_size is None else vocab_size - 1})")
             bias.append((int(token), real("logit_bias", value, 0.0, -MAX_BIAS, MAX_BIAS)))
     if min_tokens is not None and (not is_int(min_tokens) or min_tokens < 0):
-        raise InvalidOption("min_tokens", f"min_tokens must be an int >= 0, got {min_tokens!r}")
+        raise InvalidOption("min_tokens", f"min_tokens must be an int >= 0, got {brief(min_tokens)}")
     penalties = Penalties(presence, frequency, repetition, tuple(sorted(b for b in bias if b[1] != 0)), minimum,
                           int(min_tokens or 0))
     return None if penalties == NEUTRAL else penalties

@@ -15,7 +15,7 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 from .penalties import Penalties, TokenHistory, filter_min_p
-from .types import is_int
+from .types import brief, is_int
 
 if TYPE_CHECKING:
     from .grammar import GrammarMatcher
@@ -110,14 +110,18 @@ def check_sampling(temperature: Any = 0.0, top_p: Any = 1.0, top_k: Any = 0) -> 
     MIN_TOP_P as MIN_TOP_P (the most likely token alone).
     """
     def real(value: Any) -> float | None:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             return None
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int past float's range
+            return None
+        return number if math.isfinite(number) else None
 
     t, p = real(temperature), real(top_p)
     if t is None or t < 0 or p is None or not 0 < p <= 1 or not is_int(top_k) or top_k < 0:
-        raise ValueError(f"invalid sampling: temperature={temperature!r} (finite, >= 0), "
-                         f"top_p={top_p!r} (in (0, 1]), top_k={top_k!r} (an int >= 0)")
+        raise ValueError(f"invalid sampling: temperature={brief(temperature)} (finite, >= 0), "
+                         f"top_p={brief(top_p)} (in (0, 1]), top_k={brief(top_k)} (an int >= 0)")
     return (0.0 if t < MIN_TEMPERATURE else t), max(p, MIN_TOP_P), int(top_k)
 
 

@@ -119,6 +119,17 @@ def test_hostile_requests_raise_value_error_and_the_engine_keeps_working_in_both
     (dict(top_k=2.5, temperature=1.0), "invalid sampling"),
     (dict(seed=1.5), "seed must be an int"),
     (dict(seed="7"), "seed must be an int"),
+    # Ints past float's range were an OverflowError; past 4300 digits every message's repr raised
+    # "Exceeds the limit (4300 digits) for integer string conversion" instead of naming the option.
+    (dict(temperature=10**400), "invalid sampling: temperature=<an integer of 1329 bits>"),
+    (dict(top_p=10**400, temperature=1.0), "invalid sampling: .*top_p=<an integer of 1329 bits>"),
+    (dict(max_tokens=-10**5000), "max_tokens must be a positive int, got <an integer of 16610 bits>"),
+    (dict(max_tokens=10**5000), r"plus max_tokens \(<an integer of 16610 bits>\) exceeds"),
+    (dict(top_k=-10**5000, temperature=1.0), "top_k=<an integer of 16610 bits>"),
+    (dict(repetition_penalty=10**5000), "repetition_penalty must be a number in .*<an integer of 16610 bits>"),
+    (dict(logit_bias={10**5000: 1}), "token id <an integer of 16610 bits> is outside the vocabulary"),
+    (dict(min_tokens=10**5000), r"min_tokens \(<an integer of 16610 bits>\) exceeds max_tokens"),
+    (dict(logprobs=10**5000), "logprobs must be a bool, got <an integer of 16610 bits>"),
 ])
 @needs_model
 @on_every_loop
