@@ -60,7 +60,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -562,6 +562,9 @@ class Engine:
         if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
             raise ValueError(f"prompts must be a non-empty list of prompts (each a string or token ids), "
                              f"got {type(prompts).__name__}")
+        for name in ("stop", "stop_token_ids"):  # read once, for every prompt (an iterator is read once)
+            if name in options and not isinstance(options[name], str):
+                options[name] = _listed(name, options[name])
         checked = [self._check_options(prompt, None, seed, dict(options)) for prompt in prompts]
         return self._start_choices([request for request in checked for _ in range(n)], n, seed, wait, stats)
 
@@ -609,12 +612,12 @@ class Engine:
             raise ValueError(f"max_tokens must be a positive int, got {brief(max_tokens)}")
         penalties = check_penalties(self.vocab_size, **{k: v for k, v in sampling.items() if k in PENALTY_OPTIONS})
         options = check_sampling(**{k: v for k, v in sampling.items() if k in SAMPLER_OPTIONS})
-        if isinstance(stop, str):
-            stop = [stop]
+        stop = [stop] if isinstance(stop, str) else _listed("stop", stop)
         if any(not isinstance(s, str) or not s for s in stop):
             raise ValueError("stop must be a list of non-empty strings")
-        bad = [stop_token_ids] if isinstance(stop_token_ids, (str, bytes)) else \
-            [t for t in stop_token_ids if not (is_int(t) and 0 <= t < (self.vocab_size or 1 << 62))]
+        stop_token_ids = _listed("stop_token_ids", stop_token_ids)
+        bad = [t for t in stop_token_ids if not (is_int(t) and 0 <= t and (self.vocab_size is None
+                                                                            or t < self.vocab_size))]
         if bad:
             raise ValueError(f"stop_token_ids must be token ids in [0, {self.vocab_size}), got {brief(bad[0])}")
         if seed is not None and not is_int(seed):
@@ -896,6 +899,16 @@ async def _first_of_each(streams: list[AsyncGenerator[Delta, None]]) -> dict[int
     except BaseExceptionGroup as failed:
         raise failed.exceptions[0] from None
     return firsts
+
+
+def _listed(name: str, values: Any) -> list:
+    """`values` (None: none) as a list, read once: an iterator checked and then read again was
+    empty, and its stops silently dropped."""
+    if values is None:
+        return []
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be a list, got {type(values).__name__}")
+    return list(values)
 
 
 def _check_choices(n: Any) -> None:

@@ -260,6 +260,31 @@ async def test_stop_token_ids_end_with_stop_and_leave_the_token_out(rt, mode, st
     await engine.wait_idle()
 
 
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+@on_every_loop
+async def test_stops_given_as_iterators_are_read_once_and_none_is_no_stop(rt, mode):
+    """An iterator of stop ids or strings was read by the checks, then again (empty): its stops dropped."""
+    engine = await engine_on(rt, mode, "replay", max_concurrent=2)
+    greedy, stop_at = await greedy_and_a_fresh_token(engine)
+    ended = greedy[:stop_at]
+    assert await tokens_of(engine, PROMPT, max_tokens=10, stop_token_ids=iter([greedy[stop_at]])) == ended
+    text = "".join([d.text async for d in engine.generate(PROMPT, max_tokens=10,
+                                                           stop=(f"<{t}>" for t in greedy[stop_at:stop_at + 1]))])
+    assert text == "".join(f"<{t}>" for t in ended)
+    tokens = [[], []]
+    async for i, delta in engine.generate_batch([PROMPT, PROMPT], max_tokens=10,
+                                                stop_token_ids=iter([greedy[stop_at]])):
+        if delta.token is not None:
+            tokens[i].append(delta.token)
+    assert tokens == [ended, ended]  # every prompt, not only the first, has the stop
+    assert await tokens_of(engine, PROMPT, max_tokens=10, stop=None, stop_token_ids=None) == greedy
+    for name in ("stop", "stop_token_ids"):
+        with pytest.raises(ValueError, match=f"{name} must be a list, got int"):
+            engine.generate(PROMPT, **{name: 5})
+    assert_idle(engine)
+    await engine.wait_idle()
+
+
 @pytest.mark.parametrize("mode,step", PATHS)
 @on_every_loop
 async def test_ignore_eos_decodes_past_end_of_sequence_to_max_tokens(rt, mode, step):
