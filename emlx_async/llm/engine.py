@@ -138,6 +138,9 @@ class Engine:
                  batch_jobs: Callable[[Decoding], BatchJobs] = BatchJobs, batches: int = 1):
         if mode not in ("parallel", "batch"):
             raise ValueError(f"mode must be 'parallel' or 'batch', got {mode!r}")
+        if max_concurrent is not None and (not is_int(max_concurrent) or max_concurrent < 1):
+            # 0 was taken as "the default" (the pool size), a float failed inside anyio.
+            raise ValueError(f"max_concurrent must be a positive int or None, got {brief(max_concurrent)}")
         if not is_int(batches) or batches < 1:
             raise ValueError(f"batches must be a positive int, got {brief(batches)}")
         if batches > 1 and mode != "batch":

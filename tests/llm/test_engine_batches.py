@@ -213,3 +213,17 @@ async def test_batches_is_checked():
                        **options)
         engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt)
         assert engine.batches == 1  # parallel mode: no batches of its own
+
+
+@on_loops("asyncio")
+async def test_max_concurrent_is_checked():
+    from emlx_async.llm import Engine
+
+    model = tiny("llama")
+    async with ea.Runtime(pool_size=2) as rt:
+        # 0 became the pool size, True a slot count of True, 1.5 anyio's TypeError, -1 a message about batches.
+        for bad in (0, -1, True, 1.5, "4"):
+            with pytest.raises(ValueError, match="max_concurrent must be a positive int or None"):
+                Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, max_concurrent=bad)
+        engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, max_concurrent=None)
+        assert engine.max_concurrent == 2  # the runtime's pool
