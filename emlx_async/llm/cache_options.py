@@ -12,10 +12,16 @@ rotating cache, so ``kv_bits`` with sliding-window layers or
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.generate import generate_step
+
+# generate_step prefills all but the last token in calls of this many, quantizing (kv_bits)
+# after each: until then its tokens attend to full-precision keys.
+PREFILL_STEP: int = inspect.signature(generate_step).parameters["prefill_step_size"].default
 
 
 def _int_or_none(name: str, value: Any) -> None:
@@ -84,4 +90,4 @@ class CacheOptions:
         return ", ".join(parts)
 
 
-__all__ = ["CacheOptions"]
+__all__ = ["CacheOptions", "PREFILL_STEP"]

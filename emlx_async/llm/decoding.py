@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from .. import Runtime, cancelled
-from .cache_options import CacheOptions
+from .cache_options import PREFILL_STEP, CacheOptions
 from .prompt_cache import HeldPrefill, HeldPrefills, PrefixCache, held_prefill, restorable
 from .grammar import apply_token_mask, unpack_token_mask
 from .penalties import TokenHistory
@@ -57,7 +57,7 @@ class Decoding:
         (nothing left to prefill); else the prompt cache gives what it has.
         """
         cache = state.cache = self.cache_options.prompt_cache(self.model)
-        state.token = None
+        state.token, state.fed = None, 0
         held = self.held.get(prompt, cache)
         if held is not None:
             held.restore(cache, len(prompt))
@@ -147,8 +147,14 @@ class Decoding:
         # cancelled mid-prompt frees its queue (or stops stalling the batch) within one chunk.
         tokens, cache = state.unread, state.cache
         limit = limit or self.prefill_chunk
+        quantized = self.cache_options.kv_bits is not None
+        if quantized:
+            # generate_step's prefill: the cache is quantized only after each PREFILL_STEP tokens
+            # (quantized after every chunk, a long prompt's greedy tokens differed from mlx-lm's).
+            limit = min(limit, PREFILL_STEP - state.fed % PREFILL_STEP)
         if tokens.size > limit:
-            self._forward(tokens[None, :limit], cache)
+            state.fed += limit
+            self._forward(tokens[None, :limit], cache, quantize=quantized and state.fed % PREFILL_STEP == 0)
             mx.eval([c.state for c in cache])
             state.unread = tokens[limit:]
             return None
@@ -174,10 +180,11 @@ class Decoding:
             return min(self.eos_ids)  # a grammar needs them (Engine checks)
         return self._sample(state, mx.array([state.token]), sampler)
 
-    def _forward(self, tokens: mx.array, cache: list) -> mx.array:
+    def _forward(self, tokens: mx.array, cache: list, quantize: bool = True) -> mx.array:
         """mlx-lm's model call, then what generate_step does to the cache after it (kv_bits)."""
         logits = self.model(tokens, cache=cache)
-        self.cache_options.quantize(cache)
+        if quantize:
+            self.cache_options.quantize(cache)
         return logits
 
     def _sample(self, state: PromptState, tokens: mx.array, sampler: Sampler) -> int | tuple:

@@ -19,6 +19,7 @@ class PromptState:
 
     cache: list[Any] | None = None   # mlx-lm's per-layer caches (make_prompt_cache)
     unread: mx.array | None = None   # prompt tokens not fed yet
+    fed: int = 0                     # prompt tokens fed so far (kv_bits: where mlx-lm quantizes)
     token: int | None = None         # the last sampled token: the next step's input
     key: mx.array | None = None      # the sampler's key after the first token (replayed paths continue it)
     history: Any = None              # the sampler's TokenHistory after the first token (penalized requests)
@@ -30,6 +31,7 @@ class PromptState:
 
     def clear(self) -> None:
         self.cache = self.unread = self.token = self.key = self.history = self.logits = None
+        self.fed = 0
 
 
 @dataclass

@@ -1,0 +1,37 @@
+"""Decoding's prefill: what it gives against mlx-lm's generate_step."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from support.engine import tokens_of
+from support.helpers import on_loops
+from support.tiny_models import QUANTIZABLE, IdsTokenizer, mlx_lm_tokens, tiny
+
+
+@pytest.mark.parametrize("mode,step", [("parallel", "replay"), ("parallel", "python"), ("batch", "replay")])
+@on_loops("asyncio")
+async def test_kv_bits_prefill_quantizes_where_mlx_lm_does(rt, mode, step):
+    """generate_step prefills all but the last token in calls of 2048, quantizing after each:
+    quantized after every prefill chunk instead, 2-bit keys gave other greedy tokens."""
+    from mlx_lm.generate import generate_step
+
+    from emlx_async.llm import Engine
+    from emlx_async.llm.cache_options import CacheOptions
+
+    step_size = inspect.signature(generate_step).parameters["prefill_step_size"].default
+
+    model = tiny("llama", **QUANTIZABLE)
+    options = dict(kv_bits=2, kv_group_size=32)
+    for chunk in (32, 100):  # 100: chunks that do not end where mlx-lm's steps do
+        engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode=mode,
+                        max_concurrent=2, prefill_chunk=chunk, cache_options=CacheOptions(**options),
+                        context_length=4096)
+        await engine.prepare_step(step, cache_sizes=(128, 4096))
+        for length in (71, step_size + 60):
+            prompt = [1] + [(i * 37) % 250 + 3 for i in range(length - 1)]
+            want = await rt.default_queue().run(mlx_lm_tokens, model, prompt, 8, **options)
+            assert await tokens_of(engine, prompt, max_tokens=8) == want, (chunk, length)
+        await engine.wait_idle()
