@@ -148,10 +148,15 @@ class Decoding:
         tokens, cache = state.unread, state.cache
         limit = limit or self.prefill_chunk
         quantized = self.cache_options.kv_bits is not None
+        room = PREFILL_STEP - state.fed % PREFILL_STEP  # to the end of generate_step's prefill call
         if quantized:
             # generate_step's prefill: the cache is quantized only after each PREFILL_STEP tokens
             # (quantized after every chunk, a long prompt's greedy tokens differed from mlx-lm's).
-            limit = min(limit, PREFILL_STEP - state.fed % PREFILL_STEP)
+            limit = min(limit, room)
+        elif any(getattr(layer, "keep", 0) for layer in cache):
+            # max_kv_size's ring keeps its first tokens, which a later call's queries attend to and
+            # one call's do not: a prompt past the ring is fed in generate_step's calls.
+            limit = room
         if tokens.size > limit:
             state.fed += limit
             self._forward(tokens[None, :limit], cache, quantize=quantized and state.fed % PREFILL_STEP == 0)

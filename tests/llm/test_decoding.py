@@ -35,3 +35,24 @@ async def test_kv_bits_prefill_quantizes_where_mlx_lm_does(rt, mode, step):
             want = await rt.default_queue().run(mlx_lm_tokens, model, prompt, 8, **options)
             assert await tokens_of(engine, prompt, max_tokens=8) == want, (chunk, length)
         await engine.wait_idle()
+
+
+@pytest.mark.parametrize("mode,step", [("parallel", "replay"), ("parallel", "python"), ("batch", "replay")])
+@on_loops("asyncio")
+async def test_a_prompt_past_max_kv_size_is_fed_in_mlx_lms_calls(rt, mode, step):
+    """max_kv_size's ring keeps its first 4 tokens: a later call's queries attend to them, one
+    call's (past the window) do not, so a prompt past the ring fed in chunks of 32 or 8 gave other
+    greedy tokens than generate_step's one call."""
+    from emlx_async.llm import Engine
+    from emlx_async.llm.cache_options import CacheOptions
+
+    model = tiny("qwen2")  # no cache layout of its own: max_kv_size makes rotating caches
+    for chunk, length in ((32, 200), (8, 30)):
+        engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode=mode,
+                        max_concurrent=2, prefill_chunk=chunk, cache_options=CacheOptions(max_kv_size=20),
+                        context_length=4096)
+        await engine.prepare_step(step, cache_sizes=(128, 512))
+        prompt = [1] + [(i * 37) % 250 + 3 for i in range(length - 1)]
+        want = await rt.default_queue().run(mlx_lm_tokens, model, prompt, 8, max_kv_size=20)
+        assert await tokens_of(engine, prompt, max_tokens=8) == want, (chunk, length)
+        await engine.wait_idle()
