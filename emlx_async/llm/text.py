@@ -434,8 +434,14 @@ class PromptEncoder:
     def token_bytes(self, token: int) -> bytes:
         """The bytes one token stands for (a byte-level BPE token or a SentencePiece <0xNN> piece may be
         part of a UTF-8 character)."""
-        cached = self._token_bytes.get(token)
+        cached = self._token_bytes.get(token) if type(token) is int else None
         if cached is None:
+            # An id past the vocabulary was b"" (and kept, one entry per id asked), -1 an OverflowError, True id 1.
+            if not is_int(token):
+                raise TypeError(f"a token id must be an int, got {type(token).__name__}")
+            if token < 0 or (self.vocab_size is not None and token >= self.vocab_size):
+                raise ValueError(f"token id {brief(token)} is outside the vocabulary [0, {self.vocab_size})")
+            token = int(token)
             backend = getattr(self.tokenizer, "backend_tokenizer", self.tokenizer)
             piece = backend.id_to_token(token) if hasattr(backend, "id_to_token") else None
             decoder = byte_decoder()

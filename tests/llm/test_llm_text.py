@@ -455,3 +455,21 @@ def test_text_with_a_lone_surrogate_is_refused_by_name(gguf_tokenizer):
     with pytest.raises(ValueError, match="no UTF-8 form"):
         encoder.encode(messages=[{"role": "user", "content": "a\udfff"}])
     assert encoder.encode("hi \U0001F600") == gguf_tokenizer.encode("hi \U0001F600", add_special_tokens=False).ids
+
+
+@needs_model
+def test_token_bytes_refuses_ids_outside_the_vocabulary(gguf_tokenizer):
+    import numpy as np
+
+    from emlx_async.llm.text import PromptEncoder
+
+    encoder = PromptEncoder(gguf_tokenizer, bos_id=None, chat_template=None, vocab_size=49152)
+    # 49152 gave b"" (cached: one entry per id asked), -1 and 2**63 OverflowError, True the bytes of id 1.
+    for bad in (49152, -1, 10**30):
+        with pytest.raises(ValueError, match="is outside the vocabulary"):
+            encoder.token_bytes(bad)
+    for bad in (True, 1.5, "5", None):
+        with pytest.raises(TypeError, match="a token id must be an int"):
+            encoder.token_bytes(bad)
+    assert encoder.token_bytes(np.int64(3575)) == encoder.token_bytes(3575) == b" capital"
+    assert len(encoder._token_bytes) == 1
