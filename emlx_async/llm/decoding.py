@@ -130,6 +130,7 @@ class Decoding:
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             following = mx.array(prompt[start + 1:start + 1 + len(chunk)])[:, None]
             chosen = mx.take_along_axis(logprobs, following, axis=-1)[:, 0]
+            top = min(top, logprobs.shape[-1])  # a vocabulary under 20 has fewer (MLX refused the kth)
             ids = mx.argpartition(-logprobs, kth=top - 1, axis=-1)[:, :top] if top else None
             values = None if ids is None else mx.take_along_axis(logprobs, ids, axis=-1)
             mx.eval(chosen, ids, values, [c.state for c in cache])

@@ -130,6 +130,7 @@ def token_logprobs(logits: mx.array, token: int, top: int) -> tuple[float, tuple
     logprobs = logits.astype(mx.float32)
     logprobs = logprobs - mx.logsumexp(logprobs)
     chosen = logprobs[token]
+    top = min(top, logprobs.shape[-1])  # a vocabulary under 20 has fewer (MLX refused the kth)
     if top == 0:
         return chosen.item(), ()
     ids = mx.argpartition(-logprobs, kth=top - 1)[:top]

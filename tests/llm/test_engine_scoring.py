@@ -3,6 +3,8 @@ lm-eval's loglikelihood), checked against one plain forward pass of the model.""
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 import pytest
 
@@ -145,3 +147,31 @@ async def test_the_service_scores_a_lists_prompts_together_up_to_its_admission()
             await service._echoes(engine, asked, prompts, at_once=2)
         assert error.value.param == "echo" and scoring == 0
         await engine.close()
+
+
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+@on_every_loop
+async def test_top_logprobs_past_a_small_vocabulary_lists_the_whole_vocabulary(mode):
+    """MLX's argpartition refused a kth past the vocabulary: the request failed and, in batch mode,
+    the whole batch driver with it (every neighbour's request too)."""
+    import anyio
+
+    from emlx_async.llm import Engine
+
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = Engine(tiny("llama", vocab_size=12), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt,
+                        mode=mode, max_concurrent=2)
+        await engine.prepare_step("auto", cache_sizes=(32,))
+        scored = await engine.prompt_logprobs([1, 2, 3], top_logprobs=20)
+        assert [len(top) for _, _, top in scored] == [0, 12, 12]
+        results = {}
+
+        async def run(name, **options):
+            results[name] = [d async for d in engine.generate([1, 2, 3], max_tokens=6, **options)]
+
+        async with anyio.create_task_group() as group:  # one batch in batch mode
+            group.start_soon(functools.partial(run, "top", logprobs=True, top_logprobs=20))
+            group.start_soon(run, "plain")
+        assert all(len(d.top_logprobs) == 12 for d in results["top"][:-1])
+        assert [d.token for d in results["top"]] == [d.token for d in results["plain"]]
+        await engine.wait_idle()
