@@ -475,7 +475,8 @@ class Engine:
         (a bad one: ``InvalidOption``, a ValueError naming it); ``seed``, any
         int (folded modulo 2**64), for a random stream private to this
         request; ``wait=False`` raises EngineBusy instead of waiting for a
-        free slot. ``logprobs=True`` gives each token's delta its
+        free slot (here, or from the iterator if another request took it
+        first). ``logprobs=True`` gives each token's delta its
         log-probability and, with ``top_logprobs`` (0 to 20), that many
         most likely alternatives; requests without it pay nothing.
         ``grammar`` (a ``Grammar``: JSON schema, any JSON, regex, Lark or
@@ -499,7 +500,7 @@ class Engine:
                               grammar, ignore_eos, sampling)
         if not wait and self._slots.value == 0:
             raise EngineBusy(f"all {self.max_concurrent} request slots are busy")
-        return self._slot_stream(request, request.sampler(_seed(seed)), stats or RequestStats())
+        return self._slot_stream(request, request.sampler(_seed(seed)), stats or RequestStats(), wait)
 
     def generate_choices(self, prompt: str | list[int] | None = None, *, n: int,
                          messages: Sequence[dict] | None = None, seed: int | None = None, wait: bool = True,
@@ -601,7 +602,7 @@ class Engine:
         seeds = [(base + (s % n) * CHOICE_SEED_STEP) % SEED_RANGE if seed is not None
                  else (base if s == 0 else _seed(None)) for s in range(total)]
         return self._choices(requests, [request.sampler(s) for request, s in zip(requests, seeds)],
-                             list(stats) if stats is not None else [RequestStats() for _ in range(total)])
+                             list(stats) if stats is not None else [RequestStats() for _ in range(total)], wait)
 
     def _check(self, prompt, messages, max_tokens, stop, stop_token_ids, seed, logprobs, top_logprobs, grammar,
                ignore_eos, sampling: dict[str, Any]) -> _Request:
@@ -720,28 +721,51 @@ class Engine:
             return parallel.replayed_tokens(self.decoding, prompt, max_tokens, sampler)
         return parallel.python_tokens(self.decoding, prompt, max_tokens, sampler)
 
-    async def _slot_stream(self, request: _Request, sampler: Sampler, stats: RequestStats) -> AsyncIterator[Delta]:
-        """`_stream` in a request slot of its own."""
-        async with self._slots:
+    async def _slot_stream(self, request: _Request, sampler: Sampler, stats: RequestStats,
+                           wait: bool = True) -> AsyncIterator[Delta]:
+        """`_stream` in a request slot of its own (``wait=False``: one free when it starts, else EngineBusy)."""
+        # generate() checked for a free slot; another request may have taken it before this one started.
+        await (self._slots.acquire() if wait else self._take_slots(1, wait))
+        try:
             stream = self._stream(request, sampler, stats)
             try:
                 async for delta in stream:
                     yield delta
             finally:
                 await stream.aclose()
+        finally:
+            self._slots.release()
+
+    async def _take_slots(self, n: int, wait: bool) -> None:
+        """`n` request slots, taken at once: waiting for them, or (``wait=False``) free now."""
+        if not wait:
+            if self._slots.value < n:
+                raise EngineBusy(f"{n} request slot(s) are needed and {self._slots.value} of "
+                                 f"{self.max_concurrent} are free")
+            for _ in range(n):  # no await between: nothing takes one meanwhile
+                self._slots.acquire_nowait()
+            return
+        async with self._taking:
+            held = 0
+            try:
+                while held < n:
+                    await self._slots.acquire()
+                    held += 1
+            except BaseException:
+                for _ in range(held):
+                    self._slots.release()
+                raise
 
     async def _choices(self, requests: list[_Request], samplers: list[Sampler],
-                       stats: list[RequestStats]) -> AsyncIterator[tuple[int, Delta]]:
+                       stats: list[RequestStats], wait: bool = True) -> AsyncIterator[tuple[int, Delta]]:
         """The streams' deltas, taken from each in turn (each keeps its steps queued ahead
         meanwhile), in slots taken at once; a prompt of several streams prefilled once and held."""
         n, held = len(requests), 0
         streams: list[AsyncGenerator[Delta, None]] = []
         prefills: list[HeldPrefill | None] = []
         try:
-            async with self._taking:
-                while held < n:
-                    await self._slots.acquire()
-                    held += 1
+            await self._take_slots(n, wait)
+            held = n
             self._check_open()  # a stream made before close() starts after it: no model to run
             # A prompt that more than one stream starts from is prefilled once.
             prompts = collections.Counter(tuple(request.tokens) for request in requests)

@@ -445,3 +445,25 @@ async def test_a_sharded_request_cancelled_while_its_choices_prefill_still_relea
     assert not jobs._holds and len(engine.decoding.held) == 0
     assert_idle(engine)
     await engine.wait_idle()
+
+
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+@on_every_loop
+async def test_wait_false_is_busy_when_the_request_starts_not_only_when_it_is_made(rt, mode):
+    """The free slot was checked when generate() was called and taken when the stream started:
+    two wait=False requests made while one slot was free both passed, and the second waited."""
+    from emlx_async.llm import EngineBusy
+
+    engine = await engine_on(rt, mode, "replay", max_concurrent=1)
+    made = [engine.generate(PROMPT, max_tokens=20, wait=False), engine.generate(PROMPT, max_tokens=2, wait=False),
+            engine.generate_choices(PROMPT, n=1, max_tokens=2, wait=False)]
+    first = made[0]
+    assert (await anext(first)).token is not None
+    with anyio.fail_after(10):
+        for stream in made[1:]:
+            with pytest.raises(EngineBusy, match="0 of 1 are free"):
+                await anext(stream)
+    await first.aclose()
+    assert len(await tokens_of(engine, PROMPT, max_tokens=2, wait=False)) == 2  # its slot is back
+    assert_idle(engine)
+    await engine.wait_idle()
