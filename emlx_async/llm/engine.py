@@ -329,7 +329,11 @@ class Engine:
         if step not in _STEP_CHOICES:
             raise ValueError(f"step must be one of {_STEP_CHOICES}, got {step!r}")
         if cache_sizes is not None and (not cache_sizes or not all(is_int(n) and n > 0 for n in cache_sizes)):
-            raise ValueError(f"cache_sizes must be positive ints, got {cache_sizes!r}")
+            raise ValueError(f"cache_sizes must be positive ints, got {brief(cache_sizes)}")
+        if cache_sizes is not None and self.context_length is not None and max(cache_sizes) > self.context_length:
+            # Buffers no request can fill, allocated whole by the first request that picks them.
+            raise ValueError(f"cache_sizes must be at most the model's context of {self.context_length} tokens, "
+                             f"got {brief(max(cache_sizes))}")
         decoding = self.decoding
         if decoding.replay is not None:
             decoding.replay.release()

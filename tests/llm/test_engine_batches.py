@@ -227,3 +227,18 @@ async def test_max_concurrent_is_checked():
                 Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, max_concurrent=bad)
         engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, max_concurrent=None)
         assert engine.max_concurrent == 2  # the runtime's pool
+
+
+@on_loops("asyncio")
+async def test_cache_sizes_past_the_context_are_refused():
+    from emlx_async.llm import Engine
+
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt,
+                        context_length=512)
+        # A size no request can fill was traced, and its whole buffer allocated by the first request
+        # that picked it (SmolLM2 at 2**22 tokens: about 185 GB).
+        with pytest.raises(ValueError, match="cache_sizes must be at most the model's context of 512 tokens, "
+                                             "got 4194304"):
+            await engine.prepare_step("replay", cache_sizes=(64, 2**22))
+        assert await engine.prepare_step("replay", cache_sizes=(64, 512)) == "replay"
