@@ -186,6 +186,7 @@ class Engine:
         self._grammar_lock = anyio.Lock()
         self.step_kind = "python"  # "replay" once prepare_step() has traced the step
         self._closed = False  # close() frees the model; generate() refuses after it
+        self._released = False  # close() got past its wait and freed what the engine holds
         self.step_note = "the step is not prepared (Engine.load prepares it)"
 
     # One place per fact: the decode paths read these from `decoding`, prompts from `text`.
@@ -894,10 +895,12 @@ class Engine:
         """
         if self._active:
             raise RuntimeError(f"the engine still runs {self._active} request(s); end them before close()")
-        if self._closed:
+        if self._released:
             return
         self._closed = True
+        # A timeout here leaves the engine closed with its model: a later close() frees it.
         await self.wait_idle(timeout)
+        self._released = True
         decoding = self.decoding
         if decoding.replay is not None:
             decoding.replay.release()

@@ -335,3 +335,26 @@ async def test_requests_made_before_close_are_refused_after_it_and_scoring_holds
         with pytest.raises(RuntimeError, match="the engine is closed"):
             await anext(stream)
         await stream.aclose()
+
+
+@on_loops("asyncio")
+async def test_a_close_that_times_out_is_finished_by_the_next_one(rt):
+    """close() marked the engine closed before waiting for its batch driver: a timeout there left
+    the model and traced steps held for good, every later close() returning at once."""
+    from support.tiny_models import IdsTokenizer, tiny
+
+    from emlx_async.llm import Engine
+
+    engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch",
+                    max_concurrent=2)
+    await engine.prepare_step("replay", cache_sizes=(64,))
+    stream = engine.generate([1, 2, 3], max_tokens=200)
+    await anext(stream)
+    await stream.aclose()  # the request is gone; its driver winds down at the next step
+    assert engine.batch_driving and engine.active_requests == 0
+    with pytest.raises(TimeoutError):
+        await engine.close(timeout=0)
+    with pytest.raises(RuntimeError, match="the engine is closed"):
+        engine.generate([1, 2, 3], max_tokens=2)
+    await engine.close()
+    assert engine.model is None and engine.decoding.replay is None and not engine.batch_driving
