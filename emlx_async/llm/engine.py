@@ -329,6 +329,8 @@ class Engine:
         """
         if step not in _STEP_CHOICES:
             raise ValueError(f"step must be one of {_STEP_CHOICES}, got {step!r}")
+        self._check_open()
+        self._check_idle("prepare_step()")
         if cache_sizes is not None and (not cache_sizes or not all(is_int(n) and n > 0 for n in cache_sizes)):
             raise ValueError(f"cache_sizes must be positive ints, got {brief(cache_sizes)}")
         if cache_sizes is not None and self.context_length is not None and max(cache_sizes) > self.context_length:
@@ -336,6 +338,8 @@ class Engine:
             raise ValueError(f"cache_sizes must be at most the model's context of {self.context_length} tokens, "
                              f"got {brief(max(cache_sizes))}")
         decoding = self.decoding
+        await self.wait_idle()  # a batch driver winding down still steps on the traces
+        self._check_idle("prepare_step()")
         if decoding.replay is not None:
             decoding.replay.release()
         decoding.replay, self.step_kind = None, "python"
@@ -656,6 +660,11 @@ class Engine:
         return _Request(tokens, max_tokens, list(stop), frozenset(int(t) for t in stop_token_ids), options,
                         penalties, int(top_logprobs) if logprobs else None, grammar, ignore_eos, min_tokens)
 
+    def _check_idle(self, what: str) -> None:
+        # Running streams step on the traces it releases: they failed ("this traced function was released").
+        if self._active:
+            raise RuntimeError(f"the engine still runs {self._active} request(s); end them before {what}")
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("the engine is closed")
@@ -893,8 +902,7 @@ class Engine:
         requests run; ``generate`` raises RuntimeError after it. Idempotent.
         The runtime is the caller's and stays open.
         """
-        if self._active:
-            raise RuntimeError(f"the engine still runs {self._active} request(s); end them before close()")
+        self._check_idle("close()")
         if self._released:
             return
         self._closed = True

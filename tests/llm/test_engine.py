@@ -358,3 +358,26 @@ async def test_a_close_that_times_out_is_finished_by_the_next_one(rt):
         engine.generate([1, 2, 3], max_tokens=2)
     await engine.close()
     assert engine.model is None and engine.decoding.replay is None and not engine.batch_driving
+
+
+@on_loops("asyncio")
+@pytest.mark.parametrize("mode", ["parallel", "batch"])
+async def test_prepare_step_refuses_while_requests_run(rt, mode):
+    """It released the traced steps under the running streams: they failed ("this traced function
+    was released", or their batch driver with an AttributeError)."""
+    from support.tiny_models import IdsTokenizer, tiny
+
+    from emlx_async.llm import Engine
+
+    engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode=mode,
+                    max_concurrent=2)
+    await engine.prepare_step("replay", cache_sizes=(64,))
+    stream = engine.generate([1, 2, 3], max_tokens=40)
+    await anext(stream)
+    with pytest.raises(RuntimeError, match="still runs 1 request.*before prepare_step"):
+        await engine.prepare_step("python")
+    assert len([d async for d in stream]) == 40  # the rest of its tokens and its finish
+    assert await engine.prepare_step("python") == "python"
+    await engine.close()
+    with pytest.raises(RuntimeError, match="the engine is closed"):
+        await engine.prepare_step("replay")
