@@ -107,12 +107,13 @@ class BatchPrefill:
             if state.logits is not None:  # a held prefill: its first token needs no model call
                 tokens[id(state)] = _or_grammar_error(d.feed_chunk, state, prompt, sampler)
                 continue
-            if budget == 0:
+            if budget <= 0:
                 tokens[id(state)] = None
                 continue
-            used = min(state.unread.size, budget)
-            tokens[id(state)] = _or_grammar_error(d.feed_chunk, state, prompt, sampler, used)
-            budget -= used
+            left = state.unread.size
+            tokens[id(state)] = _or_grammar_error(d.feed_chunk, state, prompt, sampler, min(left, budget))
+            # What it took: a max_kv_size ring past its size takes generate_step's whole call.
+            budget -= left - (state.unread.size if state.unread is not None else 0)
         if fresh:
             self._join(fresh)
         if self.rows:

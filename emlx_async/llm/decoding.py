@@ -154,13 +154,17 @@ class Decoding:
             # generate_step's prefill: the cache is quantized only after each PREFILL_STEP tokens
             # (quantized after every chunk, a long prompt's greedy tokens differed from mlx-lm's).
             limit = min(limit, room)
-        elif any(getattr(layer, "keep", 0) for layer in cache):
+        elif any(getattr(layer, "keep", 0) and layer.offset + tokens.size > layer.max_size for layer in cache):
             # max_kv_size's ring keeps its first tokens, which a later call's queries attend to and
-            # one call's do not: a prompt past the ring is fed in generate_step's calls.
+            # one call's do not: a prompt past the ring is fed in generate_step's calls (one
+            # within it gives the same keys however it is split).
             limit = room
         if tokens.size > limit:
             state.fed += limit
-            self._forward(tokens[None, :limit], cache, quantize=quantized and state.fed % PREFILL_STEP == 0)
+            # Quantized where generate_step quantizes: after each of its prefill calls, the
+            # last of which ends just before the prompt's last token.
+            self._forward(tokens[None, :limit], cache,
+                          quantize=quantized and (state.fed % PREFILL_STEP == 0 or tokens.size - limit == 1))
             mx.eval([c.state for c in cache])
             state.unread = tokens[limit:]
             return None
