@@ -185,35 +185,54 @@ class Group:
         # Awaited through an event: a cancelled awaiter must not take the job out of the
         # queue, since the other ranks still issue it and every later collective would pair wrong.
         settled = anyio.Event()
-        future.add_done_callback(lambda f: (_retrieve(f), settled.set()))
+        left: list[bool] = []  # set once the awaiter has gone: the job's failure is then reported here
+        future.add_done_callback(lambda f: (settled.set(), self._after_awaiter(f, what) if left else _retrieve(f)))
         try:
             with anyio.fail_after(limit) if limit is not None else contextlib.nullcontext():
                 await settled.wait()
             return future.result()
         except TimeoutError as exc:
-            if self.broken is not None and not isinstance(self.broken.__cause__, TimeoutError):
-                raise DistributedError(str(self.broken)) from self.broken
-            error = DistributedError(
-                f"[{what}] rank {self.rank()} of {self.size()}: the group did not complete it within "
-                f"{limit} s (a peer stalled or died); the group is broken")
-            error.__cause__ = exc
-            self.declare_broken(error)
+            if self.broken is None or isinstance(self.broken.__cause__, TimeoutError):
+                error = DistributedError(
+                    f"[{what}] rank {self.rank()} of {self.size()}: the group did not complete it within "
+                    f"{limit} s (a peer stalled or died); the group is broken")
+                error.__cause__ = exc
+                self.declare_broken(error)
+            else:
+                error = DistributedError(str(self.broken))
+                error.__cause__ = self.broken
             if not queue.closed:  # a caller's queue= holds the stuck worker: abandoned as the group's are
                 queue.abandon(error)
-            raise error from exc
-        except _Mismatch as exc:
-            error = DistributedError(f"[{what}] rank {self.rank()} of {self.size()}: {exc}; the group is broken")
+            raise error from error.__cause__
+        except (_Mismatch, _PeerFailure) as exc:
+            error = self._breaking(exc, what)
             self.declare_broken(error)
-            raise error from None
-        except _PeerFailure as exc:
-            reason = str(exc.cause) or type(exc.cause).__name__  # AssertionError() says nothing itself
-            error = DistributedError(f"[{what}] rank {self.rank()} of {self.size()} failed while it ran "
-                                     f"({reason}); the ranks may be out of step, so the group is broken")
-            error.__cause__ = exc.cause
-            self.declare_broken(error)
-            raise error from exc.cause
+            raise error from error.__cause__
         except DistributedError:
             raise  # released by a break on another collective of the group
+        finally:
+            if not future.done():
+                left.append(True)
+
+    def _breaking(self, exc: Exception, what: str) -> DistributedError:
+        """The DistributedError that a mismatch or a failure on a rank breaks the group with."""
+        if isinstance(exc, _Mismatch):
+            return DistributedError(f"[{what}] rank {self.rank()} of {self.size()}: {exc}; the group is broken")
+        assert isinstance(exc, _PeerFailure)
+        reason = str(exc.cause) or type(exc.cause).__name__  # AssertionError() says nothing itself
+        error = DistributedError(f"[{what}] rank {self.rank()} of {self.size()} failed while it ran "
+                                 f"({reason}); the ranks may be out of step, so the group is broken")
+        error.__cause__ = exc.cause
+        return error
+
+    def _after_awaiter(self, future: Any, what: str) -> None:
+        """A job whose awaiter was cancelled has ended: its mismatch or failure still breaks the
+        group (the ranks are out of step), though nobody is there to raise it to."""
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if isinstance(exc, (_Mismatch, _PeerFailure)) and self.broken is None:
+            self.declare_broken(self._breaking(exc, what))
 
 
 _groups: dict[str, Group] = {}  # by backend asked for; MLX caches its groups the same way

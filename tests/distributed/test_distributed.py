@@ -289,6 +289,55 @@ async def test_a_cancelled_awaiter_leaves_its_job_in_the_queue():
 
 
 @on_every_loop
+async def test_a_cancelled_awaiters_job_that_fails_still_breaks_the_group():
+    """Nobody awaits it any more, but the ranks are out of step all the same."""
+    group = fresh_group()
+    release = threading.Event()
+
+    def failing_step():
+        raise RuntimeError("[ring] connection to a peer was lost")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(group.run, release.wait, 30)
+        await anyio.sleep(0.05)
+        with anyio.move_on_after(0.1):
+            await group.run(failing_step)  # queued behind the blocked job, then given up
+        release.set()
+    with anyio.fail_after(5):
+        while group.broken is None:
+            await anyio.sleep(0.01)
+    assert "connection to a peer was lost" in str(group.broken)
+    with pytest.raises(ea.DistributedError):
+        await group.run(lambda: 1)
+    await ea.get_runtime().close()
+
+
+@on_every_loop
+async def test_a_callers_queue_is_abandoned_when_the_group_broke_another_way_first():
+    group = fresh_group()
+    runtime = ea.get_runtime()
+    queue = await runtime.acquire_queue()
+    release = threading.Event()
+    stuck = queue.run(release.wait, 60)  # a collective stuck on the caller's queue
+
+    async def breaks_the_group():
+        await anyio.sleep(0.1)
+        with pytest.raises(ea.DistributedError):
+            await group.run(lambda: (_ for _ in ()).throw(RuntimeError("a peer failed")))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(breaks_the_group)
+        with pytest.raises(ea.DistributedError, match="a peer failed"):
+            await dist.all_sum(mx.ones(2), group=group, queue=queue, timeout=0.5)
+    assert queue.closed
+    with pytest.raises(ea.DistributedError):
+        await stuck
+    with anyio.fail_after(5):
+        await runtime.close()
+    release.set()
+
+
+@on_every_loop
 async def test_group_run_refuses_a_non_callable_and_the_group_stays_usable():
     group = fresh_group()
     with pytest.raises(TypeError, match="needs a callable, got int"):
