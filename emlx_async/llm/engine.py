@@ -184,6 +184,8 @@ class Engine:
         self._replay_batchers = [ReplayBatcher(self.decoding) for _ in range(batches)]
         self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first constrained request
         self._grammar_lock = anyio.Lock()
+        # prepare_step and close's release, one at a time: a trace made under a close would stay held.
+        self._preparing = anyio.Lock()
         self.step_kind = "python"  # "replay" once prepare_step() has traced the step
         self._closed = False  # close() frees the model; generate() refuses after it
         self._released = False  # close() got past its wait and freed what the engine holds
@@ -337,6 +339,11 @@ class Engine:
             # Buffers no request can fill, allocated whole by the first request that picks them.
             raise ValueError(f"cache_sizes must be at most the model's context of {self.context_length} tokens, "
                              f"got {brief(max(cache_sizes))}")
+        async with self._preparing:
+            self._check_open()  # close() may have run while this waited
+            return await self._prepare_step(step, cache_sizes)
+
+    async def _prepare_step(self, step: str, cache_sizes: Sequence[int] | None) -> str:
         decoding = self.decoding
         await self.wait_idle()  # a batch driver winding down still steps on the traces
         self._check_idle("prepare_step()")
@@ -908,13 +915,16 @@ class Engine:
         self._closed = True
         # A timeout here leaves the engine closed with its model: a later close() frees it.
         await self.wait_idle(timeout)
-        self._released = True
-        decoding = self.decoding
-        if decoding.replay is not None:
-            decoding.replay.release()
-        decoding.replay, decoding.model, decoding.prompt_cache = None, None, None
-        self._grammar_tokenizer = None
-        self.step_kind, self.step_note = "python", "the engine is closed"
+        async with self._preparing:  # a prepare_step under way ends first: its traces are released here
+            if self._released:
+                return
+            self._released = True
+            decoding = self.decoding
+            if decoding.replay is not None:
+                decoding.replay.release()
+            decoding.replay, decoding.model, decoding.prompt_cache = None, None, None
+            self._grammar_tokenizer = None
+            self.step_kind, self.step_note = "python", "the engine is closed"
 
     @property
     def batch_driving(self) -> bool:

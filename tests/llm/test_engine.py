@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import anyio
 import pytest
 
 import emlx_async as ea
@@ -381,3 +382,39 @@ async def test_prepare_step_refuses_while_requests_run(rt, mode):
     await engine.close()
     with pytest.raises(RuntimeError, match="the engine is closed"):
         await engine.prepare_step("replay")
+
+
+@on_loops("asyncio")
+async def test_prepare_step_and_close_take_turns(rt, monkeypatch):
+    """A close() during a prepare_step left the new traces held for good (the model gone, the
+    engine released); two prepare_steps at once leaked the first one's traces."""
+    from support.tiny_models import IdsTokenizer, tiny
+
+    from emlx_async.llm import Engine
+    from emlx_async.llm.traces import ReplayTraces
+
+    made, released = [], []
+    real_trace, real_release = ReplayTraces.trace.__func__, ReplayTraces.release
+
+    async def trace(cls, *args, **kwargs):
+        made.append(await real_trace(cls, *args, **kwargs))
+        return made[-1]
+
+    def release(self):
+        released.append(self)
+        real_release(self)
+
+    monkeypatch.setattr(ReplayTraces, "trace", classmethod(trace))
+    monkeypatch.setattr(ReplayTraces, "release", release)
+    engine = Engine(tiny("llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="parallel",
+                    max_concurrent=2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.prepare_step, "replay")
+        tg.start_soon(engine.prepare_step, "replay")
+    assert len(made) == 2 and released == [made[0]]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.prepare_step, "replay")
+        await anyio.sleep(0.01)
+        tg.start_soon(engine.close)
+    assert engine.model is None and engine.decoding.replay is None and engine.step_kind == "python"
+    assert len(made) == 3 and released == made
