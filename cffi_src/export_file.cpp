@@ -709,7 +709,8 @@ void check(const Node& n, mx::Stream sc) {
       int64_t in = 1 + int64_t{input_dilation[k]} * (x[k + 1] - 1);
       int64_t kernel = 1 + int64_t{kernel_dilation[k]} * (w[k + 1] - 1);
       int64_t padded = in + lo[k] + hi[k];
-      if (x[k + 1] <= 0 || w[k + 1] <= 0 || padded < kernel || out.shape[k + 1] != (padded - kernel) / strides[k] + 1)
+      // An empty spatial input is MLX's to take (its output is the padding's); a dilated one has no size.
+      if (in < 0 || w[k + 1] <= 0 || padded < kernel || out.shape[k + 1] != (padded - kernel) / strides[k] + 1)
         fail("makes another spatial size than its input, kernel and parameters give");
     }
     same_dtype(0);

@@ -61,7 +61,11 @@ class HostCall : public mx::Primitive {
   // freed unevaluated would keep it for ever (nothing once the runtime closed).
   // An evaluated one is freed before its task asks: its request pops it.
   ~HostCall() override {
-    if (!evaluated_) channel_->post({call_id_, EMLX_HOST_FREED, 0, nullptr, nullptr, 0, 0, 0});
+    if (evaluated_) return;
+    try {
+      channel_->post({call_id_, EMLX_HOST_FREED, 0, nullptr, nullptr, 0, 0, 0});
+    } catch (...) {  // a destructor must not throw (bad_alloc): the record then stays until the runtime closes
+    }
   }
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {

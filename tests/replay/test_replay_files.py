@@ -436,6 +436,8 @@ _CONVOLUTIONS = {
     "grouped": (lambda x: mx.conv2d(x, mx.ones((4, 3, 3, 2)), groups=2), (1, 6, 6, 4)),
     "transposed": (lambda x: mx.conv_transpose2d(x, mx.ones((2, 3, 3, 4)), stride=2, padding=1), (1, 5, 5, 4)),
     "conv3d": (lambda x: mx.conv3d(x, mx.ones((2, 2, 2, 2, 3)), stride=(1, 2, 1)), (1, 4, 5, 3, 3)),
+    # an empty input: its output is the padding's (the first version of the check refused the file)
+    "empty input": (lambda x: mx.conv1d(x, mx.ones((3, 1, 4)), padding=2), (1, 0, 4)),
 }
 
 
