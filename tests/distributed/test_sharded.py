@@ -93,32 +93,31 @@ def test_two_ranks_give_the_one_process_tokens_greedy_seeded_and_n_choices(tmp_p
         assert "CustomTransforms" in reason  # mlx.nn's sum_gradients, the first node it cannot write
 
 
-def test_a_closed_sharded_engine_refuses_new_requests_at_once_and_keeps_its_group(tmp_path):
-    """close() lets the running request finish and stops the followers; a request after it is
-    refused at once instead of sending a plan to ranks that are gone (which broke the group)."""
+def _tiny_ring(tmp_path, scenario: str) -> tuple[dict, dict | None]:
+    """Two ranks of `scenario` (support/dist_rank.py) on a tiny model: each rank's RESULT (None: none)."""
     from support.tiny_models import tiny_model_folder
 
     folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")
-    with LocalRing(2, [sys.executable, RANK_SCRIPT, "closed_engine", "asyncio"],
+    with LocalRing(2, [sys.executable, RANK_SCRIPT, scenario, "asyncio"],
                    env={"RANK_TIMEOUT": str(STEP_TIMEOUT), "TINY_MODEL": str(folder)}) as ring:
         codes = ring.wait(timeout=240)
         assert codes == [0, 0], [ring.errors(r)[-3000:] for r in range(2)]
-        result = json.loads(ring.output(0).split("RESULT ", 1)[1])
+        results = [json.loads(out.split("RESULT ", 1)[1]) if "RESULT " in out else None
+                   for out in (ring.output(0), ring.output(1))]
+    return results[0], results[1]
+
+
+def test_a_closed_sharded_engine_refuses_new_requests_at_once_and_keeps_its_group(tmp_path):
+    """close() lets the running request finish and stops the followers; a request after it is
+    refused at once instead of sending a plan to ranks that are gone (which broke the group)."""
+    result, _ = _tiny_ring(tmp_path, "closed_engine")
     assert result["ran"] == 40
     assert result["refused"] == "RuntimeError: the engine is closed", result
     assert result["refused_s"] < 1 and not result["broken"]
 
 
 def test_close_with_a_bad_timeout_is_refused_and_leaves_the_engine_closable(tmp_path):
-    from support.tiny_models import tiny_model_folder
-
-    folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")
-    with LocalRing(2, [sys.executable, RANK_SCRIPT, "close_bad_timeout", "asyncio"],
-                   env={"RANK_TIMEOUT": str(STEP_TIMEOUT), "TINY_MODEL": str(folder)}) as ring:
-        codes = ring.wait(timeout=240)
-        assert codes == [0, 0], [ring.errors(r)[-3000:] for r in range(2)]
-        result = json.loads(ring.output(0).split("RESULT ", 1)[1])
-        follower = json.loads(ring.output(1).split("RESULT ", 1)[1])
+    result, follower = _tiny_ring(tmp_path, "close_bad_timeout")
     assert result == {"rank": 0, "refused": [True] * 5, "after": 6, "broken": False}, result
     assert follower == {"rank": 1, "followed": True}
 
@@ -126,19 +125,12 @@ def test_close_with_a_bad_timeout_is_refused_and_leaves_the_engine_closable(tmp_
 def test_a_second_follow_on_a_rank_is_refused_and_the_first_keeps_the_ranks_in_step(tmp_path):
     from emlx_async.llm import Engine
     from support.dist_rank import MAX_TOKENS, TINY_PROMPTS
-    from support.tiny_models import tiny_model_folder
 
-    folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")
-    with LocalRing(2, [sys.executable, RANK_SCRIPT, "follow_twice", "asyncio"],
-                   env={"RANK_TIMEOUT": str(STEP_TIMEOUT), "TINY_MODEL": str(folder)}) as ring:
-        codes = ring.wait(timeout=240)
-        assert codes == [0, 0], [ring.errors(r)[-3000:] for r in range(2)]
-        result = json.loads(ring.output(0).split("RESULT ", 1)[1])
-        follower = json.loads(ring.output(1).split("RESULT ", 1)[1])
+    result, follower = _tiny_ring(tmp_path, "follow_twice")
     assert follower["second"] == ["follow() already runs on rank 1"]
 
     async def one_process():
-        engine = await Engine.load(str(folder), mode="batch")
+        engine = await Engine.load(str(tmp_path), mode="batch")
         try:
             return [[d.token async for d in engine.generate(p, max_tokens=MAX_TOKENS) if d.token is not None]
                     for p in TINY_PROMPTS[:2]]
