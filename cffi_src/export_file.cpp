@@ -357,9 +357,19 @@ std::optional<std::vector<int64_t>> constant_values(const Meta& idx, mx::Stream 
 
 // The element count of a strided slice along one axis, or -1 when it reads outside [0, dim).
 int64_t slice_count(int64_t lo, int64_t hi, int64_t step, int64_t dim) {
-  int64_t count = 0;
-  if (step > 0 && hi > lo) count = (hi - lo + step - 1) / step;
-  if (step < 0 && lo > hi) count = (lo - hi - step - 1) / -step;
+  // The length MLX's normalize_slice gives: negative bounds count from the axis's end and
+  // are clamped to it (MLX keeps the stop as given: x[:, 6:20] or a split at -3).
+  int64_t start = lo < 0 ? lo + dim : lo, stop = hi < 0 ? hi + dim : hi, count = 0;
+  if (step < 0) {
+    start = std::min(start, dim - 1);
+    stop = std::min(std::max<int64_t>(stop, -1), start);
+    count = (start - stop - step - 1) / -step;
+  } else {
+    start = std::clamp<int64_t>(start, 0, dim);
+    stop = std::max(std::clamp<int64_t>(stop, 0, dim), start);
+    count = (stop - start + step - 1) / step;
+  }
+  // The kernel reads from the start the file holds: every element read lies inside the axis.
   int64_t last = lo + (count - 1) * step;
   if (count > 0 && (lo < 0 || lo >= dim || last < 0 || last >= dim)) return -1;
   return count;

@@ -164,6 +164,29 @@ async def test_mx_contiguous_is_traced_as_ops_mlx_can_export():
         f.release()
 
 
+def _set_past_the_end(a):
+    b = a * 1
+    b[:, 6:20] = 0
+    return b
+
+
+@one_loop
+async def test_slices_mlx_clamps_trace_and_replay_as_mlx_computes_them():
+    """MLX keeps a slice's stop as written and clamps it when it computes the shape: the file
+    check read it raw and refused these valid files ("reads outside its input")."""
+    x = rand(4, 8)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        for fn in (lambda a: a[:, 6:20] + 1, lambda a: a[:, -20:2] * 2, lambda a: a[:, 10:2] + 1,
+                   lambda a: a[:, ::-1][:, 2:30] + 1, lambda a: a[:, 30:-30:-3] + 1, lambda a: a[:, 7:100:3] + 1,
+                   lambda a: mx.split(a, [-3], axis=-1)[0] + 1, lambda a: mx.split(a, [3, 10], axis=1)[1] + 1,
+                   _set_past_the_end):
+            f = await ea.trace(fn, x, queue=q)
+            got = await f(x, queue=q)
+            assert got.shape == fn(x).shape and mx.array_equal(got, fn(x)).item()
+            f.release()
+
+
 @one_loop
 async def test_bad_inputs_raise_and_the_queue_keeps_working():
     x, y = rand(4, 8), rand(8, 6)
