@@ -256,12 +256,13 @@ async def test_a_stream_of_another_thread_is_refused_and_the_group_stays_usable(
     await ea.get_runtime().close()
 
 
+def failing_step():
+    raise RuntimeError("[ring] connection to a peer was lost")
+
+
 @on_every_loop
 async def test_an_exception_inside_group_run_breaks_the_group():
     group = fresh_group()
-
-    def failing_step():
-        raise RuntimeError("[ring] connection to a peer was lost")
 
     with pytest.raises(ea.DistributedError, match="connection to a peer was lost") as caught:
         await group.run(failing_step)
@@ -293,9 +294,6 @@ async def test_a_cancelled_awaiters_job_that_fails_still_breaks_the_group():
     """Nobody awaits it any more, but the ranks are out of step all the same."""
     group = fresh_group()
     release = threading.Event()
-
-    def failing_step():
-        raise RuntimeError("[ring] connection to a peer was lost")
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(group.run, release.wait, 30)
