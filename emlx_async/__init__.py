@@ -32,7 +32,10 @@ from ._errors import MLXIndexError as MLXIndexError
 from ._errors import MLXOverflowError as MLXOverflowError
 from ._errors import MLXRuntimeError as MLXRuntimeError
 from ._errors import MLXValueError as MLXValueError
+from ._errors import InvalidArgument as InvalidArgument
+from ._errors import InvalidArgumentType as InvalidArgumentType
 from ._errors import InvalidOption as InvalidOption
+from ._errors import InvalidState as InvalidState
 from ._errors import NotTraceable as NotTraceable
 from ._errors import QueueClosed as QueueClosed
 from ._errors import QueueFull as QueueFull
@@ -71,7 +74,7 @@ __all__ = [
     "CommandQueue", "CompiledFunction", "TracedFunction", "compile", "load_traced", "trace",
     "BatchDriverError", "BatchingRefused", "CancelledJob", "DeviceUnavailable", "DistributedError", "EMLXError", "EngineBusy",
     "ForeignLazyArrayError", "ForkedProcessError", "GrammarError", "GrammarStateError", "InvalidInputType",
-    "HostCallDeadlock", "HostCallError", "InvalidOption", "JobFuture", "TrioJobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
+    "HostCallDeadlock", "HostCallError", "InvalidArgument", "InvalidArgumentType", "InvalidOption", "InvalidState", "JobFuture", "TrioJobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
     "MLXValueError", "NotTraceable", "QueueClosed", "QueueFull", "QueueReleaseError", "QueueStats", "Runtime",
     "RuntimeClosed", "RuntimeStats", "SharedMemoryError", "SpecialTokenText",
     "__version__", "attention", "bind", "bound_queue", "cancelled", "current_queue", "distributed", "eval", "fast", "fft",

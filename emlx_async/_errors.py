@@ -31,6 +31,22 @@ class MLXOverflowError(EMLXError, OverflowError):
     """A value does not fit the C++ type MLX stores it in (``std::overflow_error``)."""
 
 
+class InvalidArgument(EMLXError, ValueError):
+    """An argument emlx_async itself refuses before doing any work; the message names it.
+
+    MLX's own refusals are ``MLXValueError``; this is for the package's checks
+    outside MLX (an engine option, a collective's peer, a shared-memory name).
+    """
+
+
+class InvalidArgumentType(EMLXError, TypeError):
+    """An argument of a type emlx_async itself refuses; the message names it and the type."""
+
+
+class InvalidState(EMLXError, RuntimeError):
+    """A call its object cannot take now: it is closed, busy, not started, or the wrong rank for it."""
+
+
 class QueueFull(EMLXError):
     """A queue is at ``max_pending`` and the caller asked not to wait."""
 
@@ -142,7 +158,7 @@ class GrammarStateError(EMLXError, RuntimeError):
     """
 
 
-class InvalidOption(EMLXError, ValueError):
+class InvalidOption(InvalidArgument):
     """A bad sampling option; ``option`` names it (the service answers a 400 naming the field)."""
 
     def __init__(self, option: str, message: str):
