@@ -32,8 +32,9 @@ awaiting task gets ``DistributedError`` when the time is up, every task
 waiting on the group is released with it, the worker stuck in the collective
 is abandoned (it is not waited for at runtime close or interpreter exit), and
 every later collective on the group raises ``DistributedError`` at once.
-Arguments MLX would reject are refused with ``ValueError``/``TypeError``
-before anything runs; they do not break the group.
+Arguments MLX would reject are refused with ``InvalidArgument`` or
+``InvalidArgumentType`` (a ``ValueError``, a ``TypeError``) before anything
+runs; they do not break the group.
 
 Start-up. ``init`` waits at most ``init_timeout`` seconds (default 60) for
 the other ranks: MLX's ring backend accepts its neighbour's connection with
@@ -50,19 +51,25 @@ agree: ``all_sum`` of 4 elements on one rank and 100,000 on another, or
 float32 against int8, or a ``recv`` of another shape than was sent, gives
 one rank an error and the other wrong values, and leaves the next matched
 collective wrong too. So each collective here first exchanges a small
-header (the collective's kind, dtype and shape: 128 bytes, within the same
+header (the collective's kind, dtype and shape: 136 bytes, within the same
 job, so no extra loop round trip): the all-reduce and gather collectives
 compare every rank's header, a ``recv`` compares the sender's with what it
 asked for. A mismatch raises ``DistributedError`` naming both sides and
 breaks the group. What stays unchecked: the sender of a mismatched
 ``send`` learns nothing (it completes, or times out if the receiver does
-not drain it), and collectives MLX runs inside ``group.run`` (a sharded
+not drain it); a ``send``/``recv`` against a group collective (``all_sum``,
+...) is not named as a mismatch, since the ring backend carries them on
+different connections and the headers never meet: the group collective
+waits for its peer and breaks the group at its timeout (or at once if the
+peer exits); and collectives MLX runs inside ``group.run`` (a sharded
 model's own) are the caller's to match.
 
 Cancellation: a cancelled awaiter is released at once, but its collective
 keeps its place in the group's queue and runs (the other ranks issue it too;
 dropped on one rank alone, every later collective would pair with the wrong
-one); its result is discarded.
+one); its result is discarded. Its timeout still holds: if it has not
+completed by then (a peer that never issues it), the group breaks as if it
+had been awaited, and its failure, if it fails, breaks the group too.
 """
 
 from __future__ import annotations
@@ -71,14 +78,16 @@ import contextlib
 import math
 import numbers
 import weakref
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
 import mlx.core as mx
 
+from . import _backend
 from ._dtypes import DTYPE_CODES, DTYPES, INT_RANGES, MAX_DIM
-from ._errors import DistributedError, MLXOverflowError, MLXValueError
+from ._errors import DistributedError, InvalidArgument, InvalidArgumentType, MLXOverflowError, MLXValueError
 from ._native import last_error, lib
 from ._queue import CommandQueue
 from ._runtime import Runtime, get_runtime
@@ -151,7 +160,7 @@ class Group:
     def limit(self, timeout: float | None) -> float | None:
         """The seconds a call given `timeout` waits (None: the group's default; inf: no bound).
 
-        None in the result means no bound; a bad `timeout` raises ValueError.
+        None in the result means no bound; a bad `timeout` raises InvalidArgument.
         """
         return self.timeout if timeout is None else _check_timeout(timeout)
 
@@ -164,11 +173,15 @@ class Group:
         exception from `fn` breaks the group, since its collectives may have
         run on some ranks and not others; so does the timeout.
 
+        ``timeout`` and ``what`` (the name errors give it) are this call's own:
+        pass a function that takes arguments of those names through
+        ``functools.partial`` or a lambda.
+
         Example:
             >>> logits = await group.run(lambda t: model(t), tokens, timeout=30)
         """
         if not callable(fn):  # refused before it is queued: a misuse must not break the group
-            raise TypeError(f"group.run() needs a callable, got {type(fn).__name__}")
+            raise InvalidArgumentType(f"group.run() needs a callable, got {type(fn).__name__}")
 
         def job(*a: Any, **k: Any) -> Any:
             try:
@@ -181,6 +194,7 @@ class Group:
     async def _await(self, queue: CommandQueue, job: Callable, args: tuple, kwargs: dict,
                      timeout: float | None, what: str) -> Any:
         limit = self.limit(timeout)
+        deadline = None if limit is None else anyio.current_time() + limit
         future = queue.run(job, *args, **kwargs)
         # Awaited through an event: a cancelled awaiter must not take the job out of the
         # queue, since the other ranks still issue it and every later collective would pair wrong.
@@ -188,22 +202,12 @@ class Group:
         left: list[bool] = []  # set once the awaiter has gone: the job's failure is then reported here
         future.add_done_callback(lambda f: (settled.set(), self._after_awaiter(f, what) if left else _retrieve(f)))
         try:
-            with anyio.fail_after(limit) if limit is not None else contextlib.nullcontext():
+            with anyio.CancelScope(deadline=math.inf if deadline is None else deadline):
                 await settled.wait()
+            if not settled.is_set():  # past the deadline
+                error = self._past_deadline(queue, what, limit)
+                raise error from error.__cause__
             return future.result()
-        except TimeoutError as exc:
-            if self.broken is None or isinstance(self.broken.__cause__, TimeoutError):
-                error = DistributedError(
-                    f"[{what}] rank {self.rank()} of {self.size()}: the group did not complete it within "
-                    f"{limit} s (a peer stalled or died); the group is broken")
-                error.__cause__ = exc
-                self.declare_broken(error)
-            else:
-                error = DistributedError(str(self.broken))
-                error.__cause__ = self.broken
-            if not queue.closed:  # a caller's queue= holds the stuck worker: abandoned as the group's are
-                queue.abandon(error)
-            raise error from error.__cause__
         except (_Mismatch, _PeerFailure) as exc:
             error = self._breaking(exc, what)
             self.declare_broken(error)
@@ -213,6 +217,33 @@ class Group:
         finally:
             if not future.done():
                 left.append(True)
+                if deadline is not None:  # the job still runs: its time limit still holds
+                    with contextlib.suppress(RuntimeError):  # the run is ending: nothing left to watch for
+                        _backend.current().spawn(lambda: self._watch_left(queue, settled, deadline, what, limit))
+
+    def _past_deadline(self, queue: CommandQueue, what: str, limit: float | None) -> DistributedError:
+        """A collective not done within its limit: the group's break (this one, or the timeout
+        that broke it first), with its queue abandoned."""
+        if self.broken is None or isinstance(self.broken.__cause__, TimeoutError):
+            error = DistributedError(f"[{what}] rank {self.rank()} of {self.size()}: the group did not complete "
+                                     f"it within {limit} s (a peer stalled or died); the group is broken")
+            error.__cause__ = TimeoutError()
+            self.declare_broken(error)
+        else:
+            error = DistributedError(str(self.broken))
+            error.__cause__ = self.broken
+        if not queue.closed:  # a caller's queue= holds the stuck worker: abandoned as the group's are
+            queue.abandon(error)
+        return error
+
+    async def _watch_left(self, queue: CommandQueue, settled: anyio.Event, deadline: float, what: str,
+                          limit: float | None) -> None:
+        """A cancelled awaiter's collective, still queued or running: past its deadline it breaks
+        the group as its awaiter would have (a peer that never issues it would hold the queue for good)."""
+        with anyio.CancelScope(deadline=deadline):
+            await settled.wait()
+        if not settled.is_set() and self.broken is None:
+            self._past_deadline(queue, what, limit)
 
     def _breaking(self, exc: Exception, what: str) -> DistributedError:
         """The DistributedError that a mismatch or a failure on a rank breaks the group with."""
@@ -263,16 +294,16 @@ def init(strict: bool = False, backend: str = "any", *, timeout: float | None = 
     """
     global _world
     if not isinstance(strict, bool):  # as MLX's init, which takes a bool only
-        raise TypeError(f"[init] strict must be a bool, got {type(strict).__name__}")
+        raise InvalidArgumentType(f"[init] strict must be a bool, got {type(strict).__name__}")
     if not isinstance(backend, str) or backend not in _BACKENDS:
-        raise ValueError(f"[init] backend must be one of {_BACKENDS}, got {backend!r}")
+        raise InvalidArgument(f"[init] backend must be one of {_BACKENDS}, got {backend!r}")
     timeout = _check_timeout(timeout)
     init_timeout = _check_timeout(init_timeout, "init_timeout")
     kind = None
     if device is not None:
         kind = device.type if isinstance(device, mx.Device) else device
         if not isinstance(kind, mx.DeviceType):
-            raise TypeError(f"[init] device must be an mx.Device or mx.DeviceType, got {device!r}")
+            raise InvalidArgumentType(f"[init] device must be an mx.Device or mx.DeviceType, got {device!r}")
     group = _groups.get(backend)
     if group is None and backend == "any" and _world is not None:
         # MLX's "any" hands back the backend already started: the same communicator, so the
@@ -287,7 +318,7 @@ def init(strict: bool = False, backend: str = "any", *, timeout: float | None = 
         group = _groups[backend] = Group(raw, backend=backend, timeout=timeout, device=kind)
     else:
         if kind is not None and kind != group.device:
-            raise ValueError(f"[init] the {backend!r} group runs its collectives on {group.device} already; "
+            raise InvalidArgument(f"[init] the {backend!r} group runs its collectives on {group.device} already; "
                              f"it cannot move to {kind}")
         if timeout is not None:
             group.timeout = timeout
@@ -328,7 +359,7 @@ def _check_timeout(timeout: Any, name: str = "timeout") -> float | None:
     except OverflowError:  # an int past float range
         seconds = None
     if seconds is None or not seconds > 0:  # NaN too
-        raise ValueError(f"{name} must be a positive number of seconds or None, got {timeout!r}")
+        raise InvalidArgument(f"{name} must be a positive number of seconds or None, got {timeout!r}")
     return None if seconds == math.inf else seconds
 
 
@@ -342,39 +373,41 @@ def _group_of(group: Group | None) -> Group:
     if group is None:
         return world()
     if not isinstance(group, Group):
-        raise TypeError(f"group must be an ea.distributed.Group (from ea.distributed.init()), "
+        raise InvalidArgumentType(f"group must be an ea.distributed.Group (from ea.distributed.init()), "
                         f"got {type(group).__name__}")
     return group
 
 
 def _check_array(name: str, x: Any) -> None:
     if not isinstance(x, mx.array):
-        raise TypeError(f"[{name}] x must be an mx.array, got {type(x).__name__}")
+        raise InvalidArgumentType(f"[{name}] x must be an mx.array, got {type(x).__name__}")
 
 
 def _check_peer(name: str, what: str, peer: Any, group: Group) -> int:
     if isinstance(peer, bool) or not isinstance(peer, numbers.Integral):
-        raise TypeError(f"[{name}] {what} must be an int rank, got {peer!r}")
+        raise InvalidArgumentType(f"[{name}] {what} must be an int rank, got {peer!r}")
     if not 0 <= peer < group.size() or peer == group.rank():
-        raise ValueError(f"[{name}] {what}={peer} must be another rank of the group "
+        raise InvalidArgument(f"[{name}] {what}={peer} must be another rank of the group "
                          f"(this is rank {group.rank()} of {group.size()})")
     if group.backend == "ring" and (peer - group.rank()) % group.size() not in (1, group.size() - 1):
-        raise ValueError(f"[{name}] the ring backend only talks to its neighbours: rank {group.rank()} "
+        raise InvalidArgument(f"[{name}] the ring backend only talks to its neighbours: rank {group.rank()} "
                          f"cannot reach rank {peer}")
     return int(peer)
 
 
 # The header each collective exchanges first: kind, dtype, ndim, element
-# count, then the first dims (0-padded). int64, so 128 bytes on the wire.
+# count, the first dims (0-padded), then a checksum of the dims past them
+# (0 if none). int64, so 136 bytes on the wire.
 _HEADER_DIMS = 12
 _KINDS = ("all_sum", "all_max", "all_min", "all_gather", "sum_scatter", "send")
 _DTYPE_NAMES = {code: str(dtype).removeprefix("mlx.core.") for code, dtype in enumerate(DTYPES)}
 
 
 def _header(kind: str, shape: Sequence[int], dtype: mx.Dtype) -> list[int]:
-    dims = list(shape)[:_HEADER_DIMS]
-    return [_KINDS.index(kind), DTYPE_CODES.get(dtype, -1), len(shape), math.prod(shape)] + dims + \
-        [0] * (_HEADER_DIMS - len(dims))
+    dims = [int(d) for d in shape]
+    rest = zlib.crc32(b"".join(d.to_bytes(8, "little") for d in dims[_HEADER_DIMS:])) if len(dims) > _HEADER_DIMS else 0
+    return [_KINDS.index(kind), DTYPE_CODES.get(dtype, -1), len(dims), math.prod(dims)] + dims[:_HEADER_DIMS] + \
+        [0] * (_HEADER_DIMS - len(dims[:_HEADER_DIMS])) + [rest]
 
 
 def _describe(header: list[int]) -> str:
@@ -407,8 +440,10 @@ def _exchange(name: str, header: list[int], peer: int | None, kwargs: dict) -> N
     for rank, theirs_array in headers.items():
         got: list[int] = theirs_array.tolist()  # type: ignore[assignment]  # an int64 row
         if got != header:
+            past = "" if _describe(got) != _describe(header) else \
+                f" (their shapes differ past the first {_HEADER_DIMS} dimensions)"
             raise _Mismatch(f"the ranks issued different collectives: rank {group.rank()} has {_describe(header)}, "
-                            f"rank {rank} has {_describe(got)}")
+                            f"rank {rank} has {_describe(got)}{past}")
 
 
 def _collective_job(op: Callable, args: tuple, kwargs: dict, header: tuple | None = None) -> mx.array:
@@ -416,7 +451,7 @@ def _collective_job(op: Callable, args: tuple, kwargs: dict, header: tuple | Non
     stream = kwargs.get("stream")
     if isinstance(stream, mx.Stream) and stream != mx.default_stream(stream.device):
         # MLX streams are per thread: evaluating on another thread's fails mid-collective, a break.
-        raise ValueError(f"[{op.__name__}] stream={stream} is another thread's (MLX streams belong to the thread "
+        raise InvalidArgument(f"[{op.__name__}] stream={stream} is another thread's (MLX streams belong to the thread "
                          "that made them); pass a device such as mx.cpu to run on the group's worker")
     out = op(*args, **kwargs)  # argument errors raise here and leave the group intact
     try:
@@ -436,7 +471,7 @@ async def _collective(name: str, op: Callable, args: tuple, group: Group | None,
     g = _group_of(group)
     g.check()
     if queue is not None and not isinstance(queue, CommandQueue):
-        raise TypeError(f"[{name}] queue must be an ea CommandQueue or None, got {type(queue).__name__}")
+        raise InvalidArgumentType(f"[{name}] queue must be an ea CommandQueue or None, got {type(queue).__name__}")
     kwargs: dict[str, Any] = {"group": g.mlx_group}
     if stream is not None:
         kwargs["stream"] = stream
@@ -484,10 +519,10 @@ async def sum_scatter(x: mx.array, /, *, group: Group | None = None, stream: Any
     _check_array("sum_scatter", x)
     g = _group_of(group)
     if g.backend in ("ring", "jaccl") and g.size() > 1:  # MLX fails it mid-run, which would break the group
-        raise ValueError(f"[sum_scatter] the {g.backend} backend has no sum_scatter (NCCL and MPI have it); "
+        raise InvalidArgument(f"[sum_scatter] the {g.backend} backend has no sum_scatter (NCCL and MPI have it); "
                          "use all_sum and slice")
     if x.ndim == 0 or x.shape[0] % g.size():
-        raise ValueError(f"[sum_scatter] the first axis ({x.shape[0] if x.ndim else 'a scalar'}) must divide "
+        raise InvalidArgument(f"[sum_scatter] the first axis ({x.shape[0] if x.ndim else 'a scalar'}) must divide "
                          f"evenly among {g.size()} ranks")
     return await _collective("sum_scatter", mx.distributed.sum_scatter, (x,), g, stream, queue, timeout)
 
@@ -508,9 +543,9 @@ async def recv(shape: Sequence[int], dtype: mx.Dtype, src: int, /, *, group: Gro
     """Receive an array of `shape` and `dtype` from rank `src`."""
     if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or any(
             isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 0 for d in shape):
-        raise ValueError(f"[recv] shape must be a sequence of non-negative ints, got {shape!r}")
+        raise InvalidArgument(f"[recv] shape must be a sequence of non-negative ints, got {shape!r}")
     if not isinstance(dtype, mx.Dtype):
-        raise TypeError(f"[recv] dtype must be an mx.Dtype, got {dtype!r}")
+        raise InvalidArgumentType(f"[recv] dtype must be an mx.Dtype, got {dtype!r}")
     shape = [int(d) for d in shape]
     # Past these MLX fails inside the job (a bare OverflowError, or std::bad_cast that broke the group).
     if any(d > MAX_DIM for d in shape) or math.prod(shape) > INT_RANGES[mx.int64][1]:

@@ -96,7 +96,7 @@ def test_init_gives_up_on_a_peer_that_never_starts():
     assert exited_at - result["exiting_at"] < 3
 
 
-@pytest.mark.parametrize("how", ["size", "dtype", "kind", "recv"])
+@pytest.mark.parametrize("how", ["size", "dtype", "kind", "recv", "deep"])
 def test_mismatched_collectives_break_the_group_with_a_clear_error(how):
     with LocalRing(2, [sys.executable, RANK_SCRIPT, "mismatch", "asyncio"], env={"MISMATCH": how}) as ring:
         codes = ring.wait(timeout=60)
@@ -109,9 +109,22 @@ def test_mismatched_collectives_break_the_group_with_a_clear_error(how):
         assert error and "different collectives" in error and "broken" in error, got
         assert got[rank]["broken"] and got[rank]["elapsed"] < 10
     wants = {"size": ["(4,) float32", "(100000,) float32"], "dtype": ["(8,) float32", "(8,) int8"],
-             "kind": ["all_sum of (8,)", "all_max of (8,)"], "recv": ["(1000,) float32", "(4,) float32"]}[how]
+             "kind": ["all_sum of (8,)", "all_max of (8,)"], "recv": ["(1000,) float32", "(4,) float32"],
+             "deep": ["(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, ...) float32 (6 elements)",
+                      "their shapes differ past the first 12 dimensions"]}[how]
     for want in wants:
         assert want in got[1]["error"], got[1]["error"]
+
+
+def test_a_send_against_an_all_sum_breaks_the_group_all_the_same():
+    """The ring backend carries a send and a group collective on different connections, so the
+    headers never meet: the all_sum waits for its peer (to its timeout, or the peer's exit) and breaks."""
+    with LocalRing(2, [sys.executable, RANK_SCRIPT, "mismatch", "asyncio"], env={"MISMATCH": "send_against_sum"}) as ring:
+        codes = ring.wait(timeout=60)
+        assert codes == [0, 0], [ring.errors(r)[-2000:] for r in range(2)]
+        got = {rank: results(ring, rank)[0] for rank in range(2)}
+    assert got[1]["error"] is None  # the sender cannot know
+    assert "[all_sum] rank 0 of 2" in got[0]["error"] and got[0]["broken"] and got[0]["elapsed"] < 10, got
 
 
 def test_a_collective_cancelled_on_one_rank_still_runs_so_the_ranks_stay_in_step():
@@ -159,29 +172,31 @@ async def test_a_single_process_group_returns_the_input():
 
 @on_every_loop
 async def test_arguments_are_refused_before_mlx():
+    """Each refusal is the package's class for the builtin a caller catches."""
+    assert issubclass(ea.InvalidArgumentType, TypeError) and issubclass(ea.InvalidArgument, ValueError)
     group = dist.init()
-    with pytest.raises(TypeError):
+    with pytest.raises(ea.InvalidArgumentType):
         await dist.all_sum([1.0, 2.0])
-    with pytest.raises(ValueError, match="another rank"):
+    with pytest.raises(ea.InvalidArgument, match="another rank"):
         await dist.send(mx.ones(2), 0)  # a group of one has no peer
-    with pytest.raises(ValueError, match="timeout"):
+    with pytest.raises(ea.InvalidArgument, match="timeout"):
         await dist.all_sum(mx.ones(2), timeout=0)
-    with pytest.raises(TypeError, match="ea.distributed.Group"):
+    with pytest.raises(ea.InvalidArgumentType, match="ea.distributed.Group"):
         await dist.all_sum(mx.ones(2), group=group.mlx_group)
     for shape in ((1 << 40,), (1 << 21,) * 3):  # a dimension past int32, a count past int64
         with pytest.raises(ea.MLXOverflowError, match=r"\[recv\] shape .* does not fit MLX"):
             await dist.recv(shape, mx.float32, 1)
-    with pytest.raises(TypeError, match=r"\[all_sum\] queue must be an ea CommandQueue or None, got str"):
+    with pytest.raises(ea.InvalidArgumentType, match=r"\[all_sum\] queue must be an ea CommandQueue or None, got str"):
         await dist.all_sum(mx.ones(2), queue="the group's")
-    with pytest.raises(ValueError, match="backend"):
+    with pytest.raises(ea.InvalidArgument, match="backend"):
         dist.init(backend="carrier-pigeon")
-    with pytest.raises(TypeError, match=r"\[init\] strict must be a bool, got str"):  # "yes" was taken as True
+    with pytest.raises(ea.InvalidArgumentType, match=r"\[init\] strict must be a bool, got str"):  # "yes" was taken as True
         dist.init(strict="yes")
-    with pytest.raises(ValueError, match="timeout must be"):
+    with pytest.raises(ea.InvalidArgument, match="timeout must be"):
         dist.init(timeout=10**400)  # past float range: not an OverflowError
-    with pytest.raises(ValueError, match="init_timeout must be"):
+    with pytest.raises(ea.InvalidArgument, match="init_timeout must be"):
         dist.init(init_timeout=float("nan"))
-    with pytest.raises(ValueError, match="cannot move to"):
+    with pytest.raises(ea.InvalidArgument, match="cannot move to"):
         dist.init(device=mx.gpu)  # the group is cached on the CPU
     assert dist.init(device=mx.cpu) is group
     assert group.broken is None
@@ -286,6 +301,39 @@ async def test_a_cancelled_awaiter_leaves_its_job_in_the_queue():
         release.set()
     await group.run(ran.append, "next")
     assert ran == ["given up", "next"] and group.broken is None
+    await ea.get_runtime().close()
+
+
+@on_every_loop
+async def test_a_cancelled_awaiters_collective_still_breaks_the_group_at_its_deadline():
+    """Its peer never issues it: the queue would be held for good, with nothing awaiting to time out."""
+    group = fresh_group()
+    release = threading.Event()  # as a collective whose peer never comes
+    queue = group.queue()
+    started = anyio.current_time()
+    with anyio.move_on_after(0.1):
+        await group.run(release.wait, 60, timeout=0.6)
+    assert group.broken is None  # its deadline has not come yet
+    with anyio.fail_after(5):
+        while group.broken is None:
+            await anyio.sleep(0.02)
+    assert anyio.current_time() - started >= 0.55
+    assert "within 0.6 s" in str(group.broken) and queue.closed and active_workers() == 0
+    with pytest.raises(ea.DistributedError):
+        await group.run(lambda: 1)
+    await ea.get_runtime().close()
+    release.set()
+
+
+@on_every_loop
+async def test_a_cancelled_awaiters_collective_that_completes_in_time_leaves_the_group_whole():
+    group = fresh_group(timeout=0.5)
+    release = threading.Event()
+    with anyio.move_on_after(0.05):
+        await group.run(release.wait, 60)
+    release.set()  # the peer came, in time
+    await anyio.sleep(0.8)  # past the deadline it had
+    assert group.broken is None and await group.run(lambda: 7) == 7
     await ea.get_runtime().close()
 
 

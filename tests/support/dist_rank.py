@@ -133,6 +133,10 @@ async def mismatch(group: dist.Group) -> None:
             await dist.all_sum(mx.ones(8, dtype=mx.float32 if rank == 0 else mx.int8))
         elif how == "kind":
             await (dist.all_sum if rank == 0 else dist.all_max)(mx.ones(8))
+        elif how == "deep":  # the same first 12 dimensions and size; they differ past them
+            await dist.all_sum(mx.ones((1,) * 12 + ((2, 3) if rank == 0 else (3, 2))))
+        elif how == "send_against_sum":
+            await (dist.all_sum(mx.ones(8), timeout=5) if rank == 0 else dist.send(mx.ones(8), 0, timeout=5))
         elif rank == 0:  # "recv": a thousand elements sent, four expected
             await dist.send(mx.ones(1000), 1)
         else:
