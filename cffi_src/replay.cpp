@@ -20,6 +20,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "mlx/distributed/distributed.h"
+#include "mlx/distributed/ops.h"
 #include "mlx/export.h"
 #include "mlx/ops.h"
 #include "mlx/transforms.h"
@@ -60,6 +62,10 @@ struct Entry {
   // previous chained call, and the outputs a call returns (the rest stay here).
   std::vector<std::pair<int, int>> chain;
   std::vector<int> returned;
+  // A function traced by a distributed group (emlx_replay_set_group): its
+  // collectives, placed at each call (place_collectives), run over this group.
+  std::optional<mx::distributed::Group> group;
+  bool group_on_gpu = false;  // NCCL's collectives run on the GPU stream; the others' on the CPU's
   std::mutex mutex;
   std::unordered_map<std::thread::id, std::shared_ptr<Instance>> instances;
 };
@@ -203,6 +209,38 @@ void bind_graph(Instance& inst, const std::vector<mx::array>& outputs, const std
   if (key) inst.bound.insert(key);
 }
 
+// MLX cannot export a collective, so a function traced by a group holds a
+// marker where it called all_sum: mx.depends([x], [x]), a node no model
+// makes (its one input given twice). Each call's graph gets an AllReduce
+// over the group in its place, on the stream the backend runs on.
+bool is_collective_marker(const mx::array& a) {
+  return a.has_primitive() && std::string_view(a.primitive().name()) == "Depends" && a.inputs().size() == 2 &&
+         a.inputs()[0].id() == a.inputs()[1].id() && a.siblings().empty();
+}
+
+void place_collectives(const std::vector<mx::array>& outputs, const std::vector<mx::array>& xs,
+                       const mx::distributed::Group& group, mx::Stream s) {
+  std::unordered_set<uintptr_t> seen;
+  for (const auto& x : xs) seen.insert(x.id());
+  std::vector<mx::array> stack(outputs.begin(), outputs.end());
+  while (!stack.empty()) {
+    mx::array a = stack.back();
+    stack.pop_back();
+    if (!seen.insert(a.id()).second || !a.has_primitive()) continue;
+    if (is_collective_marker(a)) {
+      // MLX's all_sum makes the AllReduce node (its class is not exported); a group
+      // of one makes none, and the marker, which gives its input, is right as it is.
+      // This call's node alone changes: the imported graph keeps its marker for the next.
+      auto reduced = mx::distributed::all_sum(a.inputs()[0], group, s);
+      if (reduced.has_primitive()) {
+        a.primitive_ptr() = reduced.primitive_ptr();
+        a.inputs().pop_back();  // the second x
+      }
+    }
+    for (const auto& in : a.inputs()) stack.push_back(in);
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -247,6 +285,8 @@ std::shared_ptr<Entry> copy_entry(const Entry& entry) {
   made->bound = entry.bound;
   made->chain = entry.chain;
   made->returned = entry.returned;
+  made->group = entry.group;
+  made->group_on_gpu = entry.group_on_gpu;
   return made;
 }
 
@@ -295,6 +335,7 @@ std::vector<mx::array> replay_call(const std::vector<mx::array>& given, int64_t 
   if (outputs.size() != trace.n_outputs)
     throw std::invalid_argument("[replay] the imported function made " + std::to_string(outputs.size()) +
                                 " outputs where its file declares " + std::to_string(trace.n_outputs));
+  if (entry->group) place_collectives(outputs, xs, *entry->group, entry->group_on_gpu ? s : sc);
   bind_graph(*inst, outputs, xs, entry->shapeless, s, sc);
   if (entry->chain.empty()) return outputs;
   chained.clear();
@@ -434,6 +475,21 @@ int emlx_replay_chain(int64_t id, const int* inputs, const int* outputs, size_t 
       throw std::invalid_argument("[replay] chain needs at least one carried and one returned output");
     made->returned.assign(returned, returned + n_returned);
     *chained_id = emlx::add_entry(std::move(made));
+    return 0;
+  });
+}
+
+int emlx_replay_set_group(int64_t id, const char* backend) {
+  return emlx::guarded([&] {
+    auto entry = emlx::find_entry(id);
+    std::string name(backend);
+    if (!mx::distributed::is_available(name))
+      throw std::invalid_argument("[replay] the " + name + " backend is not available");
+    // Started already (by ea.distributed.init): MLX hands back its cached group at once.
+    auto group = mx::distributed::init(false, name);
+    std::lock_guard lock(entry->mutex);
+    entry->group = group;
+    entry->group_on_gpu = name == "nccl";
     return 0;
   });
 }

@@ -77,6 +77,8 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import os
+import threading
 import weakref
 import zlib
 from collections.abc import Callable, Sequence
@@ -84,8 +86,10 @@ from typing import Any
 
 import anyio
 import mlx.core as mx
+import mlx.nn.layers.distributed as _nn_distributed
 
 from . import _backend
+from . import replay as _replay
 from ._dtypes import DTYPE_CODES, DTYPES, INT_RANGES, MAX_DIM
 from ._errors import DistributedError, InvalidArgument, InvalidArgumentType, MLXOverflowError, MLXValueError
 from ._native import last_error, lib
@@ -189,24 +193,32 @@ class Group:
             except BaseException as exc:  # noqa: BLE001 - re-raised on the loop as a break
                 raise _PeerFailure(exc) from exc
 
-        return await self._await(self.queue(), job, args, kwargs, timeout, what or getattr(fn, "__name__", "run"))
+        queue = self.queue()
+        return await self._await(queue, lambda: queue.run(job, *args, **kwargs), timeout,
+                                 what or getattr(fn, "__name__", "run"))
 
-    async def _await(self, queue: CommandQueue, job: Callable, args: tuple, kwargs: dict,
-                     timeout: float | None, what: str) -> Any:
+    async def _await(self, queue: CommandQueue, submit: Callable[[], Any], timeout: float | None, what: str,
+                     *, native: bool = False) -> Any:
+        """Await the job `submit()` puts on `queue`, under the group's rules (its timeout, its
+        breaks). `native`: a native job, any of whose failures is a failure while it ran."""
         limit = self.limit(timeout)
         deadline = None if limit is None else anyio.current_time() + limit
-        future = queue.run(job, *args, **kwargs)
+        future = submit()
         # Awaited through an event: a cancelled awaiter must not take the job out of the
         # queue, since the other ranks still issue it and every later collective would pair wrong.
         settled = anyio.Event()
         left: list[bool] = []  # set once the awaiter has gone: the job's failure is then reported here
-        future.add_done_callback(lambda f: (settled.set(), self._after_awaiter(f, what) if left else _retrieve(f)))
+        future.add_done_callback(
+            lambda f: (settled.set(), self._after_awaiter(f, what, native) if left else _retrieve(f)))
         try:
             with anyio.CancelScope(deadline=math.inf if deadline is None else deadline):
                 await settled.wait()
             if not settled.is_set():  # past the deadline
                 error = self._past_deadline(queue, what, limit)
                 raise error from error.__cause__
+            if native and not future.cancelled() and future.exception() is not None \
+                    and not isinstance(future.exception(), DistributedError):
+                raise _PeerFailure(future.exception())
             return future.result()
         except (_Mismatch, _PeerFailure) as exc:
             error = self._breaking(exc, what)
@@ -220,6 +232,41 @@ class Group:
                 if deadline is not None:  # the job still runs: its time limit still holds
                     with contextlib.suppress(RuntimeError):  # the run is ending: nothing left to watch for
                         _backend.current().spawn(lambda: self._watch_left(queue, settled, deadline, what, limit))
+
+    async def trace(self, fn: Callable[..., Any], *examples: mx.array, shapeless: bool = False,
+                    save: str | os.PathLike | None = None) -> CollectiveFunction:
+        """``ea.trace`` for a function that calls ``mx.distributed.all_sum`` over this group (a
+        sharded model's forward pass): replayed natively, its collectives included.
+
+        MLX cannot export a collective, so while `fn` is traced each ``all_sum``
+        is recorded as a marker, which every call's graph turns into MLX's
+        all_sum over this group, on the group's queue (and mlx.nn's sharded
+        layers' ``sum_gradients``, a gradient rule, is left out). Other
+        collectives are refused (``InvalidArgument``). Every rank traces its
+        own shard and calls it in the same order, as with any collective.
+
+        Example:
+            >>> step = await group.trace(lambda t: model(t), tokens)
+            >>> (logits,) = await step(tokens)
+        """
+        if not callable(fn):
+            raise InvalidArgumentType(f"[trace] fn must be callable, got {type(fn).__name__}")
+        self.check()
+
+        def marked(*arrays: mx.array) -> Any:
+            _tracing.group = self
+            try:
+                return fn(*arrays)
+            finally:
+                _tracing.group = None
+
+        with _collectives_as_markers():
+            traced = await _replay.trace(marked, *examples, shapeless=shapeless, save=save)
+        return CollectiveFunction(self, traced)
+
+    def load_traced(self, path: str | os.PathLike, *, verify: bool = False) -> CollectiveFunction:
+        """A file ``trace(save=...)`` wrote, as a function over this group (``ea.load_traced``'s checks)."""
+        return CollectiveFunction(self, _replay.load_traced(path, verify=verify))
 
     def _past_deadline(self, queue: CommandQueue, what: str, limit: float | None) -> DistributedError:
         """A collective not done within its limit: the group's break (this one, or the timeout
@@ -256,14 +303,139 @@ class Group:
         error.__cause__ = exc.cause
         return error
 
-    def _after_awaiter(self, future: Any, what: str) -> None:
+    def _after_awaiter(self, future: Any, what: str, native: bool = False) -> None:
         """A job whose awaiter was cancelled has ended: its mismatch or failure still breaks the
         group (the ranks are out of step), though nobody is there to raise it to."""
         if future.cancelled():
             return
         exc = future.exception()
+        if native and exc is not None and not isinstance(exc, DistributedError):
+            exc = _PeerFailure(exc)
         if isinstance(exc, (_Mismatch, _PeerFailure)) and self.broken is None:
             self.declare_broken(self._breaking(exc, what))
+
+
+class CollectiveFunction:
+    """A traced function whose ``all_sum`` calls run over its group (``Group.trace``).
+
+    ``await f(*arrays)`` replays it on the group's queue, in order with the
+    group's other collectives, under the group's timeout (``timeout=`` per
+    call): the outputs, one array or a tuple. Inputs must fit a trace
+    (``InvalidArgument`` otherwise, before anything runs); a failure while
+    it runs breaks the group, as a collective's does. ``bind`` and ``chain``
+    are ``TracedFunction``'s; ``traced`` is that function.
+    """
+
+    def __init__(self, group: Group, traced: _replay.TracedFunction):
+        self.group = group
+        self.traced = traced
+        _check_native(lib.emlx_replay_set_group(traced.function_id, group.backend.encode()))
+
+    async def __call__(self, *arrays: mx.array, timeout: float | None = None, donate: dict[int, int] | None = None,
+                       fed: bool = False) -> Any:
+        group = self.group
+        group.check()
+        if not fed:  # a fed call's chained inputs only stand in: the worker checks what it feeds
+            _check_fits(self.traced, arrays)
+        queue = group.queue()
+        return await group._await(queue, lambda: self.traced(*arrays, queue=queue, donate=donate, fed=fed),
+                                  timeout, "traced", native=True)
+
+    def bind(self, *arrays: mx.array) -> CollectiveFunction:
+        return CollectiveFunction(self.group, self.traced.bind(*arrays))
+
+    def chain(self, inputs: dict[int, int], returned: Sequence[int] = (0,)) -> CollectiveFunction:
+        return CollectiveFunction(self.group, self.traced.chain(inputs, returned))
+
+    def release(self) -> None:
+        self.traced.release()
+
+    def __repr__(self) -> str:
+        return f"<CollectiveFunction over {self.group!r}: {self.traced!r}>"
+
+
+def _check_native(status: int) -> None:
+    if status != 0:
+        raise MLXValueError(last_error())
+
+
+def _check_fits(traced: _replay.TracedFunction, arrays: Sequence[Any]) -> None:
+    """Refuse inputs that fit none of `traced`'s traces: the native job would fail on every
+    rank but break the group on this one."""
+    for k, x in enumerate(arrays):
+        if not isinstance(x, mx.array):
+            raise InvalidArgumentType(f"[traced] input {k} must be an mx.array, got {type(x).__name__}")
+    for specs, _ in traced.traces:
+        if len(specs) == len(arrays) and all(
+                x.dtype == dtype and (x.ndim == len(shape) if traced.shapeless else tuple(x.shape) == tuple(shape))
+                for x, (shape, dtype) in zip(arrays, specs)):
+            return
+    def spec(shape: Sequence[int], dtype: mx.Dtype) -> str:
+        return f"{tuple(shape)} {str(dtype).removeprefix('mlx.core.')}"
+
+    given = ", ".join(spec(x.shape, x.dtype) for x in arrays) or "no inputs"
+    wanted = " or ".join("(" + ", ".join(spec(*s) for s in specs) + ")" for specs, _ in traced.traces)
+    raise InvalidArgument(f"[traced] the inputs ({given}) fit no trace of the function: it takes {wanted}")
+
+
+# While a group traces a function, on the tracing thread only: all_sum is a marker
+# (mx.depends([x], [x]); the shim puts MLX's all_sum in its place at each call),
+# mlx.nn's sum_gradients (a gradient rule MLX cannot export) is left out, and the
+# other collectives are refused. Other threads see MLX's functions.
+_tracing = threading.local()
+_MLX_ALL_SUM = mx.distributed.all_sum
+_MLX_SUM_GRADIENTS = _nn_distributed.sum_gradients
+_UNTRACEABLE = ("all_gather", "all_max", "all_min", "sum_scatter", "send", "recv", "recv_like")
+_MLX_UNTRACEABLE = {name: getattr(mx.distributed, name) for name in _UNTRACEABLE}
+_markers_lock = threading.Lock()
+_markers_users = 0
+
+
+def _marked_all_sum(x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+    group = getattr(_tracing, "group", None)
+    if group is None:
+        return _MLX_ALL_SUM(x, *args, **kwargs)
+    theirs = kwargs.get("group")
+    if theirs is not None and (theirs.rank(), theirs.size()) != (group.rank(), group.size()):
+        raise InvalidArgument(f"[trace] the function calls all_sum over another group (rank {theirs.rank()} of "
+                              f"{theirs.size()}) than the one tracing it (rank {group.rank()} of {group.size()})")
+    return x if group.size() == 1 else mx.depends([x], [x])[0]
+
+
+def _marked_sum_gradients(group: Any) -> Callable[[mx.array], mx.array]:
+    if getattr(_tracing, "group", None) is None:
+        return _MLX_SUM_GRADIENTS(group)
+    return lambda x: x
+
+
+def _untraceable(name: str) -> Callable[..., Any]:
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_tracing, "group", None) is None:
+            return _MLX_UNTRACEABLE[name](*args, **kwargs)
+        raise InvalidArgument(f"[trace] a group traces all_sum only; the function calls mx.distributed.{name}, "
+                              "which MLX cannot export")
+    return collective
+
+
+@contextlib.contextmanager
+def _collectives_as_markers():
+    global _markers_users
+    with _markers_lock:
+        _markers_users += 1
+        mx.distributed.all_sum = _marked_all_sum
+        _nn_distributed.sum_gradients = _marked_sum_gradients
+        for name in _UNTRACEABLE:
+            setattr(mx.distributed, name, _untraceable(name))
+    try:
+        yield
+    finally:
+        with _markers_lock:
+            _markers_users -= 1
+            if not _markers_users:
+                mx.distributed.all_sum = _MLX_ALL_SUM
+                _nn_distributed.sum_gradients = _MLX_SUM_GRADIENTS
+                for name, original in _MLX_UNTRACEABLE.items():
+                    setattr(mx.distributed, name, original)
 
 
 _groups: dict[str, Group] = {}  # by backend asked for; MLX caches its groups the same way
@@ -478,7 +650,7 @@ async def _collective(name: str, op: Callable, args: tuple, group: Group | None,
     if header is None and isinstance(args[0], mx.array):  # every rank issues the same one
         header = (name, _header(name, args[0].shape, args[0].dtype), None)
     target = queue if queue is not None else g.queue()
-    return await g._await(target, _collective_job, (op, args, kwargs, header), {}, timeout, name)
+    return await g._await(target, lambda: target.run(_collective_job, op, args, kwargs, header), timeout, name)
 
 
 async def all_sum(x: mx.array, /, *, group: Group | None = None, stream: Any = None,
@@ -567,5 +739,5 @@ async def recv_like(x: mx.array, src: int, /, *, group: Group | None = None, str
                              header=("recv", _header("send", x.shape, x.dtype), src))
 
 
-__all__ = ["DistributedError", "Group", "all_gather", "all_max", "all_min", "all_sum", "init", "recv",
+__all__ = ["CollectiveFunction", "DistributedError", "Group", "all_gather", "all_max", "all_min", "all_sum", "init", "recv",
            "recv_like", "send", "sum_scatter", "world"]

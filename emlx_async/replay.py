@@ -267,6 +267,11 @@ class TracedFunction:
         """Free the graph now (every worker's copy); later calls raise."""
         self._finalizer()
 
+    @property
+    def function_id(self) -> int:
+        """The shim's id of this graph (what a call's job names)."""
+        return self._id
+
     def __repr__(self) -> str:
         specs = "unknown inputs" if self.input_specs is None else ", ".join(
             f"{shape}:{dtype}" for shape, dtype in self.input_specs)

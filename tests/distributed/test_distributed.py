@@ -127,6 +127,17 @@ def test_a_send_against_an_all_sum_breaks_the_group_all_the_same():
     assert "[all_sum] rank 0 of 2" in got[0]["error"] and got[0]["broken"] and got[0]["elapsed"] < 10, got
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_traced_functions_with_all_sum_replay_natively_over_the_group(loop):
+    with launch(2, "traced", loop) as ring:
+        codes = ring.wait(timeout=120)
+        assert codes == [0, 0], [ring.errors(r)[-2000:] for r in range(2)]
+        for rank in range(2):
+            (result,) = results(ring, rank)
+            assert result == {"rank": rank, "broken": False, "all_sum": True, "chain": True,
+                              "sharded_forward": True, "bound": True}, result
+
+
 def test_a_collective_cancelled_on_one_rank_still_runs_so_the_ranks_stay_in_step():
     with launch(2, "cancelled") as ring:
         codes = ring.wait(timeout=60)
@@ -217,6 +228,35 @@ def test_serve_distributed_without_a_launcher_exits_with_a_message(tmp_path):
                           text=True, timeout=60)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "the 'ring' backend did not start" in done.stderr
+
+
+@on_every_loop
+async def test_a_group_of_one_traces_all_sum_as_its_input_and_refuses_other_collectives():
+    group = dist.init()
+    traced = await group.trace(lambda v: mx.distributed.all_sum(v * 2) + 1, mx.ones(3))
+    assert (await traced(mx.arange(3, dtype=mx.float32))).tolist() == [1.0, 3.0, 5.0]
+    with pytest.raises(ea.InvalidArgument, match=r"\[traced\] the inputs \(\(4,\) float32\) fit no trace of the "
+                                                 r"function: it takes \(\(3,\) float32\)"):
+        await traced(mx.ones(4))
+    with pytest.raises(ea.InvalidArgument, match="a group traces all_sum only; the function calls "
+                                                 "mx.distributed.all_gather"):
+        await group.trace(lambda v: mx.distributed.all_gather(v), mx.ones(3))
+    with pytest.raises(ea.InvalidArgumentType, match="fn must be callable"):
+        await group.trace(5, mx.ones(3))
+    # Outside a trace (and on every other thread during one) MLX's own functions are there.
+    assert mx.distributed.all_sum is dist._MLX_ALL_SUM and mx.distributed.all_gather is dist._MLX_UNTRACEABLE["all_gather"]
+    assert group.broken is None
+    await ea.get_runtime().close()
+
+
+@on_every_loop
+async def test_a_traced_function_saved_by_a_group_loads_over_it(tmp_path):
+    group = dist.init()
+    path = tmp_path / "summed.mlxfn"
+    await group.trace(lambda v: mx.distributed.all_sum(v) * 3, mx.ones(2), save=path)
+    loaded = group.load_traced(path)
+    assert (await loaded(mx.array([1.0, 2.0]))).tolist() == [3.0, 6.0]
+    await ea.get_runtime().close()
 
 
 def fresh_group(timeout=None) -> dist.Group:

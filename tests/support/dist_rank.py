@@ -344,7 +344,46 @@ async def follow_twice(group: dist.Group) -> None:
     report(rank=group.rank(), second=second)
 
 
-SCENARIOS = {"engine": engine, "tiny_engine": tiny_engine, "collectives": collectives, "stall": stall, "die": die,
+async def traced(group: dist.Group) -> None:
+    """Functions with all_sum, traced by the group and replayed natively, against the same
+    computed in Python: a scaled sum, a chain of steps, a tiny llama sharded over the ranks."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from support.tiny_models import tiny
+
+    rank, size = group.rank(), group.size()
+    await dist.all_sum(mx.array([1.0]))  # everyone is up
+    checks = {}
+    x = mx.arange(3, dtype=mx.float32)
+    scaled = await group.trace(lambda v: mx.distributed.all_sum(v * (rank + 1)) + 1, mx.ones(3))
+    checks["all_sum"] = (await scaled(x)).tolist() == (x * sum(range(1, size + 1)) + 1).tolist()
+    # A chain of steps on the worker: s <- all_sum(s) / size + 1, from zeros: 1, 2, 3, 4.
+    step = await group.trace(lambda s: mx.distributed.all_sum(s) / size + 1, mx.zeros(2))
+    chained = step.chain({0: 0})
+    out = await chained(mx.zeros(2))
+    for _ in range(3):
+        out = await chained(mx.zeros(2), fed=True)
+    checks["chain"] = out.tolist() == [4.0, 4.0]
+    # mlx-lm's llama sharded (4 query, 2 key-value heads: 2 and 1 per rank): 4 all_sums a forward.
+    model = tiny("llama")
+    model.shard(group.mlx_group)
+    mx.eval(model.parameters())
+    tokens = mx.array([[1, 5, 9, 13, 17]])
+
+    def forward(t: mx.array) -> mx.array:
+        logits = model(t)
+        mx.eval(logits)
+        return logits
+
+    plain = await group.run(forward, tokens)
+    forward_traced = await group.trace(lambda t: model(t), tokens)
+    logits = await forward_traced(tokens)
+    checks["sharded_forward"] = logits.shape == plain.shape and mx.allclose(logits, plain, atol=1e-5).item()
+    bound = (await group.trace(lambda t, w: model(t) * w, tokens, mx.array(2.0))).bind(mx.array(2.0))
+    checks["bound"] = mx.allclose(await bound(tokens), plain * 2, atol=1e-5).item()
+    report(rank=rank, broken=group.broken is not None, **checks)
+
+
+SCENARIOS = {"engine": engine, "traced": traced, "tiny_engine": tiny_engine, "collectives": collectives, "stall": stall, "die": die,
              "mismatch": mismatch, "cancelled": cancelled, "any_after_ring": any_after_ring,
              "closed_engine": closed_engine,
              "close_bad_timeout": close_bad_timeout,
