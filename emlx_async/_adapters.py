@@ -22,6 +22,7 @@ from . import _backend
 from ._convert import OptionTypeError as OptionTypeError  # the generated functions catch it
 from ._convert import to_array
 from ._devices import stream_device
+from ._errors import InvalidArgument, InvalidArgumentType, MLXValueError
 from ._submit import _is_int, axis_size, check_mode, checked, submit, submit_with
 
 scalar = Union[bool, int, float, complex]
@@ -107,8 +108,8 @@ def resolve(function, mlx_path: str, args: tuple, kwargs: dict) -> dict[str, Any
     types = [_nb_type_name(v) for v in args]
     if kwargs:
         types.append("kwargs = { " + ", ".join(f"{k}: {_nb_type_name(v)}" for k, v in kwargs.items()) + " }")
-    raise TypeError(f"{name}(): incompatible function arguments. The following argument types are supported:\n"
-                    f"{supported}\n\nInvoked with types: {', '.join(types)}")
+    raise OptionTypeError(f"{name}(): incompatible function arguments. The following argument types are supported:\n"
+                          f"{supported}\n\nInvoked with types: {', '.join(types)}")
 
 
 def _crashes_mlx(value: Any) -> bool:
@@ -117,7 +118,7 @@ def _crashes_mlx(value: Any) -> bool:
 
 
 def mlx_type_error(mlx_path: str, function, values: dict[str, Any], error: TypeError) -> TypeError:
-    """mlx's own TypeError for the call `function(**values)` made to mlx's function, else `error`.
+    """mlx's own TypeError (its message, as an OptionTypeError) for the call `function(**values)` made to mlx's function, else `error`.
 
     Parameters still at their defaults are left out, as a caller would. Calling
     mlx here is safe: nanobind refuses an argument of the wrong type before any
@@ -152,7 +153,7 @@ def mlx_type_error(mlx_path: str, function, values: dict[str, Any], error: TypeE
     try:
         _MLX[mlx_path](*args, **kwargs)
     except TypeError as theirs:
-        return theirs
+        return OptionTypeError(*theirs.args)  # mlx's message, as the package's class
     except Exception:  # noqa: BLE001 - mlx took the types and refused a value: our error names the option
         return error
     return error
@@ -212,7 +213,7 @@ def _pad_pairs(ndim: int, pad_width) -> list[int]:
             elif len(items) == 2:
                 pairs = [(items[0], items[1])] * ndim
             else:
-                raise ValueError("[pad] pad_width must be an int, a pair or one (before, after) pair per axis")
+                raise InvalidArgument("[pad] pad_width must be an int, a pair or one (before, after) pair per axis")
         else:
             pairs = [(p[0], p[0]) if len(p) == 1 else (p[0], p[1]) for p in map(tuple, items)]
             if len(pairs) == 1:
@@ -263,7 +264,7 @@ def split(a, indices_or_sections, axis, rt):
 def slice(a, start_indices, axes, slice_size, start, stop, strides, rt):  # noqa: A001 - mlx's name
     if start is not None or stop is not None:  # the static form: Python slice bounds per axis
         if start_indices is not None:
-            raise TypeError("[slice] give start_indices/axes/slice_size (mlx) or start/stop[/strides], not both")
+            raise InvalidArgumentType("[slice] give start_indices/axes/slice_size (mlx) or start/stop[/strides], not both")
         return op("slice", [a], rt, start=start, stop=stop, strides=strides or ())
     return op("slice_dynamic", [a, _index_array(start_indices)], rt, axes=_ints(axes), slice_size=_ints(slice_size))
 
@@ -271,7 +272,7 @@ def slice(a, start_indices, axes, slice_size, start, stop, strides, rt):  # noqa
 def slice_update(a, update, start_indices, axes, start, stop, strides, rt):
     if start is not None or stop is not None:
         if start_indices is not None:
-            raise TypeError("[slice_update] give start_indices/axes (mlx) or start/stop[/strides], not both")
+            raise InvalidArgumentType("[slice_update] give start_indices/axes (mlx) or start/stop[/strides], not both")
         return op("slice_update", [a, update], rt, start=start, stop=stop, strides=strides or ())
     return op("slice_update_dynamic", [a, update, _index_array(start_indices)], rt, axes=_ints(axes))
 
@@ -284,7 +285,7 @@ def contiguous(a, allow_col_major, rt):
 
 def clip(a, a_min, a_max, rt):
     if a_min is None and a_max is None:
-        raise ValueError("[clip] At most one of a_min and a_max may be None")
+        raise MLXValueError("[clip] At most one of a_min and a_max may be None")
     if a_min is None:
         return op("minimum", [a, a_max], rt)
     if a_max is None:
@@ -431,7 +432,7 @@ _NORMS = {"backward": 0, "ortho": 1, "forward": 2}
 def _fft_norm(name: str, norm):
     """mlx checks the norm in its binding (python/src/fft.cpp: parse_norm); its message, naming the function."""
     if norm not in _NORMS:
-        raise ValueError(f"[{name}] Invalid norm. Expected one of {{'backward', 'ortho', 'forward'}}.")
+        raise MLXValueError(f"[{name}] Invalid norm. Expected one of {{'backward', 'ortho', 'forward'}}.")
     return norm
 
 
@@ -444,7 +445,7 @@ def fftn(kind: str, name: str, a, s, axes, norm, rt):
     norm = _fft_norm(name, norm)
     if axes is None:  # mlx: every axis; sizes need their axes
         if s is not None:
-            raise ValueError(f"[{name}] `axes` should not be `None` if `s` is not `None`.")
+            raise MLXValueError(f"[{name}] `axes` should not be `None` if `s` is not `None`.")
         axes = list(range(a.ndim))
     return op("fft_any", [a], rt, kind=_FFT_KINDS[kind], n=None if s is None else _ints(s), axes=_ints(axes),
               norm=norm)

@@ -11,6 +11,7 @@ import numpy as np
 
 from ._backend import JobFuture, current_key, wait_all
 from ._devices import DeviceLike
+from ._errors import InvalidArgumentType
 from ._queue import CommandQueue
 from ._routing import prepare_inputs, route
 from ._runtime import get_runtime
@@ -84,7 +85,7 @@ def run(fn: Any, /, *args: Any, queue: CommandQueue | None = None, **kwargs: Any
 
 def _check_array(call: str, array: Any) -> None:
     if not isinstance(array, mx.array):
-        raise TypeError(f"{call} takes an mx.array, got {type(array).__name__}")
+        raise InvalidArgumentType(f"{call} takes an mx.array, got {type(array).__name__}")
 
 
 def _evaluations(flat: list[mx.array], queue: CommandQueue | None) -> list:

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import sniffio
 
-from ._errors import CancelledJob, RuntimeClosed
+from ._errors import CancelledJob, InvalidState, RuntimeClosed
 
 
 _T = TypeVar("_T")
@@ -517,13 +517,13 @@ def current() -> AsyncioBackend | TrioBackend:
     try:
         library = sniffio.current_async_library()
     except sniffio.AsyncLibraryNotFoundError:
-        raise RuntimeError("emlx_async needs a running event loop (asyncio, uvloop or trio); "
+        raise InvalidState("emlx_async needs a running event loop (asyncio, uvloop or trio); "
                            "call it from async code") from None
     if library == "trio":
         return TrioBackend()
     if library == "asyncio":
         return AsyncioBackend(asyncio.get_running_loop())
-    raise RuntimeError(f"emlx_async runs on asyncio, uvloop or trio, not {library}")
+    raise InvalidState(f"emlx_async runs on asyncio, uvloop or trio, not {library}")
 
 
 def current_key() -> Any:

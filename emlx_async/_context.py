@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+from ._errors import InvalidArgumentType
 from ._queue import CommandQueue
 from ._routing import reset_bound, set_bound
 
@@ -23,7 +24,7 @@ class bind:
 
     def __init__(self, queue: CommandQueue):
         if not isinstance(queue, CommandQueue):
-            raise TypeError(f"ea.bind() needs a CommandQueue, got {type(queue).__name__}")
+            raise InvalidArgumentType(f"ea.bind() needs a CommandQueue, got {type(queue).__name__}")
         self.queue = queue
         self._tokens: list[contextvars.Token] = []
 

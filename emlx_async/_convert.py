@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from ._dtypes import INT_RANGES
-from ._errors import InvalidInputType
+from ._errors import InvalidInputType, MLXRuntimeError, MLXValueError
 from ._errors import OptionTypeError as OptionTypeError  # _adapters reaches it here
 
 # A Python int is checked against the hinted dtype below 64 bits; at 64 the int64_t read decides.
@@ -45,10 +45,10 @@ def to_array(value: Any, dtype: mx.Dtype | None = None) -> mx.array:
         return mx.array(value, dtype=mx.bool_ if dtype is None else dtype)
     if isinstance(value, int):
         if not _INT64[0] <= value <= _INT64[1]:
-            raise RuntimeError("std::bad_cast")  # mlx reads the int as an int64_t
+            raise MLXRuntimeError("std::bad_cast")  # mlx reads the int as an int64_t
         out = dtype if dtype is not None else (mx.int32 if _INT32[0] <= value <= _INT32[1] else mx.int64)
         if out in _INT_BITS and not _INT_BITS[out][0] <= value <= _INT_BITS[out][1]:
-            raise ValueError(f"Converting {value} to {str(out).rsplit('.', 1)[-1]} would result in overflow.")
+            raise MLXValueError(f"Converting {value} to {str(out).rsplit('.', 1)[-1]} would result in overflow.")
         return mx.array(value, dtype=mx.int32 if out == mx.bool_ else out)  # a bool hint always promotes
     if isinstance(value, float):
         out = dtype if dtype is not None and mx.issubdtype(dtype, mx.floating) else mx.float32

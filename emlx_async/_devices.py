@@ -6,7 +6,7 @@ from typing import Union
 
 import mlx.core as mx
 
-from ._errors import DeviceUnavailable, OptionTypeError
+from ._errors import DeviceUnavailable, InvalidArgument, OptionTypeError
 from ._native import lib
 
 DeviceLike = Union[str, mx.Device, mx.DeviceType, None]
@@ -25,7 +25,7 @@ def device_type(device: DeviceLike) -> mx.DeviceType:
         return device
     if isinstance(device, str) and device.lower() in ("cpu", "gpu"):
         return getattr(mx.DeviceType, device.lower())
-    raise ValueError(f"unknown device {device!r}; expected 'cpu', 'gpu' or an mx.Device")
+    raise InvalidArgument(f"unknown device {device!r}; expected 'cpu', 'gpu' or an mx.Device")
 
 
 def require_available(kind: mx.DeviceType) -> None:

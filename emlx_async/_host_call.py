@@ -53,7 +53,7 @@ import numpy as np
 from ._backend import wait_all
 from ._convert import numeric_numpy
 from ._dtypes import DTYPE_CODES, MAX_DIM
-from ._errors import HostCallError, InvalidInputType, MLXOverflowError, MLXValueError
+from ._errors import HostCallError, InvalidArgumentType, InvalidInputType, MLXOverflowError, MLXValueError
 from ._native import ensure, ffi, lib
 from ._native import error as native_call_error
 from ._queue import CommandQueue, current_job, host_call_blocking
@@ -119,7 +119,7 @@ def host_call(fn: Callable[..., Any], /, *inputs: mx.array,
         >>> await ea.eval(masked)
     """
     if not callable(fn):
-        raise TypeError(f"host_call needs a callable, got {type(fn).__name__}")
+        raise InvalidArgumentType(f"host_call needs a callable, got {type(fn).__name__}")
     specs = _check_outputs(outputs)
     for i, x in enumerate(inputs):
         if not isinstance(x, mx.array):

@@ -40,7 +40,25 @@ A record is op(name, arrays, params, C++ expression, outputs=, mlx=, via=):
 """
 
 import hashlib
+import pathlib
+import runpy
 from typing import NamedTuple
+
+
+def _spec_error(message: str) -> Exception:
+    """A mistake in the spec itself (a developer's), as an InvalidArgument.
+
+    _errors is imported only here, on the error path: the spec loads before
+    the package and must not import it. Loaded on its own (the builders), it loads
+    _errors.py on its own too (that file imports nothing).
+    """
+    if __package__:
+        from . import _errors
+        errors = vars(_errors)
+    else:
+        errors = runpy.run_path(str(pathlib.Path(__file__).with_name("_errors.py")))
+    return errors["InvalidArgument"](message)
+
 
 VARIADIC = -1
 
@@ -84,11 +102,11 @@ def split_kind(full_kind: str) -> tuple[str, str]:
     """("int", "positive") from "int:positive", refusing what KINDS and RULES do not have."""
     kind, _, rule = full_kind.partition(":")
     if kind not in KINDS:
-        raise ValueError(f"op spec: unknown parameter kind {full_kind!r}")
+        raise _spec_error(f"op spec: unknown parameter kind {full_kind!r}")
     if rule == "required" and not KINDS[kind].nullable:
-        raise ValueError(f"op spec: kind {kind!r} never takes None, so it cannot be required")
+        raise _spec_error(f"op spec: kind {kind!r} never takes None, so it cannot be required")
     if rule not in ("", "required") and (rule not in RULES or not KINDS[kind].bits):
-        raise ValueError(f"op spec: kind {kind!r} takes no rule {rule!r}")
+        raise _spec_error(f"op spec: kind {kind!r} takes no rule {rule!r}")
     return kind, rule
 
 
@@ -130,11 +148,11 @@ class Op(NamedTuple):
 
 def op(name: str, arrays: int, params, cpp: str, *, outputs: str = ARRAY, mlx=(), via=(), weak=()) -> Op:
     if outputs not in OUTPUTS:
-        raise ValueError(f"op spec: {name}: unknown outputs {outputs!r}")
+        raise _spec_error(f"op spec: {name}: unknown outputs {outputs!r}")
     for pname, full_kind, _ in params:
         split_kind(full_kind)
     if not mlx and not via:
-        raise ValueError(f"op spec: {name} says neither which mlx function nor what else submits it")
+        raise _spec_error(f"op spec: {name} says neither which mlx function nor what else submits it")
     functions = tuple(f if isinstance(f, Fn) else Fn(f) for f in mlx)
     return Op(name, arrays, tuple(tuple(p) for p in params), cpp, outputs, functions, tuple(via), tuple(weak))
 
@@ -602,7 +620,7 @@ OPS += [
 ]
 
 if len({o.name for o in OPS}) != len(OPS):
-    raise ValueError("op spec: two ops share a name")
+    raise _spec_error("op spec: two ops share a name")
 
 WEAK_PAIRS = {o.name: o.weak for o in OPS if o.weak}  # for emlx_async/_convert.py's inputs()
 

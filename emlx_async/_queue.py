@@ -52,7 +52,7 @@ import mlx.core as mx
 from . import _interop
 from ._backend import JobFuture, TrioJobFuture, shielded
 from ._channel import CompletionChannel
-from ._errors import EMLXError, HostCallDeadlock, QueueClosed, QueueFull, RuntimeClosed, mlx_error, native_error
+from ._errors import EMLXError, HostCallDeadlock, InvalidArgumentType, QueueClosed, QueueFull, RuntimeClosed, mlx_error, native_error
 from ._native import ensure, exiting, ffi, lib
 from ._native import error as native_call_error
 from ._op_table import ARRAY, LIST, LIST_OR_ARRAY, OPS, TUPLE_OR_ARRAY
@@ -131,8 +131,8 @@ class _Job:
             result = self.fn(*self.args, **self.kwargs)
             if asyncio.iscoroutine(result):
                 result.close()
-                raise TypeError("queue.run() takes a plain callable; it returned a coroutine. "
-                                "Await async code on the event loop instead.")
+                raise InvalidArgumentType("queue.run() takes a plain callable; it returned a coroutine. "
+                                          "Await async code on the event loop instead.")
             if not self.lazy:
                 arrays = list(iter_arrays(result))
                 if arrays:
@@ -380,7 +380,7 @@ class CommandQueue:
             >>> y = await q.run(lambda a: (a @ a.T).sum(), x)
         """
         if not callable(fn):
-            raise TypeError(f"queue.run() needs a callable, got {type(fn).__name__}")
+            raise InvalidArgumentType(f"queue.run() needs a callable, got {type(fn).__name__}")
         self._check_open()
         job = _Job(self, self._backend.new_future(), fn, args, kwargs, lazy)
         job.start = lambda: lib.emlx_submit_python(self._worker, job.id, self._handle)

@@ -25,7 +25,7 @@ import mlx.core as mx
 from . import _backend
 from ._channel import CompletionChannel
 from ._devices import DeviceLike, device_type, native_device, require_available
-from ._errors import QueueClosed, QueueReleaseError, RuntimeClosed
+from ._errors import InvalidArgument, InvalidArgumentType, InvalidState, QueueClosed, QueueReleaseError, RuntimeClosed
 from ._native import check_pointer, ensure_mlx_usable, exiting, lib
 from ._queue import CommandQueue, QueueStats, _Counters
 from ._routing import add_owner, owner_of, reset_bound, set_bound
@@ -43,9 +43,9 @@ def check_host_call_timeout(name: str, value: Any, none_means: str) -> float | N
         return None
     allowed = f"seconds in (0, {MAX_HOST_CALL_TIMEOUT:.0f}] (about 11 days), inf for no limit, or None ({none_means})"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be {allowed}, got {type(value).__name__}")
+        raise InvalidArgumentType(f"{name} must be {allowed}, got {type(value).__name__}")
     if not (0 < value <= MAX_HOST_CALL_TIMEOUT or value == math.inf):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        raise InvalidArgument(f"{name} must be {allowed}, got {value!r}")
     return value
 
 
@@ -65,13 +65,13 @@ class RuntimeStats:
 
 def _check_count(name: str, value: Any) -> int:
     if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {value!r}")
+        raise InvalidArgumentType(f"{name} must be an int, got {value!r}")
     try:
         value = operator.index(value)  # numpy's ints too
     except TypeError:
-        raise TypeError(f"{name} must be an int, got {value!r}") from None
+        raise InvalidArgumentType(f"{name} must be an int, got {value!r}") from None
     if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
+        raise InvalidArgument(f"{name} must be at least 1, got {value}")
     return value
 
 
@@ -203,7 +203,7 @@ class Runtime:
         try:
             self._backend = _backend.current()
         except RuntimeError:
-            raise RuntimeError("ea.Runtime() must be created inside a running event loop "
+            raise InvalidState("ea.Runtime() must be created inside a running event loop "
                                "(for example in `async def main()` run by asyncio.run or trio.run)") from None
         max_pending = _check_count("max_pending", max_pending)
         if pool_size is not None:
@@ -514,7 +514,7 @@ def get_runtime() -> Runtime:
     """
     key = _backend.current_key()
     if key is None:
-        raise RuntimeError("ea.get_runtime() needs a running event loop (asyncio, uvloop or trio)")
+        raise InvalidState("ea.get_runtime() needs a running event loop (asyncio, uvloop or trio)")
     runtime = _registered(key)
     if runtime is not None:
         return runtime

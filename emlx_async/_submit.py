@@ -16,7 +16,7 @@ import numpy as np
 
 from ._convert import inputs as _inputs
 from ._dtypes import DTYPE_CODES as _DTYPE_CODES
-from ._errors import OptionTypeError
+from ._errors import InvalidArgument, InvalidArgumentType, MLXOverflowError, OptionTypeError
 from ._native import ffi, lib
 from ._op_table import KINDS, OPS, RULE_TESTS, RULES, VARIADIC, WEAK_PAIRS, dispatch_digest, int_range
 from ._routing import route
@@ -43,14 +43,14 @@ def _int_option(name: str, pname: str, kind: str, rule: str, value: Any, bare: b
         # mlx's own messages for a dimension past int32: a list's (python/src/small_vector.h: its
         # Shape caster), a bare int's (zeros of one dimension: its int | Shape overloads)
         if bare:
-            raise OverflowError(f"Shape dimension {value} is outside the supported range [{low}, {high}]. "
-                                "MLX currently uses 32-bit integers for shape dimensions.")
-        raise OverflowError(f"Integer value {value} is outside the supported range [{low}, {high}].")
+            raise MLXOverflowError(f"Shape dimension {value} is outside the supported range [{low}, {high}]. "
+                                   "MLX currently uses 32-bit integers for shape dimensions.")
+        raise MLXOverflowError(f"Integer value {value} is outside the supported range [{low}, {high}].")
     if not low <= value <= high:
-        raise OverflowError(f"[{name}] option {pname!r} = {value} is out of range for {words} "
-                            f"[{low}, {high}]")
+        raise MLXOverflowError(f"[{name}] option {pname!r} = {value} is out of range for {words} "
+                               f"[{low}, {high}]")
     if rule and not _RULES[rule][1](value):
-        raise ValueError(f"[{name}] option {pname!r} must be {_RULES[rule][0]}, got {value}")
+        raise InvalidArgument(f"[{name}] option {pname!r} must be {_RULES[rule][0]}, got {value}")
     return value
 
 
@@ -75,13 +75,13 @@ def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], s
                 ints.append(_int_option(name, pname, kind, rule, value))
             elif kind == "bool":
                 if value is not True and value is not False:  # mlx's bool caster takes no other value
-                    raise TypeError
+                    raise OptionTypeError  # worded below
                 ints.append(1 if value else 0)
             elif kind == "float":
                 try:
                     floats.append(float(value))
                 except OverflowError:
-                    raise OverflowError(f"[{name}] option {pname!r} = {value!r} is too large for a float") from None
+                    raise MLXOverflowError(f"[{name}] option {pname!r} = {value!r} is too large for a float") from None
             elif kind == "axis":
                 ints += [0, 0] if value is None else [1, _int_option(name, pname, kind, rule, value)]
             elif kind in ("axes", "shape", "strides"):
@@ -95,19 +95,19 @@ def _encode(name: str, params, options: dict) -> tuple[list[int], list[float], s
                         ints += [len(values), *(_int_option(name, pname, kind, rule, v) for v in values)]
             elif kind == "dtype":
                 if value is not None and value not in _DTYPE_CODES:
-                    raise TypeError
+                    raise OptionTypeError  # worded below
                 ints.append(-1 if value is None else _DTYPE_CODES[value])
             elif kind == "str":
                 if not isinstance(value, str):
-                    raise TypeError
+                    raise OptionTypeError  # worded below
                 text = value
         except (TypeError, ValueError) as exc:
             if str(exc).startswith(f"[{name}]"):
                 raise
             raise OptionTypeError(f"[{name}] option {pname!r} must be {_KIND_WORDS[kind]}, got {value!r}") from None
     if options:
-        raise TypeError(f"[{name}] got unexpected option(s) {sorted(options)}; "
-                        f"it takes {[p[0] for p in params] or 'no options'}")
+        raise InvalidArgumentType(f"[{name}] got unexpected option(s) {sorted(options)}; "
+                                  f"it takes {[p[0] for p in params] or 'no options'}")
     return ints, floats, text
 
 
@@ -153,7 +153,7 @@ def submit_with(name: str, arrays: Sequence[Any], queue, device, lazy: bool, now
     """``submit`` with its keywords as arguments (the generated ops' path: no keyword packing)."""
     code, expected, params, weak_pairs = _OPS[name]
     if expected != VARIADIC and len(arrays) != expected:
-        raise TypeError(f"[{name}] takes {expected} array argument(s), got {len(arrays)}")
+        raise InvalidArgumentType(f"[{name}] takes {expected} array argument(s), got {len(arrays)}")
     inputs = _inputs(arrays, weak_pairs)
     ints, floats, text = _encode(name, params, dict(options)) if options or params else _NO_PARAMETERS
     target = queue if queue is not None else route(inputs, None, device, runtime=get_runtime)
@@ -227,10 +227,10 @@ QUANTIZATION_MODES = {"affine": None, "mxfp4": (32, 4), "mxfp8": (32, 8), "nvfp4
 
 def check_mode(name: str, mode: str, group_size, bits) -> None:
     if mode not in QUANTIZATION_MODES:
-        raise ValueError(f"[{name}] unknown mode {mode!r}; expected one of {sorted(QUANTIZATION_MODES)}")
+        raise InvalidArgument(f"[{name}] unknown mode {mode!r}; expected one of {sorted(QUANTIZATION_MODES)}")
     pinned = QUANTIZATION_MODES[mode]
     if pinned is None:
         return
     if (group_size is not None and group_size != pinned[0]) or (bits is not None and bits != pinned[1]):
-        raise ValueError(f"[{name}] mode {mode!r} needs group_size={pinned[0]} and bits={pinned[1]}, "
-                         f"got group_size={group_size} and bits={bits}")
+        raise InvalidArgument(f"[{name}] mode {mode!r} needs group_size={pinned[0]} and bits={pinned[1]}, "
+                              f"got group_size={group_size} and bits={bits}")

@@ -15,6 +15,7 @@ from typing import Any
 import mlx.core as mx
 
 from ._devices import stream_device
+from ._errors import InvalidArgument, InvalidArgumentType
 from ._submit import submit
 
 
@@ -52,20 +53,20 @@ def rope(a, dims: int, *, traditional: bool, base: float | None, scale: float, o
     x = a
     kwargs = _stream(stream, kwargs)
     if layout not in ("BHTD", "BTHD"):
-        raise ValueError(f"[rope] layout must be 'BHTD' or 'BTHD', got {layout!r}")
+        raise InvalidArgument(f"[rope] layout must be 'BHTD' or 'BTHD', got {layout!r}")
     if layout == "BTHD":
         if x.ndim != 4:
-            raise ValueError(f"[rope] layout 'BTHD' needs a 4-D input, got shape {tuple(x.shape)}")
+            raise InvalidArgument(f"[rope] layout 'BTHD' needs a 4-D input, got shape {tuple(x.shape)}")
         return _rope_bthd(x, dims, traditional, base, scale, offset, freqs, kwargs)  # a coroutine: any backend
     if freqs is not None:
         if base is not None:
-            raise ValueError("[rope] give either base or freqs, not both")
+            raise InvalidArgument("[rope] give either base or freqs, not both")
         if not isinstance(offset, int):
-            raise ValueError("[rope] precomputed freqs need an int offset")
+            raise InvalidArgument("[rope] precomputed freqs need an int offset")
         return submit("fast_rope_freqs", [x, freqs], dims=dims, traditional=traditional, scale=scale,
                       offset=offset, **kwargs)
     if base is None:
-        raise ValueError("[rope] base is required when freqs is not given")
+        raise InvalidArgument("[rope] base is required when freqs is not given")
     if isinstance(offset, mx.array) and offset.ndim == 2:  # a position per token, {B, T}
         return submit("fast_rope_positions", [x, offset], dims=dims, traditional=traditional, base=base,
                       scale=scale, **kwargs)
@@ -101,13 +102,13 @@ def scaled_dot_product_attention(q, k, v, *, scale: float, mask=None, sinks=None
     del force_fused
     if key_mask is not None:
         if mask != "causal" or sinks is not None:
-            raise ValueError("[scaled_dot_product_attention] key_mask goes with mask='causal' and no sinks")
+            raise InvalidArgument("[scaled_dot_product_attention] key_mask goes with mask='causal' and no sinks")
         return submit("fast_sdpa_causal_key_mask", [q, k, v, key_mask], scale=scale, **kwargs)
     if mask is not None and not isinstance(mask, (str, mx.array)):
-        raise TypeError(f"[scaled_dot_product_attention] mask must be None, 'causal' or an array, got {mask!r}")
+        raise InvalidArgumentType(f"[scaled_dot_product_attention] mask must be None, 'causal' or an array, got {mask!r}")
     if isinstance(mask, mx.array):
         if sinks is not None:
-            raise ValueError("[scaled_dot_product_attention] array masks with sinks are not supported here")
+            raise InvalidArgument("[scaled_dot_product_attention] array masks with sinks are not supported here")
         return submit("fast_sdpa_masked", [q, k, v, mask], scale=scale, **kwargs)
     if sinks is not None:
         return submit("fast_sdpa_sinks", [q, k, v, sinks], scale=scale, mask=mask or "", **kwargs)

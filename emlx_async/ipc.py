@@ -52,7 +52,7 @@ from . import ops
 from ._convert import numeric_numpy
 from ._dtypes import DTYPE_CODES as _DTYPE_CODES
 from ._dtypes import INT_RANGES, MAX_DIM, NUMPY_DTYPES
-from ._errors import EMLXError, InvalidInputType
+from ._errors import EMLXError, InvalidArgument, InvalidArgumentType, InvalidInputType, MLXOverflowError
 from ._errors import SharedMemoryError as SharedMemoryError
 from ._native import ffi, last_error, lib
 from ._api import current_queue
@@ -68,16 +68,16 @@ def _shm_name() -> str:
 
 def _check_name(name: str, where: str) -> bytes:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(f"[{where}] {name!r} is not an emlx_async shared-memory name "
-                         f"(\"{PREFIX}\" and 1 to 249 of [A-Za-z0-9._-])")
+        raise InvalidArgument(f"[{where}] {name!r} is not an emlx_async shared-memory name "
+                              f"(\"{PREFIX}\" and 1 to 249 of [A-Za-z0-9._-])")
     return name.encode()
 
 
 def _raise(status: int, message: str) -> None:
     if status == lib.EMLX_SHM_BAD_VALUE:
-        raise ValueError(message)
+        raise InvalidArgument(message)
     if status == lib.EMLX_SHM_OVERFLOW:
-        raise OverflowError(message)
+        raise MLXOverflowError(message)
     raise SharedMemoryError(message or "[shm] unknown error")
 
 
@@ -87,10 +87,13 @@ async def to_shm(x: mx.array, /, permissions: int = 0o600, *, name: str | None =
     `permissions` is 0600 plus optional read bits for group or others. If the
     awaiting task is cancelled, or anything fails, no object is left behind.
     """
-    permissions = operator.index(permissions)
+    try:
+        permissions = operator.index(permissions)
+    except TypeError:
+        raise InvalidArgumentType(f"[to_shm] permissions must be an int, got {type(permissions).__name__}") from None
     if permissions & ~0o644 or permissions & 0o600 != 0o600:
-        raise ValueError(f"[to_shm] permissions must be 0o600 plus read bits for group or others "
-                         f"(0o640, 0o604, 0o644), got {permissions:#o}")
+        raise InvalidArgument(f"[to_shm] permissions must be 0o600 plus read bits for group or others "
+                              f"(0o640, 0o604, 0o644), got {permissions:#o}")
     name = name if name is not None else _shm_name()
     encoded = _check_name(name, "to_shm")
     contiguous = await ops.contiguous(x)
@@ -117,19 +120,22 @@ async def to_shm(x: mx.array, /, permissions: int = 0o600, *, name: str | None =
 
 
 def _checked_shape(shape: Sequence[int], dtype: mx.Dtype) -> list[int]:
-    dims = [operator.index(d) for d in shape]
+    try:
+        dims = [operator.index(d) for d in shape]
+    except TypeError:
+        raise InvalidArgumentType(f"[from_shm] shape must be a sequence of ints, got {shape!r}") from None
     for i, d in enumerate(dims):
         if d < 0:
-            raise ValueError(f"[from_shm] negative dimension in the shape: dimension {i} is {d}")
+            raise InvalidArgument(f"[from_shm] negative dimension in the shape: dimension {i} is {d}")
         if d > MAX_DIM:
-            raise OverflowError(f"[from_shm] dimension {i} is {d}, more than an int32 shape entry "
-                                f"holds ({MAX_DIM})")
+            raise MLXOverflowError(f"[from_shm] dimension {i} is {d}, more than an int32 shape entry "
+                                   f"holds ({MAX_DIM})")
     count = 1
     for d in dims:
         count *= d
     if count * dtype.size > _OFF_T_MAX:
-        raise OverflowError(f"[from_shm] shape {tuple(dims)} has {count} elements of {dtype.size} bytes, "
-                            f"more bytes than a shared-memory object can hold")
+        raise MLXOverflowError(f"[from_shm] shape {tuple(dims)} has {count} elements of {dtype.size} bytes, "
+                               f"more bytes than a shared-memory object can hold")
     return dims
 
 
@@ -140,7 +146,7 @@ async def from_shm(name: str, shape: Sequence[int], dtype: mx.Dtype) -> mx.array
     the bytes `shape` and `dtype` need; otherwise it is left in place.
     """
     if dtype not in _DTYPE_CODES:
-        raise ValueError(f"[from_shm] unsupported dtype {dtype!r}")
+        raise InvalidArgument(f"[from_shm] unsupported dtype {dtype!r}")
     encoded = _check_name(name, "from_shm")
     dims = _checked_shape(shape, dtype)
     out = mx.array(0)

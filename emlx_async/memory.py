@@ -9,6 +9,7 @@ from typing import Any
 import mlx.core as mx
 
 from ._dtypes import INT_RANGES
+from ._errors import InvalidArgument, InvalidArgumentType
 
 
 def memory_info() -> dict[str, int]:
@@ -38,11 +39,11 @@ def set_cache_limit(limit: int) -> int:
 def _bytes(what: str, limit: Any) -> int:
     """`limit` as MLX's size_t: an int (a bool is not one: True set a 1-byte limit)."""
     if isinstance(limit, bool):
-        raise TypeError(f"{what} limit must be an int of bytes, got a bool")
+        raise InvalidArgumentType(f"{what} limit must be an int of bytes, got a bool")
     try:
         limit = operator.index(limit)
     except TypeError:
-        raise TypeError(f"{what} limit must be an int of bytes, got {type(limit).__name__}") from None
+        raise InvalidArgumentType(f"{what} limit must be an int of bytes, got {type(limit).__name__}") from None
     if not 0 <= limit <= INT_RANGES[mx.uint64][1]:
-        raise ValueError(f"{what} limit must be non-negative and fit 64 bits, got {limit}")
+        raise InvalidArgument(f"{what} limit must be non-negative and fit 64 bits, got {limit}")
     return limit

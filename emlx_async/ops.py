@@ -33,6 +33,7 @@ import builtins
 from typing import Any
 
 from ._devices import stream_device
+from ._errors import InvalidArgumentType
 from ._generated_ops import *  # noqa: F401, F403 - the mlx-signature ops
 from ._generated_ops import __all__ as _GENERATED
 from ._submit import QUANTIZATION_MODES as QUANTIZATION_MODES
@@ -77,7 +78,7 @@ def _index_list(indices) -> list:
 
 def _index_checks(a, indices: list, axes, slice_sizes=None) -> list[tuple]:
     if axes is None:
-        raise TypeError("the option 'axes' is required (an int or a sequence of ints)")
+        raise InvalidArgumentType("the option 'axes' is required (an int or a sequence of ints)")
     axes = [axes] if isinstance(axes, int) else list(axes)
     checks = []
     for idx, ax in zip(indices, axes):

@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 
 from . import _backend
+from ._errors import InvalidArgument, InvalidState
 from ._native import lib
 
 
@@ -60,7 +61,7 @@ class LoopLag:
     def start(self) -> LoopLag:
         """Start the ticker as a background task of the running loop (sync, so a plain function can call it)."""
         if self._ticker is not None:
-            raise RuntimeError("this LoopLag is already running")
+            raise InvalidState("this LoopLag is already running")
         self._finished = anyio.Event()
         self._ticker = _backend.current().spawn(self._run)
         return self
@@ -108,7 +109,7 @@ class LocalRing:
         import tempfile
 
         if n < 1:
-            raise ValueError(f"a ring needs at least one rank, got {n}")
+            raise InvalidArgument(f"a ring needs at least one rank, got {n}")
         self._tmp = tempfile.TemporaryDirectory(prefix="emlx-ring-", dir=directory)
         ports = []
         holders = []
