@@ -147,6 +147,28 @@ def submit(name: str, arrays: Sequence[Any], *, queue=None, device=None, lazy: b
     return submit_with(name, arrays, queue, device, lazy, nowait, check_finite, options, donate, _deps)
 
 
+def index_value(value: Any) -> int | None:
+    """`value` as an index (an int, NumPy's too), or None; a bool is none (True would be 1)."""
+    if isinstance(value, (bool, np.bool_)) or not _is_int(value):
+        return None
+    return operator.index(value)
+
+
+def donation_indices(name: str, donate: Any) -> dict[int, int]:
+    """``donate`` ({input index: output index}) with int indices, or an InvalidArgumentType naming it."""
+    if not isinstance(donate, dict):
+        raise InvalidArgumentType(f"[{name}] donate must be a dict {{input index: output index}}, "
+                                  f"got {type(donate).__name__}")
+    indices = {}
+    for index, result in donate.items():
+        i, r = index_value(index), index_value(result)
+        if i is None or r is None:
+            raise InvalidArgumentType(f"[{name}] donate={donate!r}: input and output indices must be ints, "
+                                      f"got {index!r}: {result!r}")
+        indices[i] = r
+    return indices
+
+
 def submit_with(name: str, arrays: Sequence[Any], queue, device, lazy: bool, nowait: bool,
                 check_finite: bool | None, options: dict[str, Any], donate: dict[int, int] | None = None,
                 deps: list | None = None):
@@ -154,6 +176,12 @@ def submit_with(name: str, arrays: Sequence[Any], queue, device, lazy: bool, now
     code, expected, params, weak_pairs = _OPS[name]
     if expected != VARIADIC and len(arrays) != expected:
         raise InvalidArgumentType(f"[{name}] takes {expected} array argument(s), got {len(arrays)}")
+    if donate:
+        given, donate = donate, donation_indices(name, donate)
+        for index, result in donate.items():
+            if not 0 <= index < len(arrays) or result < 0:
+                raise InvalidArgument(f"[{name}] donate={given!r} names an input or output that does not exist "
+                                      f"({len(arrays)} input(s) given)")
     inputs = _inputs(arrays, weak_pairs)
     ints, floats, text = _encode(name, params, dict(options)) if options or params else _NO_PARAMETERS
     target = queue if queue is not None else route(inputs, None, device, runtime=get_runtime)

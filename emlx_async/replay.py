@@ -33,10 +33,11 @@ import mlx.core as mx
 from . import _interop
 from . import ops as _ops
 from ._dtypes import DTYPE_CODES, DTYPES
-from ._errors import InvalidInputType, MLXValueError, mlx_error
+from ._errors import InvalidArgumentType, InvalidInputType, MLXValueError, mlx_error
 from ._native import ffi, last_error, lib
 from ._routing import route
 from ._runtime import get_runtime
+from ._submit import donation_indices, index_value
 from ._trees import iter_arrays
 
 __all__ = ["TracedFunction", "CompiledFunction", "trace", "load_traced", "compile"]
@@ -195,10 +196,10 @@ class TracedFunction:
         if not self._finalizer.alive:
             raise MLXValueError("[replay] this traced function was released")
         if donate:
+            given, donate = donate, donation_indices("replay", donate)
             for index, result in donate.items():
-                if not (isinstance(index, int) and isinstance(result, int) and 0 <= index < len(arrays)
-                        and 0 <= result < self._fewest_outputs):
-                    raise MLXValueError(f"[replay] donate={donate!r} names an input or output that does not exist "
+                if not (0 <= index < len(arrays) and 0 <= result < self._fewest_outputs):
+                    raise MLXValueError(f"[replay] donate={given!r} names an input or output that does not exist "
                                         f"({len(arrays)} input(s) given; the function makes {self._fewest_outputs} "
                                         "output(s))")
         future = _ops.submit(self._op, list(arrays), queue=queue, device=device, lazy=lazy, nowait=nowait,
@@ -246,13 +247,20 @@ class TracedFunction:
         """
         if not self._finalizer.alive:
             raise MLXValueError("[replay] this traced function was released")
-        pairs = list(inputs.items())
-        returned = list(returned)
+        if not isinstance(inputs, dict):
+            raise InvalidArgumentType(f"[replay] chain's inputs must be a dict {{input index: output index}}, "
+                                      f"got {type(inputs).__name__}")
+        given = list(returned)
+        # A bool is no index (True would name 1); NumPy's ints are.
+        pairs = [(index_value(i), index_value(o)) for i, o in inputs.items()]
+        returned = [index_value(k) for k in given]
+        if any(v is None for pair in pairs for v in pair) or any(k is None for k in returned):
+            raise InvalidArgumentType(f"[replay] chain({inputs!r}, returned={tuple(given)!r}): input and output "
+                                      "indices must be ints")
         known = range(self._fewest_outputs)
-        if not pairs or not all(isinstance(i, int) and isinstance(o, int) for i, o in pairs) or \
-                not all(o in known and i in range(self._fewest_inputs) for i, o in pairs) or \
-                not returned or not all(isinstance(k, int) and k in known for k in returned):
-            raise MLXValueError(f"[replay] chain({inputs!r}, returned={tuple(returned)!r}) names inputs or outputs "
+        if not pairs or not all(o in known and i in range(self._fewest_inputs) for i, o in pairs) or \
+                not returned or not all(k in known for k in returned):
+            raise MLXValueError(f"[replay] chain({inputs!r}, returned={tuple(given)!r}) names inputs or outputs "
                                 f"that do not exist (the function takes {self._fewest_inputs} input(s) and makes "
                                 f"{self._fewest_outputs} output(s))")
         out = ffi.new("int64_t *")

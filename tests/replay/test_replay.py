@@ -502,6 +502,42 @@ async def test_a_chained_input_of_another_dtype_names_both_dtypes():
 
 
 @one_loop
+async def test_indices_are_ints_and_a_bool_is_none():
+    """donate={True: 0} donated input 1 and chain(returned=(True,)) returned output 1; NumPy's ints are indices."""
+    x = mx.array([1.0, 2.0, 3.0])
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(lambda a, b: (a + b, b + 1), x, mx.zeros(3), queue=q)
+        cache = mx.zeros(3)
+        for donate in ({True: 0}, {0: False}, {np.bool_(True): 0}, {"1": 0}, {1.0: 0}):
+            with pytest.raises(ea.InvalidArgumentType, match=re.escape(f"[replay] donate={donate!r}: input and output "
+                                                                       "indices must be ints")):
+                f(x, cache, queue=q, donate=donate)
+        assert cache.tolist() == [0.0] * 3  # not handed to a job
+        assert (await f(x, cache, queue=q, donate={np.int64(1): np.int32(1)})).tolist() == [1.0, 2.0, 3.0]
+        assert cache.tolist() == [1.0] * 3  # output 1 published into input 1
+        for inputs, returned in (({1: 1}, (True,)), ({True: 1}, (0,)), ({1: True}, (0,)), ({"1": 1}, (0,))):
+            with pytest.raises(ea.InvalidArgumentType, match="indices must be ints"):
+                f.chain(inputs, returned=returned)
+        with pytest.raises(ea.InvalidArgumentType, match="must be a dict"):
+            f.chain([(1, 1)])
+        chained = f.chain({np.int64(1): np.int64(1)}, returned=(np.int64(1),))
+        assert (await chained(x, mx.zeros(3), queue=q)).tolist() == [1.0] * 3
+        assert (await chained(x, mx.array(0.0), queue=q, fed=True)).tolist() == [2.0] * 3
+        await q.run(ea.replay.end_chain_here)
+        # The op path's donate= (ea.ops.submit) is checked the same way, and its input indices too.
+        y = mx.ones(3)
+        with pytest.raises(ea.InvalidArgumentType, match=re.escape("[add] donate={True: 0}")):
+            ea.ops.submit("add", [x, y], donate={True: 0})
+        for donate in ({5: 0}, {-1: 0}, {0: -1}):
+            with pytest.raises(ea.InvalidArgument, match="does not exist"):
+                ea.ops.submit("add", [x, y], donate=donate)
+        assert (await ea.ops.submit("add", [x, y], donate={np.int64(1): 0})).tolist() == [2.0, 3.0, 4.0]
+        for g in (f, chained):
+            g.release()
+
+
+@one_loop
 async def test_released_function_is_freed():
     x, y = rand(3, 5), rand(3, 5)
     async with ea.Runtime() as rt:
