@@ -51,6 +51,11 @@ def _check(status: int) -> None:
         raise MLXValueError(last_error())
 
 
+def _check_callable(where: str, fn: Any) -> None:
+    if not callable(fn):
+        raise InvalidArgumentType(f"[{where}] the function must be callable, got {type(fn).__name__}")
+
+
 Spec = tuple[tuple[int, ...], mx.Dtype]
 
 # Our export files end with an integrity record: this marker, then the
@@ -375,6 +380,7 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
     arrays it closes over (weights) are baked in as constants. ``save=``
     also keeps the export file there (``load_traced`` reads it back).
     """
+    _check_callable("trace", fn)
     for k, x in enumerate(examples):
         if not isinstance(x, mx.array):
             raise InvalidInputType(f"[trace] example {k} must be an mx.array, got {type(x).__name__}")
@@ -440,6 +446,8 @@ class CompiledFunction:
     """
 
     def __init__(self, fn: Callable[..., Any], *, shapeless: bool = False):
+        # Refused here: mx.compile takes anything and fails only when the result is called.
+        _check_callable("compile", fn)
         self.fn = fn
         self.shapeless = shapeless
         self._per_thread: dict[tuple[int, str], Callable[..., Any]] = {}

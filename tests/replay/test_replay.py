@@ -538,6 +538,18 @@ async def test_indices_are_ints_and_a_bool_is_none():
 
 
 @one_loop
+async def test_compile_and_trace_refuse_what_is_not_callable_at_once():
+    """ea.compile(5) was taken and failed only when called ('int' object is not callable), on a worker."""
+    with pytest.raises(ea.InvalidArgumentType, match=re.escape("[compile] the function must be callable, got int")):
+        ea.compile(5)
+    with pytest.raises(ea.InvalidArgumentType, match=re.escape("[compile] the function must be callable, got str")):
+        ea.compile(shapeless=True)("f")
+    async with ea.Runtime() as rt:
+        with pytest.raises(ea.InvalidArgumentType, match=re.escape("[trace] the function must be callable, got int")):
+            await ea.trace(5, mx.ones(3), queue=rt.default_queue())
+
+
+@one_loop
 async def test_released_function_is_freed():
     x, y = rand(3, 5), rand(3, 5)
     async with ea.Runtime() as rt:
