@@ -51,6 +51,12 @@ def _check(status: int) -> None:
         raise MLXValueError(last_error())
 
 
+def _check_flag(where: str, name: str, value: Any) -> None:
+    """A flag is a bool: "yes" or 1 would count as true, "" or 0 as false."""
+    if value is not True and value is not False:
+        raise InvalidArgumentType(f"[{where}] {name} must be True or False, got {value!r}")
+
+
 def _check_callable(where: str, fn: Any) -> None:
     if not callable(fn):
         raise InvalidArgumentType(f"[{where}] the function must be callable, got {type(fn).__name__}")
@@ -196,6 +202,7 @@ class TracedFunction:
         from the previous chained call on the same queue; what is passed for
         them only stands in.
         """
+        _check_flag("replay", "fed", fed)
         if fed and not self._chained:
             raise MLXValueError("[replay] fed=True needs a function made by chain()")
         if not self._finalizer.alive:
@@ -329,6 +336,7 @@ def load_traced(path: str | os.PathLike, *, verify: bool = False, verify_timeout
     loaded with ``await q.run(ea.load_traced, path)``).
     """
     path = os.fspath(path)
+    _check_flag("load_traced", "verify", verify)
     if verify and not (isinstance(verify_timeout, (int, float)) and not isinstance(verify_timeout, bool)
                        and 0 < verify_timeout < math.inf):
         raise MLXValueError("[load_traced] verify_timeout must be a positive number of seconds, "
@@ -381,6 +389,7 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
     also keeps the export file there (``load_traced`` reads it back).
     """
     _check_callable("trace", fn)
+    _check_flag("trace", "shapeless", shapeless)
     for k, x in enumerate(examples):
         if not isinstance(x, mx.array):
             raise InvalidInputType(f"[trace] example {k} must be an mx.array, got {type(x).__name__}")
@@ -448,6 +457,7 @@ class CompiledFunction:
     def __init__(self, fn: Callable[..., Any], *, shapeless: bool = False):
         # Refused here: mx.compile takes anything and fails only when the result is called.
         _check_callable("compile", fn)
+        _check_flag("compile", "shapeless", shapeless)
         self.fn = fn
         self.shapeless = shapeless
         self._per_thread: dict[tuple[int, str], Callable[..., Any]] = {}
@@ -480,6 +490,7 @@ class CompiledFunction:
 
 def compile(fn: Callable[..., Any] | None = None, *, shapeless: bool = False):  # noqa: A001 - MLX's name
     """``ea.compile(fn)`` (or ``@ea.compile``): see CompiledFunction."""
+    _check_flag("compile", "shapeless", shapeless)
     if fn is None:
         return lambda f: CompiledFunction(f, shapeless=shapeless)
     return CompiledFunction(fn, shapeless=shapeless)

@@ -550,6 +550,35 @@ async def test_compile_and_trace_refuse_what_is_not_callable_at_once():
 
 
 @one_loop
+async def test_flags_are_bools():
+    """verify="yes" counted as true and fed="yes" read as asking for a chain; shapeless="yes" failed in MLX."""
+    x = mx.ones(3)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        f = await ea.trace(lambda a: a + 1, x, queue=q)
+        for bad in ("yes", 1, None):
+            with pytest.raises(ea.InvalidArgumentType, match=re.escape(f"[replay] fed must be True or False, got {bad!r}")):
+                f(x, queue=q, fed=bad)
+            with pytest.raises(ea.InvalidArgumentType, match=re.escape(f"[trace] shapeless must be True or False, got {bad!r}")):
+                await ea.trace(lambda a: a + 1, x, queue=q, shapeless=bad)
+            with pytest.raises(ea.InvalidArgumentType, match=re.escape(f"[compile] shapeless must be True or False, got {bad!r}")):
+                ea.compile(lambda a: a + 1, shapeless=bad)
+            with pytest.raises(ea.InvalidArgumentType, match=re.escape("[compile] shapeless")):
+                ea.compile(shapeless=bad)
+        assert (await f(x, queue=q, fed=False)).tolist() == [2.0] * 3
+        f.release()
+
+
+def test_load_traced_takes_verify_as_a_bool_only(tmp_path):
+    path = str(tmp_path / "f.mlxfn")
+    mx.export_function(path, lambda a: a + 1, mx.ones(3))
+    for bad in ("yes", "", 1, None):
+        with pytest.raises(ea.InvalidArgumentType, match=re.escape(f"[load_traced] verify must be True or False, got {bad!r}")):
+            ea.load_traced(path, verify=bad)
+    ea.load_traced(path, verify=False).release()
+
+
+@one_loop
 async def test_released_function_is_freed():
     x, y = rand(3, 5), rand(3, 5)
     async with ea.Runtime() as rt:
