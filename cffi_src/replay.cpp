@@ -319,7 +319,6 @@ std::vector<mx::array> replay_call(const std::vector<mx::array>& given, int64_t 
                       ? fit_chained(it->second, entry->traces[0].inputs[input], entry->shapeless, input, sc)
                       : it->second;
     }
-    chained.clear();
   }
   const Trace& trace = check_inputs(*entry, xs);
   // Every index a caller gave was checked against the trace when it was
@@ -330,6 +329,9 @@ std::vector<mx::array> replay_call(const std::vector<mx::array>& given, int64_t 
   for (int k : entry->returned)
     if (k < 0 || static_cast<size_t>(k) >= trace.n_outputs)
       throw std::invalid_argument(index_error("returned output", k, trace.n_outputs));
+  // Only once every check passed: a refused call leaves the chain for the next one.
+  // Dropped before the run, so the graph holds the only reference (MLX may update in place).
+  if (fed) chained.clear();
   auto inst = instance_for(*entry, s);
   auto outputs = (*inst->fn)(xs);
   if (outputs.size() != trace.n_outputs)

@@ -579,6 +579,26 @@ def test_load_traced_takes_verify_as_a_bool_only(tmp_path):
 
 
 @one_loop
+async def test_a_refused_fed_call_leaves_the_chain_to_the_next():
+    """The shim checked a fed call's inputs after dropping the chain: one refused call ended it."""
+    one = mx.array([1.0, 1.0])
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        traced = await ea.trace(accumulate, mx.zeros(2), one, queue=q)
+        chained = traced.chain({0: 0})
+        stand_in = mx.array(0.0)
+        assert (await chained(mx.array([5.0, 7.0]), one, queue=q)).tolist() == [6.0, 8.0]
+        with pytest.raises(ea.MLXValueError, match="input 1: expected dtype float32, got int32"):
+            await chained(stand_in, one.astype(mx.int32), queue=q, fed=True)
+        with pytest.raises(ea.MLXValueError, match=r"input 1: expected shape \(2,\), got \(3,\)"):
+            await chained(stand_in, mx.ones(3), queue=q, fed=True)
+        assert (await chained(stand_in, one, queue=q, fed=True)).tolist() == [7.0, 9.0]
+        await q.run(ea.replay.end_chain_here)
+        for f in (traced, chained):
+            f.release()
+
+
+@one_loop
 async def test_released_function_is_freed():
     x, y = rand(3, 5), rand(3, 5)
     async with ea.Runtime() as rt:
