@@ -312,9 +312,14 @@ def _trace(function_id: int, k: int, n_bound: int) -> tuple[list[Spec], int]:
     return specs[:len(specs) - n_bound], n_outputs[0]
 
 
-def _register(data: bytes, path: str | None = None) -> TracedFunction:
+def _register(data: bytes, path: str | None = None, caller: str = "load_traced") -> TracedFunction:
     out = ffi.new("int64_t *")
-    _check(lib.emlx_replay_register(ffi.from_buffer(data), len(data), out))
+    if lib.emlx_replay_register(ffi.from_buffer(data), len(data), out) != 0:
+        message = last_error()
+        # The shim's file checks speak as load_traced; a file ea.trace made is trace's.
+        if caller != "load_traced" and message.startswith("[load_traced] "):
+            message = f"[{caller}] " + message[len("[load_traced] "):]
+        raise MLXValueError(message)
     return TracedFunction(out[0], path)
 
 
@@ -426,7 +431,7 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
                 raise mlx_error(exc) from exc
             if save is not None:
                 _seal(path)
-            return _register(_read_export(path))
+            return _register(_read_export(path), caller="trace")
 
         # On the worker: the tracer's nodes (and constants it evaluates) use
         # its stream, and reading a large export back does not block the loop.

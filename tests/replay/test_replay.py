@@ -599,6 +599,19 @@ async def test_a_refused_fed_call_leaves_the_chain_to_the_next():
 
 
 @one_loop
+async def test_the_file_checks_of_a_traced_function_speak_as_trace(monkeypatch):
+    """A file ea.trace made and the shim's checks refused said '[load_traced]', which the caller never called."""
+    from emlx_async import replay
+
+    read = replay._read_export
+    monkeypatch.setattr(replay, "_read_export", lambda path: read(path)[:-8])  # cut short: the checks refuse it
+    async with ea.Runtime() as rt:
+        with pytest.raises(ea.MLXValueError, match=r"^\[trace\] ") as caught:
+            await ea.trace(lambda a: a + 1, mx.ones(3), queue=rt.default_queue())
+    assert "load_traced" not in str(caught.value)
+
+
+@one_loop
 async def test_released_function_is_freed():
     x, y = rand(3, 5), rand(3, 5)
     async with ea.Runtime() as rt:
