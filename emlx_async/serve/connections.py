@@ -50,6 +50,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from .. import InvalidArgument, InvalidState
+
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"  # the probe of a half-closed client (see above)
 _BLANK_LINE = re.compile(b"\n\r?\n")  # the end of a request's head, as h11 finds it
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large",
@@ -70,11 +72,11 @@ class ConnectionLimits:
         for name in ("header_timeout", "keep_alive_timeout", "probe_interval"):
             value = getattr(self, name)
             if not value > 0:
-                raise ValueError(f"{name} must be positive, got {value!r}")
+                raise InvalidArgument(f"{name} must be positive, got {value!r}")
         for name in ("max_header_bytes", "max_connections"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+                raise InvalidArgument(f"{name} must be a positive int, got {value!r}")
 
 
 def error_body(message: str) -> bytes:
@@ -226,7 +228,7 @@ HYPERCORN_VERSIONS = ((0, 17), (0, 18))
 
 
 def check_hypercorn() -> None:
-    """Raise RuntimeError unless the installed hypercorn is one `hypercorn_connections` supports."""
+    """Raise InvalidState (a RuntimeError) unless the installed hypercorn is one `hypercorn_connections` supports."""
     import importlib.metadata
 
     import hypercorn.trio.run as run
@@ -238,7 +240,7 @@ def check_hypercorn() -> None:
               "hypercorn's trio TCPServer; install a supported hypercorn "
               f"({', '.join('%d.%d' % v for v in HYPERCORN_VERSIONS)}) or use --server uvicorn")
     if found is None or (int(found[1]), int(found[2])) not in HYPERCORN_VERSIONS:
-        raise RuntimeError(f"hypercorn {version} is not supported: {advice}")
+        raise InvalidState(f"hypercorn {version} is not supported: {advice}")
     server = getattr(tcp_server, "TCPServer", None)
     missing = [name for name in ("run", "_read_data", "_idle_timeout", "_initiate_server_close", "_close",
                                  "protocol_send") if not callable(getattr(server, name, None))]
@@ -251,7 +253,7 @@ def check_hypercorn() -> None:
         missing.append("ProtocolWrapper building H11Protocol by name")
     if (missing or getattr(run, "TCPServer", None) is not server
             or "TCPServer" not in run.worker_serve.__code__.co_names):
-        raise RuntimeError(f"hypercorn {version} does not have the trio worker it should "
+        raise InvalidState(f"hypercorn {version} does not have the trio worker it should "
                            f"(missing: {', '.join(missing) or 'worker_serve building TCPServer'}): {advice}")
 
 

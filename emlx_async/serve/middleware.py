@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from contextvars import ContextVar
 from typing import Any
 
+from .. import InvalidArgument
 from .protocol import APIError
 
 access_logger = logging.getLogger("emlx_async.serve.access")
@@ -47,9 +48,9 @@ _KEY_CHARACTERS = frozenset(string.ascii_letters + string.digits + string.punctu
 def api_key(value: str) -> str:
     """`value` if it can be sent in a header as is (printable ASCII, no space); ValueError otherwise."""
     if not value:
-        raise ValueError("an API key must not be empty")
+        raise InvalidArgument("an API key must not be empty")
     if not set(value) <= _KEY_CHARACTERS:
-        raise ValueError("an API key may hold only printable ASCII characters other than space")
+        raise InvalidArgument("an API key may hold only printable ASCII characters other than space")
     return value
 
 
@@ -83,7 +84,7 @@ class APIKeyCheck:
         self.app = app
         self.keys = [api_key(key).encode() for key in keys]
         if not self.keys:
-            raise ValueError("APIKeyCheck needs at least one key")
+            raise InvalidArgument("APIKeyCheck needs at least one key")
         self.open_paths = OPEN_PATHS if metrics_auth else (*OPEN_PATHS, METRICS_PATH)
 
     def _valid(self, presented: bytes | None) -> bool:

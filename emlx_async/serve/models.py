@@ -38,6 +38,7 @@ from typing import Any
 import anyio
 import mlx.core as mx
 
+from .. import InvalidArgument
 from .protocol import APIError, show
 
 logger = logging.getLogger("emlx_async.serve")
@@ -76,12 +77,12 @@ def parse_model(value: str) -> ModelSpec:
     ``fast=/models/a=b`` names the path ``/models/a=b`` ``fast``.
     """
     if not value:
-        raise ValueError("a model must be NAME=PATH or a path, got an empty value")
+        raise InvalidArgument("a model must be NAME=PATH or a path, got an empty value")
     name, sep, path = value.partition("=")
     if not sep or os.path.exists(value) or _reads_as_path(name):
         return ModelSpec(name_for(value), value)
     if not name or not path:
-        raise ValueError(f"a model must be NAME=PATH with both parts, got {value!r}")
+        raise InvalidArgument(f"a model must be NAME=PATH with both parts, got {value!r}")
     return ModelSpec(check_name(name), path)
 
 
@@ -98,7 +99,7 @@ def missing_paths(specs: Sequence[ModelSpec]) -> list[str]:
 def check_name(name: str) -> str:
     """A model id as clients send it: printable, without spaces (it appears in URLs and log lines)."""
     if not name or not name.isprintable() or any(c.isspace() for c in name):
-        raise ValueError(f"a model name must be printable and without spaces, got {name!r}")
+        raise InvalidArgument(f"a model name must be printable and without spaces, got {name!r}")
     return name
 
 
@@ -108,12 +109,12 @@ def model_specs(values: Sequence[str] = (), model_name: str | None = None) -> tu
     specs = [parse_model(value) for value in values] or [ModelSpec(DEFAULT_MODEL_NAME, None)]
     if model_name is not None:
         if len(values) > 1 or (values and specs[0].path != values[0]):  # one given as NAME=PATH
-            raise ValueError("--model-name names a single --model PATH; name several models as NAME=PATH")
+            raise InvalidArgument("--model-name names a single --model PATH; name several models as NAME=PATH")
         specs = [ModelSpec(check_name(model_name), specs[0].path)]
     names = [spec.name for spec in specs]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
-        raise ValueError(f"two models are named {', '.join(map(repr, twice))}; name them apart as NAME=PATH")
+        raise InvalidArgument(f"two models are named {', '.join(map(repr, twice))}; name them apart as NAME=PATH")
     return tuple(specs)
 
 
@@ -241,7 +242,7 @@ class Models:
 
     def __init__(self, specs: Sequence[ModelSpec], load: Callable[[ServedModel], Awaitable[Any]]):
         if not specs:
-            raise ValueError("a service needs at least one model")
+            raise InvalidArgument("a service needs at least one model")
         self._by_name = {spec.name: ServedModel(spec, load) for spec in specs}
 
     def __iter__(self) -> Iterator[ServedModel]:

@@ -26,7 +26,7 @@ import anyio
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from .. import DistributedError
+from .. import DistributedError, InvalidArgument, InvalidState
 from . import middleware
 from .metrics import Metrics
 from .models import ModelSpec, Models, ServedModel, model_specs
@@ -123,7 +123,7 @@ class ServeConfig:
     def model_specs(self) -> tuple[ModelSpec, ...]:
         if self.models:
             if self.model is not None or self.model_name is not None:
-                raise ValueError("give either models or model (with model_name), not both")
+                raise InvalidArgument("give either models or model (with model_name), not both")
             return tuple(self.models)
         return model_specs([self.model] if self.model is not None else [], self.model_name)
 
@@ -133,30 +133,30 @@ class Service:
 
     def __init__(self, config: ServeConfig):
         if config.mode not in ("auto", "parallel", "batch"):
-            raise ValueError(f"mode must be 'auto', 'parallel' or 'batch', got {config.mode!r}")
+            raise InvalidArgument(f"mode must be 'auto', 'parallel' or 'batch', got {config.mode!r}")
         if config.batches not in (None, 1) and config.mode == "parallel":
-            raise ValueError(f"batches ({config.batches}) needs mode 'batch' or 'auto'")
+            raise InvalidArgument(f"batches ({config.batches}) needs mode 'batch' or 'auto'")
         if config.batches is not None and not (isinstance(config.batches, int)
                                                and 1 <= config.batches <= config.max_concurrent):
-            raise ValueError(f"batches must be in [1, max_concurrent ({config.max_concurrent})], "
+            raise InvalidArgument(f"batches must be in [1, max_concurrent ({config.max_concurrent})], "
                              f"got {config.batches!r}")
         if config.max_concurrent < 1 or config.max_waiting < 0:
-            raise ValueError("max_concurrent must be >= 1 and max_waiting >= 0")
+            raise InvalidArgument("max_concurrent must be >= 1 and max_waiting >= 0")
         if not config.body_timeout > 0:
-            raise ValueError(f"body_timeout must be positive, got {config.body_timeout!r}")
+            raise InvalidArgument(f"body_timeout must be positive, got {config.body_timeout!r}")
         if config.max_messages < 1 or (config.max_prompt_tokens is not None and config.max_prompt_tokens < 1):
-            raise ValueError("max_messages and max_prompt_tokens must be >= 1")
+            raise InvalidArgument("max_messages and max_prompt_tokens must be >= 1")
         if config.idle_unload is not None and not config.idle_unload > 0:
-            raise ValueError(f"idle_unload must be positive, got {config.idle_unload!r}")
+            raise InvalidArgument(f"idle_unload must be positive, got {config.idle_unload!r}")
         # Each of these at 0 (or below) made a server that answered every request wrongly or refused it.
         for name, low in (("default_max_tokens", 1), ("max_body_bytes", 1), ("prompt_cache_tokens", 0),
                           ("prompt_cache_bytes", 0)):
             if getattr(config, name) < low:
-                raise ValueError(f"{name} must be >= {low}, got {getattr(config, name)!r}")
+                raise InvalidArgument(f"{name} must be >= {low}, got {getattr(config, name)!r}")
         self.config = config
         self.models = Models(config.model_specs(), self._load_engine)
         if config.distributed and (len(self.models) > 1 or config.idle_unload is not None):
-            raise ValueError("a distributed service serves one model, never unloaded")
+            raise InvalidArgument("a distributed service serves one model, never unloaded")
         self.runtime = None
         self._status = "loading"         # loading, ready, failed, draining; "broken" is derived
         self.load_error: str | None = None
@@ -225,7 +225,7 @@ class Service:
         """Run `job` among the service's own tasks, past the request that started it (a
         background response); cancelled when the service closes, as every generation is."""
         if self._tasks is None:
-            raise RuntimeError("the service has not started")
+            raise InvalidState("the service has not started")
         self._tasks.start_soon(job)
 
     async def _load(self, tasks: anyio.abc.TaskGroup) -> None:

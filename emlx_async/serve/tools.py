@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from .. import InvalidArgument
 from . import literal_arguments
 from .xml_arguments import TaggedArguments, _escaped, _marker_start, arguments_reader
 
@@ -263,7 +264,7 @@ class ToolCallFormat:
         out, readable = [], False
         for call in parsed:
             if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-                raise ValueError(f"a tool call without a name: {text[:60]!r}")
+                raise InvalidArgument(f"a tool call without a name: {text[:60]!r}")
             # The first of them in the text, as the streamed reader takes it.
             arguments = next((value for key, value in call.items() if key in ARGUMENT_KEYS), {})
             if not isinstance(arguments, str):
@@ -275,7 +276,7 @@ class ToolCallFormat:
             out.append({"id": new_call_id(), "type": "function",
                         "function": {"name": call["name"], "arguments": arguments}})
         if out and not readable:
-            raise ValueError(f"no tool call's arguments are JSON: {text[:60]!r}")
+            raise InvalidArgument(f"no tool call's arguments are JSON: {text[:60]!r}")
         return out
 
 
@@ -311,7 +312,7 @@ _CUT_BLOCK_CALLS = {"minimax_m2": "_invoke_complete_regex", "kimi_k2": "_tool_ca
 def _parse_bare_json(text: str, tools: list[dict] | None) -> dict:
     call = json.loads(text)
     if not isinstance(call, dict) or not _names_a_tool(call.get("name"), tools):
-        raise ValueError("a bare call is a JSON object naming one of the tools")
+        raise InvalidArgument("a bare call is a JSON object naming one of the tools")
     return call
 
 
@@ -861,7 +862,7 @@ def _same_json(a: str, b: str) -> bool:
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     out = dict(pairs)
     if len(out) != len(pairs):
-        raise ValueError("a key named twice")
+        raise InvalidArgument("a key named twice")
     return out
 
 
@@ -942,7 +943,7 @@ def _is_object(text: str) -> bool:
 
 
 def _no_constant(name: str):
-    raise ValueError(f"{name} is not JSON")
+    raise InvalidArgument(f"{name} is not JSON")
 
 
 # ---- the answer, cut as it streams ----------------------------------------------------
