@@ -18,7 +18,7 @@ import signal
 import sys
 from typing import NoReturn
 
-from .connections import ConnectionLimits
+from .connections import MIN_HEADER_BYTES, ConnectionLimits
 from .middleware import API_KEY_ENV, api_keys, origins
 from .protocol import DEFAULT_MAX_MESSAGES
 from .service import AUTO_BATCHES
@@ -81,8 +81,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="seconds a client has to send a request's headers; then 408 and the connection closes")
     serve.add_argument("--body-timeout", type=float, default=30.0,
                        help="seconds a client has to send a request's body after its headers; then 408")
-    serve.add_argument("--max-header-bytes", type=int, default=defaults.max_header_bytes,
-                       help="request line and headers; larger get 431")
+    serve.add_argument("--max-header-bytes", type=_header_bytes, default=defaults.max_header_bytes,
+                       help=f"request line and headers; larger get 431; at least {MIN_HEADER_BYTES}")
     serve.add_argument("--max-connections", type=int, default=defaults.max_connections,
                        help="open connections; past it new ones get 503 and are closed")
     serve.add_argument("--keep-alive-timeout", type=float, default=defaults.keep_alive_timeout,
@@ -123,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
                             "keeps the key out of the process list. /health stays open")
     serve.add_argument("--metrics-auth", action="store_true",
                        help="/metrics needs the API key too (by default it is open, like /health)")
-    serve.add_argument("--cors-origins", action="append", default=[], metavar="ORIGIN[,ORIGIN]",
+    serve.add_argument("--cors-origins", type=_origin_list, action="append", default=[], metavar="ORIGIN[,ORIGIN]",
                        help="let browser pages from these origins call the API (CORS; '*' for any); repeatable")
     serve.add_argument("--no-access-log", dest="access_log", action="store_false",
                        help="no line per request on the emlx_async.serve.access logger")
@@ -148,6 +148,23 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"a port is in 0..65535, got {port}")
     return port
+
+
+def _header_bytes(text: str) -> int:
+    """--max-header-bytes: below MIN_HEADER_BYTES every request would get 431."""
+    value = int(text)
+    if value < MIN_HEADER_BYTES:
+        raise argparse.ArgumentTypeError(f"at least {MIN_HEADER_BYTES} (a request line and headers take that "
+                                         f"much), got {value}")
+    return value
+
+
+def _origin_list(text: str) -> str:
+    """--cors-origins, as given: an empty item (",,", a trailing comma) would allow no origin, silently."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"an empty origin in {text!r}: give ORIGIN[,ORIGIN]")
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

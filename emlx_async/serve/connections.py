@@ -60,6 +60,12 @@ _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header 
 INVALID_HTTP = "Invalid HTTP request received."
 
 
+# The least max_header_bytes: a real client's request line and headers (method, path, Host,
+# User-Agent, Content-Type, Content-Length, Authorization) take a few hundred bytes; below
+# this every request would get 431.
+MIN_HEADER_BYTES = 1024
+
+
 @dataclass
 class ConnectionLimits:
     header_timeout: float = 10.0      # seconds from a connection (or the last response) to complete headers
@@ -77,6 +83,9 @@ class ConnectionLimits:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidArgument(f"{name} must be a positive int, got {value!r}")
+        if self.max_header_bytes < MIN_HEADER_BYTES:
+            raise InvalidArgument(f"max_header_bytes must be at least {MIN_HEADER_BYTES} (a request line and "
+                                  f"headers take that much), got {self.max_header_bytes!r}")
 
 
 def error_body(message: str) -> bytes:

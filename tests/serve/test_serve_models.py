@@ -96,6 +96,31 @@ def test_the_cli_refuses_settings_that_make_a_server_of_no_use(capsys):
     assert "argument --log-level: invalid choice: 'loud'" in capsys.readouterr().err
 
 
+def test_the_cli_refuses_a_header_limit_or_origins_that_serve_no_one(capsys):
+    """--max-header-bytes 10 refused every request with 431; --cors-origins ",," allowed no origin."""
+    from emlx_async.serve.cli import _parser, main
+    from emlx_async.serve.connections import MIN_HEADER_BYTES, ConnectionLimits
+
+    for value in ("10", str(MIN_HEADER_BYTES - 1)):
+        with pytest.raises(SystemExit):
+            main(["serve", "--max-header-bytes", value])
+        assert f"argument --max-header-bytes: at least {MIN_HEADER_BYTES} (a request line and headers take " \
+               f"that much), got {value}" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=f"max_header_bytes must be at least {MIN_HEADER_BYTES}.*got 10$"):
+        ConnectionLimits(max_header_bytes=10)
+    assert _parser().parse_args(["serve", "--max-header-bytes", str(MIN_HEADER_BYTES)]).max_header_bytes == \
+        MIN_HEADER_BYTES
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert f"at least {MIN_HEADER_BYTES}" in " ".join(capsys.readouterr().out.split())
+    for value in (",,", "", "http://a,", "http://a, ,http://b"):
+        with pytest.raises(SystemExit):
+            main(["serve", "--cors-origins", "http://c", "--cors-origins", value])
+        assert f"argument --cors-origins: an empty origin in {value!r}" in capsys.readouterr().err
+    assert _parser().parse_args(["serve", "--cors-origins", " http://a , http://b"]).cors_origins == \
+        [" http://a , http://b"]
+
+
 # ---- in process: stand-in engines ---------------------------------------------------------
 
 class GatedEngine:
