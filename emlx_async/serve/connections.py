@@ -291,7 +291,8 @@ def hypercorn_connections(limits: ConnectionLimits) -> Iterator[None]:
 def json_error_h11_protocol() -> type:
     """hypercorn's H11Protocol whose error answer (a request that is not HTTP/1.1, or an
     upgrade it refuses) has a body in the app's JSON shape, where hypercorn's is empty, and
-    that reads nothing after a client's last request."""
+    that reads nothing after a client's last request, and whose answer begun before the
+    request's body is in says it closes the connection."""
     import h11
     from hypercorn.protocol.h11 import H11Protocol
 
@@ -310,6 +311,16 @@ def json_error_h11_protocol() -> type:
             super().__init__(*args, **kwargs)
             self.connection = LastRequestConnection(h11.SERVER,
                                                     max_incomplete_event_size=self.config.h11_max_incomplete_size)
+
+        async def _send_h11_event(self, event) -> None:
+            # An answer begun before the client has sent its whole body (a 413, a 401 that reads
+            # none) ends the connection: hypercorn keeps one only after a whole request. Say so,
+            # or a client reuses it and its next request meets the closed socket unanswered.
+            if isinstance(event, h11.Response) and self.connection.their_state is h11.SEND_BODY:
+                event = h11.Response(status_code=event.status_code, reason=event.reason,
+                                     http_version=event.http_version,
+                                     headers=[*event.headers, (b"connection", b"close")])
+            await super()._send_h11_event(event)
 
         async def _send_error_response(self, status_code: int) -> None:
             reason = _REASONS.get(status_code, b"")

@@ -232,6 +232,21 @@ def test_bytes_after_a_last_request_are_not_read(server, http):
     assert http.get("/health").status_code == 200
 
 
+def test_an_answer_before_the_whole_body_says_the_connection_closes(server):
+    """A body past --max-body-bytes is answered 413 before it is all read. hypercorn then
+    closes the connection (it keeps one only after a whole request), and said nothing of it:
+    a client that kept the connection for its next request (httpx's pool) got no answer."""
+    big = json.dumps({"messages": [{"role": "user", "content": "x"}] * 100_000}).encode()  # past 1 MiB
+    small = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for _ in range(4):
+            refused = client.post("/v1/chat/completions", content=big, headers={"Content-Type": "application/json"})
+            assert refused.status_code == 413, refused.text
+            if refused.headers["server"].startswith("hypercorn"):  # uvicorn reads the rest and goes on
+                assert refused.headers.get("connection") == "close", refused.headers
+            assert client.post("/v1/chat/completions", json=small).status_code == 200
+
+
 def test_an_integer_longer_than_python_converts_is_named_in_the_services_words(server, http):
     refused = http.post("/v1/chat/completions", content=b'{"max_tokens": ' + b"9" * 5000 + b"}",
                         headers={"Content-Type": "application/json"})
