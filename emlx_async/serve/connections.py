@@ -10,7 +10,8 @@ behaviour here, from the same `ConnectionLimits`:
 - headers not complete `header_timeout` seconds after the connection opens
   (or `keep_alive_timeout + header_timeout` after the last response, once a
   next request has begun) get 408; an idle kept-alive connection is closed
-  after `keep_alive_timeout` without a word;
+  after `keep_alive_timeout` without a word, unless a next request waits unread
+  (the server was held up past the timer);
 - a request line and headers over `max_header_bytes` get 431;
 - past `max_connections` open connections a new one gets 503 and is closed;
 - the body's read timeout is the app's, `ServeConfig.body_timeout` (408);
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import select
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -107,6 +109,18 @@ class _HeadersTooLarge(Exception):
     pass
 
 
+def _unread(sock: Any) -> bool:
+    """Whether bytes (or the client's FIN) wait unread on `sock`. A loop held up past a
+    timer (an encode holding the GIL, a busy machine) may run the timer before the read
+    that would have stopped it, when both are due: trio and uvloop do."""
+    try:
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no socket (a test's transport), or closed
+        return False
+
+
 def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol with `limits` and half-close support (pass as ``uvicorn.Config(http=...)``)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -149,6 +163,11 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
                 self._refuse(503, f"the server has {limits.max_connections} connections open; retry later")
                 return
             self._arm(limits.header_timeout, 408, "the request headers did not arrive in time")
+
+        def timeout_keep_alive_handler(self) -> None:
+            # A next request that came in time is read now (the header timer still bounds it).
+            if not _unread(self.transport.get_extra_info("socket")):
+                super().timeout_keep_alive_handler()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
@@ -467,7 +486,8 @@ def hypercorn_tcp_server(limits: ConnectionLimits) -> type:
                 await self.context.terminated.wait()
             if not self.context.terminated.is_set():
                 connection = self._h11()
-                begun = connection is not None and connection.trailing_data[0] != b""
+                begun = connection is not None and (connection.trailing_data[0] != b""
+                                                    or _unread(self.stream.socket))
                 if fresh:
                     status = 408
                 elif begun:  # a next request has started: it gets the header timeout too

@@ -7,6 +7,8 @@ body is encoded off the event loop."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import threading
 import time
@@ -153,6 +155,29 @@ def test_a_kept_alive_connection_gets_the_header_timeout_for_its_next_request(se
         status, body = final_response(read_all(sock))
     assert status == 408 and json.loads(body)["error"]["message"]
     assert time.monotonic() - answered < KEEP_ALIVE_TIMEOUT + HEADER_TIMEOUT + 3
+
+
+def test_a_request_sent_in_time_is_answered_when_the_server_was_held_up(server):
+    """A server held up (an encode holding the GIL, a busy machine) past a kept-alive
+    connection's timeout, the client's next request already in its socket, may run the
+    timeout before the read when both are due (trio and uvloop do): it closed the
+    connection under a request that came in time, and the client got a reset."""
+    for _ in range(8):
+        with connect(server, timeout=KEEP_ALIVE_TIMEOUT + HEADER_TIMEOUT + 10) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
+            assert read_response(sock).startswith(b"HTTP/1.1 200")
+            os.kill(server.process.pid, signal.SIGSTOP)
+            try:
+                time.sleep(KEEP_ALIVE_TIMEOUT / 4)
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")  # in time, while it cannot run
+                time.sleep(KEEP_ALIVE_TIMEOUT)  # its timer is due when it runs again
+            finally:
+                os.kill(server.process.pid, signal.SIGCONT)
+            try:
+                answer = read_response(sock)
+            except ConnectionResetError:
+                answer = b"reset"
+            assert answer.startswith(b"HTTP/1.1 200"), answer
 
 
 def test_a_body_shorter_than_declared_gets_408(server, http):
