@@ -220,6 +220,7 @@ bool is_collective_marker(const mx::array& a) {
 
 void place_collectives(const std::vector<mx::array>& outputs, const std::vector<mx::array>& xs,
                        const mx::distributed::Group& group, mx::Stream s) {
+  if (group.size() == 1) return;  // all_sum over one rank is its input: what the marker gives
   std::unordered_set<uintptr_t> seen;
   for (const auto& x : xs) seen.insert(x.id());
   std::vector<mx::array> stack(outputs.begin(), outputs.end());
@@ -228,11 +229,10 @@ void place_collectives(const std::vector<mx::array>& outputs, const std::vector<
     stack.pop_back();
     if (!seen.insert(a.id()).second || !a.has_primitive()) continue;
     if (is_collective_marker(a)) {
-      // MLX's all_sum makes the AllReduce node (its class is not exported); a group
-      // of one makes none, and the marker, which gives its input, is right as it is.
+      // MLX's all_sum makes the AllReduce node (its class is not exported).
       // This call's node alone changes: the imported graph keeps its marker for the next.
       auto reduced = mx::distributed::all_sum(a.inputs()[0], group, s);
-      if (reduced.has_primitive()) {
+      if (reduced.id() != a.inputs()[0].id() && reduced.has_primitive()) {
         a.primitive_ptr() = reduced.primitive_ptr();
         a.inputs().pop_back();  // the second x
       }
@@ -299,6 +299,8 @@ int64_t add_entry(std::shared_ptr<Entry> entry) {
 
 }  // namespace
 
+void end_chain() { chained.clear(); }
+
 std::vector<mx::array> replay_call(const std::vector<mx::array>& given, int64_t id, bool fed, mx::Stream s,
                                    mx::Stream sc) {
   auto entry = find_entry(id);
@@ -337,8 +339,9 @@ std::vector<mx::array> replay_call(const std::vector<mx::array>& given, int64_t 
   if (outputs.size() != trace.n_outputs)
     throw std::invalid_argument("[replay] the imported function made " + std::to_string(outputs.size()) +
                                 " outputs where its file declares " + std::to_string(trace.n_outputs));
-  if (entry->group) place_collectives(outputs, xs, *entry->group, entry->group_on_gpu ? s : sc);
   bind_graph(*inst, outputs, xs, entry->shapeless, s, sc);
+  // After the binding, whose cache is keyed by the imported graph's own nodes.
+  if (entry->group) place_collectives(outputs, xs, *entry->group, entry->group_on_gpu ? s : sc);
   if (entry->chain.empty()) return outputs;
   chained.clear();
   for (auto [input, output] : entry->chain) chained.insert_or_assign(output, outputs[output]);
@@ -496,7 +499,7 @@ int emlx_replay_set_group(int64_t id, const char* backend) {
   });
 }
 
-void emlx_replay_end_chain(void) { emlx::chained.clear(); }
+void emlx_replay_end_chain(void) { emlx::end_chain(); }
 
 int emlx_replay_release(int64_t id) {
   return emlx::guarded([&] {

@@ -22,10 +22,12 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <time.h>
 
 #include "channel.hpp"
 #include "ops.hpp"
+#include "replay.hpp"
 #include "validate.hpp"
 #include "worker.hpp"
 #include "mlx/device.h"
@@ -138,6 +140,10 @@ struct emlx_worker {
   // Abandoned inside a job (emlx_worker_abandon): when the job returns, the
   // worker parks instead of reporting (under `mutex`).
   bool retiring = false;
+  // Abandoned: its lease ended with no stop marker, so the replay chain that lease
+  // left on this thread is dropped before the next job (under `mutex`).
+  bool stale_chain = false;
+  bool chain_left = false;          // worker thread only: stale_chain, taken with a job
   std::string start_error;
   uint64_t job_started_ns = 0;      // the running job's start, stamped on its records (worker thread only)
 };
@@ -281,7 +287,9 @@ void emlx_worker::main() {
       jobs.pop_front();
       queued.store(jobs.size(), std::memory_order_relaxed);
       busy = true;
+      chain_left = std::exchange(stale_chain, false);
     }
+    if (chain_left) emlx::end_chain();  // an abandoned lease's, before the next holder's first job
     if (idle) {
       idle = false;
       jobs_come_soon = job.queued_at - idle_since <= spin_window();
@@ -350,6 +358,9 @@ void emlx_worker::run(Job& job) {
       }
       break;
     case JobKind::Stop: {
+      // The lease ends: a chain its holder left (a cancelled stream's caches) must
+      // not reach the next holder, nor hold its memory while the worker parks.
+      emlx::end_chain();
       std::shared_ptr<emlx::Channel> target;
       {
         std::lock_guard<std::mutex> lock(mutex);
@@ -706,6 +717,7 @@ int emlx_worker_abandon(emlx_worker* worker) {
       discarded.swap(worker->jobs);
       worker->queued.store(0, std::memory_order_release);
       worker->channel.reset();  // the running job's record is freed, never posted
+      worker->stale_chain = true;  // no stop marker runs: the next lease's first job drops the chain
       // The worker stays registered (emlx_shutdown leaves it at once while
       // its job runs, so exit does not wait for it), but leased to no one.
       // Idle (only queued jobs, now discarded), it parks at once; inside a

@@ -91,7 +91,8 @@ import mlx.nn.layers.distributed as _nn_distributed
 from . import _backend
 from . import replay as _replay
 from ._dtypes import DTYPE_CODES, DTYPES, INT_RANGES, MAX_DIM
-from ._errors import DistributedError, InvalidArgument, InvalidArgumentType, MLXOverflowError, MLXValueError
+from ._errors import (DistributedError, InvalidArgument, InvalidArgumentType, MLXOverflowError, MLXValueError,
+                      QueueClosed, RuntimeClosed)
 from ._native import last_error, lib
 from ._queue import CommandQueue
 from ._runtime import Runtime, get_runtime
@@ -216,8 +217,7 @@ class Group:
             if not settled.is_set():  # past the deadline
                 error = self._past_deadline(queue, what, limit)
                 raise error from error.__cause__
-            if native and not future.cancelled() and future.exception() is not None \
-                    and not isinstance(future.exception(), DistributedError):
+            if native and _failed_while_running(future):
                 raise _PeerFailure(future.exception())
             return future.result()
         except (_Mismatch, _PeerFailure) as exc:
@@ -241,16 +241,22 @@ class Group:
         MLX cannot export a collective, so while `fn` is traced each ``all_sum``
         is recorded as a marker, which every call's graph turns into MLX's
         all_sum over this group, on the group's queue (and mlx.nn's sharded
-        layers' ``sum_gradients``, a gradient rule, is left out). Other
-        collectives are refused (``InvalidArgument``). Every rank traces its
-        own shard and calls it in the same order, as with any collective.
+        layers' ``sum_gradients``, a gradient rule, is left out: trace
+        forward passes, not gradients through those layers). Other
+        collectives are refused (``InvalidArgument``), and so is
+        ``shapeless=True``. Every rank traces its own shard and calls it in
+        the same order, as with any collective. A model whose module imported
+        ``sum_gradients`` by name (a few of mlx-lm's MoE families) keeps
+        MLX's, which MLX cannot export: the trace fails with MLX's error.
 
         Example:
-            >>> step = await group.trace(lambda t: model(t), tokens)
-            >>> (logits,) = await step(tokens)
+            >>> forward = await group.trace(lambda t: model(t), tokens)
+            >>> logits = await forward(tokens)
         """
         if not callable(fn):
             raise InvalidArgumentType(f"[trace] fn must be callable, got {type(fn).__name__}")
+        if shapeless is not False:  # MLX cannot infer a marker's shapes in a shapeless replay
+            raise InvalidArgument("[trace] a group traces with fixed shapes only (shapeless=False)")
         self.check()
 
         def marked(*arrays: mx.array) -> Any:
@@ -265,8 +271,15 @@ class Group:
         return CollectiveFunction(self, traced)
 
     def load_traced(self, path: str | os.PathLike, *, verify: bool = False) -> CollectiveFunction:
-        """A file ``trace(save=...)`` wrote, as a function over this group (``ea.load_traced``'s checks)."""
-        return CollectiveFunction(self, _replay.load_traced(path, verify=verify))
+        """A file ``trace(save=...)`` wrote, as a function over this group (``ea.load_traced``'s checks).
+
+        Load such a file here only: ``ea.load_traced`` would run it with each
+        all_sum as its input."""
+        traced = _replay.load_traced(path, verify=verify)
+        if traced.shapeless:
+            traced.release()
+            raise InvalidArgument("[load_traced] a group replays fixed-shape traces only; this file is shapeless")
+        return CollectiveFunction(self, traced)
 
     def _past_deadline(self, queue: CommandQueue, what: str, limit: float | None) -> DistributedError:
         """A collective not done within its limit: the group's break (this one, or the timeout
@@ -289,7 +302,7 @@ class Group:
         the group as its awaiter would have (a peer that never issues it would hold the queue for good)."""
         with anyio.CancelScope(deadline=deadline):
             await settled.wait()
-        if not settled.is_set() and self.broken is None:
+        if not settled.is_set():  # the group's break (this one, or the one before) abandons its queue too
             self._past_deadline(queue, what, limit)
 
     def _breaking(self, exc: Exception, what: str) -> DistributedError:
@@ -309,10 +322,19 @@ class Group:
         if future.cancelled():
             return
         exc = future.exception()
-        if native and exc is not None and not isinstance(exc, DistributedError):
+        if native and _failed_while_running(future):
             exc = _PeerFailure(exc)
         if isinstance(exc, (_Mismatch, _PeerFailure)) and self.broken is None:
             self.declare_broken(self._breaking(exc, what))
+
+
+def _failed_while_running(future: Any) -> bool:
+    """A native job's failure that may have left the ranks out of step (a collective failed,
+    or the graph did): not the shim's refusal of its inputs (MLXValueError) before it ran,
+    nor a queue or runtime that closed, nor the group's own break."""
+    if future.cancelled() or future.exception() is None:
+        return False
+    return not isinstance(future.exception(), (MLXValueError, DistributedError, QueueClosed, RuntimeClosed))
 
 
 class CollectiveFunction:
@@ -321,14 +343,19 @@ class CollectiveFunction:
     ``await f(*arrays)`` replays it on the group's queue, in order with the
     group's other collectives, under the group's timeout (``timeout=`` per
     call): the outputs, one array or a tuple. Inputs must fit a trace
-    (``InvalidArgument`` otherwise, before anything runs); a failure while
-    it runs breaks the group, as a collective's does. ``bind`` and ``chain``
-    are ``TracedFunction``'s; ``traced`` is that function.
+    (``InvalidArgument`` otherwise, before anything runs; the shim's own
+    refusals are ``MLXValueError``s and leave the group whole); a failure
+    while it runs breaks the group, as a collective's does. ``bind`` and
+    ``chain`` are ``TracedFunction``'s. Unlike the collectives, a call does
+    not first check that every rank called the same function on the same
+    shapes: that is the caller's, as inside ``group.run``.
     """
 
     def __init__(self, group: Group, traced: _replay.TracedFunction):
         self.group = group
-        self.traced = traced
+        # Its own: a fresh function (trace, load, bind or chain made it) that only this
+        # object calls, on the group's queue; the shim's entry learns the group here.
+        self._traced = traced
         _check_native(lib.emlx_replay_set_group(traced.function_id, group.backend.encode()))
 
     async def __call__(self, *arrays: mx.array, timeout: float | None = None, donate: dict[int, int] | None = None,
@@ -336,22 +363,22 @@ class CollectiveFunction:
         group = self.group
         group.check()
         if not fed:  # a fed call's chained inputs only stand in: the worker checks what it feeds
-            _check_fits(self.traced, arrays)
+            _check_fits(self._traced, arrays)
         queue = group.queue()
-        return await group._await(queue, lambda: self.traced(*arrays, queue=queue, donate=donate, fed=fed),
+        return await group._await(queue, lambda: self._traced(*arrays, queue=queue, donate=donate, fed=fed),
                                   timeout, "traced", native=True)
 
     def bind(self, *arrays: mx.array) -> CollectiveFunction:
-        return CollectiveFunction(self.group, self.traced.bind(*arrays))
+        return CollectiveFunction(self.group, self._traced.bind(*arrays))
 
     def chain(self, inputs: dict[int, int], returned: Sequence[int] = (0,)) -> CollectiveFunction:
-        return CollectiveFunction(self.group, self.traced.chain(inputs, returned))
+        return CollectiveFunction(self.group, self._traced.chain(inputs, returned))
 
     def release(self) -> None:
-        self.traced.release()
+        self._traced.release()
 
     def __repr__(self) -> str:
-        return f"<CollectiveFunction over {self.group!r}: {self.traced!r}>"
+        return f"<CollectiveFunction over {self.group!r}: {self._traced!r}>"
 
 
 def _check_native(status: int) -> None:
@@ -399,7 +426,10 @@ def _marked_all_sum(x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
     if theirs is not None and (theirs.rank(), theirs.size()) != (group.rank(), group.size()):
         raise InvalidArgument(f"[trace] the function calls all_sum over another group (rank {theirs.rank()} of "
                               f"{theirs.size()}) than the one tracing it (rank {group.rank()} of {group.size()})")
-    return x if group.size() == 1 else mx.depends([x], [x])[0]
+    return mx.depends([x], [x])[0]  # one rank too: the file may be loaded over more
+
+
+_marked_all_sum.__name__ = _marked_all_sum.__qualname__ = "all_sum"  # as MLX's, in messages naming it
 
 
 def _marked_sum_gradients(group: Any) -> Callable[[mx.array], mx.array]:

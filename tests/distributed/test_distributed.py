@@ -253,9 +253,26 @@ async def test_a_group_of_one_traces_all_sum_as_its_input_and_refuses_other_coll
 async def test_a_traced_function_saved_by_a_group_loads_over_it(tmp_path):
     group = dist.init()
     path = tmp_path / "summed.mlxfn"
-    await group.trace(lambda v: mx.distributed.all_sum(v) * 3, mx.ones(2), save=path)
+    # The sum of an intermediate: over one rank MLX's all_sum is that node itself (the shim once
+    # gave the marker its primitive with the wrong inputs: the process died).
+    await group.trace(lambda v: mx.distributed.all_sum(v * 2) * 3, mx.ones(2), save=path)
     loaded = group.load_traced(path)
-    assert (await loaded(mx.array([1.0, 2.0]))).tolist() == [3.0, 6.0]
+    assert (await loaded(mx.array([1.0, 2.0]))).tolist() == [6.0, 12.0]
+    with pytest.raises(ea.InvalidArgument, match="fixed shapes only"):
+        await group.trace(lambda v: mx.distributed.all_sum(v), mx.ones(2), shapeless=True)
+    await ea.get_runtime().close()
+
+
+@on_every_loop
+async def test_the_shims_refusal_of_a_traced_call_leaves_the_group_whole():
+    group = dist.init()
+    chained = (await group.trace(lambda v: mx.distributed.all_sum(v) + 1, mx.zeros(2))).chain({0: 0})
+    with pytest.raises(ea.MLXValueError, match="no chained call ran"):  # refused before it ran
+        await chained(mx.zeros(2), fed=True)
+    assert group.broken is None
+    assert (await chained(mx.zeros(2))).tolist() == [1.0, 1.0]
+    assert (await chained(mx.zeros(2), fed=True)).tolist() == [2.0, 2.0]
+    await group.queue().run(ea.replay.end_chain_here)
     await ea.get_runtime().close()
 
 
@@ -362,6 +379,28 @@ async def test_a_cancelled_awaiters_collective_still_breaks_the_group_at_its_dea
     with pytest.raises(ea.DistributedError):
         await group.run(lambda: 1)
     await ea.get_runtime().close()
+    release.set()
+
+
+@on_every_loop
+async def test_a_cancelled_awaiters_stuck_queue_is_abandoned_at_its_deadline_after_another_break():
+    group = fresh_group()
+    runtime = ea.get_runtime()
+    queue = await runtime.acquire_queue()
+    release = threading.Event()
+    stuck = queue.run(release.wait, 60)  # a collective stuck on the caller's queue
+    with anyio.move_on_after(0.1):
+        await dist.all_sum(mx.ones(2), group=group, queue=queue, timeout=0.8)
+    with pytest.raises(ea.DistributedError):  # the group breaks another way first
+        await group.run(failing_step)
+    assert not queue.closed
+    with anyio.fail_after(5):
+        while not queue.closed:  # its deadline still abandons it
+            await anyio.sleep(0.02)
+    with pytest.raises(ea.DistributedError):
+        await stuck
+    with anyio.fail_after(5):
+        await runtime.close()
     release.set()
 
 
