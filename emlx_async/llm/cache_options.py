@@ -19,6 +19,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
+from .. import InvalidArgument
+
 # generate_step prefills all but the last token in calls of this many, quantizing (kv_bits)
 # after each: until then its tokens attend to full-precision keys.
 PREFILL_STEP: int = inspect.signature(generate_step).parameters["prefill_step_size"].default
@@ -26,7 +28,7 @@ PREFILL_STEP: int = inspect.signature(generate_step).parameters["prefill_step_si
 
 def _int_or_none(name: str, value: Any) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-        raise ValueError(f"{name} must be an int or None, got {value!r}")
+        raise InvalidArgument(f"{name} must be an int or None, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -43,13 +45,13 @@ class CacheOptions:
         _int_or_none("kv_group_size", self.kv_group_size)
         if self.max_kv_size is not None and self.max_kv_size <= 4:
             # make_prompt_cache keeps the first 4 tokens; the ring rotates what follows.
-            raise ValueError(f"max_kv_size must be more than 4 (the tokens mlx-lm always keeps), "
-                             f"got {self.max_kv_size}")
+            raise InvalidArgument(f"max_kv_size must be more than 4 (the tokens mlx-lm always keeps), "
+                                  f"got {self.max_kv_size}")
         # mlx checks the rest, but divides by the group size first: 0 killed the process (SIGFPE).
         for name in ("kv_bits", "kv_group_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+                raise InvalidArgument(f"{name} must be a positive int, got {value!r}")
 
     def prompt_cache(self, model) -> list[Any]:
         """A fresh cache for a prompt (mlx-lm's make_prompt_cache)."""
@@ -66,8 +68,8 @@ class CacheOptions:
         try:
             maybe_quantize_kv_cache(caches, 0, self.kv_group_size, self.kv_bits)
         except NotImplementedError as exc:  # RotatingKVCache.to_quantized
-            raise ValueError(f"kv_bits: mlx-lm cannot quantize this model's rotating caches "
-                             f"(sliding-window layers or max_kv_size): {exc}") from exc
+            raise InvalidArgument(f"kv_bits: mlx-lm cannot quantize this model's rotating caches "
+                                  f"(sliding-window layers or max_kv_size): {exc}") from exc
 
     def probe(self, model) -> list[Any]:
         """The caches after one token through `model` (lazy: shapes only), quantized if asked.

@@ -67,7 +67,7 @@ from typing import Any
 import anyio
 import mlx.core as mx
 
-from .. import Runtime, get_runtime
+from .. import InvalidArgument, InvalidState, Runtime, get_runtime
 from . import parallel
 from .batch_replay import ReplayBatcher
 from .batching import BatchJobs, GeneratorBatcher, batched_tokens
@@ -137,14 +137,14 @@ class Engine:
                  prompt_cache: PrefixCache | None = None, cache_options: CacheOptions | None = None,
                  batch_jobs: Callable[[Decoding], BatchJobs] = BatchJobs, batches: int = 1):
         if mode not in ("parallel", "batch"):
-            raise ValueError(f"mode must be 'parallel' or 'batch', got {mode!r}")
+            raise InvalidArgument(f"mode must be 'parallel' or 'batch', got {mode!r}")
         if max_concurrent is not None and (not is_int(max_concurrent) or max_concurrent < 1):
             # 0 was taken as "the default" (the pool size), a float failed inside anyio.
-            raise ValueError(f"max_concurrent must be a positive int or None, got {brief(max_concurrent)}")
+            raise InvalidArgument(f"max_concurrent must be a positive int or None, got {brief(max_concurrent)}")
         if not is_int(batches) or batches < 1:
-            raise ValueError(f"batches must be a positive int, got {brief(batches)}")
+            raise InvalidArgument(f"batches must be a positive int, got {brief(batches)}")
         if batches > 1 and mode != "batch":
-            raise ValueError(f"batches ({batches}) needs mode 'batch' (parallel mode runs each request alone)")
+            raise InvalidArgument(f"batches ({batches}) needs mode 'batch' (parallel mode runs each request alone)")
         self.mode = mode
         self.mode_note: str | None = None  # why Engine.load's mode "auto" chose this mode
         self._batching_checked = False  # batch mode: the model's batch checked against its rows alone
@@ -154,7 +154,7 @@ class Engine:
                                   vocab_size=vocab_size or embedding_rows(model))
         self.context_length = context_length or model_context_length(model)
         if prefill_chunk is not None and (not is_int(prefill_chunk) or prefill_chunk < 1):
-            raise ValueError(f"prefill_chunk must be a positive int, got {brief(prefill_chunk)}")
+            raise InvalidArgument(f"prefill_chunk must be a positive int, got {brief(prefill_chunk)}")
         # The chunk bounds how long a cancelled prompt keeps its queue (and, in
         # batch mode, how long running streams stall). On CPU a pass costs the
         # same per token at any chunk size (SmolLM2: ~10 tokens/s on 2 cores,
@@ -168,8 +168,8 @@ class Engine:
         if prompt_cache is not None:  # its keys and values are this model's (another's would decode wrong tokens)
             prompt_cache.bind(model)
         if batches > self.max_concurrent:
-            raise ValueError(f"batches ({batches}) exceeds max_concurrent ({self.max_concurrent}): "
-                             "a batch would never have a row")
+            raise InvalidArgument(f"batches ({batches}) exceeds max_concurrent ({self.max_concurrent}): "
+                                  "a batch would never have a row")
         self._slots = anyio.Semaphore(self.max_concurrent)  # request slots, on any anyio backend
         # One request taking several slots at a time: two taking theirs at once could each hold some and wait.
         self._taking = anyio.Lock()
@@ -290,9 +290,9 @@ class Engine:
         own cache layout, llama's and gemma3's among them, ignore it).
         """
         if step not in _STEP_CHOICES:
-            raise ValueError(f"step must be one of {_STEP_CHOICES}, got {step!r}")
+            raise InvalidArgument(f"step must be one of {_STEP_CHOICES}, got {step!r}")
         if mode not in _MODE_CHOICES:
-            raise ValueError(f"mode must be one of {_MODE_CHOICES}, got {mode!r}")
+            raise InvalidArgument(f"mode must be one of {_MODE_CHOICES}, got {mode!r}")
         cache_options = CacheOptions(max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=kv_group_size)
         runtime = runtime or get_runtime()
 
@@ -330,15 +330,15 @@ class Engine:
         step. Call before any request.
         """
         if step not in _STEP_CHOICES:
-            raise ValueError(f"step must be one of {_STEP_CHOICES}, got {step!r}")
+            raise InvalidArgument(f"step must be one of {_STEP_CHOICES}, got {step!r}")
         self._check_open()
         self._check_idle("prepare_step()")
         if cache_sizes is not None and (not cache_sizes or not all(is_int(n) and n > 0 for n in cache_sizes)):
-            raise ValueError(f"cache_sizes must be positive ints, got {brief(cache_sizes)}")
+            raise InvalidArgument(f"cache_sizes must be positive ints, got {brief(cache_sizes)}")
         if cache_sizes is not None and self.context_length is not None and max(cache_sizes) > self.context_length:
             # Buffers no request can fill, allocated whole by the first request that picks them.
-            raise ValueError(f"cache_sizes must be at most the model's context of {self.context_length} tokens, "
-                             f"got {brief(max(cache_sizes))}")
+            raise InvalidArgument(f"cache_sizes must be at most the model's context of {self.context_length} tokens, "
+                                  f"got {brief(max(cache_sizes))}")
         async with self._preparing:
             self._check_open()  # close() may have run while this waited
             return await self._prepare_step(step, cache_sizes)
@@ -368,7 +368,7 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - any failure means: use the Python step
             reason = f"the step of model type {_model_type(self.model)!r} could not be traced: {exc}"
             if step == "replay":
-                raise ValueError(f"the replayed step is not available: {reason}") from exc
+                raise InvalidArgument(f"the replayed step is not available: {reason}") from exc
             self.step_note = reason
             return self.step_kind
         self.step_kind = "replay"
@@ -443,8 +443,8 @@ class Engine:
         _check_top_logprobs(top_logprobs)
         tokens = self.encode(prompt)
         if self.context_length is not None and len(tokens) > self.context_length:
-            raise ValueError(f"the prompt ({len(tokens)} tokens) exceeds the model's context of "
-                             f"{self.context_length} tokens")
+            raise InvalidArgument(f"the prompt ({len(tokens)} tokens) exceeds the model's context of "
+                                  f"{self.context_length} tokens")
         async with self._slots:
             self._check_open()  # close() may have run while this waited for a slot
             self._active += 1  # close() refuses while it runs: it would drop the model under it
@@ -580,8 +580,8 @@ class Engine:
         """
         _check_choices(n)
         if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
-            raise ValueError(f"prompts must be a non-empty list of prompts (each a string or token ids), "
-                             f"got {type(prompts).__name__}")
+            raise InvalidArgument(f"prompts must be a non-empty list of prompts (each a string or token ids), "
+                                  f"got {type(prompts).__name__}")
         for name in ("stop", "stop_token_ids"):  # read once, for every prompt (an iterator is read once)
             if name in options and not isinstance(options[name], str):
                 options[name] = _listed(name, options[name])
@@ -601,15 +601,15 @@ class Engine:
         total = len(requests)
         asked = "n" if total == n else "the prompts times n"
         if total > self.max_concurrent:
-            raise ValueError(f"{asked} ({total}) exceeds the engine's {self.max_concurrent} request slots "
-                             "(each choice takes one)")
+            raise InvalidArgument(f"{asked} ({total}) exceeds the engine's {self.max_concurrent} request slots "
+                                  "(each choice takes one)")
         if stats is not None and len(stats) != total:
-            raise ValueError(f"stats must hold one RequestStats per stream ({total}), got {len(stats)}")
+            raise InvalidArgument(f"stats must hold one RequestStats per stream ({total}), got {len(stats)}")
         own = sum(self._on_own_queues(request) for request in requests)
         if own > self.runtime.pool_size:
-            raise ValueError(f"{asked} ({own}) exceeds the runtime's "
-                             f"{self.runtime.pool_size} pooled queues: each choice of this request decodes on "
-                             "its own queue, and all of them at once")
+            raise InvalidArgument(f"{asked} ({own}) exceeds the runtime's "
+                                  f"{self.runtime.pool_size} pooled queues: each choice of this request decodes on "
+                                  "its own queue, and all of them at once")
         if not wait and self._slots.value < total:
             raise EngineBusy(f"{total} request slots are needed and {self._slots.value} of "
                              f"{self.max_concurrent} are free")
@@ -626,55 +626,55 @@ class Engine:
         self._check_open()
         unknown = set(sampling) - SAMPLER_OPTIONS - PENALTY_OPTIONS
         if unknown:
-            raise ValueError(f"unknown sampling option(s) {sorted(unknown)}; "
-                             f"expected {sorted(SAMPLER_OPTIONS | PENALTY_OPTIONS)}")
+            raise InvalidArgument(f"unknown sampling option(s) {sorted(unknown)}; "
+                                  f"expected {sorted(SAMPLER_OPTIONS | PENALTY_OPTIONS)}")
         if not is_int(max_tokens) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive int, got {brief(max_tokens)}")
+            raise InvalidArgument(f"max_tokens must be a positive int, got {brief(max_tokens)}")
         penalties = check_penalties(self.vocab_size, **{k: v for k, v in sampling.items() if k in PENALTY_OPTIONS})
         options = check_sampling(**{k: v for k, v in sampling.items() if k in SAMPLER_OPTIONS})
         stop = [stop] if isinstance(stop, str) else _listed("stop", stop)
         if any(not isinstance(s, str) or not s for s in stop):
-            raise ValueError("stop must be a list of non-empty strings")
+            raise InvalidArgument("stop must be a list of non-empty strings")
         stop_token_ids = _listed("stop_token_ids", stop_token_ids)
         bad = [t for t in stop_token_ids if not (is_int(t) and 0 <= t and (self.vocab_size is None
                                                                             or t < self.vocab_size))]
         if bad:
-            raise ValueError(f"stop_token_ids must be token ids in [0, {self.vocab_size}), got {brief(bad[0])}")
+            raise InvalidArgument(f"stop_token_ids must be token ids in [0, {self.vocab_size}), got {brief(bad[0])}")
         if seed is not None and not is_int(seed):
-            raise ValueError(f"seed must be an int, got {brief(seed)}")
+            raise InvalidArgument(f"seed must be an int, got {brief(seed)}")
         if not isinstance(logprobs, bool):
-            raise ValueError(f"logprobs must be a bool, got {brief(logprobs)}")
+            raise InvalidArgument(f"logprobs must be a bool, got {brief(logprobs)}")
         _check_top_logprobs(top_logprobs)
         if top_logprobs and not logprobs:
-            raise ValueError("top_logprobs needs logprobs=True")
+            raise InvalidArgument("top_logprobs needs logprobs=True")
         if grammar is not None and not isinstance(grammar, Grammar):
-            raise ValueError(f"grammar must be a Grammar (Grammar.json_schema, .json_object, .regex, .lark, "
-                             f".ebnf), got {type(grammar).__name__}")
+            raise InvalidArgument(f"grammar must be a Grammar (Grammar.json_schema, .json_object, .regex, .lark, "
+                                  f".ebnf), got {type(grammar).__name__}")
         if grammar is not None and not self.eos_ids:
-            raise ValueError("a grammar needs the engine's end-of-sequence ids (eos_ids) to end the output")
+            raise InvalidArgument("a grammar needs the engine's end-of-sequence ids (eos_ids) to end the output")
         if not isinstance(ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {brief(ignore_eos)}")
+            raise InvalidArgument(f"ignore_eos must be a bool, got {brief(ignore_eos)}")
         if ignore_eos and grammar is not None:
             # A finished grammar allows only end-of-sequence: decoding on would repeat it to max_tokens.
-            raise ValueError("ignore_eos cannot be combined with a grammar, which ends the output "
-                             "with end-of-sequence")
+            raise InvalidArgument("ignore_eos cannot be combined with a grammar, which ends the output "
+                                  "with end-of-sequence")
         min_tokens = 0 if penalties is None else penalties.min_tokens
         penalties = self._with_min_tokens(penalties, max_tokens, stop_token_ids, ignore_eos, grammar)
         tokens = self.encode(prompt, messages)
         if self.context_length is not None and len(tokens) + max_tokens > self.context_length:
-            raise ValueError(f"the prompt ({len(tokens)} tokens) plus max_tokens ({brief(max_tokens)}) exceeds "
-                             f"the model's context of {self.context_length} tokens")
+            raise InvalidArgument(f"the prompt ({len(tokens)} tokens) plus max_tokens ({brief(max_tokens)}) exceeds "
+                                  f"the model's context of {self.context_length} tokens")
         return _Request(tokens, max_tokens, list(stop), frozenset(int(t) for t in stop_token_ids), options,
                         penalties, int(top_logprobs) if logprobs else None, grammar, ignore_eos, min_tokens)
 
     def _check_idle(self, what: str) -> None:
         # Running streams step on the traces it releases: they failed ("this traced function was released").
         if self._active:
-            raise RuntimeError(f"the engine still runs {self._active} request(s); end them before {what}")
+            raise InvalidState(f"the engine still runs {self._active} request(s); end them before {what}")
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("the engine is closed")
+            raise InvalidState("the engine is closed")
 
     def _with_min_tokens(self, penalties: Penalties | None, max_tokens: int, stop_token_ids: Sequence[int],
                          ignore_eos: bool, grammar: Grammar | None) -> Penalties | None:
@@ -959,18 +959,18 @@ def _listed(name: str, values: Any) -> list:
     if values is None:
         return []
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise ValueError(f"{name} must be a list, got {type(values).__name__}")
+        raise InvalidArgument(f"{name} must be a list, got {type(values).__name__}")
     return list(values)
 
 
 def _check_choices(n: Any) -> None:
     if not is_int(n) or not 1 <= n <= MAX_CHOICES:
-        raise ValueError(f"n must be an int in [1, {MAX_CHOICES}], got {brief(n)}")
+        raise InvalidArgument(f"n must be an int in [1, {MAX_CHOICES}], got {brief(n)}")
 
 
 def _check_top_logprobs(top_logprobs: Any) -> None:
     if not is_int(top_logprobs) or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
-        raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {brief(top_logprobs)}")
+        raise InvalidArgument(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {brief(top_logprobs)}")
 
 
 def _seed(seed: int | None) -> int:

@@ -53,6 +53,7 @@ from typing import Any, Literal
 import mlx.core as mx
 import numpy as np
 
+from .. import InvalidArgument, InvalidArgumentType, InvalidState
 from .. import GrammarError as GrammarError
 from .. import GrammarStateError as GrammarStateError
 from .schema_check import recursion_without_end
@@ -127,7 +128,8 @@ class Grammar:
 
     def __post_init__(self) -> None:
         if not self._compiled:
-            raise TypeError("build a Grammar with Grammar.json_schema(), json_object(), regex(), lark() or ebnf()")
+            raise InvalidArgumentType("build a Grammar with Grammar.json_schema(), json_object(), regex(), lark() "
+                                      "or ebnf()")
 
     @classmethod
     def json_schema(cls, schema: Mapping[str, Any] | str, *, lenient: bool = False) -> Grammar:
@@ -385,10 +387,10 @@ class GrammarTokenizer:
         backend = _backend_tokenizer(tokenizer)
         eos = sorted({int(e) for e in eos_ids}) if eos_ids is not None else _default_eos(tokenizer)
         if not eos:
-            raise ValueError("the tokenizer names no end-of-sequence token: pass eos_ids")
+            raise InvalidArgument("the tokenizer names no end-of-sequence token: pass eos_ids")
         own = backend.get_vocab_size(with_added_tokens=True)
         if vocab_size is not None and vocab_size < own:
-            raise ValueError(f"vocab_size={vocab_size} is smaller than the tokenizer's {own} tokens")
+            raise InvalidArgument(f"vocab_size={vocab_size} is smaller than the tokenizer's {own} tokens")
         self._tokenizer = llg.LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos)
         self.vocab_size: int = self._tokenizer.vocab_size
         """V: the width of the logits the masks apply to."""
@@ -411,7 +413,7 @@ class GrammarTokenizer:
         (what validation without a tokenizer cannot see).
         """
         if not isinstance(grammar, Grammar):
-            raise TypeError(f"matcher() takes a Grammar, got {type(grammar).__name__}")
+            raise InvalidArgumentType(f"matcher() takes a Grammar, got {type(grammar).__name__}")
         template = self._template(grammar)
         if grammar._budget is not None:
             self._template(grammar._budget.closing(""))  # it fails now, if at all, not mid-answer
@@ -462,8 +464,8 @@ class GrammarTokenizer:
         if out is None:
             out = self.allocate_masks(rows)
         elif out.dtype != np.uint32 or out.shape != (rows, self.words) or not out.flags["C_CONTIGUOUS"]:
-            raise ValueError(f"out must be a C-contiguous ({rows}, {self.words}) uint32 array, "
-                             f"got {out.dtype} {out.shape}")
+            raise InvalidArgument(f"out must be a C-contiguous ({rows}, {self.words}) uint32 array, "
+                                  f"got {out.dtype} {out.shape}")
         errors: list[GrammarStateError | None] = [None] * rows
         pending = []
         for i, m in enumerate(matchers):
@@ -471,7 +473,7 @@ class GrammarTokenizer:
                 out[i] = ALL_ALLOWED
                 continue
             if m._tokenizer is not self:
-                raise ValueError(f"row {i}'s matcher belongs to another GrammarTokenizer")
+                raise InvalidArgument(f"row {i}'s matcher belongs to another GrammarTokenizer")
             m._join()
             if m._mask is not None:
                 out[i] = m._mask
@@ -523,7 +525,7 @@ class GrammarTokenizer:
     def _submit(self, fn, *args) -> Future:
         with self._lock:
             if self._closed:
-                raise RuntimeError("this GrammarTokenizer is closed: its mask threads are stopped")
+                raise InvalidState("this GrammarTokenizer is closed: its mask threads are stopped")
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="emlx-grammar")
                 self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False)
@@ -688,14 +690,14 @@ def unpack_token_mask(mask: np.ndarray | mx.array, vocab_size: int) -> Any:
     """
     words = mask.shape[-1]
     if words * 32 < vocab_size:
-        raise ValueError(f"a mask of {words} words covers {words * 32} tokens, fewer than {vocab_size}")
+        raise InvalidArgument(f"a mask of {words} words covers {words * 32} tokens, fewer than {vocab_size}")
     if isinstance(mask, np.ndarray):
         if mask.dtype != np.uint32:
-            raise ValueError(f"a packed token mask is uint32, got {mask.dtype}")
+            raise InvalidArgument(f"a packed token mask is uint32, got {mask.dtype}")
         unpacked = np.unpackbits(np.ascontiguousarray(mask).view(np.uint8), axis=-1, bitorder="little")
         return unpacked[..., :vocab_size].view(np.bool_)
     if mask.dtype != mx.uint32:
-        raise ValueError(f"a packed token mask is uint32, got {mask.dtype}")
+        raise InvalidArgument(f"a packed token mask is uint32, got {mask.dtype}")
     bits = mx.right_shift(mask[..., None], mx.arange(32, dtype=mx.uint32)) & 1
     return bits.reshape(*mask.shape[:-1], words * 32)[..., :vocab_size].astype(mx.bool_)
 
@@ -719,7 +721,7 @@ def apply_token_mask(logits: mx.array, mask: mx.array) -> mx.array:
     vocab = logits.shape[-1]
     if mask.dtype == mx.bool_:
         if mask.shape[-1] != vocab:
-            raise ValueError(f"a boolean token mask has one entry per token: {mask.shape[-1]} for {vocab} logits")
+            raise InvalidArgument(f"a boolean token mask has one entry per token: {mask.shape[-1]} for {vocab} logits")
         allowed = mask
     else:
         allowed = unpack_token_mask(mask, vocab)
@@ -745,7 +747,7 @@ class GrammarLogitsProcessor:
 
     def __init__(self, matcher: GrammarMatcher, *, on_error: Literal["raise", "end"] = "raise"):
         if on_error not in ("raise", "end"):
-            raise ValueError(f"on_error must be 'raise' or 'end', got {on_error!r}")
+            raise InvalidArgument(f"on_error must be 'raise' or 'end', got {on_error!r}")
         self.matcher = matcher
         self.on_error = on_error
         self._seen: int | None = None
@@ -758,8 +760,8 @@ class GrammarLogitsProcessor:
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         vocab = self.matcher._tokenizer.vocab_size
         if logits.shape[-1] != vocab:
-            raise ValueError(f"the logits have {logits.shape[-1]} entries, the GrammarTokenizer {vocab}: "
-                             f"build it with vocab_size={logits.shape[-1]}")
+            raise InvalidArgument(f"the logits have {logits.shape[-1]} entries, the GrammarTokenizer {vocab}: "
+                                  f"build it with vocab_size={logits.shape[-1]}")
         try:
             if self._seen is None:
                 self._seen = int(tokens.size)  # the prompt
@@ -792,7 +794,7 @@ def _backend_tokenizer(tokenizer: Any):
         tokenizer = inner
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)  # Hugging Face's fast tokenizer
     if not _is_rust_tokenizer(backend):
-        raise TypeError(f"grammars need a `tokenizers` (fast) tokenizer, got {type(tokenizer).__name__}")
+        raise InvalidArgumentType(f"grammars need a `tokenizers` (fast) tokenizer, got {type(tokenizer).__name__}")
     return backend
 
 

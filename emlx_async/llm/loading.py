@@ -6,6 +6,7 @@ import functools
 import os
 from typing import Any
 
+from .. import InvalidArgument
 from .types import is_int
 
 
@@ -81,8 +82,8 @@ def fix_weight_rewrites(model) -> list[str]:
     _one_token_call(model)
     again = dict(tree_flatten(model.parameters()))
     if any(not mx.array_equal(again[key], value).item() for key, value in rewritten.items()):
-        raise ValueError(f"the model rewrites its weights ({', '.join(sorted(rewritten))}) with other "
-                         "values in each call")
+        raise InvalidArgument(f"the model rewrites its weights ({', '.join(sorted(rewritten))}) with other "
+                              "values in each call")
     model.update(tree_unflatten(list(rewritten.items())))
     for key in rewritten:
         *path, name = key.split(".")

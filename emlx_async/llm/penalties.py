@@ -38,6 +38,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.sample_utils import make_logits_processors
 
+from .. import InvalidArgument
 from .. import InvalidOption as InvalidOption
 from .types import brief, is_int
 
@@ -170,7 +171,7 @@ def window_of(prompt: Sequence[int], size: int = REPETITION_CONTEXT) -> list[int
     slot p % size; slots the prompt does not reach repeat its last token (a token
     already in the window: the penalty is once per token), and are overwritten first."""
     if not prompt:
-        raise ValueError("penalties need a prompt of at least one token")
+        raise InvalidArgument("penalties need a prompt of at least one token")
     window = [prompt[-1]] * size
     for position in range(max(0, len(prompt) - size), len(prompt)):
         window[position % size] = prompt[position]

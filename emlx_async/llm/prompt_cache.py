@@ -43,6 +43,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from .. import InvalidArgument
+
 
 def _copy(x: mx.array) -> mx.array:
     """`x` in a buffer of its own (a slice would share its source's)."""
@@ -82,10 +84,10 @@ class PrefixCache:
 
     def __init__(self, max_tokens: int, max_bytes: int | None = None):
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+            raise InvalidArgument(f"max_tokens must be a positive int, got {max_tokens!r}")
         if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool)
                                       or max_bytes < 1):
-            raise ValueError(f"max_bytes must be a positive int or None, got {max_bytes!r}")
+            raise InvalidArgument(f"max_bytes must be a positive int or None, got {max_bytes!r}")
         self.max_tokens = max_tokens
         self.max_bytes = max_bytes
         self._root = _Node()
@@ -124,8 +126,8 @@ class PrefixCache:
             if bound is model:
                 return
             if bound is not None:
-                raise ValueError(f"this PrefixCache keeps the keys and values of another model "
-                                 f"({type(bound).__name__}); give each engine's model a PrefixCache of its own")
+                raise InvalidArgument(f"this PrefixCache keeps the keys and values of another model "
+                                      f"({type(bound).__name__}); give each engine's model a PrefixCache of its own")
             for key in list(self._entries):  # a collected model's: of no use to any other
                 self._remove(key)
             self._model = weakref.ref(model)

@@ -48,6 +48,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, QuantizedKVCache, RotatingKVCache
 
+from .. import InvalidArgument, InvalidArgumentType
 from .. import NotTraceable as NotTraceable
 from . import penalties as _penalties
 from .cache_options import CacheOptions
@@ -97,11 +98,11 @@ class KVLayer:
     def from_mlx(self, cache: Any, size: int) -> list[mx.array]:
         wanted = KVCache if self.max_size is None else RotatingKVCache
         if type(cache) is not wanted:
-            raise TypeError(f"this key-value layer takes a {wanted.__name__}, got {type(cache).__name__}")
+            raise InvalidArgumentType(f"this key-value layer takes a {wanted.__name__}, got {type(cache).__name__}")
         if self.max_size is not None:
             return _ring_from_rotating(self, cache, size)
         if cache.offset > size:
-            raise ValueError(f"{cache.offset} tokens do not fit buffers of {size} positions")
+            raise InvalidArgument(f"{cache.offset} tokens do not fit buffers of {size} positions")
         return [_placed(part[..., :cache.offset, :], size) for part in (cache.keys, cache.values)]
 
     def to_mlx(self, arrays: Sequence[mx.array], row: int, length: int):
@@ -151,10 +152,10 @@ class QuantizedLayer:
         if isinstance(cache, KVCache):  # not quantized yet: mlx-lm's own conversion
             cache = cache.to_quantized(group_size=self.group_size, bits=self.bits)
         if not isinstance(cache, QuantizedKVCache) or (cache.bits, cache.group_size) != (self.bits, self.group_size):
-            raise TypeError(f"a {self.bits}-bit layer takes a QuantizedKVCache of {self.bits} bits and group size "
-                            f"{self.group_size}, got {type(cache).__name__}")
+            raise InvalidArgumentType(f"a {self.bits}-bit layer takes a QuantizedKVCache of {self.bits} bits and "
+                                      f"group size {self.group_size}, got {type(cache).__name__}")
         if cache.offset > size:
-            raise ValueError(f"{cache.offset} tokens do not fit buffers of {size} positions")
+            raise InvalidArgument(f"{cache.offset} tokens do not fit buffers of {size} positions")
         return [_placed(part[..., :cache.offset, :], size) for part in (*cache.keys, *cache.values)]
 
     def to_mlx(self, arrays: Sequence[mx.array], row: int, length: int):
@@ -190,7 +191,7 @@ class ArraysLayer:
 
     def from_mlx(self, cache: Any, size: int) -> list[mx.array]:
         if not isinstance(cache, ArraysCache) or any(state is None for state in cache.cache):
-            raise TypeError(f"an arrays layer takes a filled ArraysCache, got {type(cache).__name__}")
+            raise InvalidArgumentType(f"an arrays layer takes a filled ArraysCache, got {type(cache).__name__}")
         return [state[:1] for state in cache.cache]
 
     def to_mlx(self, arrays: Sequence[mx.array], row: int, length: int):
@@ -216,7 +217,8 @@ class ListLayer:
 
     def from_mlx(self, cache: Any, size: int) -> list[mx.array]:
         if type(cache) is not CacheList or len(cache.caches) != len(self.parts):
-            raise TypeError(f"this layer takes a CacheList of {len(self.parts)} caches, got {type(cache).__name__}")
+            raise InvalidArgumentType(f"this layer takes a CacheList of {len(self.parts)} caches, "
+                                      f"got {type(cache).__name__}")
         return [array for part, c in zip(self.parts, cache.caches) for array in part.from_mlx(c, size)]
 
     def to_mlx(self, arrays: Sequence[mx.array], row: int, length: int):
@@ -297,7 +299,7 @@ class CacheSpec:
     def from_prompt_cache(self, caches: Sequence[Any], size: int) -> list[mx.array]:
         """One row's buffers of `size` positions holding mlx-lm caches (make_prompt_cache's, after a prefill)."""
         if len(caches) != len(self.layers):
-            raise ValueError(f"the step has {len(self.layers)} cache layers, got {len(caches)} caches")
+            raise InvalidArgument(f"the step has {len(self.layers)} cache layers, got {len(caches)} caches")
         return [array for layer, cache in zip(self.layers, caches) for array in layer.from_mlx(cache, size)]
 
     def to_prompt_cache(self, buffers: Sequence[mx.array], row: int, length: int) -> list[Any]:
@@ -385,7 +387,7 @@ def _ring_from_rotating(layer: KVLayer, cache: RotatingKVCache, size: int) -> li
     ring, keep, offset = layer.length(size), layer.keep, cache.offset
     wraps = ring == layer.max_size
     if offset > ring and not wraps:
-        raise ValueError(f"{offset} tokens do not fit buffers of {size} positions")
+        raise InvalidArgument(f"{offset} tokens do not fit buffers of {size} positions")
     out = []
     for part in (cache.keys, cache.values):
         ordered = cache._temporal_order(part)  # mlx-lm's own unrolling: kept tokens, then oldest to newest
@@ -519,7 +521,7 @@ def forward(model, spec: CacheSpec, token: mx.array, position: mx.array,
     """Logits {B, V} of `token` {B, 1} at `position` ({} or {B}: each row's own) through
     mlx-lm's own model call, and the buffers with the step written in."""
     if len(buffers) != spec.n_buffers:
-        raise ValueError(f"the step takes {spec.n_buffers} cache buffers, got {len(buffers)}")
+        raise InvalidArgument(f"the step takes {spec.n_buffers} cache buffers, got {len(buffers)}")
     masks: list = []
     caches = [layer.stand_in(arrays, position, masks) for layer, arrays in zip(spec.layers, spec._split(buffers))]
     logits = model(token, cache=caches)
@@ -602,7 +604,7 @@ def check_against_model(model, spec: CacheSpec, tokens: Sequence[int] = (1, 2, 3
         logits, buffers = forward(model, spec, mx.array([[token]], dtype=mx.int32),
                                   mx.array(position, dtype=mx.int32), buffers)
         if not mx.allclose(logits.astype(mx.float32), want.astype(mx.float32), rtol=1e-2, atol=1e-2).item():
-            raise ValueError("the fixed-cache step disagrees with the model's own forward")
+            raise InvalidArgument("the fixed-cache step disagrees with the model's own forward")
     return int(logits.shape[-1])
 
 
@@ -622,12 +624,12 @@ def check_batch_against_rows(model, spec: CacheSpec, prompts: Sequence[Sequence[
         together, _ = forward(model, spec, tokens, positions, buffers)
         mx.eval(together)
     except Exception as exc:  # noqa: BLE001 - mlx's broadcasting error, say
-        raise ValueError(f"a batch of {len(prompts)} rows fails in the model's own code: {exc}") from exc
+        raise InvalidArgument(f"a batch of {len(prompts)} rows fails in the model's own code: {exc}") from exc
     for row, (prompt, one_row) in enumerate(zip(prompts, rows)):
         alone, _ = forward(model, spec, tokens[row:row + 1], positions[row], one_row)
         if not mx.allclose(together[row:row + 1].astype(mx.float32), alone.astype(mx.float32),
                            rtol=1e-2, atol=1e-2).item():
-            raise ValueError(f"the model gives a batch's row {row} other logits than the same row alone")
+            raise InvalidArgument(f"the model gives a batch's row {row} other logits than the same row alone")
 
 
 def check_mlx_batch_against_rows(model, options: CacheOptions | None = None,
@@ -645,19 +647,19 @@ def check_mlx_batch_against_rows(model, options: CacheOptions | None = None,
         rows.append(cache)
     for index, cache in enumerate(rows[0]):
         if not hasattr(cache, "merge"):
-            raise ValueError(f"mlx-lm cannot batch its {type(cache).__name__} (layer {index})")
+            raise InvalidArgument(f"mlx-lm cannot batch its {type(cache).__name__} (layer {index})")
     tokens = mx.array([[prompt[-1]] for prompt in prompts], dtype=mx.int32)
     try:
         merged = [cache.merge([row[index] for row in rows]) for index, cache in enumerate(rows[0])]
         together = model(tokens, cache=merged)[:, -1, :]
         mx.eval(together)
     except Exception as exc:  # noqa: BLE001 - mlx's broadcasting error, say
-        raise ValueError(f"mlx-lm's batch of {len(prompts)} rows fails in the model's own code: {exc}") from exc
+        raise InvalidArgument(f"mlx-lm's batch of {len(prompts)} rows fails in the model's own code: {exc}") from exc
     for row, cache in enumerate(rows):
         alone = model(tokens[row:row + 1], cache=cache)[:, -1, :]
         if not mx.allclose(together[row:row + 1].astype(mx.float32), alone.astype(mx.float32),
                            rtol=1e-2, atol=1e-2).item():
-            raise ValueError(f"mlx-lm's batch gives row {row} other logits than the same row alone")
+            raise InvalidArgument(f"mlx-lm's batch gives row {row} other logits than the same row alone")
 
 
 def _prefilled_cache(model, spec: CacheSpec, tokens: Sequence[int]) -> list[Any]:
@@ -681,7 +683,8 @@ def _with_weights(model, weights_as_inputs: bool, body: Callable[..., Any], n_fi
             return body(model, *inputs)
         fixed, weights = inputs[:n_fixed], inputs[n_fixed:]
         if len(weights) != len(names):
-            raise ValueError(f"the step takes the model's {len(names)} weights after its inputs, got {len(weights)}")
+            raise InvalidArgument(f"the step takes the model's {len(names)} weights after its inputs, "
+                                  f"got {len(weights)}")
         # The given arrays stand in for the parameters (traced: they become inputs) in a copy of
         # the model's modules: other threads run the model itself meanwhile (a prompt prefilling
         # beside a trace), and would read the stand-ins, which have no values.

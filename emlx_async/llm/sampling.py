@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
+from .. import InvalidArgument
 from .penalties import Penalties, TokenHistory, filter_min_p
 from .types import brief, is_int
 
@@ -120,8 +121,8 @@ def check_sampling(temperature: Any = 0.0, top_p: Any = 1.0, top_k: Any = 0) -> 
 
     t, p = real(temperature), real(top_p)
     if t is None or t < 0 or p is None or not 0 < p <= 1 or not is_int(top_k) or top_k < 0:
-        raise ValueError(f"invalid sampling: temperature={brief(temperature)} (finite, >= 0), "
-                         f"top_p={brief(top_p)} (in (0, 1]), top_k={brief(top_k)} (an int >= 0)")
+        raise InvalidArgument(f"invalid sampling: temperature={brief(temperature)} (finite, >= 0), "
+                              f"top_p={brief(top_p)} (in (0, 1]), top_k={brief(top_k)} (an int >= 0)")
     return (0.0 if t < MIN_TEMPERATURE else t), max(p, MIN_TOP_P), int(top_k)
 
 

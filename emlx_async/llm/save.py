@@ -20,6 +20,8 @@ from typing import Any
 
 import mlx.nn as nn
 
+from .. import InvalidArgument, InvalidArgumentType
+
 # What ``Engine.save`` and ``convert`` write into the folder.
 CONFIG_FILE = "config.json"
 
@@ -36,8 +38,8 @@ def model_config(model: nn.Module, *, eos_ids: set[int], bos_id: int | None) -> 
     """The config.json mlx-lm rebuilds `model` from: its ModelArgs, the quantization and the special ids."""
     args = getattr(model, "args", None)
     if not dataclasses.is_dataclass(args) or not getattr(args, "model_type", None):
-        raise ValueError(f"cannot describe a {type(model).__name__} as an mlx-lm config: "
-                         "it has no ModelArgs dataclass with a model_type")
+        raise InvalidArgument(f"cannot describe a {type(model).__name__} as an mlx-lm config: "
+                              "it has no ModelArgs dataclass with a model_type")
     config = {key: value for key, value in dataclasses.asdict(args).items() if value is not None}
     quantization = _quantization(model)
     if quantization:
@@ -71,7 +73,7 @@ def hf_tokenizer(tokenizer, *, eos_ids: set[int], bos_id: int | None, chat_templ
     from transformers import PreTrainedTokenizerFast
 
     if not isinstance(tokenizer, Tokenizer):
-        raise TypeError(f"cannot save a {type(tokenizer).__name__} tokenizer")
+        raise InvalidArgumentType(f"cannot save a {type(tokenizer).__name__} tokenizer")
     backend = Tokenizer.from_str(tokenizer.to_str())  # a copy: the engine's own stays as it is
     bos = backend.id_to_token(bos_id) if bos_id is not None else None
     if bos is not None:

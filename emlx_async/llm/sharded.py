@@ -70,7 +70,7 @@ import anyio
 import mlx.core as mx
 import numpy as np
 
-from .. import DistributedError, Runtime, get_runtime
+from .. import DistributedError, InvalidArgument, InvalidArgumentType, InvalidState, Runtime, get_runtime
 from ..distributed import Group, all_sum
 from . import traced as _traced
 from .batching import BatchJobs, Joining
@@ -231,7 +231,7 @@ class ShardedBatchJobs(BatchJobs):
         elif op == "release":
             self.release(plan["prompt"])
         elif op not in ("stop", "idle"):
-            raise ValueError(f"unknown plan from rank 0: {op!r}")
+            raise InvalidArgument(f"unknown plan from rank 0: {op!r}")
         return op
 
 
@@ -273,22 +273,22 @@ def untraceable_step(model, group: Group) -> str | None:
 
 def _check_idle_interval(seconds: Any) -> None:
     if isinstance(seconds, bool) or not (isinstance(seconds, (int, float)) and 0 < seconds < 60):
-        raise ValueError(f"idle_interval must be in (0, 60) seconds, got {seconds!r}")
+        raise InvalidArgument(f"idle_interval must be in (0, 60) seconds, got {seconds!r}")
 
 
 def check_shardable(model, size: int) -> None:
     """Refuse a model mlx-lm's ``shard`` cannot split `size` ways (ValueError), before it tries."""
     if not hasattr(model, "shard"):
-        raise ValueError(f"{type(model).__module__} models have no shard(); mlx-lm shards llama-family models")
+        raise InvalidArgument(f"{type(model).__module__} models have no shard(); mlx-lm shards llama-family models")
     for i, layer in enumerate(getattr(model, "layers", [])):
         attention = layer.self_attn
         heads, kv_heads = attention.n_heads, attention.n_kv_heads
         if heads % size or kv_heads % size:
-            raise ValueError(f"the model's {heads} query and {kv_heads} key-value heads (layer {i}) do not "
-                             f"divide among {size} ranks; use a group size that divides both")
+            raise InvalidArgument(f"the model's {heads} query and {kv_heads} key-value heads (layer {i}) do not "
+                                  f"divide among {size} ranks; use a group size that divides both")
         hidden = layer.mlp.gate_proj.weight.shape[0]
         if hidden % size:
-            raise ValueError(f"the MLP's {hidden} hidden units do not divide among {size} ranks")
+            raise InvalidArgument(f"the MLP's {hidden} hidden units do not divide among {size} ranks")
 
 
 class ShardedEngine(Engine):
@@ -332,11 +332,11 @@ class ShardedEngine(Engine):
         ranks meet.
         """
         if unsupported:  # Engine.load's other options: silently dropped, a kv_bits would go unquantized
-            raise TypeError(f"ShardedEngine.load does not take {', '.join(sorted(unsupported))}: a sharded engine "
-                            "runs one batch of mlx-lm's Python step on every rank, with a plain KV cache and no "
-                            "prompt cache")
+            raise InvalidArgumentType(f"ShardedEngine.load does not take {', '.join(sorted(unsupported))}: a sharded "
+                                      "engine runs one batch of mlx-lm's Python step on every rank, with a plain KV "
+                                      "cache and no prompt cache")
         if step not in ("auto", "replay", "python"):
-            raise ValueError(f"step must be one of ('auto', 'replay', 'python'), got {step!r}")
+            raise InvalidArgument(f"step must be one of ('auto', 'replay', 'python'), got {step!r}")
         _check_idle_interval(idle_interval)  # before the model loads
         runtime = runtime or get_runtime()
         whole = await Engine.load(path, runtime=runtime, max_concurrent=max_concurrent, mode="batch",
@@ -352,9 +352,9 @@ class ShardedEngine(Engine):
         async with runtime.queue() as q:
             untraceable = await q.run(shard)
         if step == "replay":
-            raise ValueError("the replayed step is not available on a sharded engine: "
-                             + (untraceable or "the sharded step exports, but the ranks follow rank 0's plan "
-                                "on the Python step only"))
+            raise InvalidArgument("the replayed step is not available on a sharded engine: "
+                                  + (untraceable or "the sharded step exports, but the ranks follow rank 0's plan "
+                                     "on the Python step only"))
         engine = cls(model, whole.tokenizer, group=group, eos_ids=whole.eos_ids,
                      chat_template=whole.chat_template, bos_id=whole.bos_id, runtime=runtime,
                      max_concurrent=whole.max_concurrent, prefill_chunk=whole.prefill_chunk,
@@ -426,14 +426,14 @@ class ShardedEngine(Engine):
 
     def _check_leader(self, options: dict) -> None:
         if not self.leader:
-            raise RuntimeError(f"rank {self.group.rank()} follows rank 0; only rank 0 takes requests")
+            raise InvalidState(f"rank {self.group.rank()} follows rank 0; only rank 0 takes requests")
         self.group.check()  # a broken group refuses at once instead of queueing
         if options.get("grammar") is not None:  # the followers' rows would decode unconstrained and diverge
-            raise ValueError("a sharded engine does not take a grammar: its followers cannot apply the mask")
+            raise InvalidArgument("a sharded engine does not take a grammar: its followers cannot apply the mask")
 
     async def prompt_logprobs(self, prompt, *, top_logprobs: int = 0):
         """Not on a sharded engine: its ranks run only the plans of the batch's steps."""
-        raise ValueError("a sharded engine does not score prompts: its ranks run only decode plans")
+        raise InvalidArgument("a sharded engine does not score prompts: its ranks run only decode plans")
 
     # ---- rank 0 -------------------------------------------------------------------
 
@@ -469,9 +469,9 @@ class ShardedEngine(Engine):
         Raises DistributedError if the group breaks (rank 0 died, say).
         """
         if self.leader:
-            raise RuntimeError("rank 0 leads; follow() is for the other ranks")
+            raise InvalidState("rank 0 leads; follow() is for the other ranks")
         if self._following:  # two loops would each take some of rank 0's plans, with two states
-            raise RuntimeError(f"follow() already runs on rank {self.group.rank()}")
+            raise InvalidState(f"follow() already runs on rank {self.group.rank()}")
         self._following = True
         try:
             jobs = self._jobs()

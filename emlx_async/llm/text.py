@@ -21,6 +21,7 @@ from mlx_lm.tokenizer_utils import (BPEStreamingDetokenizer, NaiveStreamingDetok
 from mlx_lm.tokenizer_utils import _byte_decoder as _mlx_lm_byte_decoder
 from tokenizers import Tokenizer, decoders
 
+from .. import InvalidArgument, InvalidArgumentType
 from .. import SpecialTokenText as SpecialTokenText
 from .types import brief, is_int
 
@@ -85,8 +86,8 @@ def _check_utf8(text: Any) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"the text has no UTF-8 form: {text[exc.start]!r} (a lone surrogate) at index "
-                         f"{exc.start}") from None
+        raise InvalidArgument(f"the text has no UTF-8 form: {text[exc.start]!r} (a lone surrogate) at index "
+                              f"{exc.start}") from None
     except AttributeError:  # not a str: the tokenizer's own TypeError stands
         pass
 
@@ -279,7 +280,7 @@ class PromptEncoder:
         ``apply_chat_template`` passes them.
         """
         if (prompt is None) == (messages is None):
-            raise ValueError("give exactly one of prompt= or messages=")
+            raise InvalidArgument("give exactly one of prompt= or messages=")
         if messages is not None:
             ids = self._encode_chat(messages, tools, template_kwargs or {})
         elif isinstance(prompt, (list, tuple)):  # already token ids
@@ -287,17 +288,17 @@ class PromptEncoder:
             # numpy's integers are ids like any int.
             bad = next((i for i, t in enumerate(prompt) if not is_int(t)), None)
             if bad is not None:
-                raise TypeError(f"prompt token ids must be ints, got {type(prompt[bad]).__name__} "
-                                f"at index {bad}")
+                raise InvalidArgumentType(f"prompt token ids must be ints, got {type(prompt[bad]).__name__} "
+                                          f"at index {bad}")
             ids = [int(t) for t in prompt]
         elif isinstance(prompt, str):
             ids = encode_text(self.tokenizer, prompt)
         else:
-            raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+            raise InvalidArgumentType(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
         if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
         if not ids:
-            raise ValueError("the prompt is empty")
+            raise InvalidArgument("the prompt is empty")
         self._check_ids(ids)
         return ids
 
@@ -307,7 +308,7 @@ class PromptEncoder:
         low, high = min(ids), max(ids)
         if low < 0 or high >= self.vocab_size:
             bad = low if low < 0 else high
-            raise ValueError(f"token id {brief(bad)} is outside the vocabulary [0, {self.vocab_size})")
+            raise InvalidArgument(f"token id {brief(bad)} is outside the vocabulary [0, {self.vocab_size})")
 
     def render_chat(self, messages: Sequence[dict], *, tools: Sequence[dict] | None = None,
                     template_kwargs: dict[str, Any] | None = None) -> str:
@@ -318,22 +319,22 @@ class PromptEncoder:
         if tools is None:
             return None
         if not isinstance(tools, (list, tuple)) or not all(isinstance(t, dict) for t in tools):
-            raise ValueError("tools must be a list of dicts")
+            raise InvalidArgument("tools must be a list of dicts")
         return [copy.deepcopy(t) for t in tools]
 
     def _check_messages(self, messages: Sequence[dict]) -> list[dict]:
         if not isinstance(messages, (list, tuple)) or not messages:
-            raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+            raise InvalidArgument("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
                     or not isinstance(message.get("content"), str):
-                raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content', got {message!r}")
+                raise InvalidArgument(f"messages[{i}] must be a dict with str 'role' and 'content', got {message!r}")
             if message.get("tool_calls") is not None and not isinstance(message["tool_calls"], list):
-                raise ValueError(f"messages[{i}]['tool_calls'] must be a list")
+                raise InvalidArgument(f"messages[{i}]['tool_calls'] must be a list")
             if message.get("tool_call_id") is not None and not isinstance(message["tool_call_id"], str):
-                raise ValueError(f"messages[{i}]['tool_call_id'] must be a str")
+                raise InvalidArgument(f"messages[{i}]['tool_call_id'] must be a str")
         if not self.has_template:
-            raise ValueError("this model has no chat template; pass prompt= instead")
+            raise InvalidArgument("this model has no chat template; pass prompt= instead")
         # Only role, content and the tool keys (Hugging Face's names) reach
         # the template: any other key would be rendered as template text,
         # special tokens and all.
@@ -393,7 +394,7 @@ class PromptEncoder:
             # (a Jinja template of the caller's, say) are no template option.
             refused = sorted(options.keys() & _TOKENIZER_OPTIONS)
             if refused:
-                raise ValueError(f"template option {refused[0]!r} is the tokenizer's, not one the template reads")
+                raise InvalidArgument(f"template option {refused[0]!r} is the tokenizer's, not one the template reads")
             if tools is not None:
                 options["tools"] = tools
                 has_system = any(m["role"] in ("system", "developer") for m in messages)
@@ -404,7 +405,7 @@ class PromptEncoder:
                 return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                                           **options)
             except (AssertionError, KeyError, TypeError, ValueError) as exc:  # its own checks of the messages
-                raise ValueError(f"the chat template refused the messages: {exc}") from exc
+                raise InvalidArgument(f"the chat template refused the messages: {exc}") from exc
         if self._template is None:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -438,9 +439,9 @@ class PromptEncoder:
         if cached is None:
             # An id past the vocabulary was b"" (and kept, one entry per id asked), -1 an OverflowError, True id 1.
             if not is_int(token):
-                raise TypeError(f"a token id must be an int, got {type(token).__name__}")
+                raise InvalidArgumentType(f"a token id must be an int, got {type(token).__name__}")
             if token < 0 or (self.vocab_size is not None and token >= self.vocab_size):
-                raise ValueError(f"token id {brief(token)} is outside the vocabulary [0, {self.vocab_size})")
+                raise InvalidArgument(f"token id {brief(token)} is outside the vocabulary [0, {self.vocab_size})")
             token = int(token)
             backend = getattr(self.tokenizer, "backend_tokenizer", self.tokenizer)
             piece = backend.id_to_token(token) if hasattr(backend, "id_to_token") else None
@@ -503,8 +504,8 @@ class PromptEncoder:
             # The template transforms the content (trims it, say): no safe split.
             for i, message in enumerate(messages):
                 if self._has_special_text(message["content"]):
-                    raise ValueError(f"messages[{i}]['content'] contains special-token text, which this "
-                                     "chat template does not let the engine keep as text")
+                    raise InvalidArgument(f"messages[{i}]['content'] contains special-token text, which this "
+                                          "chat template does not let the engine keep as text")
             return encode_text(self.tokenizer, rendered)
         ids, last = [], 0
         for hit in pattern.finditer(marked):
@@ -521,7 +522,7 @@ def _tojson(value: Any, indent: int | None = None, separators=None, sort_keys: b
 
 
 def _raise_template_error(message: str):
-    raise ValueError(f"the chat template refused the messages: {message}")
+    raise InvalidArgument(f"the chat template refused the messages: {message}")
 
 
 def find_stop(text: str, stop: list[str], ending_after: int = 0) -> int | None:
