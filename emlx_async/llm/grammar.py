@@ -105,6 +105,16 @@ def _llg_executor():
         return _executor
 
 
+def _check_utf8(what: str, text: str, *, at: bool = True) -> None:
+    """GrammarError naming a lone surrogate in `text`: llguidance takes UTF-8, and encoding failed in it
+    with a UnicodeEncodeError naming nothing. `at`: the index is one in the caller's own text."""
+    try:
+        text.encode("utf-8") if isinstance(text, str) else None
+    except UnicodeEncodeError as exc:
+        where = f" at index {exc.start}" if at else ""
+        raise GrammarError(f"{what} has no UTF-8 form: {text[exc.start]!r} (a lone surrogate){where}") from None
+
+
 def _first_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else "unknown error"
 
@@ -141,6 +151,7 @@ class Grammar:
         keywords and keeps the notes in ``warnings``.
         """
         if isinstance(schema, str):
+            _check_utf8("the JSON schema", schema)
             try:
                 parsed = json.loads(schema)
             except json.JSONDecodeError as e:
@@ -155,6 +166,8 @@ class Grammar:
             source = json.dumps(parsed, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise GrammarError(f"the JSON schema cannot be written as JSON: {e}") from None
+        # A "\ud800" escape in JSON text, or a dict's str, reads as a lone surrogate.
+        _check_utf8("the JSON schema", json.dumps(parsed, ensure_ascii=False), at=False)
         endless = recursion_without_end(parsed)
         if endless is not None:
             raise GrammarError(f"the JSON schema allows no finite value: {endless}")
@@ -183,6 +196,7 @@ class Grammar:
         """Output matches `pattern` as a whole (Rust regex syntax: no lookaround, no backreferences)."""
         if not isinstance(pattern, str):
             raise GrammarError(f"a regular expression must be a str, got {type(pattern).__name__}")
+        _check_utf8("the regular expression", pattern)
         compiled = _require_llguidance().LLMatcher.grammar_from_regex(pattern)
         return cls._validated("regex", pattern, compiled, "invalid regular expression")
 
@@ -195,6 +209,7 @@ class Grammar:
         """
         if not isinstance(text, str):
             raise GrammarError(f"a Lark grammar must be a str, got {type(text).__name__}")
+        _check_utf8("the Lark grammar", text)
         compiled = _require_llguidance().LLMatcher.grammar_from_lark(text)
         return cls._validated("lark", text, compiled, "invalid Lark grammar")
 
@@ -203,6 +218,7 @@ class Grammar:
         """A grammar in llama.cpp's GBNF (its EBNF dialect, rule ``root``), converted to Lark."""
         if not isinstance(text, str):
             raise GrammarError(f"an EBNF grammar must be a str, got {type(text).__name__}")
+        _check_utf8("the EBNF grammar", text)
         _require_llguidance()
         from llguidance.gbnf_to_lark import any_to_lark
 
@@ -231,6 +247,9 @@ class Grammar:
         """
         if not end or (start is not None and not start):
             raise GrammarError("a free-text block needs non-empty markers")
+        _check_utf8("the free-text block's end marker", end)
+        if start is not None:
+            _check_utf8("the free-text block's start marker", start)
         if max_tokens is not None and max_tokens < 1:
             raise GrammarError(f"a free-text block's max_tokens must be >= 1, got {max_tokens}")
         answer = _named_grammars(self._compiled)

@@ -91,6 +91,22 @@ def test_invalid_grammars_raise_a_value_error_naming_the_problem(make, message):
     assert "<state>" not in str(caught.value) and "<grammar>" not in str(caught.value)  # no parser dump
 
 
+@pytest.mark.parametrize("make, what", [
+    (lambda: Grammar.regex("a\ud800"), "the regular expression"),
+    (lambda: Grammar.lark('start: "\ud800"'), "the Lark grammar"),
+    (lambda: Grammar.ebnf('root ::= "\ud800"'), "the EBNF grammar"),
+    (lambda: Grammar.json_schema('{"const": "\ud800"}'), "the JSON schema"),
+    (lambda: Grammar.json_schema('{"const": "\\ud800"}'), "the JSON schema"),  # JSON's escape of one
+    (lambda: Grammar.json_schema({"enum": ["a", "\ud800"]}), "the JSON schema"),
+    (lambda: Grammar.regex("a").after_free_text("\ud800"), "end marker"),
+    (lambda: Grammar.regex("a").after_free_text("</t>", start="\ud800"), "start marker"),
+])
+def test_a_lone_surrogate_is_a_grammar_error_naming_it(make, what):
+    # It has no UTF-8 form: llguidance's encoding failed with a UnicodeEncodeError naming nothing.
+    with pytest.raises(GrammarError, match=re.escape(what) + r".* no UTF-8 form: '\\ud800' \(a lone surrogate\)"):
+        make()
+
+
 def test_lenient_schemas_keep_the_unenforced_keywords_as_warnings():
     grammar = Grammar.json_schema({"type": "object", "not": {"required": ["a"]}}, lenient=True)
     assert grammar.kind == "json_schema" and any("not" in w for w in grammar.warnings)
