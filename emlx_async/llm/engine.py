@@ -505,8 +505,8 @@ class Engine:
         (``step_note`` says so). Bad options, token ids outside the
         vocabulary and prompts that with ``max_tokens`` exceed the model's
         context raise ValueError before anything runs (a grammar that does
-        not fit the tokenizer: ``GrammarError``, a ValueError, from the
-        iterator). Several answers to one prompt: ``generate_choices``.
+        not fit the tokenizer, or that no output can match: ``GrammarError``,
+        a ValueError, from the iterator before its first token). Several answers to one prompt: ``generate_choices``.
 
         Example:
             >>> async for delta in engine.generate(messages=[{"role": "user", "content": "Hi"}]):

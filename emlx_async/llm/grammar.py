@@ -453,11 +453,24 @@ class GrammarTokenizer:
             if template.is_error():
                 raise GrammarError(f"the {grammar.kind} grammar does not fit this tokenizer: "
                                    f"{_first_line(template.get_error())}")
+            self._check_start(grammar, template)
             with self._lock:
                 self._compiled[grammar._compiled] = template
                 while len(self._compiled) > self._cache_size:
                     self._compiled.popitem(last=False)
         return template
+
+    def _check_start(self, grammar: Grammar, template: Any) -> None:
+        """GrammarError for a grammar no output can match (a regex of an empty class, say):
+        llguidance compiles it, then fails the first token's mask (NoExtensionBias). One mask
+        per compiled grammar, on a copy, so the request fails here instead of mid-decode."""
+        probe = template.deep_copy()
+        mask = np.empty(self.words, dtype=np.uint32)
+        probe.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+        if probe.is_error() or not mask.any():
+            detail = _first_line(probe.get_error()) if probe.is_error() else "no token is allowed"
+            raise GrammarError(f"the {grammar.kind} grammar is unsatisfiable: nothing can start its output "
+                               f"({detail})")
 
     def logits_processor(self, grammar: Grammar, *,
                          on_error: Literal["raise", "end"] = "raise") -> GrammarLogitsProcessor:

@@ -173,6 +173,9 @@ async def test_bad_grammars_are_refused(rt, gguf, tiny_llama):
     with pytest.raises(GrammarError, match="unclosed group"):
         Grammar.regex("a(b")
     assert isinstance(GrammarError("x"), ValueError)
+    # A grammar nothing matches fails before its first token (it failed mid-decode: GrammarStateError).
+    with pytest.raises(GrammarError, match="unsatisfiable"):
+        await answer_of(engine, grammar=Grammar.regex(r"[^\s\S]"), max_tokens=4)
     with pytest.raises(EngineBusy):  # the usual checks still come first
         engine._slots = anyio.Semaphore(0)
         engine.generate("Hi", grammar=Grammar.json_object(), wait=False)

@@ -183,6 +183,15 @@ def test_a_matcher_allows_exactly_the_grammar_and_then_only_eos(gguf, tokenizer)
     assert matcher.tokens == encode(hf, "ab") + encode(hf, "c") + [2]
 
 
+@pytest.mark.parametrize("pattern", [r"[^\s\S]", r"ab[^\s\S]", r"[a&&b]"])
+def test_a_grammar_nothing_matches_is_refused_when_its_matcher_is_built(tokenizer, pattern):
+    # llguidance compiles it; its first mask failed (NoExtensionBias), failing the request mid-decode.
+    with pytest.raises(GrammarError, match="regex grammar is unsatisfiable: nothing can start its output"):
+        tokenizer.matcher(Grammar.regex(pattern))
+    for satisfiable in (r"[0-9]+", "(?:)"):  # one that matches only the empty text ends at once
+        assert tokenizer.matcher(Grammar.regex(satisfiable)).mask().any()
+
+
 def test_a_rejected_token_fails_that_matcher_only(gguf, tokenizer):
     hf, _ = gguf
     grammar = Grammar.json_schema(PERSON)
