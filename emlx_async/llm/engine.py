@@ -67,7 +67,7 @@ from typing import Any
 import anyio
 import mlx.core as mx
 
-from .. import InvalidArgument, InvalidState, Runtime, get_runtime
+from .. import InvalidArgument, InvalidArgumentType, InvalidState, Runtime, get_runtime
 from . import parallel
 from .batch_replay import ReplayBatcher
 from .batching import BatchJobs, GeneratorBatcher, batched_tokens
@@ -145,6 +145,7 @@ class Engine:
             raise InvalidArgument(f"batches must be a positive int, got {brief(batches)}")
         if batches > 1 and mode != "batch":
             raise InvalidArgument(f"batches ({batches}) needs mode 'batch' (parallel mode runs each request alone)")
+        _check_objects(runtime=runtime, prompt_cache=prompt_cache, cache_options=cache_options)
         self.mode = mode
         self.mode_note: str | None = None  # why Engine.load's mode "auto" chose this mode
         self._batching_checked = False  # batch mode: the model's batch checked against its rows alone
@@ -293,6 +294,7 @@ class Engine:
             raise InvalidArgument(f"step must be one of {_STEP_CHOICES}, got {step!r}")
         if mode not in _MODE_CHOICES:
             raise InvalidArgument(f"mode must be one of {_MODE_CHOICES}, got {mode!r}")
+        _check_objects(runtime=runtime, prompt_cache=prompt_cache)  # before the model loads
         cache_options = CacheOptions(max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=kv_group_size)
         runtime = runtime or get_runtime()
 
@@ -514,6 +516,9 @@ class Engine:
         """
         request = self._check(prompt, messages, max_tokens, stop, stop_token_ids, seed, logprobs, top_logprobs,
                               grammar, ignore_eos, sampling)
+        _check_wait(wait)
+        if stats is not None and not isinstance(stats, RequestStats):
+            raise InvalidArgumentType(f"stats must be a RequestStats or None, got {type(stats).__name__}")
         if not wait and self._slots.value == 0:
             raise EngineBusy(f"all {self.max_concurrent} request slots are busy")
         return self._slot_stream(request, request.sampler(_seed(seed)), stats or RequestStats(), wait)
@@ -600,6 +605,11 @@ class Engine:
         _Request) checked against the slots and queues they take at once, then started."""
         total = len(requests)
         asked = "n" if total == n else "the prompts times n"
+        _check_wait(wait)
+        if stats is not None and (isinstance(stats, (str, bytes)) or not isinstance(stats, Sequence)
+                                  or not all(isinstance(s, RequestStats) for s in stats)):
+            raise InvalidArgumentType(f"stats must be a list of RequestStats (one per stream) or None, "
+                                      f"got {brief(stats)}")
         if total > self.max_concurrent:
             raise InvalidArgument(f"{asked} ({total}) exceeds the engine's {self.max_concurrent} request slots "
                                   "(each choice takes one)")
@@ -961,6 +971,21 @@ def _listed(name: str, values: Any) -> list:
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise InvalidArgument(f"{name} must be a list, got {type(values).__name__}")
     return list(values)
+
+
+def _check_objects(**given: Any) -> None:
+    """InvalidArgumentType for an argument that is neither None nor its class's instance: it
+    failed later, where the engine first used it, with an AttributeError naming nothing."""
+    classes = {"runtime": Runtime, "prompt_cache": PrefixCache, "cache_options": CacheOptions}
+    for name, value in given.items():
+        if value is not None and not isinstance(value, classes[name]):
+            raise InvalidArgumentType(f"{name} must be a {classes[name].__name__} or None, "
+                                      f"got {type(value).__name__}")
+
+
+def _check_wait(wait: Any) -> None:
+    if not isinstance(wait, bool):  # "no" was true: a wait the caller meant to refuse
+        raise InvalidArgument(f"wait must be a bool, got {brief(wait)}")
 
 
 def _check_choices(n: Any) -> None:

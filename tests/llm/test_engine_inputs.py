@@ -141,6 +141,40 @@ async def test_bad_options_raise_value_error(make_engine, kwargs, message):
 
 @needs_model
 @on_every_loop
+async def test_objects_of_the_wrong_type_are_refused_naming_the_argument(make_engine):
+    # Each failed later, where the engine first used it, with an AttributeError or a TypeError naming nothing.
+    import emlx_async as ea
+    from emlx_async.llm import Engine
+
+    for name in ("runtime", "prompt_cache", "cache_options"):
+        with pytest.raises(ea.InvalidArgumentType, match=f"{name} must be a .* or None, got int"):
+            make_engine(**{name: 5})
+    for name in ("runtime", "prompt_cache"):  # before the model loads
+        with pytest.raises(ea.InvalidArgumentType, match=f"{name} must be a .* or None, got int"):
+            await Engine.load("/nonexistent", **{name: 5})
+    engine = make_engine()
+    with pytest.raises(ea.InvalidArgumentType, match="stats must be a RequestStats or None, got int"):
+        engine.generate(prompt="hi", stats=5)
+    for stats in (5, [5, 6], "ab"):
+        with pytest.raises(ea.InvalidArgumentType, match="stats must be a list of RequestStats"):
+            engine.generate_choices(prompt="hi", n=2, stats=stats)
+        with pytest.raises(ea.InvalidArgumentType, match="stats must be a list of RequestStats"):
+            engine.generate_batch(["hi", "ho"], stats=stats)
+
+
+@needs_model
+@on_every_loop
+async def test_wait_takes_a_bool_only(make_engine):
+    engine = make_engine()
+    for start in (lambda **o: engine.generate(prompt="hi", **o), lambda **o: engine.generate_choices("hi", n=2, **o),
+                  lambda **o: engine.generate_batch(["hi"], **o)):
+        for wait in ("no", 0, None):  # "no" waited: any truthy value did
+            with pytest.raises(ValueError, match=f"wait must be a bool, got {wait!r}"):
+                start(wait=wait)
+
+
+@needs_model
+@on_every_loop
 async def test_context_check_counts_prompt_and_max_tokens(make_engine):
     engine = make_engine()
     assert engine.context_length == 8192 and engine.vocab_size == 49152
@@ -237,3 +271,4 @@ async def test_chat_template_runs_sandboxed(make_engine):
 
     with pytest.raises(SecurityError):
         engine.render_chat(FRANCE)
+
