@@ -42,7 +42,9 @@ class CacheOptions:
     def __post_init__(self) -> None:
         _int_or_none("max_kv_size", self.max_kv_size)
         _int_or_none("kv_bits", self.kv_bits)
-        _int_or_none("kv_group_size", self.kv_group_size)
+        if not isinstance(self.kv_group_size, int) or isinstance(self.kv_group_size, bool):
+            # None reached mlx-lm, whose quantize took its own default of 64 in silence.
+            raise InvalidArgument(f"kv_group_size must be an int, got {self.kv_group_size!r}")
         if self.max_kv_size is not None and self.max_kv_size <= 4:
             # make_prompt_cache keeps the first 4 tokens; the ring rotates what follows.
             raise InvalidArgument(f"max_kv_size must be more than 4 (the tokens mlx-lm always keeps), "

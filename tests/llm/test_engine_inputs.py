@@ -272,3 +272,12 @@ async def test_chat_template_runs_sandboxed(make_engine):
     with pytest.raises(SecurityError):
         engine.render_chat(FRANCE)
 
+
+@needs_mlx_lm
+@on_every_loop
+async def test_load_refuses_a_kv_group_size_of_none_before_the_model_loads():
+    import emlx_async as ea
+    from emlx_async.llm import Engine
+
+    with pytest.raises(ea.InvalidArgument, match="kv_group_size must be an int, got None"):
+        await Engine.load("/nonexistent", kv_bits=4, kv_group_size=None)
