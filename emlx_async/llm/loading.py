@@ -21,6 +21,7 @@ def load_model_files(path: str | None) -> tuple[Any, Any, dict[str, Any]]:
     if os.path.isdir(path):
         from mlx_lm import load as mlx_lm_load
 
+        check_config(path)
         # mlx-lm's TokenizerWrapper: the Hugging Face tokenizer's names pass
         # through it, and its streaming detokenizer is the one mlx-lm chose.
         model, tokenizer = mlx_lm_load(path)
@@ -35,6 +36,29 @@ def load_model_files(path: str | None) -> tuple[Any, Any, dict[str, Any]]:
     tokenizer = _gguf.gguf_tokenizer(meta)
     bos, eos = _gguf.gguf_special_ids(meta)
     return model, tokenizer, {"eos_ids": eos, "chat_template": meta.get("tokenizer.chat_template"), "bos_id": bos}
+
+
+def check_config(folder: str) -> None:
+    """InvalidArgument for an mlx-lm folder whose config.json mlx-lm cannot read: not JSON, not
+    a JSON object, or no model_type string (mlx-lm's JSONDecodeError, AttributeError or KeyError
+    named neither the file nor the problem). A missing file and an unknown model_type are
+    left to mlx-lm, whose errors name them."""
+    import json
+
+    config = os.path.join(folder, "config.json")
+    if not os.path.isfile(config):
+        return
+    try:
+        with open(config, encoding="utf-8") as f:
+            data = json.load(f)
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested past the stack
+        raise InvalidArgument(f"{folder}: config.json is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        kind = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(data), "null")
+        raise InvalidArgument(f"{folder}: config.json must hold a JSON object, got a JSON {kind}")
+    if not isinstance(data.get("model_type"), str):
+        got = "none" if "model_type" not in data else repr(data["model_type"])
+        raise InvalidArgument(f"{folder}: config.json must name the model's model_type as a string, got {got}")
 
 
 def fix_batch_masks(model) -> bool:
@@ -158,4 +182,4 @@ def context_length(model) -> int | None:
     return int(value) if is_int(value) and value > 0 else None
 
 
-__all__ = ["added_bos", "context_length", "embedding_rows", "load_model_files"]
+__all__ = ["added_bos", "check_config", "context_length", "embedding_rows", "load_model_files"]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
 from emlx_async.llm.loading import fix_weight_rewrites
+from support.helpers import needs_model
 
 
 class _Rewriting(nn.Module):
@@ -47,3 +50,39 @@ def test_a_rewrite_with_other_values_each_call_is_refused_by_name():
     model = _Rewriting(lambda w: w * 2)
     with pytest.raises(ValueError, match=r"rewrites its weights \(inner.weight\) with other values in each call"):
         fix_weight_rewrites(model)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("{not json", "config.json is not JSON: Expecting property name"),
+    (b"\xff{}", "config.json is not JSON"),
+    ("[1, 2]", "config.json must hold a JSON object, got a JSON array"),
+    ('"llama"', "config.json must hold a JSON object, got a JSON string"),
+    ('{"hidden_size": 64}', "config.json must name the model's model_type as a string, got none"),
+    ('{"model_type": 5}', "config.json must name the model's model_type as a string, got 5"),
+    ('{"model_type": null}', "config.json must name the model's model_type as a string, got None"),
+])
+def test_a_broken_config_json_is_refused_naming_the_file_and_the_problem(tmp_path, text, problem):
+    # mlx-lm's own JSONDecodeError, AttributeError ('list' object has no attribute 'get') or
+    # KeyError named neither the file nor the problem.
+    pytest.importorskip("mlx_lm")
+    import emlx_async as ea
+    from emlx_async.llm.loading import load_model_files
+
+    config = tmp_path / "config.json"
+    config.write_bytes(text) if isinstance(text, bytes) else config.write_text(text)
+    with pytest.raises(ea.InvalidArgument, match=re.escape(f"{tmp_path}: {problem}")):
+        load_model_files(str(tmp_path))
+
+
+@needs_model
+def test_an_unknown_model_type_keeps_mlx_lms_error_naming_it(tmp_path):
+    import json
+
+    from support.tiny_models import tiny_model_folder
+
+    from emlx_async.llm.loading import load_model_files
+
+    config = tiny_model_folder(tmp_path, "{{ messages[0].content }}") / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "model_type": "no_such_family"}))
+    with pytest.raises(ValueError, match="no_such_family"):
+        load_model_files(str(tmp_path))
