@@ -122,13 +122,20 @@ class Decoding:
         cache = self.cache_options.prompt_cache(self.model)
         out: list[tuple[float, tuple]] = []
         inputs = len(prompt) - 1
-        for start in range(0, inputs, self.prefill_chunk):
+        start = 0
+        while start < inputs:
             if cancelled():
                 return None
-            chunk = prompt[start:min(start + self.prefill_chunk, inputs)]
-            logits = self._forward(mx.array(chunk)[None], cache)[0].astype(mx.float32)
+            # The prefill's calls (_feed), quantized where it quantizes: after each of generate_step's
+            # prefill calls and after all but the last token (kv_bits quantized after every chunk
+            # gave other scores than the prefill's keys, past the first chunk).
+            limit = self._call_limit(self.prefill_chunk, start, inputs + 1 - start, cache)
+            chunk = prompt[start:min(start + limit, inputs)]
+            start += len(chunk)
+            logits = self._forward(mx.array(chunk)[None], cache, quantize=start % PREFILL_STEP == 0 or start == inputs)
+            logits = logits[0].astype(mx.float32)
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            following = mx.array(prompt[start + 1:start + 1 + len(chunk)])[:, None]
+            following = mx.array(prompt[start + 1 - len(chunk):start + 1])[:, None]
             chosen = mx.take_along_axis(logprobs, following, axis=-1)[:, 0]
             top = min(top, logprobs.shape[-1])  # a vocabulary under 20 has fewer (MLX refused the kth)
             ids = mx.argpartition(-logprobs, kth=top - 1, axis=-1)[:, :top] if top else None
@@ -147,18 +154,8 @@ class Decoding:
         # Chunked prefill bounds the memory of one forward pass, and a request
         # cancelled mid-prompt frees its queue (or stops stalling the batch) within one chunk.
         tokens, cache = state.unread, state.cache
-        limit = limit or self.prefill_chunk
+        limit = self._call_limit(limit or self.prefill_chunk, state.fed, tokens.size, cache)
         quantized = self.cache_options.kv_bits is not None
-        room = PREFILL_STEP - state.fed % PREFILL_STEP  # to the end of generate_step's prefill call
-        if quantized:
-            # generate_step's prefill: the cache is quantized only after each PREFILL_STEP tokens
-            # (quantized after every chunk, a long prompt's greedy tokens differed from mlx-lm's).
-            limit = min(limit, room)
-        elif any(getattr(layer, "keep", 0) and layer.offset + tokens.size > layer.max_size for layer in cache):
-            # max_kv_size's ring keeps its first tokens, which a later call's queries attend to and
-            # one call's do not: a prompt past the ring is fed in generate_step's calls (one
-            # within it gives the same keys however it is split).
-            limit = room
         if tokens.size > limit:
             state.fed += limit
             # Quantized where generate_step quantizes: after each of its prefill calls, the
@@ -180,6 +177,21 @@ class Decoding:
             self._forward(tokens[None, :-1], cache)
             tokens = tokens[-1:]
         return self._forward(tokens[None], cache)[:, -1, :]
+
+    def _call_limit(self, limit: int, fed: int, unread: int, cache: list) -> int:
+        """The most tokens of a prompt's next model call, `fed` fed and `unread` (its last token
+        included) to go: `limit`, cut where generate_step's prefill calls end where that matters."""
+        room = PREFILL_STEP - fed % PREFILL_STEP  # to the end of generate_step's prefill call
+        if self.cache_options.kv_bits is not None:
+            # generate_step's prefill: the cache is quantized only after each PREFILL_STEP tokens
+            # (quantized after every chunk, a long prompt's greedy tokens differed from mlx-lm's).
+            return min(limit, room)
+        if any(getattr(layer, "keep", 0) and layer.offset + unread > layer.max_size for layer in cache):
+            # max_kv_size's ring keeps its first tokens, which a later call's queries attend to and
+            # one call's do not: a prompt past the ring is fed in generate_step's calls (one
+            # within it gives the same keys however it is split).
+            return room
+        return limit
 
     def python_step(self, state: PromptState, sampler: Sampler) -> int | tuple:
         """The next token after state.token (parallel mode's Python step).

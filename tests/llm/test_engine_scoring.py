@@ -10,7 +10,7 @@ import pytest
 
 import emlx_async as ea
 from support.helpers import on_every_loop
-from support.tiny_models import IdsTokenizer, tiny
+from support.tiny_models import QUANTIZABLE, IdsTokenizer, tiny
 
 pytest.importorskip("mlx_lm")
 
@@ -175,3 +175,40 @@ async def test_top_logprobs_past_a_small_vocabulary_lists_the_whole_vocabulary(m
         assert all(len(d.top_logprobs) == 12 for d in results["top"][:-1])
         assert [d.token for d in results["top"]] == [d.token for d in results["plain"]]
         await engine.wait_idle()
+
+
+def _generate_step_scores(model, prompt: list[int], step: int, **options) -> list[float]:
+    """Each prompt token's log-probability as generate_step's prefill computes the keys: the
+    prompt but its last token in calls of `step`, the cache quantized (kv_bits) after each."""
+    from mlx_lm.generate import maybe_quantize_kv_cache
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache, scores = make_prompt_cache(model), []
+    for start in range(0, len(prompt) - 1, step):
+        chunk = prompt[start:min(start + step, len(prompt) - 1)]
+        logits = model(mx.array([chunk]), cache=cache)[0].astype(mx.float32)
+        maybe_quantize_kv_cache(cache, 0, options["kv_group_size"], options["kv_bits"])
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        following = mx.array(prompt[start + 1:start + 1 + len(chunk)])[:, None]
+        scores += mx.take_along_axis(logprobs, following, axis=-1)[:, 0].tolist()
+    return scores
+
+
+@on_every_loop
+async def test_kv_bits_scores_quantize_where_the_prefill_does():
+    """Quantized after every prefill chunk, a prompt's scores past the first chunk came from 2-bit
+    keys where generate_step's prefill (and the engine's) keeps them full until 2048 tokens."""
+    from emlx_async.llm import Engine
+    from emlx_async.llm.cache_options import PREFILL_STEP, CacheOptions
+
+    model = tiny("llama", **QUANTIZABLE)
+    options = dict(kv_bits=2, kv_group_size=32)
+    prompt = [1] + [(i * 37) % 250 + 3 for i in range(PREFILL_STEP + 59)]  # past the quantization point
+    async with ea.Runtime(pool_size=2) as rt:
+        want = await rt.default_queue().run(_generate_step_scores, model, prompt, PREFILL_STEP, **options)
+        for chunk in (32, 100):  # 100: chunks that do not end where generate_step's calls do
+            engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt,
+                            prefill_chunk=chunk, cache_options=CacheOptions(**options), context_length=4096)
+            scored = await engine.prompt_logprobs(prompt)
+            assert [logprob for _, logprob, _ in scored[1:]] == pytest.approx(want, abs=1e-4), chunk
+            await engine.close()
