@@ -61,6 +61,7 @@ import math
 import os
 import re
 import tempfile
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -470,20 +471,41 @@ class ShardedEngine(Engine):
         """
         if self.leader:
             raise InvalidState("rank 0 leads; follow() is for the other ranks")
+        # A broken group first: a plan its queue dropped never ends, so the flag below stays set.
+        self.group.check()
         if self._following:  # two loops would each take some of rank 0's plans, with two states
             raise InvalidState(f"follow() already runs on rank {self.group.rank()}")
         self._following = True
+        jobs = self._jobs()
+        state = GeneratorState()
+        # A cancelled follow() returns while its last plan still runs on the group's queue (the
+        # group keeps a job its awaiter left): the flag is cleared once both have ended, so a
+        # new follow() cannot start beside that plan and take rank 0's next one with its own state.
+        lock = threading.Lock()
+        flags = {"running": False, "left": False}
+
+        def one() -> str:
+            try:
+                return jobs.follow_one(state)
+            finally:
+                with lock:
+                    flags["running"] = False
+                    if flags["left"]:
+                        self._following = False
+
         try:
-            jobs = self._jobs()
-            state = GeneratorState()
             while True:
-                op = await self.group.run(jobs.follow_one, state, what="sharded follow")
+                flags["running"] = True  # queued: it takes rank 0's next plan whether awaited or not
+                op = await self.group.run(one, what="sharded follow")
                 if op == "stop":
                     return
                 if op == "idle":  # sleep outside the collective (see the module docstring)
                     await anyio.sleep(self.idle_interval * 0.9)
         finally:
-            self._following = False
+            with lock:
+                flags["left"] = True
+                if not flags["running"]:
+                    self._following = False
 
 
 __all__ = ["ShardedBatchJobs", "ShardedEngine", "check_shardable", "untraceable_step"]

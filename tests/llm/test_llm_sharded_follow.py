@@ -1,0 +1,76 @@
+"""ShardedEngine.follow's "already following" flag lives as long as the plan it runs
+(the two-rank scenarios are in tests/distributed/test_sharded.py; this one needs no ring)."""
+
+from __future__ import annotations
+
+import queue as queue_module
+
+import anyio
+import pytest
+
+import emlx_async as ea
+from support.helpers import on_loops
+
+pytest.importorskip("mlx_lm")
+
+
+class _Group:
+    """A follower's group as follow() uses it: its jobs run on one queue, and an awaiter that
+    leaves does not take its job off it (distributed.Group.run's contract)."""
+
+    def __init__(self, queue):
+        self.queue = queue
+
+    def rank(self) -> int:
+        return 1
+
+    def check(self) -> None:
+        pass
+
+    async def run(self, fn, *args, what=None):
+        future = self.queue.run(fn, *args)
+        settled = anyio.Event()
+        future.add_done_callback(lambda f: settled.set())
+        await settled.wait()
+        return future.result()
+
+
+def _follower(rt, plans: queue_module.Queue):
+    """A rank-1 ShardedEngine without a model: its plans are what the test puts in `plans`."""
+    from emlx_async.llm.sharded import ShardedBatchJobs, ShardedEngine
+
+    class Jobs(ShardedBatchJobs):
+        def __init__(self):
+            pass
+
+        def follow_one(self, state) -> str:
+            return plans.get(timeout=20)  # rank 0's next plan: blocks the group's worker until it comes
+
+    engine = object.__new__(ShardedEngine)
+    engine.leader, engine._following, engine.idle_interval = False, False, 0.01
+    engine.group, engine.batch_jobs = _Group(rt.default_queue()), Jobs()
+    return engine
+
+
+@on_loops("asyncio")
+async def test_a_cancelled_follow_keeps_its_flag_until_its_last_plan_has_run(rt):
+    # The flag was cleared when follow() was cancelled, while its plan still waited on the group's
+    # queue: a second follow() started beside it and took rank 0's next plan with a state of its own.
+    plans: queue_module.Queue = queue_module.Queue()
+    engine = _follower(rt, plans)
+    try:
+        with anyio.move_on_after(0.3):
+            await engine.follow()  # its plan waits for rank 0's: cancelled meanwhile
+        with anyio.fail_after(5), pytest.raises(ea.InvalidState, match="follow\\(\\) already runs on rank 1"):
+            await engine.follow()
+        plans.put("idle")  # the first loop's last plan ends
+        with anyio.fail_after(10):
+            while engine._following:
+                await anyio.sleep(0.01)
+        plans.put("stop")
+        with anyio.fail_after(10):
+            await engine.follow()  # now it may follow again, to rank 0's stop
+        assert not engine._following
+    finally:
+        for _ in range(2):  # whatever still waits on the worker (the test failed) ends
+            plans.put("stop")
