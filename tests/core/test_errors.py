@@ -110,14 +110,8 @@ def builtin_raises(package: pathlib.Path) -> list[tuple[str, int, str]]:
     return sorted(found)
 
 
-# Areas whose checks still raise builtins (being converted; each leaves this set when done).
-NOT_CONVERTED_YET = ("llm/",)
-
-
 def test_the_package_raises_only_its_own_classes():
-    raised = [site for site in builtin_raises(PACKAGE)
-              if not site[0].startswith(NOT_CONVERTED_YET)
-              and not ("top level" in NOT_CONVERTED_YET and "/" not in site[0] and site[0] != "distributed.py")]
+    raised = builtin_raises(PACKAGE)
     assert not raised, ("raise an EMLXError from emlx_async/_errors.py (InvalidArgument, InvalidArgumentType, "
                         f"InvalidState, an MLX* class for mlx's own message) instead of: {raised}")
 
