@@ -812,3 +812,27 @@ async def test_a_trace_number_out_of_range_is_refused_by_name():
             assert lib.emlx_replay_trace_inputs(f._id, k, ints, ffi.new("int64_t[]", 4), ints) == -1
             assert replay.last_error() == f"[replay] no trace {k}"
         f.release()
+
+
+@one_loop
+async def test_a_chain_left_by_a_lease_does_not_reach_the_next_holder_of_its_worker():
+    """A runtime that closed with a chain on a worker (a cancelled stream's, its generator not
+    finalized yet) left it there: its caches, and its imported graph's file, stayed held on the
+    parked worker, and the worker's next runtime read it with its first fed call."""
+    one = mx.array([1.0, 1.0])
+    async with ea.Runtime(pool_size=1) as rt:
+        traced = await ea.trace(accumulate, mx.zeros(2), one, queue=rt.default_queue())
+        chained = traced.chain({0: 0})
+        q = await rt.acquire_queue()
+        worker = q.thread_id
+        assert (await chained(mx.array([5.0, 7.0]), one, queue=q)).tolist() == [6.0, 8.0]
+        rt.release_queue(q)  # no end_chain_here: the chain stays as the runtime closes
+    async with ea.Runtime(pool_size=8) as rt:
+        leased = [await rt.acquire_queue() for _ in range(8)]  # the parked workers, that one among them
+        (again,) = [q for q in leased if q.thread_id == worker]
+        with pytest.raises(ea.MLXValueError, match="no chained call ran on this queue before it"):
+            await chained(mx.array(0.0), one, queue=again, fed=True)
+        for q in leased:
+            rt.release_queue(q)
+    for f in (traced, chained):
+        f.release()
