@@ -37,6 +37,7 @@ from ._errors import InvalidArgumentType as InvalidArgumentType
 from ._errors import InvalidOption as InvalidOption
 from ._errors import InvalidState as InvalidState
 from ._errors import NotTraceable as NotTraceable
+from ._errors import OptionTypeError as OptionTypeError
 from ._errors import QueueClosed as QueueClosed
 from ._errors import QueueFull as QueueFull
 from ._errors import QueueReleaseError as QueueReleaseError
@@ -75,7 +76,7 @@ __all__ = [
     "BatchDriverError", "BatchingRefused", "CancelledJob", "DeviceUnavailable", "DistributedError", "EMLXError", "EngineBusy",
     "ForeignLazyArrayError", "ForkedProcessError", "GrammarError", "GrammarStateError", "InvalidInputType",
     "HostCallDeadlock", "HostCallError", "InvalidArgument", "InvalidArgumentType", "InvalidOption", "InvalidState", "JobFuture", "TrioJobFuture", "MLXIndexError", "MLXOverflowError", "MLXRuntimeError",
-    "MLXValueError", "NotTraceable", "QueueClosed", "QueueFull", "QueueReleaseError", "QueueStats", "Runtime",
+    "MLXValueError", "NotTraceable", "OptionTypeError", "QueueClosed", "QueueFull", "QueueReleaseError", "QueueStats", "Runtime",
     "RuntimeClosed", "RuntimeStats", "SharedMemoryError", "SpecialTokenText",
     "__version__", "attention", "bind", "bound_queue", "cancelled", "current_queue", "distributed", "eval", "fast", "fft",
     "get_runtime", "host_call", "ipc", "item", "linalg", "memory", "ops", "random", "replay", "run", "synchronize",

@@ -83,8 +83,9 @@ QW = "mx.ones((4, 8), dtype=mx.uint32)"  # 64 columns quantized at 4 bits
 # (id, expression, expected exception (None: a result), text in the message)
 CASES = [
     # Ints past 32 bits were truncated by the native decoder (zeros(shape=[2**40])
-    # gave shape (0,), axis=2**32+1 reduced axis 1); mlx.core raises OverflowError,
-    # with its own message for a shape.
+    # gave shape (0,), axis=2**32+1 reduced axis 1); mlx.core raises OverflowError
+    # with its own message for a shape (for other options nanobind's TypeError: an
+    # OverflowError naming the option says more).
     ("zeros-shape-2**40", "ea.ops.zeros(shape=[2**40])", "OverflowError",
      "Integer value 1099511627776 is outside the supported range [-2147483648, 2147483647]."),
     ("sum-axis-2**32+1", f"ea.ops.sum({ARRAY}, axis=2**32 + 1)", "OverflowError", "'axis'"),
