@@ -11,6 +11,9 @@ as a share of the sharded step. Last, the CPU every rank burns while the
 server is idle (the idle plans; a rank parked inside a ring collective polls
 its socket instead). It also says whether (b)'s tokens are (a)'s and which
 step each engine took (``step_kind``, and the sharded one's ``step_note``).
+Then one stream's sharded decode step, every rank at once: mlx-lm's model
+call with its cache (the Python step) against the engine's fixed-buffer
+step traced by the group (``group.trace``, its all_sums native).
 
 ``--tiny`` runs a tiny random llama instead (benchmarks/_tiny_model.py: 4
 query and 2 key-value heads, so 2 ranks divide it, where SmolLM2's 9 and 3
@@ -84,6 +87,7 @@ async def rank_main(tokens: int, path: str | None, layers: int, hidden: int) -> 
     if group.rank() != 0:
         await engine.follow()
         await dist.all_sum(mx.ones(1))  # the naive idle follower: parked inside a collective
+        await one_stream_steps(group, engine.model)
         return
     assert len(engine.model.layers) == layers and engine.model.args.hidden_size == hidden
     await decode(engine, 4)  # warm-up
@@ -97,9 +101,53 @@ async def rank_main(tokens: int, path: str | None, layers: int, hidden: int) -> 
     await asyncio.sleep(3)
     print("SPIN-END", flush=True)
     await dist.all_sum(mx.ones(1))
+    python_step, replayed_step = await one_stream_steps(group, engine.model)
     print("RESULT " + json.dumps({"ttft": ttft, "step": statistics.median(steps), "steps": len(steps),
                                   "collective": statistics.median(collective), "layers": layers, "tokens": ids,
-                                  "step_kind": engine.step_kind, "step_note": engine.step_note}), flush=True)
+                                  "step_kind": engine.step_kind, "step_note": engine.step_note,
+                                  "python_step": python_step, "replayed_step": replayed_step}), flush=True)
+
+
+async def one_stream_steps(group, model, prompt_tokens: int = 16, steps: int = 24) -> tuple[float, float]:
+    """One stream's greedy decode step on the sharded model, run by every rank at once: mlx-lm's
+    model call and cache on the group's queue (Python), and the engine's fixed-buffer step traced
+    by the group (``group.trace``: its all_sums native); the median seconds per step of each."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from emlx_async.llm.replay_step import CacheSpec, make_step
+    from emlx_async.llm.traced import sampling_inputs
+
+    prompt = list(range(1, prompt_tokens + 1))
+
+    def python_steps() -> list[float]:
+        cache = make_prompt_cache(model)
+        token = mx.argmax(model(mx.array([prompt]), cache=cache)[:, -1, :], axis=-1)
+        mx.eval(token)
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            token = mx.argmax(model(token.reshape(1, 1), cache=cache)[:, -1, :], axis=-1)
+            mx.eval(token)
+            times.append(time.perf_counter() - start)
+        return times
+
+    python = statistics.median(await group.run(python_steps))
+    spec = CacheSpec.of(model)
+    state = spec.zeros(1, prompt_tokens + steps + 1)
+    greedy, key = sampling_inputs(0.0, 1.0, 0, 1), mx.random.key(0)
+    token = mx.array([[prompt[0]]], dtype=mx.int32)
+    example = [*state, key, token, mx.array(0, dtype=mx.int32), *greedy]
+    mx.eval(example)
+    step = await group.trace(make_step(model, spec, greedy=True), *example)
+    times = []
+    for position in range(prompt_tokens + steps):
+        start = time.perf_counter()
+        next_token, key, *state = await step(*state, key, token, mx.array(position, dtype=mx.int32), *greedy)
+        times.append(time.perf_counter() - start)
+        token = mx.array([[prompt[position + 1] if position + 1 < prompt_tokens else next_token.item()]],
+                         dtype=mx.int32)
+    return python, statistics.median(times[prompt_tokens:])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -174,6 +222,9 @@ def run(args, path: str | None) -> None:
     for label, seconds, ratio, note in rows:
         print(f"{label:52} {seconds * 1e3:12.1f} {ratio:7.2f}{note}")
     print(f"time to first token: one process {base['ttft'] * 1e3:.0f} ms, sharded {sharded['ttft'] * 1e3:.0f} ms")
+    print(f"one stream's sharded step on rank 0: mlx-lm's model call (Python) {sharded['python_step'] * 1e3:.2f} ms, "
+          f"the engine's step traced by the group (group.trace) {sharded['replayed_step'] * 1e3:.2f} ms "
+          f"({sharded['python_step'] / sharded['replayed_step']:.2f}x)")
     print("CPU per rank while idle, s per s: with idle plans " + ", ".join(f"{c:.2f}" for c in idle)
           + "; followers parked in a collective " + ", ".join(f"{c:.2f}" for c in spin))
     same = "equal" if sharded["tokens"] == base["tokens"] else f"DIFFERENT ({sharded['tokens']} vs {base['tokens']})"

@@ -182,6 +182,22 @@ const Trace& check_inputs(const Entry& entry, const std::vector<mx::array>& xs) 
 // shapes would read past a buffer, so each call's graph is checked node by
 // node (export_file::check_node: the checks the file passed when loaded).
 
+// Calls visit(node) once for each node between a call's inputs and its
+// outputs, before reading the node's inputs (visit may change them).
+template <typename Visit>
+void walk_graph(const std::vector<mx::array>& outputs, const std::vector<mx::array>& xs, Visit visit) {
+  std::unordered_set<uintptr_t> seen;
+  for (const auto& x : xs) seen.insert(x.id());
+  std::vector<mx::array> stack(outputs.begin(), outputs.end());
+  while (!stack.empty()) {
+    mx::array a = stack.back();
+    stack.pop_back();
+    if (!seen.insert(a.id()).second || !a.has_primitive()) continue;
+    visit(a);
+    for (const auto& in : a.inputs()) stack.push_back(in);
+  }
+}
+
 // Binds every node between the call's inputs and its outputs to this
 // thread's streams; shapeless graphs are also checked node by node.
 void bind_graph(Instance& inst, const std::vector<mx::array>& outputs, const std::vector<mx::array>& xs,
@@ -190,22 +206,14 @@ void bind_graph(Instance& inst, const std::vector<mx::array>& outputs, const std
       !outputs.empty() && outputs[0].has_primitive() ? &outputs[0].primitive() : nullptr;
   bool known = key && inst.bound.count(key);
   if (known && !shapeless) return;
-  std::unordered_set<uintptr_t> seen;
-  for (const auto& x : xs) seen.insert(x.id());
-  std::vector<mx::array> stack(outputs.begin(), outputs.end());
-  while (!stack.empty()) {
-    mx::array a = stack.back();
-    stack.pop_back();
-    if (!seen.insert(a.id()).second || !a.has_primitive()) continue;
-    auto& p = a.primitive();
+  walk_graph(outputs, xs, [&](mx::array& a) {
     if (!known) {
       // Nothing else holds these nodes while this thread does.
-      auto& stream = mlx_internals::stream_of(p);
+      auto& stream = mlx_internals::stream_of(a.primitive());
       stream = stream.device == mx::Device::cpu ? sc : s;
     }
     if (shapeless) export_file::check_node(a, sc, true);
-    for (const auto& in : a.inputs()) stack.push_back(in);
-  }
+  });
   if (key) inst.bound.insert(key);
 }
 
@@ -221,24 +229,16 @@ bool is_collective_marker(const mx::array& a) {
 void place_collectives(const std::vector<mx::array>& outputs, const std::vector<mx::array>& xs,
                        const mx::distributed::Group& group, mx::Stream s) {
   if (group.size() == 1) return;  // all_sum over one rank is its input: what the marker gives
-  std::unordered_set<uintptr_t> seen;
-  for (const auto& x : xs) seen.insert(x.id());
-  std::vector<mx::array> stack(outputs.begin(), outputs.end());
-  while (!stack.empty()) {
-    mx::array a = stack.back();
-    stack.pop_back();
-    if (!seen.insert(a.id()).second || !a.has_primitive()) continue;
-    if (is_collective_marker(a)) {
-      // MLX's all_sum makes the AllReduce node (its class is not exported).
-      // This call's node alone changes: the imported graph keeps its marker for the next.
-      auto reduced = mx::distributed::all_sum(a.inputs()[0], group, s);
-      if (reduced.id() != a.inputs()[0].id() && reduced.has_primitive()) {
-        a.primitive_ptr() = reduced.primitive_ptr();
-        a.inputs().pop_back();  // the second x
-      }
+  walk_graph(outputs, xs, [&](mx::array& a) {
+    if (!is_collective_marker(a)) return;
+    // MLX's all_sum makes the AllReduce node (its class is not exported).
+    // This call's node alone changes: the imported graph keeps its marker for the next.
+    auto reduced = mx::distributed::all_sum(a.inputs()[0], group, s);
+    if (reduced.id() != a.inputs()[0].id() && reduced.has_primitive()) {
+      a.primitive_ptr() = reduced.primitive_ptr();
+      a.inputs().pop_back();  // the second x
     }
-    for (const auto& in : a.inputs()) stack.push_back(in);
-  }
+  });
 }
 
 }  // namespace

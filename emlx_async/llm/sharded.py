@@ -25,9 +25,11 @@ primitive CustomTransforms"), and MLX's exporter has no serializer for a
 collective at all (a lone ``mx.distributed.all_sum`` fails to export with
 ``std::bad_array_new_length``). ``step_note`` gives what MLX said, measured
 at load, and how many collectives the step holds; ``step="replay"`` is
-refused with it. A replayed sharded step needs the collectives outside the
-exported graph: the per-rank pieces between them traced, and stitched with
-``all_sum`` natively in the shim (a replay form it lacks today).
+refused with it. ``Group.trace`` replays such a step natively (each all_sum
+a marker in the export, MLX's all_sum in its place at every call); what is
+missing is a batcher whose followers run the replayed batch's jobs in rank
+0's order: today's plans go one per Python step, and a replayed batch
+chains its native steps on the worker without the loop.
 
 ``generate_choices`` (n > 1) prefills the prompt once on every rank: a
 "hold" plan (the prompt's tokens) makes each rank prefill and hold it, each

@@ -380,7 +380,45 @@ async def traced(group: dist.Group) -> None:
     checks["sharded_forward"] = logits.shape == plain.shape and mx.allclose(logits, plain, atol=1e-5).item()
     bound = (await group.trace(lambda t, w: model(t) * w, tokens, mx.array(2.0))).bind(mx.array(2.0))
     checks["bound"] = mx.allclose(await bound(tokens), plain * 2, atol=1e-5).item()
+    checks["decode_step"] = await _sharded_decode_step_matches_mlx_lm(group, model)
     report(rank=rank, broken=group.broken is not None, **checks)
+
+
+async def _sharded_decode_step_matches_mlx_lm(group: dist.Group, model) -> bool:
+    """The engine's fixed-buffer decode step (llm/replay_step.py) of the sharded model, traced
+    by the group and replayed natively, token by token: mlx-lm's greedy tokens for it."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from emlx_async.llm.replay_step import CacheSpec, make_step
+    from emlx_async.llm.traced import sampling_inputs
+
+    prompt, steps, size = [1, 5, 9, 13, 17, 21], 6, 32
+
+    def reference() -> list[int]:  # mlx-lm's own model call and cache, prompt in one go
+        cache = make_prompt_cache(model)
+        token = mx.argmax(model(mx.array([prompt]), cache=cache)[:, -1, :], axis=-1)
+        out = []
+        for _ in range(steps):
+            out.append(token.item())
+            token = mx.argmax(model(token.reshape(1, 1), cache=cache)[:, -1, :], axis=-1)
+        return out
+
+    want = await group.run(reference)
+    spec = CacheSpec.of(model)
+    caches = spec.zeros(1, size)
+    greedy = sampling_inputs(0.0, 1.0, 0, 1)
+    key = mx.random.key(0)
+    example = [*caches, key, mx.array([[0]], dtype=mx.int32), mx.array(0, dtype=mx.int32), *greedy]
+    mx.eval(example)
+    step = await group.trace(make_step(model, spec, greedy=True), *example)
+    state, tokens, got = list(caches), list(prompt), []
+    for position in range(len(prompt) + steps - 1):  # the prompt token by token, then greedy
+        token = mx.array([[tokens[position]]], dtype=mx.int32)
+        next_token, key, *state = await step(*state, key, token, mx.array(position, dtype=mx.int32), *greedy)
+        if position >= len(prompt) - 1:
+            got.append(next_token.item())
+            tokens.append(got[-1])
+    return got == want
 
 
 SCENARIOS = {"engine": engine, "traced": traced, "tiny_engine": tiny_engine, "collectives": collectives, "stall": stall, "die": die,
