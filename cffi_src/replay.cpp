@@ -65,6 +65,7 @@ struct Entry {
   // A function traced by a distributed group (emlx_replay_set_group): its
   // collectives, placed at each call (place_collectives), run over this group.
   std::optional<mx::distributed::Group> group;
+  bool grouped = false;  // its markers are expected: set with a group, or for a verification run
   bool group_on_gpu = false;  // NCCL's collectives run on the GPU stream; the others' on the CPU's
   std::mutex mutex;
   std::unordered_map<std::thread::id, std::shared_ptr<Instance>> instances;
@@ -198,15 +199,29 @@ void walk_graph(const std::vector<mx::array>& outputs, const std::vector<mx::arr
   }
 }
 
+// MLX cannot export a collective, so a function traced by a group holds a
+// marker where it called all_sum: mx.depends([x], [x]), a node no model
+// makes (its one input given twice). Each call's graph gets an AllReduce
+// over the group in its place, on the stream the backend runs on.
+bool is_collective_marker(const mx::array& a) {
+  return a.has_primitive() && std::string_view(a.primitive().name()) == "Depends" && a.inputs().size() == 2 &&
+         a.inputs()[0].id() == a.inputs()[1].id() && a.siblings().empty();
+}
+
 // Binds every node between the call's inputs and its outputs to this
 // thread's streams; shapeless graphs are also checked node by node.
 void bind_graph(Instance& inst, const std::vector<mx::array>& outputs, const std::vector<mx::array>& xs,
-                bool shapeless, mx::Stream s, mx::Stream sc) {
+                bool shapeless, bool grouped, mx::Stream s, mx::Stream sc) {
   const mx::Primitive* key =
       !outputs.empty() && outputs[0].has_primitive() ? &outputs[0].primitive() : nullptr;
   bool known = key && inst.bound.count(key);
   if (known && !shapeless) return;
   walk_graph(outputs, xs, [&](mx::array& a) {
+    // Run without its group, each all_sum would give its own rank's part alone.
+    if (!grouped && is_collective_marker(a))
+      throw std::invalid_argument(
+          "[replay] this function was traced by an ea.distributed group (it holds its all_sum markers): "
+          "load it with group.load_traced(path)");
     if (!known) {
       // Nothing else holds these nodes while this thread does.
       auto& stream = mlx_internals::stream_of(a.primitive());
@@ -215,15 +230,6 @@ void bind_graph(Instance& inst, const std::vector<mx::array>& outputs, const std
     if (shapeless) export_file::check_node(a, sc, true);
   });
   if (key) inst.bound.insert(key);
-}
-
-// MLX cannot export a collective, so a function traced by a group holds a
-// marker where it called all_sum: mx.depends([x], [x]), a node no model
-// makes (its one input given twice). Each call's graph gets an AllReduce
-// over the group in its place, on the stream the backend runs on.
-bool is_collective_marker(const mx::array& a) {
-  return a.has_primitive() && std::string_view(a.primitive().name()) == "Depends" && a.inputs().size() == 2 &&
-         a.inputs()[0].id() == a.inputs()[1].id() && a.siblings().empty();
 }
 
 void place_collectives(const std::vector<mx::array>& outputs, const std::vector<mx::array>& xs,
@@ -286,6 +292,7 @@ std::shared_ptr<Entry> copy_entry(const Entry& entry) {
   made->chain = entry.chain;
   made->returned = entry.returned;
   made->group = entry.group;
+  made->grouped = entry.grouped;
   made->group_on_gpu = entry.group_on_gpu;
   return made;
 }
@@ -339,7 +346,7 @@ std::vector<mx::array> replay_call(const std::vector<mx::array>& given, int64_t 
   if (outputs.size() != trace.n_outputs)
     throw std::invalid_argument("[replay] the imported function made " + std::to_string(outputs.size()) +
                                 " outputs where its file declares " + std::to_string(trace.n_outputs));
-  bind_graph(*inst, outputs, xs, entry->shapeless, s, sc);
+  bind_graph(*inst, outputs, xs, entry->shapeless, entry->grouped, s, sc);
   // After the binding, whose cache is keyed by the imported graph's own nodes.
   if (entry->group) place_collectives(outputs, xs, *entry->group, entry->group_on_gpu ? s : sc);
   if (entry->chain.empty()) return outputs;
@@ -488,12 +495,16 @@ int emlx_replay_set_group(int64_t id, const char* backend) {
   return emlx::guarded([&] {
     auto entry = emlx::find_entry(id);
     std::string name(backend);
-    if (!mx::distributed::is_available(name))
-      throw std::invalid_argument("[replay] the " + name + " backend is not available");
-    // Started already (by ea.distributed.init): MLX hands back its cached group at once.
-    auto group = mx::distributed::init(false, name);
+    std::optional<mx::distributed::Group> group;
+    if (!name.empty()) {
+      if (!mx::distributed::is_available(name))
+        throw std::invalid_argument("[replay] the " + name + " backend is not available");
+      // Started already (by ea.distributed.init): MLX hands back its cached group at once.
+      group = mx::distributed::init(false, name);
+    }
     std::lock_guard lock(entry->mutex);
     entry->group = group;
+    entry->grouped = true;
     entry->group_on_gpu = name == "nccl";
     return 0;
   });

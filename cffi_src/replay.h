@@ -33,8 +33,10 @@ int emlx_replay_chain(int64_t id, const int *inputs, const int *outputs, size_t 
                       size_t n_returned, int64_t *chained_id);
 /* Function `id`'s all_sum markers (mx.depends([x], [x]): MLX cannot export
  * a collective) become all_sum over the group of `backend` (started already)
- * in each call's graph. For functions traced by ea.distributed.Group.trace;
- * bind and chain copy it. 0 or -1. */
+ * in each call's graph; backend "" keeps them as they are (their input: a
+ * verification run). A function with markers and no such call is refused at
+ * its first call. For functions traced by ea.distributed.Group.trace; bind
+ * and chain copy it. 0 or -1. */
 int emlx_replay_set_group(int64_t id, const char *backend);
 /* Drop the calling thread's chained outputs (a stream's last step is done):
  * run it as a job on the chain's queue. */

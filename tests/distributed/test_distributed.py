@@ -256,8 +256,11 @@ async def test_a_traced_function_saved_by_a_group_loads_over_it(tmp_path):
     # The sum of an intermediate: over one rank MLX's all_sum is that node itself (the shim once
     # gave the marker its primitive with the wrong inputs: the process died).
     await group.trace(lambda v: mx.distributed.all_sum(v * 2) * 3, mx.ones(2), save=path)
-    loaded = group.load_traced(path)
+    loaded = group.load_traced(path, verify=True)  # the child replays its markers as their input
     assert (await loaded(mx.array([1.0, 2.0]))).tolist() == [6.0, 12.0]
+    # Without its group, each all_sum would give this rank's part alone: refused by name.
+    with pytest.raises(ea.MLXValueError, match=r"traced by an ea.distributed group .* group.load_traced\(path\)"):
+        await ea.load_traced(path)(mx.array([1.0, 2.0]))
     with pytest.raises(ea.InvalidArgument, match="fixed shapes only"):
         await group.trace(lambda v: mx.distributed.all_sum(v), mx.ones(2), shapeless=True)
     await ea.get_runtime().close()
