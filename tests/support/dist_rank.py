@@ -387,23 +387,12 @@ async def traced(group: dist.Group) -> None:
 async def _sharded_decode_step_matches_mlx_lm(group: dist.Group, model) -> bool:
     """The engine's fixed-buffer decode step (llm/replay_step.py) of the sharded model, traced
     by the group and replayed natively, token by token: mlx-lm's greedy tokens for it."""
-    from mlx_lm.models.cache import make_prompt_cache
-
     from emlx_async.llm.replay_step import CacheSpec, make_step
     from emlx_async.llm.traced import sampling_inputs
+    from support.tiny_models import mlx_lm_tokens
 
     prompt, steps, size = [1, 5, 9, 13, 17, 21], 6, 32
-
-    def reference() -> list[int]:  # mlx-lm's own model call and cache, prompt in one go
-        cache = make_prompt_cache(model)
-        token = mx.argmax(model(mx.array([prompt]), cache=cache)[:, -1, :], axis=-1)
-        out = []
-        for _ in range(steps):
-            out.append(token.item())
-            token = mx.argmax(model(token.reshape(1, 1), cache=cache)[:, -1, :], axis=-1)
-        return out
-
-    want = await group.run(reference)
+    want = await group.run(mlx_lm_tokens, model, prompt, steps)  # its collectives in order, on the group's queue
     spec = CacheSpec.of(model)
     caches = spec.zeros(1, size)
     greedy = sampling_inputs(0.0, 1.0, 0, 1)
