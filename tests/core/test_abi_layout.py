@@ -156,8 +156,8 @@ def test_mlx_internals_live_in_one_file():
 
 
 def test_internals_check_catches_a_planted_one(tmp_path):
-    planted = _copy_with(tmp_path / "internal", "replay.cpp", "auto& stream = mlx_internals::stream_of(p);",
-                         "auto& stream = const_cast<mx::Stream&>(p.stream());")
+    planted = _copy_with(tmp_path / "internal", "replay.cpp", "auto& stream = mlx_internals::stream_of(a.primitive());",
+                         "auto& stream = const_cast<mx::Stream&>(a.primitive().stream());")
     assert internals_outside(planted) == ["replay.cpp writes a primitive's stream"]
     planted = _copy_with(tmp_path / "encoder", "host_call.cpp", "emlx::mlx_internals::dispatch_cpu_task(",
                          "mx::cpu::get_command_encoder(stream()).dispatch(")
