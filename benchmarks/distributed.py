@@ -13,13 +13,16 @@ its socket instead). It also says whether (b)'s tokens are (a)'s and which
 step each engine took (``step_kind``, and the sharded one's ``step_note``).
 Then one stream's sharded decode step, every rank at once: mlx-lm's model
 call with its cache (the Python step) against the engine's fixed-buffer
-step traced by the group (``group.trace``, its all_sums native).
+step traced by the group (``group.trace``, its all_sums native). Last, the
+sharded engine with each step (its replayed rounds, and ``step="python"``:
+mlx-lm's batched step, one plan a step), one stream and --streams at once,
+in tokens per second on rank 0.
 
 ``--tiny`` runs a tiny random llama instead (benchmarks/_tiny_model.py: 4
 query and 2 key-value heads, so 2 ranks divide it, where SmolLM2's 9 and 3
 need 3): the quick form, a check of tokens and step more than of speed.
 
-    python benchmarks/distributed.py [--tokens 24] [--ranks 3] [--tiny]
+    python benchmarks/distributed.py [--tokens 24] [--ranks 3] [--streams 4] [--tiny]
 """
 
 from __future__ import annotations
@@ -49,6 +52,29 @@ async def decode(engine, tokens: int) -> tuple[float, list[float], list[int]]:
     return stamps[0] - start, step_times(stamps), ids
 
 
+async def rates(engine, tokens: int, streams: int) -> tuple[float, float]:
+    """Tokens per second: one stream, then `streams` at once (each `tokens` long, ignoring end-of-sequence)."""
+    import anyio
+
+    async def one() -> int:
+        return sum([1 async for d in engine.generate(messages=CHAT, max_tokens=tokens, ignore_eos=True)
+                    if d.token is not None])
+
+    out = []
+    for n in (1, streams):
+        counts: list[int] = []
+
+        async def counted() -> None:
+            counts.append(await one())
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(counted)
+        out.append(sum(counts) / (time.perf_counter() - start))
+    return out[0], out[1]
+
+
 async def one_process(tokens: int, path: str | None) -> dict:
     from emlx_async.llm import Engine
 
@@ -61,7 +87,7 @@ async def one_process(tokens: int, path: str | None) -> dict:
             "step_kind": engine.step_kind, "layers": args.num_hidden_layers, "hidden": args.hidden_size}
 
 
-async def rank_main(tokens: int, path: str | None, layers: int, hidden: int) -> None:
+async def rank_main(tokens: int, path: str | None, layers: int, hidden: int, streams: int) -> None:
     import mlx.core as mx
 
     from emlx_async import distributed as dist
@@ -88,6 +114,8 @@ async def rank_main(tokens: int, path: str | None, layers: int, hidden: int) -> 
         await engine.follow()
         await dist.all_sum(mx.ones(1))  # the naive idle follower: parked inside a collective
         await one_stream_steps(group, engine.model)
+        for step in ("replay", "python"):
+            await (await ShardedEngine.load(path, group=group, step=step)).follow()
         return
     assert len(engine.model.layers) == layers and engine.model.args.hidden_size == hidden
     await decode(engine, 4)  # warm-up
@@ -102,7 +130,13 @@ async def rank_main(tokens: int, path: str | None, layers: int, hidden: int) -> 
     print("SPIN-END", flush=True)
     await dist.all_sum(mx.ones(1))
     python_step, replayed_step = await one_stream_steps(group, engine.model)
-    print("RESULT " + json.dumps({"ttft": ttft, "step": statistics.median(steps), "steps": len(steps),
+    engine_rates = {}
+    for step in ("replay", "python"):
+        each = await ShardedEngine.load(path, group=group, step=step)
+        await decode(each, 4)  # warm-up
+        engine_rates[step] = await rates(each, tokens, streams)
+        await each.close()
+    print("RESULT " + json.dumps({"rates": engine_rates, "ttft": ttft, "step": statistics.median(steps), "steps": len(steps),
                                   "collective": statistics.median(collective), "layers": layers, "tokens": ids,
                                   "step_kind": engine.step_kind, "step_note": engine.step_note,
                                   "python_step": python_step, "replayed_step": replayed_step}), flush=True)
@@ -174,13 +208,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--ranks", type=int, default=3)
+    parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--tiny", action="store_true",
                         help="a tiny random llama (2 or 4 ranks divide it) instead of SmolLM2-135M")
     parser.add_argument("--rank", nargs=3, metavar=("PATH", "LAYERS", "HIDDEN"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank:
         path, layers, hidden = args.rank
-        asyncio.run(rank_main(args.tokens, path or None, int(layers), int(hidden)))
+        asyncio.run(rank_main(args.tokens, path or None, int(layers), int(hidden), args.streams))
         return
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -201,11 +236,12 @@ def run(args, path: str | None) -> None:
     import mlx.core as mx
 
     base = asyncio.run(one_process(args.tokens, path))
-    with LocalRing(args.ranks, [sys.executable, os.path.abspath(__file__), "--tokens", str(args.tokens), "--rank",
-                                path or "", str(base["layers"]), str(base["hidden"])]) as ring:
+    with LocalRing(args.ranks, [sys.executable, os.path.abspath(__file__), "--tokens", str(args.tokens),
+                                "--streams", str(args.streams), "--rank", path or "", str(base["layers"]),
+                                str(base["hidden"])]) as ring:
         idle = cpu_between(ring, "IDLE-START", "IDLE-END")
         spin = cpu_between(ring, "SPIN-START", "SPIN-END")
-        codes = ring.wait(timeout=120)
+        codes = ring.wait(timeout=600)
         assert codes == [0] * args.ranks, [ring.errors(r)[-3000:] for r in range(args.ranks)]
         sharded = json.loads(ring.output(0).split("RESULT ", 1)[1])
 
@@ -227,6 +263,10 @@ def run(args, path: str | None) -> None:
           f"({sharded['python_step'] / sharded['replayed_step']:.2f}x)")
     print("CPU per rank while idle, s per s: with idle plans " + ", ".join(f"{c:.2f}" for c in idle)
           + "; followers parked in a collective " + ", ".join(f"{c:.2f}" for c in spin))
+    replay, python = sharded["rates"]["replay"], sharded["rates"]["python"]
+    print(f"the sharded engine, tok/s on rank 0 ({args.tokens} tokens a stream): replayed rounds "
+          f"{replay[0]:.0f} (1 stream), {replay[1]:.0f} ({args.streams} streams); Python step {python[0]:.0f}, "
+          f"{python[1]:.0f}; replayed / Python {replay[0] / python[0]:.2f}x and {replay[1] / python[1]:.2f}x")
     same = "equal" if sharded["tokens"] == base["tokens"] else f"DIFFERENT ({sharded['tokens']} vs {base['tokens']})"
     print(f"tokens: (b) and (a) {same}; step: (a) {base['step_kind']}, (b) {sharded['step_kind']} "
           f"({sharded['step_note']})")

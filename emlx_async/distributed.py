@@ -202,36 +202,15 @@ class Group:
                      *, native: bool = False) -> Any:
         """Await the job `submit()` puts on `queue`, under the group's rules (its timeout, its
         breaks). `native`: a native job, any of whose failures is a failure while it ran."""
+        return await self._issue(queue, submit, timeout, what, native=native)
+
+    def _issue(self, queue: CommandQueue, submit: Callable[[], Any], timeout: float | None, what: str,
+               *, native: bool = False) -> Issued:
+        """The job `submit()` puts on `queue` now, to be awaited (or left) later: how a caller
+        queues several in a fixed order without awaiting each."""
         limit = self.limit(timeout)
         deadline = None if limit is None else anyio.current_time() + limit
-        future = submit()
-        # Awaited through an event: a cancelled awaiter must not take the job out of the
-        # queue, since the other ranks still issue it and every later collective would pair wrong.
-        settled = anyio.Event()
-        left: list[bool] = []  # set once the awaiter has gone: the job's failure is then reported here
-        future.add_done_callback(
-            lambda f: (settled.set(), self._after_awaiter(f, what, native) if left else _retrieve(f)))
-        try:
-            with anyio.CancelScope(deadline=math.inf if deadline is None else deadline):
-                await settled.wait()
-            if not settled.is_set():  # past the deadline
-                error = self._past_deadline(queue, what, limit)
-                raise error from error.__cause__
-            if native and _failed_while_running(future):
-                raise _PeerFailure(future.exception())
-            return future.result()
-        except (_Mismatch, _PeerFailure) as exc:
-            error = self._breaking(exc, what)
-            self.declare_broken(error)
-            raise error from error.__cause__
-        except DistributedError:
-            raise  # released by a break on another collective of the group
-        finally:
-            if not future.done():
-                left.append(True)
-                if deadline is not None:  # the job still runs: its time limit still holds
-                    with contextlib.suppress(RuntimeError):  # the run is ending: nothing left to watch for
-                        _backend.current().spawn(lambda: self._watch_left(queue, settled, deadline, what, limit))
+        return Issued(self, queue, submit(), deadline, limit, what, native)
 
     async def trace(self, fn: Callable[..., Any], *examples: mx.array, shapeless: bool = False,
                     save: str | os.PathLike | None = None) -> CollectiveFunction:
@@ -337,6 +316,68 @@ def _failed_while_running(future: Any) -> bool:
     return not isinstance(future.exception(), (MLXValueError, DistributedError, QueueClosed, RuntimeClosed))
 
 
+class Issued:
+    """A job on a group's queue, settled under the group's rules when awaited (its timeout,
+    its breaks). One never awaited must be ``leave()``-d: its failure still breaks the group
+    and its deadline is still watched, since the other ranks issue it whatever happens here.
+    Awaiting it does not take it off the queue."""
+
+    __slots__ = ("group", "queue", "future", "settled", "left", "deadline", "limit", "what", "native")
+
+    def __init__(self, group: Group, queue: CommandQueue, future: Any, deadline: float | None,
+                 limit: float | None, what: str, native: bool):
+        self.group, self.queue, self.future, self.what, self.native = group, queue, future, what, native
+        self.deadline, self.limit = deadline, limit
+        # Through an event: a cancelled awaiter must not take the job out of the queue, since
+        # the other ranks still issue it and every later collective would pair wrong.
+        self.settled = anyio.Event()
+        self.left = False  # once set, the job's failure is reported by its callback
+        future.add_done_callback(self._done)
+
+    def _done(self, future: Any) -> None:
+        self.settled.set()
+        if self.left:
+            self.group._after_awaiter(future, self.what, self.native)
+        else:
+            _retrieve(future)
+
+    def __await__(self) -> Any:
+        return self._settle().__await__()
+
+    async def _settle(self) -> Any:
+        group, future = self.group, self.future
+        try:
+            with anyio.CancelScope(deadline=math.inf if self.deadline is None else self.deadline):
+                await self.settled.wait()
+            if not self.settled.is_set():  # past the deadline
+                error = group._past_deadline(self.queue, self.what, self.limit)
+                raise error from error.__cause__
+            if self.native and _failed_while_running(future):
+                raise _PeerFailure(future.exception())
+            return future.result()
+        except (_Mismatch, _PeerFailure) as exc:
+            error = group._breaking(exc, self.what)
+            group.declare_broken(error)
+            raise error from error.__cause__
+        except DistributedError:
+            raise  # released by a break on another collective of the group
+        finally:
+            if not future.done():
+                self.leave()
+
+    def leave(self) -> None:
+        """Nobody will await it: its failure breaks the group, past its deadline too."""
+        if self.left:
+            return
+        self.left = True
+        if self.future.done():
+            self.group._after_awaiter(self.future, self.what, self.native)
+        elif self.deadline is not None:  # the job still runs: its time limit still holds
+            with contextlib.suppress(RuntimeError):  # the run is ending: nothing left to watch for
+                _backend.current().spawn(lambda: self.group._watch_left(self.queue, self.settled, self.deadline,
+                                                                         self.what, self.limit))
+
+
 class CollectiveFunction:
     """A traced function whose ``all_sum`` calls run over its group (``Group.trace``).
 
@@ -360,13 +401,19 @@ class CollectiveFunction:
 
     async def __call__(self, *arrays: mx.array, timeout: float | None = None, donate: dict[int, int] | None = None,
                        fed: bool = False) -> Any:
+        return await self.submit(*arrays, timeout=timeout, donate=donate, fed=fed)
+
+    def submit(self, *arrays: mx.array, timeout: float | None = None, donate: dict[int, int] | None = None,
+               fed: bool = False) -> Issued:
+        """The call queued now (calls keep the order they were submitted in, as a chain
+        needs); await the result to get the outputs, or ``leave()`` it."""
         group = self.group
         group.check()
         if not fed:  # a fed call's chained inputs only stand in: the worker checks what it feeds
             _check_fits(self._traced, arrays)
         queue = group.queue()
-        return await group._await(queue, lambda: self._traced(*arrays, queue=queue, donate=donate, fed=fed),
-                                  timeout, "traced", native=True)
+        return group._issue(queue, lambda: self._traced(*arrays, queue=queue, donate=donate, fed=fed),
+                            timeout, "traced", native=True)
 
     def bind(self, *arrays: mx.array) -> CollectiveFunction:
         return CollectiveFunction(self.group, self._traced.bind(*arrays))
@@ -769,5 +816,5 @@ async def recv_like(x: mx.array, src: int, /, *, group: Group | None = None, str
                              header=("recv", _header("send", x.shape, x.dtype), src))
 
 
-__all__ = ["CollectiveFunction", "DistributedError", "Group", "all_gather", "all_max", "all_min", "all_sum", "init", "recv",
+__all__ = ["CollectiveFunction", "DistributedError", "Group", "Issued", "all_gather", "all_max", "all_min", "all_sum", "init", "recv",
            "recv_like", "send", "sum_scatter", "world"]

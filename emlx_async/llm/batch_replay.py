@@ -410,31 +410,38 @@ class ReplayBatcher(Batcher):
 
     async def _relayout(self, queue, state: ReplayBatchState, slots: list[Row | None], size: int, saves: list,
                         joined: list[tuple[Row, PromptState]]) -> tuple[list[Row | None], int]:
-        """The batch after this round: same shape unless the live rows need fewer or more
-        rows, or other cache positions; then one layout job moves them."""
-        replay = self.decoding.replay
-        live = [row for row in slots if row is not None] + [row for row, _ in joined]
-        rows = replay.rows_for(len(live))
-        # The cache holds every row's next write (it grows and shrinks with the longest row).
-        new_size = replay.size_for(max(row.position + 1 for row in live)) if live else 0
-        if rows == len(slots) and new_size == size:
-            unbans = _unbans(slots)
-            if not saves and not joined and not unbans:
-                return slots, size
-            free = [slot for slot, row in enumerate(slots) if row is None]
-            placed = list(zip(free, joined))
-            await queue.run(self.jobs.layout, state, saves, None,
-                            [(slot, prefilled) for slot, (_, prefilled) in placed], rows, size, unbans)
-            for slot, (row, _) in placed:
-                slots[slot] = row
-            return slots, size
-        keep = [slot for slot, row in enumerate(slots) if row is not None]
-        new_slots: list[Row | None] = [slots[slot] for slot in keep]
-        placed = [(len(new_slots) + k, prefilled) for k, (_, prefilled) in enumerate(joined)]
-        new_slots += [row for row, _ in joined]
-        new_slots += [None] * (rows - len(new_slots))
-        await queue.run(self.jobs.layout, state, saves, keep, placed, rows, new_size, _unbans(new_slots))
+        """The batch after this round (``plan_layout``), its rows moved by one layout job if they move."""
+        new_slots, new_size, layout = plan_layout(self.decoding.replay, slots, size, saves, joined)
+        if layout is not None:
+            await queue.run(self.jobs.layout, state, *layout)
         return new_slots, new_size
+
+
+def plan_layout(replay, slots: list[Row | None], size: int, saves: list, joined: list[tuple[Row, PromptState]],
+                steps: int = 1) -> tuple[list[Row | None], int, tuple | None]:
+    """The batch after a round: same shape unless the live rows need fewer or more rows, or
+    other cache positions (the cache holds every row's writes of the next `steps` steps: it
+    grows and shrinks with the longest row). Returns the new slots and size, and the rest of
+    ``ReplayBatchJobs.layout``'s arguments (None: nothing moves)."""
+    live = [row for row in slots if row is not None] + [row for row, _ in joined]
+    rows = replay.rows_for(len(live))
+    new_size = replay.size_for(max(row.position + max(1, min(steps, row.left)) for row in live)) if live else 0
+    if rows == len(slots) and new_size == size:
+        unbans = _unbans(slots)
+        if not saves and not joined and not unbans:
+            return slots, size, None
+        free = [slot for slot, row in enumerate(slots) if row is None]
+        placed = list(zip(free, joined))
+        for slot, (row, _) in placed:
+            slots[slot] = row
+        return slots, size, (saves, None, [(slot, prefilled) for slot, (_, prefilled) in placed], rows, size,
+                             unbans)
+    keep = [slot for slot, row in enumerate(slots) if row is not None]
+    new_slots: list[Row | None] = [slots[slot] for slot in keep]
+    placed = [(len(new_slots) + k, prefilled) for k, (_, prefilled) in enumerate(joined)]
+    new_slots += [row for row, _ in joined]
+    new_slots += [None] * (rows - len(new_slots))
+    return new_slots, new_size, (saves, keep, placed, rows, new_size, _unbans(new_slots))
 
 
 def _unbans(slots: list[Row | None]) -> list[tuple[int, mx.array]]:
@@ -463,4 +470,4 @@ def _moved(old: mx.array, keep: Sequence[int], rows: int, dims: tuple[int, ...] 
     return new
 
 
-__all__ = ["ReplayBatchJobs", "ReplayBatcher", "Row"]
+__all__ = ["ReplayBatchJobs", "ReplayBatcher", "Row", "plan_layout"]

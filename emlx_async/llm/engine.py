@@ -70,7 +70,7 @@ import mlx.core as mx
 from .. import InvalidArgument, InvalidArgumentType, InvalidState, Runtime, get_runtime
 from . import parallel
 from .batch_replay import ReplayBatcher
-from .batching import BatchJobs, GeneratorBatcher, batched_tokens
+from .batching import Batcher, BatchJobs, GeneratorBatcher, batched_tokens
 from .cache_options import CacheOptions
 from .decoding import Decoding
 from .grammar import Grammar, GrammarMatcher, GrammarTokenizer, MaskTime
@@ -126,8 +126,8 @@ class Engine:
     evaluated once, so every queue can read them.
 
     `batch_jobs` makes the jobs of batch mode's Python step from the engine's
-    ``Decoding``; the sharded engine gives its own, which run each job on
-    every rank.
+    ``Decoding``, and `replay_batcher` each batch of the replayed step; the
+    sharded engine gives its own of both, which run each job on every rank.
     """
 
     def __init__(self, model, tokenizer, *, eos_ids: set[int], chat_template: str | None,
@@ -135,7 +135,8 @@ class Engine:
                  max_concurrent: int | None = None, prefill_chunk: int | None = None, mode: str = "parallel",
                  vocab_size: int | None = None, context_length: int | None = None,
                  prompt_cache: PrefixCache | None = None, cache_options: CacheOptions | None = None,
-                 batch_jobs: Callable[[Decoding], BatchJobs] = BatchJobs, batches: int = 1):
+                 batch_jobs: Callable[[Decoding], BatchJobs] = BatchJobs, batches: int = 1,
+                 replay_batcher: Callable[[Decoding], Batcher] = ReplayBatcher):
         if mode not in ("parallel", "batch"):
             raise InvalidArgument(f"mode must be 'parallel' or 'batch', got {mode!r}")
         if max_concurrent is not None and (not is_int(max_concurrent) or max_concurrent < 1):
@@ -182,7 +183,7 @@ class Engine:
         self._batcher = GeneratorBatcher(self.decoding, self.batch_jobs)  # the Python step
         # The replayed step's batches, each with its own driver and queue. The Python step keeps
         # one (the sharded engine's ranks must run their collectives in one order).
-        self._replay_batchers = [ReplayBatcher(self.decoding) for _ in range(batches)]
+        self._replay_batchers = [replay_batcher(self.decoding) for _ in range(batches)]
         self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first constrained request
         self._grammar_lock = anyio.Lock()
         # prepare_step and close's release, one at a time: a trace made under a close would stay held.

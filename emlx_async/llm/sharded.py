@@ -6,30 +6,25 @@ and each layer ends with an ``all_sum``). The forward pass is then a graph
 with collectives in it, so every rank must run the very same graphs in the
 same order, or the ranks wait on each other forever.
 
-Rank 0 leads: it runs the batch engine (continuous batching with mlx-lm's
-``BatchGenerator``) and decides each step, which requests join (their token
-ids, ``max_tokens`` and sampling, seed included) and which leave. Before a
-batch job runs, rank 0 broadcasts that plan to the others through one
+Rank 0 leads: it runs the batch engine (continuous batching) and decides
+each step, which requests join (their token ids, ``max_tokens`` and
+sampling, seed included) and which leave. Before a batch job runs, rank 0 broadcasts that plan to the others through one
 ``all_sum`` of a byte buffer (a second one only for plans over 4 KiB: long
 prompts joining), and every rank then runs the same job on its group queue.
 Followers (``follow()``) loop on plans until rank 0 says stop. Sampling is
 replicated, not broadcast: the logits after the last ``all_sum`` are the same
 on every rank, and each request's random key is seeded from the plan.
 
-The step is mlx-lm's batched Python step on every rank, not the replayed
-one: at load each rank traces its shard's decode step (llm/replay_step.py,
-the one-process engine's) and asks ``mx.export_function`` to hold it, and
-MLX 0.32 cannot. mlx.nn's sharded layers wrap their input in
-``sum_gradients`` (an identity with a custom gradient: "Unable to serialize
-primitive CustomTransforms"), and MLX's exporter has no serializer for a
-collective at all (a lone ``mx.distributed.all_sum`` fails to export with
-``std::bad_array_new_length``). ``step_note`` gives what MLX said, measured
-at load, and how many collectives the step holds; ``step="replay"`` is
-refused with it. ``Group.trace`` replays such a step natively (each all_sum
-a marker in the export, MLX's all_sum in its place at every call); what is
-missing is a batcher whose followers run the replayed batch's jobs in rank
-0's order: today's plans go one per Python step, and a replayed batch
-chains its native steps on the worker without the loop.
+The step is replayed: at load each rank traces its shard's decode step with
+the group (``Group.trace``: each all_sum a marker in the export, MLX's
+all_sum over the group in its place at every call), and the batch runs in
+rounds (``ShardedReplayBatcher``, llm/sharded_replay.py): one plan a round,
+then a prefill chunk, a move of the rows and a chain of native steps, the
+same on every rank. ``step="python"`` (or a step that cannot be traced,
+``step_note`` says why) runs mlx-lm's batched Python step instead, one plan
+a step (``ShardedBatchJobs``); requests the replayed step cannot take
+(logprobs) run on it beside the rounds. A lock (``ShardedBatchJobs.plans``)
+keeps each plan's jobs together on rank 0's queue.
 
 ``generate_choices`` (n > 1) prefills the prompt once on every rank: a
 "hold" plan (the prompt's tokens) makes each rank prefill and hold it, each
@@ -60,13 +55,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import re
-import tempfile
 import threading
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from typing import Any
 
 import anyio
@@ -74,17 +65,17 @@ import mlx.core as mx
 import numpy as np
 
 from .. import DistributedError, InvalidArgument, InvalidArgumentType, InvalidState, Runtime, get_runtime
+from .. import replay as _replay
 from ..distributed import Group, all_sum
-from . import traced as _traced
-from .batching import BatchJobs, Joining
+from .batching import Batcher, BatchJobs, BatchRequest, Joining
 from .decoding import Decoding
 from .engine import Engine
 from .penalties import Penalties
 from .prompt_cache import HeldPrefill
-from .replay_step import CacheSpec, make_step
 from .sampling import Sampler
+from .sharded_replay import Planned, ShardedReplayBatch
 from .state import GeneratorState
-from .traces import SMALLEST_CACHE
+from .traces import UNKNOWN_CONTEXT, ReplayTraces, cache_sizes
 
 logger = logging.getLogger("emlx_async.llm.sharded")
 _IDLE = json.dumps({"op": "idle"}).encode()
@@ -149,6 +140,7 @@ def _join_plan(request: Joining) -> list:
 
 
 def _planned_join(plan: list) -> _PlannedJoin:
+    """A joining request's plan (``_join_plan``) as a follower runs it."""
     prompt, max_tokens, temperature, top_p, top_k, seed, penalties, ignore_eos = plan
     sampler = Sampler(temperature, top_p, top_k, seed, _penalties_from_plan(penalties))
     sampler.ignore_eos = ignore_eos
@@ -164,6 +156,9 @@ class ShardedBatchJobs(BatchJobs):
     def __init__(self, decoding: Decoding, group: Group):
         super().__init__(decoding)
         self.group = group
+        # Held from a plan's broadcast until its jobs are queued: a plan's jobs (a replayed
+        # round's are several) must not interleave with another plan's on rank 0's queue.
+        self.plans = anyio.Lock()
         # Prompts held for their choices ("hold"/"release" plans): tokens -> [held prefill, holders].
         self._holds: dict[tuple[int, ...], list] = {}
 
@@ -217,10 +212,17 @@ class ShardedBatchJobs(BatchJobs):
             _broadcast_bytes(self.group, data)
             return job(*args)
 
-        return await self.group.run(lead, what=f"sharded {plan['op']}")
+        async with self.plans:
+            return await self.group.run(lead, what=f"sharded {plan['op']}")
 
-    def follow_one(self, state: GeneratorState) -> str:
-        """Ranks other than 0, on the group's worker: run rank 0's next plan; its op."""
+    async def send(self, plan: dict, timeout: float | None = None) -> None:
+        """Rank 0, holding ``plans``: `plan` to every rank (its jobs follow it)."""
+        await self.group.run(_broadcast_bytes, self.group, json.dumps(plan).encode(), timeout=timeout,
+                             what=f"sharded {plan['op']}")
+
+    def follow_one(self, state: GeneratorState) -> dict:
+        """Ranks other than 0, on the group's worker: run rank 0's next plan (a replayed
+        round's jobs are the caller's: ``ShardedEngine.follow``); the plan."""
         plan = json.loads(_broadcast_bytes(self.group, None))
         op = plan["op"]
         if op == "start":
@@ -233,45 +235,54 @@ class ShardedBatchJobs(BatchJobs):
             self.hold(plan["prompt"])
         elif op == "release":
             self.release(plan["prompt"])
-        elif op not in ("stop", "idle"):
+        elif op not in ("stop", "idle", "replay", "replay_close"):
             raise InvalidArgument(f"unknown plan from rank 0: {op!r}")
-        return op
+        return plan
 
 
-def untraceable_step(model, group: Group) -> str | None:
-    """Why this rank's shard of `model` has no replayed step, in MLX's words (None: its step
-    exports). Nothing is evaluated, so no collective runs: each rank asks on its own.
+class ShardedReplayBatcher(Batcher):
+    """Rank 0's replayed batch: each round's plan (joins and leaves) to every rank, then the
+    round, the same on every rank (llm/sharded_replay.py). The pooled queue its driver
+    holds is not used: every job runs on the group's queue."""
 
-    The shard's greedy decode step is traced as the one-process engine traces it
-    and handed to ``mx.export_function``; a lone ``all_sum`` over `group` too, and
-    the step's graph is counted for collectives (``mx.export_to_dot``'s labels).
-    """
-    spec = CacheSpec.of(model)
-    step = make_step(model, spec, greedy=True)
-    inputs = [*spec.example(1, SMALLEST_CACHE), mx.random.key(0), mx.array([[0]], dtype=mx.int32),
-              mx.array(0, dtype=mx.int32), *_traced.sampling_inputs(0.0, 1.0, 0, 1)]
+    def __init__(self, decoding: Decoding, jobs: ShardedBatchJobs):
+        super().__init__(decoding)
+        self.jobs = jobs
+        self._next_uid = 0
+        self._planned: dict[int, BatchRequest] = {}  # uid -> a joining request, until its prompt is through
 
-    def lone_collective(x: mx.array) -> mx.array:
-        return mx.distributed.all_sum(x, group=group.mlx_group)
+    def _new_state(self) -> ShardedReplayBatch:
+        return ShardedReplayBatch(self.decoding, self.jobs.group, deliver=self._deliver, started=self._started)
 
-    with tempfile.TemporaryDirectory(prefix="emlx-shard-") as tmp:
-        failures = []
-        for what, function, args in (("the step", step, inputs), ("a lone all_sum", lone_collective, [mx.ones(2)])):
-            try:
-                mx.export_function(os.path.join(tmp, "step.mlxfn"), function, *args)
-            except Exception as exc:  # noqa: BLE001 - what MLX says is the answer
-                failures.append(f"{what}: {type(exc).__name__}: {exc}")
-        if not failures:
-            return None
-        dot = os.path.join(tmp, "step.dot")
-        mx.export_to_dot(dot, *step(*inputs))
-        with open(dot) as f:
-            labels = Counter(re.findall(r'label ?= ?"([^"]*)"', f.read()))
-    collectives = {name: count for name, count in sorted(labels.items())
-                   if re.search(r"AllReduce|AllGather|Send|Recv", name)}
-    held = ", ".join(f"{count} {name}" for name, count in collectives.items()) or "no collectives"
-    return (f"mlx {mx.__version__}'s export_function cannot hold the sharded step ({held} in its graph): "
-            + "; ".join(failures))
+    def _started(self, uid: int) -> None:
+        request = self._planned.pop(uid)
+        self.joining.remove(request)
+        self.running[uid] = request
+
+    async def _serve(self, queue, batch: ShardedReplayBatch) -> None:
+        while self.waiting or self.joining or self.running or self.leaving:
+            leaves, self.leaving = self.leaving, []
+            for request in [r for r in self.joining if r.done]:  # left mid-prompt
+                self.joining.remove(request)
+                del self._planned[request.uid]
+                leaves.append(request.uid)
+            joins, self.waiting = self.waiting, []
+            for request in joins:
+                request.uid, self._next_uid = self._next_uid, self._next_uid + 1
+                self._planned[request.uid] = request
+            self.joining += joins
+            plan = {"op": "replay", "join": [[r.uid, *_join_plan(r)] for r in joins], "leave": leaves}
+            async with self.jobs.plans:
+                await self.jobs.send(plan)
+                await batch.round([Planned(r.uid, r.prompt, r.max_tokens, r.sampler) for r in joins], leaves)
+
+    async def _close(self, queue, batch: ShardedReplayBatch) -> None:
+        batch.clear()
+        self._planned.clear()
+        if self.jobs.group.broken is None:  # the followers drop theirs (and a chain a failure left)
+            async with self.jobs.plans:
+                await self.jobs.send({"op": "replay_close"})
+            await self.jobs.group.run(_replay.end_chain_here, what="sharded chain end")
 
 
 def _check_idle_interval(seconds: Any) -> None:
@@ -309,7 +320,10 @@ class ShardedEngine(Engine):
 
     def __init__(self, *args: Any, group: Group, idle_interval: float = 0.02, **kwargs: Any):
         kwargs["mode"] = "batch"
-        super().__init__(*args, batch_jobs=lambda decoding: ShardedBatchJobs(decoding, group), **kwargs)
+        # The replayed batch's driver plans through the Python step's jobs (their lock and
+        # broadcast), which Engine.__init__ makes first.
+        super().__init__(*args, batch_jobs=lambda decoding: ShardedBatchJobs(decoding, group),
+                         replay_batcher=lambda decoding: ShardedReplayBatcher(decoding, self._jobs()), **kwargs)
         _check_idle_interval(idle_interval)
         self.group = group
         self.leader = group.rank() == 0
@@ -329,15 +343,16 @@ class ShardedEngine(Engine):
         wait (up to `load_timeout` s) until every rank has done the same; rank 0
         then starts sending idle plans.
 
-        `step` as ``Engine.load``'s: "auto" and "python" run the Python step
-        ("auto" says in ``step_note`` why the sharded step is not replayed);
-        "replay" raises ValueError with that reason, on every rank, before the
-        ranks meet.
+        `step` as ``Engine.load``'s: "auto" traces the shard's decode step with
+        the group (``Group.trace``) and falls back to mlx-lm's Python step with
+        the reason in ``step_note``; "replay" raises ValueError with it instead
+        (on every rank: the ranks agree on the step before any request);
+        "python" takes the Python step.
         """
         if unsupported:  # Engine.load's other options: silently dropped, a kv_bits would go unquantized
             raise InvalidArgumentType(f"ShardedEngine.load does not take {', '.join(sorted(unsupported))}: a sharded "
-                                      "engine runs one batch of mlx-lm's Python step on every rank, with a plain KV "
-                                      "cache and no prompt cache")
+                                      "engine runs one batch on every rank, with a plain KV cache and no prompt "
+                                      "cache")
         if step not in ("auto", "replay", "python"):
             raise InvalidArgument(f"step must be one of ('auto', 'replay', 'python'), got {step!r}")
         _check_idle_interval(idle_interval)  # before the model loads
@@ -347,34 +362,59 @@ class ShardedEngine(Engine):
         model = whole.model
         check_shardable(model, group.size())
 
-        def shard() -> str | None:
+        def shard() -> None:
             model.shard(group.mlx_group)
             mx.eval(model.parameters())  # evaluated slices: usable from the group's thread
-            return None if step == "python" else untraceable_step(model, group)
 
         async with runtime.queue() as q:
-            untraceable = await q.run(shard)
-        if step == "replay":
-            raise InvalidArgument("the replayed step is not available on a sharded engine: "
-                                  + (untraceable or "the sharded step exports, but the ranks follow rank 0's plan "
-                                     "on the Python step only"))
+            await q.run(shard)
         engine = cls(model, whole.tokenizer, group=group, eos_ids=whole.eos_ids,
                      chat_template=whole.chat_template, bos_id=whole.bos_id, runtime=runtime,
                      max_concurrent=whole.max_concurrent, prefill_chunk=whole.prefill_chunk,
                      vocab_size=whole.vocab_size, context_length=whole.context_length,
                      idle_interval=idle_interval)
-        if step == "python":
-            engine.step_note = "the Python step was asked for"
-        else:
-            engine.step_note += f": its step is not replayed, {untraceable or 'the ranks follow rank 0 on it'}"
-        # Every rank is loaded before the first plan: a rank that loads slowly
-        # must not look like a stalled one.
-        ready = await all_sum(mx.array([1], dtype=mx.int32), group=group, timeout=load_timeout)
-        if ready.item() != group.size():
-            raise DistributedError(f"only {ready.item()} of {group.size()} ranks reported ready")
+        untraced = "the Python step was asked for" if step == "python" else await engine._trace_step()
+        # Every rank is loaded before the first plan (a rank that loads slowly must not look
+        # like a stalled one), and every rank takes the same step.
+        ready = await all_sum(mx.array([1, int(untraced is None)], dtype=mx.int32), group=group,
+                              timeout=load_timeout)
+        loaded, replayed = ready.tolist()
+        if loaded != group.size():
+            raise DistributedError(f"only {loaded} of {group.size()} ranks reported ready")
+        if untraced is None and replayed < group.size():
+            untraced = f"{group.size() - replayed} of {group.size()} ranks could not trace their shard's step"
+        if untraced is not None:
+            engine._untrace()
+            if step == "replay":
+                raise InvalidArgument(f"the replayed step is not available on this sharded engine: {untraced}")
+            engine.step_note = ("the sharded engine runs mlx-lm's batched Python step on every rank: "
+                                + untraced)
         if engine.leader:
             engine._start_ticker()
         return engine
+
+    async def _trace_step(self) -> str | None:
+        """Trace this rank's shard of the decode step with the group; None, or why it could not be."""
+        decoding = self.decoding
+        sizes = cache_sizes(self.context_length or UNKNOWN_CONTEXT)
+        try:
+            decoding.replay = await ReplayTraces.trace(self.runtime, self.model, sizes, mode="batch",
+                                                       max_concurrent=self.max_concurrent,
+                                                       options=decoding.cache_options, group=self.group)
+        except DistributedError:
+            raise  # a broken group: the ranks cannot agree on anything
+        except Exception as exc:  # noqa: BLE001 - any failure means: use the Python step
+            return f"the sharded step could not be traced: {exc}"
+        replay = decoding.replay
+        self.step_kind = "replay"
+        self.step_note = (f"the sharded step is replayed on every rank (each all_sum MLX's over the group), "
+                          f"traced for caches of {replay.sizes} tokens, batches of {replay.row_buckets} rows")
+        return None
+
+    def _untrace(self) -> None:
+        if self.decoding.replay is not None:
+            self.decoding.replay.release()
+        self.decoding.replay, self.step_kind = None, "python"
 
     def _start_ticker(self) -> None:
         self._ticker_done = anyio.Event()
@@ -386,7 +426,8 @@ class ShardedEngine(Engine):
             while not self._stopped and self.group.broken is None:
                 await anyio.sleep(self.idle_interval)
                 if not self._stopped and not self.batch_driving and self.group.broken is None:
-                    await self.group.run(_broadcast_bytes, self.group, _IDLE, what="sharded idle")
+                    async with self._jobs().plans:
+                        await self.group.run(_broadcast_bytes, self.group, _IDLE, what="sharded idle")
         except DistributedError as exc:  # the group is broken: /health and every request say so
             logger.error("the sharded engine's group broke while idle: %s", exc)
         except Exception as exc:  # noqa: BLE001 - the runtime closed under it
@@ -461,8 +502,8 @@ class ShardedEngine(Engine):
                 f"[sharded close] the ranks did not finish their last step within {limit} s"))
         if self.group.broken is not None:
             return
-        stop = json.dumps({"op": "stop"}).encode()
-        await self.group.run(_broadcast_bytes, self.group, stop, timeout=timeout, what="sharded stop")
+        async with self._jobs().plans:
+            await self._jobs().send({"op": "stop"}, timeout=timeout)
 
     # ---- other ranks ----------------------------------------------------------------
 
@@ -486,7 +527,10 @@ class ShardedEngine(Engine):
         lock = threading.Lock()
         flags = {"running": False, "left": False}
 
-        def one() -> str:
+        # The replayed batch as this rank keeps it: rank 0's rounds, run from their plans.
+        batch = None
+
+        def one() -> dict:
             try:
                 return jobs.follow_one(state)
             finally:
@@ -498,11 +542,20 @@ class ShardedEngine(Engine):
         try:
             while True:
                 flags["running"] = True  # queued: it takes rank 0's next plan whether awaited or not
-                op = await self.group.run(one, what="sharded follow")
+                plan = await self.group.run(one, what="sharded follow")
+                op = plan["op"]
                 if op == "stop":
                     return
                 if op == "idle":  # sleep outside the collective (see the module docstring)
                     await anyio.sleep(self.idle_interval * 0.9)
+                elif op == "replay":
+                    batch = batch or ShardedReplayBatch(self.decoding, self.group)
+                    joins = [Planned(uid, *astuple(_planned_join(join))) for uid, *join in plan["join"]]
+                    await batch.round(joins, plan["leave"])
+                elif op == "replay_close":
+                    if batch is not None:
+                        batch.clear()
+                    await self.group.run(_replay.end_chain_here, what="sharded chain end")
         finally:
             with lock:
                 flags["left"] = True
@@ -510,4 +563,4 @@ class ShardedEngine(Engine):
                     self._following = False
 
 
-__all__ = ["ShardedBatchJobs", "ShardedEngine", "check_shardable", "untraceable_step"]
+__all__ = ["ShardedBatchJobs", "ShardedEngine", "ShardedReplayBatcher", "check_shardable"]

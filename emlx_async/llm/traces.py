@@ -58,8 +58,12 @@ class ReplayTraces:
     is every shape of the other variants (``VARIANTS``: penalized, masked).
     """
 
-    def __init__(self, model, spec: CacheSpec, sizes: list[int], vocab: int, *, max_concurrent: int):
+    def __init__(self, model, spec: CacheSpec, sizes: list[int], vocab: int, *, max_concurrent: int,
+                 group: Any = None):
         self.model = model
+        # A sharded model's traces are its group's (``Group.trace``: each all_sum replayed over
+        # the group, every call on the group's queue); None: the runtime's (``ea.trace``).
+        self.group = group
         self.spec = spec  # the cache buffers: shapes, and moving mlx-lm caches in and out
         self.sizes = sizes
         self.vocab = vocab  # the logits' width: top_k at or past it keeps every token
@@ -145,7 +149,7 @@ class ReplayTraces:
                 if function is None:
                     outputs = [mx.zeros((rows, 1), dtype=mx.int32), mx.zeros((rows, 2), dtype=mx.uint32),
                                *self.spec.example(rows, size), *(self._history(rows)[:2] if penalized else [])]
-                    traced = await _replay.trace(lambda *arrays: list(arrays), *outputs, queue=queue)
+                    traced = await self._trace_on(queue, lambda *arrays: list(arrays), outputs)
                     try:
                         function = self.takes[shape] = traced.chain({k: k for k in range(len(outputs))},
                                                                     returned=range(len(outputs)))
@@ -167,14 +171,19 @@ class ReplayTraces:
         if masked:  # every token allowed: the mask's shape and dtype, {rows, V} bool
             per_row.append(mx.ones((rows or 1, self.vocab), dtype=mx.bool_))
         caches = self.spec.example(rows or 1, size)
-        traced = await _replay.trace(self._steps[greedy, penalized, masked], *caches, *per_row, *self.weights,
-                                     queue=queue)
+        traced = await self._trace_on(queue, self._steps[greedy, penalized, masked], [*caches, *per_row,
+                                                                                       *self.weights])
         try:
             # The weights go to the worker with the graph, once: a step's
             # submit carries the caches and the few per-step inputs only.
             return traced.bind(*self.weights)
         finally:
             traced.release()
+
+    async def _trace_on(self, queue, fn, examples: list[mx.array]) -> Any:
+        if self.group is not None:
+            return await self.group.trace(fn, *examples)
+        return await _replay.trace(fn, *examples, queue=queue)
 
     def _history(self, rows: int) -> list[mx.array]:
         """Stand-ins of the penalized step's counts, window and bias for `rows` rows."""
@@ -184,16 +193,25 @@ class ReplayTraces:
 
     @classmethod
     async def trace(cls, runtime: Runtime, model, sizes: list[int], *, mode: str, max_concurrent: int,
-                    options: CacheOptions) -> ReplayTraces:
+                    options: CacheOptions, group: Any = None) -> ReplayTraces:
         """Describe the model's cache buffers and check the step against the model's
         own forward, then trace the greedy steps of what `mode` runs most.
+
+        `group` (an ``ea.distributed.Group``): the model is its rank's shard; the
+        check and the traces run on the group's queue, as every rank does.
 
         Raises NotTraceable (a cache with no buffer form), ValueError (the
         step disagrees with the model) or what tracing raises (an op MLX
         cannot export)."""
         async with runtime.queue() as queue:
-            spec, vocab = await queue.run(_described, model, options)
-            replay = cls(model, spec, sizes, vocab, max_concurrent=max_concurrent)
+            if group is None:
+                spec, vocab = await queue.run(_described, model, options)
+            else:  # the check's forward passes hold all_sums: in the group's order
+                described = await group.run(_described_or_refusal, model, options, what="sharded step check")
+                if isinstance(described, Exception):  # the same on every rank: the group stays whole
+                    raise described
+                spec, vocab = described
+            replay = cls(model, spec, sizes, vocab, max_concurrent=max_concurrent, group=group)
             try:
                 if mode == "batch":
                     for rows in replay.row_buckets:
@@ -213,6 +231,14 @@ def _described(model, options: CacheOptions) -> tuple[CacheSpec, int]:
     not capture fails here rather than decoding wrong tokens)."""
     spec = CacheSpec.of(model, options)
     return spec, check_against_model(model, spec)
+
+
+def _described_or_refusal(model, options: CacheOptions) -> tuple[CacheSpec, int] | Exception:
+    """`_described`, with a refusal returned: raised inside a group's job it would break the group."""
+    try:
+        return _described(model, options)
+    except Exception as exc:  # noqa: BLE001 - given back to the caller as it is
+        return exc
 
 
 __all__ = ["STAND_IN", "ReplayTraces", "UNKNOWN_CONTEXT", "cache_sizes"]

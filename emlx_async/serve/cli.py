@@ -257,16 +257,16 @@ def serve(args: argparse.Namespace) -> int:
                              "every rank): --mode parallel cannot be sharded; give --mode batch or auto")
         dropped = [flag for flag, value in (("--kv-bits", args.kv_bits), ("--max-kv-size", args.max_kv_size))
                    if value is not None]
-        if dropped:  # the ranks run mlx-lm's batch step with a plain KV cache: not silently unquantized
+        if dropped:  # the ranks run one batch with a plain KV cache: not silently unquantized
             raise SystemExit(f"emlx-async serve --distributed: {' and '.join(dropped)} cannot apply, the sharded "
-                             "model runs mlx-lm's batch step with a plain KV cache")
+                             "model runs one batch on every rank with a plain KV cache")
     if not args.shutdown_timeout >= 0:
         raise SystemExit(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     if args.batches is not None and not 1 <= args.batches <= args.max_concurrent:
         raise SystemExit(f"emlx-async serve: --batches must be in [1, --max-concurrent ({args.max_concurrent})], "
                          f"got {args.batches}")
     if args.batches is not None and args.batches > 1 and (args.mode == "parallel" or args.distributed):
-        # A sharded model runs mlx-lm's batch step on every rank: one batch, its collectives in one order.
+        # A sharded model runs one batch on every rank: its collectives in one order.
         raise SystemExit("emlx-async serve: --batches needs --mode batch or auto (and serves no --distributed model)")
     missing = missing_paths(specs)
     if missing:  # before loading (or waiting for a distributed group): a server that cannot load is no use

@@ -7,6 +7,7 @@ reaped by the tests; one 3-rank server is shared by the HTTP tests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import threading
@@ -58,18 +59,19 @@ def test_sharded_engine_gives_one_process_tokens_alone_and_four_at_once():
     assert all(len(tokens) > 0 for tokens in reference)
 
 
-@pytest.mark.parametrize("mode", ["batch", "parallel"])
-def test_two_ranks_give_the_one_process_tokens_greedy_seeded_and_n_choices(tmp_path, mode):
-    """A tiny random llama (4 query and 2 key-value heads) over 2 ranks: greedy and seeded
-    tokens, alone and at once, and n=2 seeded choices equal the one-process engine's in
-    either mode; the step is the Python one, and both the note and step="replay" name why."""
+@pytest.mark.parametrize("mode,step", [("batch", "replay"), ("parallel", "python")])
+def test_two_ranks_give_the_one_process_tokens_greedy_seeded_and_n_choices(tmp_path, mode, step):
+    """A tiny random llama (4 query and 2 key-value heads) over 2 ranks, its step replayed
+    (the group's trace) or mlx-lm's Python step: greedy and seeded tokens, alone and at once,
+    n=2 seeded choices, and a batch that grows, shrinks and moves to a longer cache with a
+    penalized row, equal the one-process engine's (replayed) in either mode."""
     from emlx_async.llm import Engine
     from support.dist_rank import tiny_run
     from support.tiny_models import tiny_model_folder
 
     folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")
     with LocalRing(2, [sys.executable, RANK_SCRIPT, "tiny_engine", "asyncio"],
-                   env={"RANK_TIMEOUT": str(STEP_TIMEOUT), "TINY_MODEL": str(folder)}) as ring:
+                   env={"RANK_TIMEOUT": str(STEP_TIMEOUT), "TINY_MODEL": str(folder), "STEP": step}) as ring:
         codes = ring.wait(timeout=300)
         assert codes == [0, 0], [ring.errors(r)[-3000:] for r in range(2)]
         result = json.loads(ring.output(0).split("RESULT ", 1)[1])
@@ -83,14 +85,16 @@ def test_two_ranks_give_the_one_process_tokens_greedy_seeded_and_n_choices(tmp_p
             await engine.runtime.close()
 
     step_kind, reference = asyncio.run(one_process())
-    assert step_kind == "replay"  # the one-process engine replays; the sharded one gives its tokens
-    for key in ("greedy", "seeded", "together", "choices"):
+    assert step_kind == "replay"
+    for key in ("greedy", "seeded", "together", "choices", "moving"):
         assert result[key] == reference[key], key
     assert len(set(map(tuple, result["choices"]))) > 1  # each choice its own key
-    assert result["step_kind"] == "python"
-    for reason in (result["step_note"], result["refused"], follower["refused"]):
-        assert "export_function cannot hold the sharded step" in reason and "Sum AllReduce" in reason
-        assert "CustomTransforms" in reason  # mlx.nn's sum_gradients, the first node it cannot write
+    assert [len(tokens) for tokens in result["moving"]] == [70, 5, len(result["moving"][2]), 3]
+    assert result["step_kind"] == follower["step_kind"] == step
+    if step == "replay":
+        assert "replayed on every rank" in result["step_note"]
+    else:
+        assert result["step_note"].endswith("the Python step was asked for")
 
 
 def _tiny_ring(tmp_path, scenario: str) -> tuple[dict, dict | None]:
@@ -158,21 +162,15 @@ def test_load_refuses_the_engine_options_a_sharded_engine_does_not_have():
         asyncio.run(load(idle_interval=True))
 
 
-def test_serve_distributed_with_step_replay_refuses_on_every_rank_naming_why(tmp_path):
-    """`--step replay` requires the replayed step: a sharded server has none, so every rank
-    ends at load with MLX's reason instead of serving the Python step unasked."""
+@pytest.mark.parametrize("step", ["replay", "python"])
+def test_serve_distributed_takes_the_step_asked_for_on_every_rank(tmp_path, step):
+    """`--step replay` serves the group's replayed step, `--step python` mlx-lm's; /health says which."""
     from support.tiny_models import tiny_model_folder
 
     folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")
-    argv = [sys.executable, "-m", "emlx_async.serve", "--distributed", "--distributed-backend", "ring",
-            "--model", str(folder), "--port", "0", "--step", "replay", "--log-level", "warning"]
-    with LocalRing(2, argv) as ring:
-        codes = ring.wait(timeout=240)
-        logs = [ring.errors(r) for r in range(2)]
-    assert all(code not in (0, None) for code in codes), (codes, [log[-2000:] for log in logs])
-    for log in logs:
-        assert "the replayed step is not available on a sharded engine" in log, log[-2000:]
-        assert "Sum AllReduce" in log
+    with _serving(2, ["--model", str(folder), "--step", step]) as (_, base):
+        status, health = _get(base + "/health")
+    assert status == 200 and (health["mode"], health["step"]) == ("batch", step)
 
 
 # ---- the HTTP service on rank 0 ---------------------------------------------------------
@@ -186,20 +184,21 @@ def _get(url: str) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
-@pytest.fixture(scope="module")
-def server():
+@contextlib.contextmanager
+def _serving(ranks: int, options: list[str]):
+    """`emlx-async serve --distributed` over `ranks` local ranks, ready: (the ring, its base URL)."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = [sys.executable, "-m", "emlx_async.serve", "--distributed", "--distributed-backend", "ring",
-            "--port", str(port), "--step-timeout", str(STEP_TIMEOUT), "--log-level", "warning"]
-    with LocalRing(3, argv) as ring:
+            "--port", str(port), "--step-timeout", str(STEP_TIMEOUT), "--log-level", "warning", *options]
+    with LocalRing(ranks, argv) as ring:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 180
         while True:
-            assert all(p.poll() is None for p in ring.ranks), [ring.errors(r)[-2000:] for r in range(3)]
+            assert all(p.poll() is None for p in ring.ranks), [ring.errors(r)[-2000:] for r in range(ranks)]
             try:
                 if _get(base + "/health")[0] == 200:
                     break
@@ -208,6 +207,12 @@ def server():
             assert time.monotonic() < deadline, "the sharded server never became ready"
             time.sleep(0.5)
         yield ring, base
+
+
+@pytest.fixture(scope="module")
+def server():
+    with _serving(3, []) as serving:
+        yield serving
 
 
 @pytest.fixture
@@ -231,7 +236,7 @@ def test_openai_client_gets_one_process_text(server, client):
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
     status, health = _get(base + "/health")
     assert status == 200 and {key: health[key] for key in ("status", "model", "mode", "step")} == \
-        {"status": "ready", "model": "SmolLM2-135M-Instruct", "mode": "batch", "step": "python"}
+        {"status": "ready", "model": "SmolLM2-135M-Instruct", "mode": "batch", "step": "replay"}
     assert [(model["id"], model["status"]) for model in health["models"]] == [("SmolLM2-135M-Instruct", "ready")]
 
 

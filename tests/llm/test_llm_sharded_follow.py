@@ -43,8 +43,8 @@ def _follower(rt, plans: queue_module.Queue):
         def __init__(self):
             pass
 
-        def follow_one(self, state) -> str:
-            return plans.get(timeout=20)  # rank 0's next plan: blocks the group's worker until it comes
+        def follow_one(self, state) -> dict:
+            return {"op": plans.get(timeout=20)}  # rank 0's next plan: blocks the group's worker until it comes
 
     engine = object.__new__(ShardedEngine)
     engine.leader, engine._following, engine.idle_interval = False, False, 0.01

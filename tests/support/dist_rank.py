@@ -6,6 +6,7 @@ Prints one JSON line per result ("RESULT {...}") for the test to read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -224,11 +225,13 @@ SAMPLED = dict(temperature=0.9, top_p=0.95, top_k=50)
 
 async def tiny_run(engine) -> dict:
     """Greedy and seeded tokens, alone and three at once, and n=2 seeded choices: what the
-    two-rank test compares with the one-process engine (the same function runs there)."""
+    two-rank test compares with the one-process engine (the same function runs there).
+    "moving": a batch that grows, shrinks and moves to a longer cache (past 64 positions)
+    while rows run rounds of steps, one of them penalized with min_tokens."""
     import anyio
 
-    async def tokens(prompt: str, **options) -> list[int]:
-        return [d.token async for d in engine.generate(prompt, max_tokens=TINY_TOKENS, **options)
+    async def tokens(prompt: str, max_tokens: int = TINY_TOKENS, **options) -> list[int]:
+        return [d.token async for d in engine.generate(prompt, max_tokens=max_tokens, **options)
                 if d.token is not None]
 
     greedy = [await tokens(p) for p in TINY_PROMPTS[:2]]
@@ -245,28 +248,45 @@ async def tiny_run(engine) -> dict:
     async for i, delta in engine.generate_choices(TINY_PROMPTS[0], n=2, seed=5, max_tokens=TINY_TOKENS, **SAMPLED):
         if delta.token is not None:
             choices[i].append(delta.token)
-    return {"greedy": greedy, "seeded": seeded, "together": together, "choices": choices}
+    moving: list = [None] * 4
+    requests = [dict(max_tokens=70, ignore_eos=True),
+                dict(max_tokens=5, ignore_eos=True),
+                dict(max_tokens=20, seed=3, presence_penalty=0.8, repetition_penalty=1.3, min_tokens=11,
+                     **SAMPLED),
+                dict(max_tokens=40, ignore_eos=True)]  # its reader leaves after 3 tokens
+
+    async def later(i: int) -> None:
+        await anyio.sleep(0.05 * i)  # joins while the first runs
+        if i == 3:
+            moving[i] = []
+            async with contextlib.aclosing(engine.generate(TINY_PROMPTS[0], **requests[i])) as deltas:
+                async for d in deltas:
+                    moving[i] += [d.token] if d.token is not None else []
+                    if len(moving[i]) == 3:
+                        break
+            return
+        moving[i] = await tokens(TINY_PROMPTS[i % len(TINY_PROMPTS)], **requests[i])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(requests)):
+            tg.start_soon(later, i)
+    return {"greedy": greedy, "seeded": seeded, "together": together, "choices": choices, "moving": moving}
 
 
 async def tiny_engine(group: dist.Group) -> None:
-    """A tiny random llama (heads divide by 2) sharded over the ranks: rank 0 reports tiny_run,
-    the step it took and why, and that step="replay" is refused with the reason."""
+    """A tiny random llama (heads divide by 2) sharded over the ranks with step $STEP: rank 0
+    reports tiny_run and the step it took and why."""
     from emlx_async.llm.sharded import ShardedEngine
 
     rank, path = group.rank(), os.environ["TINY_MODEL"]
-    try:
-        await ShardedEngine.load(path, group=group, step="replay")
-        refused = None
-    except ValueError as exc:
-        refused = str(exc)
-    sharded = await ShardedEngine.load(path, group=group)
+    sharded = await ShardedEngine.load(path, group=group, step=os.environ["STEP"])
     if rank != 0:
         await sharded.follow()
-        report(rank=rank, followed=True, refused=refused)
+        report(rank=rank, followed=True, step_kind=sharded.step_kind)
         return
     result = await tiny_run(sharded)
     await sharded.close()
-    report(rank=rank, refused=refused, step_kind=sharded.step_kind, step_note=sharded.step_note, **result)
+    report(rank=rank, step_kind=sharded.step_kind, step_note=sharded.step_note, **result)
 
 
 async def closed_engine(group: dist.Group) -> None:
@@ -329,6 +349,9 @@ async def follow_twice(group: dist.Group) -> None:
 
     sharded = await ShardedEngine.load(os.environ["TINY_MODEL"], group=group)
     if group.rank() == 0:
+        # Idle (plans every 20 ms) until the follower's second call is in: the replayed
+        # requests would otherwise be done, and the group stopped, before it comes.
+        await anyio.sleep(1.0)
         tokens = [await tokens_of(sharded, p) for p in TINY_PROMPTS[:2]]
         await sharded.close()
         report(rank=0, tokens=tokens, broken=group.broken is not None)
