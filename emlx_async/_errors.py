@@ -177,7 +177,9 @@ class SpecialTokenText(EMLXError, ValueError):
 
 
 class NotTraceable(EMLXError, ValueError):
-    """The model's caches (or its use of them) cannot be written as fixed buffers; the message says which."""
+    """What cannot be traced, the message says which: a model's caches (or its use of them)
+    that have no fixed-buffer form, or a function ``ea.trace`` traces that reads an array's
+    value (``.item()``, ``.tolist()``, ``np.array``; MLX's refusal is the cause)."""
 
 
 # error_kind values (EMLX_ERR_*) from cffi_src/common.h, in order: a

@@ -33,7 +33,7 @@ import mlx.core as mx
 from . import _interop
 from . import ops as _ops
 from ._dtypes import DTYPE_CODES, DTYPES
-from ._errors import InvalidArgumentType, InvalidInputType, MLXValueError, mlx_error
+from ._errors import InvalidArgumentType, InvalidInputType, MLXValueError, NotTraceable, mlx_error
 from ._native import ffi, last_error, lib
 from ._routing import route
 from ._runtime import get_runtime
@@ -387,6 +387,16 @@ def _outputs(result: Any) -> list:
     return list(result) if isinstance(result, (list, tuple)) else [result]
 
 
+# MLX's refusal to evaluate an array while a transformation traces it: what
+# .item(), .tolist(), float(), np.array(...) or mx.eval inside fn raise (a
+# ValueError, a RuntimeError through the buffer protocol).
+_EVAL_WHILE_TRACING = "[eval] Attempting to eval an array during function transformations"
+
+
+def _reads_a_value(exc: BaseException) -> bool:
+    return type(exc) in (ValueError, RuntimeError) and str(exc).startswith(_EVAL_WHILE_TRACING)
+
+
 async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = False, queue=None,
                 save: str | os.PathLike | None = None) -> TracedFunction:
     """Trace ``fn`` on `examples` (on a queue: routed like an op) and register it for replay.
@@ -394,6 +404,9 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
     ``fn`` takes arrays and returns an array or a tuple/list of arrays;
     arrays it closes over (weights) are baked in as constants. ``save=``
     also keeps the export file there (``load_traced`` reads it back).
+    What ``fn`` raises comes back as it is, except that reading an array's
+    value inside it (``.item()``, ``.tolist()``, ``np.array``) raises
+    ``NotTraceable``, MLX's refusal as its cause.
     """
     _check_callable("trace", fn)
     _check_flag("trace", "shapeless", shapeless)
@@ -428,6 +441,13 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
                 with _exportable_ops():
                     mx.export_function(path, traced, *xs, shapeless=shapeless)
             except Exception as exc:
+                if _reads_a_value(exc):
+                    # MLX's message names neither trace nor what fn did; its text stays the cause.
+                    raise NotTraceable(
+                        "[trace] the function reads an array's value while it is being traced (.item(), "
+                        ".tolist(), float(), np.array(), mx.eval, ...): a traced graph has no values to read "
+                        "until it runs, so it cannot depend on one read back on the host; compute it with array "
+                        "ops (mx.where, ...) or read it before tracing and pass it in as an input") from exc
                 if raised and exc is raised[-1]:
                     raise
                 raise mlx_error(exc) from exc
