@@ -155,6 +155,11 @@ class _Job:
             self.fn = self.args = self.kwargs = None
 
 
+def _not_a_flag(where: str, name: str, value: Any) -> InvalidArgumentType:
+    """A flag is a bool: 1 or "yes" would count as true, 0 or "" as false (as everywhere in the package)."""
+    return InvalidArgumentType(f"[{where}] {name} must be True or False, got {value!r}")
+
+
 @ffi.def_extern()
 def emlx_python_job(context, job_id):
     queue: CommandQueue = ffi.from_handle(context)
@@ -381,6 +386,8 @@ class CommandQueue:
         """
         if not callable(fn):
             raise InvalidArgumentType(f"queue.run() needs a callable, got {type(fn).__name__}")
+        if lazy is not False and lazy is not True:
+            raise _not_a_flag("queue.run()", "lazy", lazy)
         self._check_open()
         job = _Job(self, self._backend.new_future(), fn, args, kwargs, lazy)
         job.start = lambda: lib.emlx_submit_python(self._worker, job.id, self._handle)
@@ -418,6 +425,9 @@ class CommandQueue:
         that input object; `deps` are futures (on this or other queues) that
         must succeed before the op starts.
         """
+        # Identity checks: every op call passes here, and the default costs one comparison.
+        if lazy is not False and lazy is not True:
+            raise _not_a_flag(name, "lazy", lazy)
         self._check_open()
         if not _interop.ZERO_COPY:  # pragma: no cover - layout fallback
             raise EMLXError("native ops need the zero-copy interop layer, which failed validation")
@@ -584,9 +594,12 @@ class CommandQueue:
                 f"a host callback awaited {self!r}, whose worker is waiting for that same callback; "
                 "do the callback's MLX work through ea.* ops (they use the callback queue) or another queue")
         full = self._pending >= self.max_pending
-        if nowait and (full or self._backlog):
-            raise QueueFull(f"{self!r} has {self.pending} jobs in flight (max_pending="
-                            f"{self.max_pending}); retry later or submit without nowait")
+        if nowait is not False:
+            if nowait is not True:
+                raise _not_a_flag(job.op_name or "queue", "nowait", nowait)
+            if full or self._backlog:
+                raise QueueFull(f"{self!r} has {self.pending} jobs in flight (max_pending="
+                                f"{self.max_pending}); retry later or submit without nowait")
         if checks_inputs and not (full or deps or self._backlog):
             self._counters.submitted += 1
             job.submitted_ns = monotonic_ns()

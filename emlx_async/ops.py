@@ -12,6 +12,7 @@ dispatch). Every op also takes the runtime's keyword-only options:
 * ``lazy=True``: return the unevaluated result, owned by its queue, so
   chains fuse into one graph (``await ea.eval(x)`` materialises it);
 * ``nowait=True``: raise ``QueueFull`` instead of waiting for a slot;
+  like ``lazy=``, a bool (``InvalidArgumentType`` names anything else);
 * ``check_finite=True``: fail if a floating-point result holds NaN or inf
   (``set_check_finite(True)`` makes that the default for every op).
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import anyio
 
 import mlx.core as mx
@@ -214,6 +216,29 @@ async def test_run_rejects_coroutines_and_non_callables():
             await rt.default_queue().run(coro)
         with pytest.raises(TypeError, match="needs a callable"):
             rt.default_queue().run(42)
+
+
+@on_every_loop
+async def test_lazy_and_nowait_take_bools_only():
+    """As every flag of the package: 1 or "yes" would be read as true, 0 or None as false."""
+    async with ea.Runtime(pool_size=2) as rt:
+        q = rt.default_queue()
+        a = mx.ones((3,))
+        calls = [("add", "lazy", lambda v: ea.ops.add(a, a, lazy=v)),
+                 ("add", "nowait", lambda v: ea.ops.add(a, a, nowait=v)),
+                 ("queue.run()", "lazy", lambda v: q.run(lambda: a, lazy=v)),
+                 ("queue", "nowait", lambda v: q.run(lambda: a, nowait=v)),
+                 ("queue", "nowait", lambda v: q.eval(a, nowait=v)),
+                 ("queue", "nowait", lambda v: q.synchronize(nowait=v))]
+        for where, name, call in calls:
+            for bad in (1, 0, "yes", None, np.True_):
+                with pytest.raises(ea.InvalidArgumentType,
+                                   match=re.escape(f"[{where}] {name} must be True or False, got {bad!r}")):
+                    call(bad)
+        assert (await ea.ops.add(a, a, lazy=False, nowait=True)).tolist() == [2.0, 2.0, 2.0]
+        assert (await ea.eval(await ea.ops.add(a, a, lazy=True))).tolist() == [2.0, 2.0, 2.0]
+        assert (await q.run(lambda: a * 3, nowait=False)).tolist() == [3.0, 3.0, 3.0]
+        assert q.stats().submitted == 4  # two adds, the lazy one's eval, the run: no refused call took a place
 
 
 @on_every_loop
