@@ -24,6 +24,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import DistributedError
+from . import middleware
 from .service import (JSON, EventStream, Generation, Service, distributed_cause, encode_json, grammar_error,
                       group_broken_error, read_json, shutdown_error, until_disconnected)
 # An integer as JSON Schema (and so the OpenAPI document) counts them: 8.0 is one.
@@ -396,6 +397,7 @@ def prompt_tokens_route(service: Service, path: str, parse: Callable[[dict], Gen
         try:
             parsed = await _parsed(service, request, parse, path)
             async with service.model_in_use(parsed.model) as served:  # 404 for a model not served, as generations
+                middleware.name_model(served.name)  # nothing generated: the access log names it this way
                 ids, _ = await service.encode_to_fit(served, parsed)
                 service.answer_tokens(served, parsed, len(ids))
         except APIError as error:

@@ -135,7 +135,8 @@ class APIKeyCheck:
 
 # ---- the access log -------------------------------------------------------------------
 
-# The generations the current request ran, for its access-log line; None
+# The generations the current request ran (and the names of models it only
+# counted tokens with), for its access-log line; None
 # outside a logged request. A contextvar, not a scope key: the service
 # admits generations without seeing the request.
 _generations: ContextVar[list | None] = ContextVar("emlx_async_serve_generations", default=None)
@@ -149,6 +150,14 @@ def count_tokens_of(generation) -> None:
     generations = _generations.get()
     if generations is not None:
         generations.append(generation)
+
+
+def name_model(name: str) -> None:
+    """Name the model `name` in the current request's access-log line, for a request that
+    generates nothing (a token count); nothing outside a logged request."""
+    generations = _generations.get()
+    if generations is not None:
+        generations.append(name)
 
 
 # Kept as is in a logged path; anything else is %-escaped (a newline, a
@@ -196,12 +205,14 @@ class AccessLog:
     def _write(self, scope, status: int, generations: list, seconds: float) -> None:
         if not self.logger.isEnabledFor(logging.INFO):
             return
-        if generations:
-            prompt = str(sum(g.prompt_tokens for g in generations))
-            completion = str(sum(g.stats.generated_tokens for g in generations))
-            model = ",".join(escaped(name) for name in dict.fromkeys(g.model_name for g in generations))
+        counted = [g for g in generations if not isinstance(g, str)]  # a str: name_model's
+        if counted:
+            prompt = str(sum(g.prompt_tokens for g in counted))
+            completion = str(sum(g.stats.generated_tokens for g in counted))
         else:
-            prompt = completion = model = "-"
+            prompt = completion = "-"
+        names = dict.fromkeys(g if isinstance(g, str) else g.model_name for g in generations)
+        model = ",".join(escaped(name) for name in names) if names else "-"
         client = scope.get("client")
         self.logger.info("%s %s %d prompt_tokens=%s completion_tokens=%s model=%s duration_ms=%.1f client=%s",
                          escaped(scope["method"]), escaped(scope["path"]), status, prompt, completion, model,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import time
 
 import pytest
@@ -276,6 +277,25 @@ async def test_a_requests_model_picks_its_engine_on_every_endpoint():
             "enum"] == ["a", "b"]
         tokens = samples((await http.get("/metrics")).text, "emlx_generated_tokens_total")
         assert tokens["a"] > 0 and tokens["b"] > 0
+
+
+@on_loops("asyncio", "trio")
+async def test_a_token_count_names_its_model_in_the_access_log(caplog):
+    """A count generates nothing, so it logs no tokens, but the model it counted with all the same."""
+    caplog.set_level(logging.INFO, logger="emlx_async.serve.access")
+    app, _, _ = gated_app()
+    async with client_for(app) as http:
+        for path, body in (("/v1/messages/count_tokens", {"model": "b", "messages": USER}),
+                           ("/v1/messages/count_tokens", {"messages": USER}),  # none: the first
+                           ("/v1/responses/input_tokens", {"model": "b", "input": "Hello"}),
+                           ("/v1/messages/count_tokens", {"model": "gpt-4o", "messages": USER})):
+            await http.post(path, json=body)
+    lines = [r.getMessage() for r in caplog.records if r.name == "emlx_async.serve.access"]
+    assert [line.split(" duration_ms=")[0] for line in lines] == [
+        "POST /v1/messages/count_tokens 200 prompt_tokens=- completion_tokens=- model=b",
+        "POST /v1/messages/count_tokens 200 prompt_tokens=- completion_tokens=- model=a",
+        "POST /v1/responses/input_tokens 200 prompt_tokens=- completion_tokens=- model=b",
+        "POST /v1/messages/count_tokens 404 prompt_tokens=- completion_tokens=- model=-"]  # as a generation's 404
 
 
 @on_every_loop
