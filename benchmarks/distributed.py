@@ -133,7 +133,7 @@ async def rank_main(tokens: int, path: str | None, layers: int, hidden: int, str
     engine_rates = {}
     for step in ("replay", "python"):
         each = await ShardedEngine.load(path, group=group, step=step)
-        await decode(each, 4)  # warm-up
+        await rates(each, tokens, streams)  # warm-up: the replayed step traces each new shape on first use
         engine_rates[step] = await rates(each, tokens, streams)
         await each.close()
     print("RESULT " + json.dumps({"rates": engine_rates, "ttft": ttft, "step": statistics.median(steps), "steps": len(steps),

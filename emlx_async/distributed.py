@@ -78,6 +78,7 @@ import contextlib
 import math
 import numbers
 import os
+import sys
 import threading
 import weakref
 import zlib
@@ -220,13 +221,12 @@ class Group:
         MLX cannot export a collective, so while `fn` is traced each ``all_sum``
         is recorded as a marker, which every call's graph turns into MLX's
         all_sum over this group, on the group's queue (and mlx.nn's sharded
-        layers' ``sum_gradients``, a gradient rule, is left out: trace
-        forward passes, not gradients through those layers). Other
+        layers' ``sum_gradients``, a gradient rule, is left out, in the modules
+        that imported it by name too, as a few of mlx-lm's MoE families do:
+        trace forward passes, not gradients through those layers). Other
         collectives are refused (``InvalidArgument``), and so is
         ``shapeless=True``. Every rank traces its own shard and calls it in
-        the same order, as with any collective. A model whose module imported
-        ``sum_gradients`` by name (a few of mlx-lm's MoE families) keeps
-        MLX's, which MLX cannot export: the trace fails with MLX's error.
+        the same order, as with any collective.
 
         Example:
             >>> forward = await group.trace(lambda t: model(t), tokens)
@@ -463,6 +463,7 @@ _UNTRACEABLE = ("all_gather", "all_max", "all_min", "sum_scatter", "send", "recv
 _MLX_UNTRACEABLE = {name: getattr(mx.distributed, name) for name in _UNTRACEABLE}
 _markers_lock = threading.Lock()
 _markers_users = 0
+_sum_gradients_importers: list[Any] = []  # modules whose own sum_gradients is marked while tracing
 
 
 def _marked_all_sum(x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
@@ -494,13 +495,25 @@ def _untraceable(name: str) -> Callable[..., Any]:
     return collective
 
 
+def _importers_of(function: Any) -> list[Any]:
+    """Modules holding `function` under its own name: those that imported it by name (a few
+    of mlx-lm's MoE families import ``sum_gradients`` so). Read from their dicts: a module's
+    ``__getattr__`` may import things."""
+    name = function.__name__
+    return [module for module in list(sys.modules.values())
+            if (getattr(module, "__dict__", None) or {}).get(name) is function]
+
+
 @contextlib.contextmanager
 def _collectives_as_markers():
-    global _markers_users
+    global _markers_users, _sum_gradients_importers
     with _markers_lock:
         _markers_users += 1
         mx.distributed.all_sum = _marked_all_sum
         _nn_distributed.sum_gradients = _marked_sum_gradients
+        _sum_gradients_importers = _sum_gradients_importers or _importers_of(_MLX_SUM_GRADIENTS)
+        for module in _sum_gradients_importers:
+            module.sum_gradients = _marked_sum_gradients
         for name in _UNTRACEABLE:
             setattr(mx.distributed, name, _untraceable(name))
     try:
@@ -511,6 +524,9 @@ def _collectives_as_markers():
             if not _markers_users:
                 mx.distributed.all_sum = _MLX_ALL_SUM
                 _nn_distributed.sum_gradients = _MLX_SUM_GRADIENTS
+                for module in _sum_gradients_importers:
+                    module.sum_gradients = _MLX_SUM_GRADIENTS
+                _sum_gradients_importers = []
                 for name, original in _MLX_UNTRACEABLE.items():
                     setattr(mx.distributed, name, original)
 

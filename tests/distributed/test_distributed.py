@@ -135,7 +135,8 @@ def test_traced_functions_with_all_sum_replay_natively_over_the_group(loop):
         for rank in range(2):
             (result,) = results(ring, rank)
             assert result == {"rank": rank, "broken": False, "all_sum": True, "chain": True,
-                              "sharded_forward": True, "bound": True, "decode_step": True}, result
+                              "sharded_forward": True, "bound": True, "decode_step": True,
+                              "sum_gradients_by_name": True}, result
 
 
 def test_a_collective_cancelled_on_one_rank_still_runs_so_the_ranks_stay_in_step():

@@ -404,7 +404,27 @@ async def traced(group: dist.Group) -> None:
     bound = (await group.trace(lambda t, w: model(t) * w, tokens, mx.array(2.0))).bind(mx.array(2.0))
     checks["bound"] = mx.allclose(await bound(tokens), plain * 2, atol=1e-5).item()
     checks["decode_step"] = await _sharded_decode_step_matches_mlx_lm(group, model)
+    checks["sum_gradients_by_name"] = await _traces_sum_gradients_imported_by_name(group)
     report(rank=rank, broken=group.broken is not None, **checks)
+
+
+async def _traces_sum_gradients_imported_by_name(group: dist.Group) -> bool:
+    """A module holding mlx.nn's sum_gradients under its own name (mlx-lm's glm4_moe, gpt_oss,
+    deepseek_v32, ... import it so) traces: its copy is left out too, and is MLX's again after."""
+    import types
+
+    from mlx.nn.layers.distributed import sum_gradients
+
+    family = types.ModuleType("moe_family")
+    family.sum_gradients = sum_gradients
+    sys.modules[family.__name__] = family
+    try:
+        traced = await group.trace(lambda v: mx.distributed.all_sum(family.sum_gradients(group.mlx_group)(v) * 2),
+                                   mx.ones(3))
+        x = mx.arange(3, dtype=mx.float32)
+        return (await traced(x)).tolist() == (x * 2 * group.size()).tolist() and family.sum_gradients is sum_gradients
+    finally:
+        del sys.modules[family.__name__]
 
 
 async def _sharded_decode_step_matches_mlx_lm(group: dist.Group, model) -> bool:
