@@ -49,8 +49,8 @@ FALLS_BACK = {
     # Its key-reusing layers rotate their queries at the keys' length less one: the buffer's.
     "afm7": "the fixed-cache step disagrees with the model's own forward",
     # Its experts are picked in Python (inds.tolist()), and gpt_bigcode's positions in numpy.
-    "dbrx": "Attempting to eval an array during function transformations",
-    "gpt_bigcode": "Attempting to eval an array during function transformations",
+    "dbrx": "reads an array.s value while it is being traced",
+    "gpt_bigcode": "reads an array.s value while it is being traced",
     "deepseek_v41": r"LayerCache \(layer 0\) has no fixed-buffer form",
     "llama4": r"ChunkedKVCache \(layer 0\) has no fixed-buffer form",  # the multimodal checkpoints' chunked layers
     # Its n-gram context grows with the first tokens (an ArraysCache state of 1, then 3).
