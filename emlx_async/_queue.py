@@ -428,6 +428,8 @@ class CommandQueue:
         # Identity checks: every op call passes here, and the default costs one comparison.
         if lazy is not False and lazy is not True:
             raise _not_a_flag(name, "lazy", lazy)
+        if check_finite is not False and check_finite is not True:
+            raise _not_a_flag(name, "check_finite", check_finite)
         self._check_open()
         if not _interop.ZERO_COPY:  # pragma: no cover - layout fallback
             raise EMLXError("native ops need the zero-copy interop layer, which failed validation")

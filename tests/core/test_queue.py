@@ -219,7 +219,7 @@ async def test_run_rejects_coroutines_and_non_callables():
 
 
 @on_every_loop
-async def test_lazy_and_nowait_take_bools_only():
+async def test_lazy_nowait_and_check_finite_take_bools_only():
     """As every flag of the package: 1 or "yes" would be read as true, 0 or None as false."""
     async with ea.Runtime(pool_size=2) as rt:
         q = rt.default_queue()
@@ -235,10 +235,15 @@ async def test_lazy_and_nowait_take_bools_only():
                 with pytest.raises(ea.InvalidArgumentType,
                                    match=re.escape(f"[{where}] {name} must be True or False, got {bad!r}")):
                     call(bad)
+        for bad in (1, 0, "yes", np.True_):  # None: the default (set_check_finite)
+            with pytest.raises(ea.InvalidArgumentType,
+                               match=re.escape(f"[add] check_finite must be True or False, got {bad!r}")):
+                ea.ops.add(a, a, check_finite=bad)
+        assert (await ea.ops.add(a, a, check_finite=None)).tolist() == [2.0, 2.0, 2.0]
         assert (await ea.ops.add(a, a, lazy=False, nowait=True)).tolist() == [2.0, 2.0, 2.0]
         assert (await ea.eval(await ea.ops.add(a, a, lazy=True))).tolist() == [2.0, 2.0, 2.0]
         assert (await q.run(lambda: a * 3, nowait=False)).tolist() == [3.0, 3.0, 3.0]
-        assert q.stats().submitted == 4  # two adds, the lazy one's eval, the run: no refused call took a place
+        assert q.stats().submitted == 5  # three adds, the lazy one's eval, the run: no refused call took a place
 
 
 @on_every_loop
