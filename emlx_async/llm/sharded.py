@@ -291,18 +291,30 @@ def _check_idle_interval(seconds: Any) -> None:
 
 
 def check_shardable(model, size: int) -> None:
-    """Refuse a model mlx-lm's ``shard`` cannot split `size` ways (ValueError), before it tries."""
+    """Refuse a model mlx-lm's ``shard`` cannot split `size` ways (ValueError), before it tries:
+    its attention heads and its MLP's hidden units (a MoE's experts' too) must divide by `size`."""
     if not hasattr(model, "shard"):
-        raise InvalidArgument(f"{type(model).__module__} models have no shard(); mlx-lm shards llama-family models")
+        raise InvalidArgument(f"{type(model).__module__} models have no shard(); mlx-lm shards only some "
+                              "families (llama, qwen2, qwen3, qwen3_moe, ministral3, ...)")
     for i, layer in enumerate(getattr(model, "layers", [])):
-        attention = layer.self_attn
-        heads, kv_heads = attention.n_heads, attention.n_kv_heads
-        if heads % size or kv_heads % size:
+        attention = getattr(layer, "self_attn", None)
+        heads, kv_heads = getattr(attention, "n_heads", None), getattr(attention, "n_kv_heads", None)
+        if heads is not None and kv_heads is not None and (heads % size or kv_heads % size):
             raise InvalidArgument(f"the model's {heads} query and {kv_heads} key-value heads (layer {i}) do not "
                                   f"divide among {size} ranks; use a group size that divides both")
-        hidden = layer.mlp.gate_proj.weight.shape[0]
-        if hidden % size:
-            raise InvalidArgument(f"the MLP's {hidden} hidden units do not divide among {size} ranks")
+        hidden = _hidden_units(getattr(layer, "mlp", None))
+        if hidden is not None and hidden % size:
+            raise InvalidArgument(f"the MLP's {hidden} hidden units (layer {i}) do not divide among {size} ranks")
+
+
+def _hidden_units(mlp) -> int | None:
+    """The MLP's hidden units: its gate projection's outputs, or its experts' (a MoE's
+    ``switch_mlp``; weights {experts, out, in}); None: another form, mlx-lm's shard decides."""
+    for holder in (mlp, getattr(mlp, "switch_mlp", None)):
+        weight = getattr(getattr(holder, "gate_proj", None), "weight", None)
+        if weight is not None:
+            return weight.shape[-2]
+    return None
 
 
 class ShardedEngine(Engine):

@@ -97,11 +97,32 @@ def test_two_ranks_give_the_one_process_tokens_greedy_seeded_and_n_choices(tmp_p
         assert result["step_note"].endswith("the Python step was asked for")
 
 
-def _tiny_ring(tmp_path, scenario: str) -> tuple[dict, dict | None]:
-    """Two ranks of `scenario` (support/dist_rank.py) on a tiny model: each rank's RESULT (None: none)."""
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe"])
+def test_two_ranks_replay_other_families_with_the_one_process_tokens(tmp_path, kind):
+    """mlx-lm's shard() of qwen3 and of a MoE (qwen3_moe: experts sharded in place, its
+    sum_gradients imported by name), the step traced by the group: the one-process tokens."""
+    from emlx_async.llm import Engine
+    from support.dist_rank import family_run
+
+    result, _ = _tiny_ring(tmp_path, "tiny_family", kind)
+
+    async def one_process():
+        engine = await Engine.load(str(tmp_path), mode="batch")
+        try:
+            return await family_run(engine)
+        finally:
+            await engine.runtime.close()
+
+    assert result.pop("step_kind") == "replay"
+    assert result == asyncio.run(one_process())
+
+
+def _tiny_ring(tmp_path, scenario: str, kind: str = "llama") -> tuple[dict, dict | None]:
+    """Two ranks of `scenario` (support/dist_rank.py) on a tiny `kind` model (its folder is
+    `tmp_path`): each rank's RESULT (None: none)."""
     from support.tiny_models import tiny_model_folder
 
-    folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    folder = tiny_model_folder(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}", kind=kind)
     with LocalRing(2, [sys.executable, RANK_SCRIPT, scenario, "asyncio"],
                    env={"RANK_TIMEOUT": str(STEP_TIMEOUT), "TINY_MODEL": str(folder)}) as ring:
         codes = ring.wait(timeout=240)

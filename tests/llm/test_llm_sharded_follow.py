@@ -74,3 +74,23 @@ async def test_a_cancelled_follow_keeps_its_flag_until_its_last_plan_has_run(rt)
     finally:
         for _ in range(2):  # whatever still waits on the worker (the test failed) ends
             plans.put("stop")
+
+
+def test_check_shardable_names_what_does_not_divide_before_mlx_lm_tries():
+    """Heads, an MLP's hidden units and a MoE's experts' units must divide by the ranks; a
+    family with no shard() is named. MoE layers (qwen3_moe) pass where they divide."""
+    from emlx_async.llm.sharded import check_shardable
+    from support.tiny_models import tiny
+
+    llama = tiny("llama")  # 4 query, 2 key-value heads, 128 MLP units
+    check_shardable(llama, 2)
+    with pytest.raises(ea.InvalidArgument, match=r"the model's 4 query and 2 key-value heads \(layer 0\) do not "
+                                                 r"divide among 4 ranks"):
+        check_shardable(llama, 4)
+    moe = tiny("qwen3_moe", moe_intermediate_size=30)  # experts of 30 units: 2 ranks divide them
+    check_shardable(moe, 2)
+    moe_3 = tiny("qwen3_moe", num_attention_heads=6, num_key_value_heads=3, moe_intermediate_size=32)
+    with pytest.raises(ea.InvalidArgument, match=r"the MLP's 32 hidden units \(layer 0\) do not divide among 3"):
+        check_shardable(moe_3, 3)
+    with pytest.raises(ea.InvalidArgument, match="models have no shard"):
+        check_shardable(tiny("gemma3_text"), 2)

@@ -289,6 +289,41 @@ async def tiny_engine(group: dist.Group) -> None:
     report(rank=rank, step_kind=sharded.step_kind, step_note=sharded.step_note, **result)
 
 
+async def family_run(engine) -> dict:
+    """Greedy tokens alone, then a greedy and a seeded stream at once, past one round of steps:
+    what the two-rank family test compares with the one-process engine."""
+    import anyio
+
+    async def tokens(prompt: str, **options) -> list[int]:
+        return [d.token async for d in engine.generate(prompt, max_tokens=20, ignore_eos=True, **options)
+                if d.token is not None]
+
+    alone = await tokens(TINY_PROMPTS[0])
+    together: list = [None, None]
+
+    async def one(i: int) -> None:
+        together[i] = await (tokens(TINY_PROMPTS[1], seed=4, **SAMPLED) if i else tokens(TINY_PROMPTS[2]))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(2):
+            tg.start_soon(one, i)
+    return {"alone": alone, "together": together}
+
+
+async def tiny_family(group: dist.Group) -> None:
+    """Another family's tiny model ($TINY_MODEL) sharded over the ranks, its step replayed:
+    rank 0 reports family_run and the step it took."""
+    from emlx_async.llm.sharded import ShardedEngine
+
+    sharded = await ShardedEngine.load(os.environ["TINY_MODEL"], group=group, step="replay")
+    if group.rank() != 0:
+        await sharded.follow()
+        return
+    result = await family_run(sharded)
+    await sharded.close()
+    report(step_kind=sharded.step_kind, **result)
+
+
 async def closed_engine(group: dist.Group) -> None:
     """Rank 0 closes its sharded engine while a request runs, then asks for another: refused at
     once (the followers have stopped), the group left intact."""
@@ -457,7 +492,7 @@ SCENARIOS = {"engine": engine, "traced": traced, "tiny_engine": tiny_engine, "co
              "mismatch": mismatch, "cancelled": cancelled, "any_after_ring": any_after_ring,
              "closed_engine": closed_engine,
              "close_bad_timeout": close_bad_timeout,
-             "follow_twice": follow_twice}
+             "follow_twice": follow_twice, "tiny_family": tiny_family}
 
 
 def absent() -> None:
