@@ -11,7 +11,8 @@ it. ``metadata`` is accepted and ignored; server tools are refused with a
 
 On a template that thinks the reasoning is a ``thinking`` block (streamed as
 ``thinking_delta`` events); ``thinking`` turns the template's thinking on or
-off and its ``budget_tokens`` bounds it; ``output_config.format`` constrains
+off and its ``budget_tokens`` bounds it ("enabled" with a forced tool_choice,
+any or tool, is Anthropic's 400); ``output_config.format`` constrains
 the answer to a JSON schema with the chat endpoint's grammar.
 
 Tools run on the chat endpoint's machinery (serve/tools.py): ``tools``
@@ -107,6 +108,11 @@ def _parse_thinking(body: dict, generation: GenerationRequest) -> None:
         raise invalid("thinking.type", "thinking.type: expected 'enabled', 'adaptive' or 'disabled', got "
                       f"{show(kind) if isinstance(kind, str) else type_name(kind)}", "unsupported_value")
     generation.template_kwargs["enable_thinking"] = kind != "disabled"
+    # Anthropic's rule: manual thinking ("enabled") with a forced call (any, tool) is a 400;
+    # adaptive thinking may be forced.
+    if kind == "enabled" and generation.tool_choice in ("required", "function"):
+        raise invalid("thinking", "Thinking may not be enabled when tool_choice forces tool use.",
+                      "unsupported_value")
     if kind == "enabled":
         generation.reasoning_budget = integer(thinking, "budget_tokens", low=1, required=True,
                                               param="thinking.budget_tokens")

@@ -428,7 +428,8 @@ _CONVERSATION = {
          "properties": {"type": {"const": "enabled"}, "budget_tokens": {"type": "integer", "minimum": 1}}}],
         "description": "on a template that thinks: disabled turns its thinking off, enabled and adaptive on; "
                        "budget_tokens (less than max_tokens) bounds the reasoning; the reasoning comes back "
-                       "as thinking blocks"},
+                       "as thinking blocks; enabled with a tool_choice that forces a call (any, tool) "
+                       "is a 400, as Anthropic's"},
     "output_config": {"type": "object", "properties": {"format": {"anyOf": [{"type": "null"}, {
         "type": "object", "required": ["type", "schema"],
         "properties": {"type": {"const": "json_schema"}, "schema": {"type": "object"}}}]}},
@@ -437,8 +438,13 @@ _CONVERSATION = {
                                      "enforce gets 400"},
 }
 
+# Anthropic's rule: manual thinking with a tool_choice that forces a call is a 400.
+_NO_THINKING_WHEN_FORCED = {"not": {"required": ["thinking", "tool_choice"], "properties": {
+    "thinking": {"type": "object", "required": ["type"], "properties": {"type": {"const": "enabled"}}},
+    "tool_choice": {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["any", "tool"]}}}}}}
+
 _MESSAGES_REQUEST = {
-    "type": "object", "required": ["messages", "max_tokens"],
+    "type": "object", "required": ["messages", "max_tokens"], "allOf": [_NO_THINKING_WHEN_FORCED],
     "properties": {
         **_CONVERSATION,
         "max_tokens": _SAMPLING["max_tokens"],
@@ -454,7 +460,8 @@ _MESSAGES_REQUEST = {
     },
 }
 
-_COUNT_TOKENS_REQUEST = {"type": "object", "required": ["messages"], "properties": _CONVERSATION}
+_COUNT_TOKENS_REQUEST = {"type": "object", "required": ["messages"], "allOf": [_NO_THINKING_WHEN_FORCED],
+                         "properties": _CONVERSATION}
 
 _MESSAGES_USAGE = {"type": "object", "required": ["input_tokens", "output_tokens"],
                    "properties": {name: {"type": "integer", "minimum": 0}

@@ -132,6 +132,9 @@ MESSAGES_HOSTILE = [
     ({"tools": [WEATHER], "tool_choice": {"type": "auto", "disable_parallel_tool_use": 1}},
      "tool_choice.disable_parallel_tool_use"),
     ({"tool_choice": {"type": "tool", "name": "get_weather"}}, "tool_choice.name"),
+    # Anthropic's rule: manual thinking and a forced call do not go together.
+    *[({"tools": [WEATHER], "tool_choice": choice, "thinking": {"type": "enabled", "budget_tokens": 4}}, "thinking")
+      for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"})],
     ({"messages": [CALLED[0], CALLED[2]]}, "messages[1].content[0].tool_use_id"),  # no matching tool_use
     ({"messages": [*CALLED[:2], {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2",
                                                                "content": "x"}]}]},
@@ -178,6 +181,30 @@ def test_hostile_messages_tools_get_a_400_naming_the_field(fields, param):
         assert error.status == 400 and error.param == param, (error.param, error.message)
         shape = messages_api.error_body(error)
         assert shape["error"]["type"] == "invalid_request_error" and shape["error"]["message"].startswith(param + ":")
+
+
+@on_loops("asyncio")
+async def test_messages_refuse_thinking_with_a_forced_call_as_anthropic_does(smollm2):
+    """thinking "enabled" with tool_choice any or tool is Anthropic's 400, in its words; adaptive
+    thinking may be forced, and manual thinking goes with auto and none."""
+    from support.helpers import scripted_app
+
+    tokenizer, template = smollm2
+    app = scripted_app(tokenizer, template, ONLY_CALL)
+    thinking = {"type": "enabled", "budget_tokens": 4}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+            for path in ("/v1/messages", "/v1/messages/count_tokens"):
+                refused = await http.post(path, json={**OK, "tools": [WEATHER], "tool_choice": choice,
+                                                      "thinking": thinking})
+                assert refused.status_code == 400, refused.text
+                assert refused.json() == {"type": "error", "error": {
+                    "type": "invalid_request_error",
+                    "message": "thinking: Thinking may not be enabled when tool_choice forces tool use."}}
+    assert not app.state.service.engine.grammars  # nothing ran
+    for choice, kind in (({"type": "any"}, "adaptive"), ({"type": "auto"}, "enabled"), ({"type": "none"}, "enabled")):
+        messages_api.parse_request({**OK, "max_tokens": 8, "tools": [WEATHER], "tool_choice": choice,
+                                    "thinking": {**thinking, "type": kind}})
 
 
 RESPONSES_HOSTILE = [
