@@ -58,7 +58,9 @@ items are the assistant's tool calls and ``function_call_output`` items
 the model writes it: ``response.output_item.added`` once its name is
 written, ``response.function_call_arguments.delta`` pieces as its arguments
 come, then ``.done`` and ``response.output_item.done``; a call whose
-arguments are no whole object (cut by max_output_tokens) is "incomplete".
+arguments are no whole object (cut by max_output_tokens) is "incomplete": it
+is left out of the stored conversation, and sent back, or answered by a
+function_call_output, it is a 400 that says it is incomplete.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -140,6 +142,11 @@ def _content(content, param: str) -> str:
 
 
 
+# Why an incomplete call (ResponsesReply._keep leaves it out of the stored conversation) cannot go on.
+_CUT = (": its arguments are no whole JSON object (max_output_tokens cut them off, or the model wrote them "
+        "wrong), so it cannot be sent back as input, nor answered; ask again, with a larger max_output_tokens")
+
+
 def _function_call(item: dict, where: str) -> dict:
     """A function_call input item as a chat tool call (arguments as the template reads them, a dict)."""
     text = required_text(item, "arguments", where) if item.get("arguments") != "" else "{}"
@@ -148,6 +155,9 @@ def _function_call(item: dict, where: str) -> dict:
     except (ValueError, RecursionError):
         arguments = None
     if not isinstance(arguments, dict):
+        if item.get("status") == "incomplete":  # an incomplete response's call, sent back
+            raise invalid(f"{where}.arguments", f"{where}.arguments: this function_call is incomplete{_CUT}",
+                          "incomplete_function_call")
         raise invalid(f"{where}.arguments", f"{where}.arguments: expected JSON text of an object", "invalid_value")
     checked_json(arguments, f"{where}.arguments")
     return {"type": "function", "id": required_text(item, "call_id", where),
@@ -169,10 +179,11 @@ def input_items(body: dict) -> list:
 
 
 def parse_input(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES, earlier: Sequence[dict] = (),
-                items: list | None = None) -> list[dict]:
+                items: list | None = None, cut: Collection[str] = ()) -> list[dict]:
     """`instructions` and `input` as the chat messages of the engine's template; `earlier`: the
     items of the conversation a stored response holds, before the input; `items`: the input as
-    ``input_items`` read it (default: read here)."""
+    ``input_items`` read it (default: read here); `cut`: the call_ids of that conversation's
+    incomplete calls, which its items leave out."""
     messages: list[dict] = []
     instructions = string(body, "instructions")
     if instructions is not None:
@@ -208,7 +219,13 @@ def parse_input(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES, earlier: S
             continue
         if kind == "function_call_output":
             call_id = required_text(item, "call_id", where)
-            ids.answered(call_id, f"{where}.call_id")
+            try:
+                ids.answered(call_id, f"{where}.call_id")
+            except APIError as error:
+                if error.code != "unknown_tool_call_id" or call_id not in cut:
+                    raise
+                raise invalid(f"{where}.call_id", f"{where}.call_id: the function_call {show(call_id)} is "
+                              f"incomplete{_CUT}", "incomplete_function_call") from None
             if "output" not in item:
                 raise invalid(f"{where}.output", f"{where}.output: field required", "missing_required_parameter")
             messages.append({"role": "tool", "tool_call_id": call_id,
@@ -396,7 +413,8 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES,
     model = string(body, "model")
     previous = _previous(body, stored)
     items = input_items(body)
-    messages = parse_input(body, max_messages, previous.items() if previous is not None else (), items)
+    messages = parse_input(body, max_messages, previous.items() if previous is not None else (), items,
+                           previous.cut_call_ids() if previous is not None else ())
     # OpenAI's default is true: only an explicit false keeps nothing.
     store_asked = body.get("store") is None or boolean(body, "store")
     store = store_asked and stored is not None

@@ -91,7 +91,8 @@ class EventLog:
 class StoredResponse:
     """One kept response: its object, and its input and output items, as JSON text."""
 
-    __slots__ = ("response_json", "status", "background", "input_json", "_output_json", "_earlier", "chars")
+    __slots__ = ("response_json", "status", "background", "input_json", "_output_json", "_earlier", "chars",
+                 "_cut_call_ids")
 
     def __init__(self, response: dict, input_json: str, output: list[dict], earlier: StoredResponse | None):
         # `input_json`: its input items as JSON text (encoded once, at the response's start).
@@ -101,6 +102,11 @@ class StoredResponse:
         self.input_json = input_json
         self._output_json = json.dumps(output)
         self._earlier = earlier
+        # Its incomplete calls are not among its output items (they cannot be sent back); their
+        # ids are kept so that a result answering one is told why.
+        self._cut_call_ids = frozenset(
+            item["call_id"] for item in response.get("output") or ()
+            if item.get("type") == "function_call" and item.get("status") == "incomplete")
         # Its own text and all its conversation holds (the earlier responses stay while it does).
         self.chars = len(self.response_json) + conversation_chars(input_json, self._output_json, earlier)
 
@@ -120,6 +126,11 @@ class StoredResponse:
         (parsed anew: the caller may change them)."""
         return [item for stored in self._chain()
                 for text in (stored.input_json, stored._output_json) for item in json.loads(text)]
+
+    def cut_call_ids(self) -> frozenset[str]:
+        """The call_ids of the incomplete function_call items (arguments cut short) of the
+        conversation's responses, which its items leave out."""
+        return frozenset().union(*(stored._cut_call_ids for stored in self._chain()))
 
     def input_items(self) -> list[dict]:
         """The items its answer was generated from: the earlier conversation, then its own input."""

@@ -402,6 +402,67 @@ async def test_responses_answers_calls_as_function_call_items(smollm2):
         [(i.type, getattr(i, "arguments", None)) for i in reply.output]
 
 
+@on_loops("asyncio")
+async def test_responses_a_call_cut_by_max_output_tokens_is_named_incomplete_when_answered(smollm2):
+    """A response cut off in its second call: the first (whole) call is answered as any other;
+    the cut one, incomplete, is not kept, and a result answering it, or the call sent back,
+    gets a 400 that says it is incomplete (not that no call has its id)."""
+    from emlx_async.llm import Delta
+    from support.helpers import ScriptedEngine, scripted_app
+
+    class CutOff(ScriptedEngine):  # max_output_tokens ends it
+        def generate(self, prompt, *, max_tokens, stats, grammar=None, **options):
+            async def deltas():
+                for i, piece in enumerate(self.pieces):
+                    stats.generated_tokens += 1
+                    yield Delta(piece, i)
+                yield Delta("", None, "length")
+
+            return deltas()
+
+    tokenizer, template = smollm2
+    app = scripted_app(tokenizer, template, [])
+    app.state.service.engine = CutOff(tokenizer, template, [*ONLY_CALL, '\n<tool_call>\n{"name": "get_weather", '
+                                                            '"arguments": {"city": "Ly'])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        for stream in (False, True):
+            sent = {"model": MODEL, "input": QUESTION, "tools": [FUNCTION], "max_output_tokens": 40, "stream": stream}
+            reply = await http.post("/v1/responses", json=sent)
+            cut = ([json.loads(line.removeprefix("data: ")) for line in reply.text.splitlines()
+                    if line.startswith("data: ")][-1]["response"] if stream else reply.json())
+            assert cut["status"] == "incomplete", cut
+            whole, partial = cut["output"]
+            assert (whole["status"], partial["status"]) == ("completed", "incomplete"), cut["output"]
+            results = [{"type": "function_call_output", "call_id": call["call_id"], "output": "rain"}
+                       for call in (whole, partial)]
+            answered = await http.post("/v1/responses", json={"model": MODEL, "previous_response_id": cut["id"],
+                                                              "input": results[:1], "tools": [FUNCTION]})
+            assert answered.status_code == 200, answered.text
+            refused = await http.post("/v1/responses", json={"model": MODEL, "previous_response_id": cut["id"],
+                                                             "input": results, "tools": [FUNCTION]})
+            assert refused.status_code == 400
+            error = refused.json()["error"]
+            assert (error["param"], error["code"]) == ("input[1].call_id", "incomplete_function_call"), error
+            assert error["message"].startswith(f"input[1].call_id: the function_call '{partial['call_id']}' is "
+                                               "incomplete: its arguments are no whole JSON object "
+                                               "(max_output_tokens cut them off"), error
+            # So is it a turn later: the conversation's every response is read.
+            later = await http.post("/v1/responses", json={"model": MODEL, "previous_response_id": cut["id"],
+                                                           "input": "Go on.", "tools": [FUNCTION]})
+            refused = await http.post("/v1/responses", json={"model": MODEL, "input": results[1:],
+                                                             "previous_response_id": later.json()["id"]})
+            assert refused.json()["error"]["code"] == "incomplete_function_call", refused.text
+            # Without the store: the incomplete call sent back is named; the whole one is accepted.
+            items = [{"role": "user", "content": QUESTION}, whole, partial, *results]
+            refused = await http.post("/v1/responses", json={"model": MODEL, "input": items, "tools": [FUNCTION]})
+            error = refused.json()["error"]
+            assert (error["param"], error["code"]) == ("input[2].arguments", "incomplete_function_call"), error
+            assert "this function_call is incomplete" in error["message"]
+            accepted = await http.post("/v1/responses", json={"model": MODEL, "input": [*items[:2], results[0]],
+                                                              "tools": [FUNCTION]})
+            assert accepted.status_code == 200, accepted.text
+
+
 @on_loops("asyncio", "uvloop")
 async def test_responses_answer_that_is_only_a_call(smollm2):
     from support.helpers import scripted_app
