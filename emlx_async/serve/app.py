@@ -248,11 +248,13 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         return count("/v1/models/{name}", JSON(model_entry(served.name)))
 
     async def health(request: Request) -> Response:
-        # "model", "mode" and "step": the default model's; "models": each one's state (loaded or not).
-        # "mode" is the mode its engine runs, null while none is loaded: "auto" decides only at load,
-        # so --mode ("configured_mode") says nothing of an unloaded model's.
-        body = {"status": service.status, "model": service.model_name, "mode": None, "configured_mode": config.mode,
-                "models": [served.health() for served in service.models]}
+        # "model", "model_status", "mode" and "step": the default model's; "models": each one's state
+        # (loaded or not). "mode" is the mode its engine runs, null while none is loaded: "auto" decides
+        # only at load, so --mode ("configured_mode") says nothing of an unloaded model's.
+        # "model_status" says why it is null: "loading" at start, "unloaded" after --idle-unload.
+        default = service.models.default
+        body = {"status": service.status, "model": default.name, "model_status": default.state, "mode": None,
+                "configured_mode": config.mode, "models": [served.health() for served in service.models]}
         if service.engine is not None:
             body["mode"], body["step"] = service.engine.mode, service.engine.step_kind
         if service.load_error:

@@ -313,19 +313,23 @@ _MODEL = {"type": "object", "required": ["id", "object", "created", "owned_by"],
                          "owned_by": {"type": "string"}}}
 
 _STEP = {"enum": ["replay", "python"]}
-_HEALTH = {"type": "object", "required": ["status", "model", "mode", "configured_mode", "models"],
+_MODEL_STATUS = {"enum": ["loading", "ready", "failed", "unloading", "unloaded"]}
+_HEALTH = {"type": "object", "required": ["status", "model", "model_status", "mode", "configured_mode", "models"],
            "properties": {"status": {"enum": ["loading", "ready", "failed", "draining", "broken"]},
                           "model": {"type": "string", "description": "the default model"},
+                          "model_status": {**_MODEL_STATUS, "description": "the default model's status: loading "
+                                           "before its first load, unloaded once --idle-unload unloaded it (its "
+                                           "next request loads it again)"},
                           "mode": {"enum": ["parallel", "batch", None],
-                                   "description": "the mode the default model runs; null while it is not loaded "
-                                                  "(mode \"auto\" picks one at load)"},
+                                   "description": "the mode the default model runs; null while it is not loaded, "
+                                                  "as model_status says (mode \"auto\" picks one at load)"},
                           "configured_mode": {"enum": ["auto", "batch", "parallel"],
                                               "description": "--mode, every model's (\"auto\" by default)"},
                           "step": _STEP, "error": {"type": "string"},
                           "models": {"type": "array", "description": "every model and whether it is loaded",
                                      "items": {"type": "object", "required": ["id", "status"], "properties": {
                                          "id": {"type": "string"},
-                                         "status": {"enum": ["loading", "ready", "failed", "unloading", "unloaded"]},
+                                         "status": _MODEL_STATUS,
                                          "mode": {"enum": ["parallel", "batch"], "description": "while it is loaded"},
                                          "step": _STEP, "error": {"type": "string"}}}}}}
 

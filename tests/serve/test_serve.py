@@ -413,7 +413,7 @@ async def test_health_gives_no_mode_for_a_model_not_loaded(mode):
     app = create_app(ServeConfig(mode=mode))  # no lifespan: the model never loads
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
         health = (await client.get("/health")).json()
-    assert (health["mode"], health["configured_mode"]) == (None, mode)
+    assert (health["mode"], health["configured_mode"], health["model_status"]) == (None, mode, "loading")
     assert "mode" not in health["models"][0] and "step" not in health
 
 

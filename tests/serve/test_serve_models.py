@@ -389,6 +389,7 @@ async def test_a_model_in_use_is_not_unloaded_and_an_idle_one_is():
         assert [(m["id"], m["status"]) for m in health["models"]] == [("a", "ready"), ("b", "unloaded")]
         assert health["status"] == "ready"  # an unloaded model loads on demand
         assert (health["mode"], health["configured_mode"]) == ("parallel", "auto")  # the default model's, loaded
+        assert health["model_status"] == "ready"
         assert [m.get("mode") for m in health["models"]] == ["parallel", None]
         engines["a"].gate.set()
         await wait_until(lambda: bool(held))
@@ -396,6 +397,9 @@ async def test_a_model_in_use_is_not_unloaded_and_an_idle_one_is():
         assert engines["a"].closed
         health = (await http.get("/health")).json()
         assert (health["mode"], health["configured_mode"]) == (None, "auto")  # unloaded: its next load decides
+        # Why the mode is null: every model was unloaded for being idle (not "loading": the server is ready).
+        assert (health["status"], health["model_status"]) == ("ready", "unloaded"), health
+        assert [m["status"] for m in health["models"]] == ["unloaded", "unloaded"]
         # "b" is loaded again on demand: its path does not exist, so that load fails with 503.
         failed = await http.post("/v1/chat/completions", json=chat("b"))
         assert failed.status_code == 503 and failed.json()["error"]["code"] == "model_load_failed"
