@@ -191,6 +191,7 @@ async def test_rotating_caches_prefill_one_prompt_after_another_with_the_same_to
 @on_loops("asyncio", "uvloop")
 async def test_the_running_rows_chain_on_while_a_joiner_prefills_on_a_queue_aside(free):
     import threading
+    import time
 
     async with ea.Runtime(pool_size=2) as rt:
         engine, counting = await batch_engine(rt, "llama")
@@ -198,12 +199,24 @@ async def test_the_running_rows_chain_on_while_a_joiner_prefills_on_a_queue_asid
         batcher, replay = engine._replay_batcher, engine.decoding.replay
         events = []  # ("chunk", thread) on the worker, ("step", rows) as a chained step is queued
         real_prefill, real_chained = batcher.jobs.prefill, replay.chained
+        # Set as the joiner starts. Under load the running row could otherwise end before the
+        # joiner prefills (then nothing steps beside its chunks), or the loop reach its chain
+        # only once a 4-token chunk is done (then it queues no step beside it).
+        hold = {"row": False, "chunk": False}
 
         def prefill(group, joining):
             events.append(("chunk", threading.get_ident()))
+            if hold["chunk"]:  # the first chunk aside waits (bounded) for a step queued beside it
+                hold["chunk"], mine, deadline = False, len(events) - 1, time.monotonic() + 10
+                while not any(e[0] == "step" for e in events[mine:]) and time.monotonic() < deadline:
+                    time.sleep(0.001)
             return real_prefill(group, joining)
 
         async def chained(queue, **shape):
+            with anyio.move_on_after(10):  # the row waits (bounded) for the joiner
+                while hold["row"] and not (batcher.waiting or batcher.joining):
+                    await anyio.sleep(0.001)
+            hold["row"] = False
             function = await real_chained(queue, **shape)
 
             def step(*arrays, **options):
@@ -222,6 +235,8 @@ async def test_the_running_rows_chain_on_while_a_joiner_prefills_on_a_queue_asid
                                       started=started, after=2))
                 await started.wait()
                 events.clear()
+                # Only with a queue aside: on the batch queue, the joiner waits for the row's chain.
+                hold.update(row=free, chunk=free)
                 tg.start_soon(functools.partial(tokens_into, got[1], engine, prompt=long_prompt, max_tokens=N))
         assert got == {0: alone("llama", tuple(PROMPTS[1]), n=24), 1: alone("llama", tuple(long_prompt))}
         chunks = [i for i, e in enumerate(events) if e[0] == "chunk"]
