@@ -110,10 +110,12 @@ async def rank_main(tokens: int, path: str | None, layers: int, hidden: int, str
         await group.run(collectives_of_a_step)
         collective.append(time.perf_counter() - start)
     engine = await ShardedEngine.load(path, group=group)
+    # Kept: close (and the stop plan on the followers) drops the engine's model and traces.
+    model, step_kind, step_note = engine.model, engine.step_kind, engine.step_note
     if group.rank() != 0:
         await engine.follow()
         await dist.all_sum(mx.ones(1))  # the naive idle follower: parked inside a collective
-        await one_stream_steps(group, engine.model)
+        await one_stream_steps(group, model)
         for step in ("replay", "python"):
             await (await ShardedEngine.load(path, group=group, step=step)).follow()
         return
@@ -129,7 +131,7 @@ async def rank_main(tokens: int, path: str | None, layers: int, hidden: int, str
     await asyncio.sleep(3)
     print("SPIN-END", flush=True)
     await dist.all_sum(mx.ones(1))
-    python_step, replayed_step = await one_stream_steps(group, engine.model)
+    python_step, replayed_step = await one_stream_steps(group, model)
     engine_rates = {}
     for step in ("replay", "python"):
         each = await ShardedEngine.load(path, group=group, step=step)
@@ -138,7 +140,7 @@ async def rank_main(tokens: int, path: str | None, layers: int, hidden: int, str
         await each.close()
     print("RESULT " + json.dumps({"rates": engine_rates, "ttft": ttft, "step": statistics.median(steps), "steps": len(steps),
                                   "collective": statistics.median(collective), "layers": layers, "tokens": ids,
-                                  "step_kind": engine.step_kind, "step_note": engine.step_note,
+                                  "step_kind": step_kind, "step_note": step_note,
                                   "python_step": python_step, "replayed_step": replayed_step}), flush=True)
 
 

@@ -42,6 +42,15 @@ class Row:
     # banned one until then; None: nothing left to lift).
     unban: mx.array | None = None
 
+    @classmethod
+    def first(cls, request: BatchRequest, token: int, prefilled: PromptState) -> Row:
+        """A request's row once its prompt is through, `token` its first generated."""
+        row = cls(request, len(request.prompt), token, request.max_tokens - 1, [token])
+        history = prefilled.history
+        if history is not None and history.banned_bias is not None:
+            row.unban = history.bias  # lifted once it has generated min_tokens
+        return row
+
     @property
     def banned_steps(self) -> int:
         """How many more steps sample with its banned ids at -inf (0 when none are banned)."""
@@ -248,11 +257,7 @@ class ReplayBatcher(Batcher):
                         finish = decoding.finish(token, request.max_tokens - 1, request.sampler)
                         self._deliver(request.uid, token, finish)
                         if finish is None:
-                            row = Row(request, len(request.prompt), token, request.max_tokens - 1, [token])
-                            history = prefilled.history
-                            if history is not None and history.banned_bias is not None:
-                                row.unban = history.bias  # lifted once it has generated min_tokens
-                            joined.append((row, prefilled))
+                            joined.append((Row.first(request, token, prefilled), prefilled))
                 slots, size = await self._relayout(queue, state, slots, size, saves, joined)
             finally:
                 for pending in (step, chunk):
@@ -341,12 +346,7 @@ class ReplayBatcher(Batcher):
             return None  # a constrained row's next mask needs its last token: a round at a time
         # Finished rows' caches go to the prompt cache: no step may write over them.
         keep_finished = self.decoding.prompt_cache is not None
-        greedy = all(row is None or row.request.sampler.greedy for row in slots)
-        penalties = [row.request.sampler.penalties if row else None for row in slots]
-        penalized = any(p is not None for p in penalties)
-        options = _traced.sampling_rows([row.request.sampler.options if row else GREEDY for row in slots],
-                                        replay.vocab)
-        extra = [state.bias, *_penalties.penalty_rows(penalties)] if penalized else []
+        greedy, penalized, options, extra = chain_inputs(slots, state, replay.vocab)
         ahead: collections.deque = collections.deque()  # the steps queued, oldest first
         saves: list[tuple[int, list[int]]] = []
         chained = stop = stepped = False
@@ -417,6 +417,19 @@ class ReplayBatcher(Batcher):
         return new_slots, new_size
 
 
+def chain_inputs(slots: list[Row | None], state: ReplayBatchState, vocab: int
+                 ) -> tuple[bool, bool, list[mx.array], list[mx.array]]:
+    """What a chain of the batch's steps takes from its rows, besides positions: whether every
+    row is greedy and whether one is penalized (the step's variant), the rows' sampling
+    options, and the penalized step's bias and penalty rows."""
+    greedy = all(row is None or row.request.sampler.greedy for row in slots)
+    penalties = [row.request.sampler.penalties if row else None for row in slots]
+    penalized = any(p is not None for p in penalties)
+    options = _traced.sampling_rows([row.request.sampler.options if row else GREEDY for row in slots], vocab)
+    extra = [state.bias, *_penalties.penalty_rows(penalties)] if penalized else []
+    return greedy, penalized, options, extra
+
+
 def plan_layout(replay, slots: list[Row | None], size: int, saves: list, joined: list[tuple[Row, PromptState]],
                 steps: int = 1) -> tuple[list[Row | None], int, tuple | None]:
     """The batch after a round: same shape unless the live rows need fewer or more rows, or
@@ -470,4 +483,4 @@ def _moved(old: mx.array, keep: Sequence[int], rows: int, dims: tuple[int, ...] 
     return new
 
 
-__all__ = ["ReplayBatchJobs", "ReplayBatcher", "Row", "plan_layout"]
+__all__ = ["ReplayBatchJobs", "ReplayBatcher", "Row", "chain_inputs", "plan_layout"]

@@ -55,25 +55,26 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
+import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, astuple, dataclass
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import mlx.core as mx
 import numpy as np
 
 from .. import DistributedError, InvalidArgument, InvalidArgumentType, InvalidState, Runtime, get_runtime
 from .. import replay as _replay
-from ..distributed import Group, all_sum
+from ..distributed import Group, all_max, all_min, all_sum
 from .batching import Batcher, BatchJobs, BatchRequest, Joining
 from .decoding import Decoding
 from .engine import Engine
 from .penalties import Penalties
 from .prompt_cache import HeldPrefill
 from .sampling import Sampler
-from .sharded_replay import Planned, ShardedReplayBatch
+from .sharded_replay import Planned, ShardedReplayBatch, break_mid_round
 from .state import GeneratorState
 from .traces import UNKNOWN_CONTEXT, ReplayTraces, cache_sizes
 
@@ -257,7 +258,10 @@ class ShardedReplayBatcher(Batcher):
     def _started(self, uid: int) -> None:
         request = self._planned.pop(uid)
         self.joining.remove(request)
-        self.running[uid] = request
+        if request.done:  # its reader left during its last chunk: its row (on every rank) leaves next round
+            self.leaving.append(uid)
+        else:
+            self.running[uid] = request
 
     async def _serve(self, queue, batch: ShardedReplayBatch) -> None:
         while self.waiting or self.joining or self.running or self.leaving:
@@ -274,7 +278,15 @@ class ShardedReplayBatcher(Batcher):
             plan = {"op": "replay", "join": [[r.uid, *_join_plan(r)] for r in joins], "leave": leaves}
             async with self.jobs.plans:
                 await self.jobs.send(plan)
-                await batch.round([Planned(r.uid, r.prompt, r.max_tokens, r.sampler) for r in joins], leaves)
+                try:
+                    await batch.round([Planned(r.uid, r.prompt, r.max_tokens, r.sampler) for r in joins], leaves)
+                except DistributedError:
+                    raise
+                except Exception as exc:
+                    raise break_mid_round(self.jobs.group, exc) from exc
+                except BaseException as exc:  # cancelled mid-round: the same break, the cancellation goes on
+                    break_mid_round(self.jobs.group, exc)
+                    raise
 
     async def _close(self, queue, batch: ShardedReplayBatch) -> None:
         batch.clear()
@@ -342,6 +354,7 @@ class ShardedEngine(Engine):
         self.idle_interval = float(idle_interval)
         self._stopped = False
         self._following = False
+        self._follower = _Follower(GeneratorState(), ShardedReplayBatch(self.decoding, group))
         self._ticker_done: anyio.Event | None = None
         # Every rank runs rank 0's plan with mlx-lm's BatchGenerator (load says why, see the module docstring).
         self.step_note = "the sharded engine runs mlx-lm's batched Python step on every rank"
@@ -385,9 +398,12 @@ class ShardedEngine(Engine):
                      max_concurrent=whole.max_concurrent, prefill_chunk=whole.prefill_chunk,
                      vocab_size=whole.vocab_size, context_length=whole.context_length,
                      idle_interval=idle_interval)
-        untraced = "the Python step was asked for" if step == "python" else await engine._trace_step()
         # Every rank is loaded before the first plan (a rank that loads slowly must not look
-        # like a stalled one), and every rank takes the same step.
+        # like a stalled one), with the same settings: rank 0's rounds run on every rank, so
+        # other row counts or cache sizes would pair collectives of other shapes.
+        await engine._check_same_settings(step, load_timeout)
+        untraced = "the Python step was asked for" if step == "python" else await engine._trace_step()
+        # And every rank takes the same step.
         ready = await all_sum(mx.array([1, int(untraced is None)], dtype=mx.int32), group=group,
                               timeout=load_timeout)
         loaded, replayed = ready.tolist()
@@ -404,6 +420,19 @@ class ShardedEngine(Engine):
         if engine.leader:
             engine._start_ticker()
         return engine
+
+    async def _check_same_settings(self, step: str, timeout: float) -> None:
+        """Refuse (InvalidState, on every rank) ranks loaded with other settings or models."""
+        settings = {"step": step, "max_concurrent": self.max_concurrent, "prefill_chunk": self.prefill_chunk,
+                    "context_length": self.context_length, "vocab_size": self.vocab_size,
+                    "layers": len(getattr(self.model, "layers", []))}
+        mine = mx.array([zlib.crc32(json.dumps(settings, sort_keys=True).encode()) & 0x7FFFFFFF], dtype=mx.int32)
+        highest = await all_max(mine, group=self.group, timeout=timeout)
+        lowest = await all_min(mine, group=self.group, timeout=timeout)
+        if highest.item() != lowest.item():
+            raise InvalidState(f"the ranks were loaded with different settings or models; every rank must load the "
+                               f"same model with the same step, max_concurrent and prefill_chunk (rank "
+                               f"{self.group.rank()} has {settings})")
 
     async def _trace_step(self) -> str | None:
         """Trace this rank's shard of the decode step with the group; None, or why it could not be."""
@@ -516,63 +545,68 @@ class ShardedEngine(Engine):
             return
         async with self._jobs().plans:
             await self._jobs().send({"op": "stop"}, timeout=timeout)
+        await self._release()
+
+    async def _release(self) -> None:
+        """The group has stopped: free what this rank holds (its traces now), as Engine.close does."""
+        await super().close()
 
     # ---- other ranks ----------------------------------------------------------------
 
     async def follow(self) -> None:
         """Ranks other than 0: run rank 0's batch jobs, in its order, until it stops.
 
-        Raises DistributedError if the group breaks (rank 0 died, say).
+        A cancelled follow() returns once the plan it took has run, a replayed
+        round's jobs included (the other ranks issue them all; a wait for a plan
+        is bounded by the group's timeout); a later call goes on from rank 0's
+        next plan, with the batch as it was. Raises DistributedError if the
+        group breaks (rank 0 died, say, or a round failed here).
         """
         if self.leader:
             raise InvalidState("rank 0 leads; follow() is for the other ranks")
-        # A broken group first: a plan its queue dropped never ends, so the flag below stays set.
         self.group.check()
-        if self._following:  # two loops would each take some of rank 0's plans, with two states
+        if self._following:  # two loops would each take some of rank 0's plans
             raise InvalidState(f"follow() already runs on rank {self.group.rank()}")
         self._following = True
-        jobs = self._jobs()
-        state = GeneratorState()
-        # A cancelled follow() returns while its last plan still runs on the group's queue (the
-        # group keeps a job its awaiter left): the flag is cleared once both have ended, so a
-        # new follow() cannot start beside that plan and take rank 0's next one with its own state.
-        lock = threading.Lock()
-        flags = {"running": False, "left": False}
-
-        # The replayed batch as this rank keeps it: rank 0's rounds, run from their plans.
-        batch = None
-
-        def one() -> dict:
-            try:
-                return jobs.follow_one(state)
-            finally:
-                with lock:
-                    flags["running"] = False
-                    if flags["left"]:
-                        self._following = False
-
         try:
             while True:
-                flags["running"] = True  # queued: it takes rank 0's next plan whether awaited or not
-                plan = await self.group.run(one, what="sharded follow")
-                op = plan["op"]
+                with anyio.CancelScope(shield=True):
+                    op = await self._follow_one()
                 if op == "stop":
+                    await self._release()
                     return
                 if op == "idle":  # sleep outside the collective (see the module docstring)
                     await anyio.sleep(self.idle_interval * 0.9)
-                elif op == "replay":
-                    batch = batch or ShardedReplayBatch(self.decoding, self.group)
-                    joins = [Planned(uid, *astuple(_planned_join(join))) for uid, *join in plan["join"]]
-                    await batch.round(joins, plan["leave"])
-                elif op == "replay_close":
-                    if batch is not None:
-                        batch.clear()
-                    await self.group.run(_replay.end_chain_here, what="sharded chain end")
+                else:
+                    await anyio.lowlevel.checkpoint()  # a cancellation takes between plans
         finally:
-            with lock:
-                flags["left"] = True
-                if not flags["running"]:
-                    self._following = False
+            self._following = False
+
+    async def _follow_one(self) -> str:
+        """Rank 0's next plan run on this rank; its op."""
+        plan = await self.group.run(self._jobs().follow_one, self._follower.state, what="sharded follow")
+        op = plan["op"]
+        try:
+            if op == "replay":
+                joins = [Planned(uid, *astuple(_planned_join(join))) for uid, *join in plan["join"]]
+                await self._follower.batch.round(joins, plan["leave"])
+            elif op == "replay_close":
+                self._follower.batch.clear()
+                await self.group.run(_replay.end_chain_here, what="sharded chain end")
+        except DistributedError:
+            raise
+        except Exception as exc:
+            raise break_mid_round(self.group, exc) from exc
+        return op
+
+
+@dataclass
+class _Follower:
+    """What a follower keeps between plans, across follow() calls: the Python step's
+    batch and the replayed one, as rank 0 has them."""
+
+    state: GeneratorState
+    batch: ShardedReplayBatch
 
 
 __all__ = ["ShardedBatchJobs", "ShardedEngine", "ShardedReplayBatcher", "check_shardable"]

@@ -28,18 +28,18 @@ round rather than per step: running rows stall for a round (at most
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .. import DistributedError
 from .. import replay as _replay
-from . import penalties as _penalties
-from . import traced as _traced
 from .batch_prefill import BatchPrefill
-from .batch_replay import ReplayBatchJobs, Row, plan_layout
+from .batch_replay import ReplayBatchJobs, Row, chain_inputs, plan_layout
 from .decoding import Decoding
-from .sampling import GREEDY, Sampler
+from .sampling import Sampler
 from .state import PromptState, ReplayBatchState
 from .traces import STAND_IN
 
@@ -122,29 +122,22 @@ class ShardedReplayBatch:
             finish = self.decoding.finish(token, request.max_tokens - 1, request.sampler)
             self._give(request.uid, token, finish)
             if finish is None:
-                row = Row(request, len(request.prompt), token, request.max_tokens - 1, [token])
-                history = prefilled.history
-                if history is not None and history.banned_bias is not None:
-                    row.unban = history.bias  # lifted once it has generated min_tokens
-                joined.append((row, prefilled))
+                joined.append((Row.first(request, token, prefilled), prefilled))
         return joined
 
     async def _steps(self, count: int) -> None:
         """`count` chained steps of the batch, queued at once; every row's tokens read in order."""
         replay, state, slots = self.decoding.replay, self.state, self.slots
         rows = len(slots)
-        greedy = all(row is None or row.request.sampler.greedy for row in slots)
-        penalties = [row.request.sampler.penalties if row else None for row in slots]
-        penalized = any(p is not None for p in penalties)
-        options = _traced.sampling_rows([row.request.sampler.options if row else GREEDY for row in slots],
-                                        replay.vocab)
-        extra = [state.bias, *_penalties.penalty_rows(penalties)] if penalized else []
+        greedy, penalized, options, extra = chain_inputs(slots, state, replay.vocab)
         step = await replay.chained(None, greedy=greedy, rows=rows, size=self.size, penalized=penalized)
         take = await replay.take(None, rows=rows, size=self.size, penalized=penalized)
         # Positions from the round's start: a row done by length steps on at position 0 as a free
         # row does; one that ends on a stop token writes past what it keeps.
         positions = [[row.position + i if row is not None and row.left > i else 0 for row in slots]
                      for i in range(count)]
+        # Each job's time limit counts from the round's start: a chain's k-th step may take k steps' time.
+        limit = self.group.limit(None)
         issued = []
         try:
             carried = [*state.caches, state.keys, mx.array([[row.token if row else 0] for row in slots],
@@ -156,9 +149,11 @@ class ShardedReplayBatch:
                 state.counts = state.window = None
             for i in range(count):
                 issued.append(step.submit(*carried, mx.array(positions[i], dtype=mx.int32), *options,
-                                          *history, *extra, fed=i > 0))
+                                          *history, *extra, fed=i > 0,
+                                          timeout=math.inf if limit is None else limit * (i + 1)))
                 carried, history = [STAND_IN] * (replay.n_caches + 2), [STAND_IN] * len(history)
-            issued.append(take.submit(*[STAND_IN] * (replay.n_caches + (4 if penalized else 2)), fed=True))
+            issued.append(take.submit(*[STAND_IN] * (replay.n_caches + (4 if penalized else 2)), fed=True,
+                                      timeout=math.inf if limit is None else limit * (count + 1)))
             for i in range(count):
                 self._read(await issued[i])
             arrays = await issued[count]
@@ -189,6 +184,17 @@ class ShardedReplayBatch:
             self.deliver(uid, token, finish)
 
 
+def break_mid_round(group, exc: BaseException) -> DistributedError:
+    """The group's break for a round that failed on this rank: the other ranks issue the
+    round's jobs this one will not, so every later collective would pair wrong."""
+    if group.broken is None:
+        error = DistributedError(f"[sharded round] rank {group.rank()} of {group.size()} failed in a replayed "
+                                 f"round ({exc!r}); the ranks are out of step, so the group is broken")
+        error.__cause__ = exc
+        group.declare_broken(error)
+    return group.broken
+
+
 def _round_steps(live: list[Row]) -> int:
     """The round's steps: ROUND_STEPS, fewer when no row has as many left, and none past
     a row's min_tokens (its bias row changes there, between rounds)."""
@@ -201,4 +207,4 @@ def _round_steps(live: list[Row]) -> int:
     return max(1, steps)
 
 
-__all__ = ["ROUND_STEPS", "Planned", "ShardedReplayBatch"]
+__all__ = ["ROUND_STEPS", "Planned", "ShardedReplayBatch", "break_mid_round"]

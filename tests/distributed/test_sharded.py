@@ -19,6 +19,7 @@ import pytest
 
 from emlx_async.testing import LocalRing
 from support import SUPPORT
+from support.dist_rank import MAX_TOKENS
 from support.helpers import needs_model
 
 RANK_SCRIPT = str(SUPPORT / "dist_rank.py")
@@ -115,6 +116,35 @@ def test_two_ranks_replay_other_families_with_the_one_process_tokens(tmp_path, k
 
     assert result.pop("step_kind") == "replay"
     assert result == asyncio.run(one_process())
+
+
+def test_replayed_rounds_stay_in_step_when_a_reader_leaves_mid_prompt_or_a_follow_is_cancelled(tmp_path):
+    """A reader leaving while its prompt's last chunk runs made rank 0's round stop half-issued
+    (the ranks out of step, the group not broken); a cancelled follow() left its round half
+    issued and the next follow() read step collectives as plans. Both now keep the ranks in
+    step, and close and the stop plan release the traces."""
+    from emlx_async.llm import Engine
+    from support.dist_rank import TINY_PROMPTS
+
+    result, follower = _tiny_ring(tmp_path, "replay_faults")
+
+    async def one_process():
+        engine = await Engine.load(str(tmp_path), mode="batch")
+        try:
+            return [d.token async for d in engine.generate(TINY_PROMPTS[1], max_tokens=MAX_TOKENS)
+                    if d.token is not None]
+        finally:
+            await engine.runtime.close()
+
+    assert result == {"rank": 0, "after": asyncio.run(one_process()), "lengths": [60] * 4, "broken": False,
+                      "released": True}
+    assert follower == {"rank": 1, "cancelled_following": False, "released": True}
+
+
+def test_ranks_loaded_with_other_settings_are_refused_on_every_rank(tmp_path):
+    result, follower = _tiny_ring(tmp_path, "mismatched_settings")
+    for got in (result, follower):
+        assert "the ranks were loaded with different settings or models" in got["error"], got
 
 
 def _tiny_ring(tmp_path, scenario: str, kind: str = "llama") -> tuple[dict, dict | None]:

@@ -1,5 +1,5 @@
-"""ShardedEngine.follow's "already following" flag lives as long as the plan it runs
-(the two-rank scenarios are in tests/distributed/test_sharded.py; this one needs no ring)."""
+"""ShardedEngine.follow runs each plan it takes to its end, and check_shardable (the
+two-rank scenarios are in tests/distributed/test_sharded.py; these need no ring)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class _Group:
 
 def _follower(rt, plans: queue_module.Queue):
     """A rank-1 ShardedEngine without a model: its plans are what the test puts in `plans`."""
-    from emlx_async.llm.sharded import ShardedBatchJobs, ShardedEngine
+    from emlx_async.llm.sharded import ShardedBatchJobs, ShardedEngine, _Follower
 
     class Jobs(ShardedBatchJobs):
         def __init__(self):
@@ -46,31 +46,45 @@ def _follower(rt, plans: queue_module.Queue):
         def follow_one(self, state) -> dict:
             return {"op": plans.get(timeout=20)}  # rank 0's next plan: blocks the group's worker until it comes
 
-    engine = object.__new__(ShardedEngine)
-    engine.leader, engine._following, engine.idle_interval = False, False, 0.01
-    engine.group, engine.batch_jobs = _Group(rt.default_queue()), Jobs()
+    class Follower(ShardedEngine):
+        async def _release(self) -> None:  # no model to free
+            self.released = True
+
+    engine = object.__new__(Follower)
+    engine.leader, engine._following, engine.idle_interval, engine.released = False, False, 0.01, False
+    engine.group, engine.batch_jobs, engine._follower = _Group(rt.default_queue()), Jobs(), _Follower(None, None)
     return engine
 
 
 @on_loops("asyncio")
-async def test_a_cancelled_follow_keeps_its_flag_until_its_last_plan_has_run(rt):
-    # The flag was cleared when follow() was cancelled, while its plan still waited on the group's
-    # queue: a second follow() started beside it and took rank 0's next plan with a state of its own.
+async def test_a_cancelled_follow_returns_once_the_plan_it_took_has_run(rt):
+    # A cancelled follow() returned while its plan still waited on the group's queue: a second
+    # follow() started beside it and took rank 0's next plan (a replayed round's jobs left half
+    # issued), with a state of its own.
     plans: queue_module.Queue = queue_module.Queue()
     engine = _follower(rt, plans)
-    try:
-        with anyio.move_on_after(0.3):
+    returned = anyio.Event()
+
+    async def cancelled_follow() -> None:
+        with anyio.move_on_after(0.2):
             await engine.follow()  # its plan waits for rank 0's: cancelled meanwhile
-        with anyio.fail_after(5), pytest.raises(ea.InvalidState, match="follow\\(\\) already runs on rank 1"):
-            await engine.follow()
-        plans.put("idle")  # the first loop's last plan ends
-        with anyio.fail_after(10):
-            while engine._following:
-                await anyio.sleep(0.01)
+        returned.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancelled_follow)
+            await anyio.sleep(0.5)
+            assert not returned.is_set()  # still running the plan it took
+            with pytest.raises(ea.InvalidState, match="follow\\(\\) already runs on rank 1"):
+                await engine.follow()
+            plans.put("idle")  # the plan comes: it is run, then the cancellation takes
+            with anyio.fail_after(10):
+                await returned.wait()
+        assert not engine._following
         plans.put("stop")
         with anyio.fail_after(10):
             await engine.follow()  # now it may follow again, to rank 0's stop
-        assert not engine._following
+        assert not engine._following and engine.released
     finally:
         for _ in range(2):  # whatever still waits on the worker (the test failed) ends
             plans.put("stop")

@@ -280,13 +280,14 @@ async def tiny_engine(group: dist.Group) -> None:
 
     rank, path = group.rank(), os.environ["TINY_MODEL"]
     sharded = await ShardedEngine.load(path, group=group, step=os.environ["STEP"])
+    step_kind, step_note = sharded.step_kind, sharded.step_note  # until close (or the stop plan) releases it
     if rank != 0:
         await sharded.follow()
-        report(rank=rank, followed=True, step_kind=sharded.step_kind)
+        report(rank=rank, followed=True, step_kind=step_kind)
         return
     result = await tiny_run(sharded)
     await sharded.close()
-    report(rank=rank, step_kind=sharded.step_kind, step_note=sharded.step_note, **result)
+    report(rank=rank, step_kind=step_kind, step_note=step_note, **result)
 
 
 async def family_run(engine) -> dict:
@@ -319,9 +320,59 @@ async def tiny_family(group: dist.Group) -> None:
     if group.rank() != 0:
         await sharded.follow()
         return
+    step_kind = sharded.step_kind  # until close releases it
     result = await family_run(sharded)
     await sharded.close()
-    report(step_kind=sharded.step_kind, **result)
+    report(step_kind=step_kind, **result)
+
+
+async def replay_faults(group: dist.Group) -> None:
+    """The replayed rounds under faults: a reader leaves while its prompt's last chunk runs
+    (then a request on the same engine), and the follower's follow() is cancelled while rank 0
+    decodes, then called again; each rank reports what it got and whether close (rank 0) or
+    the stop plan (the follower) released its traces."""
+    import anyio
+
+    from emlx_async.llm import batch_replay
+    from emlx_async.llm.sharded import ShardedEngine
+
+    sharded = await ShardedEngine.load(os.environ["TINY_MODEL"], group=group, step="replay")
+    if group.rank() != 0:
+        with anyio.move_on_after(1.0):
+            await sharded.follow()
+        cancelled_following = sharded._following
+        await sharded.follow()
+        report(rank=1, cancelled_following=cancelled_following, released=sharded.decoding.replay is None)
+        return
+    original = batch_replay.ReplayBatchJobs.prefill
+
+    def slow_prefill(self, *args):
+        time.sleep(0.3)  # a long prompt's chunk
+        return original(self, *args)
+
+    batch_replay.ReplayBatchJobs.prefill = slow_prefill
+    with anyio.move_on_after(0.1):  # the reader leaves while the (only) chunk runs
+        async for _ in sharded.generate(TINY_PROMPTS[1], max_tokens=6):
+            pass
+    batch_replay.ReplayBatchJobs.prefill = original
+    after = await tokens_of(sharded, TINY_PROMPTS[1])
+    # The follower's first follow() is cancelled meanwhile (at 1 s).
+    lengths = [len([d async for d in sharded.generate(TINY_PROMPTS[0], max_tokens=60, ignore_eos=True)
+                    if d.token is not None]) for _ in range(4)]
+    await sharded.close()
+    report(rank=0, after=after, lengths=lengths, broken=group.broken is not None,
+           released=sharded.decoding.replay is None)
+
+
+async def mismatched_settings(group: dist.Group) -> None:
+    """Rank 1 loads with another max_concurrent (so other batch row counts): refused on every rank."""
+    from emlx_async.llm.sharded import ShardedEngine
+
+    try:
+        await ShardedEngine.load(os.environ["TINY_MODEL"], group=group, max_concurrent=1 + group.rank())
+        report(rank=group.rank(), error=None)
+    except ea.InvalidState as exc:
+        report(rank=group.rank(), error=str(exc))
 
 
 async def closed_engine(group: dist.Group) -> None:
@@ -492,7 +543,8 @@ SCENARIOS = {"engine": engine, "traced": traced, "tiny_engine": tiny_engine, "co
              "mismatch": mismatch, "cancelled": cancelled, "any_after_ring": any_after_ring,
              "closed_engine": closed_engine,
              "close_bad_timeout": close_bad_timeout,
-             "follow_twice": follow_twice, "tiny_family": tiny_family}
+             "follow_twice": follow_twice, "tiny_family": tiny_family, "replay_faults": replay_faults,
+             "mismatched_settings": mismatched_settings}
 
 
 def absent() -> None:
