@@ -267,8 +267,8 @@ def run(args, path: str | None) -> None:
           + "; followers parked in a collective " + ", ".join(f"{c:.2f}" for c in spin))
     replay, python = sharded["rates"]["replay"], sharded["rates"]["python"]
     print(f"the sharded engine, tok/s on rank 0 ({args.tokens} tokens a stream): replayed rounds "
-          f"{replay[0]:.0f} (1 stream), {replay[1]:.0f} ({args.streams} streams); Python step {python[0]:.0f}, "
-          f"{python[1]:.0f}; replayed / Python {replay[0] / python[0]:.2f}x and {replay[1] / python[1]:.2f}x")
+          f"{replay[0]:.1f} (1 stream), {replay[1]:.1f} ({args.streams} streams); Python step {python[0]:.1f}, "
+          f"{python[1]:.1f}; replayed / Python {replay[0] / python[0]:.2f}x and {replay[1] / python[1]:.2f}x")
     same = "equal" if sharded["tokens"] == base["tokens"] else f"DIFFERENT ({sharded['tokens']} vs {base['tokens']})"
     print(f"tokens: (b) and (a) {same}; step: (a) {base['step_kind']}, (b) {sharded['step_kind']} "
           f"({sharded['step_note']})")
