@@ -20,7 +20,9 @@ Which stand-in each layer gets follows ``make_prompt_cache``:
   (weights, scales, biases) tuples with ``bits`` and ``group_size``, so
   mlx-lm's attention takes its quantized path.
 * ``ArraysCache`` (SSM and linear-attention layers): its arrays in and out,
-  fixed-shape states that need no position.
+  fixed-shape states that need no position. A state that grows over the
+  first tokens up to a bound (longcat_flash_ngram's last n - 1 token ids)
+  is buffered at the bound, the first tokens' narrower state at its end.
 * ``CacheList`` (a layer with several caches, as falcon_h1's state and
   keys): each of its caches' buffers in turn.
 
@@ -192,7 +194,7 @@ class ArraysLayer:
     def from_mlx(self, cache: Any, size: int) -> list[mx.array]:
         if not isinstance(cache, ArraysCache) or any(state is None for state in cache.cache):
             raise InvalidArgumentType(f"an arrays layer takes a filled ArraysCache, got {type(cache).__name__}")
-        return [state[:1] for state in cache.cache]
+        return [_grown(state[:1], buffer) for state, buffer in zip(cache.cache, self.states)]
 
     def to_mlx(self, arrays: Sequence[mx.array], row: int, length: int):
         cache = ArraysCache(len(arrays))
@@ -256,7 +258,7 @@ class CacheSpec:
         ``options.probe`` raises for options the model cannot take.
         """
         options = options or CacheOptions()
-        caches = options.probe(model)
+        caches = _settled(model, options, options.probe(model))
         return cls(tuple(_layer_of(cache, i) for i, cache in enumerate(caches)), options)
 
     def prompt_cache(self, model) -> list[Any]:
@@ -368,6 +370,48 @@ def _layer_of(cache: Any, index: int) -> Layer:
             raise NotTraceable(f"{kind.__name__} of layer {index} is not filled by a decode step")
         return ArraysLayer(tuple(Buffer(tuple(state.shape[1:]), state.dtype, timed=False) for state in cache.cache))
     raise NotTraceable(f"{kind.__name__} (layer {index}) has no fixed-buffer form")
+
+
+# How many more one-token steps CacheSpec.of takes, at most, for the states to settle.
+_SETTLE_STEPS = 16
+
+
+def _state_shapes(caches: Sequence[Any]) -> list[tuple[int, ...] | None]:
+    return [None if state is None else tuple(state.shape)
+            for cache in caches for part in (cache.caches if type(cache) is CacheList else (cache,))
+            if isinstance(part, ArraysCache) for state in part.cache]
+
+
+def _settled(model, options: CacheOptions, caches: list[Any]) -> list[Any]:
+    """`caches` (the probe's, one token in) stepped on, lazily, until their ArraysCache states
+    keep their shapes through a step. A state may grow with the first tokens up to a bound
+    (longcat_flash_ngram's n-gram context: the last n - 1 token ids, 1 after one token); its
+    buffer holds the bound, the first tokens' narrower state at its end (``_grown``).
+    States that never settle keep growing in the traced step, which refuses them."""
+    shapes = _state_shapes(caches)
+    for _ in range(_SETTLE_STEPS if shapes else 0):
+        model(mx.array([[0]], dtype=mx.int32), cache=caches)
+        options.quantize(caches)
+        now = _state_shapes(caches)
+        if now == shapes:
+            break
+        shapes = now
+    return caches
+
+
+def _grown(state: mx.array, buffer: Buffer) -> mx.array:
+    """An ArraysCache state {1, ...} narrower than its settled buffer (the first tokens'
+    state, before it grew to its bound) at the end of each short axis, zeros before it:
+    what the model's own code shifts in for the tokens before the first (check_against_model
+    holds the step to the model's own forward over such states)."""
+    shape = (state.shape[0], *buffer.dims)
+    if tuple(state.shape) == shape:
+        return state
+    if state.ndim != len(shape) or any(have > want for have, want in zip(state.shape, shape)):
+        raise InvalidArgument(f"an ArraysCache state of shape {tuple(state.shape)} does not fit its buffer {shape}")
+    fixed = mx.zeros(shape, dtype=state.dtype)
+    fixed[tuple(slice(want - have, want) for have, want in zip(state.shape, shape))] = state
+    return fixed
 
 
 def _placed(part: mx.array, length: int) -> mx.array:

@@ -36,7 +36,6 @@ BATCH_REFUSED = {"gemma2": "other logits than the same row alone",
                  "deepseek_v41": r"mlx-lm cannot batch its LayerCache \(layer 0\)",
                  "llama4": r"mlx-lm cannot batch its ChunkedKVCache \(layer 0\)",
                  "gpt_bigcode": "a batch of 2 rows fails in the model's own code",
-                 "longcat_flash_ngram": r"Cannot broadcast array of shape \(1,3\) into shape \(1,1\)",
                  "phi3small": "other logits than the same row alone"}
 # mlx-lm's gemma3n writes its own weights in every call (its AltUp's coefficients cast and
 # clipped, lazily, on the calling thread's stream), so two threads calling it at once race
@@ -53,8 +52,6 @@ FALLS_BACK = {
     "gpt_bigcode": "reads an array.s value while it is being traced",
     "deepseek_v41": r"LayerCache \(layer 0\) has no fixed-buffer form",
     "llama4": r"ChunkedKVCache \(layer 0\) has no fixed-buffer form",  # the multimodal checkpoints' chunked layers
-    # Its n-gram context grows with the first tokens (an ArraysCache state of 1, then 3).
-    "longcat_flash_ngram": r"ArraysCache state 0 does not keep its shape \(1,\) through a step",
     # Its block-sparse layers add the mask as numbers (mlx-lm gives none to one token).
     "phi3small": "the fixed-cache step disagrees with the model's own forward",
 }

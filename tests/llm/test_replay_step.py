@@ -313,6 +313,45 @@ def test_a_model_that_ignores_the_mask_is_refused():
         check_against_model(model, CacheSpec.of(model))
 
 
+class Context(nn.Module):
+    """Keeps the last `keep` token ids (all of them: None) in an ArraysCache, as
+    longcat_flash_ngram's n-gram context: 1 id after one token, `keep` from then on. Its
+    logits count the ids of the context and the token, id 0 too where `counts_zeros`."""
+
+    def __init__(self, keep: int | None = 3, counts_zeros: bool = False):
+        super().__init__()
+        self.layers = [nn.Identity()]
+        self.keep, self.counts_zeros = keep, counts_zeros
+
+    def make_cache(self):
+        return [ArraysCache(1)]
+
+    def __call__(self, tokens, cache):
+        held = cache[0][0]
+        context = tokens if held is None else mx.concatenate([held, tokens], axis=1)
+        cache[0][0] = context if self.keep is None else context[:, max(0, context.shape[1] - self.keep):]
+        counts = mx.eye(16)[context].sum(axis=1, keepdims=True)  # {B, 1, 16}
+        return counts if self.counts_zeros else counts * (mx.arange(16) > 0)
+
+
+def test_a_state_that_grows_to_a_bound_is_buffered_at_it():
+    """A state of the first tokens' ids settles at its bound: its buffer holds it, the
+    narrower state of fewer tokens at its end (zeros before it, as the model shifts in)."""
+    spec = CacheSpec.of(Context())
+    assert spec.shapes(2, 8) == [(2, 3)]
+    caches = spec.prompt_cache(Context())
+    Context()(mx.array([[5]]), cache=caches)
+    assert spec.from_prompt_cache(caches, 8)[0].tolist() == [[0, 0, 5]]
+    assert check_against_model(Context(), spec, tokens=(1, 2, 3, 4, 5)) == 16
+    # A model that tells the zeros from no token disagrees with its own forward: refused.
+    with pytest.raises(ValueError, match="disagrees with the model's own forward"):
+        check_against_model(Context(counts_zeros=True), CacheSpec.of(Context(counts_zeros=True)))
+    # One that never settles grows in the step too.
+    spec = CacheSpec.of(Context(keep=None))
+    with pytest.raises(NotTraceable, match="ArraysCache state 0 does not keep its shape"):
+        forward(Context(keep=None), spec, mx.array([[1]]), mx.array(0), spec.zeros(1, 8))
+
+
 @pytest.mark.parametrize("kind, options", [("qwen3", {}), ("gemma3_text", {}), ("qwen3", {"max_kv_size": 12}),
                                            ("qwen3", {"kv_bits": 8, "kv_group_size": 32}), ("mamba2", {})])
 def test_buffers_go_back_to_mlx_lm_caches_that_continue_its_tokens(kind, options):
