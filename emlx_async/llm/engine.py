@@ -1029,13 +1029,16 @@ def _check_batching(model, options: CacheOptions) -> NotTraceable | None:
     else:
         try:
             check_batch_against_rows(model, spec)
+        except NotTraceable as exc:  # the stand-ins cannot step the model: mlx-lm's batch is checked
+            unchecked = exc
         except ValueError as exc:
             raise _batch_refused(model, exc) from exc
-        try:
-            check_against_model(model, spec)
-            return None
-        except ValueError as exc:
-            unchecked = exc
+        else:
+            try:
+                check_against_model(model, spec)
+                return None
+            except ValueError as exc:
+                unchecked = exc
     try:
         check_mlx_batch_against_rows(model, options)
     except ValueError as exc:

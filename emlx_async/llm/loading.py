@@ -27,6 +27,7 @@ def load_model_files(path: str | None) -> tuple[Any, Any, dict[str, Any]]:
         model, tokenizer = mlx_lm_load(path)
         fix_batch_masks(model)
         fix_weight_rewrites(model)
+        fix_position_arrays(model)
         eos = set(tokenizer.eos_token_ids) or {tokenizer.eos_token_id}
         return model, tokenizer, {"eos_ids": eos, "chat_template": tokenizer.chat_template,
                                   "bos_id": added_bos(tokenizer)}
@@ -81,6 +82,83 @@ def fix_batch_masks(model) -> bool:
             attention.__class__ = _gemma2_batch_attention(gemma2.Attention)
             fixed = True
     return fixed
+
+
+def fix_position_arrays(model) -> bool:
+    """Let mlx-lm's llama4 take its position as an array (the replayed step's); whether it changed anything.
+
+    Its model builds its chunked layers' mask from Python-int positions (``mx.arange(start,
+    end)`` off its first ChunkedKVCache), and its layers without rope scale their queries
+    by a temperature of ``mx.arange(offset + 1, ...)``: a step traced over a position array
+    fails in both. The model and those attention modules become subclasses that, given
+    caches whose offset is an array (the step's stand-ins), ask the first chunked cache for
+    the chunk mask (``make_chunk_mask``, as other models ask theirs for masks) and compute the
+    temperature from the array; mlx-lm's own caches (int offsets) take mlx-lm's code as it
+    is. Keyed on llama4's classes: no other mlx-lm family builds masks that way, and no
+    cache stand-in can give ``mx.arange`` an array. Done at load, before any worker runs
+    the model; the replayed step's load check (replay_step.check_against_model) holds it."""
+    try:
+        from mlx_lm.models import llama4
+    except ImportError:
+        return False
+    fixed = False
+    for _, module in model.named_modules():
+        if type(module) is llama4.LlamaModel:
+            module.__class__ = _llama4_array_positions_model(llama4.LlamaModel)
+            fixed = True
+        elif type(module) is llama4.Attention:
+            module.__class__ = _llama4_array_positions_attention(llama4.Attention)
+            fixed = True
+    return fixed
+
+
+@functools.cache
+def _llama4_array_positions_model(base: type) -> type:
+    """llama4.LlamaModel asking its first chunked cache for the chunk mask where positions are arrays."""
+    import mlx.core as mx
+    from mlx_lm.models.base import create_attention_mask
+
+    class ArrayPositionsModel(base):  # type: ignore[misc, valid-type]
+        def __call__(self, inputs, cache=None):
+            if cache is None or not isinstance(cache[0].offset, mx.array):
+                return super().__call__(inputs, cache)
+            h = self.embed_tokens(inputs)
+            chunk_mask = cache[0].make_chunk_mask(h.shape[1])  # mlx-lm's: same chunk, not after the token
+            global_mask = create_attention_mask(h, cache[3])
+            for idx, (layer, c) in enumerate(zip(self.layers, cache)):
+                h = layer(h, chunk_mask if (idx + 1) % 4 != 0 else global_mask, cache=c)
+            return self.norm(h)
+
+    ArrayPositionsModel.__name__ = ArrayPositionsModel.__qualname__ = base.__name__
+    return ArrayPositionsModel
+
+
+@functools.cache
+def _llama4_array_positions_attention(base: type) -> type:
+    """llama4.Attention computing its rope-less layers' query temperature from an array offset."""
+    import mlx.core as mx
+    from mlx_lm.models.base import scaled_dot_product_attention
+
+    class ArrayPositionsAttention(base):  # type: ignore[misc, valid-type]
+        def __call__(self, x, mask=None, cache=None):
+            if (cache is None or self.use_rope or not self.attn_temperature_tuning
+                    or not isinstance(cache.offset, mx.array)):
+                return super().__call__(x, mask, cache)  # nothing read off the offset as an int
+            B, L, _ = x.shape
+            queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            queries = queries.reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
+            keys = keys.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+            values = values.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+            # mlx-lm's mx.arange(offset + 1, offset + L + 1), one row of positions per offset.
+            positions = mx.reshape(cache.offset, (-1, 1)) + 1 + mx.arange(L)
+            scales = mx.log(mx.floor(positions / self.floor_scale) + 1.0) * self.attn_scale + 1.0
+            queries = (queries * scales.reshape(-1, 1, L, 1)).astype(queries.dtype)
+            keys, values = cache.update_and_fetch(keys, values)
+            output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
+            return self.o_proj(output.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    ArrayPositionsAttention.__name__ = ArrayPositionsAttention.__qualname__ = base.__name__
+    return ArrayPositionsAttention
 
 
 def fix_weight_rewrites(model) -> list[str]:

@@ -23,6 +23,12 @@ Which stand-in each layer gets follows ``make_prompt_cache``:
   fixed-shape states that need no position. A state that grows over the
   first tokens up to a bound (longcat_flash_ngram's last n - 1 token ids)
   is buffered at the bound, the first tokens' narrower state at its end.
+* ``ChunkedKVCache`` (llama4's chunked attention: a token attends to the
+  earlier tokens of its own chunk): a ring of ``min(chunk, size)`` slots,
+  position p in slot p mod chunk, ``make_chunk_mask`` showing the chunk's
+  slots. mlx-lm's llama4 builds that mask itself from Python-int positions,
+  so it replays once ``loading.fix_position_arrays`` made it ask its cache
+  (Engine.load does).
 * ``CacheList`` (a layer with several caches, as falcon_h1's state and
   keys): each of its caches' buffers in turn.
 
@@ -48,7 +54,7 @@ from typing import Any, Callable
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, QuantizedKVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, KVCache, QuantizedKVCache, RotatingKVCache
 
 from .. import InvalidArgument, InvalidArgumentType
 from .. import NotTraceable as NotTraceable
@@ -203,9 +209,51 @@ class ArraysLayer:
 
 
 @dataclass(frozen=True)
+class ChunkedLayer:
+    """Keys and values of chunked attention (mlx-lm's ChunkedKVCache): a token sees the earlier
+    tokens of its own chunk of ``chunk`` positions only, so ``chunk`` slots hold them all,
+    position p in slot p mod chunk (the chunk's first token in slot 0)."""
+    keys: Buffer
+    values: Buffer
+    chunk: int
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]:
+        return self.keys, self.values
+
+    def length(self, size: int) -> int:
+        return min(self.chunk, size)
+
+    def stand_in(self, arrays: Sequence[mx.array], position: mx.array, masks: list) -> _PositionedChunkedKVCache:
+        return _PositionedChunkedKVCache(*arrays, position, self, masks)
+
+    def outputs(self, cache: Any) -> list[mx.array]:
+        return [cache.keys, cache.values]
+
+    def from_mlx(self, cache: Any, size: int) -> list[mx.array]:
+        if type(cache) is not ChunkedKVCache or cache.chunk_size != self.chunk:
+            raise InvalidArgumentType(f"this chunked layer takes a ChunkedKVCache of chunk {self.chunk}, "
+                                      f"got {type(cache).__name__}")
+        offset, held_from = cache.offset, cache.start_position
+        if offset > size < self.chunk:  # a ring of a whole chunk holds any length
+            raise InvalidArgument(f"{offset} tokens do not fit buffers of {size} positions")
+        # The next token's chunk so far (mlx-lm holds at least those, maybe earlier ones).
+        first = offset - offset % self.chunk
+        return [_placed(part[..., first - held_from:offset - held_from, :], self.length(size))
+                for part in (cache.keys, cache.values)]
+
+    def to_mlx(self, arrays: Sequence[mx.array], row: int, length: int):
+        first = length - length % self.chunk
+        cache = ChunkedKVCache(self.chunk)
+        cache.keys, cache.values = (a[row:row + 1, :, :length - first, :] for a in arrays)
+        cache.offset, cache.start_position = length, first
+        return cache
+
+
+@dataclass(frozen=True)
 class ListLayer:
     """A CacheList's caches (a hybrid layer's state and keys): each part's buffers in turn."""
-    parts: tuple[KVLayer | QuantizedLayer | ArraysLayer, ...]
+    parts: tuple[KVLayer | QuantizedLayer | ArraysLayer | ChunkedLayer, ...]
 
     @property
     def buffers(self) -> tuple[Buffer, ...]:
@@ -230,10 +278,10 @@ class ListLayer:
         return _split_among(self.parts, arrays)
 
 
-Layer = KVLayer | QuantizedLayer | ArraysLayer | ListLayer
+Layer = KVLayer | QuantizedLayer | ArraysLayer | ChunkedLayer | ListLayer
 
 
-def _parts(layer: Layer) -> tuple[KVLayer | QuantizedLayer | ArraysLayer, ...]:
+def _parts(layer: Layer) -> tuple[KVLayer | QuantizedLayer | ArraysLayer | ChunkedLayer, ...]:
     return layer.parts if isinstance(layer, ListLayer) else (layer,)
 
 
@@ -273,7 +321,8 @@ class CacheSpec:
         """The cache size a stream of `tokens` tokens needs: all of them, unless every
         layer is bounded (rings hold their max_size, states no positions at all), so a
         max_kv_size stream (or an SSM's) replays at any length."""
-        bounds = [layer.max_size if isinstance(layer, KVLayer) else 0 if isinstance(layer, ArraysLayer) else None
+        bounds = [layer.max_size if isinstance(layer, KVLayer) else 0 if isinstance(layer, ArraysLayer)
+                  else layer.chunk if isinstance(layer, ChunkedLayer) else None
                   for parts in map(_parts, self.layers) for layer in parts]
         if any(bound is None for bound in bounds):
             return tokens
@@ -357,6 +406,8 @@ def _layer_of(cache: Any, index: int) -> Layer:
         if cache.max_size <= cache.keep:
             raise NotTraceable(f"a RotatingKVCache of {cache.max_size} positions keeping {cache.keep} (layer {index})")
         return KVLayer(_timed(cache.keys), _timed(cache.values), max_size=cache.max_size, keep=cache.keep)
+    if kind is ChunkedKVCache:
+        return ChunkedLayer(_timed(cache.keys), _timed(cache.values), chunk=cache.chunk_size)
     if kind is QuantizedKVCache:
         return QuantizedLayer(tuple(_timed(x) for x in cache.keys), tuple(_timed(x) for x in cache.values),
                               bits=cache.bits, group_size=cache.group_size)
@@ -533,6 +584,47 @@ class _PositionedKVCache(_Positioned, KVCache):
         return self.keys, self.values
 
 
+class _PositionedChunkedKVCache(_PositionedKVCache):
+    """ChunkedKVCache's keys and values in a ring of a chunk's slots (KVCache's interface, as
+    the key-value stand-in's), and ``make_chunk_mask`` showing each row's chunk so far.
+
+    The chunks are the model's doing, not the cache's: mlx-lm's ChunkedKVCache has no
+    ``make_mask`` (a model asking gets none, and attends to all it holds, which its own
+    trimming decides), so a model asking this one for a mask is refused; llama4 fixed
+    (``loading.fix_position_arrays``) asks for the chunk mask it built itself."""
+
+    def __init__(self, keys: mx.array, values: mx.array, position: mx.array, layer: ChunkedLayer, masks: list):
+        super().__init__(keys, values, position, layer, masks)
+        self.chunk_size = layer.chunk
+
+    @property
+    def start_position(self) -> mx.array:
+        """The first position of each row's chunk (mlx-lm's: the first it holds)."""
+        return self.offset - self.offset % self.chunk_size
+
+    def maybe_trim_front(self) -> None:
+        # mlx-lm's llama4 trims its chunked caches, then builds their mask from Python-int positions
+        # (mx.arange(start, end)), which a step traced over a position array cannot give.
+        raise NotTraceable("the model builds its chunked attention's mask itself from int positions "
+                           "(mlx-lm's llama4: loading.fix_position_arrays has it ask its cache)")
+
+    def _slots(self, length: int) -> mx.array:
+        return self.offset % self.chunk_size
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False) -> mx.array:  # noqa: N803
+        raise NotTraceable("the model asks its ChunkedKVCache for a mask (mlx-lm's has none: the model "
+                           "attends to all the cache holds)")
+
+    def make_chunk_mask(self, N: int) -> mx.array:  # noqa: N803
+        """{rows, 1, 1, slots}: each row's chunk up to its token (llama4's own chunk mask)."""
+        if N != 1:
+            raise NotTraceable(f"the traced step decodes one token per row, the model asked for a mask of {N}")
+        self._masks.append(None)
+        within = mx.reshape(self.offset % self.chunk_size, (-1, 1))  # each row's slot
+        visible = mx.arange(self._length(), dtype=mx.int32)[None] <= within
+        return visible.reshape(within.shape[0], 1, 1, self._length())
+
+
 class _PositionedQuantizedKVCache(_Positioned, QuantizedKVCache):
     """QuantizedKVCache's interface over fixed quantized buffers (``bits`` and
     ``group_size`` send mlx-lm's attention to quantized_scaled_dot_product_attention)."""
@@ -667,6 +759,8 @@ def check_batch_against_rows(model, spec: CacheSpec, prompts: Sequence[Sequence[
     try:
         together, _ = forward(model, spec, tokens, positions, buffers)
         mx.eval(together)
+    except NotTraceable:
+        raise  # the stand-ins cannot step the model at all, a batch or not
     except Exception as exc:  # noqa: BLE001 - mlx's broadcasting error, say
         raise InvalidArgument(f"a batch of {len(prompts)} rows fails in the model's own code: {exc}") from exc
     for row, (prompt, one_row) in enumerate(zip(prompts, rows)):

@@ -32,8 +32,9 @@ class IdsTokenizer:
 
 def tiny_model(kind: str):
     """A random llama ("llama"), one that doubles its logits ("odd llama": the replayed
-    step is the model's own call, so it replays too), one whose caches have no
-    fixed-buffer form ("chunked llama") and one whose attention drops the mask it
+    step is the model's own call, so it replays too), one whose ChunkedKVCaches its
+    own code does not chunk ("chunked llama": it asks them for a mask, mlx-lm's have none,
+    so it attends to all they hold; the stand-ins refuse) and one whose attention drops the mask it
     asks for ("unmasked llama": fine on mlx-lm's growing cache, wrong on fixed buffers)."""
     from mlx_lm.models import llama
     from mlx_lm.models.cache import ChunkedKVCache
@@ -104,7 +105,7 @@ async def test_a_model_whose_step_cannot_be_traced_falls_back_to_the_python_step
     async with ea.Runtime(pool_size=1) as rt:
         engine = Engine(tiny_model("chunked llama"), IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt)
         assert await engine.prepare_step(cache_sizes=(16,)) == "python"
-        assert "'llama'" in engine.step_note and "ChunkedKVCache (layer 0)" in engine.step_note
+        assert "'llama'" in engine.step_note and "asks its ChunkedKVCache for a mask" in engine.step_note
         with pytest.raises(ValueError, match="not available.*ChunkedKVCache"):
             await engine.prepare_step("replay", cache_sizes=(16,))
         assert len(await tokens_of(engine, [3, 4], max_tokens=3)) == 3  # the Python step runs

@@ -19,7 +19,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async.llm import Engine
-from emlx_async.llm.loading import fix_weight_rewrites
+from emlx_async.llm.loading import fix_position_arrays, fix_weight_rewrites
 from support.engine import tokens_of
 from support.helpers import on_loops
 from support.tiny_models import FAMILIES, IdsTokenizer, mlx_lm_tokens, tiny
@@ -34,7 +34,6 @@ BATCH_REFUSED = {"gemma2": "other logits than the same row alone",
                  # Where the buffers cannot vouch for a batch, mlx-lm's own is checked (its Python step).
                  "afm7": "mlx-lm's batch gives row 1 other logits than the same row alone",
                  "deepseek_v41": r"mlx-lm cannot batch its LayerCache \(layer 0\)",
-                 "llama4": r"mlx-lm cannot batch its ChunkedKVCache \(layer 0\)",
                  "gpt_bigcode": "a batch of 2 rows fails in the model's own code",
                  "phi3small": "other logits than the same row alone"}
 # mlx-lm's gemma3n writes its own weights in every call (its AltUp's coefficients cast and
@@ -42,6 +41,10 @@ BATCH_REFUSED = {"gemma2": "other logits than the same row alone",
 # (MLX: "There is no Stream(cpu, n) in current thread", or a crash): loading.fix_weight_rewrites
 # (which Engine.load applies) does the rewrite once. The only family that rewrites its weights.
 REWRITES_ITS_WEIGHTS = {"gemma3n"}
+# mlx-lm's llama4 (its multimodal checkpoints) builds its chunked layers' mask and its rope-less
+# layers' temperature from Python-int positions: loading.fix_position_arrays (which Engine.load
+# applies) has it ask its cache for the mask and take the position as an array, so it replays.
+INT_POSITIONS = {"llama4"}
 # Families whose step cannot replay: the Python step serves them, step_note naming why
 # (and still mlx-lm's tokens).
 FALLS_BACK = {
@@ -51,7 +54,6 @@ FALLS_BACK = {
     "dbrx": "reads an array.s value while it is being traced",
     "gpt_bigcode": "reads an array.s value while it is being traced",
     "deepseek_v41": r"LayerCache \(layer 0\) has no fixed-buffer form",
-    "llama4": r"ChunkedKVCache \(layer 0\) has no fixed-buffer form",  # the multimodal checkpoints' chunked layers
     # Its block-sparse layers add the mask as numbers (mlx-lm gives none to one token).
     "phi3small": "the fixed-cache step disagrees with the model's own forward",
 }
@@ -78,6 +80,7 @@ async def _prompts_at_once(engine) -> list:
 async def test_family_replays_with_mlx_lms_tokens(kind):
     model = tiny(kind)
     assert bool(fix_weight_rewrites(model)) == (kind in REWRITES_ITS_WEIGHTS)  # as Engine.load does
+    assert fix_position_arrays(model) == (kind in INT_POSITIONS)
     want = [mlx_lm_tokens(model, prompt, N) for prompt in PROMPTS]
     async with ea.Runtime(pool_size=2) as rt:
         for mode in ("parallel", "batch"):

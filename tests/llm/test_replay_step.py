@@ -18,8 +18,8 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, Rotating
 import emlx_async as ea
 from emlx_async import replay
 from emlx_async.llm.cache_options import CacheOptions
-from emlx_async.llm.replay_step import (CacheSpec, NotTraceable, check_against_model, forward, make_step,
-                                         model_weights)
+from emlx_async.llm.replay_step import (CacheSpec, NotTraceable, check_against_model, check_batch_against_rows,
+                                        forward, make_step, model_weights)
 from emlx_async.llm.traced import sampling_inputs, sampling_rows
 from support.helpers import on_loops
 from support.tiny_models import ARCHITECTURES, BASE, QUANTIZABLE, WINDOW, mlx_lm_tokens, tiny
@@ -271,14 +271,14 @@ def test_cache_options_mlx_lm_or_mlx_refuse_are_refused_with_their_message():
 
 def test_caches_that_cannot_be_written_as_buffers_are_named():
     from mlx_lm.models import llama
-    from mlx_lm.models.cache import ChunkedKVCache
+    from mlx_lm.models.cache import ConcatenateKVCache
 
-    class Chunked(llama.Model):
+    class Concatenated(llama.Model):
         def make_cache(self):
-            return [ChunkedKVCache(4) for _ in self.layers]
+            return [ConcatenateKVCache() for _ in self.layers]
 
-    model = Chunked(llama.ModelArgs.from_dict({**BASE, "model_type": "llama"}))
-    with pytest.raises(NotTraceable, match="ChunkedKVCache \\(layer 0\\)"):
+    model = Concatenated(llama.ModelArgs.from_dict({**BASE, "model_type": "llama"}))
+    with pytest.raises(NotTraceable, match="ConcatenateKVCache \\(layer 0\\) has no fixed-buffer form"):
         CacheSpec.of(model)
 
 
@@ -310,6 +310,45 @@ def test_a_model_that_ignores_the_mask_is_refused():
     model = Unmasked(drops_mask=True)
     mx.eval(model.parameters())
     with pytest.raises(ValueError, match="disagrees with the model's own forward"):
+        check_against_model(model, CacheSpec.of(model))
+
+
+def test_chunked_attention_steps_as_mlx_lms_over_its_chunks():
+    """llama4's chunked layers (ChunkedKVCache, chunks of 8 here) in a ring of a chunk's slots:
+    stepped across several chunks from an mlx-lm prefill, the logits are mlx-lm's, and the
+    buffers go back to caches that continue them. mlx-lm's llama4 builds the chunk mask from
+    int positions: refused until loading.fix_position_arrays has it ask its cache."""
+    from mlx_lm.models import llama
+    from mlx_lm.models.cache import ChunkedKVCache
+
+    from emlx_async.llm.loading import fix_position_arrays
+
+    model = tiny("llama4")
+    spec = CacheSpec.of(model)
+    assert spec.shapes(1, 32)[:2] == [(1, 2, 8, 16)] * 2 and spec.shapes(1, 4)[0] == (1, 2, 4, 16)
+    with pytest.raises(NotTraceable, match="builds its chunked attention's mask itself from int positions"):
+        forward(model, spec, mx.array([[1]]), mx.array(0), spec.zeros(1, 8))
+    assert fix_position_arrays(model) and not fix_position_arrays(model) and not fix_position_arrays(tiny("llama"))
+    for layer in model.layers:  # the rope-less layer's query temperature: a new step every 4 positions
+        layer.self_attn.floor_scale = 4
+    tokens = [3, 17, 5, 9, 100, 42, 8, 1, 6, 2, 11, 19, 7, 1, 4, 250, 30, 31, 32, 33, 34, 35, 36, 37, 38]
+    caches = spec.prompt_cache(model)
+    model(mx.array([tokens[:5]]), cache=caches)
+    buffers = spec.from_prompt_cache(caches, 32)
+    for position, token in enumerate(tokens[5:], start=5):
+        want = model(mx.array([[token]]), cache=caches)[:, -1, :]
+        logits, buffers = forward(model, spec, mx.array([[token]]), mx.array(position), buffers)
+        assert mx.allclose(logits, want, atol=1e-4).item(), position
+    back = spec.to_prompt_cache(buffers, 0, len(tokens))
+    assert mx.allclose(model(mx.array([[9]]), cache=back), model(mx.array([[9]]), cache=caches), atol=1e-4).item()
+    check_batch_against_rows(model, spec, prompts=((1, 2, 3, 4, 5, 6, 7), (5, 6)))  # each row its own temperature
+
+    class Chunked(llama.Model):  # chunked caches, the model's mask from create_attention_mask (none in mlx-lm)
+        def make_cache(self):
+            return [ChunkedKVCache(4) for _ in self.layers]
+
+    model = Chunked(llama.ModelArgs.from_dict({**BASE, "model_type": "llama"}))
+    with pytest.raises(NotTraceable, match="asks its ChunkedKVCache for a mask"):
         check_against_model(model, CacheSpec.of(model))
 
 
