@@ -85,31 +85,71 @@ def fix_batch_masks(model) -> bool:
 
 
 def fix_position_arrays(model) -> bool:
-    """Let mlx-lm's llama4 take its position as an array (the replayed step's); whether it changed anything.
+    """Let mlx-lm's llama4 and afm7 take their position as an array (the replayed step's, and
+    mlx-lm's batch caches'); whether it changed anything.
 
-    Its model builds its chunked layers' mask from Python-int positions (``mx.arange(start,
-    end)`` off its first ChunkedKVCache), and its layers without rope scale their queries
-    by a temperature of ``mx.arange(offset + 1, ...)``: a step traced over a position array
-    fails in both. The model and those attention modules become subclasses that, given
-    caches whose offset is an array (the step's stand-ins), ask the first chunked cache for
-    the chunk mask (``make_chunk_mask``, as other models ask theirs for masks) and compute the
-    temperature from the array; mlx-lm's own caches (int offsets) take mlx-lm's code as it
-    is. Keyed on llama4's classes: no other mlx-lm family builds masks that way, and no
-    cache stand-in can give ``mx.arange`` an array. Done at load, before any worker runs
-    the model; the replayed step's load check (replay_step.check_against_model) holds it."""
+    llama4 builds its chunked layers' mask from Python-int positions (``mx.arange(start,
+    end)`` off its first ChunkedKVCache), and its layers without rope scale their queries by
+    a temperature of ``mx.arange(offset + 1, ...)``: a step traced over a position array
+    fails in both. afm7's key-reusing layers rotate their queries at the reused keys' length
+    less the new tokens' (a shape: the position only where the cache holds exactly the
+    tokens so far, so over a fixed buffer, or mlx-lm's left-padded batch, the wrong one).
+    Those modules become subclasses that, given caches whose offset is an array (the step's
+    stand-ins), ask the first chunked cache for the chunk mask (``make_chunk_mask``, as other
+    models ask theirs for masks) and compute the temperature from the array (llama4), and
+    rotate the reusing layers' queries at the last cache's offset before the call (afm7);
+    mlx-lm's own caches (int offsets) take mlx-lm's code as it is. Keyed on those classes:
+    no cache stand-in can give ``mx.arange`` an array or a shape that follows the position.
+    Done at load, before any worker runs the model; the replayed step's load check
+    (replay_step.check_against_model) holds it."""
     try:
-        from mlx_lm.models import llama4
+        from mlx_lm.models import afm7, llama4
     except ImportError:
         return False
     fixed = False
+    swaps = {llama4.LlamaModel: _llama4_array_positions_model, llama4.Attention: _llama4_array_positions_attention,
+             afm7.AFMModel: _afm7_array_positions_model}
     for _, module in model.named_modules():
-        if type(module) is llama4.LlamaModel:
-            module.__class__ = _llama4_array_positions_model(llama4.LlamaModel)
-            fixed = True
-        elif type(module) is llama4.Attention:
-            module.__class__ = _llama4_array_positions_attention(llama4.Attention)
+        make = swaps.get(type(module))
+        if make is not None:
+            module.__class__ = make(type(module))
             fixed = True
     return fixed
+
+
+@functools.cache
+def _afm7_array_positions_model(base: type) -> type:
+    """afm7.AFMModel rotating its key-reusing layers' queries at an array offset."""
+    import mlx.core as mx
+    from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
+
+    def reusing_attention(attention, x, keys, values, mask, offset):
+        B, L, _ = x.shape
+        queries = attention.q_proj(x).reshape(B, L, attention.n_heads, -1).transpose(0, 2, 1, 3)
+        queries = attention.q_norm(attention.rope(queries, offset=offset))
+        output = scaled_dot_product_attention(queries, keys, values, cache=None, scale=attention.scale, mask=mask)
+        return attention.out_proj(output.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    class ArrayPositionsAFMModel(base):  # type: ignore[misc, valid-type]
+        def __call__(self, inputs, cache=None):
+            if cache is None or not isinstance(cache[-1].offset, mx.array):
+                return super().__call__(inputs, cache)
+            # The position of this call's first token, where its keys were rotated (mlx-lm's
+            # S - L, its cache holding exactly the tokens so far); read before the layers
+            # write (a batch cache's offset moves on).
+            offset = cache[-1].offset
+            h = self.embedding(inputs)
+            mask = create_attention_mask(h, cache[0])
+            for layer, c in zip(self.layers, cache):
+                h = layer(h, mask, cache=c)
+            keys, values = cache[-1].keys_and_values()
+            for layer in self.kv_reuse_layers:
+                h = h + reusing_attention(layer.self_attn, layer.input_layernorm(h), keys, values, mask, offset)
+                h = h + layer.mlp(layer.post_attention_layernorm(h))
+            return self.output_norm(h)
+
+    ArrayPositionsAFMModel.__name__ = ArrayPositionsAFMModel.__qualname__ = base.__name__
+    return ArrayPositionsAFMModel
 
 
 @functools.cache

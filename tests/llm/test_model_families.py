@@ -32,7 +32,6 @@ N = 10  # the first prompt crosses the 16-position trace into the 32
 # (loading.fix_batch_masks, below).
 BATCH_REFUSED = {"gemma2": "other logits than the same row alone",
                  # Where the buffers cannot vouch for a batch, mlx-lm's own is checked (its Python step).
-                 "afm7": "mlx-lm's batch gives row 1 other logits than the same row alone",
                  "deepseek_v41": r"mlx-lm cannot batch its LayerCache \(layer 0\)",
                  "gpt_bigcode": "a batch of 2 rows fails in the model's own code",
                  "phi3small": "other logits than the same row alone"}
@@ -42,19 +41,22 @@ BATCH_REFUSED = {"gemma2": "other logits than the same row alone",
 # (which Engine.load applies) does the rewrite once. The only family that rewrites its weights.
 REWRITES_ITS_WEIGHTS = {"gemma3n"}
 # mlx-lm's llama4 (its multimodal checkpoints) builds its chunked layers' mask and its rope-less
-# layers' temperature from Python-int positions: loading.fix_position_arrays (which Engine.load
-# applies) has it ask its cache for the mask and take the position as an array, so it replays.
-INT_POSITIONS = {"llama4"}
+# layers' temperature from Python-int positions, and afm7's key-reusing layers rotate their
+# queries at the keys' length less one (a shape): loading.fix_position_arrays (which Engine.load
+# applies) has them take the position as an array (llama4 asking its cache for the chunk mask),
+# so they replay (and afm7's mlx-lm batch, left-padded, gets each row's own logits too).
+INT_POSITIONS = {"afm7", "llama4"}
 # Families whose step cannot replay: the Python step serves them, step_note naming why
 # (and still mlx-lm's tokens).
 FALLS_BACK = {
-    # Its key-reusing layers rotate their queries at the keys' length less one: the buffer's.
-    "afm7": "the fixed-cache step disagrees with the model's own forward",
     # Its experts are picked in Python (inds.tolist()), and gpt_bigcode's positions in numpy.
     "dbrx": "reads an array.s value while it is being traced",
     "gpt_bigcode": "reads an array.s value while it is being traced",
+    # Its LayerCache's compressed groups grow, and a group closes, as the position goes (shapes).
     "deepseek_v41": r"LayerCache \(layer 0\) has no fixed-buffer form",
-    # Its block-sparse layers add the mask as numbers (mlx-lm gives none to one token).
+    # Its block-sparse layers add the mask as numbers (mlx-lm gives none to one token), and
+    # place the query in the keys' last block (mlx-lm's keys end at the token; a buffer's do
+    # not): which blocks it sees follows the buffer's length, not its position.
     "phi3small": "the fixed-cache step disagrees with the model's own forward",
 }
 

@@ -352,6 +352,25 @@ def test_chunked_attention_steps_as_mlx_lms_over_its_chunks():
         check_against_model(model, CacheSpec.of(model))
 
 
+def test_key_reusing_layers_rotate_their_queries_at_the_position_once_fixed():
+    """afm7's key-reusing layers rotate their queries at the reused keys' length less one: over
+    a fixed buffer the step disagrees with the model, and mlx-lm's left-padded batch is wrong.
+    loading.fix_position_arrays has them rotate at the position (an array): both right."""
+    from emlx_async.llm.loading import fix_position_arrays
+    from emlx_async.llm.replay_step import check_mlx_batch_against_rows
+
+    model = tiny("afm7")
+    spec = CacheSpec.of(model)
+    with pytest.raises(ValueError, match="disagrees with the model's own forward"):
+        check_against_model(model, spec)
+    with pytest.raises(ValueError, match="mlx-lm's batch gives row 1 other logits"):
+        check_mlx_batch_against_rows(model)
+    assert fix_position_arrays(model)
+    assert check_against_model(model, spec, tokens=(3, 17, 5, 9, 100, 42, 8, 1)) == 256
+    check_batch_against_rows(model, spec)
+    check_mlx_batch_against_rows(model)
+
+
 class Context(nn.Module):
     """Keeps the last `keep` token ids (all of them: None) in an ArraysCache, as
     longcat_flash_ngram's n-gram context: 1 id after one token, `keep` from then on. Its
