@@ -150,6 +150,8 @@ class Engine:
         self.mode = mode
         self.mode_note: str | None = None  # why Engine.load's mode "auto" chose this mode
         self._batching_checked = False  # batch mode: the model's batch checked against its rows alone
+        # Batch mode: the buffers vouched for the replayed batch, mlx-lm's own (the Python step's) unchecked.
+        self._mlx_batch_unchecked = False
         runtime = runtime or get_runtime()
         # Ids past the embedding crash MLX's gather (SIGSEGV), so every prompt is checked.
         self.text = PromptEncoder(tokenizer, bos_id=bos_id, chat_template=chat_template,
@@ -309,12 +311,13 @@ class Engine:
             model, tokenizer, extra = await q.run(load)
             if mode == "auto":
                 await q.run(cache_options.probe, model)  # options the model cannot take: their own error
-                refused = await q.run(_batching_refusal, model, cache_options)
+                refused = await q.run(_batching_refusal, model, cache_options, step == "python")
                 chosen, batches = ("batch", batches) if refused is None else ("parallel", 1)
         engine = cls(model, tokenizer, runtime=runtime, max_concurrent=max_concurrent, mode=chosen, batches=batches,
                      prefill_chunk=prefill_chunk, prompt_cache=prompt_cache, cache_options=cache_options, **extra)
         if mode == "auto":
             engine._batching_checked = refused is None
+            engine._mlx_batch_unchecked = refused is None and step != "python"
             engine.mode_note = "mode 'auto' chose batch mode" if refused is None \
                 else f"mode 'auto' chose parallel mode: {refused}"
         await engine.prepare_step(step, cache_sizes=cache_sizes)
@@ -346,6 +349,16 @@ class Engine:
             self._check_open()  # close() may have run while this waited
             return await self._prepare_step(step, cache_sizes)
 
+    async def _check_python_batch(self, options: CacheOptions) -> None:
+        """Batch mode on the Python step batches mlx-lm's own caches: where the buffers vouched
+        for the replayed batch, mlx-lm's is checked before it serves (a cache it cannot merge,
+        as llama4's ChunkedKVCache, or a batch its code gets wrong, as longcat_flash_ngram's)."""
+        if self.mode != "batch" or not self._mlx_batch_unchecked:
+            return
+        async with self.runtime.queue() as queue:
+            await queue.run(_check_mlx_batching, self.model, options)
+        self._mlx_batch_unchecked = False
+
     async def _prepare_step(self, step: str, cache_sizes: Sequence[int] | None) -> str:
         decoding = self.decoding
         await self.wait_idle()  # a batch driver winding down still steps on the traces
@@ -358,10 +371,11 @@ class Engine:
             await queue.run(options.probe, self.model)
             # A model that batches wrongly does so on both steps.
             if self.mode == "batch" and not self._batching_checked:
-                await queue.run(_check_batching, self.model, options)
+                self._mlx_batch_unchecked = await queue.run(_check_batching, self.model, options) is None
                 self._batching_checked = True
         described = options.describe()
         if step == "python":
+            await self._check_python_batch(options)
             self.step_note = "the Python step was asked for" + (f" ({described})" if described else "")
             return self.step_kind
         sizes = sorted(set(cache_sizes) if cache_sizes is not None else _default_cache_sizes(self.context_length))
@@ -372,6 +386,7 @@ class Engine:
             reason = f"the step of model type {_model_type(self.model)!r} could not be traced: {exc}"
             if step == "replay":
                 raise InvalidArgument(f"the replayed step is not available: {reason}") from exc
+            await self._check_python_batch(options)
             self.step_note = reason
             return self.step_kind
         self.step_kind = "replay"
@@ -1003,12 +1018,15 @@ def _seed(seed: int | None) -> int:
     return int.from_bytes(os.urandom(8), "little") if seed is None else int(seed) % SEED_RANGE
 
 
-def _batching_refusal(model, options: CacheOptions) -> str | None:
+def _batching_refusal(model, options: CacheOptions, python_step: bool = False) -> str | None:
     """Mode "auto"'s check: why batch mode should not serve `model` (None: it batches right).
     A model whose batch cannot be checked (no fixed-buffer form of its caches) or whose
-    check fails is served alone, as parallel mode serves any model."""
+    check fails is served alone, as parallel mode serves any model. `python_step`: the
+    Python step will serve, so mlx-lm's own batch is checked even where the buffers vouch."""
     try:
         unchecked = _check_batching(model, options)
+        if python_step and unchecked is None:
+            _check_mlx_batching(model, options)
     except BatchingRefused as exc:
         return str(exc)
     except Exception as exc:  # noqa: BLE001 - any failure of a batch: serve each request alone
@@ -1039,11 +1057,16 @@ def _check_batching(model, options: CacheOptions) -> NotTraceable | None:
                 return None
             except ValueError as exc:
                 unchecked = exc
+    _check_mlx_batching(model, options)
+    return unchecked
+
+
+def _check_mlx_batching(model, options: CacheOptions) -> None:
+    """mlx-lm's own batch (the Python step's) gives its rows their logits alone; else BatchingRefused."""
     try:
         check_mlx_batch_against_rows(model, options)
     except ValueError as exc:
         raise _batch_refused(model, exc) from exc
-    return unchecked
 
 
 def _batch_refused(model, reason: Exception) -> BatchingRefused:

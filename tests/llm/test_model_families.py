@@ -46,6 +46,10 @@ REWRITES_ITS_WEIGHTS = {"gemma3n"}
 # applies) has them take the position as an array (llama4 asking its cache for the chunk mask),
 # so they replay (and afm7's mlx-lm batch, left-padded, gets each row's own logits too).
 INT_POSITIONS = {"afm7", "llama4"}
+# Batches the buffers vouch for (the replayed step's) whose mlx-lm batch (the Python step's) is
+# wrong or cannot be made: batch mode on the Python step is refused, naming why.
+PYTHON_BATCH_REFUSED = {"llama4": r"mlx-lm cannot batch its ChunkedKVCache \(layer 0\)",
+                        "longcat_flash_ngram": "mlx-lm's batch gives row 1 other logits than the same row alone"}
 # Families whose step cannot replay: the Python step serves them, step_note naming why
 # (and still mlx-lm's tokens).
 FALLS_BACK = {
@@ -102,6 +106,12 @@ async def test_family_replays_with_mlx_lms_tokens(kind):
             else:
                 assert await engine.prepare_step(cache_sizes=(16, 32)) == "replay", engine.step_note
             assert await _prompts_at_once(engine) == want, mode
+        if kind in PYTHON_BATCH_REFUSED:
+            engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch")
+            with pytest.raises(ValueError, match=f"mode 'batch' cannot serve model type '{kind}': "
+                                                 f"{PYTHON_BATCH_REFUSED[kind]}; mode 'parallel'"):
+                await engine.prepare_step("python")
+            await engine.close()
 
 
 def test_layers_reading_anothers_cache_step_as_the_model_does():
@@ -166,6 +176,11 @@ def test_mode_auto_serves_alone_a_model_whose_batch_is_wrong_unchecked_or_fails(
     args = llama.ModelArgs.from_dict({**BASE, "model_type": "llama"})
     options = CacheOptions()
     assert _batching_refusal(tiny("llama"), options) is None
+    # The buffers vouch for llama4's batch (fixed), mlx-lm's own (the Python step's) cannot merge its caches.
+    llama4 = tiny("llama4")
+    assert fix_position_arrays(llama4) and _batching_refusal(llama4, options) is None
+    assert "mlx-lm cannot batch its ChunkedKVCache (layer 0)" in _batching_refusal(llama4, options, python_step=True)
+    assert _batching_refusal(tiny("llama"), options, python_step=True) is None
     assert "mode 'batch' cannot serve model type 'gemma2'" in _batching_refusal(tiny("gemma2"), options)
     # No buffer form to check a batch with, and mlx-lm's own batch cannot merge its caches.
     assert "mode 'batch' cannot serve model type 'llama': mlx-lm cannot batch its ChunkedKVCache (layer 0)" in \
