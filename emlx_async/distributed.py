@@ -186,6 +186,12 @@ class Group:
         Example:
             >>> logits = await group.run(lambda t: model(t), tokens, timeout=30)
         """
+        return await self.issue(fn, *args, timeout=timeout, what=what, **kwargs)
+
+    def issue(self, fn: Callable[..., Any], /, *args: Any, timeout: float | None = None,
+              what: str | None = None, **kwargs: Any) -> Issued:
+        """``run``'s job queued now: an ``Issued`` to await later (or ``leave()``). A cancelled
+        awaiter leaves it queued, as ``run``'s; awaiting it again waits for the same job."""
         if not callable(fn):  # refused before it is queued: a misuse must not break the group
             raise InvalidArgumentType(f"group.run() needs a callable, got {type(fn).__name__}")
 
@@ -196,8 +202,8 @@ class Group:
                 raise _PeerFailure(exc) from exc
 
         queue = self.queue()
-        return await self._await(queue, lambda: queue.run(job, *args, **kwargs), timeout,
-                                 what or getattr(fn, "__name__", "run"))
+        return self._issue(queue, lambda: queue.run(job, *args, **kwargs), timeout,
+                           what or getattr(fn, "__name__", "run"))
 
     async def _await(self, queue: CommandQueue, submit: Callable[[], Any], timeout: float | None, what: str,
                      *, native: bool = False) -> Any:
@@ -364,6 +370,14 @@ class Issued:
         finally:
             if not future.done():
                 self.leave()
+
+    def within(self, seconds: float | None) -> None:
+        """Its deadline at most `seconds` from now (None: as it is): for a job queued ahead of
+        others (a chain's k-th step), whose own time counts once the one before it is done."""
+        if seconds is not None:
+            now = anyio.current_time() + seconds
+            self.deadline = now if self.deadline is None else min(self.deadline, now)
+            self.limit = seconds
 
     def leave(self) -> None:
         """Nobody will await it: its failure breaks the group, past its deadline too."""

@@ -941,6 +941,11 @@ class Engine:
         self._closed = True
         # A timeout here leaves the engine closed with its model: a later close() frees it.
         await self.wait_idle(timeout)
+        await self._free()
+
+    async def _free(self) -> None:
+        """What close() frees, once no driver runs: the traces (released now), the model,
+        the grammar tokenizer and the prompt cache. Idempotent."""
         async with self._preparing:  # a prepare_step under way ends first: its traces are released here
             if self._released:
                 return

@@ -548,31 +548,47 @@ class ShardedEngine(Engine):
         await self._release()
 
     async def _release(self) -> None:
-        """The group has stopped: free what this rank holds (its traces now), as Engine.close does."""
-        await super().close()
+        """The group has stopped: free what this rank holds (its traces now), as Engine.close
+        does; a stream a client has not closed yet only reads what it was given."""
+        await self._free()
+
+    async def prepare_step(self, step: str = "auto", *, cache_sizes=None) -> str:
+        """Not on a sharded engine: its ranks choose their step together at load."""
+        raise InvalidArgument("a sharded engine chooses its step at load, on every rank at once: "
+                              "ShardedEngine.load(step=...)")
 
     # ---- other ranks ----------------------------------------------------------------
 
     async def follow(self) -> None:
         """Ranks other than 0: run rank 0's batch jobs, in its order, until it stops.
 
-        A cancelled follow() returns once the plan it took has run, a replayed
-        round's jobs included (the other ranks issue them all; a wait for a plan
-        is bounded by the group's timeout); a later call goes on from rank 0's
-        next plan, with the batch as it was. Raises DistributedError if the
-        group breaks (rank 0 died, say, or a round failed here).
+        A cancelled follow() returns at once while it waits for rank 0's next
+        plan (that wait stays queued, and the next call takes the plan it
+        brings), and once the plan it is running has run to its end (a replayed
+        round's jobs included: the other ranks issue them all). Raises
+        DistributedError if the group breaks (rank 0 died, say, or a round
+        failed here), InvalidState once rank 0 has stopped the group.
         """
         if self.leader:
             raise InvalidState("rank 0 leads; follow() is for the other ranks")
         self.group.check()
+        if self._stopped:
+            raise InvalidState(f"rank 0 stopped the group; rank {self.group.rank()} follows no more")
         if self._following:  # two loops would each take some of rank 0's plans
             raise InvalidState(f"follow() already runs on rank {self.group.rank()}")
         self._following = True
+        follower = self._follower
         try:
             while True:
+                if follower.waiting is None:
+                    follower.waiting = self.group.issue(self._jobs().follow_one, follower.state,
+                                                        what="sharded follow")
+                plan = await follower.waiting
+                follower.waiting = None
                 with anyio.CancelScope(shield=True):
-                    op = await self._follow_one()
+                    op = await self._run_plan(plan)
                 if op == "stop":
+                    self._stopped = True
                     await self._release()
                     return
                 if op == "idle":  # sleep outside the collective (see the module docstring)
@@ -582,9 +598,8 @@ class ShardedEngine(Engine):
         finally:
             self._following = False
 
-    async def _follow_one(self) -> str:
-        """Rank 0's next plan run on this rank; its op."""
-        plan = await self.group.run(self._jobs().follow_one, self._follower.state, what="sharded follow")
+    async def _run_plan(self, plan: dict) -> str:
+        """What rank 0's plan leaves to this rank's loop (a replayed round's jobs); its op."""
         op = plan["op"]
         try:
             if op == "replay":
@@ -607,6 +622,7 @@ class _Follower:
 
     state: GeneratorState
     batch: ShardedReplayBatch
+    waiting: Any = None  # the wait for rank 0's next plan, queued (an Issued), kept across follow() calls
 
 
 __all__ = ["ShardedBatchJobs", "ShardedEngine", "ShardedReplayBatcher", "check_shardable"]

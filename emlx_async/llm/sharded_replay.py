@@ -136,7 +136,8 @@ class ShardedReplayBatch:
         # row does; one that ends on a stop token writes past what it keeps.
         positions = [[row.position + i if row is not None and row.left > i else 0 for row in slots]
                      for i in range(count)]
-        # Each job's time limit counts from the round's start: a chain's k-th step may take k steps' time.
+        # Queued at once, each job's time counts from when the one before it is done (its
+        # deadline at most k limits from the round's start, once nobody awaits it).
         limit = self.group.limit(None)
         issued = []
         try:
@@ -155,7 +156,9 @@ class ShardedReplayBatch:
             issued.append(take.submit(*[STAND_IN] * (replay.n_caches + (4 if penalized else 2)), fed=True,
                                       timeout=math.inf if limit is None else limit * (count + 1)))
             for i in range(count):
+                issued[i].within(limit)
                 self._read(await issued[i])
+            issued[count].within(limit)
             arrays = await issued[count]
             n = replay.n_caches
             state.keys, state.caches = arrays[1], list(arrays[2:2 + n])

@@ -122,7 +122,8 @@ def test_replayed_rounds_stay_in_step_when_a_reader_leaves_mid_prompt_or_a_follo
     """A reader leaving while its prompt's last chunk runs made rank 0's round stop half-issued
     (the ranks out of step, the group not broken); a cancelled follow() left its round half
     issued and the next follow() read step collectives as plans. Both now keep the ranks in
-    step, and close and the stop plan release the traces."""
+    step; prepare_step on one rank is refused; close (a stream still open, its tokens all
+    out) and the stop plan release the traces."""
     from emlx_async.llm import Engine
     from support.dist_rank import TINY_PROMPTS
 
@@ -137,7 +138,8 @@ def test_replayed_rounds_stay_in_step_when_a_reader_leaves_mid_prompt_or_a_follo
             await engine.runtime.close()
 
     assert result == {"rank": 0, "after": asyncio.run(one_process()), "lengths": [60] * 4, "broken": False,
-                      "released": True}
+                      "released": True, "refused": "a sharded engine chooses its step at load, on every rank "
+                                                   "at once: ShardedEngine.load(step=...)"}
     assert follower == {"rank": 1, "cancelled_following": False, "released": True}
 
 

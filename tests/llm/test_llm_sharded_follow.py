@@ -1,5 +1,6 @@
-"""ShardedEngine.follow runs each plan it takes to its end, and check_shardable (the
-two-rank scenarios are in tests/distributed/test_sharded.py; these need no ring)."""
+"""ShardedEngine.follow keeps its wait for rank 0's next plan across calls, and
+check_shardable (the two-rank scenarios are in tests/distributed/test_sharded.py;
+these need no ring)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,24 @@ from support.helpers import on_loops
 pytest.importorskip("mlx_lm")
 
 
+class _Issued:
+    """distributed.Issued as follow() uses it: a queued job, awaitable again after a cancelled wait."""
+
+    def __init__(self, future):
+        self.future, self.settled = future, anyio.Event()
+        future.add_done_callback(lambda f: self.settled.set())
+
+    def __await__(self):
+        return self._wait().__await__()
+
+    async def _wait(self):
+        await self.settled.wait()
+        return self.future.result()
+
+
 class _Group:
     """A follower's group as follow() uses it: its jobs run on one queue, and an awaiter that
-    leaves does not take its job off it (distributed.Group.run's contract)."""
+    leaves does not take its job off it (distributed.Group.issue's contract)."""
 
     def __init__(self, queue):
         self.queue = queue
@@ -27,12 +43,8 @@ class _Group:
     def check(self) -> None:
         pass
 
-    async def run(self, fn, *args, what=None):
-        future = self.queue.run(fn, *args)
-        settled = anyio.Event()
-        future.add_done_callback(lambda f: settled.set())
-        await settled.wait()
-        return future.result()
+    def issue(self, fn, *args, what=None):
+        return _Issued(self.queue.run(fn, *args))
 
 
 def _follower(rt, plans: queue_module.Queue):
@@ -51,40 +63,35 @@ def _follower(rt, plans: queue_module.Queue):
             self.released = True
 
     engine = object.__new__(Follower)
-    engine.leader, engine._following, engine.idle_interval, engine.released = False, False, 0.01, False
+    engine.leader, engine._following, engine._stopped, engine.idle_interval = False, False, False, 0.01
+    engine.released = False
     engine.group, engine.batch_jobs, engine._follower = _Group(rt.default_queue()), Jobs(), _Follower(None, None)
     return engine
 
 
 @on_loops("asyncio")
-async def test_a_cancelled_follow_returns_once_the_plan_it_took_has_run(rt):
-    # A cancelled follow() returned while its plan still waited on the group's queue: a second
-    # follow() started beside it and took rank 0's next plan (a replayed round's jobs left half
-    # issued), with a state of its own.
+async def test_a_cancelled_follow_leaves_its_wait_for_the_next_call_which_takes_that_plan(rt):
+    # A cancelled follow() used to return while its plan still waited on the group's queue; the
+    # next call queued a second wait behind it, and the plan the first one took went unrun.
     plans: queue_module.Queue = queue_module.Queue()
     engine = _follower(rt, plans)
-    returned = anyio.Event()
-
-    async def cancelled_follow() -> None:
-        with anyio.move_on_after(0.2):
-            await engine.follow()  # its plan waits for rank 0's: cancelled meanwhile
-        returned.set()
-
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(cancelled_follow)
-            await anyio.sleep(0.5)
-            assert not returned.is_set()  # still running the plan it took
-            with pytest.raises(ea.InvalidState, match="follow\\(\\) already runs on rank 1"):
-                await engine.follow()
-            plans.put("idle")  # the plan comes: it is run, then the cancellation takes
-            with anyio.fail_after(10):
-                await returned.wait()
+        with anyio.fail_after(5):
+            with anyio.move_on_after(0.2):
+                await engine.follow()  # waits for rank 0's plan: cancelled meanwhile, at once
         assert not engine._following
-        plans.put("stop")
-        with anyio.fail_after(10):
-            await engine.follow()  # now it may follow again, to rank 0's stop
-        assert not engine._following and engine.released
+        with anyio.fail_after(10), anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(engine.follow)
+                await anyio.sleep(0.1)
+                with pytest.raises(ea.InvalidState, match="follow\\(\\) already runs on rank 1"):
+                    await engine.follow()
+                # The first call's wait takes it: the second call must await that one, not queue its own.
+                plans.put("stop")
+        assert not scope.cancelled_caught
+        assert engine.released and not engine._following
+        with pytest.raises(ea.InvalidState, match="rank 0 stopped the group; rank 1 follows no more"):
+            await engine.follow()
     finally:
         for _ in range(2):  # whatever still waits on the worker (the test failed) ends
             plans.put("stop")

@@ -359,9 +359,20 @@ async def replay_faults(group: dist.Group) -> None:
     # The follower's first follow() is cancelled meanwhile (at 1 s).
     lengths = [len([d async for d in sharded.generate(TINY_PROMPTS[0], max_tokens=60, ignore_eos=True)
                     if d.token is not None]) for _ in range(4)]
+    try:
+        await sharded.prepare_step("python")  # on one rank only: its collectives would pair wrong
+        refused = None
+    except ea.InvalidArgument as exc:
+        refused = str(exc)
+    # A stream whose tokens are all out but which its client has not read to the end: close
+    # stops the group and releases the traces all the same.
+    unread = sharded.generate(TINY_PROMPTS[0], max_tokens=2, ignore_eos=True)
+    await anext(unread)
+    await sharded.wait_idle()
     await sharded.close()
+    await unread.aclose()
     report(rank=0, after=after, lengths=lengths, broken=group.broken is not None,
-           released=sharded.decoding.replay is None)
+           released=sharded.decoding.replay is None, refused=refused)
 
 
 async def mismatched_settings(group: dist.Group) -> None:
