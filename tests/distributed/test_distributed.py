@@ -251,6 +251,25 @@ async def test_a_group_of_one_traces_all_sum_as_its_input_and_refuses_other_coll
 
 
 @on_every_loop
+async def test_a_job_queued_ahead_gets_its_timeout_from_when_the_one_before_it_is_done():
+    """A chain's steps are queued at once, each with a ceiling of k timeouts; awaited, each has
+    the group's timeout from when the one before it is done (Issued.within): the second job
+    ends 0.7 s after it was queued, past the 0.5 s timeout but 0.4 s after the first; the
+    third, within its 2 s ceiling, is cut 0.5 s after the second ended (a peer that died)."""
+    group = dist.Group(mx.distributed.init(), backend="any", timeout=0.5, device=mx.cpu)  # its own: it breaks
+    first = group.issue(time.sleep, 0.3, what="first")
+    second = group.issue(time.sleep, 0.4, timeout=1.0, what="second")
+    third = group.issue(time.sleep, 0.9, timeout=2.0, what="third")
+    await first
+    second.within(group.limit(None))
+    await second
+    third.within(group.limit(None))
+    with pytest.raises(ea.DistributedError, match=r"\[third\] rank 0 of 1: the group did not complete it within 0.5 s"):
+        await third
+    await ea.get_runtime().close()
+
+
+@on_every_loop
 async def test_a_traced_function_saved_by_a_group_loads_over_it(tmp_path):
     group = dist.init()
     path = tmp_path / "summed.mlxfn"
