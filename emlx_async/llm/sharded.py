@@ -57,7 +57,7 @@ import logging
 import math
 import zlib
 from collections.abc import Sequence
-from dataclasses import asdict, astuple, dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import anyio
@@ -603,7 +603,10 @@ class ShardedEngine(Engine):
         op = plan["op"]
         try:
             if op == "replay":
-                joins = [Planned(uid, *astuple(_planned_join(join))) for uid, *join in plan["join"]]
+                joins = []
+                for uid, *join in plan["join"]:
+                    planned = _planned_join(join)  # (not dataclasses.astuple: it deep-copies the sampler)
+                    joins.append(Planned(uid, planned.prompt, planned.max_tokens, planned.sampler))
                 await self._follower.batch.round(joins, plan["leave"])
             elif op == "replay_close":
                 self._follower.batch.clear()
