@@ -112,15 +112,6 @@ def _broadcast_bytes(group: Group, data: bytes | None) -> bytes:
     return body
 
 
-@dataclass
-class _PlannedJoin:
-    """A request joining rank 0's batch as the other ranks see it (no consumer here)."""
-
-    prompt: list[int]
-    max_tokens: int
-    sampler: Sampler
-
-
 def _penalties_plan(penalties: Penalties | None) -> dict | None:
     """A row's penalties as JSON for the followers (they must process its logits alike)."""
     return None if penalties is None else asdict(penalties)
@@ -140,12 +131,12 @@ def _join_plan(request: Joining) -> list:
             _penalties_plan(sampler.penalties), sampler.ignore_eos]
 
 
-def _planned_join(plan: list) -> _PlannedJoin:
-    """A joining request's plan (``_join_plan``) as a follower runs it."""
+def _planned_join(plan: list, uid: int | None = None) -> Planned:
+    """A joining request's plan (``_join_plan``) as a follower runs it (no consumer here)."""
     prompt, max_tokens, temperature, top_p, top_k, seed, penalties, ignore_eos = plan
     sampler = Sampler(temperature, top_p, top_k, seed, _penalties_from_plan(penalties))
     sampler.ignore_eos = ignore_eos
-    return _PlannedJoin(prompt, max_tokens, sampler)
+    return Planned(uid, prompt, max_tokens, sampler)
 
 
 class ShardedBatchJobs(BatchJobs):
@@ -603,10 +594,7 @@ class ShardedEngine(Engine):
         op = plan["op"]
         try:
             if op == "replay":
-                joins = []
-                for uid, *join in plan["join"]:
-                    planned = _planned_join(join)  # (not dataclasses.astuple: it deep-copies the sampler)
-                    joins.append(Planned(uid, planned.prompt, planned.max_tokens, planned.sampler))
+                joins = [_planned_join(join, uid) for uid, *join in plan["join"]]
                 await self._follower.batch.round(joins, plan["leave"])
             elif op == "replay_close":
                 self._follower.batch.clear()

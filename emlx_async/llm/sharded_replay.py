@@ -49,9 +49,9 @@ ROUND_STEPS = 8
 
 @dataclass
 class Planned:
-    """A request as a round sees it: rank 0's, or a follower's copy from the plan."""
+    """A joining request as a plan's jobs see it: rank 0's, or a follower's copy from the plan."""
 
-    uid: int
+    uid: int | None  # its row in a replayed round (None: the Python step's plan, which has no uids)
     prompt: list[int]
     max_tokens: int
     sampler: Sampler
