@@ -397,6 +397,15 @@ def _reads_a_value(exc: BaseException) -> bool:
     return type(exc) in (ValueError, RuntimeError) and str(exc).startswith(_EVAL_WHILE_TRACING)
 
 
+def _not_traceable(caller: str) -> NotTraceable:
+    # MLX's message names neither the caller nor what fn did; its text stays the cause.
+    return NotTraceable(
+        f"[{caller}] the function reads an array's value while it is being traced (.item(), "
+        ".tolist(), float(), np.array(), mx.eval, ...): a traced graph has no values to read "
+        "until it runs, so it cannot depend on one read back on the host; compute it with array "
+        "ops (mx.where, ...) or read it before tracing and pass it in as an input")
+
+
 async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = False, queue=None,
                 save: str | os.PathLike | None = None) -> TracedFunction:
     """Trace ``fn`` on `examples` (on a queue: routed like an op) and register it for replay.
@@ -442,12 +451,7 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
                     mx.export_function(path, traced, *xs, shapeless=shapeless)
             except Exception as exc:
                 if _reads_a_value(exc):
-                    # MLX's message names neither trace nor what fn did; its text stays the cause.
-                    raise NotTraceable(
-                        "[trace] the function reads an array's value while it is being traced (.item(), "
-                        ".tolist(), float(), np.array(), mx.eval, ...): a traced graph has no values to read "
-                        "until it runs, so it cannot depend on one read back on the host; compute it with array "
-                        "ops (mx.where, ...) or read it before tracing and pass it in as an input") from exc
+                    raise _not_traceable("trace") from exc
                 if raised and exc is raised[-1]:
                     raise
                 raise mlx_error(exc) from exc
@@ -476,7 +480,8 @@ class CompiledFunction:
     """``mx.compile(fn)`` once per worker thread, run as a queue job.
 
     ``await cfn(*args, queue=None, lazy=False, **kwargs)`` runs the compiled
-    function on the routed queue's thread. MLX's compiled graphs belong to the
+    function on the routed queue's thread. A function that reads an array's
+    value (``.item()``, ``np.array`` ...) raises ``NotTraceable``, as ``trace``. MLX's compiled graphs belong to the
     thread that traced them, so each worker gets its own compiled function,
     made lazily the first time that worker runs it.
     """
@@ -510,7 +515,12 @@ class CompiledFunction:
         target = route(iter_arrays((args, kwargs)), queue, runtime=get_runtime)
 
         def job(*a, **k):
-            return self.compiled_here()(*a, **k)
+            try:
+                return self.compiled_here()(*a, **k)
+            except (ValueError, RuntimeError) as exc:
+                if _reads_a_value(exc):  # mx.compile traces fn at its first call (and each new shape)
+                    raise _not_traceable("compile") from exc
+                raise
 
         return target.run(job, *args, lazy=lazy, nowait=nowait, **kwargs)
 

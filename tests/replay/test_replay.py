@@ -150,6 +150,21 @@ async def test_what_cannot_be_traced_raises_at_trace_time():
 
 
 @one_loop
+async def test_a_compiled_function_that_reads_a_value_raises_not_traceable():
+    """mx.compile traces at the first call: a value read there was MLX's bare ValueError."""
+    x = rand(4)
+    async with ea.Runtime() as rt:
+        q = rt.default_queue()
+        for reads in (lambda a: a + a.sum().item(), lambda a: a + float(np.array(a).sum())):
+            with pytest.raises(ea.NotTraceable, match=re.escape("[compile] the function reads an array's value")) as info:
+                await ea.compile(reads)(x, queue=q)
+            assert "Attempting to eval an array" in str(info.value.__cause__)
+        with pytest.raises(KeyError, match="fn's own"):  # what fn raises comes back as it is
+            await ea.compile(lambda a: {}["fn's own"])(x, queue=q)
+        assert mx.array_equal(await ea.compile(lambda a: a * 2)(x, queue=q), x * 2).item()
+
+
+@one_loop
 async def test_mx_contiguous_is_traced_as_ops_mlx_can_export():
     """mx.export_function cannot serialize Contiguous; a trace holds it as a flatten and reshape,
     the same values, and mx.contiguous is MLX's own again once the trace is built (or failed)."""
