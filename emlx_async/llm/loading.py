@@ -75,13 +75,7 @@ def fix_batch_masks(model) -> bool:
         from mlx_lm.models import gemma2
     except ImportError:
         return False
-    fixed = False
-    for layer in getattr(model, "layers", None) or ():
-        attention = getattr(layer, "self_attn", None)
-        if type(attention) is gemma2.Attention:
-            attention.__class__ = _gemma2_batch_attention(gemma2.Attention)
-            fixed = True
-    return fixed
+    return _swap_calls(model, {gemma2.Attention: _gemma2_batch_attention})
 
 
 def fix_position_arrays(model) -> bool:
@@ -94,111 +88,107 @@ def fix_position_arrays(model) -> bool:
     fails in both. afm7's key-reusing layers rotate their queries at the reused keys' length
     less the new tokens' (a shape: the position only where the cache holds exactly the
     tokens so far, so over a fixed buffer, or mlx-lm's left-padded batch, the wrong one).
-    Those modules become subclasses that, given caches whose offset is an array (the step's
-    stand-ins), ask the first chunked cache for the chunk mask (``make_chunk_mask``, as other
-    models ask theirs for masks) and compute the temperature from the array (llama4), and
-    rotate the reusing layers' queries at the last cache's offset before the call (afm7);
-    mlx-lm's own caches (int offsets) take mlx-lm's code as it is. Keyed on those classes:
-    no cache stand-in can give ``mx.arange`` an array or a shape that follows the position.
+    Where caches' offsets are arrays (the step's stand-ins, mlx-lm's batch caches) those
+    modules ask the first chunked cache for the chunk mask (``make_chunk_mask``, as other
+    models ask theirs for masks) and compute the temperature from the array (llama4), rotate
+    the reusing layers' queries at the last cache's offset before the call (afm7); mlx-lm's
+    own caches (int offsets) take mlx-lm's code as it is. Keyed on those classes: no cache
+    stand-in can give ``mx.arange`` an array or a shape that follows the position.
     Done at load, before any worker runs the model; the replayed step's load check
     (replay_step.check_against_model) holds it."""
     try:
         from mlx_lm.models import afm7, llama4
     except ImportError:
         return False
+    return _swap_calls(model, {llama4.LlamaModel: _llama4_model, llama4.Attention: _llama4_attention,
+                               afm7.AFMModel: _afm7_model})
+
+
+def _swap_calls(model, calls: dict) -> bool:
+    """Give each of `model`'s modules whose class is a key of `calls` that value's ``__call__``
+    (a subclass, of the same name); whether any was found."""
     fixed = False
-    swaps = {llama4.LlamaModel: _llama4_array_positions_model, llama4.Attention: _llama4_array_positions_attention,
-             afm7.AFMModel: _afm7_array_positions_model}
     for _, module in model.named_modules():
-        make = swaps.get(type(module))
-        if make is not None:
-            module.__class__ = make(type(module))
+        call = calls.get(type(module))
+        if call is not None:
+            module.__class__ = _with_call(type(module), call)
             fixed = True
     return fixed
 
 
 @functools.cache
-def _afm7_array_positions_model(base: type) -> type:
+def _with_call(base: type, call) -> type:
+    """`base` whose ``__call__`` is ``call(self, base's own call, *args)`` (made once per pair)."""
+
+    class WithCall(base):  # type: ignore[misc, valid-type]
+        def __call__(self, *args, **kwargs):
+            return call(self, super().__call__, *args, **kwargs)
+
+    WithCall.__name__, WithCall.__qualname__ = base.__name__, base.__qualname__
+    return WithCall
+
+
+def _afm7_model(self, mlx_lm_call, inputs, cache=None):
     """afm7.AFMModel rotating its key-reusing layers' queries at an array offset."""
     import mlx.core as mx
     from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 
-    def reusing_attention(attention, x, keys, values, mask, offset):
+    if cache is None or not isinstance(cache[-1].offset, mx.array):
+        return mlx_lm_call(inputs, cache)
+    # The position of this call's first token, where its keys were rotated (mlx-lm's S - L,
+    # its cache holding exactly the tokens so far); read before the layers write (a batch
+    # cache's offset moves on).
+    offset = cache[-1].offset
+    h = self.embedding(inputs)
+    mask = create_attention_mask(h, cache[0])
+    for layer, c in zip(self.layers, cache):
+        h = layer(h, mask, cache=c)
+    keys, values = cache[-1].keys_and_values()
+    for layer in self.kv_reuse_layers:
+        attention, x = layer.self_attn, layer.input_layernorm(h)
         B, L, _ = x.shape
         queries = attention.q_proj(x).reshape(B, L, attention.n_heads, -1).transpose(0, 2, 1, 3)
         queries = attention.q_norm(attention.rope(queries, offset=offset))
         output = scaled_dot_product_attention(queries, keys, values, cache=None, scale=attention.scale, mask=mask)
-        return attention.out_proj(output.transpose(0, 2, 1, 3).reshape(B, L, -1))
-
-    class ArrayPositionsAFMModel(base):  # type: ignore[misc, valid-type]
-        def __call__(self, inputs, cache=None):
-            if cache is None or not isinstance(cache[-1].offset, mx.array):
-                return super().__call__(inputs, cache)
-            # The position of this call's first token, where its keys were rotated (mlx-lm's
-            # S - L, its cache holding exactly the tokens so far); read before the layers
-            # write (a batch cache's offset moves on).
-            offset = cache[-1].offset
-            h = self.embedding(inputs)
-            mask = create_attention_mask(h, cache[0])
-            for layer, c in zip(self.layers, cache):
-                h = layer(h, mask, cache=c)
-            keys, values = cache[-1].keys_and_values()
-            for layer in self.kv_reuse_layers:
-                h = h + reusing_attention(layer.self_attn, layer.input_layernorm(h), keys, values, mask, offset)
-                h = h + layer.mlp(layer.post_attention_layernorm(h))
-            return self.output_norm(h)
-
-    ArrayPositionsAFMModel.__name__ = ArrayPositionsAFMModel.__qualname__ = base.__name__
-    return ArrayPositionsAFMModel
+        h = h + attention.out_proj(output.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return self.output_norm(h)
 
 
-@functools.cache
-def _llama4_array_positions_model(base: type) -> type:
+def _llama4_model(self, mlx_lm_call, inputs, cache=None):
     """llama4.LlamaModel asking its first chunked cache for the chunk mask where positions are arrays."""
     import mlx.core as mx
     from mlx_lm.models.base import create_attention_mask
 
-    class ArrayPositionsModel(base):  # type: ignore[misc, valid-type]
-        def __call__(self, inputs, cache=None):
-            if cache is None or not isinstance(cache[0].offset, mx.array):
-                return super().__call__(inputs, cache)
-            h = self.embed_tokens(inputs)
-            chunk_mask = cache[0].make_chunk_mask(h.shape[1])  # mlx-lm's: same chunk, not after the token
-            global_mask = create_attention_mask(h, cache[3])
-            for idx, (layer, c) in enumerate(zip(self.layers, cache)):
-                h = layer(h, chunk_mask if (idx + 1) % 4 != 0 else global_mask, cache=c)
-            return self.norm(h)
-
-    ArrayPositionsModel.__name__ = ArrayPositionsModel.__qualname__ = base.__name__
-    return ArrayPositionsModel
+    if cache is None or not isinstance(cache[0].offset, mx.array):
+        return mlx_lm_call(inputs, cache)
+    h = self.embed_tokens(inputs)
+    chunk_mask = cache[0].make_chunk_mask(h.shape[1])  # mlx-lm's: same chunk, not after the token
+    global_mask = create_attention_mask(h, cache[3])
+    for idx, (layer, c) in enumerate(zip(self.layers, cache)):
+        h = layer(h, chunk_mask if (idx + 1) % 4 != 0 else global_mask, cache=c)
+    return self.norm(h)
 
 
-@functools.cache
-def _llama4_array_positions_attention(base: type) -> type:
+def _llama4_attention(self, mlx_lm_call, x, mask=None, cache=None):
     """llama4.Attention computing its rope-less layers' query temperature from an array offset."""
     import mlx.core as mx
     from mlx_lm.models.base import scaled_dot_product_attention
 
-    class ArrayPositionsAttention(base):  # type: ignore[misc, valid-type]
-        def __call__(self, x, mask=None, cache=None):
-            if (cache is None or self.use_rope or not self.attn_temperature_tuning
-                    or not isinstance(cache.offset, mx.array)):
-                return super().__call__(x, mask, cache)  # nothing read off the offset as an int
-            B, L, _ = x.shape
-            queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-            queries = queries.reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
-            keys = keys.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
-            values = values.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
-            # mlx-lm's mx.arange(offset + 1, offset + L + 1), one row of positions per offset.
-            positions = mx.reshape(cache.offset, (-1, 1)) + 1 + mx.arange(L)
-            scales = mx.log(mx.floor(positions / self.floor_scale) + 1.0) * self.attn_scale + 1.0
-            queries = (queries * scales.reshape(-1, 1, L, 1)).astype(queries.dtype)
-            keys, values = cache.update_and_fetch(keys, values)
-            output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
-            return self.o_proj(output.transpose(0, 2, 1, 3).reshape(B, L, -1))
-
-    ArrayPositionsAttention.__name__ = ArrayPositionsAttention.__qualname__ = base.__name__
-    return ArrayPositionsAttention
+    if cache is None or self.use_rope or not self.attn_temperature_tuning or not isinstance(cache.offset, mx.array):
+        return mlx_lm_call(x, mask, cache)  # nothing read off the offset as an int
+    B, L, _ = x.shape
+    queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    queries = queries.reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
+    keys = keys.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    values = values.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    # mlx-lm's mx.arange(offset + 1, offset + L + 1), one row of positions per offset.
+    positions = mx.reshape(cache.offset, (-1, 1)) + 1 + mx.arange(L)
+    scales = mx.log(mx.floor(positions / self.floor_scale) + 1.0) * self.attn_scale + 1.0
+    queries = (queries * scales.reshape(-1, 1, L, 1)).astype(queries.dtype)
+    keys, values = cache.update_and_fetch(keys, values)
+    output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
+    return self.o_proj(output.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
 def fix_weight_rewrites(model) -> list[str]:
@@ -258,18 +248,13 @@ def _fixed_weights(base: type) -> type:
     return FixedWeights
 
 
-@functools.cache
-def _gemma2_batch_attention(base: type) -> type:
-    """gemma2.Attention with a batch's mask put on the rows (made once, mlx-lm imported lazily)."""
+def _gemma2_batch_attention(self, mlx_lm_call, x, mask=None, cache=None):
+    """gemma2.Attention with a batch's mask put on the rows."""
     import mlx.core as mx
 
-    class BatchMaskAttention(base):  # type: ignore[misc, valid-type]
-        def __call__(self, x, mask=None, cache=None):
-            if isinstance(mask, mx.array) and mask.ndim == 4 and self.repeats > 1:
-                mask = mx.expand_dims(mask, 2)  # {B, 1, L, S} -> {B, 1, 1, L, S}
-            return super().__call__(x, mask, cache)
-
-    return BatchMaskAttention
+    if isinstance(mask, mx.array) and mask.ndim == 4 and self.repeats > 1:
+        mask = mx.expand_dims(mask, 2)  # {B, 1, L, S} -> {B, 1, 1, L, S}
+    return mlx_lm_call(x, mask, cache)
 
 
 def added_bos(tokenizer) -> int | None:
