@@ -79,8 +79,8 @@ def fix_batch_masks(model) -> bool:
 
 
 def fix_position_arrays(model) -> bool:
-    """Let mlx-lm's llama4 and afm7 take their position as an array (the replayed step's, and
-    mlx-lm's batch caches'); whether it changed anything.
+    """Let mlx-lm's llama4, afm7 and gpt_bigcode take their position as an array (the replayed
+    step's, and mlx-lm's batch caches'); whether it changed anything.
 
     llama4 builds its chunked layers' mask from Python-int positions (``mx.arange(start,
     end)`` off its first ChunkedKVCache), and its layers without rope scale their queries by
@@ -88,20 +88,22 @@ def fix_position_arrays(model) -> bool:
     fails in both. afm7's key-reusing layers rotate their queries at the reused keys' length
     less the new tokens' (a shape: the position only where the cache holds exactly the
     tokens so far, so over a fixed buffer, or mlx-lm's left-padded batch, the wrong one).
+    gpt_bigcode computes its learned positions' ids in numpy (``np.arange(offset, ...)``).
     Where caches' offsets are arrays (the step's stand-ins, mlx-lm's batch caches) those
     modules ask the first chunked cache for the chunk mask (``make_chunk_mask``, as other
     models ask theirs for masks) and compute the temperature from the array (llama4), rotate
-    the reusing layers' queries at the last cache's offset before the call (afm7); mlx-lm's
-    own caches (int offsets) take mlx-lm's code as it is. Keyed on those classes: no cache
-    stand-in can give ``mx.arange`` an array or a shape that follows the position.
+    the reusing layers' queries at the last cache's offset before the call (afm7), and add
+    the offset array to ``mx.arange`` (gpt_bigcode, as mlx-lm's gpt2 does); mlx-lm's own
+    caches (int offsets) take mlx-lm's code as it is. Keyed on those classes: no cache
+    stand-in can give ``mx.arange`` or numpy an array, or a shape that follows the position.
     Done at load, before any worker runs the model; the replayed step's load check
     (replay_step.check_against_model) holds it."""
     try:
-        from mlx_lm.models import afm7, llama4
+        from mlx_lm.models import afm7, gpt_bigcode, llama4
     except ImportError:
         return False
     return _swap_calls(model, {llama4.LlamaModel: _llama4_model, llama4.Attention: _llama4_attention,
-                               afm7.AFMModel: _afm7_model})
+                               afm7.AFMModel: _afm7_model, gpt_bigcode.GPTBigCodeModel: _gpt_bigcode_model})
 
 
 def _swap_calls(model, calls: dict) -> bool:
@@ -189,6 +191,22 @@ def _llama4_attention(self, mlx_lm_call, x, mask=None, cache=None):
     keys, values = cache.update_and_fetch(keys, values)
     output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
     return self.o_proj(output.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+def _gpt_bigcode_model(self, mlx_lm_call, inputs, cache=None):
+    """gpt_bigcode.GPTBigCodeModel taking its positions' ids from an array offset."""
+    import mlx.core as mx
+
+    if cache is None or not isinstance(cache[0].offset, mx.array):
+        return mlx_lm_call(inputs, cache)
+    from mlx_lm.models.base import create_attention_mask
+
+    h = self.wte(inputs)
+    mask = create_attention_mask(h, cache[0])
+    h = h + self.wpe(mx.arange(inputs.shape[1]) + cache[0].offset[..., None])  # mlx-lm's gpt2's ids
+    for layer, c in zip(self.h, cache):
+        h = layer(h, mask, cache=c)
+    return self.ln_f(h)
 
 
 def fix_weight_rewrites(model) -> list[str]:

@@ -33,7 +33,6 @@ N = 10  # the first prompt crosses the 16-position trace into the 32
 BATCH_REFUSED = {"gemma2": "other logits than the same row alone",
                  # Where the buffers cannot vouch for a batch, mlx-lm's own is checked (its Python step).
                  "deepseek_v41": r"mlx-lm cannot batch its LayerCache \(layer 0\)",
-                 "gpt_bigcode": "a batch of 2 rows fails in the model's own code",
                  "phi3small": "other logits than the same row alone"}
 # mlx-lm's gemma3n writes its own weights in every call (its AltUp's coefficients cast and
 # clipped, lazily, on the calling thread's stream), so two threads calling it at once race
@@ -41,11 +40,12 @@ BATCH_REFUSED = {"gemma2": "other logits than the same row alone",
 # (which Engine.load applies) does the rewrite once. The only family that rewrites its weights.
 REWRITES_ITS_WEIGHTS = {"gemma3n"}
 # mlx-lm's llama4 (its multimodal checkpoints) builds its chunked layers' mask and its rope-less
-# layers' temperature from Python-int positions, and afm7's key-reusing layers rotate their
-# queries at the keys' length less one (a shape): loading.fix_position_arrays (which Engine.load
-# applies) has them take the position as an array (llama4 asking its cache for the chunk mask),
-# so they replay (and afm7's mlx-lm batch, left-padded, gets each row's own logits too).
-INT_POSITIONS = {"afm7", "llama4"}
+# layers' temperature from Python-int positions, afm7's key-reusing layers rotate their
+# queries at the keys' length less one (a shape), and gpt_bigcode computes its positions' ids in
+# numpy: loading.fix_position_arrays (which Engine.load applies) has them take the position as
+# an array (llama4 asking its cache for the chunk mask), so they replay (and afm7's and
+# gpt_bigcode's mlx-lm batches, left-padded, get each row's own logits too).
+INT_POSITIONS = {"afm7", "gpt_bigcode", "llama4"}
 # Batches the buffers vouch for (the replayed step's) whose mlx-lm batch (the Python step's) is
 # wrong or cannot be made: batch mode on the Python step is refused, naming why.
 PYTHON_BATCH_REFUSED = {"llama4": r"mlx-lm cannot batch its ChunkedKVCache \(layer 0\)",
@@ -53,9 +53,8 @@ PYTHON_BATCH_REFUSED = {"llama4": r"mlx-lm cannot batch its ChunkedKVCache \(lay
 # Families whose step cannot replay: the Python step serves them, step_note naming why
 # (and still mlx-lm's tokens).
 FALLS_BACK = {
-    # Its experts are picked in Python (inds.tolist()), and gpt_bigcode's positions in numpy.
+    # Its experts are picked in Python (inds.tolist()).
     "dbrx": "reads an array.s value while it is being traced",
-    "gpt_bigcode": "reads an array.s value while it is being traced",
     # Its LayerCache's compressed groups grow, and a group closes, as the position goes (shapes).
     "deepseek_v41": r"LayerCache \(layer 0\) has no fixed-buffer form",
     # Its block-sparse layers add the mask as numbers (mlx-lm gives none to one token), and
@@ -85,9 +84,9 @@ async def _prompts_at_once(engine) -> list:
 @pytest.mark.parametrize("kind", sorted(FAMILIES))
 async def test_family_replays_with_mlx_lms_tokens(kind):
     model = tiny(kind)
+    want = [mlx_lm_tokens(model, prompt, N) for prompt in PROMPTS]  # mlx-lm's, before the fixes
     assert bool(fix_weight_rewrites(model)) == (kind in REWRITES_ITS_WEIGHTS)  # as Engine.load does
     assert fix_position_arrays(model) == (kind in INT_POSITIONS)
-    want = [mlx_lm_tokens(model, prompt, N) for prompt in PROMPTS]
     async with ea.Runtime(pool_size=2) as rt:
         for mode in ("parallel", "batch"):
             engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode=mode,
@@ -112,6 +111,11 @@ async def test_family_replays_with_mlx_lms_tokens(kind):
                                                  f"{PYTHON_BATCH_REFUSED[kind]}; mode 'parallel'"):
                 await engine.prepare_step("python")
             await engine.close()
+        elif kind in INT_POSITIONS:  # the fix made mlx-lm's own batch right too (the Python step's)
+            engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch",
+                            max_concurrent=2)
+            assert await engine.prepare_step("python") == "python"
+            assert await _prompts_at_once(engine) == want
 
 
 def test_layers_reading_anothers_cache_step_as_the_model_does():
