@@ -28,6 +28,7 @@ def load_model_files(path: str | None) -> tuple[Any, Any, dict[str, Any]]:
         fix_batch_masks(model)
         fix_weight_rewrites(model)
         fix_position_arrays(model)
+        fix_expert_picks(model)
         eos = set(tokenizer.eos_token_ids) or {tokenizer.eos_token_id}
         return model, tokenizer, {"eos_ids": eos, "chat_template": tokenizer.chat_template,
                                   "bos_id": added_bos(tokenizer)}
@@ -104,6 +105,22 @@ def fix_position_arrays(model) -> bool:
         return False
     return _swap_calls(model, {llama4.LlamaModel: _llama4_model, llama4.Attention: _llama4_attention,
                                afm7.AFMModel: _afm7_model, gpt_bigcode.GPTBigCodeModel: _gpt_bigcode_model})
+
+
+def fix_expert_picks(model) -> bool:
+    """Let mlx-lm's dbrx pick its experts with array ops; whether it changed anything.
+
+    Its mixture of experts reads each token's experts in Python (``inds.tolist()``), which a
+    traced step cannot. Its SparseMoeBlock becomes a subclass that runs every expert on the
+    tokens and takes each token's picked ones (``mx.take_along_axis``), weighted and summed as
+    mlx-lm's are: the same experts and sums, with no value read (every expert runs: more
+    work than mlx-lm's for one token, less for a prompt or a batch of many). Done at load,
+    before any worker runs the model."""
+    try:
+        from mlx_lm.models import dbrx
+    except ImportError:
+        return False
+    return _swap_calls(model, {dbrx.SparseMoeBlock: _dbrx_experts})
 
 
 def _swap_calls(model, calls: dict) -> bool:
@@ -207,6 +224,22 @@ def _gpt_bigcode_model(self, mlx_lm_call, inputs, cache=None):
     for layer, c in zip(self.h, cache):
         h = layer(h, mask, cache=c)
     return self.ln_f(h)
+
+
+def _dbrx_experts(self, _mlx_lm_call, x):
+    """dbrx.SparseMoeBlock taking each token's experts with array ops (mlx-lm's training and
+    evaluating branches compute the same sums, both reading the picks on the host)."""
+    import mlx.core as mx
+
+    ne, shape = self.num_experts_per_tok, x.shape
+    x = x.reshape(-1, shape[-1])
+    gates = mx.softmax(self.router(x).astype(mx.float32), axis=-1)
+    inds = mx.stop_gradient(mx.argpartition(-gates, kth=ne - 1, axis=-1)[:, :ne])
+    scores = mx.take_along_axis(gates, inds, axis=-1)
+    scores = (scores / mx.linalg.norm(scores, ord=1, axis=-1, keepdims=True)).astype(x.dtype)
+    every = mx.stack([expert(x) for expert in self.experts], axis=1)  # {tokens, experts, d_model}
+    picked = mx.take_along_axis(every, inds[..., None], axis=1)  # mlx-lm's yt, tokens first
+    return (picked * scores[..., None]).sum(axis=1).reshape(shape)
 
 
 def fix_weight_rewrites(model) -> list[str]:

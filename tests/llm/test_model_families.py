@@ -19,7 +19,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async.llm import Engine
-from emlx_async.llm.loading import fix_position_arrays, fix_weight_rewrites
+from emlx_async.llm.loading import fix_expert_picks, fix_position_arrays, fix_weight_rewrites
 from support.engine import tokens_of
 from support.helpers import on_loops
 from support.tiny_models import FAMILIES, IdsTokenizer, mlx_lm_tokens, tiny
@@ -46,6 +46,9 @@ REWRITES_ITS_WEIGHTS = {"gemma3n"}
 # an array (llama4 asking its cache for the chunk mask), so they replay (and afm7's and
 # gpt_bigcode's mlx-lm batches, left-padded, get each row's own logits too).
 INT_POSITIONS = {"afm7", "gpt_bigcode", "llama4"}
+# mlx-lm's dbrx picks its experts in Python (inds.tolist()): loading.fix_expert_picks (which
+# Engine.load applies) has it take them with array ops, so it replays.
+PYTHON_EXPERT_PICKS = {"dbrx"}
 # Batches the buffers vouch for (the replayed step's) whose mlx-lm batch (the Python step's) is
 # wrong or cannot be made: batch mode on the Python step is refused, naming why.
 PYTHON_BATCH_REFUSED = {"llama4": r"mlx-lm cannot batch its ChunkedKVCache \(layer 0\)",
@@ -53,8 +56,6 @@ PYTHON_BATCH_REFUSED = {"llama4": r"mlx-lm cannot batch its ChunkedKVCache \(lay
 # Families whose step cannot replay: the Python step serves them, step_note naming why
 # (and still mlx-lm's tokens).
 FALLS_BACK = {
-    # Its experts are picked in Python (inds.tolist()).
-    "dbrx": "reads an array.s value while it is being traced",
     # Its LayerCache's compressed groups grow, and a group closes, as the position goes (shapes).
     "deepseek_v41": r"LayerCache \(layer 0\) has no fixed-buffer form",
     # Its block-sparse layers add the mask as numbers (mlx-lm gives none to one token), and
@@ -87,6 +88,7 @@ async def test_family_replays_with_mlx_lms_tokens(kind):
     want = [mlx_lm_tokens(model, prompt, N) for prompt in PROMPTS]  # mlx-lm's, before the fixes
     assert bool(fix_weight_rewrites(model)) == (kind in REWRITES_ITS_WEIGHTS)  # as Engine.load does
     assert fix_position_arrays(model) == (kind in INT_POSITIONS)
+    assert fix_expert_picks(model) == (kind in PYTHON_EXPERT_PICKS)
     async with ea.Runtime(pool_size=2) as rt:
         for mode in ("parallel", "batch"):
             engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode=mode,
@@ -111,7 +113,7 @@ async def test_family_replays_with_mlx_lms_tokens(kind):
                                                  f"{PYTHON_BATCH_REFUSED[kind]}; mode 'parallel'"):
                 await engine.prepare_step("python")
             await engine.close()
-        elif kind in INT_POSITIONS:  # the fix made mlx-lm's own batch right too (the Python step's)
+        elif kind in INT_POSITIONS | PYTHON_EXPERT_PICKS:  # the fixed model's own batch (the Python step)
             engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch",
                             max_concurrent=2)
             assert await engine.prepare_step("python") == "python"
