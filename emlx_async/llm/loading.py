@@ -29,6 +29,7 @@ def load_model_files(path: str | None) -> tuple[Any, Any, dict[str, Any]]:
         fix_weight_rewrites(model)
         fix_position_arrays(model)
         fix_expert_picks(model)
+        fix_block_sparse_masks(model)
         eos = set(tokenizer.eos_token_ids) or {tokenizer.eos_token_id}
         return model, tokenizer, {"eos_ids": eos, "chat_template": tokenizer.chat_template,
                                   "bos_id": added_bos(tokenizer)}
@@ -107,6 +108,23 @@ def fix_position_arrays(model) -> bool:
                                afm7.AFMModel: _afm7_model, gpt_bigcode.GPTBigCodeModel: _gpt_bigcode_model})
 
 
+def fix_block_sparse_masks(model) -> bool:
+    """Let mlx-lm's phi3small's block-sparse layers take one token over a fixed buffer; whether
+    it changed anything.
+
+    mlx-lm's keys end at the token (no mask for one): those layers place the query in the
+    keys' last block and add the mask they are given as numbers. Over a fixed buffer (or a
+    left-padded batch) the mask is a boolean of the row's keys: given one for one token, they
+    count the row's keys for the positions, place the query in its own block, and hide the
+    rest. Done at load, before any worker runs the model; the replayed step's load check
+    (replay_step.check_against_model) holds it within the first block, the tests past it."""
+    try:
+        from mlx_lm.models import phi3small
+    except ImportError:
+        return False
+    return _swap_calls(model, {phi3small.Attention: _phi3small_block_sparse}, method="_block_sparse_attention")
+
+
 def fix_expert_picks(model) -> bool:
     """Let mlx-lm's dbrx pick its experts with array ops; whether it changed anything.
 
@@ -123,28 +141,28 @@ def fix_expert_picks(model) -> bool:
     return _swap_calls(model, {dbrx.SparseMoeBlock: _dbrx_experts})
 
 
-def _swap_calls(model, calls: dict) -> bool:
-    """Give each of `model`'s modules whose class is a key of `calls` that value's ``__call__``
+def _swap_calls(model, calls: dict, method: str = "__call__") -> bool:
+    """Give each of `model`'s modules whose class is a key of `calls` that value as its `method`
     (a subclass, of the same name); whether any was found."""
     fixed = False
     for _, module in model.named_modules():
         call = calls.get(type(module))
         if call is not None:
-            module.__class__ = _with_call(type(module), call)
+            module.__class__ = _with_call(type(module), call, method)
             fixed = True
     return fixed
 
 
 @functools.cache
-def _with_call(base: type, call) -> type:
-    """`base` whose ``__call__`` is ``call(self, base's own call, *args)`` (made once per pair)."""
+def _with_call(base: type, call, method: str) -> type:
+    """`base` whose `method` is ``call(self, base's own method, *args)`` (made once each)."""
 
-    class WithCall(base):  # type: ignore[misc, valid-type]
-        def __call__(self, *args, **kwargs):
-            return call(self, super().__call__, *args, **kwargs)
+    def patched(self, *args, **kwargs):
+        return call(self, getattr(super(with_call, self), method), *args, **kwargs)
 
-    WithCall.__name__, WithCall.__qualname__ = base.__name__, base.__qualname__
-    return WithCall
+    with_call = type(base.__name__, (base,), {method: patched, "__qualname__": base.__qualname__,
+                                              "__module__": base.__module__})
+    return with_call
 
 
 def _afm7_model(self, mlx_lm_call, inputs, cache=None):
@@ -224,6 +242,27 @@ def _gpt_bigcode_model(self, mlx_lm_call, inputs, cache=None):
     for layer, c in zip(self.h, cache):
         h = layer(h, mask, cache=c)
     return self.ln_f(h)
+
+
+def _phi3small_block_sparse(self, mlx_lm_call, queries, keys, values, scale, mask):
+    """phi3small.Attention's block-sparse attention of one token given a boolean mask of its keys."""
+    import mlx.core as mx
+
+    if not (isinstance(mask, mx.array) and mask.dtype == mx.bool_ and queries.shape[2] == 1):
+        return mlx_lm_call(queries, keys, values, scale, mask)
+    counted = mx.cumsum(mask.astype(mx.int32), axis=-1)  # {B, 1, 1, S}: the row's keys so far
+    k_block = mx.floor((counted - 1) / self.blocksparse_block_size)  # MLX cannot export an int //
+    q_block = k_block[..., -1:]
+    heads = mx.arange(1, self.n_heads + 1).reshape(1, -1, 1, 1)
+    strided = (k_block + heads) % self.blocksparse_vert_stride == 0  # {B, heads, 1, S}
+    seen = mask & (q_block >= k_block) & ((q_block - k_block < self.blocksparse_num_local_blocks) | strided)
+    B, _, L, _ = queries.shape
+    queries = mx.reshape(scale * queries, (B, self.n_kv_heads, self.n_q_per_kv, L, -1))
+    scores = queries @ mx.swapaxes(mx.expand_dims(keys, 2), -1, -2)
+    seen = seen.reshape(-1, self.n_kv_heads, self.n_q_per_kv, L, seen.shape[-1])  # the mask's rows
+    scores = scores + mx.where(seen, mx.array(0, scores.dtype), mx.array(-float("inf"), scores.dtype))
+    output = mx.softmax(scores, axis=-1, precise=True) @ mx.expand_dims(values, 2)
+    return mx.reshape(output, (B, self.n_heads, L, -1))
 
 
 def _dbrx_experts(self, _mlx_lm_call, x):

@@ -19,7 +19,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async.llm import Engine
-from emlx_async.llm.loading import fix_expert_picks, fix_position_arrays, fix_weight_rewrites
+from emlx_async.llm.loading import fix_block_sparse_masks, fix_expert_picks, fix_position_arrays, fix_weight_rewrites
 from support.engine import tokens_of
 from support.helpers import on_loops
 from support.tiny_models import FAMILIES, IdsTokenizer, mlx_lm_tokens, tiny
@@ -32,8 +32,7 @@ N = 10  # the first prompt crosses the 16-position trace into the 32
 # (loading.fix_batch_masks, below).
 BATCH_REFUSED = {"gemma2": "other logits than the same row alone",
                  # Where the buffers cannot vouch for a batch, mlx-lm's own is checked (its Python step).
-                 "deepseek_v41": r"mlx-lm cannot batch its LayerCache \(layer 0\)",
-                 "phi3small": "other logits than the same row alone"}
+                 "deepseek_v41": r"mlx-lm cannot batch its LayerCache \(layer 0\)"}
 # mlx-lm's gemma3n writes its own weights in every call (its AltUp's coefficients cast and
 # clipped, lazily, on the calling thread's stream), so two threads calling it at once race
 # (MLX: "There is no Stream(cpu, n) in current thread", or a crash): loading.fix_weight_rewrites
@@ -49,6 +48,11 @@ INT_POSITIONS = {"afm7", "gpt_bigcode", "llama4"}
 # mlx-lm's dbrx picks its experts in Python (inds.tolist()): loading.fix_expert_picks (which
 # Engine.load applies) has it take them with array ops, so it replays.
 PYTHON_EXPERT_PICKS = {"dbrx"}
+# mlx-lm's phi3small's block-sparse layers place the query in the keys' last block and add the
+# mask as numbers (mlx-lm's keys end at the token: no mask for one): loading.fix_block_sparse_masks
+# (which Engine.load applies) has them, given a boolean mask for one token, place it in its own
+# block and hide what the mask hides, so it replays.
+BLOCK_SPARSE = {"phi3small"}
 # Batches the buffers vouch for (the replayed step's) whose mlx-lm batch (the Python step's) is
 # wrong or cannot be made: batch mode on the Python step is refused, naming why.
 PYTHON_BATCH_REFUSED = {"llama4": r"mlx-lm cannot batch its ChunkedKVCache \(layer 0\)",
@@ -58,10 +62,6 @@ PYTHON_BATCH_REFUSED = {"llama4": r"mlx-lm cannot batch its ChunkedKVCache \(lay
 FALLS_BACK = {
     # Its LayerCache's compressed groups grow, and a group closes, as the position goes (shapes).
     "deepseek_v41": r"LayerCache \(layer 0\) has no fixed-buffer form",
-    # Its block-sparse layers add the mask as numbers (mlx-lm gives none to one token), and
-    # place the query in the keys' last block (mlx-lm's keys end at the token; a buffer's do
-    # not): which blocks it sees follows the buffer's length, not its position.
-    "phi3small": "the fixed-cache step disagrees with the model's own forward",
 }
 
 
@@ -89,6 +89,7 @@ async def test_family_replays_with_mlx_lms_tokens(kind):
     assert bool(fix_weight_rewrites(model)) == (kind in REWRITES_ITS_WEIGHTS)  # as Engine.load does
     assert fix_position_arrays(model) == (kind in INT_POSITIONS)
     assert fix_expert_picks(model) == (kind in PYTHON_EXPERT_PICKS)
+    assert fix_block_sparse_masks(model) == (kind in BLOCK_SPARSE)
     async with ea.Runtime(pool_size=2) as rt:
         for mode in ("parallel", "batch"):
             engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode=mode,
@@ -113,7 +114,7 @@ async def test_family_replays_with_mlx_lms_tokens(kind):
                                                  f"{PYTHON_BATCH_REFUSED[kind]}; mode 'parallel'"):
                 await engine.prepare_step("python")
             await engine.close()
-        elif kind in INT_POSITIONS | PYTHON_EXPERT_PICKS:  # the fixed model's own batch (the Python step)
+        elif kind in INT_POSITIONS | PYTHON_EXPERT_PICKS | BLOCK_SPARSE:  # mlx-lm's batch, fixed too
             engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch",
                             max_concurrent=2)
             assert await engine.prepare_step("python") == "python"
@@ -128,6 +129,29 @@ def test_layers_reading_anothers_cache_step_as_the_model_does():
 
     model = tiny("gemma3n")
     assert check_against_model(model, CacheSpec.of(model), tokens=PROMPTS[0][:8]) == 256  # 8: its buffers
+
+
+def test_block_sparse_layers_step_as_the_model_does_past_their_blocks():
+    """phi3small's block-sparse layers (blocks of 32, 2 local, every 2nd strided) over a buffer of
+    128: each step's logits are the model's own (mlx-lm's KVCache) through 4 blocks, where which
+    blocks the token sees follows its position (the families' test stays within the first)."""
+    import mlx.core as mx
+
+    from emlx_async.llm.replay_step import CacheSpec, forward
+
+    model = tiny("phi3small")
+    assert fix_block_sparse_masks(model)
+    spec = CacheSpec.of(model)
+    tokens = [(7 * i + 3) % 1000 for i in range(110)]
+    caches = spec.prompt_cache(model)
+    model(mx.array([tokens[:1]]), cache=caches)
+    buffers = spec.from_prompt_cache(caches, 128)
+    for position, token in enumerate(tokens[1:], start=1):
+        want = model(mx.array([[token]]), cache=caches)[:, -1, :]
+        logits, buffers = forward(model, spec, mx.array([[token]]), mx.array(position), buffers)
+        shown = mx.isfinite(want)  # its logits hide the dummy tokens (-inf)
+        assert mx.array_equal(mx.isfinite(logits), shown).item(), position
+        assert mx.allclose(mx.where(shown, logits, 0), mx.where(shown, want, 0), rtol=1e-3, atol=1e-3).item(), position
 
 
 @on_loops("asyncio")
