@@ -86,3 +86,25 @@ def test_an_unknown_model_type_keeps_mlx_lms_error_naming_it(tmp_path):
     config.write_text(json.dumps({**json.loads(config.read_text()), "model_type": "no_such_family"}))
     with pytest.raises(ValueError, match="no_such_family"):
         load_model_files(str(tmp_path))
+
+
+
+@pytest.mark.parametrize("kind", ["dbrx", "gpt_bigcode", "phi3small"])
+def test_loading_an_mlx_lm_folder_applies_the_fixes_its_step_needs(tmp_path, monkeypatch, kind):
+    # What test_model_families applies by hand to a model built in code, load_model_files applies
+    # (mlx-lm's loader stands in: Transformers reads no tokenizer for these tiny configs).
+    import json
+    from types import SimpleNamespace
+
+    import mlx_lm
+
+    from emlx_async.llm.loading import fix_block_sparse_masks, fix_expert_picks, fix_position_arrays, load_model_files
+    from support.tiny_models import tiny
+
+    fixes = (fix_expert_picks, fix_position_arrays, fix_block_sparse_masks)
+    assert any(fix(tiny(kind)) for fix in fixes)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": kind}))
+    tokenizer = SimpleNamespace(eos_token_ids=[2], eos_token_id=2, chat_template=None, bos_token_id=None)
+    monkeypatch.setattr(mlx_lm, "load", lambda path: (tiny(kind), tokenizer))
+    model, _, _ = load_model_files(str(tmp_path))
+    assert not any(fix(model) for fix in fixes)  # nothing left to fix
