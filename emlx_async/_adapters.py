@@ -202,22 +202,45 @@ def ones_like(a, dtype, rt):
 
 # ---- shapes ----------------------------------------------------------------------
 
+def _int_sequence(value) -> Sequence | None:
+    """A sequence as nanobind's casters take one (not a str or bytes), else None."""
+    if isinstance(value, (list, tuple)):
+        return value
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or not hasattr(value, "__getitem__"):
+        return None
+    return list(value)
+
+
+def _is_index(value) -> bool:
+    """_is_int without its raised and caught TypeError for the lists and tuples pad_width is made of."""
+    return isinstance(value, int) or (not isinstance(value, (list, tuple)) and _is_int(value))
+
+
 def _pad_pairs(ndim: int, pad_width) -> list[int]:
-    if isinstance(pad_width, int):
+    """mlx's forms, in its binding's order: an int, (n,), (before, after), or a (before, after) pair per axis.
+
+    A value of none of those forms is an OptionTypeError (answered with mlx's binding's TypeError);
+    a count of pairs other than one or ndim gets mlx's ValueError.
+    """
+    if _is_index(pad_width):
         pairs = [(pad_width, pad_width)] * ndim
     else:
-        items = list(pad_width)
-        if all(isinstance(v, int) for v in items):
-            if len(items) == 1:
-                pairs = [(items[0], items[0])] * ndim
-            elif len(items) == 2:
-                pairs = [(items[0], items[1])] * ndim
-            else:
-                raise InvalidArgument("[pad] pad_width must be an int, a pair or one (before, after) pair per axis")
+        items = _int_sequence(pad_width)
+        if items is None:
+            raise OptionTypeError(f"[pad] pad_width must be an int, a pair or a list of pairs, got {pad_width!r}")
+        if len(items) in (1, 2) and all(_is_index(v) for v in items):  # tuple[int] or tuple[int, int]
+            pairs = [(items[0], items[-1])] * ndim
         else:
-            pairs = [(p[0], p[0]) if len(p) == 1 else (p[0], p[1]) for p in map(tuple, items)]
+            pairs = []
+            for item in items:
+                pair = _int_sequence(item)
+                if pair is None or len(pair) != 2 or not (_is_index(pair[0]) and _is_index(pair[1])):
+                    raise OptionTypeError(f"[pad] each pad_width pair must be two ints, got {item!r}")
+                pairs.append((pair[0], pair[1]))
             if len(pairs) == 1:
                 pairs = pairs * ndim
+            elif len(pairs) != ndim:  # mlx's ops.cpp (pad), its own words
+                raise MLXValueError(f"Invalid number of padding sizes passed to pad with axes of size {ndim}")
     return [operator.index(v) for pair in pairs for v in pair]
 
 

@@ -215,6 +215,26 @@ async def test_bad_calls_raise_mlxs_class_and_message(rt):
 
 
 @async_test
+async def test_pad_width_takes_mlxs_forms_only(rt):
+    """mlx's test_pad: an int, (n,), [n], (before, after), [(before, after)] or one pair per axis.
+
+    Anything else is mlx's binding's TypeError (a pair of three, a (1,) among pairs, a float); a
+    count of pairs neither one nor ndim is mlx's ValueError; both with mlx's messages.
+    """
+    a = mx.zeros((1, 1, 1))
+    x = mx.ones((2, 3))
+    mx.eval(a, x)
+    forms = [1, (1,), [1], (1, 2), [(1, 2)], ((1, 2),), ((1, 2), (2, 1), (2, 2)), [[1, 2], [0, 1], [2, 0]],
+             (True, 1), np.array([1, 2])]
+    refused = [(1, 2, 3), [(1,)], [(1, 2), (3,)], [(1, 2, 3), (1, 1), (0, 0)], [], [(1, 1)] * 2, [(1, 1)] * 4,
+               1.5, "x", None, [(1.5, 1), (1, 1), (1, 1)], [1, (1, 1)]]
+    cases = [(f"pad {pw!r}", lambda m, pw=pw: _ops(m).pad(a, pw)) for pw in forms + refused]
+    cases += [(f"pad edge {pw!r}", lambda m, pw=pw: _ops(m).pad(x, pw, mode="edge")) for pw in [[(1, 1)] * 3, 1.5, [(1,)]]]
+    await _agree(cases)
+    assert (await ea.ops.pad(a, ((1, 2), (2, 1), (2, 2)))).shape == (4, 4, 5)
+
+
+@async_test
 async def test_an_invalid_axis_gets_mlxs_message_with_bounds_checks_on(rt):
     """The check of an invalid axis is left to the op itself, which refuses it with mlx's message."""
     x = mx.arange(6).reshape(2, 3)
