@@ -41,7 +41,11 @@ def op(name: str, arrays: list, rt: dict, **options: Any):
 
 
 def _ints(values) -> list[int]:
-    return [operator.index(v) for v in values]
+    """A sequence of ints; anything else is an OptionTypeError, answered with mlx's binding's TypeError."""
+    try:
+        return [operator.index(v) for v in values]
+    except TypeError:
+        raise OptionTypeError(f"expects a sequence of ints, got {values!r}") from None
 
 
 def _per_axis(value, n: int) -> list[int]:
@@ -256,6 +260,8 @@ def as_strided(a, shape, strides, offset, rt):
         for n in reversed(shape):
             strides.insert(0, step)
             step *= n
+    if _is_int(offset) and operator.index(offset) < 0:  # mlx's binding takes a size_t: its TypeError
+        raise OptionTypeError(f"[as_strided] offset must be non-negative, got {offset!r}")
     return op("as_strided", [a], rt, shape=shape, strides=_ints(strides), offset=offset)
 
 
@@ -308,7 +314,7 @@ def contiguous(a, allow_col_major, rt):
 
 def clip(a, a_min, a_max, rt):
     if a_min is None and a_max is None:
-        raise MLXValueError("[clip] At most one of a_min and a_max may be None")
+        raise MLXValueError("At most one of a_min and a_max may be None")  # mlx's binding, its own words
     if a_min is None:
         return op("minimum", [a, a_max], rt)
     if a_max is None:

@@ -180,7 +180,7 @@ CASES = [
     ("as-strided-negative-reach", "ea.ops.as_strided(mx.ones((4,)), shape=(4,), strides=(-1,), offset=2)",
      "MLXValueError", "out of bounds"),
     ("as-strided-offset-negative", "ea.ops.as_strided(mx.ones((4,)), shape=(1,), strides=(1,), offset=-1)",
-     "ValueError", "'offset' must be non-negative"),
+     "TypeError", "as_strided(): incompatible function arguments"),  # mlx's binding takes a size_t
     # Keys without heads: MLX takes the query heads modulo the key heads (SIGFPE).
     ("sdpa-keys-without-heads",
      "ea.fast.scaled_dot_product_attention(mx.ones((1, 2, 2, 4)), mx.ones((1, 0, 2, 4)), mx.ones((1, 0, 2, 4)), "

@@ -235,6 +235,25 @@ async def test_pad_width_takes_mlxs_forms_only(rt):
 
 
 @async_test
+async def test_sequence_options_of_other_types_get_mlxs_type_error(rt):
+    """A shape, axes or strides that is no sequence of ints: mlx's binding's TypeError, its message."""
+    x = mx.ones((2, 3))
+    mx.eval(x)
+    calls = {
+        "random.normal shape='x'": lambda m: m.random.normal(shape="x", key=mx.random.key(0)),
+        "random.uniform shape=(1.5,)": lambda m: m.random.uniform(shape=(1.5,), key=mx.random.key(0)),
+        "random.randint shape=2": lambda m: m.random.randint(0, 3, shape=2, key=mx.random.key(0)),
+        "random.gumbel shape=None": lambda m: m.random.gumbel(shape=None, key=mx.random.key(0)),
+        "fft.fftn axes=('a',)": lambda m: m.fft.fftn(x, axes=("a",)),
+        "tensordot axes=(['a'], [0])": lambda m: _ops(m).tensordot(x, x, axes=(["a"], [0])),
+        "as_strided strides=1.5": lambda m: _ops(m).as_strided(x, shape=(2,), strides=1.5),
+        "as_strided offset=-1": lambda m: _ops(m).as_strided(x, shape=(2,), strides=(1,), offset=-1),
+        "clip None None": lambda m: _ops(m).clip(x, None, None),
+    }
+    await _agree(list(calls.items()))
+
+
+@async_test
 async def test_an_invalid_axis_gets_mlxs_message_with_bounds_checks_on(rt):
     """The check of an invalid axis is left to the op itself, which refuses it with mlx's message."""
     x = mx.arange(6).reshape(2, 3)
