@@ -9,8 +9,10 @@ adapters here where mlx's parameters need translating (int-or-pair paddings,
 
 from __future__ import annotations
 
+import dis
 import inspect
 import operator
+import sys
 import typing
 from collections.abc import Sequence
 from typing import Any, Union
@@ -121,20 +123,12 @@ def _crashes_mlx(value: Any) -> bool:
     return isinstance(value, np.generic) and value.dtype.kind in "mM"
 
 
-def mlx_type_error(mlx_path: str, function, values: dict[str, Any], error: TypeError) -> TypeError:
-    """mlx's own TypeError (its message, as an OptionTypeError) for the call `function(**values)` made to mlx's function, else `error`.
-
-    Parameters still at their defaults are left out, as a caller would. Calling
-    mlx here is safe: nanobind refuses an argument of the wrong type before any
-    of MLX's C++ runs; should mlx take the call after all, its lazy result is
-    dropped unevaluated and `error` stands.
-    """
-    if isinstance(values.get("stream"), str):  # a device name, which only our stream= takes
-        values = {**values, "stream": {"cpu": mx.cpu, "gpu": mx.gpu}.get(values["stream"].lower(), values["stream"])}
+def _as_callers_pass_them(parameters, values: dict[str, Any]) -> tuple[list, dict[str, Any]]:
+    """Where the call cannot be read: inputs by position, options by keyword, defaults left out."""
     args: list = []
     kwargs: dict[str, Any] = {}
     pending: list = []  # positional values at their defaults, passed only if a later one is not
-    for name, parameter in inspect.signature(function).parameters.items():
+    for name, parameter in parameters.items():
         if name not in values:
             continue
         value = values[name]
@@ -152,6 +146,71 @@ def mlx_type_error(mlx_path: str, function, values: dict[str, Any], error: TypeE
         else:
             args += [*pending, value]
             pending = []
+    return args, kwargs
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _how_called(function, parameters) -> tuple[int, tuple[str, ...]] | None:
+    """(how many arguments by position, the keywords in their order) of the call to `function` now
+    being refused, read from its caller's bytecode (error path only: nothing on a call that succeeds).
+
+    None where it cannot be read: a call through ``*args``/``**kwargs`` or from C, a function with
+    ``*args``, or bytecode of a form not known here.
+    """
+    try:
+        own = sys._getframe(2)  # _how_called <- mlx_type_error <- function
+    except ValueError:
+        return None
+    caller = own.f_back
+    if own.f_code is not function.__code__ or caller is None:
+        return None
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters.values()):
+        return None
+    code, last = caller.f_code, caller.f_lasti
+    try:  # 3.11 and 3.12 leave f_lasti on the call's last cache entry; 3.13 on the call
+        seen = [i for i in dis.get_instructions(code) if i.offset <= last]
+    except Exception:  # noqa: BLE001 - unreadable: the fallback
+        return None
+    if not seen or seen[-1].opname not in ("CALL", "CALL_KW") or seen[-1].arg is None:
+        return None
+    count = seen[-1].arg
+    before = [i for i in seen[:-1] if i.opname != "PRECALL"][-1:]  # 3.11: KW_NAMES, PRECALL, CALL
+    keywords: Any = ()
+    if seen[-1].opname == "CALL_KW":  # 3.13: the names are a constant loaded just before
+        keywords = before[0].argval if before and before[0].opname == "LOAD_CONST" else None
+    elif before and before[0].opname == "KW_NAMES":  # 3.11, 3.12
+        index = before[0].arg
+        keywords = code.co_consts[index] if index is not None and index < len(code.co_consts) else None
+    if not isinstance(keywords, tuple) or not all(isinstance(k, str) and k in parameters for k in keywords):
+        return None
+    positional = count - len(keywords)
+    names = [name for name, p in parameters.items() if p.kind in _POSITIONAL]
+    if not 0 <= positional <= len(names):
+        return None
+    return positional, keywords
+
+
+def mlx_type_error(mlx_path: str, function, values: dict[str, Any], error: TypeError) -> TypeError:
+    """mlx's own TypeError (its message, as an OptionTypeError) for the call `function(**values)` made to mlx's function, else `error`.
+
+    Parameters still at their defaults are left out, as a caller would. Calling
+    mlx here is safe: nanobind refuses an argument of the wrong type before any
+    of MLX's C++ runs; should mlx take the call after all, its lazy result is
+    dropped unevaluated and `error` stands.
+    """
+    if isinstance(values.get("stream"), str):  # a device name, which only our stream= takes
+        values = {**values, "stream": {"cpu": mx.cpu, "gpu": mx.gpu}.get(values["stream"].lower(), values["stream"])}
+    parameters = inspect.signature(function).parameters
+    how = _how_called(function, parameters)
+    if how is not None and all(name in values for name in list(parameters)[:how[0]]):
+        # as the caller passed them: mlx's message lists them the same way
+        positional, keywords = how
+        args = [values[name] for name in list(parameters)[:positional]]
+        kwargs = {name: values[name] for name in keywords if name in values}
+    else:
+        args, kwargs = _as_callers_pass_them(parameters, values)
     if any(_crashes_mlx(value) for value in (*args, *kwargs.values())):
         return error
     try:

@@ -254,6 +254,35 @@ async def test_sequence_options_of_other_types_get_mlxs_type_error(rt):
 
 
 @async_test
+async def test_refused_arguments_are_listed_as_the_caller_passed_them(rt):
+    """nanobind's "Invoked with types" lists positional arguments, then `kwargs = { ... }` in the
+    caller's order: mlx's message for the very call made, positional or by keyword."""
+    x = mx.ones((2, 3))
+    mx.eval(x)
+    calls = {
+        "sum axis positional": lambda m: _ops(m).sum(x, "x"),
+        "sum axis keyword": lambda m: _ops(m).sum(x, axis="x"),
+        "sum keywords reordered": lambda m: _ops(m).sum(x, keepdims=1, axis=0),
+        "sum None positional": lambda m: _ops(m).sum(x, None, "x"),
+        "zeros dtype positional": lambda m: _ops(m).zeros((2,), "x"),
+        "nan_to_num positional": lambda m: _ops(m).nan_to_num(x, "x"),
+        "pad mode positional": lambda m: _ops(m).pad(x, 1.5, "edge"),
+        "pad by keyword": lambda m: _ops(m).pad(x, pad_width=1.5, mode="edge"),
+        "as_strided positional": lambda m: _ops(m).as_strided(x, (2,), (1,), -1),
+        "add stream positional": lambda m: _ops(m).add(x, x, x),
+        "bernoulli p positional": lambda m: m.random.bernoulli(0.5, key="x"),
+        "normal shape positional": lambda m: m.random.normal("x"),
+        "fft.fft n positional": lambda m: m.fft.fft(x, "x"),
+        "linalg.norm ord positional": lambda m: m.linalg.norm(x, 2, "x"),
+    }
+    await _agree(list(calls.items()))
+    # called through *args / **kwargs the call is not read: options are listed by keyword
+    args, kwargs = (x,), {"axis": "x"}
+    with pytest.raises(TypeError, match=r"Invoked with types: mlx.core.array, kwargs = \{ axis: str \}$"):
+        ea.ops.sum(*args, **kwargs)
+
+
+@async_test
 async def test_an_invalid_axis_gets_mlxs_message_with_bounds_checks_on(rt):
     """The check of an invalid axis is left to the op itself, which refuses it with mlx's message."""
     x = mx.arange(6).reshape(2, 3)
