@@ -74,7 +74,8 @@ def _int_or_ints(value):
 # mlx's own functions by path ("mx.topk"), as they were at import: the messages below come from
 # them even where a caller has since replaced an mx attribute.
 _MLX = {f"{prefix}{name}": getattr(module, name)
-        for prefix, module in (("mx.", mx), ("mx.linalg.", mx.linalg), ("mx.fft.", mx.fft), ("mx.random.", mx.random))
+        for prefix, module in (("mx.", mx), ("mx.linalg.", mx.linalg), ("mx.fft.", mx.fft), ("mx.random.", mx.random),
+                                 ("mx.fast.", mx.fast))
         for name in dir(module) if not name.startswith("_")}
 
 _ANNOTATION_TYPES = {"int": (int,), "float": (float, int), "None": (type(None),), "Dtype": (mx.Dtype,)}

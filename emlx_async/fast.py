@@ -14,8 +14,9 @@ from typing import Any
 
 import mlx.core as mx
 
+from ._adapters import OptionTypeError, mlx_type_error
 from ._devices import stream_device
-from ._errors import InvalidArgument, InvalidArgumentType
+from ._errors import InvalidArgument, MLXValueError
 from ._submit import submit
 
 
@@ -27,18 +28,26 @@ def _stream(stream, kwargs: dict) -> dict:
 
 def rms_norm(x, weight=None, eps: float = 1e-5, *, stream=None, **kwargs: Any):
     """``mx.fast.rms_norm``; `weight` None means no scaling."""
-    kwargs = _stream(stream, kwargs)
-    weight = mx.ones((x.shape[-1],), dtype=x.dtype) if weight is None else weight
-    return submit("fast_rms_norm", [x, weight], eps=eps, **kwargs)
+    try:
+        kwargs = _stream(stream, kwargs)
+        scale = mx.ones((x.shape[-1],), dtype=x.dtype) if weight is None else weight
+        return submit("fast_rms_norm", [x, scale], eps=eps, **kwargs)
+    except OptionTypeError as error:  # an option of a type mlx's binding refuses: its message
+        raise mlx_type_error("mx.fast.rms_norm", rms_norm, dict(x=x, weight=weight, eps=eps, stream=stream),
+                             error) from None
 
 
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, *, stream=None, **kwargs: Any):
     """``mx.fast.layer_norm``, with or without bias."""
-    kwargs = _stream(stream, kwargs)
-    weight = mx.ones((x.shape[-1],), dtype=x.dtype) if weight is None else weight
-    if bias is None:
-        return submit("fast_layer_norm_no_bias", [x, weight], eps=eps, **kwargs)
-    return submit("fast_layer_norm", [x, weight, bias], eps=eps, **kwargs)
+    try:
+        kwargs = _stream(stream, kwargs)
+        scale = mx.ones((x.shape[-1],), dtype=x.dtype) if weight is None else weight
+        if bias is None:
+            return submit("fast_layer_norm_no_bias", [x, scale], eps=eps, **kwargs)
+        return submit("fast_layer_norm", [x, scale, bias], eps=eps, **kwargs)
+    except OptionTypeError as error:  # an option of a type mlx's binding refuses: its message
+        raise mlx_type_error("mx.fast.layer_norm", layer_norm,
+                             dict(x=x, weight=weight, bias=bias, eps=eps, stream=stream), error) from None
 
 
 def rope(a, dims: int, *, traditional: bool, base: float | None, scale: float, offset=0,
@@ -50,31 +59,35 @@ def rope(a, dims: int, *, traditional: bool, base: float | None, scale: float, o
     heads as if they were positions; say ``layout="BTHD"`` and the sequence
     axis is moved into place and back (three fused lazy jobs on one queue).
     """
-    x = a
-    kwargs = _stream(stream, kwargs)
-    if layout not in ("BHTD", "BTHD"):
-        raise InvalidArgument(f"[rope] layout must be 'BHTD' or 'BTHD', got {layout!r}")
-    if layout == "BTHD":
-        if x.ndim != 4:
-            raise InvalidArgument(f"[rope] layout 'BTHD' needs a 4-D input, got shape {tuple(x.shape)}")
-        return _rope_bthd(x, dims, traditional, base, scale, offset, freqs, kwargs)  # a coroutine: any backend
-    if freqs is not None:
-        if base is not None:
-            raise InvalidArgument("[rope] give either base or freqs, not both")
-        if not isinstance(offset, int):
-            raise InvalidArgument("[rope] precomputed freqs need an int offset")
-        return submit("fast_rope_freqs", [x, freqs], dims=dims, traditional=traditional, scale=scale,
-                      offset=offset, **kwargs)
-    if base is None:
-        raise InvalidArgument("[rope] base is required when freqs is not given")
-    if isinstance(offset, mx.array) and offset.ndim == 2:  # a position per token, {B, T}
-        return submit("fast_rope_positions", [x, offset], dims=dims, traditional=traditional, base=base,
+    try:
+        x = a
+        kwargs = _stream(stream, kwargs)
+        if layout not in ("BHTD", "BTHD"):
+            raise InvalidArgument(f"[rope] layout must be 'BHTD' or 'BTHD', got {layout!r}")
+        if layout == "BTHD":
+            if x.ndim != 4:
+                raise InvalidArgument(f"[rope] layout 'BTHD' needs a 4-D input, got shape {tuple(x.shape)}")
+            return _rope_bthd(x, dims, traditional, base, scale, offset, freqs, kwargs)  # a coroutine: any backend
+        if freqs is not None:
+            if base is not None:
+                raise InvalidArgument("[rope] give either base or freqs, not both")
+            if not isinstance(offset, int):
+                raise InvalidArgument("[rope] precomputed freqs need an int offset")
+            return submit("fast_rope_freqs", [x, freqs], dims=dims, traditional=traditional, scale=scale,
+                          offset=offset, **kwargs)
+        if base is None:
+            raise InvalidArgument("[rope] base is required when freqs is not given")
+        if isinstance(offset, mx.array) and offset.ndim == 2:  # a position per token, {B, T}
+            return submit("fast_rope_positions", [x, offset], dims=dims, traditional=traditional, base=base,
+                          scale=scale, **kwargs)
+        if isinstance(offset, int):
+            return submit("fast_rope", [x], dims=dims, traditional=traditional, base=base, scale=scale,
+                          offset=offset, **kwargs)
+        return submit("fast_rope_offsets", [x, offset], dims=dims, traditional=traditional, base=base,
                       scale=scale, **kwargs)
-    if isinstance(offset, int):
-        return submit("fast_rope", [x], dims=dims, traditional=traditional, base=base, scale=scale,
-                      offset=offset, **kwargs)
-    return submit("fast_rope_offsets", [x, offset], dims=dims, traditional=traditional, base=base,
-                  scale=scale, **kwargs)
+    except OptionTypeError as error:  # an option of a type mlx's binding refuses: its message
+        raise mlx_type_error("mx.fast.rope", rope, dict(a=a, dims=dims, traditional=traditional, base=base, scale=scale,
+                                                     offset=offset, freqs=freqs, stream=stream), error) from None
 
 
 async def _rope_bthd(x, dims, traditional, base, scale, offset, freqs, kwargs):
@@ -98,18 +111,24 @@ def scaled_dot_product_attention(q, k, v, *, scale: float, mask=None, sinks=None
     `sinks` optional attention sinks; ``mask="causal"`` with `key_mask` {B, L} (True = attend)
     also hides padded keys. Grouped-query attention works as in MLX. `force_fused` is accepted
     for mlx's signature; MLX picks the kernel either way here."""
-    kwargs = _stream(stream, kwargs)
-    del force_fused
-    if key_mask is not None:
-        if mask != "causal" or sinks is not None:
-            raise InvalidArgument("[scaled_dot_product_attention] key_mask goes with mask='causal' and no sinks")
-        return submit("fast_sdpa_causal_key_mask", [q, k, v, key_mask], scale=scale, **kwargs)
-    if mask is not None and not isinstance(mask, (str, mx.array)):
-        raise InvalidArgumentType(f"[scaled_dot_product_attention] mask must be None, 'causal' or an array, got {mask!r}")
-    if isinstance(mask, mx.array):
+    try:
+        kwargs = _stream(stream, kwargs)
+        if key_mask is not None:
+            if mask != "causal" or sinks is not None:
+                raise InvalidArgument("[scaled_dot_product_attention] key_mask goes with mask='causal' and no sinks")
+            return submit("fast_sdpa_causal_key_mask", [q, k, v, key_mask], scale=scale, **kwargs)
+        if mask is not None and not isinstance(mask, (str, mx.array)):
+            raise OptionTypeError(f"[scaled_dot_product_attention] mask must be None, 'causal' or an array, got {mask!r}")
+        if isinstance(mask, str) and mask != "causal":  # mlx's binding, its own words ("" too)
+            raise MLXValueError(f"[scaled_dot_product_attention] invalid mask option '{mask}'. Must be 'causal', or an array.")
+        if isinstance(mask, mx.array):
+            if sinks is not None:
+                raise InvalidArgument("[scaled_dot_product_attention] array masks with sinks are not supported here")
+            return submit("fast_sdpa_masked", [q, k, v, mask], scale=scale, **kwargs)
         if sinks is not None:
-            raise InvalidArgument("[scaled_dot_product_attention] array masks with sinks are not supported here")
-        return submit("fast_sdpa_masked", [q, k, v, mask], scale=scale, **kwargs)
-    if sinks is not None:
-        return submit("fast_sdpa_sinks", [q, k, v, sinks], scale=scale, mask=mask or "", **kwargs)
-    return submit("fast_sdpa", [q, k, v], scale=scale, mask=mask or "", **kwargs)
+            return submit("fast_sdpa_sinks", [q, k, v, sinks], scale=scale, mask=mask or "", **kwargs)
+        return submit("fast_sdpa", [q, k, v], scale=scale, mask=mask or "", **kwargs)
+    except OptionTypeError as error:  # an option of a type mlx's binding refuses: its message
+        raise mlx_type_error("mx.fast.scaled_dot_product_attention", scaled_dot_product_attention,
+                             dict(q=q, k=k, v=v, scale=scale, mask=mask, sinks=sinks, force_fused=force_fused,
+                                  stream=stream), error) from None

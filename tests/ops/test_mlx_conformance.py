@@ -258,7 +258,9 @@ async def test_refused_arguments_are_listed_as_the_caller_passed_them(rt):
     """nanobind's "Invoked with types" lists positional arguments, then `kwargs = { ... }` in the
     caller's order: mlx's message for the very call made, positional or by keyword."""
     x = mx.ones((2, 3))
-    mx.eval(x)
+    w = mx.ones((3,))
+    q = mx.ones((1, 1, 2, 4))
+    mx.eval(x, w, q)
     calls = {
         "sum axis positional": lambda m: _ops(m).sum(x, "x"),
         "sum axis keyword": lambda m: _ops(m).sum(x, axis="x"),
@@ -274,6 +276,19 @@ async def test_refused_arguments_are_listed_as_the_caller_passed_them(rt):
         "normal shape positional": lambda m: m.random.normal("x"),
         "fft.fft n positional": lambda m: m.fft.fft(x, "x"),
         "linalg.norm ord positional": lambda m: m.linalg.norm(x, 2, "x"),
+        "fast.layer_norm eps positional": lambda m: m.fast.layer_norm(x, None, None, "x"),
+        "fast.layer_norm eps keyword": lambda m: m.fast.layer_norm(x, w, None, eps="x"),
+        "fast.rms_norm weight": lambda m: m.fast.rms_norm(x, "w", 1e-5),
+        "fast.rms_norm eps None": lambda m: m.fast.rms_norm(x, w, eps=None),
+        "fast.rope dims 'x'": lambda m: m.fast.rope(q, "x", traditional=False, base=1e4, scale=1.0, offset=0),
+        "fast.rope traditional=1": lambda m: m.fast.rope(q, 4, traditional=1, base=1e4, scale=1.0, offset=0),
+        "fast.rope base 'x'": lambda m: m.fast.rope(q, 4, traditional=False, base="x", scale=1.0, offset=0),
+        "fast sdpa scale 'x'": lambda m: m.fast.scaled_dot_product_attention(q, q, q, scale="x"),
+        "fast sdpa mask=1": lambda m: m.fast.scaled_dot_product_attention(q, q, q, scale=1.0, mask=1),
+        "fast sdpa sinks 'x'": lambda m: m.fast.scaled_dot_product_attention(q, q, q, scale=1.0, sinks="x"),
+        # and the call's own words where mlx's binding refuses a value
+        "fast sdpa mask 'bad'": lambda m: m.fast.scaled_dot_product_attention(q, q, q, scale=1.0, mask="bad"),
+        "fast sdpa mask ''": lambda m: m.fast.scaled_dot_product_attention(q, q, q, scale=1.0, mask=""),
     }
     await _agree(list(calls.items()))
     # called through *args / **kwargs the call is not read: options are listed by keyword
