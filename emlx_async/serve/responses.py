@@ -199,6 +199,7 @@ def parse_input(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES, earlier: S
     named = [("previous_response_id", item) for item in earlier] + [(f"input[{i}]", item) for i, item in
                                                                     enumerate(items)]
     item_ids: set[str] = set()  # an item's id is its place in a stored conversation (input_items pages by it)
+    made_at: dict[str, str] = {}  # each call's id: where it was made
     for where, item in named:
         if not isinstance(item, dict):
             raise wrong_type(where, "an input item object", item)
@@ -211,6 +212,7 @@ def parse_input(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES, earlier: S
         if kind == "function_call":
             call = _function_call(item, where)
             ids.made([call["id"]], [f"{where}.call_id"])
+            made_at[call["id"]] = where
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":  # the calls of one turn: one assistant message
                 last.setdefault("tool_calls", []).append(call)
@@ -248,7 +250,24 @@ def parse_input(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES, earlier: S
     if all(isinstance(item, dict) and item.get("type") == "reasoning" for item in items):
         raise invalid("input", "input: reasoning items are left out of the prompt: at least one message, "
                       "function_call or function_call_output item is required")
+    _check_answered(ids, made_at)
     return messages
+
+
+def _check_answered(ids: ToolCallIds, made_at: dict[str, str]) -> None:
+    """Every function_call needs a function_call_output after it, as OpenAI's API requires (a
+    400 in its words); a call left open would be sent to the model as if it had no answer yet."""
+    unanswered = ids.unanswered()
+    if not unanswered:
+        return
+    call_id = unanswered[0]
+    where = made_at[call_id]
+    if where == "previous_response_id":  # the stored response's call: the input must answer it
+        raise invalid("input", f"input: No tool output found for function call {show(call_id)} (made by the "
+                      "previous response): the input needs a function_call_output item answering it",
+                      "missing_tool_output")
+    raise invalid(f"{where}.call_id", f"{where}.call_id: No tool output found for function call {show(call_id)}: "
+                  "every function_call item needs a function_call_output item after it", "missing_tool_output")
 
 
 _TOOL_CHOICES = ("auto", "none", "required")

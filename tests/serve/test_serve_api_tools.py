@@ -448,7 +448,9 @@ async def test_responses_a_call_cut_by_max_output_tokens_is_named_incomplete_whe
                                                "(max_output_tokens cut them off"), error
             # So is it a turn later: the conversation's every response is read.
             later = await http.post("/v1/responses", json={"model": MODEL, "previous_response_id": cut["id"],
-                                                           "input": "Go on.", "tools": [FUNCTION]})
+                                                           "input": [results[0], {"role": "user", "content": "Go on."}],
+                                                           "tools": [FUNCTION]})
+            assert later.status_code == 200, later.text
             refused = await http.post("/v1/responses", json={"model": MODEL, "input": results[1:],
                                                              "previous_response_id": later.json()["id"]})
             assert refused.json()["error"]["code"] == "incomplete_function_call", refused.text

@@ -50,6 +50,14 @@ HOSTILE = [
      "input[0].content[0].text"),
     ({**OK, "input": [{"type": "function_call_output", "call_id": "c", "output": "4"}]}, "input[0].call_id"),
     ({**OK, "input": [{"type": "computer_call", "action": {}}]}, "input[0].type"),
+    # A function_call needs a function_call_output after it, as OpenAI requires ("No tool output found").
+    ({**OK, "input": [{"role": "user", "content": "x"},
+                      {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                      {"role": "user", "content": "never mind"}]}, "input[1].call_id"),
+    ({**OK, "input": [{"role": "user", "content": "x"},
+                      {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                      {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
+                      {"type": "function_call_output", "call_id": "c1", "output": "4"}]}, "input[2].call_id"),
     ({**OK, "input": [{"type": 3}]}, "input[0].type"),
     ({**OK, "input": "\ud800"}, "input"),
     ({**OK, "input": [{"role": "user", "content": [{"type": "input_text", "text": "\udc00"}]}]},
@@ -180,6 +188,11 @@ def test_a_stored_conversation_comes_before_the_input_and_its_calls_can_be_answe
             {"type": "function", "id": "call_1", "function": {"name": "f", "arguments": {"x": 1}}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
     assert second.input_items == [answer] and second.earlier is stored.get("resp_1")
+    # Its call left unanswered (a new question instead) is a 400 naming the input, in OpenAI's words.
+    with pytest.raises(APIError) as unanswered:
+        responses_api.parse_request({"input": "And?", "previous_response_id": "resp_1"}, stored=stored)
+    assert (unanswered.value.param, unanswered.value.code) == ("input", "missing_tool_output")
+    assert "No tool output found for function call 'call_1'" in unanswered.value.message
     assert second.echo["previous_response_id"] == "resp_1"
     # Its conversation: the earlier one held by reference, then its own items.
     stored.put({"id": "resp_2"}, json.dumps(second.input_items), [], second.earlier)
