@@ -303,10 +303,19 @@ def _parse_output_format(body: dict, generation: GenerationRequest) -> None:
     constrain_answer(generation, schema_grammar(fmt["schema"], "output_config.format.schema"), "output_config.format")
 
 
+MAX_USER_ID = 256  # metadata.user_id's characters, as Anthropic's API allows
+
+
 def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES) -> MessagesRequest:
     generation = parse_prompt(body, max_messages)
     max_tokens = integer(body, "max_tokens", low=1, required=True)
-    optional_object(body, "metadata")  # accepted, and ignored
+    metadata = optional_object(body, "metadata")  # accepted, and ignored; checked as Anthropic's API checks it
+    user_id = None if metadata is None else metadata.get("user_id")
+    if user_id is not None:
+        if not isinstance(user_id, str):
+            raise wrong_type("metadata.user_id", "a string", user_id)
+        if len(user_id) > MAX_USER_ID:
+            raise invalid("metadata.user_id", f"metadata.user_id: at most {MAX_USER_ID} characters, got {len(user_id)}")
     string(body, "service_tier")  # accepted, and ignored: one tier here
     stop = check_stop_lengths(string_list(body, "stop_sequences", MAX_STOP_SEQUENCES), "stop_sequences")
     top_k = integer(body, "top_k", low=0)

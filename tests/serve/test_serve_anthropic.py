@@ -63,6 +63,8 @@ HOSTILE = [
     ({**OK, "stream": "yes"}, "stream"),
     ({**OK, "model": 7}, "model"),
     ({**OK, "metadata": []}, "metadata"),
+    ({**OK, "metadata": {"user_id": 5}}, "metadata.user_id"),               # a string (or null), as Anthropic's
+    ({**OK, "metadata": {"user_id": "u" * 257}}, "metadata.user_id"),       # at most 256 characters, as Anthropic's
     ({**OK, "system": 5}, "system"),
     ({**OK, "system": [{"type": "image"}]}, "system[0].type"),
     ({**OK, "messages": []}, "messages"),
