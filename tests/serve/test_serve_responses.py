@@ -89,6 +89,8 @@ HOSTILE = [
     ({**OK, "reasoning": {"generate_summary": True}}, "reasoning.generate_summary"),
     ({**OK, "text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({**OK, "text": {"format": "json"}}, "text.format"),
+    ({**OK, "text": {"verbosity": "huge"}}, "text.verbosity"),             # low, medium or high, as OpenAI's
+    ({**OK, "text": {"verbosity": 1}}, "text.verbosity"),
     ({**OK, "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
     ({**OK, "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
     ({**OK, "text": {"format": {"type": "json_schema", "name": "x", "schema": {"$ref": "#"}}}}, "text.format.schema"),
