@@ -18,10 +18,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from .anthropic import MAX_STOP_SEQUENCES as ANTHROPIC_MAX_STOP_SEQUENCES
+from .anthropic import MAX_USER_ID
 from .protocol import (DEFAULT_MAX_MESSAGES, GUIDED_FIELDS, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_COMPLETION_LOGPROBS,
                        MAX_PROMPTS, MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, MAX_SCHEMA_PROPERTIES, MAX_TOP_LOGPROBS,
                        PENALTY_BOUND, REPETITION_BOUNDS, NO_EFFECT_TEXT_FIELDS, REASONING_EFFORTS, TEMPLATE_RESERVED)
-from .responses import INCLUDABLE
+from .responses import INCLUDABLE, VERBOSITIES
 
 
 def _ref(name: str) -> dict:
@@ -459,7 +460,8 @@ _MESSAGES_REQUEST = {
                                                       "maxLength": MAX_STOP_CHARS},
                            "maxItems": ANTHROPIC_MAX_STOP_SEQUENCES},
         "stream": _SAMPLING["stream"],
-        "metadata": {"type": "object", "description": "ignored"},
+        "metadata": {"type": "object", "description": "ignored",
+                     "properties": {"user_id": {"type": ["string", "null"], "maxLength": MAX_USER_ID}}},
         "service_tier": {"type": "string", "description": "ignored"},
     },
 }
@@ -592,7 +594,9 @@ _RESPONSES_REQUEST = {
                            "description": "the calls an answer may hold: later ones are dropped"},
         "truncation": {"enum": ["auto", "disabled"],
                        "description": "auto: the oldest turns go while the input does not fit the context"},
-        "text": {"type": "object", "properties": {"format": {"anyOf": [_TEXT_FORMAT, {"type": "null"}]}}},
+        "text": {"type": "object", "properties": {"format": {"anyOf": [_TEXT_FORMAT, {"type": "null"}]},
+                                                  "verbosity": {"enum": [*VERBOSITIES, None],
+                                                                "description": "ignored"}}},
         "include": {"type": "array", "items": {"enum": list(INCLUDABLE)},
                     "description": "message.output_text.logprobs: each output_text's logprobs; the others "
                                    "(outputs of tools this server has not) add nothing"},

@@ -321,7 +321,7 @@ def parse_tools(body: dict, request: GenerationRequest) -> tuple[list[dict], str
     return echoed, echo
 
 
-_VERBOSITIES = ("low", "medium", "high")
+VERBOSITIES = ("low", "medium", "high")
 
 
 def _parse_text_format(body: dict, generation: GenerationRequest) -> dict:
@@ -329,8 +329,8 @@ def _parse_text_format(body: dict, generation: GenerationRequest) -> dict:
     instance: what client.responses.parse sends), onto the request; the format as echoed."""
     text = optional_object(body, "text")
     verbosity = None if text is None else text.get("verbosity")
-    if verbosity is not None and verbosity not in _VERBOSITIES:  # accepted, and ignored
-        raise invalid("text.verbosity", f"text.verbosity: expected one of {list(_VERBOSITIES)}, got {show(verbosity)}",
+    if verbosity is not None and verbosity not in VERBOSITIES:  # accepted, and ignored
+        raise invalid("text.verbosity", f"text.verbosity: expected one of {list(VERBOSITIES)}, got {show(verbosity)}",
                       "invalid_value" if isinstance(verbosity, str) else "invalid_type")
     fmt = None if text is None else text.get("format")
     if fmt is None:
