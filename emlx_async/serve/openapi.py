@@ -22,7 +22,7 @@ from .anthropic import MAX_USER_ID
 from .protocol import (DEFAULT_MAX_MESSAGES, GUIDED_FIELDS, LOGIT_BIAS_BOUND, MAX_CHOICES, MAX_COMPLETION_LOGPROBS,
                        MAX_PROMPTS, MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, MAX_SCHEMA_PROPERTIES, MAX_TOP_LOGPROBS,
                        PENALTY_BOUND, REPETITION_BOUNDS, NO_EFFECT_TEXT_FIELDS, REASONING_EFFORTS, TEMPLATE_RESERVED)
-from .responses import INCLUDABLE, VERBOSITIES
+from .responses import INCLUDABLE, MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE, VERBOSITIES
 
 
 def _ref(name: str) -> dict:
@@ -588,7 +588,10 @@ _RESPONSES_REQUEST = {
         "temperature": _SAMPLING["temperature"],
         "top_p": _SAMPLING["top_p"],
         "stream": _SAMPLING["stream"],
-        "metadata": {"type": "object", "additionalProperties": {"type": "string"}, "description": "echoed"},
+        "metadata": {"type": "object", "maxProperties": MAX_METADATA_PAIRS,
+                     "propertyNames": {"maxLength": MAX_METADATA_KEY},
+                     "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE},
+                     "description": "echoed"},
         "parallel_tool_calls": {"type": "boolean"},
         "max_tool_calls": {"type": "integer", "minimum": 1,
                            "description": "the calls an answer may hold: later ones are dropped"},

@@ -322,6 +322,22 @@ def parse_tools(body: dict, request: GenerationRequest) -> tuple[list[dict], str
 
 
 VERBOSITIES = ("low", "medium", "high")
+# OpenAI's bounds on metadata (stored and echoed with the response): pairs, and characters of a key and of a value.
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+
+
+def _check_metadata(metadata: dict) -> None:
+    if not all(isinstance(v, str) for v in metadata.values()):
+        raise invalid("metadata", "metadata: values must be strings", "invalid_type")
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise invalid("metadata", f"metadata: at most {MAX_METADATA_PAIRS} pairs, got {len(metadata)}")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise invalid("metadata", f"metadata: a key has at most {MAX_METADATA_KEY} characters, got {show(key)} "
+                          f"({len(key)})")
+        if len(value) > MAX_METADATA_VALUE:
+            raise invalid("metadata", f"metadata[{show(key)}]: at most {MAX_METADATA_VALUE} characters, got "
+                          f"{len(value)}")
 
 
 def _parse_text_format(body: dict, generation: GenerationRequest) -> dict:
@@ -448,8 +464,8 @@ def parse_request(body: dict, max_messages: int = DEFAULT_MAX_MESSAGES,
     if background and not store_asked:  # its answer is only ever read from the store
         raise invalid("background", "background: a background response must be stored (store false was sent)")
     metadata = optional_object(body, "metadata")
-    if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
-        raise invalid("metadata", "metadata: values must be strings", "invalid_type")
+    if metadata is not None:
+        _check_metadata(metadata)
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise wrong_type("parallel_tool_calls", "a boolean", parallel)

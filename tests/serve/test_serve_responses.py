@@ -75,6 +75,9 @@ HOSTILE = [
     ({**OK, "model": ["m"]}, "model"),
     ({**OK, "metadata": "x"}, "metadata"),
     ({**OK, "metadata": {"k": 1}}, "metadata"),
+    ({**OK, "metadata": {str(i): "v" for i in range(17)}}, "metadata"),       # OpenAI's bounds: 16 pairs,
+    ({**OK, "metadata": {"k" * 65: "v"}}, "metadata"),                      # keys of 64 characters,
+    ({**OK, "metadata": {"k": "v" * 513}}, "metadata"),                     # values of 512
     ({**OK, "previous_response_id": "resp_1"}, "previous_response_id"),
     ({**OK, "conversation": "conv_1"}, "conversation"),
     ({**OK, "previous_response_id": 5}, "previous_response_id"),
