@@ -129,16 +129,144 @@ def fix_expert_picks(model) -> bool:
     """Let mlx-lm's dbrx pick its experts with array ops; whether it changed anything.
 
     Its mixture of experts reads each token's experts in Python (``inds.tolist()``), which a
-    traced step cannot. Its SparseMoeBlock becomes a subclass that runs every expert on the
-    tokens and takes each token's picked ones (``mx.take_along_axis``), weighted and summed as
-    mlx-lm's are: the same experts and sums, with no value read (every expert runs: more
-    work than mlx-lm's for one token, less for a prompt or a batch of many). Done at load,
-    before any worker runs the model."""
+    traced step cannot. Each SparseMoeBlock's experts become one stacked layer, mlx-lm's
+    SwitchGLU (``switch_mlp``; w1, v1 and w2 its gate, up and down projections, QuantizedLinear
+    experts its QuantizedSwitchLinear of their bits), and the block a subclass that routes as
+    mlx-lm's does and reads only each token's picked experts (``gather_mm``/``gather_qmm``),
+    weighted and summed as mlx-lm's. A block whose experts are some other layer, or unquantized
+    in a dtype MLX's gather_mm cannot take here (its CPU's: float32 only), stays mlx-lm's, and
+    tracing it raises NotTraceable naming why, so the Python step serves it (running every
+    expert instead would read all the experts' weights for each token: slower for one stream).
+    Stacked layer by layer, each evaluated (about one layer's experts above the model); the
+    per-expert names come back with ``mlx_lm_weights``. Done at load, before any worker runs
+    the model."""
     try:
         from mlx_lm.models import dbrx
     except ImportError:
         return False
-    return _swap_calls(model, {dbrx.SparseMoeBlock: _dbrx_experts})
+    fixed = False
+    for _, module in model.named_modules():
+        if type(module) is dbrx.SparseMoeBlock:
+            stacked, why = _stacked_experts(module.experts)
+            if stacked is None:
+                module.experts_not_stacked = why  # its trace refused naming why: the Python step serves it
+                module.__class__ = _with_call(dbrx.SparseMoeBlock, _dbrx_own_experts, "__call__")
+            else:
+                import mlx.core as mx
+
+                mx.eval(stacked.parameters())
+                del module["experts"]  # its arrays freed as this layer's are stacked
+                module.switch_mlp = stacked
+                module.__class__ = _with_call(dbrx.SparseMoeBlock, _dbrx_switch_experts, "__call__")
+            fixed = True
+    return fixed
+
+
+# mlx-lm's dbrx MLP's layers, as its SwitchGLU's: swiglu(w1(x), v1(x)) is silu(gate) * up.
+_DBRX_ROLES = {"w1": "gate_proj", "v1": "up_proj", "w2": "down_proj"}
+
+
+def _stacked_experts(experts):
+    """(mlx-lm's SwitchGLU holding `experts`' (dbrx MLPs) weights stacked {experts, out, in}, None),
+    or (None, why not): a layer neither a bias-free Linear (of a dtype gather_mm takes) nor a
+    bias-free QuantizedLinear, or the experts' layers differ."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwiGLU, SwitchGLU, SwitchLinear
+
+    switch = {}
+    for role, name in _DBRX_ROLES.items():
+        layers = [getattr(expert, role) for expert in experts]
+        kinds = {(type(layer), getattr(layer, "bits", None), getattr(layer, "group_size", None),
+                  getattr(layer, "mode", None), tuple(sorted(layer.keys()))) for layer in layers}
+        if len(kinds) != 1:
+            return None, f"its experts' {role} layers differ"
+        kind, bits, group_size, mode, keys = kinds.pop()
+        dtype = layers[0]["weight"].dtype
+        if kind is nn.Linear and keys == ("weight",) and not _gathers(dtype):
+            return None, (f"MLX's gather_mm cannot take its experts' {str(dtype).split('.')[-1]} weights on "
+                          f"{mx.default_device()} (its CPU takes float32 only)")
+        if kind is nn.Linear and keys == ("weight",):
+            linear = SwitchLinear.__new__(SwitchLinear)  # no random weights made to be replaced
+            nn.Module.__init__(linear)
+        elif kind is nn.QuantizedLinear and keys in (("biases", "scales", "weight"), ("scales", "weight")):
+            linear = QuantizedSwitchLinear.__new__(QuantizedSwitchLinear)
+            nn.Module.__init__(linear)
+            linear.group_size, linear.bits, linear.mode, linear.global_scale = group_size, bits, mode, None
+            linear.biases = None
+        else:
+            return None, f"its experts' {role} layers are {kind.__name__}s, which mlx-lm's switch layers do not stack"
+        for key in keys:
+            setattr(linear, key, mx.stack([layer[key] for layer in layers]))
+        if kind is nn.QuantizedLinear:
+            linear.freeze()
+        switch[name] = linear
+    glu = SwitchGLU.__new__(SwitchGLU)
+    nn.Module.__init__(glu)
+    for name, linear in switch.items():
+        setattr(glu, name, linear)
+    glu.activation = SwiGLU()
+    return glu, None
+
+
+@functools.cache
+def _gathers(dtype) -> bool:
+    """Whether MLX's gather_mm runs in `dtype` on the default device (its CPU's takes float32 only)."""
+    import mlx.core as mx
+
+    try:
+        mx.eval(mx.gather_mm(mx.ones((1, 1, 1, 1), dtype), mx.ones((1, 1, 1), dtype), rhs_indices=mx.array([[0]])))
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
+def mlx_lm_weights(model) -> dict:
+    """`model`'s weights under mlx-lm's own names (what its ``load`` reads): a dbrx's stacked
+    experts (fix_expert_picks) split back into ``experts.{e}.w1`` ... (views, no copy)."""
+    from mlx.utils import tree_flatten
+
+    roles = {name: role for role, name in _DBRX_ROLES.items()}
+    weights = {}
+    for key, value in tree_flatten(model.parameters()):
+        head, found, tail = key.rpartition(".switch_mlp.")
+        name, _, leaf = tail.partition(".")
+        if not found or name not in roles or not _is_switch_dbrx(model, head):
+            weights[key] = value
+            continue
+        for e in range(value.shape[0]):
+            weights[f"{head}.experts.{e}.{roles[name]}.{leaf}"] = value[e]
+    return weights
+
+
+def mlx_lm_layer_paths(model, path: str) -> list[str]:
+    """The paths mlx-lm's own `model` has for its layer at `path`: a dbrx's stacked experts'
+    one per expert, any other the path itself."""
+    head, found, name = path.rpartition(".switch_mlp.")
+    roles = {name: role for role, name in _DBRX_ROLES.items()}
+    if not found or name not in roles or not _is_switch_dbrx(model, head):
+        return [path]
+    experts = _module_at(model, head).switch_mlp[name]["weight"].shape[0]
+    return [f"{head}.experts.{e}.{roles[name]}" for e in range(experts)]
+
+
+def _is_switch_dbrx(model, path: str) -> bool:
+    """Whether `path` is a dbrx block whose experts fix_expert_picks stacked."""
+    try:
+        from mlx_lm.models import dbrx
+    except ImportError:
+        return False
+    return type(_module_at(model, path)) is _with_call(dbrx.SparseMoeBlock, _dbrx_switch_experts, "__call__")
+
+
+def _module_at(model, path: str):
+    module = model
+    for part in path.split(".") if path else []:
+        try:
+            module = module[int(part)] if isinstance(module, list) else module[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            return None
+    return module
 
 
 def _swap_calls(model, calls: dict, method: str = "__call__") -> bool:
@@ -265,9 +393,24 @@ def _phi3small_block_sparse(self, mlx_lm_call, queries, keys, values, scale, mas
     return mx.reshape(output, (B, self.n_heads, L, -1))
 
 
-def _dbrx_experts(self, _mlx_lm_call, x):
-    """dbrx.SparseMoeBlock taking each token's experts with array ops (mlx-lm's training and
-    evaluating branches compute the same sums, both reading the picks on the host)."""
+def _dbrx_own_experts(self, mlx_lm_call, x):
+    """dbrx.SparseMoeBlock as mlx-lm's (its experts not stacked), a trace of it refused naming why."""
+    from .. import NotTraceable
+
+    try:
+        return mlx_lm_call(x)
+    except (ValueError, RuntimeError) as exc:
+        if not str(exc).startswith("[eval] Attempting to eval an array during function transformations"):
+            raise  # not MLX's refusal of its inds.tolist() while traced
+        raise NotTraceable(f"dbrx picks each token's experts in Python (inds.tolist()) and its experts could "
+                           f"not be stacked to be read with array ops: {self.experts_not_stacked}; running every expert "
+                           f"would read {self.num_experts} experts' weights for {self.num_experts_per_tok}, "
+                           "so the Python step, which reads only the picked ones, serves it") from exc
+
+
+def _dbrx_switch_experts(self, _mlx_lm_call, x):
+    """dbrx.SparseMoeBlock routed as mlx-lm's, reading only each token's picked experts
+    (its stacked SwitchGLU, as mlx-lm's MoE families do)."""
     import mlx.core as mx
 
     ne, shape = self.num_experts_per_tok, x.shape
@@ -276,8 +419,7 @@ def _dbrx_experts(self, _mlx_lm_call, x):
     inds = mx.stop_gradient(mx.argpartition(-gates, kth=ne - 1, axis=-1)[:, :ne])
     scores = mx.take_along_axis(gates, inds, axis=-1)
     scores = (scores / mx.linalg.norm(scores, ord=1, axis=-1, keepdims=True)).astype(x.dtype)
-    every = mx.stack([expert(x) for expert in self.experts], axis=1)  # {tokens, experts, d_model}
-    picked = mx.take_along_axis(every, inds[..., None], axis=1)  # mlx-lm's yt, tokens first
+    picked = self.switch_mlp(x, inds)  # {tokens, picks, d_model}: mlx-lm's yt, tokens first
     return (picked * scores[..., None]).sum(axis=1).reshape(shape)
 
 

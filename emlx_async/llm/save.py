@@ -55,8 +55,12 @@ def _quantization(model: nn.Module) -> dict[str, Any]:
     """mlx-lm's quantization entry: the most common setting as the default, and
     every layer that differs under its own path (a GGUF's embedding is 8-bit,
     its other layers 4-bit)."""
-    layers = {path: {"group_size": m.group_size, "bits": m.bits, "mode": getattr(m, "mode", "affine")}
-              for path, m in model.named_modules() if hasattr(m, "bits") and hasattr(m, "group_size")}
+    from .loading import mlx_lm_layer_paths
+
+    # Under mlx-lm's own paths: a dbrx's stacked experts are one layer per expert there.
+    layers = {named: {"group_size": m.group_size, "bits": m.bits, "mode": getattr(m, "mode", "affine")}
+              for path, m in model.named_modules() if hasattr(m, "bits") and hasattr(m, "group_size")
+              for named in mlx_lm_layer_paths(model, path)}
     if not layers:
         return {}
     common = Counter(tuple(sorted(q.items())) for q in layers.values()).most_common(1)[0][0]
@@ -99,9 +103,27 @@ def save_mlx_lm(path: str, model: nn.Module, tokenizer, *, eos_ids: set[int], bo
     config = model_config(model, eos_ids=eos_ids, bos_id=bos_id)
     hf = hf_tokenizer(tokenizer, eos_ids=eos_ids, bos_id=bos_id, chat_template=chat_template)
     os.makedirs(path, exist_ok=True)
-    save_model(path, model, donate_model=False)  # donating would empty the caller's weights
+    save_model(path, _MlxLmNames(model), donate_model=False)  # donating would empty the caller's weights
     save_config(config, os.path.join(path, CONFIG_FILE))
     hf.save_pretrained(path)
+
+
+class _MlxLmNames:
+    """`model` as mlx-lm's save_model reads it, its weights under mlx-lm's names (a dbrx's
+    stacked experts split per expert, which mlx-lm's load expects); the same parameter count."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def parameters(self):
+        from mlx.utils import tree_unflatten
+
+        from .loading import mlx_lm_weights
+
+        return tree_unflatten(list(mlx_lm_weights(self.model).items()))
+
+    def leaf_modules(self):
+        return self.model.leaf_modules()
 
 
 def convert(source: str | None, path: str) -> None:
