@@ -373,22 +373,32 @@ def _gpt_bigcode_model(self, mlx_lm_call, inputs, cache=None):
 
 
 def _phi3small_block_sparse(self, mlx_lm_call, queries, keys, values, scale, mask):
-    """phi3small.Attention's block-sparse attention of one token given a boolean mask of its keys."""
+    """phi3small.Attention's block-sparse attention given a boolean mask of each row's keys
+    {B, 1, L, S} (the step's stand-ins, mlx-lm's batch caches, left-padded): as mlx-lm's of the row alone."""
     import mlx.core as mx
 
-    if not (isinstance(mask, mx.array) and mask.dtype == mx.bool_ and queries.shape[2] == 1):
+    if not (isinstance(mask, mx.array) and mask.dtype == mx.bool_ and mask.ndim == 4):
         return mlx_lm_call(queries, keys, values, scale, mask)
-    counted = mx.cumsum(mask.astype(mx.int32), axis=-1)  # {B, 1, 1, S}: the row's keys so far
-    k_block = mx.floor((counted - 1) / self.blocksparse_block_size)  # MLX cannot export an int //
-    q_block = k_block[..., -1:]
+    B, _, L, _ = queries.shape
+    size = self.blocksparse_block_size
+    keys_of_row = mask[..., -1:, :]  # {B, 1, 1, S}: its last query sees all the row's keys
+    counted = mx.cumsum(keys_of_row.astype(mx.int32), axis=-1)
+    k_block = mx.floor((counted - 1) / size)  # MLX cannot export an int //
+    # mlx-lm puts a row's L queries in its keys' last ceil(L / size) blocks, aligned to their end
+    q_blocks = -(-L // size)
+    row_blocks = mx.floor((counted[..., -1:] + size - 1) / size)
+    q_block = row_blocks - q_blocks + mx.floor(mx.arange(q_blocks * size - L, q_blocks * size).reshape(1, 1, L, 1) / size)
     heads = mx.arange(1, self.n_heads + 1).reshape(1, -1, 1, 1)
     strided = (k_block + heads) % self.blocksparse_vert_stride == 0  # {B, heads, 1, S}
-    seen = mask & (q_block >= k_block) & ((q_block - k_block < self.blocksparse_num_local_blocks) | strided)
-    B, _, L, _ = queries.shape
+    seen = keys_of_row & (q_block >= k_block) & ((q_block - k_block < self.blocksparse_num_local_blocks) | strided)
     queries = mx.reshape(scale * queries, (B, self.n_kv_heads, self.n_q_per_kv, L, -1))
     scores = queries @ mx.swapaxes(mx.expand_dims(keys, 2), -1, -2)
-    seen = seen.reshape(-1, self.n_kv_heads, self.n_q_per_kv, L, seen.shape[-1])  # the mask's rows
-    scores = scores + mx.where(seen, mx.array(0, scores.dtype), mx.array(-float("inf"), scores.dtype))
+    if L > 1:  # mlx-lm adds a row's causal mask as numbers (one token alone gets none)
+        scores = scores + mx.expand_dims(mask, 2).astype(scores.dtype)
+    seen = seen.reshape(-1, self.n_kv_heads, self.n_q_per_kv, L, seen.shape[-1])  # {B, heads, L, S} split as the queries
+    # the lowest number, not -inf (as MLX's attention): a row's padding queries see no key, and
+    # must not write NaNs into its padding's keys and values
+    scores = mx.where(seen, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
     output = mx.softmax(scores, axis=-1, precise=True) @ mx.expand_dims(values, 2)
     return mx.reshape(output, (B, self.n_heads, L, -1))
 

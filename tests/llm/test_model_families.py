@@ -154,6 +154,60 @@ def test_block_sparse_layers_step_as_the_model_does_past_their_blocks():
         assert mx.allclose(mx.where(shown, logits, 0), mx.where(shown, want, 0), rtol=1e-3, atol=1e-3).item(), position
 
 
+def test_block_sparse_layers_give_a_left_padded_prompt_batch_each_rows_logits_alone():
+    """mlx-lm's batch caches (left-padded, a boolean mask {B, 1, L, S}) through phi3small's
+    block-sparse layers: each row's logits at every prompt position are its own alone (mlx-lm's:
+    its queries placed in its keys' last blocks, aligned to their end, and its causal mask added
+    as numbers), in chunks of 20, 4 and 46 tokens (longer than a block), past two blocks."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache, KVCache
+
+    model = tiny("phi3small", num_attention_heads=8, num_key_value_heads=4)
+    assert fix_block_sparse_masks(model)
+    prompts = [[(5 * i + k) % 1000 + 1 for i in range(n)] for k, n in ((1, 70), (2, 37), (3, 50))]
+    longest = max(map(len, prompts))
+    padding = [longest - len(p) for p in prompts]
+    batch = [BatchKVCache(padding) for _ in model.layers]
+    alone = [[KVCache() for _ in model.layers] for _ in prompts]
+    padded = mx.array([[0] * pad + p for pad, p in zip(padding, prompts)])
+    for start, end in ((0, 20), (20, 24), (24, longest)):  # 46 tokens: a chunk longer than a block
+        together = model(padded[:, start:end], cache=batch)
+        for row, (pad, prompt) in enumerate(zip(padding, prompts)):
+            first = max(start, pad)  # the row's own tokens in this chunk
+            if first >= end:
+                continue
+            want = model(mx.array([prompt[first - pad:end - pad]]), cache=alone[row])
+            got = together[row:row + 1, first - start:]
+            assert mx.allclose(got, want, rtol=1e-3, atol=1e-3).item(), (row, start)
+
+
+@on_loops("asyncio")
+@pytest.mark.parametrize("step", ["replay", "python"])
+async def test_block_sparse_layers_prefill_several_prompts_together_as_each_alone(step):
+    """Batch mode prefills joining prompts in one left-padded call (mlx-lm's batch caches' mask
+    {B, 1, L, S}): with 4 key-value heads mlx-lm's block-sparse layers failed to broadcast it
+    (every request failed), and with B key-value heads they put row i's mask on head i."""
+    model = tiny("phi3small", num_attention_heads=8, num_key_value_heads=4)
+    prompts = [[(5 * i + k) % 1000 + 1 for i in range(n)] for k, n in ((1, 5), (2, 37), (3, 70))]
+    want = [mlx_lm_tokens(model, prompt, 6) for prompt in prompts]  # each alone, before the fix
+    assert fix_block_sparse_masks(model)
+    async with ea.Runtime(pool_size=2) as rt:
+        engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch",
+                        max_concurrent=3)
+        assert await engine.prepare_step(step, cache_sizes=(16, 32, 128)) == step
+        got = [None] * len(prompts)
+
+        async def one(i):
+            got[i] = await tokens_of(engine, prompts[i], max_tokens=6)
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i)
+        await engine.close()
+    assert got == want
+
+
 @on_loops("asyncio")
 async def test_a_batch_that_fails_in_the_models_own_code_is_refused_by_name():
     """gemma2 with 4 key-value heads: a batch of 2 rows does not even broadcast in its attention."""
