@@ -58,6 +58,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/ops.py
 	$(PY) benchmarks/decode.py --busy-batch
 	$(PY) benchmarks/replay.py
+	$(PY) benchmarks/moe.py
 	$(PY) benchmarks/prompt_cache.py
 	$(PY) benchmarks/serve.py
 	$(PY) benchmarks/distributed.py

@@ -204,22 +204,23 @@ def mlx_type_error(mlx_path: str, function, values: dict[str, Any], error: TypeE
     if isinstance(values.get("stream"), str):  # a device name, which only our stream= takes
         values = {**values, "stream": {"cpu": mx.cpu, "gpu": mx.gpu}.get(values["stream"].lower(), values["stream"])}
     parameters = inspect.signature(function).parameters
+    calls = [_as_callers_pass_them(parameters, values)]
     how = _how_called(function, parameters)
     if how is not None and all(name in values for name in list(parameters)[:how[0]]):
-        # as the caller passed them: mlx's message lists them the same way
+        # as the caller passed them: mlx's message lists them the same way (the call read is tried
+        # first; one read wrong, as a call from C through functools.partial or map, gets the other)
         positional, keywords = how
-        args = [values[name] for name in list(parameters)[:positional]]
-        kwargs = {name: values[name] for name in keywords if name in values}
-    else:
-        args, kwargs = _as_callers_pass_them(parameters, values)
-    if any(_crashes_mlx(value) for value in (*args, *kwargs.values())):
-        return error
-    try:
-        _MLX[mlx_path](*args, **kwargs)
-    except TypeError as theirs:
-        return OptionTypeError(*theirs.args)  # mlx's message, as the package's class
-    except Exception:  # noqa: BLE001 - mlx took the types and refused a value: our error names the option
-        return error
+        calls.insert(0, ([values[name] for name in list(parameters)[:positional]],
+                         {name: values[name] for name in keywords if name in values}))
+    for args, kwargs in calls:
+        if any(_crashes_mlx(value) for value in (*args, *kwargs.values())):
+            return error
+        try:
+            _MLX[mlx_path](*args, **kwargs)
+        except TypeError as theirs:
+            return OptionTypeError(*theirs.args)  # mlx's message, as the package's class
+        except Exception:  # noqa: BLE001 - mlx took the types and refused a value: our error names the option
+            return error
     return error
 
 

@@ -10,6 +10,8 @@ messages of calls mlx refuses.
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -295,6 +297,11 @@ async def test_refused_arguments_are_listed_as_the_caller_passed_them(rt):
     args, kwargs = (x,), {"axis": "x"}
     with pytest.raises(TypeError, match=r"Invoked with types: mlx.core.array, kwargs = \{ axis: str \}$"):
         ea.ops.sum(*args, **kwargs)
+    # called from C (functools.partial, map): the caller's bytecode is not the op's call; mlx's message still
+    for call in (lambda: functools.partial(ea.ops.sum, axis="x")(x), lambda: functools.partial(ea.ops.sum, x)("x"),
+                 lambda: list(map(ea.ops.sum, [x], ["x"]))):
+        with pytest.raises(TypeError, match=r"^sum\(\): incompatible function arguments"):
+            call()
 
 
 @async_test

@@ -44,6 +44,19 @@ def test_decode_benchmarks_fast_step_section_runs_on_a_tiny_model_built_in_code(
         assert row in done.stdout, done.stdout
 
 
+MOE = ROOT / "benchmarks" / "moe.py"
+
+
+@pytest.mark.timeout(300)
+def test_moe_benchmark_compares_both_steps_of_each_family_built_in_code():
+    done = subprocess.run([sys.executable, str(MOE), "--hidden", "64", "--tokens", "2", "--rounds", "1"],
+                          capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for row in ("dbrx       python  (python)", "dbrx       replay  (replay)", "dbrx       replay / python",
+                "qwen3_moe  replay  (replay)", "qwen3_moe  replay / python"):
+        assert row in done.stdout, done.stdout
+
+
 GRAMMAR = ROOT / "benchmarks" / "grammar.py"
 
 
