@@ -427,12 +427,15 @@ def einsum(subscripts, operands, rt):
 
 
 def tensordot(a, b, axes, rt):
-    if isinstance(axes, int):
-        return op("tensordot", [a, b], rt, axes=axes)
-    first, second = axes
-    first = [first] if isinstance(first, int) else first
-    second = [second] if isinstance(second, int) else second
-    return op("tensordot_axes", [a, b], rt, axes_a=_ints(first), axes_b=_ints(second))
+    # mlx's binding: an int (numpy's and mx's scalars too), or a list of two sequences of ints
+    if _is_int(axes):
+        return op("tensordot", [a, b], rt, axes=operator.index(axes))
+    pair = _int_sequence(axes)
+    if pair is None or any(_int_sequence(side) is None for side in pair):
+        raise OptionTypeError(f"expects an int or two sequences of ints, got {axes!r}")
+    if len(pair) != 2:
+        raise MLXValueError("[tensordot] axes must be a list of two lists.")
+    return op("tensordot_axes", [a, b], rt, axes_a=_ints(pair[0]), axes_b=_ints(pair[1]))
 
 
 def conv_general(input, weight, stride, padding, kernel_dilation, input_dilation, groups, flip, rt):  # noqa: A002
