@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from ._adapters import OptionTypeError, mlx_type_error
 from ._devices import stream_device
@@ -64,6 +65,10 @@ def rope(a, dims: int, *, traditional: bool, base: float | None, scale: float, o
         kwargs = _stream(stream, kwargs)
         if layout not in ("BHTD", "BTHD"):
             raise InvalidArgument(f"[rope] layout must be 'BHTD' or 'BTHD', got {layout!r}")
+        if isinstance(offset, bool):
+            raise MLXValueError("[rope] offset must be an integer but got type bool.")  # mlx's words
+        if isinstance(offset, np.integer):
+            offset = int(offset)  # an int, as mlx's binding takes it
         if layout == "BTHD":
             if x.ndim != 4:
                 raise InvalidArgument(f"[rope] layout 'BTHD' needs a 4-D input, got shape {tuple(x.shape)}")

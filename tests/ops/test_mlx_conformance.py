@@ -293,6 +293,7 @@ async def test_refused_arguments_are_listed_as_the_caller_passed_them(rt):
         "fast.rope dims 'x'": lambda m: m.fast.rope(q, "x", traditional=False, base=1e4, scale=1.0, offset=0),
         "fast.rope traditional=1": lambda m: m.fast.rope(q, 4, traditional=1, base=1e4, scale=1.0, offset=0),
         "fast.rope base 'x'": lambda m: m.fast.rope(q, 4, traditional=False, base="x", scale=1.0, offset=0),
+        "fast.rope offset=True": lambda m: m.fast.rope(q, 4, traditional=False, base=1e4, scale=1.0, offset=True),
         "fast sdpa scale 'x'": lambda m: m.fast.scaled_dot_product_attention(q, q, q, scale="x"),
         "fast sdpa mask=1": lambda m: m.fast.scaled_dot_product_attention(q, q, q, scale=1.0, mask=1),
         "fast sdpa sinks 'x'": lambda m: m.fast.scaled_dot_product_attention(q, q, q, scale=1.0, sinks="x"),
