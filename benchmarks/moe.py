@@ -8,7 +8,7 @@ it traces), the two taking turns
 for ``--rounds`` rounds:
   * dbrx: mlx-lm's picks each token's experts in Python; ``Engine.load``
     stacks them into mlx-lm's SwitchGLU so the step can be traced and reads
-    only the picked experts (``loading.fix_expert_picks``). In a dtype MLX's
+    only the picked experts (``model_fixes.fix_expert_picks``). In a dtype MLX's
     gather_mm cannot take on this device (its CPU: float32 only) the replayed
     engine falls back to the Python step and the row says so;
   * qwen3_moe: mlx-lm's own SwitchGLU, for reference.

@@ -142,7 +142,7 @@ class BatchDriverError(EMLXError, RuntimeError):
 
 class BatchingRefused(EMLXError, ValueError):
     """Batch mode refused for a model whose batch gives its rows other logits than
-    each row alone (mlx-lm's gemma2 as mlx-lm has it; ``llm.loading.fix_batch_masks`` fixes
+    each row alone (mlx-lm's gemma2 as mlx-lm has it; ``llm.model_fixes.fix_batch_masks`` fixes
     it): parallel mode serves it right."""
 
 

@@ -13,6 +13,7 @@ The modules, bottom-up (each imports only those above it in this list):
 * ``sampling``: the Python sampler and the checking of sampling options.
 * ``grammar``: grammar-constrained decoding (llguidance): token masks per request.
 * ``text``: prompts to ids (chat safety), streaming detokenization, stop strings.
+* ``model_fixes``: fixes of mlx-lm's model code so more families replay and batch (applied at load).
 * ``loading``: a GGUF file or an mlx-lm folder, and the facts read off the model.
 * ``decoding``: what every decode path reads, mlx-lm's chunked prefill, the Python step.
 * ``traces``: the replayed step's traces, one per shape.

@@ -267,7 +267,7 @@ class Engine:
         `mode` "parallel" runs each request on its own pooled queue; "batch"
         runs all requests on one queue with continuous batching; "auto" is
         batch mode unless the model's batch gives a row other logits than
-        the row alone (mlx-lm's gemma2 unless ``loading.fix_batch_masks`` fixed it,
+        the row alone (mlx-lm's gemma2 unless ``model_fixes.fix_batch_masks`` fixed it,
         as loading here does), then parallel mode, with the reason
         in ``mode_note`` (``mode`` says which was chosen). `batches`
         (batch mode only, 1 to `max_concurrent`; "auto" drops it to 1 when it

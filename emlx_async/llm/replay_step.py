@@ -27,7 +27,7 @@ Which stand-in each layer gets follows ``make_prompt_cache``:
   earlier tokens of its own chunk): a ring of ``min(chunk, size)`` slots,
   position p in slot p mod chunk, ``make_chunk_mask`` showing the chunk's
   slots. mlx-lm's llama4 builds that mask itself from Python-int positions,
-  so it replays once ``loading.fix_position_arrays`` made it ask its cache
+  so it replays once ``model_fixes.fix_position_arrays`` made it ask its cache
   (Engine.load does).
 * ``CacheList`` (a layer with several caches, as falcon_h1's state and
   keys): each of its caches' buffers in turn.
@@ -591,7 +591,7 @@ class _PositionedChunkedKVCache(_PositionedKVCache):
     The chunks are the model's doing, not the cache's: mlx-lm's ChunkedKVCache has no
     ``make_mask`` (a model asking gets none, and attends to all it holds, which its own
     trimming decides), so a model asking this one for a mask is refused; llama4 fixed
-    (``loading.fix_position_arrays``) asks for the chunk mask it built itself."""
+    (``model_fixes.fix_position_arrays``) asks for the chunk mask it built itself."""
 
     def __init__(self, keys: mx.array, values: mx.array, position: mx.array, layer: ChunkedLayer, masks: list):
         super().__init__(keys, values, position, layer, masks)
@@ -606,7 +606,7 @@ class _PositionedChunkedKVCache(_PositionedKVCache):
         # mlx-lm's llama4 trims its chunked caches, then builds their mask from Python-int positions
         # (mx.arange(start, end)), which a step traced over a position array cannot give.
         raise NotTraceable("the model builds its chunked attention's mask itself from int positions "
-                           "(mlx-lm's llama4: loading.fix_position_arrays has it ask its cache)")
+                           "(mlx-lm's llama4: model_fixes.fix_position_arrays has it ask its cache)")
 
     def _slots(self, length: int) -> mx.array:
         return self.offset % self.chunk_size
@@ -749,7 +749,7 @@ def check_batch_against_rows(model, spec: CacheSpec, prompts: Sequence[Sequence[
     each alone. Raises ValueError naming what differs. mlx-lm's gemma2 adds a batch's mask
     {B, 1, 1, S} to scores it has split into {B, heads, repeats, 1, S}: the rows' mask lands
     on the key-value heads, so a batch of it is wrong (or fails) on both steps, unless
-    loading.fix_batch_masks fixed it."""
+    model_fixes.fix_batch_masks fixed it."""
     rows = [spec.from_prompt_cache(_prefilled_cache(model, spec, prompt[:-1]), 8) for prompt in prompts]
     buffers = spec.zeros(len(prompts), 8)
     for row, one_row in enumerate(rows):

@@ -55,7 +55,7 @@ def _quantization(model: nn.Module) -> dict[str, Any]:
     """mlx-lm's quantization entry: the most common setting as the default, and
     every layer that differs under its own path (a GGUF's embedding is 8-bit,
     its other layers 4-bit)."""
-    from .loading import mlx_lm_layer_paths
+    from .model_fixes import mlx_lm_layer_paths
 
     # Under mlx-lm's own paths: a dbrx's stacked experts are one layer per expert there.
     layers = {named: {"group_size": m.group_size, "bits": m.bits, "mode": getattr(m, "mode", "affine")}
@@ -118,7 +118,7 @@ class _MlxLmNames:
     def parameters(self):
         from mlx.utils import tree_unflatten
 
-        from .loading import mlx_lm_weights
+        from .model_fixes import mlx_lm_weights
 
         return tree_unflatten(list(mlx_lm_weights(self.model).items()))
 

@@ -19,7 +19,7 @@ import pytest
 
 import emlx_async as ea
 from emlx_async.llm import Engine
-from emlx_async.llm.loading import fix_block_sparse_masks, fix_expert_picks, fix_position_arrays, fix_weight_rewrites
+from emlx_async.llm.model_fixes import fix_block_sparse_masks, fix_expert_picks, fix_position_arrays, fix_weight_rewrites
 from support.engine import tokens_of
 from support.helpers import on_loops
 from support.tiny_models import FAMILIES, IdsTokenizer, mlx_lm_tokens, tiny
@@ -29,27 +29,27 @@ N = 10  # the first prompt crosses the 16-position trace into the 32
 # mlx-lm's gemma2 adds a batch's mask along its key-value heads (its attention splits
 # the query heads into groups by hand): a batch's rows get other logits than alone. The
 # models here are mlx-lm's own, as a user may hand one to Engine; Engine.load fixes it
-# (loading.fix_batch_masks, below).
+# (model_fixes.fix_batch_masks, below).
 BATCH_REFUSED = {"gemma2": "other logits than the same row alone",
                  # Where the buffers cannot vouch for a batch, mlx-lm's own is checked (its Python step).
                  "deepseek_v41": r"mlx-lm cannot batch its LayerCache \(layer 0\)"}
 # mlx-lm's gemma3n writes its own weights in every call (its AltUp's coefficients cast and
 # clipped, lazily, on the calling thread's stream), so two threads calling it at once race
-# (MLX: "There is no Stream(cpu, n) in current thread", or a crash): loading.fix_weight_rewrites
+# (MLX: "There is no Stream(cpu, n) in current thread", or a crash): model_fixes.fix_weight_rewrites
 # (which Engine.load applies) does the rewrite once. The only family that rewrites its weights.
 REWRITES_ITS_WEIGHTS = {"gemma3n"}
 # mlx-lm's llama4 (its multimodal checkpoints) builds its chunked layers' mask and its rope-less
 # layers' temperature from Python-int positions, afm7's key-reusing layers rotate their
 # queries at the keys' length less one (a shape), and gpt_bigcode computes its positions' ids in
-# numpy: loading.fix_position_arrays (which Engine.load applies) has them take the position as
+# numpy: model_fixes.fix_position_arrays (which Engine.load applies) has them take the position as
 # an array (llama4 asking its cache for the chunk mask), so they replay (and afm7's and
 # gpt_bigcode's mlx-lm batches, left-padded, get each row's own logits too).
 INT_POSITIONS = {"afm7", "gpt_bigcode", "llama4"}
-# mlx-lm's dbrx picks its experts in Python (inds.tolist()): loading.fix_expert_picks (which
+# mlx-lm's dbrx picks its experts in Python (inds.tolist()): model_fixes.fix_expert_picks (which
 # Engine.load applies) has it take them with array ops, so it replays.
 PYTHON_EXPERT_PICKS = {"dbrx"}
 # mlx-lm's phi3small's block-sparse layers place the query in the keys' last block and add the
-# mask as numbers (mlx-lm's keys end at the token: no mask for one): loading.fix_block_sparse_masks
+# mask as numbers (mlx-lm's keys end at the token: no mask for one): model_fixes.fix_block_sparse_masks
 # (which Engine.load applies) has them, given a boolean mask for one token, place it in its own
 # block and hide what the mask hides, so it replays.
 BLOCK_SPARSE = {"phi3small"}
@@ -223,7 +223,7 @@ async def test_a_batch_that_fails_in_the_models_own_code_is_refused_by_name():
 @on_loops("asyncio")
 @pytest.mark.parametrize("heads", [(4, 1), (8, 4)])  # a batch of 2 wrong, and failing to broadcast
 async def test_gemma2_with_its_batch_mask_fixed_batches_with_mlx_lms_tokens(heads):
-    from emlx_async.llm.loading import fix_batch_masks
+    from emlx_async.llm.model_fixes import fix_batch_masks
 
     model = tiny("gemma2", num_attention_heads=heads[0], num_key_value_heads=heads[1])
     want = [mlx_lm_tokens(model, prompt, N) for prompt in PROMPTS]  # each alone: right before the fix too

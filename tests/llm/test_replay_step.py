@@ -317,11 +317,11 @@ def test_chunked_attention_steps_as_mlx_lms_over_its_chunks():
     """llama4's chunked layers (ChunkedKVCache, chunks of 8 here) in a ring of a chunk's slots:
     stepped across several chunks from an mlx-lm prefill, the logits are mlx-lm's, and the
     buffers go back to caches that continue them. mlx-lm's llama4 builds the chunk mask from
-    int positions: refused until loading.fix_position_arrays has it ask its cache."""
+    int positions: refused until model_fixes.fix_position_arrays has it ask its cache."""
     from mlx_lm.models import llama
     from mlx_lm.models.cache import ChunkedKVCache
 
-    from emlx_async.llm.loading import fix_position_arrays
+    from emlx_async.llm.model_fixes import fix_position_arrays
 
     model = tiny("llama4")
     spec = CacheSpec.of(model)
@@ -355,8 +355,8 @@ def test_chunked_attention_steps_as_mlx_lms_over_its_chunks():
 def test_key_reusing_layers_rotate_their_queries_at_the_position_once_fixed():
     """afm7's key-reusing layers rotate their queries at the reused keys' length less one: over
     a fixed buffer the step disagrees with the model, and mlx-lm's left-padded batch is wrong.
-    loading.fix_position_arrays has them rotate at the position (an array): both right."""
-    from emlx_async.llm.loading import fix_position_arrays
+    model_fixes.fix_position_arrays has them rotate at the position (an array): both right."""
+    from emlx_async.llm.model_fixes import fix_position_arrays
     from emlx_async.llm.replay_step import check_mlx_batch_against_rows
 
     model = tiny("afm7")

@@ -37,7 +37,7 @@ SUBPACKAGE_ORDER = {
     "llm": [
         "_gguf", "types", "prompt_cache", "cache_options", "penalties", "traced", "schema_check", "grammar", "replay_step",
         "state", "sampling",
-        "text", "loading",
+        "text", "model_fixes", "loading",
         "decoding", "traces", "constrained", "parallel", "batching", "batch_prefill", "batch_replay", "sharded_replay", "save",
         "engine", "sharded", "__init__",
     ],
