@@ -42,11 +42,20 @@ def op(name: str, arrays: list, rt: dict, **options: Any):
                        options)
 
 
+def _is_sequence(value) -> bool:
+    """A sequence as nanobind's casters take one (PySequence_Check): not a dict, a set or an iterator."""
+    return not isinstance(value, dict) and hasattr(type(value), "__getitem__") and hasattr(type(value), "__len__")
+
+
 def _ints(values) -> list[int]:
-    """A sequence of ints; anything else is an OptionTypeError, answered with mlx's binding's TypeError."""
+    """A sequence of ints as nanobind's list caster takes one (not a str, bytes or dict); anything else
+    is an OptionTypeError, answered with mlx's binding's TypeError."""
+    if type(values) is not list and type(values) is not tuple and (
+            isinstance(values, (str, bytes)) or not _is_sequence(values)):
+        raise OptionTypeError(f"expects a sequence of ints, got {values!r}")
     try:
         return [operator.index(v) for v in values]
-    except TypeError:
+    except (TypeError, ValueError):  # mx.array's iter()/__index__ raise either
         raise OptionTypeError(f"expects a sequence of ints, got {values!r}") from None
 
 
@@ -268,17 +277,28 @@ def ones_like(a, dtype, rt):
 # ---- shapes ----------------------------------------------------------------------
 
 def _int_sequence(value) -> Sequence | None:
-    """A sequence as nanobind's casters take one (not a str or bytes), else None."""
+    """A sequence as nanobind's tuple caster takes one (bytes too: pad((1, 2)) and pad(b"\\x01\\x02")
+    agree; not a dict, a set or an iterator), else None."""
     if isinstance(value, (list, tuple)):
         return value
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or not hasattr(value, "__getitem__"):
+    if not _is_sequence(value):
         return None
-    return list(value)
+    try:
+        return list(value)
+    except (TypeError, ValueError):  # a 0-d mx.array (or NumPy array) has a __len__ that raises
+        return None
+
+
+_INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
 
 
 def _is_index(value) -> bool:
-    """_is_int without its raised and caught TypeError for the lists and tuples pad_width is made of."""
-    return isinstance(value, int) or (not isinstance(value, (list, tuple)) and _is_int(value))
+    """An int as nanobind's caster of a C++ int takes one: an index within int32 (no bool array)."""
+    if not isinstance(value, int):
+        if isinstance(value, (list, tuple)) or not _is_int(value):
+            return False
+        value = operator.index(value)
+    return _INT32_MIN <= value <= _INT32_MAX
 
 
 def _pad_pairs(ndim: int, pad_width) -> list[int]:
