@@ -2435,8 +2435,13 @@ def slice(a: array, start_indices: array | Sequence[int] | None = None, axes: Se
     ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see emlx_async.ops);
     ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.slice(a, start_indices, axes, slice_size, start, stop, strides, _rt)
+    try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+        return _ad.slice(a, start_indices, axes, slice_size, start, stop, strides, _rt)
+    except _ad.OptionTypeError as _error:
+        if start is not None or stop is not None or strides is not None:
+            raise
+        raise _ad.mlx_type_error('mx.slice', slice, dict(a=a, start_indices=start_indices, axes=axes, slice_size=slice_size, stream=stream), _error) from None
 
 
 def slice_update(a: array, update: array, start_indices: array | Sequence[int] | None = None, axes: Sequence[int] | None = None, *, start: Sequence[int] | None = None, stop: Sequence[int] | None = None, strides: Sequence[int] | None = None, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:
@@ -2447,8 +2452,13 @@ def slice_update(a: array, update: array, start_indices: array | Sequence[int] |
     takes ``queue=``, ``device=``, ``lazy=``, ``nowait=`` and ``check_finite=`` (see
     emlx_async.ops); ``stream=`` picks a queue of that stream's device.
     """
-    _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
-    return _ad.slice_update(a, update, start_indices, axes, start, stop, strides, _rt)
+    try:
+        _rt = _ad.runtime(stream, queue, device, lazy, nowait, check_finite)
+        return _ad.slice_update(a, update, start_indices, axes, start, stop, strides, _rt)
+    except _ad.OptionTypeError as _error:
+        if start is not None or stop is not None or strides is not None:
+            raise
+        raise _ad.mlx_type_error('mx.slice_update', slice_update, dict(a=a, update=update, start_indices=start_indices, axes=axes, stream=stream), _error) from None
 
 
 def softmax(a: array, /, axis: None | int | Sequence[int] = None, *, precise: bool = False, stream: StreamOrDevice = None, queue: CommandQueue | None = None, device: DeviceLike = None, lazy: bool = False, nowait: bool = False, check_finite: bool | None = None) -> JobFuture[array]:

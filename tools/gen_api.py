@@ -137,6 +137,13 @@ def mlx_signature(module, name: str) -> tuple[str, str]:
     return text, doc or ""
 
 
+def _parameters(text: str) -> list[str]:
+    """The parameter names of a signature text."""
+    args = parse(text).args
+    return [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)] + \
+        ([args.vararg.arg] if args.vararg else []) + ([args.kwarg.arg] if args.kwarg else [])
+
+
 def parse(text: str) -> ast.FunctionDef:
     fn = ast.parse(text + ": ...").body[0]
     assert isinstance(fn, ast.FunctionDef)
@@ -266,10 +273,18 @@ def generate(namespace: str) -> str:
                                     100, initial_indent="    ", subsequent_indent="    ")
         out += ["", "", signature, f'    """{docstring}', "", runtime_doc, '    """']
         lines = body(namespace, name, how, params, arrays_count)
-        if how[0] != "at_call" and not override:  # mlx's own message for an option (or stream=) of a type it refuses
-            values = ", ".join(f"{p.lstrip('*')}={p.lstrip('*')}" for p in [*params, "stream"])
+        if how[0] != "at_call" and (not override or hasattr(module, name)):
+            # mlx's own message for an option (or stream=) of a type it refuses; an override's
+            # parameters of its own (slice's static start=/stop=/strides=) are no part of mlx's call:
+            # a call that gives one keeps our message
+            own = [p.lstrip("*") for p in params]
+            theirs = own if not override else [p for p in own if p in _parameters(mlx_signature(module, name)[0])]
+            extra = [p for p in own if p not in theirs]
+            values = ", ".join(f"{p}={p}" for p in [*theirs, "stream"])
+            guard = ([f"        if {' or '.join(f'{p} is not None' for p in extra)}:", "            raise"]
+                     if extra else [])
             lines = ["    try:", *("    " + line for line in lines),
-                     "    except _ad.OptionTypeError as _error:",
+                     "    except _ad.OptionTypeError as _error:", *guard,
                      f"        raise _ad.mlx_type_error({path + name!r}, {name}, dict({values}), _error) from None"]
         out += lines
     return "\n".join(out) + "\n"
