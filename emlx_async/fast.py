@@ -21,6 +21,14 @@ from ._errors import InvalidArgument, MLXValueError
 from ._submit import submit
 
 
+def _arrays(*values) -> None:
+    """mlx's ``array`` (and ``array | None``) parameters: its binding takes an mx.array and nothing
+    else (no NumPy array, no Python scalar); any other is an OptionTypeError, answered with mlx's TypeError."""
+    for value in values:
+        if value is not None and not isinstance(value, mx.array):
+            raise OptionTypeError(f"expects an mx.array, got {type(value).__name__}")
+
+
 def _stream(stream, kwargs: dict) -> dict:
     """mlx's ``stream=`` picks a queue of that stream's device, like ``device=``."""
     kwargs["device"] = stream_device(stream, kwargs.get("device"))
@@ -30,6 +38,8 @@ def _stream(stream, kwargs: dict) -> dict:
 def rms_norm(x, weight=None, eps: float = 1e-5, *, stream=None, **kwargs: Any):
     """``mx.fast.rms_norm``; `weight` None means no scaling."""
     try:
+        if type(x) is not mx.array or (weight is not None and type(weight) is not mx.array):
+            _arrays(x, weight)
         kwargs = _stream(stream, kwargs)
         scale = mx.ones((x.shape[-1],), dtype=x.dtype) if weight is None else weight
         return submit("fast_rms_norm", [x, scale], eps=eps, **kwargs)
@@ -41,6 +51,7 @@ def rms_norm(x, weight=None, eps: float = 1e-5, *, stream=None, **kwargs: Any):
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, *, stream=None, **kwargs: Any):
     """``mx.fast.layer_norm``, with or without bias."""
     try:
+        _arrays(x, weight, bias)
         kwargs = _stream(stream, kwargs)
         scale = mx.ones((x.shape[-1],), dtype=x.dtype) if weight is None else weight
         if bias is None:
@@ -62,9 +73,14 @@ def rope(a, dims: int, *, traditional: bool, base: float | None, scale: float, o
     """
     try:
         x = a
+        _arrays(a, freqs)
         kwargs = _stream(stream, kwargs)
         if layout not in ("BHTD", "BTHD"):
             raise InvalidArgument(f"[rope] layout must be 'BHTD' or 'BTHD', got {layout!r}")
+        if base is None and freqs is None:  # mlx's checks, in its order and words
+            raise MLXValueError("[rope] Neither base nor freqs has a value.")
+        if base is not None and freqs is not None:
+            raise MLXValueError("[rope] Only one of base or freqs can have a value.")
         if isinstance(offset, bool):
             raise MLXValueError("[rope] offset must be an integer but got type bool.")  # mlx's words
         if isinstance(offset, np.integer):
@@ -74,14 +90,10 @@ def rope(a, dims: int, *, traditional: bool, base: float | None, scale: float, o
                 raise InvalidArgument(f"[rope] layout 'BTHD' needs a 4-D input, got shape {tuple(x.shape)}")
             return _rope_bthd(x, dims, traditional, base, scale, offset, freqs, kwargs)  # a coroutine: any backend
         if freqs is not None:
-            if base is not None:
-                raise InvalidArgument("[rope] give either base or freqs, not both")
             if not isinstance(offset, int):
                 raise InvalidArgument("[rope] precomputed freqs need an int offset")
             return submit("fast_rope_freqs", [x, freqs], dims=dims, traditional=traditional, scale=scale,
                           offset=offset, **kwargs)
-        if base is None:
-            raise InvalidArgument("[rope] base is required when freqs is not given")
         if isinstance(offset, mx.array) and offset.ndim == 2:  # a position per token, {B, T}
             return submit("fast_rope_positions", [x, offset], dims=dims, traditional=traditional, base=base,
                           scale=scale, **kwargs)
@@ -117,6 +129,7 @@ def scaled_dot_product_attention(q, k, v, *, scale: float, mask=None, sinks=None
     also hides padded keys. Grouped-query attention works as in MLX. `force_fused` is accepted
     for mlx's signature; MLX picks the kernel either way here."""
     try:
+        _arrays(q, k, v, sinks)
         kwargs = _stream(stream, kwargs)
         if key_mask is not None:
             if mask != "causal" or sinks is not None:
