@@ -227,9 +227,17 @@ async def test_pad_width_takes_mlxs_forms_only(rt):
     x = mx.ones((2, 3))
     mx.eval(a, x)
     forms = [1, (1,), [1], (1, 2), [(1, 2)], ((1, 2),), ((1, 2), (2, 1), (2, 2)), [[1, 2], [0, 1], [2, 0]],
-             (True, 1), np.array([1, 2])]
+             (True, 1), np.array([1, 2]),
+             # nanobind's tuple caster takes bytes (a bytearray too) and a 0-d int array as an int
+             b"\x01\x02", bytearray(b"\x01"), [b"\x01\x02"], mx.array(1), np.array(1), (mx.array(1), 2),
+             mx.array([1, 2]), np.int64(2), range(1, 3)]
     refused = [(1, 2, 3), [(1,)], [(1, 2), (3,)], [(1, 2, 3), (1, 1), (0, 0)], [], [(1, 1)] * 2, [(1, 1)] * 4,
-               1.5, "x", None, [(1.5, 1), (1, 1), (1, 1)], [1, (1, 1)]]
+               1.5, "x", None, [(1.5, 1), (1, 1), (1, 1)], [1, (1, 1)],
+               # a 0-d array of a float or bool (no iter()), a dict (no sequence: not its keys), a set,
+               # an iterator, an int past int32 (mlx's int caster refuses it: no overflow error)
+               mx.array(1.5), mx.array(True), np.array(1.5), np.float64(1.0), np.bool_(True), (mx.array(True), 1),
+               mx.array([1.5, 2.5]), {1: 2}, {0: 1, 1: 1, 2: 0}, [{1: 2}, (1, 1), (1, 1)], {1, 2}, iter([1, 2]),
+               2**40, (0, 2**31), [(0, 2**31)], [(0, -2**31 - 1), (0, 0), (0, 0)], np.int64(2**40)]
     cases = [(f"pad {pw!r}", lambda m, pw=pw: _ops(m).pad(a, pw)) for pw in forms + refused]
     cases += [(f"pad edge {pw!r}", lambda m, pw=pw: _ops(m).pad(x, pw, mode="edge")) for pw in [[(1, 1)] * 3, 1.5, [(1,)]]]
     await _agree(cases)
@@ -259,6 +267,83 @@ async def test_sequence_options_of_other_types_get_mlxs_type_error(rt):
         "as_strided strides=1.5": lambda m: _ops(m).as_strided(x, shape=(2,), strides=1.5),
         "as_strided offset=-1": lambda m: _ops(m).as_strided(x, shape=(2,), strides=(1,), offset=-1),
         "clip None None": lambda m: _ops(m).clip(x, None, None),
+        # nanobind's list caster: no dict (its keys), no bytes (a bytearray is a sequence of ints), no set
+        "random.normal shape=dict": lambda m: m.random.normal({2: 3}, key=mx.random.key(0)),
+        "random.normal shape=bytes": lambda m: m.random.normal(b"\x02", key=mx.random.key(0)),
+        "random.normal shape=bytearray": lambda m: m.random.normal(bytearray(b"\x02"), key=mx.random.key(0)),
+        "random.normal shape=set": lambda m: m.random.normal({2}, key=mx.random.key(0)),
+        "random.normal shape=mx.array": lambda m: m.random.normal(mx.array([2, 1]), key=mx.random.key(0)),
+        "random.uniform shape=dict": lambda m: m.random.uniform(shape={2: 3}, key=mx.random.key(0)),
+        "random.randint shape=dict": lambda m: m.random.randint(0, 3, {2: 1}, key=mx.random.key(0)),
+        "random.bernoulli shape=dict": lambda m: m.random.bernoulli(0.5, {2: 1}, key=mx.random.key(0)),
+        "random.gumbel shape=bytes": lambda m: m.random.gumbel(b"\x02", key=mx.random.key(0)),
+        "random.truncated_normal shape=dict": lambda m: m.random.truncated_normal(0, 1, {2: 1}, key=mx.random.key(0)),
+        "random.categorical shape=dict": lambda m: m.random.categorical(x, shape={2: 1}, key=mx.random.key(0)),
+        "as_strided shape=dict": lambda m: _ops(m).as_strided(x, {2: 1}, (1,)),
+        "as_strided strides=dict": lambda m: _ops(m).as_strided(x, (2,), {1: 1}),
+        "as_strided shape=bytes": lambda m: _ops(m).as_strided(x, b"\x02", (1,)),
+        "as_strided strides=bytes": lambda m: _ops(m).as_strided(x, (2,), b"\x01"),
+        "as_strided shape=iterator": lambda m: _ops(m).as_strided(x, iter([2]), (1,)),
+        "as_strided shape=np": lambda m: _ops(m).as_strided(x, np.array([2]), (1,)),
+        # slice/slice_update in mlx's form (their static start=/stop= form is ours): mlx's message
+        "slice slice_size=2": lambda m: _ops(m).slice(x, mx.array([0]), (1,), 2),
+        "slice axes=2": lambda m: _ops(m).slice(x, mx.array([0]), 2, (1,)),
+        "slice slice_size=(2.0,)": lambda m: _ops(m).slice(x, mx.array([0]), (1,), (2.0,)),
+        "slice keywords": lambda m: _ops(m).slice(x, mx.array([0]), axes=(1,), slice_size=(2.0,)),
+        "slice start_indices list": lambda m: _ops(m).slice(x, [0], (1,), (2,)),
+        "slice good": lambda m: _ops(m).slice(x, mx.array([1]), (1,), (2,)),
+        "slice_update axes=1": lambda m: _ops(m).slice_update(x, x[:1, :2], mx.array([0]), 1),
+        "slice_update axes=(1.0,)": lambda m: _ops(m).slice_update(x, x[:1, :2], mx.array([0]), (1.0,)),
+        "slice_update good": lambda m: _ops(m).slice_update(x, x[:1, :2], mx.array([1, 1]), (0, 1)),
+    }
+    await _agree(list(calls.items()))
+    with pytest.raises(ea.OptionTypeError, match=r"^\[slice\] option 'start'"):  # the static form: our words
+        ea.ops.slice(x, start="x", stop=(1, 3))
+
+
+@async_test
+async def test_fast_takes_what_mlxs_binding_takes(rt):
+    """mx.fast's `array` parameters take an mx.array only (no Python scalar, NumPy array or list):
+    mlx's TypeError, its message; rope's base and freqs are checked in mlx's words."""
+    x = mx.ones((2, 4))
+    w = mx.ones((4,))
+    q = mx.ones((1, 2, 3, 4))
+    mx.eval(x, w, q)
+    n = np.ones((4,), np.float32)
+    calls = {
+        "rms_norm weight=1.0": lambda m: m.fast.rms_norm(x, 1.0, 1e-5),
+        "rms_norm weight=1": lambda m: m.fast.rms_norm(x, 1, 1e-5),
+        "rms_norm weight numpy": lambda m: m.fast.rms_norm(x, n, 1e-5),
+        "rms_norm x list, None": lambda m: m.fast.rms_norm([1.0, 2.0], None),
+        "rms_norm x list": lambda m: m.fast.rms_norm([1.0, 2.0], w),
+        "rms_norm x numpy": lambda m: m.fast.rms_norm(np.ones((2, 4), np.float32), None),
+        "rms_norm x numpy, weight": lambda m: m.fast.rms_norm(np.ones((2, 4), np.float32), w),
+        "rms_norm good": lambda m: m.fast.rms_norm(x, w, 1e-5),
+        "rms_norm good None": lambda m: m.fast.rms_norm(x, None, 1e-5),
+        "layer_norm weight=1.0": lambda m: m.fast.layer_norm(x, 1.0, None, 1e-5),
+        "layer_norm bias=1.0": lambda m: m.fast.layer_norm(x, w, 1.0, 1e-5),
+        "layer_norm weight numpy": lambda m: m.fast.layer_norm(x, n, None, 1e-5),
+        "layer_norm bias numpy": lambda m: m.fast.layer_norm(x, w, n, 1e-5),
+        "layer_norm x list": lambda m: m.fast.layer_norm([1.0, 2.0], None, None, 1e-5),
+        "layer_norm good": lambda m: m.fast.layer_norm(x, w, w, 1e-5),
+        "sdpa sinks=0.0": lambda m: m.fast.scaled_dot_product_attention(q, q, q, scale=1.0, sinks=0.0),
+        "sdpa sinks numpy": lambda m: m.fast.scaled_dot_product_attention(q, q, q, scale=1.0,
+                                                                          sinks=np.zeros(2, np.float32)),
+        "sdpa q numpy": lambda m: m.fast.scaled_dot_product_attention(np.ones((1, 2, 3, 4), np.float32), q, q,
+                                                                      scale=1.0),
+        "sdpa v 1.0": lambda m: m.fast.scaled_dot_product_attention(q, q, 1.0, scale=1.0),
+        "sdpa good sinks": lambda m: m.fast.scaled_dot_product_attention(q, q, q, scale=1.0, sinks=mx.zeros((2,))),
+        "rope a numpy": lambda m: m.fast.rope(np.ones((1, 2, 3, 4), np.float32), 4, traditional=False, base=1e4,
+                                              scale=1.0, offset=0),
+        "rope freqs numpy": lambda m: m.fast.rope(q, 4, traditional=False, base=None, scale=1.0, offset=0,
+                                                  freqs=np.ones(2, np.float32)),
+        "rope no base, no freqs": lambda m: m.fast.rope(q, 4, traditional=False, base=None, scale=1.0, offset=0),
+        "rope no base, no freqs, offset=True": lambda m: m.fast.rope(q, 4, traditional=False, base=None, scale=1.0,
+                                                                     offset=True),
+        "rope base and freqs": lambda m: m.fast.rope(q, 4, traditional=False, base=1e4, scale=1.0, offset=0,
+                                                     freqs=mx.ones((2,))),
+        "rope good freqs": lambda m: m.fast.rope(q, 4, traditional=False, base=None, scale=1.0, offset=0,
+                                                 freqs=mx.ones((2,))),
     }
     await _agree(list(calls.items()))
 
