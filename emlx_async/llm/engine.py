@@ -76,6 +76,7 @@ from .decoding import Decoding
 from .grammar import Grammar, GrammarMatcher, GrammarTokenizer, MaskTime
 from .loading import context_length as model_context_length
 from .loading import embedding_rows, load_model_files
+from .model_fixes import batch_prefill_refusal
 from .penalties import OPTIONS as PENALTY_OPTIONS
 from .penalties import NEUTRAL as NEUTRAL_PENALTIES
 from .penalties import InvalidOption, Penalties, check_penalties
@@ -1045,6 +1046,9 @@ def _check_batching(model, options: CacheOptions) -> NotTraceable | None:
     Where the buffers cannot vouch for the batch (no fixed-buffer form, or stand-ins that
     do not step as the model does: its Python step serves the batch), mlx-lm's own batch
     is checked: one it cannot make (a cache without ``merge``) or that is wrong is refused."""
+    refusal = batch_prefill_refusal(model)
+    if refusal is not None:
+        raise _batch_refused(model, refusal)
     try:
         spec = CacheSpec.of(model, options)
     except NotTraceable as exc:

@@ -74,6 +74,24 @@ def fix_block_sparse_masks(model) -> bool:
     return _swap_calls(model, {phi3small.Attention: _phi3small_block_sparse}, method="_block_sparse_attention")
 
 
+def batch_prefill_refusal(model) -> str | None:
+    """Why a batch of `model` cannot prefill its rows as each alone, where no load-time check
+    can see it (the checks step one token); None for every other model.
+
+    mlx-lm's phi3small's block-sparse layers let a prompt's queries see every key of their
+    block, later ones too (its causal mask is added as numbers): a batch's prefill pads a row
+    that ends in a chunk with tokens after its end (batch mode's, mlx-lm's BatchGenerator's),
+    which that row's queries would see."""
+    try:
+        from mlx_lm.models import phi3small
+    except ImportError:
+        return None
+    if any(isinstance(m, phi3small.Attention) and m.block_sparse for _, m in model.named_modules()):
+        return ("its block-sparse layers let a prompt's queries see every key of their block, so a "
+                "batch's padding after a row's end would reach that row's logits")
+    return None
+
+
 def fix_expert_picks(model) -> bool:
     """Let mlx-lm's dbrx pick its experts with array ops; whether it changed anything.
 
@@ -448,4 +466,4 @@ def _gemma2_batch_attention(self, mlx_lm_call, x, mask=None, cache=None):
     return mlx_lm_call(x, mask, cache)
 
 
-__all__ = ["fix_batch_masks", "fix_block_sparse_masks", "fix_expert_picks", "fix_position_arrays", "fix_weight_rewrites", "mlx_lm_layer_paths", "mlx_lm_weights"]
+__all__ = ["batch_prefill_refusal", "fix_batch_masks", "fix_block_sparse_masks", "fix_expert_picks", "fix_position_arrays", "fix_weight_rewrites", "mlx_lm_layer_paths", "mlx_lm_weights"]

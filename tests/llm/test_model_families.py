@@ -32,7 +32,10 @@ N = 10  # the first prompt crosses the 16-position trace into the 32
 # (model_fixes.fix_batch_masks, below).
 BATCH_REFUSED = {"gemma2": "other logits than the same row alone",
                  # Where the buffers cannot vouch for a batch, mlx-lm's own is checked (its Python step).
-                 "deepseek_v41": r"mlx-lm cannot batch its LayerCache \(layer 0\)"}
+                 "deepseek_v41": r"mlx-lm cannot batch its LayerCache \(layer 0\)",
+                 # Its block-sparse layers let a prompt's queries see their whole block: a batch's
+                 # padding after a row's end (batch prefill, BatchGenerator) would reach them.
+                 "phi3small": "its block-sparse layers let a prompt's queries see every key of their block"}
 # mlx-lm's gemma3n writes its own weights in every call (its AltUp's coefficients cast and
 # clipped, lazily, on the calling thread's stream), so two threads calling it at once race
 # (MLX: "There is no Stream(cpu, n) in current thread", or a crash): model_fixes.fix_weight_rewrites
@@ -114,7 +117,7 @@ async def test_family_replays_with_mlx_lms_tokens(kind):
                                                  f"{PYTHON_BATCH_REFUSED[kind]}; mode 'parallel'"):
                 await engine.prepare_step("python")
             await engine.close()
-        elif kind in INT_POSITIONS | PYTHON_EXPERT_PICKS | BLOCK_SPARSE:  # mlx-lm's batch, fixed too
+        elif kind in (INT_POSITIONS | PYTHON_EXPERT_PICKS | BLOCK_SPARSE) - BATCH_REFUSED.keys():  # mlx-lm's batch, fixed too
             engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch",
                             max_concurrent=2)
             assert await engine.prepare_step("python") == "python"
@@ -179,33 +182,6 @@ def test_block_sparse_layers_give_a_left_padded_prompt_batch_each_rows_logits_al
             want = model(mx.array([prompt[first - pad:end - pad]]), cache=alone[row])
             got = together[row:row + 1, first - start:]
             assert mx.allclose(got, want, rtol=1e-3, atol=1e-3).item(), (row, start)
-
-
-@on_loops("asyncio")
-@pytest.mark.parametrize("step", ["replay", "python"])
-async def test_block_sparse_layers_prefill_several_prompts_together_as_each_alone(step):
-    """Batch mode prefills joining prompts in one left-padded call (mlx-lm's batch caches' mask
-    {B, 1, L, S}): with 4 key-value heads mlx-lm's block-sparse layers failed to broadcast it
-    (every request failed), and with B key-value heads they put row i's mask on head i."""
-    model = tiny("phi3small", num_attention_heads=8, num_key_value_heads=4)
-    prompts = [[(5 * i + k) % 1000 + 1 for i in range(n)] for k, n in ((1, 5), (2, 37), (3, 70))]
-    want = [mlx_lm_tokens(model, prompt, 6) for prompt in prompts]  # each alone, before the fix
-    assert fix_block_sparse_masks(model)
-    async with ea.Runtime(pool_size=2) as rt:
-        engine = Engine(model, IdsTokenizer(), eos_ids=set(), chat_template=None, runtime=rt, mode="batch",
-                        max_concurrent=3)
-        assert await engine.prepare_step(step, cache_sizes=(16, 32, 128)) == step
-        got = [None] * len(prompts)
-
-        async def one(i):
-            got[i] = await tokens_of(engine, prompts[i], max_tokens=6)
-
-        with anyio.fail_after(120):
-            async with anyio.create_task_group() as tg:
-                for i in range(len(prompts)):
-                    tg.start_soon(one, i)
-        await engine.close()
-    assert got == want
 
 
 @on_loops("asyncio")
