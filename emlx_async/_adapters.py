@@ -129,7 +129,13 @@ def resolve(function, mlx_path: str, args: tuple, kwargs: dict) -> dict[str, Any
 
 
 def _crashes_mlx(value: Any) -> bool:
-    """A numpy datetime64 or timedelta64 scalar: mlx 0.32 dies converting one (SIGSEGV)."""
+    """Values mlx 0.32 dies on before it refuses the call: a numpy datetime64 or timedelta64
+    scalar (SIGSEGV converting it), an int past int32 in a shape (random.bernoulli's,
+    truncated_normal's, categorical's: SIGABRT), in a list or tuple."""
+    if isinstance(value, (list, tuple)):
+        return any(_crashes_mlx(v) for v in value)
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return not -2**31 <= value < 2**31
     return isinstance(value, np.generic) and value.dtype.kind in "mM"
 
 

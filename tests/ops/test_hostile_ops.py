@@ -93,6 +93,13 @@ CASES = [
     ("roll-shift-2**32+1", f"ea.ops.roll({ARRAY}, 2**32 + 1)", "OverflowError", "'shift'"),
     ("eye-n-2**32+3", "ea.ops.eye(n=2**32 + 3)", "OverflowError", "'n'"),
     ("float-option-too-big", f"ea.ops.isclose({ARRAY}, {ARRAY}, rtol=10**400)", "OverflowError", "'rtol'"),
+    # A refused option sends the call to mlx for its message; mlx dies (SIGABRT) on a shape int past
+    # int32 in these three before it refuses: the package's own error stands.
+    ("bernoulli-shape-2**31-bad-stream", "ea.random.bernoulli(0.5, (2**31,), stream=123)", "TypeError", "stream="),
+    ("truncated_normal-shape-2**31-bad-stream", "ea.random.truncated_normal(-1.0, 1.0, (2**31,), stream=123)",
+     "TypeError", "stream="),
+    ("categorical-shape-2**31-bad-stream", "ea.random.categorical(mx.zeros((2,)), shape=(2**31,), stream=123)",
+     "TypeError", "stream="),
     # offset + T wrapped in 32 bits and passed the cache-length check.
     ("kv-cache-offset-2**31-1",
      "ea.attention.kv_cache_attention(mx.ones((1, 1, 2, 4)), mx.ones((1, 1, 1, 4)), mx.ones((1, 1, 1, 4)), "
