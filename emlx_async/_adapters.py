@@ -128,14 +128,18 @@ def resolve(function, mlx_path: str, args: tuple, kwargs: dict) -> dict[str, Any
                           f"{supported}\n\nInvoked with types: {', '.join(types)}")
 
 
-def _crashes_mlx(value: Any) -> bool:
-    """Values mlx 0.32 dies on before it refuses the call: a numpy datetime64 or timedelta64
-    scalar (SIGSEGV converting it), an int past int32 in a shape (random.bernoulli's,
-    truncated_normal's, categorical's: SIGABRT), in a list or tuple."""
-    if isinstance(value, (list, tuple)):
-        return any(_crashes_mlx(v) for v in value)
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return not -2**31 <= value < 2**31
+# mlx 0.32 dies (SIGABRT) on an int past int32 in these functions' shapes before it refuses a call.
+_ABORTS_ON_HUGE_INTS = {"mx.random.bernoulli", "mx.random.truncated_normal", "mx.random.categorical"}
+
+
+def _crashes_mlx(mlx_path: str, value: Any) -> bool:
+    """A value mlx 0.32 dies on before it refuses the call: a numpy datetime64 or timedelta64
+    scalar (SIGSEGV converting it); an int past int32, in a list or tuple, for _ABORTS_ON_HUGE_INTS."""
+    if mlx_path in _ABORTS_ON_HUGE_INTS:
+        if isinstance(value, (list, tuple)):
+            return any(_crashes_mlx(mlx_path, v) for v in value)
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and not -2**31 <= value < 2**31:
+            return True
     return isinstance(value, np.generic) and value.dtype.kind in "mM"
 
 
@@ -228,7 +232,7 @@ def mlx_type_error(mlx_path: str, function, values: dict[str, Any], error: TypeE
         calls.insert(0, ([values[name] for name in list(parameters)[:positional]],
                          {name: values[name] for name in keywords if name in values}))
     for args, kwargs in calls:
-        if any(_crashes_mlx(value) for value in (*args, *kwargs.values())):
+        if any(_crashes_mlx(mlx_path, value) for value in (*args, *kwargs.values())):
             return error
         try:
             _MLX[mlx_path](*args, **kwargs)
