@@ -138,7 +138,7 @@ def _crashes_mlx(mlx_path: str, value: Any) -> bool:
     if mlx_path in _ABORTS_ON_HUGE_INTS:
         if isinstance(value, (list, tuple)):
             return any(_crashes_mlx(mlx_path, v) for v in value)
-        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and not -2**31 <= value < 2**31:
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and not _INT32_MIN <= value <= _INT32_MAX:
             return True
     return isinstance(value, np.generic) and value.dtype.kind in "mM"
 

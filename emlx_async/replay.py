@@ -393,7 +393,9 @@ def _outputs(result: Any) -> list:
 _EVAL_WHILE_TRACING = "[eval] Attempting to eval an array during function transformations"
 
 
-def _reads_a_value(exc: BaseException) -> bool:
+def reads_a_value(exc: BaseException) -> bool:
+    """Whether `exc` is MLX's refusal of a value read (``.item()``, ``np.array`` ...) while a
+    function is traced (export, ``mx.compile``)."""
     return type(exc) in (ValueError, RuntimeError) and str(exc).startswith(_EVAL_WHILE_TRACING)
 
 
@@ -450,7 +452,7 @@ async def trace(fn: Callable[..., Any], *examples: mx.array, shapeless: bool = F
                 with _exportable_ops():
                     mx.export_function(path, traced, *xs, shapeless=shapeless)
             except Exception as exc:
-                if _reads_a_value(exc):
+                if reads_a_value(exc):
                     raise _not_traceable("trace") from exc
                 if raised and exc is raised[-1]:
                     raise
@@ -518,7 +520,7 @@ class CompiledFunction:
             try:
                 return self.compiled_here()(*a, **k)
             except (ValueError, RuntimeError) as exc:
-                if _reads_a_value(exc):  # mx.compile traces fn at its first call (and each new shape)
+                if reads_a_value(exc):  # mx.compile traces fn at its first call (and each new shape)
                     raise _not_traceable("compile") from exc
                 raise
 

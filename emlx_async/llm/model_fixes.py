@@ -131,6 +131,7 @@ def fix_expert_picks(model) -> bool:
 
 # mlx-lm's dbrx MLP's layers, as its SwitchGLU's: swiglu(w1(x), v1(x)) is silu(gate) * up.
 _DBRX_ROLES = {"w1": "gate_proj", "v1": "up_proj", "w2": "down_proj"}
+_DBRX_ROLE_OF = {name: role for role, name in _DBRX_ROLES.items()}  # SwitchGLU's layer -> dbrx's
 
 
 def _stacked_experts(experts):
@@ -193,16 +194,15 @@ def mlx_lm_weights(model) -> dict:
     experts (fix_expert_picks) split back into ``experts.{e}.w1`` ... (views, no copy)."""
     from mlx.utils import tree_flatten
 
-    roles = {name: role for role, name in _DBRX_ROLES.items()}
     weights = {}
     for key, value in tree_flatten(model.parameters()):
         head, found, tail = key.rpartition(".switch_mlp.")
         name, _, leaf = tail.partition(".")
-        if not found or name not in roles or not _is_switch_dbrx(model, head):
+        if not found or name not in _DBRX_ROLE_OF or not _is_switch_dbrx(model, head):
             weights[key] = value
             continue
         for e in range(value.shape[0]):
-            weights[f"{head}.experts.{e}.{roles[name]}.{leaf}"] = value[e]
+            weights[f"{head}.experts.{e}.{_DBRX_ROLE_OF[name]}.{leaf}"] = value[e]
     return weights
 
 
@@ -210,11 +210,10 @@ def mlx_lm_layer_paths(model, path: str) -> list[str]:
     """The paths mlx-lm's own `model` has for its layer at `path`: a dbrx's stacked experts'
     one per expert, any other the path itself."""
     head, found, name = path.rpartition(".switch_mlp.")
-    roles = {name: role for role, name in _DBRX_ROLES.items()}
-    if not found or name not in roles or not _is_switch_dbrx(model, head):
+    if not found or name not in _DBRX_ROLE_OF or not _is_switch_dbrx(model, head):
         return [path]
     experts = _module_at(model, head).switch_mlp[name]["weight"].shape[0]
-    return [f"{head}.experts.{e}.{roles[name]}" for e in range(experts)]
+    return [f"{head}.experts.{e}.{_DBRX_ROLE_OF[name]}" for e in range(experts)]
 
 
 def _is_switch_dbrx(model, path: str) -> bool:
@@ -373,11 +372,12 @@ def _phi3small_block_sparse(self, mlx_lm_call, queries, keys, values, scale, mas
 def _dbrx_own_experts(self, mlx_lm_call, x):
     """dbrx.SparseMoeBlock as mlx-lm's (its experts not stacked), a trace of it refused naming why."""
     from .. import NotTraceable
+    from ..replay import reads_a_value
 
     try:
         return mlx_lm_call(x)
     except (ValueError, RuntimeError) as exc:
-        if not str(exc).startswith("[eval] Attempting to eval an array during function transformations"):
+        if not reads_a_value(exc):
             raise  # not MLX's refusal of its inds.tolist() while traced
         raise NotTraceable(f"dbrx picks each token's experts in Python (inds.tolist()) and its experts could "
                            f"not be stacked to be read with array ops: {self.experts_not_stacked}; running every expert "
